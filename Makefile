@@ -1,0 +1,51 @@
+# Every target creates .venv and installs what it needs when missing, so a fresh machine with
+# only Python 3.11+ and make can run `make demo` or `make test` straight away.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The stamp records that the venv holds this pyproject's dependencies; editing pyproject reinstalls.
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck layering pytest bench mutation fmt soak-sim clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "exo-deploy needs Python 3.11 or newer (found " + sys.version.split()[0] + ")")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/exo-deploy-tui --demo
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/pyright
+
+# The layering check lives in tests/test_layering.py and runs with the rest of pytest.
+pytest: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+mutation: $(STAMP)
+	rm -rf mutants
+	$(BIN)/mutmut run --max-children 2 || true
+	$(BIN)/mutmut results
+
+soak-sim: $(STAMP)
+	$(BIN)/exo-deploy soak-sim --hours 24
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) mutants .pytest_cache

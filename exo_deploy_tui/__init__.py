@@ -1,0 +1,1 @@
+"""exo-deploy-tui: the operator dashboard for deployments on an exo cluster."""

@@ -1,0 +1,30 @@
+"""exo-deploy's cluster side: the exo-compatible data model, placement, the keeper, and (in
+``keeper.master`` and ``keeper.node``) the master service and simulated nodes built on them.
+
+The names re-exported here are pinned by SPEC §3; other code, tests and tools import them.
+"""
+
+from keeper.apply import apply
+from keeper.constants import (
+    FIRST_BACKOFF,
+    MAX_BACKOFF,
+    PLACEMENT_TIMEOUT,
+    STARTUP_GRACE,
+    UNPLACEABLE_RETRY,
+)
+from keeper.core import DeploymentTimer, Keeper, deployment_status, has_instance
+from keeper.placement import place_instance
+
+__all__ = [
+    "FIRST_BACKOFF",
+    "MAX_BACKOFF",
+    "PLACEMENT_TIMEOUT",
+    "STARTUP_GRACE",
+    "UNPLACEABLE_RETRY",
+    "DeploymentTimer",
+    "Keeper",
+    "apply",
+    "deployment_status",
+    "has_instance",
+    "place_instance",
+]

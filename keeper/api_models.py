@@ -1,0 +1,119 @@
+"""Wire shapes of the HTTP API (SPEC §5), shared by the master that serves them and the clients
+(the TUI, the ``exo-deploy list/deploy/undeploy`` commands, the bridge) that read them.
+
+They live beside the data model, not in the master, so that a client can parse responses
+without importing any master internals. Request and response bodies use snake_case keys, as
+exo's own API does; the domain objects inside them (``Deployment``, ``State``) keep their
+camelCase JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from keeper.state import Deployment, InstanceMeta, Sharding, State
+
+DeploymentStatus = Literal["serving", "starting", "placing", "cant_place"]
+
+# Why the keeper is not placing for a deployment right now (None: it would place at its next
+# step, or it does not need to because an instance exists).
+WaitReason = Literal["grace", "backoff", "unplaceable_retry", "placement_in_flight"]
+
+
+class ApiModel(BaseModel):
+    """Request/response bodies: snake_case, unknown keys rejected so typos are named."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CreateDeploymentRequest(ApiModel):
+    model_id: str = Field(min_length=1, max_length=512)
+    sharding: Sharding = Sharding.PIPELINE
+    instance_meta: InstanceMeta = InstanceMeta.MLX_RING
+    # Bounded above by the largest cluster exo can form; larger is a typo, not a wish.
+    min_nodes: int = Field(default=1, ge=1, le=1024)
+
+
+class CommandResponse(ApiModel):
+    message: str
+    command_id: str
+    deployment_id: str | None = None
+    instance_id: str | None = None
+
+
+class DeploymentView(BaseModel):
+    """One deployment as ``GET /deployments`` reports it, with the keeper's timers."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    deployment: Deployment
+    status: DeploymentStatus
+    # Placements lost before they were ready, in a row (drives the backoff).
+    failures: int = 0
+    # When the keeper will next try to place, if it is waiting for something.
+    next_attempt_at: str | None = None  # ISO-8601 UTC
+    next_attempt_in_s: float | None = None
+    waiting: WaitReason | None = None
+
+
+class DeploymentsResponse(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    deployments: list[DeploymentView]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str  # the HTTP reason phrase, e.g. "Bad Request"
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class ModelListEntry(BaseModel):
+    """One model of ``GET /models``, in exo's shape plus the card fields placement needs."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "exo"
+    hugging_face_id: str = ""
+    name: str = ""
+    storage_size_megabytes: int = 0
+    supports_tensor: bool = False
+    tasks: list[str] = Field(default_factory=list)
+    n_layers: int = 0
+    hidden_size: int = 0
+    num_key_value_heads: int | None = None
+    base_model: str | None = None
+
+
+class ModelList(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    object: Literal["list"] = "list"
+    data: list[ModelListEntry]
+
+
+class StreamSnapshot(BaseModel):
+    """First message of the dashboard stream (SSE ``event: snapshot``); then ``event: event``
+    messages carry one ``IndexedEvent`` each, and ``event: deployments`` messages carry a
+    ``DeploymentsResponse`` whenever the keeper's timers change (at most once a second)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    state: State
+    deployments: list[DeploymentView]
+
+
+def error_body(message: str, code: int, type_: str, param: str | None = None) -> dict[str, Any]:
+    return ErrorResponse(
+        error=ErrorBody(message=message, type=type_, param=param, code=code)
+    ).model_dump()

@@ -1,0 +1,176 @@
+"""``apply(state, event) -> State``: the one function that changes the State.
+
+Pure and total: it builds a new State (models are frozen; dicts are copied, never mutated) and
+never raises on a well-formed event. Events naming things that do not exist change nothing,
+because in a distributed log an event may legitimately arrive after what it names is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from keeper.events import (
+    AnyEvent,
+    DeploymentCreated,
+    DeploymentDeleted,
+    DeploymentPlaced,
+    DeploymentPlacementFailed,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
+)
+from keeper.state import Edge, RunnerShutdown, State, Topology
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _without(mapping: Mapping[K, V], key: K) -> dict[K, V]:
+    return {k: v for k, v in mapping.items() if k != key}
+
+
+def _with(mapping: Mapping[K, V], key: K, value: V) -> dict[K, V]:
+    return {**mapping, key: value}
+
+
+def _changed(state: State, **update: Any) -> State:
+    return state.model_copy(update=update)
+
+
+def apply(state: State, event: AnyEvent) -> State:
+    match event:
+        case DeploymentCreated(deployment=deployment):
+            model_id = deployment.model_card.model_id
+            if deployment.deployment_id in state.deployments or any(
+                d.model_card.model_id == model_id for d in state.deployments.values()
+            ):
+                return state  # one deployment per model (and per id): the first applied wins
+            return _changed(
+                state,
+                deployments=_with(state.deployments, deployment.deployment_id, deployment),
+            )
+        case DeploymentDeleted(deployment_id=deployment_id):
+            if deployment_id not in state.deployments:
+                return state
+            return _changed(state, deployments=_without(state.deployments, deployment_id))
+        case DeploymentPlaced(deployment_id=deployment_id, instance_id=instance_id):
+            deployment = state.deployments.get(deployment_id)
+            if deployment is None:
+                return state
+            placed = deployment.model_copy(
+                update={"instance_id": instance_id, "placement_error": None}
+            )
+            return _changed(state, deployments=_with(state.deployments, deployment_id, placed))
+        case DeploymentPlacementFailed(deployment_id=deployment_id, error=error):
+            deployment = state.deployments.get(deployment_id)
+            if deployment is None:
+                return state
+            failed = deployment.model_copy(update={"placement_error": error})
+            return _changed(state, deployments=_with(state.deployments, deployment_id, failed))
+        case InstanceCreated(instance=instance):
+            return _changed(state, instances=_with(state.instances, instance.instance_id, instance))
+        case InstanceDeleted(instance_id=instance_id):
+            if instance_id not in state.instances:
+                return state
+            return _changed(state, instances=_without(state.instances, instance_id))
+        case RunnerStatusUpdated(runner_id=runner_id, runner_status=status):
+            if isinstance(status, RunnerShutdown):
+                if runner_id not in state.runners:
+                    return state
+                return _changed(state, runners=_without(state.runners, runner_id))
+            return _changed(state, runners=_with(state.runners, runner_id, status))
+        case NodeGatheredInfo():
+            return _apply_node_info(state, event)
+        case TopologyEdgeCreated(conn=conn):
+            return _changed(
+                state,
+                topology=_with_edge(state.topology, conn.source, conn.sink, conn.edge),
+            )
+        case TopologyEdgeDeleted(conn=conn):
+            return _changed(
+                state,
+                topology=_without_edge(state.topology, conn.source, conn.sink, conn.edge),
+            )
+        case NodeTimedOut(node_id=node_id):
+            return _remove_node(state, node_id)
+
+
+def apply_indexed(state: State, indexed: IndexedEvent) -> State:
+    """Apply an event from the master's log and record its index, as exo's workers do."""
+    applied = apply(state, indexed.event)
+    return applied.model_copy(update={"last_event_applied_idx": indexed.idx})
+
+
+def _apply_node_info(state: State, info: NodeGatheredInfo) -> State:
+    node = info.node_id
+    update: dict[str, Any] = {"last_seen": _with(state.last_seen, node, info.when)}
+    if node not in state.topology.nodes:
+        update["topology"] = state.topology.model_copy(
+            update={"nodes": [*state.topology.nodes, node]}
+        )
+    if info.memory is not None:
+        update["node_memory"] = _with(state.node_memory, node, info.memory)
+    if info.backends is not None:
+        update["node_backends"] = _with(state.node_backends, node, list(info.backends))
+    if info.identity is not None:
+        update["node_identities"] = _with(state.node_identities, node, info.identity)
+    if info.network is not None:
+        update["node_network"] = _with(state.node_network, node, info.network)
+    if info.rdma_ctl is not None:
+        update["node_rdma_ctl"] = _with(state.node_rdma_ctl, node, info.rdma_ctl)
+    return _changed(state, **update)
+
+
+def _with_edge(topology: Topology, source: str, sink: str, edge: Edge) -> Topology:
+    # An edge only joins nodes the topology knows, as in exo: an edge report that races a
+    # node's timeout must not resurrect half of a node.
+    if source not in topology.nodes or sink not in topology.nodes:
+        return topology
+    sinks = topology.connections.get(source, {})
+    edges = sinks.get(sink, [])
+    if edge in edges:
+        return topology
+    connections = _with(topology.connections, source, _with(sinks, sink, [*edges, edge]))
+    return topology.model_copy(update={"connections": connections})
+
+
+def _without_edge(topology: Topology, source: str, sink: str, edge: Edge) -> Topology:
+    edges = topology.connections.get(source, {}).get(sink, [])
+    if edge not in edges:
+        return topology
+    remaining = [e for e in edges if e != edge]
+    sinks = topology.connections[source]
+    new_sinks = _with(sinks, sink, remaining) if remaining else _without(sinks, sink)
+    connections = (
+        _with(topology.connections, source, new_sinks)
+        if new_sinks
+        else _without(topology.connections, source)
+    )
+    return topology.model_copy(update={"connections": connections})
+
+
+def _remove_node(state: State, node: str) -> State:
+    topology = state.topology
+    connections = {
+        src: {snk: edges for snk, edges in sinks.items() if snk != node}
+        for src, sinks in topology.connections.items()
+        if src != node
+    }
+    connections = {src: sinks for src, sinks in connections.items() if sinks}
+    return _changed(
+        state,
+        topology=Topology(nodes=[n for n in topology.nodes if n != node], connections=connections),
+        node_memory=_without(state.node_memory, node),
+        node_backends=_without(state.node_backends, node),
+        node_identities=_without(state.node_identities, node),
+        node_network=_without(state.node_network, node),
+        node_rdma_ctl=_without(state.node_rdma_ctl, node),
+        last_seen=_without(state.last_seen, node),
+        downloads=_without(state.downloads, node),
+    )

@@ -1,0 +1,16 @@
+"""The keeper's timing constants, in seconds (SPEC §3 pins their names and values)."""
+
+from typing import Final
+
+# A new master waits this long before placing anything, so nodes can reconnect and report the
+# instances they already run; placing sooner would duplicate them.
+STARTUP_GRACE: Final = 15.0
+# How long the keeper waits for its own placement to show up in the state (the state trails the
+# events by a round trip through the router) before it may place again.
+PLACEMENT_TIMEOUT: Final = 30.0
+# How often a deployment that nothing can hold is tried again when the cluster has not changed.
+UNPLACEABLE_RETRY: Final = 30.0
+# The wait after the first placement lost before it was ready; doubles per failure in a row.
+FIRST_BACKOFF: Final = 10.0
+# The cap on that doubling, so a flapping deployment is still retried once a minute.
+MAX_BACKOFF: Final = 60.0

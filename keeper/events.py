@@ -1,0 +1,129 @@
+"""Events: the only way the State changes.
+
+The master turns every command into events, numbers them, logs them and applies them with
+``keeper.apply``; nodes and dashboards receive the same events in the same order. Each event is
+a tagged union member (``{"DeploymentCreated": {...}}``) so the log and the stream are exo's JSON.
+``EVENT_ADAPTER`` reads and writes any event; ``IndexedEvent`` is what the log and stream carry.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, Tag, TypeAdapter
+
+from keeper.state import (
+    Backend,
+    Connection,
+    Deployment,
+    DeploymentId,
+    Instance,
+    InstanceId,
+    MemoryUsage,
+    NodeId,
+    NodeIdentity,
+    NodeNetwork,
+    RdmaCtl,
+    RunnerId,
+    RunnerStatus,
+)
+from keeper.wire import TAGGED, TaggedModel, WireModel
+
+
+class DeploymentCreated(TaggedModel):
+    deployment: Deployment
+
+
+class DeploymentDeleted(TaggedModel):
+    deployment_id: DeploymentId
+
+
+class DeploymentPlaced(TaggedModel):
+    deployment_id: DeploymentId
+    instance_id: InstanceId
+
+
+class DeploymentPlacementFailed(TaggedModel):
+    deployment_id: DeploymentId
+    error: str
+
+
+class InstanceCreated(TaggedModel):
+    instance: Instance
+
+
+class InstanceDeleted(TaggedModel):
+    instance_id: InstanceId
+
+
+class RunnerStatusUpdated(TaggedModel):
+    runner_id: RunnerId
+    runner_status: RunnerStatus
+
+
+class NodeGatheredInfo(TaggedModel):
+    """What a node reports about itself; fields left None are not part of this report.
+
+    Applying it adds the node to the topology if it is not there yet (a node rejoining arrives
+    in pieces: first this, then its edges) and records ``when`` as its last-seen time.
+    """
+
+    node_id: NodeId
+    when: str  # ISO-8601 UTC
+    memory: MemoryUsage | None = None
+    backends: list[Backend] | None = None
+    identity: NodeIdentity | None = None
+    network: NodeNetwork | None = None
+    rdma_ctl: RdmaCtl | None = None
+
+
+class TopologyEdgeCreated(TaggedModel):
+    conn: Connection
+
+
+class TopologyEdgeDeleted(TaggedModel):
+    conn: Connection
+
+
+class NodeTimedOut(TaggedModel):
+    node_id: NodeId
+
+
+Event = Annotated[
+    Annotated[DeploymentCreated, Tag("DeploymentCreated")]
+    | Annotated[DeploymentDeleted, Tag("DeploymentDeleted")]
+    | Annotated[DeploymentPlaced, Tag("DeploymentPlaced")]
+    | Annotated[DeploymentPlacementFailed, Tag("DeploymentPlacementFailed")]
+    | Annotated[InstanceCreated, Tag("InstanceCreated")]
+    | Annotated[InstanceDeleted, Tag("InstanceDeleted")]
+    | Annotated[RunnerStatusUpdated, Tag("RunnerStatusUpdated")]
+    | Annotated[NodeGatheredInfo, Tag("NodeGatheredInfo")]
+    | Annotated[TopologyEdgeCreated, Tag("TopologyEdgeCreated")]
+    | Annotated[TopologyEdgeDeleted, Tag("TopologyEdgeDeleted")]
+    | Annotated[NodeTimedOut, Tag("NodeTimedOut")],
+    TAGGED,
+]
+
+# Plain union for isinstance checks and match statements.
+AnyEvent = (
+    DeploymentCreated
+    | DeploymentDeleted
+    | DeploymentPlaced
+    | DeploymentPlacementFailed
+    | InstanceCreated
+    | InstanceDeleted
+    | RunnerStatusUpdated
+    | NodeGatheredInfo
+    | TopologyEdgeCreated
+    | TopologyEdgeDeleted
+    | NodeTimedOut
+)
+
+EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(Event)
+
+
+class IndexedEvent(WireModel):
+    """An event with its place in the master's total order (0, 1, 2, ...)."""
+
+    idx: int = Field(ge=0)
+    event: Event

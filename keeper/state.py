@@ -1,0 +1,332 @@
+"""The subset of exo's cluster State that deployments need, with exo's own JSON.
+
+``GET /state`` on our master returns a document a real exo master could have produced, and
+``State.model_validate_json`` reads a real exo master's document: camelCase keys, tagged unions,
+unknown keys ignored (see ``keeper.wire``). Everything here is data: no I/O, no clock, and no
+import of anything else of ours, so every other layer can depend on it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import Field, Tag, computed_field
+
+from keeper.wire import TAGGED, TaggedModel, WireModel
+
+NodeId = str
+InstanceId = str
+RunnerId = str
+DeploymentId = str
+ModelId = str
+
+
+class Sharding(StrEnum):
+    PIPELINE = "Pipeline"
+    TENSOR = "Tensor"
+
+
+class InstanceMeta(StrEnum):
+    MLX_RING = "MlxRing"
+    MLX_JACCL = "MlxJaccl"
+
+
+class Backend(StrEnum):
+    MLX_METAL = "MlxMetal"
+    MLX_CUDA = "MlxCuda"
+    MLX_CPU = "MlxCpu"
+
+
+class Memory(WireModel):
+    in_bytes: int = 0
+
+    @classmethod
+    def from_gb(cls, gb: float) -> Memory:
+        return cls(in_bytes=int(gb * 1024**3))
+
+    @property
+    def in_gb(self) -> float:
+        return self.in_bytes / 1024**3
+
+
+class ModelCard(WireModel):
+    model_id: ModelId
+    storage_size: Memory
+    n_layers: int
+    hidden_size: int
+    supports_tensor: bool
+    tasks: tuple[str, ...] = ("TextGeneration",)
+    backends: tuple[Backend, ...] = (Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU)
+    num_key_value_heads: int | None = None
+    base_model: str | None = None
+
+
+# --- shards -------------------------------------------------------------------------------
+
+
+class PipelineShardMetadata(TaggedModel):
+    model_card: ModelCard
+    device_rank: int
+    world_size: int
+    start_layer: int
+    end_layer: int  # exclusive
+    n_layers: int
+
+
+class TensorShardMetadata(TaggedModel):
+    model_card: ModelCard
+    device_rank: int
+    world_size: int
+    start_layer: int
+    end_layer: int  # exclusive
+    n_layers: int
+
+
+Shard = Annotated[
+    Annotated[PipelineShardMetadata, Tag("PipelineShardMetadata")]
+    | Annotated[TensorShardMetadata, Tag("TensorShardMetadata")],
+    TAGGED,
+]
+
+
+# --- instances ----------------------------------------------------------------------------
+
+
+class ShardAssignments(WireModel):
+    model_id: ModelId
+    runner_to_shard: dict[RunnerId, Shard]
+    node_to_runner: dict[NodeId, RunnerId]
+
+
+class Host(WireModel):
+    ip: str
+    port: int
+
+
+class MlxRingInstance(TaggedModel):
+    instance_id: InstanceId
+    shard_assignments: ShardAssignments
+    hosts_by_node: dict[NodeId, list[Host]] = Field(default_factory=dict)
+    ephemeral_port: int = 0
+
+
+class MlxJacclInstance(TaggedModel):
+    instance_id: InstanceId
+    shard_assignments: ShardAssignments
+    # jaccl_devices[i][j]: the RDMA interface rank i uses to reach rank j (None on the diagonal).
+    jaccl_devices: list[list[str | None]] = []
+    jaccl_coordinators: dict[NodeId, str] = Field(default_factory=dict)
+
+
+Instance = Annotated[
+    Annotated[MlxRingInstance, Tag("MlxRingInstance")]
+    | Annotated[MlxJacclInstance, Tag("MlxJacclInstance")],
+    TAGGED,
+]
+
+
+# --- runners ------------------------------------------------------------------------------
+
+
+class RunnerIdle(TaggedModel):
+    pass
+
+
+class RunnerConnecting(TaggedModel):
+    pass
+
+
+class RunnerConnected(TaggedModel):
+    pass
+
+
+class RunnerLoading(TaggedModel):
+    layers_loaded: int = 0
+    total_layers: int = 0
+
+
+class RunnerLoaded(TaggedModel):
+    pass
+
+
+class RunnerWarmingUp(TaggedModel):
+    pass
+
+
+class RunnerReady(TaggedModel):
+    pass
+
+
+class RunnerRunning(TaggedModel):
+    pass
+
+
+class RunnerShuttingDown(TaggedModel):
+    pass
+
+
+class RunnerShutdown(TaggedModel):
+    pass
+
+
+class RunnerFailed(TaggedModel):
+    error_message: str | None = None
+
+
+RunnerStatus = Annotated[
+    Annotated[RunnerIdle, Tag("RunnerIdle")]
+    | Annotated[RunnerConnecting, Tag("RunnerConnecting")]
+    | Annotated[RunnerConnected, Tag("RunnerConnected")]
+    | Annotated[RunnerLoading, Tag("RunnerLoading")]
+    | Annotated[RunnerLoaded, Tag("RunnerLoaded")]
+    | Annotated[RunnerWarmingUp, Tag("RunnerWarmingUp")]
+    | Annotated[RunnerReady, Tag("RunnerReady")]
+    | Annotated[RunnerRunning, Tag("RunnerRunning")]
+    | Annotated[RunnerShuttingDown, Tag("RunnerShuttingDown")]
+    | Annotated[RunnerShutdown, Tag("RunnerShutdown")]
+    | Annotated[RunnerFailed, Tag("RunnerFailed")],
+    TAGGED,
+]
+
+# A runner in one of these states can serve requests; an instance whose every runner is in one
+# of them is ready (the keeper's backoff rule and the `serving` status both read this).
+SERVING_RUNNER_TYPES = (RunnerReady, RunnerRunning)
+
+
+# --- topology -----------------------------------------------------------------------------
+
+
+class Multiaddr(WireModel):
+    """A libp2p address such as ``/ip4/192.0.2.11/tcp/52415``; exo adds its parsed parts."""
+
+    address: str
+
+    def _parts(self) -> list[str]:
+        return self.address.strip("/").split("/")
+
+    @computed_field(alias="address_type")
+    @property
+    def address_type(self) -> str:
+        parts = self._parts()
+        return parts[0] if parts else ""
+
+    @computed_field(alias="ip_address")
+    @property
+    def ip_address(self) -> str:
+        parts = self._parts()
+        return parts[1] if len(parts) > 1 else ""
+
+    @computed_field(alias="port")
+    @property
+    def port(self) -> int:
+        parts = self._parts()
+        return int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else 0
+
+
+class SocketConnection(WireModel):
+    sink_multiaddr: Multiaddr
+
+
+class RDMAConnection(WireModel):
+    source_rdma_iface: str
+    sink_rdma_iface: str
+
+
+# Edges are untagged in exo's JSON; their keys tell them apart, so pydantic's smart union picks
+# the one whose required fields are present.
+Edge = SocketConnection | RDMAConnection
+
+
+class Connection(WireModel):
+    """A directed edge of the topology, as carried by TopologyEdgeCreated/Deleted."""
+
+    source: NodeId
+    sink: NodeId
+    edge: Edge
+
+
+class Topology(WireModel):
+    nodes: list[NodeId] = []
+    connections: dict[NodeId, dict[NodeId, list[Edge]]] = Field(default_factory=dict)
+
+
+# --- per-node information -----------------------------------------------------------------
+
+
+class MemoryUsage(WireModel):
+    ram_total: Memory = Field(default_factory=Memory)
+    ram_available: Memory = Field(default_factory=Memory)
+    swap_total: Memory = Field(default_factory=Memory)
+    swap_available: Memory = Field(default_factory=Memory)
+
+
+class NodeIdentity(WireModel):
+    friendly_name: str = ""
+    model_id: str = ""
+    chip_id: str = ""
+    os_version: str = ""
+
+
+class NetworkInterface(WireModel):
+    name: str
+    ip_address: str
+    interface_type: str = "ethernet"
+
+
+class NodeNetwork(WireModel):
+    interfaces: list[NetworkInterface] = []
+
+
+class RdmaCtl(WireModel):
+    enabled: bool = False
+
+
+# --- deployments --------------------------------------------------------------------------
+
+
+class Deployment(WireModel):
+    deployment_id: DeploymentId
+    model_card: ModelCard
+    sharding: Sharding = Sharding.PIPELINE
+    instance_meta: InstanceMeta = InstanceMeta.MLX_RING
+    min_nodes: int = Field(default=1, ge=1)
+    # The instance the keeper placed last, or None; it may since have been deleted.
+    instance_id: InstanceId | None = None
+    # Why the last placement failed, until one succeeds.
+    placement_error: str | None = None
+
+
+# --- the state ----------------------------------------------------------------------------
+
+
+class State(WireModel):
+    instances: dict[InstanceId, Instance] = Field(default_factory=dict)
+    runners: dict[RunnerId, RunnerStatus] = Field(default_factory=dict)
+    topology: Topology = Field(default_factory=Topology)
+    node_memory: dict[NodeId, MemoryUsage] = Field(default_factory=dict)
+    node_backends: dict[NodeId, list[Backend]] = Field(default_factory=dict)
+    node_identities: dict[NodeId, NodeIdentity] = Field(default_factory=dict)
+    node_network: dict[NodeId, NodeNetwork] = Field(default_factory=dict)
+    node_rdma_ctl: dict[NodeId, RdmaCtl] = Field(default_factory=dict)
+    last_seen: dict[NodeId, str] = Field(default_factory=dict)  # ISO-8601 UTC
+    downloads: dict[NodeId, list[dict[str, Any]]] = Field(default_factory=dict)
+    last_event_applied_idx: int = -1
+    deployments: dict[DeploymentId, Deployment] = Field(default_factory=dict)
+
+
+AnyInstance = MlxRingInstance | MlxJacclInstance
+AnyShard = PipelineShardMetadata | TensorShardMetadata
+AnyRunnerStatus = (
+    RunnerIdle
+    | RunnerConnecting
+    | RunnerConnected
+    | RunnerLoading
+    | RunnerLoaded
+    | RunnerWarmingUp
+    | RunnerReady
+    | RunnerRunning
+    | RunnerShuttingDown
+    | RunnerShutdown
+    | RunnerFailed
+)
