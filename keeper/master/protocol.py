@@ -1,0 +1,159 @@
+"""The node <-> master protocol: JSON messages, one per WebSocket text frame.
+
+Shared by the master (``keeper.master``) and the simulated node (``keeper.node``), and carried
+by either a real WebSocket (``/node/ws``) or an in-memory channel for virtual-time tests, so the
+node logic never knows which. Messages are tagged unions like everything else on our wire.
+
+A session: the node sends ``Hello``; the master answers ``Welcome`` with a full State snapshot
+and then streams every ``IndexedEvent`` as ``EventMessage``. The node sends ``NodeInfo`` when
+what it knows about itself changes (and at least every ``INFO_REFRESH_S``), ``Heartbeat`` every
+``HEARTBEAT_S``, ``RunnerStatusReport`` as its runners move through exo's lifecycle, ``LinkUp`` /
+``LinkDown`` for its links to other nodes, and ``RequestInstanceDeletion`` when a runner keeps
+failing. The master forwards chat requests for an instance to the node holding its rank-0
+runner with ``ChatRequest`` and the node streams ``ChatChunk`` back (``ChatError`` on failure).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, Tag, TypeAdapter
+
+from keeper.events import IndexedEvent
+from keeper.state import (
+    Backend,
+    Edge,
+    MemoryUsage,
+    NodeId,
+    NodeIdentity,
+    NodeNetwork,
+    RdmaCtl,
+    RunnerId,
+    RunnerStatus,
+    State,
+)
+from keeper.wire import TAGGED, TaggedModel, WireModel
+
+# A node sends a heartbeat this often; the master times a node out after 30 s of silence, so a
+# few lost heartbeats never cost a node its membership.
+HEARTBEAT_S = 1.0
+# A node re-sends its info at least this often even when nothing changed, so a master that
+# missed a report (restart, partition) learns the truth within this bound.
+INFO_REFRESH_S = 5.0
+
+
+# --- node -> master -----------------------------------------------------------------------
+
+
+class Hello(TaggedModel):
+    node_id: NodeId
+    name: str
+    # Instance ids this node currently runs a runner for (so a new master hears about them).
+    running_instances: list[str] = []
+
+
+class NodeInfo(TaggedModel):
+    memory: MemoryUsage
+    backends: list[Backend]
+    identity: NodeIdentity
+    network: NodeNetwork
+    rdma_ctl: RdmaCtl | None = None
+
+
+class Heartbeat(TaggedModel):
+    pass
+
+
+class RunnerStatusReport(TaggedModel):
+    runner_id: RunnerId
+    runner_status: RunnerStatus
+
+
+class LinkUp(TaggedModel):
+    sink: NodeId
+    edge: Edge
+
+
+class LinkDown(TaggedModel):
+    sink: NodeId
+    edge: Edge
+
+
+class RequestInstanceDeletion(TaggedModel):
+    instance_id: str
+    reason: str
+
+
+class ChatChunk(TaggedModel):
+    request_id: str
+    text: str = ""
+    finish_reason: str | None = None  # "stop" or "length" on the last chunk
+
+
+class ChatError(TaggedModel):
+    request_id: str
+    message: str
+
+
+NodeMessage = Annotated[
+    Annotated[Hello, Tag("Hello")]
+    | Annotated[NodeInfo, Tag("NodeInfo")]
+    | Annotated[Heartbeat, Tag("Heartbeat")]
+    | Annotated[RunnerStatusReport, Tag("RunnerStatusReport")]
+    | Annotated[LinkUp, Tag("LinkUp")]
+    | Annotated[LinkDown, Tag("LinkDown")]
+    | Annotated[RequestInstanceDeletion, Tag("RequestInstanceDeletion")]
+    | Annotated[ChatChunk, Tag("ChatChunk")]
+    | Annotated[ChatError, Tag("ChatError")],
+    TAGGED,
+]
+AnyNodeMessage = (
+    Hello
+    | NodeInfo
+    | Heartbeat
+    | RunnerStatusReport
+    | LinkUp
+    | LinkDown
+    | RequestInstanceDeletion
+    | ChatChunk
+    | ChatError
+)
+NODE_MESSAGE: TypeAdapter[AnyNodeMessage] = TypeAdapter(NodeMessage)
+
+
+# --- master -> node -----------------------------------------------------------------------
+
+
+class Welcome(TaggedModel):
+    state: State
+
+
+class EventMessage(TaggedModel):
+    indexed: IndexedEvent
+
+
+class ChatMessage(WireModel):
+    role: str
+    content: str
+
+
+class ChatRequest(TaggedModel):
+    request_id: str
+    instance_id: str
+    messages: list[ChatMessage]
+    max_tokens: int = Field(default=64, ge=1)
+
+
+class CancelChat(TaggedModel):
+    request_id: str
+
+
+MasterMessage = Annotated[
+    Annotated[Welcome, Tag("Welcome")]
+    | Annotated[EventMessage, Tag("EventMessage")]
+    | Annotated[ChatRequest, Tag("ChatRequest")]
+    | Annotated[CancelChat, Tag("CancelChat")],
+    TAGGED,
+]
+AnyMasterMessage = Welcome | EventMessage | ChatRequest | CancelChat
+MASTER_MESSAGE: TypeAdapter[AnyMasterMessage] = TypeAdapter(MasterMessage)
