@@ -76,9 +76,18 @@ def apply(state: State, event: AnyEvent) -> State:
         case InstanceCreated(instance=instance):
             return _changed(state, instances=_with(state.instances, instance.instance_id, instance))
         case InstanceDeleted(instance_id=instance_id):
-            if instance_id not in state.instances:
+            instance = state.instances.get(instance_id)
+            if instance is None:
                 return state
-            return _changed(state, instances=_without(state.instances, instance_id))
+            # Its runners go with it: a node that died will never report their shutdown, and
+            # a live node's later RunnerShuttingDown/RunnerShutdown reports add and remove an
+            # entry of their own. Without this, every lost instance would leave runners behind.
+            gone = set(instance.shard_assignments.node_to_runner.values())
+            return _changed(
+                state,
+                instances=_without(state.instances, instance_id),
+                runners={r: s for r, s in state.runners.items() if r not in gone},
+            )
         case RunnerStatusUpdated(runner_id=runner_id, runner_status=status):
             if isinstance(status, RunnerShutdown):
                 if runner_id not in state.runners:
