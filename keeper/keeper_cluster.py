@@ -1,0 +1,56 @@
+"""What the keeper reads from the cluster State: instance readiness and the usable-cluster
+signature.
+
+These are plain functions of a State, kept apart from the keeper's memory so that the rules in
+``keeper.core`` read as decisions and the state-walking they rely on can be tested on its own.
+The signature is deliberately coarse: it names which nodes could host a shard and how they are
+linked, and leaves out memory figures, which move all the time and would otherwise turn every
+report from a node into a placement attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from keeper.state import SERVING_RUNNER_TYPES, AnyInstance, Backend, Edge, NodeId, State
+
+
+@dataclass(frozen=True)
+class ClusterSignature:
+    """The parts of a State that can turn an unplaceable deployment into a placeable one.
+
+    Each piece of a node rejoining changes it: showing up in the topology (``nodes``), reporting
+    memory and backends (``usable``), and each link (``links``).
+    """
+
+    nodes: frozenset[NodeId]
+    usable: frozenset[tuple[NodeId, frozenset[Backend]]]
+    links: frozenset[tuple[NodeId, NodeId, Edge]]
+
+
+def cluster_signature(state: State) -> ClusterSignature:
+    nodes = frozenset(state.topology.nodes)
+    usable = frozenset(
+        (node, frozenset(state.node_backends[node]))
+        for node in nodes
+        if node in state.node_memory and state.node_backends.get(node)
+    )
+    links = frozenset(
+        (source, sink, edge)
+        for source, sinks in state.topology.connections.items()
+        for sink, edges in sinks.items()
+        for edge in edges
+    )
+    return ClusterSignature(nodes=nodes, usable=usable, links=links)
+
+
+def instance_is_ready(instance: AnyInstance, state: State) -> bool:
+    """Every runner of the instance is Ready or Running (an instance with no runner is not)."""
+    runner_ids = instance.shard_assignments.node_to_runner.values()
+    return bool(runner_ids) and all(
+        isinstance(state.runners.get(runner_id), SERVING_RUNNER_TYPES) for runner_id in runner_ids
+    )
+
+
+def models_with_instances(state: State) -> frozenset[str]:
+    return frozenset(instance.shard_assignments.model_id for instance in state.instances.values())

@@ -1,0 +1,284 @@
+"""A small cluster for keeper tests: states built through the events the cluster applies.
+
+``Cluster`` holds a State and a Keeper; every change goes through ``apply`` with the same events
+a master would log (NodeGatheredInfo, TopologyEdgeCreated, DeploymentCreated, ...), and
+``step(now)`` runs the keeper and applies what it returns, as the master does. Tests choose the
+times, so no clock is involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import count
+
+from keeper.apply import apply
+from keeper.constants import STARTUP_GRACE
+from keeper.core import Keeper, PlaceFn
+from keeper.events import (
+    AnyEvent,
+    DeploymentCreated,
+    InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
+)
+from keeper.placement import place_instance
+from keeper.state import (
+    AnyInstance,
+    Backend,
+    Connection,
+    Deployment,
+    InstanceMeta,
+    Memory,
+    MemoryUsage,
+    MlxRingInstance,
+    ModelCard,
+    Multiaddr,
+    PipelineShardMetadata,
+    RunnerFailed,
+    RunnerLoading,
+    RunnerReady,
+    ShardAssignments,
+    Sharding,
+    SocketConnection,
+    State,
+)
+
+WHEN = "2026-01-01T00:00:00Z"
+# The first moment the keeper may place (it is started at 0).
+AFTER_GRACE = STARTUP_GRACE
+
+ALL_BACKENDS = (Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU)
+
+
+def card(
+    model_id: str, size_gb: float = 1.0, n_layers: int = 16, hidden_size: int = 2048
+) -> ModelCard:
+    return ModelCard(
+        model_id=model_id,
+        storage_size=Memory.from_gb(size_gb),
+        n_layers=n_layers,
+        hidden_size=hidden_size,
+        supports_tensor=True,
+        num_key_value_heads=8,
+    )
+
+
+def memory(available_gb: float, total_gb: float | None = None) -> MemoryUsage:
+    total = available_gb if total_gb is None else total_gb
+    return MemoryUsage(ram_total=Memory.from_gb(total), ram_available=Memory.from_gb(available_gb))
+
+
+def node_info(
+    node_id: str,
+    available_gb: float | None = 16.0,
+    backends: Iterable[Backend] | None = ALL_BACKENDS,
+) -> NodeGatheredInfo:
+    return NodeGatheredInfo(
+        node_id=node_id,
+        when=WHEN,
+        memory=None if available_gb is None else memory(available_gb),
+        backends=None if backends is None else list(backends),
+    )
+
+
+def socket_edge(source: str, sink: str, port: int = 52415) -> Connection:
+    host = sum(map(ord, sink)) % 250 + 1
+    return Connection(
+        source=source,
+        sink=sink,
+        edge=SocketConnection(sink_multiaddr=Multiaddr(address=f"/ip4/192.0.2.{host}/tcp/{port}")),
+    )
+
+
+def link_events(a: str, b: str) -> list[AnyEvent]:
+    return [
+        TopologyEdgeCreated(conn=socket_edge(a, b)),
+        TopologyEdgeCreated(conn=socket_edge(b, a)),
+    ]
+
+
+def unlink_events(a: str, b: str) -> list[AnyEvent]:
+    return [
+        TopologyEdgeDeleted(conn=socket_edge(a, b)),
+        TopologyEdgeDeleted(conn=socket_edge(b, a)),
+    ]
+
+
+class Cluster:
+    """A State driven by real events, and a keeper stepped at chosen times."""
+
+    def __init__(self, place: PlaceFn = place_instance, started_at: float = 0.0) -> None:
+        self.state = State()
+        self.keeper = Keeper(started_at=started_at, place=place)
+        self.log: list[AnyEvent] = []
+        self._ids = count(1)
+
+    # --- building the cluster -------------------------------------------------------------
+
+    def apply(self, *events: AnyEvent) -> State:
+        for event in events:
+            self.state = apply(self.state, event)
+            self.log.append(event)
+        return self.state
+
+    def add_node(
+        self,
+        node_id: str,
+        available_gb: float | None = 16.0,
+        backends: Iterable[Backend] | None = ALL_BACKENDS,
+    ) -> None:
+        self.apply(node_info(node_id, available_gb, backends))
+
+    def add_nodes(self, *node_ids: str, available_gb: float = 16.0) -> None:
+        """Nodes with memory and backends, fully linked to one another."""
+        for node_id in node_ids:
+            self.add_node(node_id, available_gb)
+        for i, a in enumerate(node_ids):
+            for b in node_ids[i + 1 :]:
+                self.apply(*link_events(a, b))
+
+    def link(self, a: str, b: str) -> None:
+        self.apply(*link_events(a, b))
+
+    def deploy(
+        self,
+        model: ModelCard | str,
+        deployment_id: str | None = None,
+        sharding: Sharding = Sharding.PIPELINE,
+        instance_meta: InstanceMeta = InstanceMeta.MLX_RING,
+        min_nodes: int = 1,
+    ) -> str:
+        model_card = card(model) if isinstance(model, str) else model
+        deployment_id = deployment_id or f"dep-{next(self._ids):04d}"
+        self.apply(
+            DeploymentCreated(
+                deployment=Deployment(
+                    deployment_id=deployment_id,
+                    model_card=model_card,
+                    sharding=sharding,
+                    instance_meta=instance_meta,
+                    min_nodes=min_nodes,
+                )
+            )
+        )
+        return deployment_id
+
+    # --- running the keeper ---------------------------------------------------------------
+
+    def step(self, now: float) -> list[AnyEvent]:
+        """One keeper step at ``now``; its events are applied, as the master does."""
+        events = self.keeper.step(self.state, now)
+        self.apply(*events)
+        return events
+
+    def step_keep(self, now: float) -> list[AnyEvent]:
+        """One keeper step whose events are returned but not applied (still on their way)."""
+        return self.keeper.step(self.state, now)
+
+    def delete(self, deployment_id: str) -> list[AnyEvent]:
+        events = self.keeper.delete(deployment_id, self.state)
+        self.apply(*events)
+        return events
+
+    # --- what runners and nodes do --------------------------------------------------------
+
+    def deployment(self, deployment_id: str) -> Deployment:
+        return self.state.deployments[deployment_id]
+
+    def instance_of(self, deployment_id: str) -> AnyInstance:
+        instance_id = self.deployment(deployment_id).instance_id
+        assert instance_id is not None, f"{deployment_id} has no instance"
+        return self.state.instances[instance_id]
+
+    def instances_of_model(self, model_id: str) -> list[AnyInstance]:
+        return [
+            i for i in self.state.instances.values() if i.shard_assignments.model_id == model_id
+        ]
+
+    def make_ready(self, instance_id: str) -> None:
+        instance = self.state.instances[instance_id]
+        for runner_id in instance.shard_assignments.node_to_runner.values():
+            self.apply(RunnerStatusUpdated(runner_id=runner_id, runner_status=RunnerReady()))
+
+    def make_loading(self, instance_id: str) -> None:
+        instance = self.state.instances[instance_id]
+        for runner_id in instance.shard_assignments.node_to_runner.values():
+            self.apply(
+                RunnerStatusUpdated(
+                    runner_id=runner_id,
+                    runner_status=RunnerLoading(layers_loaded=1, total_layers=16),
+                )
+            )
+
+    def fail_runner(self, instance_id: str) -> None:
+        instance = self.state.instances[instance_id]
+        runner_id = next(iter(instance.shard_assignments.node_to_runner.values()))
+        self.apply(
+            RunnerStatusUpdated(runner_id=runner_id, runner_status=RunnerFailed(error_message="x"))
+        )
+
+    def delete_instance(self, instance_id: str) -> None:
+        self.apply(InstanceDeleted(instance_id=instance_id))
+
+    def kill_node(self, node_id: str) -> None:
+        """The node goes silent: NodeTimedOut, then the sweep deletes instances that used it."""
+        self.apply(NodeTimedOut(node_id=node_id))
+        for instance_id, instance in list(self.state.instances.items()):
+            if node_id in instance.shard_assignments.node_to_runner:
+                self.apply(InstanceDeleted(instance_id=instance_id))
+
+
+# --- a stand-in placement -------------------------------------------------------------------
+
+_instance_ids = count(1)
+
+
+def build_instance(
+    model_card: ModelCard, nodes: list[str], instance_id: str | None = None
+) -> AnyInstance:
+    """A pipeline ring instance of ``model_card`` over ``nodes``, layers split evenly."""
+    instance_id = instance_id or f"inst-{next(_instance_ids):05d}"
+    n_layers = model_card.n_layers
+    runner_to_shard: dict[str, PipelineShardMetadata] = {}
+    node_to_runner: dict[str, str] = {}
+    for rank, node in enumerate(nodes):
+        runner_id = f"{instance_id}-runner-{rank}"
+        node_to_runner[node] = runner_id
+        runner_to_shard[runner_id] = PipelineShardMetadata(
+            model_card=model_card,
+            device_rank=rank,
+            world_size=len(nodes),
+            start_layer=rank * n_layers // len(nodes),
+            end_layer=(rank + 1) * n_layers // len(nodes),
+            n_layers=n_layers,
+        )
+    return MlxRingInstance(
+        instance_id=instance_id,
+        shard_assignments=ShardAssignments(
+            model_id=model_card.model_id,
+            runner_to_shard=dict(runner_to_shard),
+            node_to_runner=node_to_runner,
+        ),
+    )
+
+
+def simple_place(
+    state: State,
+    model_card: ModelCard,
+    sharding: Sharding | str,
+    instance_meta: InstanceMeta | str,
+    min_nodes: int,
+) -> AnyInstance:
+    """Placement reduced to what keeper rules need: the freest usable nodes that hold the model."""
+    usable = [
+        n for n in state.topology.nodes if n in state.node_memory and state.node_backends.get(n)
+    ]
+    usable.sort(key=lambda n: (-state.node_memory[n].ram_available.in_bytes, n))
+    chosen = usable[: max(min_nodes, 1)]
+    free = sum(state.node_memory[n].ram_available.in_bytes for n in chosen)
+    if len(chosen) < min_nodes or free < model_card.storage_size.in_bytes:
+        raise ValueError("No cycles found with sufficient memory")
+    return build_instance(model_card, chosen)
