@@ -1,0 +1,954 @@
+"""The master: one State, one ordered stream of events, and the loops that act on it.
+
+Every change goes round the router. ``emit`` puts events on an anyio memory stream that ONE
+task consumes: it numbers them, appends them to the event log (one fsync per batch), applies
+them with ``keeper.apply`` and publishes them to subscribers (node sessions, dashboard
+streams). So the State trails the events by a trip through the router, as in exo, and every
+subscriber sees the same events in the same order as the log.
+
+Around the router run, until cancelled:
+- the keeper loop: ``Keeper.step`` once a second from STARTUP_GRACE after start, under the lock
+  that deployment deletion also takes, with the step's events emitted under that lock;
+- membership: a node silent for ``node_timeout_s`` (no message of any kind) gets NodeTimedOut
+  and its session is closed, so when it wakes it reconnects and reports everything afresh;
+- the sweep: every ``sweep_interval_s``, InstanceDeleted for each instance using a node that
+  is no longer in the topology;
+- snapshots of the State every ``snapshot_every_events`` events, and once more on a clean stop.
+
+Commands (``create_deployment`` and friends) validate, then emit under the lock and wait until
+their events are applied, so a response is only sent for events that are durable and visible
+in ``GET /state``; refusals raise ``keeper.master.errors`` types that the API maps to 4xx.
+
+Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
+whole master (with in-process nodes on memory channels) under trio's MockClock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
+from keeper.apply import apply
+from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.commands import new_id
+from keeper.constants import STARTUP_GRACE
+from keeper.core import DeploymentTimer, Keeper, deployment_status
+from keeper.events import (
+    AnyEvent,
+    DeploymentCreated,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
+)
+from keeper.master.channel import ChannelClosedError, MasterSide
+from keeper.master.clock import AnyioClock, Clock, iso_utc
+from keeper.master.errors import (
+    BadRequestError,
+    ChatFailedError,
+    ConflictError,
+    NoInstanceError,
+    NotFoundError,
+    NotRunningError,
+)
+from keeper.master.event_log import EventLog, Recovery
+from keeper.master.protocol import (
+    AnyMasterMessage,
+    AnyNodeMessage,
+    CancelChat,
+    ChatChunk,
+    ChatError,
+    ChatMessage,
+    ChatRequest,
+    EventMessage,
+    Heartbeat,
+    Hello,
+    LinkDown,
+    LinkUp,
+    NodeInfo,
+    RequestInstanceDeletion,
+    RunnerStatusReport,
+    Welcome,
+)
+from keeper.placement import place_instance
+from keeper.state import (
+    SERVING_RUNNER_TYPES,
+    AnyInstance,
+    Connection,
+    Deployment,
+    InstanceMeta,
+    ModelCard,
+    NodeId,
+    Sharding,
+    State,
+)
+
+log = logging.getLogger(__name__)
+
+PlaceFn = Callable[[State, ModelCard, Sharding, InstanceMeta, int], AnyInstance]
+
+# A connection that does not say Hello within this long is not a node; drop it.
+HELLO_TIMEOUT_S = 10.0
+# The most queued emits the router folds into one batch (one write + fsync). Large enough that
+# a burst costs one fsync per few hundred events, small enough that a batch applies in
+# milliseconds and does not stall the event loop.
+ROUTER_MAX_BATCH = 512
+# A chat reply is streamed chunk by chunk; a longer reply than this many chunks buffered unread
+# means the client stopped reading, and the request is ended rather than buffered without end.
+CHAT_BUFFER_CHUNKS = 4096
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    # exo's membership rule: a node silent this long is gone.
+    node_timeout_s: float = 30.0
+    # exo's sweep period for instances that use a node missing from the topology.
+    sweep_interval_s: float = 10.0
+    # How often the keeper steps (SPEC §3: once a second).
+    keeper_interval_s: float = 1.0
+    # How often node silence is checked; a tenth of the timeout would do, a second is cheap.
+    membership_check_s: float = 1.0
+    # Restart replays at most this many events after the snapshot (a fraction of a second).
+    snapshot_every_events: int = 10_000
+    # Before this long after start the keeper places nothing (SPEC §3 "New master"); a harness
+    # that starts a fresh cluster may shorten it.
+    startup_grace_s: float = STARTUP_GRACE
+    # A chat request whose node sends nothing for this long is ended with an error.
+    chat_chunk_timeout_s: float = 30.0
+    # Queued events per subscriber (node session or dashboard stream) before it is dropped as
+    # too slow; it reconnects and gets a fresh snapshot. A burst of a few thousand events (a
+    # restart's worth of reports) must fit.
+    subscriber_buffer: int = 10_000
+    # Emits waiting for the router before producers block (backpressure, not loss).
+    router_queue: int = 10_000
+    model_cards: tuple[ModelCard, ...] = BUILTIN_MODEL_CARDS
+
+
+class KeeperLike(Protocol):
+    """What the master needs of a keeper (``keeper.core.Keeper``; tests may inject another)."""
+
+    def step(self, state: State, now: float) -> list[AnyEvent]: ...
+    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]: ...
+    def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]: ...
+
+
+KeeperFactory = Callable[[float, PlaceFn], KeeperLike]
+
+
+def _default_keeper(started_at: float, place: PlaceFn) -> KeeperLike:
+    return Keeper(started_at, place=place)
+
+
+@dataclass
+class _Emit:
+    events: list[AnyEvent]
+    done: anyio.Event | None = None
+    failed: bool = False
+
+
+class SubscriptionLaggedError(Exception):
+    """A subscriber fell more than ``subscriber_buffer`` events behind and was dropped."""
+
+
+class Subscription:
+    """The events after ``state``, in order: the snapshot a dashboard starts from and its
+    continuation. Iterate it; ``aclose`` (or leaving ``async with``) unsubscribes."""
+
+    def __init__(
+        self,
+        state: State,
+        receive: MemoryObjectReceiveStream[IndexedEvent],
+        unsubscribe: Callable[[], bool],
+    ) -> None:
+        self.state = state
+        self._receive = receive
+        self._unsubscribe = unsubscribe
+        self.lagged = False
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> IndexedEvent:
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            if self.lagged:
+                raise SubscriptionLaggedError("the stream fell behind and was dropped") from None
+            raise StopAsyncIteration from None
+
+    async def receive(self) -> IndexedEvent:
+        return await self.__anext__()
+
+    async def aclose(self) -> None:
+        self._unsubscribe()
+        await self._receive.aclose()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+@dataclass
+class _NodeSession:
+    node_id: NodeId
+    outbox: MemoryObjectSendStream[AnyMasterMessage]
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    closed_because: str | None = None
+
+    def offer(self, message: AnyMasterMessage) -> bool:
+        """Queue a message without waiting; a node too far behind has its session closed."""
+        try:
+            self.outbox.send_nowait(message)
+        except anyio.WouldBlock:
+            self.close(f"node {self.node_id} fell behind the event stream")
+            return False
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return False
+        return True
+
+    def close(self, reason: str) -> None:
+        if self.closed_because is None:
+            self.closed_because = reason
+            log.info("closing the session of node %s: %s", self.node_id, reason)
+        self.scope.cancel()
+
+
+@dataclass
+class _PendingChat:
+    request_id: str
+    instance_id: str
+    node_id: NodeId
+    replies: MemoryObjectSendStream[ChatChunk | ChatError]
+
+
+class ChatStream:
+    """The text of one chat reply as it arrives; ``finish_reason`` is set once it ends.
+
+    Iterating raises ``ChatFailedError`` if the node or instance goes away or falls silent for
+    ``chat_chunk_timeout_s``: a request never hangs. ``aclose`` cancels an unfinished request.
+    """
+
+    def __init__(
+        self,
+        pending: _PendingChat,
+        on_end: Callable[[_PendingChat, bool], None],
+        replies: MemoryObjectReceiveStream[ChatChunk | ChatError],
+        chunk_timeout_s: float,
+    ) -> None:
+        self.request_id = pending.request_id
+        self.instance_id = pending.instance_id
+        self.node_id = pending.node_id
+        self.finish_reason: str | None = None
+        self._on_end = on_end
+        self._pending = pending
+        self._replies = replies
+        self._timeout = chunk_timeout_s
+        self._ended = False
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._texts()
+
+    async def _texts(self) -> AsyncIterator[str]:
+        try:
+            while not self._ended:
+                reply: ChatChunk | ChatError | None = None
+                with anyio.move_on_after(self._timeout):
+                    try:
+                        reply = await self._replies.receive()
+                    except (anyio.EndOfStream, anyio.ClosedResourceError):
+                        raise ChatFailedError("the chat request was cancelled") from None
+                if reply is None:
+                    raise ChatFailedError(
+                        f"node {self.node_id} sent nothing for {self._timeout:g} s; "
+                        "the request was abandoned"
+                    )
+                if isinstance(reply, ChatError):
+                    raise ChatFailedError(reply.message)
+                if reply.finish_reason is not None:
+                    self.finish_reason = reply.finish_reason
+                    self._ended = True
+                if reply.text:
+                    yield reply.text
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        finished = self._ended
+        self._ended = True
+        self._on_end(self._pending, not finished)
+        await self._replies.aclose()
+
+
+class Master:
+    """The master service. Construct anywhere; ``run`` inside an event loop (see module doc)."""
+
+    def __init__(
+        self,
+        data_dir: Path | None,
+        clock: Clock | None = None,
+        config: MasterConfig | None = None,
+        *,
+        place: PlaceFn = place_instance,
+        keeper_factory: KeeperFactory = _default_keeper,
+    ) -> None:
+        self.data_dir = data_dir
+        self.config = config if config is not None else MasterConfig()
+        self.catalog: dict[str, ModelCard] = catalog_by_id(self.config.model_cards)
+        self._clock = clock
+        self._place = place
+        self._keeper_factory = keeper_factory
+        self._keeper: KeeperLike | None = None
+        self._log = EventLog(data_dir)
+        self._state = State()
+        self._next_idx = 0
+        self._lock = anyio.Lock()
+        self._router_send: MemoryObjectSendStream[_Emit] | None = None
+        self._waiters: dict[int, _Emit] = {}
+        self._subscribers: dict[int, Callable[[IndexedEvent], None]] = {}
+        self._next_subscriber = 0
+        self._sessions: dict[NodeId, _NodeSession] = {}
+        self._last_heard: dict[NodeId, float] = {}
+        self._chats: dict[str, _PendingChat] = {}
+        self._started_at: float | None = None
+        self._keeper_error: str | None = None
+        self.recovery: Recovery | None = None
+
+    # --- read side -----------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def keeper(self) -> KeeperLike:
+        if self._keeper is None:
+            raise NotRunningError("the master is not running yet")
+        return self._keeper
+
+    @property
+    def clock(self) -> Clock:
+        if self._clock is None:
+            raise NotRunningError("the master is not running yet")
+        return self._clock
+
+    @property
+    def running(self) -> bool:
+        return self._router_send is not None
+
+    def connected_nodes(self) -> list[NodeId]:
+        return sorted(self._sessions)
+
+    def deployments_view(self) -> DeploymentsResponse:
+        state = self._state
+        timers: dict[str, DeploymentTimer] = {}
+        now = 0.0
+        if self._keeper is not None and self._clock is not None:
+            now = self._clock.monotonic()
+            timers = self._keeper.timers(state, now)
+        wall = self._clock.wall() if self._clock is not None else None
+        views: list[DeploymentView] = []
+        for deployment_id in sorted(state.deployments):
+            deployment = state.deployments[deployment_id]
+            timer = timers.get(deployment_id)
+            next_at = timer.next_attempt_at if timer is not None else None
+            views.append(
+                DeploymentView(
+                    deployment=deployment,
+                    status=deployment_status(deployment, state),
+                    failures=timer.failures if timer is not None else 0,
+                    next_attempt_at=(
+                        iso_utc(wall + timedelta(seconds=next_at - now))
+                        if next_at is not None and wall is not None
+                        else None
+                    ),
+                    next_attempt_in_s=(
+                        round(max(0.0, next_at - now), 3) if next_at is not None else None
+                    ),
+                    waiting=timer.waiting if timer is not None else None,
+                )
+            )
+        return DeploymentsResponse(deployments=views)
+
+    def subscribe(self) -> Subscription:
+        """The current State and every event after it, for a dashboard stream."""
+        send, receive = anyio.create_memory_object_stream[IndexedEvent](
+            self.config.subscriber_buffer
+        )
+        subscription: Subscription | None = None
+
+        def deliver(indexed: IndexedEvent) -> None:
+            try:
+                send.send_nowait(indexed)
+            except anyio.WouldBlock:
+                if subscription is not None:
+                    subscription.lagged = True
+                self._subscribers.pop(key, None)
+                send.close()
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._subscribers.pop(key, None)
+
+        key = self._add_subscriber(deliver)
+
+        def unsubscribe() -> bool:
+            send.close()
+            return self._subscribers.pop(key, None) is not None
+
+        # The State and the registration are taken together, with no await in between, so the
+        # subscriber gets exactly the events after this State.
+        subscription = Subscription(self._state, receive, unsubscribe)
+        if not self.running:
+            send.close()
+        return subscription
+
+    def _add_subscriber(self, deliver: Callable[[IndexedEvent], None]) -> int:
+        key = self._next_subscriber
+        self._next_subscriber += 1
+        self._subscribers[key] = deliver
+        return key
+
+    # --- commands ------------------------------------------------------------------------
+
+    def _card(self, model_id: str) -> ModelCard:
+        card = self.catalog.get(model_id)
+        if card is None:
+            raise NotFoundError(
+                f"Unknown model {model_id!r}: it is not in the model catalog (GET /models)",
+                param="model_id",
+            )
+        return card
+
+    async def create_deployment(
+        self,
+        model_id: str,
+        sharding: Sharding | str = Sharding.PIPELINE,
+        instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
+        min_nodes: int = 1,
+    ) -> CommandResponse:
+        card = self._card(model_id)
+        sharding_, meta = _enums(sharding, instance_meta)
+        _check_min_nodes(card, min_nodes)
+        async with self._lock:
+            for existing in self._state.deployments.values():
+                if existing.model_card.model_id == model_id:
+                    raise ConflictError(
+                        f"Model {model_id} already has deployment {existing.deployment_id}; "
+                        "delete it first to change its settings",
+                        param="model_id",
+                    )
+            deployment = Deployment(
+                deployment_id=new_id(),
+                model_card=card,
+                sharding=sharding_,
+                instance_meta=meta,
+                min_nodes=min_nodes,
+            )
+            await self._emit_and_wait([DeploymentCreated(deployment=deployment)])
+        log.info("deployment %s of %s created", deployment.deployment_id, model_id)
+        return CommandResponse(
+            message=f"Deployment of {model_id} created",
+            command_id=new_id(),
+            deployment_id=deployment.deployment_id,
+        )
+
+    async def delete_deployment(self, deployment_id: str) -> CommandResponse:
+        async with self._lock:
+            deployment = self._state.deployments.get(deployment_id)
+            if deployment is None:
+                raise NotFoundError(
+                    f"Deployment {deployment_id!r} not found", param="deployment_id"
+                )
+            events = self.keeper.delete(deployment_id, self._state)
+            await self._emit_and_wait(events)
+        log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
+        return CommandResponse(
+            message=f"Deployment of {deployment.model_card.model_id} deleted",
+            command_id=new_id(),
+            deployment_id=deployment_id,
+        )
+
+    async def place_instance(
+        self,
+        model_id: str,
+        sharding: Sharding | str = Sharding.PIPELINE,
+        instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
+        min_nodes: int = 1,
+    ) -> CommandResponse:
+        card = self._card(model_id)
+        sharding_, meta = _enums(sharding, instance_meta)
+        async with self._lock:
+            try:
+                instance = self._place(self._state, card, sharding_, meta, min_nodes)
+            except ValueError as exc:
+                raise BadRequestError(str(exc)) from None
+            await self._emit_and_wait([InstanceCreated(instance=instance)])
+        return CommandResponse(
+            message=f"Instance of {model_id} placed",
+            command_id=new_id(),
+            instance_id=instance.instance_id,
+        )
+
+    async def delete_instance(self, instance_id: str) -> CommandResponse:
+        async with self._lock:
+            if instance_id not in self._state.instances:
+                raise NotFoundError(f"Instance {instance_id!r} not found", param="instance_id")
+            await self._emit_and_wait([InstanceDeleted(instance_id=instance_id)])
+        return CommandResponse(
+            message=f"Instance {instance_id} deleted",
+            command_id=new_id(),
+            instance_id=instance_id,
+        )
+
+    # --- chat ----------------------------------------------------------------------------
+
+    def ready_instances(self, model_id: str) -> list[tuple[str, NodeId]]:
+        """(instance id, rank-0 node) of each instance of the model that can serve now."""
+        state = self._state
+        ready: list[tuple[str, NodeId]] = []
+        for instance_id, instance in sorted(state.instances.items()):
+            assignments = instance.shard_assignments
+            if assignments.model_id != model_id:
+                continue
+            if not all(
+                isinstance(state.runners.get(runner), SERVING_RUNNER_TYPES)
+                for runner in assignments.node_to_runner.values()
+            ):
+                continue
+            rank0 = next(
+                (
+                    node
+                    for node, runner in assignments.node_to_runner.items()
+                    if (shard := assignments.runner_to_shard.get(runner)) is not None
+                    and shard.device_rank == 0
+                ),
+                None,
+            )
+            if rank0 is not None and rank0 in self._sessions:
+                ready.append((instance_id, rank0))
+        return ready
+
+    async def chat(
+        self, model_id: str, messages: Sequence[ChatMessage], max_tokens: int
+    ) -> ChatStream:
+        """Send a chat to a ready instance of the model; iterate the result for its text."""
+        if not self.running:
+            raise NotRunningError("the master is not running")
+        ready = self.ready_instances(model_id)
+        if not ready:
+            raise NoInstanceError(
+                f"No instance of {model_id} is ready to serve; deploy it or wait until it is "
+                "serving",
+                param="model",
+            )
+        busy = {instance: 0 for instance, _ in ready}
+        for pending in self._chats.values():
+            if pending.instance_id in busy:
+                busy[pending.instance_id] += 1
+        instance_id, node_id = min(ready, key=lambda target: busy[target[0]])
+        send, receive = anyio.create_memory_object_stream[ChatChunk | ChatError](CHAT_BUFFER_CHUNKS)
+        pending = _PendingChat(new_id(), instance_id, node_id, send)
+        self._chats[pending.request_id] = pending
+        request = ChatRequest(
+            request_id=pending.request_id,
+            instance_id=instance_id,
+            messages=list(messages),
+            max_tokens=max_tokens,
+        )
+        if not self._sessions[node_id].offer(request):
+            self._chats.pop(pending.request_id, None)
+            raise ChatFailedError(f"node {node_id} could not take the request")
+        return ChatStream(pending, self._end_chat, receive, self.config.chat_chunk_timeout_s)
+
+    def _end_chat(self, pending: _PendingChat, cancel: bool) -> None:
+        if self._chats.pop(pending.request_id, None) is None:
+            return
+        pending.replies.close()
+        session = self._sessions.get(pending.node_id)
+        if cancel and session is not None:
+            session.offer(CancelChat(request_id=pending.request_id))
+
+    def _fail_chats(
+        self, reason: str, *, node_id: str | None = None, instance_id: str | None = None
+    ) -> None:
+        for pending in list(self._chats.values()):
+            if (node_id is not None and pending.node_id == node_id) or (
+                instance_id is not None and pending.instance_id == instance_id
+            ):
+                self._chats.pop(pending.request_id, None)
+                with contextlib.suppress(
+                    anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError
+                ):
+                    pending.replies.send_nowait(
+                        ChatError(request_id=pending.request_id, message=reason)
+                    )
+                pending.replies.close()
+
+    def _deliver_chat(self, node_id: NodeId, reply: ChatChunk | ChatError) -> None:
+        pending = self._chats.get(reply.request_id)
+        if pending is None or pending.node_id != node_id:
+            return  # finished, cancelled, or not this node's to answer
+        try:
+            pending.replies.send_nowait(reply)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            # The client stopped reading (or left): end the request instead of buffering on.
+            self._end_chat(pending, True)
+            return
+        if isinstance(reply, ChatError) or reply.finish_reason is not None:
+            self._chats.pop(reply.request_id, None)
+
+    # --- the event router ----------------------------------------------------------------
+
+    async def emit(self, events: Sequence[AnyEvent]) -> None:
+        """Queue events for the router; they are applied shortly after (the State trails)."""
+        if not events:
+            return
+        if self._router_send is None:
+            raise NotRunningError("the master is not running")
+        await self._router_send.send(_Emit(list(events)))
+
+    async def _emit_and_wait(self, events: Sequence[AnyEvent]) -> None:
+        """Queue events and wait until they are logged, applied and published."""
+        if not events:
+            return
+        if self._router_send is None:
+            raise NotRunningError("the master is not running")
+        item = _Emit(list(events), anyio.Event())
+        self._waiters[id(item)] = item
+        try:
+            await self._router_send.send(item)
+            assert item.done is not None
+            await item.done.wait()
+        finally:
+            self._waiters.pop(id(item), None)
+        if item.failed:
+            raise NotRunningError("the master stopped before the command was recorded")
+
+    async def _router(self, receive: MemoryObjectReceiveStream[_Emit]) -> None:
+        async with receive:
+            async for first in receive:
+                batch = [first]
+                while len(batch) < ROUTER_MAX_BATCH:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
+                self._commit(batch)
+
+    def _commit(self, batch: list[_Emit]) -> None:
+        # Synchronous from append to publish: no task ever sees a State that the log lacks, and
+        # a subscriber registered between two batches gets exactly the events after its State.
+        indexed = [
+            IndexedEvent(idx=self._next_idx + offset, event=event)
+            for offset, event in enumerate(event for item in batch for event in item.events)
+        ]
+        if indexed:
+            self._log.append(indexed)
+            state = self._state
+            for entry in indexed:
+                state = apply(state, entry.event)
+            self._state = state.model_copy(update={"last_event_applied_idx": indexed[-1].idx})
+            self._next_idx = indexed[-1].idx + 1
+            for entry in indexed:
+                for deliver in list(self._subscribers.values()):
+                    deliver(entry)
+                if isinstance(entry.event, InstanceDeleted):
+                    self._fail_chats(
+                        f"instance {entry.event.instance_id} was deleted during the request",
+                        instance_id=entry.event.instance_id,
+                    )
+        for item in batch:
+            if item.done is not None:
+                item.done.set()
+        if self._log.events_since_snapshot >= self.config.snapshot_every_events:
+            self._log.write_snapshot(self._state)
+
+    # --- running -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Rebuild the State from the log, then run the router and the loops until cancelled."""
+        if self.running:
+            raise RuntimeError("this master is already running")
+        if self._clock is None:
+            self._clock = AnyioClock()
+        clock = self._clock
+        self.recovery = self._log.open()
+        self._state = self.recovery.state
+        self._next_idx = self._state.last_event_applied_idx + 1
+        if self.recovery.events_replayed or self.recovery.snapshot_idx is not None:
+            log.info(
+                "state rebuilt from %s: snapshot at event %s + %d events replayed",
+                self.data_dir,
+                self.recovery.snapshot_idx,
+                self.recovery.events_replayed,
+            )
+        now = clock.monotonic()
+        self._started_at = now
+        # The keeper measures its grace from started_at; a shorter configured grace moves it back.
+        self._keeper = self._keeper_factory(
+            now - (STARTUP_GRACE - self.config.startup_grace_s), self._place
+        )
+        # Nodes the log remembers must report back in time like any other, or time out.
+        self._last_heard = dict.fromkeys(self._state.topology.nodes, now)
+        send, receive = anyio.create_memory_object_stream[_Emit](self.config.router_queue)
+        self._router_send = send
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._router, receive)
+                group.start_soon(self._keeper_loop)
+                group.start_soon(self._membership_loop)
+                group.start_soon(self._sweep_loop)
+                task_status.started()
+        finally:
+            self._router_send = None
+            send.close()
+            for item in list(self._waiters.values()):
+                item.failed = True
+                if item.done is not None:
+                    item.done.set()
+            for session in list(self._sessions.values()):
+                session.close("the master is stopping")
+            self._fail_chats_all("the master is stopping")
+            self._subscribers.clear()
+            if self._log.events_since_snapshot:
+                self._log.write_snapshot(self._state)
+            self._log.close()
+
+    def _fail_chats_all(self, reason: str) -> None:
+        for node_id in {pending.node_id for pending in self._chats.values()}:
+            self._fail_chats(reason, node_id=node_id)
+
+    async def _keeper_loop(self) -> None:
+        clock = self.clock
+        assert self._started_at is not None
+        next_tick = self._started_at + self.config.startup_grace_s
+        while True:
+            await clock.sleep(max(0.0, next_tick - clock.monotonic()))
+            async with self._lock:
+                try:
+                    events = self.keeper.step(self._state, clock.monotonic())
+                except Exception as exc:
+                    self._report_keeper_error(exc)
+                    events = []
+                else:
+                    self._keeper_error = None
+                await self.emit(events)
+            next_tick = max(next_tick + self.config.keeper_interval_s, clock.monotonic())
+
+    def _report_keeper_error(self, exc: Exception) -> None:
+        # A keeper bug must not take the master down (the cluster keeps running without it),
+        # nor fill the log once a second: report each distinct error once.
+        described = f"{type(exc).__name__}: {exc}"
+        if described != self._keeper_error:
+            log.exception("the keeper's step failed; retrying every second")
+            self._keeper_error = described
+
+    async def _membership_loop(self) -> None:
+        clock = self.clock
+        timeout = self.config.node_timeout_s
+        while True:
+            await clock.sleep(self.config.membership_check_s)
+            now = clock.monotonic()
+            for node in self._state.topology.nodes:
+                # A node can reach the topology without a session (a report that was in flight
+                # when it timed out); it starts its silence now.
+                self._last_heard.setdefault(node, now)
+            silent = sorted(
+                node for node, heard in self._last_heard.items() if now - heard >= timeout
+            )
+            events: list[AnyEvent] = []
+            for node in silent:
+                del self._last_heard[node]
+                session = self._sessions.get(node)
+                if session is not None:
+                    session.close(f"silent for {timeout:g} s")
+                if node in self._state.topology.nodes:
+                    log.info("node %s timed out after %g s of silence", node, timeout)
+                    events.append(NodeTimedOut(node_id=node))
+            await self.emit(events)
+
+    async def _sweep_loop(self) -> None:
+        clock = self.clock
+        while True:
+            await clock.sleep(self.config.sweep_interval_s)
+            async with self._lock:
+                state = self._state
+                nodes = set(state.topology.nodes)
+                events: list[AnyEvent] = []
+                for instance_id, instance in sorted(state.instances.items()):
+                    missing = sorted(
+                        node
+                        for node in instance.shard_assignments.node_to_runner
+                        if node not in nodes
+                    )
+                    if missing:
+                        log.info(
+                            "deleting instance %s: node(s) %s left the topology",
+                            instance_id,
+                            ", ".join(missing),
+                        )
+                        events.append(InstanceDeleted(instance_id=instance_id))
+                await self.emit(events)
+
+    # --- node sessions -------------------------------------------------------------------
+
+    async def serve_node(self, channel: MasterSide) -> None:
+        """Serve one node connection until it closes (see ``keeper.master.protocol``)."""
+        try:
+            if not self.running:
+                return
+            hello: AnyNodeMessage | None = None
+            with anyio.move_on_after(HELLO_TIMEOUT_S):
+                hello = await channel.receive()
+            if not isinstance(hello, Hello):
+                log.warning(
+                    "a node connection sent %s instead of Hello; closing it",
+                    "nothing" if hello is None else type(hello).__name__,
+                )
+                return
+            await self._node_session(hello, channel)
+        except ChannelClosedError:
+            pass
+        finally:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(
+                    ChannelClosedError, anyio.BrokenResourceError, anyio.ClosedResourceError
+                ):
+                    await channel.aclose()
+
+    async def _node_session(self, hello: Hello, channel: MasterSide) -> None:
+        node_id = hello.node_id
+        previous = self._sessions.get(node_id)
+        if previous is not None:
+            previous.close("the node connected again")
+        outbox_send, outbox_receive = anyio.create_memory_object_stream[AnyMasterMessage](
+            self.config.subscriber_buffer
+        )
+        session = _NodeSession(node_id, outbox_send)
+        # Welcome and subscription together, with no await between: no event missed or doubled.
+        session.offer(Welcome(state=self._state))
+        key = self._add_subscriber(lambda indexed: _offer_event(session, indexed))
+        self._sessions[node_id] = session
+        self._last_heard[node_id] = self.clock.monotonic()
+        log.info("node %s (%s) connected", node_id, hello.name)
+        try:
+            with session.scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(_forward, outbox_receive, channel, group.cancel_scope)
+                    await self._receive_from_node(node_id, channel)
+                    group.cancel_scope.cancel()
+        finally:
+            self._subscribers.pop(key, None)
+            outbox_send.close()
+            if self._sessions.get(node_id) is session:
+                del self._sessions[node_id]
+            self._fail_chats(f"node {node_id} disconnected during the request", node_id=node_id)
+            log.info("node %s disconnected", node_id)
+
+    async def _receive_from_node(self, node_id: NodeId, channel: MasterSide) -> None:
+        clock = self.clock
+        while True:
+            try:
+                message = await channel.receive()
+            except ChannelClosedError:
+                return
+            self._last_heard[node_id] = clock.monotonic()
+            match message:
+                case NodeInfo():
+                    await self.emit(
+                        [
+                            NodeGatheredInfo(
+                                node_id=node_id,
+                                when=iso_utc(clock.wall()),
+                                memory=message.memory,
+                                backends=message.backends,
+                                identity=message.identity,
+                                network=message.network,
+                                rdma_ctl=message.rdma_ctl,
+                            )
+                        ]
+                    )
+                case RunnerStatusReport(runner_id=runner_id, runner_status=status):
+                    await self.emit(
+                        [RunnerStatusUpdated(runner_id=runner_id, runner_status=status)]
+                    )
+                case LinkUp(sink=sink, edge=edge):
+                    conn = Connection(source=node_id, sink=sink, edge=edge)
+                    await self.emit([TopologyEdgeCreated(conn=conn)])
+                case LinkDown(sink=sink, edge=edge):
+                    conn = Connection(source=node_id, sink=sink, edge=edge)
+                    await self.emit([TopologyEdgeDeleted(conn=conn)])
+                case RequestInstanceDeletion(instance_id=instance_id, reason=reason):
+                    if instance_id in self._state.instances:
+                        log.info("node %s gave up on instance %s: %s", node_id, instance_id, reason)
+                        await self.emit([InstanceDeleted(instance_id=instance_id)])
+                case ChatChunk() | ChatError():
+                    self._deliver_chat(node_id, message)
+                case Heartbeat() | Hello():
+                    pass
+
+
+def _offer_event(session: _NodeSession, indexed: IndexedEvent) -> None:
+    session.offer(EventMessage(indexed=indexed))
+
+
+async def _forward(
+    outbox: MemoryObjectReceiveStream[AnyMasterMessage],
+    channel: MasterSide,
+    scope: anyio.CancelScope,
+) -> None:
+    try:
+        async with outbox:
+            async for message in outbox:
+                await channel.send(message)
+    except ChannelClosedError:
+        pass
+    scope.cancel()
+
+
+def _enums(
+    sharding: Sharding | str, instance_meta: InstanceMeta | str
+) -> tuple[Sharding, InstanceMeta]:
+    try:
+        sharding_ = Sharding(sharding)
+    except ValueError:
+        choices = ", ".join(s.value for s in Sharding)
+        raise BadRequestError(
+            f"Unknown sharding {sharding!r}: expected one of {choices}", param="sharding"
+        ) from None
+    try:
+        meta = InstanceMeta(instance_meta)
+    except ValueError:
+        choices = ", ".join(m.value for m in InstanceMeta)
+        raise BadRequestError(
+            f"Unknown instance_meta {instance_meta!r}: expected one of {choices}",
+            param="instance_meta",
+        ) from None
+    return sharding_, meta
+
+
+def _check_min_nodes(card: ModelCard, min_nodes: int) -> None:
+    if min_nodes < 1:
+        raise BadRequestError(f"min_nodes must be at least 1, got {min_nodes}", param="min_nodes")
+    # Every node of an instance holds at least one layer, so no cluster of any size can place
+    # a model on more nodes than it has layers.
+    if min_nodes > card.n_layers:
+        raise BadRequestError(
+            f"min_nodes {min_nodes} is more than {card.model_id} has layers ({card.n_layers}); "
+            "no cluster could place it",
+            param="min_nodes",
+        )
