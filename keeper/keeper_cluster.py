@@ -19,21 +19,19 @@ from keeper.state import SERVING_RUNNER_TYPES, AnyInstance, Backend, Edge, NodeI
 class ClusterSignature:
     """The parts of a State that can turn an unplaceable deployment into a placeable one.
 
-    Each piece of a node rejoining changes it: showing up in the topology (``nodes``), reporting
-    memory and backends (``usable``), and each link (``links``).
+    Per topology node: whether it reports memory and which backends it reports; and every
+    link. So each piece of a node rejoining changes it (showing up, reporting memory, reporting
+    backends, each link), while the memory figures themselves do not.
     """
 
-    nodes: frozenset[NodeId]
-    usable: frozenset[tuple[NodeId, frozenset[Backend]]]
+    nodes: frozenset[tuple[NodeId, bool, frozenset[Backend]]]
     links: frozenset[tuple[NodeId, NodeId, Edge]]
 
 
 def cluster_signature(state: State) -> ClusterSignature:
-    nodes = frozenset(state.topology.nodes)
-    usable = frozenset(
-        (node, frozenset(state.node_backends[node]))
-        for node in nodes
-        if node in state.node_memory and state.node_backends.get(node)
+    nodes = frozenset(
+        (node, node in state.node_memory, frozenset(state.node_backends.get(node, ())))
+        for node in state.topology.nodes
     )
     links = frozenset(
         (source, sink, edge)
@@ -41,7 +39,7 @@ def cluster_signature(state: State) -> ClusterSignature:
         for sink, edges in sinks.items()
         for edge in edges
     )
-    return ClusterSignature(nodes=nodes, usable=usable, links=links)
+    return ClusterSignature(nodes=nodes, links=links)
 
 
 def instance_is_ready(instance: AnyInstance, state: State) -> bool:

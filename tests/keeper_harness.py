@@ -282,3 +282,64 @@ def simple_place(
     if len(chosen) < min_nodes or free < model_card.storage_size.in_bytes:
         raise ValueError("No cycles found with sufficient memory")
     return build_instance(model_card, chosen)
+
+
+class RecordingPlace:
+    """Wraps a placement function and records every call (model id, sharding, meta, min_nodes).
+
+    ``failing`` maps a model id to an exception raised instead of placing it, so one test can
+    mix deployments that place with ones that cannot.
+    """
+
+    def __init__(self, inner: PlaceFn = simple_place) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str, str, int]] = []
+        self.instances_seen: list[int] = []  # how many instances each call's state held
+        self.failing: dict[str, Exception] = {}
+
+    def __call__(
+        self,
+        state: State,
+        model_card: ModelCard,
+        sharding: Sharding,
+        instance_meta: InstanceMeta,
+        min_nodes: int,
+    ) -> AnyInstance:
+        self.calls.append((model_card.model_id, str(sharding), str(instance_meta), min_nodes))
+        self.instances_seen.append(len(state.instances))
+        failure = self.failing.get(model_card.model_id)
+        if failure is not None:
+            raise failure
+        return self.inner(state, model_card, sharding, instance_meta, min_nodes)
+
+    def models_tried(self) -> list[str]:
+        return [call[0] for call in self.calls]
+
+
+def unplaceable(reason: str = "No cycles found with sufficient memory") -> PlaceFn:
+    def place(
+        state: State,
+        model_card: ModelCard,
+        sharding: Sharding,
+        instance_meta: InstanceMeta,
+        min_nodes: int,
+    ) -> AnyInstance:
+        raise ValueError(reason)
+
+    return place
+
+
+def unplaceable_for(*reasons: str) -> PlaceFn:
+    """A placement that fails with each of ``reasons`` in turn."""
+    remaining = iter(reasons)
+
+    def place(
+        state: State,
+        model_card: ModelCard,
+        sharding: Sharding,
+        instance_meta: InstanceMeta,
+        min_nodes: int,
+    ) -> AnyInstance:
+        raise ValueError(next(remaining))
+
+    return place

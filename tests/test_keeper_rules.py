@@ -1,0 +1,756 @@
+"""The keeper's rules (SPEC §3), one test per rule, each named after it.
+
+Every state is built through the events a cluster applies and the keeper is stepped at chosen
+times (``keeper_harness.Cluster``); what it returns is applied, as the master does. Rules that do
+not depend on where an instance lands use a stand-in placement that the test controls; the rules
+about which nodes are chosen use the real ``place_instance``.
+"""
+
+from __future__ import annotations
+
+from keeper_harness import (
+    AFTER_GRACE,
+    Cluster,
+    RecordingPlace,
+    build_instance,
+    card,
+    link_events,
+    node_info,
+    simple_place,
+    socket_edge,
+    unplaceable,
+    unplaceable_for,
+)
+
+from keeper.constants import (
+    FIRST_BACKOFF,
+    MAX_BACKOFF,
+    PLACEMENT_TIMEOUT,
+    STARTUP_GRACE,
+    UNPLACEABLE_RETRY,
+)
+from keeper.core import MAX_PLACEMENT_ATTEMPTS_PER_STEP, Keeper
+from keeper.events import (
+    AnyEvent,
+    DeploymentCreated,
+    DeploymentDeleted,
+    DeploymentPlaced,
+    DeploymentPlacementFailed,
+    InstanceCreated,
+    InstanceDeleted,
+    TopologyEdgeCreated,
+)
+from keeper.placement import place_instance
+from keeper.state import Backend, Deployment, InstanceMeta, Sharding
+
+T = AFTER_GRACE  # the first moment the keeper may place
+NO_MEMORY = "No cycles found with sufficient memory"
+
+
+def kinds(events: list[AnyEvent]) -> list[str]:
+    return [type(event).__name__ for event in events]
+
+
+def placed_ids(events: list[AnyEvent]) -> list[str]:
+    return [e.deployment_id for e in events if isinstance(e, DeploymentPlaced)]
+
+
+def failures_of(events: list[AnyEvent]) -> list[tuple[str, str]]:
+    return [(e.deployment_id, e.error) for e in events if isinstance(e, DeploymentPlacementFailed)]
+
+
+def one_node_cluster(place: RecordingPlace | None = None) -> tuple[Cluster, RecordingPlace]:
+    recorder = place or RecordingPlace()
+    cluster = Cluster(place=recorder)
+    cluster.add_nodes("node-a")
+    return cluster, recorder
+
+
+# --- startup -------------------------------------------------------------------------------
+
+
+def test_nothing_is_placed_during_the_startup_grace() -> None:
+    cluster, place = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    for now in (0.0, 5.0, STARTUP_GRACE - 0.001):
+        assert cluster.step(now) == []
+    assert place.calls == []
+    assert placed_ids(cluster.step(STARTUP_GRACE)) == [deployment_id]
+
+
+def test_grace_counts_from_the_keepers_own_start() -> None:
+    cluster = Cluster(place=simple_place, started_at=100.0)
+    cluster.add_nodes("node-a")
+    cluster.deploy("m")
+    assert cluster.step(100.0 + STARTUP_GRACE - 0.001) == []
+    assert kinds(cluster.step(100.0 + STARTUP_GRACE)) == ["InstanceCreated", "DeploymentPlaced"]
+
+
+def test_nothing_happens_without_deployments() -> None:
+    cluster, place = one_node_cluster()
+    for now in (T, T + 1, T + 100):
+        assert cluster.step(now) == []
+    assert place.calls == []
+
+
+# --- placing -------------------------------------------------------------------------------
+
+
+def test_a_placement_emits_instance_created_then_deployment_placed() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    events = cluster.step(T)
+    assert kinds(events) == ["InstanceCreated", "DeploymentPlaced"]
+    created, assigned = events
+    assert isinstance(created, InstanceCreated) and isinstance(assigned, DeploymentPlaced)
+    assert assigned.instance_id == created.instance.instance_id
+    assert created.instance.shard_assignments.model_id == "m"
+    assert cluster.deployment(deployment_id).instance_id == created.instance.instance_id
+
+
+def test_placement_options_are_passed_through() -> None:
+    recorder = RecordingPlace(inner=place_instance)
+    cluster = Cluster(place=recorder)
+    cluster.add_nodes("node-a", "node-b", available_gb=8.0)
+    deployment_id = cluster.deploy(
+        card("m", size_gb=4.0, n_layers=16, hidden_size=2048),
+        sharding=Sharding.TENSOR,
+        instance_meta=InstanceMeta.MLX_RING,
+        min_nodes=2,
+    )
+    cluster.step(T)
+    assert recorder.calls == [("m", "Tensor", "MlxRing", 2)]
+    instance = cluster.instance_of(deployment_id)
+    assert set(instance.shard_assignments.node_to_runner) == {"node-a", "node-b"}
+
+
+def test_one_placement_per_step_in_id_order() -> None:
+    cluster, _ = one_node_cluster()
+    for model in ("m3", "m1", "m2"):
+        cluster.deploy(model, deployment_id=f"dep-{model}")
+    assert placed_ids(cluster.step(T)) == ["dep-m1"]
+    assert placed_ids(cluster.step(T + 1)) == ["dep-m2"]
+    assert placed_ids(cluster.step(T + 2)) == ["dep-m3"]
+    assert cluster.step(T + 3) == []
+
+
+def test_each_placement_sees_the_previous_one_in_the_state() -> None:
+    cluster, place = one_node_cluster()
+    cluster.deploy("m1")
+    cluster.deploy("m2")
+    cluster.step(T)
+    cluster.step(T + 1)
+    assert place.instances_seen == [0, 1]
+
+
+def test_an_existing_instance_of_the_model_is_never_touched_and_nothing_is_added() -> None:
+    cluster, place = one_node_cluster()
+    model = card("m")
+    # Someone placed it by hand; its runner keeps failing. That is not the keeper's business.
+    manual = build_instance(model, ["node-a"], instance_id="manual")
+    cluster.apply(InstanceCreated(instance=manual))
+    cluster.fail_runner("manual")
+    cluster.deploy(model)
+    for now in range(int(T), int(T) + 200, 7):
+        assert cluster.step(float(now)) == []
+    assert place.calls == []
+    assert "manual" in cluster.state.instances
+
+
+# --- waiting for its own placement ---------------------------------------------------------
+
+
+def test_an_in_flight_placement_is_not_repeated_before_the_timeout() -> None:
+    cluster, place = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    first = cluster.step_keep(T)  # emitted, but the state has not caught up
+    assert placed_ids(first) == [deployment_id]
+    for now in (T + 1, T + 10, T + PLACEMENT_TIMEOUT - 0.001):
+        assert cluster.step_keep(now) == []
+    assert len(place.calls) == 1
+
+
+def test_an_in_flight_placement_that_never_arrives_is_forgotten_without_a_failure() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step_keep(T)
+    again = cluster.step(T + PLACEMENT_TIMEOUT)
+    assert placed_ids(again) == [deployment_id]
+    assert cluster.keeper.timers(cluster.state, T + PLACEMENT_TIMEOUT)[deployment_id].failures == 0
+
+
+def test_an_in_flight_placement_arriving_late_is_watched() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    late = cluster.step_keep(T)
+    cluster.step_keep(T + 5)
+    cluster.apply(*late)  # arrives before the timeout
+    assert cluster.step(T + 6) == []
+    cluster.delete_instance(cluster.instance_of(deployment_id).instance_id)
+    cluster.step(T + 7)  # lost before ready: a failure, so a backoff
+    timer = cluster.keeper.timers(cluster.state, T + 7)[deployment_id]
+    assert (timer.failures, timer.waiting) == (1, "backoff")
+
+
+def test_a_placement_that_arrives_and_is_gone_before_the_next_step_counts_as_lost() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    cluster.delete_instance(cluster.instance_of(deployment_id).instance_id)
+    assert cluster.step(T + 1) == []
+    timer = cluster.keeper.timers(cluster.state, T + 1)[deployment_id]
+    assert (timer.failures, timer.waiting, timer.next_attempt_at) == (
+        1,
+        "backoff",
+        T + 1 + FIRST_BACKOFF,
+    )
+
+
+def test_an_instance_lost_between_two_steps_is_placed_again() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    first = cluster.instance_of(deployment_id).instance_id
+    cluster.make_ready(first)
+    assert cluster.step(T + 1) == []  # serving
+    cluster.delete_instance(first)
+    again = cluster.step(T + 2)
+    assert placed_ids(again) == [deployment_id]
+    assert cluster.instance_of(deployment_id).instance_id != first
+
+
+def test_after_a_node_dies_the_model_is_placed_again_away_from_it() -> None:
+    cluster = Cluster(place=place_instance)
+    cluster.add_node("node-a", available_gb=32.0)
+    cluster.add_node("node-b", available_gb=16.0)
+    cluster.add_node("node-c", available_gb=16.0)
+    for a, b in (("node-a", "node-b"), ("node-b", "node-c"), ("node-a", "node-c")):
+        cluster.link(a, b)
+    deployment_id = cluster.deploy(card("m", size_gb=4.0))
+    cluster.step(T)
+    instance = cluster.instance_of(deployment_id)
+    (dead,) = instance.shard_assignments.node_to_runner
+    assert dead == "node-a"  # the freest node
+    cluster.make_ready(instance.instance_id)
+    cluster.step(T + 1)
+    cluster.kill_node(dead)
+    assert placed_ids(cluster.step(T + 2)) == [deployment_id]
+    replacement = cluster.instance_of(deployment_id)
+    assert replacement.instance_id != instance.instance_id
+    assert dead not in replacement.shard_assignments.node_to_runner
+
+
+# --- backoff -------------------------------------------------------------------------------
+
+
+def _lose_before_ready(cluster: Cluster, deployment_id: str, now: float) -> None:
+    """The deployment's instance dies before its runners are ready; the keeper sees it at now."""
+    instance_id = cluster.instance_of(deployment_id).instance_id
+    cluster.make_loading(instance_id)
+    assert cluster.step(now) == []  # arrived, loading
+    cluster.delete_instance(instance_id)
+    assert cluster.step(now + 0.5) == []  # lost: the backoff starts now + 0.5
+
+
+def test_backoff_after_losses_before_ready_is_10_20_40_60_60() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    now = T
+    waits: list[float] = []
+    for _ in range(6):
+        _lose_before_ready(cluster, deployment_id, now + 1)
+        lost_at = now + 1.5
+        timer = cluster.keeper.timers(cluster.state, lost_at)[deployment_id]
+        assert timer.waiting == "backoff"
+        assert timer.next_attempt_at is not None
+        wait = timer.next_attempt_at - lost_at
+        assert cluster.step(lost_at + wait - 0.001) == []
+        assert placed_ids(cluster.step(lost_at + wait)) == [deployment_id]
+        waits.append(wait)
+        now = lost_at + wait
+    assert waits == [10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
+    assert waits[0] == FIRST_BACKOFF and max(waits) == MAX_BACKOFF
+
+
+def test_backoff_resets_after_an_instance_that_became_ready_is_lost() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    _lose_before_ready(cluster, deployment_id, T + 1)  # failure 1: 10 s
+    cluster.step(T + 11.5)
+    _lose_before_ready(cluster, deployment_id, T + 12)  # failure 2: 20 s
+    cluster.step(T + 32.5)
+    ready = cluster.instance_of(deployment_id).instance_id
+    cluster.make_ready(ready)
+    assert cluster.step(T + 33) == []
+    assert cluster.keeper.timers(cluster.state, T + 33)[deployment_id].failures == 0
+    cluster.delete_instance(ready)
+    assert placed_ids(cluster.step(T + 34)) == [deployment_id]  # at once
+    _lose_before_ready(cluster, deployment_id, T + 35)
+    timer = cluster.keeper.timers(cluster.state, T + 35.5)[deployment_id]
+    assert (timer.failures, timer.next_attempt_at) == (1, T + 35.5 + FIRST_BACKOFF)
+
+
+def test_an_instance_placed_some_other_way_that_vanishes_means_place_now() -> None:
+    cluster, _ = one_node_cluster()
+    model = card("m")
+    cluster.apply(InstanceCreated(instance=build_instance(model, ["node-a"], instance_id="manual")))
+    deployment_id = cluster.deploy(model)
+    assert cluster.step(T) == []
+    cluster.delete_instance("manual")  # never ready, but not the keeper's
+    assert placed_ids(cluster.step(T + 1)) == [deployment_id]
+    assert cluster.keeper.timers(cluster.state, T + 1)[deployment_id].failures == 0
+
+
+def test_a_failed_runner_is_not_ready() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    instance_id = cluster.instance_of(deployment_id).instance_id
+    cluster.fail_runner(instance_id)
+    cluster.step(T + 1)
+    cluster.delete_instance(instance_id)
+    assert cluster.step(T + 2) == []
+    assert cluster.keeper.timers(cluster.state, T + 2)[deployment_id].waiting == "backoff"
+
+
+# --- a new master --------------------------------------------------------------------------
+
+
+def _restarted(cluster: Cluster, started_at: float) -> Cluster:
+    """The same state under a fresh keeper, as after a master restart."""
+    fresh = Cluster(place=cluster.keeper._place, started_at=started_at)  # pyright: ignore[reportPrivateUsage]
+    fresh.state = cluster.state
+    return fresh
+
+
+def test_a_new_master_adopts_the_instance_the_deployment_names() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    named = cluster.instance_of(deployment_id).instance_id
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.step(1000.0 + STARTUP_GRACE) == []  # it exists: nothing to place
+    restarted.delete_instance(named)  # lost before ready: the keeper's own, so a failure
+    assert restarted.step(1000.0 + STARTUP_GRACE + 1) == []
+    assert restarted.keeper.timers(restarted.state, 1016.0)[deployment_id].failures == 1
+
+
+def test_a_new_master_places_at_once_after_an_adopted_ready_instance_is_lost() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    named = cluster.instance_of(deployment_id).instance_id
+    cluster.make_ready(named)
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.step(1000.0 + STARTUP_GRACE) == []
+    restarted.delete_instance(named)
+    assert placed_ids(restarted.step(1016.0)) == [deployment_id]
+
+
+def test_a_new_master_places_at_once_when_the_named_instance_is_already_gone() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    cluster.delete_instance(cluster.instance_of(deployment_id).instance_id)
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.step(1000.0 + STARTUP_GRACE - 0.001) == []
+    assert placed_ids(restarted.step(1000.0 + STARTUP_GRACE)) == [deployment_id]
+
+
+# --- nothing fits --------------------------------------------------------------------------
+
+
+def test_an_unplaceable_reason_is_reported_once() -> None:
+    recorder = RecordingPlace(inner=unplaceable(NO_MEMORY))
+    cluster, _ = one_node_cluster(recorder)
+    deployment_id = cluster.deploy("m")
+    assert failures_of(cluster.step(T)) == [(deployment_id, NO_MEMORY)]
+    assert cluster.deployment(deployment_id).placement_error == NO_MEMORY
+    for k in range(1, 5):
+        assert cluster.step(T + k * UNPLACEABLE_RETRY) == []
+    assert len(recorder.calls) == 5
+
+
+def test_an_unplaceable_reason_sent_but_not_yet_applied_is_not_sent_again() -> None:
+    recorder = RecordingPlace(inner=unplaceable(NO_MEMORY))
+    cluster, _ = one_node_cluster(recorder)
+    deployment_id = cluster.deploy("m")
+    first = cluster.step_keep(T)
+    cluster.add_node("node-b")  # a change: retried at once, while the first report is on its way
+    assert cluster.step_keep(T + 1) == []
+    assert len(recorder.calls) == 2
+    cluster.apply(*first)
+    assert cluster.deployment(deployment_id).placement_error == NO_MEMORY
+
+
+def test_changing_unplaceable_reasons_are_each_reported() -> None:
+    cluster = Cluster(place=unplaceable_for("reason X", "reason Y", "reason Y", "reason X"))
+    cluster.add_nodes("node-a")
+    deployment_id = cluster.deploy("m")
+    reported = [failures_of(cluster.step(T + k * UNPLACEABLE_RETRY)) for k in range(4)]
+    assert reported == [
+        [(deployment_id, "reason X")],
+        [(deployment_id, "reason Y")],
+        [],
+        [(deployment_id, "reason X")],
+    ]
+    assert cluster.deployment(deployment_id).placement_error == "reason X"
+
+
+def test_a_reason_the_state_still_holds_from_before_a_newer_report_is_reported_again() -> None:
+    cluster = Cluster(place=unplaceable_for("reason X", "reason Y", "reason X"))
+    cluster.add_nodes("node-a")
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)  # X applied
+    y = cluster.step_keep(T + UNPLACEABLE_RETRY)  # Y sent, not applied yet
+    assert failures_of(y) == [(deployment_id, "reason Y")]
+    x_again = cluster.step_keep(T + 2 * UNPLACEABLE_RETRY)
+    # The state still says X, but once Y lands it would say Y: X must be sent again.
+    assert failures_of(x_again) == [(deployment_id, "reason X")]
+    cluster.apply(*y, *x_again)
+    assert cluster.deployment(deployment_id).placement_error == "reason X"
+
+
+def test_a_new_master_does_not_repeat_the_reason_on_the_deployment() -> None:
+    cluster = Cluster(place=unplaceable(NO_MEMORY))
+    cluster.add_nodes("node-a")
+    deployment_id = cluster.deploy("m")
+    assert failures_of(cluster.step(T)) == [(deployment_id, NO_MEMORY)]
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.step(1000.0 + STARTUP_GRACE) == []
+
+
+def test_a_reason_cleared_by_a_placement_is_reported_again_when_it_recurs() -> None:
+    recorder = RecordingPlace()
+    cluster, _ = one_node_cluster(recorder)
+    deployment_id = cluster.deploy("m")
+    recorder.failing["m"] = ValueError(NO_MEMORY)
+    assert failures_of(cluster.step(T)) == [(deployment_id, NO_MEMORY)]
+    del recorder.failing["m"]
+    placed = cluster.step(T + UNPLACEABLE_RETRY)
+    assert placed_ids(placed) == [deployment_id]
+    assert cluster.deployment(deployment_id).placement_error is None
+    instance_id = cluster.instance_of(deployment_id).instance_id
+    cluster.make_ready(instance_id)
+    cluster.step(T + 31)
+    recorder.failing["m"] = ValueError(NO_MEMORY)
+    cluster.delete_instance(instance_id)
+    assert failures_of(cluster.step(T + 32)) == [(deployment_id, NO_MEMORY)]
+
+
+def test_memory_freeing_up_is_seen_on_the_retry_but_not_before() -> None:
+    recorder = RecordingPlace(inner=place_instance)
+    cluster = Cluster(place=recorder)
+    cluster.add_node("node-a", available_gb=1.0)
+    deployment_id = cluster.deploy(card("m", size_gb=4.0))
+    assert failures_of(cluster.step(T)) == [(deployment_id, NO_MEMORY)]
+    cluster.add_node("node-a", available_gb=12.0)  # a memory figure: not a change of cluster
+    for now in (T + 1, T + 10, T + UNPLACEABLE_RETRY - 0.001):
+        assert cluster.step(now) == []
+    assert len(recorder.calls) == 1
+    assert placed_ids(cluster.step(T + UNPLACEABLE_RETRY)) == [deployment_id]
+    assert cluster.deployment(deployment_id).placement_error is None
+
+
+def test_a_node_joining_at_once_is_a_reason_to_try_again() -> None:
+    recorder = RecordingPlace(inner=place_instance)
+    cluster = Cluster(place=recorder)
+    cluster.add_node("node-a", available_gb=1.0)
+    deployment_id = cluster.deploy(card("m", size_gb=4.0))
+    cluster.step(T)
+    assert cluster.step(T + 1) == []
+    cluster.add_node("node-b", available_gb=12.0)
+    cluster.link("node-a", "node-b")
+    events = cluster.step(T + 2)
+    assert placed_ids(events) == [deployment_id]
+    assert list(cluster.instance_of(deployment_id).shard_assignments.node_to_runner) == ["node-b"]
+
+
+def test_a_node_joining_in_pieces_is_retried_at_each_piece() -> None:
+    recorder = RecordingPlace(inner=place_instance)
+    cluster = Cluster(place=recorder)
+    cluster.add_node("node-a", available_gb=3.0)
+    # Needs both nodes: 4 GB over two nodes of 3 GB each, linked both ways.
+    deployment_id = cluster.deploy(card("m", size_gb=4.0), min_nodes=2)
+    cluster.step(T)
+    pieces: list[list[AnyEvent]] = [
+        [node_info("node-b", available_gb=None, backends=None)],  # shows up
+        [node_info("node-b", available_gb=3.0, backends=None)],  # reports memory
+        [node_info("node-b", available_gb=3.0)],  # reports backends
+        [TopologyEdgeCreated(conn=socket_edge("node-a", "node-b"))],  # one link
+        [TopologyEdgeCreated(conn=socket_edge("node-b", "node-a"))],  # the link back
+    ]
+    now = T
+    events: list[AnyEvent] = []
+    for piece in pieces:
+        tried = len(recorder.calls)
+        now += 1
+        assert cluster.step(now) == []
+        assert len(recorder.calls) == tried  # no change: no attempt
+        cluster.apply(*piece)
+        now += 1
+        events = cluster.step(now)
+        assert len(recorder.calls) == tried + 1, f"no attempt after {piece}"
+    assert placed_ids(events) == [deployment_id]
+    assert set(cluster.instance_of(deployment_id).shard_assignments.node_to_runner) == {
+        "node-a",
+        "node-b",
+    }
+
+
+def test_a_change_of_backends_is_a_reason_to_try_again() -> None:
+    recorder = RecordingPlace(inner=unplaceable())
+    cluster = Cluster(place=recorder)
+    cluster.add_node("node-a", backends=[Backend.MLX_CPU])
+    cluster.deploy("m")
+    cluster.step(T)
+    cluster.add_node("node-a", backends=[Backend.MLX_METAL])
+    cluster.step(T + 1)
+    assert len(recorder.calls) == 2
+
+
+def test_a_link_going_away_is_a_reason_to_try_again() -> None:
+    recorder = RecordingPlace(inner=unplaceable())
+    cluster = Cluster(place=recorder)
+    cluster.add_nodes("node-a", "node-b")
+    cluster.deploy("m")
+    cluster.step(T)
+    cluster.step(T + 1)
+    assert len(recorder.calls) == 1
+    cluster.apply(*link_events("node-a", "node-b")[:1])  # already there: no change
+    cluster.step(T + 2)
+    assert len(recorder.calls) == 1
+    cluster.kill_node("node-b")
+    cluster.step(T + 3)
+    assert len(recorder.calls) == 2
+
+
+def test_an_unplaceable_deployment_does_not_hold_up_the_others() -> None:
+    cluster = Cluster(place=place_instance)
+    cluster.add_nodes("node-a", available_gb=8.0)
+    huge = cluster.deploy(card("huge", size_gb=400.0), deployment_id="dep-1")
+    small = cluster.deploy(card("small", size_gb=1.0), deployment_id="dep-2")
+    events = cluster.step(T)
+    assert failures_of(events) == [(huge, NO_MEMORY)]
+    assert placed_ids(events) == [small]
+
+
+def test_a_crashing_placement_records_type_and_message_and_the_others_proceed() -> None:
+    recorder = RecordingPlace()
+    recorder.failing["crashy"] = RuntimeError("boom")
+    cluster, _ = one_node_cluster(recorder)
+    crashy = cluster.deploy("crashy", deployment_id="dep-1")
+    fine = cluster.deploy("fine", deployment_id="dep-2")
+    events = cluster.step(T)
+    assert failures_of(events) == [(crashy, "RuntimeError: boom")]
+    assert placed_ids(events) == [fine]
+    assert cluster.deployment(crashy).placement_error == "RuntimeError: boom"
+    assert cluster.step(T + UNPLACEABLE_RETRY - 0.001) == []
+    del recorder.failing["crashy"]
+    assert placed_ids(cluster.step(T + UNPLACEABLE_RETRY)) == [crashy]
+
+
+# --- deletion ------------------------------------------------------------------------------
+
+
+def test_delete_removes_the_deployment_and_the_keepers_instance() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.deploy("other")
+    cluster.step(T)
+    cluster.step(T + 1)
+    own = cluster.instance_of(deployment_id).instance_id
+    events = cluster.delete(deployment_id)
+    assert events == [
+        DeploymentDeleted(deployment_id=deployment_id),
+        InstanceDeleted(instance_id=own),
+    ]
+    assert deployment_id not in cluster.state.deployments
+    assert [i.shard_assignments.model_id for i in cluster.state.instances.values()] == ["other"]
+
+
+def test_delete_leaves_an_instance_placed_some_other_way_running() -> None:
+    cluster, _ = one_node_cluster()
+    model = card("m")
+    cluster.apply(InstanceCreated(instance=build_instance(model, ["node-a"], instance_id="manual")))
+    deployment_id = cluster.deploy(model)
+    cluster.step(T)
+    assert cluster.delete(deployment_id) == [DeploymentDeleted(deployment_id=deployment_id)]
+    assert "manual" in cluster.state.instances
+
+
+def test_delete_after_the_keepers_instance_is_gone_deletes_no_instance() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    instance_id = cluster.instance_of(deployment_id).instance_id
+    cluster.make_ready(instance_id)
+    cluster.step(T + 1)
+    cluster.delete_instance(instance_id)
+    # Someone places the model by hand before the keeper's next step: it is not the keeper's.
+    cluster.apply(
+        InstanceCreated(instance=build_instance(card("m"), ["node-a"], instance_id="manual"))
+    )
+    assert cluster.delete(deployment_id) == [DeploymentDeleted(deployment_id=deployment_id)]
+    assert "manual" in cluster.state.instances
+
+
+def test_delete_of_a_placement_arrived_and_gone_before_the_next_step_deletes_no_instance() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    cluster.delete_instance(cluster.instance_of(deployment_id).instance_id)
+    assert cluster.delete(deployment_id) == [DeploymentDeleted(deployment_id=deployment_id)]
+
+
+def test_delete_while_the_placement_is_in_flight_deletes_it_after_it_lands() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    in_flight = cluster.step_keep(T)
+    created = in_flight[0]
+    assert isinstance(created, InstanceCreated)
+    deletion = cluster.keeper.delete(deployment_id, cluster.state)
+    assert deletion == [
+        DeploymentDeleted(deployment_id=deployment_id),
+        InstanceDeleted(instance_id=created.instance.instance_id),
+    ]
+    cluster.apply(*in_flight, *deletion)  # the cluster applies them in the order emitted
+    assert cluster.state.instances == {} and cluster.state.deployments == {}
+
+
+def test_delete_after_the_placement_landed_but_before_the_keeper_saw_it() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    in_flight = cluster.step_keep(T)
+    cluster.apply(in_flight[0])  # InstanceCreated applied, DeploymentPlaced not yet
+    created = in_flight[0]
+    assert isinstance(created, InstanceCreated)
+    assert cluster.keeper.delete(deployment_id, cluster.state) == [
+        DeploymentDeleted(deployment_id=deployment_id),
+        InstanceDeleted(instance_id=created.instance.instance_id),
+    ]
+
+
+def test_delete_twice_is_harmless() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    first = cluster.keeper.delete(deployment_id, cluster.state)
+    assert len(first) == 2
+    assert cluster.keeper.delete(deployment_id, cluster.state) == []  # not applied yet
+    cluster.apply(*first)
+    assert cluster.keeper.delete(deployment_id, cluster.state) == []  # applied
+
+
+def test_delete_of_an_unknown_deployment_does_nothing() -> None:
+    cluster, _ = one_node_cluster()
+    cluster.deploy("m")
+    cluster.step(T)
+    assert cluster.delete("no-such-deployment") == []
+
+
+def test_delete_during_the_grace_deletes_the_instance_the_deployment_names() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    named = cluster.instance_of(deployment_id).instance_id
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.delete(deployment_id) == [
+        DeploymentDeleted(deployment_id=deployment_id),
+        InstanceDeleted(instance_id=named),
+    ]
+
+
+def test_nothing_is_placed_for_a_deployment_being_deleted() -> None:
+    recorder = RecordingPlace()
+    cluster, _ = one_node_cluster(recorder)
+    deployment_id = cluster.deploy("m")
+    deletion = cluster.keeper.delete(deployment_id, cluster.state)
+    assert deletion == [DeploymentDeleted(deployment_id=deployment_id)]
+    # The deletion is on its way: the state still holds the deployment.
+    for now in (T, T + 1, T + 100):
+        assert cluster.step(now) == []
+    assert recorder.calls == []
+    assert cluster.keeper.timers(cluster.state, T + 100)[deployment_id].waiting is None
+
+
+def test_the_deleting_mark_is_forgotten_once_the_state_drops_the_deployment() -> None:
+    cluster, _ = one_node_cluster()
+    model = card("m")
+    deployment = Deployment(deployment_id="dep-x", model_card=model)
+    cluster.apply(DeploymentCreated(deployment=deployment))
+    cluster.delete("dep-x")
+    cluster.step(T)
+    cluster.apply(DeploymentCreated(deployment=deployment))  # the same id again
+    assert placed_ids(cluster.step(T + 1)) == ["dep-x"]
+
+
+# --- memory and cost -----------------------------------------------------------------------
+
+
+def _remembered(keeper: Keeper) -> int:
+    return len(keeper._memos) + len(keeper._deleting)  # pyright: ignore[reportPrivateUsage]
+
+
+def test_memory_does_not_grow_with_deployments_that_come_and_go() -> None:
+    cluster, _ = one_node_cluster()
+    now = T
+    for cycle in range(2000):
+        deployment_id = cluster.deploy(f"m{cycle % 3}", deployment_id=f"dep-{cycle:05d}")
+        cluster.step(now)
+        cluster.delete(deployment_id)
+        now += 1
+        cluster.step(now)
+        assert _remembered(cluster.keeper) <= 1
+    assert cluster.state.deployments == {} and cluster.state.instances == {}
+    assert _remembered(cluster.keeper) == 0
+
+
+def test_memory_does_not_grow_with_time() -> None:
+    cluster, _ = one_node_cluster(RecordingPlace(inner=unplaceable()))
+    cluster.deploy("m")
+    for second in range(3000):
+        cluster.step(T + second)
+    assert _remembered(cluster.keeper) == 1
+
+
+def test_attempts_per_step_are_capped_and_every_deployment_gets_its_turn() -> None:
+    recorder = RecordingPlace(inner=unplaceable())
+    cluster, _ = one_node_cluster(recorder)
+    count = 2 * MAX_PLACEMENT_ATTEMPTS_PER_STEP + 4
+    ids = [cluster.deploy(f"m{i:02d}", deployment_id=f"dep-{i:02d}") for i in range(count)]
+    per_step: list[int] = []
+    for k in range(4):
+        before = len(recorder.calls)
+        cluster.step(T + k)
+        per_step.append(len(recorder.calls) - before)
+    assert per_step == [MAX_PLACEMENT_ATTEMPTS_PER_STEP, MAX_PLACEMENT_ATTEMPTS_PER_STEP, 4, 0]
+    assert sorted(recorder.models_tried()) == [f"m{i:02d}" for i in range(count)]
+    assert set(cluster.state.deployments) == set(ids)
+    assert all(d.placement_error is not None for d in cluster.state.deployments.values())
+
+
+def test_no_deployment_starves_while_the_cluster_keeps_changing() -> None:
+    recorder = RecordingPlace(inner=unplaceable())
+    cluster, _ = one_node_cluster(recorder)
+    count = 3 * MAX_PLACEMENT_ATTEMPTS_PER_STEP
+    for i in range(count):
+        cluster.deploy(f"m{i:02d}", deployment_id=f"dep-{i:02d}")
+    for k in range(3):
+        cluster.add_node(f"flapping-{k}")  # every step sees a new cluster: all are due
+        cluster.step(T + k)
+    assert len(recorder.calls) == count
+    assert sorted(recorder.models_tried()) == [f"m{i:02d}" for i in range(count)]
+
+
+def test_a_placement_after_the_cap_waits_for_its_turn_not_for_the_retry() -> None:
+    recorder = RecordingPlace()
+    cluster, _ = one_node_cluster(recorder)
+    for i in range(MAX_PLACEMENT_ATTEMPTS_PER_STEP):
+        recorder.failing[f"bad{i}"] = ValueError(NO_MEMORY)
+        cluster.deploy(f"bad{i}", deployment_id=f"dep-a{i}")
+    good = cluster.deploy("good", deployment_id="dep-z")
+    assert placed_ids(cluster.step(T)) == []
+    assert placed_ids(cluster.step(T + 1)) == [good]
