@@ -1,0 +1,619 @@
+"""A simulated exo node: joins a master, follows the State, runs fake runners, serves fake tokens.
+
+It is shaped as a state machine over a clock, not as a set of sleeping tasks. Each runner's
+status is a function of when its current attempt began (connect, load at the node's GB/s, ready)
+and of the faults it suffered; one loop wakes at the next moment anything changes (or when a
+message or a fault arrives), compares what the master's State shows with what the node knows,
+and sends the difference. That makes the node exact under trio's MockClock, idle when nothing
+happens, and lets runners keep their progress across a lost channel: ``run`` returns when the
+channel closes, the caller reconnects and calls ``run`` again, and the new session re-sends
+everything (a new master learns the truth from it).
+
+Only the injected ``Clock`` is read, never the system's, so a whole cluster of these runs in
+virtual time beside the master.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskGroup
+
+from keeper.apply import apply_indexed
+from keeper.master.channel import ChannelClosedError, NodeSide
+from keeper.master.clock import Clock
+from keeper.master.protocol import (
+    HEARTBEAT_S,
+    INFO_REFRESH_S,
+    AnyNodeMessage,
+    CancelChat,
+    ChatChunk,
+    ChatError,
+    ChatRequest,
+    EventMessage,
+    Heartbeat,
+    Hello,
+    LinkDown,
+    LinkUp,
+    NodeInfo,
+    RequestInstanceDeletion,
+    RunnerStatusReport,
+    Welcome,
+)
+from keeper.state import (
+    AnyInstance,
+    AnyRunnerStatus,
+    Backend,
+    Edge,
+    Memory,
+    MemoryUsage,
+    Multiaddr,
+    NetworkInterface,
+    NodeIdentity,
+    NodeNetwork,
+    RunnerConnecting,
+    RunnerFailed,
+    RunnerLoading,
+    RunnerReady,
+    RunnerRunning,
+    RunnerShutdown,
+    RunnerShuttingDown,
+    SocketConnection,
+    State,
+)
+
+GIB = 1024**3
+
+# A runner spends this long connecting to its ring peers before it starts loading weights.
+RUNNER_CONNECT_S = 0.2
+# Loading progress is reported at most this often (exo reports every layer; a small model at a
+# fast disk would otherwise put dozens of events in the log within a second).
+LOADING_REPORT_S = 0.25
+# How long a runner takes to shut down once its instance is deleted.
+RUNNER_SHUTDOWN_S = 0.2
+# exo's worker retries a failed runner after 0.5 s, doubling to 10 s, and asks the master to
+# delete the instance after 5 failures in a row.
+RUNNER_FIRST_RETRY_S = 0.5
+RUNNER_MAX_RETRY_S = 10.0
+RUNNER_MAX_FAILURES = 5
+# exo's libp2p port; the simulated nodes do not listen on it, it only makes edges look like exo's.
+PEER_PORT = 52415
+# A link the node reported but the State does not show (the report raced the peer's timeout, or
+# the master restarted) is reported again after this long.
+LINK_RESEND_S = INFO_REFRESH_S
+# Slack for floating-point sums of times: the clock lands exactly on a computed deadline, and
+# the progress computed there must count it as reached.
+_EPSILON = 1e-9
+# The node's fake model writes this many tokens per second for each chat request.
+DEFAULT_TOKENS_PER_S = 20.0
+
+# libp2p peer ids are base58 multihashes beginning "12D3KooW"; ours are derived from the name so
+# a node that restarts under the same name is the same node to the master.
+_BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_REPLY_TEXT = (
+    "This is a simulated reply from an exo-deploy test node. The tokens are fake, but they "
+    "travel the same way real ones do: from the runner holding the first shard, through the "
+    "master, to the client that asked for them, one chunk at a time until the answer ends."
+)
+
+
+def node_id_for(name: str) -> str:
+    """A stable libp2p-style peer id for a node name."""
+    number = int.from_bytes(hashlib.sha256(name.encode()).digest(), "big")
+    digits: list[str] = []
+    while number and len(digits) < 44:
+        number, rest = divmod(number, 58)
+        digits.append(_BASE58[rest])
+    return "12D3KooW" + "".join(digits)
+
+
+def reply_tokens() -> list[str]:
+    """The fake answer, as the chunks a node streams (each but the first with its leading space)."""
+    first, *rest = _REPLY_TEXT.split(" ")
+    return [first, *(" " + word for word in rest)]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    memory_gb: float
+    backends: tuple[Backend, ...] = (Backend.MLX_METAL,)
+    load_gb_per_s: float = 2.0
+    node_id: str | None = None  # None: derived stably from the name
+    ip: str = "127.0.0.1"
+    # The least time a load takes whatever the shard's size (process start, warm-up), so even a
+    # tiny model is seen loading.
+    load_floor_s: float = 0.0
+    tokens_per_s: float = DEFAULT_TOKENS_PER_S
+    machine_model: str = "Mac (simulated)"
+    chip_id: str = "Apple M4 (simulated)"
+    os_version: str = "26.1"
+
+    @property
+    def resolved_id(self) -> str:
+        return self.node_id or node_id_for(self.name)
+
+
+def retry_delay(failures: int) -> float:
+    """exo's runner backoff after ``failures`` failures in a row: 0.5 s doubling to 10 s."""
+    return min(RUNNER_FIRST_RETRY_S * 2 ** (failures - 1), RUNNER_MAX_RETRY_S)
+
+
+@dataclass
+class _Runner:
+    """One runner of one instance on this node; its status is a function of time."""
+
+    instance_id: str
+    runner_id: str
+    total_layers: int
+    shard_bytes: int
+    load_s: float
+    attempt_started_at: float
+    attempt: int = 0  # bumps whenever the runner dies, so a chat can tell its runner went away
+    failures: int = 0  # in a row; reset when an attempt reaches Ready
+    failed_at: float | None = None
+    error: str = ""
+    broken: bool = False  # fails every attempt half-way through loading
+    gave_up: bool = False
+    shutdown_started_at: float | None = None
+
+    @property
+    def _load_started_at(self) -> float:
+        return self.attempt_started_at + RUNNER_CONNECT_S
+
+    @property
+    def ready_at(self) -> float:
+        return self._load_started_at + self.load_s
+
+    @property
+    def _breaks_at(self) -> float:
+        return self._load_started_at + self.load_s / 2
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.shutdown_started_at is not None
+
+    def advance(self, now: float) -> None:
+        """Carry out every transition due by ``now`` (retries, a broken runner's failures)."""
+        while not self.shutting_down and not self.gave_up:
+            if self.failed_at is not None:
+                retry_at = self.failed_at + retry_delay(self.failures)
+                if now < retry_at:
+                    return
+                self.failed_at = None
+                self.attempt_started_at = retry_at
+            elif self.broken and now >= self._breaks_at:
+                self._fail(self._breaks_at, "runner crashed while loading its shard")
+            else:
+                if now >= self.ready_at:
+                    self.failures = 0
+                return
+
+    def kill(self, now: float, message: str) -> bool:
+        self.advance(now)
+        if self.shutting_down or self.gave_up or self.failed_at is not None:
+            return False
+        self._fail(now, message)
+        return True
+
+    def _fail(self, at: float, message: str) -> None:
+        self.failures += 1
+        self.attempt += 1
+        self.failed_at = at
+        self.error = message
+        if self.failures >= RUNNER_MAX_FAILURES:
+            self.gave_up = True
+
+    def shut_down(self, now: float) -> None:
+        if not self.shutting_down:
+            self.shutdown_started_at = now
+            self.attempt += 1
+
+    def serving(self, now: float) -> bool:
+        return (
+            not self.shutting_down
+            and not self.gave_up
+            and self.failed_at is None
+            and now >= self.ready_at
+        )
+
+    def status(self, now: float, chatting: bool) -> AnyRunnerStatus:
+        if self.shutdown_started_at is not None:
+            if now < self.shutdown_started_at + RUNNER_SHUTDOWN_S:
+                return RunnerShuttingDown()
+            return RunnerShutdown()
+        if self.gave_up or self.failed_at is not None:
+            return RunnerFailed(error_message=self.error)
+        if now < self._load_started_at:
+            return RunnerConnecting()
+        if now < self.ready_at:
+            return RunnerLoading(layers_loaded=self._layers_at(now), total_layers=self.total_layers)
+        return RunnerRunning() if chatting else RunnerReady()
+
+    def _report_step(self) -> float:
+        return max(self.load_s / max(self.total_layers, 1), LOADING_REPORT_S)
+
+    def _layers_at(self, now: float) -> int:
+        step = self._report_step()
+        ticks = math.floor((now - self._load_started_at) / step + _EPSILON)
+        loaded = math.floor(ticks * step / self.load_s * self.total_layers + _EPSILON)
+        return min(self.total_layers, loaded)
+
+    def next_change(self, now: float) -> float | None:
+        """When this runner's status next changes by itself (None: not until something happens)."""
+        if self.shutdown_started_at is not None:
+            end = self.shutdown_started_at + RUNNER_SHUTDOWN_S
+            return end if now < end else None
+        if self.gave_up:
+            return None
+        if self.failed_at is not None:
+            return self.failed_at + retry_delay(self.failures)
+        if now < self._load_started_at:
+            return self._load_started_at
+        if now < self.ready_at:
+            step = self._report_step()
+            ticks = math.floor((now - self._load_started_at) / step + _EPSILON)
+            candidates = [self.ready_at, self._load_started_at + (ticks + 1) * step]
+            if self.broken:
+                candidates.append(self._breaks_at)
+            return min(candidates)
+        return None
+
+
+@dataclass
+class _Session:
+    """What the node knows about one connection to the master; a new connection starts afresh."""
+
+    channel: NodeSide
+    send_lock: anyio.Lock
+    state: State | None = None
+    sent_status: dict[str, AnyRunnerStatus] = field(default_factory=dict[str, AnyRunnerStatus])
+    link_sent_at: dict[str, float] = field(default_factory=dict[str, float])  # peer -> last LinkUp
+    linked: dict[str, Edge] = field(default_factory=dict[str, Edge])  # peers we reported a link to
+    deletion_requested: set[str] = field(default_factory=set[str])
+    info_sent: NodeInfo | None = None
+    info_sent_at: float = -math.inf
+    heartbeat_at: float = -math.inf
+    chats: dict[str, anyio.CancelScope] = field(default_factory=dict[str, anyio.CancelScope])
+
+
+class SimNode:
+    """A simulated exo worker. ``run(channel)`` serves one connection to the master."""
+
+    def __init__(self, config: NodeConfig, clock: Clock) -> None:
+        self.config = config
+        self.node_id = config.resolved_id
+        self._clock = clock
+        self._runners: dict[str, _Runner] = {}  # by instance id
+        self._chatting: Counter[str] = Counter()  # instance id -> requests being answered
+        self._wake: anyio.Event | None = None
+        self._session: _Session | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def connected(self) -> bool:
+        """Whether a session is open and the master's Welcome has arrived."""
+        return self._session is not None and self._session.state is not None
+
+    # --- what tests and fault harnesses read and do ---------------------------------------
+
+    def running_instances(self) -> list[str]:
+        return sorted(iid for iid, r in self._runners.items() if not r.shutting_down)
+
+    def runner_statuses(self) -> dict[str, AnyRunnerStatus]:
+        """The status of each runner this node holds, by instance id, as of now."""
+        now = self._clock.monotonic()
+        statuses: dict[str, AnyRunnerStatus] = {}
+        for iid, runner in self._runners.items():
+            runner.advance(now)
+            statuses[iid] = runner.status(now, self._chatting[iid] > 0)
+        return statuses
+
+    def kill_runner(self, instance_id: str | None = None) -> int:
+        """Make a runner fail now (every runner of this node when ``instance_id`` is None); it is
+        retried with exo's backoff. Returns how many runners were killed."""
+        now = self._clock.monotonic()
+        killed = sum(
+            runner.kill(now, "runner process died") for runner in self._selected(instance_id)
+        )
+        self._poke()
+        return killed
+
+    def break_runner(self, instance_id: str | None = None) -> int:
+        """Make a runner fail now and on every retry (a corrupt shard), so after exo's 5 tries
+        the node asks the master to delete the instance. Returns how many runners broke."""
+        now = self._clock.monotonic()
+        selected = list(self._selected(instance_id))
+        for runner in selected:
+            runner.kill(now, "runner crashed while loading its shard")
+            runner.broken = True  # from now on: set after the kill so it is not back-dated
+        self._poke()
+        return len(selected)
+
+    def _selected(self, instance_id: str | None) -> Iterable[_Runner]:
+        if instance_id is None:
+            return list(self._runners.values())
+        runner = self._runners.get(instance_id)
+        return [runner] if runner is not None else []
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # --- a session with the master ----------------------------------------------------------
+
+    async def run(self, channel: NodeSide) -> None:
+        """Serve one connection; returns when the channel closes. Call again to reconnect."""
+        session = _Session(channel=channel, send_lock=anyio.Lock())
+        self._session = session
+        self._wake = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+                await self._send(
+                    session,
+                    Hello(
+                        node_id=self.node_id,
+                        name=self.name,
+                        running_instances=self.running_instances(),
+                    ),
+                )
+                tg.start_soon(self._receive_loop, session, tg)
+                await self._tick_loop(session)
+        except* ChannelClosedError:
+            pass
+        finally:
+            if self._session is session:
+                self._session = None
+            self._wake = None
+
+    async def _send(self, session: _Session, message: AnyNodeMessage) -> None:
+        async with session.send_lock:
+            await session.channel.send(message)
+
+    async def _receive_loop(self, session: _Session, tg: TaskGroup) -> None:
+        while True:
+            message = await session.channel.receive()
+            match message:
+                case Welcome(state=state):
+                    session.state = state
+                case EventMessage(indexed=indexed):
+                    if session.state is not None and (
+                        indexed.idx > session.state.last_event_applied_idx
+                    ):
+                        session.state = apply_indexed(session.state, indexed)
+                case ChatRequest():
+                    scope = anyio.CancelScope()
+                    session.chats[message.request_id] = scope
+                    tg.start_soon(self._chat, session, message, scope)
+                case CancelChat(request_id=request_id):
+                    scope = session.chats.pop(request_id, None)
+                    if scope is not None:
+                        scope.cancel()
+            self._poke()
+
+    async def _tick_loop(self, session: _Session) -> None:
+        while True:
+            self._wake = wake = anyio.Event()
+            now = self._clock.monotonic()
+            await self._reconcile(session, now)
+            deadline = self._next_deadline(session, now)
+            await self._sleep_or_wake(deadline - now, wake)
+
+    async def _sleep_or_wake(self, delay: float, wake: anyio.Event) -> None:
+        if wake.is_set():
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def sleeper() -> None:
+                await self._clock.sleep(max(delay, 0.0))
+                tg.cancel_scope.cancel()
+
+            async def waiter() -> None:
+                await wake.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(sleeper)
+            tg.start_soon(waiter)
+
+    def _next_deadline(self, session: _Session, now: float) -> float:
+        deadlines = [session.heartbeat_at + HEARTBEAT_S, session.info_sent_at + INFO_REFRESH_S]
+        deadlines += [
+            change
+            for runner in self._runners.values()
+            if (change := runner.next_change(now)) is not None
+        ]
+        deadlines += [sent + LINK_RESEND_S for sent in session.link_sent_at.values()]
+        # Never a deadline in the past: floating-point edges must not spin the loop in place.
+        return max(min(deadlines), now + 1e-3)
+
+    # --- reconciling the node with the State ----------------------------------------------
+
+    async def _reconcile(self, session: _Session, now: float) -> None:
+        for runner in self._runners.values():
+            runner.advance(now)
+        state = session.state
+        if state is not None:  # before the Welcome, the node knows nothing to compare with
+            self._follow_instances(state, now)
+            await self._report_runners(session, now)
+            await self._request_deletions(session, state)
+        await self._report_info(session, state, now)
+        if state is not None:
+            await self._report_links(session, state, now)
+        if now >= session.heartbeat_at + HEARTBEAT_S:
+            await self._send(session, Heartbeat())
+            session.heartbeat_at = now
+
+    def _follow_instances(self, state: State, now: float) -> None:
+        assigned: dict[str, AnyInstance] = {
+            iid: instance
+            for iid, instance in state.instances.items()
+            if self.node_id in instance.shard_assignments.node_to_runner
+        }
+        for iid, runner in self._runners.items():
+            instance = assigned.get(iid)
+            mine = (
+                instance.shard_assignments.node_to_runner[self.node_id]
+                if instance is not None
+                else None
+            )
+            if mine != runner.runner_id:
+                runner.shut_down(now)
+        for iid, instance in assigned.items():
+            if iid not in self._runners:
+                self._runners[iid] = self._new_runner(instance, now)
+
+    def _new_runner(self, instance: AnyInstance, now: float) -> _Runner:
+        assignments = instance.shard_assignments
+        runner_id = assignments.node_to_runner[self.node_id]
+        shard = assignments.runner_to_shard.get(runner_id)
+        if shard is None:  # a malformed instance: hold nothing, fail at once
+            runner = _Runner(instance.instance_id, runner_id, 0, 0, 0.0, now, gave_up=True)
+            runner.error = "instance has no shard for this runner"
+            return runner
+        layers = max(shard.end_layer - shard.start_layer, 0)
+        model_bytes = shard.model_card.storage_size.in_bytes
+        shard_bytes = model_bytes * layers // max(shard.n_layers, 1)
+        load_s = max(self.config.load_floor_s, shard_bytes / (self.config.load_gb_per_s * GIB))
+        return _Runner(instance.instance_id, runner_id, layers, shard_bytes, load_s, now)
+
+    async def _request_deletions(self, session: _Session, state: State) -> None:
+        for iid, runner in self._runners.items():
+            if runner.gave_up and iid in state.instances and iid not in session.deletion_requested:
+                session.deletion_requested.add(iid)
+                reason = f"runner failed {runner.failures} times on {self.name}: {runner.error}"
+                await self._send(session, RequestInstanceDeletion(instance_id=iid, reason=reason))
+
+    async def _report_runners(self, session: _Session, now: float) -> None:
+        for iid, runner in list(self._runners.items()):
+            status = runner.status(now, self._chatting[iid] > 0)
+            if session.sent_status.get(runner.runner_id) != status:
+                await self._send(
+                    session, RunnerStatusReport(runner_id=runner.runner_id, runner_status=status)
+                )
+                session.sent_status[runner.runner_id] = status
+            if isinstance(status, RunnerShutdown):
+                del self._runners[iid]
+                session.sent_status.pop(runner.runner_id, None)
+
+    def _info(self) -> NodeInfo:
+        total = Memory.from_gb(self.config.memory_gb)
+        held = sum(runner.shard_bytes for runner in self._runners.values())
+        available = Memory(in_bytes=max(total.in_bytes - held, 0))
+        return NodeInfo(
+            memory=MemoryUsage(ram_total=total, ram_available=available),
+            backends=list(self.config.backends),
+            identity=NodeIdentity(
+                friendly_name=self.name,
+                model_id=self.config.machine_model,
+                chip_id=self.config.chip_id,
+                os_version=self.config.os_version,
+            ),
+            network=NodeNetwork(
+                interfaces=[NetworkInterface(name="en0", ip_address=self.config.ip)]
+            ),
+        )
+
+    async def _report_info(self, session: _Session, state: State | None, now: float) -> None:
+        info = self._info()
+        due = now >= session.info_sent_at + INFO_REFRESH_S
+        # Timed out while the channel stayed open (a freeze): announce ourselves again.
+        forgotten = (
+            state is not None
+            and self.node_id not in state.topology.nodes
+            and now >= session.info_sent_at + HEARTBEAT_S
+        )
+        if due or forgotten or info != session.info_sent:
+            await self._send(session, info)
+            session.info_sent = info
+            session.info_sent_at = now
+
+    async def _report_links(self, session: _Session, state: State, now: float) -> None:
+        nodes = set(state.topology.nodes)
+        for peer, edge in list(session.linked.items()):
+            if peer not in nodes:
+                await self._send(session, LinkDown(sink=peer, edge=edge))
+                del session.linked[peer]
+                session.link_sent_at.pop(peer, None)
+        if self.node_id not in nodes:
+            return
+        shown = state.topology.connections.get(self.node_id, {})
+        for peer in state.topology.nodes:
+            network = state.node_network.get(peer)
+            if peer == self.node_id or network is None or not network.interfaces:
+                continue
+            address = f"/ip4/{network.interfaces[0].ip_address}/tcp/{PEER_PORT}"
+            edge = SocketConnection(sink_multiaddr=Multiaddr(address=address))
+            if edge in shown.get(peer, []):
+                session.link_sent_at.pop(peer, None)
+                session.linked[peer] = edge
+                continue
+            if now >= session.link_sent_at.get(peer, -math.inf) + LINK_RESEND_S:
+                await self._send(session, LinkUp(sink=peer, edge=edge))
+                session.link_sent_at[peer] = now
+                session.linked[peer] = edge
+
+    # --- chat ---------------------------------------------------------------------------------
+
+    async def _chat(
+        self, session: _Session, request: ChatRequest, scope: anyio.CancelScope
+    ) -> None:
+        try:
+            with scope:
+                await self._answer(session, request)
+        finally:
+            session.chats.pop(request.request_id, None)
+
+    async def _answer(self, session: _Session, request: ChatRequest) -> None:
+        iid = request.instance_id
+        runner = self._runners.get(iid)
+        if runner is None or not runner.serving(self._clock.monotonic()):
+            await self._send(
+                session,
+                ChatError(
+                    request_id=request.request_id,
+                    message=f"node {self.name} has no ready runner for instance {iid}",
+                ),
+            )
+            return
+        attempt = runner.attempt
+        tokens = reply_tokens()
+        count = min(request.max_tokens, len(tokens))
+        finish = "stop" if count == len(tokens) else "length"
+        self._chatting[iid] += 1
+        self._poke()
+        try:
+            for index in range(count):
+                await self._clock.sleep(1.0 / self.config.tokens_per_s)
+                now = self._clock.monotonic()
+                runner.advance(now)
+                if self._runners.get(iid) is not runner or runner.attempt != attempt:
+                    await self._send(
+                        session,
+                        ChatError(
+                            request_id=request.request_id,
+                            message=f"the runner for {iid} on {self.name} died mid-request",
+                        ),
+                    )
+                    return
+                last = index == count - 1
+                await self._send(
+                    session,
+                    ChatChunk(
+                        request_id=request.request_id,
+                        text=tokens[index],
+                        finish_reason=finish if last else None,
+                    ),
+                )
+        finally:
+            self._chatting[iid] -= 1
+            if self._chatting[iid] <= 0:
+                del self._chatting[iid]
+            self._poke()
