@@ -1,0 +1,332 @@
+"""The dashboard's connection to a master: HTTP only, no Textual.
+
+``MasterClient.run(emit)`` keeps the dashboard fed for as long as it runs: it follows the
+master's event stream (``GET /events``, server-sent events) when there is one, which makes every
+change instant, and otherwise polls ``/state`` and ``/deployments`` once a second, which works
+against any exo-shaped master. Every read has a deadline, and a failure never escapes: it
+becomes a ``ConnectionUpdate("down")`` and a retry with backoff, so a master that is down, slow
+or restarting can neither crash nor freeze the UI.
+
+Deadlines use anyio's clock rather than httpx's socket timeouts so the same code runs under
+trio's virtual clock in tests. Mutations (create, delete) are plain requests that raise
+``ApiError`` carrying the master's own message.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import anyio
+import httpx
+from pydantic import ValidationError
+
+from exo_deploy_tui.updates import (
+    ConnectionUpdate,
+    DeploymentsUpdate,
+    EventUpdate,
+    SnapshotUpdate,
+    Update,
+)
+from keeper.api_models import (
+    CommandResponse,
+    CreateDeploymentRequest,
+    DeploymentsResponse,
+    ErrorResponse,
+    ModelList,
+    ModelListEntry,
+    StreamSnapshot,
+)
+from keeper.events import IndexedEvent
+from keeper.state import State
+
+DEFAULT_URL = "http://127.0.0.1:52415"
+
+# A master on the same LAN connects in milliseconds; three seconds tolerates a loaded one
+# without leaving the operator staring at "connecting" when it is simply down.
+CONNECT_TIMEOUT_S = 3.0
+# A whole /state or /deployments read, or a create/delete, must finish within this.
+REQUEST_TIMEOUT_S = 5.0
+# The stream sends keepalive comments every few seconds; this long without a byte means the
+# connection is dead even if the socket has not noticed (a frozen master, a cut link).
+STREAM_SILENCE_S = 20.0
+# The polling cadence the issue asks for: a change shows within a second.
+POLL_INTERVAL_S = 1.0
+# Reconnect quickly at first (a master restart takes about a second), then back off so a master
+# that stays down costs nothing, yet is noticed within this long once it is back.
+RECONNECT_FIRST_S = 0.5
+RECONNECT_MAX_S = 8.0
+# After a master says it has no event stream, poll this long before asking again, so a master
+# upgraded in place is eventually followed live.
+STREAM_RETRY_S = 60.0
+
+
+class ApiError(Exception):
+    """A request the master refused or could not answer; ``str()`` is for the operator."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class ClusterClient(Protocol):
+    """What the app needs from a master; the real one is ``MasterClient``."""
+
+    url: str
+
+    async def run(self, emit: Callable[[Update], None]) -> None: ...
+    async def models(self) -> list[ModelListEntry]: ...
+    async def create_deployment(self, request: CreateDeploymentRequest) -> CommandResponse: ...
+    async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
+    async def aclose(self) -> None: ...
+
+
+class _NoStreamError(Exception):
+    """The master has no event stream; poll instead."""
+
+
+class _BadResponseError(Exception):
+    """The master answered something we cannot use; reconnect and start from a snapshot."""
+
+
+class SseParser:
+    """Server-sent events, one line at a time: returns ``(event, data)`` when one completes."""
+
+    def __init__(self) -> None:
+        self._event = "message"
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> tuple[str, str] | None:
+        if line == "":
+            if not self._data:
+                self._event = "message"
+                return None
+            message = (self._event, "\n".join(self._data))
+            self._event, self._data = "message", []
+            return message
+        if line.startswith(":"):
+            return None  # a comment: the master's keepalive
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A one-line reason an operator can act on."""
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    if isinstance(exc, httpx.ConnectError):
+        return "cannot connect"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "connection dropped"
+    if isinstance(exc, httpx.HTTPError):
+        return f"{type(exc).__name__}: {exc}".rstrip(": ")
+    return str(exc) or type(exc).__name__
+
+
+class MasterClient:
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            transport=transport,
+            timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+        )
+        self._clock = clock
+        self._backoff = RECONNECT_FIRST_S
+        # The last answers polled, so an unchanged cluster costs no parsing and no redraw.
+        self._last_poll: tuple[bytes, bytes | None] | None = None
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- the live feed ------------------------------------------------------------------------
+
+    async def run(self, emit: Callable[[Update], None]) -> None:
+        """Feed ``emit`` until cancelled; never raises for anything the master does."""
+        emit(ConnectionUpdate("connecting", self.url))
+        stream_after = 0.0  # on anyio's clock: when the event stream is worth asking for again
+        while True:
+            try:
+                if anyio.current_time() >= stream_after:
+                    try:
+                        await self._follow_stream(emit)
+                        raise _BadResponseError("the master closed the event stream")
+                    except _NoStreamError:
+                        stream_after = anyio.current_time() + STREAM_RETRY_S
+                else:
+                    await self._poll_until(emit, stream_after)
+            except (httpx.HTTPError, _BadResponseError, TimeoutError, OSError) as exc:
+                emit(ConnectionUpdate("down", describe_failure(exc), self._backoff))
+                await anyio.sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
+
+    async def _follow_stream(self, emit: Callable[[Update], None]) -> None:
+        timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+        with anyio.fail_after(CONNECT_TIMEOUT_S + REQUEST_TIMEOUT_S):
+            request = self._http.build_request(
+                "GET", "/events", headers={"Accept": "text/event-stream"}, timeout=timeout
+            )
+            response = await self._http.send(request, stream=True)
+        try:
+            if response.status_code in (404, 405):
+                raise _NoStreamError
+            if response.status_code != 200:
+                raise _BadResponseError(f"GET /events answered {response.status_code}")
+            offset = self._clock_offset(response)
+            parser = SseParser()
+            lines = response.aiter_lines()
+            while True:
+                with anyio.fail_after(STREAM_SILENCE_S):
+                    line = await anext(lines, None)
+                if line is None:
+                    return
+                message = parser.feed(line)
+                if message is not None:
+                    self._on_stream_message(*message, offset=offset, emit=emit)
+        finally:
+            await response.aclose()
+
+    def _on_stream_message(
+        self, name: str, data: str, *, offset: float | None, emit: Callable[[Update], None]
+    ) -> None:
+        try:
+            if name == "snapshot":
+                snapshot = StreamSnapshot.model_validate_json(data)
+                emit(SnapshotUpdate(snapshot.state, tuple(snapshot.deployments), offset))
+                self._last_poll = None  # the stream moved the model on from any earlier poll
+                emit(ConnectionUpdate("live"))
+                self._backoff = RECONNECT_FIRST_S
+            elif name == "event":
+                emit(EventUpdate(IndexedEvent.model_validate_json(data)))
+            elif name == "deployments":
+                response = DeploymentsResponse.model_validate_json(data)
+                emit(DeploymentsUpdate(tuple(response.deployments)))
+        except ValidationError as exc:
+            # One event lost would leave our State wrong for good: start again from a snapshot.
+            raise _BadResponseError(f"unreadable {name} message: {exc.errors()[0]['msg']}") from exc
+
+    async def _poll_until(self, emit: Callable[[Update], None], until: float) -> None:
+        announced = False
+        while anyio.current_time() < until:
+            started = anyio.current_time()
+            state_body, deployments_body, offset = await self._fetch_once()
+            if (state_body, deployments_body) != self._last_poll:
+                self._last_poll = (state_body, deployments_body)
+                emit(self._parse_poll(state_body, deployments_body, offset))
+            if not announced:
+                emit(ConnectionUpdate("polling"))
+                announced = True
+            self._backoff = RECONNECT_FIRST_S
+            await anyio.sleep(max(0.0, POLL_INTERVAL_S - (anyio.current_time() - started)))
+
+    async def _fetch_once(self) -> tuple[bytes, bytes | None, float | None]:
+        results: dict[str, httpx.Response] = {}
+
+        async def fetch(path: str) -> None:
+            results[path] = await self._http.get(path)
+
+        with anyio.fail_after(REQUEST_TIMEOUT_S):
+            async with anyio.create_task_group() as group:
+                group.start_soon(fetch, "/state")
+                group.start_soon(fetch, "/deployments")
+        state = results["/state"]
+        if state.status_code != 200:
+            raise _BadResponseError(f"GET /state answered {state.status_code}")
+        deployments = results["/deployments"]
+        if deployments.status_code == 200:
+            deployments_body: bytes | None = deployments.content
+        elif deployments.status_code in (404, 405):
+            deployments_body = None  # a master without deployments: show the State alone
+        else:
+            raise _BadResponseError(f"GET /deployments answered {deployments.status_code}")
+        return state.content, deployments_body, self._clock_offset(state)
+
+    @staticmethod
+    def _parse_poll(
+        state_body: bytes, deployments_body: bytes | None, offset: float | None
+    ) -> SnapshotUpdate:
+        try:
+            state = State.model_validate_json(state_body)
+            views = (
+                None
+                if deployments_body is None
+                else tuple(DeploymentsResponse.model_validate_json(deployments_body).deployments)
+            )
+        except ValidationError as exc:
+            raise _BadResponseError(f"unreadable state: {exc.errors()[0]['msg']}") from exc
+        return SnapshotUpdate(state, views, offset)
+
+    def _clock_offset(self, response: httpx.Response) -> float | None:
+        date = response.headers.get("date")
+        if not date:
+            return None
+        try:
+            return email.utils.parsedate_to_datetime(date).timestamp() - self._clock()
+        except (TypeError, ValueError):
+            return None
+
+    # -- one-off requests ---------------------------------------------------------------------
+
+    async def models(self) -> list[ModelListEntry]:
+        response = await self._request("GET", "/models")
+        try:
+            return list(ModelList.model_validate_json(response.content).data)
+        except ValidationError as exc:
+            raise ApiError(f"unreadable model list: {exc.errors()[0]['msg']}") from exc
+
+    async def create_deployment(self, request: CreateDeploymentRequest) -> CommandResponse:
+        response = await self._request("POST", "/deployments", json=request.model_dump(mode="json"))
+        return _command_response(response)
+
+    async def delete_deployment(self, deployment_id: str) -> CommandResponse:
+        response = await self._request("DELETE", f"/deployments/{deployment_id}")
+        return _command_response(response)
+
+    async def _request(self, method: str, path: str, json: object = None) -> httpx.Response:
+        try:
+            with anyio.fail_after(REQUEST_TIMEOUT_S):
+                response = await self._http.request(method, path, json=json)
+        except TimeoutError as exc:
+            raise ApiError(f"the master at {self.url} did not answer in time") from exc
+        except httpx.HTTPError as exc:
+            raise ApiError(
+                f"cannot reach the master at {self.url} ({describe_failure(exc)})"
+            ) from exc
+        if response.is_success:
+            return response
+        try:
+            message = ErrorResponse.model_validate_json(response.content).error.message
+        except ValidationError:
+            message = response.text.strip()[:200] or response.reason_phrase
+        raise ApiError(message, response.status_code)
+
+
+def _command_response(response: httpx.Response) -> CommandResponse:
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise ApiError("the master's answer was not JSON") from exc
+    if not isinstance(body, dict):
+        raise ApiError("the master's answer was not a JSON object")
+    known = {k: v for k, v in body.items() if k in CommandResponse.model_fields}  # pyright: ignore[reportUnknownVariableType]
+    try:
+        return CommandResponse.model_validate(known)
+    except ValidationError as exc:
+        raise ApiError(f"unreadable answer: {exc.errors()[0]['msg']}") from exc

@@ -1,0 +1,95 @@
+"""How values read on screen: durations, sizes, short ids, times of day, status labels.
+
+Pure functions with no Textual import, shared by the model (timeline text), the widgets (cells)
+and the describe screen, so one deployment reads the same everywhere and tests can pin the text.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Final
+
+from keeper.api_models import DeploymentStatus
+
+# Every status has a word and a symbol as well as a colour, so it reads in 16 colours, with
+# NO_COLOR and to colour-blind operators. The symbols are in every common terminal font.
+STATUS_SYMBOL: Final[dict[DeploymentStatus, str]] = {
+    "serving": "●",
+    "starting": "◐",
+    "placing": "○",
+    "cant_place": "✖",
+}
+# Named ANSI colours (not RGB), so a 16-colour terminal shows them as they were meant.
+STATUS_COLOR: Final[dict[DeploymentStatus, str]] = {
+    "serving": "green",
+    "starting": "yellow",
+    "placing": "cyan",
+    "cant_place": "red",
+}
+# Broken first: the order of "sort by status", which puts what needs attention on top.
+STATUS_ORDER: Final[dict[DeploymentStatus, int]] = {
+    "cant_place": 0,
+    "placing": 1,
+    "starting": 2,
+    "serving": 3,
+}
+
+# exo node ids are libp2p peer ids that all start with this; the part after it tells them apart.
+_PEER_ID_PREFIX: Final = "12D3KooW"
+# Long enough to be unique in any one cluster, short enough for an 80-column table.
+SHORT_ID_LEN: Final = 8
+
+
+def status_label(status: DeploymentStatus) -> str:
+    return f"{STATUS_SYMBOL[status]} {status}"
+
+
+def short_id(identifier: str | None) -> str:
+    if not identifier:
+        return "-"
+    if identifier.startswith(_PEER_ID_PREFIX) and len(identifier) > len(_PEER_ID_PREFIX):
+        identifier = identifier[len(_PEER_ID_PREFIX) :]
+    return identifier[:SHORT_ID_LEN]
+
+
+def short_model(model_id: str) -> str:
+    """``mlx-community/Qwen3-0.6B-4bit`` -> ``Qwen3-0.6B-4bit``: the organisation is noise."""
+    return model_id.rsplit("/", 1)[-1]
+
+
+def duration(seconds: float) -> str:
+    """A compact age, as k9s shows them: 9s, 4m05s, 3h12m, 2d04h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    minutes, s = divmod(s, 60)
+    if minutes < 60:
+        return f"{minutes}m{s:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def precise_duration(seconds: float) -> str:
+    """A measured interval, to a tenth of a second under a minute: ``37.2 s``."""
+    if seconds < 60:
+        return f"{max(0.0, seconds):.1f} s"
+    return duration(seconds)
+
+
+def gigabytes(in_bytes: int) -> str:
+    gb = in_bytes / 1024**3
+    return f"{gb:.0f}G" if gb >= 100 else f"{gb:.1f}G"
+
+
+def clock_time(epoch_s: float) -> str:
+    """Local time of day, as the operator's own clock shows it."""
+    return time.strftime("%H:%M:%S", time.localtime(epoch_s))
+
+
+def truncate(text: str, width: int) -> str:
+    if width <= 0:
+        return ""
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"

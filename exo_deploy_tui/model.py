@@ -1,0 +1,622 @@
+"""A pure model of the cluster as the master describes it, for the dashboard to render.
+
+The client feeds it ``Update``s (a State snapshot, events to apply, the keeper's timers, the
+connection's fate) and the widgets read rows from it. It reads no clock: every method that
+needs the time takes ``now`` (epoch seconds), so tests and snapshots freeze it, and the
+countdowns tick by asking again with a later ``now`` rather than by refetching.
+
+It also remembers what the master no longer says: nodes that have gone, when each deployment
+entered its status, and when it stopped serving, which is how the timeline can say "serving
+again after 37.2 s".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_model
+from exo_deploy_tui.timeline import (
+    Timeline,
+    TimelineEntry,
+    entries_for_event,
+    events_between,
+    node_name,
+)
+from exo_deploy_tui.updates import (
+    ConnectionMode,
+    ConnectionUpdate,
+    DeploymentsUpdate,
+    EventUpdate,
+    SnapshotUpdate,
+    Update,
+)
+from keeper.api_models import DeploymentStatus, DeploymentView, WaitReason
+from keeper.apply import apply_indexed
+from keeper.events import NodeGatheredInfo, NodeTimedOut
+from keeper.state import (
+    SERVING_RUNNER_TYPES,
+    AnyInstance,
+    AnyRunnerStatus,
+    Deployment,
+    DeploymentId,
+    InstanceId,
+    MlxJacclInstance,
+    NodeId,
+    RunnerFailed,
+    RunnerLoaded,
+    RunnerLoading,
+    RunnerReady,
+    RunnerRunning,
+    RunnerWarmingUp,
+    State,
+)
+
+# Nodes refresh their info at least every 5 s (keeper.master.protocol.INFO_REFRESH_S), which
+# is what moves lastSeen; two missed refreshes plus slack means silence, not jitter. The master
+# itself gives up on a node after 30 s.
+SILENT_AFTER_S = 12.0
+# Gone nodes are remembered so the operator sees what left; this many is a whole rack's worth
+# while keeping memory flat when nodes churn for days.
+GONE_NODES_KEPT = 32
+# A master whose clock differs from ours by less than this is taken as in step: the HTTP Date
+# header that measures the difference has a resolution of one second.
+CLOCK_SKEW_IGNORED_S = 2.0
+
+# A runner in one of these has all its layers in memory.
+_LOADED_RUNNER_TYPES = (RunnerLoaded, RunnerWarmingUp, RunnerReady, RunnerRunning)
+
+Liveness = Literal["alive", "silent", "gone"]
+SortKey = Literal["status", "name", "age"]
+
+
+# --- rows the widgets render ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeploymentRow:
+    deployment_id: DeploymentId
+    model_id: str
+    status: DeploymentStatus
+    instance_id: InstanceId | None  # the model's instance in the cluster now, if any
+    nodes: tuple[str, ...]  # friendly names of that instance's nodes
+    in_status_s: float
+    in_status_known: bool  # False when it was already in this status as we connected
+    placement_error: str | None
+    waiting: WaitReason | None
+    next_attempt_in_s: float | None
+    failures: int
+    load_progress: float | None  # layers loaded / layers, while starting
+    sharding: str
+    instance_meta: str
+    min_nodes: int
+
+    @property
+    def broken(self) -> bool:
+        return self.status != "serving"
+
+    def matches(self, text: str) -> bool:
+        needle = text.casefold()
+        haystack = " ".join(
+            (
+                self.model_id,
+                self.status,
+                self.deployment_id,
+                self.instance_id or "",
+                " ".join(self.nodes),
+                self.placement_error or "",
+            )
+        ).casefold()
+        return needle in haystack
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node_id: NodeId
+    name: str
+    liveness: Liveness
+    quiet_for_s: float | None  # since lastSeen (alive/silent), or since it left (gone)
+    ram_used: int | None
+    ram_total: int | None
+    backends: tuple[str, ...]
+    links: tuple[str, ...]  # names of the nodes it has an edge to
+    runners: tuple[str, ...]  # "Qwen3-0.6B-4bit Ready" per runner it holds
+    chip: str
+
+
+@dataclass(frozen=True)
+class RunnerRow:
+    runner_id: str
+    node_id: NodeId
+    node_name: str
+    rank: int
+    start_layer: int
+    end_layer: int  # exclusive
+    status: str  # "Ready", "Loading", ... ("Unknown" before the node reports)
+    progress: float | None  # while loading
+    error: str | None
+    node_present: bool
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    instance_id: InstanceId
+    model_id: str
+    deployment_id: DeploymentId | None
+    kind: str
+    ready: bool
+    runners: tuple[RunnerRow, ...]
+
+
+@dataclass(frozen=True)
+class Summary:
+    nodes_alive: int
+    nodes_silent: int
+    nodes_gone: int
+    by_status: dict[DeploymentStatus, int]
+    deployments: int
+    instances: int
+
+
+@dataclass(frozen=True)
+class Connection:
+    mode: ConnectionMode
+    detail: str = ""
+    retry_in_s: float | None = None
+    stale_since: float | None = None  # when data stopped arriving, while it is stale
+
+    @property
+    def stale(self) -> bool:
+        return self.stale_since is not None
+
+
+@dataclass(frozen=True)
+class Timer:
+    failures: int
+    due_at: float | None  # epoch seconds on our clock
+    waiting: WaitReason | None
+
+
+@dataclass
+class _Tracked:
+    status: DeploymentStatus
+    since: float
+    known: bool
+    outage_since: float | None = None
+
+
+@dataclass
+class _Gone:
+    name: str
+    at: float
+
+
+# --- pure helpers ---------------------------------------------------------------------------
+
+
+def runner_status_word(status: AnyRunnerStatus | None) -> str:
+    if status is None:
+        return "Unknown"
+    return type(status).__name__.removeprefix("Runner")
+
+
+def instance_ready(instance: AnyInstance, state: State) -> bool:
+    runners = instance.shard_assignments.node_to_runner.values()
+    return bool(runners) and all(
+        isinstance(state.runners.get(r), SERVING_RUNNER_TYPES) for r in runners
+    )
+
+
+def deployment_statuses(state: State) -> dict[DeploymentId, DeploymentStatus]:
+    """SPEC §3's status rule, read from the State so it is as fresh as the last event."""
+    present: set[str] = set()
+    ready: set[str] = set()
+    for instance in state.instances.values():
+        model = instance.shard_assignments.model_id
+        present.add(model)
+        if model not in ready and instance_ready(instance, state):
+            ready.add(model)
+    statuses: dict[DeploymentId, DeploymentStatus] = {}
+    for d_id, deployment in state.deployments.items():
+        model = deployment.model_card.model_id
+        if model in ready:
+            statuses[d_id] = "serving"
+        elif model in present:
+            statuses[d_id] = "starting"
+        elif deployment.placement_error is not None:
+            statuses[d_id] = "cant_place"
+        else:
+            statuses[d_id] = "placing"
+    return statuses
+
+
+def parse_iso(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None  # a time without a zone cannot be placed on our clock
+    return parsed.timestamp()
+
+
+def sort_rows(
+    rows: Iterable[DeploymentRow], key: SortKey, reverse: bool = False
+) -> list[DeploymentRow]:
+    """Stable orders with the model id as tie-break, so rows never shuffle between frames."""
+    by_name = sorted(rows, key=lambda r: (r.model_id, r.deployment_id))
+    if key == "status":
+        ordered = sorted(by_name, key=lambda r: STATUS_ORDER[r.status])
+    elif key == "age":
+        ordered = sorted(by_name, key=lambda r: r.in_status_s)  # most recent change first
+    else:
+        ordered = by_name
+    return list(reversed(ordered)) if reverse else ordered
+
+
+# --- the model ----------------------------------------------------------------------------
+
+
+@dataclass
+class ClusterModel:
+    """Everything the dashboard knows; mutated only through ``handle`` and ``tick``."""
+
+    state: State = field(default_factory=State)
+    connection: Connection = field(default_factory=lambda: Connection("connecting"))
+    timeline: Timeline = field(default_factory=Timeline)
+    has_data: bool = False
+    # False against a master without the deployments API: no timers to show.
+    has_timers: bool = True
+    # Bumped on every change, so a view can skip work when nothing moved.
+    revision: int = 0
+    master_clock_offset_s: float = 0.0
+    _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
+    _tracked: dict[DeploymentId, _Tracked] = field(default_factory=dict)
+    _gone: dict[NodeId, _Gone] = field(default_factory=dict)
+    _silent: set[NodeId] = field(default_factory=set)
+    # True once the first snapshot has been taken in: from then on we see statuses begin.
+    _watching: bool = False
+
+    # -- input ------------------------------------------------------------------------------
+
+    def handle(self, updates: Update | Sequence[Update], now: float) -> None:
+        """Take in what the client said, in order; derived facts are settled once at the end."""
+        batch = [updates] if not isinstance(updates, Sequence) else updates
+        for update in batch:
+            match update:
+                case SnapshotUpdate():
+                    self._on_snapshot(update, now)
+                case EventUpdate():
+                    self._on_event(update, now)
+                case DeploymentsUpdate(deployments=views):
+                    self._set_timers(views, now)
+                case ConnectionUpdate():
+                    self._on_connection(update, now)
+        self._settle(now)
+        self.revision += 1
+
+    def tick(self, now: float) -> bool:
+        """Time passed: notice nodes going silent. True if the timeline grew."""
+        before = self.timeline.appended
+        self._check_silence(now)
+        if self.timeline.appended != before:
+            self.revision += 1
+            return True
+        return False
+
+    def _on_snapshot(self, update: SnapshotUpdate, now: float) -> None:
+        if update.master_clock_offset_s is not None:
+            offset = update.master_clock_offset_s
+            self.master_clock_offset_s = offset if abs(offset) >= CLOCK_SKEW_IGNORED_S else 0.0
+        if not self.has_data:
+            self.state = update.state
+            self.has_data = True
+            nodes = len(update.state.topology.nodes)
+            deployments = len(update.state.deployments)
+            self.timeline.extend(
+                [
+                    TimelineEntry(
+                        now,
+                        "info",
+                        f"connected: {nodes} node{'s' if nodes != 1 else ''}, "
+                        f"{deployments} deployment{'s' if deployments != 1 else ''}",
+                    )
+                ]
+            )
+        else:
+            before, after = self.state, update.state
+            for event in events_between(before, after):
+                self.timeline.extend(entries_for_event(event, before, after, now))
+                self._note_membership(event, before, now)
+            self.state = after
+        if update.deployments is None:
+            self.has_timers = False
+            self._timers = {}
+        else:
+            self.has_timers = True
+            self._set_timers(update.deployments, now)
+
+    def _on_event(self, update: EventUpdate, now: float) -> None:
+        indexed = update.indexed
+        if self.has_data and indexed.idx <= self.state.last_event_applied_idx:
+            return  # already part of the snapshot we hold
+        before = self.state
+        self.state = apply_indexed(before, indexed)
+        self.timeline.extend(entries_for_event(indexed.event, before, self.state, now))
+        self._note_membership(indexed.event, before, now)
+
+    def _note_membership(self, event: object, before: State, now: float) -> None:
+        if isinstance(event, NodeTimedOut) and event.node_id in before.topology.nodes:
+            self._gone[event.node_id] = _Gone(node_name(event.node_id, before), now)
+            self._silent.discard(event.node_id)
+            while len(self._gone) > GONE_NODES_KEPT:
+                del self._gone[next(iter(self._gone))]
+        elif isinstance(event, NodeGatheredInfo):
+            self._gone.pop(event.node_id, None)
+
+    def _set_timers(self, views: Iterable[DeploymentView], now: float) -> None:
+        timers: dict[DeploymentId, Timer] = {}
+        for view in views:
+            if view.next_attempt_in_s is not None:
+                due: float | None = now + view.next_attempt_in_s
+            else:
+                master_due = parse_iso(view.next_attempt_at)
+                due = None if master_due is None else master_due - self.master_clock_offset_s
+            timers[view.deployment.deployment_id] = Timer(view.failures, due, view.waiting)
+        self._timers = timers
+
+    def _on_connection(self, update: ConnectionUpdate, now: float) -> None:
+        old = self.connection
+        if update.mode in ("live", "polling"):
+            if old.stale_since is not None and self.has_data:
+                lost_for = precise_duration(now - old.stale_since)
+                how = "live" if update.mode == "live" else "polling"
+                self.timeline.extend(
+                    [TimelineEntry(now, "good", f"master reachable again after {lost_for} ({how})")]
+                )
+            self.connection = Connection(update.mode, update.detail)
+            return
+        stale_since = old.stale_since
+        if stale_since is None and self.has_data:
+            stale_since = now
+            detail = f": {update.detail}" if update.detail else ""
+            self.timeline.extend([TimelineEntry(now, "error", f"lost the master{detail}")])
+        self.connection = Connection(update.mode, update.detail, update.retry_in_s, stale_since)
+
+    def _settle(self, now: float) -> None:
+        statuses = deployment_statuses(self.state)
+        for d_id in [d for d in self._tracked if d not in statuses]:
+            del self._tracked[d_id]
+        entries: list[TimelineEntry] = []
+        for d_id, status in statuses.items():
+            tracked = self._tracked.get(d_id)
+            if tracked is None:
+                # Seen from the start of a watch we cannot know how long it has been so; one
+                # that appears later has just been created.
+                self._tracked[d_id] = _Tracked(status, now, known=self._watching)
+                continue
+            if tracked.status == status:
+                continue
+            model = self.state.deployments[d_id].model_card.model_id
+            name = short_model(model)
+            if tracked.status == "serving":
+                tracked.outage_since = now
+                entries.append(TimelineEntry(now, "warn", f"{name} stopped serving", model))
+            elif status == "serving":
+                if tracked.outage_since is not None:
+                    after = precise_duration(now - tracked.outage_since)
+                    text = f"{name} serving again after {after}"
+                else:
+                    text = f"{name} serving"
+                entries.append(TimelineEntry(now, "good", text, model))
+                tracked.outage_since = None
+            tracked.status, tracked.since, tracked.known = status, now, True
+        self.timeline.extend(entries)
+        self._watching = self._watching or self.has_data
+        self._check_silence(now)
+
+    def _check_silence(self, now: float) -> None:
+        for node_id in self.state.topology.nodes:
+            quiet = self._quiet_for(node_id, now)
+            if quiet is None:
+                continue
+            name = node_name(node_id, self.state)
+            if quiet >= SILENT_AFTER_S and node_id not in self._silent:
+                self._silent.add(node_id)
+                text = f"node {name} went silent (nothing for {quiet:.0f} s)"
+                self.timeline.extend([TimelineEntry(now, "warn", text, node_id=node_id)])
+            elif quiet < SILENT_AFTER_S and node_id in self._silent:
+                self._silent.discard(node_id)
+                self.timeline.extend(
+                    [TimelineEntry(now, "good", f"node {name} is reporting again", node_id=node_id)]
+                )
+        for node_id in [n for n in self._silent if n not in self.state.topology.nodes]:
+            self._silent.discard(node_id)
+
+    def _quiet_for(self, node_id: NodeId, now: float) -> float | None:
+        seen = parse_iso(self.state.last_seen.get(node_id))
+        if seen is None:
+            return None
+        # While the master is out of reach we know nothing newer than the moment we lost it:
+        # judging nodes by our clock would call every one of them silent.
+        if self.connection.stale_since is not None:
+            now = min(now, self.connection.stale_since)
+        return max(0.0, now + self.master_clock_offset_s - seen)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def deployment(self, deployment_id: DeploymentId) -> Deployment | None:
+        return self.state.deployments.get(deployment_id)
+
+    def timer(self, deployment_id: DeploymentId) -> Timer | None:
+        return self._timers.get(deployment_id)
+
+    def deployment_rows(self, now: float) -> list[DeploymentRow]:
+        state = self.state
+        statuses = deployment_statuses(state)
+        by_model: dict[str, list[AnyInstance]] = {}
+        for instance in state.instances.values():
+            by_model.setdefault(instance.shard_assignments.model_id, []).append(instance)
+        rows: list[DeploymentRow] = []
+        for d_id, deployment in state.deployments.items():
+            model = deployment.model_card.model_id
+            instance = _instance_for(deployment, by_model.get(model, []))
+            status = statuses[d_id]
+            tracked = self._tracked.get(d_id)
+            timer = self._timers.get(d_id)
+            due_in = None
+            if timer is not None and timer.due_at is not None and status != "serving":
+                due_in = max(0.0, timer.due_at - now)
+            rows.append(
+                DeploymentRow(
+                    deployment_id=d_id,
+                    model_id=model,
+                    status=status,
+                    instance_id=instance.instance_id if instance else None,
+                    nodes=_node_names(instance, state) if instance else (),
+                    in_status_s=now - tracked.since if tracked else 0.0,
+                    in_status_known=tracked.known if tracked else False,
+                    placement_error=deployment.placement_error,
+                    waiting=timer.waiting if timer and status != "serving" else None,
+                    next_attempt_in_s=due_in,
+                    failures=timer.failures if timer else 0,
+                    load_progress=_progress(instance, state) if status == "starting" else None,
+                    sharding=str(deployment.sharding),
+                    instance_meta=str(deployment.instance_meta),
+                    min_nodes=deployment.min_nodes,
+                )
+            )
+        return rows
+
+    def node_rows(self, now: float) -> list[NodeRow]:
+        state = self.state
+        runners_on: dict[NodeId, list[str]] = {}
+        for instance in state.instances.values():
+            model = short_model(instance.shard_assignments.model_id)
+            for node_id, runner_id in instance.shard_assignments.node_to_runner.items():
+                word = runner_status_word(state.runners.get(runner_id))
+                runners_on.setdefault(node_id, []).append(f"{model} {word}")
+        rows: list[NodeRow] = []
+        for node_id in state.topology.nodes:
+            quiet = self._quiet_for(node_id, now)
+            memory = state.node_memory.get(node_id)
+            identity = state.node_identities.get(node_id)
+            sinks = state.topology.connections.get(node_id, {})
+            rows.append(
+                NodeRow(
+                    node_id=node_id,
+                    name=node_name(node_id, state),
+                    liveness="silent" if quiet is not None and quiet >= SILENT_AFTER_S else "alive",
+                    quiet_for_s=quiet,
+                    ram_used=(
+                        memory.ram_total.in_bytes - memory.ram_available.in_bytes
+                        if memory
+                        else None
+                    ),
+                    ram_total=memory.ram_total.in_bytes if memory else None,
+                    backends=tuple(str(b) for b in state.node_backends.get(node_id, [])),
+                    links=tuple(node_name(s, state) for s, edges in sinks.items() if edges),
+                    runners=tuple(runners_on.get(node_id, [])),
+                    chip=identity.chip_id if identity else "",
+                )
+            )
+        rows.sort(key=lambda r: (r.name, r.node_id))
+        for node_id, gone in self._gone.items():
+            if node_id in state.topology.nodes:
+                continue
+            rows.append(
+                NodeRow(node_id, gone.name, "gone", now - gone.at, None, None, (), (), (), "")
+            )
+        return rows
+
+    def instance_rows(self) -> list[InstanceRow]:
+        state = self.state
+        deployment_of = {d.model_card.model_id: d_id for d_id, d in state.deployments.items()}
+        present = set(state.topology.nodes)
+        rows: list[InstanceRow] = []
+        for instance in state.instances.values():
+            assignments = instance.shard_assignments
+            runners: list[RunnerRow] = []
+            for node_id, runner_id in assignments.node_to_runner.items():
+                shard = assignments.runner_to_shard.get(runner_id)
+                status = state.runners.get(runner_id)
+                progress = None
+                if isinstance(status, RunnerLoading) and status.total_layers > 0:
+                    progress = status.layers_loaded / status.total_layers
+                runners.append(
+                    RunnerRow(
+                        runner_id=runner_id,
+                        node_id=node_id,
+                        node_name=node_name(node_id, state),
+                        rank=shard.device_rank if shard else 0,
+                        start_layer=shard.start_layer if shard else 0,
+                        end_layer=shard.end_layer if shard else 0,
+                        status=runner_status_word(status),
+                        progress=progress,
+                        error=status.error_message if isinstance(status, RunnerFailed) else None,
+                        node_present=node_id in present,
+                    )
+                )
+            runners.sort(key=lambda r: r.rank)
+            rows.append(
+                InstanceRow(
+                    instance_id=instance.instance_id,
+                    model_id=assignments.model_id,
+                    deployment_id=deployment_of.get(assignments.model_id),
+                    kind="MlxJaccl" if isinstance(instance, MlxJacclInstance) else "MlxRing",
+                    ready=instance_ready(instance, state),
+                    runners=tuple(runners),
+                )
+            )
+        rows.sort(key=lambda r: (r.model_id, r.instance_id))
+        return rows
+
+    def summary(self, now: float) -> Summary:
+        nodes = self.node_rows(now)
+        by_status: dict[DeploymentStatus, int] = {}
+        for status in deployment_statuses(self.state).values():
+            by_status[status] = by_status.get(status, 0) + 1
+        return Summary(
+            nodes_alive=sum(1 for n in nodes if n.liveness == "alive"),
+            nodes_silent=sum(1 for n in nodes if n.liveness == "silent"),
+            nodes_gone=sum(1 for n in nodes if n.liveness == "gone"),
+            by_status=by_status,
+            deployments=len(self.state.deployments),
+            instances=len(self.state.instances),
+        )
+
+    def history(self, deployment_id: DeploymentId) -> list[TimelineEntry]:
+        deployment = self.state.deployments.get(deployment_id)
+        if deployment is None:
+            return []
+        return self.timeline.about_model(deployment.model_card.model_id)
+
+
+def _instance_for(deployment: Deployment, instances: list[AnyInstance]) -> AnyInstance | None:
+    for instance in instances:
+        if instance.instance_id == deployment.instance_id:
+            return instance
+    return instances[0] if instances else None
+
+
+def _node_names(instance: AnyInstance, state: State) -> tuple[str, ...]:
+    return tuple(node_name(n, state) for n in instance.shard_assignments.node_to_runner)
+
+
+def _progress(instance: AnyInstance | None, state: State) -> float | None:
+    if instance is None:
+        return None
+    loaded = total = 0
+    for runner_id, shard in instance.shard_assignments.runner_to_shard.items():
+        layers = shard.end_layer - shard.start_layer
+        total += layers
+        status = state.runners.get(runner_id)
+        if isinstance(status, RunnerLoading):
+            loaded += min(status.layers_loaded, layers)
+        elif isinstance(status, _LOADED_RUNNER_TYPES):
+            loaded += layers
+    return loaded / total if total else None

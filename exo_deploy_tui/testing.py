@@ -1,0 +1,269 @@
+"""A scripted master for the dashboard's tests, benchmarks and screenshots.
+
+``ScriptedClient`` implements the client protocol in memory: it hands the app whatever updates a
+test pushes, answers ``/models`` from the built-in catalog and records create/delete requests
+(or refuses them with a chosen error). ``ClusterBuilder`` writes States the way a master would
+hold them, with deterministic ids so screenshots are stable. Both live in the package, not in
+tests/, because the benchmarks drive the real app with them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from exo_deploy_tui.client import ApiError
+from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
+from keeper.api_models import (
+    CommandResponse,
+    CreateDeploymentRequest,
+    DeploymentStatus,
+    DeploymentView,
+    ModelListEntry,
+    WaitReason,
+)
+from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.state import (
+    AnyRunnerStatus,
+    Backend,
+    Deployment,
+    Edge,
+    Memory,
+    MemoryUsage,
+    MlxRingInstance,
+    ModelCard,
+    Multiaddr,
+    NodeIdentity,
+    PipelineShardMetadata,
+    RunnerReady,
+    ShardAssignments,
+    SocketConnection,
+    State,
+    Topology,
+)
+
+# Frozen "now" for screenshots and tests: 2026-11-30 12:00:00 UTC.
+FROZEN_NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC).timestamp()
+
+# Room for a burst of updates a test pushes before the app reads them.
+_QUEUE_DEPTH = 10_000
+
+
+def iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
+
+
+def node_id_for(name: str) -> str:
+    return f"12D3KooW{name}"
+
+
+def model_entry(card: ModelCard) -> ModelListEntry:
+    return ModelListEntry(
+        id=card.model_id,
+        hugging_face_id=card.model_id,
+        name=card.base_model or card.model_id,
+        storage_size_megabytes=card.storage_size.in_bytes // 1024**2,
+        supports_tensor=card.supports_tensor,
+        tasks=list(card.tasks),
+        n_layers=card.n_layers,
+        hidden_size=card.hidden_size,
+        num_key_value_heads=card.num_key_value_heads,
+        base_model=card.base_model,
+    )
+
+
+@dataclass
+class ClusterBuilder:
+    """Builds a State and the matching /deployments answer, as of ``now``."""
+
+    now: float = FROZEN_NOW
+    state: State = field(default_factory=State)
+    views: dict[str, DeploymentView] = field(default_factory=dict)
+
+    def node(
+        self,
+        name: str,
+        ram_gb: float = 64,
+        free_gb: float = 48,
+        backends: Sequence[Backend] = (Backend.MLX_METAL,),
+        seen_ago_s: float = 1.0,
+        chip: str = "Apple M4 Pro",
+    ) -> ClusterBuilder:
+        node = node_id_for(name)
+        s = self.state
+        self.state = s.model_copy(
+            update={
+                "topology": Topology(
+                    nodes=[*s.topology.nodes, node], connections=s.topology.connections
+                ),
+                "node_memory": {
+                    **s.node_memory,
+                    node: MemoryUsage(
+                        ram_total=Memory.from_gb(ram_gb), ram_available=Memory.from_gb(free_gb)
+                    ),
+                },
+                "node_backends": {**s.node_backends, node: list(backends)},
+                "node_identities": {
+                    **s.node_identities,
+                    node: NodeIdentity(
+                        friendly_name=name, model_id="Mac mini", chip_id=chip, os_version="26.1"
+                    ),
+                },
+                "last_seen": {**s.last_seen, node: iso(self.now - seen_ago_s)},
+            }
+        )
+        return self
+
+    def link_all(self) -> ClusterBuilder:
+        nodes = self.state.topology.nodes
+        connections: dict[str, dict[str, list[Edge]]] = {
+            src: {
+                dst: [
+                    SocketConnection(
+                        sink_multiaddr=Multiaddr(address=f"/ip4/192.0.2.{i + 10}/tcp/52415")
+                    )
+                ]
+                for i, dst in enumerate(nodes)
+                if dst != src
+            }
+            for src in nodes
+        }
+        self.state = self.state.model_copy(
+            update={"topology": Topology(nodes=list(nodes), connections=connections)}
+        )
+        return self
+
+    def deployment(
+        self,
+        model_id: str,
+        *,
+        on: Sequence[str] = (),
+        runners: Sequence[AnyRunnerStatus] | None = None,
+        error: str | None = None,
+        min_nodes: int = 1,
+        failures: int = 0,
+        next_attempt_in_s: float | None = None,
+        waiting: WaitReason | None = None,
+        status: DeploymentStatus = "placing",
+    ) -> ClusterBuilder:
+        """A deployment of a catalog model; ``on`` places an instance on those nodes."""
+        card = catalog_by_id()[model_id]
+        slug = model_id.rsplit("/", 1)[-1].lower()
+        deployment_id = f"dep-{slug}"
+        instance_id = f"inst-{slug}" if on else None
+        deployment = Deployment(
+            deployment_id=deployment_id,
+            model_card=card,
+            min_nodes=min_nodes,
+            instance_id=instance_id,
+            placement_error=error,
+        )
+        s = self.state
+        update: dict[str, object] = {"deployments": {**s.deployments, deployment_id: deployment}}
+        if on and instance_id is not None:
+            statuses = list(runners) if runners is not None else [RunnerReady()] * len(on)
+            runner_to_shard: dict[str, PipelineShardMetadata] = {}
+            node_to_runner: dict[str, str] = {}
+            per_node = max(1, card.n_layers // len(on))
+            for rank, name in enumerate(on):
+                runner_id = f"run-{slug}-{rank}"
+                start = rank * per_node
+                end = card.n_layers if rank == len(on) - 1 else start + per_node
+                runner_to_shard[runner_id] = PipelineShardMetadata(
+                    model_card=card,
+                    device_rank=rank,
+                    world_size=len(on),
+                    start_layer=start,
+                    end_layer=end,
+                    n_layers=card.n_layers,
+                )
+                node_to_runner[node_id_for(name)] = runner_id
+            instance = MlxRingInstance(
+                instance_id=instance_id,
+                shard_assignments=ShardAssignments(
+                    model_id=model_id,
+                    runner_to_shard=dict(runner_to_shard),
+                    node_to_runner=node_to_runner,
+                ),
+            )
+            update["instances"] = {**s.instances, instance_id: instance}
+            update["runners"] = {
+                **s.runners,
+                **{f"run-{slug}-{rank}": st for rank, st in enumerate(statuses)},
+            }
+        self.state = s.model_copy(update=update)
+        due = None if next_attempt_in_s is None else iso(self.now + next_attempt_in_s)
+        self.views[deployment_id] = DeploymentView(
+            deployment=deployment,
+            status=status,
+            failures=failures,
+            next_attempt_at=due,
+            next_attempt_in_s=next_attempt_in_s,
+            waiting=waiting,
+        )
+        return self
+
+    def snapshot(self) -> SnapshotUpdate:
+        views = tuple(
+            v.model_copy(update={"deployment": self.state.deployments[d]})
+            for d, v in self.views.items()
+            if d in self.state.deployments
+        )
+        return SnapshotUpdate(self.state, views)
+
+
+@dataclass
+class ScriptedClient:
+    """An in-memory master: pushes what the test says, records what the app asks."""
+
+    initial: Sequence[Update] = ()
+    url: str = "http://127.0.0.1:52415"
+    models_list: list[ModelListEntry] = field(
+        default_factory=lambda: [model_entry(c) for c in BUILTIN_MODEL_CARDS]
+    )
+    created: list[CreateDeploymentRequest] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    refuse_with: ApiError | None = None
+    on_create: Callable[[CreateDeploymentRequest], None] | None = None
+    _send: MemoryObjectSendStream[Update] | None = None
+    _receive: MemoryObjectReceiveStream[Update] | None = None
+
+    def __post_init__(self) -> None:
+        self._send, self._receive = anyio.create_memory_object_stream[Update](_QUEUE_DEPTH)
+
+    def push(self, *updates: Update) -> None:
+        assert self._send is not None
+        for update in updates:
+            self._send.send_nowait(update)
+
+    async def run(self, emit: Callable[[Update], None]) -> None:
+        assert self._receive is not None
+        emit(ConnectionUpdate("connecting", self.url))
+        for update in self.initial:
+            emit(update)
+        async for update in self._receive:
+            emit(update)
+
+    async def models(self) -> list[ModelListEntry]:
+        return list(self.models_list)
+
+    async def create_deployment(self, request: CreateDeploymentRequest) -> CommandResponse:
+        if self.refuse_with is not None:
+            raise self.refuse_with
+        self.created.append(request)
+        if self.on_create is not None:
+            self.on_create(request)
+        return CommandResponse(message="created", command_id="cmd-1", deployment_id="dep-new")
+
+    async def delete_deployment(self, deployment_id: str) -> CommandResponse:
+        if self.refuse_with is not None:
+            raise self.refuse_with
+        self.deleted.append(deployment_id)
+        return CommandResponse(message="deleted", command_id="cmd-2", deployment_id=deployment_id)
+
+    async def aclose(self) -> None:
+        return None

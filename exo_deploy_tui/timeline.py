@@ -1,0 +1,268 @@
+"""The story of a recovery: timeline entries derived from events and from state diffs.
+
+An event says what happened but not to what (``InstanceDeleted`` carries only an id), so every
+entry is worded from the event together with the State just before and just after it: the model
+and nodes of a deleted instance are found in the State before, those of a new one in the State
+after. When the dashboard only polls (a stock exo master), or reconnects after missing events,
+``events_between`` turns the difference of two States into the events that explain it, and the
+same wording applies, so both paths tell the same story.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from exo_deploy_tui.format import short_id, short_model
+from keeper.events import (
+    AnyEvent,
+    DeploymentCreated,
+    DeploymentDeleted,
+    DeploymentPlaced,
+    DeploymentPlacementFailed,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+)
+from keeper.state import (
+    SERVING_RUNNER_TYPES,
+    AnyInstance,
+    NodeId,
+    RunnerFailed,
+    RunnerId,
+    RunnerReady,
+    RunnerShutdown,
+    State,
+)
+
+Level = Literal["info", "good", "warn", "error"]
+
+# Enough for the whole story of a long incident and every deployment's recent history, while
+# keeping the dashboard's memory flat however long it runs.
+TIMELINE_CAPACITY = 1000
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    at: float  # epoch seconds, on the dashboard's clock
+    level: Level
+    text: str
+    model_id: str | None = None
+    node_id: NodeId | None = None
+
+
+class Timeline:
+    """A bounded, append-only list of entries, oldest first."""
+
+    def __init__(self, capacity: int = TIMELINE_CAPACITY) -> None:
+        self._entries: deque[TimelineEntry] = deque(maxlen=capacity)
+        self.appended = 0  # entries ever appended; lets a view fetch only the new ones
+
+    def extend(self, entries: Iterable[TimelineEntry]) -> None:
+        for entry in entries:
+            self._entries.append(entry)
+            self.appended += 1
+
+    def __iter__(self) -> Iterator[TimelineEntry]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def since(self, appended: int) -> list[TimelineEntry]:
+        """The entries appended after the first ``appended`` (those still held)."""
+        new = min(self.appended - appended, len(self._entries))
+        return list(self._entries)[len(self._entries) - new :] if new > 0 else []
+
+    def about_model(self, model_id: str) -> list[TimelineEntry]:
+        return [e for e in self._entries if e.model_id == model_id]
+
+
+# --- naming things ------------------------------------------------------------------------
+
+
+def node_name(node_id: NodeId, *states: State) -> str:
+    """The node's friendly name from the first State that knows it, else its short id."""
+    for state in states:
+        identity = state.node_identities.get(node_id)
+        if identity is not None and identity.friendly_name:
+            return identity.friendly_name
+    return short_id(node_id)
+
+
+def instance_nodes(instance: AnyInstance, *states: State) -> str:
+    names = [node_name(n, *states) for n in instance.shard_assignments.node_to_runner]
+    return ", ".join(names) if names else "no nodes"
+
+
+def _runner_home(runner_id: RunnerId, *states: State) -> tuple[AnyInstance, NodeId] | None:
+    for state in states:
+        for instance in state.instances.values():
+            for node_id, rid in instance.shard_assignments.node_to_runner.items():
+                if rid == runner_id:
+                    return instance, node_id
+    return None
+
+
+def _layers(instance: AnyInstance, runner_id: RunnerId) -> str:
+    shard = instance.shard_assignments.runner_to_shard.get(runner_id)
+    if shard is None:
+        return ""
+    return f" (layers {shard.start_layer}-{shard.end_layer - 1})"
+
+
+# --- entries ------------------------------------------------------------------------------
+
+
+def entries_for_event(
+    event: AnyEvent, before: State, after: State, at: float
+) -> list[TimelineEntry]:
+    """What an operator should read about ``event``, which turned ``before`` into ``after``.
+
+    Events that change nothing worth telling (memory refreshes, links, loading progress) and
+    events that changed nothing at all yield no entry.
+    """
+    match event:
+        case DeploymentCreated(deployment=deployment):
+            if deployment.deployment_id in before.deployments:
+                return []
+            if deployment.deployment_id not in after.deployments:
+                return []  # refused: the model already had a deployment
+            model = deployment.model_card.model_id
+            text = (
+                f"deployment of {short_model(model)} created "
+                f"({deployment.sharding}, {deployment.instance_meta}, "
+                f"min {deployment.min_nodes} node{'s' if deployment.min_nodes != 1 else ''})"
+            )
+            return [TimelineEntry(at, "info", text, model)]
+        case DeploymentDeleted(deployment_id=deployment_id):
+            gone = before.deployments.get(deployment_id)
+            if gone is None:
+                return []
+            model = gone.model_card.model_id
+            return [TimelineEntry(at, "warn", f"deployment of {short_model(model)} deleted", model)]
+        case DeploymentPlaced(deployment_id=deployment_id, instance_id=instance_id):
+            deployment = after.deployments.get(deployment_id)
+            if deployment is None:
+                return []
+            model = deployment.model_card.model_id
+            text = f"{short_model(model)} placed: instance {short_id(instance_id)}"
+            return [TimelineEntry(at, "info", text, model)]
+        case DeploymentPlacementFailed(deployment_id=deployment_id, error=error):
+            deployment = after.deployments.get(deployment_id)
+            if deployment is None:
+                return []
+            model = deployment.model_card.model_id
+            text = f"{short_model(model)}: placement failed: {error}"
+            return [TimelineEntry(at, "error", text, model)]
+        case InstanceCreated(instance=instance):
+            if instance.instance_id in before.instances:
+                return []
+            model = instance.shard_assignments.model_id
+            text = (
+                f"instance {short_id(instance.instance_id)} of {short_model(model)} created "
+                f"on {instance_nodes(instance, after, before)}"
+            )
+            return [TimelineEntry(at, "info", text, model)]
+        case InstanceDeleted(instance_id=instance_id):
+            instance = before.instances.get(instance_id)
+            if instance is None:
+                return []
+            model = instance.shard_assignments.model_id
+            text = (
+                f"instance {short_id(instance_id)} of {short_model(model)} deleted "
+                f"(was on {instance_nodes(instance, before, after)})"
+            )
+            return [TimelineEntry(at, "warn", text, model)]
+        case RunnerStatusUpdated(runner_id=runner_id, runner_status=status):
+            return _runner_entries(runner_id, status, before, after, at)
+        case NodeGatheredInfo(node_id=node_id):
+            if node_id in before.topology.nodes:
+                return []
+            text = f"node {node_name(node_id, after, before)} joined"
+            return [TimelineEntry(at, "info", text, node_id=node_id)]
+        case NodeTimedOut(node_id=node_id):
+            if node_id not in before.topology.nodes:
+                return []
+            text = f"node {node_name(node_id, before)} timed out and left the cluster"
+            return [TimelineEntry(at, "error", text, node_id=node_id)]
+        case _:
+            return []
+
+
+def _runner_entries(
+    runner_id: RunnerId, status: object, before: State, after: State, at: float
+) -> list[TimelineEntry]:
+    home = _runner_home(runner_id, after, before)
+    if home is None:
+        return []
+    instance, node_id = home
+    model = instance.shard_assignments.model_id
+    where = f"{short_model(model)} on {node_name(node_id, after, before)}"
+    previous = before.runners.get(runner_id)
+    if isinstance(status, RunnerReady) and not isinstance(previous, SERVING_RUNNER_TYPES):
+        text = f"runner ready: {where}{_layers(instance, runner_id)}"
+        return [TimelineEntry(at, "good", text, model, node_id)]
+    if isinstance(status, RunnerFailed) and not isinstance(previous, RunnerFailed):
+        reason = f": {status.error_message}" if status.error_message else ""
+        return [TimelineEntry(at, "error", f"runner failed: {where}{reason}", model, node_id)]
+    return []
+
+
+def connection_entry(at: float, text: str, level: Level) -> TimelineEntry:
+    return TimelineEntry(at, level, text)
+
+
+# --- explaining a state diff --------------------------------------------------------------
+
+
+def events_between(before: State, after: State) -> list[AnyEvent]:
+    """Events that would turn ``before`` into ``after`` as far as the timeline tells it.
+
+    Losses come first (a node left, so its instance was deleted), then arrivals, so the story
+    reads in the order it most likely happened.
+    """
+    events: list[AnyEvent] = []
+    after_nodes = set(after.topology.nodes)
+    before_nodes = set(before.topology.nodes)
+    events += [NodeTimedOut(node_id=n) for n in before.topology.nodes if n not in after_nodes]
+    events += [InstanceDeleted(instance_id=i) for i in before.instances if i not in after.instances]
+    events += [
+        DeploymentDeleted(deployment_id=d) for d in before.deployments if d not in after.deployments
+    ]
+    events += [
+        DeploymentCreated(deployment=d)
+        for d_id, d in after.deployments.items()
+        if d_id not in before.deployments
+    ]
+    events += [
+        NodeGatheredInfo(node_id=n, when=after.last_seen.get(n, ""))
+        for n in after.topology.nodes
+        if n not in before_nodes
+    ]
+    events += [
+        InstanceCreated(instance=i)
+        for i_id, i in after.instances.items()
+        if i_id not in before.instances
+    ]
+    for d_id, d in after.deployments.items():
+        old = before.deployments.get(d_id)
+        if old is None:
+            continue
+        if d.instance_id is not None and d.instance_id != old.instance_id:
+            events.append(DeploymentPlaced(deployment_id=d_id, instance_id=d.instance_id))
+        if d.placement_error is not None and d.placement_error != old.placement_error:
+            events.append(DeploymentPlacementFailed(deployment_id=d_id, error=d.placement_error))
+    for r_id, status in after.runners.items():
+        if before.runners.get(r_id) != status:
+            events.append(RunnerStatusUpdated(runner_id=r_id, runner_status=status))
+    events += [
+        RunnerStatusUpdated(runner_id=r, runner_status=RunnerShutdown())
+        for r in before.runners
+        if r not in after.runners
+    ]
+    return events

@@ -1,0 +1,59 @@
+"""What the client tells the dashboard: the messages between the connection and the model.
+
+They are plain frozen data with no behaviour, so the client (which speaks HTTP) and the model
+(which is pure) can both depend on them without depending on each other, and a fake client in
+tests produces exactly what the real one does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from keeper.api_models import DeploymentView
+from keeper.events import IndexedEvent
+from keeper.state import State
+
+# connecting: nothing received yet; live: the event stream is open; polling: reading /state and
+# /deployments every second; down: the last attempt failed and a retry is scheduled.
+ConnectionMode = Literal["connecting", "live", "polling", "down"]
+
+
+@dataclass(frozen=True)
+class SnapshotUpdate:
+    """A whole State, replacing the one the dashboard holds.
+
+    ``deployments`` is None when the master has no deployments API (a stock exo master); the
+    model then derives each deployment's status from the State alone.
+    """
+
+    state: State
+    deployments: tuple[DeploymentView, ...] | None
+    # The master's clock minus ours, from the response's Date header, when it could be read.
+    master_clock_offset_s: float | None = None
+
+
+@dataclass(frozen=True)
+class EventUpdate:
+    """One event of the master's log, to apply to the State the dashboard holds."""
+
+    indexed: IndexedEvent
+
+
+@dataclass(frozen=True)
+class DeploymentsUpdate:
+    """The keeper's view of every deployment (its timers), replacing the previous one."""
+
+    deployments: tuple[DeploymentView, ...]
+
+
+@dataclass(frozen=True)
+class ConnectionUpdate:
+    """The connection changed: how we read the master now, or why we cannot."""
+
+    mode: ConnectionMode
+    detail: str = ""
+    retry_in_s: float | None = None
+
+
+Update = SnapshotUpdate | EventUpdate | DeploymentsUpdate | ConnectionUpdate
