@@ -118,6 +118,24 @@ def reply_tokens() -> list[str]:
     return [first, *(" " + word for word in rest)]
 
 
+async def sleep_or_wake(clock: Clock, delay: float, wake: anyio.Event) -> None:
+    """Sleep ``delay`` s on ``clock``, or less if ``wake`` is set meanwhile."""
+    if wake.is_set():
+        return
+    async with anyio.create_task_group() as group:
+
+        async def sleeper() -> None:
+            await clock.sleep(max(delay, 0.0))
+            group.cancel_scope.cancel()
+
+        async def waiter() -> None:
+            await wake.wait()
+            group.cancel_scope.cancel()
+
+        group.start_soon(sleeper)
+        group.start_soon(waiter)
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     name: str
@@ -405,23 +423,7 @@ class SimNode:
             now = self._clock.monotonic()
             await self._reconcile(session, now)
             deadline = self._next_deadline(session, now)
-            await self._sleep_or_wake(deadline - now, wake)
-
-    async def _sleep_or_wake(self, delay: float, wake: anyio.Event) -> None:
-        if wake.is_set():
-            return
-        async with anyio.create_task_group() as tg:
-
-            async def sleeper() -> None:
-                await self._clock.sleep(max(delay, 0.0))
-                tg.cancel_scope.cancel()
-
-            async def waiter() -> None:
-                await wake.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(sleeper)
-            tg.start_soon(waiter)
+            await sleep_or_wake(self._clock, deadline - now, wake)
 
     def _next_deadline(self, session: _Session, now: float) -> float:
         deadlines = [session.heartbeat_at + HEARTBEAT_S, session.info_sent_at + INFO_REFRESH_S]
