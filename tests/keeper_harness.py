@@ -265,14 +265,7 @@ def build_instance(
     )
 
 
-def simple_place(
-    state: State,
-    model_card: ModelCard,
-    sharding: Sharding | str,
-    instance_meta: InstanceMeta | str,
-    min_nodes: int,
-) -> AnyInstance:
-    """Placement reduced to what keeper rules need: the freest usable nodes that hold the model."""
+def _freest_fitting_nodes(state: State, model_card: ModelCard, min_nodes: int) -> list[str]:
     usable = [
         n for n in state.topology.nodes if n in state.node_memory and state.node_backends.get(n)
     ]
@@ -281,7 +274,35 @@ def simple_place(
     free = sum(state.node_memory[n].ram_available.in_bytes for n in chosen)
     if len(chosen) < min_nodes or free < model_card.storage_size.in_bytes:
         raise ValueError("No cycles found with sufficient memory")
-    return build_instance(model_card, chosen)
+    return chosen
+
+
+def simple_place(
+    state: State,
+    model_card: ModelCard,
+    sharding: Sharding | str,
+    instance_meta: InstanceMeta | str,
+    min_nodes: int,
+) -> AnyInstance:
+    """Placement reduced to what keeper rules need: the freest usable nodes that hold the model."""
+    return build_instance(model_card, _freest_fitting_nodes(state, model_card, min_nodes))
+
+
+def numbered_place() -> PlaceFn:
+    """``simple_place`` with instance ids of its own (p-1, p-2, ...), so two runs compare equal."""
+    numbers = count(1)
+
+    def place(
+        state: State,
+        model_card: ModelCard,
+        sharding: Sharding,
+        instance_meta: InstanceMeta,
+        min_nodes: int,
+    ) -> AnyInstance:
+        nodes = _freest_fitting_nodes(state, model_card, min_nodes)
+        return build_instance(model_card, nodes, instance_id=f"p-{next(numbers)}")
+
+    return place
 
 
 class RecordingPlace:
