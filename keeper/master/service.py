@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
@@ -56,6 +56,7 @@ from keeper.events import (
     TopologyEdgeDeleted,
 )
 from keeper.master.channel import ChannelClosedError, MasterSide
+from keeper.master.chat import ChatRouter, ChatStream
 from keeper.master.clock import AnyioClock, Clock, iso_utc
 from keeper.master.errors import (
     BadRequestError,
@@ -66,15 +67,14 @@ from keeper.master.errors import (
     NotRunningError,
 )
 from keeper.master.event_log import EventLog, Recovery
+from keeper.master.node_session import NodeSession, forward
 from keeper.master.protocol import (
     AnyMasterMessage,
     AnyNodeMessage,
-    CancelChat,
     ChatChunk,
     ChatError,
     ChatMessage,
     ChatRequest,
-    EventMessage,
     Heartbeat,
     Hello,
     LinkDown,
@@ -84,6 +84,7 @@ from keeper.master.protocol import (
     RunnerStatusReport,
     Welcome,
 )
+from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
 from keeper.state import (
     SERVING_RUNNER_TYPES,
@@ -107,9 +108,6 @@ HELLO_TIMEOUT_S = 10.0
 # a burst costs one fsync per few hundred events, small enough that a batch applies in
 # milliseconds and does not stall the event loop.
 ROUTER_MAX_BATCH = 512
-# A chat reply is streamed chunk by chunk; a longer reply than this many chunks buffered unread
-# means the client stopped reading, and the request is ended rather than buffered without end.
-CHAT_BUFFER_CHUNKS = 4096
 
 
 @dataclass(frozen=True)
@@ -160,141 +158,6 @@ class _Emit:
     failed: bool = False
 
 
-class SubscriptionLaggedError(Exception):
-    """A subscriber fell more than ``subscriber_buffer`` events behind and was dropped."""
-
-
-class Subscription:
-    """The events after ``state``, in order: the snapshot a dashboard starts from and its
-    continuation. Iterate it; ``aclose`` (or leaving ``async with``) unsubscribes."""
-
-    def __init__(
-        self,
-        state: State,
-        receive: MemoryObjectReceiveStream[IndexedEvent],
-        unsubscribe: Callable[[], bool],
-    ) -> None:
-        self.state = state
-        self._receive = receive
-        self._unsubscribe = unsubscribe
-        self.lagged = False
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> IndexedEvent:
-        try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            if self.lagged:
-                raise SubscriptionLaggedError("the stream fell behind and was dropped") from None
-            raise StopAsyncIteration from None
-
-    async def receive(self) -> IndexedEvent:
-        return await self.__anext__()
-
-    async def aclose(self) -> None:
-        self._unsubscribe()
-        await self._receive.aclose()
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
-@dataclass
-class _NodeSession:
-    node_id: NodeId
-    outbox: MemoryObjectSendStream[AnyMasterMessage]
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    closed_because: str | None = None
-
-    def offer(self, message: AnyMasterMessage) -> bool:
-        """Queue a message without waiting; a node too far behind has its session closed."""
-        try:
-            self.outbox.send_nowait(message)
-        except anyio.WouldBlock:
-            self.close(f"node {self.node_id} fell behind the event stream")
-            return False
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return False
-        return True
-
-    def close(self, reason: str) -> None:
-        if self.closed_because is None:
-            self.closed_because = reason
-            log.info("closing the session of node %s: %s", self.node_id, reason)
-        self.scope.cancel()
-
-
-@dataclass
-class _PendingChat:
-    request_id: str
-    instance_id: str
-    node_id: NodeId
-    replies: MemoryObjectSendStream[ChatChunk | ChatError]
-
-
-class ChatStream:
-    """The text of one chat reply as it arrives; ``finish_reason`` is set once it ends.
-
-    Iterating raises ``ChatFailedError`` if the node or instance goes away or falls silent for
-    ``chat_chunk_timeout_s``: a request never hangs. ``aclose`` cancels an unfinished request.
-    """
-
-    def __init__(
-        self,
-        pending: _PendingChat,
-        on_end: Callable[[_PendingChat, bool], None],
-        replies: MemoryObjectReceiveStream[ChatChunk | ChatError],
-        chunk_timeout_s: float,
-    ) -> None:
-        self.request_id = pending.request_id
-        self.instance_id = pending.instance_id
-        self.node_id = pending.node_id
-        self.finish_reason: str | None = None
-        self._on_end = on_end
-        self._pending = pending
-        self._replies = replies
-        self._timeout = chunk_timeout_s
-        self._ended = False
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._texts()
-
-    async def _texts(self) -> AsyncIterator[str]:
-        try:
-            while not self._ended:
-                reply: ChatChunk | ChatError | None = None
-                with anyio.move_on_after(self._timeout):
-                    try:
-                        reply = await self._replies.receive()
-                    except (anyio.EndOfStream, anyio.ClosedResourceError):
-                        raise ChatFailedError("the chat request was cancelled") from None
-                if reply is None:
-                    raise ChatFailedError(
-                        f"node {self.node_id} sent nothing for {self._timeout:g} s; "
-                        "the request was abandoned"
-                    )
-                if isinstance(reply, ChatError):
-                    raise ChatFailedError(reply.message)
-                if reply.finish_reason is not None:
-                    self.finish_reason = reply.finish_reason
-                    self._ended = True
-                if reply.text:
-                    yield reply.text
-        finally:
-            await self.aclose()
-
-    async def aclose(self) -> None:
-        finished = self._ended
-        self._ended = True
-        self._on_end(self._pending, not finished)
-        await self._replies.aclose()
-
-
 class Master:
     """The master service. Construct anywhere; ``run`` inside an event loop (see module doc)."""
 
@@ -320,11 +183,10 @@ class Master:
         self._lock = anyio.Lock()
         self._router_send: MemoryObjectSendStream[_Emit] | None = None
         self._waiters: dict[int, _Emit] = {}
-        self._subscribers: dict[int, Callable[[IndexedEvent], None]] = {}
-        self._next_subscriber = 0
-        self._sessions: dict[NodeId, _NodeSession] = {}
+        self._fanout = Fanout()
+        self._sessions: dict[NodeId, NodeSession] = {}
         self._last_heard: dict[NodeId, float] = {}
-        self._chats: dict[str, _PendingChat] = {}
+        self._chats = ChatRouter(self.config.chat_chunk_timeout_s)
         self._started_at: float | None = None
         self._keeper_error: str | None = None
         self.recovery: Recovery | None = None
@@ -387,40 +249,13 @@ class Master:
 
     def subscribe(self) -> Subscription:
         """The current State and every event after it, for a dashboard stream."""
-        send, receive = anyio.create_memory_object_stream[IndexedEvent](
-            self.config.subscriber_buffer
+        return self._fanout.subscribe(
+            self._state, self.config.subscriber_buffer, open_=self.running
         )
-        subscription: Subscription | None = None
 
-        def deliver(indexed: IndexedEvent) -> None:
-            try:
-                send.send_nowait(indexed)
-            except anyio.WouldBlock:
-                if subscription is not None:
-                    subscription.lagged = True
-                self._subscribers.pop(key, None)
-                send.close()
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._subscribers.pop(key, None)
-
-        key = self._add_subscriber(deliver)
-
-        def unsubscribe() -> bool:
-            send.close()
-            return self._subscribers.pop(key, None) is not None
-
-        # The State and the registration are taken together, with no await in between, so the
-        # subscriber gets exactly the events after this State.
-        subscription = Subscription(self._state, receive, unsubscribe)
-        if not self.running:
-            send.close()
-        return subscription
-
-    def _add_subscriber(self, deliver: Callable[[IndexedEvent], None]) -> int:
-        key = self._next_subscriber
-        self._next_subscriber += 1
-        self._subscribers[key] = deliver
-        return key
+    def end_streams(self) -> None:
+        """End every dashboard subscription (a server shutting down); node sessions stay."""
+        self._fanout.end_subscriptions()
 
     # --- commands ------------------------------------------------------------------------
 
@@ -555,61 +390,20 @@ class Master:
                 "serving",
                 param="model",
             )
-        busy = {instance: 0 for instance, _ in ready}
-        for pending in self._chats.values():
-            if pending.instance_id in busy:
-                busy[pending.instance_id] += 1
+        busy = self._chats.load([instance for instance, _ in ready])
         instance_id, node_id = min(ready, key=lambda target: busy[target[0]])
-        send, receive = anyio.create_memory_object_stream[ChatChunk | ChatError](CHAT_BUFFER_CHUNKS)
-        pending = _PendingChat(new_id(), instance_id, node_id, send)
-        self._chats[pending.request_id] = pending
+        session = self._sessions[node_id]
+        pending, make_stream = self._chats.open(instance_id, session)
         request = ChatRequest(
             request_id=pending.request_id,
             instance_id=instance_id,
             messages=list(messages),
             max_tokens=max_tokens,
         )
-        if not self._sessions[node_id].offer(request):
-            self._chats.pop(pending.request_id, None)
+        if not session.offer(request):
+            self._chats.forget(pending.request_id)
             raise ChatFailedError(f"node {node_id} could not take the request")
-        return ChatStream(pending, self._end_chat, receive, self.config.chat_chunk_timeout_s)
-
-    def _end_chat(self, pending: _PendingChat, cancel: bool) -> None:
-        if self._chats.pop(pending.request_id, None) is None:
-            return
-        pending.replies.close()
-        session = self._sessions.get(pending.node_id)
-        if cancel and session is not None:
-            session.offer(CancelChat(request_id=pending.request_id))
-
-    def _fail_chats(
-        self, reason: str, *, node_id: str | None = None, instance_id: str | None = None
-    ) -> None:
-        for pending in list(self._chats.values()):
-            if (node_id is not None and pending.node_id == node_id) or (
-                instance_id is not None and pending.instance_id == instance_id
-            ):
-                self._chats.pop(pending.request_id, None)
-                with contextlib.suppress(
-                    anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError
-                ):
-                    pending.replies.send_nowait(
-                        ChatError(request_id=pending.request_id, message=reason)
-                    )
-                pending.replies.close()
-
-    def _deliver_chat(self, node_id: NodeId, reply: ChatChunk | ChatError) -> None:
-        pending = self._chats.get(reply.request_id)
-        if pending is None or pending.node_id != node_id:
-            return  # finished, cancelled, or not this node's to answer
-        try:
-            pending.replies.send_nowait(reply)
-        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            # The client stopped reading (or left): end the request instead of buffering on.
-            self._end_chat(pending, True)
-            return
-        if isinstance(reply, ChatError) or reply.finish_reason is not None:
-            self._chats.pop(reply.request_id, None)
+        return make_stream()
 
     # --- the event router ----------------------------------------------------------------
 
@@ -664,10 +458,9 @@ class Master:
             self._state = state.model_copy(update={"last_event_applied_idx": indexed[-1].idx})
             self._next_idx = indexed[-1].idx + 1
             for entry in indexed:
-                for deliver in list(self._subscribers.values()):
-                    deliver(entry)
+                self._fanout.publish(entry)
                 if isinstance(entry.event, InstanceDeleted):
-                    self._fail_chats(
+                    self._chats.fail(
                         f"instance {entry.event.instance_id} was deleted during the request",
                         instance_id=entry.event.instance_id,
                     )
@@ -722,15 +515,11 @@ class Master:
                     item.done.set()
             for session in list(self._sessions.values()):
                 session.close("the master is stopping")
-            self._fail_chats_all("the master is stopping")
-            self._subscribers.clear()
+            self._chats.fail_all("the master is stopping")
+            self._fanout.clear()
             if self._log.events_since_snapshot:
                 self._log.write_snapshot(self._state)
             self._log.close()
-
-    def _fail_chats_all(self, reason: str) -> None:
-        for node_id in {pending.node_id for pending in self._chats.values()}:
-            self._fail_chats(reason, node_id=node_id)
 
     async def _keeper_loop(self) -> None:
         clock = self.clock
@@ -838,25 +627,25 @@ class Master:
         outbox_send, outbox_receive = anyio.create_memory_object_stream[AnyMasterMessage](
             self.config.subscriber_buffer
         )
-        session = _NodeSession(node_id, outbox_send)
+        session = NodeSession(node_id, outbox_send)
         # Welcome and subscription together, with no await between: no event missed or doubled.
         session.offer(Welcome(state=self._state))
-        key = self._add_subscriber(lambda indexed: _offer_event(session, indexed))
+        key = self._fanout.add(session.offer_event)
         self._sessions[node_id] = session
         self._last_heard[node_id] = self.clock.monotonic()
         log.info("node %s (%s) connected", node_id, hello.name)
         try:
             with session.scope:
                 async with anyio.create_task_group() as group:
-                    group.start_soon(_forward, outbox_receive, channel, group.cancel_scope)
+                    group.start_soon(forward, outbox_receive, channel, group.cancel_scope)
                     await self._receive_from_node(node_id, channel)
                     group.cancel_scope.cancel()
         finally:
-            self._subscribers.pop(key, None)
+            self._fanout.remove(key)
             outbox_send.close()
             if self._sessions.get(node_id) is session:
                 del self._sessions[node_id]
-            self._fail_chats(f"node {node_id} disconnected during the request", node_id=node_id)
+            self._chats.fail(f"node {node_id} disconnected during the request", node_id=node_id)
             log.info("node %s disconnected", node_id)
 
     async def _receive_from_node(self, node_id: NodeId, channel: MasterSide) -> None:
@@ -897,27 +686,9 @@ class Master:
                         log.info("node %s gave up on instance %s: %s", node_id, instance_id, reason)
                         await self.emit([InstanceDeleted(instance_id=instance_id)])
                 case ChatChunk() | ChatError():
-                    self._deliver_chat(node_id, message)
+                    self._chats.deliver(node_id, message)
                 case Heartbeat() | Hello():
                     pass
-
-
-def _offer_event(session: _NodeSession, indexed: IndexedEvent) -> None:
-    session.offer(EventMessage(indexed=indexed))
-
-
-async def _forward(
-    outbox: MemoryObjectReceiveStream[AnyMasterMessage],
-    channel: MasterSide,
-    scope: anyio.CancelScope,
-) -> None:
-    try:
-        async with outbox:
-            async for message in outbox:
-                await channel.send(message)
-    except ChannelClosedError:
-        pass
-    scope.cancel()
 
 
 def _enums(

@@ -1,0 +1,141 @@
+"""The master's HTTP API (SPEC §5): exo's shapes on FastAPI.
+
+Handlers are thin: parse with the shared wire models (``keeper.api_models``), call the
+``Master`` command, return its result. Every way a request can be wrong is answered with exo's
+error body and a 4xx (see ``keeper.master.http_errors``), and a refused request changes
+nothing, because the master validates before it emits. ``create_app`` builds the app for one
+master; ``keeper.master.server`` runs it under uvicorn, and tests drive it in-process with
+``httpx.ASGITransport``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from keeper.api_models import (
+    CommandResponse,
+    CreateDeploymentRequest,
+    DeploymentsResponse,
+    ModelList,
+    ModelListEntry,
+)
+from keeper.master.auth import BearerTokenMiddleware
+from keeper.master.dashboard_stream import dashboard_events
+from keeper.master.errors import NotRunningError
+from keeper.master.http_errors import (
+    MAX_BODY_BYTES,
+    RequestGuardMiddleware,
+    install_error_handlers,
+)
+from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
+from keeper.master.service import Master
+from keeper.master.ws import NODE_WS_PATH, serve_node_websocket
+from keeper.state import ModelCard
+
+
+class PlaceInstanceRequest(CreateDeploymentRequest):
+    """exo's ``POST /place_instance`` body: the same fields as a deployment request."""
+
+
+def model_entry(card: ModelCard) -> ModelListEntry:
+    return ModelListEntry(
+        id=card.model_id,
+        hugging_face_id=card.model_id,
+        name=card.base_model or card.model_id,
+        storage_size_megabytes=card.storage_size.in_bytes // (1024 * 1024),
+        supports_tensor=card.supports_tensor,
+        tasks=list(card.tasks),
+        n_layers=card.n_layers,
+        hidden_size=card.hidden_size,
+        num_key_value_heads=card.num_key_value_heads,
+        base_model=card.base_model,
+    )
+
+
+def create_app(
+    master: Master, token: str | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
+    app = FastAPI(
+        title="exo-deploy master",
+        summary="Deployments for exo clusters",
+        docs_url=None,
+        redoc_url=None,
+    )
+    install_error_handlers(app)
+    # Added innermost first: the token check runs before the body is even looked at.
+    app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body_bytes)
+    if token:
+        app.add_middleware(BearerTokenMiddleware, token=token)
+
+    @app.post("/deployments")
+    async def create_deployment(request: CreateDeploymentRequest) -> CommandResponse:
+        return await master.create_deployment(
+            request.model_id, request.sharding, request.instance_meta, request.min_nodes
+        )
+
+    @app.get("/deployments")
+    async def list_deployments() -> Response:
+        return _json(master.deployments_view())
+
+    @app.delete("/deployments/{deployment_id}")
+    async def delete_deployment(deployment_id: str) -> CommandResponse:
+        return await master.delete_deployment(deployment_id)
+
+    @app.get("/state")
+    async def state() -> Response:
+        return Response(master.state.model_dump_json(), media_type="application/json")
+
+    @app.get("/models")
+    async def models() -> Response:
+        listing = ModelList(data=[model_entry(card) for card in master.catalog.values()])
+        return _json(listing)
+
+    @app.post("/place_instance")
+    async def place_instance(request: PlaceInstanceRequest) -> CommandResponse:
+        return await master.place_instance(
+            request.model_id, request.sharding, request.instance_meta, request.min_nodes
+        )
+
+    @app.delete("/instance/{instance_id}")
+    async def delete_instance(instance_id: str) -> CommandResponse:
+        return await master.delete_instance(instance_id)
+
+    @app.get("/events")
+    async def events() -> StreamingResponse:
+        if not master.running:
+            raise NotRunningError("the master is not running")
+        return StreamingResponse(
+            dashboard_events(master, master.subscribe()),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest) -> Any:
+        return await chat_completion(master, request)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        if not master.running:
+            raise NotRunningError("the master is not running")
+        return JSONResponse(
+            {
+                "status": "ok",
+                "last_event_applied_idx": master.state.last_event_applied_idx,
+                "nodes_connected": len(master.connected_nodes()),
+                "deployments": len(master.state.deployments),
+            }
+        )
+
+    @app.websocket(NODE_WS_PATH)
+    async def node_ws(websocket: WebSocket) -> None:
+        await serve_node_websocket(master, websocket, token)
+
+    return app
+
+
+def _json(model: DeploymentsResponse | ModelList) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")

@@ -1,0 +1,93 @@
+"""Who may change the cluster: loopback-only by default, a bearer token otherwise.
+
+A master bound to 127.0.0.1 is reachable only from its own machine, so it needs no token. Bound
+to any other address it could be driven by anyone on the network, so ``check_bind`` refuses to
+start it without a token. With a token, every mutating HTTP call (POST, DELETE) and the node
+WebSocket need ``Authorization: Bearer <token>``; reads (GET) stay open so dashboards and
+monitoring keep working. Tokens are compared with ``hmac.compare_digest`` so response timing
+says nothing about how much of a guess was right. There is deliberately no CORS middleware: no
+browser page from another origin may call the API.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from keeper.api_models import error_body
+
+TOKEN_ENV = "EXO_DEPLOY_TOKEN"
+MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class InsecureBindError(Exception):
+    """Binding a non-loopback address without a token."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname that might resolve anywhere: treat as exposed
+
+
+def check_bind(host: str, token: str | None) -> None:
+    if token:
+        return
+    if not is_loopback(host):
+        raise InsecureBindError(
+            f"Refusing to listen on {host} without a token: anyone who can reach it could change "
+            f"the cluster. Pass --token TOKEN or set {TOKEN_ENV}, or bind 127.0.0.1."
+        )
+
+
+def bearer_matches(headers: Iterable[tuple[bytes, bytes]], token: str) -> bool:
+    """Whether the raw ASGI headers carry ``Authorization: Bearer <token>``."""
+    expected = f"Bearer {token}".encode()
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            return hmac.compare_digest(value.strip(), expected)
+    return False
+
+
+class BearerTokenMiddleware:
+    """Answers 401 (exo's error body) to a mutating HTTP request without the right token."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] in MUTATING_METHODS
+            and not bearer_matches(scope["headers"], self.token)
+        ):
+            body = json.dumps(
+                error_body(
+                    "Missing or wrong bearer token: this master requires "
+                    "'Authorization: Bearer <token>' for changes",
+                    401,
+                    "Unauthorized",
+                )
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"www-authenticate", b"Bearer"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

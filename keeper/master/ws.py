@@ -1,0 +1,108 @@
+"""The node WebSocket (``/node/ws``): a Starlette WebSocket adapted to ``MasterSide``.
+
+One JSON text frame per protocol message (``keeper.master.protocol``), so the master's session
+logic is the same over a socket as over the in-memory channel the virtual-time tests use. A
+frame that is not a protocol message ends that session with close code 1007 and a reason that
+names the problem; it never reaches the master as an exception. With a token configured the
+connection must carry ``Authorization: Bearer <token>`` in its upgrade request headers (header,
+not a first message, so an unauthenticated peer never gets to send the master anything); a
+missing or wrong token is closed with code 1008 and a reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import MutableMapping
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from keeper.master.auth import bearer_matches
+from keeper.master.channel import ChannelClosedError
+from keeper.master.protocol import (
+    MASTER_MESSAGE,
+    NODE_MESSAGE,
+    AnyMasterMessage,
+    AnyNodeMessage,
+)
+from keeper.master.service import Master
+
+NODE_WS_PATH = "/node/ws"
+# WebSocket close codes (RFC 6455): 1007 invalid payload data, 1008 policy violation.
+CLOSE_MALFORMED = 1007
+CLOSE_POLICY = 1008
+CLOSE_NORMAL = 1000
+# RFC 6455 caps a close reason at 123 bytes.
+_MAX_REASON_BYTES = 123
+
+
+class WebSocketChannel:
+    """``MasterSide`` over a Starlette WebSocket that has been accepted."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self._ws = websocket
+
+    async def send(self, message: AnyMasterMessage) -> None:
+        try:
+            await self._ws.send_text(MASTER_MESSAGE.dump_json(message).decode())
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise ChannelClosedError from exc
+
+    async def receive(self) -> AnyNodeMessage:
+        try:
+            frame: MutableMapping[str, Any] = await self._ws.receive()
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise ChannelClosedError from exc
+        if frame["type"] == "websocket.disconnect":
+            raise ChannelClosedError
+        text = frame.get("text")
+        if text is None:
+            await self.close_with(
+                CLOSE_MALFORMED, "binary frames are not part of the node protocol"
+            )
+            raise ChannelClosedError
+        try:
+            return NODE_MESSAGE.validate_json(text)
+        except ValidationError as exc:
+            await self.close_with(CLOSE_MALFORMED, f"malformed node message: {_describe(exc)}")
+            raise ChannelClosedError from None
+
+    async def aclose(self) -> None:
+        await self.close_with(CLOSE_NORMAL, "session ended")
+
+    async def close_with(self, code: int, reason: str) -> None:
+        if self._ws.application_state == WebSocketState.DISCONNECTED:
+            return
+        if self._ws.client_state == WebSocketState.DISCONNECTED:
+            return
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await self._ws.close(code=code, reason=_truncate(reason))
+
+
+async def serve_node_websocket(master: Master, websocket: WebSocket, token: str | None) -> None:
+    """The ``/node/ws`` endpoint body: authenticate, accept, then serve the node's session."""
+    await websocket.accept()
+    channel = WebSocketChannel(websocket)
+    if token is not None and not bearer_matches(websocket.scope["headers"], token):
+        await channel.close_with(
+            CLOSE_POLICY, "missing or wrong bearer token (Authorization: Bearer <token>)"
+        )
+        return
+    await master.serve_node(channel)
+
+
+def _describe(exc: ValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return str(exc)
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}" if where else first["msg"]
+
+
+def _truncate(reason: str) -> str:
+    encoded = reason.encode()
+    if len(encoded) <= _MAX_REASON_BYTES:
+        return reason
+    return encoded[: _MAX_REASON_BYTES - 3].decode(errors="ignore") + "..."
