@@ -98,7 +98,7 @@ class EventLog:
         size = log_path.stat().st_size
         if snapshot is not None:
             last_idx, offset, state = snapshot
-            if offset <= size:
+            if offset <= size and _at_line_start(log_path, offset):
                 try:
                     return self._replay(log_path, state, offset, last_idx)
                 except _SnapshotMismatchError as exc:
@@ -110,7 +110,9 @@ class EventLog:
                     )
             else:
                 log.warning(
-                    "%s points past the end of %s; replaying the whole log", SNAPSHOT_FILE, LOG_FILE
+                    "%s does not point at a line of %s; replaying the whole log",
+                    SNAPSHOT_FILE,
+                    LOG_FILE,
                 )
         return self._replay(log_path, State(), 0, None)
 
@@ -248,6 +250,14 @@ def _lines(file: IO[bytes], offset: int) -> Iterator[tuple[int, bytes]]:
     for line in file:
         yield position, line
         position += len(line)
+
+
+def _at_line_start(path: Path, offset: int) -> bool:
+    if offset == 0:
+        return True
+    with path.open("rb") as file:
+        file.seek(offset - 1)
+        return file.read(1) == b"\n"
 
 
 def _first_error(exc: ValidationError) -> str:
