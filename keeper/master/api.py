@@ -71,9 +71,11 @@ def create_app(
         app.add_middleware(BearerTokenMiddleware, token=token)
 
     @app.post("/deployments")
-    async def create_deployment(request: CreateDeploymentRequest) -> CommandResponse:
-        return await master.create_deployment(
-            request.model_id, request.sharding, request.instance_meta, request.min_nodes
+    async def create_deployment(request: CreateDeploymentRequest) -> Response:
+        return _json(
+            await master.create_deployment(
+                request.model_id, request.sharding, request.instance_meta, request.min_nodes
+            )
         )
 
     @app.get("/deployments")
@@ -81,8 +83,8 @@ def create_app(
         return _json(master.deployments_view())
 
     @app.delete("/deployments/{deployment_id}")
-    async def delete_deployment(deployment_id: str) -> CommandResponse:
-        return await master.delete_deployment(deployment_id)
+    async def delete_deployment(deployment_id: str) -> Response:
+        return _json(await master.delete_deployment(deployment_id))
 
     @app.get("/state")
     async def state() -> Response:
@@ -94,14 +96,16 @@ def create_app(
         return _json(listing)
 
     @app.post("/place_instance")
-    async def place_instance(request: PlaceInstanceRequest) -> CommandResponse:
-        return await master.place_instance(
-            request.model_id, request.sharding, request.instance_meta, request.min_nodes
+    async def place_instance(request: PlaceInstanceRequest) -> Response:
+        return _json(
+            await master.place_instance(
+                request.model_id, request.sharding, request.instance_meta, request.min_nodes
+            )
         )
 
     @app.delete("/instance/{instance_id}")
-    async def delete_instance(instance_id: str) -> CommandResponse:
-        return await master.delete_instance(instance_id)
+    async def delete_instance(instance_id: str) -> Response:
+        return _json(await master.delete_instance(instance_id))
 
     @app.get("/events")
     async def events() -> StreamingResponse:
@@ -137,5 +141,8 @@ def create_app(
     return app
 
 
-def _json(model: DeploymentsResponse | ModelList) -> Response:
-    return Response(model.model_dump_json(), media_type="application/json")
+def _json(model: CommandResponse | DeploymentsResponse | ModelList) -> Response:
+    # A command's fields that do not apply (a deployment command has no instance_id) are left
+    # out; in views, null is information (a deployment with no instance yet) and stays.
+    exclude_none = isinstance(model, CommandResponse)
+    return Response(model.model_dump_json(exclude_none=exclude_none), media_type="application/json")

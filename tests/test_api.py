@@ -1,0 +1,602 @@
+"""The HTTP API: exo's shapes on success, exo's error body with a useful message on every kind
+of bad input (and no change to the State), the bearer token, and the streaming endpoints (SSE
+dashboard stream, chat) against a real uvicorn with a node joined over the real WebSocket."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from anyio.abc import TaskGroup
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from keeper.api_models import CommandResponse, DeploymentsResponse, ModelList, StreamSnapshot
+from keeper.events import IndexedEvent, InstanceCreated, NodeGatheredInfo
+from keeper.master.api import create_app
+from keeper.master.auth import InsecureBindError, check_bind
+from keeper.master.protocol import (
+    MASTER_MESSAGE,
+    NODE_MESSAGE,
+    AnyNodeMessage,
+    ChatChunk,
+    ChatRequest,
+    EventMessage,
+    Hello,
+    NodeInfo,
+    RunnerStatusReport,
+    Welcome,
+)
+from keeper.master.server import serve
+from keeper.master.service import Master
+from keeper.state import (
+    Backend,
+    Memory,
+    MemoryUsage,
+    NodeIdentity,
+    NodeNetwork,
+    RunnerReady,
+    State,
+)
+
+QWEN = "mlx-community/Qwen3-0.6B-4bit"
+LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # uvicorn, used by the streaming tests, runs on asyncio only
+
+
+@asynccontextmanager
+async def running_master() -> AsyncIterator[Master]:
+    master = Master(None)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        yield master
+        group.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def api_client(
+    master: Master, token: str | None = None, headers: dict[str, str] | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=create_app(master, token))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://master", headers=headers
+    ) as client:
+        yield client
+
+
+async def add_node(master: Master, node_id: str = "node-a", memory_gb: float = 64) -> None:
+    memory = Memory.from_gb(memory_gb)
+    await master.emit(
+        [
+            NodeGatheredInfo(
+                node_id=node_id,
+                when="2026-01-01T00:00:00.000Z",
+                memory=MemoryUsage(ram_total=memory, ram_available=memory),
+                backends=[Backend.MLX_METAL],
+            )
+        ]
+    )
+    with anyio.fail_after(5):
+        while node_id not in master.state.node_memory:
+            await anyio.sleep(0.01)
+
+
+def assert_exo_error(response: httpx.Response, status: int, *fragments: str) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status
+    assert error["type"] == httpx.codes.get_reason_phrase(status)
+    for fragment in fragments:
+        assert fragment in error["message"], error["message"]
+    return error["message"]
+
+
+# --- bad input --------------------------------------------------------------------------
+
+JSON = {"content-type": "application/json"}
+
+
+@dataclass
+class Bad:
+    name: str
+    method: str
+    path: str
+    status: int
+    fragments: tuple[str, ...]
+    json_body: Any = None
+    raw: bytes | None = None
+    headers: dict[str, str] = field(default_factory=lambda: dict(JSON))
+
+
+BAD_INPUTS = [
+    Bad("unknown model", "POST", "/deployments", 404, ("nope/model",), {"model_id": "nope/model"}),
+    Bad(
+        "bad sharding enum",
+        "POST",
+        "/deployments",
+        422,
+        ("sharding", "Pipeline", "Tensor"),
+        {"model_id": QWEN, "sharding": "Diagonal"},
+    ),
+    Bad(
+        "bad instance_meta enum",
+        "POST",
+        "/deployments",
+        422,
+        ("instance_meta", "MlxRing"),
+        {"model_id": QWEN, "instance_meta": "Ring"},
+    ),
+    Bad(
+        "min_nodes 0",
+        "POST",
+        "/deployments",
+        422,
+        ("min_nodes: Input should be greater than or equal to 1",),
+        {"model_id": QWEN, "min_nodes": 0},
+    ),
+    Bad(
+        "min_nodes absurd",
+        "POST",
+        "/deployments",
+        422,
+        ("min_nodes: Input should be less than or equal to",),
+        {"model_id": QWEN, "min_nodes": 10**9},
+    ),
+    Bad(
+        "min_nodes more than the model's layers",
+        "POST",
+        "/deployments",
+        400,
+        ("min_nodes 100", "28", "no cluster could place it"),
+        {"model_id": QWEN, "min_nodes": 100},
+    ),
+    Bad(
+        "min_nodes wrong type",
+        "POST",
+        "/deployments",
+        422,
+        ("min_nodes", "integer"),
+        {"model_id": QWEN, "min_nodes": "two"},
+    ),
+    Bad("model_id wrong type", "POST", "/deployments", 422, ("model_id",), {"model_id": 5}),
+    Bad("missing model_id", "POST", "/deployments", 422, ("model_id: Field required",), {}),
+    Bad(
+        "extra field",
+        "POST",
+        "/deployments",
+        422,
+        ("replicas: Extra inputs are not permitted",),
+        {"model_id": QWEN, "replicas": 3},
+    ),
+    Bad("body is a list", "POST", "/deployments", 422, ("JSON object",), [QWEN]),
+    Bad("no body", "POST", "/deployments", 422, ("body required",), raw=b""),
+    Bad("malformed JSON", "POST", "/deployments", 400, ("Malformed JSON",), raw=b'{"model_id": '),
+    Bad(
+        "huge body",
+        "POST",
+        "/deployments",
+        413,
+        ("larger than",),
+        raw=b'{"model_id": "' + b"x" * (2 * 1024 * 1024) + b'"}',
+    ),
+    Bad(
+        "wrong content type",
+        "POST",
+        "/deployments",
+        415,
+        ("application/json", "text/plain"),
+        raw=json.dumps({"model_id": QWEN}).encode(),
+        headers={"content-type": "text/plain"},
+    ),
+    Bad("unknown deployment", "DELETE", "/deployments/no-such-id", 404, ("no-such-id",)),
+    Bad("unknown instance", "DELETE", "/instance/no-such-instance", 404, ("no-such-instance",)),
+    Bad(
+        "place_instance unknown model",
+        "POST",
+        "/place_instance",
+        404,
+        ("nope/model",),
+        {"model_id": "nope/model"},
+    ),
+    Bad(
+        "place_instance with no room",
+        "POST",
+        "/place_instance",
+        400,
+        ("No cycles found with sufficient memory",),
+        {"model_id": "mlx-community/DeepSeek-V3.1-4bit"},
+    ),
+    Bad("unknown route", "GET", "/no/such/route", 404, ("Not Found",)),
+    Bad("wrong method", "PUT", "/deployments", 405, ("Method Not Allowed",), {}),
+    Bad(
+        "chat for a model with no instance",
+        "POST",
+        "/v1/chat/completions",
+        404,
+        (QWEN,),
+        {"model": QWEN, "messages": [{"role": "user", "content": "hi"}]},
+    ),
+    Bad(
+        "chat with no messages",
+        "POST",
+        "/v1/chat/completions",
+        422,
+        ("messages",),
+        {"model": QWEN, "messages": []},
+    ),
+    Bad(
+        "chat max_tokens 0",
+        "POST",
+        "/v1/chat/completions",
+        422,
+        ("max_tokens: Input should be greater than or equal to 1",),
+        {"model": QWEN, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
+    ),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", BAD_INPUTS, ids=[bad.name for bad in BAD_INPUTS])
+async def test_bad_input_gets_a_4xx_naming_the_problem_and_changes_nothing(bad: Bad) -> None:
+    async with running_master() as master, api_client(master) as client:
+        await add_node(master, memory_gb=16)  # room for small models, never for DeepSeek
+        existing = await client.post("/deployments", json={"model_id": LLAMA})
+        assert existing.status_code == 200
+        before = (await client.get("/state")).json()
+        content = bad.raw if bad.raw is not None else json.dumps(bad.json_body).encode()
+        if bad.method in {"GET", "DELETE"}:
+            content = None
+        response = await client.request(bad.method, bad.path, content=content, headers=bad.headers)
+        assert_exo_error(response, bad.status, *bad.fragments)
+        assert (await client.get("/state")).json() == before
+
+
+@pytest.mark.anyio
+async def test_a_chunked_body_over_the_limit_is_refused() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"model_id": "'
+        for _ in range(40):
+            yield b"x" * 65536
+        yield b'"}'
+
+    async with running_master() as master, api_client(master) as client:
+        response = await client.post("/deployments", content=chunks(), headers=JSON)
+        assert "content-length" not in response.request.headers
+        assert_exo_error(response, 413, "larger than")
+        assert master.state.deployments == {}
+
+
+@pytest.mark.anyio
+async def test_a_second_deployment_of_a_model_is_a_conflict_naming_the_first() -> None:
+    async with running_master() as master, api_client(master) as client:
+        first = await client.post("/deployments", json={"model_id": QWEN})
+        first_id = first.json()["deployment_id"]
+        again = await client.post("/deployments", json={"model_id": QWEN, "min_nodes": 2})
+        assert_exo_error(again, 409, first_id, QWEN)
+        assert list(master.state.deployments) == [first_id]
+
+
+# --- success shapes ---------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_deployment_endpoints_answer_in_exo_shapes() -> None:
+    async with running_master() as master, api_client(master) as client:
+        created = await client.post(
+            "/deployments", json={"model_id": QWEN, "sharding": "Tensor", "min_nodes": 2}
+        )
+        assert created.status_code == 200
+        assert set(created.json()) == {"message", "command_id", "deployment_id"}
+        deployment_id = CommandResponse.model_validate(created.json()).deployment_id
+
+        listed = await client.get("/deployments")
+        assert listed.status_code == 200
+        raw = listed.json()["deployments"][0]
+        assert raw["deployment"]["deploymentId"] == deployment_id  # camelCase domain object
+        assert raw["deployment"]["modelCard"]["modelId"] == QWEN
+        assert raw["deployment"]["sharding"] == "Tensor"
+        assert raw["deployment"]["minNodes"] == 2
+        assert raw["deployment"]["instanceId"] is None
+        view = DeploymentsResponse.model_validate(listed.json()).deployments[0]
+        assert view.status == "placing"
+        assert view.waiting == "grace"  # a new master waits before placing
+        assert view.next_attempt_at is not None and view.next_attempt_at.endswith("Z")
+        assert view.next_attempt_in_s is not None and 0 < view.next_attempt_in_s <= 15
+
+        deleted = await client.delete(f"/deployments/{deployment_id}")
+        assert deleted.status_code == 200
+        assert deleted.json()["deployment_id"] == deployment_id
+        assert set(deleted.json()) == {"message", "command_id", "deployment_id"}
+        assert (await client.get("/deployments")).json() == {"deployments": []}
+
+
+@pytest.mark.anyio
+async def test_state_models_healthz_and_instances() -> None:
+    async with running_master() as master, api_client(master) as client:
+        await add_node(master)
+        state = await client.get("/state")
+        assert state.status_code == 200
+        assert "lastEventAppliedIdx" in state.json() and "nodeMemory" in state.json()
+        assert State.model_validate_json(state.content) == master.state
+
+        models = ModelList.model_validate((await client.get("/models")).json())
+        ids = {entry.id for entry in models.data}
+        for required in (
+            QWEN,
+            LLAMA,
+            "mlx-community/Qwen3-30B-A3B-4bit",
+            "mlx-community/Llama-3.3-70B-Instruct-4bit",
+            "mlx-community/DeepSeek-V3.1-4bit",
+        ):
+            assert required in ids
+        qwen = next(entry for entry in models.data if entry.id == QWEN)
+        assert qwen.n_layers == 28 and qwen.storage_size_megabytes == 327
+
+        health = await client.get("/healthz")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+
+        placed = await client.post("/place_instance", json={"model_id": QWEN})
+        assert placed.status_code == 200, placed.text
+        instance_id = placed.json()["instance_id"]
+        assert set(placed.json()) == {"message", "command_id", "instance_id"}
+        raw_state = (await client.get("/state")).json()
+        assert "MlxRingInstance" in raw_state["instances"][instance_id]  # tagged union
+        deleted = await client.delete(f"/instance/{instance_id}")
+        assert deleted.status_code == 200
+        assert master.state.instances == {}
+
+
+# --- auth -------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("header", [None, "Bearer wrong", f"Basic {TOKEN}", TOKEN])
+async def test_changes_need_the_token(header: str | None) -> None:
+    headers = {"authorization": header} if header is not None else None
+    async with running_master() as master, api_client(master, TOKEN, headers) as client:
+        for method, path, body in [
+            ("POST", "/deployments", {"model_id": QWEN}),
+            ("POST", "/place_instance", {"model_id": QWEN}),
+            ("DELETE", "/deployments/x", None),
+            ("DELETE", "/instance/x", None),
+            ("POST", "/v1/chat/completions", {"model": QWEN, "messages": []}),
+        ]:
+            response = await client.request(method, path, json=body)
+            assert_exo_error(response, 401, "bearer token")
+            assert response.headers["www-authenticate"] == "Bearer"
+        assert master.state.deployments == {}
+        for path in ("/deployments", "/state", "/models", "/healthz"):
+            assert (await client.get(path)).status_code == 200  # reads stay open
+
+
+@pytest.mark.anyio
+async def test_the_right_token_is_accepted_and_no_token_means_open() -> None:
+    async with running_master() as master:
+        bearer = {"authorization": f"Bearer {TOKEN}"}
+        async with api_client(master, TOKEN, bearer) as client:
+            assert (await client.post("/deployments", json={"model_id": QWEN})).status_code == 200
+        async with api_client(master) as client:
+            assert (await client.post("/deployments", json={"model_id": LLAMA})).status_code == 200
+        assert len(master.state.deployments) == 2
+
+
+def test_binding_beyond_loopback_requires_a_token() -> None:
+    check_bind("127.0.0.1", None)
+    check_bind("::1", None)
+    check_bind("localhost", None)
+    check_bind("0.0.0.0", "token")
+    for host in ("0.0.0.0", "192.0.2.7", "::", "my-host.example"):
+        with pytest.raises(InsecureBindError, match="EXO_DEPLOY_TOKEN"):
+            check_bind(host, None)
+
+
+# --- a real server: SSE, WebSocket nodes, chat ------------------------------------------
+
+
+@asynccontextmanager
+async def real_server(token: str | None = None) -> AsyncIterator[tuple[Master, str]]:
+    master = Master(None)
+    async with anyio.create_task_group() as group:
+        port = await group.start(serve, master, "127.0.0.1", 0, token)
+        yield master, f"127.0.0.1:{port}"
+        group.cancel_scope.cancel()
+
+
+class WsNode:
+    """A node over the real WebSocket: joins, marks its runners Ready, answers chats."""
+
+    def __init__(self, ws: ClientConnection, node_id: str = "ws-node") -> None:
+        self.ws = ws
+        self.node_id = node_id
+
+    async def send(self, message: AnyNodeMessage) -> None:
+        await self.ws.send(NODE_MESSAGE.dump_json(message).decode())
+
+    async def join(self) -> None:
+        await self.send(Hello(node_id=self.node_id, name="ws"))
+        memory = Memory.from_gb(64)
+        await self.send(
+            NodeInfo(
+                memory=MemoryUsage(ram_total=memory, ram_available=memory),
+                backends=[Backend.MLX_METAL],
+                identity=NodeIdentity(friendly_name="ws"),
+                network=NodeNetwork(),
+            )
+        )
+
+    async def follow(self, *, die_mid_chat: bool = False) -> None:
+        async for frame in self.ws:
+            message = MASTER_MESSAGE.validate_json(frame)
+            match message:
+                case EventMessage(indexed=IndexedEvent(event=InstanceCreated(instance=inst))):
+                    runner = inst.shard_assignments.node_to_runner[self.node_id]
+                    await self.send(
+                        RunnerStatusReport(runner_id=runner, runner_status=RunnerReady())
+                    )
+                case ChatRequest(request_id=request_id):
+                    await self.send(ChatChunk(request_id=request_id, text="Hello"))
+                    if die_mid_chat:
+                        await self.ws.close()
+                        return
+                    await self.send(ChatChunk(request_id=request_id, text=" there"))
+                    await self.send(ChatChunk(request_id=request_id, finish_reason="stop"))
+                case _:
+                    pass
+
+
+async def start_ws_node(
+    group: TaskGroup, address: str, master: Master, *, die_mid_chat: bool = False
+) -> None:
+    async def run() -> None:
+        async with connect(f"ws://{address}/node/ws") as ws:
+            node = WsNode(ws)
+            await node.join()
+            with suppress(ConnectionClosed):
+                await node.follow(die_mid_chat=die_mid_chat)
+
+    group.start_soon(run)
+    with anyio.fail_after(5):
+        while "ws-node" not in master.state.node_memory:
+            await anyio.sleep(0.01)
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    event, data = "", ""
+    async for line in response.aiter_lines():
+        if line.startswith("event: "):
+            event = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            data = line.removeprefix("data: ")
+        elif line == "" and event:
+            yield event, data
+            event, data = "", ""
+
+
+@pytest.mark.anyio
+async def test_dashboard_stream_sends_a_snapshot_then_events_then_deployments() -> None:
+    async with (
+        real_server() as (_master, address),
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client,
+        client.stream("GET", "/events") as response,
+    ):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        stream = sse_events(response)
+        kind, data = await anext(stream)
+        assert kind == "snapshot"
+        snapshot = StreamSnapshot.model_validate_json(data)
+        assert snapshot.state.deployments == {}
+        created = await client.post("/deployments", json={"model_id": QWEN})
+        deployment_id = created.json()["deployment_id"]
+        seen: dict[str, list[str]] = {"event": [], "deployments": []}
+        with anyio.fail_after(5):
+            while not seen["deployments"]:
+                kind, data = await anext(stream)
+                seen.setdefault(kind, []).append(data)
+        indexed = IndexedEvent.model_validate_json(seen["event"][0])
+        assert indexed.idx == snapshot.state.last_event_applied_idx + 1
+        assert "DeploymentCreated" in seen["event"][0]
+        view = DeploymentsResponse.model_validate_json(seen["deployments"][-1])
+        assert [item.deployment.deployment_id for item in view.deployments] == [deployment_id]
+
+
+@pytest.mark.anyio
+async def test_chat_completions_stream_and_not_over_a_websocket_node() -> None:
+    async with (
+        real_server() as (master, address),
+        anyio.create_task_group() as group,
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client,
+    ):
+        await start_ws_node(group, address, master)
+        placed = await client.post("/place_instance", json={"model_id": QWEN})
+        assert placed.status_code == 200
+        with anyio.fail_after(5):
+            while not master.ready_instances(QWEN):
+                await anyio.sleep(0.01)
+        request = {"model": QWEN, "messages": [{"role": "user", "content": "hi"}]}
+        whole = await client.post("/v1/chat/completions", json=request)
+        assert whole.status_code == 200, whole.text
+        body = whole.json()
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello there"}
+        assert body["choices"][0]["finish_reason"] == "stop"
+
+        pieces: list[str] = []
+        async with client.stream(
+            "POST", "/v1/chat/completions", json={**request, "stream": True}
+        ) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    pieces.append(line.removeprefix("data: "))
+        assert pieces[-1] == "[DONE]"
+        chunks = [json.loads(piece) for piece in pieces[:-1]]
+        assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+        text = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+        assert text == "Hello there"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_node_dying_mid_chat_ends_the_reply_with_an_error() -> None:
+    async with (
+        real_server() as (master, address),
+        anyio.create_task_group() as group,
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client,
+    ):
+        await start_ws_node(group, address, master, die_mid_chat=True)
+        await client.post("/place_instance", json={"model_id": QWEN})
+        with anyio.fail_after(5):
+            while not master.ready_instances(QWEN):
+                await anyio.sleep(0.01)
+        request = {"model": QWEN, "messages": [{"role": "user", "content": "hi"}]}
+        with anyio.fail_after(5):
+            response = await client.post("/v1/chat/completions", json=request)
+        assert_exo_error(response, 503, "disconnected")
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_malformed_node_frame_closes_only_that_session() -> None:
+    async with real_server() as (_master, address):
+        async with connect(f"ws://{address}/node/ws") as ws:
+            await ws.send(json.dumps({"Hello": {"nodeId": "n", "name": "n"}}))
+            welcome = MASTER_MESSAGE.validate_json(await ws.recv())
+            assert isinstance(welcome, Welcome)
+            await ws.send('{"NodeInfo": {"memory": "lots"}}')
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await ws.recv()
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1007
+        assert "malformed node message" in closed.value.rcvd.reason
+        async with httpx.AsyncClient(base_url=f"http://{address}") as client:
+            assert (await client.get("/healthz")).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_the_node_websocket_needs_the_token_when_one_is_set() -> None:
+    async with real_server(TOKEN) as (master, address):
+        async with connect(f"ws://{address}/node/ws") as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.send(json.dumps({"Hello": {"nodeId": "n", "name": "n"}}))
+                await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with connect(f"ws://{address}/node/ws", additional_headers=headers) as ws:
+            await ws.send(json.dumps({"Hello": {"nodeId": "n", "name": "n"}}))
+            assert isinstance(MASTER_MESSAGE.validate_json(await ws.recv()), Welcome)
+        assert master.running
