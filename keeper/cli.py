@@ -1,8 +1,459 @@
-"""The ``exo-deploy`` command (stub; subcommands arrive with the master)."""
+"""The ``exo-deploy`` command: run a master, a simulated node or a local cluster, and drive the
+deployments API from a shell.
 
+Each subcommand parses its arguments here and hands over to the module that does the work
+(``keeper.master.server``, ``keeper.node.*``); the deployments client (``list``, ``deploy``,
+``undeploy``) is small enough to live here. Its exit codes are a contract for scripts:
+0 done, 1 refused by the master (its message on stderr), 2 bad usage, 3 master unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
 import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn, cast
+
+import httpx
+from pydantic import ValidationError
+
+from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
+from keeper.master.server import run_master
+from keeper.node.cluster import exit_with_parent, run_cluster
+from keeper.node.node_process import run_node_process
+from keeper.node.sim_node import NodeConfig
+from keeper.node.tuned_master import run_tuned_master
+from keeper.state import Backend, InstanceMeta, Sharding
+
+DEFAULT_URL = "http://127.0.0.1:52415"
+URL_ENV = "EXO_DEPLOY_URL"
+TOKEN_ENV = "EXO_DEPLOY_TOKEN"  # the same variable the master reads
+# A deployments call is one small request to a master on the LAN; longer means it is not there.
+CLIENT_TIMEOUT_S = 10.0
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+EXIT_CODES_HELP = """exit codes:
+  0  done
+  1  refused by the master (its message is printed on stderr)
+  2  bad usage
+  3  the master could not be reached"""
 
 
-def main() -> None:
-    print("exo-deploy: not yet available", file=sys.stderr)
-    sys.exit(2)
+class ClientError(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+# --- the deployments client ---------------------------------------------------------------
+
+
+def _request(
+    method: str, url: str, path: str, token: str | None, body: dict[str, Any] | None = None
+) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with httpx.Client(timeout=CLIENT_TIMEOUT_S, headers=headers) as client:
+            response = client.request(method, url.rstrip("/") + path, json=body)
+    except httpx.InvalidURL as exc:
+        raise ClientError(f"not a master URL: {url!r} ({exc})", EXIT_USAGE) from None
+    except httpx.UnsupportedProtocol:
+        raise ClientError(
+            f"not a master URL: {url!r} (expected http://HOST:PORT)", EXIT_USAGE
+        ) from None
+    except httpx.TransportError as exc:
+        raise ClientError(
+            f"cannot reach the master at {url}: {exc or type(exc).__name__}", EXIT_UNREACHABLE
+        ) from None
+    try:
+        payload: Any = response.json()
+    except ValueError:
+        payload = None
+    if response.is_error:
+        raise ClientError(_error_message(response, payload), EXIT_REFUSED)
+    if payload is None:
+        raise ClientError(
+            f"the master at {url} answered {path} with something that is not JSON",
+            EXIT_REFUSED,
+        )
+    return payload
+
+
+def _error_message(response: httpx.Response, payload: Any) -> str:
+    if isinstance(payload, dict):
+        error = cast(dict[str, Any], payload).get("error")
+        if isinstance(error, dict):
+            message = cast(dict[str, Any], error).get("message")
+            if isinstance(message, str):
+                return message
+    text = response.text.strip()[:200]
+    return f"the master answered HTTP {response.status_code} {response.reason_phrase}: {text}"
+
+
+def _parse(model: type[Any], payload: Any, what: str) -> Any:
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise ClientError(f"unexpected answer to {what}: {exc}", EXIT_REFUSED) from None
+
+
+def _note(view: DeploymentView) -> str:
+    error = view.deployment.placement_error
+    if error:
+        return error
+    if view.waiting is not None and view.next_attempt_in_s is not None:
+        return f"{view.waiting}: next attempt in {view.next_attempt_in_s:.0f} s"
+    if view.waiting is not None:
+        return view.waiting
+    return ""
+
+
+def format_deployments(response: DeploymentsResponse) -> str:
+    if not response.deployments:
+        return "no deployments"
+    rows = [("DEPLOYMENT", "MODEL", "STATUS", "INSTANCE", "NOTE")]
+    for view in response.deployments:
+        deployment = view.deployment
+        rows.append(
+            (
+                deployment.deployment_id,
+                deployment.model_card.model_id,
+                view.status,
+                (deployment.instance_id or "-")[:8],
+                _note(view),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+        + "  "
+        + row[4]
+        for row in rows
+    ).rstrip()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    payload = _request("GET", args.url, "/deployments", args.token)
+    response: DeploymentsResponse = _parse(DeploymentsResponse, payload, "GET /deployments")
+    if args.json:
+        print(json.dumps(payload, indent=2))
+    else:
+        print(format_deployments(response))
+    return EXIT_OK
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    body = {
+        "model_id": args.model,
+        "sharding": args.sharding,
+        "instance_meta": args.instance_meta,
+        "min_nodes": args.min_nodes,
+    }
+    payload = _request("POST", args.url, "/deployments", args.token, body)
+    response: CommandResponse = _parse(CommandResponse, payload, "POST /deployments")
+    if args.json:
+        print(json.dumps(payload, indent=2))
+    else:
+        print(f"{response.message}: {response.deployment_id}")
+    return EXIT_OK
+
+
+def cmd_undeploy(args: argparse.Namespace) -> int:
+    payload = _request("DELETE", args.url, f"/deployments/{args.deployment_id}", args.token)
+    response: CommandResponse = _parse(CommandResponse, payload, "DELETE /deployments")
+    if args.json:
+        print(json.dumps(payload, indent=2))
+    else:
+        print(f"{response.message}: {response.deployment_id}")
+    return EXIT_OK
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def cmd_master(args: argparse.Namespace) -> int:
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
+    if args.node_timeout is None and args.sweep_interval is None:
+        return run_master(args.host, args.port, args.data_dir, args.token, args.model_cards)
+    return run_tuned_master(
+        args.host,
+        args.port,
+        args.data_dir,
+        args.token,
+        args.model_cards,
+        node_timeout_s=args.node_timeout,
+        sweep_interval_s=args.sweep_interval,
+    )
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
+    config = NodeConfig(
+        name=args.name,
+        memory_gb=args.memory_gb,
+        backends=tuple(args.backends),
+        load_gb_per_s=args.load_gbps,
+    )
+    return run_node_process(config, args.master, args.token)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="exo-deploy-cluster-"))
+    return run_cluster(
+        args.nodes,
+        args.port,
+        data_dir.resolve(),
+        node_timeout_s=args.node_timeout,
+        sweep_interval_s=args.sweep_interval,
+        node_restart_s=None if args.no_node_restart else args.node_restart_delay,
+    )
+
+
+def cmd_not_yet(args: argparse.Namespace) -> int:
+    print(f"exo-deploy {args.command}: not yet available", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# --- argument parsing -----------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"not a port number (1-65535): {text}")
+    return value
+
+
+def _backends(text: str) -> list[Backend]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    choices = ", ".join(b.value for b in Backend)
+    if not names:
+        raise argparse.ArgumentTypeError(f"name at least one backend ({choices})")
+    try:
+        return [Backend(name) for name in names]
+    except ValueError:
+        bad = next(n for n in names if n not in {b.value for b in Backend})
+        raise argparse.ArgumentTypeError(
+            f"unknown backend {bad!r} (choose from {choices})"
+        ) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with our usage exit code spelled out (argparse's own is also 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default=os.environ.get(URL_ENV, DEFAULT_URL),
+        help=f"the master's API (default: ${URL_ENV} or {DEFAULT_URL})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the master's JSON answer")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV) or None,
+        help=f"bearer token for a master that requires one (default: ${TOKEN_ENV})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="exo-deploy",
+        description="Deployments for exo clusters: a keeper that keeps models running.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=formatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name, help=help_, description=help_, formatter_class=formatter, **kwargs
+        )
+
+    master = command("master", "a master with its keeper and HTTP API")
+    master.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    master.add_argument("--port", type=_port, default=52415, help="API port (default 52415)")
+    master.add_argument(
+        "--data-dir", type=Path, default=None, help="where the event log and snapshots persist"
+    )
+    master.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV) or None,
+        help=f"require this bearer token for changes and nodes (default: ${TOKEN_ENV})",
+    )
+    master.add_argument(
+        "--model-cards", type=Path, default=None, help="a folder of exo model-card .toml files"
+    )
+    _membership_options(master)
+    master.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    master.set_defaults(handler=cmd_master)
+
+    node = command("node", "a simulated node that joins a master, runs runners, serves tokens")
+    node.add_argument("--master", required=True, metavar="URL", help="the master, http://HOST:PORT")
+    node.add_argument(
+        "--name", default=socket.gethostname(), help="its friendlyName (default: hostname)"
+    )
+    node.add_argument(
+        "--memory-gb", type=_positive_float, default=32.0, help="its RAM in GB (default 32)"
+    )
+    node.add_argument(
+        "--backends",
+        type=_backends,
+        default=[Backend.MLX_METAL],
+        help="comma-separated: MlxMetal,MlxCuda,MlxCpu (default MlxMetal)",
+    )
+    node.add_argument(
+        "--load-gbps",
+        type=_positive_float,
+        default=2.0,
+        help="how fast its runners load weights, GB/s (default 2)",
+    )
+    node.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV) or None,
+        help=f"the master's bearer token, if it has one (default: ${TOKEN_ENV})",
+    )
+    node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    node.set_defaults(handler=cmd_node)
+
+    cluster = command(
+        "cluster",
+        "a master and N node processes on this machine, in the foreground; Ctrl-C stops all",
+    )
+    cluster.add_argument(
+        "--nodes", type=_positive_int, default=3, help="how many nodes (default 3)"
+    )
+    cluster.add_argument(
+        "--port", type=_port, default=52415, help="master API port (default 52415)"
+    )
+    cluster.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="state, logs and cluster.json (default: a new temporary directory)",
+    )
+    _membership_options(cluster)
+    restart = cluster.add_mutually_exclusive_group()
+    restart.add_argument(
+        "--node-restart-delay",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="restart a node that died after S seconds (default 60: after the keeper recovered)",
+    )
+    restart.add_argument(
+        "--no-node-restart", action="store_true", help="never restart a node that died"
+    )
+    cluster.set_defaults(handler=cmd_cluster)
+
+    list_ = command("list", "list deployments with their status", epilog=EXIT_CODES_HELP)
+    _client_options(list_)
+    list_.set_defaults(handler=cmd_list)
+
+    deploy = command("deploy", "create a deployment of MODEL", epilog=EXIT_CODES_HELP)
+    deploy.add_argument("model", metavar="MODEL", help="a model id from GET /models")
+    deploy.add_argument(
+        "--min-nodes", type=_positive_int, default=1, help="place on at least N nodes (default 1)"
+    )
+    deploy.add_argument(
+        "--sharding",
+        choices=[s.value for s in Sharding],
+        default=Sharding.PIPELINE.value,
+        help="default Pipeline",
+    )
+    deploy.add_argument(
+        "--instance-meta",
+        choices=[m.value for m in InstanceMeta],
+        default=InstanceMeta.MLX_RING.value,
+        help="default MlxRing",
+    )
+    _client_options(deploy)
+    deploy.set_defaults(handler=cmd_deploy)
+
+    undeploy = command("undeploy", "delete the deployment ID", epilog=EXIT_CODES_HELP)
+    undeploy.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")
+    _client_options(undeploy)
+    undeploy.set_defaults(handler=cmd_undeploy)
+
+    for name, help_ in (
+        ("soak", "faults under load against a local cluster (not yet available)"),
+        ("bridge", "the keeper beside a stock exo master (not yet available)"),
+    ):
+        later = command(name, help_, add_help=False)
+        later.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        later.set_defaults(handler=cmd_not_yet)
+    return parser
+
+
+def _membership_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-timeout",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="a node silent this long is gone (default 30, exo's)",
+    )
+    parser.add_argument(
+        "--sweep-interval",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="how often instances on departed nodes are deleted (default 10, exo's)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.handler(args)
+    except ClientError as exc:
+        print(f"exo-deploy {args.command}: {exc.message}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -311,6 +311,8 @@ class SimNode:
         self._chatting: Counter[str] = Counter()  # instance id -> requests being answered
         self._wake: anyio.Event | None = None
         self._session: _Session | None = None
+        # Sessions that got as far as the master's Welcome (a reconnect loop resets its backoff).
+        self.welcomed_sessions = 0
 
     @property
     def name(self) -> str:
@@ -402,6 +404,7 @@ class SimNode:
             match message:
                 case Welcome(state=state):
                     session.state = state
+                    self.welcomed_sessions += 1
                 case EventMessage(indexed=indexed):
                     if session.state is not None and (
                         indexed.idx > session.state.last_event_applied_idx

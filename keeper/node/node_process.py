@@ -1,0 +1,65 @@
+"""``exo-deploy node``: one simulated node as its own process, joined to a master over WebSocket.
+
+The process owns its signals (SIGINT/SIGTERM end it cleanly, exit code 0) and turns the only
+unrecoverable failure, a master refusing its token, into exit code 1 with the master's reason.
+Everything else (master down, restarting, link cut) is retried for as long as the process lives.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import anyio
+
+from keeper.master.clock import AnyioClock
+from keeper.node.sim_node import NodeConfig, SimNode
+from keeper.node.ws_client import NodeRejectedError, node_ws_url, run_node_forever
+
+log = logging.getLogger(__name__)
+
+
+def run_node_process(config: NodeConfig, master_url: str, token: str | None) -> int:
+    """Run the node until SIGINT/SIGTERM. Returns the process exit code."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        node_ws_url(master_url)
+    except ValueError as exc:
+        print(f"exo-deploy node: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        clock = AnyioClock()
+        node = SimNode(config, clock)
+        log.info(
+            "node %s (%s): %g GB, %s, loading at %g GB/s; master %s",
+            config.name,
+            node.node_id,
+            config.memory_gb,
+            ",".join(b.value for b in config.backends),
+            config.load_gb_per_s,
+            master_url,
+        )
+        async with anyio.create_task_group() as group:
+
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for received in signals:
+                        log.info("%s: node %s stopping", signal.Signals(received).name, node.name)
+                        group.cancel_scope.cancel()
+                        return
+
+            group.start_soon(stop_on_signal)
+            await run_node_forever(node, master_url, clock, token)
+
+    refusals: list[str] = []
+    try:
+        anyio.run(main, backend="asyncio")
+    except* NodeRejectedError as rejected:
+        refusals = [str(exc) for exc in rejected.exceptions]
+    for refusal in refusals:
+        print(f"exo-deploy node: {refusal}", file=sys.stderr)
+    return 1 if refusals else 0
