@@ -1,0 +1,718 @@
+"""Placement (SPEC §2): each rule and each error by hand, then agreement with the brute force.
+
+Hand-written clusters are built through the events a master applies (``ClusterBuilder``); the
+property test builds random States directly (including edges to nodes that have left, which
+events cannot produce) and checks ``place_instance`` against ``placement_reference``, which lists
+every simple cycle as exo does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from placement_reference import ReferencePlacement, reference_place
+
+from keeper.apply import apply
+from keeper.events import NodeGatheredInfo, TopologyEdgeCreated
+from keeper.placement import choose_cycle, place_instance
+from keeper.placement_build import EPHEMERAL_PORT_FIRST, EPHEMERAL_PORT_LAST, split_layers
+from keeper.placement_graph import cluster_graph
+from keeper.placement_search import SEARCH_STEP_LIMIT, SearchBudget
+from keeper.state import (
+    AnyInstance,
+    Backend,
+    Connection,
+    Edge,
+    InstanceMeta,
+    Memory,
+    MemoryUsage,
+    MlxJacclInstance,
+    MlxRingInstance,
+    ModelCard,
+    Multiaddr,
+    NetworkInterface,
+    NodeNetwork,
+    PipelineShardMetadata,
+    RDMAConnection,
+    Sharding,
+    SocketConnection,
+    State,
+    TensorShardMetadata,
+    Topology,
+)
+
+GB = 1024**3
+WHEN = "2026-11-29T20:15:02.114000Z"
+ALL_BACKENDS = (Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU)
+
+
+def card(
+    size_gb: float = 10,
+    n_layers: int = 32,
+    hidden_size: int = 4096,
+    supports_tensor: bool = True,
+    kv_heads: int | None = None,
+    backends: tuple[Backend, ...] = ALL_BACKENDS,
+    model_id: str = "test/model",
+) -> ModelCard:
+    return ModelCard(
+        model_id=model_id,
+        storage_size=Memory(in_bytes=int(size_gb * GB)),
+        n_layers=n_layers,
+        hidden_size=hidden_size,
+        supports_tensor=supports_tensor,
+        backends=backends,
+        num_key_value_heads=kv_heads,
+    )
+
+
+class ClusterBuilder:
+    """A cluster assembled from NodeGatheredInfo and TopologyEdgeCreated events."""
+
+    def __init__(self) -> None:
+        self.state = State()
+
+    def node(
+        self,
+        node_id: str,
+        ram_gb: float | None = 64,
+        backends: tuple[Backend, ...] | None = (Backend.MLX_METAL,),
+        ip: str | None = None,
+    ) -> ClusterBuilder:
+        self.state = apply(
+            self.state,
+            NodeGatheredInfo(
+                node_id=node_id,
+                when=WHEN,
+                memory=None
+                if ram_gb is None
+                else MemoryUsage(
+                    ram_total=Memory.from_gb(128), ram_available=Memory.from_gb(ram_gb)
+                ),
+                backends=None if backends is None else list(backends),
+                network=None
+                if ip is None
+                else NodeNetwork(interfaces=[NetworkInterface(name="en0", ip_address=ip)]),
+            ),
+        )
+        return self
+
+    def edge(self, source: str, sink: str, edge: Edge) -> ClusterBuilder:
+        self.state = apply(
+            self.state, TopologyEdgeCreated(conn=Connection(source=source, sink=sink, edge=edge))
+        )
+        return self
+
+    def socket(self, source: str, sink: str, ip: str = "192.0.2.1") -> ClusterBuilder:
+        return self.edge(source, sink, socket_edge(ip))
+
+    def rdma(self, source: str, sink: str) -> ClusterBuilder:
+        return self.edge(source, sink, rdma_edge(source, sink))
+
+    def link(self, a: str, b: str, rdma: bool = False) -> ClusterBuilder:
+        """Socket edges both ways (and RDMA edges both ways when asked)."""
+        self.socket(a, b, ip_of(b)).socket(b, a, ip_of(a))
+        return self.rdma(a, b).rdma(b, a) if rdma else self
+
+    def mesh(self, *nodes: str, rdma: bool = False) -> ClusterBuilder:
+        for i, a in enumerate(nodes):
+            for b in nodes[i + 1 :]:
+                self.link(a, b, rdma=rdma)
+        return self
+
+    def build(self) -> State:
+        return self.state
+
+
+def ip_of(node: str) -> str:
+    return f"10.0.0.{sum(map(ord, node)) % 250 + 1}"
+
+
+def socket_edge(ip: str) -> SocketConnection:
+    return SocketConnection(sink_multiaddr=Multiaddr(address=f"/ip4/{ip}/tcp/52415"))
+
+
+def rdma_edge(source: str, sink: str) -> RDMAConnection:
+    return RDMAConnection(source_rdma_iface=f"rdma_{source}_{sink}", sink_rdma_iface=f"rdma_{sink}")
+
+
+def ranked(instance: AnyInstance) -> list[str]:
+    """The instance's nodes in device-rank order."""
+    assignments = instance.shard_assignments
+    rank_of = {
+        node: assignments.runner_to_shard[runner].device_rank
+        for node, runner in assignments.node_to_runner.items()
+    }
+    return sorted(rank_of, key=rank_of.__getitem__)
+
+
+def layer_ranges(instance: AnyInstance) -> list[tuple[int, int]]:
+    shards = sorted(
+        instance.shard_assignments.runner_to_shard.values(), key=lambda s: s.device_rank
+    )
+    return [(shard.start_layer, shard.end_layer) for shard in shards]
+
+
+def shard_kinds(instance: AnyInstance) -> set[type]:
+    return {type(shard) for shard in instance.shard_assignments.runner_to_shard.values()}
+
+
+def place(
+    state: State,
+    model: ModelCard,
+    sharding: str = "Pipeline",
+    meta: str = "MlxRing",
+    min_nodes: int = 1,
+) -> AnyInstance:
+    return place_instance(state, model, sharding, meta, min_nodes)
+
+
+def failure(state: State, model: ModelCard, *args: Any) -> str:
+    with pytest.raises(ValueError) as raised:
+        place(state, model, *args)
+    return str(raised.value)
+
+
+# --- rule 1: memory, min_nodes, live nodes -------------------------------------------------
+
+
+def test_no_cycle_with_enough_memory() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).link("a", "b").build()
+    assert failure(state, card(size_gb=17)) == "No cycles found with sufficient memory"
+
+
+def test_memory_of_a_cycle_is_summed() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).link("a", "b").build()
+    assert ranked(place(state, card(size_gb=16))) == ["a", "b"]
+
+
+def test_nodes_without_an_edge_both_ways_form_no_cycle() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).socket("a", "b").build()
+    assert failure(state, card(size_gb=16)) == "No cycles found with sufficient memory"
+
+
+def test_min_nodes_forces_a_larger_cycle() -> None:
+    state = ClusterBuilder().node("a", 64).node("b", 64).node("c", 64).mesh("a", "b", "c").build()
+    assert len(ranked(place(state, card(size_gb=1), min_nodes=1))) == 1
+    assert ranked(place(state, card(size_gb=1), min_nodes=3)) == ["a", "b", "c"]
+    assert failure(state, card(size_gb=1), "Pipeline", "MlxRing", 4) == (
+        "No cycles found with sufficient memory"
+    )
+
+
+def test_a_node_without_memory_is_never_chosen() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", None).node("c", 8).mesh("a", "b", "c").build()
+    assert sorted(ranked(place(state, card(size_gb=16)))) == ["a", "c"]
+    assert failure(state, card(size_gb=17)) == "No cycles found with sufficient memory"
+
+
+def test_a_node_that_left_the_topology_is_never_chosen() -> None:
+    live = ClusterBuilder().node("a", 8).node("b", 8).link("a", "b").build()
+    # "big" still has memory, backends and edges on record, but is not in topology.nodes.
+    connections = {
+        **live.topology.connections,
+        "big": {"a": [socket_edge("10.0.0.1")]},
+        "a": {**live.topology.connections["a"], "big": [socket_edge("10.0.0.9")]},
+    }
+    state = live.model_copy(
+        update={
+            "topology": Topology(nodes=live.topology.nodes, connections=connections),
+            "node_memory": {
+                **live.node_memory,
+                "big": MemoryUsage(ram_available=Memory.from_gb(512)),
+            },
+            "node_backends": {**live.node_backends, "big": [Backend.MLX_METAL]},
+        }
+    )
+    assert sorted(ranked(place(state, card(size_gb=10)))) == ["a", "b"]
+    assert failure(state, card(size_gb=17)) == "No cycles found with sufficient memory"
+
+
+# --- rule 2: tensor ---------------------------------------------------------------------------
+
+
+def test_tensor_needs_a_model_that_supports_it() -> None:
+    state = ClusterBuilder().node("a").node("b").link("a", "b").build()
+    model = card(supports_tensor=False, model_id="org/no-tensor")
+    assert failure(state, model, "Tensor") == (
+        "Requested Tensor sharding but this model does not support tensor parallelism: "
+        "org/no-tensor"
+    )
+
+
+def test_memory_is_checked_before_tensor_support() -> None:
+    state = ClusterBuilder().node("a", 8).build()
+    model = card(size_gb=9, supports_tensor=False)
+    assert failure(state, model, "Tensor") == "No cycles found with sufficient memory"
+
+
+def test_tensor_needs_a_cycle_size_dividing_hidden_size() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).node("c", 8).mesh("a", "b", "c").build()
+    model = card(size_gb=20, hidden_size=4096)  # needs 3 nodes; 3 does not divide 4096
+    assert failure(state, model, "Tensor") == (
+        "No tensor sharding found for model with hidden_size 4096 candidate cycles"
+    )
+    assert len(ranked(place(state, model, "Pipeline"))) == 3
+
+
+def test_tensor_skips_sizes_that_do_not_divide_the_kv_heads() -> None:
+    nodes = ("a", "b", "c", "d")
+    state = (
+        ClusterBuilder().node("a", 8).node("b", 8).node("c", 8).node("d", 8).mesh(*nodes).build()
+    )
+    # 2 divides hidden_size 12 but not 3 kv heads; 3 divides both.
+    model = card(size_gb=10, hidden_size=12, kv_heads=3)
+    instance = place(state, model, "Tensor")
+    assert len(ranked(instance)) == 3
+    assert shard_kinds(instance) == {TensorShardMetadata}
+    assert layer_ranges(instance) == [(0, 32)] * 3
+
+
+# --- rule 3: smallest cycles --------------------------------------------------------------
+
+
+def test_the_smallest_cycle_wins_over_more_memory() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).node("c", 100).mesh("a", "b", "c").build()
+    model = card(size_gb=16, hidden_size=6)
+    # Pipeline: one node (c) holds it.
+    assert ranked(place(state, model)) == ["c"]
+    # With min_nodes=2 the pairs qualify; the three-node cycle has more memory but is larger.
+    assert len(ranked(place(state, model, "Pipeline", "MlxRing", 2))) == 2
+
+
+# --- rule 4: backends ---------------------------------------------------------------------
+
+
+def test_every_node_needs_an_accepted_backend() -> None:
+    state = ClusterBuilder().node("a", backends=()).node("b", backends=None).link("a", "b").build()
+    assert failure(state, card(model_id="org/m")) == (
+        "No cycle where every node supports a backend in ['MlxCpu', 'MlxCuda', 'MlxMetal'] "
+        "for org/m"
+    )
+
+
+def test_the_allowed_backends_are_the_engines_narrowed_by_the_card() -> None:
+    state = ClusterBuilder().node("a", backends=(Backend.MLX_CUDA,)).build()
+    metal_cpu = card(backends=(Backend.MLX_METAL, Backend.MLX_CPU), model_id="org/m")
+    assert failure(state, metal_cpu) == (
+        "No cycle where every node supports a backend in ['MlxCpu', 'MlxMetal'] for org/m"
+    )
+    assert failure(state, metal_cpu, "Pipeline", "MlxJaccl") == (
+        "No cycle where every node supports a backend in ['MlxMetal'] for org/m"
+    )
+    cpu_only = card(backends=(Backend.MLX_CPU,), model_id="org/m")
+    assert failure(state, cpu_only, "Pipeline", "MlxJaccl") == (
+        "No cycle where every node supports a backend in [] for org/m"
+    )
+
+
+def test_backends_filter_only_the_smallest_cycles() -> None:
+    # b (CUDA) could hold the model alone but Jaccl needs Metal; a cannot hold it alone, so the
+    # smallest size is 1 and no single node qualifies: rule 4 fails although the pair would fit.
+    state = (
+        ClusterBuilder()
+        .node("a", 8, backends=(Backend.MLX_METAL,))
+        .node("b", 64, backends=(Backend.MLX_CUDA,))
+        .link("a", "b", rdma=True)
+        .build()
+    )
+    assert failure(state, card(size_gb=10), "Pipeline", "MlxJaccl").startswith(
+        "No cycle where every node supports a backend in ['MlxMetal']"
+    )
+    assert ranked(place(state, card(size_gb=10))) == ["b"]
+
+
+# --- rule 5: RDMA -------------------------------------------------------------------------
+
+
+def test_jaccl_needs_rdma_edges() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).link("a", "b").build()
+    assert failure(state, card(size_gb=16), "Pipeline", "MlxJaccl") == (
+        "Requested RDMA (MlxJaccl) but no RDMA-connected cycles available"
+    )
+
+
+def test_rdma_must_cover_every_hop_in_cycle_order() -> None:
+    state = (
+        ClusterBuilder()
+        .node("a", 8)
+        .node("b", 8)
+        .node("c", 8)
+        .mesh("a", "b", "c")
+        .rdma("a", "c")
+        .rdma("c", "b")
+        .rdma("b", "a")
+        .build()
+    )
+    instance = place(state, card(size_gb=20), "Pipeline", "MlxJaccl")
+    assert isinstance(instance, MlxJacclInstance)
+    assert ranked(instance) == ["a", "c", "b"]  # the only all-RDMA direction
+    # An RDMA edge missing on one hop leaves no RDMA cycle.
+    broken = (
+        ClusterBuilder()
+        .node("a", 8)
+        .node("b", 8)
+        .node("c", 8)
+        .mesh("a", "b", "c")
+        .rdma("a", "c")
+        .rdma("c", "b")
+        .build()
+    )
+    assert failure(broken, card(size_gb=20), "Pipeline", "MlxJaccl") == (
+        "Requested RDMA (MlxJaccl) but no RDMA-connected cycles available"
+    )
+
+
+def test_a_ring_follows_the_direction_of_the_edges() -> None:
+    state = (
+        ClusterBuilder()
+        .node("a", 8)
+        .node("b", 8)
+        .node("c", 8)
+        .socket("a", "c")
+        .socket("c", "b")
+        .socket("b", "a")
+        .build()
+    )
+    assert ranked(place(state, card(size_gb=20))) == ["a", "c", "b"]
+
+
+def test_jaccl_devices_and_coordinators() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).link("a", "b", rdma=True).build()
+    instance = place(state, card(size_gb=16), "Tensor", "MlxJaccl")
+    assert isinstance(instance, MlxJacclInstance)
+    assert ranked(instance) == ["a", "b"]
+    assert instance.jaccl_devices == [[None, "rdma_a_b"], ["rdma_b_a", None]]
+    port = int(instance.jaccl_coordinators["a"].rsplit(":", 1)[1])
+    assert EPHEMERAL_PORT_FIRST <= port <= EPHEMERAL_PORT_LAST
+    assert instance.jaccl_coordinators == {"a": f"0.0.0.0:{port}", "b": f"{ip_of('a')}:{port}"}
+    assert shard_kinds(instance) == {TensorShardMetadata}
+
+
+# --- rule 6: leaves -----------------------------------------------------------------------
+
+
+def leafy_cluster() -> State:
+    # hub, a, b form a triangle; leaf hangs off hub only.
+    return (
+        ClusterBuilder()
+        .node("hub", 100)
+        .node("a", 50)
+        .node("b", 50)
+        .node("leaf", 10)
+        .mesh("hub", "a", "b")
+        .link("hub", "leaf")
+        .build()
+    )
+
+
+def test_a_cycle_holding_a_leaf_is_preferred() -> None:
+    state = leafy_cluster()
+    assert ranked(place(state, card(size_gb=5))) == ["leaf"]
+    assert ranked(place(state, card(size_gb=55), "Pipeline", "MlxRing", 2)) == ["hub", "leaf"]
+
+
+def test_without_a_leaf_the_most_memory_wins() -> None:
+    state = leafy_cluster()
+    # No single node or pair with the leaf holds 111 GB; pairs without it do.
+    assert ranked(place(state, card(size_gb=111))) == ["a", "hub"]
+    # A leaf is never on a cycle of three; this one starts at its smallest id.
+    assert ranked(place(state, card(size_gb=151))) == ["a", "b", "hub"]
+
+
+# --- rule 7: most free memory, then the smallest ids --------------------------------------
+
+
+def test_the_most_free_memory_wins() -> None:
+    state = ClusterBuilder().node("a", 10).node("b", 30).node("c", 20).mesh("a", "b", "c").build()
+    assert ranked(place(state, card(size_gb=5))) == ["b"]
+    assert ranked(place(state, card(size_gb=5), "Pipeline", "MlxRing", 2)) == ["b", "c"]
+
+
+def test_ties_go_to_the_smallest_node_ids() -> None:
+    state = ClusterBuilder().node("c", 20).node("b", 20).node("a", 20).mesh("c", "b", "a").build()
+    assert ranked(place(state, card(size_gb=5))) == ["a"]
+    assert ranked(place(state, card(size_gb=5), "Pipeline", "MlxRing", 2)) == ["a", "b"]
+
+
+# --- building the instance ----------------------------------------------------------------
+
+
+def test_a_single_node_is_always_ring_and_pipeline() -> None:
+    state = ClusterBuilder().node("a", 64).build()
+    instance = place(state, card(size_gb=10, n_layers=24), "Tensor", "MlxJaccl")
+    assert isinstance(instance, MlxRingInstance)
+    assert shard_kinds(instance) == {PipelineShardMetadata}
+    assert layer_ranges(instance) == [(0, 24)]
+    assert instance.hosts_by_node == {
+        "a": [instance.hosts_by_node["a"][0].model_copy(update={"ip": "0.0.0.0"})]
+    }
+
+
+def test_layers_follow_free_memory() -> None:
+    state = ClusterBuilder().node("a", 30).node("b", 10).link("a", "b").build()
+    instance = place(state, card(size_gb=35, n_layers=8))
+    assert layer_ranges(instance) == [(0, 6), (6, 8)]
+
+
+def test_every_node_gets_at_least_one_layer() -> None:
+    state = ClusterBuilder().node("a", 100).node("b", 0.01).link("a", "b").build()
+    instance = place(state, card(size_gb=100, n_layers=10), "Pipeline", "MlxRing", 2)
+    assert layer_ranges(instance) == [(0, 9), (9, 10)]
+
+
+def test_fewer_layers_than_nodes_cannot_be_pipelined() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).node("c", 8).mesh("a", "b", "c").build()
+    model = card(size_gb=20, n_layers=2, hidden_size=3, model_id="org/tiny")
+    assert failure(state, model) == (
+        "Cannot split the 2 layers of org/tiny across 3 nodes: every node needs at least one layer"
+    )
+    assert layer_ranges(place(state, model, "Tensor")) == [(0, 2)] * 3
+
+
+@pytest.mark.parametrize(
+    ("n_layers", "ram", "expected"),
+    [
+        (48, [20_615_843_020, 82_463_372_083], [(0, 10), (10, 48)]),  # exo's own example
+        (10, [1, 1, 1], [(0, 4), (4, 7), (7, 10)]),  # equal remainders: lower ranks first
+        (3, [0, 0, 0], [(0, 1), (1, 2), (2, 3)]),  # no memory figures: an even split
+        (4, [1, 0, 0, 100], [(0, 1), (1, 2), (2, 3), (3, 4)]),
+        (7, [5, 0, 5], [(0, 3), (3, 4), (4, 7)]),  # the empty node takes from the higher rank
+    ],
+)
+def test_split_layers(n_layers: int, ram: list[int], expected: list[tuple[int, int]]) -> None:
+    assert split_layers(n_layers, ram) == expected
+
+
+def test_matches_exos_own_two_node_ring() -> None:
+    studio, mini = "12D3KooWstudioxxxx", "12D3KooWminibxxxxx"
+    state = (
+        ClusterBuilder()
+        .node(studio, 82_463_372_083 / GB)
+        .node(mini, 20_615_843_020 / GB)
+        .socket(studio, mini, "192.0.2.12")
+        .socket(mini, studio, "192.0.2.10")
+        .build()
+    )
+    model = card(size_gb=17_612_931_072 / GB, n_layers=48, hidden_size=2048, kv_heads=4)
+    instance = place(state, model, "Pipeline", "MlxRing", 2)
+    assert isinstance(instance, MlxRingInstance)
+    assert ranked(instance) == [mini, studio]
+    assert layer_ranges(instance) == [(0, 10), (10, 48)]
+    port = instance.ephemeral_port
+    hosts = {node: [(h.ip, h.port) for h in row] for node, row in instance.hosts_by_node.items()}
+    assert hosts == {
+        mini: [("0.0.0.0", port), ("192.0.2.10", port)],
+        studio: [("192.0.2.12", port), ("0.0.0.0", port)],
+    }
+
+
+def test_ring_hosts_fall_back_to_the_network_interface_then_any_address() -> None:
+    state = (
+        ClusterBuilder()
+        .node("a", 8, ip="198.51.100.1")
+        .node("b", 8, ip="198.51.100.2")
+        .node("c", 8)
+        .rdma("a", "b")
+        .rdma("b", "c")
+        .rdma("c", "a")
+        .build()
+    )
+    instance = place(state, card(size_gb=20))
+    assert isinstance(instance, MlxRingInstance)
+    assert ranked(instance) == ["a", "b", "c"]
+    ips = {node: [h.ip for h in row] for node, row in instance.hosts_by_node.items()}
+    assert ips == {
+        "a": ["0.0.0.0", "198.51.100.2", "0.0.0.0"],
+        "b": ["198.51.100.1", "0.0.0.0", "0.0.0.0"],
+        "c": ["198.51.100.1", "198.51.100.2", "0.0.0.0"],
+    }
+    ports = {h.port for row in instance.hosts_by_node.values() for h in row}
+    assert ports == {instance.ephemeral_port}
+    assert EPHEMERAL_PORT_FIRST <= instance.ephemeral_port <= EPHEMERAL_PORT_LAST
+
+
+def test_runners_ids_and_shards_are_consistent() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).link("a", "b").build()
+    first = place(state, card(size_gb=16))
+    second = place(state, card(size_gb=16))
+    assignments = first.shard_assignments
+    assert assignments.model_id == "test/model"
+    assert set(assignments.node_to_runner.values()) == set(assignments.runner_to_shard)
+    assert {s.world_size for s in assignments.runner_to_shard.values()} == {2}
+    assert first.instance_id != second.instance_id
+    uuid.UUID(first.instance_id)  # a real uuid
+
+
+# --- arguments ----------------------------------------------------------------------------
+
+
+def test_string_and_enum_arguments_agree() -> None:
+    state = ClusterBuilder().node("a", 8).node("b", 8).link("a", "b", rdma=True).build()
+    model = card(size_gb=16)
+    by_string = place_instance(state, model, "Tensor", "MlxJaccl", 2)
+    by_enum = place_instance(state, model, Sharding.TENSOR, InstanceMeta.MLX_JACCL, 2)
+    assert type(by_string) is type(by_enum) is MlxJacclInstance
+    assert ranked(by_string) == ranked(by_enum)
+    assert layer_ranges(by_string) == layer_ranges(by_enum)
+
+
+def test_an_unknown_sharding_is_a_clear_error() -> None:
+    state = ClusterBuilder().node("a").build()
+    with pytest.raises(ValueError, match="'Diagonal' is not a valid Sharding"):
+        place_instance(state, card(), "Diagonal", "MlxRing", 1)
+
+
+# --- the search bound ---------------------------------------------------------------------
+
+
+def sparse_ring(nodes: int, ram_gb: float) -> State:
+    """A one-way ring: the only cycle of more than one node runs through all of them."""
+    builder = ClusterBuilder()
+    names = [f"n{i:02d}" for i in range(nodes)]
+    for name in names:
+        builder.node(name, ram_gb)
+    for i, name in enumerate(names):
+        builder.socket(name, names[(i + 1) % nodes])
+    return builder.build()
+
+
+def test_an_adversarial_topology_cannot_run_past_the_step_limit() -> None:
+    # 64 nodes, the model needs 20 of them, and no set smaller than all 64 has a cycle.
+    graph = cluster_graph(sparse_ring(64, 1))
+    budget = SearchBudget()
+    with pytest.raises(ValueError, match="Placement search gave up after"):
+        choose_cycle(graph, card(size_gb=20), Sharding.PIPELINE, InstanceMeta.MLX_RING, 1, budget)
+    assert budget.spent == SEARCH_STEP_LIMIT + 1
+
+
+def test_a_large_well_connected_cluster_takes_few_steps() -> None:
+    names = [f"n{i:02d}" for i in range(16)]
+    builder = ClusterBuilder()
+    for name in names:
+        builder.node(name, 16)
+    state = builder.mesh(*names, rdma=True).build()
+    budget = SearchBudget()
+    cycle = choose_cycle(
+        cluster_graph(state), card(size_gb=100), Sharding.TENSOR, InstanceMeta.MLX_JACCL, 1, budget
+    )
+    assert len(cycle) == 8
+    assert budget.spent < 100
+
+
+# --- agreement with the brute force -------------------------------------------------------
+
+NODE_NAMES = ("n0", "n1", "n2", "n3", "n4", "n5", "x", "y")
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> State:
+    names = draw(st.permutations(NODE_NAMES))[: draw(st.integers(2, 7))]
+    # Up to one name is a node that has left: it keeps its memory, backends and edges.
+    gone = names[-1] if len(names) > 2 and draw(st.integers(0, 3)) == 0 else None
+    live = [name for name in names if name != gone][:6]
+    memory: dict[str, MemoryUsage] = {}
+    backends: dict[str, list[Backend]] = {}
+    for name in names:
+        if draw(st.integers(0, 11)) > 0:
+            ram = draw(st.sampled_from([0, 2, 3, 3, 4, 4, 5, 6, 8]))
+            memory[name] = MemoryUsage(ram_available=Memory(in_bytes=ram))
+        if draw(st.integers(0, 11)) > 0:
+            backends[name] = draw(
+                st.one_of(
+                    st.just([Backend.MLX_METAL]),
+                    st.lists(st.sampled_from(ALL_BACKENDS), unique=True),
+                )
+            )
+    connections: dict[str, dict[str, list[Edge]]] = {}
+    density = draw(st.sampled_from([0.15, 0.3, 0.5, 0.8, 0.9, 1.0, 1.0]))
+    for source in names:
+        for sink in names:
+            if source == sink or draw(st.floats(0, 1)) > density:
+                continue
+            kind = draw(st.sampled_from(["socket", "rdma", "both", "both", "empty"]))
+            edges: list[Edge] = []
+            if kind in ("socket", "both"):
+                edges.append(socket_edge(ip_of(sink)))
+            if kind in ("rdma", "both"):
+                edges.append(rdma_edge(source, sink))
+            connections.setdefault(source, {})[sink] = edges
+    return State(
+        topology=Topology(nodes=live, connections=connections),
+        node_memory=memory,
+        node_backends=backends,
+    )
+
+
+@st.composite
+def clusters_and_models(draw: st.DrawFn) -> tuple[State, ModelCard]:
+    """A cluster and a model sized as a share of the cluster's free memory, so that every size
+    of cycle, and sometimes none, can hold it."""
+    state = draw(clusters())
+    live_ram = sum(
+        usage.ram_available.in_bytes
+        for node, usage in state.node_memory.items()
+        if node in state.topology.nodes
+    )
+    share = draw(st.sampled_from([0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1, 1.2]))
+    return state, draw(model_cards(int(live_ram * share)))
+
+
+@st.composite
+def model_cards(draw: st.DrawFn, size: int) -> ModelCard:
+    return ModelCard(
+        model_id="test/random",
+        storage_size=Memory(in_bytes=size),
+        n_layers=draw(st.integers(1, 8)),
+        hidden_size=draw(st.sampled_from([1, 2, 3, 4, 5, 6, 12, 60])),
+        supports_tensor=draw(st.integers(0, 7)) > 0,
+        backends=draw(
+            st.one_of(
+                st.just(ALL_BACKENDS),
+                st.lists(st.sampled_from(ALL_BACKENDS), min_size=1, unique=True).map(tuple),
+            )
+        ),
+        num_key_value_heads=draw(st.one_of(st.none(), st.integers(1, 8))),
+    )
+
+
+def as_reference(instance: AnyInstance) -> ReferencePlacement:
+    kinds = shard_kinds(instance)
+    assert len(kinds) == 1
+    return ReferencePlacement(
+        kind=type(instance).__name__,
+        sharding="Pipeline" if kinds == {PipelineShardMetadata} else "Tensor",
+        ranked_nodes=tuple(ranked(instance)),
+        layer_ranges=tuple(layer_ranges(instance)),
+    )
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cluster_and_model=clusters_and_models(),
+    sharding=st.sampled_from(["Pipeline", "Tensor"]),
+    meta=st.sampled_from(["MlxRing", "MlxJaccl"]),
+    min_nodes=st.sampled_from([1, 1, 2, 2, 3, 4]),
+)
+def test_agrees_with_listing_every_cycle(
+    cluster_and_model: tuple[State, ModelCard], sharding: str, meta: str, min_nodes: int
+) -> None:
+    state, model = cluster_and_model
+    try:
+        expected: ReferencePlacement | str = reference_place(
+            state, model, sharding, meta, min_nodes
+        )
+    except ValueError as error:
+        expected = str(error)
+    try:
+        actual: ReferencePlacement | str = as_reference(
+            place_instance(state, model, sharding, meta, min_nodes)
+        )
+    except ValueError as error:
+        actual = str(error)
+    event(actual if isinstance(actual, str) else f"{actual.kind} on {len(actual.ranked_nodes)}")
+    assert actual == expected
