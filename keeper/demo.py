@@ -1,0 +1,246 @@
+"""The embedded cluster behind ``exo-deploy-tui --demo``, the TUI's only door to the cluster side.
+
+``EmbeddedCluster`` runs, in a background thread with its own event loop, a master with its HTTP
+API on a free loopback port and three in-process simulated nodes of different sizes, and
+creates a few deployments of real catalog models, one of which no node can hold. The TUI then
+talks to it over HTTP like to any master, so the demo exercises the real client path. Its fault
+methods are thread-safe (they hop onto the cluster's loop) and take node names, so the TUI can
+offer "kill this node" without knowing anything about how nodes are run.
+
+Timings are the real ones except two, chosen so a fault's whole story plays out in about a
+minute on screen: nodes load at a few seconds per model, and a silent node is declared gone
+after ``DEMO_NODE_TIMEOUT_S`` instead of exo's 30 s. The keeper's constants (the 15 s startup
+grace included) are untouched.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from keeper.master.server import serve
+from keeper.master.service import Master, MasterConfig
+from keeper.node.in_process import InProcessCluster
+from keeper.node.sim_node import NodeConfig
+from keeper.state import Backend
+
+T = TypeVar("T")
+
+DEMO_NODES = (
+    NodeConfig(
+        name="studio",
+        memory_gb=96,
+        backends=(Backend.MLX_METAL,),
+        load_gb_per_s=10.0,
+        load_floor_s=3.0,
+        machine_model="Mac Studio",
+        chip_id="Apple M3 Ultra",
+    ),
+    NodeConfig(
+        name="mini-a",
+        memory_gb=24,
+        backends=(Backend.MLX_METAL,),
+        load_gb_per_s=4.0,
+        load_floor_s=3.0,
+        machine_model="Mac mini",
+        chip_id="Apple M4 Pro",
+        ip="127.0.0.2",
+    ),
+    NodeConfig(
+        name="mini-b",
+        memory_gb=24,
+        backends=(Backend.MLX_METAL,),
+        load_gb_per_s=4.0,
+        load_floor_s=3.0,
+        machine_model="Mac mini",
+        chip_id="Apple M4 Pro",
+        ip="127.0.0.3",
+    ),
+)
+# Real catalog models: three that fit somewhere and one (DeepSeek V3.1, ~406 GB) that no demo
+# node set can hold, so the dashboard shows a deployment that cannot be placed and why.
+DEMO_MODELS = (
+    "mlx-community/Qwen3-0.6B-4bit",
+    "mlx-community/Llama-3.2-1B-Instruct-4bit",
+    "mlx-community/Qwen3-30B-A3B-4bit",
+    "mlx-community/DeepSeek-V3.1-4bit",
+)
+# A killed or frozen node is declared gone after this long (exo: 30 s), so recovery is seen soon.
+DEMO_NODE_TIMEOUT_S = 10.0
+DEMO_SWEEP_INTERVAL_S = 2.0
+# A killed node comes back (empty) after this long: after its instance was lost and replaced.
+DEMO_NODE_DOWN_S = 30.0
+# Starting the loop, the master and uvicorn takes well under a second; this bounds a bad start.
+START_TIMEOUT_S = 30.0
+
+
+class EmbeddedCluster:
+    """A master, its API and 3 simulated nodes on a background thread: start, url, stop."""
+
+    def __init__(
+        self,
+        nodes: tuple[NodeConfig, ...] = DEMO_NODES,
+        models: tuple[str, ...] = DEMO_MODELS,
+    ) -> None:
+        self._node_configs = nodes
+        self._models = models
+        self._config = MasterConfig(
+            node_timeout_s=DEMO_NODE_TIMEOUT_S, sweep_interval_s=DEMO_SWEEP_INTERVAL_S
+        )
+        self._data_dir: Path | None = None
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+        self._main: Future[Any] | None = None
+        self._cluster: InProcessCluster | None = None
+        self._master: Master | None = None
+        self._master_scope: anyio.CancelScope | None = None
+        self._master_done: anyio.Event | None = None
+        self._group: TaskGroup | None = None
+        self._port = 0
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        if not self._port:
+            raise RuntimeError("the demo cluster is not started")
+        return f"http://127.0.0.1:{self._port}"
+
+    def node_names(self) -> list[str]:
+        return [config.name for config in self._node_configs]
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start everything; returns the master's URL once its API answers."""
+        with self._lock:
+            if self._portal is not None:
+                return self.url
+            self._data_dir = Path(tempfile.mkdtemp(prefix="exo-deploy-demo-"))
+            self._portal_cm = start_blocking_portal(backend="asyncio")
+            self._portal = self._portal_cm.__enter__()
+            try:
+                self._main, _ = self._portal.start_task(self._run, name="exo-deploy demo")
+            except BaseException:
+                self._shutdown_portal()
+                raise
+            return self.url
+
+    def stop(self) -> None:
+        """Stop the master, the nodes and the loop; remove the demo's data. Idempotent."""
+        with self._lock:
+            if self._portal is None:
+                return
+            if self._main is not None:
+                self._main.cancel()
+            self._shutdown_portal()
+
+    def __enter__(self) -> EmbeddedCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _shutdown_portal(self) -> None:
+        portal_cm, self._portal_cm, self._portal, self._main = self._portal_cm, None, None, None
+        if portal_cm is not None:
+            # Waits for the cancelled tasks to finish (the master writes its snapshot).
+            portal_cm.__exit__(None, None, None)
+        if self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir = None
+        self._port = 0
+
+    async def _run(self, *, task_status: TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as group:
+            self._group = group
+            await self._start_master(group)
+            assert self._master is not None
+            self._cluster = InProcessCluster(self._master, self._node_configs)
+            await group.start(self._cluster.run)
+            for model in self._models:
+                await self._master.create_deployment(model)
+            task_status.started()
+
+    async def _start_master(self, group: TaskGroup) -> None:
+        master = Master(self._data_dir, config=self._config)
+        scope = anyio.CancelScope()
+        done = anyio.Event()
+
+        async def run_master(*, task_status: TaskStatus[int]) -> None:
+            try:
+                with scope:
+                    await serve(master, "127.0.0.1", self._port, None, task_status=task_status)
+            finally:
+                done.set()
+
+        with anyio.fail_after(START_TIMEOUT_S):
+            self._port = await group.start(run_master)
+        self._master, self._master_scope, self._master_done = master, scope, done
+
+    # --- faults (thread-safe) -------------------------------------------------------------
+
+    def kill_node(self, name: str, down_s: float = DEMO_NODE_DOWN_S) -> None:
+        """The node dies now and comes back empty (same id, no runners) after ``down_s``."""
+        self._call(lambda: self._nodes().crash(name, down_s))
+
+    def freeze_node(self, name: str, seconds: float) -> None:
+        """The node stops reading and writing for ``seconds`` (as if SIGSTOPped), then resumes."""
+        self._call(lambda: self._nodes().freeze(name, seconds))
+
+    def partition_node(self, name: str, seconds: float) -> None:
+        """The node's link to the master is cut for ``seconds``."""
+        self._call(lambda: self._nodes().partition(name, seconds))
+
+    def kill_runner(self, name: str, instance_id: str | None = None) -> int:
+        """A runner on the node dies (all of its runners when ``instance_id`` is None); it is
+        retried with exo's backoff. Returns how many runners were killed."""
+        return self._call(lambda: self._nodes().kill_runner(name, instance_id))
+
+    def restart_master(self) -> None:
+        """Stop the master and start a new one on the same port from the same log; the nodes
+        reconnect and report what they run inside its startup grace."""
+        portal = self._require_portal()
+        portal.call(self._restart_master)
+
+    async def _restart_master(self) -> None:
+        if self._master_scope is None or self._master_done is None:
+            raise RuntimeError("the demo cluster is not running")
+        self._master_scope.cancel()
+        await self._master_done.wait()
+        group = self._require_group()
+        await self._start_master(group)
+        self._nodes().set_master(self._master)
+
+    def _nodes(self) -> InProcessCluster:
+        if self._cluster is None:
+            raise RuntimeError("the demo cluster is not running")
+        return self._cluster
+
+    def _require_group(self) -> TaskGroup:
+        if self._group is None:
+            raise RuntimeError("the demo cluster is not running")
+        return self._group
+
+    def _require_portal(self) -> BlockingPortal:
+        portal = self._portal
+        if portal is None:
+            raise RuntimeError("the demo cluster is not started")
+        return portal
+
+    def _call(self, action: Callable[[], T]) -> T:
+        return self._require_portal().call(_sync_call, action)
+
+
+async def _sync_call(action: Callable[[], T]) -> T:
+    return action()
