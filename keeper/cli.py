@@ -421,8 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("bridge", "the keeper beside a stock exo master (not yet available)"),
     ):
         later = command(name, help_, add_help=False)
-        later.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-        later.set_defaults(handler=cmd_not_yet)
+        later.set_defaults(handler=cmd_not_yet)  # whatever its arguments
     return parser
 
 
@@ -444,7 +443,10 @@ def _membership_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.handler is not cmd_not_yet:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         code = args.handler(args)
     except ClientError as exc:
