@@ -1,0 +1,261 @@
+"""The real thing: ``exo-deploy cluster`` as processes on sockets, hurt with ``kill -9``.
+
+One test walks the issue's story: start a 3-node cluster, deploy from the shell, wait until the
+model answers a chat, ``kill -9`` the node serving it and wait until it answers again (the
+master times the node out, the sweep deletes the instance, the keeper places it on another
+node), then ``kill -9`` the master: the cluster restarts it, it rebuilds its State from the log,
+the deployment is still there and the model serves again. Finally SIGTERM stops the cluster and
+every process it started is checked to be gone.
+
+Membership timings are shortened (``--node-timeout``/``--sweep-interval``) so this fits in well
+under a minute; the keeper's own timings, the 15 s startup grace included, are the real ones.
+Every wait is on a condition with a deadline; every process is cleaned up even on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+T = TypeVar("T")
+MODEL = "mlx-community/Qwen3-0.6B-4bit"
+NODE_TIMEOUT_S = 4
+SWEEP_INTERVAL_S = 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(what: str, deadline_s: float, probe: Callable[[], T | None]) -> T:
+    """Poll ``probe`` until it returns something other than None; fail after the deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        result = probe()
+        if result is not None:
+            return result
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {deadline_s:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def ours(pid: int) -> bool:
+    """Whether ``pid`` is still one of the processes this test started (not a reused pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"keeper.cli" in cmdline
+
+
+def alive(pid: int) -> bool:
+    if not ours(pid):
+        return False
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return state != "Z"
+    return False
+
+
+@dataclass
+class Cluster:
+    process: subprocess.Popen[bytes]
+    data_dir: Path
+    url: str
+    pids_seen: set[int] = field(default_factory=set[int])
+
+    def layout(self) -> dict[str, Any] | None:
+        try:
+            layout: dict[str, Any] = json.loads((self.data_dir / "cluster.json").read_text())
+        except (OSError, ValueError):
+            return None
+        pids = [layout["master"]["pid"], *(node["pid"] for node in layout["nodes"])]
+        self.pids_seen.update(pid for pid in pids if pid is not None)
+        return layout
+
+    def pid_of(self, name: str) -> int:
+        layout = self.layout()
+        assert layout is not None
+        (pid,) = [node["pid"] for node in layout["nodes"] if node["name"] == name]
+        return pid
+
+    def master_pid(self) -> int | None:
+        layout = self.layout()
+        return layout["master"]["pid"] if layout is not None else None
+
+    def get(self, path: str) -> Any | None:
+        try:
+            response = httpx.get(self.url + path, timeout=2.0, trust_env=False)
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    def chat(self) -> str | None:
+        """The reply text if the model answers right now, else None."""
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        try:
+            response = httpx.post(
+                self.url + "/v1/chat/completions", json=body, timeout=10.0, trust_env=False
+            )
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        text: str = response.json()["choices"][0]["message"]["content"]
+        return text or None
+
+    def serving_node(self) -> tuple[str, str] | None:
+        """(instance id, friendly name of its node) of the model's instance, if any."""
+        state = self.get("/state")
+        if state is None:
+            return None
+        for instance_id, tagged in state.get("instances", {}).items():
+            (instance,) = tagged.values()
+            if instance["shardAssignments"]["modelId"] == MODEL:
+                (node_id,) = instance["shardAssignments"]["nodeToRunner"]
+                layout = self.layout()
+                assert layout is not None
+                (name,) = [n["name"] for n in layout["nodes"] if n["node_id"] == node_id]
+                return instance_id, name
+        return None
+
+    def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "keeper.cli", *argv, "--url", self.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    port = free_port()
+    output = (tmp_path / "cluster.out").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "keeper.cli",
+            "cluster",
+            "--nodes",
+            "3",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path),
+            "--node-timeout",
+            str(NODE_TIMEOUT_S),
+            "--sweep-interval",
+            str(SWEEP_INTERVAL_S),
+            "--no-node-restart",
+        ],
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    running = Cluster(process, tmp_path, f"http://127.0.0.1:{port}")
+    try:
+        yield running
+    finally:
+        running.layout()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        for pid in running.pids_seen:
+            if alive(pid):  # only if the cluster failed to clean up: never leave one behind
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+        output.close()
+
+
+def test_cluster_survives_a_killed_node_and_a_killed_master(cluster: Cluster) -> None:
+    started = time.monotonic()
+    wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
+
+    deployed = cluster.cli("deploy", MODEL, "--json")
+    assert deployed.returncode == 0, deployed.stderr
+    deployment_id = json.loads(deployed.stdout)["deployment_id"]
+
+    # Serving after the master's 15 s startup grace and a load.
+    assert wait_for("the model to answer", 45, cluster.chat)
+    first_instance, holder = wait_for("its instance", 5, cluster.serving_node)
+    serving_at = time.monotonic()
+
+    # kill -9 the node serving it: the keeper places it elsewhere and it answers again.
+    os.kill(cluster.pid_of(holder), signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    def replaced() -> tuple[str, str] | None:
+        found = cluster.serving_node()
+        return found if found is not None and found[0] != first_instance else None
+
+    second_instance, new_holder = wait_for("a new instance on another node", 30, replaced)
+    assert new_holder != holder
+    assert wait_for("the model to answer again", 30, cluster.chat)
+    node_recovery_s = time.monotonic() - killed_at
+
+    # kill -9 the master: the cluster restarts it from its log; the deployment is still there.
+    old_master = cluster.master_pid()
+    assert old_master is not None
+    os.kill(old_master, signal.SIGKILL)
+    master_killed_at = time.monotonic()
+    wait_for(
+        "a new master",
+        30,
+        lambda: True if cluster.master_pid() not in (None, old_master) else None,
+    )
+
+    def listed_ok() -> subprocess.CompletedProcess[str] | None:
+        done = cluster.cli("list", "--json")
+        return done if done.returncode == 0 else None
+
+    listed = wait_for("the restarted master to list deployments", 30, listed_ok)
+    (view,) = json.loads(listed.stdout)["deployments"]
+    assert view["deployment"]["deploymentId"] == deployment_id
+    assert view["deployment"]["instanceId"] == second_instance
+    assert wait_for("the model to answer after the master restart", 30, cluster.chat)
+    master_recovery_s = time.monotonic() - master_killed_at
+    # The nodes reported their instance back: nothing was placed twice.
+    assert cluster.serving_node() == (second_instance, new_holder)
+
+    print(
+        f"\nserving {serving_at - started:.1f} s after start; node kill -> serving again "
+        f"{node_recovery_s:.1f} s; master kill -> serving again {master_recovery_s:.1f} s"
+    )
+
+    # Ctrl-C (SIGTERM) stops everything it started.
+    pids = set(cluster.pids_seen)
+    os.killpg(cluster.process.pid, signal.SIGTERM)
+    assert cluster.process.wait(timeout=20) == 0
+    assert [pid for pid in pids if alive(pid)] == []
+
+
+def _all_up(cluster: Cluster) -> bool | None:
+    layout = cluster.layout()
+    if layout is None or any(node["pid"] is None for node in layout["nodes"]):
+        return None
+    health = cluster.get("/healthz")
+    return True if health is not None and health["nodes_connected"] == 3 else None
