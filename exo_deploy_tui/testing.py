@@ -17,6 +17,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from exo_deploy_tui.client import ApiError
+from exo_deploy_tui.forms import model_entry
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
 from keeper.api_models import (
     CommandResponse,
@@ -35,7 +36,6 @@ from keeper.state import (
     Memory,
     MemoryUsage,
     MlxRingInstance,
-    ModelCard,
     Multiaddr,
     NodeIdentity,
     PipelineShardMetadata,
@@ -59,21 +59,6 @@ def iso(epoch_s: float) -> str:
 
 def node_id_for(name: str) -> str:
     return f"12D3KooW{name}"
-
-
-def model_entry(card: ModelCard) -> ModelListEntry:
-    return ModelListEntry(
-        id=card.model_id,
-        hugging_face_id=card.model_id,
-        name=card.base_model or card.model_id,
-        storage_size_megabytes=card.storage_size.in_bytes // 1024**2,
-        supports_tensor=card.supports_tensor,
-        tasks=list(card.tasks),
-        n_layers=card.n_layers,
-        hidden_size=card.hidden_size,
-        num_key_value_heads=card.num_key_value_heads,
-        base_model=card.base_model,
-    )
 
 
 @dataclass

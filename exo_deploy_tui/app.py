@@ -1,0 +1,181 @@
+"""The dashboard application: wires a client to the model and the model to the screens.
+
+One worker follows the master (``client.run``) and only posts messages; the app's message
+handler folds them into the model in batches (everything queued is applied before one redraw),
+and a one-second timer moves the countdowns and ages. Widgets are touched only from the app's
+own handlers, never from the worker. Mutations run in their own workers and report through
+notifications, so a slow master never blocks a key press.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+
+import anyio
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+
+from exo_deploy_tui.client import ApiError, ClusterClient
+from exo_deploy_tui.commands import visible_actions
+from exo_deploy_tui.faults import FaultInjector, inject
+from exo_deploy_tui.format import short_model
+from exo_deploy_tui.model import ClusterModel
+from exo_deploy_tui.screens.dashboard import DashboardScreen
+from exo_deploy_tui.updates import ConnectionUpdate, Update
+from keeper.api_models import CreateDeploymentRequest
+
+# The countdowns and "silent for" ages move once a second, as a clock does.
+TICK_S = 1.0
+# If following the master ever fails unexpectedly, try again after this long, not in a loop.
+FEED_RESTART_S = 5.0
+
+
+class ClusterUpdated(Message):
+    """Posted by the feed worker for each update; handled on the app's own task."""
+
+    def __init__(self, update: Update) -> None:
+        super().__init__()
+        self.update = update
+
+
+class DashboardApp(App[None]):
+    CSS_PATH = Path(__file__).with_name("app.tcss")
+    TITLE = "exo-deploy"
+    BINDINGS = [
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+    ]
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        *,
+        clock: Callable[[], float] = time.time,
+        readonly: bool = False,
+        faults: FaultInjector | None = None,
+        tick: bool = True,
+        ansi_colors: bool = False,
+    ) -> None:
+        super().__init__(ansi_color=ansi_colors or None)
+        # On a 16-colour terminal, the terminal's own palette reads truer than RGB squeezed
+        # into it (which turns yellow into red), so the dashboard uses ANSI colours as they are.
+        self._ansi_colors = ansi_colors
+        self.client = client
+        self.readonly = readonly
+        self.faults = faults
+        self.model = ClusterModel()
+        self.paused = False
+        self._clock = clock
+        self._ticking = tick
+        self._pending_updates: list[Update] = []
+        self.dashboard = DashboardScreen()
+
+    def now(self) -> float:
+        return self._clock()
+
+    def on_mount(self) -> None:
+        if self._ansi_colors:
+            self.theme = "ansi-dark"
+        self.push_screen(self.dashboard)
+        self.run_worker(self._follow_master(), name="feed", group="feed", exit_on_error=False)
+        if self._ticking:
+            self.set_interval(TICK_S, self.tick)
+
+    async def _follow_master(self) -> None:
+        while True:
+            try:
+                await self.client.run(self._emit)
+                return
+            except Exception as exc:  # a bug must not take the dashboard down
+                self._emit(ConnectionUpdate("down", f"internal error: {exc}", FEED_RESTART_S))
+                await anyio.sleep(FEED_RESTART_S)
+
+    def _emit(self, update: Update) -> None:
+        self.post_message(ClusterUpdated(update))
+
+    def on_cluster_updated(self, message: ClusterUpdated) -> None:
+        if not self._pending_updates:
+            self.call_later(self._apply_pending)
+        self._pending_updates.append(message.update)
+
+    def _apply_pending(self) -> None:
+        pending, self._pending_updates = self._pending_updates, []
+        if pending:
+            self.model.handle(pending, self.now())
+            self.render_model()
+
+    def tick(self) -> None:
+        self.model.tick(self.now())
+        self.render_model()
+
+    def render_model(self) -> None:
+        self.dashboard.render_model()
+        top = self.screen
+        if top is not self.dashboard and hasattr(top, "render_model"):
+            top.render_model()  # pyright: ignore[reportAttributeAccessIssue]
+
+    # -- mutations ----------------------------------------------------------------------------
+
+    async def create_deployment(self, request: CreateDeploymentRequest) -> str | None:
+        """Ask the master; returns None on success, else the reason it was refused."""
+        if self.readonly:
+            return "read-only: cannot create deployments"
+        try:
+            answer = await self.client.create_deployment(request)
+        except ApiError as exc:
+            return exc.message
+        self.notify(f"Deployment of {short_model(request.model_id)} created.", title="Created")
+        if answer.deployment_id:
+            self.dashboard.select_deployment(answer.deployment_id)
+        return None
+
+    def delete_deployment(self, deployment_id: str, model_id: str) -> None:
+        if self.readonly:
+            self.notify("Read-only: cannot delete deployments.", severity="warning")
+            return
+
+        async def delete() -> None:
+            try:
+                await self.client.delete_deployment(deployment_id)
+            except ApiError as exc:
+                self.notify(exc.message, title="Delete refused", severity="error", timeout=8)
+                return
+            self.notify(f"Deployment of {short_model(model_id)} deleted.", title="Deleted")
+
+        self.run_worker(delete(), group="mutations", exit_on_error=False)
+
+    def inject_fault(self, kind: str, node: str | None, seconds: float | None) -> None:
+        faults = self.faults
+        if faults is None:
+            return
+
+        async def run() -> None:
+            try:
+                done = await anyio.to_thread.run_sync(inject, faults, kind, node, seconds)
+            except Exception as exc:
+                self.notify(str(exc), title="Fault not injected", severity="error")
+                return
+            self.notify(done, title="Demo fault")
+
+        self.run_worker(run(), group="faults", exit_on_error=False)
+
+    # -- command palette ------------------------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        dashboard = self.dashboard
+        for spec in visible_actions(readonly=self.readonly, demo=self.faults is not None):
+            if spec.action == "command_line":
+                continue
+            title = spec.command.capitalize() if spec.command else spec.help
+            yield SystemCommand(
+                f"{title} ({spec.key})",
+                spec.help,
+                partial(self.run_action, spec.action, dashboard),
+            )
+
+    async def on_unmount(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,369 @@
+"""Model rows to styled text: what each table cell, the header and the detail strip say.
+
+Pure (rich Text, no Textual) so the words are tested without a terminal. Column widths depend on
+the terminal width: at 80 columns every column the operator needs fits, and wider terminals get
+room for the model name and the placement error. Colours are named ANSI colours so 16-colour
+terminals show them as meant, and every status also has a word and a symbol.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.text import Text
+
+from exo_deploy_tui.format import (
+    STATUS_COLOR,
+    STATUS_SYMBOL,
+    clock_time,
+    duration,
+    gigabytes,
+    short_id,
+    short_model,
+    status_label,
+    truncate,
+)
+from exo_deploy_tui.model import (
+    Connection,
+    DeploymentRow,
+    InstanceRow,
+    NodeRow,
+    RunnerRow,
+    Summary,
+)
+from exo_deploy_tui.timeline import Level, TimelineEntry
+from exo_deploy_tui.widgets.table import Column
+from keeper.api_models import DeploymentStatus, WaitReason
+
+# Only measures and wraps text for fit_lines; it never prints.
+_MEASURE = Console(width=200, legacy_windows=False, color_system=None)
+DIM = "dim"
+LEVEL_STYLE: dict[Level, tuple[str, str]] = {
+    "info": ("·", ""),
+    "good": ("✔", "green"),
+    "warn": ("!", "yellow"),
+    "error": ("✖", "red"),
+}
+WAIT_WORD: dict[WaitReason, str] = {
+    "grace": "grace",
+    "backoff": "backoff",
+    "unplaceable_retry": "retry",
+    "placement_in_flight": "placing",
+}
+# The widest terminal that still gets the compact columns; from here on there is room for the
+# placement error as a column of its own.
+WIDE_TABLE_FROM = 110
+
+
+def _cell(text: str, style: str, width: int) -> Text:
+    # One column of padding on the right, drawn by us: DataTable's padding costs two per column.
+    return Text(truncate(text, width - 1), style=style, no_wrap=True, overflow="ellipsis")
+
+
+# --- deployments --------------------------------------------------------------------------
+
+
+# Below this width the instance id moves out of the table into the detail strip, so the model
+# name (the one thing an operator scans for) gets the room.
+INSTANCE_COLUMN_FROM = 100
+
+
+def deployment_columns(width: int, model_len: int = 26, nodes_len: int = 14) -> tuple[Column, ...]:
+    """Columns for a table ``width`` wide whose longest model name and node list are given."""
+    fixed = [
+        Column("status", "STATUS", 13),
+        Column("age", "AGE", 7),
+        Column("next", "NEXT", 12),
+        Column("fail", "FAIL", 5),
+    ]
+    if width >= INSTANCE_COLUMN_FROM:
+        fixed.append(Column("instance", "INSTANCE", 9))
+    room = max(24, width - sum(c.width for c in fixed) - 1)  # 1: the scrollbar
+    nodes_min = 8
+    model_w = max(12, min(model_len + 1, 34, room - nodes_min))
+    if width >= WIDE_TABLE_FROM:
+        nodes_w = max(nodes_min, min(nodes_len + 1, 24, room - model_w - 16))
+        flexible = [
+            Column("model", "MODEL", model_w),
+            Column("nodes", "NODES", nodes_w),
+            Column("error", "PLACEMENT ERROR", room - model_w - nodes_w),
+        ]
+    else:
+        flexible = [Column("model", "MODEL", model_w), Column("nodes", "NODES", room - model_w)]
+    by_key = {c.key: c for c in (*fixed, *flexible)}
+    order = ("status", "model", "instance", "nodes", "age", "next", "fail", "error")
+    return tuple(by_key[k] for k in order if k in by_key)
+
+
+def status_text(row: DeploymentRow) -> str:
+    return status_label(row.status)
+
+
+def next_text(row: DeploymentRow) -> str:
+    if row.next_attempt_in_s is None:
+        if row.status == "starting" and row.load_progress is not None:
+            return f"load {row.load_progress:.0%}"
+        return ""
+    word = WAIT_WORD[row.waiting] if row.waiting else "next"
+    return f"{word} {duration(row.next_attempt_in_s)}"
+
+
+def age_text(row: DeploymentRow) -> str:
+    return duration(row.in_status_s) + ("" if row.in_status_known else "+")
+
+
+def deployment_cells(row: DeploymentRow, columns: tuple[Column, ...]) -> tuple[Text, ...]:
+    values: dict[str, tuple[str, str]] = {
+        "status": (status_text(row), f"bold {STATUS_COLOR[row.status]}"),
+        "model": (short_model(row.model_id), "bold" if row.broken else ""),
+        "instance": (short_id(row.instance_id) if row.instance_id else "-", DIM),
+        "nodes": (",".join(row.nodes) if row.nodes else "-", ""),
+        "age": (age_text(row), ""),
+        "next": (next_text(row), "yellow" if row.waiting == "backoff" else ""),
+        "fail": (str(row.failures) if row.failures else "", "red" if row.failures else ""),
+        "error": (row.placement_error or "", "red"),
+    }
+    return tuple(_cell(*values[c.key], c.width) for c in columns)
+
+
+_WAIT_REASON: dict[WaitReason, str] = {
+    "grace": "the master's startup grace",
+    "backoff": "backoff after a lost placement",
+    "unplaceable_retry": "retry of an unplaceable model",
+    "placement_in_flight": "its placement to show up",
+}
+
+
+def timer_words(row: DeploymentRow) -> str:
+    """The keeper's timers for a deployment, in words; empty when nothing is pending."""
+    parts: list[str] = []
+    if row.next_attempt_in_s is not None:
+        why = _WAIT_REASON[row.waiting] if row.waiting else "the keeper"
+        parts.append(f"next attempt in {duration(row.next_attempt_in_s)} (waiting for {why})")
+    if row.failures:
+        parts.append(f"{row.failures} lost before ready in a row")
+    if row.load_progress is not None:
+        parts.append(f"loading {row.load_progress:.0%}")
+    return " · ".join(parts)
+
+
+def detail_text(row: DeploymentRow | None, width: int, lines: int) -> Text:
+    """The selected deployment in full: what the narrow table had to cut."""
+    if row is None:
+        return Text("No deployment selected.  n creates one.", style=DIM)
+    text = Text(no_wrap=False)
+    text.append(short_model(row.model_id), style="bold")
+    text.append("  ")
+    text.append(status_label(row.status), style=f"bold {STATUS_COLOR[row.status]}")
+    text.append(f"  {row.sharding}/{row.instance_meta}, min {row.min_nodes}", style=DIM)
+    if row.instance_id:
+        text.append(f"  instance {short_id(row.instance_id)} on {', '.join(row.nodes)}")
+    timer = timer_words(row)
+    if timer:
+        text.append("\n" + timer, style="yellow" if row.failures else "")
+    if row.placement_error:
+        text.append("\n✖ ", style="bold red")
+        text.append(row.placement_error, style="red")
+    return fit_lines(text, width, lines)
+
+
+def fit_lines(text: Text, width: int, lines: int) -> Text:
+    """Wrap to ``width`` and keep ``lines`` lines, ending with an ellipsis if cut."""
+    if width <= 1 or lines <= 0:
+        return text
+    wrapped = list(text.wrap(_MEASURE, width))
+    if len(wrapped) > lines:
+        wrapped = wrapped[:lines]
+        wrapped[-1].truncate(width - 1)
+        wrapped[-1].append("…")
+    return Text("\n").join(wrapped)
+
+
+# --- nodes --------------------------------------------------------------------------------
+
+
+def node_columns(width: int) -> tuple[Column, ...]:
+    narrow = width < 90
+    fixed = [
+        Column("name", "NODE", 12),
+        Column("state", "STATE", 14),
+        Column("memory", "MEM USED", 12),
+        Column("backends", "BACKENDS", 9 if narrow else 16),
+    ]
+    room = max(16, width - sum(c.width for c in fixed) - 1)
+    links_w = max(8, room * 2 // 5)
+    return (*fixed, Column("links", "LINKS", links_w), Column("runners", "RUNNERS", room - links_w))
+
+
+def liveness_text(row: NodeRow) -> tuple[str, str]:
+    quiet = row.quiet_for_s
+    if row.liveness == "gone":
+        return f"✖ gone {duration(quiet or 0)}", "bold red"
+    if row.liveness == "silent":
+        return f"◌ silent {duration(quiet or 0)}", "bold yellow"
+    return "● alive", "green"
+
+
+def node_cells(row: NodeRow, columns: tuple[Column, ...]) -> tuple[Text, ...]:
+    if row.ram_total is not None and row.ram_used is not None:
+        memory = f"{gigabytes(row.ram_used)}/{gigabytes(row.ram_total)}"
+    else:
+        memory = "-"
+    backends = ",".join(b.removeprefix("Mlx") for b in row.backends) or "-"
+    values: dict[str, tuple[str, str]] = {
+        "name": (row.name, "bold" if row.liveness != "alive" else ""),
+        "state": liveness_text(row),
+        "memory": (memory, ""),
+        "backends": (backends, ""),
+        "links": (",".join(row.links) if row.links else "-", ""),
+        "runners": (", ".join(row.runners) if row.runners else "-", DIM if not row.runners else ""),
+    }
+    return tuple(_cell(*values[c.key], c.width) for c in columns)
+
+
+# --- instances ----------------------------------------------------------------------------
+
+
+def instance_columns(width: int) -> tuple[Column, ...]:
+    layers = Column("layers", "LAYERS", 9)
+    room = max(40, width - layers.width - 1)
+    what_w = room * 5 // 9
+    return (
+        Column("what", "INSTANCE / RANK NODE", what_w),
+        layers,
+        Column("status", "STATUS", room - what_w),
+    )
+
+
+def _bar(fraction: float, width: int = 8) -> str:
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return "█" * filled + "░" * (width - filled)
+
+
+def runner_status_text(runner: RunnerRow) -> tuple[str, str]:
+    if runner.progress is not None:
+        return f"Loading {_bar(runner.progress)} {runner.progress:.0%}", "yellow"
+    if runner.error:
+        return f"✖ Failed: {runner.error}", "red"
+    style = {"Ready": "green", "Running": "green", "Failed": "red", "Unknown": DIM}.get(
+        runner.status, "yellow"
+    )
+    symbol = "●" if style == "green" else ("✖" if style == "red" else "◐")
+    return f"{symbol} {runner.status}", style
+
+
+def instance_table_rows(
+    instances: list[InstanceRow], columns: tuple[Column, ...]
+) -> list[tuple[str, tuple[Text, ...]]]:
+    rows: list[tuple[str, tuple[Text, ...]]] = []
+    for instance in instances:
+        ready = sum(1 for r in instance.runners if r.status in ("Ready", "Running"))
+        head: dict[str, tuple[str, str]] = {
+            "what": (f"{short_model(instance.model_id)} {short_id(instance.instance_id)}", "bold"),
+            "layers": (instance.kind.removeprefix("Mlx"), DIM),
+            "status": (
+                ("● ready" if instance.ready else f"◐ {ready}/{len(instance.runners)} ready"),
+                "green" if instance.ready else "yellow",
+            ),
+        }
+        rows.append((instance.instance_id, tuple(_cell(*head[c.key], c.width) for c in columns)))
+        for index, runner in enumerate(instance.runners):
+            branch = "└" if index == len(instance.runners) - 1 else "├"
+            gone = "" if runner.node_present else " ✖gone"
+            cells: dict[str, tuple[str, str]] = {
+                "what": (
+                    f" {branch} {runner.rank} {runner.node_name}{gone}",
+                    "" if runner.node_present else "red",
+                ),
+                "layers": (f"{runner.start_layer}-{runner.end_layer - 1}", ""),
+                "status": runner_status_text(runner),
+            }
+            rows.append((runner.runner_id, tuple(_cell(*cells[c.key], c.width) for c in columns)))
+    return rows
+
+
+# --- timeline, header ---------------------------------------------------------------------
+
+
+def timeline_line(entry: TimelineEntry) -> Text:
+    symbol, style = LEVEL_STYLE[entry.level]
+    line = Text(no_wrap=False)
+    line.append(clock_time(entry.at), style=DIM)
+    line.append(f" {symbol} ", style=f"bold {style}".strip())
+    line.append(entry.text, style=style)
+    return line
+
+
+def connection_text(connection: Connection, now: float, url: str) -> Text:
+    text = Text()
+    host = url.removeprefix("http://").removeprefix("https://")
+    if connection.stale_since is not None:
+        text.append(
+            f" ✖ stale since {clock_time(connection.stale_since)} ", style="bold reverse red"
+        )
+        detail = f" {connection.detail}" if connection.detail else ""
+        retry = (
+            f", retrying in {connection.retry_in_s:.0f}s"
+            if connection.retry_in_s is not None and connection.retry_in_s >= 1
+            else ", retrying"
+        )
+        text.append(f"{detail}{retry}", style="red")
+        return text
+    mode = connection.mode
+    if mode == "live":
+        text.append("● live", style="bold green")
+    elif mode == "polling":
+        text.append("◐ polling 1s", style="bold yellow")
+    elif mode == "down":
+        text.append(f"✖ cannot reach {host}", style="bold red")
+        if connection.detail:
+            text.append(f" ({connection.detail})", style="red")
+    else:
+        text.append(f"○ connecting to {host}…", style="bold cyan")
+    return text
+
+
+_STATUSES: tuple[DeploymentStatus, ...] = ("serving", "starting", "placing", "cant_place")
+
+
+def summary_text(summary: Summary, *, wide: bool) -> Text:
+    text = Text()
+    text.append(f"{summary.nodes_alive} node{'s' if summary.nodes_alive != 1 else ''}")
+    if summary.nodes_silent:
+        text.append(f" ◌{summary.nodes_silent} silent", style="bold yellow")
+    if summary.nodes_gone:
+        text.append(f" ✖{summary.nodes_gone} gone", style="red")
+    text.append(f" · {summary.deployments} deployment{'s' if summary.deployments != 1 else ''}")
+    for status in _STATUSES:
+        count = summary.by_status.get(status, 0)
+        if count:
+            label = f"{status_label(status)} {count}" if wide else f"{STATUS_SYMBOL[status]}{count}"
+            text.append(f" {label}", style=f"bold {STATUS_COLOR[status]}")
+    return text
+
+
+def header_text(
+    connection: Connection,
+    summary: Summary,
+    now: float,
+    url: str,
+    *,
+    width: int,
+    paused: bool,
+    readonly: bool,
+) -> Text:
+    left = Text()
+    left.append(" exo-deploy ", style="bold reverse")
+    left.append(" ")
+    left.append_text(connection_text(connection, now, url))
+    if paused:
+        left.append("  ❚❚ PAUSED", style="bold reverse yellow")
+    if readonly:
+        left.append("  read-only", style="bold magenta")
+    right = summary_text(summary, wide=width >= WIDE_TABLE_FROM)
+    right.append(f"  {clock_time(now)} ")
+    gap = width - left.cell_len - right.cell_len
+    if gap >= 2:
+        return Text.assemble(left, " " * gap, right)
+    # Narrow: the connection state matters most; the summary moves to the panel titles.
+    left.truncate(width, overflow="ellipsis")
+    return left

@@ -1,0 +1,70 @@
+"""The create form's rules, without the form: search the catalog, validate before sending.
+
+Validating here (a model chosen, a sane node count, tensor sharding only for models that
+support it, one deployment per model) means most mistakes are named before anything is sent;
+the master still has the last word, and the form shows its refusal verbatim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from keeper.api_models import CreateDeploymentRequest, ModelListEntry
+from keeper.state import InstanceMeta, ModelCard, Sharding
+
+# The API's own bound (CreateDeploymentRequest.min_nodes); checked here to say it in words.
+MAX_MIN_NODES = 1024
+
+
+def search_models(entries: Sequence[ModelListEntry], query: str) -> list[ModelListEntry]:
+    """Entries whose id or name contains every word of ``query`` (any case), smallest first."""
+    words = query.casefold().split()
+    found = [e for e in entries if all(w in f"{e.id} {e.name}".casefold() for w in words)]
+    return sorted(found, key=lambda e: (e.storage_size_megabytes, e.id))
+
+
+def validate_create(
+    entry: ModelListEntry | None,
+    sharding: str,
+    instance_meta: str,
+    min_nodes_text: str,
+    deployed: Mapping[str, str],
+) -> CreateDeploymentRequest | str:
+    """The request to send, or what is wrong with the form (one sentence)."""
+    if entry is None:
+        return "Choose a model from the list (type to search)."
+    if entry.id in deployed:
+        return f"{entry.id} already has a deployment ({deployed[entry.id]})."
+    text = min_nodes_text.strip() or "1"
+    try:
+        min_nodes = int(text)
+    except ValueError:
+        return f"Min nodes must be a whole number, not '{text}'."
+    if not 1 <= min_nodes <= MAX_MIN_NODES:
+        return f"Min nodes must be between 1 and {MAX_MIN_NODES}."
+    try:
+        shard = Sharding(sharding)
+        meta = InstanceMeta(instance_meta)
+    except ValueError as exc:
+        return str(exc)
+    if shard is Sharding.TENSOR and not entry.supports_tensor:
+        return f"{entry.id} does not support tensor sharding; use Pipeline."
+    return CreateDeploymentRequest(
+        model_id=entry.id, sharding=shard, instance_meta=meta, min_nodes=min_nodes
+    )
+
+
+def model_entry(card: ModelCard) -> ModelListEntry:
+    """A catalog card as ``GET /models`` lists it (the form's fallback when /models fails)."""
+    return ModelListEntry(
+        id=card.model_id,
+        hugging_face_id=card.model_id,
+        name=card.base_model or card.model_id,
+        storage_size_megabytes=card.storage_size.in_bytes // 1024**2,
+        supports_tensor=card.supports_tensor,
+        tasks=list(card.tasks),
+        n_layers=card.n_layers,
+        hidden_size=card.hidden_size,
+        num_key_value_heads=card.num_key_value_heads,
+        base_model=card.base_model,
+    )

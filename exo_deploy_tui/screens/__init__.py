@@ -1,0 +1,1 @@
+"""The dashboard's screens: the main view and the dialogs it opens."""

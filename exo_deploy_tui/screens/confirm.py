@@ -1,0 +1,68 @@
+"""The delete confirmation: says exactly what will go, with Cancel focused.
+
+As in k9s, a destructive key never acts alone: enter on the default button cancels, and
+deleting takes a deliberate move to "Delete" (tab, or the arrow keys) first.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Footer, Static
+
+from exo_deploy_tui.format import short_id
+from exo_deploy_tui.model import DeploymentRow
+
+
+def delete_question(row: DeploymentRow) -> Text:
+    text = Text()
+    text.append("Delete the deployment of\n")
+    text.append(f"  {row.model_id}", style="bold")
+    text.append(f"  ({row.deployment_id})\n\n", style="dim")
+    if row.instance_id:
+        text.append(
+            f"The keeper stops keeping it running and deletes the instance it placed "
+            f"({short_id(row.instance_id)} on {', '.join(row.nodes) or 'no nodes'}).\n"
+            "An instance of this model placed some other way is left running."
+        )
+    else:
+        text.append("The keeper stops trying to place it. No instance is running.")
+    return text
+
+
+class ConfirmDeleteScreen(ModalScreen[bool]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("left", "app.focus_previous", "Previous", show=False),
+        Binding("right", "app.focus_next", "Next", show=False),
+    ]
+
+    def __init__(self, row: DeploymentRow) -> None:
+        super().__init__()
+        self.row = row
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="confirm") as dialog:
+            dialog.border_title = "Delete deployment?"
+            yield Static(delete_question(self.row), id="question")
+            with Horizontal(id="buttons"):
+                yield Button("Cancel", id="cancel", variant="primary", compact=True)
+                yield Button("Delete", id="delete", variant="error", compact=True)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(False)
+
+    @on(Button.Pressed, "#delete")
+    def _delete(self) -> None:
+        self.dismiss(True)

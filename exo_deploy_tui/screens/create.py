@@ -1,0 +1,182 @@
+"""The create form (``n``): a searchable catalog from /models and the deployment's options.
+
+It stays open until the master accepts, showing the master's own refusal if it says no, so
+an operator never has to retype a form to fix one field.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, cast
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Footer, Input, Label, OptionList, Select, Static
+from textual.widgets.option_list import Option
+
+from exo_deploy_tui.client import ApiError
+from exo_deploy_tui.format import short_model
+from exo_deploy_tui.forms import model_entry, search_models, validate_create
+from keeper.api_models import CreateDeploymentRequest, ModelListEntry
+from keeper.catalog import BUILTIN_MODEL_CARDS
+from keeper.state import InstanceMeta, Sharding
+
+if TYPE_CHECKING:
+    from exo_deploy_tui.app import DashboardApp
+
+
+def _option_text(entry: ModelListEntry, deployed: bool) -> Text:
+    size = entry.storage_size_megabytes / 1024
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(f"{short_model(entry.id):<30}", style="dim" if deployed else "bold")
+    text.append(f"{size:>7.1f} GB {entry.n_layers:>3} layers", style="dim")
+    if entry.supports_tensor:
+        text.append("  tensor", style="dim")
+    if deployed:
+        text.append("  deployed", style="yellow")
+    return text
+
+
+class CreateScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+s", "submit", "Create"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: list[ModelListEntry] = []
+        self.shown: list[ModelListEntry] = []
+        self.sending = False
+
+    @property
+    def dash(self) -> DashboardApp:
+        return cast("DashboardApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="form") as dialog:
+            dialog.border_title = "New deployment"
+            dialog.border_subtitle = "esc cancel · ctrl+s create"
+            yield Input(placeholder="search models…", id="search", compact=True)
+            yield OptionList(id="catalog")
+            yield Static("loading the catalog…", id="catalog-note", markup=False)
+            with Horizontal(id="options"):
+                yield Label("Sharding ")
+                yield Select(
+                    [(s.value, s.value) for s in Sharding],
+                    value=Sharding.PIPELINE.value,
+                    allow_blank=False,
+                    id="sharding",
+                    compact=True,
+                )
+                yield Label("  Instance ")
+                yield Select(
+                    [(m.value, m.value) for m in InstanceMeta],
+                    value=InstanceMeta.MLX_RING.value,
+                    allow_blank=False,
+                    id="meta",
+                    compact=True,
+                )
+                yield Label("  Min nodes ")
+                yield Input("1", id="min-nodes", type="integer", compact=True, max_length=4)
+            yield Static("", id="form-error", markup=False)
+            with Horizontal(id="buttons"):
+                yield Button("Cancel", id="cancel", compact=True)
+                yield Button("Create", id="create", variant="primary", compact=True)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#search", Input).focus()
+        self.load_catalog()
+
+    @work(exclusive=True, group="catalog")
+    async def load_catalog(self) -> None:
+        note = self.query_one("#catalog-note", Static)
+        try:
+            self.entries = await self.dash.client.models()
+            note.update(f"{len(self.entries)} models from the master's catalog")
+        except ApiError as exc:
+            self.entries = [model_entry(c) for c in BUILTIN_MODEL_CARDS]
+            note.update(f"built-in catalog (/models failed: {exc.message})")
+        self._refilter()
+
+    def _deployed(self) -> dict[str, str]:
+        return {
+            d.model_card.model_id: d.deployment_id
+            for d in self.dash.model.state.deployments.values()
+        }
+
+    def _refilter(self) -> None:
+        query = self.query_one("#search", Input).value
+        self.shown = search_models(self.entries, query)
+        catalog = self.query_one("#catalog", OptionList)
+        deployed = self._deployed()
+        catalog.set_options(Option(_option_text(e, e.id in deployed), id=e.id) for e in self.shown)
+        if self.shown:
+            first_free = next((i for i, e in enumerate(self.shown) if e.id not in deployed), 0)
+            catalog.highlighted = first_free
+
+    @on(Input.Changed, "#search")
+    def _on_search(self) -> None:
+        self._refilter()
+
+    @on(Input.Submitted, "#search")
+    def _on_search_done(self) -> None:
+        self.query_one("#catalog", OptionList).focus()
+
+    @on(OptionList.OptionSelected, "#catalog")
+    def _on_model_chosen(self) -> None:
+        self.query_one("#sharding", Select).focus()
+
+    @on(Input.Submitted, "#min-nodes")
+    def _on_min_nodes_done(self) -> None:
+        self.action_submit()
+
+    @on(Button.Pressed, "#create")
+    def _on_create(self) -> None:
+        self.action_submit()
+
+    @on(Button.Pressed, "#cancel")
+    def _on_cancel(self) -> None:
+        self.action_cancel()
+
+    def chosen(self) -> ModelListEntry | None:
+        index = self.query_one("#catalog", OptionList).highlighted
+        if index is None or not 0 <= index < len(self.shown):
+            return None
+        return self.shown[index]
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def action_submit(self) -> None:
+        if self.sending:
+            return
+        error = self.query_one("#form-error", Static)
+        result = validate_create(
+            self.chosen(),
+            str(self.query_one("#sharding", Select).value),
+            str(self.query_one("#meta", Select).value),
+            self.query_one("#min-nodes", Input).value,
+            self._deployed(),
+        )
+        if isinstance(result, str):
+            error.update(Text(f"✖ {result}", style="bold red"))
+            return
+        error.update(Text(f"sending: deploy {result.model_id}…", style="dim"))
+        self.sending = True
+        self._send(result)
+
+    @work(exclusive=True, group="create")
+    async def _send(self, request: CreateDeploymentRequest) -> None:
+        refused = await self.dash.create_deployment(request)
+        self.sending = False
+        if refused is None:
+            self.dismiss(None)
+            return
+        self.query_one("#form-error", Static).update(
+            Text(f"✖ The master refused: {refused}", style="bold red")
+        )

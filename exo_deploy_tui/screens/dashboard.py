@@ -1,0 +1,372 @@
+"""The main screen: deployments first, with nodes, instances and the timeline beside them.
+
+At 80x24 one panel shows at a time (tabs 1-4, the deployments table by default) with the
+selected deployment's details under it; from 120x36 all four show at once. Every key here is an
+action also listed in ``exo_deploy_tui.commands``, so ``:`` and the command palette reach it.
+The screen keeps view state only (tab, sort, filter, selection); the data is the app's model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, cast
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Container, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input
+
+from exo_deploy_tui.commands import ParseError, parse_command
+from exo_deploy_tui.model import DeploymentRow, SortKey, sort_rows
+from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
+from exo_deploy_tui.screens.create import CreateScreen
+from exo_deploy_tui.screens.describe import DescribeScreen
+from exo_deploy_tui.screens.help import HelpScreen
+from exo_deploy_tui.screens.node_picker import NodePickerScreen
+from exo_deploy_tui.widgets.panels import (
+    DeploymentsTable,
+    DetailStrip,
+    HeaderBar,
+    InstancesTable,
+    NodesTable,
+    SizedTable,
+    TabBar,
+    TimelineView,
+)
+
+if TYPE_CHECKING:
+    from exo_deploy_tui.app import DashboardApp
+
+# From this size every panel fits on screen at once with a useful number of rows each.
+WIDE_MIN_WIDTH = 120
+WIDE_MIN_HEIGHT = 36
+
+_MUTATING = frozenset({"new", "delete"})
+_DEMO_ONLY = frozenset({"fault", "restart_master"})
+
+
+class DashboardScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("n", "new", "New"),
+        Binding("ctrl+d", "delete", "Delete"),
+        Binding("enter", "describe", "Describe", key_display="⏎"),
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("ctrl+z", "broken", "Broken"),
+        Binding("p", "pause", "Pause"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+        Binding("escape", "back", "Back", show=False),
+        Binding("S,shift+s", "sort('status')", "Sort status", show=False),
+        Binding("N,shift+n", "sort('name')", "Sort name", show=False),
+        Binding("A,shift+a", "sort('age')", "Sort age", show=False),
+        Binding("1", "show_tab('deployments')", "Deployments", show=False),
+        Binding("2", "show_tab('nodes')", "Nodes", show=False),
+        Binding("3", "show_tab('instances')", "Instances", show=False),
+        Binding("4", "show_tab('timeline')", "Timeline", show=False),
+        Binding("colon", "command_line", "Command", show=False, key_display=":"),
+        Binding("k", "fault('kill')", "Kill node", show=False),
+        Binding("f", "fault('freeze')", "Freeze node", show=False),
+        Binding("x", "fault('partition')", "Partition node", show=False),
+        Binding("r", "fault('kill_runner')", "Kill runner", show=False),
+        Binding("M,shift+m", "restart_master", "Restart master", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active_tab = "deployments"
+        self.sort_key: SortKey = "status"
+        self.sort_reverse = False
+        self.filter_text = ""
+        self.broken_only = False
+        self.visible_rows: list[DeploymentRow] = []
+
+    @property
+    def dash(self) -> DashboardApp:
+        return cast("DashboardApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        yield TabBar(id="tabs")
+        yield Input(placeholder="filter: model, status, node, error…", id="filter", compact=True)
+        with Container(id="panels"):
+            with Vertical(id="deployments-panel", classes="panel"):
+                yield DeploymentsTable(id="deployments")
+                yield DetailStrip(id="detail")
+            yield NodesTable(id="nodes")
+            yield InstancesTable(id="instances")
+            yield TimelineView(id="timeline")
+        yield Input(placeholder=":command  (help lists them)", id="command", compact=True)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#nodes").add_class("panel")
+        self.query_one("#instances").add_class("panel")
+        self.query_one("#timeline").add_class("panel")
+        self.query_one("#filter").display = False
+        self.query_one("#command").display = False
+        self._apply_layout()
+        self.query_one(DeploymentsTable).focus()
+
+    def on_resize(self) -> None:
+        self._apply_layout()
+        self.render_model()
+
+    def _apply_layout(self) -> None:
+        wide = self.size.width >= WIDE_MIN_WIDTH and self.size.height >= WIDE_MIN_HEIGHT
+        self.set_class(wide, "wide")
+        self.set_class(not wide, "compact")
+        for panel in self.query(".panel"):
+            panel.set_class(panel.id in (f"{self.active_tab}-panel", self.active_tab), "active")
+
+    @property
+    def wide(self) -> bool:
+        return self.has_class("wide")
+
+    # -- rendering ------------------------------------------------------------------------------
+
+    def render_model(self) -> None:
+        """Show the app's model as of the app's clock; cheap when nothing changed."""
+        if not self.is_mounted:
+            return
+        app = self.dash
+        model, now = app.model, app.now()
+        summary = model.summary(now)
+        self.query_one(HeaderBar).show(
+            model.connection, summary, now, app.client.url, paused=app.paused, readonly=app.readonly
+        )
+        if app.paused:
+            return
+        rows = model.deployment_rows(now)
+        shown = [r for r in rows if (not self.broken_only or r.broken)]
+        if self.filter_text:
+            shown = [r for r in shown if r.matches(self.filter_text)]
+        self.visible_rows = sort_rows(shown, self.sort_key, self.sort_reverse)
+        table = self.query_one(DeploymentsTable)
+        table.show(self.visible_rows)
+        self.query_one(DetailStrip).show(self.selected_row())
+        nodes = model.node_rows(now)
+        self.query_one(NodesTable).show(nodes)
+        instances = model.instance_rows()
+        self.query_one(InstancesTable).show(instances)
+        self.query_one(TimelineView).show(model.timeline)
+        self._show_titles(len(rows), len(shown), len(nodes), len(instances))
+
+    def _show_titles(self, total: int, shown: int, nodes: int, instances: int) -> None:
+        arrow = "↓" if self.sort_reverse else "↑"
+        view = [f"sort {self.sort_key}{arrow}"]
+        if self.broken_only:
+            view.append("broken only")
+        if self.filter_text:
+            view.append(f"/{self.filter_text}")
+        count = f"{shown}/{total}" if shown != total else str(total)
+        self.query_one(TabBar).show(
+            self.active_tab,
+            {
+                "deployments": f"{count} ({', '.join(view)})",
+                "nodes": str(nodes),
+                "instances": str(instances),
+            },
+        )
+        panel = self.query_one("#deployments-panel")
+        panel.border_title = f"Deployments {count}"
+        panel.border_subtitle = ", ".join(view)
+        self.query_one("#nodes").border_title = f"Nodes {nodes}"
+        self.query_one("#instances").border_title = f"Instances {instances}"
+        self.query_one("#timeline").border_title = "Timeline"
+
+    def selected_row(self) -> DeploymentRow | None:
+        key = self.query_one(DeploymentsTable).selected_key
+        for row in self.visible_rows:
+            if row.deployment_id == key:
+                return row
+        return self.visible_rows[0] if self.visible_rows else None
+
+    @on(DataTable.RowHighlighted, "#deployments")
+    def _on_highlight(self) -> None:
+        self.query_one(DetailStrip).show(self.selected_row())
+
+    @on(DataTable.RowSelected, "#deployments")
+    def _on_select(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_describe()
+
+    @on(SizedTable.ColumnsChanged)
+    def _on_columns(self) -> None:
+        self.render_model()
+
+    # -- permissions ------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in _MUTATING and self.dash.readonly:
+            return False
+        return not (action in _DEMO_ONLY and self.dash.faults is None)
+
+    # -- actions ----------------------------------------------------------------------------------
+
+    def action_new(self) -> None:
+        if self._refuse_readonly("create"):
+            return
+        self.app.push_screen(CreateScreen())
+
+    def action_delete(self) -> None:
+        if self._refuse_readonly("delete"):
+            return
+        row = self.selected_row()
+        if row is None:
+            self.notify("No deployment selected.", severity="warning")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.dash.delete_deployment(row.deployment_id, row.model_id)
+
+        self.app.push_screen(ConfirmDeleteScreen(row), confirmed)
+
+    def action_describe(self) -> None:
+        row = self.selected_row()
+        if row is None:
+            self.notify("No deployment selected.", severity="warning")
+            return
+        self.app.push_screen(DescribeScreen(row.deployment_id))
+
+    def action_filter(self) -> None:
+        self.show_tab("deployments")
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.value = self.filter_text
+        box.focus()
+
+    def action_set_filter(self, text: str) -> None:
+        self.filter_text = text.strip()
+        box = self.query_one("#filter", Input)
+        box.display = bool(self.filter_text)
+        box.value = self.filter_text
+        self.show_tab("deployments")
+        self.render_model()
+
+    @on(Input.Changed, "#filter")
+    def _on_filter_typed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value.strip()
+        self.render_model()
+
+    @on(Input.Submitted, "#filter")
+    def _on_filter_done(self) -> None:
+        self.query_one("#filter", Input).display = bool(self.filter_text)
+        self.query_one(DeploymentsTable).focus()
+
+    def action_sort(self, key: str) -> None:
+        sort_key = cast("SortKey", key)
+        if sort_key == self.sort_key:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_key, self.sort_reverse = sort_key, False
+        self.render_model()
+
+    def action_broken(self) -> None:
+        self.broken_only = not self.broken_only
+        self.notify(
+            "Showing only deployments that are not serving."
+            if self.broken_only
+            else "Showing every deployment.",
+            timeout=2,
+        )
+        self.render_model()
+
+    def action_pause(self) -> None:
+        app = self.dash
+        app.paused = not app.paused
+        self.render_model()
+
+    def action_show_tab(self, name: str) -> None:
+        self.show_tab(name)
+
+    def show_tab(self, name: str) -> None:
+        if name not in ("deployments", "nodes", "instances", "timeline"):
+            return
+        self.active_tab = name
+        self._apply_layout()
+        self.render_model()
+        target = self.query_one(f"#{name}")
+        target.focus()
+
+    def action_command_line(self) -> None:
+        box = self.query_one("#command", Input)
+        box.display = True
+        box.value = ""
+        box.focus()
+
+    @on(Input.Submitted, "#command")
+    def _on_command(self, event: Input.Submitted) -> None:
+        box = self.query_one("#command", Input)
+        box.display = False
+        self._focus_active()
+        self.run_command(event.value)
+
+    def run_command(self, line: str) -> None:
+        parsed = parse_command(line, readonly=self.dash.readonly, demo=self.dash.faults is not None)
+        if isinstance(parsed, ParseError):
+            self.notify(parsed.message, title="Command", severity="error")
+            return
+        method = getattr(self, f"action_{parsed.method}")
+        method(*parsed.args)
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen())
+
+    def action_quit(self) -> None:
+        self.app.exit()
+
+    def action_back(self) -> None:
+        command = self.query_one("#command", Input)
+        filter_box = self.query_one("#filter", Input)
+        if command.display:
+            command.display = False
+        elif filter_box.display or self.filter_text:
+            self.action_set_filter("")
+        elif self.broken_only:
+            self.action_broken()
+        elif self.active_tab != "deployments":
+            self.show_tab("deployments")
+            return
+        self._focus_active()
+
+    def action_fault(
+        self, kind: str, node: str | None = None, seconds: float | None = None
+    ) -> None:
+        faults = self.dash.faults
+        if faults is None:
+            self.notify("Faults can be injected only with --demo.", severity="warning")
+            return
+        if node is not None:
+            self.dash.inject_fault(kind, node, seconds)
+            return
+        names = faults.node_names()
+        row = self.selected_row()
+        preferred = row.nodes[0] if row and row.nodes else None
+
+        def chosen(name: str | None) -> None:
+            if name:
+                self.dash.inject_fault(kind, name, seconds)
+
+        self.app.push_screen(NodePickerScreen(kind, names, preferred), chosen)
+
+    def action_restart_master(self) -> None:
+        if self.dash.faults is None:
+            self.notify("The master can be restarted only with --demo.", severity="warning")
+            return
+        self.dash.inject_fault("restart_master", None, None)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _refuse_readonly(self, what: str) -> bool:
+        if self.dash.readonly:
+            self.notify(f"Read-only: cannot {what} deployments.", severity="warning")
+            return True
+        return False
+
+    def _focus_active(self) -> None:
+        self.query_one(f"#{self.active_tab}").focus()
+
+    def select_deployment(self, deployment_id: str) -> None:
+        self.query_one(DeploymentsTable).select_key(deployment_id)

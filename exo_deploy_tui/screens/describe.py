@@ -1,0 +1,166 @@
+"""Describe (enter): one deployment in full, live.
+
+Everything the table had to cut: the whole placement error, the keeper's timers in words, the
+instance's runners, the deployment's own history from the timeline, and the raw JSON the master
+holds, so an operator can paste it into an issue.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, ClassVar, cast
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from exo_deploy_tui.cells import runner_status_text, timeline_line, timer_words
+from exo_deploy_tui.format import STATUS_COLOR, duration, gigabytes, short_model, status_label
+from exo_deploy_tui.model import ClusterModel, DeploymentRow
+from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
+
+if TYPE_CHECKING:
+    from exo_deploy_tui.app import DashboardApp
+
+
+def describe_text(model: ClusterModel, deployment_id: str, now: float) -> Text:
+    rows = {r.deployment_id: r for r in model.deployment_rows(now)}
+    row = rows.get(deployment_id)
+    deployment = model.deployment(deployment_id)
+    text = Text()
+    if row is None or deployment is None:
+        text.append("This deployment no longer exists (deleted).\n\n", style="bold yellow")
+        for entry in model.timeline:
+            if deployment_id in entry.text:
+                text.append_text(timeline_line(entry))
+                text.append("\n")
+        return text
+    card = deployment.model_card
+    text.append(short_model(row.model_id), style="bold")
+    text.append("  ")
+    text.append(status_label(row.status), style=f"bold {STATUS_COLOR[row.status]}")
+    known = "" if row.in_status_known else " at least"
+    text.append(f"  for{known} {duration(row.in_status_s)}\n\n", style="dim")
+    fields = [
+        ("deployment", deployment.deployment_id),
+        (
+            "model",
+            f"{card.model_id} ({gigabytes(card.storage_size.in_bytes)}, {card.n_layers} layers)",
+        ),
+        (
+            "options",
+            f"{deployment.sharding} / {deployment.instance_meta}, "
+            f"min {deployment.min_nodes} node{'s' if deployment.min_nodes != 1 else ''}",
+        ),
+        ("instance", f"{row.instance_id} on {', '.join(row.nodes)}" if row.instance_id else "none"),
+    ]
+    for name, value in fields:
+        text.append(f"{name:<11}", style="bold")
+        text.append(f"{value}\n")
+    text.append(f"{'keeper':<11}", style="bold")
+    text.append_text(_keeper_words(row, model.has_timers))
+    text.append("\n")
+    if row.placement_error:
+        text.append("\nPlacement error\n", style="bold red")
+        text.append(f"{row.placement_error}\n", style="red")
+    instance = next((i for i in model.instance_rows() if i.instance_id == row.instance_id), None)
+    if instance is not None:
+        text.append("\nRunners\n", style="bold")
+        for runner in instance.runners:
+            words, style = runner_status_text(runner)
+            gone = "" if runner.node_present else " (node gone)"
+            text.append(
+                f"  rank {runner.rank}  {runner.node_name + gone:<18} "
+                f"layers {runner.start_layer}-{runner.end_layer - 1:<6} "
+            )
+            text.append(f"{words}\n", style=style)
+    text.append("\nHistory", style="bold")
+    text.append(" (since this dashboard started)\n", style="dim")
+    history = model.history(deployment_id)
+    if not history:
+        text.append("  nothing yet\n", style="dim")
+    for entry in history:
+        text.append("  ")
+        text.append_text(timeline_line(entry))
+        text.append("\n")
+    text.append("\nRaw JSON", style="bold")
+    text.append(" (the deployment as the master holds it)\n", style="dim")
+    raw = deployment.model_dump(mode="json", by_alias=True)
+    text.append(json.dumps(raw, indent=2) + "\n", style="dim")
+    timer = model.timer(deployment_id)
+    if timer is not None:
+        text.append(
+            json.dumps(
+                {"failures": timer.failures, "waiting": timer.waiting, "dueAt": timer.due_at},
+                indent=2,
+            )
+            + "\n",
+            style="dim",
+        )
+    return text
+
+
+def _keeper_words(row: DeploymentRow, has_timers: bool) -> Text:
+    if not has_timers:
+        return Text("no timers (this master has no deployments API)", style="dim")
+    words = timer_words(row)
+    if not words:
+        return Text("nothing pending" if row.status == "serving" else "placing at its next step")
+    return Text(words, style="yellow")
+
+
+class DescribeScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "Back"),
+        Binding("ctrl+d", "delete", "Delete"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, deployment_id: str) -> None:
+        super().__init__()
+        self.deployment_id = deployment_id
+        self._shown: Text | None = None
+
+    @property
+    def dash(self) -> DashboardApp:
+        return cast("DashboardApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="describe") as scroll:
+            scroll.border_title = "Describe"
+            scroll.border_subtitle = "esc back"
+            yield Static("", id="describe-body", markup=False)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.render_model()
+        self.query_one("#describe").focus()
+
+    def render_model(self) -> None:
+        app = self.dash
+        text = describe_text(app.model, self.deployment_id, app.now())
+        if text != self._shown:
+            self._shown = text
+            self.query_one("#describe-body", Static).update(text)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not (action == "delete" and self.dash.readonly)
+
+    def action_back(self) -> None:
+        self.dismiss(None)
+
+    def action_delete(self) -> None:
+        rows = {r.deployment_id: r for r in self.dash.model.deployment_rows(self.dash.now())}
+        row = rows.get(self.deployment_id)
+        if row is None:
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.dash.delete_deployment(row.deployment_id, row.model_id)
+                self.dismiss(None)
+
+        self.app.push_screen(ConfirmDeleteScreen(row), confirmed)

@@ -1,0 +1,58 @@
+"""The help screen (``?``): every key, from the same table the command line reads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, cast
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Static
+
+from exo_deploy_tui.commands import ActionSpec, visible_actions
+
+if TYPE_CHECKING:
+    from exo_deploy_tui.app import DashboardApp
+
+
+def help_text(actions: list[ActionSpec]) -> Text:
+    text = Text()
+    for spec in actions:
+        text.append(f"{spec.key:>7}  ", style="bold cyan")
+        command = f":{spec.command} {spec.args}".rstrip() if spec.command else ""
+        text.append(f"{command:<22}", style="dim")
+        text.append(f"{spec.help}\n")
+    text.append("\n")
+    text.append("   esc   ", style="bold cyan")
+    text.append("back: close a dialog, clear the filter, leave a tab\n")
+    text.append("ctrl+p   ", style="bold cyan")
+    text.append("command palette: search every action by name\n")
+    text.append("\nStatus: ", style="bold")
+    text.append("● serving", style="green")
+    text.append("  ◐ starting", style="yellow")
+    text.append("  ○ placing", style="cyan")
+    text.append("  ✖ cant_place", style="red")
+    text.append(
+        "\nAGE is the time in the current status (+: at least, it was so when we connected)"
+    )
+    return text
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark,q", "close", "Close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        app = cast("DashboardApp", self.app)
+        actions = visible_actions(readonly=app.readonly, demo=app.faults is not None)
+        with VerticalScroll(id="dialog", classes="help") as dialog:
+            dialog.border_title = "Keys"
+            dialog.border_subtitle = "esc close"
+            yield Static(help_text(actions), markup=False)
+        yield Footer(compact=True)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

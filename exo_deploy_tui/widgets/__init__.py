@@ -1,0 +1,1 @@
+"""Widgets that render the cluster model; none of them talks to the master."""

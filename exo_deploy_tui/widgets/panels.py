@@ -1,0 +1,178 @@
+"""The dashboard's panels: each takes rows from the model and shows them, nothing more.
+
+Every ``show`` is cheap when nothing changed (the tables compare cells, the texts compare
+before refreshing), so the dashboard can call them after every batch of updates and once a
+second for the countdowns without redrawing the screen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.widgets import RichLog, Static
+
+from exo_deploy_tui.cells import (
+    deployment_cells,
+    deployment_columns,
+    detail_text,
+    header_text,
+    instance_columns,
+    instance_table_rows,
+    node_cells,
+    node_columns,
+    timeline_line,
+)
+from exo_deploy_tui.format import short_model
+from exo_deploy_tui.model import Connection, DeploymentRow, InstanceRow, NodeRow, Summary
+from exo_deploy_tui.timeline import Timeline
+from exo_deploy_tui.widgets.table import Column, KeyedTable
+
+
+class TextLine(Static):
+    """A Static that refreshes only when its text really changed."""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__("", id=id, classes=classes, markup=False)
+        self._shown: Text | None = None
+
+    def show_text(self, text: Text) -> None:
+        if text != self._shown:
+            self._shown = text
+            self.update(text)
+
+
+class HeaderBar(TextLine):
+    def show(
+        self,
+        connection: Connection,
+        summary: Summary,
+        now: float,
+        url: str,
+        *,
+        paused: bool,
+        readonly: bool,
+    ) -> None:
+        width = self.size.width or self.app.size.width
+        self.show_text(
+            header_text(
+                connection, summary, now, url, width=width, paused=paused, readonly=readonly
+            )
+        )
+
+
+TABS: tuple[tuple[str, str], ...] = (
+    ("deployments", "Deployments"),
+    ("nodes", "Nodes"),
+    ("instances", "Instances"),
+    ("timeline", "Timeline"),
+)
+
+
+class TabBar(TextLine):
+    """One line of tabs with their number keys; the counts say what is behind each."""
+
+    def show(self, active: str, counts: dict[str, str]) -> None:
+        text = Text()
+        for number, (key, label) in enumerate(TABS, start=1):
+            count = counts.get(key, "")
+            body = f" {number} {label}{' ' + count if count else ''} "
+            if key == active:
+                text.append(body, style="bold reverse")
+            else:
+                text.append(body, style="dim")
+            text.append(" ")
+        self.show_text(text)
+
+
+class SizedTable(KeyedTable):
+    """A KeyedTable whose columns follow its width (and, for some, its content)."""
+
+    class ColumnsChanged(Message):
+        """The column layout changed; the owner should show its rows again."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.columns_now: tuple[Column, ...] = self.columns_for(80)
+        self.set_columns(self.columns_now)
+
+    def columns_for(self, width: int) -> tuple[Column, ...]:
+        raise NotImplementedError
+
+    def relayout(self, width: int | None = None) -> None:
+        columns = self.columns_for(self.size.width if width is None else width)
+        if columns != self.columns_now:
+            self.columns_now = columns
+            self.set_columns(columns)
+            self.post_message(self.ColumnsChanged())
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.relayout(event.size.width)
+
+
+class DeploymentsTable(SizedTable):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Describe", key_display="⏎"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        self._model_len = 26
+        self._nodes_len = 14
+        super().__init__(id=id)
+
+    def columns_for(self, width: int) -> tuple[Column, ...]:
+        return deployment_columns(width, self._model_len, self._nodes_len)
+
+    def show(self, rows: Sequence[DeploymentRow]) -> None:
+        model_len = max((len(short_model(r.model_id)) for r in rows), default=20)
+        nodes_len = max((len(",".join(r.nodes)) for r in rows), default=8)
+        if (model_len, nodes_len) != (self._model_len, self._nodes_len):
+            self._model_len, self._nodes_len = model_len, nodes_len
+            if self.size.width:
+                self.relayout()
+        columns = self.columns_now
+        self.sync([(r.deployment_id, deployment_cells(r, columns)) for r in rows])
+
+
+class NodesTable(SizedTable):
+    def columns_for(self, width: int) -> tuple[Column, ...]:
+        return node_columns(width)
+
+    def show(self, rows: Sequence[NodeRow]) -> None:
+        columns = self.columns_now
+        self.sync([(f"{r.liveness}:{r.node_id}", node_cells(r, columns)) for r in rows])
+
+
+class InstancesTable(SizedTable):
+    def columns_for(self, width: int) -> tuple[Column, ...]:
+        return instance_columns(width)
+
+    def show(self, rows: list[InstanceRow]) -> None:
+        self.sync(instance_table_rows(rows, self.columns_now))
+
+
+class DetailStrip(TextLine):
+    """The selected deployment in full, under the table."""
+
+    LINES = 3
+
+    def show(self, row: DeploymentRow | None) -> None:
+        width = self.size.width or self.app.size.width
+        self.show_text(detail_text(row, width, self.LINES))
+
+
+class TimelineView(RichLog):
+    """The timeline, appended to as it grows; never rewritten."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, wrap=True, markup=False, highlight=False, max_lines=2000)
+        self._appended = 0
+
+    def show(self, timeline: Timeline) -> None:
+        for entry in timeline.since(self._appended):
+            self.write(timeline_line(entry))
+        self._appended = timeline.appended

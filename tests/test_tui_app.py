@@ -1,0 +1,465 @@
+"""The dashboard driven by keys (Textual's Pilot) against a scripted master.
+
+The clock is a variable the tests move; updates are pushed into the scripted client and the
+tests wait, with a deadline, for the screen to show them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Button, Input, OptionList
+
+from exo_deploy_tui.app import DashboardApp
+from exo_deploy_tui.client import ApiError
+from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
+from exo_deploy_tui.screens.create import CreateScreen
+from exo_deploy_tui.screens.dashboard import DashboardScreen
+from exo_deploy_tui.screens.describe import DescribeScreen
+from exo_deploy_tui.screens.help import HelpScreen
+from exo_deploy_tui.screens.node_picker import NodePickerScreen
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
+from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
+from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar
+from keeper.api_models import CreateDeploymentRequest
+from keeper.state import InstanceMeta, RunnerLoading, Sharding
+
+QWEN = "mlx-community/Qwen3-0.6B-4bit"
+LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
+QWEN30 = "mlx-community/Qwen3-30B-A3B-4bit"
+DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
+LLAMA70 = "mlx-community/Llama-3.3-70B-Instruct-4bit"
+NO_FIT = "No cycles found with sufficient memory"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # Textual runs on asyncio
+
+
+class Clock:
+    def __init__(self, now: float = FROZEN_NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cluster(now: float = FROZEN_NOW) -> ClusterBuilder:
+    return (
+        ClusterBuilder(now=now)
+        .node("studio", ram_gb=96, free_gb=80)
+        .node("mini-a", ram_gb=24, free_gb=18)
+        .node("mini-b", ram_gb=24, free_gb=18)
+        .link_all()
+        .deployment(QWEN, on=["mini-a"], status="serving")
+        .deployment(
+            QWEN30,
+            on=["studio", "mini-b"],
+            runners=[RunnerLoading(layers_loaded=2, total_layers=24)] * 2,
+            status="starting",
+        )
+        .deployment(LLAMA, status="placing", failures=2, next_attempt_in_s=40, waiting="backoff")
+        .deployment(
+            DEEPSEEK,
+            error=NO_FIT,
+            status="cant_place",
+            next_attempt_in_s=25,
+            waiting="unplaceable_retry",
+        )
+    )
+
+
+@dataclass
+class Faults:
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def node_names(self) -> list[str]:
+        return ["mini-a", "mini-b", "studio"]
+
+    def kill_node(self, name: str) -> None:
+        self.calls.append(("kill", name))
+
+    def freeze_node(self, name: str, seconds: float) -> None:
+        self.calls.append(("freeze", name, str(seconds)))
+
+    def partition_node(self, name: str, seconds: float) -> None:
+        self.calls.append(("partition", name, str(seconds)))
+
+    def kill_runner(self, name: str) -> None:
+        self.calls.append(("kill_runner", name))
+
+    def restart_master(self) -> None:
+        self.calls.append(("restart_master",))
+
+
+def make_app(
+    builder: ClusterBuilder | None = None,
+    *,
+    clock: Clock | None = None,
+    readonly: bool = False,
+    faults: Faults | None = None,
+    client: ScriptedClient | None = None,
+) -> tuple[DashboardApp, ScriptedClient]:
+    snapshot = (builder or cluster()).snapshot()
+    client = client or ScriptedClient(initial=[snapshot, ConnectionUpdate("live")])
+    app = DashboardApp(client, clock=clock or Clock(), readonly=readonly, faults=faults, tick=False)
+    return app, client
+
+
+async def until(pilot: Pilot[None], condition: Callable[[], object], timeout_s: float = 5) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("the dashboard did not get there in time")
+        await pilot.pause(0.02)
+
+
+def dashboard(app: DashboardApp) -> DashboardScreen:
+    return app.dashboard
+
+
+def shown_models(app: DashboardApp) -> list[str]:
+    return [r.model_id for r in dashboard(app).visible_rows]
+
+
+def selected(app: DashboardApp) -> str | None:
+    return app.dashboard.query_one(DeploymentsTable).selected_key
+
+
+async def ready(pilot: Pilot[None]) -> None:
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
+    await until(pilot, lambda: len(app.dashboard.visible_rows) == 4)
+
+
+@pytest.mark.anyio
+async def test_the_main_view_lists_deployments_broken_first() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        assert shown_models(app) == [DEEPSEEK, LLAMA, QWEN30, QWEN]
+        table = app.dashboard.query_one(DeploymentsTable)
+        first = [cell.plain.strip() for cell in table.get_row_at(0)]
+        assert first[:2] == ["✖ cant_place", "DeepSeek-V3.1-4bit"]
+        assert "retry 25s" in first
+
+
+@pytest.mark.anyio
+async def test_create_sends_what_the_form_says() -> None:
+    app, client = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("n")
+        await until(pilot, lambda: isinstance(app.screen, CreateScreen))
+        form = app.screen
+        assert isinstance(form, CreateScreen)
+        await until(pilot, lambda: len(form.shown) == 7)
+        await pilot.press(*"llama 70")
+        await until(pilot, lambda: [e.id for e in form.shown] == [LLAMA70])
+        await pilot.press("enter", "enter")  # into the list, choose it
+        form.query_one("#min-nodes", Input).value = "2"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: client.created)
+        assert client.created == [
+            CreateDeploymentRequest(
+                model_id=LLAMA70,
+                sharding=Sharding.PIPELINE,
+                instance_meta=InstanceMeta.MLX_RING,
+                min_nodes=2,
+            )
+        ]
+        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+
+
+@pytest.mark.anyio
+async def test_create_names_what_is_wrong_before_sending() -> None:
+    app, client = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("n")
+        await until(pilot, lambda: isinstance(app.screen, CreateScreen))
+        form = app.screen
+        assert isinstance(form, CreateScreen)
+        await until(pilot, lambda: form.shown)
+        form.query_one("#min-nodes", Input).value = "0"
+        await pilot.press("ctrl+s")
+        error = form.query_one("#form-error")
+        await until(pilot, lambda: "between 1 and 1024" in str(error.render()))
+        await pilot.press(*"qwen3-0.6")
+        await until(pilot, lambda: [e.id for e in form.shown] == [QWEN])
+        form.query_one("#min-nodes", Input).value = "1"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: "already has a deployment" in str(error.render()))
+        assert client.created == []
+        assert app.screen is form
+
+
+@pytest.mark.anyio
+async def test_create_shows_the_masters_refusal_and_stays_open() -> None:
+    app, client = make_app()
+    client.refuse_with = ApiError("no such model: foo", 404)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("n")
+        await until(pilot, lambda: isinstance(app.screen, CreateScreen))
+        form = app.screen
+        assert isinstance(form, CreateScreen)
+        await until(pilot, lambda: form.shown)
+        await pilot.press(*"llama 70", "ctrl+s")
+        error = form.query_one("#form-error")
+        await until(pilot, lambda: "The master refused: no such model: foo" in str(error.render()))
+        assert app.screen is form
+
+
+@pytest.mark.anyio
+async def test_delete_asks_first_with_cancel_focused() -> None:
+    app, client = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("down")  # Llama
+        await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+        await pilot.press("ctrl+d")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        focused = app.focused
+        assert isinstance(focused, Button) and focused.id == "cancel"
+        await pilot.press("enter")  # the default answer keeps the deployment
+        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        assert client.deleted == []
+
+        await pilot.press("ctrl+d")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        await pilot.press("right", "enter")
+        await until(pilot, lambda: client.deleted)
+        assert client.deleted == ["dep-llama-3.2-1b-instruct-4bit"]
+
+
+@pytest.mark.anyio
+async def test_filter_narrows_the_table_and_escape_clears_it() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("slash", *"mini-b")
+        await until(pilot, lambda: shown_models(app) == [QWEN30])
+        await pilot.press("enter")  # keep the filter, back to the table
+        assert isinstance(app.focused, DeploymentsTable)
+        assert shown_models(app) == [QWEN30]
+        await pilot.press("escape")
+        await until(pilot, lambda: len(shown_models(app)) == 4)
+        assert not app.dashboard.query_one("#filter", Input).display
+
+
+@pytest.mark.anyio
+async def test_sort_keys_and_reversal() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("N")
+        await until(pilot, lambda: shown_models(app) == [DEEPSEEK, LLAMA, QWEN, QWEN30])
+        await pilot.press("N")
+        await until(pilot, lambda: shown_models(app) == [QWEN30, QWEN, LLAMA, DEEPSEEK])
+        await pilot.press("S")
+        await until(pilot, lambda: shown_models(app) == [DEEPSEEK, LLAMA, QWEN30, QWEN])
+
+
+@pytest.mark.anyio
+async def test_selection_stays_on_the_deployment_when_rows_come_go_and_resort() -> None:
+    clock = Clock()
+    app, client = make_app(clock=clock)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("down", "down")  # Qwen3-30B, third row by status
+        await until(pilot, lambda: selected(app) == "dep-qwen3-30b-a3b-4bit")
+        # DeepSeek goes, a new broken deployment arrives on top, Qwen3-0.6B breaks.
+        changed = (
+            ClusterBuilder(now=FROZEN_NOW)
+            .node("studio", ram_gb=96, free_gb=80)
+            .node("mini-a", ram_gb=24, free_gb=18)
+            .node("mini-b", ram_gb=24, free_gb=18)
+            .link_all()
+            .deployment(QWEN, status="placing")
+            .deployment(
+                QWEN30,
+                on=["studio", "mini-b"],
+                runners=[RunnerLoading(layers_loaded=2, total_layers=24)] * 2,
+            )
+            .deployment(LLAMA, status="placing")
+            .deployment(LLAMA70, error=NO_FIT, status="cant_place")
+        )
+        client.push(changed.snapshot())
+        await until(pilot, lambda: LLAMA70 in shown_models(app))
+        assert shown_models(app) == [LLAMA70, LLAMA, QWEN, QWEN30]
+        table = app.dashboard.query_one(DeploymentsTable)
+        assert selected(app) == "dep-qwen3-30b-a3b-4bit"
+        assert table.cursor_row == 3
+        await pilot.press("N")  # re-sort: still on it
+        await until(pilot, lambda: shown_models(app)[0] == LLAMA)
+        assert selected(app) == "dep-qwen3-30b-a3b-4bit"
+        assert table.cursor_row == shown_models(app).index(QWEN30)
+
+
+@pytest.mark.anyio
+async def test_when_the_selected_row_goes_the_cursor_stays_in_place() -> None:
+    app, client = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("down")
+        await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+        builder = cluster()
+        state = builder.state.model_copy(
+            update={
+                "deployments": {
+                    k: v
+                    for k, v in builder.state.deployments.items()
+                    if k != "dep-llama-3.2-1b-instruct-4bit"
+                }
+            }
+        )
+        client.push(SnapshotUpdate(state, None))
+        await until(pilot, lambda: len(shown_models(app)) == 3)
+        assert selected(app) == "dep-qwen3-30b-a3b-4bit"
+
+
+@pytest.mark.anyio
+async def test_a_lost_master_shows_stale_since_and_recovers() -> None:
+    clock = Clock()
+    app, client = make_app(clock=clock)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await ready(pilot)
+        header = app.dashboard.query_one(HeaderBar)
+        assert "● live" in str(header.render())
+        clock.now = FROZEN_NOW + 7
+        client.push(ConnectionUpdate("down", "cannot connect", 4))
+        await until(pilot, lambda: "stale since 12:00:07" in str(header.render()))
+        assert "cannot connect, retrying in 4s" in str(header.render())
+        # The last data stays on screen while stale.
+        assert len(shown_models(app)) == 4
+        clock.now = FROZEN_NOW + 20
+        client.push(cluster(FROZEN_NOW + 20).snapshot(), ConnectionUpdate("live"))
+        await until(pilot, lambda: "● live" in str(header.render()))
+        assert "stale" not in str(header.render())
+
+
+@pytest.mark.anyio
+async def test_readonly_hides_and_blocks_create_and_delete() -> None:
+    app, client = make_app(readonly=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("n", "ctrl+d")
+        await pilot.pause()
+        assert isinstance(app.screen, DashboardScreen)
+        shown_keys = {b.binding.key for b in app.active_bindings.values() if b.binding.show}
+        assert "n" not in shown_keys and "ctrl+d" not in shown_keys
+        app.dashboard.run_command("new")
+        app.dashboard.run_command("delete")
+        await pilot.pause()
+        assert isinstance(app.screen, DashboardScreen)
+        assert client.created == [] and client.deleted == []
+        assert "read-only" in str(app.dashboard.query_one(HeaderBar).render())
+
+
+@pytest.mark.anyio
+async def test_broken_only_and_pause() -> None:
+    app, client = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+z")
+        await until(pilot, lambda: shown_models(app) == [DEEPSEEK, LLAMA, QWEN30])
+        await pilot.press("ctrl+z", "p")
+        await until(pilot, lambda: len(shown_models(app)) == 4)
+        client.push(SnapshotUpdate(ClusterBuilder().node("studio").state, None))
+        await until(pilot, lambda: not app.model.state.deployments)
+        assert len(shown_models(app)) == 4  # paused: the screen holds still
+        assert "PAUSED" in str(app.dashboard.query_one(HeaderBar).render())
+        await pilot.press("p")
+        await until(pilot, lambda: shown_models(app) == [])
+
+
+@pytest.mark.anyio
+async def test_the_command_line_reaches_actions_and_names_mistakes() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("colon", *"sort name", "enter")
+        await until(pilot, lambda: app.dashboard.sort_key == "name")
+        await pilot.press("colon", *"nodes", "enter")
+        await until(pilot, lambda: app.dashboard.active_tab == "nodes")
+        await pilot.press("colon", *"frobnicate", "enter")
+        await until(pilot, lambda: any("unknown command" in n.message for n in app._notifications))
+
+
+@pytest.mark.anyio
+async def test_describe_shows_the_whole_error_and_history() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, DescribeScreen))
+        body = str(app.screen.query_one("#describe-body").render())
+        assert "Placement error" in body and NO_FIT in body
+        assert "next attempt in 25s (waiting for retry of an unplaceable model)" in body
+        assert '"deploymentId": "dep-deepseek-v3.1-4bit"' in body
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+
+
+@pytest.mark.anyio
+async def test_countdowns_tick_without_refetching() -> None:
+    clock = Clock()
+    app, _ = make_app(clock=clock)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        table = app.dashboard.query_one(DeploymentsTable)
+
+        def next_cell() -> str:
+            return " ".join(cell.plain for cell in table.get_row("dep-llama-3.2-1b-instruct-4bit"))
+
+        assert "backoff 40s" in next_cell()
+        clock.now += 3
+        app.tick()
+        await until(pilot, lambda: "backoff 37s" in next_cell())
+
+
+@pytest.mark.anyio
+async def test_help_lists_keys() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+
+
+@pytest.mark.anyio
+async def test_demo_fault_keys_pick_a_node_and_inject() -> None:
+    faults = Faults()
+    app, _ = make_app(faults=faults)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("down", "down")  # Qwen3-30B on studio, mini-b
+        await until(pilot, lambda: selected(app) == "dep-qwen3-30b-a3b-4bit")
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, NodePickerScreen))
+        picker = app.screen.query_one(OptionList)
+        assert picker.highlighted == 2  # studio, the selected deployment's first node
+        await pilot.press("enter")
+        await until(pilot, lambda: faults.calls)
+        assert faults.calls == [("kill", "studio")]
+        app.dashboard.run_command("freeze mini-a 10")
+        await until(pilot, lambda: len(faults.calls) == 2)
+        assert faults.calls[1] == ("freeze", "mini-a", "10.0")
+
+
+@pytest.mark.anyio
+async def test_without_demo_fault_keys_do_nothing() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("k")
+        await pilot.pause()
+        assert isinstance(app.screen, DashboardScreen)
