@@ -1,6 +1,7 @@
 """``exo-deploy node``: one simulated node as its own process, joined to a master over WebSocket.
 
-The process owns its signals (SIGINT/SIGTERM end it cleanly, exit code 0) and turns the only
+The process owns its signals (SIGINT/SIGTERM end it cleanly, exit code 0; SIGUSR1 kills its
+runners, the soak's runner-kill fault) and turns the only
 unrecoverable failure, a master refusing its token, into exit code 1 with the master's reason.
 Everything else (master down, restarting, link cut) is retried for as long as the process lives.
 """
@@ -18,6 +19,10 @@ from keeper.node.sim_node import NodeConfig, SimNode
 from keeper.node.ws_client import NodeRejectedError, node_ws_url, run_node_forever
 
 log = logging.getLogger(__name__)
+
+# A fault harness's "runner kill" (exo's runner is a process of its own that can die alone):
+# on this signal every runner of the node fails, and is retried with exo's backoff.
+RUNNER_KILL_SIGNAL = signal.SIGUSR1
 
 
 def run_node_process(config: NodeConfig, master_url: str, token: str | None) -> int:
@@ -52,7 +57,15 @@ def run_node_process(config: NodeConfig, master_url: str, token: str | None) -> 
                         group.cancel_scope.cancel()
                         return
 
+            async def kill_runners_on_signal() -> None:
+                with anyio.open_signal_receiver(RUNNER_KILL_SIGNAL) as signals:
+                    async for _ in signals:
+                        log.info(
+                            "%s: %d runner(s) killed", RUNNER_KILL_SIGNAL.name, node.kill_runner()
+                        )
+
             group.start_soon(stop_on_signal)
+            group.start_soon(kill_runners_on_signal)
             await run_node_forever(node, master_url, clock, token)
 
     refusals: list[str] = []
