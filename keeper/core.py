@@ -81,7 +81,8 @@ class Keeper:
         self._deleting: set[DeploymentId] = set()
         # Where the next step resumes its attempts when the last one stopped short of the end,
         # so that deployments past the attempts cap get their turn instead of starving.
-        self._resume_after: DeploymentId | None = None
+        # (No mutation: starting after "" would be the same, as every id sorts after it.)
+        self._resume_after: DeploymentId | None = None  # pragma: no mutate
 
     # --- stepping -------------------------------------------------------------------------
 
@@ -195,10 +196,8 @@ class Keeper:
         signature = cluster_signature(state)
         views: dict[str, DeploymentTimer] = {}
         for deployment_id, deployment in state.deployments.items():
-            memo = self._memos.get(deployment_id, FRESH)
-            if now >= grace_ends and deployment_id not in self._deleting:
-                memo = observe(memo, deployment, state, now)
-            wait: tuple[WaitReason, float] | None = None
+            memo = observe(self._memos.get(deployment_id, FRESH), deployment, state, now)
+            wait: tuple[WaitReason, float] | None
             if deployment_id in self._deleting or deployment.model_card.model_id in served:
                 wait = None
             elif now < grace_ends:
@@ -227,7 +226,8 @@ def _own_instances(
         memo.in_flight in state.instances or named != memo.in_flight
     ):
         own.append(memo.in_flight)
-    for candidate in (memo.watched, named):
+    watched = memo.watched.instance_id if memo.watched is not None else None
+    for candidate in (watched, named):
         if candidate is not None and candidate in state.instances and candidate not in own:
             own.append(candidate)
     return own

@@ -3,9 +3,9 @@ signature.
 
 These are plain functions of a State, kept apart from the keeper's memory so that the rules in
 ``keeper.core`` read as decisions and the state-walking they rely on can be tested on its own.
-The signature is deliberately coarse: it names which nodes could host a shard and how they are
-linked, and leaves out memory figures, which move all the time and would otherwise turn every
-report from a node into a placement attempt.
+The signature is deliberately coarse: it names the nodes, whether each reports memory, the
+backends each reports and how they are linked, and leaves out memory figures, which move all the
+time and would otherwise turn every report from a node into a placement attempt.
 """
 
 from __future__ import annotations
@@ -29,10 +29,7 @@ class ClusterSignature:
 
 
 def cluster_signature(state: State) -> ClusterSignature:
-    nodes = frozenset(
-        (node, node in state.node_memory, frozenset(state.node_backends.get(node, ())))
-        for node in state.topology.nodes
-    )
+    nodes = frozenset(_node_signature(state, node) for node in state.topology.nodes)
     links = frozenset(
         (source, sink, edge)
         for source, sinks in state.topology.connections.items()
@@ -40,6 +37,12 @@ def cluster_signature(state: State) -> ClusterSignature:
         for edge in edges
     )
     return ClusterSignature(nodes=nodes, links=links)
+
+
+def _node_signature(state: State, node: NodeId) -> tuple[NodeId, bool, frozenset[Backend]]:
+    # (No mutation: the flag inverted would change exactly when it does now.)
+    reports_memory = node in state.node_memory  # pragma: no mutate
+    return node, reports_memory, frozenset(state.node_backends.get(node, ()))
 
 
 def instance_is_ready(instance: AnyInstance, state: State) -> bool:

@@ -4,7 +4,7 @@ A memo is a frozen value and ``observe`` returns a new one, so the keeper can sh
 what its next step would decide (``Keeper.timers``) by observing a copy: looking never changes
 what the keeper does. The memo holds only what the State cannot tell: the placement still on its
 way, whether the instance being watched was ever ready, failures in a row and the waits they
-imply, and the placement error already sent but maybe not yet applied.
+imply, and the placement error it last sent (which the state shows only once it is applied).
 """
 
 from __future__ import annotations
@@ -22,23 +22,35 @@ MAX_DOUBLINGS = 16
 
 
 @dataclass(frozen=True)
+class Watched:
+    """The keeper's own instance as the state shows it, and whether it was ever ready."""
+
+    instance_id: InstanceId
+    ready: bool = False
+
+
+@dataclass(frozen=True)
+class SentError:
+    """The placement error carried by the last error-changing event this keeper sent
+    (DeploymentPlacementFailed, or DeploymentPlaced clearing it): the state holds it once that
+    event is applied, and until then the state's own error is out of date."""
+
+    error: str | None
+
+
+@dataclass(frozen=True)
 class DeploymentMemo:
     # The instance this keeper placed and is waiting to see in the state, and when it placed it.
     in_flight: InstanceId | None = None
     placed_at: float = 0.0
-    # The keeper's instance as the state shows it, and whether every runner was ever ready.
-    watched: InstanceId | None = None
-    watched_ready: bool = False
+    watched: Watched | None = None
     # Instances lost before they were ready, in a row, and the wait that follows.
     failures: int = 0
     backoff_until: float | None = None
     # Set after a failed placement: the cluster it failed on, and when to try anyway.
     unplaceable_on: ClusterSignature | None = None
     retry_at: float = 0.0
-    # An error-changing event (DeploymentPlacementFailed, or DeploymentPlaced clearing it) sent
-    # but not yet seen applied: the placement error the state will hold once it is.
-    error_in_transit: bool = False
-    expected_error: str | None = None
+    sent: SentError | None = None
 
 
 FRESH = DeploymentMemo()
@@ -52,11 +64,7 @@ def backoff_delay(failures: int) -> float:
 def _lost_before_ready(memo: DeploymentMemo, now: float) -> DeploymentMemo:
     failures = memo.failures + 1
     return replace(
-        memo,
-        watched=None,
-        watched_ready=False,
-        failures=failures,
-        backoff_until=now + backoff_delay(failures),
+        memo, watched=None, failures=failures, backoff_until=now + backoff_delay(failures)
     )
 
 
@@ -68,39 +76,38 @@ def observe(
     # 1. The placement on its way: arrived, arrived and already gone, or given up on.
     if memo.in_flight is not None:
         if memo.in_flight in instances:
-            memo = replace(memo, in_flight=None, watched=memo.in_flight, watched_ready=False)
+            memo = replace(memo, in_flight=None, watched=Watched(memo.in_flight))
         elif deployment.instance_id == memo.in_flight:
             memo = _lost_before_ready(replace(memo, in_flight=None), now)
         elif now >= memo.placed_at + PLACEMENT_TIMEOUT:
             memo = replace(memo, in_flight=None)  # never arrived: not a failure
-    # 2. The watched instance vanished: a failure unless it had been ready.
-    if memo.watched is not None and memo.watched not in instances:
-        if memo.watched_ready:
-            memo = replace(memo, watched=None, watched_ready=False, failures=0, backoff_until=None)
-        else:
-            memo = _lost_before_ready(memo, now)
+    # 2. The watched instance vanished: a failure unless it had been ready (which already
+    # ended the failures in a row), and then the next placement is due at once.
+    watched = memo.watched
+    if watched is not None and watched.instance_id not in instances:
+        # (No mutation of the ready case: a vanished id left watched acts exactly like none.)
+        gone = replace(memo, watched=None)  # pragma: no mutate
+        memo = gone if watched.ready else _lost_before_ready(memo, now)
     # 3. Adopt the instance the deployment names (a new master starts with empty memory).
     named = deployment.instance_id
-    if (
-        memo.in_flight is None
-        and named is not None
-        and named != memo.watched
-        and named in instances
-    ):
-        memo = replace(memo, watched=named, watched_ready=False)
+    watched_id = memo.watched.instance_id if memo.watched is not None else None
+    if memo.in_flight is None and named in instances and named != watched_id:
+        memo = replace(memo, watched=Watched(named))
     # 4. Readiness of the watched instance; once ready, the failures in a row are over.
-    watched = instances.get(memo.watched) if memo.watched is not None else None
-    if watched is not None and not memo.watched_ready and instance_is_ready(watched, state):
-        memo = replace(memo, watched_ready=True, failures=0, backoff_until=None)
-    # 5. The state has caught up with the error-changing event the keeper sent.
-    if memo.error_in_transit and deployment.placement_error == memo.expected_error:
-        memo = replace(memo, error_in_transit=False, expected_error=None)
+    watched = memo.watched
+    if (
+        watched is not None
+        and not watched.ready
+        and watched.instance_id in instances
+        and instance_is_ready(instances[watched.instance_id], state)
+    ):
+        memo = replace(memo, watched=Watched(watched.instance_id, ready=True), failures=0)
     return memo
 
 
 def reported_error(memo: DeploymentMemo, deployment: Deployment) -> str | None:
     """The placement error the state holds once the keeper's events so far are applied."""
-    return memo.expected_error if memo.error_in_transit else deployment.placement_error
+    return deployment.placement_error if memo.sent is None else memo.sent.error
 
 
 def waiting(
@@ -117,14 +124,10 @@ def waiting(
 
 
 def placed(memo: DeploymentMemo, instance_id: InstanceId, now: float) -> DeploymentMemo:
+    # DeploymentPlaced clears the placement error; the cluster that failed before is forgotten
+    # (its retry time means nothing without it).
     return replace(
-        memo,
-        in_flight=instance_id,
-        placed_at=now,
-        unplaceable_on=None,
-        retry_at=0.0,
-        error_in_transit=True,
-        expected_error=None,
+        memo, in_flight=instance_id, placed_at=now, unplaceable_on=None, sent=SentError(None)
     )
 
 
@@ -135,6 +138,5 @@ def unplaceable(
         memo,
         unplaceable_on=signature,
         retry_at=now + UNPLACEABLE_RETRY,
-        error_in_transit=True,
-        expected_error=error,
+        sent=SentError(error),
     )

@@ -41,7 +41,7 @@ from keeper.events import (
     TopologyEdgeCreated,
 )
 from keeper.placement import place_instance
-from keeper.state import Backend, Deployment, InstanceMeta, Sharding
+from keeper.state import Backend, Deployment, InstanceMeta, Sharding, State
 
 T = AFTER_GRACE  # the first moment the keeper may place
 NO_MEMORY = "No cycles found with sufficient memory"
@@ -290,6 +290,22 @@ def test_backoff_resets_after_an_instance_that_became_ready_is_lost() -> None:
     _lose_before_ready(cluster, deployment_id, T + 35)
     timer = cluster.keeper.timers(cluster.state, T + 35.5)[deployment_id]
     assert (timer.failures, timer.next_attempt_at) == (1, T + 35.5 + FIRST_BACKOFF)
+
+
+def test_an_instance_that_was_ready_once_counts_as_ready_when_lost_after_its_runners_failed() -> (
+    None
+):
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    instance_id = cluster.instance_of(deployment_id).instance_id
+    cluster.make_ready(instance_id)
+    cluster.step(T + 1)
+    cluster.fail_runner(instance_id)  # it served, then broke: the node gives up on it
+    cluster.step(T + 2)
+    cluster.step(T + 3)
+    cluster.delete_instance(instance_id)
+    assert placed_ids(cluster.step(T + 4)) == [deployment_id]
 
 
 def test_an_instance_placed_some_other_way_that_vanishes_means_place_now() -> None:
@@ -754,3 +770,100 @@ def test_a_placement_after_the_cap_waits_for_its_turn_not_for_the_retry() -> Non
     good = cluster.deploy("good", deployment_id="dep-z")
     assert placed_ids(cluster.step(T)) == []
     assert placed_ids(cluster.step(T + 1)) == [good]
+
+
+def test_a_deployment_being_deleted_does_not_hold_up_the_ones_after_it() -> None:
+    cluster, _ = one_node_cluster()
+    first = cluster.deploy("m1", deployment_id="dep-1")
+    second = cluster.deploy("m2", deployment_id="dep-2")
+    cluster.keeper.delete(first, cluster.state)  # on its way
+    assert placed_ids(cluster.step(T)) == [second]
+
+
+def test_a_failure_already_reported_does_not_end_the_step() -> None:
+    recorder = RecordingPlace()
+    recorder.failing["bad"] = ValueError(NO_MEMORY)
+    cluster, _ = one_node_cluster(recorder)
+    bad = cluster.deploy("bad", deployment_id="dep-1")
+    cluster.step(T)
+    assert cluster.deployment(bad).placement_error == NO_MEMORY
+    good = cluster.deploy("good", deployment_id="dep-2")
+    cluster.add_node("node-b")  # a change: "bad" is due again and fails the same way, silently
+    events = cluster.step(T + 1)
+    assert recorder.models_tried() == ["bad", "bad", "good"]
+    assert placed_ids(events) == [good] and failures_of(events) == []
+
+
+def test_attempts_rotate_evenly_while_the_cluster_keeps_changing() -> None:
+    recorder = RecordingPlace(inner=unplaceable())
+    cluster, _ = one_node_cluster(recorder)
+    count = MAX_PLACEMENT_ATTEMPTS_PER_STEP + 1
+    for i in range(count):
+        cluster.deploy(f"m{i:02d}", deployment_id=f"dep-{i:02d}")
+    for k in range(5):
+        cluster.add_node(f"flapping-{k}")
+        cluster.step(T + k)
+    tries = [recorder.models_tried().count(f"m{i:02d}") for i in range(count)]
+    assert max(tries) - min(tries) <= 1, tries
+
+
+def test_an_old_unplaceable_verdict_does_not_delay_placing_after_a_loss() -> None:
+    recorder = RecordingPlace(inner=place_instance)
+    cluster = Cluster(place=recorder)
+    cluster.add_node("node-a", available_gb=1.0)
+    deployment_id = cluster.deploy(card("m", size_gb=4.0))
+    assert failures_of(cluster.step(T)) == [(deployment_id, NO_MEMORY)]
+    cluster.add_node("node-b", available_gb=12.0)
+    cluster.link("node-a", "node-b")
+    assert placed_ids(cluster.step(T + 1)) == [deployment_id]
+    cluster.add_node("node-a", available_gb=12.0)  # node-a frees memory meanwhile
+    cluster.make_ready(cluster.instance_of(deployment_id).instance_id)
+    cluster.step(T + 2)
+    cluster.kill_node("node-b")  # the cluster is node-a alone again, as when it failed
+    assert placed_ids(cluster.step(T + 3)) == [deployment_id]
+    assert list(cluster.instance_of(deployment_id).shard_assignments.node_to_runner) == ["node-a"]
+
+
+def test_an_error_cleared_by_a_placement_on_its_way_is_reported_again_when_it_recurs() -> None:
+    recorder = RecordingPlace()
+    recorder.failing["m"] = ValueError(NO_MEMORY)
+    cluster, _ = one_node_cluster(recorder)
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)  # the error is in the state
+    del recorder.failing["m"]
+    cluster.add_node("node-b")
+    slow = cluster.step_keep(T + 1)  # placed, but its events are slow to arrive
+    assert placed_ids(slow) == [deployment_id]
+    recorder.failing["m"] = ValueError(NO_MEMORY)
+    again = cluster.step_keep(T + 1 + PLACEMENT_TIMEOUT)
+    assert failures_of(again) == [(deployment_id, NO_MEMORY)]
+    cluster.apply(*slow, *again)
+    assert cluster.deployment(deployment_id).placement_error == NO_MEMORY
+
+
+def test_delete_after_the_keeper_saw_its_placement_land_before_the_deployment_named_it() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    in_flight = cluster.step_keep(T)
+    created = in_flight[0]
+    assert isinstance(created, InstanceCreated)
+    cluster.apply(created)  # InstanceCreated applied, DeploymentPlaced not yet
+    assert cluster.step(T + 1) == []  # the keeper sees it arrive
+    assert cluster.keeper.delete(deployment_id, cluster.state) == [
+        DeploymentDeleted(deployment_id=deployment_id),
+        InstanceDeleted(instance_id=created.instance.instance_id),
+    ]
+
+
+def test_delete_with_a_state_that_no_longer_shows_the_deployment_still_deletes_its_placement() -> (
+    None
+):
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    in_flight = cluster.step_keep(T)
+    created = in_flight[0]
+    assert isinstance(created, InstanceCreated)
+    assert cluster.keeper.delete(deployment_id, State()) == [
+        DeploymentDeleted(deployment_id=deployment_id),
+        InstanceDeleted(instance_id=created.instance.instance_id),
+    ]
