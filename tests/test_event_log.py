@@ -270,6 +270,7 @@ async def test_batched_fsync_loses_no_acknowledged_event(
     master = Master(tmp_path, config=MasterConfig(snapshot_every_events=10**9))
     acknowledged: list[str] = []
     models = list(CATALOG)
+    expected = len(models) + 20 * 50
     async with anyio.create_task_group() as group:
         await group.start(master.run)
 
@@ -288,10 +289,12 @@ async def test_batched_fsync_loses_no_acknowledged_event(
                     for i in range(50)
                 ]
             )
-        await anyio.sleep(0.5)
+        with anyio.fail_after(5):
+            while master.state.last_event_applied_idx < expected - 1:
+                await anyio.sleep(0.01)
         group.cancel_scope.cancel()  # a clean stop right after the acknowledgements
     events_logged = len((tmp_path / LOG_FILE).read_bytes().splitlines())
-    assert events_logged == len(models) + 20 * 50
+    assert events_logged == expected
     assert len(fsyncs) < events_logged / 10  # batched, not one fsync per event
     assert sorted(reopen(tmp_path).deployments) == sorted(acknowledged)
     assert len(acknowledged) == len(models)

@@ -80,7 +80,7 @@ def create_app(
 
     @app.get("/deployments")
     async def list_deployments() -> Response:
-        return _json(master.deployments_view())
+        return Response(master.deployments_json(), media_type="application/json")
 
     @app.delete("/deployments/{deployment_id}")
     async def delete_deployment(deployment_id: str) -> Response:

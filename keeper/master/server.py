@@ -142,7 +142,7 @@ def run_master(
     except (InsecureBindError, ModelCardError) as exc:
         print(f"exo-deploy master: {exc}", file=sys.stderr)
         return 2
-    master = Master(data_dir, config=MasterConfig(model_cards=cards))
+    master = Master(data_dir, config=MasterConfig(model_cards=cards, log_io_in_thread=True))
 
     async def main() -> None:
         async with anyio.create_task_group() as group:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Protocol
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -108,6 +109,11 @@ HELLO_TIMEOUT_S = 10.0
 # a burst costs one fsync per few hundred events, small enough that a batch applies in
 # milliseconds and does not stall the event loop.
 ROUTER_MAX_BATCH = 512
+# GET /deployments is polled by every dashboard and script. Its JSON (about half a kilobyte per
+# deployment) is rebuilt only when the State or the keeper's memory changed, or when the
+# countdowns in it are older than this: a tenth of a second is invisible on a display that
+# counts whole seconds, and it keeps the answer cheap under many concurrent clients.
+DEPLOYMENTS_VIEW_MAX_AGE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,11 @@ class MasterConfig:
     # Emits waiting for the router before producers block (backpressure, not loss).
     router_queue: int = 10_000
     model_cards: tuple[ModelCard, ...] = BUILTIN_MODEL_CARDS
+    # Write and fsync the log in a worker thread, so the event loop serves requests meanwhile
+    # and what arrives during an fsync joins the next batch (group commit). Off by default:
+    # under a virtual clock the loop would see every task idle during the real disk wait and
+    # jump time ahead, so virtual-time runs keep log I/O in the loop; ``run_master`` turns it on.
+    log_io_in_thread: bool = False
 
 
 class KeeperLike(Protocol):
@@ -189,6 +200,8 @@ class Master:
         self._chats = ChatRouter(self.config.chat_chunk_timeout_s)
         self._started_at: float | None = None
         self._keeper_error: str | None = None
+        self._keeper_version = 0  # bumped whenever the keeper's memory may have changed
+        self._view_cache: tuple[State, int, float, bytes] | None = None
         self.recovery: Recovery | None = None
 
     # --- read side -----------------------------------------------------------------------
@@ -246,6 +259,21 @@ class Master:
                 )
             )
         return DeploymentsResponse(deployments=views)
+
+    def deployments_json(self) -> bytes:
+        """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""
+        now = self._clock.monotonic() if self._clock is not None else 0.0
+        cached = self._view_cache
+        if (
+            cached is not None
+            and cached[0] is self._state
+            and cached[1] == self._keeper_version
+            and now - cached[2] < DEPLOYMENTS_VIEW_MAX_AGE_S
+        ):
+            return cached[3]
+        body = self.deployments_view().model_dump_json().encode()
+        self._view_cache = (self._state, self._keeper_version, now, body)
+        return body
 
     def subscribe(self) -> Subscription:
         """The current State and every event after it, for a dashboard stream."""
@@ -309,6 +337,7 @@ class Master:
                     f"Deployment {deployment_id!r} not found", param="deployment_id"
                 )
             events = self.keeper.delete(deployment_id, self._state)
+            self._keeper_version += 1
             await self._emit_and_wait(events)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return CommandResponse(
@@ -441,34 +470,56 @@ class Master:
                         batch.append(receive.receive_nowait())
                     except anyio.WouldBlock:
                         break
-                self._commit(batch)
+                # model_construct: the events are validated models already; numbering them
+                # needs no second validation (a third of the router's time otherwise).
+                indexed = [
+                    IndexedEvent.model_construct(idx=self._next_idx + offset, event=event)
+                    for offset, event in enumerate(e for item in batch for e in item.events)
+                ]
+                # Shielded: once a batch is on its way to disk it is also applied, so the State
+                # and the log agree at every point where the router can be cancelled.
+                with anyio.CancelScope(shield=True):
+                    await self._write(indexed)
+                self._apply_and_publish(indexed)
+                for item in batch:
+                    if item.done is not None:
+                        item.done.set()
+                if self._log.events_since_snapshot >= self.config.snapshot_every_events:
+                    with anyio.CancelScope(shield=True):
+                        await self._snapshot()
 
-    def _commit(self, batch: list[_Emit]) -> None:
-        # Synchronous from append to publish: no task ever sees a State that the log lacks, and
-        # a subscriber registered between two batches gets exactly the events after its State.
-        indexed = [
-            IndexedEvent(idx=self._next_idx + offset, event=event)
-            for offset, event in enumerate(event for item in batch for event in item.events)
-        ]
-        if indexed:
+    async def _write(self, indexed: list[IndexedEvent]) -> None:
+        # The fsync runs in a worker thread so the event loop keeps serving requests and node
+        # messages meanwhile; what arrives during it forms the next batch (group commit).
+        if self._log.durable and self.config.log_io_in_thread:
+            await anyio.to_thread.run_sync(self._log.append, indexed)
+        else:
             self._log.append(indexed)
-            state = self._state
-            for entry in indexed:
-                state = apply(state, entry.event)
-            self._state = state.model_copy(update={"last_event_applied_idx": indexed[-1].idx})
-            self._next_idx = indexed[-1].idx + 1
-            for entry in indexed:
-                self._fanout.publish(entry)
-                if isinstance(entry.event, InstanceDeleted):
-                    self._chats.fail(
-                        f"instance {entry.event.instance_id} was deleted during the request",
-                        instance_id=entry.event.instance_id,
-                    )
-        for item in batch:
-            if item.done is not None:
-                item.done.set()
-        if self._log.events_since_snapshot >= self.config.snapshot_every_events:
+
+    async def _snapshot(self) -> None:
+        if self._log.durable and self.config.log_io_in_thread:
+            # States are immutable, so serialising this one in a thread is safe.
+            await anyio.to_thread.run_sync(self._log.write_snapshot, self._state)
+        else:
             self._log.write_snapshot(self._state)
+
+    def _apply_and_publish(self, indexed: list[IndexedEvent]) -> None:
+        # Synchronous from apply to publish: a subscriber registered between two batches gets
+        # exactly the events after the State it was given.
+        if not indexed:
+            return
+        state = self._state
+        for entry in indexed:
+            state = apply(state, entry.event)
+        self._state = state.model_copy(update={"last_event_applied_idx": indexed[-1].idx})
+        self._next_idx = indexed[-1].idx + 1
+        for entry in indexed:
+            self._fanout.publish(entry)
+            if isinstance(entry.event, InstanceDeleted):
+                self._chats.fail(
+                    f"instance {entry.event.instance_id} was deleted during the request",
+                    instance_id=entry.event.instance_id,
+                )
 
     # --- running -------------------------------------------------------------------------
 
@@ -530,6 +581,7 @@ class Master:
             async with self._lock:
                 try:
                     events = self.keeper.step(self._state, clock.monotonic())
+                    self._keeper_version += 1
                 except Exception as exc:
                     self._report_keeper_error(exc)
                     events = []
