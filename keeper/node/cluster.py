@@ -3,8 +3,8 @@ foreground, each node reaching the master through its own TCP proxy (for partiti
 
 Real processes, so faults are real: ``kill -9`` a node or the master, SIGSTOP one, cut its link.
 ``LocalCluster`` is also the harness other tools drive (the soak runner, the end-to-end test);
-its fault methods (``kill_node``, ``freeze_node``, ``partition_node``, ``kill_master``) act on
-the processes it started and nothing else.
+its fault methods (``kill_node``, ``kill_runners``, ``freeze_node``, ``partition_node``,
+``kill_master``) act on the processes it started and nothing else.
 
 Supervision policy, decided here:
 - A master that dies is reported and restarted after ``MASTER_RESTART_S`` on the same port and
@@ -44,6 +44,7 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup, TaskStatus
 
+from keeper.node.node_process import RUNNER_KILL_SIGNAL
 from keeper.node.proxy import TcpProxy
 from keeper.node.sim_node import node_id_for
 
@@ -281,6 +282,10 @@ class LocalCluster:
 
     def kill_node(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
         _signal_group(self._child(name), sig)
+
+    def kill_runners(self, name: str) -> None:
+        """Every runner on the node dies (its process stays up) and is retried with backoff."""
+        _signal_group(self._child(name), RUNNER_KILL_SIGNAL)
 
     def kill_master(self, sig: signal.Signals = signal.SIGKILL) -> None:
         _signal_group(self._master, sig)

@@ -1,8 +1,8 @@
 """``exo-deploy node``: one simulated node as its own process, joined to a master over WebSocket.
 
 The process owns its signals (SIGINT/SIGTERM end it cleanly, exit code 0; SIGUSR1 kills its
-runners, the soak's runner-kill fault) and turns the only
-unrecoverable failure, a master refusing its token, into exit code 1 with the master's reason.
+runners, the soak's runner-kill fault) and turns the only unrecoverable failure, a master
+refusing its token, into exit code 1 with the master's reason.
 Everything else (master down, restarting, link cut) is retried for as long as the process lives.
 """
 
