@@ -9,6 +9,8 @@ notifications, so a slow master never blocks a key press.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -17,6 +19,7 @@ from pathlib import Path
 import anyio
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.driver import Driver
 from textual.message import Message
 from textual.screen import Screen
 
@@ -26,6 +29,7 @@ from exo_deploy_tui.faults import FaultInjector, inject
 from exo_deploy_tui.format import short_model
 from exo_deploy_tui.model import ClusterModel
 from exo_deploy_tui.screens.dashboard import DashboardScreen
+from exo_deploy_tui.terminal import EndOfInputDriver, exit_on_hangup
 from exo_deploy_tui.updates import ConnectionUpdate, Update
 from keeper.api_models import CreateDeploymentRequest
 
@@ -33,6 +37,13 @@ from keeper.api_models import CreateDeploymentRequest
 TICK_S = 1.0
 # If following the master ever fails unexpectedly, try again after this long, not in a loop.
 FEED_RESTART_S = 5.0
+
+
+def _driver_class() -> type[Driver] | None:
+    """Our end-of-input-aware driver on Linux and macOS; Textual's choice elsewhere."""
+    if sys.platform == "win32" or os.environ.get("TEXTUAL_DRIVER"):
+        return None
+    return EndOfInputDriver
 
 
 class ClusterUpdated(Message):
@@ -60,7 +71,7 @@ class DashboardApp(App[None]):
         tick: bool = True,
         ansi_colors: bool = False,
     ) -> None:
-        super().__init__(ansi_color=ansi_colors or None)
+        super().__init__(driver_class=_driver_class(), ansi_color=ansi_colors or None)
         # On a 16-colour terminal, the terminal's own palette reads truer than RGB squeezed
         # into it (which turns yellow into red), so the dashboard uses ANSI colours as they are.
         self._ansi_colors = ansi_colors
@@ -78,6 +89,8 @@ class DashboardApp(App[None]):
         return self._clock()
 
     def on_mount(self) -> None:
+        if not self.is_headless:
+            exit_on_hangup(self)
         if self._ansi_colors:
             self.theme = "ansi-dark"
         self.push_screen(self.dashboard)

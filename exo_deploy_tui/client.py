@@ -49,9 +49,10 @@ DEFAULT_URL = "http://127.0.0.1:52415"
 CONNECT_TIMEOUT_S = 3.0
 # A whole /state or /deployments read, or a create/delete, must finish within this.
 REQUEST_TIMEOUT_S = 5.0
-# The stream sends keepalive comments every few seconds; this long without a byte means the
-# connection is dead even if the socket has not noticed (a frozen master, a cut link).
-STREAM_SILENCE_S = 20.0
+# The master's stream sends a keepalive comment after 15 s without news
+# (keeper.master.dashboard_stream.KEEPALIVE_S); two missed ones mean the connection is dead even
+# if the socket has not noticed (a frozen master, a cut link).
+STREAM_SILENCE_S = 35.0
 # The polling cadence the issue asks for: a change shows within a second.
 POLL_INTERVAL_S = 1.0
 # Reconnect quickly at first (a master restart takes about a second), then back off so a master

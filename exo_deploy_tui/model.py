@@ -54,10 +54,10 @@ from keeper.state import (
     State,
 )
 
-# Nodes refresh their info at least every 5 s (keeper.master.protocol.INFO_REFRESH_S), which
-# is what moves lastSeen; two missed refreshes plus slack means silence, not jitter. The master
-# itself gives up on a node after 30 s.
-SILENT_AFTER_S = 12.0
+# Nodes report their info at least every 5 s (keeper.master.protocol.INFO_REFRESH_S), and each
+# report moves lastSeen; 3 s of slack over that is silence, not jitter. exo's master gives up
+# on a node after 30 s (the demo after 10 s), so this leaves time to see it coming.
+SILENT_AFTER_S = 8.0
 # Gone nodes are remembered so the operator sees what left; this many is a whole rack's worth
 # while keeping memory flat when nodes churn for days.
 GONE_NODES_KEPT = 32
@@ -185,12 +185,17 @@ class _Tracked:
     since: float
     known: bool
     outage_since: float | None = None
+    # While serving: the nodes of the instance that serves it, so that when it stops, the
+    # outage can be dated from when those nodes were last heard of, not from when the master
+    # noticed.
+    serving_on: tuple[NodeId, ...] = ()
 
 
 @dataclass
 class _Gone:
     name: str
-    at: float
+    at: float  # when it left
+    last_seen: float | None  # when it was last heard of, on our clock
 
 
 # --- pure helpers ---------------------------------------------------------------------------
@@ -330,7 +335,9 @@ class ClusterModel:
         else:
             before, after = self.state, update.state
             for event in events_between(before, after):
-                self.timeline.extend(entries_for_event(event, before, after, now))
+                self.timeline.extend(
+                    entries_for_event(event, before, after, now, self.remembered_names())
+                )
                 self._note_membership(event, before, now)
             self.state = after
         if update.deployments is None:
@@ -346,17 +353,25 @@ class ClusterModel:
             return  # already part of the snapshot we hold
         before = self.state
         self.state = apply_indexed(before, indexed)
-        self.timeline.extend(entries_for_event(indexed.event, before, self.state, now))
         self._note_membership(indexed.event, before, now)
+        self.timeline.extend(
+            entries_for_event(indexed.event, before, self.state, now, self.remembered_names())
+        )
 
     def _note_membership(self, event: object, before: State, now: float) -> None:
         if isinstance(event, NodeTimedOut) and event.node_id in before.topology.nodes:
-            self._gone[event.node_id] = _Gone(node_name(event.node_id, before), now)
+            seen = parse_iso(before.last_seen.get(event.node_id))
+            last_seen = None if seen is None else seen - self.master_clock_offset_s
+            self._gone[event.node_id] = _Gone(node_name(event.node_id, before), now, last_seen)
             self._silent.discard(event.node_id)
             while len(self._gone) > GONE_NODES_KEPT:
                 del self._gone[next(iter(self._gone))]
         elif isinstance(event, NodeGatheredInfo):
             self._gone.pop(event.node_id, None)
+
+    def remembered_names(self) -> dict[NodeId, str]:
+        """Names of nodes that have left, which the State no longer carries."""
+        return {node_id: gone.name for node_id, gone in self._gone.items()}
 
     def _set_timers(self, views: Iterable[DeploymentView], now: float) -> None:
         timers: dict[DeploymentId, Timer] = {}
@@ -394,30 +409,55 @@ class ClusterModel:
         entries: list[TimelineEntry] = []
         for d_id, status in statuses.items():
             tracked = self._tracked.get(d_id)
+            model = self.state.deployments[d_id].model_card.model_id
             if tracked is None:
                 # Seen from the start of a watch we cannot know how long it has been so; one
                 # that appears later has just been created.
-                self._tracked[d_id] = _Tracked(status, now, known=self._watching)
-                continue
-            if tracked.status == status:
-                continue
-            model = self.state.deployments[d_id].model_card.model_id
-            name = short_model(model)
-            if tracked.status == "serving":
-                tracked.outage_since = now
-                entries.append(TimelineEntry(now, "warn", f"{name} stopped serving", model))
-            elif status == "serving":
-                if tracked.outage_since is not None:
-                    after = precise_duration(now - tracked.outage_since)
-                    text = f"{name} serving again after {after}"
-                else:
-                    text = f"{name} serving"
-                entries.append(TimelineEntry(now, "good", text, model))
-                tracked.outage_since = None
-            tracked.status, tracked.since, tracked.known = status, now, True
+                tracked = _Tracked(status, now, known=self._watching)
+                self._tracked[d_id] = tracked
+            elif tracked.status != status:
+                name = short_model(model)
+                if tracked.status == "serving":
+                    tracked.outage_since = self._outage_start(tracked.serving_on, now)
+                    entries.append(TimelineEntry(now, "warn", f"{name} stopped serving", model))
+                elif status == "serving":
+                    if tracked.outage_since is not None:
+                        after = precise_duration(now - tracked.outage_since)
+                        text = f"{name} serving again after {after}"
+                    else:
+                        text = f"{name} serving"
+                    entries.append(TimelineEntry(now, "good", text, model))
+                    tracked.outage_since = None
+                tracked.status, tracked.since, tracked.known = status, now, True
+            if status == "serving":
+                tracked.serving_on = self._serving_nodes(model)
         self.timeline.extend(entries)
         self._watching = self._watching or self.has_data
         self._check_silence(now)
+
+    def _serving_nodes(self, model_id: str) -> tuple[NodeId, ...]:
+        for instance in self.state.instances.values():
+            if instance.shard_assignments.model_id == model_id and instance_ready(
+                instance, self.state
+            ):
+                return tuple(instance.shard_assignments.node_to_runner)
+        return ()
+
+    def _outage_start(self, nodes: tuple[NodeId, ...], now: float) -> float:
+        """When serving really stopped: if a node it ran on fell silent or left, the last time
+        that node was heard of (the master only notices later); otherwise now."""
+        start = now
+        for node_id in nodes:
+            if node_id in self._gone:
+                heard = self._gone[node_id].last_seen
+            elif node_id in self._silent:
+                seen = parse_iso(self.state.last_seen.get(node_id))
+                heard = None if seen is None else seen - self.master_clock_offset_s
+            else:
+                continue
+            if heard is not None:
+                start = min(start, heard)
+        return start
 
     def _check_silence(self, now: float) -> None:
         for node_id in self.state.topology.nodes:
@@ -551,7 +591,7 @@ class ClusterModel:
                     RunnerRow(
                         runner_id=runner_id,
                         node_id=node_id,
-                        node_name=node_name(node_id, state),
+                        node_name=node_name(node_id, state, remembered=self.remembered_names()),
                         rank=shard.device_rank if shard else 0,
                         start_layer=shard.start_layer if shard else 0,
                         end_layer=shard.end_layer if shard else 0,

@@ -11,8 +11,9 @@ same wording applies, so both paths tell the same story.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
 
 from exo_deploy_tui.format import short_id, short_model
@@ -85,17 +86,26 @@ class Timeline:
 # --- naming things ------------------------------------------------------------------------
 
 
-def node_name(node_id: NodeId, *states: State) -> str:
-    """The node's friendly name from the first State that knows it, else its short id."""
+_NO_NAMES: Mapping[NodeId, str] = MappingProxyType({})
+
+
+def node_name(node_id: NodeId, *states: State, remembered: Mapping[NodeId, str] = _NO_NAMES) -> str:
+    """The node's friendly name from the first State that knows it, else from ``remembered``
+    (names of nodes that have left, whose identity the State dropped), else its short id."""
     for state in states:
         identity = state.node_identities.get(node_id)
         if identity is not None and identity.friendly_name:
             return identity.friendly_name
-    return short_id(node_id)
+    return remembered.get(node_id) or short_id(node_id)
 
 
-def instance_nodes(instance: AnyInstance, *states: State) -> str:
-    names = [node_name(n, *states) for n in instance.shard_assignments.node_to_runner]
+def instance_nodes(
+    instance: AnyInstance, *states: State, remembered: Mapping[NodeId, str] = _NO_NAMES
+) -> str:
+    names = [
+        node_name(n, *states, remembered=remembered)
+        for n in instance.shard_assignments.node_to_runner
+    ]
     return ", ".join(names) if names else "no nodes"
 
 
@@ -119,7 +129,11 @@ def _layers(instance: AnyInstance, runner_id: RunnerId) -> str:
 
 
 def entries_for_event(
-    event: AnyEvent, before: State, after: State, at: float
+    event: AnyEvent,
+    before: State,
+    after: State,
+    at: float,
+    remembered: Mapping[NodeId, str] = _NO_NAMES,
 ) -> list[TimelineEntry]:
     """What an operator should read about ``event``, which turned ``before`` into ``after``.
 
@@ -165,7 +179,7 @@ def entries_for_event(
             model = instance.shard_assignments.model_id
             text = (
                 f"instance {short_id(instance.instance_id)} of {short_model(model)} created "
-                f"on {instance_nodes(instance, after, before)}"
+                f"on {instance_nodes(instance, after, before, remembered=remembered)}"
             )
             return [TimelineEntry(at, "info", text, model)]
         case InstanceDeleted(instance_id=instance_id):
@@ -175,15 +189,15 @@ def entries_for_event(
             model = instance.shard_assignments.model_id
             text = (
                 f"instance {short_id(instance_id)} of {short_model(model)} deleted "
-                f"(was on {instance_nodes(instance, before, after)})"
+                f"(was on {instance_nodes(instance, before, after, remembered=remembered)})"
             )
             return [TimelineEntry(at, "warn", text, model)]
         case RunnerStatusUpdated(runner_id=runner_id, runner_status=status):
-            return _runner_entries(runner_id, status, before, after, at)
+            return _runner_entries(runner_id, status, before, after, at, remembered)
         case NodeGatheredInfo(node_id=node_id):
             if node_id in before.topology.nodes:
                 return []
-            text = f"node {node_name(node_id, after, before)} joined"
+            text = f"node {node_name(node_id, after, before, remembered=remembered)} joined"
             return [TimelineEntry(at, "info", text, node_id=node_id)]
         case NodeTimedOut(node_id=node_id):
             if node_id not in before.topology.nodes:
@@ -195,14 +209,19 @@ def entries_for_event(
 
 
 def _runner_entries(
-    runner_id: RunnerId, status: object, before: State, after: State, at: float
+    runner_id: RunnerId,
+    status: object,
+    before: State,
+    after: State,
+    at: float,
+    remembered: Mapping[NodeId, str],
 ) -> list[TimelineEntry]:
     home = _runner_home(runner_id, after, before)
     if home is None:
         return []
     instance, node_id = home
     model = instance.shard_assignments.model_id
-    where = f"{short_model(model)} on {node_name(node_id, after, before)}"
+    where = f"{short_model(model)} on {node_name(node_id, after, before, remembered=remembered)}"
     previous = before.runners.get(runner_id)
     if isinstance(status, RunnerReady) and not isinstance(previous, SERVING_RUNNER_TYPES):
         text = f"runner ready: {where}{_layers(instance, runner_id)}"

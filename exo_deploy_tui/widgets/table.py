@@ -35,33 +35,49 @@ class KeyedTable(DataTable[Text]):
             cell_padding=0,
             zebra_stripes=False,
         )
-        self.selected_key: str | None = None
         self._columns: tuple[Column, ...] = ()
         self._rows: list[tuple[str, Cells]] = []
 
     def set_columns(self, columns: Sequence[Column]) -> None:
         if tuple(columns) == self._columns:
             return
+        keep = self.selected_key
         self._columns = tuple(columns)
         self.clear(columns=True)
         for column in columns:
             self.add_column(Text(column.label, style="bold"), width=column.width, key=column.key)
-        rows, self._rows = self._rows, []
-        self.sync(rows)
+        # Same rows, blank until the owner shows them again in the new columns; every cell then
+        # differs from the empty tuple kept here, so the next sync fills them all.
+        blank = tuple(Text() for _ in columns)
+        for key, _ in self._rows:
+            self.add_row(*blank, key=key)
+        self._rows = [(key, ()) for key, _ in self._rows]
+        if keep is not None:
+            self.select_key(keep)
+
+    @property
+    def selected_key(self) -> str | None:
+        """The key of the row under the cursor, read from the cursor itself (not from the
+        highlight messages, which arrive later than the keys that moved it)."""
+        row = self.cursor_row
+        return self._rows[row][0] if 0 <= row < len(self._rows) else None
 
     def sync(self, rows: Sequence[tuple[str, Cells]]) -> None:
+        keep = self.selected_key
         wanted = [key for key, _ in rows]
         current = [key for key, _ in self._rows]
         if wanted == current:
             self._update_cells(rows)
-        elif _is_subsequence(wanted, current):
+            self._rows = list(rows)
+            return
+        if _is_subsequence(wanted, current):
             for key in set(current) - set(wanted):
                 self.remove_row(key)
             self._update_cells(rows)
-            self._reselect(wanted, current)
         else:
-            self._rebuild(rows, current)
+            self._rebuild(rows)
         self._rows = list(rows)
+        self._reselect(keep, wanted, current)
 
     def _update_cells(self, rows: Sequence[tuple[str, Cells]]) -> None:
         old = dict(self._rows)
@@ -72,38 +88,27 @@ class KeyedTable(DataTable[Text]):
                 if index >= len(before) or before[index] != value:
                     self.update_cell(key, column, value)
 
-    def _rebuild(self, rows: Sequence[tuple[str, Cells]], previous: list[str]) -> None:
+    def _rebuild(self, rows: Sequence[tuple[str, Cells]]) -> None:
         scroll_y = self.scroll_y
         self.clear()
         for key, cells in rows:
             self.add_row(*cells, key=key)
         self.scroll_to(y=scroll_y, animate=False, immediate=True)
-        self._reselect([key for key, _ in rows], previous)
 
-    def _reselect(self, wanted: list[str], previous: list[str]) -> None:
+    def _reselect(self, keep: str | None, wanted: list[str], previous: list[str]) -> None:
         if not wanted:
             return
-        if self.selected_key in wanted:
-            row = wanted.index(self.selected_key)
+        if keep in wanted:
+            row = wanted.index(keep)
         else:
             # The selected row went: stay at the same height, on the row that took its place.
-            old = previous.index(self.selected_key) if self.selected_key in previous else 0
+            old = previous.index(keep) if keep in previous else 0
             row = min(old, len(wanted) - 1)
-            self.selected_key = wanted[row]
         self.move_cursor(row=row, animate=False)
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        # Highlight messages are handled after the fact: one posted before a sync (for a row
-        # that has since moved or gone) must not move the selection.
-        keys = self.keys
-        row = self.cursor_row
-        if 0 <= row < len(keys) and event.row_key.value == keys[row]:
-            self.selected_key = keys[row]
-
     def select_key(self, key: str) -> None:
-        keys = [k for k, _ in self._rows]
+        keys = self.keys
         if key in keys:
-            self.selected_key = key
             self.move_cursor(row=keys.index(key), animate=False)
 
     @property
