@@ -5,9 +5,16 @@ dashboard stream, chat) against a real uvicorn with a node joined over the real 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,9 +25,12 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from keeper.api_models import CommandResponse, DeploymentsResponse, ModelList, StreamSnapshot
+from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.events import IndexedEvent, InstanceCreated, NodeGatheredInfo
 from keeper.master.api import create_app
 from keeper.master.auth import InsecureBindError, check_bind
+from keeper.master.event_log import EventLog
+from keeper.master.model_cards import ModelCardError, load_model_cards, merge_catalogs
 from keeper.master.protocol import (
     MASTER_MESSAGE,
     NODE_MESSAGE,
@@ -34,7 +44,7 @@ from keeper.master.protocol import (
     Welcome,
 )
 from keeper.master.server import serve
-from keeper.master.service import Master
+from keeper.master.service import Master, MasterConfig
 from keeper.state import (
     Backend,
     Memory,
@@ -600,3 +610,106 @@ async def test_the_node_websocket_needs_the_token_when_one_is_set() -> None:
             await ws.send(json.dumps({"Hello": {"nodeId": "n", "name": "n"}}))
             assert isinstance(MASTER_MESSAGE.validate_json(await ws.recv()), Welcome)
         assert master.running
+
+
+# --- model cards and the process entry ---------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_model_card_files_extend_the_catalog(tmp_path: Path) -> None:
+    for source in FIXTURES.glob("*.toml"):
+        (tmp_path / source.name).write_text(source.read_text())
+    custom = (FIXTURES / "mlx-community--Qwen3-30B-A3B-4bit.toml").read_text()
+    custom = custom.replace("mlx-community/Qwen3-30B-A3B-4bit", "custom/Tiny").replace(
+        "n_layers = 48", "n_layers = 4"
+    )
+    (tmp_path / "custom.toml").write_text(custom)
+    cards = {card.model_id: card for card in load_model_cards(tmp_path)}
+    assert cards["mlx-community/DeepSeek-V3.1-4bit"].storage_size.in_bytes == 405_874_409_472
+    assert cards["custom/Tiny"].n_layers == 4
+    merged = merge_catalogs(BUILTIN_MODEL_CARDS, tuple(cards.values()))
+    assert {card.model_id for card in BUILTIN_MODEL_CARDS} < {card.model_id for card in merged}
+    assert len({card.model_id for card in merged}) == len(merged)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [("model_id = ", "not a readable TOML file"), ('model_id = "x"\n', "n_layers: Field required")],
+)
+def test_a_bad_model_card_is_named(tmp_path: Path, content: str, fragment: str) -> None:
+    (tmp_path / "broken.toml").write_text(content)
+    with pytest.raises(ModelCardError, match=r"broken\.toml") as error:
+        load_model_cards(tmp_path)
+    assert fragment in str(error.value)
+
+
+@pytest.mark.anyio
+async def test_models_lists_cards_loaded_from_files(tmp_path: Path) -> None:
+    custom = (FIXTURES / "mlx-community--Qwen3-30B-A3B-4bit.toml").read_text()
+    (tmp_path / "c.toml").write_text(custom.replace("mlx-community/Qwen3-30B-A3B-4bit", "c/C"))
+    cards = merge_catalogs(BUILTIN_MODEL_CARDS, load_model_cards(tmp_path))
+    master = Master(None, config=MasterConfig(model_cards=cards))
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        async with api_client(master) as client:
+            ids = [entry["id"] for entry in (await client.get("/models")).json()["data"]]
+            assert "c/C" in ids and QWEN in ids
+            assert (await client.post("/deployments", json={"model_id": "c/C"})).status_code == 200
+        group.cancel_scope.cancel()
+
+
+def _master_process(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    code = (
+        "import sys; from keeper.master.server import run_master as r; "
+        "a = sys.argv[1:]; sys.exit(r(a[0], *(int(p) for p in a[1:2]), *a[2:]))"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_run_master_refuses_a_public_address_without_a_token() -> None:
+    process = _master_process("0.0.0.0", env={"EXO_DEPLOY_TOKEN": ""})
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert "Refusing to listen on 0.0.0.0 without a token" in stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.e2e
+def test_run_master_serves_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = _master_process("127.0.0.1", str(port), str(tmp_path))
+    line = ""
+    try:
+        assert process.stderr is not None
+        deadline = time.monotonic() + 60
+        while "listening on" not in line and time.monotonic() < deadline:
+            line = process.stderr.readline()
+            if not line:
+                break  # the process ended: its stderr is in the failure below
+        if not line:
+            process.kill()
+            out, err = process.communicate()
+            pytest.fail(f"the master did not start ({process.returncode}): {out} {err}")
+        assert f"exo-deploy master listening on http://127.0.0.1:{port}" in line
+        created = httpx.post(f"http://127.0.0.1:{port}/deployments", json={"model_id": QWEN})
+        assert created.status_code == 200
+        process.send_signal(signal.SIGTERM)
+        _, rest = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, rest
+    assert "Traceback" not in rest
+    assert (tmp_path / "snapshot.json").exists()  # a clean stop leaves a restart point
+    log = EventLog(tmp_path)
+    assert created.json()["deployment_id"] in log.open().state.deployments
+    log.close()

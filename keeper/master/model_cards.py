@@ -8,6 +8,7 @@ the field, instead of a model silently missing from ``GET /models``.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -35,11 +36,16 @@ def load_model_cards(directory: Path) -> tuple[ModelCard, ...]:
             cards.append(model_card_from_toml(document))
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc']) or 'card'}: {error['msg']}"
+                f"{'.'.join(_snake(str(part)) for part in error['loc']) or 'card'}: {error['msg']}"
                 for error in exc.errors()
             )
             raise ModelCardError(f"{path}: not an exo model card ({problems})") from None
     return tuple(cards)
+
+
+def _snake(name: str) -> str:
+    # Errors name fields by their JSON (camelCase) alias; the TOML file spells them snake_case.
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
 
 
 def merge_catalogs(

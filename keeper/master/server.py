@@ -135,11 +135,12 @@ def run_master(
     )
     token = token or os.environ.get(TOKEN_ENV) or None
     try:
+        port = _port_number(port)
         check_bind(host, token)
         cards = BUILTIN_MODEL_CARDS
         if model_cards_dir is not None:
-            cards = merge_catalogs(cards, load_model_cards(model_cards_dir))
-    except (InsecureBindError, ModelCardError) as exc:
+            cards = merge_catalogs(cards, load_model_cards(Path(model_cards_dir)))
+    except (InsecureBindError, ModelCardError, MasterStartError) as exc:
         print(f"exo-deploy master: {exc}", file=sys.stderr)
         return 2
     master = Master(data_dir, config=MasterConfig(model_cards=cards, log_io_in_thread=True))
@@ -167,6 +168,17 @@ def run_master(
         print(f"exo-deploy master: {reason}", file=sys.stderr)
         return 1
     return 0
+
+
+def _port_number(port: int | str) -> int:
+    # A caller passing argv straight through must get a message, not a TypeError from bind().
+    try:
+        number = int(port)
+    except ValueError:
+        raise MasterStartError(f"the port must be a number, got {port!r}") from None
+    if not 0 <= number <= 65535:
+        raise MasterStartError(f"the port must be between 0 and 65535, got {number}")
+    return number
 
 
 def _start_failure(exc: BaseException) -> BaseException | None:

@@ -181,14 +181,14 @@ class Master:
         place: PlaceFn = place_instance,
         keeper_factory: KeeperFactory = _default_keeper,
     ) -> None:
-        self.data_dir = data_dir
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else MasterConfig()
         self.catalog: dict[str, ModelCard] = catalog_by_id(self.config.model_cards)
         self._clock = clock
         self._place = place
         self._keeper_factory = keeper_factory
         self._keeper: KeeperLike | None = None
-        self._log = EventLog(data_dir)
+        self._log = EventLog(self.data_dir)
         self._state = State()
         self._next_idx = 0
         self._lock = anyio.Lock()
