@@ -64,7 +64,9 @@ def describe_validation(errors: list[Any]) -> tuple[int, str, str | None]:
         if error.get("type") == "json_invalid":
             ctx: dict[str, Any] = error.get("ctx") or {}
             detail = str(ctx.get("error", error.get("msg", "invalid JSON")))
-            return 400, f"Malformed JSON body: {detail}", None
+            loc = list(error.get("loc", ()))
+            where = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+            return 400, f"Malformed JSON body: {detail}{where}", None
     messages: list[str] = []
     first_param: str | None = None
     for error in errors:

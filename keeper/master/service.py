@@ -9,11 +9,14 @@ subscriber sees the same events in the same order as the log.
 Around the router run, until cancelled:
 - the keeper loop: ``Keeper.step`` once a second from STARTUP_GRACE after start, under the lock
   that deployment deletion also takes, with the step's events emitted under that lock;
-- membership: a node silent for ``node_timeout_s`` (no message of any kind) gets NodeTimedOut
-  and its session is closed, so when it wakes it reconnects and reports everything afresh;
+- membership (``keeper.master.membership``): node sessions, and NodeTimedOut for a node silent
+  for ``node_timeout_s``;
 - the sweep: every ``sweep_interval_s``, InstanceDeleted for each instance using a node that
   is no longer in the topology;
 - snapshots of the State every ``snapshot_every_events`` events, and once more on a clean stop.
+
+Chat requests are routed here (to the rank-0 node of a ready instance) and followed by
+``keeper.master.chat``; dashboard streams subscribe through ``keeper.master.subscriptions``.
 
 Commands (``create_deployment`` and friends) validate, then emit under the lock and wait until
 their events are applied, so a response is only sent for events that are durable and visible
@@ -50,11 +53,6 @@ from keeper.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
-    NodeGatheredInfo,
-    NodeTimedOut,
-    RunnerStatusUpdated,
-    TopologyEdgeCreated,
-    TopologyEdgeDeleted,
 )
 from keeper.master.channel import ChannelClosedError, MasterSide
 from keeper.master.chat import ChatRouter, ChatStream
@@ -68,29 +66,16 @@ from keeper.master.errors import (
     NotRunningError,
 )
 from keeper.master.event_log import EventLog, Recovery
-from keeper.master.node_session import NodeSession, forward
+from keeper.master.membership import Membership
 from keeper.master.protocol import (
-    AnyMasterMessage,
-    AnyNodeMessage,
-    ChatChunk,
-    ChatError,
     ChatMessage,
     ChatRequest,
-    Heartbeat,
-    Hello,
-    LinkDown,
-    LinkUp,
-    NodeInfo,
-    RequestInstanceDeletion,
-    RunnerStatusReport,
-    Welcome,
 )
 from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
 from keeper.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
-    Connection,
     Deployment,
     InstanceMeta,
     ModelCard,
@@ -103,8 +88,6 @@ log = logging.getLogger(__name__)
 
 PlaceFn = Callable[[State, ModelCard, Sharding, InstanceMeta, int], AnyInstance]
 
-# A connection that does not say Hello within this long is not a node; drop it.
-HELLO_TIMEOUT_S = 10.0
 # The most queued emits the router folds into one batch (one write + fsync). Large enough that
 # a burst costs one fsync per few hundred events, small enough that a batch applies in
 # milliseconds and does not stall the event loop.
@@ -195,9 +178,16 @@ class Master:
         self._router_send: MemoryObjectSendStream[_Emit] | None = None
         self._waiters: dict[int, _Emit] = {}
         self._fanout = Fanout()
-        self._sessions: dict[NodeId, NodeSession] = {}
-        self._last_heard: dict[NodeId, float] = {}
         self._chats = ChatRouter(self.config.chat_chunk_timeout_s)
+        self._membership = Membership(
+            lambda: self._state,
+            self.emit,
+            self._fanout,
+            self._chats,
+            node_timeout_s=self.config.node_timeout_s,
+            check_interval_s=self.config.membership_check_s,
+            outbox_size=self.config.subscriber_buffer,
+        )
         self._started_at: float | None = None
         self._keeper_error: str | None = None
         self._keeper_version = 0  # bumped whenever the keeper's memory may have changed
@@ -227,7 +217,7 @@ class Master:
         return self._router_send is not None
 
     def connected_nodes(self) -> list[NodeId]:
-        return sorted(self._sessions)
+        return sorted(self._membership.sessions)
 
     def deployments_view(self) -> DeploymentsResponse:
         state = self._state
@@ -291,7 +281,7 @@ class Master:
         card = self.catalog.get(model_id)
         if card is None:
             raise NotFoundError(
-                f"Unknown model {model_id!r}: it is not in the model catalog (GET /models)",
+                f"Unknown model {_shown(model_id)}: it is not in the model catalog (GET /models)",
                 param="model_id",
             )
         return card
@@ -334,7 +324,7 @@ class Master:
             deployment = self._state.deployments.get(deployment_id)
             if deployment is None:
                 raise NotFoundError(
-                    f"Deployment {deployment_id!r} not found", param="deployment_id"
+                    f"Deployment {_shown(deployment_id)} not found", param="deployment_id"
                 )
             events = self.keeper.delete(deployment_id, self._state)
             self._keeper_version += 1
@@ -370,7 +360,9 @@ class Master:
     async def delete_instance(self, instance_id: str) -> CommandResponse:
         async with self._lock:
             if instance_id not in self._state.instances:
-                raise NotFoundError(f"Instance {instance_id!r} not found", param="instance_id")
+                raise NotFoundError(
+                    f"Instance {_shown(instance_id)} not found", param="instance_id"
+                )
             await self._emit_and_wait([InstanceDeleted(instance_id=instance_id)])
         return CommandResponse(
             message=f"Instance {instance_id} deleted",
@@ -402,7 +394,7 @@ class Master:
                 ),
                 None,
             )
-            if rank0 is not None and rank0 in self._sessions:
+            if rank0 is not None and rank0 in self._membership.sessions:
                 ready.append((instance_id, rank0))
         return ready
 
@@ -421,7 +413,7 @@ class Master:
             )
         busy = self._chats.load([instance for instance, _ in ready])
         instance_id, node_id = min(ready, key=lambda target: busy[target[0]])
-        session = self._sessions[node_id]
+        session = self._membership.sessions[node_id]
         pending, make_stream = self._chats.open(instance_id, session)
         request = ChatRequest(
             request_id=pending.request_id,
@@ -546,15 +538,14 @@ class Master:
         self._keeper = self._keeper_factory(
             now - (STARTUP_GRACE - self.config.startup_grace_s), self._place
         )
-        # Nodes the log remembers must report back in time like any other, or time out.
-        self._last_heard = dict.fromkeys(self._state.topology.nodes, now)
+        self._membership.start(clock)
         send, receive = anyio.create_memory_object_stream[_Emit](self.config.router_queue)
         self._router_send = send
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._router, receive)
                 group.start_soon(self._keeper_loop)
-                group.start_soon(self._membership_loop)
+                group.start_soon(self._membership.watch)
                 group.start_soon(self._sweep_loop)
                 task_status.started()
         finally:
@@ -564,8 +555,7 @@ class Master:
                 item.failed = True
                 if item.done is not None:
                     item.done.set()
-            for session in list(self._sessions.values()):
-                session.close("the master is stopping")
+            self._membership.close_all("the master is stopping")
             self._chats.fail_all("the master is stopping")
             self._fanout.clear()
             if self._log.events_since_snapshot:
@@ -598,30 +588,6 @@ class Master:
             log.exception("the keeper's step failed; retrying every second")
             self._keeper_error = described
 
-    async def _membership_loop(self) -> None:
-        clock = self.clock
-        timeout = self.config.node_timeout_s
-        while True:
-            await clock.sleep(self.config.membership_check_s)
-            now = clock.monotonic()
-            for node in self._state.topology.nodes:
-                # A node can reach the topology without a session (a report that was in flight
-                # when it timed out); it starts its silence now.
-                self._last_heard.setdefault(node, now)
-            silent = sorted(
-                node for node, heard in self._last_heard.items() if now - heard >= timeout
-            )
-            events: list[AnyEvent] = []
-            for node in silent:
-                del self._last_heard[node]
-                session = self._sessions.get(node)
-                if session is not None:
-                    session.close(f"silent for {timeout:g} s")
-                if node in self._state.topology.nodes:
-                    log.info("node %s timed out after %g s of silence", node, timeout)
-                    events.append(NodeTimedOut(node_id=node))
-            await self.emit(events)
-
     async def _sweep_loop(self) -> None:
         clock = self.clock
         while True:
@@ -649,98 +615,16 @@ class Master:
 
     async def serve_node(self, channel: MasterSide) -> None:
         """Serve one node connection until it closes (see ``keeper.master.protocol``)."""
-        try:
-            if not self.running:
-                return
-            hello: AnyNodeMessage | None = None
-            with anyio.move_on_after(HELLO_TIMEOUT_S):
-                hello = await channel.receive()
-            if not isinstance(hello, Hello):
-                log.warning(
-                    "a node connection sent %s instead of Hello; closing it",
-                    "nothing" if hello is None else type(hello).__name__,
-                )
-                return
-            await self._node_session(hello, channel)
-        except ChannelClosedError:
-            pass
-        finally:
-            with anyio.CancelScope(shield=True):
-                with contextlib.suppress(
-                    ChannelClosedError, anyio.BrokenResourceError, anyio.ClosedResourceError
-                ):
-                    await channel.aclose()
+        if not self.running:
+            with contextlib.suppress(ChannelClosedError):
+                await channel.aclose()
+            return
+        await self._membership.serve(channel)
 
-    async def _node_session(self, hello: Hello, channel: MasterSide) -> None:
-        node_id = hello.node_id
-        previous = self._sessions.get(node_id)
-        if previous is not None:
-            previous.close("the node connected again")
-        outbox_send, outbox_receive = anyio.create_memory_object_stream[AnyMasterMessage](
-            self.config.subscriber_buffer
-        )
-        session = NodeSession(node_id, outbox_send)
-        # Welcome and subscription together, with no await between: no event missed or doubled.
-        session.offer(Welcome(state=self._state))
-        key = self._fanout.add(session.offer_event)
-        self._sessions[node_id] = session
-        self._last_heard[node_id] = self.clock.monotonic()
-        log.info("node %s (%s) connected", node_id, hello.name)
-        try:
-            with session.scope:
-                async with anyio.create_task_group() as group:
-                    group.start_soon(forward, outbox_receive, channel, group.cancel_scope)
-                    await self._receive_from_node(node_id, channel)
-                    group.cancel_scope.cancel()
-        finally:
-            self._fanout.remove(key)
-            outbox_send.close()
-            if self._sessions.get(node_id) is session:
-                del self._sessions[node_id]
-            self._chats.fail(f"node {node_id} disconnected during the request", node_id=node_id)
-            log.info("node %s disconnected", node_id)
 
-    async def _receive_from_node(self, node_id: NodeId, channel: MasterSide) -> None:
-        clock = self.clock
-        while True:
-            try:
-                message = await channel.receive()
-            except ChannelClosedError:
-                return
-            self._last_heard[node_id] = clock.monotonic()
-            match message:
-                case NodeInfo():
-                    await self.emit(
-                        [
-                            NodeGatheredInfo(
-                                node_id=node_id,
-                                when=iso_utc(clock.wall()),
-                                memory=message.memory,
-                                backends=message.backends,
-                                identity=message.identity,
-                                network=message.network,
-                                rdma_ctl=message.rdma_ctl,
-                            )
-                        ]
-                    )
-                case RunnerStatusReport(runner_id=runner_id, runner_status=status):
-                    await self.emit(
-                        [RunnerStatusUpdated(runner_id=runner_id, runner_status=status)]
-                    )
-                case LinkUp(sink=sink, edge=edge):
-                    conn = Connection(source=node_id, sink=sink, edge=edge)
-                    await self.emit([TopologyEdgeCreated(conn=conn)])
-                case LinkDown(sink=sink, edge=edge):
-                    conn = Connection(source=node_id, sink=sink, edge=edge)
-                    await self.emit([TopologyEdgeDeleted(conn=conn)])
-                case RequestInstanceDeletion(instance_id=instance_id, reason=reason):
-                    if instance_id in self._state.instances:
-                        log.info("node %s gave up on instance %s: %s", node_id, instance_id, reason)
-                        await self.emit([InstanceDeleted(instance_id=instance_id)])
-                case ChatChunk() | ChatError():
-                    self._chats.deliver(node_id, message)
-                case Heartbeat() | Hello():
-                    pass
+def _shown(value: str) -> str:
+    # Errors quote what the client sent; a megabyte-long id need not come back in full.
+    return repr(value if len(value) <= 120 else value[:120] + "...")
 
 
 def _enums(
