@@ -1,0 +1,106 @@
+"""The soak's fault schedule: which fault comes next, where, for how long, all chosen by the seed.
+
+The schedule is a pure object over ``random.Random(seed)``: the run asks it for the pause before
+the next fault and for the fault itself, telling it which nodes are healthy right now and which
+hold runners. Given the same seed and the same answers it makes the same choices, which is what
+makes a virtual-time soak replayable.
+
+Kinds are drawn from a shuffled bag holding each kind once, refilled when empty, so every kind
+comes up within any five faults in a row (a ten-minute run injects each kind about three times)
+rather than leaving one out by bad luck. A kind that cannot be injected right now stays in the
+bag for a later turn: a fault that takes a node away is skipped while it would leave fewer than
+``MIN_HEALTHY_NODES`` healthy nodes (the two-node pipeline model needs two), a runner kill needs
+a healthy node that holds a runner, and a master crash needs a master that is up.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class FaultKind(StrEnum):
+    NODE_CRASH = "node_crash"  # kill -9, restarted NODE_DOWN_S later with no runners
+    MASTER_CRASH = "master_crash"  # kill -9, restarted MASTER_DOWN_S later from its log
+    FREEZE = "freeze"  # SIGSTOP, SIGCONT after FREEZE_S
+    RUNNER_KILL = "runner_kill"  # every runner of one node dies; exo's worker retries them
+    PARTITION = "partition"  # the node's link to the master is cut for PARTITION_S
+
+
+# The issue's cadence: a fault every 20-60 s.
+FAULT_GAP_S = (20.0, 60.0)
+# The issue's freeze lengths: short ones the master rides out, long ones past its 30 s timeout.
+FREEZE_S = (5.0, 45.0)
+# Partitions on both sides of the 30 s node timeout too, up to a full minute.
+PARTITION_S = (10.0, 60.0)
+# A crashed node comes back after the local cluster's default restart delay: longer than exo's
+# 30 s node timeout plus the 10 s sweep, so its instance is lost and the keeper must re-place it.
+NODE_DOWN_S = 60.0
+# A killed master is restarted after the local cluster's delay (keeper.node.cluster).
+MASTER_DOWN_S = 1.0
+# Faults that take a node away leave at least this many healthy: the pipeline model needs two.
+MIN_HEALTHY_NODES = 2
+
+MASTER = "master"  # the ``node`` of a master crash in the report
+
+# Faults during which their node counts as unhealthy (a runner kill is over at once).
+TAKES_A_NODE_AWAY = frozenset({FaultKind.NODE_CRASH, FaultKind.FREEZE, FaultKind.PARTITION})
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: FaultKind
+    node: str  # a node name, or MASTER
+    duration_s: float  # how long until the fault ends by itself (0 for a runner kill)
+
+
+class FaultPlan:
+    """Seeded choices of faults; see the module docstring."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._bag: list[FaultKind] = []
+
+    def next_gap(self) -> float:
+        low, high = FAULT_GAP_S
+        return round(self._rng.uniform(low, high), 3)
+
+    def next_fault(
+        self, healthy: Sequence[str], holding_runners: Collection[str], master_up: bool
+    ) -> FaultSpec | None:
+        """The next fault, or None when no kind can be injected now (try again next turn).
+
+        ``healthy``: nodes with no fault in progress, in a stable order; ``holding_runners``:
+        which of them hold a runner; ``master_up``: no master crash in progress.
+        """
+        if not self._bag:
+            self._bag = list(FaultKind)
+            self._rng.shuffle(self._bag)
+        for position, kind in enumerate(self._bag):
+            spec = self._spec(kind, healthy, holding_runners, master_up)
+            if spec is not None:
+                del self._bag[position]
+                return spec
+        return None
+
+    def _spec(
+        self,
+        kind: FaultKind,
+        healthy: Sequence[str],
+        holding_runners: Collection[str],
+        master_up: bool,
+    ) -> FaultSpec | None:
+        if kind is FaultKind.MASTER_CRASH:
+            return FaultSpec(kind, MASTER, MASTER_DOWN_S) if master_up else None
+        if kind is FaultKind.RUNNER_KILL:
+            candidates = [node for node in healthy if node in holding_runners]
+            return FaultSpec(kind, self._rng.choice(candidates), 0.0) if candidates else None
+        if len(healthy) - 1 < MIN_HEALTHY_NODES:
+            return None
+        node = self._rng.choice(list(healthy))
+        if kind is FaultKind.NODE_CRASH:
+            return FaultSpec(kind, node, NODE_DOWN_S)
+        low, high = FREEZE_S if kind is FaultKind.FREEZE else PARTITION_S
+        return FaultSpec(kind, node, round(self._rng.uniform(low, high), 3))

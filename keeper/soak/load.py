@@ -1,0 +1,120 @@
+"""The soak's load: chat clients that each keep one request in flight, every one with a deadline.
+
+A client sends a chat completion, waits for its outcome and sends the next. The outcome is a
+*result* (a reply), an *error* (anything the system answered or the connection said: a 404
+because no instance serves, a 503, a refused or dropped connection) or, if neither came within
+``REQUEST_DEADLINE_S``, the request is *lost*: the one outcome the system must never produce.
+
+Sending is the target's business (``ChatSender``: HTTP for the process soak, the master's chat
+call for the virtual one); it returns None for a result or a short label for the error, and the
+deadline is enforced here, around it, so no client-side timeout can turn a lost request into an
+error. The pauses after a result and after an error are settings: the process soak keeps the
+master busy (no pause after a result), the virtual one spaces requests out so that a simulated
+day fits in two minutes of wall time.
+
+Each result also reports to ``on_result`` (model, sent at, answered at): the run uses it to tell
+when a model serves again after a fault.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+
+# Twice the master's 30 s chat chunk timeout: a request whose node froze or vanished mid-reply
+# is ended with an error after 30 s; one still open after 60 s was dropped by the system.
+REQUEST_DEADLINE_S = 60.0
+# The issue's load: twelve clients.
+CLIENTS = 12
+# Tokens per reply: a few, so a request is short (0.4 s at the simulated 20 tokens/s) and there
+# are many of them, but still a streamed, multi-chunk reply.
+MAX_TOKENS = 8
+
+ChatSender = Callable[[str], Awaitable[str | None]]
+ResultHook = Callable[[str, float, float], None]
+
+
+@dataclass
+class LoadStats:
+    requests: int = 0
+    results: int = 0
+    errors: int = 0
+    lost: int = 0
+    in_flight: int = 0
+    error_kinds: Counter[str] = field(default_factory=Counter[str])
+    lost_examples: list[str] = field(default_factory=list[str])
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    clients: int = CLIENTS
+    deadline_s: float = REQUEST_DEADLINE_S
+    pause_after_result_s: float = 0.0
+    pause_after_error_s: float = 0.5  # a client does not spin on a model that is not serving
+
+
+class Load:
+    """``clients`` chat clients spread round-robin over ``models``; ``run`` until ``stop``."""
+
+    def __init__(
+        self,
+        send: ChatSender,
+        models: Sequence[str],
+        settings: LoadSettings,
+        on_result: ResultHook,
+    ) -> None:
+        if not models:
+            raise ValueError("the load needs at least one model")
+        self._send = send
+        self._models = list(models)
+        self._settings = settings
+        self._on_result = on_result
+        self._stopping = anyio.Event()
+        self.stats = LoadStats()
+
+    def stop(self) -> None:
+        """Send no new requests; those in flight still run to their outcome or deadline."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Run every client; returns once ``stop`` was called and every request has ended."""
+        async with anyio.create_task_group() as group:
+            for client in range(self._settings.clients):
+                group.start_soon(self._client, self._models[client % len(self._models)])
+
+    async def _client(self, model: str) -> None:
+        settings = self._settings
+        while not self._stopping.is_set():
+            ok = await self._one(model)
+            pause = settings.pause_after_result_s if ok else settings.pause_after_error_s
+            with anyio.move_on_after(pause):
+                await self._stopping.wait()
+
+    async def _one(self, model: str) -> bool:
+        settings, stats = self._settings, self.stats
+        stats.requests += 1
+        stats.in_flight += 1
+        sent_at = anyio.current_time()
+        error: str | None = None
+        answered = False
+        try:
+            with anyio.move_on_after(settings.deadline_s):
+                error = await self._send(model)
+                answered = True
+        finally:
+            stats.in_flight -= 1
+        if not answered:
+            stats.lost += 1
+            if len(stats.lost_examples) < 20:
+                stats.lost_examples.append(f"{model} sent at {sent_at:.1f}")
+            return False
+        if error is not None:
+            stats.errors += 1
+            stats.error_kinds[error] += 1
+            return False
+        stats.results += 1
+        self._on_result(model, sent_at, anyio.current_time())
+        return True

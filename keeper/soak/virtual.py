@@ -1,0 +1,273 @@
+"""The soak in virtual time: the same run against a master and in-process nodes under MockClock.
+
+``VirtualTarget`` gives ``keeper.soak.run`` what it needs from an in-process cluster
+(``keeper.node.in_process``): node faults are its crash/freeze/partition/kill-runner methods; a
+master crash stops the running ``Master`` (its tasks are cancelled, as a kill would end them)
+and starts a new one on the same data dir after ``MASTER_DOWN_S``, which rebuilds its State
+from the event log while the nodes reconnect to it. Chats go to ``Master.chat`` directly: the
+HTTP layer adds wall-clock cost and nothing to what is being soaked (its error mapping is the
+API's tests' business), and the outcome labels are the ones HTTP would give.
+
+Under trio's ``MockClock(autojump_threshold=0)`` the clock jumps whenever every task waits, so
+a simulated day takes a minute or two. A run is replayable: ``deterministic(seed)`` seeds the
+only sources of chance in the process, the uuid4 ids (instance, runner and deployment ids,
+whose order decides ties) and trio's scheduler (which otherwise orders each batch of ready tasks
+by chance and by memory address). The same seed then gives the same report, field for field.
+
+The master's log goes to a temporary directory, in memory (``/dev/shm``) where there is one:
+the master fsyncs every batch, and a disk's fsync would cost more wall time than the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import random
+import tempfile
+import uuid
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+import keeper.commands
+from keeper.events import IndexedEvent
+from keeper.master.errors import MasterError
+from keeper.master.event_log import LOG_FILE
+from keeper.master.protocol import ChatMessage
+from keeper.master.service import Master, MasterConfig
+from keeper.master.subscriptions import Subscription
+from keeper.node.cluster import DEFAULT_LOAD_GB_PER_S, NODE_SIZES_GB
+from keeper.node.in_process import InProcessCluster
+from keeper.node.sim_node import NodeConfig
+from keeper.soak.faults import MASTER_DOWN_S, FaultKind, FaultSpec
+from keeper.soak.load import MAX_TOKENS, LoadSettings
+from keeper.soak.report import Deployed, RunKind, SoakReport
+from keeper.soak.run import Soak, SoakError, SoakSettings
+from keeper.state import State
+
+PROMPT = "Say something while the cluster is being knocked about."
+# Requests are spaced out in virtual time: twelve clients with a request every few simulated
+# seconds each is a steady load, and keeps a simulated day within two minutes of wall time.
+VIRTUAL_LOAD = LoadSettings(pause_after_result_s=5.0, pause_after_error_s=5.0)
+# Where a temporary data dir is cheapest to fsync.
+_SHM = Path("/dev/shm")
+
+
+def node_configs(nodes: int) -> list[NodeConfig]:
+    """The nodes ``exo-deploy cluster`` would start: the same names, sizes and load speed."""
+    return [
+        NodeConfig(
+            name=f"node-{i + 1}",
+            memory_gb=NODE_SIZES_GB[i % len(NODE_SIZES_GB)],
+            load_gb_per_s=DEFAULT_LOAD_GB_PER_S,
+        )
+        for i in range(nodes)
+    ]
+
+
+@contextlib.contextmanager
+def deterministic(seed: int) -> Generator[None]:
+    """Seed uuid4 (as the keeper and the master call it) and trio's scheduler, then restore."""
+    rng = random.Random(f"ids-{seed}")
+
+    def seeded_uuid4() -> uuid.UUID:
+        return uuid.UUID(int=rng.getrandbits(128), version=4)
+
+    original_uuid4 = uuid.uuid4
+    original_commands_uuid4 = keeper.commands.uuid4
+    uuid.uuid4 = seeded_uuid4
+    keeper.commands.uuid4 = seeded_uuid4
+    with _seeded_trio_scheduler(seed):
+        try:
+            yield
+        finally:
+            uuid.uuid4 = original_uuid4
+            keeper.commands.uuid4 = original_commands_uuid4
+
+
+@contextlib.contextmanager
+def _seeded_trio_scheduler(seed: int) -> Generator[None]:
+    """trio's own switch for replayable runs (the one its Hypothesis plugin throws): each batch
+    of ready tasks is put in creation order, then shuffled by trio's seeded ``_r``. Without it
+    the order also depends on memory addresses (tasks in sets), which differ between runs."""
+    try:
+        run_module: Any = importlib.import_module("trio._core._run")
+    except ImportError:  # not running on trio: nothing to seed
+        yield
+        return
+    scheduler: Any = getattr(run_module, "_r", None)
+    switch = "_ALLOW_DETERMINISTIC_SCHEDULING"
+    if not isinstance(scheduler, random.Random) or not hasattr(run_module, switch):
+        yield
+        return
+    saved_state, saved_switch = scheduler.getstate(), getattr(run_module, switch)
+    scheduler.seed(f"scheduler-{seed}")
+    setattr(run_module, switch, True)
+    try:
+        yield
+    finally:
+        setattr(run_module, switch, saved_switch)
+        scheduler.setstate(saved_state)
+
+
+class VirtualTarget:
+    """An in-process master and nodes, restarted and faulted in place (see module docstring)."""
+
+    run_kind: RunKind = "virtual"
+
+    def __init__(self, data_dir: Path, nodes: int, config: MasterConfig | None = None) -> None:
+        self._data_dir = data_dir
+        self._config = config if config is not None else MasterConfig()
+        self._configs = node_configs(nodes)
+        self._cluster = InProcessCluster(None, self._configs)
+        self._master: Master | None = None
+        self._master_scope: anyio.CancelScope | None = None
+        self._master_stopped = anyio.Event()
+        self._master_back = anyio.Event()
+        self._group: TaskGroup | None = None
+        send, receive = anyio.create_memory_object_stream[Subscription](16)
+        self._new_subscriptions = send
+        self._subscriptions = receive
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the master and the nodes until cancelled."""
+        async with anyio.create_task_group() as group:
+            self._group = group
+            await group.start(self._cluster.run)
+            await self._start_master()
+            task_status.started()
+
+    async def _start_master(self) -> None:
+        assert self._group is not None
+        master = Master(self._data_dir, config=self._config)
+        scope = anyio.CancelScope()
+        stopped = anyio.Event()
+
+        async def run_master(*, task_status: TaskStatus[None]) -> None:
+            try:
+                with scope:
+                    await master.run(task_status=task_status)
+            finally:
+                stopped.set()
+
+        await self._group.start(run_master)
+        # Subscribed before any node connects: the watch sees every event of this master.
+        subscription = master.subscribe()
+        await self._new_subscriptions.send(subscription)
+        self._master, self._master_scope, self._master_stopped = master, scope, stopped
+        self._cluster.set_master(master)
+        self._master_back.set()
+
+    async def _crash_master(self) -> None:
+        if self._master_scope is None:
+            return
+        self._master = None
+        self._cluster.set_master(None)
+        self._master_scope.cancel()
+        await self._master_stopped.wait()
+        await anyio.sleep(MASTER_DOWN_S)
+        await self._start_master()
+
+    # --- SoakTarget -------------------------------------------------------------------------
+
+    def node_names(self) -> list[str]:
+        return [config.name for config in self._configs]
+
+    def node_id(self, name: str) -> str:
+        return next(c.resolved_id for c in self._configs if c.name == name)
+
+    async def deploy(self, model: Deployed) -> None:
+        assert self._master is not None
+        await self._master.create_deployment(model.model_id, min_nodes=model.min_nodes)
+
+    async def chat(self, model_id: str) -> str | None:
+        master = self._master
+        if master is None or not master.running:
+            return "connection refused"
+        try:
+            stream = await master.chat(
+                model_id, [ChatMessage(role="user", content=PROMPT)], MAX_TOKENS
+            )
+            async for _ in stream:
+                pass
+        except MasterError as exc:
+            return f"HTTP {exc.status_code}"
+        return None
+
+    async def follow(
+        self, on_state: Callable[[State], None], on_event: Callable[[IndexedEvent], None]
+    ) -> None:
+        async for subscription in self._subscriptions:
+            on_state(subscription.state)
+            async with subscription:
+                async for indexed in subscription:
+                    on_event(indexed)
+
+    async def statuses(self) -> dict[str, str]:
+        master = self._master
+        if master is None or not master.running:
+            return {}
+        return {
+            view.deployment.model_card.model_id: view.status
+            for view in master.deployments_view().deployments
+        }
+
+    async def inject(self, fault: FaultSpec) -> None:
+        cluster = self._cluster
+        match fault.kind:
+            case FaultKind.NODE_CRASH:
+                cluster.crash(fault.node, fault.duration_s)
+            case FaultKind.FREEZE:
+                cluster.freeze(fault.node, fault.duration_s)
+            case FaultKind.PARTITION:
+                cluster.partition(fault.node, fault.duration_s)
+            case FaultKind.RUNNER_KILL:
+                cluster.kill_runner(fault.node)
+            case FaultKind.MASTER_CRASH:
+                assert self._group is not None
+                self._master_back = anyio.Event()
+                self._group.start_soon(self._crash_master)
+
+    async def wait_over(self, fault: FaultSpec) -> None:
+        if fault.kind is FaultKind.MASTER_CRASH:
+            await self._master_back.wait()
+        else:
+            await anyio.sleep(fault.duration_s)
+
+    def master_log(self) -> Path | None:
+        return self._data_dir / LOG_FILE
+
+
+def virtual_settings(hours: float, seed: int, nodes: int) -> SoakSettings:
+    return SoakSettings(
+        minutes=hours * 60,
+        seed=seed,
+        nodes=nodes,
+        load=VIRTUAL_LOAD,
+        progress_every_s=3600.0,
+        say_faults=False,
+    )
+
+
+async def run_virtual(
+    settings: SoakSettings, data_dir: Path, say: Callable[[str], None]
+) -> SoakReport:
+    """One virtual soak inside the running (MockClock) event loop; seed it with ``deterministic``
+    around the event loop for a replayable run."""
+    target = VirtualTarget(data_dir, settings.nodes)
+    report: SoakReport | None = None
+    async with anyio.create_task_group() as group:
+        await group.start(target.run)
+        report = await Soak(target, settings, say).run()
+        group.cancel_scope.cancel()
+    if report is None:  # the task group re-raises whatever stopped the run first
+        raise SoakError("the soak stopped before it finished")
+    return report
+
+
+def temporary_data_dir() -> tempfile.TemporaryDirectory[str]:
+    where = _SHM if _SHM.is_dir() else None
+    return tempfile.TemporaryDirectory(prefix="exo-deploy-soak-", dir=where)

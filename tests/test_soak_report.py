@@ -1,0 +1,441 @@
+"""The soak's parts that decide its verdict, each on its own: the seeded fault plan, the watch
+that counts duplicates and the keeper's latency, the load's outcomes and deadline, the log
+check, the report's figures and table, and the commands' refusals of bad arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from trio.testing import MockClock
+
+from keeper.catalog import catalog_by_id
+from keeper.constants import STARTUP_GRACE
+from keeper.events import (
+    DeploymentCreated,
+    DeploymentPlacementFailed,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    RunnerStatusUpdated,
+)
+from keeper.soak.faults import (
+    FREEZE_S,
+    MASTER,
+    MIN_HEALTHY_NODES,
+    PARTITION_S,
+    TAKES_A_NODE_AWAY,
+    FaultKind,
+    FaultPlan,
+)
+from keeper.soak.load import Load, LoadSettings
+from keeper.soak.main import soak_main, soak_sim_main
+from keeper.soak.report import (
+    Deployed,
+    FaultRecord,
+    SoakReport,
+    format_recovery,
+    format_table,
+    latency_stats,
+    percentile,
+    summarize,
+)
+from keeper.soak.watch import ClusterWatch, ExclusionReason, check_log
+from keeper.state import (
+    Deployment,
+    MlxRingInstance,
+    PipelineShardMetadata,
+    RunnerLoading,
+    RunnerReady,
+    Shard,
+    ShardAssignments,
+    State,
+)
+
+SMALL = "mlx-community/Qwen3-0.6B-4bit"
+BIG = "mlx-community/Qwen3-30B-A3B-4bit"
+NODES = ["node-1", "node-2", "node-3", "node-4"]
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    return ("trio", {"clock": MockClock(autojump_threshold=0)})
+
+
+# --- the fault plan ------------------------------------------------------------------------------
+
+
+def _draw(plan: FaultPlan, turns: int, healthy: list[str] | None = None) -> list[Any]:
+    nodes = healthy if healthy is not None else NODES
+    return [(plan.next_gap(), plan.next_fault(nodes, {"node-2"}, True)) for _ in range(turns)]
+
+
+def test_the_same_seed_gives_the_same_plan_and_another_seed_another() -> None:
+    assert _draw(FaultPlan(7), 40) == _draw(FaultPlan(7), 40)
+    assert _draw(FaultPlan(7), 40) != _draw(FaultPlan(8), 40)
+
+
+def test_every_kind_comes_up_within_each_five_faults_and_durations_stay_in_range() -> None:
+    plan = FaultPlan(3)
+    drawn = _draw(plan, 50)
+    faults = [fault for _, fault in drawn]
+    assert all(fault is not None for fault in faults)
+    for start in range(0, 50, 5):
+        assert {f.kind for f in faults[start : start + 5]} == set(FaultKind)
+    for gap, fault in drawn:
+        assert 20 <= gap <= 60
+        if fault.kind is FaultKind.FREEZE:
+            assert FREEZE_S[0] <= fault.duration_s <= FREEZE_S[1]
+        if fault.kind is FaultKind.PARTITION:
+            assert PARTITION_S[0] <= fault.duration_s <= PARTITION_S[1]
+        if fault.kind is FaultKind.RUNNER_KILL:
+            assert fault.node == "node-2"  # the only node holding a runner
+        if fault.kind is FaultKind.MASTER_CRASH:
+            assert fault.node == MASTER
+
+
+def test_a_fault_that_takes_a_node_away_never_leaves_fewer_than_two_healthy() -> None:
+    plan = FaultPlan(5)
+    healthy = NODES[:MIN_HEALTHY_NODES]
+    kinds = [f.kind for _, f in _draw(plan, 30, healthy) if f is not None]
+    assert kinds
+    assert not set(kinds) & TAKES_A_NODE_AWAY
+    # What could not be injected waits in the bag: with nodes back, it comes up next.
+    after = [plan.next_fault(NODES, set(), True) for _ in range(3)]
+    assert {f.kind for f in after if f is not None} <= TAKES_A_NODE_AWAY
+
+
+def test_nothing_to_inject_gives_none_and_the_master_is_not_crashed_twice() -> None:
+    plan = FaultPlan(1)
+    assert plan.next_fault(NODES[:2], set(), master_up=False) is None
+    assert all(
+        f is None or f.kind is not FaultKind.MASTER_CRASH
+        for f in (plan.next_fault(NODES, set(), master_up=False) for _ in range(20))
+    )
+
+
+# --- the watch -----------------------------------------------------------------------------------
+
+
+def _card(model: str) -> Any:
+    return catalog_by_id()[model]
+
+
+def _instance(instance_id: str, model: str, nodes: dict[str, str]) -> MlxRingInstance:
+    card = _card(model)
+    shards: dict[str, Shard] = {
+        runner: PipelineShardMetadata(
+            model_card=card,
+            device_rank=rank,
+            world_size=len(nodes),
+            start_layer=0,
+            end_layer=card.n_layers,
+            n_layers=card.n_layers,
+        )
+        for rank, runner in enumerate(nodes.values())
+    }
+    return MlxRingInstance(
+        instance_id=instance_id,
+        shard_assignments=ShardAssignments(
+            model_id=model, runner_to_shard=shards, node_to_runner=nodes
+        ),
+    )
+
+
+class _Feed:
+    """Indexed events into a watch at chosen times."""
+
+    def __init__(self, watch: ClusterWatch) -> None:
+        self.watch = watch
+        self.idx = 0
+
+    def __call__(self, event: Any, at: float) -> None:
+        self.watch.event(IndexedEvent(idx=self.idx, event=event), at)
+        self.idx += 1
+
+
+def _deployed(feed: _Feed, model: str, at: float = 0.0) -> None:
+    deployment = Deployment(deployment_id=f"d-{model}", model_card=_card(model))
+    feed(DeploymentCreated(deployment=deployment), at)
+
+
+def _ready(feed: _Feed, instance: MlxRingInstance, at: float) -> None:
+    feed(InstanceCreated(instance=instance), at)
+    for runner in instance.shard_assignments.node_to_runner.values():
+        feed(RunnerStatusUpdated(runner_id=runner, runner_status=RunnerReady()), at)
+
+
+def test_the_watch_times_the_keeper_from_deletion_to_the_new_instance() -> None:
+    watch = ClusterWatch()
+    feed = _Feed(watch)
+    _deployed(feed, SMALL)
+    first = _instance("i1", SMALL, {"n1": "r1"})
+    _ready(feed, first, at=20.0)
+    assert watch.serving_models() == {SMALL}
+    assert watch.nodes_holding_runners() == {"n1"}
+    assert watch.instances_on("n1") == ["i1"] and watch.instances_on("n2") == []
+    feed(InstanceDeleted(instance_id="i1"), 50.0)
+    assert watch.deleted_at == {"i1": 50.0}
+    assert watch.serving_models() == set()
+    feed(InstanceCreated(instance=_instance("i2", SMALL, {"n2": "r2"})), 50.4)
+    assert watch.latencies == pytest.approx([0.4])
+    assert watch.latencies_alone == pytest.approx([0.4])
+    assert watch.duplicates.episodes == 0
+
+
+def test_gaps_that_wait_by_design_are_counted_apart_not_timed() -> None:
+    watch = ClusterWatch()
+    feed = _Feed(watch)
+    _deployed(feed, SMALL)
+    # Lost before ready: the keeper backs off on purpose.
+    feed(InstanceCreated(instance=_instance("i1", SMALL, {"n1": "r1"})), 20.0)
+    feed(RunnerStatusUpdated(runner_id="r1", runner_status=RunnerLoading()), 20.5)
+    feed(InstanceDeleted(instance_id="i1"), 21.0)
+    feed(InstanceCreated(instance=_instance("i2", SMALL, {"n1": "r2"})), 31.0)
+    # Nothing fit: it waited for the cluster to change.
+    for runner in ("r2",):
+        feed(RunnerStatusUpdated(runner_id=runner, runner_status=RunnerReady()), 33.0)
+    feed(InstanceDeleted(instance_id="i2"), 40.0)
+    feed(DeploymentPlacementFailed(deployment_id=f"d-{SMALL}", error="No cycles"), 40.5)
+    feed(InstanceCreated(instance=_instance("i3", SMALL, {"n2": "r3"})), 70.0)
+    # A new master's grace.
+    _ready(feed, _instance("i4", SMALL, {"n3": "r4"}), 71.0)  # a second instance appears
+    feed(InstanceDeleted(instance_id="i3"), 72.0)
+    watch.master_started(100.0)
+    feed(InstanceDeleted(instance_id="i4"), 100.0 + STARTUP_GRACE / 2)
+    feed(InstanceCreated(instance=_instance("i5", SMALL, {"n2": "r5"})), 100.0 + STARTUP_GRACE)
+    assert watch.latencies == []
+    assert watch.excluded == {
+        ExclusionReason.BACKOFF: 1,
+        ExclusionReason.NO_CAPACITY: 1,
+        ExclusionReason.GRACE: 1,
+    }
+    assert watch.duplicates.episodes == 1  # i3 and i4 were both there from 71 to 72
+
+
+def test_a_gap_behind_another_models_placement_is_timed_but_not_alone() -> None:
+    watch = ClusterWatch()
+    feed = _Feed(watch)
+    _deployed(feed, SMALL)
+    _deployed(feed, BIG)
+    _ready(feed, _instance("s1", SMALL, {"n1": "r1"}), 20.0)
+    _ready(feed, _instance("b1", BIG, {"n1": "r2", "n2": "r3"}), 20.0)
+    feed(InstanceDeleted(instance_id="s1"), 60.0)
+    feed(InstanceDeleted(instance_id="b1"), 60.0)
+    feed(InstanceCreated(instance=_instance("s2", SMALL, {"n3": "r4"})), 60.3)
+    feed(InstanceCreated(instance=_instance("b2", BIG, {"n3": "r5", "n2": "r6"})), 61.3)
+    assert watch.latencies == pytest.approx([0.3, 1.3])
+    assert watch.latencies_alone == pytest.approx([0.3])
+
+
+def test_duplicates_are_counted_once_per_episode_and_a_snapshot_counts_too() -> None:
+    watch = ClusterWatch()
+    feed = _Feed(watch)
+    _deployed(feed, SMALL)
+    for episode in range(2):
+        feed(InstanceCreated(instance=_instance(f"a{episode}", SMALL, {"n1": "r1"})), 1.0)
+        feed(InstanceCreated(instance=_instance(f"b{episode}", SMALL, {"n2": "r2"})), 2.0)
+        feed(RunnerStatusUpdated(runner_id="r2", runner_status=RunnerReady()), 2.5)
+        feed(InstanceDeleted(instance_id=f"a{episode}"), 3.0)
+        feed(InstanceDeleted(instance_id=f"b{episode}"), 3.0)
+    assert watch.duplicates.episodes == 2
+    doubled = State(
+        instances={
+            "x": _instance("x", BIG, {"n1": "r1"}),
+            "y": _instance("y", BIG, {"n2": "r2"}),
+        },
+        last_event_applied_idx=feed.idx + 10,
+    )
+    watch.snapshot(doubled, 9.0)
+    assert watch.duplicates.episodes == 3
+    assert "two of" in watch.duplicates.examples[-1]
+    feed.idx = 0
+    feed(InstanceDeleted(instance_id="x"), 9.5)  # an index already in the snapshot: ignored
+    assert set(watch.state.instances) == {"x", "y"}
+
+
+def test_the_log_check_replays_every_state_and_skips_a_torn_last_line(tmp_path: Path) -> None:
+    events = [
+        InstanceCreated(instance=_instance("a", SMALL, {"n1": "r1"})),
+        InstanceCreated(instance=_instance("b", SMALL, {"n2": "r2"})),
+        InstanceDeleted(instance_id="a"),
+    ]
+    lines = [IndexedEvent(idx=i, event=e).model_dump_json() + "\n" for i, e in enumerate(events)]
+    log = tmp_path / "events.jsonl"
+    log.write_text("".join(lines) + lines[0][:20])  # a kill -9 mid-write
+    checked = check_log(log)
+    assert (checked.events, checked.duplicates) == (3, 1)
+    log.write_text(lines[0] + lines[2])
+    assert check_log(log).duplicates == 0
+
+
+# --- the load ------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_load_counts_results_errors_and_lost_requests_by_its_deadline() -> None:
+    hanging = "a model whose requests never end"
+    answers: dict[str, str | None] = {SMALL: None, BIG: "HTTP 404"}
+    served: list[tuple[str, float, float]] = []
+
+    async def send(model: str) -> str | None:
+        if model == hanging:
+            await anyio.sleep_forever()
+        await anyio.sleep(1.0)
+        return answers[model]
+
+    settings = LoadSettings(
+        clients=6, deadline_s=10.0, pause_after_result_s=1.0, pause_after_error_s=3.0
+    )
+    load = Load(send, [SMALL, BIG, hanging], settings, lambda m, s, a: served.append((m, s, a)))
+    async with anyio.create_task_group() as group:
+        group.start_soon(load.run)
+        await anyio.sleep(20.5)
+        load.stop()
+    stats = load.stats
+    # Two clients per model. SMALL: sent at 0, 2, ... 20, the last answered after the stop.
+    # BIG: an error every 4 s (0, 4, ... 20). The hanging model: sent at 0 and 13 (deadline
+    # 10 s, then the 3 s pause), both lost; the run waits for the second one's deadline.
+    assert (stats.results, stats.errors, stats.lost) == (22, 12, 4)
+    assert stats.error_kinds == {"HTTP 404": 12}
+    assert stats.requests == stats.results + stats.errors + stats.lost
+    assert stats.in_flight == 0
+    assert len(stats.lost_examples) == 4
+    assert all(model == SMALL and answered - sent == 1.0 for model, sent, answered in served)
+    assert anyio.current_time() == pytest.approx(23.0)
+
+
+def test_the_load_needs_a_model() -> None:
+    with pytest.raises(ValueError, match="at least one model"):
+        Load(lambda _: anyio.sleep(0), [], LoadSettings(), lambda *_: None)  # type: ignore[arg-type, return-value]
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def _fault(kind: FaultKind, at: float, recovered: float | None) -> FaultRecord:
+    return FaultRecord(
+        kind=kind,
+        node="node-1",
+        at=at,
+        ended_at=at + 5,
+        recovered_after_s=recovered,
+        instance_survived=True,
+        duration_s=5.0,
+    )
+
+
+def test_percentile_is_nearest_rank() -> None:
+    assert percentile([], 0.99) is None
+    assert percentile([3.0], 0.5) == 3.0
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 0.5) == 50.0
+    assert percentile([5.0, 1.0, 3.0], 0.99) == 5.0
+
+
+def test_recovery_is_summarized_per_kind_with_every_kind_listed() -> None:
+    faults = [
+        _fault(FaultKind.FREEZE, 10, 4.0),
+        _fault(FaultKind.FREEZE, 50, 8.0),
+        _fault(FaultKind.FREEZE, 90, 6.0),
+        _fault(FaultKind.NODE_CRASH, 130, None),
+    ]
+    stats = summarize(faults)
+    assert set(stats) == {kind.value for kind in FaultKind}
+    assert (stats["freeze"].count, stats["freeze"].median_s, stats["freeze"].max_s) == (3, 6.0, 8.0)
+    assert (stats["node_crash"].count, stats["node_crash"].recovered) == (1, 0)
+    assert stats["node_crash"].median_s is None
+    assert stats["partition"].count == 0
+
+
+def _report(**changes: Any) -> SoakReport:
+    faults = [_fault(FaultKind.FREEZE, 10, 4.0), _fault(FaultKind.MASTER_CRASH, 40, 3.0)]
+    fields: dict[str, Any] = {
+        "run": "processes",
+        "minutes": 10.0,
+        "nodes": 4,
+        "seed": 1,
+        "models": [Deployed(model_id=SMALL, min_nodes=1)],
+        "clients": 12,
+        "request_deadline_s": 60.0,
+        "requests": 1234,
+        "results": 1200,
+        "errors": 34,
+        "lost": 0,
+        "duplicates": 0,
+        "duplicates_seen_live": 0,
+        "events_checked": 999,
+        "faults": faults,
+        "recovery": summarize(faults),
+        "serving_at_end": True,
+        "settle_s": 12.5,
+        "keeper_added_latency": latency_stats([0.5, 0.9, 1.8], [0.5, 0.9], {"nothing_fit": 2}),
+        "error_kinds": {"HTTP 404": 34},
+        "lost_examples": [],
+        "duplicate_examples": [],
+    }
+    fields.update(changes)
+    return SoakReport(**fields)
+
+
+def test_the_report_has_the_issues_fields_and_round_trips() -> None:
+    report = _report()
+    document = report.model_dump(mode="json")
+    for name in ("minutes", "nodes", "seed", "requests", "results", "errors", "lost"):
+        assert name in document
+    for name in ("duplicates", "faults", "recovery", "serving_at_end"):
+        assert name in document
+    fault = document["faults"][0]
+    assert set(fault) >= {"kind", "node", "at", "ended_at", "recovered_after_s"}
+    assert "instance_survived" in fault
+    assert document["keeper_added_latency"]["p99_s"] == 1.8
+    assert SoakReport.model_validate_json(report.model_dump_json()) == report
+
+
+def test_the_table_shows_run_duration_requests_faults_and_lost() -> None:
+    table = format_table(
+        [_report(), _report(run="virtual", minutes=24 * 60, lost=2, serving_at_end=False)]
+    )
+    header, rule, processes, virtual = table.splitlines()
+    assert header.split()[:5] == ["run", "duration", "requests", "faults", "lost"]
+    assert set(rule) <= {"-", " "}
+    assert "processes, 4 nodes, seed 1" in processes and "10 min" in processes
+    assert processes.split()[-5:] == ["1234", "2", "0", "0", "yes"]
+    assert "virtual time" in virtual and "24 h" in virtual
+    assert virtual.split()[-3:] == ["2", "0", "NO"]
+    recovery = format_recovery(_report())
+    assert "freeze" in recovery and "p99 1.800 s" in recovery and "nothing_fit 2" in recovery
+
+
+# --- the commands refuse bad arguments clearly ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--minutes", "0", "--report", "r.json"], "must be more than 0"),
+        (["--minutes", "ten", "--report", "r.json"], "not a number"),
+        (["--minutes", "1", "--nodes", "2", "--report", "r.json"], "at least 3 nodes"),
+        (["--minutes", "1", "--seed", "x", "--report", "r.json"], "not a whole number"),
+        (["--minutes", "1"], "--report"),
+    ],
+)
+def test_soak_refuses_bad_arguments_with_exit_code_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        soak_main(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_soak_sim_refuses_bad_arguments_with_exit_code_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        soak_sim_main(["--hours", "-1", "--report", "r.json"])
+    assert exited.value.code == 2
+    assert "must be more than 0" in capsys.readouterr().err
