@@ -93,7 +93,7 @@ async def test_a_node_joins_through_the_proxy_and_survives_a_partition() -> None
 
         proxy.heal()
         await until(lambda: node.node_id in master.connected_nodes(), 10, "reconnected")
-        assert node.welcomed_sessions == 2
+        await until(lambda: node.welcomed_sessions == 2, 5, "welcomed again")
         group.cancel_scope.cancel()
 
 
@@ -110,7 +110,7 @@ async def test_a_node_follows_a_restarted_master(tmp_path: Path) -> None:
         second, _, _ = await start_master(group, tmp_path, port=port)
         assert node.node_id in second.state.topology.nodes  # remembered by the log
         await until(lambda: node.node_id in second.connected_nodes(), 15, "back")
-        assert node.welcomed_sessions == 2
+        await until(lambda: node.welcomed_sessions == 2, 5, "welcomed again")
         group.cancel_scope.cancel()
 
 
