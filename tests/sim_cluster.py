@@ -178,6 +178,7 @@ class SimCluster:
         for node in self.nodes.values():
             self._emit(self._node_info(node, full=True))
             self._link(node)  # to the nodes already up, both ways
+        self.deliver()  # the cluster formed before the simulation starts
         self.keeper = Keeper(started_at=self.now, place=self._place)
         self.keeper_started_at = self.now
 
