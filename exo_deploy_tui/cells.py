@@ -77,7 +77,7 @@ def deployment_columns(width: int, model_len: int = 26, nodes_len: int = 14) -> 
     ]
     if width >= INSTANCE_COLUMN_FROM:
         fixed.append(Column("instance", "INSTANCE", 9))
-    room = max(24, width - sum(c.width for c in fixed) - 1)  # 1: the scrollbar
+    room = max(20, width - sum(c.width for c in fixed) - 1)  # 1: the scrollbar
     nodes_min = 8
     model_w = max(12, min(model_len + 1, 34, room - nodes_min))
     if width >= WIDE_TABLE_FROM:
@@ -189,8 +189,8 @@ def node_columns(width: int) -> tuple[Column, ...]:
         Column("memory", "MEM USED", 12),
         Column("backends", "BACKENDS", 9 if narrow else 16),
     ]
-    room = max(16, width - sum(c.width for c in fixed) - 1)
-    links_w = max(8, room * 2 // 5)
+    room = max(12, width - sum(c.width for c in fixed) - 1)
+    links_w = max(6, room * 2 // 5)
     return (*fixed, Column("links", "LINKS", links_w), Column("runners", "RUNNERS", room - links_w))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from keeper.api_models import CreateDeploymentRequest, ModelListEntry
-from keeper.state import InstanceMeta, ModelCard, Sharding
+from keeper.state import InstanceMeta, ModelCard, Sharding, State
 
 # The API's own bound (CreateDeploymentRequest.min_nodes); checked here to say it in words.
 MAX_MIN_NODES = 1024
@@ -67,4 +67,34 @@ def model_entry(card: ModelCard) -> ModelListEntry:
         hidden_size=card.hidden_size,
         num_key_value_heads=card.num_key_value_heads,
         base_model=card.base_model,
+    )
+
+
+def fit_hint(entry: ModelListEntry, state: State) -> str:
+    """How the model's size compares with the memory the cluster has free, in one line.
+
+    Placement needs the whole model in the free memory of one cycle of nodes; the largest single
+    node and the sum over all nodes bound what any cycle can offer.
+    """
+    need_gb = entry.storage_size_megabytes / 1024
+    free = {
+        node: usage.ram_available.in_bytes / 1024**3
+        for node, usage in state.node_memory.items()
+        if node in state.topology.nodes
+    }
+    if not free:
+        return f"needs {need_gb:.1f} GB; no node reports its memory yet"
+    best_node, best_gb = max(free.items(), key=lambda item: item[1])
+    identity = state.node_identities.get(best_node)
+    name = identity.friendly_name if identity and identity.friendly_name else best_node[:8]
+    total_gb = sum(free.values())
+    if need_gb <= best_gb:
+        verdict = "fits on one node"
+    elif need_gb <= total_gb:
+        verdict = "needs several nodes"
+    else:
+        verdict = "more than the whole cluster has free"
+    return (
+        f"needs {need_gb:.1f} GB: {verdict} (most free: {best_gb:.1f} GB on {name}, "
+        f"{total_gb:.1f} GB in all)"
     )

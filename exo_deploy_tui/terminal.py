@@ -6,8 +6,8 @@ without a process left behind spinning a core:
 - SIGHUP (the SSH session closed) and SIGTERM: the app exits as if the operator pressed q.
 - End of input (stdin closed or hung up): Textual's Linux input thread reads zero bytes,
   ignores them and selects again, forever, at 100% CPU. ``EndOfInputDriver`` is that input
-  loop with one change: zero bytes mean the terminal is gone, so it asks the app to exit and
-  stops reading.
+  loop with one change: zero bytes (or EIO, a hung-up terminal) mean the terminal is gone, so
+  it asks the app to exit and stops reading.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ class EndOfInputDriver(LinuxDriver):
             while not self.exit_event.is_set():
                 ready = selector.select(_SELECT_TIMEOUT_S)
                 if ready:
-                    data = os.read(self.fileno, 4096)
+                    try:
+                        data = os.read(self.fileno, 4096)
+                    except OSError:  # EIO: the terminal hung up
+                        data = b""
                     if not data:
                         self._end_of_input()
                         return

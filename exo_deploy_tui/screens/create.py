@@ -19,7 +19,7 @@ from textual.widgets.option_list import Option
 
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.format import short_model
-from exo_deploy_tui.forms import model_entry, search_models, validate_create
+from exo_deploy_tui.forms import fit_hint, model_entry, search_models, validate_create
 from keeper.api_models import CreateDeploymentRequest, ModelListEntry
 from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.state import InstanceMeta, Sharding
@@ -94,13 +94,15 @@ class CreateScreen(ModalScreen[None]):
 
     @work(exclusive=True, group="catalog")
     async def load_catalog(self) -> None:
-        note = self.query_one("#catalog-note", Static)
+        search = self.query_one("#search", Input)
         try:
             self.entries = await self.dash.client.models()
-            note.update(f"{len(self.entries)} models from the master's catalog")
+            search.placeholder = f"search the master's {len(self.entries)} models…"
         except ApiError as exc:
             self.entries = [model_entry(c) for c in BUILTIN_MODEL_CARDS]
-            note.update(f"built-in catalog (/models failed: {exc.message})")
+            note = f"built-in catalog: /models failed ({exc.message})"
+            search.placeholder = f"search the {note}"
+            self.query_one("#catalog-note", Static).update(Text(note, style="yellow"))
         self._refilter()
 
     def _deployed(self) -> dict[str, str]:
@@ -126,6 +128,13 @@ class CreateScreen(ModalScreen[None]):
     @on(Input.Submitted, "#search")
     def _on_search_done(self) -> None:
         self.query_one("#catalog", OptionList).focus()
+
+    @on(OptionList.OptionHighlighted, "#catalog")
+    def _on_model_highlighted(self) -> None:
+        entry = self.chosen()
+        if entry is not None:
+            hint = fit_hint(entry, self.dash.model.state)
+            self.query_one("#catalog-note", Static).update(Text(hint, style="dim"))
 
     @on(OptionList.OptionSelected, "#catalog")
     def _on_model_chosen(self) -> None:

@@ -138,7 +138,21 @@ class DeploymentsTable(SizedTable):
         self.sync([(r.deployment_id, deployment_cells(r, columns)) for r in rows])
 
 
-class NodesTable(SizedTable):
+class SecondaryTable(SizedTable):
+    """A table whose cursor shows only while it has focus: on a dashboard of several panels a
+    highlighted row in an unfocused one reads as if it meant something."""
+
+    def on_mount(self) -> None:
+        self.show_cursor = self.has_focus
+
+    def on_focus(self) -> None:
+        self.show_cursor = True
+
+    def on_blur(self) -> None:
+        self.show_cursor = False
+
+
+class NodesTable(SecondaryTable):
     def columns_for(self, width: int) -> tuple[Column, ...]:
         return node_columns(width)
 
@@ -147,7 +161,7 @@ class NodesTable(SizedTable):
         self.sync([(f"{r.liveness}:{r.node_id}", node_cells(r, columns)) for r in rows])
 
 
-class InstancesTable(SizedTable):
+class InstancesTable(SecondaryTable):
     def columns_for(self, width: int) -> tuple[Column, ...]:
         return instance_columns(width)
 

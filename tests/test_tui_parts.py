@@ -1,0 +1,249 @@
+"""The dashboard's pure parts: command line, form rules, cell text, URL checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from exo_deploy_tui.cells import (
+    deployment_cells,
+    deployment_columns,
+    header_text,
+    instance_columns,
+    next_text,
+    node_columns,
+)
+from exo_deploy_tui.cli import check_url, main
+from exo_deploy_tui.commands import ACTIONS, Parsed, ParseError, parse_command, visible_actions
+from exo_deploy_tui.format import duration, precise_duration, short_id, short_model
+from exo_deploy_tui.forms import fit_hint, model_entry, search_models, validate_create
+from exo_deploy_tui.model import ClusterModel, Connection, DeploymentRow, Summary
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
+from keeper.api_models import CreateDeploymentRequest
+from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.state import InstanceMeta, Sharding
+
+ENTRIES = [model_entry(c) for c in BUILTIN_MODEL_CARDS]
+BY_ID = {e.id: e for e in ENTRIES}
+QWEN = "mlx-community/Qwen3-0.6B-4bit"
+DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("sort name", Parsed("sort", ("name",))),
+        (":sort AGE", Parsed("sort", ("age",))),
+        ("filter qwen 30b", Parsed("set_filter", ("qwen 30b",))),
+        ("filter", Parsed("set_filter", ("",))),
+        ("nodes", Parsed("show_tab", ("nodes",))),
+        ("new", Parsed("new")),
+        ("q", Parsed("quit")),
+        ("kill studio", Parsed("fault", ("kill", "studio"))),
+        ("freeze mini-a 12", Parsed("fault", ("freeze", "mini-a", 12.0))),
+        ("killrunner mini-b", Parsed("fault", ("kill_runner", "mini-b"))),
+        ("kill", Parsed("fault", ("kill",))),
+    ],
+)
+def test_commands_parse(line: str, expected: Parsed) -> None:
+    assert parse_command(line, readonly=False, demo=True) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "readonly", "demo", "message"),
+    [
+        ("", False, False, "type a command"),
+        ("sort size", False, False, "sort by what?"),
+        ("frob", False, False, "unknown command 'frob'"),
+        ("new", True, False, "read-only"),
+        ("delete", True, False, "read-only"),
+        ("kill studio", False, False, "only with --demo"),
+        ("restart-master", False, False, "only with --demo"),
+        ("freeze studio soon", False, True, "'soon' is not a number of seconds"),
+        ("freeze studio 0", False, True, "between 0 and 3600"),
+        ("kill studio 5", False, True, "usage: kill NODE"),
+        ("pause now", False, False, "takes no arguments"),
+    ],
+)
+def test_bad_commands_say_what_is_wrong(
+    line: str, readonly: bool, demo: bool, message: str
+) -> None:
+    parsed = parse_command(line, readonly=readonly, demo=demo)
+    assert isinstance(parsed, ParseError)
+    assert message in parsed.message
+
+
+def test_every_keyed_action_has_a_command_or_is_the_command_line() -> None:
+    for spec in ACTIONS:
+        if spec.action == "command_line":
+            continue
+        assert spec.command, spec
+        assert not isinstance(parse_command(spec.command, readonly=False, demo=True), ParseError)
+
+
+def test_readonly_and_demo_decide_what_is_offered() -> None:
+    plain = {a.command for a in visible_actions(readonly=True, demo=False)}
+    assert "new" not in plain and "delete" not in plain and "kill" not in plain
+    demo = {a.command for a in visible_actions(readonly=False, demo=True)}
+    assert {"new", "delete", "kill", "freeze", "restart-master"} <= demo
+
+
+# --- the create form's rules ------------------------------------------------------------------
+
+
+def test_search_matches_every_word_smallest_first() -> None:
+    assert [e.id for e in search_models(ENTRIES, "qwen3")][:2] == [
+        QWEN,
+        "mlx-community/Qwen3-8B-4bit",
+    ]
+    assert [e.id for e in search_models(ENTRIES, "LLAMA 70")] == [
+        "mlx-community/Llama-3.3-70B-Instruct-4bit"
+    ]
+    assert search_models(ENTRIES, "nothing-like-this") == []
+
+
+def test_validate_create() -> None:
+    entry = BY_ID[QWEN]
+    ok = validate_create(entry, "Tensor", "MlxJaccl", " 2 ", {})
+    assert ok == CreateDeploymentRequest(
+        model_id=QWEN, sharding=Sharding.TENSOR, instance_meta=InstanceMeta.MLX_JACCL, min_nodes=2
+    )
+    assert validate_create(entry, "Pipeline", "MlxRing", "", {}) == CreateDeploymentRequest(
+        model_id=QWEN
+    )
+    assert "Choose a model" in str(validate_create(None, "Pipeline", "MlxRing", "1", {}))
+    assert "whole number" in str(validate_create(entry, "Pipeline", "MlxRing", "two", {}))
+    assert "between 1 and 1024" in str(validate_create(entry, "Pipeline", "MlxRing", "0", {}))
+    assert "already has a deployment (dep-1)" in str(
+        validate_create(entry, "Pipeline", "MlxRing", "1", {QWEN: "dep-1"})
+    )
+    no_tensor = entry.model_copy(update={"supports_tensor": False})
+    assert "does not support tensor" in str(
+        validate_create(no_tensor, "Tensor", "MlxRing", "1", {})
+    )
+
+
+def test_fit_hint_compares_the_model_with_free_memory() -> None:
+    state = ClusterBuilder().node("studio", ram_gb=96, free_gb=60).node("mini", free_gb=20).state
+    assert fit_hint(BY_ID[QWEN], state).startswith("needs 0.3 GB: fits on one node")
+    assert "most free: 60.0 GB on studio, 80.0 GB in all" in fit_hint(BY_ID[QWEN], state)
+    assert "more than the whole cluster has free" in fit_hint(BY_ID[DEEPSEEK], state)
+    assert "no node reports" in fit_hint(BY_ID[QWEN], ClusterBuilder().state)
+
+
+# --- cells ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [60, 79, 80, 99, 100, 118, 120, 200])
+def test_columns_fit_the_width(width: int) -> None:
+    for columns in (deployment_columns(width), node_columns(width), instance_columns(width)):
+        assert sum(c.width for c in columns) <= max(width, 60), (width, columns)
+
+
+def test_the_80_column_table_keeps_the_longest_catalog_name_whole() -> None:
+    longest = max(len(short_model(c.model_id)) for c in catalog_by_id().values())
+    (model,) = [c for c in deployment_columns(80, model_len=longest) if c.key == "model"]
+    assert model.width > longest
+
+
+def row(**changes: object) -> DeploymentRow:
+    base = DeploymentRow(
+        deployment_id="d",
+        model_id=QWEN,
+        status="placing",
+        instance_id=None,
+        nodes=(),
+        in_status_s=75,
+        in_status_known=False,
+        placement_error=None,
+        waiting="backoff",
+        next_attempt_in_s=7.4,
+        failures=2,
+        load_progress=None,
+        sharding="Pipeline",
+        instance_meta="MlxRing",
+        min_nodes=1,
+    )
+    return DeploymentRow(**{**base.__dict__, **changes})  # pyright: ignore[reportArgumentType]
+
+
+def test_cells_say_status_in_words_and_symbols() -> None:
+    cells = [c.plain.strip() for c in deployment_cells(row(), deployment_columns(80))]
+    assert cells == ["○ placing", "Qwen3-0.6B-4bit", "-", "1m15s+", "backoff 7s", "2"]
+    assert next_text(row(waiting="unplaceable_retry", next_attempt_in_s=30)) == "retry 30s"
+    assert next_text(row(status="starting", next_attempt_in_s=None, load_progress=0.5)) == (
+        "load 50%"
+    )
+
+
+def test_the_header_says_stale_since_when() -> None:
+    model = ClusterModel()
+    summary = model.summary(FROZEN_NOW)
+    stale = Connection("down", "cannot connect", 4.0, stale_since=FROZEN_NOW)
+    text = header_text(
+        stale, summary, FROZEN_NOW, "http://h:1", width=120, paused=False, readonly=False
+    ).plain
+    assert "✖ stale since" in text and "cannot connect, retrying in 4s" in text
+    live = header_text(
+        Connection("live"),
+        Summary(3, 0, 0, {"serving": 2}, 2, 2),
+        FROZEN_NOW,
+        "http://h:1",
+        width=80,
+        paused=True,
+        readonly=True,
+    ).plain
+    assert "● live" in live and "PAUSED" in live and "read-only" in live
+    assert len(live) <= 80
+
+
+def test_formatting() -> None:
+    assert [duration(s) for s in (0, 9.9, 61, 3600 * 3 + 120, 86400 * 2 + 3600)] == [
+        "0s",
+        "9s",
+        "1m01s",
+        "3h02m",
+        "2d01h",
+    ]
+    assert precise_duration(37.24) == "37.2 s"
+    assert short_id("12D3KooWstudioxxxx") == "studioxx"
+    assert short_id("d1e5a83e-505d-463e") == "d1e5a83e"
+    assert short_id(None) == "-"
+
+
+# --- command line arguments --------------------------------------------------------------------
+
+
+def test_urls_are_checked() -> None:
+    assert check_url("http://127.0.0.1:52415") is None
+    assert check_url("https://master.lan") is None
+    assert "http:// or https://" in str(check_url("127.0.0.1:52415"))
+    assert "no host" in str(check_url("http://"))
+    assert "bad port" in str(check_url("http://host:99999"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--url", "ftp://x"], "--url must start with http:// or https://"),
+        (["--demo", "--url", "http://x:1"], "--demo starts its own master"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_arguments_are_one_clear_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_without_a_terminal_it_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--url", "http://127.0.0.1:1"])
+    assert exited.value.code == 2
+    assert "needs a terminal" in capsys.readouterr().err

@@ -1,0 +1,165 @@
+"""Screenshots of the key screens at 80x24 and 120x40, compared with accepted SVGs.
+
+Every scenario freezes the clock (``FROZEN_NOW``, shown in UTC) and feeds a scripted master, so
+an image changes only when the dashboard's rendering does. Update after a deliberate change
+with ``pytest tests/test_tui_snapshots.py --snapshot-update`` and look at the new SVGs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+from textual.pilot import Pilot
+
+from exo_deploy_tui.app import DashboardApp
+from exo_deploy_tui.screens.create import CreateScreen
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
+from exo_deploy_tui.updates import ConnectionUpdate
+from keeper.state import RunnerLoading, RunnerReady
+
+QWEN = "mlx-community/Qwen3-0.6B-4bit"
+LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
+QWEN30 = "mlx-community/Qwen3-30B-A3B-4bit"
+DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
+NO_FIT = "No cycles found with sufficient memory"
+SIZES = [(80, 24), (120, 40)]
+
+Compare = Callable[..., bool]
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = FROZEN_NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def nodes(builder: ClusterBuilder, *, silent: str | None = None) -> ClusterBuilder:
+    for name, ram, free in (("studio", 96, 60), ("mini-a", 24, 20), ("mini-b", 24, 14)):
+        builder.node(name, ram_gb=ram, free_gb=free, seen_ago_s=20 if name == silent else 2)
+    return builder.link_all()
+
+
+def healthy() -> ClusterBuilder:
+    return (
+        nodes(ClusterBuilder())
+        .deployment(QWEN, on=["mini-a"])
+        .deployment(LLAMA, on=["mini-b"])
+        .deployment(QWEN30, on=["studio", "mini-b"])
+    )
+
+
+def scenario(builder: ClusterBuilder, clock: Clock | None = None) -> DashboardApp:
+    client = ScriptedClient(initial=[builder.snapshot(), ConnectionUpdate("live")])
+    return DashboardApp(client, clock=clock or Clock(), tick=False)
+
+
+async def settled(pilot: Pilot[None]) -> None:
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+
+
+def pressing(*keys: str) -> Callable[[Pilot[None]], Awaitable[None]]:
+    async def run(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        await pilot.press(*keys)
+        await settled(pilot)
+
+    return run
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_empty_cluster(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(nodes(ClusterBuilder())), terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_healthy(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(healthy()), terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_cant_place_with_its_error(snap_compare: Compare, size: tuple[int, int]) -> None:
+    builder = healthy().deployment(
+        DEEPSEEK,
+        error=NO_FIT,
+        status="cant_place",
+        next_attempt_in_s=30,
+        waiting="unplaceable_retry",
+    )
+    assert snap_compare(scenario(builder), terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_backoff_counting_down(snap_compare: Compare, size: tuple[int, int]) -> None:
+    clock = Clock()
+    builder = (
+        nodes(ClusterBuilder())
+        .deployment(QWEN, on=["mini-a"])
+        .deployment(LLAMA, status="placing", failures=2, next_attempt_in_s=40, waiting="backoff")
+    )
+    app = scenario(builder, clock)
+
+    async def three_seconds_later(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        clock.now += 3
+        app.tick()
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=three_seconds_later)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_node_silent(snap_compare: Compare, size: tuple[int, int]) -> None:
+    builder = (
+        nodes(ClusterBuilder(), silent="mini-b")
+        .deployment(QWEN, on=["mini-a"])
+        .deployment(
+            QWEN30,
+            on=["studio", "mini-b"],
+            runners=[RunnerReady(), RunnerLoading(layers_loaded=9, total_layers=24)],
+        )
+    )
+    run = pressing() if size[0] >= 120 else pressing("2")  # the nodes tab when compact
+    assert snap_compare(scenario(builder), terminal_size=size, run_before=run)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_create_form(snap_compare: Compare, size: tuple[int, int]) -> None:
+    app = scenario(healthy())
+
+    async def open_form(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        await pilot.press("n")
+        deadline = time.monotonic() + 5
+        while not (isinstance(app.screen, CreateScreen) and app.screen.shown):
+            assert time.monotonic() < deadline, "the catalog did not load"
+            await pilot.pause(0.02)
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=open_form)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_delete_confirm(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(
+        scenario(healthy()), terminal_size=size, run_before=pressing("down", "ctrl+d")
+    )
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_help(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(healthy()), terminal_size=size, run_before=pressing("?"))

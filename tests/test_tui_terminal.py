@@ -1,0 +1,117 @@
+"""Leaving cleanly when the terminal goes: end of input, hang-up, no process left spinning."""
+
+from __future__ import annotations
+
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from exo_deploy_tui.terminal import EndOfInputDriver
+
+# Starting Python, Textual and the app takes about a second; this bounds a slow machine.
+START_DEADLINE_S = 20.0
+EXIT_DEADLINE_S = 10.0
+
+
+@dataclass
+class FakeLoop:
+    scheduled: list[object] = field(default_factory=list)
+
+    def call_soon_threadsafe(self, callback: object) -> None:
+        self.scheduled.append(callback)
+
+
+@dataclass
+class FakeApp:
+    def exit(self) -> None:
+        raise AssertionError("called on the wrong thread")
+
+
+def test_end_of_input_ends_the_app_instead_of_spinning() -> None:
+    read_end, write_end = os.pipe()
+    driver = EndOfInputDriver.__new__(EndOfInputDriver)
+    driver.fileno = read_end
+    driver.exit_event = threading.Event()
+    driver._debug = False
+    loop, app = FakeLoop(), FakeApp()
+    driver._loop = loop  # type: ignore[assignment]
+    driver._app = app  # type: ignore[assignment]
+    received: list[object] = []
+    driver.process_message = received.append  # type: ignore[method-assign]
+    thread = threading.Thread(target=driver.run_input_thread, daemon=True)
+    thread.start()
+    os.write(write_end, b"q")
+    os.close(write_end)
+    thread.join(EXIT_DEADLINE_S)
+    os.close(read_end)
+    assert not thread.is_alive(), "the input thread kept running after end of input"
+    assert loop.scheduled == [app.exit]
+    assert any(getattr(m, "key", None) == "q" for m in received)
+
+
+def _spawn_in_a_pty() -> tuple[subprocess.Popen[bytes], int]:
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "80", "LINES": "24"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from exo_deploy_tui.cli import main; main()",
+            "--url",
+            "http://127.0.0.1:9",
+        ],
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(secondary)
+    seen = b""
+    deadline = time.monotonic() + START_DEADLINE_S
+    while b"exo-deploy" not in seen:
+        assert time.monotonic() < deadline, f"the dashboard did not start: {seen[-300:]!r}"
+        try:
+            seen += os.read(primary, 65536)
+        except OSError:
+            break
+    return process, primary
+
+
+def _exits(process: subprocess.Popen[bytes], primary: int | None) -> int:
+    deadline = time.monotonic() + EXIT_DEADLINE_S
+    while process.poll() is None:
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("the dashboard was still running after its terminal went")
+        if primary is not None:
+            try:
+                os.read(primary, 65536)  # keep the terminal drained while it shuts down
+            except OSError:
+                primary = None
+        time.sleep(0.05)
+    return process.returncode
+
+
+@pytest.mark.e2e
+def test_sighup_ends_the_dashboard() -> None:
+    process, primary = _spawn_in_a_pty()
+    try:
+        process.send_signal(signal.SIGHUP)
+        assert _exits(process, primary) == 0
+    finally:
+        os.close(primary)
+
+
+@pytest.mark.e2e
+def test_a_vanished_terminal_ends_the_dashboard() -> None:
+    process, primary = _spawn_in_a_pty()
+    os.close(primary)  # the SSH session is gone: reads now fail or return nothing
+    _exits(process, None)
