@@ -15,6 +15,7 @@ same checks serve the long randomized runs and the hypothesis state machine.
   than the backoff, the unplaceable retry after the keeper's last failed attempt, and the
   one-placement-per-step queue allow. Where a new master's memory makes the backoff ambiguous
   (an instance it adopted is lost), it accepts either reading.
+- ``AvailabilityMeter`` measures how much of the time deployed models were serving.
 - ``settled_problems`` says what is wrong with a cluster that should have settled.
 """
 
@@ -35,7 +36,6 @@ from keeper import (
 )
 from keeper.events import (
     AnyEvent,
-    DeploymentCreated,
     DeploymentDeleted,
     DeploymentPlaced,
     InstanceCreated,
@@ -85,8 +85,6 @@ class SafetyChecks:
 
     def _on_event(self, event: AnyEvent, before: State, after: State) -> None:
         self.events_checked += 1
-        if not isinstance(event, InstanceCreated | DeploymentCreated):
-            return
         instances, deployments = _duplicates(after)
         if instances:
             self._fail(f"two instances of {instances} after {type(event).__name__}")
@@ -308,6 +306,29 @@ class LivenessReferee:
                     f"({watch.awaiting_kind}) was neither placed nor tried again by "
                     f"{due + queue:.0f}s"
                 )
+
+
+class AvailabilityMeter:
+    """The share of deployment-seconds (after the startup grace) in which the deployment's
+    model was serving on the true state: what users of the cluster would have seen."""
+
+    def __init__(self, sim: SimCluster) -> None:
+        self.sim = sim
+        self.deployment_seconds = 0
+        self.serving_seconds = 0
+        sim.observers.on_step.append(self._on_step)
+
+    def _on_step(self, view: State, now: float, events: list[AnyEvent]) -> None:
+        if now < self.sim.grace_ends_at:
+            return
+        state = self.sim.true_state
+        for deployment in state.deployments.values():
+            self.deployment_seconds += 1
+            self.serving_seconds += deployment_status(deployment, state) == "serving"
+
+    @property
+    def availability(self) -> float:
+        return self.serving_seconds / max(1, self.deployment_seconds)
 
 
 def settled_problems(sim: SimCluster, unplaceable: frozenset[str] = frozenset()) -> list[str]:

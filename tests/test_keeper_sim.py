@@ -12,7 +12,13 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from sim_checks import LivenessReferee, LivenessStats, SafetyChecks, settled_problems
+from sim_checks import (
+    AvailabilityMeter,
+    LivenessReferee,
+    LivenessStats,
+    SafetyChecks,
+    settled_problems,
+)
 from sim_cluster import Chaos, ChaosConfig, ChaosCounts, DeploymentSpec, NodeSpec, SimCluster
 
 from keeper.catalog import catalog_by_id
@@ -51,6 +57,7 @@ class SimResult:
     sim: SimCluster
     safety: SafetyChecks
     liveness: LivenessReferee
+    availability: AvailabilityMeter
     counts: ChaosCounts
     settled: list[str]
     wall_s: float
@@ -78,6 +85,7 @@ def run_simulation(
     sim = SimCluster(FIVE_NODES, seed=seed, max_lag_s=max_lag_s)
     safety = SafetyChecks(sim)
     liveness = LivenessReferee(sim)
+    availability = AvailabilityMeter(sim)
     for spec in initial:
         sim.create_deployment(spec)
     driver = Chaos(sim, chaos)
@@ -92,6 +100,7 @@ def run_simulation(
         sim=sim,
         safety=safety,
         liveness=liveness,
+        availability=availability,
         counts=driver.counts,
         settled=settled_problems(sim, unplaceable),
         wall_s=time.perf_counter() - started,
@@ -136,6 +145,7 @@ def test_four_hours_of_instance_and_node_loss_keep_every_deployment_serving() ->
     _report("instance and node loss, 4 h, 5 nodes, no lag", [result])
     print(f"  faults: {result.counts}")
     print(f"  placements: {result.safety.keeper_placements}; {result.stats.summary()}")
+    print(f"  availability (deployment-seconds serving): {result.availability.availability:.1%}")
 
     assert result.problems() == []
     # The run exercised what it claims to: many losses of each kind, re-placed every time,
@@ -150,6 +160,9 @@ def test_four_hours_of_instance_and_node_loss_keep_every_deployment_serving() ->
     # 70B (which needs two nodes) is among them.
     assert max(delays["lost_after_ready"]) <= len(STEADY_DEPLOYMENTS) + 1
     assert result.safety.keeper_placements >= 60
+    # Users saw the models serving most of the time despite a fault every two minutes or so
+    # (each re-placement still has to load: a few seconds, more under a failure streak).
+    assert result.availability.availability >= 0.85
 
 
 # --- 2. deployments created and deleted at random, the state lagging by up to 10 s ---------
@@ -209,14 +222,17 @@ def test_random_deployment_churn_with_a_lagging_state_never_duplicates_and_settl
             merged.max_failures_in_a_row, r.stats.max_failures_in_a_row
         )
     print(f"  {merged.summary()}")
+    serving = sum(r.availability.serving_seconds for r in results)
+    total = sum(r.availability.deployment_seconds for r in results)
+    print(f"  availability (deployment-seconds serving, DeepSeek included): {serving / total:.1%}")
 
     assert [p for r in results for p in r.problems()] == []
     assert created >= 20 * len(results) and deleted >= 20 * len(results)
     assert len(merged.delays.get("lost_after_ready", [])) >= 100
     assert len(merged.delays.get("lost_before_ready", [])) >= 20
-    # Lag, at most 10 s, shows in the re-placement after a ready instance is lost, but only
-    # once: the queue and the lag bound it.
-    assert max(merged.delays["lost_after_ready"]) <= 10 + len(CHURN_MODELS) + 1
+    # Counted from when the keeper's lagging view shows the loss, a ready instance lost is
+    # placed again within the one-placement-per-step queue, as without lag.
+    assert max(merged.delays["lost_after_ready"]) <= len(CHURN_MODELS) + 1
     # The settle check saw serving and unplaceable deployments in every run.
     assert all(len(r.sim.true_state.deployments) >= 3 for r in results)
 
