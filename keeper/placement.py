@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from keeper.placement_build import build_instance
 from keeper.placement_graph import ClusterGraph, cluster_graph
-from keeper.placement_search import CycleSearch, SearchBudget
+from keeper.placement_search import CycleSearch
 from keeper.state import AnyInstance, Backend, InstanceMeta, ModelCard, Sharding, State
 
 # The backends each engine can run on (exo's engine table); a model card narrows them further.
@@ -80,10 +80,11 @@ def choose_cycle(
     sharding: Sharding,
     instance_meta: InstanceMeta,
     min_nodes: int,
-    budget: SearchBudget | None = None,
+    search: CycleSearch | None = None,
 ) -> tuple[int, ...]:
-    """The chosen cycle as node indices of ``graph``, starting at the smallest id."""
-    search = CycleSearch(graph, budget or SearchBudget())
+    """The chosen cycle as node indices of ``graph``, starting at the smallest id. ``search``
+    (over ``graph``) sets how the search runs; its default suits every caller but tests."""
+    search = search or CycleSearch(graph)
     required = model_card.storage_size.in_bytes
     with_memory = sum(1 << i for i, ram in enumerate(graph.ram_available) if ram is not None)
     tensor = sharding == Sharding.TENSOR

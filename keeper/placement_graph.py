@@ -102,15 +102,16 @@ def strong_components(pool: int, edges: Adjacency) -> list[int]:
     remaining = pool
     while remaining:
         root = (remaining & -remaining).bit_length() - 1
-        forward = _reach(root, remaining, edges.succ)
-        backward = _reach(root, remaining, edges.pred)
+        forward = reach(root, remaining, edges.succ)
+        backward = reach(root, remaining, edges.pred)
         component = forward & backward
         components.append(component)
         remaining &= ~component
     return components
 
 
-def _reach(root: int, pool: int, step: tuple[int, ...]) -> int:
+def reach(root: int, pool: int, step: tuple[int, ...]) -> int:
+    """The nodes of ``pool`` reachable from ``root`` (included) along ``step`` (succ or pred)."""
     seen = 1 << root
     frontier = seen
     while frontier:

@@ -27,32 +27,38 @@ class ReferencePlacement:
     layer_ranges: tuple[tuple[int, int], ...]  # [start, end) per rank
 
 
-def successors(state: State, node: str) -> list[str]:
+def successor_map(state: State) -> dict[str, list[str]]:
+    """For every live node, the live nodes it has an edge to (edge lists may be empty)."""
     live = set(state.topology.nodes)
-    sinks = state.topology.connections.get(node, {}) if node in live else {}
-    return sorted(sink for sink, edges in sinks.items() if sink in live and sink != node and edges)
+    return {
+        node: sorted(
+            sink
+            for sink, edges in state.topology.connections.get(node, {}).items()
+            if sink in live and sink != node and edges
+        )
+        for node in live
+    }
 
 
-def neighbours(state: State, node: str) -> set[str]:
-    found = set(successors(state, node))
-    for other in set(state.topology.nodes):
-        if node in successors(state, other):
-            found.add(other)
-    return found
-
-
-def is_leaf(state: State, node: str) -> bool:
-    return len(neighbours(state, node)) <= 1
+def leaves(state: State) -> set[str]:
+    """Nodes with at most one distinct neighbour, counting edges in either direction."""
+    successors = successor_map(state)
+    neighbours = {node: set(sinks) for node, sinks in successors.items()}
+    for node, sinks in successors.items():
+        for sink in sinks:
+            neighbours[sink].add(node)
+    return {node for node, around in neighbours.items() if len(around) <= 1}
 
 
 def simple_cycles(state: State) -> list[tuple[str, ...]]:
     """Every simple directed cycle, once each, written from its smallest node id; a single node
     is a cycle of one."""
-    nodes = sorted(set(state.topology.nodes))
+    successors = successor_map(state)
+    nodes = sorted(successors)
     cycles: list[tuple[str, ...]] = [(node,) for node in nodes]
 
     def walk(path: list[str]) -> None:
-        for following in successors(state, path[-1]):
+        for following in successors[path[-1]]:
             if following == path[0]:
                 cycles.append(tuple(path))
             elif following > path[0] and following not in path:
@@ -155,7 +161,8 @@ def reference_place(
         if not cycles:
             raise ValueError("Requested RDMA (MlxJaccl) but no RDMA-connected cycles available")
 
-    with_leaf = [cycle for cycle in cycles if any(is_leaf(state, node) for node in cycle)]
+    leaf_nodes = leaves(state)
+    with_leaf = [cycle for cycle in cycles if any(node in leaf_nodes for node in cycle)]
     if with_leaf:
         cycles = with_leaf
 
