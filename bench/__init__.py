@@ -1,0 +1,15 @@
+"""Benchmarks: speed figures for the parts with targets, printed and never asserted.
+
+`make bench` runs ``python -m bench``, which runs each section's ``run()`` in turn (see
+``bench.__main__``). Unit tests stay free of timing assertions; the figures live here, where a
+slow machine produces a slow number instead of a failing build.
+"""
+
+# (section name, module): the order `python -m bench` runs them in. A module that does not
+# exist yet is skipped with a note, so sections can land independently.
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("keeper", "bench.keeper_bench"),
+    ("placement", "bench.placement_bench"),
+    ("master", "bench.master_bench"),
+    ("tui", "bench.tui_bench"),
+)
