@@ -287,7 +287,10 @@ class LivenessReferee:
                 )
             else:
                 delay = now - watch.awaiting_since
-                self.stats.delays.setdefault(watch.awaiting_kind, []).append(delay)
+                last_failed = self._last_failed_attempt.get(watch.model_id, -1.0)
+                # Waits that included failed attempts are bounded by the retry, not the loss.
+                kind = "retried" if last_failed >= watch.awaiting_since else watch.awaiting_kind
+                self.stats.delays.setdefault(kind, []).append(delay)
             watch.in_flight = event.instance_id
             watch.in_flight_at = now
             watch.awaiting_since = None

@@ -50,6 +50,7 @@ from keeper.state import (
     InstanceMeta,
     Memory,
     MemoryUsage,
+    MlxRingInstance,
     ModelCard,
     Multiaddr,
     NodeIdentity,
@@ -68,6 +69,8 @@ from keeper.state import (
 SWEEP_EVERY_S = 10
 # The port in every node's socket multiaddr (exo's default API port; only its shape matters).
 NODE_PORT = 52415
+# Instance ports in the simulation count up from here (real ones derive from the uuid4 id).
+FIRST_SIM_PORT = 49153
 # Wall-clock origin for the ISO timestamps nodes report; any fixed instant keeps runs identical.
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -168,6 +171,9 @@ class SimCluster:
         self._memory_dirty: set[str] = set()
         # model_id -> how many of its next instances will have a runner fail before ready.
         self._doomed_models: dict[str, int] = {}
+        # model_id -> how many of the keeper's next placement attempts for it crash (a bug in
+        # placement: an exception other than ValueError).
+        self._crashing_models: dict[str, int] = {}
         self._doomed_instances: set[str] = set()
         self._id_counter = 0
         self._inner_place = place
@@ -344,7 +350,13 @@ class SimCluster:
                 self._time_out(node)
 
     def stop_runner_failures(self) -> None:
+        """No more runner failures or placement crashes than those already under way."""
         self._doomed_models.clear()
+        self._crashing_models.clear()
+
+    def crash_next_placements(self, model_id: str, count: int) -> None:
+        """The keeper's next `count` placement attempts for the model raise RuntimeError."""
+        self._crashing_models[model_id] = self._crashing_models.get(model_id, 0) + count
 
     def doom_next_instances(self, model_id: str, count: int) -> None:
         """The next `count` instances of the model get a runner that fails before ready."""
@@ -385,6 +397,9 @@ class SimCluster:
         min_nodes: int,
     ) -> AnyInstance:
         try:
+            if self._crashing_models.get(card.model_id, 0) > 0:
+                self._crashing_models[card.model_id] -= 1
+                raise RuntimeError("simulated placement bug")
             instance = self._inner_place(state, card, sharding, instance_meta, min_nodes)
         except Exception as error:
             for observe in self.observers.on_place:
@@ -399,8 +414,10 @@ class SimCluster:
         return self._id_counter
 
     def _renamed(self, instance: AnyInstance) -> AnyInstance:
-        """The same instance with ids from a counter, so a seed replays exactly."""
+        """The same instance with ids (and the port placement derives from the id) from a
+        counter, so a seed replays exactly."""
         number = self._next_id()
+        port = FIRST_SIM_PORT + number
         assignments = instance.shard_assignments
         new_runner = {
             old: f"runner-{number:05d}-{rank}"
@@ -411,9 +428,22 @@ class SimCluster:
             runner_to_shard={new_runner[r]: s for r, s in assignments.runner_to_shard.items()},
             node_to_runner={n: new_runner[r] for n, r in assignments.node_to_runner.items()},
         )
-        return instance.model_copy(
-            update={"instance_id": f"instance-{number:05d}", "shard_assignments": renamed}
-        )
+        update: dict[str, object] = {
+            "instance_id": f"instance-{number:05d}",
+            "shard_assignments": renamed,
+        }
+        if isinstance(instance, MlxRingInstance):
+            update["ephemeral_port"] = port
+            update["hosts_by_node"] = {
+                node: [host.model_copy(update={"port": port}) for host in hosts]
+                for node, hosts in instance.hosts_by_node.items()
+            }
+        else:
+            update["jaccl_coordinators"] = {
+                node: f"{address.rsplit(':', 1)[0]}:{port}"
+                for node, address in instance.jaccl_coordinators.items()
+            }
+        return instance.model_copy(update=update)
 
     def _after_instance_created(self, instance: AnyInstance) -> None:
         model_id = instance.shard_assignments.model_id
@@ -561,6 +591,9 @@ class ChaosConfig:
     # A streak of placements of one model whose runner fails before ready (drives backoff).
     failure_streak_mean_s: float | None = None
     failure_streak_len: tuple[int, int] = (1, 5)
+    # A run of the keeper's placement attempts for one model that crash.
+    placement_crash_mean_s: float | None = None
+    placement_crash_len: tuple[int, int] = (1, 3)
     master_restart_mean_s: float | None = None
     deployment_create_mean_s: float | None = None
     deployment_delete_mean_s: float | None = None
@@ -578,6 +611,7 @@ class ChaosCounts:
     node_revivals: int = 0
     instance_deletions: int = 0
     failure_streaks: int = 0
+    placement_crashes: int = 0
     master_restarts: int = 0
     deployments_created: int = 0
     deployments_deleted: int = 0
@@ -619,6 +653,12 @@ class Chaos:
                 deployment.model_card.model_id, rng.randint(*config.failure_streak_len)
             )
             self.counts.failure_streaks += 1
+        if self._happens(config.placement_crash_mean_s) and sim.view.deployments:
+            deployment = sim.view.deployments[rng.choice(sorted(sim.view.deployments))]
+            sim.crash_next_placements(
+                deployment.model_card.model_id, rng.randint(*config.placement_crash_len)
+            )
+            self.counts.placement_crashes += 1
         if self._happens(config.master_restart_mean_s):
             sim.restart_master()
             self.counts.master_restarts += 1

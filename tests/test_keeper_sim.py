@@ -133,6 +133,7 @@ LOSS_CHAOS = ChaosConfig(
     instance_deletion_mean_s=4 * 60,
     failure_streak_mean_s=15 * 60,
     failure_streak_len=(1, 6),
+    placement_crash_mean_s=20 * 60,
     master_restart_mean_s=60 * 60,
 )
 
@@ -185,6 +186,7 @@ CHURN_CHAOS = ChaosConfig(
     instance_deletion_mean_s=8 * 60,
     failure_streak_mean_s=20 * 60,
     failure_streak_len=(1, 4),
+    placement_crash_mean_s=30 * 60,
     master_restart_mean_s=2 * HOUR,
     deployment_create_mean_s=90,
     deployment_delete_mean_s=150,

@@ -3,11 +3,11 @@
 A hypothesis state machine drives a ``SimCluster`` (state lagging the events by up to 10 s)
 with one rule per thing that can happen, in any order: deployments created and deleted (also
 twice, and unknown ids), nodes killed and revived, instances deleted or placed by hand, runners
-failing, the master restarting, time passing, lagged events arriving early. After every rule
-the invariants hold: no model ever had two instances, the keeper never deleted an instance it
-did not place (the hand-placed ones give it the chance), it followed SPEC §3's timing, and its
-memory stays within a bound set by the deployments it currently knows, never by history.
-"""
+failing, placement crashing, the master restarting, time passing, lagged events arriving early.
+After every rule the invariants hold: no model ever had two instances, the keeper never deleted
+an instance it did not place (the hand-placed ones give it the chance), it followed SPEC §3's
+timing, and its memory stays within a bound set by the deployments it currently knows, never
+by history."""
 
 from __future__ import annotations
 
@@ -157,6 +157,10 @@ class KeeperMachine(RuleBasedStateMachine):
     @rule(spec=st.sampled_from(MODELS), count=st.integers(1, 3))
     def fail_next_runners(self, spec: DeploymentSpec, count: int) -> None:
         self.sim.doom_next_instances(spec.card.model_id, count)
+
+    @rule(spec=st.sampled_from(MODELS), count=st.integers(1, 3))
+    def crash_next_placements(self, spec: DeploymentSpec, count: int) -> None:
+        self.sim.crash_next_placements(spec.card.model_id, count)
 
     # --- the master -------------------------------------------------------------------------
 
