@@ -56,6 +56,9 @@ class DeploymentView(BaseModel):
     next_attempt_at: str | None = None  # ISO-8601 UTC
     next_attempt_in_s: float | None = None
     waiting: WaitReason | None = None
+    # Anything else the operator should know about this deployment right now, in words (the
+    # bridge: "exo unreachable since 12:03:04: ..."); None from a master, which has nothing to add.
+    detail: str | None = None
 
 
 class DeploymentsResponse(BaseModel):

@@ -18,12 +18,13 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 import anyio
 import uvicorn
 from anyio.abc import TaskStatus
+from fastapi import FastAPI
 
 from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.master.api import create_app
@@ -68,20 +69,26 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+AppFactory = Callable[[Master, str | None], FastAPI]
+
+
 async def serve(
     master: Master,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     token: str | None = None,
     *,
+    app_factory: AppFactory = create_app,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the master and its HTTP API until cancelled; reports the bound port when ready."""
+    """Run the master and its HTTP API until cancelled; reports the bound port when ready.
+
+    ``app_factory`` builds the HTTP API (``master --exo-compat`` serves exo's instead)."""
     check_bind(host, token)
     sock = bind_socket(host, port)
     bound_port: int = sock.getsockname()[1]
     config = uvicorn.Config(
-        create_app(master, token),
+        app_factory(master, token),
         lifespan="off",
         log_level="warning",
         access_log=False,

@@ -128,6 +128,9 @@ class MasterConfig:
     # under a virtual clock the loop would see every task idle during the real disk wait and
     # jump time ahead, so virtual-time runs keep log I/O in the loop; ``run_master`` turns it on.
     log_io_in_thread: bool = False
+    # Off for ``master --exo-compat``, a stand-in for a stock exo master, which has no keeper
+    # (deployments are then kept by ``exo-deploy bridge``, beside it).
+    keeper_enabled: bool = True
 
 
 class KeeperLike(Protocol):
@@ -544,7 +547,8 @@ class Master:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._router, receive)
-                group.start_soon(self._keeper_loop)
+                if self.config.keeper_enabled:
+                    group.start_soon(self._keeper_loop)
                 group.start_soon(self._membership.watch)
                 group.start_soon(self._sweep_loop)
                 task_status.started()
