@@ -148,6 +148,10 @@ class NodeConfig:
     # tiny model is seen loading.
     load_floor_s: float = 0.0
     tokens_per_s: float = DEFAULT_TOKENS_PER_S
+    # How often the node says it is alive and re-sends its info unasked: exo's cadence unless
+    # told otherwise (a day-long virtual-time soak slows both; the 30 s node timeout allows it).
+    heartbeat_s: float = HEARTBEAT_S
+    info_refresh_s: float = INFO_REFRESH_S
     machine_model: str = "Mac (simulated)"
     chip_id: str = "Apple M4 (simulated)"
     os_version: str = "26.1"
@@ -429,7 +433,11 @@ class SimNode:
             await sleep_or_wake(self._clock, deadline - now, wake)
 
     def _next_deadline(self, session: _Session, now: float) -> float:
-        deadlines = [session.heartbeat_at + HEARTBEAT_S, session.info_sent_at + INFO_REFRESH_S]
+        config = self.config
+        deadlines = [
+            session.heartbeat_at + config.heartbeat_s,
+            session.info_sent_at + config.info_refresh_s,
+        ]
         deadlines += [
             change
             for runner in self._runners.values()
@@ -452,7 +460,7 @@ class SimNode:
         await self._report_info(session, state, now)
         if state is not None:
             await self._report_links(session, state, now)
-        if now >= session.heartbeat_at + HEARTBEAT_S:
+        if now >= session.heartbeat_at + self.config.heartbeat_s:
             await self._send(session, Heartbeat())
             session.heartbeat_at = now
 
@@ -528,12 +536,12 @@ class SimNode:
 
     async def _report_info(self, session: _Session, state: State | None, now: float) -> None:
         info = self._info()
-        due = now >= session.info_sent_at + INFO_REFRESH_S
+        due = now >= session.info_sent_at + self.config.info_refresh_s
         # Timed out while the channel stayed open (a freeze): announce ourselves again.
         forgotten = (
             state is not None
             and self.node_id not in state.topology.nodes
-            and now >= session.info_sent_at + HEARTBEAT_S
+            and now >= session.info_sent_at + self.config.heartbeat_s
         )
         if due or forgotten or info != session.info_sent:
             await self._send(session, info)
