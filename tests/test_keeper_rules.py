@@ -41,7 +41,15 @@ from keeper.events import (
     TopologyEdgeCreated,
 )
 from keeper.placement import place_instance
-from keeper.state import Backend, Deployment, InstanceMeta, Sharding, State
+from keeper.state import (
+    Backend,
+    Connection,
+    Deployment,
+    InstanceMeta,
+    RDMAConnection,
+    Sharding,
+    State,
+)
 
 T = AFTER_GRACE  # the first moment the keeper may place
 NO_MEMORY = "No cycles found with sufficient memory"
@@ -867,3 +875,37 @@ def test_delete_with_a_state_that_no_longer_shows_the_deployment_still_deletes_i
         DeploymentDeleted(deployment_id=deployment_id),
         InstanceDeleted(instance_id=created.instance.instance_id),
     ]
+
+
+def test_an_rdma_link_beside_a_socket_link_is_a_reason_to_try_again() -> None:
+    recorder = RecordingPlace(inner=unplaceable())
+    cluster = Cluster(place=recorder)
+    cluster.add_nodes("node-a", "node-b")
+    cluster.deploy("m")
+    cluster.step(T)
+    rdma = RDMAConnection(source_rdma_iface="rdma_en2", sink_rdma_iface="rdma_en3")
+    for now, sink_iface in ((T + 1, "rdma_en3"), (T + 2, "rdma_en4")):
+        edge = Connection(
+            source="node-a",
+            sink="node-b",
+            edge=rdma.model_copy(update={"sink_rdma_iface": sink_iface}),
+        )
+        cluster.apply(TopologyEdgeCreated(conn=edge))
+        cluster.step(now)
+    assert len(recorder.calls) == 3
+
+
+def test_links_are_told_apart_by_their_ends() -> None:
+    recorder = RecordingPlace(inner=unplaceable())
+    cluster = Cluster(place=recorder)
+    cluster.add_nodes("node-a", "node-b", "node-c")
+    cluster.deploy("m")
+    cluster.step(T)
+    rdma = RDMAConnection(source_rdma_iface="rdma_en2", sink_rdma_iface="rdma_en3")
+    # Same edge, new ends each time: from another source, then to another sink.
+    for now, (source, sink) in ((T + 1, ("node-a", "node-b")), (T + 2, ("node-c", "node-b"))):
+        cluster.apply(TopologyEdgeCreated(conn=Connection(source=source, sink=sink, edge=rdma)))
+        cluster.step(now)
+    cluster.apply(TopologyEdgeCreated(conn=Connection(source="node-a", sink="node-c", edge=rdma)))
+    cluster.step(T + 3)
+    assert len(recorder.calls) == 4
