@@ -10,7 +10,7 @@ printed, never asserted; the targets (issue 3) are printed beside them:
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import multiprocessing
 import os
 import statistics
@@ -195,6 +195,14 @@ class _KeepAliveClient:
         return body
 
 
+def _http_parser() -> str:
+    try:
+        importlib.import_module("httptools")
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
 def _cpu_seconds(pid: int | None) -> float:
     """User + system CPU time of a process (Linux /proc), so the server's own cost per
     request can be told apart from waiting for a core on a busy machine."""
@@ -245,7 +253,7 @@ def bench_deployments_latency() -> list[tuple[str, str, str]]:
     p50 = statistics.median(latencies) * 1000
     p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
     # uvicorn parses HTTP with httptools when it is installed, else with the slower h11.
-    parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    parser = _http_parser()
     label = f"GET /deployments, {DEPLOYMENTS} deployments, {CLIENTS} clients ({parser})"
     return [
         (f"{label}: server CPU per request", f"{cpu_per_request:.2f} ms", ""),
