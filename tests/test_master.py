@@ -34,6 +34,7 @@ from keeper.master.protocol import (
     Welcome,
 )
 from keeper.master.service import Master, MasterConfig
+from keeper.master.subscriptions import SubscriptionLaggedError
 from keeper.state import (
     AnyInstance,
     Backend,
@@ -231,6 +232,7 @@ async def test_silent_node_times_out_and_the_sweep_deletes_its_instance() -> Non
         )
         timed_out_at = next(t for t, e in seen if isinstance(e, NodeTimedOut))
         assert 29 <= timed_out_at - frozen_at <= 32  # 30 s of silence, checked every second
+        assert victim.node_id not in master.connected_nodes()  # its session was closed
         await wait_until(lambda: first not in master.state.instances, 11, "the sweep")
         deleted_at = next(
             t for t, e in seen if isinstance(e, InstanceDeleted) and e.instance_id == first
@@ -463,4 +465,40 @@ async def test_a_keeper_that_raises_does_not_stop_the_master() -> None:
         assert BrokenKeeper.steps >= 5
         created = await master.create_deployment(QWEN)  # commands still work
         assert created.deployment_id in master.state.deployments
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_subscriber_that_falls_behind_is_dropped_not_waited_for() -> None:
+    master = Master(None, config=MasterConfig(subscriber_buffer=5))
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        slow = master.subscribe()
+        events = [NodeTimedOut(node_id=f"n{i}") for i in range(20)]
+        await master.emit(events)
+        await wait_until(lambda: master.state.last_event_applied_idx == 19, 1, "all applied")
+        received = []
+        with pytest.raises(SubscriptionLaggedError):
+            async for indexed in slow:
+                received.append(indexed.idx)
+        assert received == [0, 1, 2, 3, 4]  # what fitted, in order, then the drop
+        fresh = master.subscribe()  # a new subscription starts from the current State
+        assert fresh.state.last_event_applied_idx == 19
+        await fresh.aclose()
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_node_that_stops_reading_is_disconnected() -> None:
+    master = Master(None, config=MasterConfig(subscriber_buffer=5))
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        master_side, node_side = memory_channel_pair()
+        group.start_soon(master.serve_node, master_side)
+        await node_side.send(Hello(node_id="deaf", name="deaf"))
+        await wait_until(lambda: master.connected_nodes() == ["deaf"], 1, "connected")
+        # The in-memory channel buffers plenty; the session's own outbox (5) is what fills
+        # while its forwarder is blocked, so block it: never read, and flood events.
+        await master.emit([NodeTimedOut(node_id=f"n{i}") for i in range(20_000)])
+        await wait_until(lambda: master.connected_nodes() == [], 5, "the deaf node dropped")
         group.cancel_scope.cancel()
