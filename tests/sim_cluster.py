@@ -174,7 +174,6 @@ class SimCluster:
         # model_id -> how many of the keeper's next placement attempts for it crash (a bug in
         # placement: an exception other than ValueError).
         self._crashing_models: dict[str, int] = {}
-        self._doomed_instances: set[str] = set()
         self._id_counter = 0
         self._inner_place = place
         self.nodes: dict[str, _Node] = {}
@@ -450,7 +449,6 @@ class SimCluster:
         doomed = self._doomed_models.get(model_id, 0) > 0
         if doomed:
             self._doomed_models[model_id] -= 1
-            self._doomed_instances.add(instance.instance_id)
         runners = list(instance.shard_assignments.node_to_runner.items())
         failing_rank = self.rng.randrange(len(runners)) if doomed else -1
         for rank, (node_id, runner_id) in enumerate(runners):
@@ -501,7 +499,6 @@ class SimCluster:
         self.at(self.rng.randint(*timing.connect_s), connect)
 
     def _after_instance_deleted(self, instance: AnyInstance) -> None:
-        self._doomed_instances.discard(instance.instance_id)
         runners = list(instance.shard_assignments.node_to_runner.items())
         for node_id, _ in runners:
             self._memory_dirty.add(node_id)
