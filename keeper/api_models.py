@@ -32,8 +32,9 @@ class CreateDeploymentRequest(ApiModel):
     model_id: str = Field(min_length=1, max_length=512)
     sharding: Sharding = Sharding.PIPELINE
     instance_meta: InstanceMeta = InstanceMeta.MLX_RING
-    # Bounded above by the largest cluster exo can form; larger is a typo, not a wish.
-    min_nodes: int = Field(default=1, ge=1, le=1024)
+    # Bounded above by the largest cluster exo can form; larger is a typo, not a wish. Strict, so
+    # `true` or `"2"` is named as the wrong type instead of being read as a number.
+    min_nodes: int = Field(default=1, ge=1, le=1024, strict=True)
 
 
 class CommandResponse(ApiModel):

@@ -182,6 +182,14 @@ BAD_INPUTS = [
         ("min_nodes", "integer"),
         {"model_id": QWEN, "min_nodes": "two"},
     ),
+    Bad(
+        "min_nodes a boolean",
+        "POST",
+        "/deployments",
+        422,
+        ("min_nodes", "integer"),
+        {"model_id": QWEN, "min_nodes": True},
+    ),
     Bad("model_id wrong type", "POST", "/deployments", 422, ("model_id",), {"model_id": 5}),
     Bad("missing model_id", "POST", "/deployments", 422, ("model_id: Field required",), {}),
     Bad(
