@@ -24,6 +24,8 @@ import httpx
 from pydantic import ValidationError
 
 from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
+from keeper.bridge.server import run_bridge
+from keeper.master.exo_compat import run_exo_compat_master
 from keeper.master.server import run_master
 from keeper.node.cluster import exit_with_parent, run_cluster
 from keeper.node.node_process import run_node_process
@@ -110,6 +112,8 @@ def _parse(model: type[Any], payload: Any, what: str) -> Any:
 
 def _note(view: DeploymentView) -> str:
     error = view.deployment.placement_error
+    if view.detail:  # e.g. the bridge: "exo unreachable since ..."
+        return f"{view.detail}; {error}" if error else view.detail
     if error:
         return error
     if view.waiting is not None and view.next_attempt_in_s is not None:
@@ -185,6 +189,16 @@ def cmd_undeploy(args: argparse.Namespace) -> int:
 def cmd_master(args: argparse.Namespace) -> int:
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
+    if args.exo_compat:
+        return run_exo_compat_master(
+            args.host,
+            args.port,
+            args.data_dir,
+            args.token,
+            args.model_cards,
+            node_timeout_s=args.node_timeout,
+            sweep_interval_s=args.sweep_interval,
+        )
     if args.node_timeout is None and args.sweep_interval is None:
         return run_master(args.host, args.port, args.data_dir, args.token, args.model_cards)
     return run_tuned_master(
@@ -219,7 +233,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         node_timeout_s=args.node_timeout,
         sweep_interval_s=args.sweep_interval,
         node_restart_s=None if args.no_node_restart else args.node_restart_delay,
+        exo_compat=args.exo_compat,
     )
+
+
+def cmd_bridge(args: argparse.Namespace) -> int:
+    return run_bridge(args.exo, args.host, args.port, args.data_dir, args.token, args.model_cards)
 
 
 def cmd_not_yet(args: argparse.Namespace) -> int:
@@ -326,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-cards", type=Path, default=None, help="a folder of exo model-card .toml files"
     )
     _membership_options(master)
+    _exo_compat_option(master)
     master.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     master.set_defaults(handler=cmd_master)
 
@@ -374,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="state, logs and cluster.json (default: a new temporary directory)",
     )
     _membership_options(cluster)
+    _exo_compat_option(cluster)
     restart = cluster.add_mutually_exclusive_group()
     restart.add_argument(
         "--node-restart-delay",
@@ -416,13 +437,48 @@ def build_parser() -> argparse.ArgumentParser:
     _client_options(undeploy)
     undeploy.set_defaults(handler=cmd_undeploy)
 
-    for name, help_ in (
-        ("soak", "faults under load against a local cluster (not yet available)"),
-        ("bridge", "the keeper beside a stock exo master (not yet available)"),
-    ):
+    bridge = command(
+        "bridge",
+        "the keeper beside a stock exo master, acting through exo's HTTP API; serves the "
+        "deployments API",
+    )
+    bridge.add_argument(
+        "--exo",
+        required=True,
+        metavar="URL",
+        help="exo's API, e.g. http://127.0.0.1:52415 (the master's, or any node's)",
+    )
+    bridge.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    bridge.add_argument("--port", type=_port, default=52416, help="API port (default 52416)")
+    bridge.add_argument(
+        "--data-dir", type=Path, default=None, help="where the deployments persist (event log)"
+    )
+    bridge.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV) or None,
+        help=f"require this bearer token for changes (default: ${TOKEN_ENV})",
+    )
+    bridge.add_argument(
+        "--model-cards",
+        type=Path,
+        default=None,
+        help="a folder of exo model-card .toml files, for models exo lists without layer counts",
+    )
+    bridge.set_defaults(handler=cmd_bridge)
+
+    for name, help_ in (("soak", "faults under load against a local cluster (not yet available)"),):
         later = command(name, help_, add_help=False)
         later.set_defaults(handler=cmd_not_yet)  # whatever its arguments
     return parser
+
+
+def _exo_compat_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--exo-compat",
+        action="store_true",
+        help="serve a stand-in for a stock exo master: exo's API, no keeper, no deployments "
+        "(run exo-deploy bridge beside it)",
+    )
 
 
 def _membership_options(parser: argparse.ArgumentParser) -> None:

@@ -115,6 +115,7 @@ class LocalCluster:
         node_restart_s: float | None = DEFAULT_NODE_RESTART_S,
         load_gb_per_s: float = DEFAULT_LOAD_GB_PER_S,
         out: TextIO | None = None,
+        exo_compat: bool = False,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
@@ -129,6 +130,10 @@ class LocalCluster:
             master_args += ["--node-timeout", str(node_timeout_s)]
         if sweep_interval_s is not None:
             master_args += ["--sweep-interval", str(sweep_interval_s)]
+        # A stand-in for a stock exo master (no keeper): deployments then need exo-deploy bridge.
+        self.exo_compat = exo_compat
+        if exo_compat:
+            master_args.append("--exo-compat")
         self._master = _Child("master", _cli(*master_args), self._logs / "master.log")
         self._node_sizes = {
             f"node-{i + 1}": NODE_SIZES_GB[i % len(NODE_SIZES_GB)] for i in range(nodes)
@@ -365,7 +370,12 @@ class LocalCluster:
             )
         restart = "never" if self.node_restart_s is None else f"after {self.node_restart_s:g} s"
         lines.append(f"  dead nodes restart {restart}; the master after {MASTER_RESTART_S:g} s")
-        lines.append(f"  try: exo-deploy deploy mlx-community/Qwen3-0.6B-4bit --url {self.url}")
+        if self.exo_compat:
+            lines.append(
+                f"  serving exo's API (no keeper); try: exo-deploy bridge --exo {self.url}"
+            )
+        else:
+            lines.append(f"  try: exo-deploy deploy mlx-community/Qwen3-0.6B-4bit --url {self.url}")
         lines.append("  Ctrl-C stops everything.")
         for line in lines:
             print(line, file=self._out, flush=True)
@@ -412,6 +422,7 @@ def run_cluster(
     node_timeout_s: float | None = None,
     sweep_interval_s: float | None = None,
     node_restart_s: float | None = DEFAULT_NODE_RESTART_S,
+    exo_compat: bool = False,
 ) -> int:
     """``exo-deploy cluster``: run in the foreground until SIGINT/SIGTERM; the exit code."""
     cluster = LocalCluster(
@@ -421,6 +432,7 @@ def run_cluster(
         node_timeout_s=node_timeout_s,
         sweep_interval_s=sweep_interval_s,
         node_restart_s=node_restart_s,
+        exo_compat=exo_compat,
     )
 
     async def main() -> None:

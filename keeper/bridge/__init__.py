@@ -1,0 +1,14 @@
+"""``exo-deploy bridge``: deployments for a stock exo cluster, through exo's own HTTP API.
+
+A stock exo master has no keeper. The bridge runs ours beside it: it follows exo's State by
+polling ``GET /state``, keeps the deployments itself (durably, in the master's event log format),
+steps the unchanged ``Keeper`` on exo's State with its deployments merged in, and acts only
+through exo's public API: ``POST /instance`` with exactly the instance the keeper computed, and
+``DELETE /instance/{id}``. It serves the deployments API of SPEC §5, so the TUI and the CLI work
+against it as against our master.
+
+- ``exo_wire``: our Instance in the exact JSON exo's strict parser accepts (pure);
+- ``exo_client``: the HTTP calls to exo, each with a deadline and one error type per outcome;
+- ``service``: the loop, the deployments and what the keeper's events become;
+- ``api`` / ``server``: the HTTP API and running it.
+"""

@@ -1,0 +1,187 @@
+"""The bridge's only way to reach exo: four calls of exo's public HTTP API.
+
+- ``GET /state``: exo's State, read with our tolerant model (and kept as raw JSON too, for the
+  model cards exo wrote and for serving exo's State on with the deployments merged in);
+- ``GET /models``: exo's model list;
+- ``POST /instance`` ``{"instance": ...}``: create exactly this instance (exo accepts the command
+  and applies it shortly after);
+- ``DELETE /instance/{id}``: delete one (likewise accepted, then applied).
+
+Every call has a deadline on anyio's clock (so tests run it in virtual time) and ends in one of
+three ways the service can act on: an answer; ``ExoRefusedError`` (exo said no, with its message:
+a 4xx); or ``ExoUnavailableError`` (no answer, a 5xx, or an answer that cannot be read). A
+refusal is about the request; unavailability is about exo, and means nothing may be decided on
+what the bridge last saw.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import anyio
+import httpx
+from pydantic import ValidationError
+
+from keeper.bridge.exo_wire import ExoListedModel, JsonObject, cards_in_state, listed_models
+from keeper.state import State
+
+# exo answers on the LAN in milliseconds; a State read that takes longer than this is from an
+# exo too loaded or too far away to act on, and the poll after it would overlap it.
+REQUEST_TIMEOUT_S = 5.0
+
+
+class ExoUnavailableError(Exception):
+    """exo did not answer usefully; ``str()`` says how, for the operator."""
+
+
+class ExoRefusedError(Exception):
+    """exo refused a request (4xx); ``message`` is exo's own reason."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ExoState:
+    """One read of exo's ``GET /state``."""
+
+    state: State
+    raw: JsonObject  # exo's JSON as it came, every key kept
+    cards: dict[str, JsonObject]  # the model cards exo's instances carry, by model id
+
+
+@dataclass(frozen=True)
+class ExoModels:
+    """One read of exo's ``GET /models``."""
+
+    listed: dict[str, ExoListedModel]
+    body: bytes  # exo's answer as it came, to pass on
+
+
+class ExoApi(Protocol):
+    """What the bridge needs of exo (``ExoClient``; tests may script another)."""
+
+    url: str
+
+    async def state(self) -> ExoState: ...
+    async def models(self) -> ExoModels: ...
+    async def create_instance(self, body: JsonObject) -> None: ...
+    async def delete_instance(self, instance_id: str) -> bool: ...
+
+
+class ExoClient:
+    """exo's HTTP API at ``url`` (e.g. ``http://127.0.0.1:52415``)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._timeout_s = timeout_s
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            transport=transport,
+            timeout=httpx.Timeout(timeout_s),
+            trust_env=False,  # exo is on the LAN: never through an HTTP proxy from the env
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def state(self) -> ExoState:
+        response = await self._call("GET", "/state")
+        raw = _json_object(response, "GET /state")
+        try:
+            state = State.model_validate(raw)
+        except ValidationError as exc:
+            raise ExoUnavailableError(
+                f"GET /state: exo's State is unreadable: {_first(exc)}"
+            ) from None
+        return ExoState(state=state, raw=raw, cards=cards_in_state(raw))
+
+    async def models(self) -> ExoModels:
+        response = await self._call("GET", "/models")
+        payload = _json_object(response, "GET /models")
+        return ExoModels(listed=listed_models(payload), body=response.content)
+
+    async def create_instance(self, body: JsonObject) -> None:
+        await self._call("POST", "/instance", body)
+
+    async def delete_instance(self, instance_id: str) -> bool:
+        """True if exo accepted the deletion, False if it does not know the instance."""
+        try:
+            await self._call("DELETE", f"/instance/{instance_id}")
+        except ExoRefusedError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def _call(self, method: str, path: str, body: JsonObject | None = None) -> httpx.Response:
+        what = f"{method} {path}"
+        try:
+            with anyio.fail_after(self._timeout_s):
+                response = await self._http.request(method, path, json=body)
+        except TimeoutError:
+            raise ExoUnavailableError(
+                f"{what}: no answer from exo at {self.url} within {self._timeout_s:g} s"
+            ) from None
+        except httpx.HTTPError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ExoUnavailableError(
+                f"{what}: cannot reach exo at {self.url} ({reason})"
+            ) from None
+        if response.status_code >= 500:
+            raise ExoUnavailableError(
+                f"{what}: exo answered HTTP {response.status_code}: {error_message(response)}"
+            )
+        if response.status_code >= 400:
+            raise ExoRefusedError(response.status_code, error_message(response))
+        return response
+
+
+def error_message(response: httpx.Response) -> str:
+    """exo's reason from an error answer: ``{"error": {"message"}}`` (exo's handler), FastAPI's
+    ``{"detail": ...}``, or the start of the text."""
+    try:
+        payload: Any = response.json()
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict):
+        body = cast(dict[str, Any], payload)
+        error = body.get("error")
+        if isinstance(error, dict):
+            message = cast(dict[str, Any], error).get("message")
+            if isinstance(message, str):
+                return message
+        detail = body.get("detail")
+        if isinstance(detail, str):
+            return detail
+        if detail is not None:
+            return json.dumps(detail)[:300]
+    return response.text.strip()[:300] or response.reason_phrase
+
+
+def _json_object(response: httpx.Response, what: str) -> JsonObject:
+    try:
+        payload: Any = response.json()
+    except ValueError:
+        raise ExoUnavailableError(f"{what}: exo's answer is not JSON") from None
+    if not isinstance(payload, dict):
+        raise ExoUnavailableError(f"{what}: exo's answer is not a JSON object")
+    return cast(JsonObject, payload)
+
+
+def _first(exc: ValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return str(exc)
+    where = ".".join(str(part) for part in errors[0]["loc"])
+    return f"{where}: {errors[0]['msg']}" if where else errors[0]["msg"]
