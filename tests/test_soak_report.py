@@ -4,6 +4,7 @@ check, the report's figures and table, and the commands' refusals of bad argumen
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -287,7 +288,7 @@ async def test_the_load_counts_results_errors_and_lost_requests_by_its_deadline(
         return answers[model]
 
     settings = LoadSettings(
-        clients=6, deadline_s=10.0, pause_after_result_s=1.0, pause_after_error_s=3.0
+        clients=6, deadline_s=10.0, pause_after_result_s=0.0, pause_after_error_s=0.0
     )
     load = Load(send, [SMALL, BIG, hanging], settings, lambda m, s, a: served.append((m, s, a)))
     async with anyio.create_task_group() as group:
@@ -295,16 +296,45 @@ async def test_the_load_counts_results_errors_and_lost_requests_by_its_deadline(
         await anyio.sleep(20.5)
         load.stop()
     stats = load.stats
-    # Two clients per model. SMALL: sent at 0, 2, ... 20, the last answered after the stop.
-    # BIG: an error every 4 s (0, 4, ... 20). The hanging model: sent at 0 and 13 (deadline
-    # 10 s, then the 3 s pause), both lost; the run waits for the second one's deadline.
-    assert (stats.results, stats.errors, stats.lost) == (22, 12, 4)
-    assert stats.error_kinds == {"HTTP 404": 12}
+    # Two clients per model, each sending again as soon as it has an outcome. SMALL and BIG:
+    # sent at 0, 1, ... 20, the last answered after the stop. The hanging model: sent at 0, 10
+    # and 20, all lost at their deadline; the run waits for the last one's.
+    assert (stats.results, stats.errors, stats.lost) == (42, 42, 6)
+    assert stats.error_kinds == {"HTTP 404": 42}
     assert stats.requests == stats.results + stats.errors + stats.lost
     assert stats.in_flight == 0
-    assert len(stats.lost_examples) == 4
+    assert len(stats.lost_examples) == 6
     assert all(model == SMALL and answered - sent == 1.0 for model, sent, answered in served)
-    assert anyio.current_time() == pytest.approx(23.0)
+    assert anyio.current_time() == pytest.approx(30.0)
+
+
+async def _send_times(seed: int) -> list[float]:
+    sent: list[float] = []
+
+    async def send(model: str) -> str | None:
+        sent.append(anyio.current_time())
+        return None
+
+    settings = LoadSettings(clients=1, pause_after_result_s=10.0)
+    load = Load(send, [SMALL], settings, lambda *_: None, seed=seed)
+    async with anyio.create_task_group() as group:
+        group.start_soon(load.run)
+        await anyio.sleep(200.0)
+        load.stop()
+    return sent
+
+
+@pytest.mark.anyio
+async def test_pauses_are_jittered_by_the_seed_so_clients_do_not_march_in_step() -> None:
+    first = await _send_times(seed=1)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(first)]
+    assert all(5.0 <= gap <= 15.0 for gap in gaps)
+    assert len(set(gaps)) == len(gaps)  # not one fixed period
+    start = anyio.current_time()
+    again = [t - start for t in await _send_times(seed=1)]
+    assert again == pytest.approx([t - first[0] for t in first])
+    other = await _send_times(seed=2)
+    assert [t - other[0] for t in other] != pytest.approx([t - first[0] for t in first])
 
 
 def test_the_load_needs_a_model() -> None:

@@ -13,11 +13,13 @@ master busy (no pause after a result), the virtual one spaces requests out so th
 day fits in two minutes of wall time.
 
 Each result also reports to ``on_result`` (model, sent at, answered at): the run uses it to tell
-when a model serves again after a fault.
+when a model serves again after a fault, sending ``probe`` requests of its own meanwhile so that
+the moment is seen within a second however sparse the clients are.
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +54,8 @@ class LoadStats:
 class LoadSettings:
     clients: int = CLIENTS
     deadline_s: float = REQUEST_DEADLINE_S
+    # Each pause is drawn between half and one and a half times these (seeded per client), so
+    # clients do not march in step: in virtual time identical requests take identical times.
     pause_after_result_s: float = 0.0
     pause_after_error_s: float = 0.5  # a client does not spin on a model that is not serving
 
@@ -65,6 +69,7 @@ class Load:
         models: Sequence[str],
         settings: LoadSettings,
         on_result: ResultHook,
+        seed: int = 0,
     ) -> None:
         if not models:
             raise ValueError("the load needs at least one model")
@@ -72,8 +77,13 @@ class Load:
         self._models = list(models)
         self._settings = settings
         self._on_result = on_result
+        self._seed = seed
         self._stopping = anyio.Event()
         self.stats = LoadStats()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def stop(self) -> None:
         """Send no new requests; those in flight still run to their outcome or deadline."""
@@ -83,15 +93,20 @@ class Load:
         """Run every client; returns once ``stop`` was called and every request has ended."""
         async with anyio.create_task_group() as group:
             for client in range(self._settings.clients):
-                group.start_soon(self._client, self._models[client % len(self._models)])
+                rng = random.Random(f"load-{self._seed}-{client}")
+                group.start_soon(self._client, self._models[client % len(self._models)], rng)
 
-    async def _client(self, model: str) -> None:
+    async def _client(self, model: str, rng: random.Random) -> None:
         settings = self._settings
         while not self._stopping.is_set():
             ok = await self._one(model)
             pause = settings.pause_after_result_s if ok else settings.pause_after_error_s
-            with anyio.move_on_after(pause):
+            with anyio.move_on_after(pause * rng.uniform(0.5, 1.5)):
                 await self._stopping.wait()
+
+    async def probe(self, model: str) -> bool:
+        """One extra request (counted like the clients' own): True if it got a reply."""
+        return await self._one(model)
 
     async def _one(self, model: str) -> bool:
         settings, stats = self._settings, self.stats

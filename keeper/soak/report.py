@@ -35,7 +35,8 @@ class FaultRecord(_ReportModel):
     node: str  # a node name, or "master"
     at: float  # when it was injected, s since fault injection began
     ended_at: float | None  # when it was over (process back, SIGCONT, link healed)
-    # From injection until every deployed model had answered a chat sent after the injection.
+    # From injection until every deployed model had answered a chat sent after the injection
+    # (or after the deletion of an instance the fault hit, when that came later).
     recovered_after_s: float | None
     # Whether every instance with a runner where the fault struck (every instance, for a master
     # crash) was still there once it had recovered; None when the fault struck no instance.

@@ -15,7 +15,11 @@ The sequence:
    whole event log for duplicates, and build the report.
 
 A fault has recovered once every deployed model has answered a chat that was sent after the
-fault struck: recovery is measured as clients see it, not as the State claims it.
+fault struck: recovery is measured as clients see it, not as the State claims it. Some faults
+strike late: a partitioned node that holds only a later pipeline stage does not stop chats (the
+first stage answers them) until the master times the node out and deletes its instance, half a
+minute on. So the deletion of an instance a fault hit, while the fault lasts (or within a sweep
+period after), restarts its recovery from that moment.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Protocol
 import anyio
 
 from keeper.events import IndexedEvent
+from keeper.master.service import MasterConfig
 from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultPlan, FaultSpec
 from keeper.soak.load import Load, LoadSettings
 from keeper.soak.report import (
@@ -55,6 +60,12 @@ WARM_UP_TIMEOUT_S = 180.0
 # A fault not over this long after its planned end (a process that does not come back) is left
 # with ended_at null rather than holding up the run.
 FAULT_END_TIMEOUT_S = 120.0
+# A deletion this soon after a fault ended is still the fault's doing: the master's sweep, which
+# deletes instances on departed nodes, runs this often.
+REATTRIBUTE_S = MasterConfig().sweep_interval_s
+# While a fault has not recovered, each model still to answer gets a probe request this often
+# (one in flight at a time): recovery is timed to about this, however sparse the load.
+PROBE_S = 1.0
 # How often the run checks the deployments' status while settling.
 STATUS_POLL_S = 1.0
 
@@ -119,7 +130,8 @@ class _Fault:
     spec: FaultSpec
     at: float  # absolute, on the run's clock
     hit: list[str]  # instances with a runner where it struck (all of them for a master crash)
-    waiting_for: set[str]  # models that have not yet answered a chat sent after ``at``
+    waiting_for: set[str]  # models that have not yet answered a chat sent after ``since``
+    since: float  # ``at``, or the deletion of an instance it hit (see the module docstring)
     ended_at: float | None = None
     recovered_at: float | None = None
 
@@ -133,8 +145,10 @@ class Soak:
         self._say = say
         self._models = [model.model_id for model in settings.models]
         self._plan = FaultPlan(settings.seed)
-        self.watch = ClusterWatch()
-        self.load = Load(target.chat, self._models, settings.load, self._on_result)
+        self.watch = ClusterWatch(on_deleted=self._on_deleted)
+        self.load = Load(
+            target.chat, self._models, settings.load, self._on_result, seed=settings.seed
+        )
         self._faults: list[_Fault] = []
         self._recovering: list[_Fault] = []
         self._last_served: dict[str, float] = {}  # model -> latest send time of a reply
@@ -171,8 +185,11 @@ class Soak:
         return self._report(serving, settle_s)
 
     async def _run_load(self, done: anyio.Event) -> None:
+        """The clients and the recovery probes, until the load stops and every request ended."""
         try:
-            await self.load.run()
+            async with anyio.create_task_group() as group:
+                group.start_soon(self.load.run)
+                group.start_soon(self._probe)
         finally:
             done.set()
 
@@ -205,11 +222,13 @@ class Soak:
             if spec is None:
                 continue
             node_id = None if spec.node == MASTER else self._target.node_id(spec.node)
+            now = anyio.current_time()
             fault = _Fault(
                 spec,
-                at=anyio.current_time(),
+                at=now,
                 hit=self.watch.instances_on(node_id),
                 waiting_for=set(self._models),
+                since=now,
             )
             self._faults.append(fault)
             self._recovering.append(fault)
@@ -248,6 +267,23 @@ class Soak:
                 await anyio.sleep(STATUS_POLL_S)
         return False
 
+    async def _probe(self) -> None:
+        probing: set[str] = set()
+
+        async def probe(model: str) -> None:
+            try:
+                await self.load.probe(model)
+            finally:
+                probing.discard(model)
+
+        async with anyio.create_task_group() as group:
+            while not self.load.stopping:
+                wanted = {model for fault in self._recovering for model in fault.waiting_for}
+                for model in sorted(wanted - probing):
+                    probing.add(model)
+                    group.start_soon(probe, model)
+                await anyio.sleep(PROBE_S)
+
     async def _progress(self) -> None:
         every = self._settings.progress_every_s
         while True:
@@ -265,13 +301,25 @@ class Soak:
         self._last_served[model] = max(self._last_served.get(model, sent_at), sent_at)
         still: list[_Fault] = []
         for fault in self._recovering:
-            if sent_at >= fault.at:
+            if sent_at >= fault.since:
                 fault.waiting_for.discard(model)
             if fault.waiting_for:
                 still.append(fault)
             else:
                 fault.recovered_at = answered_at
         self._recovering = still
+
+    def _on_deleted(self, instance_id: str, now: float) -> None:
+        for fault in self._faults:
+            if instance_id not in fault.hit:
+                continue
+            if fault.ended_at is not None and now > fault.ended_at + REATTRIBUTE_S:
+                continue
+            fault.since = now
+            fault.recovered_at = None
+            fault.waiting_for = set(self._models)
+            if fault not in self._recovering:
+                self._recovering.append(fault)
 
     def _describe(self, fault: _Fault) -> str:
         spec = fault.spec

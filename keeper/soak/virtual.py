@@ -43,26 +43,37 @@ from keeper.node.cluster import DEFAULT_LOAD_GB_PER_S, NODE_SIZES_GB
 from keeper.node.in_process import InProcessCluster
 from keeper.node.sim_node import NodeConfig
 from keeper.soak.faults import MASTER_DOWN_S, FaultKind, FaultSpec
-from keeper.soak.load import MAX_TOKENS, LoadSettings
+from keeper.soak.load import LoadSettings
 from keeper.soak.report import Deployed, RunKind, SoakReport
 from keeper.soak.run import Soak, SoakError, SoakSettings
 from keeper.state import State
 
 PROMPT = "Say something while the cluster is being knocked about."
-# Requests are spaced out in virtual time: twelve clients with a request every few simulated
-# seconds each is a steady load, and keeps a simulated day within two minutes of wall time.
-VIRTUAL_LOAD = LoadSettings(pause_after_result_s=5.0, pause_after_error_s=5.0)
+# Requests are spaced out in virtual time, where every one costs wall time (mostly the two runner
+# status events a reply causes): each client waits about a minute after a reply and a few
+# seconds after an error. The run's own probes time recoveries to the second meanwhile.
+VIRTUAL_LOAD = LoadSettings(pause_after_result_s=60.0, pause_after_error_s=5.0)
+# A reply of two chunks: still streamed, at a quarter of the cost of eight.
+VIRTUAL_MAX_TOKENS = 2
+# The nodes' chatter is most of a virtual run's cost. Heartbeats every 5 s (not 1 s) and an
+# unasked info refresh every 30 s (not 5 s; a change of memory is still sent at once) keep every
+# node well inside the master's 30 s silence timeout at a quarter of the cost.
+VIRTUAL_HEARTBEAT_S = 5.0
+VIRTUAL_INFO_REFRESH_S = 30.0
 # Where a temporary data dir is cheapest to fsync.
 _SHM = Path("/dev/shm")
 
 
 def node_configs(nodes: int) -> list[NodeConfig]:
-    """The nodes ``exo-deploy cluster`` would start: the same names, sizes and load speed."""
+    """The nodes ``exo-deploy cluster`` would start: the same names, sizes and load speed (only
+    quieter, see VIRTUAL_HEARTBEAT_S)."""
     return [
         NodeConfig(
             name=f"node-{i + 1}",
             memory_gb=NODE_SIZES_GB[i % len(NODE_SIZES_GB)],
             load_gb_per_s=DEFAULT_LOAD_GB_PER_S,
+            heartbeat_s=VIRTUAL_HEARTBEAT_S,
+            info_refresh_s=VIRTUAL_INFO_REFRESH_S,
         )
         for i in range(nodes)
     ]
@@ -189,7 +200,7 @@ class VirtualTarget:
             return "connection refused"
         try:
             stream = await master.chat(
-                model_id, [ChatMessage(role="user", content=PROMPT)], MAX_TOKENS
+                model_id, [ChatMessage(role="user", content=PROMPT)], VIRTUAL_MAX_TOKENS
             )
             async for _ in stream:
                 pass

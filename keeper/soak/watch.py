@@ -20,6 +20,7 @@ the stream misses what happens while the master is down, the log holds every Sta
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -121,9 +122,12 @@ def check_log(path: Path) -> LogCheck:
 
 
 class ClusterWatch:
-    """The master's State as the soak sees it; feed it with ``snapshot`` and ``event``."""
+    """The master's State as the soak sees it; feed it with ``snapshot`` and ``event``.
 
-    def __init__(self) -> None:
+    ``on_deleted(instance_id, now)`` is told of every instance that leaves the State."""
+
+    def __init__(self, on_deleted: Callable[[str, float], None] | None = None) -> None:
+        self._on_deleted = on_deleted
         self.state = State()
         self.duplicates = DuplicateCounter()
         self.latencies: list[float] = []
@@ -150,8 +154,7 @@ class ClusterWatch:
         self.snapshots += 1
         for instance_id in self.state.instances:
             if instance_id not in state.instances:
-                self.deleted_at.setdefault(instance_id, now)
-                self.ready_since.pop(instance_id, None)
+                self._deleted(instance_id, now)
         for gap in self._gaps.values():
             gap.excluded = gap.excluded or ExclusionReason.MASTER_RESTART
         self.state = state
@@ -226,9 +229,15 @@ class ClusterWatch:
             if instance_id not in self.ready_since and instance_serves(self.state, instance):
                 self.ready_since[instance_id] = now
 
+    def _deleted(self, instance_id: str, now: float) -> float | None:
+        """Record a deletion; returns when the instance was first seen ready."""
+        self.deleted_at.setdefault(instance_id, now)
+        if self._on_deleted is not None:
+            self._on_deleted(instance_id, now)
+        return self.ready_since.pop(instance_id, None)
+
     def _instance_deleted(self, gone: AnyInstance, now: float) -> None:
-        self.deleted_at[gone.instance_id] = now
-        ready_at = self.ready_since.pop(gone.instance_id, None)
+        ready_at = self._deleted(gone.instance_id, now)
         model = model_of(gone)
         if model in {model_of(i) for i in self.state.instances.values()}:
             return
