@@ -1,0 +1,166 @@
+"""A stock-exo stand-in with simulated nodes, and a bridge following it, all in one process.
+
+``master --exo-compat`` (a ``Master`` with its keeper off, behind exo's API) runs with
+``InProcessCluster`` nodes on memory channels; the bridge reaches its API through ``ExoLink``, an
+httpx transport into the ASGI app that can also fail the way a network and exo do: go down,
+refuse instances with exo's 400, or accept an instance and apply it only later (exo answers a
+command before it applies it). Everything runs under trio's MockClock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from anyio.abc import TaskGroup
+
+from keeper.api_models import error_body
+from keeper.bridge.exo_client import ExoClient
+from keeper.bridge.service import Bridge, BridgeConfig
+from keeper.master.exo_compat import create_exo_compat_app
+from keeper.master.service import Master, MasterConfig
+from keeper.node.in_process import InProcessCluster
+from keeper.node.sim_node import NodeConfig
+
+QWEN = "mlx-community/Qwen3-0.6B-4bit"
+EXO_URL = "http://exo.test"
+
+
+class ExoLink(httpx.AsyncBaseTransport):
+    """The bridge's way to the stand-in's API, with faults, recording every call but state reads."""
+
+    def __init__(self, app: Any) -> None:
+        self._inner = httpx.ASGITransport(app=app)
+        self.down = False
+        self.refuse_instances: str | None = None  # exo's 400 message for POST /instance
+        self.hold_instances = False  # answer POST /instance at once, apply on release()
+        self.held: list[httpx.Request] = []
+        self.calls: list[tuple[str, str, Any]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        method, path = request.method, request.url.path
+        if (method, path) != ("GET", "/state"):
+            body = json.loads(request.content) if request.content else None
+            self.calls.append((method, path, body))
+        if (method, path) == ("POST", "/instance"):
+            if self.refuse_instances is not None:
+                return httpx.Response(
+                    400, json=error_body(self.refuse_instances, 400, "Bad Request")
+                )
+            if self.hold_instances:
+                self.held.append(request)
+                return httpx.Response(200, json={"message": "Command received."})
+        return await self._inner.handle_async_request(request)
+
+    async def release(self) -> None:
+        """exo applies the instances it accepted and held back."""
+        held, self.held = self.held, []
+        for request in held:
+            response = await self._inner.handle_async_request(request)
+            assert response.status_code == 200, response.status_code
+
+    def posted_instances(self) -> list[str]:
+        """The ids of every instance POSTed, in order."""
+        return [
+            next(iter(body["instance"].values()))["instanceId"]
+            for method, path, body in self.calls
+            if (method, path) == ("POST", "/instance")
+        ]
+
+    def deleted_instances(self) -> list[str]:
+        return [
+            path.removeprefix("/instance/")
+            for method, path, _ in self.calls
+            if method == "DELETE" and path.startswith("/instance/")
+        ]
+
+
+@dataclass
+class ExoWithBridge:
+    master: Master
+    nodes: InProcessCluster
+    link: ExoLink
+    bridge: Bridge
+    group: TaskGroup
+    bridge_scope: anyio.CancelScope
+
+    def exo_instances(self, model_id: str = QWEN) -> list[str]:
+        return sorted(
+            instance_id
+            for instance_id, instance in self.master.state.instances.items()
+            if instance.shard_assignments.model_id == model_id
+        )
+
+    def status(self) -> str | None:
+        views = self.bridge.deployments_view().deployments
+        return views[0].status if views else None
+
+    def serving(self) -> bool:
+        return self.status() == "serving" and bool(self.exo_instances())
+
+    async def exo_api(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        """Call exo's API as an operator would, past the bridge."""
+        transport = httpx.ASGITransport(app=create_exo_compat_app(self.master))
+        async with httpx.AsyncClient(transport=transport, base_url=EXO_URL) as client:
+            return await client.request(method, path, json=body)
+
+    async def restart_bridge(self, data_dir: Path | None) -> Bridge:
+        """Stop this bridge and start a new one on the same data dir and link."""
+        self.bridge_scope.cancel()
+        await anyio.sleep(0)
+        self.bridge = new_bridge(self.link, data_dir)
+        self.bridge_scope = await self.group.start(_run_cancellable, self.bridge)
+        return self.bridge
+
+
+def new_bridge(link: ExoLink, data_dir: Path | None) -> Bridge:
+    return Bridge(ExoClient(EXO_URL, transport=link), data_dir, config=BridgeConfig())
+
+
+async def _run_cancellable(bridge: Bridge, *, task_status: Any) -> None:
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            await group.start(bridge.run)
+            task_status.started(scope)
+
+
+@asynccontextmanager
+async def exo_with_bridge(
+    data_dir: Path | None = None,
+    nodes: tuple[tuple[str, float], ...] = (("a", 32.0), ("b", 32.0)),
+) -> AsyncIterator[ExoWithBridge]:
+    config = MasterConfig(keeper_enabled=False)
+    master = Master(None, config=config)
+    cluster = InProcessCluster(master, [NodeConfig(name, memory_gb) for name, memory_gb in nodes])
+    link = ExoLink(create_exo_compat_app(master))
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        await group.start(cluster.run)
+        await wait_until(
+            lambda: len(master.state.node_memory) == len(nodes), 10, "the nodes joined exo"
+        )
+        bridge = new_bridge(link, data_dir)
+        scope = await group.start(_run_cancellable, bridge)
+        yield ExoWithBridge(master, cluster, link, bridge, group, scope)
+        group.cancel_scope.cancel()
+
+
+async def wait_until(condition: Callable[[], bool], within_s: float, what: str) -> float:
+    """Wait (virtual time) until ``condition`` holds; the time it took. Fails naming ``what``."""
+    started = anyio.current_time()
+    try:
+        with anyio.fail_after(within_s):
+            while not condition():
+                await anyio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"not within {within_s} s: {what}")
+    return anyio.current_time() - started
