@@ -7,16 +7,38 @@ replay check (the same seed gives the same report) on a shorter run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from anyio.abc import TaskGroup, TaskStatus
 from trio.testing import MockClock
 
-from keeper.soak.faults import FaultKind
-from keeper.soak.report import SoakReport
-from keeper.soak.run import SOAK_MODELS
+from keeper.apply import apply_indexed
+from keeper.catalog import catalog_by_id
+from keeper.events import (
+    DeploymentCreated,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    RunnerStatusUpdated,
+)
+from keeper.soak import faults
+from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultSpec
+from keeper.soak.report import Deployed, RunKind, SoakReport
+from keeper.soak.run import PIPELINE_MODEL, PROBE_S, SOAK_MODELS, Soak, SoakSettings
 from keeper.soak.virtual import deterministic, run_virtual, virtual_settings
+from keeper.state import (
+    Deployment,
+    MlxRingInstance,
+    PipelineShardMetadata,
+    RunnerReady,
+    Shard,
+    ShardAssignments,
+    State,
+)
 
 HOURS = 2.0
 SEED = 11
@@ -75,3 +97,163 @@ async def test_the_same_seed_replays_the_same_report(tmp_path: Path) -> None:
     second = await _soak(0.25, 3, tmp_path / "second")
     assert first.faults  # something happened worth replaying
     assert first.model_dump() == second.model_dump()
+
+
+# --- the run's bookkeeping, against a scripted cluster -------------------------------------------
+
+BIG_NODE = "n1"  # holds the pipeline model's instance
+SMALL_NODE = "n4"
+# The scripted cluster's answer to losing BIG_NODE for longer than the node timeout: the
+# instance is deleted at the timeout, and the model serves again this long after.
+TIMEOUT_S = 30.0
+REPLACE_S = 12.0
+
+
+class ScriptedCluster:
+    """A SoakTarget whose only reaction to a fault is the one a test can predict exactly."""
+
+    run_kind: RunKind = "virtual"
+
+    def __init__(self) -> None:
+        self.down: set[str] = set()
+        self.state = State()
+        self._on_event: Callable[[IndexedEvent], None] | None = None
+        self._idx = 0
+        self._generation = 0
+        self._group: TaskGroup | None = None
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as group:
+            self._group = group
+            task_status.started()
+            await anyio.sleep_forever()
+
+    def node_names(self) -> list[str]:
+        return ["n1", "n2", "n3", "n4"]
+
+    def node_id(self, name: str) -> str:
+        return name
+
+    async def deploy(self, model: Deployed) -> None:
+        card = catalog_by_id()[model.model_id]
+        deployment = Deployment(deployment_id=f"d-{model.model_id}", model_card=card)
+        self._emit(DeploymentCreated(deployment=deployment))
+        node = BIG_NODE if model.min_nodes > 1 else SMALL_NODE
+        self._place(model.model_id, node)
+
+    def _place(self, model_id: str, node: str) -> None:
+        self._generation += 1
+        instance = instance_on(f"i{self._generation}", model_id, node)
+        self._emit(InstanceCreated(instance=instance))
+        runner = instance.shard_assignments.node_to_runner[node]
+        self._emit(RunnerStatusUpdated(runner_id=runner, runner_status=RunnerReady()))
+
+    def _emit(self, event: Any) -> None:
+        indexed = IndexedEvent(idx=self._idx, event=event)
+        self._idx += 1
+        self.state = apply_indexed(self.state, indexed)
+        if self._on_event is not None:
+            self._on_event(indexed)
+
+    async def chat(self, model_id: str) -> str | None:
+        await anyio.sleep(0.1)
+        return "HTTP 404" if model_id in self.down else None
+
+    async def follow(
+        self, on_state: Callable[[State], None], on_event: Callable[[IndexedEvent], None]
+    ) -> None:
+        on_state(self.state)
+        self._on_event = on_event
+        await anyio.sleep_forever()
+
+    async def statuses(self) -> dict[str, str]:
+        return {
+            d.model_card.model_id: "placing" if d.model_card.model_id in self.down else "serving"
+            for d in self.state.deployments.values()
+        }
+
+    async def inject(self, fault: FaultSpec) -> None:
+        long = fault.kind in TAKES_A_NODE_AWAY and fault.duration_s >= TIMEOUT_S
+        if fault.node == BIG_NODE and long:
+            assert self._group is not None
+            self._group.start_soon(self._lose_big_instance)
+
+    async def _lose_big_instance(self) -> None:
+        await anyio.sleep(TIMEOUT_S)
+        big = PIPELINE_MODEL.model_id
+        (instance_id,) = [
+            iid for iid, i in self.state.instances.items() if i.shard_assignments.model_id == big
+        ]
+        self._emit(InstanceDeleted(instance_id=instance_id))
+        self.down.add(big)
+        await anyio.sleep(REPLACE_S)
+        self._place(big, BIG_NODE)
+        self.down.discard(big)
+
+    async def wait_over(self, fault: FaultSpec) -> None:
+        await anyio.sleep(fault.duration_s)
+
+    def master_log(self) -> Path | None:
+        return None
+
+
+def instance_on(instance_id: str, model_id: str, node: str) -> MlxRingInstance:
+    card = catalog_by_id()[model_id]
+    shard: Shard = PipelineShardMetadata(
+        model_card=card,
+        device_rank=0,
+        world_size=1,
+        start_layer=0,
+        end_layer=card.n_layers,
+        n_layers=card.n_layers,
+    )
+    runner = f"r-{instance_id}"
+    return MlxRingInstance(
+        instance_id=instance_id,
+        shard_assignments=ShardAssignments(
+            model_id=model_id, runner_to_shard={runner: shard}, node_to_runner={node: runner}
+        ),
+    )
+
+
+@pytest.mark.anyio
+async def test_recovery_is_timed_from_a_late_deletion_and_survival_is_per_fault(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Faults 100 s apart, so each one's effects are over before the next.
+    monkeypatch.setattr(faults, "FAULT_GAP_S", (100.0, 100.0))
+    cluster = ScriptedCluster()
+    settings = SoakSettings(minutes=15, seed=3, nodes=4, say_faults=False)
+    report: SoakReport | None = None
+    async with anyio.create_task_group() as group:
+        await group.start(cluster.run)
+        report = await Soak(cluster, settings, lambda _: None).run()
+        group.cancel_scope.cancel()
+    assert report is not None
+
+    assert report.lost == 0 and report.duplicates == 0 and report.serving_at_end
+    assert {fault.kind for fault in report.faults} == set(FaultKind)
+    long_on_big = [
+        fault
+        for fault in report.faults
+        if fault.node == BIG_NODE
+        and fault.kind in TAKES_A_NODE_AWAY
+        and fault.duration_s >= TIMEOUT_S
+    ]
+    assert long_on_big, "the seed should take the pipeline model's node away for long"
+    for fault in report.faults:
+        assert fault.ended_at == pytest.approx(fault.at + fault.duration_s, abs=0.01)
+        assert fault.recovered_after_s is not None
+        if fault in long_on_big:
+            # Chats kept being answered until the deletion at the timeout; recovery counts from
+            # there, to the first reply after the model was placed again (probes every second).
+            expected = TIMEOUT_S + REPLACE_S
+            assert expected <= fault.recovered_after_s <= expected + PROBE_S + 0.5
+            assert fault.instance_survived is False
+            continue
+        assert fault.recovered_after_s <= PROBE_S + 0.5
+        hit_something = fault.node in (BIG_NODE, SMALL_NODE, MASTER)
+        assert fault.instance_survived is (True if hit_something else None)
+    latency = report.keeper_added_latency
+    assert latency.samples == len(long_on_big)  # the scripted "keeper" took REPLACE_S
+    assert latency.p50_s == REPLACE_S

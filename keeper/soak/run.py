@@ -18,8 +18,8 @@ A fault has recovered once every deployed model has answered a chat that was sen
 fault struck: recovery is measured as clients see it, not as the State claims it. Some faults
 strike late: a partitioned node that holds only a later pipeline stage does not stop chats (the
 first stage answers them) until the master times the node out and deletes its instance, half a
-minute on. So the deletion of an instance a fault hit, while the fault lasts (or within a sweep
-period after), restarts its recovery from that moment.
+minute on. So the deletion of an instance a fault hit, while the fault lasts (or, for a node
+taken away, within a sweep period after it is back), restarts its recovery from that moment.
 """
 
 from __future__ import annotations
@@ -311,15 +311,22 @@ class Soak:
 
     def _on_deleted(self, instance_id: str, now: float) -> None:
         for fault in self._faults:
-            if instance_id not in fault.hit:
-                continue
-            if fault.ended_at is not None and now > fault.ended_at + REATTRIBUTE_S:
+            if instance_id not in fault.hit or not self._still_acting(fault, now):
                 continue
             fault.since = now
             fault.recovered_at = None
             fault.waiting_for = set(self._models)
             if fault not in self._recovering:
                 self._recovering.append(fault)
+
+    @staticmethod
+    def _still_acting(fault: _Fault, now: float) -> bool:
+        """Whether a deletion at ``now`` can be the fault's doing: while it lasts, and for a
+        node taken away, until the sweep after it is back."""
+        if fault.ended_at is None:
+            return True
+        after = REATTRIBUTE_S if fault.spec.kind in TAKES_A_NODE_AWAY else 0.0
+        return now <= fault.ended_at + after
 
     def _describe(self, fault: _Fault) -> str:
         spec = fault.spec
