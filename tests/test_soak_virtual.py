@@ -27,6 +27,7 @@ from keeper.events import (
 )
 from keeper.soak import faults
 from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultSpec
+from keeper.soak.load import LoadSettings
 from keeper.soak.report import Deployed, RunKind, SoakReport
 from keeper.soak.run import PIPELINE_MODEL, PROBE_S, SOAK_MODELS, Soak, SoakSettings
 from keeper.soak.virtual import deterministic, run_virtual, virtual_settings
@@ -223,7 +224,8 @@ async def test_recovery_is_timed_from_a_late_deletion_and_survival_is_per_fault(
     # Faults 100 s apart, so each one's effects are over before the next.
     monkeypatch.setattr(faults, "FAULT_GAP_S", (100.0, 100.0))
     cluster = ScriptedCluster()
-    settings = SoakSettings(minutes=15, seed=3, nodes=4, say_faults=False)
+    load = LoadSettings(pause_after_result_s=5.0, pause_after_error_s=2.0)
+    settings = SoakSettings(minutes=15, seed=3, nodes=4, load=load, say_faults=False)
     report: SoakReport | None = None
     async with anyio.create_task_group() as group:
         await group.start(cluster.run)
