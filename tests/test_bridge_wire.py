@@ -27,6 +27,7 @@ from keeper.bridge.exo_wire import (
     instance_json,
     listed_models,
 )
+from keeper.bridge.server import exo_card_files
 from keeper.catalog import catalog_by_id
 from keeper.master.exo_compat import ExoCreateInstance, insufficient_memory
 from keeper.placement import place_instance
@@ -113,6 +114,18 @@ def test_the_card_written_from_exo_s_model_list_has_exactly_exo_s_keys_and_types
     for key in ("modelId", "storageSize", "nLayers", "hiddenSize", "family", "baseModel"):
         assert written[key] == exo_written[key], key
     assert set(written["samplingDefaults"]) == set(exo_written["samplingDefaults"])
+
+
+def test_with_exo_s_card_file_the_written_card_is_exactly_exo_s_own() -> None:
+    files = exo_card_files(FIXTURES)  # exo's own model-card TOMLs
+    listed = listed_models(fixture("exo_models.json"))[QWEN_30B]
+    card = deployment_card(QWEN_30B, listed, CATALOG[QWEN_30B])
+    assert exo_card(card, listed, None, files[QWEN_30B]) == fixture("qwen3_30b_card.json")
+    # A file for another layer count (a different conversion) is not mixed in.
+    other = card.model_copy(update={"n_layers": 47})
+    written = exo_card(other, listed, None, files[QWEN_30B])
+    assert written["nLayers"] == 47
+    assert written["samplingDefaults"]["temperature"] is None
 
 
 def test_a_card_exo_showed_in_its_state_is_used_verbatim() -> None:

@@ -12,7 +12,9 @@ The card in each shard is the one exo itself knows, in this order of preference:
    started): that is exactly what exo built, verbatim;
 2. otherwise one written from exo's ``GET /models`` entry (its family, quantization, base model,
    capabilities, context length...) plus what placement used from our card (layers, hidden size,
-   storage, backends), with exo's defaults for the rest.
+   storage, backends), with exo's defaults for the rest, overlaid with the model's exo card file
+   when the bridge was given one (``--model-cards DIR``: exo's own TOML, so its reasoning
+   dialect and sampling defaults come through).
 
 Everything here is pure: plain data in, plain JSON-ready dicts out.
 """
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
 
 from keeper.state import (
     AnyInstance,
@@ -158,7 +161,24 @@ def _tag_bodies(tagged: Any) -> list[JsonObject]:
     ]
 
 
-def exo_card(card: ModelCard, listed: ExoListedModel | None, seen: JsonObject | None) -> JsonObject:
+def camel_keys(value: Any) -> Any:
+    """A TOML model card (snake_case keys, nested tables) as exo's JSON spells it (camelCase)."""
+    if isinstance(value, dict):
+        return {
+            to_camel(str(key)): camel_keys(item)
+            for key, item in cast(dict[Any, Any], value).items()
+        }
+    if isinstance(value, list):
+        return [camel_keys(item) for item in cast(list[Any], value)]
+    return value
+
+
+def exo_card(
+    card: ModelCard,
+    listed: ExoListedModel | None,
+    seen: JsonObject | None,
+    from_file: JsonObject | None = None,
+) -> JsonObject:
     """The card exo knows for ``card``'s model (see the module docstring for the order).
 
     A card seen in exo's State is used only if it agrees with ours on the model and its layer
@@ -173,7 +193,7 @@ def exo_card(card: ModelCard, listed: ExoListedModel | None, seen: JsonObject | 
         return dict(seen)
     if listed is None:
         raise ValueError(f"exo's GET /models no longer lists {card.model_id}")
-    return {
+    written: JsonObject = {
         "modelId": card.model_id,
         "storageSize": {"inBytes": card.storage_size.in_bytes},
         "nLayers": card.n_layers,
@@ -187,14 +207,35 @@ def exo_card(card: ModelCard, listed: ExoListedModel | None, seen: JsonObject | 
         "baseModel": listed.base_model or card.base_model or "",
         "capabilities": list(listed.capabilities or ()),
         "backends": [backend.value for backend in card.backends],
+        # exo's defaults for a card file that does not say (its own cards mostly do not).
         "reasoningDialect": "none",
         "contextLength": listed.context_length or 0,
         "usesCfg": False,
-        "trustRemoteCode": False,
+        "trustRemoteCode": True,
         "isCustom": bool(listed.is_custom),
         "vision": None,
         "samplingDefaults": {**_NO_SAMPLING_PARAMS, "thinking": None, "nonThinking": None},
     }
+    if from_file is not None and from_file.get("nLayers") == card.n_layers:
+        sampling = from_file.get("samplingDefaults")
+        written.update({k: v for k, v in from_file.items() if k in written})
+        if isinstance(sampling, dict):
+            written["samplingDefaults"] = _sampling(cast(JsonObject, sampling))
+    return written
+
+
+def _sampling(given: JsonObject) -> JsonObject:
+    """Sampling defaults with every knob exo has, the ones a card file leaves out as null."""
+    sampling: JsonObject = {**_NO_SAMPLING_PARAMS, "thinking": None, "nonThinking": None}
+    sampling.update({k: v for k, v in given.items() if k in sampling})
+    for mode in ("thinking", "nonThinking"):
+        params = sampling[mode]
+        if isinstance(params, dict):
+            sampling[mode] = {
+                **_NO_SAMPLING_PARAMS,
+                **{k: v for k, v in cast(JsonObject, params).items() if k in _NO_SAMPLING_PARAMS},
+            }
+    return sampling
 
 
 def _shard_json(shard: AnyShard, card: JsonObject) -> JsonObject:

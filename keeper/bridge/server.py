@@ -13,8 +13,10 @@ import logging
 import os
 import signal
 import sys
+import tomllib
 from collections.abc import Generator
 from pathlib import Path
+from typing import cast
 
 import anyio
 import httpx
@@ -23,6 +25,7 @@ from anyio.abc import TaskStatus
 
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import ExoClient
+from keeper.bridge.exo_wire import JsonObject, camel_keys
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.master.auth import TOKEN_ENV, InsecureBindError, check_bind
@@ -117,6 +120,18 @@ def check_exo_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def exo_card_files(directory: Path) -> dict[str, JsonObject]:
+    """exo's card files in ``directory`` (already checked by ``load_model_cards``), as exo's
+    JSON spells a card, by model id."""
+    found: dict[str, JsonObject] = {}
+    for path in sorted(directory.glob("*.toml")):
+        card = camel_keys(tomllib.loads(path.read_text(encoding="utf-8")))
+        if isinstance(card, dict) and isinstance(card.get("modelId"), str):  # pyright: ignore[reportUnknownMemberType]
+            typed = cast(JsonObject, card)
+            found[typed["modelId"]] = typed
+    return found
+
+
 def run_bridge(
     exo_url: str,
     host: str = DEFAULT_HOST,
@@ -136,8 +151,10 @@ def run_bridge(
         exo_url = check_exo_url(exo_url)
         check_bind(host, token)
         cards = BUILTIN_MODEL_CARDS
+        card_files: dict[str, JsonObject] = {}
         if model_cards_dir is not None:
             cards = merge_catalogs(cards, load_model_cards(model_cards_dir))
+            card_files = exo_card_files(model_cards_dir)
     except (InsecureBindError, ModelCardError, MasterStartError) as exc:
         print(f"exo-deploy bridge: {exc}", file=sys.stderr)
         return 2
@@ -146,7 +163,8 @@ def run_bridge(
 
     async def main() -> None:
         exo = ExoClient(exo_url)
-        bridge = Bridge(exo, data_dir, config=BridgeConfig(model_cards=cards))
+        config = BridgeConfig(model_cards=cards, exo_card_files=card_files)
+        bridge = Bridge(exo, data_dir, config=config)
         try:
             async with anyio.create_task_group() as group:
 

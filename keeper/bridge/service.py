@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,6 +97,9 @@ class BridgeConfig:
     models_max_age_s: float = 60.0
     # Layer counts and sizes for models exo lists without them (exo's GET /models has none).
     model_cards: tuple[ModelCard, ...] = BUILTIN_MODEL_CARDS
+    # exo's own card files (``--model-cards DIR``) in exo's JSON spelling, by model id: what
+    # exo knows of a model beyond its list entry (see ``keeper.bridge.exo_wire``).
+    exo_card_files: Mapping[str, JsonObject] = field(default_factory=dict[str, JsonObject])
 
 
 class KeeperLike(Protocol):
@@ -575,7 +578,8 @@ class Bridge:
         if seen is not None and seen.get("nLayers") == card.n_layers:
             return exo_card(card, None, seen)
         models = await self._exo_models(need=card.model_id)
-        return exo_card(card, models.listed.get(card.model_id), seen)
+        from_file = self.config.exo_card_files.get(card.model_id)
+        return exo_card(card, models.listed.get(card.model_id), seen, from_file)
 
     def _fail(self, deployment: Deployment, error: str) -> None:
         current = self._own.deployments.get(deployment.deployment_id)

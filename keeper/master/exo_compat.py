@@ -128,7 +128,7 @@ class ExoModelCard(_Strict):
     reasoning_dialect: str = "none"
     context_length: int = 0
     uses_cfg: bool = False
-    trust_remote_code: bool = False
+    trust_remote_code: bool = True
     is_custom: bool = False
     vision: dict[str, Any] | None = None
     sampling_defaults: ExoSamplingDefaults | None = None
