@@ -532,6 +532,8 @@ class Bridge:
             elif isinstance(event, InstanceDeleted):
                 self._doomed.add(event.instance_id, now)
             elif not isinstance(event, DeploymentPlaced):  # recorded once exo shows it
+                if isinstance(event, DeploymentPlacementFailed):
+                    self._refused.pop(event.deployment_id, None)  # our placement's own reason
                 self._record([event])
 
     async def _create(self, instance: AnyInstance, deployment_id: str, now: float) -> None:
