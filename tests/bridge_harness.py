@@ -41,6 +41,7 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.down = False
         self.refuse_instances: str | None = None  # exo's 400 message for POST /instance
         self.hold_instances = False  # answer POST /instance at once, apply on release()
+        self.state_answer: tuple[int, Any] | None = None  # what GET /state answers instead
         self.held: list[httpx.Request] = []
         self.calls: list[tuple[str, str, Any]] = []
 
@@ -48,6 +49,10 @@ class ExoLink(httpx.AsyncBaseTransport):
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
         method, path = request.method, request.url.path
+        if (method, path) == ("GET", "/state") and self.state_answer is not None:
+            status, body = self.state_answer
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            return httpx.Response(status, content=content)
         if (method, path) != ("GET", "/state"):
             body = json.loads(request.content) if request.content else None
             self.calls.append((method, path, body))

@@ -13,11 +13,16 @@ from typing import Any
 
 import anyio
 import pytest
-from bridge_harness import QWEN, exo_with_bridge, wait_until
+from bridge_harness import EXO_URL, QWEN, exo_with_bridge, wait_until
 from trio.testing import MockClock
 
+from keeper.bridge.exo_client import ExoClient
+from keeper.bridge.service import Bridge
 from keeper.constants import FIRST_BACKOFF, PLACEMENT_TIMEOUT, STARTUP_GRACE
+from keeper.core import Keeper
+from keeper.events import AnyEvent
 from keeper.master.exo_compat import ExoCreateInstance
+from keeper.state import State
 
 REFUSAL = "Insufficient memory to create instance. Required: 0.3GB, Available: 0.1GB"
 
@@ -207,3 +212,60 @@ async def test_a_deletion_while_exo_is_down_is_carried_out_when_it_is_back(
         h.link.down = False
         await wait_until(lambda: not h.exo_instances(), 5, "exo's instance deleted")
         await wait_until(lambda: bridge.doomed_instances == [], 3, "nothing left to delete")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("status", "body", "reason"),
+    [
+        (500, {"error": {"message": "boom"}}, "GET /state: exo answered HTTP 500: boom"),
+        (404, {"detail": "Not Found"}, "GET /state: exo at http://exo.test answered HTTP 404"),
+        (200, b"<html>", "GET /state: exo's answer is not JSON"),
+        (200, [1, 2], "GET /state: exo's answer is not a JSON object"),
+        (200, {"runners": {"r": {"RunnerDancing": {}}}}, "GET /state: exo's State is unreadable"),
+    ],
+)
+async def test_exo_answering_what_cannot_be_used_is_an_outage_with_its_reason(
+    status: int, body: Any, reason: str
+) -> None:
+    async with exo_with_bridge() as h:
+        await h.bridge.create_deployment(QWEN)
+        h.link.state_answer = (status, body)
+        await wait_until(lambda: h.bridge.outage is not None, 3, "the outage noticed")
+        outage = h.bridge.outage
+        assert outage is not None
+        assert reason in outage.reason, outage.reason
+        await anyio.sleep(STARTUP_GRACE + 10)
+        assert h.link.posted_instances() == []  # nothing placed on what cannot be read
+        h.link.state_answer = None
+        await wait_until(lambda: h.bridge.outage is None, 3, "exo followed again")
+        await wait_until(h.serving, 10, "placed once exo's State can be read")
+
+
+@pytest.mark.anyio
+async def test_a_failing_step_is_logged_once_and_the_bridge_carries_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failing_until = anyio.current_time() + STARTUP_GRACE + 20
+
+    class FlakyKeeper(Keeper):
+        def step(self, state: State, now: float) -> list[AnyEvent]:
+            if anyio.current_time() < failing_until:
+                raise RuntimeError("keeper bug")
+            return super().step(state, now)
+
+    async with exo_with_bridge() as h:
+        bridge = Bridge(
+            ExoClient(EXO_URL, transport=h.link),
+            None,
+            keeper_factory=FlakyKeeper,
+        )
+        h.bridge_scope.cancel()
+        h.bridge = bridge
+        await h.group.start(bridge.run)
+        await bridge.create_deployment(QWEN)
+        await anyio.sleep(STARTUP_GRACE + 10)
+        assert h.link.posted_instances() == []
+        await wait_until(h.serving, 20, "serving once the step works")
+        failures = [r for r in caplog.records if "a step of the bridge failed" in r.getMessage()]
+        assert len(failures) == 1

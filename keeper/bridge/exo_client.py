@@ -96,7 +96,7 @@ class ExoClient:
         await self._http.aclose()
 
     async def state(self) -> ExoState:
-        response = await self._call("GET", "/state")
+        response = await self._get("/state")
         raw = _json_object(response, "GET /state")
         try:
             state = State.model_validate(raw)
@@ -107,7 +107,7 @@ class ExoClient:
         return ExoState(state=state, raw=raw, cards=cards_in_state(raw))
 
     async def models(self) -> ExoModels:
-        response = await self._call("GET", "/models")
+        response = await self._get("/models")
         payload = _json_object(response, "GET /models")
         return ExoModels(listed=listed_models(payload), body=response.content)
 
@@ -123,6 +123,16 @@ class ExoClient:
                 return False
             raise
         return True
+
+    async def _get(self, path: str) -> httpx.Response:
+        # A read exo refuses (a 4xx to a plain GET) means this is not an exo the bridge can
+        # follow (a wrong URL, a proxy in the way): unavailable, not a refusal of a request.
+        try:
+            return await self._call("GET", path)
+        except ExoRefusedError as exc:
+            raise ExoUnavailableError(
+                f"GET {path}: exo at {self.url} answered HTTP {exc.status}: {exc.message}"
+            ) from None
 
     async def _call(self, method: str, path: str, body: JsonObject | None = None) -> httpx.Response:
         what = f"{method} {path}"

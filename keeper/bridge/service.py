@@ -154,7 +154,7 @@ class Bridge:
         self._clock = clock
         self._keeper_factory = keeper_factory
         self._keeper: KeeperLike | None = None
-        self._keeper_error: str | None = None
+        self._last_error: str | None = None
         self._log = EventLog(self.data_dir)
         self._own = State()  # the bridge's deployments: the log's State
         self._next_idx = 0
@@ -428,7 +428,10 @@ class Bridge:
             task_status.started()
             while True:
                 started = clock.monotonic()
-                await self.tick()
+                try:
+                    await self.tick()
+                except Exception as exc:  # a bug must not stop the deployments being kept
+                    self._report_error(exc)
                 await clock.sleep(
                     max(0.0, self.config.poll_interval_s - (clock.monotonic() - started))
                 )
@@ -452,12 +455,8 @@ class Bridge:
             await self._delete_doomed(exo, now)
             if self._outage is not None:
                 return  # exo stopped answering meanwhile: this State may already be stale
-            try:
-                events = self.keeper.step(self.state, now)
-            except Exception as exc:
-                self._report_keeper_error(exc)
-                return
-            self._keeper_error = None
+            events = self.keeper.step(self.state, now)
+            self._last_error = None
             await self._act(events, now)
 
     def _exo_available(self, exo: ExoState) -> None:
@@ -474,11 +473,12 @@ class Bridge:
         else:
             self._outage = replace(self._outage, reason=reason)
 
-    def _report_keeper_error(self, exc: Exception) -> None:
+    def _report_error(self, exc: Exception) -> None:
+        # Each distinct error is logged once, with its trace, not once a second.
         described = f"{type(exc).__name__}: {exc}"
-        if described != self._keeper_error:
-            log.exception("the keeper's step failed; retrying every poll")
-            self._keeper_error = described
+        if described != self._last_error:
+            log.error("a step of the bridge failed; retrying every poll", exc_info=exc)
+            self._last_error = described
 
     def _settle_placements(self, exo: ExoState, now: float) -> None:
         """Record DeploymentPlaced for instances exo now shows; forget ones it never will."""
