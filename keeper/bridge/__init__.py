@@ -10,5 +10,6 @@ against it as against our master.
 - ``exo_wire``: our Instance in the exact JSON exo's strict parser accepts (pure);
 - ``exo_client``: the HTTP calls to exo, each with a deadline and one error type per outcome;
 - ``service``: the loop, the deployments and what the keeper's events become;
+- ``doomed``: instances to delete in exo until exo's State shows them gone;
 - ``api`` / ``server``: the HTTP API and running it.
 """
