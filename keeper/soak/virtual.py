@@ -4,9 +4,13 @@
 (``keeper.node.in_process``): node faults are its crash/freeze/partition/kill-runner methods; a
 master crash stops the running ``Master`` (its tasks are cancelled, as a kill would end them)
 and starts a new one on the same data dir after ``MASTER_DOWN_S``, which rebuilds its State
-from the event log while the nodes reconnect to it. Chats go to ``Master.chat`` directly: the
-HTTP layer adds wall-clock cost and nothing to what is being soaked (its error mapping is the
-API's tests' business), and the outcome labels are the ones HTTP would give.
+from the event log while the nodes reconnect to it.
+
+The fault plan, the invariants and the report are the process soak's. What differs is what
+costs wall time here and nothing there: chats go to ``Master.chat`` directly (the HTTP layer
+adds cost and nothing to what is soaked; the outcome labels are the ones HTTP would give), the
+clients are sparser (the run's probes still time every recovery to the second), and the nodes
+heartbeat every 5 s rather than every second (still six times inside the node timeout).
 
 Under trio's ``MockClock(autojump_threshold=0)`` the clock jumps whenever every task waits, so
 a simulated day takes a minute or two. A run is replayable: ``deterministic(seed)`` seeds the
