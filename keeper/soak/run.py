@@ -153,6 +153,7 @@ class Soak:
         self._recovering: list[_Fault] = []
         self._last_served: dict[str, float] = {}  # model -> latest send time of a reply
         self._origin = 0.0
+        self._fault_struck = anyio.Event()  # wakes the prober
 
     # --- the sequence -------------------------------------------------------------------------
 
@@ -179,6 +180,7 @@ class Soak:
             if serving:
                 settle_s = round(anyio.current_time() - back_at, 3)
             self.load.stop()
+            self._fault_struck.set()  # the prober leaves too
             await load_done.wait()
             group.cancel_scope.cancel()
         self.watch.finish()
@@ -232,6 +234,7 @@ class Soak:
             )
             self._faults.append(fault)
             self._recovering.append(fault)
+            self._fault_struck.set()
             if self._settings.say_faults:
                 self._say(self._describe(fault))
             await self._target.inject(spec)
@@ -282,7 +285,11 @@ class Soak:
                 for model in sorted(wanted - probing):
                     probing.add(model)
                     group.start_soon(probe, model)
-                await anyio.sleep(PROBE_S)
+                if wanted:
+                    await anyio.sleep(PROBE_S)
+                else:  # nothing to time: sleep until a fault strikes (or the load stops)
+                    self._fault_struck = anyio.Event()
+                    await self._fault_struck.wait()
 
     async def _progress(self) -> None:
         every = self._settings.progress_every_s
@@ -318,6 +325,7 @@ class Soak:
             fault.waiting_for = set(self._models)
             if fault not in self._recovering:
                 self._recovering.append(fault)
+            self._fault_struck.set()
 
     @staticmethod
     def _still_acting(fault: _Fault, now: float) -> bool:
