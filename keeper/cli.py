@@ -25,12 +25,10 @@ from pydantic import ValidationError
 
 from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
 from keeper.bridge.server import run_bridge
-from keeper.master.exo_compat import run_exo_compat_master
 from keeper.master.server import run_master
 from keeper.node.cluster import exit_with_parent, run_cluster
 from keeper.node.node_process import run_node_process
 from keeper.node.sim_node import NodeConfig
-from keeper.node.tuned_master import run_tuned_master
 from keeper.state import Backend, InstanceMeta, Sharding
 
 DEFAULT_URL = "http://127.0.0.1:52415"
@@ -189,19 +187,7 @@ def cmd_undeploy(args: argparse.Namespace) -> int:
 def cmd_master(args: argparse.Namespace) -> int:
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
-    if args.exo_compat:
-        return run_exo_compat_master(
-            args.host,
-            args.port,
-            args.data_dir,
-            args.token,
-            args.model_cards,
-            node_timeout_s=args.node_timeout,
-            sweep_interval_s=args.sweep_interval,
-        )
-    if args.node_timeout is None and args.sweep_interval is None:
-        return run_master(args.host, args.port, args.data_dir, args.token, args.model_cards)
-    return run_tuned_master(
+    return run_master(
         args.host,
         args.port,
         args.data_dir,
@@ -209,6 +195,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         args.model_cards,
         node_timeout_s=args.node_timeout,
         sweep_interval_s=args.sweep_interval,
+        exo_compat=args.exo_compat,
     )
 
 

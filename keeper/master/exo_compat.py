@@ -22,15 +22,8 @@ independent readings of exo's format instead of one module with itself.
 from __future__ import annotations
 
 import json
-import logging
-import os
-import signal
-import sys
-from dataclasses import replace
-from pathlib import Path
 from typing import Any, Literal
 
-import anyio
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -38,22 +31,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from keeper.api_models import CommandResponse
-from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.commands import new_id
 from keeper.events import InstanceCreated, InstanceDeleted
 from keeper.master.api import PlaceInstanceRequest
-from keeper.master.auth import TOKEN_ENV, BearerTokenMiddleware, InsecureBindError, check_bind
+from keeper.master.auth import BearerTokenMiddleware
 from keeper.master.errors import BadRequestError, NotFoundError, NotRunningError
-from keeper.master.event_log import EventLogCorruptError
 from keeper.master.http_errors import MAX_BODY_BYTES, RequestGuardMiddleware, install_error_handlers
-from keeper.master.model_cards import ModelCardError, load_model_cards, merge_catalogs
 from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
-from keeper.master.server import MasterStartError, serve
-from keeper.master.service import Master, MasterConfig
+from keeper.master.service import Master
 from keeper.master.ws import NODE_WS_PATH, serve_node_websocket
 from keeper.state import Memory, ModelCard, State
-
-log = logging.getLogger(__name__)
 
 # exo's own answer to an accepted command.
 ACCEPTED = "Command received."
@@ -337,66 +324,3 @@ def _in_body(exc: ValidationError) -> list[Any]:
     """pydantic's errors located in the request body, as FastAPI's own validation reports
     them (so ``describe_validation`` names the field, and a JSON syntax error is a 400)."""
     return [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
-
-
-def exo_compat_config(
-    cards: tuple[ModelCard, ...],
-    node_timeout_s: float | None = None,
-    sweep_interval_s: float | None = None,
-) -> MasterConfig:
-    config = MasterConfig(model_cards=cards, keeper_enabled=False, log_io_in_thread=True)
-    if node_timeout_s is not None:
-        config = replace(config, node_timeout_s=node_timeout_s)
-    if sweep_interval_s is not None:
-        config = replace(config, sweep_interval_s=sweep_interval_s)
-    return config
-
-
-def run_exo_compat_master(
-    host: str,
-    port: int,
-    data_dir: Path | None,
-    token: str | None,
-    model_cards_dir: Path | None,
-    *,
-    node_timeout_s: float | None = None,
-    sweep_interval_s: float | None = None,
-) -> int:
-    """``exo-deploy master --exo-compat``: serve until SIGINT/SIGTERM; the exit code."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    token = token or os.environ.get(TOKEN_ENV) or None
-    try:
-        check_bind(host, token)
-        cards = BUILTIN_MODEL_CARDS
-        if model_cards_dir is not None:
-            cards = merge_catalogs(cards, load_model_cards(model_cards_dir))
-    except (InsecureBindError, ModelCardError) as exc:
-        print(f"exo-deploy master: {exc}", file=sys.stderr)
-        return 2
-    master = Master(data_dir, config=exo_compat_config(cards, node_timeout_s, sweep_interval_s))
-    log.info("serving exo's API (--exo-compat): no keeper, no deployments endpoints")
-
-    async def main() -> None:
-        async with anyio.create_task_group() as group:
-
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for received in signals:
-                        log.info("%s: shutting down", signal.Signals(received).name)
-                        group.cancel_scope.cancel()
-                        return
-
-            group.start_soon(stop_on_signal)
-            await serve(master, host, port, token, app_factory=create_exo_compat_app)
-            group.cancel_scope.cancel()
-
-    failures: list[str] = []
-    try:
-        anyio.run(main, backend="asyncio")
-    except* (MasterStartError, EventLogCorruptError, OSError) as errors:
-        failures = [str(exc) for exc in errors.exceptions]
-    for failure in failures:
-        print(f"exo-deploy master: {failure}", file=sys.stderr)
-    return 1 if failures else 0
