@@ -31,7 +31,7 @@ from exo_deploy_tui.model import (
     Summary,
 )
 from exo_deploy_tui.timeline import Level, TimelineEntry
-from exo_deploy_tui.widgets.table import Column
+from exo_deploy_tui.widgets.table import Cell, Cells, Column
 from keeper.api_models import DeploymentStatus, WaitReason
 
 # Only measures and wraps text for fit_lines; it never prints.
@@ -54,9 +54,9 @@ WAIT_WORD: dict[WaitReason, str] = {
 WIDE_TABLE_FROM = 110
 
 
-def _cell(text: str, style: str, width: int) -> Text:
+def _cell(text: str, style: str, width: int) -> Cell:
     # One column of padding on the right, drawn by us: DataTable's padding costs two per column.
-    return Text(truncate(text, width - 1), style=style, no_wrap=True, overflow="ellipsis")
+    return (truncate(text, width - 1), style)
 
 
 # --- deployments --------------------------------------------------------------------------
@@ -111,7 +111,7 @@ def age_text(row: DeploymentRow) -> str:
     return duration(row.in_status_s) + ("" if row.in_status_known else "+")
 
 
-def deployment_cells(row: DeploymentRow, columns: tuple[Column, ...]) -> tuple[Text, ...]:
+def deployment_cells(row: DeploymentRow, columns: tuple[Column, ...]) -> Cells:
     values: dict[str, tuple[str, str]] = {
         "status": (status_text(row), f"bold {STATUS_COLOR[row.status]}"),
         "model": (short_model(row.model_id), "bold" if row.broken else ""),
@@ -203,7 +203,7 @@ def liveness_text(row: NodeRow) -> tuple[str, str]:
     return "● alive", "green"
 
 
-def node_cells(row: NodeRow, columns: tuple[Column, ...]) -> tuple[Text, ...]:
+def node_cells(row: NodeRow, columns: tuple[Column, ...]) -> Cells:
     if row.ram_total is not None and row.ram_used is not None:
         memory = f"{gigabytes(row.ram_used)}/{gigabytes(row.ram_total)}"
     else:
@@ -253,8 +253,8 @@ def runner_status_text(runner: RunnerRow) -> tuple[str, str]:
 
 def instance_table_rows(
     instances: list[InstanceRow], columns: tuple[Column, ...]
-) -> list[tuple[str, tuple[Text, ...]]]:
-    rows: list[tuple[str, tuple[Text, ...]]] = []
+) -> list[tuple[str, Cells]]:
+    rows: list[tuple[str, Cells]] = []
     for instance in instances:
         ready = sum(1 for r in instance.runners if r.status in ("Ready", "Running"))
         head: dict[str, tuple[str, str]] = {

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_model
+from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_id, short_model
 from exo_deploy_tui.timeline import (
     Timeline,
     TimelineEntry,
@@ -198,6 +198,17 @@ class _Gone:
     last_seen: float | None  # when it was last heard of, on our clock
 
 
+@dataclass(frozen=True)
+class _Derived:
+    """What every view needs from one State, computed once per State (States are immutable,
+    so the object itself is the cache key)."""
+
+    statuses: dict[DeploymentId, DeploymentStatus]
+    ready_nodes: dict[str, tuple[NodeId, ...]]  # per model: the nodes of a ready instance
+    instances_of: dict[str, list[AnyInstance]]  # per model
+    names: dict[NodeId, str]  # friendly names, gone nodes included
+
+
 # --- pure helpers ---------------------------------------------------------------------------
 
 
@@ -285,6 +296,8 @@ class ClusterModel:
     _silent: set[NodeId] = field(default_factory=set)
     # True once the first snapshot has been taken in: from then on we see statuses begin.
     _watching: bool = False
+    _derived: _Derived | None = None
+    _derived_from: State | None = None
 
     # -- input ------------------------------------------------------------------------------
 
@@ -369,6 +382,41 @@ class ClusterModel:
         elif isinstance(event, NodeGatheredInfo):
             self._gone.pop(event.node_id, None)
 
+    def derived(self) -> _Derived:
+        state = self.state
+        if self._derived is not None and self._derived_from is state:
+            return self._derived
+        instances_of: dict[str, list[AnyInstance]] = {}
+        ready_nodes: dict[str, tuple[NodeId, ...]] = {}
+        for instance in state.instances.values():
+            model = instance.shard_assignments.model_id
+            instances_of.setdefault(model, []).append(instance)
+            if model not in ready_nodes and instance_ready(instance, state):
+                ready_nodes[model] = tuple(instance.shard_assignments.node_to_runner)
+        statuses: dict[DeploymentId, DeploymentStatus] = {}
+        for d_id, deployment in state.deployments.items():
+            model = deployment.model_card.model_id
+            if model in ready_nodes:
+                statuses[d_id] = "serving"
+            elif model in instances_of:
+                statuses[d_id] = "starting"
+            elif deployment.placement_error is not None:
+                statuses[d_id] = "cant_place"
+            else:
+                statuses[d_id] = "placing"
+        names = self.remembered_names()
+        names.update(
+            (node_id, identity.friendly_name)
+            for node_id, identity in state.node_identities.items()
+            if identity.friendly_name
+        )
+        self._derived = _Derived(statuses, ready_nodes, instances_of, names)
+        self._derived_from = state
+        return self._derived
+
+    def name_of(self, node_id: NodeId) -> str:
+        return self.derived().names.get(node_id) or short_id(node_id)
+
     def remembered_names(self) -> dict[NodeId, str]:
         """Names of nodes that have left, which the State no longer carries."""
         return {node_id: gone.name for node_id, gone in self._gone.items()}
@@ -403,7 +451,8 @@ class ClusterModel:
         self.connection = Connection(update.mode, update.detail, update.retry_in_s, stale_since)
 
     def _settle(self, now: float) -> None:
-        statuses = deployment_statuses(self.state)
+        derived = self.derived()
+        statuses = derived.statuses
         for d_id in [d for d in self._tracked if d not in statuses]:
             del self._tracked[d_id]
         entries: list[TimelineEntry] = []
@@ -430,18 +479,10 @@ class ClusterModel:
                     tracked.outage_since = None
                 tracked.status, tracked.since, tracked.known = status, now, True
             if status == "serving":
-                tracked.serving_on = self._serving_nodes(model)
+                tracked.serving_on = derived.ready_nodes.get(model, ())
         self.timeline.extend(entries)
         self._watching = self._watching or self.has_data
         self._check_silence(now)
-
-    def _serving_nodes(self, model_id: str) -> tuple[NodeId, ...]:
-        for instance in self.state.instances.values():
-            if instance.shard_assignments.model_id == model_id and instance_ready(
-                instance, self.state
-            ):
-                return tuple(instance.shard_assignments.node_to_runner)
-        return ()
 
     def _outage_start(self, nodes: tuple[NodeId, ...], now: float) -> float:
         """When serving really stopped: if a node it ran on fell silent or left, the last time
@@ -497,10 +538,10 @@ class ClusterModel:
 
     def deployment_rows(self, now: float) -> list[DeploymentRow]:
         state = self.state
-        statuses = deployment_statuses(state)
-        by_model: dict[str, list[AnyInstance]] = {}
-        for instance in state.instances.values():
-            by_model.setdefault(instance.shard_assignments.model_id, []).append(instance)
+        derived = self.derived()
+        statuses = derived.statuses
+        by_model = derived.instances_of
+        names = derived.names
         rows: list[DeploymentRow] = []
         for d_id, deployment in state.deployments.items():
             model = deployment.model_card.model_id
@@ -517,7 +558,7 @@ class ClusterModel:
                     model_id=model,
                     status=status,
                     instance_id=instance.instance_id if instance else None,
-                    nodes=_node_names(instance, state) if instance else (),
+                    nodes=_node_names(instance, names) if instance else (),
                     in_status_s=now - tracked.since if tracked else 0.0,
                     in_status_known=tracked.known if tracked else False,
                     placement_error=deployment.placement_error,
@@ -549,7 +590,7 @@ class ClusterModel:
             rows.append(
                 NodeRow(
                     node_id=node_id,
-                    name=node_name(node_id, state),
+                    name=self.name_of(node_id),
                     liveness="silent" if quiet is not None and quiet >= SILENT_AFTER_S else "alive",
                     quiet_for_s=quiet,
                     ram_used=(
@@ -559,7 +600,7 @@ class ClusterModel:
                     ),
                     ram_total=memory.ram_total.in_bytes if memory else None,
                     backends=tuple(str(b) for b in state.node_backends.get(node_id, [])),
-                    links=tuple(node_name(s, state) for s, edges in sinks.items() if edges),
+                    links=tuple(self.name_of(s) for s, edges in sinks.items() if edges),
                     runners=tuple(runners_on.get(node_id, [])),
                     chip=identity.chip_id if identity else "",
                 )
@@ -591,7 +632,7 @@ class ClusterModel:
                     RunnerRow(
                         runner_id=runner_id,
                         node_id=node_id,
-                        node_name=node_name(node_id, state, remembered=self.remembered_names()),
+                        node_name=self.name_of(node_id),
                         rank=shard.device_rank if shard else 0,
                         start_layer=shard.start_layer if shard else 0,
                         end_layer=shard.end_layer if shard else 0,
@@ -616,14 +657,19 @@ class ClusterModel:
         return rows
 
     def summary(self, now: float) -> Summary:
-        nodes = self.node_rows(now)
+        silent = 0
+        for node_id in self.state.topology.nodes:
+            quiet = self._quiet_for(node_id, now)
+            if quiet is not None and quiet >= SILENT_AFTER_S:
+                silent += 1
+        present = set(self.state.topology.nodes)
         by_status: dict[DeploymentStatus, int] = {}
-        for status in deployment_statuses(self.state).values():
+        for status in self.derived().statuses.values():
             by_status[status] = by_status.get(status, 0) + 1
         return Summary(
-            nodes_alive=sum(1 for n in nodes if n.liveness == "alive"),
-            nodes_silent=sum(1 for n in nodes if n.liveness == "silent"),
-            nodes_gone=sum(1 for n in nodes if n.liveness == "gone"),
+            nodes_alive=len(present) - silent,
+            nodes_silent=silent,
+            nodes_gone=sum(1 for n in self._gone if n not in present),
             by_status=by_status,
             deployments=len(self.state.deployments),
             instances=len(self.state.instances),
@@ -643,8 +689,8 @@ def _instance_for(deployment: Deployment, instances: list[AnyInstance]) -> AnyIn
     return instances[0] if instances else None
 
 
-def _node_names(instance: AnyInstance, state: State) -> tuple[str, ...]:
-    return tuple(node_name(n, state) for n in instance.shard_assignments.node_to_runner)
+def _node_names(instance: AnyInstance, names: dict[NodeId, str]) -> tuple[str, ...]:
+    return tuple(names.get(n) or short_id(n) for n in instance.shard_assignments.node_to_runner)
 
 
 def _progress(instance: AnyInstance | None, state: State) -> float | None:

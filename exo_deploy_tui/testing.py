@@ -36,6 +36,7 @@ from keeper.state import (
     Memory,
     MemoryUsage,
     MlxRingInstance,
+    ModelCard,
     Multiaddr,
     NodeIdentity,
     PipelineShardMetadata,
@@ -134,9 +135,11 @@ class ClusterBuilder:
         next_attempt_in_s: float | None = None,
         waiting: WaitReason | None = None,
         status: DeploymentStatus = "placing",
+        card: ModelCard | None = None,
     ) -> ClusterBuilder:
-        """A deployment of a catalog model; ``on`` places an instance on those nodes."""
-        card = catalog_by_id()[model_id]
+        """A deployment of a catalog model (or of ``card``); ``on`` places an instance on those
+        nodes."""
+        card = card or catalog_by_id()[model_id]
         slug = model_id.rsplit("/", 1)[-1].lower()
         deployment_id = f"dep-{slug}"
         instance_id = f"inst-{slug}" if on else None
@@ -232,6 +235,13 @@ class ScriptedClient:
             emit(update)
         async for update in self._receive:
             emit(update)
+            # Hand over everything already queued at once, as a socket read hands over a
+            # whole buffer, rather than one update per turn of the event loop.
+            while True:
+                try:
+                    emit(self._receive.receive_nowait())
+                except anyio.WouldBlock:
+                    break
 
     async def models(self) -> list[ModelListEntry]:
         return list(self.models_list)

@@ -144,7 +144,7 @@ async def test_the_main_view_lists_deployments_broken_first() -> None:
         await ready(pilot)
         assert shown_models(app) == [DEEPSEEK, LLAMA, QWEN30, QWEN]
         table = app.dashboard.query_one(DeploymentsTable)
-        first = [cell.plain.strip() for cell in table.get_row_at(0)]
+        first = [text.strip() for text, _ in table.row_at(0)]
         assert first[:2] == ["✖ cant_place", "DeepSeek-V3.1-4bit"]
         assert "retry 25s" in first
 
@@ -416,7 +416,7 @@ async def test_countdowns_tick_without_refetching() -> None:
         table = app.dashboard.query_one(DeploymentsTable)
 
         def next_cell() -> str:
-            return " ".join(cell.plain for cell in table.get_row("dep-llama-3.2-1b-instruct-4bit"))
+            return " ".join(text for text, _ in table.row("dep-llama-3.2-1b-instruct-4bit"))
 
         assert "backoff 40s" in next_cell()
         clock.now += 3

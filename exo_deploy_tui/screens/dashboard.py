@@ -15,7 +15,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Container, Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input
+from textual.widgets import Footer, Input
 
 from exo_deploy_tui.commands import ParseError, parse_command
 from exo_deploy_tui.model import DeploymentRow, SortKey, sort_rows
@@ -34,6 +34,7 @@ from exo_deploy_tui.widgets.panels import (
     TabBar,
     TimelineView,
 )
+from exo_deploy_tui.widgets.table import KeyedTable
 
 if TYPE_CHECKING:
     from exo_deploy_tui.app import DashboardApp
@@ -127,8 +128,8 @@ class DashboardScreen(Screen[None]):
 
     def render_model(self) -> None:
         """Show the app's model as of the app's clock; cheap when nothing changed."""
-        if not self.is_mounted:
-            return
+        if not self.is_mounted or not self.query(HeaderBar):
+            return  # not composed yet, or being torn down on exit
         app = self.dash
         model, now = app.model, app.now()
         summary = model.summary(now)
@@ -145,12 +146,19 @@ class DashboardScreen(Screen[None]):
         table = self.query_one(DeploymentsTable)
         table.show(self.visible_rows)
         self.query_one(DetailStrip).show(self.selected_row())
-        nodes = model.node_rows(now)
-        self.query_one(NodesTable).show(nodes)
-        instances = model.instance_rows()
-        self.query_one(InstancesTable).show(instances)
-        self.query_one(TimelineView).show(model.timeline)
-        self._show_titles(len(rows), len(shown), len(nodes), len(instances))
+        # Hidden panels (compact layout) are not rendered at all: on a big cluster the instances
+        # table alone is a thousand rows. Showing a tab renders it at once.
+        if self._visible("nodes"):
+            self.query_one(NodesTable).show(model.node_rows(now))
+        if self._visible("instances"):
+            self.query_one(InstancesTable).show(model.instance_rows())
+        if self._visible("timeline"):
+            self.query_one(TimelineView).show(model.timeline)
+        nodes = summary.nodes_alive + summary.nodes_silent + summary.nodes_gone
+        self._show_titles(len(rows), len(shown), nodes, summary.instances)
+
+    def _visible(self, panel: str) -> bool:
+        return self.wide or self.active_tab == panel
 
     def _show_titles(self, total: int, shown: int, nodes: int, instances: int) -> None:
         arrow = "↓" if self.sort_reverse else "↑"
@@ -182,12 +190,12 @@ class DashboardScreen(Screen[None]):
                 return row
         return self.visible_rows[0] if self.visible_rows else None
 
-    @on(DataTable.RowHighlighted, "#deployments")
+    @on(KeyedTable.CursorMoved, "#deployments")
     def _on_highlight(self) -> None:
         self.query_one(DetailStrip).show(self.selected_row())
 
-    @on(DataTable.RowSelected, "#deployments")
-    def _on_select(self, event: DataTable.RowSelected) -> None:
+    @on(KeyedTable.RowSelected, "#deployments")
+    def _on_select(self, event: KeyedTable.RowSelected) -> None:
         event.stop()
         self.action_describe()
 

@@ -116,7 +116,7 @@ class SizedTable(KeyedTable):
 
 class DeploymentsTable(SizedTable):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "select_cursor", "Describe", key_display="⏎"),
+        Binding("enter", "select", "Describe", key_display="⏎"),
     ]
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -139,17 +139,11 @@ class DeploymentsTable(SizedTable):
 
 
 class SecondaryTable(SizedTable):
-    """A table whose cursor shows only while it has focus: on a dashboard of several panels a
-    highlighted row in an unfocused one reads as if it meant something."""
+    """A panel beside the deployments: its cursor shows only while it has focus."""
 
-    def on_mount(self) -> None:
-        self.show_cursor = self.has_focus
-
-    def on_focus(self) -> None:
-        self.show_cursor = True
-
-    def on_blur(self) -> None:
-        self.show_cursor = False
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.cursor_when_blurred = False
 
 
 class NodesTable(SecondaryTable):
@@ -179,14 +173,24 @@ class DetailStrip(TextLine):
         self.show_text(detail_text(row, width, self.LINES))
 
 
+# Lines the timeline panel keeps: hours of a busy cluster's story; each line is a rendered Strip,
+# so keeping the whole model timeline (1 000 entries) here would only weigh on memory and GC.
+TIMELINE_LINES_SHOWN = 500
+
+
 class TimelineView(RichLog):
     """The timeline, appended to as it grows; never rewritten."""
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, wrap=True, markup=False, highlight=False, max_lines=2000)
+        super().__init__(
+            id=id, wrap=True, markup=False, highlight=False, max_lines=TIMELINE_LINES_SHOWN
+        )
         self._appended = 0
 
     def show(self, timeline: Timeline) -> None:
-        for entry in timeline.since(self._appended):
-            self.write(timeline_line(entry))
+        new = timeline.since(self._appended)
         self._appended = timeline.appended
+        if new:
+            # One write for the whole batch: a recovery adds hundreds of entries at once, and
+            # each write renders and wraps on its own.
+            self.write(Text("\n").join(timeline_line(entry) for entry in new))

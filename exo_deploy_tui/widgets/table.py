@@ -1,20 +1,36 @@
-"""A DataTable that is handed whole lists of rows and changes only what differs.
+"""A table that is handed whole lists of rows and draws only the lines on screen.
 
-The dashboard redraws from the model after every batch of updates and every second; rebuilding
-a 500-row table each time would cost a frame and lose the operator's place. ``KeyedTable.sync``
-updates the cells that changed, removes rows that went, and only rebuilds when rows were added
-or reordered, putting the cursor back on the same row key (the same deployment) every time.
+The dashboard redraws from the model after every batch of updates and every second, on
+clusters of hundreds of deployments whose rows come, go and re-sort. Textual's DataTable keeps
+a row object per row and re-sorts all of them on every removal (a node lost with 60 instances
+cost 300 ms); this table keeps a plain list of ``(key, cells)`` and renders lines on demand
+(Textual's line API), so a sync costs a list copy and a frame costs the visible lines, however
+many rows there are or however they changed.
+
+Cells are ``(text, style)`` pairs already cut to their column's width. The cursor follows its
+row key: when rows come, go or re-sort it stays on the same row (the same deployment), and when
+that row goes it stays at the same height.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from rich.text import Text
-from textual.widgets import DataTable
+from rich.cells import cell_len
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
-Cells = tuple[Text, ...]
+# One cell: its text, already cut to the column's width, and a Rich style string.
+Cell = tuple[str, str]
+Cells = tuple[Cell, ...]
 
 
 @dataclass(frozen=True)
@@ -24,98 +40,252 @@ class Column:
     width: int
 
 
-class KeyedTable(DataTable[Text]):
-    """Rows identified by string keys; the highlighted key survives every sync."""
+class KeyedTable(ScrollView, can_focus=True):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "keyed-table--header",
+        "keyed-table--cursor",
+        "keyed-table--cursor-blurred",
+    }
+    DEFAULT_CSS = """
+    KeyedTable {
+        background: $surface;
+        color: $foreground;
+        overflow-x: hidden;
+        overflow-y: auto;
+        scrollbar-size-vertical: 1;
+    }
+    KeyedTable > .keyed-table--header {
+        text-style: bold;
+        background: $panel;
+    }
+    KeyedTable > .keyed-table--cursor {
+        background: $block-cursor-background;
+        color: $block-cursor-foreground;
+        text-style: bold;
+    }
+    KeyedTable > .keyed-table--cursor-blurred {
+        background: $block-cursor-blurred-background;
+        color: $block-cursor-blurred-foreground;
+    }
+    KeyedTable:ansi > .keyed-table--header {
+        background: ansi_bright_black;
+        color: ansi_default;
+    }
+    KeyedTable:ansi > .keyed-table--cursor {
+        background: ansi_blue;
+        color: ansi_bright_white;
+    }
+    KeyedTable:ansi > .keyed-table--cursor-blurred {
+        background: ansi_bright_black;
+        color: ansi_default;
+    }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up,k_up", "cursor_up", "Up", show=False),
+        Binding("down", "cursor_down", "Down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+        Binding("home", "first", "First", show=False),
+        Binding("end", "last", "Last", show=False),
+        Binding("enter", "select", "Select", show=False),
+    ]
 
-    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(
-            id=id,
-            classes=classes,
-            cursor_type="row",
-            cell_padding=0,
-            zebra_stripes=False,
-        )
+    class CursorMoved(Message):
+        """The cursor is on another row (``key`` is None when the table is empty)."""
+
+        def __init__(self, table: KeyedTable, key: str | None) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+
+        @property
+        def control(self) -> KeyedTable:
+            return self.table
+
+    class RowSelected(Message):
+        """Enter (or a double click) on a row."""
+
+        def __init__(self, table: KeyedTable, key: str) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+
+        @property
+        def control(self) -> KeyedTable:
+            return self.table
+
+    def __init__(
+        self,
+        *,
+        id: str | None = None,
+        classes: str | None = None,
+        cursor_when_blurred: bool = True,
+    ) -> None:
+        super().__init__(id=id, classes=classes)
+        self.cursor_row = 0
+        # A secondary panel's cursor shows only while it has focus: on a screen of several
+        # panels a highlighted row in an unfocused one reads as if it meant something.
+        self.cursor_when_blurred = cursor_when_blurred
         self._columns: tuple[Column, ...] = ()
         self._rows: list[tuple[str, Cells]] = []
+        self._styles: dict[str, Style] = {}
+
+    # -- data -------------------------------------------------------------------------------------
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        return self._columns
 
     def set_columns(self, columns: Sequence[Column]) -> None:
-        if tuple(columns) == self._columns:
-            return
-        keep = self.selected_key
-        self._columns = tuple(columns)
-        self.clear(columns=True)
-        for column in columns:
-            self.add_column(Text(column.label, style="bold"), width=column.width, key=column.key)
-        # Same rows, blank until the owner shows them again in the new columns; every cell then
-        # differs from the empty tuple kept here, so the next sync fills them all.
-        blank = tuple(Text() for _ in columns)
-        for key, _ in self._rows:
-            self.add_row(*blank, key=key)
-        self._rows = [(key, ()) for key, _ in self._rows]
-        if keep is not None:
-            self.select_key(keep)
+        if tuple(columns) != self._columns:
+            self._columns = tuple(columns)
+            self._resize_virtual()
+            self.refresh()
+
+    @property
+    def keys(self) -> list[str]:
+        return [key for key, _ in self._rows]
+
+    @property
+    def row_count(self) -> int:
+        return len(self._rows)
+
+    def row(self, key: str) -> Cells:
+        for row_key, cells in self._rows:
+            if row_key == key:
+                return cells
+        raise KeyError(key)
+
+    def row_at(self, index: int) -> Cells:
+        return self._rows[index][1]
 
     @property
     def selected_key(self) -> str | None:
-        """The key of the row under the cursor, read from the cursor itself (not from the
-        highlight messages, which arrive later than the keys that moved it)."""
         row = self.cursor_row
         return self._rows[row][0] if 0 <= row < len(self._rows) else None
 
     def sync(self, rows: Sequence[tuple[str, Cells]]) -> None:
+        if len(rows) == len(self._rows) and all(
+            a == b for a, b in zip(rows, self._rows, strict=True)
+        ):
+            return
         keep = self.selected_key
-        wanted = [key for key, _ in rows]
-        current = [key for key, _ in self._rows]
-        if wanted == current:
-            self._update_cells(rows)
-            self._rows = list(rows)
-            return
-        if _is_subsequence(wanted, current):
-            for key in set(current) - set(wanted):
-                self.remove_row(key)
-            self._update_cells(rows)
-        else:
-            self._rebuild(rows)
+        previous = self.keys
         self._rows = list(rows)
-        self._reselect(keep, wanted, current)
-
-    def _update_cells(self, rows: Sequence[tuple[str, Cells]]) -> None:
-        old = dict(self._rows)
-        keys = [c.key for c in self._columns]
-        for key, cells in rows:
-            before = old.get(key, ())
-            for index, (column, value) in enumerate(zip(keys, cells, strict=False)):
-                if index >= len(before) or before[index] != value:
-                    self.update_cell(key, column, value)
-
-    def _rebuild(self, rows: Sequence[tuple[str, Cells]]) -> None:
-        scroll_y = self.scroll_y
-        self.clear()
-        for key, cells in rows:
-            self.add_row(*cells, key=key)
-        self.scroll_to(y=scroll_y, animate=False, immediate=True)
-
-    def _reselect(self, keep: str | None, wanted: list[str], previous: list[str]) -> None:
-        if not wanted:
-            return
-        if keep in wanted:
-            row = wanted.index(keep)
-        else:
-            # The selected row went: stay at the same height, on the row that took its place.
-            old = previous.index(keep) if keep in previous else 0
-            row = min(old, len(wanted) - 1)
-        self.move_cursor(row=row, animate=False)
+        wanted = self.keys
+        self._resize_virtual()
+        if wanted != previous:
+            if keep in wanted:
+                row = wanted.index(keep)
+            else:
+                # The selected row went: stay at the same height, on the row that took its place.
+                row = previous.index(keep) if keep in previous else self.cursor_row
+            self._move_to(min(max(row, 0), max(len(wanted) - 1, 0)), announce=keep not in wanted)
+        self.refresh()
 
     def select_key(self, key: str) -> None:
         keys = self.keys
         if key in keys:
-            self.move_cursor(row=keys.index(key), animate=False)
+            self._move_to(keys.index(key))
+
+    # -- cursor -----------------------------------------------------------------------------------
 
     @property
-    def keys(self) -> list[str]:
-        return [k for k, _ in self._rows]
+    def _page(self) -> int:
+        return max(1, self.size.height - 1)  # rows on screen under the header
 
+    def _move_to(self, row: int, *, announce: bool = True) -> None:
+        row = min(max(row, 0), max(len(self._rows) - 1, 0))
+        moved = row != self.cursor_row
+        self.cursor_row = row
+        top = int(self.scroll_y)
+        if row < top:
+            self.scroll_to(y=row, animate=False, immediate=True)
+        elif row >= top + self._page:
+            self.scroll_to(y=row - self._page + 1, animate=False, immediate=True)
+        self.refresh()
+        if moved or announce:
+            self.post_message(self.CursorMoved(self, self.selected_key))
 
-def _is_subsequence(short: list[str], long: list[str]) -> bool:
-    it = iter(long)
-    return len(short) <= len(long) and all(key in it for key in short)
+    def action_cursor_up(self) -> None:
+        self._move_to(self.cursor_row - 1)
+
+    def action_cursor_down(self) -> None:
+        self._move_to(self.cursor_row + 1)
+
+    def action_page_up(self) -> None:
+        self._move_to(self.cursor_row - self._page)
+
+    def action_page_down(self) -> None:
+        self._move_to(self.cursor_row + self._page)
+
+    def action_first(self) -> None:
+        self._move_to(0)
+
+    def action_last(self) -> None:
+        self._move_to(len(self._rows) - 1)
+
+    def action_select(self) -> None:
+        key = self.selected_key
+        if key is not None:
+            self.post_message(self.RowSelected(self, key))
+
+    def on_click(self, event: events.Click) -> None:
+        if event.y < 1:
+            return
+        row = int(self.scroll_y) + event.y - 1
+        if 0 <= row < len(self._rows):
+            self._move_to(row)
+            if event.chain >= 2:
+                self.action_select()
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
+
+    # -- drawing ----------------------------------------------------------------------------------
+
+    def _resize_virtual(self) -> None:
+        width = sum(c.width for c in self._columns)
+        self.virtual_size = Size(width, len(self._rows) + 1)
+
+    def _style(self, spec: str) -> Style:
+        style = self._styles.get(spec)
+        if style is None:
+            style = self._styles[spec] = Style.parse(spec) if spec else Style()
+        return style
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles.clear()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        base = self.rich_style
+        if y == 0:
+            header = base + self.get_component_rich_style("keyed-table--header")
+            cells = tuple((c.label, "") for c in self._columns)
+            return self._strip(cells, header, None, width)
+        index = int(self.scroll_y) + y - 1
+        if index >= len(self._rows):
+            return Strip.blank(width, base)
+        cursor: Style | None = None
+        if index == self.cursor_row:
+            if self.has_focus:
+                cursor = self.get_component_rich_style("keyed-table--cursor")
+            elif self.cursor_when_blurred:
+                cursor = self.get_component_rich_style("keyed-table--cursor-blurred")
+        return self._strip(self._rows[index][1], base, cursor, width)
+
+    def _strip(self, cells: Cells, base: Style, cursor: Style | None, width: int) -> Strip:
+        segments: list[Segment] = []
+        for column, (text, spec) in zip(self._columns, cells, strict=False):
+            pad = column.width - cell_len(text)
+            style = base + self._style(spec)
+            if cursor is not None:
+                style += cursor
+            segments.append(Segment(text + " " * pad if pad > 0 else text, style))
+        fill = base + cursor if cursor is not None else base
+        return Strip(segments).adjust_cell_length(width, fill)
