@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -48,9 +48,7 @@ from keeper.bridge.exo_client import (
 )
 from keeper.bridge.exo_wire import JsonObject, create_instance_body, deployment_card, exo_card
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.commands import new_id
 from keeper.constants import PLACEMENT_TIMEOUT, STARTUP_GRACE
-from keeper.core import DeploymentTimer, Keeper, deployment_status
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
@@ -61,14 +59,24 @@ from keeper.events import (
     InstanceDeleted,
 )
 from keeper.master.clock import AnyioClock, Clock, iso_utc
+from keeper.master.deployments import (
+    check_min_nodes,
+    created_response,
+    deleted_response,
+    deployment_views,
+    existing_deployment,
+    new_deployment,
+    placement_enums,
+    shown,
+)
 from keeper.master.errors import (
     BadRequestError,
-    ConflictError,
     MasterError,
     NotFoundError,
     NotRunningError,
 )
 from keeper.master.event_log import EventLog
+from keeper.master.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
 from keeper.placement import place_instance
 from keeper.state import (
     AnyInstance,
@@ -80,8 +88,6 @@ from keeper.state import (
 )
 
 log = logging.getLogger(__name__)
-
-PlaceFn = Callable[[State, ModelCard, Sharding, InstanceMeta, int], AnyInstance]
 
 
 @dataclass(frozen=True)
@@ -100,19 +106,6 @@ class BridgeConfig:
     # exo's own card files (``--model-cards DIR``) in exo's JSON spelling, by model id: what
     # exo knows of a model beyond its list entry (see ``keeper.bridge.exo_wire``).
     exo_card_files: Mapping[str, JsonObject] = field(default_factory=dict[str, JsonObject])
-
-
-class KeeperLike(Protocol):
-    def step(self, state: State, now: float) -> list[AnyEvent]: ...
-    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]: ...
-    def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]: ...
-
-
-KeeperFactory = Callable[[float, PlaceFn], KeeperLike]
-
-
-def _default_keeper(started_at: float, place: PlaceFn) -> KeeperLike:
-    return Keeper(started_at, place=place)
 
 
 class ExoDownError(MasterError):
@@ -145,7 +138,7 @@ class Bridge:
         clock: Clock | None = None,
         config: BridgeConfig | None = None,
         *,
-        keeper_factory: KeeperFactory = _default_keeper,
+        keeper_factory: KeeperFactory = default_keeper,
     ) -> None:
         self.exo = exo
         self.data_dir = Path(data_dir) if data_dir is not None else None
@@ -228,40 +221,14 @@ class Bridge:
         return body
 
     def deployments_view(self) -> DeploymentsResponse:
-        state = self.state
-        timers: dict[str, DeploymentTimer] = {}
-        now = 0.0
-        wall: datetime | None = None
-        if self._keeper is not None and self._clock is not None:
-            now = self._clock.monotonic()
-            wall = self._clock.wall()
-            timers = self._keeper.timers(state, now)
-        views: list[DeploymentView] = []
-        for deployment_id in sorted(state.deployments):
-            deployment = state.deployments[deployment_id]
-            timer = timers.get(deployment_id)
-            next_at = timer.next_attempt_at if timer is not None else None
-            waiting = timer.waiting if timer is not None else None
-            if waiting == "placement_in_flight" and deployment_id in self._refused:
-                waiting = "unplaceable_retry"  # exo said no; the keeper tries again after this
-            views.append(
-                DeploymentView(
-                    deployment=deployment,
-                    status=deployment_status(deployment, state),
-                    failures=timer.failures if timer is not None else 0,
-                    next_attempt_at=(
-                        iso_utc(wall + timedelta(seconds=next_at - now))
-                        if next_at is not None and wall is not None
-                        else None
-                    ),
-                    next_attempt_in_s=(
-                        round(max(0.0, next_at - now), 3) if next_at is not None else None
-                    ),
-                    waiting=waiting,
-                    detail=self._detail(deployment_id),
-                )
-            )
-        return DeploymentsResponse(deployments=views)
+        views = deployment_views(self.state, self._keeper, self._clock, self._detail)
+        return DeploymentsResponse(deployments=[self._refusalshown(view) for view in views])
+
+    def _refusalshown(self, view: DeploymentView) -> DeploymentView:
+        # exo said no to the keeper's placement; the keeper tries again after this wait.
+        if view.waiting == "placement_in_flight" and view.deployment.deployment_id in self._refused:
+            return view.model_copy(update={"waiting": "unplaceable_retry"})
+        return view
 
     def _detail(self, deployment_id: str) -> str | None:
         if self._outage is not None:
@@ -306,47 +273,22 @@ class Bridge:
     async def create_deployment(
         self,
         model_id: str,
-        sharding: Sharding = Sharding.PIPELINE,
-        instance_meta: InstanceMeta = InstanceMeta.MLX_RING,
+        sharding: Sharding | str = Sharding.PIPELINE,
+        instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
     ) -> CommandResponse:
         card = await self._deployment_card(model_id)
-        if min_nodes > card.n_layers:
-            raise BadRequestError(
-                f"min_nodes {min_nodes} is more than {model_id} has layers ({card.n_layers}); "
-                "no cluster could place it",
-                param="min_nodes",
-            )
+        sharding_, meta = placement_enums(sharding, instance_meta)
+        check_min_nodes(card, min_nodes)
         async with self._lock:
-            for existing in self._own.deployments.values():
-                if existing.model_card.model_id == model_id:
-                    raise ConflictError(
-                        f"Model {model_id} already has deployment {existing.deployment_id}; "
-                        "delete it first to change its settings",
-                        param="model_id",
-                    )
-            deployment = Deployment(
-                deployment_id=new_id(),
-                model_card=card,
-                sharding=Sharding(sharding),
-                instance_meta=InstanceMeta(instance_meta),
-                min_nodes=min_nodes,
-            )
+            deployment = new_deployment(self._own.deployments, card, sharding_, meta, min_nodes)
             self._record([DeploymentCreated(deployment=deployment)])
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)
-        return CommandResponse(
-            message=f"Deployment of {model_id} created",
-            command_id=new_id(),
-            deployment_id=deployment.deployment_id,
-        )
+        return created_response(deployment)
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
         async with self._lock:
-            deployment = self._own.deployments.get(deployment_id)
-            if deployment is None:
-                raise NotFoundError(
-                    f"Deployment {_shown(deployment_id)} not found", param="deployment_id"
-                )
+            deployment = existing_deployment(self._own.deployments, deployment_id)
             now = self.clock.monotonic()
             events = self.keeper.delete(deployment_id, self.state)
             # Instances sent to exo for it that exo may still apply are deleted too.
@@ -362,24 +304,20 @@ class Bridge:
             if self._exo is not None and self._outage is None:
                 await self._delete_doomed(self._exo, now)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
-        return CommandResponse(
-            message=f"Deployment of {deployment.model_card.model_id} deleted",
-            command_id=new_id(),
-            deployment_id=deployment_id,
-        )
+        return deleted_response(deployment)
 
     async def _deployment_card(self, model_id: str) -> ModelCard:
         try:
             models = await self._exo_models(need=model_id)
         except ExoUnavailableError as exc:
             raise ExoDownError(
-                f"Cannot check {_shown(model_id)} against exo's model list: {exc}",
+                f"Cannot check {shown(model_id)} against exo's model list: {exc}",
                 param="model_id",
             ) from None
         listed = models.listed.get(model_id)
         if listed is None:
             raise NotFoundError(
-                f"Unknown model {_shown(model_id)}: exo's GET /models does not list it",
+                f"Unknown model {shown(model_id)}: exo's GET /models does not list it",
                 param="model_id",
             )
         try:
@@ -413,9 +351,8 @@ class Bridge:
         self._next_idx = self._own.last_event_applied_idx + 1
         now = clock.monotonic()
         self._doomed.load(now)
-        # The keeper measures its grace from started_at; a shorter configured grace moves it back.
-        self._keeper = self._keeper_factory(
-            now - (STARTUP_GRACE - self.config.startup_grace_s), place_instance
+        self._keeper = start_keeper(
+            self._keeper_factory, now, self.config.startup_grace_s, place_instance
         )
         self._running = True
         log.info(
@@ -604,8 +541,3 @@ class Bridge:
             state = apply(state, entry.event)
         self._own = state.model_copy(update={"last_event_applied_idx": indexed[-1].idx})
         self._next_idx = indexed[-1].idx + 1
-
-
-def _shown(value: str) -> str:
-    # Errors quote what the client sent; a megabyte-long id need not come back in full.
-    return repr(value if len(value) <= 120 else value[:120] + "...")

@@ -30,23 +30,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
 
 import anyio
 import anyio.to_thread
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
+from keeper.api_models import CommandResponse, DeploymentsResponse
 from keeper.apply import apply
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.commands import new_id
 from keeper.constants import STARTUP_GRACE
-from keeper.core import DeploymentTimer, Keeper, deployment_status
+from keeper.core import PlaceFn
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
@@ -56,16 +54,26 @@ from keeper.events import (
 )
 from keeper.master.channel import ChannelClosedError, MasterSide
 from keeper.master.chat import ChatRouter, ChatStream
-from keeper.master.clock import AnyioClock, Clock, iso_utc
+from keeper.master.clock import AnyioClock, Clock
+from keeper.master.deployments import (
+    check_min_nodes,
+    created_response,
+    deleted_response,
+    deployment_views,
+    existing_deployment,
+    new_deployment,
+    placement_enums,
+    shown,
+)
 from keeper.master.errors import (
     BadRequestError,
     ChatFailedError,
-    ConflictError,
     NoInstanceError,
     NotFoundError,
     NotRunningError,
 )
 from keeper.master.event_log import EventLog, Recovery
+from keeper.master.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
 from keeper.master.membership import Membership
 from keeper.master.protocol import (
     ChatMessage,
@@ -75,8 +83,6 @@ from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
 from keeper.state import (
     SERVING_RUNNER_TYPES,
-    AnyInstance,
-    Deployment,
     InstanceMeta,
     ModelCard,
     NodeId,
@@ -85,8 +91,6 @@ from keeper.state import (
 )
 
 log = logging.getLogger(__name__)
-
-PlaceFn = Callable[[State, ModelCard, Sharding, InstanceMeta, int], AnyInstance]
 
 # The most queued emits the router folds into one batch (one write + fsync). Large enough that
 # a burst costs one fsync per few hundred events, small enough that a batch applies in
@@ -133,21 +137,6 @@ class MasterConfig:
     keeper_enabled: bool = True
 
 
-class KeeperLike(Protocol):
-    """What the master needs of a keeper (``keeper.core.Keeper``; tests may inject another)."""
-
-    def step(self, state: State, now: float) -> list[AnyEvent]: ...
-    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]: ...
-    def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]: ...
-
-
-KeeperFactory = Callable[[float, PlaceFn], KeeperLike]
-
-
-def _default_keeper(started_at: float, place: PlaceFn) -> KeeperLike:
-    return Keeper(started_at, place=place)
-
-
 @dataclass
 class _Emit:
     events: list[AnyEvent]
@@ -165,7 +154,7 @@ class Master:
         config: MasterConfig | None = None,
         *,
         place: PlaceFn = place_instance,
-        keeper_factory: KeeperFactory = _default_keeper,
+        keeper_factory: KeeperFactory = default_keeper,
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else MasterConfig()
@@ -223,34 +212,7 @@ class Master:
         return sorted(self._membership.sessions)
 
     def deployments_view(self) -> DeploymentsResponse:
-        state = self._state
-        timers: dict[str, DeploymentTimer] = {}
-        now = 0.0
-        if self._keeper is not None and self._clock is not None:
-            now = self._clock.monotonic()
-            timers = self._keeper.timers(state, now)
-        wall = self._clock.wall() if self._clock is not None else None
-        views: list[DeploymentView] = []
-        for deployment_id in sorted(state.deployments):
-            deployment = state.deployments[deployment_id]
-            timer = timers.get(deployment_id)
-            next_at = timer.next_attempt_at if timer is not None else None
-            views.append(
-                DeploymentView(
-                    deployment=deployment,
-                    status=deployment_status(deployment, state),
-                    failures=timer.failures if timer is not None else 0,
-                    next_attempt_at=(
-                        iso_utc(wall + timedelta(seconds=next_at - now))
-                        if next_at is not None and wall is not None
-                        else None
-                    ),
-                    next_attempt_in_s=(
-                        round(max(0.0, next_at - now), 3) if next_at is not None else None
-                    ),
-                    waiting=timer.waiting if timer is not None else None,
-                )
-            )
+        views = deployment_views(self._state, self._keeper, self._clock)
         return DeploymentsResponse(deployments=views)
 
     def deployments_json(self) -> bytes:
@@ -284,10 +246,16 @@ class Master:
         card = self.catalog.get(model_id)
         if card is None:
             raise NotFoundError(
-                f"Unknown model {_shown(model_id)}: it is not in the model catalog (GET /models)",
+                f"Unknown model {shown(model_id)}: it is not in the model catalog (GET /models)",
                 param="model_id",
             )
         return card
+
+    def _request(
+        self, model_id: str, sharding: Sharding | str, instance_meta: InstanceMeta | str
+    ) -> tuple[ModelCard, Sharding, InstanceMeta]:
+        """What a deployment or placement request names, checked: its card and enums."""
+        return (self._card(model_id), *placement_enums(sharding, instance_meta))
 
     async def create_deployment(
         self,
@@ -296,48 +264,22 @@ class Master:
         instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
     ) -> CommandResponse:
-        card = self._card(model_id)
-        sharding_, meta = _enums(sharding, instance_meta)
-        _check_min_nodes(card, min_nodes)
+        card, sharding_, meta = self._request(model_id, sharding, instance_meta)
+        check_min_nodes(card, min_nodes)
         async with self._lock:
-            for existing in self._state.deployments.values():
-                if existing.model_card.model_id == model_id:
-                    raise ConflictError(
-                        f"Model {model_id} already has deployment {existing.deployment_id}; "
-                        "delete it first to change its settings",
-                        param="model_id",
-                    )
-            deployment = Deployment(
-                deployment_id=new_id(),
-                model_card=card,
-                sharding=sharding_,
-                instance_meta=meta,
-                min_nodes=min_nodes,
-            )
+            deployment = new_deployment(self._state.deployments, card, sharding_, meta, min_nodes)
             await self._emit_and_wait([DeploymentCreated(deployment=deployment)])
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)
-        return CommandResponse(
-            message=f"Deployment of {model_id} created",
-            command_id=new_id(),
-            deployment_id=deployment.deployment_id,
-        )
+        return created_response(deployment)
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
         async with self._lock:
-            deployment = self._state.deployments.get(deployment_id)
-            if deployment is None:
-                raise NotFoundError(
-                    f"Deployment {_shown(deployment_id)} not found", param="deployment_id"
-                )
+            deployment = existing_deployment(self._state.deployments, deployment_id)
             events = self.keeper.delete(deployment_id, self._state)
             self._keeper_version += 1
             await self._emit_and_wait(events)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
-        return CommandResponse(
-            message=f"Deployment of {deployment.model_card.model_id} deleted",
-            command_id=new_id(),
-            deployment_id=deployment_id,
-        )
+        return deleted_response(deployment)
 
     async def place_instance(
         self,
@@ -346,8 +288,7 @@ class Master:
         instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
     ) -> CommandResponse:
-        card = self._card(model_id)
-        sharding_, meta = _enums(sharding, instance_meta)
+        card, sharding_, meta = self._request(model_id, sharding, instance_meta)
         async with self._lock:
             try:
                 instance = self._place(self._state, card, sharding_, meta, min_nodes)
@@ -363,9 +304,7 @@ class Master:
     async def delete_instance(self, instance_id: str) -> CommandResponse:
         async with self._lock:
             if instance_id not in self._state.instances:
-                raise NotFoundError(
-                    f"Instance {_shown(instance_id)} not found", param="instance_id"
-                )
+                raise NotFoundError(f"Instance {shown(instance_id)} not found", param="instance_id")
             await self._emit_and_wait([InstanceDeleted(instance_id=instance_id)])
         return CommandResponse(
             message=f"Instance {instance_id} deleted",
@@ -537,9 +476,8 @@ class Master:
             )
         now = clock.monotonic()
         self._started_at = now
-        # The keeper measures its grace from started_at; a shorter configured grace moves it back.
-        self._keeper = self._keeper_factory(
-            now - (STARTUP_GRACE - self.config.startup_grace_s), self._place
+        self._keeper = start_keeper(
+            self._keeper_factory, now, self.config.startup_grace_s, self._place
         )
         self._membership.start(clock)
         send, receive = anyio.create_memory_object_stream[_Emit](self.config.router_queue)
@@ -624,42 +562,3 @@ class Master:
                 await channel.aclose()
             return
         await self._membership.serve(channel)
-
-
-def _shown(value: str) -> str:
-    # Errors quote what the client sent; a megabyte-long id need not come back in full.
-    return repr(value if len(value) <= 120 else value[:120] + "...")
-
-
-def _enums(
-    sharding: Sharding | str, instance_meta: InstanceMeta | str
-) -> tuple[Sharding, InstanceMeta]:
-    try:
-        sharding_ = Sharding(sharding)
-    except ValueError:
-        choices = ", ".join(s.value for s in Sharding)
-        raise BadRequestError(
-            f"Unknown sharding {sharding!r}: expected one of {choices}", param="sharding"
-        ) from None
-    try:
-        meta = InstanceMeta(instance_meta)
-    except ValueError:
-        choices = ", ".join(m.value for m in InstanceMeta)
-        raise BadRequestError(
-            f"Unknown instance_meta {instance_meta!r}: expected one of {choices}",
-            param="instance_meta",
-        ) from None
-    return sharding_, meta
-
-
-def _check_min_nodes(card: ModelCard, min_nodes: int) -> None:
-    if min_nodes < 1:
-        raise BadRequestError(f"min_nodes must be at least 1, got {min_nodes}", param="min_nodes")
-    # Every node of an instance holds at least one layer, so no cluster of any size can place
-    # a model on more nodes than it has layers.
-    if min_nodes > card.n_layers:
-        raise BadRequestError(
-            f"min_nodes {min_nodes} is more than {card.model_id} has layers ({card.n_layers}); "
-            "no cluster could place it",
-            param="min_nodes",
-        )
