@@ -291,6 +291,8 @@ class ClusterModel:
     revision: int = 0
     master_clock_offset_s: float = 0.0
     _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
+    # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
+    _views: dict[DeploymentId, DeploymentView] = field(default_factory=dict)
     _tracked: dict[DeploymentId, _Tracked] = field(default_factory=dict)
     _gone: dict[NodeId, _Gone] = field(default_factory=dict)
     _silent: set[NodeId] = field(default_factory=set)
@@ -356,6 +358,7 @@ class ClusterModel:
         if update.deployments is None:
             self.has_timers = False
             self._timers = {}
+            self._views = {}
         else:
             self.has_timers = True
             self._set_timers(update.deployments, now)
@@ -431,6 +434,7 @@ class ClusterModel:
                 due = None if master_due is None else master_due - self.master_clock_offset_s
             timers[view.deployment.deployment_id] = Timer(view.failures, due, view.waiting)
         self._timers = timers
+        self._views = {view.deployment.deployment_id: view for view in views}
 
     def _on_connection(self, update: ConnectionUpdate, now: float) -> None:
         old = self.connection
@@ -532,6 +536,9 @@ class ClusterModel:
 
     def deployment(self, deployment_id: DeploymentId) -> Deployment | None:
         return self.state.deployments.get(deployment_id)
+
+    def view(self, deployment_id: DeploymentId) -> DeploymentView | None:
+        return self._views.get(deployment_id)
 
     def timer(self, deployment_id: DeploymentId) -> Timer | None:
         return self._timers.get(deployment_id)

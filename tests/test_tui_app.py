@@ -408,6 +408,20 @@ async def test_describe_shows_the_whole_error_and_history() -> None:
 
 
 @pytest.mark.anyio
+async def test_describe_stays_live_and_says_when_the_deployment_is_gone() -> None:
+    app, client = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, DescribeScreen))
+        body = app.screen.query_one("#describe-body")
+        assert '"waiting": "unplaceable_retry"' in str(body.render())  # the keeper's own view
+        client.push(SnapshotUpdate(ClusterBuilder().node("studio").state, None))
+        await until(pilot, lambda: "DeepSeek-V3.1-4bit is gone" in str(body.render()))
+        assert "deployment of DeepSeek-V3.1-4bit deleted" in str(body.render())
+
+
+@pytest.mark.anyio
 async def test_countdowns_tick_without_refetching() -> None:
     clock = Clock()
     app, _ = make_app(clock=clock)

@@ -236,7 +236,7 @@ class DashboardScreen(Screen[None]):
         if row is None:
             self.notify("No deployment selected.", severity="warning")
             return
-        self.app.push_screen(DescribeScreen(row.deployment_id))
+        self.app.push_screen(DescribeScreen(row.deployment_id, row.model_id))
 
     def action_filter(self) -> None:
         self.show_tab("deployments")

@@ -26,17 +26,17 @@ if TYPE_CHECKING:
     from exo_deploy_tui.app import DashboardApp
 
 
-def describe_text(model: ClusterModel, deployment_id: str, now: float) -> Text:
+def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: float) -> Text:
     rows = {r.deployment_id: r for r in model.deployment_rows(now)}
     row = rows.get(deployment_id)
     deployment = model.deployment(deployment_id)
     text = Text()
     if row is None or deployment is None:
-        text.append("This deployment no longer exists (deleted).\n\n", style="bold yellow")
-        for entry in model.timeline:
-            if deployment_id in entry.text:
-                text.append_text(timeline_line(entry))
-                text.append("\n")
+        text.append(f"The deployment of {model_id} is gone (deleted).\n\n", style="bold yellow")
+        for entry in model.timeline.about_model(model_id):
+            text.append("  ")
+            text.append_text(timeline_line(entry))
+            text.append("\n")
         return text
     card = deployment.model_card
     text.append(short_model(row.model_id), style="bold")
@@ -90,16 +90,12 @@ def describe_text(model: ClusterModel, deployment_id: str, now: float) -> Text:
     text.append(" (the deployment as the master holds it)\n", style="dim")
     raw = deployment.model_dump(mode="json", by_alias=True)
     text.append(json.dumps(raw, indent=2) + "\n", style="dim")
-    timer = model.timer(deployment_id)
-    if timer is not None:
-        text.append(
-            json.dumps(
-                {"failures": timer.failures, "waiting": timer.waiting, "dueAt": timer.due_at},
-                indent=2,
-            )
-            + "\n",
-            style="dim",
-        )
+    view = model.view(deployment_id)
+    if view is not None:
+        text.append("\nThe keeper's view", style="bold")
+        text.append(" (from GET /deployments, as last received)\n", style="dim")
+        keeper = view.model_dump(mode="json", exclude={"deployment"})
+        text.append(json.dumps(keeper, indent=2) + "\n", style="dim")
     return text
 
 
@@ -119,9 +115,10 @@ class DescribeScreen(Screen[None]):
         Binding("q", "app.quit", "Quit"),
     ]
 
-    def __init__(self, deployment_id: str) -> None:
+    def __init__(self, deployment_id: str, model_id: str) -> None:
         super().__init__()
         self.deployment_id = deployment_id
+        self.model_id = model_id
         self._shown: Text | None = None
 
     @property
@@ -141,7 +138,7 @@ class DescribeScreen(Screen[None]):
 
     def render_model(self) -> None:
         app = self.dash
-        text = describe_text(app.model, self.deployment_id, app.now())
+        text = describe_text(app.model, self.deployment_id, self.model_id, app.now())
         if text != self._shown:
             self._shown = text
             self.query_one("#describe-body", Static).update(text)

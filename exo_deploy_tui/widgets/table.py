@@ -166,8 +166,17 @@ class KeyedTable(ScrollView, can_focus=True):
 
     def sync(self, rows: Sequence[tuple[str, Cells]]) -> None:
         if len(rows) == len(self._rows) and all(
-            a == b for a, b in zip(rows, self._rows, strict=True)
+            new[0] == old[0] for new, old in zip(rows, self._rows, strict=True)
         ):
+            # Same rows in the same order: redraw only the lines on screen that changed, so
+            # the terminal is sent those lines and nothing else.
+            pairs = zip(rows, self._rows, strict=True)
+            changed = [i for i, (new, old) in enumerate(pairs) if new != old]
+            self._rows = list(rows)
+            top = int(self.scroll_y)
+            for index in changed:
+                if top <= index < top + self._page:
+                    self.refresh_line(index + 1)  # +1: the header is line 0
             return
         keep = self.selected_key
         previous = self.keys
@@ -197,13 +206,14 @@ class KeyedTable(ScrollView, can_focus=True):
     def _move_to(self, row: int, *, announce: bool = True) -> None:
         row = min(max(row, 0), max(len(self._rows) - 1, 0))
         moved = row != self.cursor_row
+        self.refresh_line(self.cursor_row + 1)
         self.cursor_row = row
+        self.refresh_line(row + 1)
         top = int(self.scroll_y)
         if row < top:
             self.scroll_to(y=row, animate=False, immediate=True)
         elif row >= top + self._page:
             self.scroll_to(y=row - self._page + 1, animate=False, immediate=True)
-        self.refresh()
         if moved or announce:
             self.post_message(self.CursorMoved(self, self.selected_key))
 
