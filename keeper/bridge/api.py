@@ -1,10 +1,9 @@
 """The bridge's HTTP API: the master's deployments API (SPEC §5) in front of a stock exo.
 
-The same request and response shapes as our master (``keeper.api_models``), the same error
-bodies for every way a request can be wrong (``keeper.master.http_errors``) and the same security
-rules (``keeper.master.auth``: loopback without a token, a bearer token for changes otherwise),
-so ``exo-deploy-tui --url`` and ``exo-deploy list/deploy/undeploy`` work against the bridge
-unchanged:
+The same app as our master's (``keeper.master.http_app``: exo's error bodies for every way a
+request can be wrong, the request guard, a bearer token for changes when there is one) with the
+same deployments routes (``keeper.master.deployments_api``), so ``exo-deploy-tui --url`` and
+``exo-deploy list/deploy/undeploy`` work against the bridge unchanged:
 
 - ``POST /deployments``, ``GET /deployments``, ``DELETE /deployments/{id}``: as the master's, the
   model checked against exo's own model list; each view may carry a ``detail`` in words
@@ -23,44 +22,22 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from keeper.api_models import CreateDeploymentRequest
 from keeper.bridge.service import Bridge
-from keeper.master.auth import BearerTokenMiddleware
-from keeper.master.http_errors import MAX_BODY_BYTES, RequestGuardMiddleware, install_error_handlers
-
-JSON = "application/json"
+from keeper.master.deployments_api import deployments_router
+from keeper.master.http_app import JSON, new_app
+from keeper.master.http_errors import MAX_BODY_BYTES
 
 
 def create_bridge_app(
     bridge: Bridge, token: str | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
 ) -> FastAPI:
-    app = FastAPI(
-        title="exo-deploy bridge",
+    app = new_app(
+        "exo-deploy bridge",
+        token,
         summary="Deployments for a stock exo cluster",
-        docs_url=None,
-        redoc_url=None,
+        max_body_bytes=max_body_bytes,
     )
-    install_error_handlers(app)
-    # Added innermost first: the token check runs before the body is even looked at.
-    app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body_bytes)
-    if token:
-        app.add_middleware(BearerTokenMiddleware, token=token)
-
-    @app.post("/deployments")
-    async def create_deployment(request: CreateDeploymentRequest) -> Response:
-        created = await bridge.create_deployment(
-            request.model_id, request.sharding, request.instance_meta, request.min_nodes
-        )
-        return Response(created.model_dump_json(exclude_none=True), media_type=JSON)
-
-    @app.get("/deployments")
-    async def list_deployments() -> Response:
-        return Response(bridge.deployments_view().model_dump_json(), media_type=JSON)
-
-    @app.delete("/deployments/{deployment_id}")
-    async def delete_deployment(deployment_id: str) -> Response:
-        deleted = await bridge.delete_deployment(deployment_id)
-        return Response(deleted.model_dump_json(exclude_none=True), media_type=JSON)
+    app.include_router(deployments_router(bridge))
 
     @app.get("/state")
     async def state() -> Response:

@@ -222,9 +222,13 @@ class Bridge:
 
     def deployments_view(self) -> DeploymentsResponse:
         views = deployment_views(self.state, self._keeper, self._clock, self._detail)
-        return DeploymentsResponse(deployments=[self._refusalshown(view) for view in views])
+        return DeploymentsResponse(deployments=[self._with_refusal(view) for view in views])
 
-    def _refusalshown(self, view: DeploymentView) -> DeploymentView:
+    def deployments_json(self) -> bytes:
+        """``deployments_view()`` as JSON, the ``GET /deployments`` body."""
+        return self.deployments_view().model_dump_json().encode()
+
+    def _with_refusal(self, view: DeploymentView) -> DeploymentView:
         # exo said no to the keeper's placement; the keeper tries again after this wait.
         if view.waiting == "placement_in_flight" and view.deployment.deployment_id in self._refused:
             return view.model_copy(update={"waiting": "unplaceable_retry"})

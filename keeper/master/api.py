@@ -4,8 +4,9 @@ Handlers are thin: parse with the shared wire models (``keeper.api_models``), ca
 ``Master`` command, return its result. Every way a request can be wrong is answered with exo's
 error body and a 4xx (see ``keeper.master.http_errors``), and a refused request changes
 nothing, because the master validates before it emits. ``create_app`` builds the app for one
-master; ``keeper.master.server`` runs it under uvicorn, and tests drive it in-process with
-``httpx.ASGITransport``.
+master (from ``keeper.master.http_app``, with the deployments routes the bridge serves too,
+``keeper.master.deployments_api``); ``keeper.master.server`` runs it under uvicorn, and tests
+drive it in-process with ``httpx.ASGITransport``.
 """
 
 from __future__ import annotations
@@ -15,21 +16,12 @@ from typing import Any
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from keeper.api_models import (
-    CommandResponse,
-    CreateDeploymentRequest,
-    DeploymentsResponse,
-    ModelList,
-    ModelListEntry,
-)
-from keeper.master.auth import BearerTokenMiddleware
+from keeper.api_models import CreateDeploymentRequest, ModelList, ModelListEntry
 from keeper.master.dashboard_stream import dashboard_events
+from keeper.master.deployments_api import deployments_router
 from keeper.master.errors import NotRunningError
-from keeper.master.http_errors import (
-    MAX_BODY_BYTES,
-    RequestGuardMiddleware,
-    install_error_handlers,
-)
+from keeper.master.http_app import JSON, command_json, new_app
+from keeper.master.http_errors import MAX_BODY_BYTES
 from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.master.service import Master
 from keeper.master.ws import NODE_WS_PATH, serve_node_websocket
@@ -58,46 +50,26 @@ def model_entry(card: ModelCard) -> ModelListEntry:
 def create_app(
     master: Master, token: str | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
 ) -> FastAPI:
-    app = FastAPI(
-        title="exo-deploy master",
+    app = new_app(
+        "exo-deploy master",
+        token,
         summary="Deployments for exo clusters",
-        docs_url=None,
-        redoc_url=None,
+        max_body_bytes=max_body_bytes,
     )
-    install_error_handlers(app)
-    # Added innermost first: the token check runs before the body is even looked at.
-    app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body_bytes)
-    if token:
-        app.add_middleware(BearerTokenMiddleware, token=token)
-
-    @app.post("/deployments")
-    async def create_deployment(request: CreateDeploymentRequest) -> Response:
-        return _json(
-            await master.create_deployment(
-                request.model_id, request.sharding, request.instance_meta, request.min_nodes
-            )
-        )
-
-    @app.get("/deployments")
-    async def list_deployments() -> Response:
-        return Response(master.deployments_json(), media_type="application/json")
-
-    @app.delete("/deployments/{deployment_id}")
-    async def delete_deployment(deployment_id: str) -> Response:
-        return _json(await master.delete_deployment(deployment_id))
+    app.include_router(deployments_router(master))
 
     @app.get("/state")
     async def state() -> Response:
-        return Response(master.state.model_dump_json(), media_type="application/json")
+        return Response(master.state.model_dump_json(), media_type=JSON)
 
     @app.get("/models")
     async def models() -> Response:
         listing = ModelList(data=[model_entry(card) for card in master.catalog.values()])
-        return _json(listing)
+        return Response(listing.model_dump_json(), media_type=JSON)
 
     @app.post("/place_instance")
     async def place_instance(request: PlaceInstanceRequest) -> Response:
-        return _json(
+        return command_json(
             await master.place_instance(
                 request.model_id, request.sharding, request.instance_meta, request.min_nodes
             )
@@ -105,7 +77,7 @@ def create_app(
 
     @app.delete("/instance/{instance_id}")
     async def delete_instance(instance_id: str) -> Response:
-        return _json(await master.delete_instance(instance_id))
+        return command_json(await master.delete_instance(instance_id))
 
     @app.get("/events")
     async def events() -> StreamingResponse:
@@ -139,10 +111,3 @@ def create_app(
         await serve_node_websocket(master, websocket, token)
 
     return app
-
-
-def _json(model: CommandResponse | DeploymentsResponse | ModelList) -> Response:
-    # A command's fields that do not apply (a deployment command has no instance_id) are left
-    # out; in views, null is information (a deployment with no instance yet) and stays.
-    exclude_none = isinstance(model, CommandResponse)
-    return Response(model.model_dump_json(exclude_none=exclude_none), media_type="application/json")

@@ -33,10 +33,10 @@ from pydantic.alias_generators import to_camel
 from keeper.api_models import CommandResponse
 from keeper.commands import new_id
 from keeper.events import InstanceCreated, InstanceDeleted
-from keeper.master.api import PlaceInstanceRequest
-from keeper.master.auth import BearerTokenMiddleware
+from keeper.master.api import PlaceInstanceRequest, model_entry
 from keeper.master.errors import BadRequestError, NotFoundError, NotRunningError
-from keeper.master.http_errors import MAX_BODY_BYTES, RequestGuardMiddleware, install_error_handlers
+from keeper.master.http_app import JSON, command_json, new_app
+from keeper.master.http_errors import MAX_BODY_BYTES
 from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.master.service import Master
 from keeper.master.ws import NODE_WS_PATH, serve_node_websocket
@@ -205,15 +205,11 @@ class ExoModelListEntry(BaseModel):
 
 
 def exo_model_entry(card: ModelCard) -> ExoModelListEntry:
-    return ExoModelListEntry(
-        id=card.model_id,
-        hugging_face_id=card.model_id,
-        name=card.base_model or card.model_id,
-        storage_size_megabytes=card.storage_size.in_bytes // (1024 * 1024),
-        supports_tensor=card.supports_tensor,
-        tasks=list(card.tasks),
-        base_model=card.base_model or "",
-        capabilities=["text"],
+    """Our master's entry for ``card`` (``keeper.master.api.model_entry``) as exo lists it: the
+    card fields exo leaves out are dropped, and exo's own fields take exo's defaults."""
+    ours = model_entry(card).model_dump()
+    return ExoModelListEntry.model_validate(
+        {**ours, "base_model": card.base_model or "", "capabilities": ["text"]}
     )
 
 
@@ -240,15 +236,11 @@ def create_exo_compat_app(
     master: Master, token: str | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
 ) -> FastAPI:
     """exo's HTTP API over ``master`` (whose keeper should be off: ``keeper_enabled=False``)."""
-    app = FastAPI(title="exo (stand-in)", docs_url=None, redoc_url=None)
-    install_error_handlers(app)
-    app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body_bytes)
-    if token:
-        app.add_middleware(BearerTokenMiddleware, token=token)
+    app = new_app("exo (stand-in)", token, max_body_bytes=max_body_bytes)
 
     @app.get("/state")
     async def state() -> Response:
-        return Response(master.state.model_dump_json(), media_type="application/json")
+        return Response(master.state.model_dump_json(), media_type=JSON)
 
     @app.get("/models")
     async def models() -> JSONResponse:
@@ -289,11 +281,8 @@ def create_exo_compat_app(
         if instance_id not in master.state.instances:
             raise NotFoundError("Instance not found", param="instance_id")
         await master.emit([InstanceDeleted(instance_id=instance_id)])
-        return Response(
-            CommandResponse(
-                message=ACCEPTED, command_id=new_id(), instance_id=instance_id
-            ).model_dump_json(exclude_none=True),
-            media_type="application/json",
+        return command_json(
+            CommandResponse(message=ACCEPTED, command_id=new_id(), instance_id=instance_id)
         )
 
     @app.post("/place_instance")
@@ -301,7 +290,7 @@ def create_exo_compat_app(
         placed = await master.place_instance(
             request.model_id, request.sharding, request.instance_meta, request.min_nodes
         )
-        return Response(placed.model_dump_json(exclude_none=True), media_type="application/json")
+        return command_json(placed)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest) -> Any:
