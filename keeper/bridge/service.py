@@ -60,13 +60,11 @@ from keeper.events import (
 )
 from keeper.master.clock import AnyioClock, Clock, iso_utc
 from keeper.master.deployments import (
-    check_min_nodes,
     created_response,
     deleted_response,
     deployment_views,
     existing_deployment,
     new_deployment,
-    placement_enums,
     shown,
 )
 from keeper.master.errors import (
@@ -282,10 +280,10 @@ class Bridge:
         min_nodes: int = 1,
     ) -> CommandResponse:
         card = await self._deployment_card(model_id)
-        sharding_, meta = placement_enums(sharding, instance_meta)
-        check_min_nodes(card, min_nodes)
         async with self._lock:
-            deployment = new_deployment(self._own.deployments, card, sharding_, meta, min_nodes)
+            deployment = new_deployment(
+                self._own.deployments, card, sharding, instance_meta, min_nodes
+            )
             self._record([DeploymentCreated(deployment=deployment)])
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)
         return created_response(deployment)

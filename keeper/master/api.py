@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, WebSocket
+from fastapi import APIRouter, FastAPI, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from keeper.api_models import CreateDeploymentRequest, ModelList, ModelListEntry
@@ -57,23 +57,12 @@ def create_app(
         max_body_bytes=max_body_bytes,
     )
     app.include_router(deployments_router(master))
-
-    @app.get("/state")
-    async def state() -> Response:
-        return Response(master.state.model_dump_json(), media_type=JSON)
+    app.include_router(exo_routes(master, token))
 
     @app.get("/models")
     async def models() -> Response:
         listing = ModelList(data=[model_entry(card) for card in master.catalog.values()])
         return Response(listing.model_dump_json(), media_type=JSON)
-
-    @app.post("/place_instance")
-    async def place_instance(request: PlaceInstanceRequest) -> Response:
-        return command_json(
-            await master.place_instance(
-                request.model_id, request.sharding, request.instance_meta, request.min_nodes
-            )
-        )
 
     @app.delete("/instance/{instance_id}")
     async def delete_instance(instance_id: str) -> Response:
@@ -89,10 +78,6 @@ def create_app(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest) -> Any:
-        return await chat_completion(master, request)
-
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         if not master.running:
@@ -106,8 +91,33 @@ def create_app(
             }
         )
 
-    @app.websocket(NODE_WS_PATH)
+    return app
+
+
+def exo_routes(master: Master, token: str | None) -> APIRouter:
+    """The routes of exo's API that both of the master's APIs serve alike, ours and exo's
+    stand-in's (``keeper.master.exo_compat``): the State, placing an instance, chat, and the
+    nodes' connection."""
+    router = APIRouter()
+
+    @router.get("/state")
+    async def state() -> Response:
+        return Response(master.state.model_dump_json(), media_type=JSON)
+
+    @router.post("/place_instance")
+    async def place_instance(request: PlaceInstanceRequest) -> Response:
+        return command_json(
+            await master.place_instance(
+                request.model_id, request.sharding, request.instance_meta, request.min_nodes
+            )
+        )
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest) -> Any:
+        return await chat_completion(master, request)
+
+    @router.websocket(NODE_WS_PATH)
     async def node_ws(websocket: WebSocket) -> None:
         await serve_node_websocket(master, websocket, token)
 
-    return app
+    return router

@@ -53,7 +53,7 @@ def placement_enums(
     return sharding_, meta
 
 
-def check_min_nodes(card: ModelCard, min_nodes: int) -> None:
+def _check_min_nodes(card: ModelCard, min_nodes: int) -> None:
     if min_nodes < 1:
         raise BadRequestError(f"min_nodes must be at least 1, got {min_nodes}", param="min_nodes")
     # Every node of an instance holds at least one layer, so no cluster of any size can place
@@ -69,14 +69,17 @@ def check_min_nodes(card: ModelCard, min_nodes: int) -> None:
 def new_deployment(
     deployments: Mapping[str, Deployment],
     card: ModelCard,
-    sharding: Sharding,
-    instance_meta: InstanceMeta,
+    sharding: Sharding | str,
+    instance_meta: InstanceMeta | str,
     min_nodes: int,
 ) -> Deployment:
-    """A new deployment of ``card``, unless one of ``deployments`` already keeps that model.
+    """A new deployment of ``card`` as the request asks, if the request can work and none of
+    ``deployments`` already keeps that model.
 
     Call it under the lock the deployment's event is recorded under, so two requests cannot
     both pass the check."""
+    sharding_, meta = placement_enums(sharding, instance_meta)
+    _check_min_nodes(card, min_nodes)
     model_id = card.model_id
     for existing in deployments.values():
         if existing.model_card.model_id == model_id:
@@ -88,8 +91,8 @@ def new_deployment(
     return Deployment(
         deployment_id=new_id(),
         model_card=card,
-        sharding=sharding,
-        instance_meta=instance_meta,
+        sharding=sharding_,
+        instance_meta=meta,
         min_nodes=min_nodes,
     )
 

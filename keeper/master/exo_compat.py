@@ -12,7 +12,8 @@ log, membership and sweep; simulated nodes join it as usual) behind exo's API in
   comes before the instance is applied, and it shows in ``GET /state`` shortly after;
 - ``DELETE /instance/{id}`` likewise accepted, and applied shortly after (404 if unknown);
 - ``GET /models`` in exo's list shape (``ExoModelListEntry``), which carries no layer count;
-- ``GET /state``, ``POST /place_instance`` and ``POST /v1/chat/completions`` as our master's.
+- ``GET /state``, ``POST /place_instance`` and ``POST /v1/chat/completions`` as our master's
+  (the same routes: ``keeper.master.api.exo_routes``).
 
 The strict models below are written from exo's JSON (``tests/fixtures/exo_*.json``), separately
 from the bridge's encoder (``keeper.bridge.exo_wire``), so the contract tests compare two
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,13 +34,11 @@ from pydantic.alias_generators import to_camel
 from keeper.api_models import CommandResponse
 from keeper.commands import new_id
 from keeper.events import InstanceCreated, InstanceDeleted
-from keeper.master.api import PlaceInstanceRequest, model_entry
+from keeper.master.api import exo_routes, model_entry
 from keeper.master.errors import BadRequestError, NotFoundError, NotRunningError
-from keeper.master.http_app import JSON, command_json, new_app
+from keeper.master.http_app import command_json, new_app
 from keeper.master.http_errors import MAX_BODY_BYTES
-from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.master.service import Master
-from keeper.master.ws import NODE_WS_PATH, serve_node_websocket
 from keeper.state import Memory, ModelCard, State
 
 # exo's own answer to an accepted command.
@@ -237,10 +236,7 @@ def create_exo_compat_app(
 ) -> FastAPI:
     """exo's HTTP API over ``master`` (whose keeper should be off: ``keeper_enabled=False``)."""
     app = new_app("exo (stand-in)", token, max_body_bytes=max_body_bytes)
-
-    @app.get("/state")
-    async def state() -> Response:
-        return Response(master.state.model_dump_json(), media_type=JSON)
+    app.include_router(exo_routes(master, token))
 
     @app.get("/models")
     async def models() -> JSONResponse:
@@ -285,26 +281,11 @@ def create_exo_compat_app(
             CommandResponse(message=ACCEPTED, command_id=new_id(), instance_id=instance_id)
         )
 
-    @app.post("/place_instance")
-    async def place_instance(request: PlaceInstanceRequest) -> Response:
-        placed = await master.place_instance(
-            request.model_id, request.sharding, request.instance_meta, request.min_nodes
-        )
-        return command_json(placed)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest) -> Any:
-        return await chat_completion(master, request)
-
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         if not master.running:
             raise NotRunningError("the master is not running")
         return JSONResponse({"status": "ok", "exo_compat": True})
-
-    @app.websocket(NODE_WS_PATH)
-    async def node_ws(websocket: WebSocket) -> None:
-        await serve_node_websocket(master, websocket, token)
 
     return app
 

@@ -56,7 +56,6 @@ from keeper.master.channel import ChannelClosedError, MasterSide
 from keeper.master.chat import ChatRouter, ChatStream
 from keeper.master.clock import AnyioClock, Clock
 from keeper.master.deployments import (
-    check_min_nodes,
     created_response,
     deleted_response,
     deployment_views,
@@ -251,12 +250,6 @@ class Master:
             )
         return card
 
-    def _request(
-        self, model_id: str, sharding: Sharding | str, instance_meta: InstanceMeta | str
-    ) -> tuple[ModelCard, Sharding, InstanceMeta]:
-        """What a deployment or placement request names, checked: its card and enums."""
-        return (self._card(model_id), *placement_enums(sharding, instance_meta))
-
     async def create_deployment(
         self,
         model_id: str,
@@ -264,10 +257,11 @@ class Master:
         instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
     ) -> CommandResponse:
-        card, sharding_, meta = self._request(model_id, sharding, instance_meta)
-        check_min_nodes(card, min_nodes)
+        card = self._card(model_id)
         async with self._lock:
-            deployment = new_deployment(self._state.deployments, card, sharding_, meta, min_nodes)
+            deployment = new_deployment(
+                self._state.deployments, card, sharding, instance_meta, min_nodes
+            )
             await self._emit_and_wait([DeploymentCreated(deployment=deployment)])
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)
         return created_response(deployment)
@@ -288,7 +282,8 @@ class Master:
         instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
     ) -> CommandResponse:
-        card, sharding_, meta = self._request(model_id, sharding, instance_meta)
+        card = self._card(model_id)
+        sharding_, meta = placement_enums(sharding, instance_meta)
         async with self._lock:
             try:
                 instance = self._place(self._state, card, sharding_, meta, min_nodes)
