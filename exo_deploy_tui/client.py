@@ -219,6 +219,10 @@ class MasterClient:
             elif name == "deployments":
                 response = DeploymentsResponse.model_validate_json(data)
                 emit(DeploymentsUpdate(tuple(response.deployments)))
+            elif name == "error":
+                # The master drops a follower that fell too far behind; start over.
+                message = ErrorResponse.model_validate_json(data).error.message
+                raise _BadResponseError(f"the master ended the stream: {message}")
         except ValidationError as exc:
             # One event lost would leave our State wrong for good: start again from a snapshot.
             raise _BadResponseError(f"unreadable {name} message: {exc.errors()[0]['msg']}") from exc

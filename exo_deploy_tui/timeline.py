@@ -232,10 +232,6 @@ def _runner_entries(
     return []
 
 
-def connection_entry(at: float, text: str, level: Level) -> TimelineEntry:
-    return TimelineEntry(at, level, text)
-
-
 # --- explaining a state diff --------------------------------------------------------------
 
 

@@ -225,6 +225,23 @@ async def test_an_unreadable_event_forces_a_fresh_snapshot() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_stream_the_master_ends_with_an_error_is_followed_again() -> None:
+    builder = cluster()
+    lagged = json.dumps(
+        {"error": {"message": "subscriber lagged", "type": "x", "param": None, "code": 503}}
+    )
+    streams = [[snapshot_message(builder), sse("error", lagged)], [snapshot_message(builder)]]
+
+    def master(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Stream(streams.pop(0), hang=True))
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master))
+    seen = await watch(client, lambda s: sum(isinstance(u, SnapshotUpdate) for u in s) == 2)
+    (down,) = [u for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "down"]
+    assert down.detail == "the master ended the stream: subscriber lagged"
+
+
+@pytest.mark.anyio
 async def test_a_master_answering_500_is_retried_not_fatal() -> None:
     calls = 0
 

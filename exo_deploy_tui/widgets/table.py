@@ -146,10 +146,6 @@ class KeyedTable(ScrollView, can_focus=True):
     def keys(self) -> list[str]:
         return [key for key, _ in self._rows]
 
-    @property
-    def row_count(self) -> int:
-        return len(self._rows)
-
     def row(self, key: str) -> Cells:
         for row_key, cells in self._rows:
             if row_key == key:
