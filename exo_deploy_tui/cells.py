@@ -146,10 +146,22 @@ def timer_words(row: DeploymentRow) -> str:
     return " · ".join(parts)
 
 
-def detail_text(row: DeploymentRow | None, width: int, lines: int) -> Text:
+def detail_text(
+    row: DeploymentRow | None, width: int, lines: int, *, has_deployments_api: bool = True
+) -> Text:
     """The selected deployment in full: what the narrow table had to cut."""
     if row is None:
-        return Text("No deployment selected.  n creates one.", style=DIM)
+        if not has_deployments_api:
+            return fit_lines(
+                Text(
+                    "This master has no deployments API (a stock exo master): its nodes and "
+                    "instances are shown (keys 2 and 3); deployments need exo-deploy's master.",
+                    style=DIM,
+                ),
+                width,
+                lines,
+            )
+        return Text("No deployments.  n creates one.", style=DIM)
     text = Text(no_wrap=False)
     text.append(short_model(row.model_id), style="bold")
     text.append("  ")

@@ -64,6 +64,12 @@ RECONNECT_MAX_S = 8.0
 STREAM_RETRY_S = 60.0
 
 
+NO_DEPLOYMENTS_API = (
+    "this master has no deployments API (a stock exo master?): run exo-deploy's master, "
+    "or `exo-deploy bridge` beside it"
+)
+
+
 class ApiError(Exception):
     """A request the master refused or could not answer; ``str()`` is for the operator."""
 
@@ -297,12 +303,25 @@ class MasterClient:
             raise ApiError(f"unreadable model list: {exc.errors()[0]['msg']}") from exc
 
     async def create_deployment(self, request: CreateDeploymentRequest) -> CommandResponse:
-        response = await self._request("POST", "/deployments", json=request.model_dump(mode="json"))
+        body = request.model_dump(mode="json")
+        response = await self._deployments_request("POST", "/deployments", json=body)
         return _command_response(response)
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
-        response = await self._request("DELETE", f"/deployments/{deployment_id}")
+        response = await self._deployments_request("DELETE", f"/deployments/{deployment_id}")
         return _command_response(response)
+
+    async def _deployments_request(
+        self, method: str, path: str, json: object = None
+    ) -> httpx.Response:
+        try:
+            return await self._request(method, path, json=json)
+        except ApiError as exc:
+            # A route that does not exist answers a bare "Not Found"; our master's own 404s
+            # (an unknown model or deployment) say what was not found.
+            if exc.status == 404 and exc.message == "Not Found":
+                raise ApiError(NO_DEPLOYMENTS_API, 404) from exc
+            raise
 
     async def _request(self, method: str, path: str, json: object = None) -> httpx.Response:
         try:
@@ -316,11 +335,23 @@ class MasterClient:
             ) from exc
         if response.is_success:
             return response
-        try:
-            message = ErrorResponse.model_validate_json(response.content).error.message
-        except ValidationError:
-            message = response.text.strip()[:200] or response.reason_phrase
-        raise ApiError(message, response.status_code)
+        raise ApiError(_error_message(response), response.status_code)
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The master's own words: exo's error shape, else FastAPI's ``{"detail": ...}``, else the
+    start of the body, else the HTTP reason."""
+    try:
+        return ErrorResponse.model_validate_json(response.content).error.message
+    except ValidationError:
+        pass
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if isinstance(detail, str) and detail:
+        return detail
+    return response.text.strip()[:200] or response.reason_phrase
 
 
 def _command_response(response: httpx.Response) -> CommandResponse:

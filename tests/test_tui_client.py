@@ -305,6 +305,17 @@ async def test_a_refusal_carries_the_masters_message() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_master_without_deployments_says_so_when_asked_to_create() -> None:
+    def master(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master))
+    with pytest.raises(ApiError, match="this master has no deployments API"):
+        await client.create_deployment(CreateDeploymentRequest(model_id=QWEN))
+    await client.aclose()
+
+
+@pytest.mark.anyio
 async def test_an_unreachable_master_is_a_clear_error() -> None:
     def master(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)

@@ -7,6 +7,7 @@ import pytest
 from exo_deploy_tui.cells import (
     deployment_cells,
     deployment_columns,
+    detail_text,
     header_text,
     instance_columns,
     next_text,
@@ -176,6 +177,12 @@ def test_cells_say_status_in_words_and_symbols() -> None:
     assert next_text(row(status="starting", next_attempt_in_s=None, load_progress=0.5)) == (
         "load 50%"
     )
+
+
+def test_the_detail_strip_explains_a_master_without_deployments() -> None:
+    assert "n creates one" in detail_text(None, 80, 3).plain
+    text = detail_text(None, 80, 3, has_deployments_api=False).plain
+    assert "no deployments API" in text and len(text.splitlines()) <= 3
 
 
 def test_the_header_says_stale_since_when() -> None:

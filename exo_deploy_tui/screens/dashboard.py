@@ -145,7 +145,7 @@ class DashboardScreen(Screen[None]):
         self.visible_rows = sort_rows(shown, self.sort_key, self.sort_reverse)
         table = self.query_one(DeploymentsTable)
         table.show(self.visible_rows)
-        self.query_one(DetailStrip).show(self.selected_row())
+        self._show_detail()
         # Hidden panels (compact layout) are not rendered at all: on a big cluster the instances
         # table alone is a thousand rows. Showing a tab renders it at once.
         if self._visible("nodes"):
@@ -192,7 +192,13 @@ class DashboardScreen(Screen[None]):
 
     @on(KeyedTable.CursorMoved, "#deployments")
     def _on_highlight(self) -> None:
-        self.query_one(DetailStrip).show(self.selected_row())
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        model = self.dash.model
+        self.query_one(DetailStrip).show(
+            self.selected_row(), has_deployments_api=model.has_timers or not model.has_data
+        )
 
     @on(KeyedTable.RowSelected, "#deployments")
     def _on_select(self, event: KeyedTable.RowSelected) -> None:

@@ -168,9 +168,9 @@ class DetailStrip(TextLine):
 
     LINES = 3
 
-    def show(self, row: DeploymentRow | None) -> None:
+    def show(self, row: DeploymentRow | None, *, has_deployments_api: bool = True) -> None:
         width = self.size.width or self.app.size.width
-        self.show_text(detail_text(row, width, self.LINES))
+        self.show_text(detail_text(row, width, self.LINES, has_deployments_api=has_deployments_api))
 
 
 # Lines the timeline panel keeps: hours of a busy cluster's story; each line is a rendered Strip,
