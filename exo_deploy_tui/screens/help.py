@@ -17,12 +17,22 @@ if TYPE_CHECKING:
     from exo_deploy_tui.app import DashboardApp
 
 
+# Width of the command column: fits every command without arguments, so the descriptions line
+# up and still fit an 80-column terminal. A command whose arguments make it longer gets a line
+# of its own, with its description below, instead of pushing the description out of line.
+COMMAND_COLUMN = 22
+
+
 def help_text(actions: list[ActionSpec]) -> Text:
     text = Text()
     for spec in actions:
         text.append(f"{spec.key:>7}  ", style="bold cyan")
         command = f":{spec.command} {spec.args}".rstrip() if spec.command else ""
-        text.append(f"{command:<22}", style="dim")
+        if len(command) >= COMMAND_COLUMN:
+            text.append(f"{command}\n", style="dim")
+            text.append(" " * (9 + COMMAND_COLUMN))
+        else:
+            text.append(f"{command:<{COMMAND_COLUMN}}", style="dim")
         text.append(f"{spec.help}\n")
     text.append("\n")
     text.append("   esc   ", style="bold cyan")
