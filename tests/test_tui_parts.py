@@ -18,6 +18,7 @@ from exo_deploy_tui.commands import ACTIONS, Parsed, ParseError, parse_command, 
 from exo_deploy_tui.format import duration, precise_duration, short_id, short_model
 from exo_deploy_tui.forms import fit_hint, model_entry, search_models, validate_create
 from exo_deploy_tui.model import ClusterModel, Connection, DeploymentRow, Summary
+from exo_deploy_tui.screens.help import help_text
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
 from keeper.api_models import CreateDeploymentRequest
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
@@ -254,3 +255,17 @@ def test_without_a_terminal_it_says_so(capsys: pytest.CaptureFixture[str]) -> No
         main(["--url", "http://127.0.0.1:1"])
     assert exited.value.code == 2
     assert "needs a terminal" in capsys.readouterr().err
+
+
+def test_help_descriptions_share_one_column_even_after_long_commands() -> None:
+    actions = visible_actions(readonly=False, demo=True)
+    lines = help_text(actions).plain.splitlines()
+    starts = {
+        line.index(spec.help)
+        for spec in actions
+        for line in lines
+        if line.endswith(spec.help) and spec.help
+    }
+    assert len(starts) == 1, starts
+    key_lines = lines[: lines.index("")]
+    assert max(len(line) for line in key_lines) <= 78  # inside an 80-column dialog
