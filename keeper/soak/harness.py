@@ -6,7 +6,8 @@ them all on the way out, Ctrl-C included) and from the master's HTTP API:
 
 - faults are the cluster's: ``kill -9`` of a node (restarted by the cluster after
   ``NODE_DOWN_S``) or of the master (restarted after a second from its log), SIGSTOP/SIGCONT,
-  a partition by the node's TCP proxy, and a runner kill (``RUNNER_KILL_SIGNAL`` to the node);
+  a partition by the node's TCP proxy, and a runner kill (a signal the node process answers by
+  failing its runners);
 - chats are ``POST /v1/chat/completions`` with no client-side timeout at all: the load's
   deadline decides, so a hung request is counted lost, never quietly turned into an error;
 - the watch follows ``GET /events`` (server-sent events), reconnecting after a master restart;
@@ -33,7 +34,6 @@ from keeper.api_models import DeploymentsResponse, StreamSnapshot
 from keeper.events import IndexedEvent
 from keeper.master.event_log import LOG_FILE
 from keeper.node.cluster import HOST, LocalCluster
-from keeper.node.node_process import RUNNER_KILL_SIGNAL
 from keeper.soak.faults import NODE_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import MAX_TOKENS
 from keeper.soak.report import Deployed, RunKind, SoakReport
@@ -148,7 +148,7 @@ class ProcessTarget:
             case FaultKind.PARTITION:
                 cluster.partition_node(fault.node, fault.duration_s)
             case FaultKind.RUNNER_KILL:
-                cluster.kill_node(fault.node, RUNNER_KILL_SIGNAL)
+                cluster.kill_runners(fault.node)
 
     async def wait_over(self, fault: FaultSpec) -> None:
         await anyio.sleep(fault.duration_s)
