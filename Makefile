@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The stamp records that the venv holds this pyproject's dependencies; editing pyproject reinstalls.
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layering pytest bench mutation fmt soak-sim clean
+.PHONY: demo test lint typecheck pytest bench mutation fmt soak-sim clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "exo-deploy needs Python 3.11 or newer (found " + sys.version.split()[0] + ")")'
@@ -46,7 +46,7 @@ mutation: $(STAMP)
 	$(BIN)/python -c 'import json; print("mutation score: %(killed)d/%(total)d killed, %(survived)d survived" % json.load(open("mutants/mutmut-cicd-stats.json")))'
 
 soak-sim: $(STAMP)
-	$(BIN)/exo-deploy soak-sim --hours 24
+	$(BIN)/exo-deploy soak-sim --hours 24 --seed 1 --report soak-sim-report.json
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

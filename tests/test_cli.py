@@ -148,11 +148,14 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         assert message in err, (argv, err)
 
 
-def test_commands_not_built_yet_say_so(capsys: pytest.CaptureFixture[str]) -> None:
-    for name in ("soak",):
-        code, _, err = run_cli(capsys, name, "--minutes", "1")
-        assert code == EXIT_USAGE
-        assert err.strip() == f"exo-deploy {name}: not yet available"
+def test_soak_commands_take_their_own_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("soak", "soak-sim"):
+        code, _, err = run_cli(capsys, name, "--minutes" if name == "soak" else "--hours", "1")
+        assert code == EXIT_USAGE, name
+        assert "--report" in err, (name, err)
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == EXIT_OK
+    assert "soak-sim" in out
 
 
 def test_a_token_is_sent_when_given(

@@ -1,7 +1,8 @@
 """The architecture, checked: each layer imports only what sits below it.
 
 Lowest first: the data model -> placement and the keeper core (pure: no I/O, clock, asyncio,
-HTTP or Textual) -> the master service -> simulated nodes -> the CLI. The TUI talks to a master
+HTTP or Textual) -> the master service -> simulated nodes (and, beside them, the bridge) -> the
+soak and the demo facade -> the CLI. The TUI talks to a master
 over HTTP and reads the answers with the data model; the only cluster-side module it may import
 is the ``keeper.demo`` facade behind ``--demo``.
 
@@ -181,8 +182,14 @@ def test_keeper_core_opens_no_files() -> None:
 @pytest.mark.parametrize(
     ("layer", "forbidden"),
     [
-        ("keeper.master", ("keeper.node", "keeper.cli", "keeper.demo", "exo_deploy_tui")),
-        ("keeper.node", ("keeper.cli", "keeper.demo", "exo_deploy_tui")),
+        (
+            "keeper.master",
+            ("keeper.node", "keeper.bridge", "keeper.soak", "keeper.cli", "keeper.demo"),
+        ),
+        ("keeper.node", ("keeper.bridge", "keeper.soak", "keeper.cli", "keeper.demo")),
+        ("keeper.bridge", ("keeper.node", "keeper.soak", "keeper.cli", "keeper.demo")),
+        ("keeper.soak", ("keeper.bridge", "keeper.cli", "keeper.demo")),
+        ("keeper.demo", ("keeper.bridge", "keeper.soak", "keeper.cli")),
         ("keeper", ("exo_deploy_tui",)),
     ],
 )
