@@ -24,6 +24,7 @@ import httpx
 from pydantic import ValidationError
 
 from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
+from keeper.arguments import UsageParser, positive_float, positive_int
 from keeper.bridge.server import run_bridge
 from keeper.master.server import run_master
 from keeper.node.cluster import exit_with_parent, run_cluster
@@ -238,26 +239,6 @@ def cmd_soak(args: argparse.Namespace) -> int:
 # --- argument parsing -----------------------------------------------------------------------
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -280,14 +261,6 @@ def _backends(text: str) -> list[Backend]:
         raise argparse.ArgumentTypeError(
             f"unknown backend {bad!r} (choose from {choices})"
         ) from None
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with our usage exit code spelled out (argparse's own is also 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
@@ -313,7 +286,7 @@ SOAK_COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(
+    parser = UsageParser(
         prog="exo-deploy",
         description="Deployments for exo clusters: a keeper that keeps models running.",
         epilog=EXIT_CODES_HELP,
@@ -351,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--name", default=socket.gethostname(), help="its friendlyName (default: hostname)"
     )
     node.add_argument(
-        "--memory-gb", type=_positive_float, default=32.0, help="its RAM in GB (default 32)"
+        "--memory-gb", type=positive_float, default=32.0, help="its RAM in GB (default 32)"
     )
     node.add_argument(
         "--backends",
@@ -361,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     node.add_argument(
         "--load-gbps",
-        type=_positive_float,
+        type=positive_float,
         default=2.0,
         help="how fast its runners load weights, GB/s (default 2)",
     )
@@ -377,9 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster",
         "a master and N node processes on this machine, in the foreground; Ctrl-C stops all",
     )
-    cluster.add_argument(
-        "--nodes", type=_positive_int, default=3, help="how many nodes (default 3)"
-    )
+    cluster.add_argument("--nodes", type=positive_int, default=3, help="how many nodes (default 3)")
     cluster.add_argument(
         "--port", type=_port, default=52415, help="master API port (default 52415)"
     )
@@ -394,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     restart = cluster.add_mutually_exclusive_group()
     restart.add_argument(
         "--node-restart-delay",
-        type=_positive_float,
+        type=positive_float,
         default=60.0,
         metavar="S",
         help="restart a node that died after S seconds (default 60: after the keeper recovered)",
@@ -411,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy = command("deploy", "create a deployment of MODEL", epilog=EXIT_CODES_HELP)
     deploy.add_argument("model", metavar="MODEL", help="a model id from GET /models")
     deploy.add_argument(
-        "--min-nodes", type=_positive_int, default=1, help="place on at least N nodes (default 1)"
+        "--min-nodes", type=positive_int, default=1, help="place on at least N nodes (default 1)"
     )
     deploy.add_argument(
         "--sharding",
@@ -479,14 +450,14 @@ def _exo_compat_option(parser: argparse.ArgumentParser) -> None:
 def _membership_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="S",
         help="a node silent this long is gone (default 30, exo's)",
     )
     parser.add_argument(
         "--sweep-interval",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="S",
         help="how often instances on departed nodes are deleted (default 10, exo's)",

@@ -5,7 +5,8 @@ Each command differs only in what it checks and what it serves, so those come in
 ``prepare``; everything around them is the same and lives here once: logging, the usage errors
 that exit 2 with one line on stderr, SIGINT/SIGTERM as a clean stop, anyio's asyncio backend
 (uvicorn needs it), and the failures that exit 1 with their reason (an address in use, a damaged
-event log, a disk error) however deep in task groups they were raised.
+event log, a disk error) however deep in task groups they were raised. The soak's commands run
+their own event loop the same way, so ``run_until_signal`` and ``expected_failure`` are public.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import anyio
 
@@ -41,6 +43,7 @@ USAGE_ERRORS = (InsecureBindError, ModelCardError, MasterStartError)
 RUN_FAILURES = (MasterStartError, EventLogCorruptError, OSError)
 
 Serve = Callable[[], Awaitable[None]]
+T = TypeVar("T")
 
 
 def service_token(token: str | None) -> str | None:
@@ -74,16 +77,13 @@ def run_service(command: str, prepare: Callable[[], Serve]) -> int:
         print(f"exo-deploy {command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    async def main() -> None:
-        async with anyio.create_task_group() as group:
-            group.start_soon(_cancel_on_signal, group.cancel_scope)
-            await serve()
-            group.cancel_scope.cancel()
+    def on_signal(name: str) -> None:
+        log.info("%s: shutting down", name)
 
     try:
-        anyio.run(main, backend="asyncio")
+        run_until_signal(serve, on_signal, backend="asyncio")
     except Exception as exc:
-        failure = _run_failure(exc)
+        failure = expected_failure(exc, RUN_FAILURES)
         if failure is None:
             raise
         print(f"exo-deploy {command}: {failure}", file=sys.stderr)
@@ -91,10 +91,41 @@ def run_service(command: str, prepare: Callable[[], Serve]) -> int:
     return EXIT_STOPPED
 
 
-async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+def run_until_signal(
+    main: Callable[[], Awaitable[T]], on_signal: Callable[[str], None], **run_options: Any
+) -> T | None:
+    """Run ``main`` in a new event loop (``run_options`` go to ``anyio.run``) until it returns
+    or SIGINT/SIGTERM cancels it; ``on_signal`` hears the signal's name. None when cancelled."""
+    result: list[T] = []
+
+    async def until_signal() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_on_signal, group.cancel_scope, on_signal)
+            result.append(await main())
+            group.cancel_scope.cancel()
+
+    anyio.run(until_signal, **run_options)
+    return result[0] if result else None
+
+
+def expected_failure(
+    exc: BaseException, kinds: tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """The first exception of ``kinds`` in ``exc``, however deep in task-group wrapping."""
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
+            found = expected_failure(inner, kinds)  # pyright: ignore[reportUnknownArgumentType]
+            if found is not None:
+                return found
+    return None
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope, on_signal: Callable[[str], None]) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for received in signals:
-            log.info("%s: shutting down", signal.Signals(received).name)
+            on_signal(signal.Signals(received).name)
             scope.cancel()
             return
 
@@ -108,15 +139,3 @@ def _port_number(port: int | str) -> int:
     if not 0 <= number <= 65535:
         raise MasterStartError(f"the port must be between 0 and 65535, got {number}")
     return number
-
-
-def _run_failure(exc: BaseException) -> BaseException | None:
-    """The expected failure (bad address, damaged log, disk error) inside task-group wrapping."""
-    if isinstance(exc, RUN_FAILURES):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
-            found = _run_failure(inner)  # pyright: ignore[reportUnknownArgumentType]
-            if found is not None:
-                return found
-    return None

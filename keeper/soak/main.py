@@ -18,10 +18,12 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
+from keeper.arguments import EXIT_USAGE, UsageParser, positive_float, whole_number
+from keeper.master.entry import expected_failure, run_until_signal
 from keeper.node.cluster import ClusterError
 from keeper.soak.harness import layout_summary, run_processes
 from keeper.soak.report import SoakReport, format_recovery, format_table
@@ -30,7 +32,6 @@ from keeper.soak.virtual import deterministic, run_virtual, temporary_data_dir, 
 
 EXIT_KEPT = 0
 EXIT_BROKEN = 1
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 DEFAULT_NODES = 4
 DEFAULT_SEED = 1
@@ -41,39 +42,13 @@ MIN_NODES = 3
 T = TypeVar("T")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
-
-
 def _node_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    value = whole_number(text)
     if value < MIN_NODES:
         raise argparse.ArgumentTypeError(
             f"a soak needs at least {MIN_NODES} nodes (node faults keep two healthy), got {text}"
         )
     return value
-
-
-def _seed(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +60,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seed",
-        type=_seed,
+        type=whole_number,
         default=DEFAULT_SEED,
         help=f"chooses the faults: same seed, same schedule (default {DEFAULT_SEED})",
     )
@@ -95,13 +70,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def soak_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = UsageParser(
         prog="exo-deploy soak",
         description="Faults under load against a local multi-process cluster (master + N nodes):"
         " 12 chat clients, a fault every 20-60 s, then a JSON report.",
     )
     parser.add_argument(
-        "--minutes", type=_positive_float, required=True, help="how long to inject faults"
+        "--minutes", type=positive_float, required=True, help="how long to inject faults"
     )
     _common(parser)
     parser.add_argument(
@@ -114,13 +89,13 @@ def soak_parser() -> argparse.ArgumentParser:
 
 
 def soak_sim_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = UsageParser(
         prog="exo-deploy soak-sim",
         description="The soak in virtual time (trio's MockClock): in-process master and nodes, "
         "seeded and replayable.",
     )
     parser.add_argument(
-        "--hours", type=_positive_float, required=True, help="simulated hours of faults"
+        "--hours", type=positive_float, required=True, help="simulated hours of faults"
     )
     _common(parser)
     return parser
@@ -160,38 +135,19 @@ def _conclude(report: SoakReport, path: Path, prog: str, extra: Sequence[str] = 
     return EXIT_KEPT
 
 
-def _run_interruptible(main: Callable[[], Awaitable[T]], **run_options: object) -> T | None:
+def _run_interruptible(main: Callable[[], Awaitable[T]], **run_options: Any) -> T | None:
     """Run ``main`` in a new event loop; SIGINT/SIGTERM cancel it (None is returned then)."""
-    result: list[T] = []
 
-    async def wrapper() -> None:
-        async with anyio.create_task_group() as group:
+    def on_signal(name: str) -> None:
+        print(f"{name}: stopping", flush=True)
 
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for received in signals:
-                        print(f"{signal.Signals(received).name}: stopping", flush=True)
-                        group.cancel_scope.cancel()
-                        return
-
-            group.start_soon(stop_on_signal)
-            result.append(await main())
-            group.cancel_scope.cancel()
-
-    anyio.run(wrapper, **run_options)  # pyright: ignore[reportArgumentType]
-    return result[0] if result else None
+    return run_until_signal(main, on_signal, **run_options)
 
 
 def _failure(exc: BaseException) -> str | None:
     """The message of an expected failure inside task-group wrapping, else None."""
-    if isinstance(exc, (SoakError, ClusterError)):
-        return str(exc)
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
-            found = _failure(inner)  # pyright: ignore[reportUnknownArgumentType]
-            if found is not None:
-                return found
-    return None
+    found = expected_failure(exc, (SoakError, ClusterError))
+    return None if found is None else str(found)
 
 
 def _mock_clock() -> Any:

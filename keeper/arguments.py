@@ -1,0 +1,48 @@
+"""The argument types and parser every ``exo-deploy`` command line shares.
+
+``keeper.cli`` parses most commands, but the soak parses its own (argparse cannot pass leading
+``--options`` through a subcommand untouched) and sits below the CLI, so it may not import it.
+Both take their parser and argument types from here, so a bad number reads the same everywhere
+and every usage error exits with the same code. Nothing here knows about the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+# The usage exit code of every ``exo-deploy`` command (argparse's own is also 2).
+EXIT_USAGE = 2
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse with the usage exit code spelled out."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = whole_number(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
