@@ -36,36 +36,31 @@ from keeper.state import Backend
 
 T = TypeVar("T")
 
+# Every demo load takes at least this long, so even a tiny model is seen loading on screen.
+DEMO_LOAD_FLOOR_S = 3.0
+
+
+def _demo_mac(
+    name: str, memory_gb: float, load_gb_per_s: float, machine_model: str, chip_id: str, ip: str
+) -> NodeConfig:
+    """A simulated Apple-silicon Mac of the demo: MLX only, each load seen for a few seconds."""
+    return NodeConfig(
+        name=name,
+        memory_gb=memory_gb,
+        backends=(Backend.MLX_METAL,),
+        load_gb_per_s=load_gb_per_s,
+        load_floor_s=DEMO_LOAD_FLOOR_S,
+        machine_model=machine_model,
+        chip_id=chip_id,
+        ip=ip,
+    )
+
+
 DEMO_NODES = (
-    NodeConfig(
-        name="studio",
-        memory_gb=96,
-        backends=(Backend.MLX_METAL,),
-        load_gb_per_s=10.0,
-        load_floor_s=3.0,
-        machine_model="Mac Studio",
-        chip_id="Apple M3 Ultra",
-    ),
-    NodeConfig(
-        name="mini-a",
-        memory_gb=24,
-        backends=(Backend.MLX_METAL,),
-        load_gb_per_s=4.0,
-        load_floor_s=3.0,
-        machine_model="Mac mini",
-        chip_id="Apple M4 Pro",
-        ip="127.0.0.2",
-    ),
-    NodeConfig(
-        name="mini-b",
-        memory_gb=24,
-        backends=(Backend.MLX_METAL,),
-        load_gb_per_s=4.0,
-        load_floor_s=3.0,
-        machine_model="Mac mini",
-        chip_id="Apple M4 Pro",
-        ip="127.0.0.3",
-    ),
+    # name, RAM in GB, load speed in GB/s, machine, chip, address
+    _demo_mac("studio", 96, 10.0, "Mac Studio", "Apple M3 Ultra", "127.0.0.1"),
+    _demo_mac("mini-a", 24, 4.0, "Mac mini", "Apple M4 Pro", "127.0.0.2"),
+    _demo_mac("mini-b", 24, 4.0, "Mac mini", "Apple M4 Pro", "127.0.0.3"),
 )
 # Real catalog models: three that fit somewhere and one (DeepSeek V3.1, ~406 GB) that no demo
 # node set can hold, so the dashboard shows a deployment that cannot be placed and why.
