@@ -11,61 +11,31 @@ startup grace is the real one. Every wait has a deadline; every process is clean
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any
 
-import httpx
 import pytest
+from process_helpers import (
+    alive,
+    chat_reply,
+    free_port,
+    get_json,
+    run_cli,
+    start_cli,
+    stop,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
-T = TypeVar("T")
 MODEL = "mlx-community/Qwen3-0.6B-4bit"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(what: str, deadline_s: float, probe: Callable[[], T | None]) -> T:
-    end = time.monotonic() + deadline_s
-    while True:
-        result = probe()
-        if result is not None:
-            return result
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {deadline_s:g} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def get(url: str) -> Any | None:
-    try:
-        response = httpx.get(url, timeout=2.0, trust_env=False)
-    except httpx.HTTPError:
-        return None
-    return response.json() if response.status_code == 200 else None
-
-
-def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "keeper.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @dataclass
@@ -87,20 +57,11 @@ class Processes:
         return {} if layout is None else {n["name"]: n["pid"] for n in layout["nodes"]}
 
     def chat(self) -> str | None:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        try:
-            response = httpx.post(
-                f"{self.exo_url}/v1/chat/completions", json=body, timeout=10.0, trust_env=False
-            )
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        return response.json()["choices"][0]["message"]["content"] or None
+        return chat_reply(self.exo_url, MODEL)
 
     def serving_node(self) -> tuple[str, str] | None:
         """(instance id, name of the node holding it) of the model's instance in exo."""
-        state = get(f"{self.exo_url}/state")
+        state = get_json(f"{self.exo_url}/state")
         layout = self.layout()
         if state is None or layout is None:
             return None
@@ -113,35 +74,13 @@ class Processes:
         return None
 
 
-def _start(argv: list[str], output: IO[bytes]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "keeper.cli", *argv],
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> int | None:
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            return process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-    return process.returncode
-
-
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Processes]:
     exo_port, bridge_port = free_port(), free_port()
     exo_url = f"http://127.0.0.1:{exo_port}"
     cluster_out = (tmp_path / "cluster.out").open("wb")
     bridge_out = (tmp_path / "bridge.out").open("wb")
-    cluster = _start(
+    cluster = start_cli(
         [
             "cluster",
             "--exo-compat",
@@ -159,7 +98,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         ],
         cluster_out,
     )
-    bridge = _start(
+    bridge = start_cli(
         [
             "bridge",
             "--exo",
@@ -175,8 +114,8 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     try:
         yield running
     finally:
-        _stop(bridge)
-        _stop(cluster)
+        stop(bridge)
+        stop(cluster)
         cluster_out.close()
         bridge_out.close()
 
@@ -185,9 +124,9 @@ def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Proces
     started = time.monotonic()
 
     def bridge_follows_exo() -> bool | None:
-        health = get(f"{processes.bridge_url}/healthz")
+        health = get_json(f"{processes.bridge_url}/healthz")
         nodes = processes.node_pids()
-        exo_state = get(f"{processes.exo_url}/state")
+        exo_state = get_json(f"{processes.exo_url}/state")
         ready = (
             health is not None
             and health["exo"]["reachable"]
@@ -198,7 +137,7 @@ def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Proces
         return True if ready else None
 
     wait_for("exo's 3 nodes and the bridge following it", 30, bridge_follows_exo)
-    deployed = cli("deploy", MODEL, "--url", processes.bridge_url, "--json")
+    deployed = run_cli("deploy", MODEL, "--url", processes.bridge_url, "--json")
     assert deployed.returncode == 0, deployed.stderr
     deployment_id = json.loads(deployed.stdout)["deployment_id"]
 
@@ -218,7 +157,7 @@ def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Proces
     assert wait_for("the model to answer again", 30, processes.chat)
     recovery_s = time.monotonic() - killed_at
 
-    listed = cli("list", "--url", processes.bridge_url, "--json")
+    listed = run_cli("list", "--url", processes.bridge_url, "--json")
     assert listed.returncode == 0, listed.stderr
     (view,) = json.loads(listed.stdout)["deployments"]
     assert view["deployment"]["deploymentId"] == deployment_id
@@ -228,7 +167,7 @@ def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Proces
         5,
         lambda: (
             True
-            if (get(f"{processes.bridge_url}/state") or {})
+            if (get_json(f"{processes.bridge_url}/state") or {})
             .get("deployments", {})
             .get(deployment_id, {})
             .get("instanceId")
@@ -242,16 +181,6 @@ def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Proces
     )
 
     nodes = [pid for pid in processes.node_pids().values() if pid is not None]
-    assert _stop(processes.bridge) == 0
-    assert _stop(processes.cluster) == 0
-    assert [pid for pid in nodes if _alive(pid)] == []
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is still one of our processes (not a reused pid, not a zombie)."""
-    try:
-        if b"keeper.cli" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return False
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert stop(processes.bridge) == 0
+    assert stop(processes.cluster) == 0
+    assert [pid for pid in nodes if alive(pid)] == []

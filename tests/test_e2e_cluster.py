@@ -18,60 +18,30 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import httpx
 import pytest
+from process_helpers import (
+    alive,
+    chat_reply,
+    free_port,
+    get_json,
+    run_cli,
+    start_cli,
+    stop,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
-T = TypeVar("T")
 MODEL = "mlx-community/Qwen3-0.6B-4bit"
 NODE_TIMEOUT_S = 4
 SWEEP_INTERVAL_S = 1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(what: str, deadline_s: float, probe: Callable[[], T | None]) -> T:
-    """Poll ``probe`` until it returns something other than None; fail after the deadline."""
-    end = time.monotonic() + deadline_s
-    while True:
-        result = probe()
-        if result is not None:
-            return result
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {deadline_s:g} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def ours(pid: int) -> bool:
-    """Whether ``pid`` is still one of the processes this test started (not a reused pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"keeper.cli" in cmdline
-
-
-def alive(pid: int) -> bool:
-    if not ours(pid):
-        return False
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        return state != "Z"
-    return False
 
 
 @dataclass
@@ -101,25 +71,11 @@ class Cluster:
         return layout["master"]["pid"] if layout is not None else None
 
     def get(self, path: str) -> Any | None:
-        try:
-            response = httpx.get(self.url + path, timeout=2.0, trust_env=False)
-        except httpx.HTTPError:
-            return None
-        return response.json() if response.status_code == 200 else None
+        return get_json(self.url + path)
 
     def chat(self) -> str | None:
         """The reply text if the model answers right now, else None."""
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        try:
-            response = httpx.post(
-                self.url + "/v1/chat/completions", json=body, timeout=10.0, trust_env=False
-            )
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        text: str = response.json()["choices"][0]["message"]["content"]
-        return text or None
+        return chat_reply(self.url, MODEL)
 
     def serving_node(self) -> tuple[str, str] | None:
         """(instance id, friendly name of its node) of the model's instance, if any."""
@@ -137,24 +93,15 @@ class Cluster:
         return None
 
     def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "keeper.cli", *argv, "--url", self.url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return run_cli(*argv, "--url", self.url)
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     port = free_port()
     output = (tmp_path / "cluster.out").open("wb")
-    process = subprocess.Popen(
+    process = start_cli(
         [
-            sys.executable,
-            "-m",
-            "keeper.cli",
             "cluster",
             "--nodes",
             "3",
@@ -168,22 +115,14 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             str(SWEEP_INTERVAL_S),
             "--no-node-restart",
         ],
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        output,
     )
     running = Cluster(process, tmp_path, f"http://127.0.0.1:{port}")
     try:
         yield running
     finally:
         running.layout()
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        stop(process)
         for pid in running.pids_seen:
             if alive(pid):  # only if the cluster failed to clean up: never leave one behind
                 with contextlib.suppress(OSError):

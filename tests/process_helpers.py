@@ -1,0 +1,128 @@
+"""Starting, polling and stopping ``exo-deploy`` processes for the end-to-end tests.
+
+The end-to-end tests run the real command as processes on sockets, so they share the same
+chores: a free port, waiting on a condition with a deadline (never sleep-and-hope), a JSON GET
+and a chat that read "not yet" as None, running the shell client, and stopping a process group
+for sure even when the test failed. They live here once so every end-to-end test waits and
+cleans up the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import httpx
+import pytest
+
+T = TypeVar("T")
+
+# How often a wait polls: quick enough not to add to a measured recovery, rare enough not to load
+# the processes it watches.
+POLL_INTERVAL_S = 0.2
+# One GET of a local process on loopback; longer means it is not answering.
+GET_TIMEOUT_S = 2.0
+# A chat asks for a few tokens of a simulated model; longer means it is not being served.
+CHAT_TIMEOUT_S = 10.0
+# A client command is one small request; this only bounds a hung one.
+CLI_TIMEOUT_S = 60
+# A SIGTERMed process stops its children and writes its snapshot well within this...
+STOP_TIMEOUT_S = 20
+# ...and a SIGKILLed one is reaped at once; this only bounds a wedged wait.
+KILL_TIMEOUT_S = 10
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(what: str, deadline_s: float, probe: Callable[[], T | None]) -> T:
+    """Poll ``probe`` until it returns something other than None; fail after the deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        result = probe()
+        if result is not None:
+            return result
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {deadline_s:g} s waiting for {what}")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def get_json(url: str) -> Any | None:
+    """The JSON body of a 200 answer; None when unreachable or any other status."""
+    try:
+        response = httpx.get(url, timeout=GET_TIMEOUT_S, trust_env=False)
+    except httpx.HTTPError:
+        return None
+    return response.json() if response.status_code == 200 else None
+
+
+def chat_reply(base_url: str, model: str) -> str | None:
+    """The reply text if ``model`` answers a short chat on ``base_url`` right now, else None."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    try:
+        response = httpx.post(
+            f"{base_url}/v1/chat/completions", json=body, timeout=CHAT_TIMEOUT_S, trust_env=False
+        )
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    text: str = response.json()["choices"][0]["message"]["content"]
+    return text or None
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``exo-deploy ARGV`` to completion, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "keeper.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+
+
+def start_cli(argv: list[str], output: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``exo-deploy ARGV`` in the background, in a session of its own (so its group can be
+    signalled), stdout and stderr both to ``output``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "keeper.cli", *argv],
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> int | None:
+    """SIGTERM the process's group (SIGKILL if it does not stop in time); its exit code."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            return process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=KILL_TIMEOUT_S)
+    return process.returncode
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is still one of our processes (not a reused pid, not a zombie)."""
+    try:
+        if b"keeper.cli" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
