@@ -7,11 +7,14 @@ tests wait, with a deadline, for the screen to show them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pytest
 from textual.pilot import Pilot
+from textual.screen import Screen
 from textual.widgets import Button, Input, OptionList
 
 from exo_deploy_tui.app import DashboardApp
@@ -34,6 +37,8 @@ QWEN30 = "mlx-community/Qwen3-30B-A3B-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 LLAMA70 = "mlx-community/Llama-3.3-70B-Instruct-4bit"
 NO_FIT = "No cycles found with sufficient memory"
+
+ScreenT = TypeVar("ScreenT", bound=Screen[Any])
 
 
 @pytest.fixture
@@ -131,17 +136,36 @@ def selected(app: DashboardApp) -> str | None:
     return app.dashboard.query_one(DeploymentsTable).selected_key
 
 
-async def ready(pilot: Pilot[None]) -> None:
-    app = pilot.app
-    assert isinstance(app, DashboardApp)
-    await until(pilot, lambda: len(app.dashboard.visible_rows) == 4)
+@asynccontextmanager
+async def running(
+    app: DashboardApp, size: tuple[int, int] = (80, 24)
+) -> AsyncIterator[Pilot[None]]:
+    """The app on a terminal of ``size``, once the dashboard lists the 4 deployments."""
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: len(app.dashboard.visible_rows) == 4)
+        yield pilot
+
+
+async def press_to(pilot: Pilot[None], *keys: str, screen: type[ScreenT]) -> ScreenT:
+    """Press ``keys`` and wait until a ``screen`` is on top; that screen."""
+    await pilot.press(*keys)
+    await until(pilot, lambda: isinstance(pilot.app.screen, screen))
+    shown = pilot.app.screen
+    assert isinstance(shown, screen)
+    return shown
+
+
+async def open_create_form(pilot: Pilot[None]) -> CreateScreen:
+    """``n`` on the dashboard, until the form lists the catalog's models."""
+    form = await press_to(pilot, "n", screen=CreateScreen)
+    await until(pilot, lambda: form.shown)
+    return form
 
 
 @pytest.mark.anyio
 async def test_the_main_view_lists_deployments_broken_first() -> None:
     app, _ = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app):
         assert shown_models(app) == [DEEPSEEK, LLAMA, QWEN30, QWEN]
         table = app.dashboard.query_one(DeploymentsTable)
         first = [text.strip() for text, _ in table.row_at(0)]
@@ -152,12 +176,8 @@ async def test_the_main_view_lists_deployments_broken_first() -> None:
 @pytest.mark.anyio
 async def test_create_sends_what_the_form_says() -> None:
     app, client = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
-        await pilot.press("n")
-        await until(pilot, lambda: isinstance(app.screen, CreateScreen))
-        form = app.screen
-        assert isinstance(form, CreateScreen)
+    async with running(app) as pilot:
+        form = await open_create_form(pilot)
         await until(pilot, lambda: len(form.shown) == 7)
         await pilot.press(*"llama 70")
         await until(pilot, lambda: [e.id for e in form.shown] == [LLAMA70])
@@ -179,12 +199,8 @@ async def test_create_sends_what_the_form_says() -> None:
 @pytest.mark.anyio
 async def test_create_names_what_is_wrong_before_sending() -> None:
     app, client = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
-        await pilot.press("n")
-        await until(pilot, lambda: isinstance(app.screen, CreateScreen))
-        form = app.screen
-        assert isinstance(form, CreateScreen)
+    async with running(app) as pilot:
+        form = await open_create_form(pilot)
         await until(pilot, lambda: form.shown)
         form.query_one("#min-nodes", Input).value = "0"
         await pilot.press("ctrl+s")
@@ -203,12 +219,8 @@ async def test_create_names_what_is_wrong_before_sending() -> None:
 async def test_create_shows_the_masters_refusal_and_stays_open() -> None:
     app, client = make_app()
     client.refuse_with = ApiError("no such model: foo", 404)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
-        await pilot.press("n")
-        await until(pilot, lambda: isinstance(app.screen, CreateScreen))
-        form = app.screen
-        assert isinstance(form, CreateScreen)
+    async with running(app) as pilot:
+        form = await open_create_form(pilot)
         await until(pilot, lambda: form.shown)
         await pilot.press(*"llama 70", "ctrl+s")
         error = form.query_one("#form-error")
@@ -219,20 +231,17 @@ async def test_create_shows_the_masters_refusal_and_stays_open() -> None:
 @pytest.mark.anyio
 async def test_delete_asks_first_with_cancel_focused() -> None:
     app, client = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("down")  # Llama
         await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
-        await pilot.press("ctrl+d")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
         focused = app.focused
         assert isinstance(focused, Button) and focused.id == "cancel"
         await pilot.press("enter")  # the default answer keeps the deployment
         await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
         assert client.deleted == []
 
-        await pilot.press("ctrl+d")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
         await pilot.press("right", "enter")
         await until(pilot, lambda: client.deleted)
         assert client.deleted == ["dep-llama-3.2-1b-instruct-4bit"]
@@ -241,8 +250,7 @@ async def test_delete_asks_first_with_cancel_focused() -> None:
 @pytest.mark.anyio
 async def test_filter_narrows_the_table_and_escape_clears_it() -> None:
     app, _ = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("slash", *"mini-b")
         await until(pilot, lambda: shown_models(app) == [QWEN30])
         await pilot.press("enter")  # keep the filter, back to the table
@@ -256,8 +264,7 @@ async def test_filter_narrows_the_table_and_escape_clears_it() -> None:
 @pytest.mark.anyio
 async def test_sort_keys_and_reversal() -> None:
     app, _ = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("N")
         await until(pilot, lambda: shown_models(app) == [DEEPSEEK, LLAMA, QWEN, QWEN30])
         await pilot.press("N")
@@ -270,8 +277,7 @@ async def test_sort_keys_and_reversal() -> None:
 async def test_selection_stays_on_the_deployment_when_rows_come_go_and_resort() -> None:
     clock = Clock()
     app, client = make_app(clock=clock)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("down", "down")  # Qwen3-30B, third row by status
         await until(pilot, lambda: selected(app) == "dep-qwen3-30b-a3b-4bit")
         # DeepSeek goes, a new broken deployment arrives on top, Qwen3-0.6B breaks.
@@ -305,8 +311,7 @@ async def test_selection_stays_on_the_deployment_when_rows_come_go_and_resort() 
 @pytest.mark.anyio
 async def test_when_the_selected_row_goes_the_cursor_stays_in_place() -> None:
     app, client = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("down")
         await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
         builder = cluster()
@@ -328,8 +333,7 @@ async def test_when_the_selected_row_goes_the_cursor_stays_in_place() -> None:
 async def test_a_lost_master_shows_stale_since_and_recovers() -> None:
     clock = Clock()
     app, client = make_app(clock=clock)
-    async with app.run_test(size=(100, 24)) as pilot:
-        await ready(pilot)
+    async with running(app, size=(100, 24)) as pilot:
         header = app.dashboard.query_one(HeaderBar)
         assert "● live" in str(header.render())
         clock.now = FROZEN_NOW + 7
@@ -347,8 +351,7 @@ async def test_a_lost_master_shows_stale_since_and_recovers() -> None:
 @pytest.mark.anyio
 async def test_readonly_hides_and_blocks_create_and_delete() -> None:
     app, client = make_app(readonly=True)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("n", "ctrl+d")
         await pilot.pause()
         assert isinstance(app.screen, DashboardScreen)
@@ -365,8 +368,7 @@ async def test_readonly_hides_and_blocks_create_and_delete() -> None:
 @pytest.mark.anyio
 async def test_broken_only_and_pause() -> None:
     app, client = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("ctrl+z")
         await until(pilot, lambda: shown_models(app) == [DEEPSEEK, LLAMA, QWEN30])
         await pilot.press("ctrl+z", "p")
@@ -382,8 +384,7 @@ async def test_broken_only_and_pause() -> None:
 @pytest.mark.anyio
 async def test_the_command_line_reaches_actions_and_names_mistakes() -> None:
     app, _ = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("colon", *"sort name", "enter")
         await until(pilot, lambda: app.dashboard.sort_key == "name")
         await pilot.press("colon", *"nodes", "enter")
@@ -395,25 +396,20 @@ async def test_the_command_line_reaches_actions_and_names_mistakes() -> None:
 @pytest.mark.anyio
 async def test_describe_shows_the_whole_error_and_history() -> None:
     app, _ = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
-        await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, DescribeScreen))
+    async with running(app) as pilot:
+        await press_to(pilot, "enter", screen=DescribeScreen)
         body = str(app.screen.query_one("#describe-body").render())
         assert "Placement error" in body and NO_FIT in body
         assert "next attempt in 25s (waiting for retry of an unplaceable model)" in body
         assert '"deploymentId": "dep-deepseek-v3.1-4bit"' in body
-        await pilot.press("escape")
-        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        await press_to(pilot, "escape", screen=DashboardScreen)
 
 
 @pytest.mark.anyio
 async def test_describe_stays_live_and_says_when_the_deployment_is_gone() -> None:
     app, client = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
-        await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, DescribeScreen))
+    async with running(app) as pilot:
+        await press_to(pilot, "enter", screen=DescribeScreen)
         body = app.screen.query_one("#describe-body")
         assert '"waiting": "unplaceable_retry"' in str(body.render())  # the keeper's own view
         client.push(SnapshotUpdate(ClusterBuilder().node("studio").state, None))
@@ -425,8 +421,7 @@ async def test_describe_stays_live_and_says_when_the_deployment_is_gone() -> Non
 async def test_countdowns_tick_without_refetching() -> None:
     clock = Clock()
     app, _ = make_app(clock=clock)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         table = app.dashboard.query_one(DeploymentsTable)
 
         def next_cell() -> str:
@@ -441,24 +436,19 @@ async def test_countdowns_tick_without_refetching() -> None:
 @pytest.mark.anyio
 async def test_help_lists_keys() -> None:
     app, _ = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
-        await pilot.press("question_mark")
-        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
-        await pilot.press("escape")
-        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+    async with running(app) as pilot:
+        await press_to(pilot, "question_mark", screen=HelpScreen)
+        await press_to(pilot, "escape", screen=DashboardScreen)
 
 
 @pytest.mark.anyio
 async def test_demo_fault_keys_pick_a_node_and_inject() -> None:
     faults = Faults()
     app, _ = make_app(faults=faults)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("down", "down")  # Qwen3-30B on studio, mini-b
         await until(pilot, lambda: selected(app) == "dep-qwen3-30b-a3b-4bit")
-        await pilot.press("k")
-        await until(pilot, lambda: isinstance(app.screen, NodePickerScreen))
+        await press_to(pilot, "k", screen=NodePickerScreen)
         picker = app.screen.query_one(OptionList)
         assert picker.highlighted == 2  # studio, the selected deployment's first node
         await pilot.press("enter")
@@ -472,8 +462,7 @@ async def test_demo_fault_keys_pick_a_node_and_inject() -> None:
 @pytest.mark.anyio
 async def test_without_demo_fault_keys_do_nothing() -> None:
     app, _ = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(pilot)
+    async with running(app) as pilot:
         await pilot.press("k")
         await pilot.pause()
         assert isinstance(app.screen, DashboardScreen)
