@@ -17,9 +17,11 @@ import pytest
 from anyio.abc import TaskGroup, TaskStatus
 from trio.testing import MockClock
 
+from keeper.api_models import CommandResponse
 from keeper.constants import STARTUP_GRACE
 from keeper.events import InstanceCreated, InstanceDeleted, NodeTimedOut
 from keeper.master.channel import ChannelClosedError, NodeSide, memory_channel_pair
+from keeper.master.chat import ChatStream
 from keeper.master.errors import ChatFailedError, NoInstanceError, NotFoundError
 from keeper.master.protocol import (
     ChatChunk,
@@ -162,6 +164,20 @@ async def wait_until(condition: Callable[[], bool], within_s: float, what: str) 
                 await anyio.sleep(0.05)
     except TimeoutError:
         pytest.fail(f"not within {within_s} s: {what}")
+
+
+async def serve_qwen(master: Master, group: TaskGroup, node: FakeNode) -> CommandResponse:
+    """Run ``master``, connect ``node`` and wait until an instance of Qwen on it is ready."""
+    await group.start(master.run)
+    await connect(master, group, node)
+    placed = await master.place_instance(QWEN)
+    await wait_until(lambda: bool(master.ready_instances(QWEN)), 2, "runner ready")
+    return placed
+
+
+async def say_hi(master: Master) -> ChatStream:
+    """A one-line chat to Qwen, asking for at most 8 tokens."""
+    return await master.chat(QWEN, [ChatMessage(role="user", content="hi")], 8)
 
 
 def instances_of(master: Master, model_id: str) -> list[str]:
@@ -367,7 +383,7 @@ async def test_chat_without_a_ready_instance_is_refused() -> None:
         await group.start(master.run)
         await connect(master, group, FakeNode("a"))
         with pytest.raises(NoInstanceError, match=QWEN) as refused:
-            await master.chat(QWEN, [ChatMessage(role="user", content="hi")], 8)
+            await say_hi(master)
         assert refused.value.status_code == 404
         group.cancel_scope.cancel()
 
@@ -377,11 +393,8 @@ async def test_chat_ends_with_an_error_when_its_node_dies_mid_reply() -> None:
     master = Master(None)
     node = FakeNode("a", chat="die")
     async with anyio.create_task_group() as group:
-        await group.start(master.run)
-        await connect(master, group, node)
-        await master.place_instance(QWEN)
-        await wait_until(lambda: bool(master.ready_instances(QWEN)), 2, "runner ready")
-        stream = await master.chat(QWEN, [ChatMessage(role="user", content="hi")], 8)
+        await serve_qwen(master, group, node)
+        stream = await say_hi(master)
         received: list[str] = []
         started = anyio.current_time()
         with pytest.raises(ChatFailedError, match="disconnected"):
@@ -398,11 +411,8 @@ async def test_chat_to_a_frozen_node_times_out_instead_of_hanging() -> None:
     master = Master(None, config=config)
     node = FakeNode("a", chat="hang")
     async with anyio.create_task_group() as group:
-        await group.start(master.run)
-        await connect(master, group, node)
-        await master.place_instance(QWEN)
-        await wait_until(lambda: bool(master.ready_instances(QWEN)), 2, "runner ready")
-        stream = await master.chat(QWEN, [ChatMessage(role="user", content="hi")], 8)
+        await serve_qwen(master, group, node)
+        stream = await say_hi(master)
         started = anyio.current_time()
         with pytest.raises(ChatFailedError, match="sent nothing for 5 s"):
             async for _ in stream:
@@ -416,11 +426,8 @@ async def test_chat_ends_when_its_instance_is_deleted() -> None:
     master = Master(None)
     node = FakeNode("a", chat="hang")
     async with anyio.create_task_group() as group:
-        await group.start(master.run)
-        await connect(master, group, node)
-        placed = await master.place_instance(QWEN)
-        await wait_until(lambda: bool(master.ready_instances(QWEN)), 2, "runner ready")
-        stream = await master.chat(QWEN, [ChatMessage(role="user", content="hi")], 8)
+        placed = await serve_qwen(master, group, node)
+        stream = await say_hi(master)
         assert placed.instance_id is not None
         await master.delete_instance(placed.instance_id)
         with pytest.raises(ChatFailedError, match="deleted"):
