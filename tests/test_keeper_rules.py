@@ -46,6 +46,7 @@ from keeper.state import (
     Connection,
     Deployment,
     InstanceMeta,
+    ModelCard,
     RDMAConnection,
     Sharding,
     State,
@@ -72,6 +73,20 @@ def one_node_cluster(place: RecordingPlace | None = None) -> tuple[Cluster, Reco
     cluster = Cluster(place=recorder)
     cluster.add_nodes("node-a")
     return cluster, recorder
+
+
+def placed_by_the_keeper() -> tuple[Cluster, str, str]:
+    """A one-node cluster whose deployment of ``m`` the keeper placed at ``T``:
+    (the cluster, the deployment id, the instance id)."""
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    return cluster, deployment_id, cluster.instance_of(deployment_id).instance_id
+
+
+def place_by_hand(cluster: Cluster, model: ModelCard) -> None:
+    """An instance of ``model`` on node-a, ``manual``, that the keeper did not place."""
+    cluster.apply(InstanceCreated(instance=build_instance(model, ["node-a"], instance_id="manual")))
 
 
 # --- startup -------------------------------------------------------------------------------
@@ -215,10 +230,7 @@ def test_a_placement_that_arrives_and_is_gone_before_the_next_step_counts_as_los
 
 
 def test_an_instance_lost_between_two_steps_is_placed_again() -> None:
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    cluster.step(T)
-    first = cluster.instance_of(deployment_id).instance_id
+    cluster, deployment_id, first = placed_by_the_keeper()
     cluster.make_ready(first)
     assert cluster.step(T + 1) == []  # serving
     cluster.delete_instance(first)
@@ -303,10 +315,7 @@ def test_backoff_resets_after_an_instance_that_became_ready_is_lost() -> None:
 def test_an_instance_that_was_ready_once_counts_as_ready_when_lost_after_its_runners_failed() -> (
     None
 ):
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    cluster.step(T)
-    instance_id = cluster.instance_of(deployment_id).instance_id
+    cluster, deployment_id, instance_id = placed_by_the_keeper()
     cluster.make_ready(instance_id)
     cluster.step(T + 1)
     cluster.fail_runner(instance_id)  # it served, then broke: the node gives up on it
@@ -319,7 +328,7 @@ def test_an_instance_that_was_ready_once_counts_as_ready_when_lost_after_its_run
 def test_an_instance_placed_some_other_way_that_vanishes_means_place_now() -> None:
     cluster, _ = one_node_cluster()
     model = card("m")
-    cluster.apply(InstanceCreated(instance=build_instance(model, ["node-a"], instance_id="manual")))
+    place_by_hand(cluster, model)
     deployment_id = cluster.deploy(model)
     assert cluster.step(T) == []
     cluster.delete_instance("manual")  # never ready, but not the keeper's
@@ -328,10 +337,7 @@ def test_an_instance_placed_some_other_way_that_vanishes_means_place_now() -> No
 
 
 def test_a_failed_runner_is_not_ready() -> None:
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    cluster.step(T)
-    instance_id = cluster.instance_of(deployment_id).instance_id
+    cluster, deployment_id, instance_id = placed_by_the_keeper()
     cluster.fail_runner(instance_id)
     cluster.step(T + 1)
     cluster.delete_instance(instance_id)
@@ -350,10 +356,7 @@ def _restarted(cluster: Cluster, started_at: float) -> Cluster:
 
 
 def test_a_new_master_adopts_the_instance_the_deployment_names() -> None:
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    cluster.step(T)
-    named = cluster.instance_of(deployment_id).instance_id
+    cluster, deployment_id, named = placed_by_the_keeper()
     restarted = _restarted(cluster, started_at=1000.0)
     assert restarted.step(1000.0 + STARTUP_GRACE) == []  # it exists: nothing to place
     restarted.delete_instance(named)  # lost before ready: the keeper's own, so a failure
@@ -362,10 +365,7 @@ def test_a_new_master_adopts_the_instance_the_deployment_names() -> None:
 
 
 def test_a_new_master_places_at_once_after_an_adopted_ready_instance_is_lost() -> None:
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    cluster.step(T)
-    named = cluster.instance_of(deployment_id).instance_id
+    cluster, deployment_id, named = placed_by_the_keeper()
     cluster.make_ready(named)
     restarted = _restarted(cluster, started_at=1000.0)
     assert restarted.step(1000.0 + STARTUP_GRACE) == []
@@ -598,7 +598,7 @@ def test_delete_removes_the_deployment_and_the_keepers_instance() -> None:
 def test_delete_leaves_an_instance_placed_some_other_way_running() -> None:
     cluster, _ = one_node_cluster()
     model = card("m")
-    cluster.apply(InstanceCreated(instance=build_instance(model, ["node-a"], instance_id="manual")))
+    place_by_hand(cluster, model)
     deployment_id = cluster.deploy(model)
     cluster.step(T)
     assert cluster.delete(deployment_id) == [DeploymentDeleted(deployment_id=deployment_id)]
@@ -606,17 +606,12 @@ def test_delete_leaves_an_instance_placed_some_other_way_running() -> None:
 
 
 def test_delete_after_the_keepers_instance_is_gone_deletes_no_instance() -> None:
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    cluster.step(T)
-    instance_id = cluster.instance_of(deployment_id).instance_id
+    cluster, deployment_id, instance_id = placed_by_the_keeper()
     cluster.make_ready(instance_id)
     cluster.step(T + 1)
     cluster.delete_instance(instance_id)
     # Someone places the model by hand before the keeper's next step: it is not the keeper's.
-    cluster.apply(
-        InstanceCreated(instance=build_instance(card("m"), ["node-a"], instance_id="manual"))
-    )
+    place_by_hand(cluster, card("m"))
     assert cluster.delete(deployment_id) == [DeploymentDeleted(deployment_id=deployment_id)]
     assert "manual" in cluster.state.instances
 
@@ -676,10 +671,7 @@ def test_delete_of_an_unknown_deployment_does_nothing() -> None:
 
 
 def test_delete_during_the_grace_deletes_the_instance_the_deployment_names() -> None:
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    cluster.step(T)
-    named = cluster.instance_of(deployment_id).instance_id
+    cluster, deployment_id, named = placed_by_the_keeper()
     restarted = _restarted(cluster, started_at=1000.0)
     assert restarted.delete(deployment_id) == [
         DeploymentDeleted(deployment_id=deployment_id),
