@@ -175,6 +175,15 @@ async def serve_qwen(master: Master, group: TaskGroup, node: FakeNode) -> Comman
     return placed
 
 
+async def deploy_qwen_on_one_node(master: Master, group: TaskGroup) -> CommandResponse:
+    """Run ``master`` with one node, deploy Qwen and wait (past the grace) until it serves."""
+    await group.start(master.run)
+    await connect(master, group, FakeNode("a"))
+    created = await master.create_deployment(QWEN)
+    await wait_until(lambda: serving(master, QWEN), STARTUP_GRACE + 5, "placement")
+    return created
+
+
 async def say_hi(master: Master) -> ChatStream:
     """A one-line chat to Qwen, asking for at most 8 tokens."""
     return await master.chat(QWEN, [ChatMessage(role="user", content="hi")], 8)
@@ -268,10 +277,7 @@ async def test_silent_node_times_out_and_the_sweep_deletes_its_instance() -> Non
 async def test_deleting_a_deployment_removes_its_instance_for_good() -> None:
     master = Master(None)
     async with anyio.create_task_group() as group:
-        await group.start(master.run)
-        await connect(master, group, FakeNode("a"))
-        created = await master.create_deployment(QWEN)
-        await wait_until(lambda: serving(master, QWEN), STARTUP_GRACE + 5, "placement")
+        created = await deploy_qwen_on_one_node(master, group)
         assert created.deployment_id is not None
         await master.delete_deployment(created.deployment_id)
         assert master.state.deployments == {}
@@ -287,10 +293,7 @@ async def test_deleting_a_deployment_removes_its_instance_for_good() -> None:
 async def test_an_instance_deleted_by_hand_is_placed_again() -> None:
     master = Master(None)
     async with anyio.create_task_group() as group:
-        await group.start(master.run)
-        await connect(master, group, FakeNode("a"))
-        await master.create_deployment(QWEN)
-        await wait_until(lambda: serving(master, QWEN), STARTUP_GRACE + 5, "placement")
+        await deploy_qwen_on_one_node(master, group)
         (first,) = instances_of(master, QWEN)
         await anyio.sleep(1.5)  # let a keeper step see it ready
         await master.delete_instance(first)
