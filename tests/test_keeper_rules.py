@@ -89,6 +89,15 @@ def place_by_hand(cluster: Cluster, model: ModelCard) -> None:
     cluster.apply(InstanceCreated(instance=build_instance(model, ["node-a"], instance_id="manual")))
 
 
+def too_big_for_node_a() -> tuple[Cluster, RecordingPlace, str]:
+    """The real placement, node-a with 1 GB free and a deployment of a 4 GB model that cannot
+    fit: (the cluster, the recording placement, the deployment id)."""
+    recorder = RecordingPlace(inner=place_instance)
+    cluster = Cluster(place=recorder)
+    cluster.add_node("node-a", available_gb=1.0)
+    return cluster, recorder, cluster.deploy(card("m", size_gb=4.0))
+
+
 # --- startup -------------------------------------------------------------------------------
 
 
@@ -465,10 +474,7 @@ def test_a_reason_cleared_by_a_placement_is_reported_again_when_it_recurs() -> N
 
 
 def test_memory_freeing_up_is_seen_on_the_retry_but_not_before() -> None:
-    recorder = RecordingPlace(inner=place_instance)
-    cluster = Cluster(place=recorder)
-    cluster.add_node("node-a", available_gb=1.0)
-    deployment_id = cluster.deploy(card("m", size_gb=4.0))
+    cluster, recorder, deployment_id = too_big_for_node_a()
     assert failures_of(cluster.step(T)) == [(deployment_id, NO_MEMORY)]
     cluster.add_node("node-a", available_gb=12.0)  # a memory figure: not a change of cluster
     for now in (T + 1, T + 10, T + UNPLACEABLE_RETRY - 0.001):
@@ -479,10 +485,7 @@ def test_memory_freeing_up_is_seen_on_the_retry_but_not_before() -> None:
 
 
 def test_a_node_joining_at_once_is_a_reason_to_try_again() -> None:
-    recorder = RecordingPlace(inner=place_instance)
-    cluster = Cluster(place=recorder)
-    cluster.add_node("node-a", available_gb=1.0)
-    deployment_id = cluster.deploy(card("m", size_gb=4.0))
+    cluster, _, deployment_id = too_big_for_node_a()
     cluster.step(T)
     assert cluster.step(T + 1) == []
     cluster.add_node("node-b", available_gb=12.0)
@@ -808,10 +811,7 @@ def test_attempts_rotate_evenly_while_the_cluster_keeps_changing() -> None:
 
 
 def test_an_old_unplaceable_verdict_does_not_delay_placing_after_a_loss() -> None:
-    recorder = RecordingPlace(inner=place_instance)
-    cluster = Cluster(place=recorder)
-    cluster.add_node("node-a", available_gb=1.0)
-    deployment_id = cluster.deploy(card("m", size_gb=4.0))
+    cluster, _, deployment_id = too_big_for_node_a()
     assert failures_of(cluster.step(T)) == [(deployment_id, NO_MEMORY)]
     cluster.add_node("node-b", available_gb=12.0)
     cluster.link("node-a", "node-b")
