@@ -1,7 +1,7 @@
 """Master benchmarks: router throughput, GET /deployments latency, restart time vs log size.
 
 Run with ``make bench`` (``python -m bench``) or ``python -m bench.master_bench``. Figures are
-printed, never asserted; the targets (issue 3) are printed beside them:
+printed, never asserted; the targets are printed beside them:
 - events through the router (number, log, apply, publish): >= 20,000/s;
 - ``GET /deployments`` p99 with 200 deployments under 20 concurrent clients: <= 20 ms, against
   a real uvicorn in a separate process so the clients do not share its CPU time;

@@ -7,7 +7,7 @@ faults in milliseconds. The embedded demo (``keeper.demo``) uses it on the real 
 Each node has a supervisor that connects it (``memory_channel_pair`` + ``Master.serve_node``),
 runs its session, and reconnects after a short pause whenever the session ends: the master
 closed it (silence, restart), or a fault cut it. Faults are plain methods, callable from the
-event loop at any moment, and each models what the issue asks for in-process:
+event loop at any moment, and each models a real fault in-process:
 
 - ``crash``: the node dies; after ``down_s`` a new node with the same id and no runners starts
   (a process restart: the master sees the same node come back empty-handed);

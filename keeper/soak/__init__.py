@@ -1,4 +1,4 @@
-"""The soak (issue 5): faults under load, proving that no request is lost, no model ever has two
+"""The soak: faults under load, proving that no request is lost, no model ever has two
 instances, and every model comes back by itself.
 
 Two ways to run the same soak (``keeper.soak.run``): against a master and node processes on this

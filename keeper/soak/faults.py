@@ -29,9 +29,9 @@ class FaultKind(StrEnum):
     PARTITION = "partition"  # the node's link to the master is cut for PARTITION_S
 
 
-# The cadence: a fault every 20-60 s.
+# A fault every 20-60 s: often enough that recoveries overlap, rarely enough to see each one.
 FAULT_GAP_S = (20.0, 60.0)
-# The freeze lengths: short ones the master rides out, long ones past its 30 s timeout.
+# Freeze lengths: short ones the master rides out, long ones past its 30 s node timeout.
 FREEZE_S = (5.0, 45.0)
 # Partitions on both sides of the 30 s node timeout too, up to a full minute.
 PARTITION_S = (10.0, 60.0)

@@ -29,7 +29,7 @@ import anyio
 # Twice the master's 30 s chat chunk timeout: a request whose node froze or vanished mid-reply
 # is ended with an error after 30 s; one still open after 60 s was dropped by the system.
 REQUEST_DEADLINE_S = 60.0
-# The load: twelve clients.
+# Twelve clients: steady load on every model without saturating two cores.
 CLIENTS = 12
 # Tokens per reply: a few, so a request is short (0.4 s at the simulated 20 tokens/s) and there
 # are many of them, but still a streamed, multi-chunk reply.

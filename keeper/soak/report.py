@@ -1,6 +1,6 @@
 """The soak's report: the JSON document a run writes, and the table it prints.
 
-The JSON fields are the issue's (``minutes, nodes, seed, requests, results, errors, lost,
+The JSON fields are the soak's contract (``minutes, nodes, seed, requests, results, errors, lost,
 duplicates, faults, recovery, serving_at_end``) plus what explains them: which run it was, the
 deployed models, the keeper-added latency, what the errors were, how many events the log check
 replayed. Times inside a run are seconds since fault injection began, on the run's clock (the

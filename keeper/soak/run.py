@@ -46,7 +46,7 @@ from keeper.soak.report import (
 from keeper.soak.watch import ClusterWatch, check_log
 from keeper.state import State
 
-# The models: one that fits on one node, and one placed as a pipeline over two nodes
+# Two models: one that fits on one node, and one placed as a pipeline over two nodes
 # (min_nodes 2: its 17.6 GB would fit some single nodes, the deployment asks for two).
 SINGLE_NODE_MODEL = Deployed(model_id="mlx-community/Qwen3-0.6B-4bit", min_nodes=1)
 PIPELINE_MODEL = Deployed(model_id="mlx-community/Qwen3-30B-A3B-4bit", min_nodes=2)
