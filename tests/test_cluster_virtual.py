@@ -116,15 +116,24 @@ async def master_running(
     yield master, scope
 
 
-@pytest.mark.anyio
-async def test_deploy_delete_instance_replaced_then_undeploy_leaves_nothing() -> None:
-    watch = Watch()
+@asynccontextmanager
+async def cluster_running(
+    watch: Watch,
+) -> AsyncIterator[tuple[TaskGroup, Master, InProcessCluster]]:
+    """A watched in-memory master with the NODES joined to it; cancel the group to stop both."""
     async with (
         anyio.create_task_group() as group,
         master_running(group, None, watch) as (master, _),
     ):
         cluster = InProcessCluster(master, NODES)
         await group.start(cluster.run)
+        yield group, master, cluster
+
+
+@pytest.mark.anyio
+async def test_deploy_delete_instance_replaced_then_undeploy_leaves_nothing() -> None:
+    watch = Watch()
+    async with cluster_running(watch) as (group, master, cluster):
         started = anyio.current_time()
         created = await master.create_deployment(MODEL)
         deployment_id = created.deployment_id
@@ -174,12 +183,7 @@ async def test_deploy_delete_instance_replaced_then_undeploy_leaves_nothing() ->
 @pytest.mark.anyio
 async def test_a_frozen_node_times_out_and_its_model_is_placed_on_the_others() -> None:
     watch = Watch()
-    async with (
-        anyio.create_task_group() as group,
-        master_running(group, None, watch) as (master, _),
-    ):
-        cluster = InProcessCluster(master, NODES)
-        await group.start(cluster.run)
+    async with cluster_running(watch) as (group, master, cluster):
         await master.create_deployment(MODEL)
         await until(lambda: serving(master.state) is not None, 60, "serving")
         first = serving(master.state)
@@ -259,12 +263,7 @@ async def test_a_restarted_master_rebuilds_from_its_log_and_places_nothing_twice
 @pytest.mark.anyio
 async def test_a_crashed_node_comes_back_empty_and_a_partitioned_one_reconnects() -> None:
     watch = Watch()
-    async with (
-        anyio.create_task_group() as group,
-        master_running(group, None, watch) as (master, _),
-    ):
-        cluster = InProcessCluster(master, NODES)
-        await group.start(cluster.run)
+    async with cluster_running(watch) as (group, master, cluster):
         await until(lambda: len(master.state.topology.nodes) == 3, 10, "joined")
         mid_id = cluster.node("mid").node_id
         sessions = cluster.sessions("mid")
