@@ -19,6 +19,7 @@ from pydantic import (
     Discriminator,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    ValidationError,
     model_serializer,
     model_validator,
 )
@@ -82,3 +83,14 @@ def _tag_of(value: Any) -> str | None:
 # Use as ``Annotated[A | B, TAGGED]`` with ``Tag("A")`` on each member: pydantic then picks the
 # member by the JSON's single key instead of trying each in turn, and names the bad tag on error.
 TAGGED = Discriminator(_tag_of)
+
+
+def first_validation_error(exc: ValidationError) -> str:
+    """The first thing pydantic found wrong, as ``"where.it.is: what is wrong"``: one line that
+    names the field, for a log, a close reason or an error message."""
+    errors = exc.errors()
+    if not errors:
+        return str(exc)
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}" if where else first["msg"]

@@ -67,6 +67,7 @@ from keeper.state import (
     State,
     TensorShardMetadata,
 )
+from keeper.wire import first_validation_error
 
 FIXTURES = Path(__file__).parent / "fixtures"
 STUDIO = "12D3KooWstudioxxxx"
@@ -307,3 +308,9 @@ def test_protocol_messages_round_trip(state: State) -> None:
         ChatRequest(request_id="q", instance_id="i", messages=[]),
     ]:
         assert MASTER_MESSAGE.validate_json(MASTER_MESSAGE.dump_json(message)) == message
+
+
+def test_the_first_validation_error_names_its_field() -> None:
+    with pytest.raises(ValidationError) as bad:
+        MemoryUsage.model_validate({"ramTotal": {"inBytes": "lots"}})
+    assert first_validation_error(bad.value).startswith("ramTotal.inBytes: Input should be")

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from keeper.bridge.exo_wire import ExoListedModel, JsonObject, cards_in_state, listed_models
 from keeper.state import State
+from keeper.wire import first_validation_error
 
 # exo answers on the LAN in milliseconds; a State read that takes longer than this is from an
 # exo too loaded or too far away to act on, and the poll after it would overlap it.
@@ -102,7 +103,7 @@ class ExoClient:
             state = State.model_validate(raw)
         except ValidationError as exc:
             raise ExoUnavailableError(
-                f"GET /state: exo's State is unreadable: {_first(exc)}"
+                f"GET /state: exo's State is unreadable: {first_validation_error(exc)}"
             ) from None
         return ExoState(state=state, raw=raw, cards=cards_in_state(raw))
 
@@ -187,11 +188,3 @@ def _json_object(response: httpx.Response, what: str) -> JsonObject:
     if not isinstance(payload, dict):
         raise ExoUnavailableError(f"{what}: exo's answer is not a JSON object")
     return cast(JsonObject, payload)
-
-
-def _first(exc: ValidationError) -> str:
-    errors = exc.errors()
-    if not errors:
-        return str(exc)
-    where = ".".join(str(part) for part in errors[0]["loc"])
-    return f"{where}: {errors[0]['msg']}" if where else errors[0]["msg"]

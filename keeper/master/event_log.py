@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from keeper.apply import apply
 from keeper.events import IndexedEvent
 from keeper.state import State
+from keeper.wire import first_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class EventLog:
                 try:
                     indexed = IndexedEvent.model_validate_json(line)
                 except ValidationError as exc:
-                    pending_error = (line_offset, _first_error(exc))
+                    pending_error = (line_offset, first_validation_error(exc))
                     torn_at = line_offset
                     continue
                 if indexed.idx != expected:
@@ -258,15 +259,6 @@ def _at_line_start(path: Path, offset: int) -> bool:
     with path.open("rb") as file:
         file.seek(offset - 1)
         return file.read(1) == b"\n"
-
-
-def _first_error(exc: ValidationError) -> str:
-    errors = exc.errors()
-    if not errors:
-        return str(exc)
-    first = errors[0]
-    where = ".".join(str(part) for part in first["loc"])
-    return f"{where}: {first['msg']}" if where else first["msg"]
 
 
 def _fsync_dir(directory: Path) -> None:

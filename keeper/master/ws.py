@@ -27,6 +27,7 @@ from keeper.master.protocol import (
     AnyNodeMessage,
 )
 from keeper.master.service import Master
+from keeper.wire import first_validation_error
 
 NODE_WS_PATH = "/node/ws"
 # WebSocket close codes (RFC 6455): 1007 invalid payload data, 1008 policy violation.
@@ -65,7 +66,9 @@ class WebSocketChannel:
         try:
             return NODE_MESSAGE.validate_json(text)
         except ValidationError as exc:
-            await self.close_with(CLOSE_MALFORMED, f"malformed node message: {_describe(exc)}")
+            await self.close_with(
+                CLOSE_MALFORMED, f"malformed node message: {first_validation_error(exc)}"
+            )
             raise ChannelClosedError from None
 
     async def aclose(self) -> None:
@@ -90,15 +93,6 @@ async def serve_node_websocket(master: Master, websocket: WebSocket, token: str 
         )
         return
     await master.serve_node(channel)
-
-
-def _describe(exc: ValidationError) -> str:
-    errors = exc.errors()
-    if not errors:
-        return str(exc)
-    first = errors[0]
-    where = ".".join(str(part) for part in first["loc"])
-    return f"{where}: {first['msg']}" if where else first["msg"]
 
 
 def _truncate(reason: str) -> str:
