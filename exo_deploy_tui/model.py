@@ -12,7 +12,7 @@ again after 37.2 s".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -234,18 +234,22 @@ def deployment_statuses(state: State) -> dict[DeploymentId, DeploymentStatus]:
         present.add(model)
         if model not in ready and instance_ready(instance, state):
             ready.add(model)
-    statuses: dict[DeploymentId, DeploymentStatus] = {}
-    for d_id, deployment in state.deployments.items():
-        model = deployment.model_card.model_id
-        if model in ready:
-            statuses[d_id] = "serving"
-        elif model in present:
-            statuses[d_id] = "starting"
-        elif deployment.placement_error is not None:
-            statuses[d_id] = "cant_place"
-        else:
-            statuses[d_id] = "placing"
-    return statuses
+    return {d_id: status_of(d, present, ready) for d_id, d in state.deployments.items()}
+
+
+def status_of(
+    deployment: Deployment, present: Container[str], ready: Container[str]
+) -> DeploymentStatus:
+    """The status rule for one deployment, given the models with an instance and the models
+    with a ready one."""
+    model = deployment.model_card.model_id
+    if model in ready:
+        return "serving"
+    if model in present:
+        return "starting"
+    if deployment.placement_error is not None:
+        return "cant_place"
+    return "placing"
 
 
 def parse_iso(text: str | None) -> float | None:
@@ -396,17 +400,9 @@ class ClusterModel:
             instances_of.setdefault(model, []).append(instance)
             if model not in ready_nodes and instance_ready(instance, state):
                 ready_nodes[model] = tuple(instance.shard_assignments.node_to_runner)
-        statuses: dict[DeploymentId, DeploymentStatus] = {}
-        for d_id, deployment in state.deployments.items():
-            model = deployment.model_card.model_id
-            if model in ready_nodes:
-                statuses[d_id] = "serving"
-            elif model in instances_of:
-                statuses[d_id] = "starting"
-            elif deployment.placement_error is not None:
-                statuses[d_id] = "cant_place"
-            else:
-                statuses[d_id] = "placing"
+        statuses: dict[DeploymentId, DeploymentStatus] = {
+            d_id: status_of(d, instances_of, ready_nodes) for d_id, d in state.deployments.items()
+        }
         names = self.remembered_names()
         names.update(
             (node_id, identity.friendly_name)
