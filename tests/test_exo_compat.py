@@ -171,6 +171,18 @@ def test_exo_s_own_refusals() -> None:
             exo_place(state, catalog[model_id], Sharding.PIPELINE, InstanceMeta.MLX_RING, min_nodes)
 
 
+def test_one_node_is_no_rdma_cycle_and_no_tensor_split() -> None:
+    state, model = idle_state(), exo_catalog()["mlx-community/Qwen3-30B-A3B-4bit"]
+    with pytest.raises(ValueError, match="no RDMA-connected cycles"):
+        exo_place(state, model, Sharding.PIPELINE, InstanceMeta.MLX_JACCL, 1)
+    alone = exo_place(state, model, Sharding.TENSOR, InstanceMeta.MLX_RING, 1)
+    (shard,) = alone["MlxRingInstance"]["shardAssignments"]["runnerToShard"].values()
+    assert list(shard) == ["PipelineShardMetadata"]
+    split = exo_place(state, model, Sharding.TENSOR, InstanceMeta.MLX_RING, 2)
+    shards = split["MlxRingInstance"]["shardAssignments"]["runnerToShard"].values()
+    assert [list(shard) for shard in shards] == [["TensorShardMetadata"]] * 2
+
+
 def test_deepseek_v3_1_8bit_is_never_pipelined_once_it_fits() -> None:
     raw = recorded("state-3-nodes-idle.json")
     for usage in raw["nodeMemory"].values():

@@ -9,7 +9,8 @@ exo's order); this module adds what exo 0.3.70 does around it:
   "Gemma 4 ...") can only be "pipelined" on a single node: when no single node may take it
   (``min_nodes`` above 1, or no node with the memory), exo refuses;
 - exo does not count a single node as an RDMA cycle (its previews refuse MlxJaccl on one node
-  with the RDMA reason, where our placement lets one node qualify);
+  with the RDMA reason, where our placement lets one node qualify), and it turns a Tensor
+  placement that lands on one node into a Pipeline on MlxRing;
 - exo's full model card in every shard, and the two shard fields exo has and we do not
   (``immediateException``, ``shouldTimeout``), so the instance is the one exo would answer;
 - the previews: every (sharding, engine, node count) exo tries, one entry per distinct result,
@@ -99,11 +100,12 @@ def exo_place(
         refusal = _pipeline_refusal(state, model, min_nodes)
         if refusal is not None:
             raise ValueError(refusal)
-    if (
-        instance_meta == InstanceMeta.MLX_JACCL
-        and len(instance.shard_assignments.node_to_runner) == 1
-    ):
-        raise ValueError(NO_RDMA)
+    if len(instance.shard_assignments.node_to_runner) == 1:
+        if instance_meta == InstanceMeta.MLX_JACCL:
+            raise ValueError(NO_RDMA)
+        if sharding == Sharding.TENSOR:
+            # One node has nothing to split: exo makes it a Pipeline on MlxRing.
+            instance = place_instance(state, card, Sharding.PIPELINE, InstanceMeta.MLX_RING, 1)
     return exo_instance_json(instance, model.full_card)
 
 
