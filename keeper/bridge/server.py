@@ -53,7 +53,7 @@ async def serve_bridge(
             "exo-deploy bridge listening on http://%s:%d, following exo at %s",
             shown_host(host),
             bound_port,
-            bridge.exo.url,
+            _followed(bridge),
         )
 
     await serve_service(
@@ -65,6 +65,11 @@ async def serve_bridge(
         announce=announce,
         task_status=task_status,
     )
+
+
+def _followed(bridge: Bridge) -> str:
+    first, *rest = (api.url for api in bridge.exo_apis)
+    return f"{first} (then {', '.join(rest)})" if rest else first
 
 
 def check_exo_url(url: str) -> str:
