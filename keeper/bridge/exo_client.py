@@ -37,10 +37,11 @@ from keeper.state import State
 # exo answers on the LAN in milliseconds; a State read that takes longer than this is from an
 # exo too loaded or too far away to act on, and the poll after it would overlap it.
 REQUEST_TIMEOUT_S = 5.0
-# exo's API holds commands while its nodes elect a master (measured: ~3 s, up to 6 s). Twice the
-# longest pause, so a command sent during an election normally gets its answer; one that does
-# not may still be applied, and is resent with the same instance id (see keeper.bridge.in_flight).
-COMMAND_TIMEOUT_S = 12.0
+# exo's API holds commands while its nodes elect a master (measured: ~3 s, up to 6 s). Longer
+# than that, so a command sent during an election normally gets its answer (one that does not may
+# still be applied, and is resent with the same instance id: keeper.bridge.in_flight); short
+# enough that a deployments call waiting behind it still answers within a client's 10 s.
+COMMAND_TIMEOUT_S = 8.0
 
 
 class ExoUnavailableError(Exception):

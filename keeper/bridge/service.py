@@ -336,8 +336,8 @@ class Bridge:
                     self._doomed.add(event.instance_id, now)
             self._record([event for event in events if not isinstance(event, InstanceDeleted)])
             self._refused.pop(deployment_id, None)
-            if self._exo is not None and self._outage is None:
-                await self._delete_doomed(self._exo, now)
+            # The DELETEs go out with the next tick, on the State it reads: not on an older
+            # State, and not while the caller waits (exo may hold commands for seconds).
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment)
 
