@@ -3,8 +3,10 @@
 ``master --exo-compat`` (a ``Master`` with its keeper off, behind exo's API) runs with
 ``InProcessCluster`` nodes on memory channels; the bridge reaches its API through ``ExoLink``, an
 httpx transport into the ASGI app that can also fail the way a network and exo do: go down,
-refuse instances with exo's 400, or accept an instance and apply it only later (exo answers a
-command before it applies it). Everything runs under trio's MockClock.
+refuse instances with exo's 400, accept an instance and apply it only later (exo answers a
+command before it applies it), hold commands through an election (answering and applying them
+only when it ends, even if the caller gave up waiting), or answer ``GET /state`` with a State
+changed on the way. Everything runs under trio's MockClock.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.refuse_instances: str | None = None  # exo's 400 message for POST /instance
         self.hold_instances = False  # answer POST /instance at once, apply on release()
         self.state_answer: tuple[int, Any] | None = None  # what GET /state answers instead
+        self.state_edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        # exo holds commands until its election ends (anyio time; None: ended), then applies them,
+        # whether or not the caller still waits for the answer (needs ``group``).
+        self.election_until: float | None = None
+        self.group: TaskGroup | None = None
         self.held: list[httpx.Request] = []
         self.calls: list[tuple[str, str, Any]] = []
 
@@ -53,9 +60,15 @@ class ExoLink(httpx.AsyncBaseTransport):
             status, body = self.state_answer
             content = body if isinstance(body, bytes) else json.dumps(body).encode()
             return httpx.Response(status, content=content)
+        if (method, path) == ("GET", "/state") and self.state_edit is not None:
+            response = await self._inner.handle_async_request(request)
+            edited = self.state_edit(json.loads(await response.aread()))
+            return httpx.Response(response.status_code, json=edited)
         if (method, path) != ("GET", "/state"):
             body = json.loads(request.content) if request.content else None
             self.calls.append((method, path, body))
+        if method != "GET" and self.election_until is not None:
+            return await self._after_election(request)
         if (method, path) == ("POST", "/instance"):
             if self.refuse_instances is not None:
                 return httpx.Response(
@@ -66,9 +79,26 @@ class ExoLink(httpx.AsyncBaseTransport):
                 return httpx.Response(200, json={"message": "Command received."})
         return await self._inner.handle_async_request(request)
 
-    async def release(self) -> None:
-        """exo applies the instances it accepted and held back."""
-        held, self.held = self.held, []
+    async def _after_election(self, request: httpx.Request) -> httpx.Response:
+        assert self.group is not None
+        answer: list[httpx.Response] = []
+        done = anyio.Event()
+
+        async def apply_when_elected() -> None:  # not cancelled when the caller gives up
+            # The election's end may be moved while it runs: read it as it is now.
+            while self.election_until is not None and anyio.current_time() < self.election_until:
+                await anyio.sleep(0.05)
+            answer.append(await self._inner.handle_async_request(request))
+            done.set()
+
+        self.group.start_soon(apply_when_elected)
+        await done.wait()
+        return answer[0]
+
+    async def release(self, instance_id: str | None = None) -> None:
+        """exo applies the instances it accepted and held back (only this one's, if given)."""
+        held = [r for r in self.held if instance_id is None or _posted_id(r) == instance_id]
+        self.held = [r for r in self.held if r not in held]
         for request in held:
             response = await self._inner.handle_async_request(request)
             assert response.status_code == 200, response.status_code
@@ -87,6 +117,10 @@ class ExoLink(httpx.AsyncBaseTransport):
             for method, path, _ in self.calls
             if method == "DELETE" and path.startswith("/instance/")
         ]
+
+
+def _posted_id(request: httpx.Request) -> str:
+    return next(iter(json.loads(request.content)["instance"].values()))["instanceId"]
 
 
 @dataclass
@@ -148,6 +182,7 @@ async def exo_with_bridge(
     cluster = InProcessCluster(master, [NodeConfig(name, memory_gb) for name, memory_gb in nodes])
     link = ExoLink(create_exo_compat_app(master))
     async with anyio.create_task_group() as group:
+        link.group = group
         await group.start(master.run)
         await group.start(cluster.run)
         await wait_until(

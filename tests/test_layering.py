@@ -30,6 +30,7 @@ DATA_MODEL = {
     "keeper.api_models",
     "keeper.catalog",
     "keeper.constants",
+    "keeper.exo_state",
 }
 KEEPER_CORE_PREFIXES = ("keeper.core", "keeper.placement", "keeper.keeper_")
 # What a pure function of State must not reach for: clocks, event loops, files, sockets,

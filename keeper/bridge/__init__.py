@@ -8,8 +8,11 @@ through exo's public API: ``POST /instance`` with exactly the instance the keepe
 against it as against our master.
 
 - ``exo_wire``: our Instance in the exact JSON exo's strict parser accepts (pure);
-- ``exo_client``: the HTTP calls to exo, each with a deadline and one error type per outcome;
+- ``exo_client``: the HTTP calls to exo, each with a deadline and one error type per outcome
+  (exo's State read strictly by ``keeper.exo_state``);
 - ``service``: the loop, the deployments and what the keeper's events become;
+- ``in_flight``: instances sent to exo and not shown yet: resent as themselves, given up only
+  when exo clearly dropped them (pure);
 - ``doomed``: instances to delete in exo until exo's State shows them gone;
 - ``api`` / ``server``: the HTTP API and running it.
 """

@@ -1,7 +1,8 @@
 """The bridge's only way to reach exo: four calls of exo's public HTTP API.
 
-- ``GET /state``: exo's State, read with our tolerant model (and kept as raw JSON too, for the
-  model cards exo wrote and for serving exo's State on with the deployments merged in);
+- ``GET /state``: exo's State, read strictly where the keeper decides (``keeper.exo_state``) and
+  kept as raw JSON too, for the model cards exo wrote and for serving exo's State on with the
+  deployments merged in;
 - ``GET /models``: exo's model list;
 - ``POST /instance`` ``{"instance": ...}``: create exactly this instance (exo accepts the command
   and applies it shortly after);
@@ -11,7 +12,13 @@ Every call has a deadline on anyio's clock (so tests run it in virtual time) and
 three ways the service can act on: an answer; ``ExoRefusedError`` (exo said no, with its message:
 a 4xx); or ``ExoUnavailableError`` (no answer, a 5xx, or an answer that cannot be read). A
 refusal is about the request; unavailability is about exo, and means nothing may be decided on
-what the bridge last saw.
+what the bridge last saw. ``ExoStateUnreadableError`` is the unavailability of a State that came
+back whole as JSON but lacks, or garbles, what the keeper decides on.
+
+Reads and commands have different deadlines. exo answers ``GET /state`` from its API's own copy
+of the State, at once, even during an election; but it holds every command (``POST /instance``,
+``DELETE /instance``) until an election is over, which takes seconds. A command that outlives
+its deadline has not failed: exo may still apply it (the service's in-flight rules).
 """
 
 from __future__ import annotations
@@ -22,19 +29,27 @@ from typing import Any, Protocol, cast
 
 import anyio
 import httpx
-from pydantic import ValidationError
 
 from keeper.bridge.exo_wire import ExoListedModel, JsonObject, cards_in_state, listed_models
+from keeper.exo_state import Unreadable, read_exo_state
 from keeper.state import State
-from keeper.wire import first_validation_error
 
 # exo answers on the LAN in milliseconds; a State read that takes longer than this is from an
 # exo too loaded or too far away to act on, and the poll after it would overlap it.
 REQUEST_TIMEOUT_S = 5.0
+# exo's API holds commands while its nodes elect a master (measured: ~3 s, up to 6 s). Longer
+# than that, so a command sent during an election normally gets its answer (one that does not may
+# still be applied, and is resent with the same instance id: keeper.bridge.in_flight); short
+# enough that a deployments call waiting behind it still answers within a client's 10 s.
+COMMAND_TIMEOUT_S = 8.0
 
 
 class ExoUnavailableError(Exception):
     """exo did not answer usefully; ``str()`` says how, for the operator."""
+
+
+class ExoStateUnreadableError(ExoUnavailableError):
+    """exo answered ``GET /state`` with a State the keeper cannot act on (``keeper.exo_state``)."""
 
 
 class ExoRefusedError(Exception):
@@ -83,13 +98,15 @@ class ExoClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
     ) -> None:
         self.url = url.rstrip("/")
         self._timeout_s = timeout_s
+        self._command_timeout_s = command_timeout_s
         self._http = httpx.AsyncClient(
             base_url=self.url,
             transport=transport,
-            timeout=httpx.Timeout(timeout_s),
+            timeout=httpx.Timeout(max(timeout_s, command_timeout_s)),
             trust_env=False,  # exo is on the LAN: never through an HTTP proxy from the env
         )
 
@@ -99,12 +116,9 @@ class ExoClient:
     async def state(self) -> ExoState:
         response = await self._get("/state")
         raw = _json_object(response, "GET /state")
-        try:
-            state = State.model_validate(raw)
-        except ValidationError as exc:
-            raise ExoUnavailableError(
-                f"GET /state: exo's State is unreadable: {first_validation_error(exc)}"
-            ) from None
+        state = read_exo_state(raw)
+        if isinstance(state, Unreadable):
+            raise ExoStateUnreadableError(state.reason)
         return ExoState(state=state, raw=raw, cards=cards_in_state(raw))
 
     async def models(self) -> ExoModels:
@@ -137,12 +151,13 @@ class ExoClient:
 
     async def _call(self, method: str, path: str, body: JsonObject | None = None) -> httpx.Response:
         what = f"{method} {path}"
+        timeout_s = self._timeout_s if method == "GET" else self._command_timeout_s
         try:
-            with anyio.fail_after(self._timeout_s):
+            with anyio.fail_after(timeout_s):
                 response = await self._http.request(method, path, json=body)
         except TimeoutError:
             raise ExoUnavailableError(
-                f"{what}: no answer from exo at {self.url} within {self._timeout_s:g} s"
+                f"{what}: no answer from exo at {self.url} within {timeout_s:g} s"
             ) from None
         except httpx.HTTPError as exc:
             reason = str(exc) or type(exc).__name__

@@ -21,6 +21,23 @@ keeper is not stepped and the deployments say why ("exo unreachable since 12:03:
 next good read brings everything back by itself. The keeper's startup grace runs from the
 bridge's own start, so after a restart exo's State (which still holds the instances) is read
 before anything is placed; deployments come back from the log.
+
+Nothing is decided on a State that lacks what the keeper decides on either. Our State model is
+tolerant (a missing key reads as empty), which against someone else's exo fails open: a renamed
+``instances`` reads as "every model lost". exo's State is read strictly (``keeper.exo_state``);
+one that lacks ``instances``, ``runners``, ``topology`` or ``nodeMemory``, or has an instance
+that does not parse, places nothing and deletes nothing, and the deployments say
+"exo state unreadable since 12:03:04: <what was wrong>".
+
+Elections (``keeper.bridge.in_flight``): exo holds commands while its nodes elect a master, so a
+``POST /instance`` without an answer is not a failure. It stays in flight, is resent with the
+same instance id (exo keys instances by id, so that is idempotent) and no other instance is sent
+for its deployment until exo's State shows it or exo, answering again, has clearly dropped it;
+one given up is doomed, so if it lands late after all, the extra is deleted.
+
+Failover: the bridge may be given several exo URLs (any node's API serves exo's State and takes
+its commands). It follows the first that answers and moves to the next when the one in use stops
+answering; each step uses only the State read in that tick from the URL in use.
 """
 
 from __future__ import annotations
@@ -38,17 +55,20 @@ from anyio.abc import TaskStatus
 
 from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
 from keeper.apply import apply
+from keeper.bridge import in_flight
 from keeper.bridge.doomed import DoomedInstances
 from keeper.bridge.exo_client import (
     ExoApi,
     ExoModels,
     ExoRefusedError,
     ExoState,
+    ExoStateUnreadableError,
     ExoUnavailableError,
 )
 from keeper.bridge.exo_wire import JsonObject, create_instance_body, deployment_card, exo_card
+from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.constants import PLACEMENT_TIMEOUT, STARTUP_GRACE
+from keeper.constants import STARTUP_GRACE
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
@@ -112,18 +132,16 @@ class ExoDownError(MasterError):
     status_code = 503
 
 
+UNREACHABLE = "unreachable"
+STATE_UNREADABLE = "state unreadable"
+
+
 @dataclass(frozen=True)
 class Outage:
     since: datetime  # wall clock, UTC
     reason: str
-
-
-@dataclass(frozen=True)
-class _Pending:
-    """An instance exo accepted (or may have) that its State does not show yet."""
-
-    deployment_id: str
-    posted_at: float
+    # UNREACHABLE: no usable answer; STATE_UNREADABLE: a State lacking what the keeper decides on.
+    kind: str = UNREACHABLE
 
 
 class Bridge:
@@ -131,14 +149,18 @@ class Bridge:
 
     def __init__(
         self,
-        exo: ExoApi,
+        exo: ExoApi | Sequence[ExoApi],
         data_dir: Path | None,
         clock: Clock | None = None,
         config: BridgeConfig | None = None,
         *,
         keeper_factory: KeeperFactory = default_keeper,
     ) -> None:
-        self.exo = exo
+        # One exo API per URL given, in order of preference; ``exo`` is the one in use.
+        self.exo_apis: tuple[ExoApi, ...] = tuple(exo) if isinstance(exo, Sequence) else (exo,)
+        if not self.exo_apis:
+            raise ValueError("the bridge needs at least one exo URL")
+        self._in_use = 0
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else BridgeConfig()
         self.catalog = catalog_by_id(self.config.model_cards)
@@ -157,12 +179,17 @@ class Bridge:
         self._cards_seen: dict[str, JsonObject] = {}
         self._models: ExoModels | None = None
         self._models_at = 0.0
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, Creation] = {}  # instance id -> its creation, in flight
         self._refused: dict[str, str] = {}  # deployment id -> the instance exo refused last
         self._doomed = DoomedInstances(self.data_dir)
         self._running = False
 
     # --- read side -------------------------------------------------------------------------
+
+    @property
+    def exo(self) -> ExoApi:
+        """The exo API in use: the State of each step is read from it, commands go to it."""
+        return self.exo_apis[self._in_use]
 
     @property
     def clock(self) -> Clock:
@@ -233,14 +260,15 @@ class Bridge:
         return view
 
     def _detail(self, deployment_id: str) -> str | None:
-        if self._outage is not None:
-            since = self._outage.since.astimezone().strftime("%H:%M:%S")
-            return f"exo unreachable since {since}: {self._outage.reason}"
+        outage = self._outage
+        if outage is not None:
+            since = outage.since.astimezone().strftime("%H:%M:%S")
+            return f"exo {outage.kind} since {since}: {outage.reason}"
         if self._exo is None:
             return "waiting for exo's first answer"
-        for instance_id, pending in self._pending.items():
-            if pending.deployment_id == deployment_id:
-                return f"instance {instance_id[:8]} sent to exo; waiting for exo's State to show it"
+        for instance_id, creation in self._pending.items():
+            if creation.deployment_id == deployment_id:
+                return in_flight.detail(instance_id, creation, self.clock.monotonic())
         if deployment_id in self._refused:
             return "exo refused the last placement (see the placement error)"
         return None
@@ -250,10 +278,14 @@ class Bridge:
         return {
             "status": "ok" if self._running else "stopped",
             "exo": {
-                "url": self.exo.url,
-                "reachable": self._exo is not None and outage is None,
+                "url": self.exo.url,  # the one in use
+                "urls": [api.url for api in self.exo_apis],
+                "reachable": self._exo is not None
+                and (outage is None or outage.kind != UNREACHABLE),
+                "state_readable": self._exo is not None and outage is None,
                 "unreachable_since": iso_utc(outage.since) if outage is not None else None,
                 "reason": outage.reason if outage is not None else None,
+                "outage": outage.kind if outage is not None else None,
             },
             "deployments": len(self._own.deployments),
             "instances_to_delete": len(self._doomed),
@@ -293,18 +325,19 @@ class Bridge:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             now = self.clock.monotonic()
             events = self.keeper.delete(deployment_id, self.state)
-            # Instances sent to exo for it that exo may still apply are deleted too.
-            for instance_id, pending in list(self._pending.items()):
-                if pending.deployment_id == deployment_id:
-                    self._doomed.add(instance_id, now)
+            # Instances sent to exo for it that exo may still apply are deleted too, whenever
+            # they land (an unanswered POST may be applied after an election).
+            for instance_id, creation in list(self._pending.items()):
+                if creation.deployment_id == deployment_id:
+                    self._doomed.add(instance_id, now, LATE_LANDING_WATCH_S)
                     del self._pending[instance_id]
             for event in events:
                 if isinstance(event, InstanceDeleted):
                     self._doomed.add(event.instance_id, now)
             self._record([event for event in events if not isinstance(event, InstanceDeleted)])
             self._refused.pop(deployment_id, None)
-            if self._exo is not None and self._outage is None:
-                await self._delete_doomed(self._exo, now)
+            # The DELETEs go out with the next tick, on the State it reads: not on an older
+            # State, and not while the caller waits (exo may hold commands for seconds).
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment)
 
@@ -358,8 +391,9 @@ class Bridge:
         )
         self._running = True
         log.info(
-            "following exo at %s: %d deployment(s), %d instance(s) to delete",
+            "following exo at %s (of %s): %d deployment(s), %d instance(s) to delete",
             self.exo.url,
+            ", ".join(api.url for api in self.exo_apis),
             len(self._own.deployments),
             len(self._doomed),
         )
@@ -376,16 +410,19 @@ class Bridge:
                 )
         finally:
             self._running = False
+            # What exo may still apply is not followed after this: if it lands, delete it (the
+            # next run, after its grace, places again if need be).
+            for instance_id in list(self._pending):
+                self._doomed.add(instance_id, clock.monotonic(), LATE_LANDING_WATCH_S)
+            self._pending.clear()
             if self._log.events_since_snapshot:
                 self._log.write_snapshot(self._own)
             self._log.close()
 
     async def tick(self) -> None:
         """Read exo's State; if it answered, settle, delete what is doomed and step the keeper."""
-        try:
-            exo = await self.exo.state()
-        except ExoUnavailableError as exc:
-            self._exo_unavailable(str(exc))
+        exo = await self._read_state()
+        if exo is None:
             return
         self._exo_available(exo)
         async with self._lock:
@@ -394,23 +431,62 @@ class Bridge:
             await self._delete_doomed(exo, now)
             if self._outage is not None:
                 return  # exo stopped answering meanwhile: this State may already be stale
+            await self._resend_creations(exo, now)
             events = self.keeper.step(self.state, now)
             self._last_error = None
             await self._act(events, now)
 
+    async def _read_state(self) -> ExoState | None:
+        """This tick's State, from the URL in use, or from the next URL that answers (which is
+        then in use). None, with the outage recorded, when no URL gives a State to act on."""
+        failures: list[str] = []
+        count = len(self.exo_apis)
+        for offset in range(count):
+            index = (self._in_use + offset) % count
+            api = self.exo_apis[index]
+            try:
+                exo = await api.state()
+            except ExoStateUnreadableError as exc:
+                # exo answers, with a State the keeper cannot act on: no reason to leave it.
+                self._switch_to(index)
+                self._exo_unavailable(str(exc), STATE_UNREADABLE)
+                return None
+            except ExoUnavailableError as exc:
+                failures.append(str(exc))
+                continue
+            self._switch_to(index)
+            return exo
+        self._exo_unavailable("; ".join(failures))
+        return None
+
+    def _switch_to(self, index: int) -> None:
+        if index != self._in_use:
+            log.warning(
+                "exo at %s stopped answering; following exo at %s",
+                self.exo.url,
+                self.exo_apis[index].url,
+            )
+            self._in_use = index
+
     def _exo_available(self, exo: ExoState) -> None:
         if self._outage is not None:
-            log.info("exo answers again (unreachable since %s)", iso_utc(self._outage.since))
+            log.info(
+                "exo at %s gives a State to act on again (%s since %s)",
+                self.exo.url,
+                self._outage.kind,
+                iso_utc(self._outage.since),
+            )
             self._outage = None
         self._exo = exo
         self._cards_seen.update(exo.cards)
 
-    def _exo_unavailable(self, reason: str) -> None:
-        if self._outage is None:
-            log.warning("exo unavailable, placing nothing until it answers: %s", reason)
-            self._outage = Outage(self.clock.wall(), reason)
+    def _exo_unavailable(self, reason: str, kind: str = UNREACHABLE) -> None:
+        outage = self._outage
+        if outage is None or outage.kind != kind:
+            log.warning("exo %s, placing and deleting nothing: %s", kind, reason)
+            self._outage = Outage(self.clock.wall(), reason, kind)
         else:
-            self._outage = replace(self._outage, reason=reason)
+            self._outage = replace(outage, reason=reason)
 
     def _report_error(self, exc: Exception) -> None:
         # Each distinct error is logged once, with its trace, not once a second.
@@ -420,28 +496,40 @@ class Bridge:
             self._last_error = described
 
     def _settle_placements(self, exo: ExoState, now: float) -> None:
-        """Record DeploymentPlaced for instances exo now shows; forget ones it never will."""
-        for instance_id, pending in list(self._pending.items()):
-            deployment = self._own.deployments.get(pending.deployment_id)
+        """Record DeploymentPlaced for instances exo now shows; give up on ones it dropped."""
+        for instance_id, creation in list(self._pending.items()):
+            deployment = self._own.deployments.get(creation.deployment_id)
             if deployment is None:
                 del self._pending[instance_id]
+                self._doomed.add(instance_id, now, LATE_LANDING_WATCH_S)
             elif instance_id in exo.state.instances:
                 del self._pending[instance_id]
                 if deployment.instance_id != instance_id:
                     self._record(
                         [
                             DeploymentPlaced(
-                                deployment_id=pending.deployment_id, instance_id=instance_id
+                                deployment_id=creation.deployment_id, instance_id=instance_id
                             )
                         ]
                     )
-            elif now >= pending.posted_at + PLACEMENT_TIMEOUT:
+            elif in_flight.given_up(creation, now):
                 del self._pending[instance_id]
+                # Should it land after all (after the keeper placed another), it is deleted.
+                self._doomed.add(instance_id, now, LATE_LANDING_WATCH_S)
                 log.warning(
-                    "exo never showed instance %s of deployment %s; the keeper places again",
+                    "exo never showed instance %s of deployment %s (sent %d time(s)); "
+                    "the keeper places again",
                     instance_id,
-                    pending.deployment_id,
+                    creation.deployment_id,
+                    creation.sends,
                 )
+
+    async def _resend_creations(self, exo: ExoState, now: float) -> None:
+        """POST again, same body, each creation exo has not shown for a while (in_flight)."""
+        for instance_id, creation in list(self._pending.items()):
+            if instance_id not in exo.state.instances and in_flight.resend_due(creation, now):
+                self._pending[instance_id] = in_flight.resent(creation, now)
+                await self._post_creation(instance_id)
 
     async def _delete_doomed(self, exo: ExoState, now: float) -> None:
         for instance_id in self._doomed.due(frozenset(exo.state.instances), now):
@@ -466,7 +554,7 @@ class Bridge:
         for event in events:
             if isinstance(event, InstanceCreated):
                 deployment_id = placed_for.get(event.instance.instance_id)
-                if deployment_id is not None:
+                if deployment_id is not None and not self._held_back(deployment_id):
                     await self._create(event.instance, deployment_id, now)
             elif isinstance(event, InstanceDeleted):
                 self._doomed.add(event.instance_id, now)
@@ -488,30 +576,69 @@ class Bridge:
             self._exo_unavailable(str(exc))
             return
         instance_id = instance.instance_id
-        # Pending before the call: if the answer is lost, exo may still have taken it.
-        self._pending[instance_id] = _Pending(deployment_id, now)
+        # In flight before the call: if the answer is lost, exo may still have taken it.
+        body = create_instance_body(instance, card)
+        self._pending[instance_id] = in_flight.first_send(deployment_id, body, now)
+        await self._post_creation(instance_id)
+
+    def _held_back(self, deployment_id: str) -> bool:
+        """Whether an instance sent for the deployment may still land: then no other is sent."""
+        for instance_id, creation in self._pending.items():
+            if creation.deployment_id == deployment_id:
+                log.warning(
+                    "not sending another instance for deployment %s: instance %s may still land",
+                    deployment_id,
+                    instance_id,
+                )
+                return True
+        return False
+
+    async def _post_creation(self, instance_id: str) -> None:
+        """POST one creation in flight and file exo's answer, or its silence, on it."""
+        creation = self._pending[instance_id]
+        deployment = self._own.deployments.get(creation.deployment_id)
+        model_id = deployment.model_card.model_id if deployment is not None else "?"
         try:
-            await self.exo.create_instance(create_instance_body(instance, card))
+            await self.exo.create_instance(dict(creation.body))
         except ExoRefusedError as exc:
-            del self._pending[instance_id]
-            self._refused[deployment_id] = instance_id
-            log.warning(
-                "exo refused instance %s of %s: %s",
-                instance_id,
-                deployment.model_card.model_id,
-                exc.message,
-            )
-            self._fail(deployment, exc.message)
+            if creation.sends == 1:  # exo said no to the only POST: nothing of it can land
+                del self._pending[instance_id]
+                self._refused[creation.deployment_id] = instance_id
+                log.warning("exo refused instance %s of %s: %s", instance_id, model_id, exc.message)
+                if deployment is not None:
+                    self._fail(deployment, exc.message)
+                return
+            # An earlier POST of it may still be applied: it stays in flight.
+            self._settled_answer(instance_id)
+            log.warning("exo refused instance %s again: %s", instance_id, exc.message)
         except ExoUnavailableError as exc:
-            self._exo_unavailable(str(exc))
-        else:
-            self._refused.pop(deployment_id, None)
-            log.info(
-                "placing %s (deployment %s): instance %s sent to exo",
-                deployment.model_card.model_id,
-                deployment_id,
+            # Not a failure: exo may be holding it through an election, and apply it after.
+            current = self._pending.get(instance_id)
+            if current is not None:
+                self._pending[instance_id] = in_flight.unanswered(current)
+            log.warning(
+                "instance %s of %s: no answer to POST /instance (%s); it stays in flight and "
+                "is sent again",
                 instance_id,
+                model_id,
+                exc,
             )
+        else:
+            self._settled_answer(instance_id)
+            self._refused.pop(creation.deployment_id, None)
+            log.info(
+                "placing %s (deployment %s): instance %s sent to exo at %s%s",
+                model_id,
+                creation.deployment_id,
+                instance_id,
+                self.exo.url,
+                f" (time {creation.sends})" if creation.sends > 1 else "",
+            )
+
+    def _settled_answer(self, instance_id: str) -> None:
+        current = self._pending.get(instance_id)
+        if current is not None:
+            self._pending[instance_id] = in_flight.answered(current, self.clock.monotonic())
 
     async def _exo_card(self, deployment: Deployment) -> JsonObject:
         card = deployment.model_card
