@@ -325,6 +325,8 @@ def connection_text(connection: Connection, now: float, url: str) -> Text:
         text.append("● live", style="bold green")
     elif mode == "polling":
         text.append("◐ polling 1s", style="bold yellow")
+        if connection.detail:
+            text.append(f" · {connection.detail}", style="yellow")
     elif mode == "down":
         text.append(f"✖ cannot reach {host}", style="bold red")
         if connection.detail:
