@@ -209,7 +209,8 @@ def node_columns(width: int) -> tuple[Column, ...]:
 def liveness_text(row: NodeRow) -> tuple[str, str]:
     quiet = row.quiet_for_s
     if row.liveness == "gone":
-        return f"✖ gone {duration(quiet or 0)}", "bold red"
+        # Unknown when it left: a stock exo still listed it as we connected.
+        return ("✖ gone" if quiet is None else f"✖ gone {duration(quiet)}"), "bold red"
     if row.liveness == "silent":
         return f"◌ silent {duration(quiet or 0)}", "bold yellow"
     return "● alive", "green"
