@@ -12,6 +12,9 @@ log, membership and sweep; simulated nodes join it as usual) behind exo's API in
   comes before the instance is applied, and it shows in ``GET /state`` shortly after;
 - ``DELETE /instance/{id}`` likewise accepted, and applied shortly after (404 if unknown);
 - ``GET /models`` in exo's list shape (``ExoModelListEntry``), which carries no layer count;
+- ``GET /events`` as exo answers it: not a stream but one ``application/json`` array of the
+  whole event log from the beginning, each event ``{"EventTag": {snake_case fields}}``
+  (``exo_event_log``), so a client that mistakes it for a stream is caught by our tests;
 - ``GET /state``, ``POST /place_instance`` and ``POST /v1/chat/completions`` as our master's
   (the same routes: ``keeper.master.api.exo_routes``).
 
@@ -23,8 +26,10 @@ independent readings of exo's format instead of one module with itself.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Literal
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -33,9 +38,10 @@ from pydantic.alias_generators import to_camel
 
 from keeper.api_models import CommandResponse
 from keeper.commands import new_id
-from keeper.events import InstanceCreated, InstanceDeleted
+from keeper.events import IndexedEvent, InstanceCreated, InstanceDeleted
 from keeper.master.api import exo_routes, model_entry
 from keeper.master.errors import BadRequestError, NotFoundError, NotRunningError
+from keeper.master.event_log import LOG_FILE
 from keeper.master.http_app import command_json, new_app
 from keeper.master.http_errors import MAX_BODY_BYTES
 from keeper.master.service import Master
@@ -228,6 +234,26 @@ def total_available(state: State) -> Memory:
     )
 
 
+def exo_event_log(log_path: Path | None) -> bytes:
+    """The master's whole event log as exo's ``GET /events`` body: a JSON array, oldest first,
+    each event tagged with its class and its fields in snake_case (exo writes its events so).
+
+    It is read from the log file, so it holds every event since the log began, not only those
+    of this run. A master without a data directory keeps no log: its array is empty. A last
+    line without its newline is a write still in progress and is left for the next request.
+    """
+    if log_path is None or not log_path.exists():
+        return b"[]"
+    events: list[object] = []
+    with log_path.open("rb") as file:
+        for line in file:
+            if not line.endswith(b"\n"):
+                break
+            indexed = IndexedEvent.model_validate_json(line)
+            events.append(indexed.event.model_dump(mode="json", by_alias=False))
+    return json.dumps(events).encode()
+
+
 # --- the app --------------------------------------------------------------------------------
 
 
@@ -242,6 +268,12 @@ def create_exo_compat_app(
     async def models() -> JSONResponse:
         entries = [exo_model_entry(card).model_dump() for card in master.catalog.values()]
         return JSONResponse({"object": "list", "data": entries})
+
+    @app.get("/events")
+    async def events() -> Response:
+        log_path = master.data_dir / LOG_FILE if master.data_dir is not None else None
+        body = await anyio.to_thread.run_sync(exo_event_log, log_path)
+        return Response(body, media_type="application/json")
 
     @app.post("/instance")
     async def create_instance(request: Request) -> JSONResponse:
