@@ -269,7 +269,10 @@ def instance_table_rows(
 ) -> list[tuple[str, Cells]]:
     rows: list[tuple[str, Cells]] = []
     for instance in instances:
-        ready = sum(1 for r in instance.runners if r.status in ("Ready", "Running"))
+        # A runner whose node left serves nothing, whatever status it last reported.
+        ready = sum(
+            1 for r in instance.runners if r.status in ("Ready", "Running") and r.node_present
+        )
         head: dict[str, tuple[str, str]] = {
             "what": (f"{short_model(instance.model_id)} {short_id(instance.instance_id)}", "bold"),
             "layers": (instance.kind.removeprefix("Mlx"), DIM),
@@ -347,6 +350,9 @@ def summary_text(summary: Summary, *, wide: bool) -> Text:
         text.append(f" ◌{summary.nodes_silent} silent", style="bold yellow")
     if summary.nodes_gone:
         text.append(f" ✖{summary.nodes_gone} gone", style="red")
+    if not summary.deployments_api:
+        text.append(f" · {summary.instances} instance{'s' if summary.instances != 1 else ''}")
+        return text
     text.append(f" · {summary.deployments} deployment{'s' if summary.deployments != 1 else ''}")
     for status in _STATUSES:
         count = summary.by_status.get(status, 0)

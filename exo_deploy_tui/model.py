@@ -163,6 +163,9 @@ class Summary:
     by_status: dict[DeploymentStatus, int]
     deployments: int
     instances: int
+    # False against a master without the deployments API (a stock exo): there, the header
+    # counts instances, since "0 deployments" would read as an empty cluster.
+    deployments_api: bool = True
 
 
 @dataclass(frozen=True)
@@ -699,6 +702,7 @@ class ClusterModel:
             by_status=by_status,
             deployments=len(self.state.deployments),
             instances=len(self.state.instances),
+            deployments_api=self.has_timers or not self.has_data,
         )
 
     def history(self, deployment_id: DeploymentId) -> list[TimelineEntry]:
@@ -716,7 +720,7 @@ def _connected_entries(update: SnapshotUpdate, now: float) -> list[TimelineEntry
     counted = f"connected: {nodes} node{'s' if nodes != 1 else ''}, "
     if update.deployments is None:
         instances = len(state.instances)
-        counted += f"{instances} instance{'s' if instances != 1 else ''} (no deployments API)"
+        counted += f"{instances} instance{'s' if instances != 1 else ''}"
     else:
         deployments = len(state.deployments)
         counted += f"{deployments} deployment{'s' if deployments != 1 else ''}"
