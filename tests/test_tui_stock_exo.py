@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from exo_deploy_tui.model import ClusterModel, departed_nodes, parse_iso
 from exo_deploy_tui.updates import SnapshotUpdate
-from keeper.state import State, Topology
-from tests.recorded_exo import recorded_state
+from keeper.state import State
+from tests.recorded_exo import (
+    TIMED_OUT_INSTANCE,
+    TIMED_OUT_NODE,
+    before_the_timeout,
+    recorded_state,
+)
 
-NODE1 = "3c018300-0485-4175-ad91-d7a662574ccb"  # the node that times out in the recordings
-QWEN_INSTANCE = "32569048-4ef3-4bf0-92af-a979c4cd12d6"  # on node1 when it timed out
+NODE1 = TIMED_OUT_NODE
+QWEN_INSTANCE = TIMED_OUT_INSTANCE
 STALE_RUNNER = "910bf567-2998-4f75-a927-95dc1f860594"  # that instance's runner
 
 
@@ -50,7 +55,7 @@ def test_an_idle_exo_shows_its_nodes_by_their_friendly_names() -> None:
     assert not model.has_timers
     summary = model.summary(now)
     assert (summary.nodes_alive, summary.nodes_gone, summary.instances) == (3, 0, 0)
-    assert texts(model) == ["connected: 3 nodes, 0 instances (no deployments API)"]
+    assert texts(model) == ["connected: 3 nodes, 0 instances"]
 
 
 def test_a_loading_then_ready_instance_shows_its_runner() -> None:
@@ -116,17 +121,9 @@ def test_an_instance_whose_node_left_is_not_ready() -> None:
 def test_successive_polls_tell_the_node_loss_story() -> None:
     """node1 serving, then timed out (the instance still listed), then the instance deleted:
     the timeline says so in that order, and node1 is gone since the poll that saw it leave."""
+    before = before_the_timeout()
+    assert NODE1 in before.topology.nodes and NODE1 in before.node_memory
     timed_out = recorded_state("state-node-timed-out")
-    idle = recorded_state("state-3-nodes-idle")
-    # The moment before: node1 still in the topology, reporting like the others.
-    before = timed_out.model_copy(
-        update={
-            "topology": Topology(
-                nodes=idle.topology.nodes, connections=timed_out.topology.connections
-            ),
-            "last_seen": {**timed_out.last_seen, NODE1: max(timed_out.last_seen.values())},
-        }
-    )
     deleted = recorded_state("state-node-timed-out-instance-deleted")
     model, now = polled(before, timed_out, deleted)
     story = texts(model)[1:]
