@@ -146,6 +146,14 @@ def timer_words(row: DeploymentRow) -> str:
     return " · ".join(parts)
 
 
+def no_deployments_api(url: str) -> str:
+    """Why create and delete cannot work against this master, and what would make them work."""
+    return (
+        "This master has no deployments API (a stock exo master). To keep deployments beside "
+        f"it, run `exo-deploy bridge --exo {url}` and point the dashboard at the bridge."
+    )
+
+
 def detail_text(
     row: DeploymentRow | None, width: int, lines: int, *, has_deployments_api: bool = True
 ) -> Text:
@@ -155,7 +163,8 @@ def detail_text(
             return fit_lines(
                 Text(
                     "This master has no deployments API (a stock exo master): its nodes and "
-                    "instances are shown (keys 2 and 3); deployments need exo-deploy's master.",
+                    "instances are shown (keys 2 and 3). For deployments, run `exo-deploy "
+                    "bridge` beside it, or exo-deploy's master.",
                     style=DIM,
                 ),
                 width,
