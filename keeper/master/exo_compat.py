@@ -19,6 +19,9 @@ every answer below against those recordings):
   the instance is applied, and it shows in ``GET /state`` shortly after;
 - ``DELETE /instance/{id}`` likewise accepted, and applied shortly after (404 if unknown);
 - ``GET /models``: exo's own list (``keeper.master.exo_cards``);
+- ``GET /events`` as exo answers it: not a stream but one ``application/json`` array of the
+  whole event log from the beginning, each event ``{"EventTag": {snake_case fields}}``
+  (``exo_event_log``), so a client that mistakes it for a stream is caught by our tests;
 - a body or query that fails validation gets FastAPI's ``{"detail": [...]}`` 422, as on exo;
   everything else refused gets exo's ``{"error": {...}}`` envelope.
 
@@ -30,8 +33,10 @@ stand-in has no network and never answers 500, so both answer that 400.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, cast
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -40,9 +45,10 @@ from pydantic import ValidationError
 
 from keeper.api_models import CommandResponse
 from keeper.commands import new_id
-from keeper.events import InstanceCreated, InstanceDeleted
+from keeper.events import IndexedEvent, InstanceCreated, InstanceDeleted
 from keeper.master.api import exo_routes
 from keeper.master.errors import BadRequestError, NotFoundError, NotRunningError
+from keeper.master.event_log import LOG_FILE
 from keeper.master.exo_cards import ExoModel, JsonObject, exo_catalog, exo_models_payload
 from keeper.master.exo_compat_wire import (
     ExoCreateInstance,
@@ -71,6 +77,26 @@ def known_model(model_id: str) -> ExoModel:
             param="model_id",
         )
     return model
+
+
+def exo_event_log(log_path: Path | None) -> bytes:
+    """The master's whole event log as exo's ``GET /events`` body: a JSON array, oldest first,
+    each event tagged with its class and its fields in snake_case (exo writes its events so).
+
+    It is read from the log file, so it holds every event since the log began, not only those
+    of this run. A master without a data directory keeps no log: its array is empty. A last
+    line without its newline is a write still in progress and is left for the next request.
+    """
+    if log_path is None or not log_path.exists():
+        return b"[]"
+    events: list[object] = []
+    with log_path.open("rb") as file:
+        for line in file:
+            if not line.endswith(b"\n"):
+                break
+            indexed = IndexedEvent.model_validate_json(line)
+            events.append(indexed.event.model_dump(mode="json", by_alias=False))
+    return json.dumps(events).encode()
 
 
 def create_exo_compat_app(
@@ -109,6 +135,12 @@ def create_exo_compat_app(
     @app.get("/models")
     async def models() -> JSONResponse:
         return JSONResponse(exo_models_payload())
+
+    @app.get("/events")
+    async def events() -> Response:
+        log_path = master.data_dir / LOG_FILE if master.data_dir is not None else None
+        body = await anyio.to_thread.run_sync(exo_event_log, log_path)
+        return Response(body, media_type="application/json")
 
     @app.get("/instance/placement")
     async def placement(
