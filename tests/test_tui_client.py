@@ -44,7 +44,7 @@ def anyio_backend() -> tuple[str, dict[str, object]]:
 
 
 def cluster() -> ClusterBuilder:
-    return ClusterBuilder().node("studio").deployment(QWEN, on=["studio"], status="serving")
+    return ClusterBuilder().node("studio").deployment(QWEN, on=["studio"])
 
 
 def sse(event: str, data: str) -> bytes:

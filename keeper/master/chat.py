@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from keeper.commands import new_id
+from keeper.ids import new_id
 from keeper.master.errors import ChatFailedError
 from keeper.master.node_session import NodeSession
 from keeper.master.protocol import CancelChat, ChatChunk, ChatError

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from keeper.api_models import CommandResponse, DeploymentView
-from keeper.commands import new_id
 from keeper.core import DeploymentTimer, deployment_status
+from keeper.ids import new_id
 from keeper.master.clock import Clock, iso_utc
 from keeper.master.errors import BadRequestError, ConflictError, NotFoundError
 from keeper.master.hosted_keeper import KeeperLike

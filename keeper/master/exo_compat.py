@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from keeper.api_models import CommandResponse
-from keeper.commands import new_id
 from keeper.events import InstanceCreated, InstanceDeleted
+from keeper.ids import new_id
 from keeper.master.api import exo_routes, model_entry
 from keeper.master.errors import BadRequestError, NotFoundError, NotRunningError
 from keeper.master.http_app import command_json, new_app

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from keeper.api_models import error_body
-from keeper.commands import new_id
+from keeper.ids import new_id
 from keeper.master.errors import ChatFailedError
 from keeper.master.protocol import ChatMessage
 from keeper.master.service import ChatStream, Master

@@ -42,7 +42,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from keeper.api_models import CommandResponse, DeploymentsResponse
 from keeper.apply import apply
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.commands import new_id
 from keeper.constants import STARTUP_GRACE
 from keeper.core import PlaceFn
 from keeper.events import (
@@ -52,6 +51,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
+from keeper.ids import new_id
 from keeper.master.channel import ChannelClosedError, MasterSide
 from keeper.master.chat import ChatRouter, ChatStream
 from keeper.master.clock import AnyioClock, Clock

@@ -36,7 +36,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-import keeper.commands
+import keeper.ids
 from keeper.events import IndexedEvent
 from keeper.master.errors import MasterError
 from keeper.master.event_log import LOG_FILE
@@ -92,15 +92,15 @@ def deterministic(seed: int) -> Generator[None]:
         return uuid.UUID(int=rng.getrandbits(128), version=4)
 
     original_uuid4 = uuid.uuid4
-    original_commands_uuid4 = keeper.commands.uuid4
+    original_ids_uuid4 = keeper.ids.uuid4
     uuid.uuid4 = seeded_uuid4
-    keeper.commands.uuid4 = seeded_uuid4
+    keeper.ids.uuid4 = seeded_uuid4
     with _seeded_trio_scheduler(seed):
         try:
             yield
         finally:
             uuid.uuid4 = original_uuid4
-            keeper.commands.uuid4 = original_commands_uuid4
+            keeper.ids.uuid4 = original_ids_uuid4
 
 
 @contextlib.contextmanager
