@@ -8,6 +8,7 @@ deadline, never on a fixed sleep.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -225,6 +226,29 @@ async def test_deploy_places_only_after_the_grace() -> None:
         await wait_until(lambda: serving(master, QWEN), 5, "the deployment serving")
         deployment = next(iter(master.state.deployments.values()))
         assert deployment.instance_id == instances_of(master, QWEN)[0]
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_every_id_the_master_mints_comes_from_its_id_factory() -> None:
+    minted: list[str] = []
+
+    def new_id() -> str:
+        minted.append(str(uuid.UUID(int=len(minted) + 1)))
+        return minted[-1]
+
+    master = Master(None, config=MasterConfig(startup_grace_s=0), new_id=new_id)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        await connect(master, group, FakeNode("a"))
+        created = await master.create_deployment(QWEN)
+        await wait_until(lambda: serving(master, QWEN), 10, "the deployment serving")
+        instance = master.state.instances[instances_of(master, QWEN)[0]]
+        runners = set(instance.shard_assignments.node_to_runner.values())
+        assert created.deployment_id is not None and runners
+        assert {created.deployment_id, created.command_id, instance.instance_id} | runners <= set(
+            minted
+        )
         group.cancel_scope.cancel()
 
 
