@@ -1,4 +1,5 @@
-"""The keeper (SPEC §3): places an instance of a deployment's model whenever the cluster has none.
+"""The keeper: places an instance of a deployment's model whenever the cluster has none (the
+rules are in docs/design.md).
 
 It is a pure function of the State plus a small memory per deployment (``keeper.keeper_memo``):
 ``step`` reads no clock, does no I/O and returns the events to emit; the master applies them.
@@ -73,8 +74,17 @@ class DeploymentTimer:
 
 
 class Keeper:
-    def __init__(self, started_at: float, place: PlaceFn = place_instance) -> None:
+    def __init__(
+        self,
+        started_at: float,
+        place: PlaceFn = place_instance,
+        *,
+        startup_grace: float = STARTUP_GRACE,
+    ) -> None:
+        """A keeper that places nothing before ``started_at + startup_grace`` (a new master
+        first waits for its nodes to report the instances they already run)."""
         self.started_at = started_at
+        self.startup_grace = startup_grace
         self._place = place
         self._memos: dict[DeploymentId, DeploymentMemo] = {}
         # Deployments whose DeploymentDeleted was emitted but is not yet in the state.
@@ -87,7 +97,7 @@ class Keeper:
     # --- stepping -------------------------------------------------------------------------
 
     def step(self, state: State, now: float) -> list[AnyEvent]:
-        if now < self.started_at + STARTUP_GRACE:
+        if now < self.started_at + self.startup_grace:
             return []
         self._forget_departed(state)
         if not state.deployments:
@@ -191,7 +201,7 @@ class Keeper:
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
         """What the next step would wait for, per deployment; never changes the keeper."""
-        grace_ends = self.started_at + STARTUP_GRACE
+        grace_ends = self.started_at + self.startup_grace
         served = models_with_instances(state)
         signature = cluster_signature(state)
         views: dict[str, DeploymentTimer] = {}

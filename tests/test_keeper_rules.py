@@ -118,6 +118,29 @@ def test_grace_counts_from_the_keepers_own_start() -> None:
     assert kinds(cluster.step(100.0 + STARTUP_GRACE)) == ["InstanceCreated", "DeploymentPlaced"]
 
 
+def test_a_configured_grace_replaces_the_default() -> None:
+    cluster = Cluster(place=simple_place, started_at=100.0, startup_grace=2.0)
+    cluster.add_nodes("node-a")
+    cluster.deploy("m")
+    assert cluster.step(102.0 - 0.001) == []
+    assert kinds(cluster.step(102.0)) == ["InstanceCreated", "DeploymentPlaced"]
+
+
+def test_a_grace_of_zero_places_from_the_start() -> None:
+    cluster = Cluster(place=simple_place, started_at=100.0, startup_grace=0.0)
+    cluster.add_nodes("node-a")
+    cluster.deploy("m")
+    assert cluster.step(100.0 - 0.001) == []
+    assert kinds(cluster.step(100.0)) == ["InstanceCreated", "DeploymentPlaced"]
+
+
+def test_the_pinned_constructor_keeps_the_default_grace() -> None:
+    positional = Keeper(100.0, simple_place)
+    assert (positional.started_at, positional.startup_grace) == (100.0, STARTUP_GRACE)
+    named = Keeper(100.0, place=simple_place, startup_grace=2.5)
+    assert (named.started_at, named.startup_grace) == (100.0, 2.5)
+
+
 def test_nothing_happens_without_deployments() -> None:
     cluster, place = one_node_cluster()
     for now in (T, T + 1, T + 100):

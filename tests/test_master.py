@@ -20,10 +20,12 @@ from trio.testing import MockClock
 
 from keeper.api_models import CommandResponse
 from keeper.constants import STARTUP_GRACE
+from keeper.core import Keeper, PlaceFn
 from keeper.events import InstanceCreated, InstanceDeleted, NodeTimedOut
 from keeper.master.channel import ChannelClosedError, NodeSide, memory_channel_pair
 from keeper.master.chat import ChatStream
 from keeper.master.errors import ChatFailedError, NoInstanceError, NotFoundError
+from keeper.master.hosted_keeper import KeeperLike, default_keeper, start_keeper
 from keeper.master.protocol import (
     ChatChunk,
     ChatMessage,
@@ -38,6 +40,7 @@ from keeper.master.protocol import (
 )
 from keeper.master.service import Master, MasterConfig
 from keeper.master.subscriptions import SubscriptionLaggedError
+from keeper.placement import place_instance
 from keeper.state import (
     AnyInstance,
     Backend,
@@ -477,6 +480,19 @@ async def test_a_reconnecting_node_is_the_same_node() -> None:
         group.cancel_scope.cancel()
 
 
+def test_start_keeper_passes_its_start_and_grace_to_the_factory() -> None:
+    made: list[tuple[float, PlaceFn, float]] = []
+
+    def factory(started_at: float, place: PlaceFn, *, startup_grace: float) -> KeeperLike:
+        made.append((started_at, place, startup_grace))
+        return default_keeper(started_at, place, startup_grace=startup_grace)
+
+    keeper = start_keeper(factory, 50.0, 3.0, place_instance)
+    assert made == [(50.0, place_instance, 3.0)]
+    assert isinstance(keeper, Keeper)
+    assert (keeper.started_at, keeper.startup_grace) == (50.0, 3.0)
+
+
 @pytest.mark.anyio
 async def test_a_keeper_that_raises_does_not_stop_the_master() -> None:
     class BrokenKeeper:
@@ -492,7 +508,7 @@ async def test_a_keeper_that_raises_does_not_stop_the_master() -> None:
         def timers(self, state: State, now: float) -> dict[str, Any]:
             return {}
 
-    master = Master(None, keeper_factory=lambda started_at, place: BrokenKeeper())
+    master = Master(None, keeper_factory=lambda started_at, place, *, startup_grace: BrokenKeeper())
     async with anyio.create_task_group() as group:
         await group.start(master.run)
         await anyio.sleep(STARTUP_GRACE + 5)

@@ -8,10 +8,8 @@ tests inject other keepers (one that fails, one that fails now and then) through
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
-from keeper.constants import STARTUP_GRACE
 from keeper.core import DeploymentTimer, Keeper, PlaceFn
 from keeper.events import AnyEvent
 from keeper.state import State
@@ -25,16 +23,21 @@ class KeeperLike(Protocol):
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]: ...
 
 
-KeeperFactory = Callable[[float, PlaceFn], KeeperLike]
+class KeeperFactory(Protocol):
+    """Makes the keeper a service hosts (``Keeper`` itself fits)."""
+
+    def __call__(
+        self, started_at: float, place: PlaceFn, *, startup_grace: float
+    ) -> KeeperLike: ...
 
 
-def default_keeper(started_at: float, place: PlaceFn) -> KeeperLike:
-    return Keeper(started_at, place=place)
+def default_keeper(started_at: float, place: PlaceFn, *, startup_grace: float) -> KeeperLike:
+    return Keeper(started_at, place=place, startup_grace=startup_grace)
 
 
 def start_keeper(
     factory: KeeperFactory, now: float, startup_grace_s: float, place: PlaceFn
 ) -> KeeperLike:
-    """A keeper started ``now`` whose grace (SPEC §3 "New master") lasts ``startup_grace_s``."""
-    # The keeper measures its grace from started_at; a shorter configured grace moves it back.
-    return factory(now - (STARTUP_GRACE - startup_grace_s), place)
+    """A keeper started ``now`` whose grace (docs/design.md, "New master") lasts
+    ``startup_grace_s``."""
+    return factory(now, place, startup_grace=startup_grace_s)
