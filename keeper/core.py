@@ -11,11 +11,16 @@ A step does a bounded amount of work however many deployments wait: every deploy
 observed (cheap dictionary lookups), but placement is attempted for at most
 ``MAX_PLACEMENT_ATTEMPTS_PER_STEP`` of them, resuming after the last one tried, and at most one
 placement succeeds, so each placement is made against a state holding the previous one.
+
+A placement that raises something other than ValueError is a bug in placement, not a reason:
+the deployment records it as "<ExceptionType>: <message>" and the keeper goes on with the
+others. The exception itself is kept too (``placement_crashes``, one per deployment at most),
+so that the host, which may do I/O, can log its traceback; the keeper logs nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from keeper.api_models import DeploymentStatus, WaitReason
@@ -89,6 +94,8 @@ class Keeper:
         self._memos: dict[DeploymentId, DeploymentMemo] = {}
         # Deployments whose DeploymentDeleted was emitted but is not yet in the state.
         self._deleting: set[DeploymentId] = set()
+        # The exception of each deployment whose latest placement attempt crashed.
+        self._crashes: dict[DeploymentId, Exception] = {}
         # Where the next step resumes its attempts when the last one stopped short of the end,
         # so that deployments past the attempts cap get their turn instead of starving.
         # (No mutation: starting after "" would be the same, as every id sorts after it.)
@@ -161,9 +168,12 @@ class Keeper:
             )
         except ValueError as reason:
             error = str(reason)
+            self._forget_crash(deployment_id)
         except Exception as crash:  # a bug in placement must not stop the other deployments
             error = f"{type(crash).__name__}: {crash}"
+            self._crashes[deployment_id] = crash
         else:
+            self._forget_crash(deployment_id)
             self._memos[deployment_id] = placed(memo, instance.instance_id, now)
             created = InstanceCreated(instance=instance)
             assigned = DeploymentPlaced(
@@ -176,11 +186,21 @@ class Keeper:
             return [], False
         return [DeploymentPlacementFailed(deployment_id=deployment_id, error=error)], False
 
+    def _forget_crash(self, deployment_id: DeploymentId) -> None:
+        if deployment_id in self._crashes:
+            del self._crashes[deployment_id]
+
     def _forget_departed(self, state: State) -> None:
         """Drop the memory of deployments the state no longer holds, so it cannot grow."""
         live = state.deployments
         self._memos = {d: memo for d, memo in self._memos.items() if d in live}
         self._deleting = {d for d in self._deleting if d in live}
+        self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}
+
+    def placement_crashes(self) -> Mapping[DeploymentId, Exception]:
+        """The exception (with its traceback) of each deployment whose latest placement attempt
+        raised something other than ValueError; its event carries only "<Type>: <message>"."""
+        return dict(self._crashes)
 
     # --- deletion -------------------------------------------------------------------------
 

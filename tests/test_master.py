@@ -8,6 +8,7 @@ deadline, never on a fixed sleep.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,7 @@ from keeper.events import InstanceCreated, InstanceDeleted, NodeTimedOut
 from keeper.master.channel import ChannelClosedError, NodeSide, memory_channel_pair
 from keeper.master.chat import ChatStream
 from keeper.master.errors import ChatFailedError, NoInstanceError, NotFoundError
-from keeper.master.hosted_keeper import KeeperLike, default_keeper, start_keeper
+from keeper.master.hosted_keeper import HostedKeeper, KeeperLike, default_keeper, start_keeper
 from keeper.master.protocol import (
     ChatChunk,
     ChatMessage,
@@ -487,10 +488,42 @@ def test_start_keeper_passes_its_start_and_grace_to_the_factory() -> None:
         made.append((started_at, place, startup_grace))
         return default_keeper(started_at, place, startup_grace=startup_grace)
 
-    keeper = start_keeper(factory, 50.0, 3.0, place_instance)
+    hosted = start_keeper(factory, 50.0, 3.0, place_instance)
     assert made == [(50.0, place_instance, 3.0)]
-    assert isinstance(keeper, Keeper)
-    assert (keeper.started_at, keeper.startup_grace) == (50.0, 3.0)
+    assert isinstance(hosted, HostedKeeper) and isinstance(hosted.inner, Keeper)
+    assert (hosted.inner.started_at, hosted.inner.startup_grace) == (50.0, 3.0)
+
+
+@pytest.mark.anyio
+async def test_a_crashing_placement_is_logged_once_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    crash = ZeroDivisionError("placement bug")
+
+    def crashing_place(*_: object) -> AnyInstance:
+        raise crash
+
+    config = MasterConfig(startup_grace_s=0, keeper_interval_s=1.0)
+    master = Master(None, config=config, place=crashing_place)
+    deployment_id = ""
+    with caplog.at_level(logging.ERROR):
+        async with anyio.create_task_group() as group:
+            await group.start(master.run)
+            await connect(master, group, FakeNode("a"))
+            deployment_id = (await master.create_deployment(QWEN)).deployment_id or ""
+            await wait_until(
+                lambda: master.state.deployments[deployment_id].placement_error is not None,
+                5,
+                "the crash recorded on the deployment",
+            )
+            await anyio.sleep(120)  # retried (UNPLACEABLE_RETRY) meanwhile, crashing each time
+            group.cancel_scope.cancel()
+    assert master.state.deployments[deployment_id].placement_error == (
+        "ZeroDivisionError: placement bug"
+    )
+    records = [r for r in caplog.records if "placement crashed" in r.getMessage()]
+    assert len(records) == 1
+    assert records[0].exc_info is not None and records[0].exc_info[1] is crash
 
 
 @pytest.mark.anyio
