@@ -100,7 +100,11 @@ def seeded_ids(seed: int) -> IdFactory:
 def deterministic(seed: int) -> Generator[None]:
     """trio's own switch for replayable runs (the one its Hypothesis plugin throws): each batch
     of ready tasks is put in creation order, then shuffled by trio's seeded ``_r``. Without it
-    the order also depends on memory addresses (tasks in sets), which differ between runs."""
+    the order also depends on memory addresses (tasks in sets), which differ between runs.
+
+    Both names are private: trio has no public way to ask for this yet
+    (https://github.com/python-trio/trio/issues/2675). Hence the upper bound on trio in
+    pyproject.toml and the canary tests/test_trio_canary.py, which fails when either moves."""
     try:
         run_module: Any = importlib.import_module("trio._core._run")
     except ImportError:  # not running on trio: nothing to seed
