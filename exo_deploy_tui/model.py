@@ -308,8 +308,6 @@ class ClusterModel:
     has_data: bool = False
     # False against a master without the deployments API: no timers to show.
     has_timers: bool = True
-    # Bumped on every change, so a view can skip work when nothing moved.
-    revision: int = 0
     master_clock_offset_s: float = 0.0
     _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
     # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
@@ -338,16 +336,12 @@ class ClusterModel:
                 case ConnectionUpdate():
                     self._on_connection(update, now)
         self._settle(now)
-        self.revision += 1
 
     def tick(self, now: float) -> bool:
         """Time passed: notice nodes going silent. True if the timeline grew."""
         before = self.timeline.appended
         self._check_silence(now)
-        if self.timeline.appended != before:
-            self.revision += 1
-            return True
-        return False
+        return self.timeline.appended != before
 
     def _on_snapshot(self, update: SnapshotUpdate, now: float) -> None:
         if update.master_clock_offset_s is not None:

@@ -28,6 +28,7 @@ placement fails with that reason (every remaining candidate has the same size).
 
 from __future__ import annotations
 
+from keeper.ids import IdFactory, new_id
 from keeper.placement_build import build_instance
 from keeper.placement_graph import ClusterGraph, cluster_graph
 from keeper.placement_search import CycleSearch
@@ -66,13 +67,18 @@ def place_instance(
     sharding: Sharding | str,
     instance_meta: InstanceMeta | str,
     min_nodes: int,
+    *,
+    new_id: IdFactory = new_id,
 ) -> AnyInstance:
-    """A new instance of ``model_card`` on the nodes the rules pick; ValueError(reason) if none."""
+    """A new instance of ``model_card`` on the nodes the rules pick; ValueError(reason) if none.
+    Its instance and runner ids come from ``new_id``."""
     sharding = Sharding(sharding)
     instance_meta = InstanceMeta(instance_meta)
     graph = cluster_graph(state)
     cycle = choose_cycle(graph, model_card, sharding, instance_meta, min_nodes)
-    return build_instance(state, model_card, graph.ids_of(cycle), sharding, instance_meta)
+    return build_instance(
+        state, model_card, graph.ids_of(cycle), sharding, instance_meta, new_id=new_id
+    )
 
 
 def choose_cycle(

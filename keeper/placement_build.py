@@ -2,13 +2,15 @@
 
 Kept apart from the choice of nodes so each can be read (and tested) alone: this module decides
 nothing about *which* nodes, only how an instance over given nodes, in rank order, looks in exo's
-JSON. It is pure apart from the fresh uuid4 ids; the port derives from the instance id.
+JSON. It is pure apart from the fresh ids, which come from the caller's ``IdFactory`` (random
+uuid4s unless a replayable run seeds them); the port derives from the instance id.
 """
 
 from __future__ import annotations
 
 import uuid
 
+from keeper.ids import IdFactory, new_id
 from keeper.state import (
     AnyInstance,
     AnyShard,
@@ -94,6 +96,8 @@ def build_instance(
     ranked_nodes: tuple[NodeId, ...],
     sharding: Sharding,
     instance_meta: InstanceMeta,
+    *,
+    new_id: IdFactory = new_id,
 ) -> AnyInstance:
     """An instance over ``ranked_nodes`` (device rank = position). One node is always
     MlxRing + Pipeline, whatever was asked. Raises ValueError if a pipeline would leave a node
@@ -116,7 +120,7 @@ def build_instance(
     runner_to_shard: dict[RunnerId, AnyShard] = {}
     node_to_runner: dict[NodeId, RunnerId] = {}
     for rank, (node, (start, end)) in enumerate(zip(ranked_nodes, ranges, strict=True)):
-        runner_id = str(uuid.uuid4())
+        runner_id = new_id()
         node_to_runner[node] = runner_id
         runner_to_shard[runner_id] = shard_type(
             model_card=model_card,
@@ -131,7 +135,7 @@ def build_instance(
         runner_to_shard=runner_to_shard,
         node_to_runner=node_to_runner,
     )
-    instance_id = str(uuid.uuid4())
+    instance_id = new_id()
     port = ephemeral_port(instance_id)
     if instance_meta == InstanceMeta.MLX_RING:
         return MlxRingInstance(

@@ -46,13 +46,6 @@ class ClusterGraph:
     # node is a leaf too).
     leaves: int
 
-    @property
-    def all_nodes(self) -> int:
-        return (1 << len(self.ids)) - 1
-
-    def mask_where(self, keep: list[bool]) -> int:
-        return sum(1 << i for i, kept in enumerate(keep) if kept)
-
     def ram_of(self, node: int) -> int:
         return self.ram_available[node] or 0
 

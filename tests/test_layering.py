@@ -26,7 +26,7 @@ DATA_MODEL = {
     "keeper.state",
     "keeper.events",
     "keeper.apply",
-    "keeper.commands",
+    "keeper.ids",
     "keeper.api_models",
     "keeper.catalog",
     "keeper.constants",

@@ -62,18 +62,16 @@ def cluster(now: float = FROZEN_NOW) -> ClusterBuilder:
         .node("mini-a", ram_gb=24, free_gb=18)
         .node("mini-b", ram_gb=24, free_gb=18)
         .link_all()
-        .deployment(QWEN, on=["mini-a"], status="serving")
+        .deployment(QWEN, on=["mini-a"])
         .deployment(
             QWEN30,
             on=["studio", "mini-b"],
             runners=[RunnerLoading(layers_loaded=2, total_layers=24)] * 2,
-            status="starting",
         )
-        .deployment(LLAMA, status="placing", failures=2, next_attempt_in_s=40, waiting="backoff")
+        .deployment(LLAMA, failures=2, next_attempt_in_s=40, waiting="backoff")
         .deployment(
             DEEPSEEK,
             error=NO_FIT,
-            status="cant_place",
             next_attempt_in_s=25,
             waiting="unplaceable_retry",
         )
@@ -288,14 +286,14 @@ async def test_selection_stays_on_the_deployment_when_rows_come_go_and_resort() 
             .node("mini-a", ram_gb=24, free_gb=18)
             .node("mini-b", ram_gb=24, free_gb=18)
             .link_all()
-            .deployment(QWEN, status="placing")
+            .deployment(QWEN)
             .deployment(
                 QWEN30,
                 on=["studio", "mini-b"],
                 runners=[RunnerLoading(layers_loaded=2, total_layers=24)] * 2,
             )
-            .deployment(LLAMA, status="placing")
-            .deployment(LLAMA70, error=NO_FIT, status="cant_place")
+            .deployment(LLAMA)
+            .deployment(LLAMA70, error=NO_FIT)
         )
         client.push(changed.snapshot())
         await until(pilot, lambda: LLAMA70 in shown_models(app))

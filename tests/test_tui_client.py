@@ -47,7 +47,7 @@ def anyio_backend() -> tuple[str, dict[str, object]]:
 
 
 def cluster() -> ClusterBuilder:
-    return ClusterBuilder().node("studio").deployment(QWEN, on=["studio"], status="serving")
+    return ClusterBuilder().node("studio").deployment(QWEN, on=["studio"])
 
 
 # What exo-deploy's master answers /events with (Starlette adds the charset).

@@ -99,7 +99,6 @@ def test_cant_place_with_its_error(snap_compare: Compare, size: tuple[int, int])
     builder = healthy().deployment(
         DEEPSEEK,
         error=NO_FIT,
-        status="cant_place",
         next_attempt_in_s=30,
         waiting="unplaceable_retry",
     )
@@ -112,7 +111,7 @@ def test_backoff_counting_down(snap_compare: Compare, size: tuple[int, int]) -> 
     builder = (
         nodes(ClusterBuilder())
         .deployment(QWEN, on=["mini-a"])
-        .deployment(LLAMA, status="placing", failures=2, next_attempt_in_s=40, waiting="backoff")
+        .deployment(LLAMA, failures=2, next_attempt_in_s=40, waiting="backoff")
     )
     app = scenario(builder, clock)
 

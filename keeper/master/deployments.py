@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from keeper.api_models import CommandResponse, DeploymentView
-from keeper.commands import new_id
 from keeper.core import DeploymentTimer, deployment_status
+from keeper.ids import IdFactory, new_id
 from keeper.master.clock import Clock, iso_utc
 from keeper.master.errors import BadRequestError, ConflictError, NotFoundError
 from keeper.master.hosted_keeper import KeeperLike
@@ -72,6 +72,8 @@ def new_deployment(
     sharding: Sharding | str,
     instance_meta: InstanceMeta | str,
     min_nodes: int,
+    *,
+    new_id: IdFactory = new_id,
 ) -> Deployment:
     """A new deployment of ``card`` as the request asks, if the request can work and none of
     ``deployments`` already keeps that model.
@@ -104,7 +106,7 @@ def existing_deployment(deployments: Mapping[str, Deployment], deployment_id: st
     return deployment
 
 
-def created_response(deployment: Deployment) -> CommandResponse:
+def created_response(deployment: Deployment, new_id: IdFactory = new_id) -> CommandResponse:
     return CommandResponse(
         message=f"Deployment of {deployment.model_card.model_id} created",
         command_id=new_id(),
@@ -112,7 +114,7 @@ def created_response(deployment: Deployment) -> CommandResponse:
     )
 
 
-def deleted_response(deployment: Deployment) -> CommandResponse:
+def deleted_response(deployment: Deployment, new_id: IdFactory = new_id) -> CommandResponse:
     return CommandResponse(
         message=f"Deployment of {deployment.model_card.model_id} deleted",
         command_id=new_id(),

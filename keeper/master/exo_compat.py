@@ -44,8 +44,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from keeper.api_models import CommandResponse
-from keeper.commands import new_id
 from keeper.events import IndexedEvent, InstanceCreated, InstanceDeleted
+from keeper.ids import new_id
 from keeper.master.api import exo_routes
 from keeper.master.errors import BadRequestError, NotFoundError, NotRunningError
 from keeper.master.event_log import LOG_FILE

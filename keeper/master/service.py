@@ -29,6 +29,7 @@ whole master (with in-process nodes on memory channels) under trio's MockClock.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +43,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from keeper.api_models import CommandResponse, DeploymentsResponse
 from keeper.apply import apply
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.commands import new_id
 from keeper.constants import STARTUP_GRACE
 from keeper.core import PlaceFn
 from keeper.events import (
@@ -52,6 +52,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
+from keeper.ids import IdFactory, new_id
 from keeper.master.channel import ChannelClosedError, MasterSide
 from keeper.master.chat import ChatRouter, ChatStream
 from keeper.master.clock import AnyioClock, Clock
@@ -152,14 +153,21 @@ class Master:
         clock: Clock | None = None,
         config: MasterConfig | None = None,
         *,
-        place: PlaceFn = place_instance,
+        place: PlaceFn | None = None,
         keeper_factory: KeeperFactory = default_keeper,
+        new_id: IdFactory = new_id,
     ) -> None:
+        """``place`` defaults to exo's rules (``place_instance``) minting ids with ``new_id``;
+        every id this master mints (deployments, instances, runners, commands, chats) comes
+        from ``new_id``, so a replayable run passes a seeded one."""
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else MasterConfig()
         self.catalog: dict[str, ModelCard] = catalog_by_id(self.config.model_cards)
         self._clock = clock
-        self._place = place
+        self.new_id = new_id
+        self._place = (
+            place if place is not None else functools.partial(place_instance, new_id=new_id)
+        )
         self._keeper_factory = keeper_factory
         self._keeper: KeeperLike | None = None
         self._log = EventLog(self.data_dir)
@@ -169,7 +177,7 @@ class Master:
         self._router_send: MemoryObjectSendStream[_Emit] | None = None
         self._waiters: dict[int, _Emit] = {}
         self._fanout = Fanout()
-        self._chats = ChatRouter(self.config.chat_chunk_timeout_s)
+        self._chats = ChatRouter(self.config.chat_chunk_timeout_s, new_id)
         self._membership = Membership(
             lambda: self._state,
             self.emit,
@@ -260,11 +268,16 @@ class Master:
         card = self._card(model_id)
         async with self._lock:
             deployment = new_deployment(
-                self._state.deployments, card, sharding, instance_meta, min_nodes
+                self._state.deployments,
+                card,
+                sharding,
+                instance_meta,
+                min_nodes,
+                new_id=self.new_id,
             )
             await self._emit_and_wait([DeploymentCreated(deployment=deployment)])
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)
-        return created_response(deployment)
+        return created_response(deployment, self.new_id)
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
         async with self._lock:
@@ -273,7 +286,7 @@ class Master:
             self._keeper_version += 1
             await self._emit_and_wait(events)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
-        return deleted_response(deployment)
+        return deleted_response(deployment, self.new_id)
 
     async def place_instance(
         self,
@@ -292,7 +305,7 @@ class Master:
             await self._emit_and_wait([InstanceCreated(instance=instance)])
         return CommandResponse(
             message=f"Instance of {model_id} placed",
-            command_id=new_id(),
+            command_id=self.new_id(),
             instance_id=instance.instance_id,
         )
 
@@ -303,7 +316,7 @@ class Master:
             await self._emit_and_wait([InstanceDeleted(instance_id=instance_id)])
         return CommandResponse(
             message=f"Instance {instance_id} deleted",
-            command_id=new_id(),
+            command_id=self.new_id(),
             instance_id=instance_id,
         )
 

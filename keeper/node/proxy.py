@@ -41,16 +41,7 @@ class TcpProxy:
         self.port: int | None = None  # the bound port, once running
         self._partitioned = False
         self._links: set[anyio.CancelScope] = set()
-        self.connections_accepted = 0
-        self.connections_refused = 0
-
-    @property
-    def partitioned(self) -> bool:
-        return self._partitioned
-
-    @property
-    def open_links(self) -> int:
-        return len(self._links)
+        self.connections_refused = 0  # while partitioned; tests wait on it
 
     def partition(self) -> None:
         """Cut every link now and refuse new connections until ``heal``."""
@@ -81,7 +72,6 @@ class TcpProxy:
             except OSError as exc:
                 log.debug("proxy cannot reach %s:%d: %s", self.target_host, self.target_port, exc)
                 return
-            self.connections_accepted += 1
             async with upstream:
                 with anyio.CancelScope() as link:
                     self._links.add(link)

@@ -332,15 +332,6 @@ class SimNode:
     def running_instances(self) -> list[str]:
         return sorted(iid for iid, r in self._runners.items() if not r.shutting_down)
 
-    def runner_statuses(self) -> dict[str, AnyRunnerStatus]:
-        """The status of each runner this node holds, by instance id, as of now."""
-        now = self._clock.monotonic()
-        statuses: dict[str, AnyRunnerStatus] = {}
-        for iid, runner in self._runners.items():
-            runner.advance(now)
-            statuses[iid] = runner.status(now, self._chatting[iid] > 0)
-        return statuses
-
     def kill_runner(self, instance_id: str | None = None) -> int:
         """Make a runner fail now (every runner of this node when ``instance_id`` is None); it is
         retried with exo's backoff. Returns how many runners were killed."""
