@@ -4,7 +4,10 @@
 ``InProcessCluster`` nodes on memory channels; the bridge reaches its API through ``ExoLink``, an
 httpx transport into the ASGI app that can also fail the way a network and exo do: go down,
 refuse instances with exo's 400, or accept an instance and apply it only later (exo answers a
-command before it applies it). Everything runs under trio's MockClock.
+command before it applies it). Routes the stand-in lacks or answers differently from a real exo
+are scripted with exo's recorded answers (``ExoLink.answers``); ``GET /instance/placement``
+answers by default as exo does, with exo's full card of Qwen3-0.6B in every shard. Everything
+runs under trio's MockClock.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from anyio.abc import TaskGroup
 
 from keeper.api_models import error_body
 from keeper.bridge.exo_client import ExoClient
+from keeper.bridge.exo_wire import exo_model_card, instance_json
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.master.exo_compat import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
 from keeper.node.in_process import InProcessCluster
 from keeper.node.sim_node import NodeConfig
+from keeper.placement import place_instance
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 EXO_URL = "http://exo.test"
@@ -44,6 +49,10 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.state_answer: tuple[int, Any] | None = None  # what GET /state answers instead
         self.held: list[httpx.Request] = []
         self.calls: list[tuple[str, str, Any]] = []
+        # What exo answers instead of the stand-in, by (method, path): a function of the query
+        # giving (status, JSON body). The stand-in has no GET /instance/placement or /previews.
+        self.answers: dict[tuple[str, str], Callable[[dict[str, str]], tuple[int, Any]]] = {}
+        self.queries: list[tuple[str, dict[str, str]]] = []  # (path, query) of every scripted GET
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.down:
@@ -56,6 +65,12 @@ class ExoLink(httpx.AsyncBaseTransport):
         if (method, path) != ("GET", "/state"):
             body = json.loads(request.content) if request.content else None
             self.calls.append((method, path, body))
+        answer = self.answers.get((method, path))
+        if answer is not None:
+            query = dict(request.url.params)
+            self.queries.append((path, query))
+            status, body = answer(query)
+            return httpx.Response(status, json=body)
         if (method, path) == ("POST", "/instance"):
             if self.refuse_instances is not None:
                 return httpx.Response(
@@ -127,8 +142,8 @@ class ExoWithBridge:
         return self.bridge
 
 
-def new_bridge(link: ExoLink, data_dir: Path | None) -> Bridge:
-    return Bridge(ExoClient(EXO_URL, transport=link), data_dir, config=BridgeConfig())
+def new_bridge(link: ExoLink, data_dir: Path | None, config: BridgeConfig | None = None) -> Bridge:
+    return Bridge(ExoClient(EXO_URL, transport=link), data_dir, config=config or BridgeConfig())
 
 
 async def _run_cancellable(bridge: Bridge, *, task_status: Any) -> None:
@@ -147,6 +162,7 @@ async def exo_with_bridge(
     master = Master(None, config=config)
     cluster = InProcessCluster(master, [NodeConfig(name, memory_gb) for name, memory_gb in nodes])
     link = ExoLink(create_exo_compat_app(master))
+    link.answers[("GET", "/instance/placement")] = placed_like_exo(master)
     async with anyio.create_task_group() as group:
         await group.start(master.run)
         await group.start(cluster.run)
@@ -169,3 +185,46 @@ async def wait_until(condition: Callable[[], bool], within_s: float, what: str) 
     except TimeoutError:
         pytest.fail(f"not within {within_s} s: {what}")
     return anyio.current_time() - started
+
+
+RECORDINGS = Path(__file__).parent / "fixtures" / "exo_recordings"
+
+
+def recorded(name: str) -> Any:
+    """One of exo's recorded answers (``tests/fixtures/exo_recordings``)."""
+    return json.loads((RECORDINGS / name).read_text())
+
+
+def recorded_card() -> dict[str, Any]:
+    """exo's full card of Qwen3-0.6B, as exo's placement answer carries it."""
+    (ring,) = recorded("instance-placement-ok.json").values()
+    (shard,) = next(iter(ring["shardAssignments"]["runnerToShard"].values())).values()
+    return shard["modelCard"]
+
+
+def exo_refusal(message: str, status: int = 400) -> tuple[int, Any]:
+    return status, error_body(message, status, "Bad Request")
+
+
+def placed_like_exo(master: Master) -> Callable[[dict[str, str]], tuple[int, Any]]:
+    """exo's ``GET /instance/placement`` over the stand-in's State: the instance placement
+    picks there, every shard carrying exo's recorded card (Qwen3-0.6B's: the only model these
+    tests place), or exo's 400."""
+
+    def answer(query: dict[str, str]) -> tuple[int, Any]:
+        card = recorded_card()
+        if query["model_id"] != card["modelId"]:
+            return exo_refusal(f"Failed to load model card: {query['model_id']}")
+        try:
+            instance = place_instance(
+                master.state,
+                exo_model_card(card),
+                query["sharding"],
+                query["instance_meta"],
+                int(query["min_nodes"]),
+            )
+        except ValueError as exc:
+            return exo_refusal(str(exc))
+        return 200, instance_json(instance, card)
+
+    return answer
