@@ -107,6 +107,10 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
             str(bridge_port),
             "--data-dir",
             str(tmp_path / "bridge"),
+            # exo's card of the model: the stand-in has no GET /instance/placement, so the
+            # bridge places by itself, and then only with exo's full card (docs/bridge.md).
+            "--model-cards",
+            str(Path(__file__).parent / "fixtures" / "exo_cards"),
         ],
         bridge_out,
     )
