@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from bridge_harness import (
     QWEN,
@@ -22,6 +23,7 @@ from bridge_harness import (
 )
 from trio.testing import MockClock
 
+from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.exo_placement import (
     ExoPlacement,
     Preview,
@@ -30,10 +32,10 @@ from keeper.bridge.exo_placement import (
     preview_card,
     read_previews,
 )
-from keeper.bridge.service import BridgeConfig
+from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
 from keeper.master.exo_compat import ExoCreateInstance
-from keeper.state import State
+from keeper.state import Deployment, State
 
 GEMMA = "mlx-community/gemma-4-26b-a4b-it-4bit"
 DEEPSEEK_V4 = "mlx-community/DeepSeek-V4-Flash"
@@ -272,3 +274,23 @@ def test_previews_that_cannot_be_read_are_refused_or_never_chosen() -> None:
     assert nodes_of(chosen) == {NODE_1, NODE_3}  # the unreadable one-node preview skipped
     assert preview_card(previews(), QWEN) == recorded_card()
     assert preview_card(previews(), "acme/other") is None
+
+
+@pytest.mark.anyio
+async def test_a_model_with_an_instance_is_placed_apart_through_exo_s_previews() -> None:
+    def exo(request: httpx.Request) -> httpx.Response:
+        assert (request.url.path, dict(request.url.params)) == (
+            "/instance/previews",
+            {"model_id": QWEN},
+        )
+        return httpx.Response(200, json=recorded("instance-previews.json"))
+
+    bridge = Bridge(ExoClient("http://exo.test", transport=httpx.MockTransport(exo)), None)
+    deployment = Deployment(deployment_id="d", model_card=bridge.catalog[QWEN])
+    apart = await bridge.where_to_place(deployment, state_with_qwen_on(NODE_2))
+    assert isinstance(apart, ExoPlacement)
+    assert nodes_of(apart) == {NODE_1}
+    assert await bridge.where_to_place(deployment, state_with_qwen_on(NODE_1)) == (
+        f"exo offers no Pipeline/MlxRing placement of {QWEN} on nodes apart from its other "
+        "instances"
+    )
