@@ -6,7 +6,8 @@ httpx transport into the ASGI app that can also fail the way a network and exo d
 refuse instances with exo's 400, accept an instance and apply it only later (exo answers a
 command before it applies it), hold commands through an election (answering and applying them
 only when it ends, even if the caller gave up waiting), or answer ``GET /state`` with a State
-changed on the way. Everything runs under trio's MockClock.
+changed on the way. Routes can be scripted with exo's recorded answers (``ExoLink.answers``).
+Everything runs under trio's MockClock.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.group: TaskGroup | None = None
         self.held: list[httpx.Request] = []
         self.calls: list[tuple[str, str, Any]] = []
+        # What exo answers instead of the stand-in, by (method, path): a function of the query
+        # giving (status, JSON body). The stand-in has no GET /instance/placement or /previews.
+        self.answers: dict[tuple[str, str], Callable[[dict[str, str]], tuple[int, Any]]] = {}
+        self.queries: list[tuple[str, dict[str, str]]] = []  # (path, query) of every scripted GET
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.down:
@@ -67,6 +72,12 @@ class ExoLink(httpx.AsyncBaseTransport):
         if (method, path) != ("GET", "/state"):
             body = json.loads(request.content) if request.content else None
             self.calls.append((method, path, body))
+        answer = self.answers.get((method, path))
+        if answer is not None:
+            query = dict(request.url.params)
+            self.queries.append((path, query))
+            status, body = answer(query)
+            return httpx.Response(status, json=body)
         if method != "GET" and self.election_until is not None:
             return await self._after_election(request)
         if (method, path) == ("POST", "/instance"):
@@ -161,8 +172,8 @@ class ExoWithBridge:
         return self.bridge
 
 
-def new_bridge(link: ExoLink, data_dir: Path | None) -> Bridge:
-    return Bridge(ExoClient(EXO_URL, transport=link), data_dir, config=BridgeConfig())
+def new_bridge(link: ExoLink, data_dir: Path | None, config: BridgeConfig | None = None) -> Bridge:
+    return Bridge(ExoClient(EXO_URL, transport=link), data_dir, config=config or BridgeConfig())
 
 
 async def _run_cancellable(bridge: Bridge, *, task_status: Any) -> None:
@@ -204,3 +215,22 @@ async def wait_until(condition: Callable[[], bool], within_s: float, what: str) 
     except TimeoutError:
         pytest.fail(f"not within {within_s} s: {what}")
     return anyio.current_time() - started
+
+
+RECORDINGS = Path(__file__).parent / "fixtures" / "exo_recordings"
+
+
+def recorded(name: str) -> Any:
+    """One of exo's recorded answers (``tests/fixtures/exo_recordings``)."""
+    return json.loads((RECORDINGS / name).read_text())
+
+
+def recorded_card() -> dict[str, Any]:
+    """exo's full card of Qwen3-0.6B, as exo's placement answer carries it."""
+    (ring,) = recorded("instance-placement-ok.json").values()
+    (shard,) = next(iter(ring["shardAssignments"]["runnerToShard"].values())).values()
+    return shard["modelCard"]
+
+
+def exo_refusal(message: str, status: int = 400) -> tuple[int, Any]:
+    return status, error_body(message, status, "Bad Request")

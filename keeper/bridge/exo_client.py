@@ -1,4 +1,4 @@
-"""The bridge's only way to reach exo: four calls of exo's public HTTP API.
+"""The bridge's only way to reach exo: six calls of exo's public HTTP API.
 
 - ``GET /state``: exo's State, read strictly where the keeper decides (``keeper.exo_state``) and
   kept as raw JSON too, for the model cards exo wrote and for serving exo's State on with the
@@ -6,7 +6,11 @@
 - ``GET /models``: exo's model list;
 - ``POST /instance`` ``{"instance": ...}``: create exactly this instance (exo accepts the command
   and applies it shortly after);
-- ``DELETE /instance/{id}``: delete one (likewise accepted, then applied).
+- ``DELETE /instance/{id}``: delete one (likewise accepted, then applied);
+- ``GET /instance/placement`` and ``GET /instance/previews``: where exo itself would place a
+  model (``keeper.bridge.exo_placement`` reads the answers). exo's refusal is a 4xx like any
+  other (its reason becomes the placement error); an exo without these endpoints answers 404 or
+  405, and the bridge then places by itself (docs/bridge.md, "Placement").
 
 Every call has a deadline on anyio's clock (so tests run it in virtual time) and ends in one of
 three ways the service can act on: an answer; ``ExoRefusedError`` (exo said no, with its message:
@@ -26,6 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
+from urllib.parse import urlencode
 
 import anyio
 import httpx
@@ -85,8 +90,12 @@ class ExoApi(Protocol):
 
     async def state(self) -> ExoState: ...
     async def models(self) -> ExoModels: ...
-    async def create_instance(self, body: JsonObject) -> None: ...
+    async def create_instance(self, body: JsonObject) -> JsonObject: ...
     async def delete_instance(self, instance_id: str) -> bool: ...
+    async def placement(
+        self, model_id: str, sharding: str, instance_meta: str, min_nodes: int
+    ) -> Any: ...
+    async def previews(self, model_id: str) -> Any: ...
 
 
 class ExoClient:
@@ -126,8 +135,14 @@ class ExoClient:
         payload = _json_object(response, "GET /models")
         return ExoModels(listed=listed_models(payload), body=response.content)
 
-    async def create_instance(self, body: JsonObject) -> None:
-        await self._call("POST", "/instance", body)
+    async def create_instance(self, body: JsonObject) -> JsonObject:
+        """exo's answer (``model_card`` in it is exo's full card); {} if it is not an object."""
+        response = await self._call("POST", "/instance", body)
+        try:
+            answer: Any = response.json()
+        except ValueError:
+            return {}
+        return cast(JsonObject, answer) if isinstance(answer, dict) else {}
 
     async def delete_instance(self, instance_id: str) -> bool:
         """True if exo accepted the deletion, False if it does not know the instance."""
@@ -172,6 +187,28 @@ class ExoClient:
             raise ExoRefusedError(response.status_code, error_message(response))
         return response
 
+    async def placement(
+        self, model_id: str, sharding: str, instance_meta: str, min_nodes: int
+    ) -> Any:
+        """exo's ``GET /instance/placement``: the instance exo would create, as JSON.
+        ExoRefusedError carries exo's reason it would not (or 404/405 from an exo without the
+        endpoint); ValueError if the answer is not JSON."""
+        query = urlencode(
+            {
+                "model_id": model_id,
+                "sharding": sharding,
+                "instance_meta": instance_meta,
+                "min_nodes": min_nodes,
+            }
+        )
+        return _json_answer(await self._call("GET", f"/instance/placement?{query}"))
+
+    async def previews(self, model_id: str) -> Any:
+        """exo's ``GET /instance/previews``: every placement exo would make of the model, as
+        JSON; refusals and unreadable answers as for ``placement``."""
+        query = urlencode({"model_id": model_id})
+        return _json_answer(await self._call("GET", f"/instance/previews?{query}"))
+
 
 def error_message(response: httpx.Response) -> str:
     """exo's reason from an error answer: ``{"error": {"message"}}`` (exo's handler), FastAPI's
@@ -203,3 +240,16 @@ def _json_object(response: httpx.Response, what: str) -> JsonObject:
     if not isinstance(payload, dict):
         raise ExoUnavailableError(f"{what}: exo's answer is not a JSON object")
     return cast(JsonObject, payload)
+
+
+def _json_answer(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        raise ValueError("exo's answer is not JSON") from None
+
+
+# What an exo without an endpoint answers: 404 (no such route, or the route of
+# ``GET /instance/{id}`` taking "placement" for an instance id), or 405 (a route with that path
+# but not that method).
+NO_SUCH_ENDPOINT = frozenset({404, 405})

@@ -27,9 +27,10 @@ from anyio.abc import TaskStatus
 
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import ExoClient
-from keeper.bridge.exo_wire import JsonObject, camel_keys
+from keeper.bridge.exo_wire import JsonObject, camel_keys, file_card
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.master.entry import Serve, check_listen, load_catalog, run_service, service_token
+from keeper.master.model_cards import ModelCardError
 from keeper.master.serving import DEFAULT_HOST, MasterStartError, serve_service, shown_host
 
 log = logging.getLogger(__name__)
@@ -102,14 +103,17 @@ def check_exo_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def exo_card_files(directory: Path) -> dict[str, JsonObject]:
-    """exo's card files in ``directory`` (already checked by ``load_model_cards``), as exo's
-    JSON spells a card, by model id."""
+    """exo's card files in ``directory`` (already checked by ``load_model_cards``), each as
+    exo's JSON spells the card exo loads from it (``file_card``), by model id."""
     found: dict[str, JsonObject] = {}
     for path in sorted(directory.glob("*.toml")):
         card = camel_keys(tomllib.loads(path.read_text(encoding="utf-8")))
         if isinstance(card, dict) and isinstance(card.get("modelId"), str):  # pyright: ignore[reportUnknownMemberType]
-            typed = cast(JsonObject, card)
-            found[typed["modelId"]] = typed
+            try:
+                full = file_card(cast(JsonObject, card))
+            except ValueError as exc:
+                raise ModelCardError(f"{path}: {exc}") from None
+            found[full["modelId"]] = full
     return found
 
 

@@ -4,13 +4,26 @@ Once a second (``poll_interval_s``) it reads exo's State (``GET /state``). Then,
 that deployment deletion also takes, it settles what the last steps sent, and steps the keeper
 on exo's State with the bridge's own deployments merged in:
 
-- the keeper's ``InstanceCreated`` becomes ``POST {exo}/instance`` with exactly that instance
-  (``keeper.bridge.exo_wire``), so the bridge knows its id before exo does and the keeper's
-  in-flight rules work unchanged. Its ``DeploymentPlaced`` is held back and recorded only when
-  exo's State shows the instance: in our master both arrive in the State together, and the
-  keeper reads "named by the deployment but not in the State" as "placed and already lost";
-- exo refusing the instance (400 "Insufficient memory ...") becomes the deployment's placement
-  error; the keeper's placement timeout then paces the next try;
+- exo places, not the bridge (docs/bridge.md, "Placement"). The keeper stays the pure, unchanged
+  one of our master; its placement function is the only seam. Before each step the bridge asks
+  exo where it would place each deployment the step will try (the keeper's own timers say
+  which: no instance, nothing to wait for): ``GET {exo}/instance/placement``, or for a model
+  that already has an instance a preview on other nodes (``keeper.bridge.exo_placement``). The
+  step's synchronous placement function then returns exo's answer, read into our model, or
+  raises ``ValueError(<exo's reason>)``, so the keeper's in-flight, backoff and unplaceable
+  rules (an error event only when the reason changes; a retry when the usable cluster changes
+  and every 30 s) apply exactly as on our master. An exo without that endpoint (404/405) gets
+  our placement, with exo's full model card only (never one rebuilt with exo's sampling and
+  reasoning dialect left out): one exo showed, or its card file (``--model-cards``);
+- the keeper's ``InstanceCreated`` becomes ``POST {exo}/instance`` with exo's JSON of that
+  instance as exo gave it, its id included, so the id the keeper remembers is the one exo's
+  State will show and the in-flight rules work unchanged. Its ``DeploymentPlaced`` is held back
+  and recorded only when exo's State shows the instance: in our master both arrive in the State
+  together, and the keeper reads "named by the deployment but not in the State" as "placed and
+  already lost";
+- exo refusing the instance anyway (400 "Insufficient memory ...": the cluster changed between
+  the two calls) becomes the deployment's placement error; the keeper's placement timeout then
+  paces the next try;
 - ``InstanceDeleted`` (from a deletion) dooms the instance: ``DELETE {exo}/instance/{id}`` until
   exo's State shows it gone (``keeper.bridge.doomed``);
 - deployment events are the bridge's own: numbered, appended to the same durable event log the
@@ -48,7 +61,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.abc import TaskStatus
@@ -58,6 +71,7 @@ from keeper.apply import apply
 from keeper.bridge import in_flight
 from keeper.bridge.doomed import DoomedInstances
 from keeper.bridge.exo_client import (
+    NO_SUCH_ENDPOINT,
     ExoApi,
     ExoModels,
     ExoRefusedError,
@@ -65,7 +79,20 @@ from keeper.bridge.exo_client import (
     ExoStateUnreadableError,
     ExoUnavailableError,
 )
-from keeper.bridge.exo_wire import JsonObject, create_instance_body, deployment_card, exo_card
+from keeper.bridge.exo_placement import (
+    ExoPlacement,
+    choose_apart,
+    nodes_serving,
+    preview_card,
+    read_placement,
+    read_previews,
+)
+from keeper.bridge.exo_wire import (
+    JsonObject,
+    exo_model_card,
+    instance_json,
+    listed_card,
+)
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.constants import STARTUP_GRACE
@@ -78,6 +105,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
+from keeper.keeper_cluster import models_with_instances
 from keeper.master.clock import AnyioClock, Clock, iso_utc
 from keeper.master.deployments import (
     created_response,
@@ -88,7 +116,6 @@ from keeper.master.deployments import (
     shown,
 )
 from keeper.master.errors import (
-    BadRequestError,
     MasterError,
     NotFoundError,
     NotRunningError,
@@ -119,10 +146,12 @@ class BridgeConfig:
     # exo's model list changes only when someone adds a model card; re-read it this often (and
     # at once when a model it did not list is asked for).
     models_max_age_s: float = 60.0
-    # Layer counts and sizes for models exo lists without them (exo's GET /models has none).
+    # Cards for the deployments of models exo has not shown its own card of yet (exo's
+    # GET /models has no layer count): the built-in catalog and ``--model-cards DIR``.
     model_cards: tuple[ModelCard, ...] = BUILTIN_MODEL_CARDS
-    # exo's own card files (``--model-cards DIR``) in exo's JSON spelling, by model id: what
-    # exo knows of a model beyond its list entry (see ``keeper.bridge.exo_wire``).
+    # exo's own card files (``--model-cards DIR``) as exo's JSON spells the card it loads from
+    # each (``keeper.bridge.exo_wire.file_card``), by model id: the full cards the bridge may
+    # place with when exo cannot place for it (docs/bridge.md, "Placement").
     exo_card_files: Mapping[str, JsonObject] = field(default_factory=dict[str, JsonObject])
 
 
@@ -181,6 +210,11 @@ class Bridge:
         self._models_at = 0.0
         self._pending: dict[str, Creation] = {}  # instance id -> its creation, in flight
         self._refused: dict[str, str] = {}  # deployment id -> the instance exo refused last
+        # Where exo would place each model the keeper may try to place in this step (or why it
+        # cannot), asked before the step; and the JSON of the instances the keeper took, by id,
+        # to be posted exactly as exo gave them.
+        self._answers: dict[str, ExoPlacement | str] = {}
+        self._to_post: dict[str, JsonObject] = {}
         self._doomed = DoomedInstances(self.data_dir)
         self._running = False
 
@@ -355,10 +389,36 @@ class Bridge:
                 f"Unknown model {shown(model_id)}: exo's GET /models does not list it",
                 param="model_id",
             )
+        # exo's own card when the bridge has one, else the catalog's, else exo's card from a
+        # preview; else only what exo's list gives, the figures it lacks 0 (unknown): exo places
+        # the model with its own card whatever this one says (docs/bridge.md, "Placement").
+        for card in (self._known_card(model_id), self.catalog.get(model_id)):
+            if card is not None:
+                return card
+        previewed = await self._previewed_card(model_id)
+        return previewed if previewed is not None else listed_card(listed)
+
+    def _known_card(self, model_id: str) -> ModelCard | None:
+        card = self._full_card(model_id)
+        if card is None:
+            return None
         try:
-            return deployment_card(model_id, listed, self.catalog.get(model_id))
-        except ValueError as exc:
-            raise BadRequestError(str(exc), param="model_id") from None
+            return exo_model_card(card)
+        except ValueError:
+            return None
+
+    async def _previewed_card(self, model_id: str) -> ModelCard | None:
+        """exo's card of the model from ``GET /instance/previews``, if a preview places it."""
+        try:
+            card = preview_card(read_previews(await self.exo.previews(model_id)), model_id)
+            if card is None:
+                return None
+            found = exo_model_card(card)
+        except (ExoRefusedError, ExoUnavailableError, ValueError) as exc:
+            log.info("no model card of %s from exo's placement previews: %s", model_id, exc)
+            return None
+        self._cards_seen[model_id] = card
+        return found
 
     async def _exo_models(self, need: str | None = None) -> ExoModels:
         now = self.clock.monotonic()
@@ -387,7 +447,7 @@ class Bridge:
         now = clock.monotonic()
         self._doomed.load(now)
         self._keeper = start_keeper(
-            self._keeper_factory, now, self.config.startup_grace_s, place_instance
+            self._keeper_factory, now, self.config.startup_grace_s, self._place
         )
         self._running = True
         log.info(
@@ -432,6 +492,9 @@ class Bridge:
             if self._outage is not None:
                 return  # exo stopped answering meanwhile: this State may already be stale
             await self._resend_creations(exo, now)
+            await self._ask_where_to_place(now)
+            if self._outage is not None:
+                return
             events = self.keeper.step(self.state, now)
             self._last_error = None
             await self._act(events, now)
@@ -565,20 +628,13 @@ class Bridge:
 
     async def _create(self, instance: AnyInstance, deployment_id: str, now: float) -> None:
         deployment = self._own.deployments.get(deployment_id)
-        if deployment is None:
-            return
-        try:
-            card = await self._exo_card(deployment)
-        except ValueError as exc:
-            self._fail(deployment, str(exc))
-            return
-        except ExoUnavailableError as exc:
-            self._exo_unavailable(str(exc))
+        raw = self._to_post.pop(instance.instance_id, None)
+        if deployment is None or raw is None:
             return
         instance_id = instance.instance_id
-        # In flight before the call: if the answer is lost, exo may still have taken it.
-        body = create_instance_body(instance, card)
-        self._pending[instance_id] = in_flight.first_send(deployment_id, body, now)
+        # In flight before the call: if the answer is lost, exo may still have taken it. The body
+        # is exo's own placement, exactly as exo gave it (docs/bridge.md, "Placement").
+        self._pending[instance_id] = in_flight.first_send(deployment_id, {"instance": raw}, now)
         await self._post_creation(instance_id)
 
     def _held_back(self, deployment_id: str) -> bool:
@@ -599,7 +655,7 @@ class Bridge:
         deployment = self._own.deployments.get(creation.deployment_id)
         model_id = deployment.model_card.model_id if deployment is not None else "?"
         try:
-            await self.exo.create_instance(dict(creation.body))
+            answer = await self.exo.create_instance(dict(creation.body))
         except ExoRefusedError as exc:
             if creation.sends == 1:  # exo said no to the only POST: nothing of it can land
                 del self._pending[instance_id]
@@ -626,6 +682,9 @@ class Bridge:
         else:
             self._settled_answer(instance_id)
             self._refused.pop(creation.deployment_id, None)
+            card: Any = answer.get("model_card")  # exo's full card of the model it took
+            if isinstance(card, dict) and cast(JsonObject, card).get("modelId") == model_id:
+                self._cards_seen[model_id] = cast(JsonObject, card)
             log.info(
                 "placing %s (deployment %s): instance %s sent to exo at %s%s",
                 model_id,
@@ -640,14 +699,100 @@ class Bridge:
         if current is not None:
             self._pending[instance_id] = in_flight.answered(current, self.clock.monotonic())
 
-    async def _exo_card(self, deployment: Deployment) -> JsonObject:
-        card = deployment.model_card
-        seen = self._cards_seen.get(card.model_id)
-        if seen is not None and seen.get("nLayers") == card.n_layers:
-            return exo_card(card, None, seen)
-        models = await self._exo_models(need=card.model_id)
-        from_file = self.config.exo_card_files.get(card.model_id)
-        return exo_card(card, models.listed.get(card.model_id), seen, from_file)
+    # --- placement (docs/bridge.md, "Placement") -------------------------------------------
+
+    async def _ask_where_to_place(self, now: float) -> None:
+        """Ask exo where to place each deployment the keeper will try to place in this step:
+        those with no instance and nothing to wait for (the keeper's own timers say which)."""
+        state = self.state
+        timers = self.keeper.timers(state, now)
+        served = models_with_instances(state)
+        self._answers.clear()
+        self._to_post.clear()
+        for deployment_id, deployment in sorted(state.deployments.items()):
+            timer = timers.get(deployment_id)
+            model_id = deployment.model_card.model_id
+            if timer is None or timer.waiting is not None or model_id in served:
+                continue
+            try:
+                self._answers[model_id] = await self.where_to_place(deployment, state)
+            except ExoUnavailableError as exc:
+                self._exo_unavailable(str(exc))
+                return
+
+    async def where_to_place(self, deployment: Deployment, state: State) -> ExoPlacement | str:
+        """Where exo would place a new instance of the deployment on ``state`` (exo's), or why
+        not. With an instance of the model already there, one on other nodes (from exo's
+        previews); else exo's own placement; from an exo without these endpoints, ours."""
+        model_id = deployment.model_card.model_id
+        sharding, meta = deployment.sharding.value, deployment.instance_meta.value
+        try:
+            if nodes_serving(state, model_id):
+                previews = read_previews(await self.exo.previews(model_id))
+                placement = choose_apart(
+                    previews, state, model_id, sharding, meta, deployment.min_nodes
+                )
+                if placement is None:
+                    return (
+                        f"exo offers no {sharding}/{meta} placement of {model_id} on nodes apart "
+                        "from its other instances"
+                    )
+            else:
+                answer = await self.exo.placement(model_id, sharding, meta, deployment.min_nodes)
+                placement = read_placement(answer, model_id, state)
+        except ExoRefusedError as exc:
+            if exc.status in NO_SUCH_ENDPOINT:
+                return self._place_ourselves(deployment, state)
+            return exc.message
+        except ValueError as exc:
+            return f"exo's placement of {model_id} cannot be used: {exc}"
+        self._cards_seen[model_id] = placement.card
+        return placement
+
+    def _place_ourselves(self, deployment: Deployment, state: State) -> ExoPlacement | str:
+        """Our placement, for an exo that cannot tell where it would place: with exo's full
+        card of the model, never one rebuilt with exo's sampling and dialect left out."""
+        model_id = deployment.model_card.model_id
+        card = self._full_card(model_id)
+        if card is None:
+            return (
+                f"exo at {self.exo.url} does not place for the bridge (no GET /instance/placement) "
+                f"and has shown no model card of {model_id} to place it with: start the bridge "
+                "with --model-cards DIR holding the model's exo model-card .toml"
+            )
+        try:
+            instance = place_instance(
+                state,
+                exo_model_card(card),
+                deployment.sharding,
+                deployment.instance_meta,
+                deployment.min_nodes,
+            )
+        except ValueError as exc:
+            return str(exc)
+        return ExoPlacement(instance=instance, raw=instance_json(instance, card), card=card)
+
+    def _full_card(self, model_id: str) -> JsonObject | None:
+        """exo's full card of the model: one exo showed, else its card file."""
+        seen = self._cards_seen.get(model_id)
+        return seen if seen is not None else self.config.exo_card_files.get(model_id)
+
+    def _place(
+        self,
+        state: State,
+        model_card: ModelCard,
+        sharding: Sharding,
+        instance_meta: InstanceMeta,
+        min_nodes: int,
+    ) -> AnyInstance:
+        """The keeper's placement: the answer asked of exo before this step (module doc)."""
+        answer = self._answers.get(model_card.model_id)
+        if answer is None:  # the keeper's timers and its step disagree: a bug, reported as such
+            raise RuntimeError(f"no placement of {model_card.model_id} was asked of exo")
+        if isinstance(answer, str):
+            raise ValueError(answer)
+        self._to_post[answer.instance.instance_id] = answer.raw
+        return answer.instance
 
     def _fail(self, deployment: Deployment, error: str) -> None:
         current = self._own.deployments.get(deployment.deployment_id)

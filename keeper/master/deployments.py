@@ -57,8 +57,9 @@ def _check_min_nodes(card: ModelCard, min_nodes: int) -> None:
     if min_nodes < 1:
         raise BadRequestError(f"min_nodes must be at least 1, got {min_nodes}", param="min_nodes")
     # Every node of an instance holds at least one layer, so no cluster of any size can place
-    # a model on more nodes than it has layers.
-    if min_nodes > card.n_layers:
+    # a model on more nodes than it has layers. (0 layers: not known, as for a model the bridge
+    # knows only from exo's list; exo's own placement judges then.)
+    if 0 < card.n_layers < min_nodes:
         raise BadRequestError(
             f"min_nodes {min_nodes} is more than {card.model_id} has layers ({card.n_layers}); "
             "no cluster could place it",
