@@ -146,7 +146,8 @@ async def test_an_unreadable_placement_answer_is_a_placement_error_and_nothing_i
 @pytest.mark.anyio
 async def test_without_exo_s_placement_the_bridge_places_with_exo_s_full_card() -> None:
     async with exo_with_bridge() as h:
-        h.link.answers[("GET", PLACEMENT)] = lambda _: (404, {"detail": "Not Found"})  # an older exo
+        # An older exo, without the endpoint.
+        h.link.answers[("GET", PLACEMENT)] = lambda _: (404, {"detail": "Not Found"})
         await restart_with(h, BridgeConfig(exo_card_files={QWEN: recorded_card()}))
         await h.bridge.create_deployment(QWEN)
         await wait_until(h.serving, STARTUP_GRACE + 10, "serving")
