@@ -59,7 +59,7 @@ from keeper.state import (
     State,
 )
 
-# Nodes report their info at least every 5 s (keeper.master.protocol.INFO_REFRESH_S), and each
+# Nodes report their info at least every 5 s (keeper.link.protocol.INFO_REFRESH_S), and each
 # report moves lastSeen; 3 s of slack over that is silence, not jitter. exo's master gives up
 # on a node after 30 s (the demo after 10 s), so this leaves time to see it coming.
 SILENT_AFTER_S = 8.0

@@ -26,9 +26,9 @@ from pydantic import ValidationError
 from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
 from keeper.arguments import UsageParser, positive_float, positive_int
 from keeper.bridge.server import check_exo_urls, run_bridge
+from keeper.cluster.local import exit_with_parent, run_cluster
+from keeper.httpapi.serving import MasterStartError
 from keeper.master.server import run_master
-from keeper.master.serving import MasterStartError
-from keeper.node.cluster import exit_with_parent, run_cluster
 from keeper.node.node_process import run_node_process
 from keeper.node.sim_node import NodeConfig
 from keeper.state import Backend, InstanceMeta, Sharding

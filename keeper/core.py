@@ -1,7 +1,7 @@
 """The keeper: places an instance of a deployment's model whenever the cluster has none (the
 rules are in docs/design.md).
 
-It is a pure function of the State plus a small memory per deployment (``keeper.keeper_memo``):
+It is a pure function of the State plus a small memory per deployment (``keeper.memo``):
 ``step`` reads no clock, does no I/O and returns the events to emit; the master applies them.
 The State trails the keeper's events (they go round the router first), so the memory holds
 exactly what the State cannot yet show: the placement on its way, whether the instance it
@@ -24,6 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from keeper.api_models import DeploymentStatus, WaitReason
+from keeper.cluster_view import (
+    ClusterSignature,
+    cluster_signature,
+    instance_is_ready,
+    models_with_instances,
+)
 from keeper.constants import STARTUP_GRACE
 from keeper.events import (
     AnyEvent,
@@ -33,13 +39,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
-from keeper.keeper_cluster import (
-    ClusterSignature,
-    cluster_signature,
-    instance_is_ready,
-    models_with_instances,
-)
-from keeper.keeper_memo import (
+from keeper.memo import (
     FRESH,
     DeploymentMemo,
     observe,

@@ -27,9 +27,9 @@ from anyio.abc import TaskGroup
 from keeper.api_models import error_body
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.service import Bridge, BridgeConfig
+from keeper.cluster.in_process import InProcessCluster
 from keeper.master.exo_compat import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
-from keeper.node.in_process import InProcessCluster
 from keeper.node.sim_node import NodeConfig
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"

@@ -11,10 +11,10 @@ from keeper_harness import AFTER_GRACE, Cluster, RecordingPlace
 
 from keeper.constants import UNPLACEABLE_RETRY
 from keeper.core import Keeper
-from keeper.master.hosted_keeper import HostedKeeper, default_keeper, start_keeper
+from keeper.runtime.hosted_keeper import HostedKeeper, default_keeper, start_keeper
 
 T = AFTER_GRACE
-LOGGER = "keeper.master.hosted_keeper"
+LOGGER = "keeper.runtime.hosted_keeper"
 
 
 def crash_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -23,11 +23,8 @@ from keeper.api_models import CommandResponse
 from keeper.constants import STARTUP_GRACE
 from keeper.core import Keeper, PlaceFn
 from keeper.events import InstanceCreated, InstanceDeleted, NodeTimedOut
-from keeper.master.channel import ChannelClosedError, NodeSide, memory_channel_pair
-from keeper.master.chat import ChatStream
-from keeper.master.errors import ChatFailedError, NoInstanceError, NotFoundError
-from keeper.master.hosted_keeper import HostedKeeper, KeeperLike, default_keeper, start_keeper
-from keeper.master.protocol import (
+from keeper.link.channel import ChannelClosedError, NodeSide, memory_channel_pair
+from keeper.link.protocol import (
     ChatChunk,
     ChatMessage,
     ChatRequest,
@@ -39,9 +36,12 @@ from keeper.master.protocol import (
     RunnerStatusReport,
     Welcome,
 )
+from keeper.master.chat import ChatStream
 from keeper.master.service import Master, MasterConfig
 from keeper.master.subscriptions import SubscriptionLaggedError
 from keeper.placement import place_instance
+from keeper.runtime.errors import ChatFailedError, NoInstanceError, NotFoundError
+from keeper.runtime.hosted_keeper import HostedKeeper, KeeperLike, default_keeper, start_keeper
 from keeper.state import (
     AnyInstance,
     Backend,

@@ -27,7 +27,7 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.master.protocol import (
+from keeper.link.protocol import (
     MASTER_MESSAGE,
     NODE_MESSAGE,
     ChatChunk,

@@ -1,6 +1,6 @@
 """Running the bridge for real: its HTTP API under uvicorn beside ``Bridge.run``.
 
-Run the way the master is (``keeper.master.serving``, ``keeper.master.entry``): the socket is
+Run the way the master is (``keeper.httpapi.serving``, ``keeper.runtime.entry``): the socket is
 bound first (a port in use is a clear error; ``port=0`` picks one and reports it through
 ``task_status``), the bridge starts, then uvicorn on that socket in the same event loop;
 SIGINT/SIGTERM stop both cleanly and the log is closed with a snapshot. What is the bridge's own
@@ -29,9 +29,9 @@ from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.exo_wire import JsonObject, camel_keys, file_card
 from keeper.bridge.service import Bridge, BridgeConfig
-from keeper.master.entry import Serve, check_listen, load_catalog, run_service, service_token
-from keeper.master.model_cards import ModelCardError
-from keeper.master.serving import DEFAULT_HOST, MasterStartError, serve_service, shown_host
+from keeper.httpapi.serving import DEFAULT_HOST, MasterStartError, serve_service, shown_host
+from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
+from keeper.runtime.model_cards import ModelCardError
 
 log = logging.getLogger(__name__)
 

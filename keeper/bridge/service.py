@@ -27,7 +27,7 @@ on exo's State with the bridge's own deployments merged in:
 - ``InstanceDeleted`` (from a deletion) dooms the instance: ``DELETE {exo}/instance/{id}`` until
   exo's State shows it gone (``keeper.bridge.doomed``);
 - deployment events are the bridge's own: numbered, appended to the same durable event log the
-  master uses (``keeper.master.event_log``), and applied to a State that holds only deployments.
+  master uses (``keeper.runtime.event_log``), and applied to a State that holds only deployments.
 
 Nothing is decided on a stale State: if the read fails (no answer, a 5xx, unreadable JSON), the
 keeper is not stepped and the deployments say why ("exo unreachable since 12:03:04: ..."); the
@@ -95,6 +95,7 @@ from keeper.bridge.exo_wire import (
 )
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.cluster_view import models_with_instances
 from keeper.constants import STARTUP_GRACE
 from keeper.events import (
     AnyEvent,
@@ -105,9 +106,9 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
-from keeper.keeper_cluster import models_with_instances
-from keeper.master.clock import AnyioClock, Clock, iso_utc
-from keeper.master.deployments import (
+from keeper.placement import place_instance
+from keeper.runtime.clock import AnyioClock, Clock, iso_utc
+from keeper.runtime.deployments import (
     created_response,
     deleted_response,
     deployment_views,
@@ -115,14 +116,13 @@ from keeper.master.deployments import (
     new_deployment,
     shown,
 )
-from keeper.master.errors import (
+from keeper.runtime.errors import (
     MasterError,
     NotFoundError,
     NotRunningError,
 )
-from keeper.master.event_log import EventLog
-from keeper.master.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
-from keeper.placement import place_instance
+from keeper.runtime.event_log import EventLog
+from keeper.runtime.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
 from keeper.state import (
     AnyInstance,
     Deployment,

@@ -17,9 +17,9 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from keeper.ids import IdFactory, new_id
-from keeper.master.errors import ChatFailedError
+from keeper.link.protocol import CancelChat, ChatChunk, ChatError
 from keeper.master.node_session import NodeSession
-from keeper.master.protocol import CancelChat, ChatChunk, ChatError
+from keeper.runtime.errors import ChatFailedError
 from keeper.state import NodeId
 
 # Chunks buffered for a reader; a reply this far ahead of its reader means the client stopped

@@ -45,10 +45,10 @@ from pydantic import ValidationError
 
 from keeper.api_models import CommandResponse
 from keeper.events import IndexedEvent, InstanceCreated, InstanceDeleted
+from keeper.httpapi.app import JSON, command_json, new_app
+from keeper.httpapi.errors import MAX_BODY_BYTES
 from keeper.ids import new_id
 from keeper.master.api import exo_routes
-from keeper.master.errors import BadRequestError, NotFoundError, NotRunningError
-from keeper.master.event_log import LOG_FILE
 from keeper.master.exo_cards import ExoModel, JsonObject, exo_catalog, exo_models_payload
 from keeper.master.exo_compat_wire import (
     ExoCreateInstance,
@@ -56,9 +56,9 @@ from keeper.master.exo_compat_wire import (
     total_available,
 )
 from keeper.master.exo_placement import exo_instance_json, exo_place, exo_previews, state_at
-from keeper.master.http_app import JSON, command_json, new_app
-from keeper.master.http_errors import MAX_BODY_BYTES
 from keeper.master.service import Master
+from keeper.runtime.errors import BadRequestError, NotFoundError, NotRunningError
+from keeper.runtime.event_log import LOG_FILE
 from keeper.state import InstanceMeta, Sharding
 
 __all__ = ["ExoCreateInstance", "create_exo_compat_app", "insufficient_memory"]

@@ -27,8 +27,8 @@ from typing import Any, cast
 
 from keeper.master.exo_cards import ExoModel, JsonObject
 from keeper.placement import NO_MEMORY, NO_RDMA, no_tensor_support, place_instance
-from keeper.placement_graph import cluster_graph
-from keeper.placement_search import CycleSearch
+from keeper.placement.graph import cluster_graph
+from keeper.placement.search import CycleSearch
 from keeper.state import AnyInstance, InstanceMeta, Sharding, State
 
 # The one model exo refuses to pipeline at all (its weights do not split cleanly by layer).

@@ -18,9 +18,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from keeper.api_models import error_body
-from keeper.master.errors import ChatFailedError
-from keeper.master.protocol import ChatMessage
+from keeper.link.protocol import ChatMessage
 from keeper.master.service import ChatStream, Master
+from keeper.runtime.errors import ChatFailedError
 
 # Used when the request names no limit: enough for a demo answer, cheap on a fake node.
 DEFAULT_MAX_TOKENS = 128

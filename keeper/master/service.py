@@ -20,7 +20,7 @@ Chat requests are routed here (to the rank-0 node of a ready instance) and follo
 
 Commands (``create_deployment`` and friends) validate, then emit under the lock and wait until
 their events are applied, so a response is only sent for events that are durable and visible
-in ``GET /state``; refusals raise ``keeper.master.errors`` types that the API maps to 4xx.
+in ``GET /state``; refusals raise ``keeper.runtime.errors`` types that the API maps to 4xx.
 
 Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
 whole master (with in-process nodes on memory channels) under trio's MockClock.
@@ -53,10 +53,17 @@ from keeper.events import (
     InstanceDeleted,
 )
 from keeper.ids import IdFactory, new_id
-from keeper.master.channel import ChannelClosedError, MasterSide
+from keeper.link.channel import ChannelClosedError, MasterSide
+from keeper.link.protocol import (
+    ChatMessage,
+    ChatRequest,
+)
 from keeper.master.chat import ChatRouter, ChatStream
-from keeper.master.clock import AnyioClock, Clock
-from keeper.master.deployments import (
+from keeper.master.membership import Membership
+from keeper.master.subscriptions import Fanout, Subscription
+from keeper.placement import place_instance
+from keeper.runtime.clock import AnyioClock, Clock
+from keeper.runtime.deployments import (
     created_response,
     deleted_response,
     deployment_views,
@@ -65,22 +72,15 @@ from keeper.master.deployments import (
     placement_enums,
     shown,
 )
-from keeper.master.errors import (
+from keeper.runtime.errors import (
     BadRequestError,
     ChatFailedError,
     NoInstanceError,
     NotFoundError,
     NotRunningError,
 )
-from keeper.master.event_log import EventLog, Recovery
-from keeper.master.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
-from keeper.master.membership import Membership
-from keeper.master.protocol import (
-    ChatMessage,
-    ChatRequest,
-)
-from keeper.master.subscriptions import Fanout, Subscription
-from keeper.placement import place_instance
+from keeper.runtime.event_log import EventLog, Recovery
+from keeper.runtime.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
 from keeper.state import (
     SERVING_RUNNER_TYPES,
     InstanceMeta,
@@ -564,7 +564,7 @@ class Master:
     # --- node sessions -------------------------------------------------------------------
 
     async def serve_node(self, channel: MasterSide) -> None:
-        """Serve one node connection until it closes (see ``keeper.master.protocol``)."""
+        """Serve one node connection until it closes (see ``keeper.link.protocol``)."""
         if not self.running:
             with contextlib.suppress(ChannelClosedError):
                 await channel.aclose()

@@ -25,9 +25,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from keeper.apply import apply_indexed
-from keeper.master.channel import ChannelClosedError, NodeSide
-from keeper.master.clock import Clock
-from keeper.master.protocol import (
+from keeper.link.channel import ChannelClosedError, NodeSide
+from keeper.link.protocol import (
     HEARTBEAT_S,
     INFO_REFRESH_S,
     AnyNodeMessage,
@@ -45,6 +44,7 @@ from keeper.master.protocol import (
     RunnerStatusReport,
     Welcome,
 )
+from keeper.runtime.clock import Clock
 from keeper.state import (
     AnyInstance,
     AnyRunnerStatus,

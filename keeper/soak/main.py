@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import anyio
 
 from keeper.arguments import EXIT_USAGE, UsageParser, positive_float, whole_number
-from keeper.master.entry import expected_failure, run_until_signal
-from keeper.node.cluster import ClusterError
+from keeper.cluster.local import ClusterError
+from keeper.runtime.entry import expected_failure, run_until_signal
 from keeper.soak.harness import layout_summary, run_processes
 from keeper.soak.report import SoakReport, format_recovery, format_table
 from keeper.soak.run import SoakError, SoakSettings

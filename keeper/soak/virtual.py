@@ -1,7 +1,7 @@
 """The soak in virtual time: the same run against a master and in-process nodes under MockClock.
 
 ``VirtualTarget`` gives ``keeper.soak.run`` what it needs from an in-process cluster
-(``keeper.node.in_process``): node faults are its crash/freeze/partition/kill-runner methods; a
+(``keeper.cluster.in_process``): node faults are its crash/freeze/partition/kill-runner methods; a
 master crash stops the running ``Master`` (its tasks are cancelled, as a kill would end them)
 and starts a new one on the same data dir after ``MASTER_DOWN_S``, which rebuilds its State
 from the event log while the nodes reconnect to it.
@@ -38,16 +38,16 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from keeper.cluster.in_process import InProcessCluster
+from keeper.cluster.local import DEFAULT_LOAD_GB_PER_S, NODE_SIZES_GB
 from keeper.events import IndexedEvent
 from keeper.ids import IdFactory, new_id
-from keeper.master.errors import MasterError
-from keeper.master.event_log import LOG_FILE
-from keeper.master.protocol import ChatMessage
+from keeper.link.protocol import ChatMessage
 from keeper.master.service import Master, MasterConfig
 from keeper.master.subscriptions import Subscription
-from keeper.node.cluster import DEFAULT_LOAD_GB_PER_S, NODE_SIZES_GB
-from keeper.node.in_process import InProcessCluster
 from keeper.node.sim_node import NodeConfig
+from keeper.runtime.errors import MasterError
+from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import MASTER_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import LoadSettings
 from keeper.soak.report import Deployed, RunKind, SoakReport

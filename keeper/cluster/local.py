@@ -44,8 +44,8 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup, TaskStatus
 
+from keeper.cluster.proxy import TcpProxy
 from keeper.node.node_process import RUNNER_KILL_SIGNAL
-from keeper.node.proxy import TcpProxy
 from keeper.node.sim_node import node_id_for
 
 # Node sizes cycle through these, so a cluster mixes big and small machines (placement then

@@ -2,8 +2,8 @@
 (``master --exo-compat``) and the bridge's.
 
 They must fail alike, so each is built here with the same pieces: exo's error bodies for every
-way a request can be wrong (``keeper.master.http_errors``), the request guard (body size, JSON
-only), and the bearer-token check when there is a token (``keeper.master.auth``). No docs pages:
+way a request can be wrong (``keeper.httpapi.errors``), the request guard (body size, JSON
+only), and the bearer-token check when there is a token (``keeper.httpapi.auth``). No docs pages:
 an operator's API, not a public one. ``command_json`` is how every command's answer is written.
 """
 
@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from keeper.api_models import CommandResponse
-from keeper.master.auth import BearerTokenMiddleware
-from keeper.master.http_errors import MAX_BODY_BYTES, RequestGuardMiddleware, install_error_handlers
+from keeper.httpapi.auth import BearerTokenMiddleware
+from keeper.httpapi.errors import MAX_BODY_BYTES, RequestGuardMiddleware, install_error_handlers
 
 JSON = "application/json"
 

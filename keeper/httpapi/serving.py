@@ -7,7 +7,7 @@ on that socket. uvicorn needs asyncio; the services themselves are backend-neutr
 
 Shutdown is graceful: uvicorn is told to exit (it is shielded from plain cancellation so it can
 close connections, with ``GRACEFUL_SHUTDOWN_S`` to do it), then the service is cancelled and
-writes its snapshot. Signals are the process entry's (``keeper.master.entry``): uvicorn's own
+writes its snapshot. Signals are the process entry's (``keeper.runtime.entry``): uvicorn's own
 handlers are disabled, because they would re-raise a signal after shutdown and kill the process
 mid-cleanup.
 """
@@ -24,9 +24,9 @@ import uvicorn
 from anyio.abc import TaskStatus
 from fastapi import FastAPI
 
-from keeper.master.auth import check_bind
+from keeper.httpapi.auth import check_bind
 
-# Loopback unless told otherwise (SPEC §5): anything wider needs a token (keeper.master.auth).
+# Loopback unless told otherwise (SPEC §5): anything wider needs a token (keeper.httpapi.auth).
 DEFAULT_HOST = "127.0.0.1"
 # Long enough for in-flight requests to finish, short enough that Ctrl-C feels immediate.
 GRACEFUL_SHUTDOWN_S = 3.0

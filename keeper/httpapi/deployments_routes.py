@@ -14,12 +14,12 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from keeper.api_models import CommandResponse, CreateDeploymentRequest
-from keeper.master.http_app import JSON, command_json
+from keeper.httpapi.app import JSON, command_json
 from keeper.state import InstanceMeta, Sharding
 
 
 class DeploymentsService(Protocol):
-    """What the deployments routes call; refusals raise ``keeper.master.errors`` types."""
+    """What the deployments routes call; refusals raise ``keeper.runtime.errors`` types."""
 
     async def create_deployment(
         self, model_id: str, sharding: Sharding, instance_meta: InstanceMeta, min_nodes: int

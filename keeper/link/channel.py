@@ -14,7 +14,7 @@ from typing import Generic, Protocol, TypeVar
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
-from keeper.master.protocol import AnyMasterMessage, AnyNodeMessage
+from keeper.link.protocol import AnyMasterMessage, AnyNodeMessage
 
 SendT = TypeVar("SendT")
 RecvT = TypeVar("RecvT")

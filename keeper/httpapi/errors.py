@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from keeper.api_models import error_body
-from keeper.master.errors import MasterError
+from keeper.runtime.errors import MasterError
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ The two differ in where a model's card comes from (the master's catalog, exo's m
 where a deployment's events go (the master's router, the bridge's own log). What a request may
 ask, when it conflicts, what a new deployment holds, what the answer says and how a deployment
 is shown with the keeper's timers are the same, so a client cannot tell them apart. Refusals
-raise a ``keeper.master.errors`` type with a message for the operator (the API's 4xx).
+raise a ``keeper.runtime.errors`` type with a message for the operator (the API's 4xx).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from datetime import datetime, timedelta
 from keeper.api_models import CommandResponse, DeploymentView
 from keeper.core import DeploymentTimer, deployment_status
 from keeper.ids import IdFactory, new_id
-from keeper.master.clock import Clock, iso_utc
-from keeper.master.errors import BadRequestError, ConflictError, NotFoundError
-from keeper.master.hosted_keeper import KeeperLike
+from keeper.runtime.clock import Clock, iso_utc
+from keeper.runtime.errors import BadRequestError, ConflictError, NotFoundError
+from keeper.runtime.hosted_keeper import KeeperLike
 from keeper.state import Deployment, InstanceMeta, ModelCard, Sharding, State
 
 # Errors quote what the client sent, cut to this many characters: a megabyte-long id need not

@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 import anyio
 
 from keeper.catalog import BUILTIN_MODEL_CARDS
-from keeper.master.auth import TOKEN_ENV, InsecureBindError, check_bind
-from keeper.master.event_log import EventLogCorruptError
-from keeper.master.model_cards import ModelCardError, load_model_cards, merge_catalogs
-from keeper.master.serving import MasterStartError
+from keeper.httpapi.auth import TOKEN_ENV, InsecureBindError, check_bind
+from keeper.httpapi.serving import MasterStartError
+from keeper.runtime.event_log import EventLogCorruptError
+from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
 from keeper.state import ModelCard
 
 log = logging.getLogger(__name__)

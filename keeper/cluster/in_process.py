@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import TaskStatus
 
-from keeper.master.channel import MasterSide, NodeSide, memory_channel_pair
-from keeper.master.clock import AnyioClock, Clock
-from keeper.master.protocol import AnyMasterMessage, AnyNodeMessage
+from keeper.link.channel import MasterSide, NodeSide, memory_channel_pair
+from keeper.link.protocol import AnyMasterMessage, AnyNodeMessage
 from keeper.master.service import Master
 from keeper.node.sim_node import NodeConfig, SimNode, sleep_or_wake
+from keeper.runtime.clock import AnyioClock, Clock
 
 # Pause before a node reconnects after its session ended, as a real node's first backoff step:
 # short enough to come back inside the master's startup grace, long enough not to spin.
