@@ -1,4 +1,4 @@
-"""The keeper's rules (SPEC §3), one test per rule, each named after it.
+"""The keeper's rules (docs/design.md §5), one test per rule, each named after it.
 
 Every state is built through the events a cluster applies and the keeper is stepped at chosen
 times (``keeper_harness.Cluster``); what it returns is applied, as the master does. Rules that do

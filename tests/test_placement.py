@@ -1,4 +1,5 @@
-"""Placement (SPEC §2): each rule and each error by hand, then agreement with the brute force.
+"""Placement (docs/design.md §4): each rule and each error by hand, then agreement with the
+brute force.
 
 Hand-written clusters are built through the events a master applies (``ClusterBuilder``); the
 property test builds random States directly (including edges to nodes that have left, which

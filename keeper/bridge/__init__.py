@@ -5,7 +5,8 @@ polling ``GET /state``, keeps the deployments itself (durably, in the master's e
 steps the unchanged ``Keeper`` on exo's State with its deployments merged in, and acts only
 through exo's public API: it asks exo where to place (``GET /instance/placement``), creates
 exactly that instance (``POST /instance``) and deletes with ``DELETE /instance/{id}``. It serves
-the deployments API of SPEC §5, so the TUI and the CLI work against it as against our master.
+the deployments API (docs/design.md §7.2), so the TUI and the CLI work against it as against our
+master.
 
 - ``exo_wire``: exo's JSON formats (instances, model cards, the model list) read and written
   without losing what exo's cards carry beyond ours (pure);

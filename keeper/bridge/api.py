@@ -1,4 +1,5 @@
-"""The bridge's HTTP API: the master's deployments API (SPEC §5) in front of a stock exo.
+"""The bridge's HTTP API: the master's deployments API (docs/design.md §7.2) in front of a
+stock exo.
 
 The same app as our master's (``keeper.httpapi.app``: exo's error bodies for every way a
 request can be wrong, the request guard, a bearer token for changes when there is one) with the

@@ -137,10 +137,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BridgeConfig:
-    # How often exo's State is read and the keeper stepped (SPEC §3: the keeper steps once a
-    # second; a step on an older State would place against what exo no longer holds).
+    # How often exo's State is read and the keeper stepped (docs/design.md §6.6: the keeper
+    # steps once a second; a step on an older State would place against what exo no longer holds).
     poll_interval_s: float = 1.0
-    # Before this long after the bridge starts nothing is placed (SPEC §3 "New master"): exo's
+    # Before this long after the bridge starts nothing is placed (docs/design.md §5.6): exo's
     # State must be read first, or a restarted bridge would duplicate what exo already runs.
     startup_grace_s: float = STARTUP_GRACE
     # exo's model list changes only when someone adds a model card; re-read it this often (and

@@ -1,4 +1,4 @@
-"""The deployments routes of SPEC §5, for any service that keeps deployments: the master
+"""The deployments routes (docs/design.md §7.2), for any service that keeps deployments: the master
 (``keeper.master.service``) and the bridge (``keeper.bridge.service``).
 
 Both answer ``POST /deployments``, ``GET /deployments`` and ``DELETE /deployments/{id}`` with the

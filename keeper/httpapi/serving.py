@@ -26,7 +26,8 @@ from fastapi import FastAPI
 
 from keeper.httpapi.auth import check_bind
 
-# Loopback unless told otherwise (SPEC §5): anything wider needs a token (keeper.httpapi.auth).
+# Loopback unless told otherwise (docs/design.md §6.7): anything wider needs a token
+# (keeper.httpapi.auth).
 DEFAULT_HOST = "127.0.0.1"
 # Long enough for in-flight requests to finish, short enough that Ctrl-C feels immediate.
 GRACEFUL_SHUTDOWN_S = 3.0

@@ -1,4 +1,4 @@
-"""The master's HTTP API (SPEC §5): exo's shapes on FastAPI.
+"""The master's HTTP API (docs/design.md §7): exo's shapes on FastAPI.
 
 Handlers are thin: parse with the shared wire models (``keeper.api_models``), call the
 ``Master`` command, return its result. Every way a request can be wrong is answered with exo's

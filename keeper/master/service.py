@@ -109,13 +109,13 @@ class MasterConfig:
     node_timeout_s: float = 30.0
     # exo's sweep period for instances that use a node missing from the topology.
     sweep_interval_s: float = 10.0
-    # How often the keeper steps (SPEC §3: once a second).
+    # How often the keeper steps (docs/design.md §6.6: once a second).
     keeper_interval_s: float = 1.0
     # How often node silence is checked; a tenth of the timeout would do, a second is cheap.
     membership_check_s: float = 1.0
     # Restart replays at most this many events after the snapshot (a fraction of a second).
     snapshot_every_events: int = 10_000
-    # Before this long after start the keeper places nothing (SPEC §3 "New master"); a harness
+    # Before this long after start the keeper places nothing (docs/design.md §5.6); a harness
     # that starts a fresh cluster may shorten it.
     startup_grace_s: float = STARTUP_GRACE
     # A chat request whose node sends nothing for this long is ended with an error.

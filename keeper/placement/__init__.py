@@ -1,4 +1,4 @@
-"""Placement: pick the nodes for an instance with exo's /place_instance rules (SPEC §2).
+"""Placement: pick the nodes for an instance with exo's /place_instance rules (docs/design.md §4).
 
 ``place_instance`` applies the rules in exo's order, and the order is part of the contract: it
 decides which reason a failed placement reports. Over the candidate cycles of the topology:
