@@ -58,6 +58,8 @@ IMPURE_MODULES = {
     "httpx",
     "fastapi",
     "starlette",
+    "sse_starlette",
+    "httpx_sse",
     "uvicorn",
     "websockets",
     "textual",

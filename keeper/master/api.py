@@ -1,4 +1,4 @@
-"""The master's HTTP API (SPEC §5): exo's shapes on FastAPI.
+"""The master's HTTP API: exo's shapes on FastAPI.
 
 Handlers are thin: parse with the shared wire models (``keeper.api_models``), call the
 ``Master`` command, return its result. Every way a request can be wrong is answered with exo's
@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, WebSocket
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
 
 from keeper.api_models import CreateDeploymentRequest, ModelList, ModelListEntry
-from keeper.master.dashboard_stream import dashboard_events
+from keeper.master.dashboard_stream import dashboard_response
 from keeper.master.deployments_api import deployments_router
 from keeper.master.errors import NotRunningError
 from keeper.master.http_app import JSON, command_json, new_app
@@ -69,14 +70,10 @@ def create_app(
         return command_json(await master.delete_instance(instance_id))
 
     @app.get("/events")
-    async def events() -> StreamingResponse:
+    async def events() -> EventSourceResponse:
         if not master.running:
             raise NotRunningError("the master is not running")
-        return StreamingResponse(
-            dashboard_events(master, master.subscribe()),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return dashboard_response(master)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
