@@ -211,3 +211,16 @@ def test_tui_reads_the_master_only_through_http() -> None:
         _fmt(i) for i in TUI_IMPORTS if _within(i.imported, "keeper") and i.imported not in allowed
     ]
     assert bad == []
+
+
+def test_tui_screens_and_widgets_never_import_the_app() -> None:
+    """Attributes down, messages up: a screen reads what it is given and posts messages, so
+    nothing under it needs the app's module."""
+    lower = ("exo_deploy_tui.screens", "exo_deploy_tui.widgets")
+    bad = [
+        _fmt(i)
+        for i in TUI_IMPORTS
+        if any(_within(i.importer, layer) for layer in lower)
+        and _within(i.imported, "exo_deploy_tui.app")
+    ]
+    assert bad == []

@@ -367,6 +367,39 @@ async def test_readonly_hides_and_blocks_create_and_delete() -> None:
 
 
 @pytest.mark.anyio
+async def test_readonly_blocks_create_and_delete_typed_as_commands_and_from_the_palette() -> None:
+    app, client = make_app(readonly=True)
+    async with running(app) as pilot:
+        for command in ("new", "delete"):
+            await pilot.press("colon", *command, "enter")
+            await pilot.pause()
+            assert isinstance(app.screen, DashboardScreen)
+            # The palette's way in: App.run_action, refused by the screen's check_action.
+            assert await app.run_action(command, app.dashboard) is False
+            await pilot.pause()
+            assert isinstance(app.screen, DashboardScreen)
+        assert client.created == [] and client.deleted == []
+
+
+@pytest.mark.anyio
+async def test_the_command_line_is_refused_what_check_action_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app, _ = make_app()
+    async with running(app) as pilot:
+        await press_to(pilot, "colon", *"describe", "enter", screen=DescribeScreen)
+        await press_to(pilot, "escape", screen=DashboardScreen)
+
+        def refuse_describe(action: str, parameters: tuple[object, ...]) -> bool:
+            return action != "describe"
+
+        monkeypatch.setattr(app.dashboard, "check_action", refuse_describe)
+        await pilot.press("colon", *"describe", "enter", "colon", *"sort name", "enter")
+        await until(pilot, lambda: app.dashboard.sort_key == "name")  # the next command ran
+        assert isinstance(app.screen, DashboardScreen)
+
+
+@pytest.mark.anyio
 async def test_broken_only_and_pause() -> None:
     app, client = make_app()
     async with running(app) as pilot:
@@ -374,6 +407,9 @@ async def test_broken_only_and_pause() -> None:
         await until(pilot, lambda: shown_models(app) == [DEEPSEEK, LLAMA, QWEN30])
         await pilot.press("ctrl+z", "p")
         await until(pilot, lambda: len(shown_models(app)) == 4)
+        # Pausing is the app's view state, and the screen's is bound to it.
+        await until(pilot, lambda: app.view.paused)
+        assert app.dashboard.view is app.view
         client.push(SnapshotUpdate(ClusterBuilder().node("studio").state, None))
         await until(pilot, lambda: not app.model.state.deployments)
         assert len(shown_models(app)) == 4  # paused: the screen holds still
