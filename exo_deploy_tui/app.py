@@ -34,6 +34,7 @@ from textual.screen import Screen
 
 from exo_deploy_tui.client import ApiError, ClusterClient
 from exo_deploy_tui.commands import visible_actions
+from exo_deploy_tui.failure_log import record_failure
 from exo_deploy_tui.faults import FaultInjector, inject
 from exo_deploy_tui.format import short_model
 from exo_deploy_tui.model import ClusterModel
@@ -115,6 +116,8 @@ class DashboardApp(App[None]):
         self._frame_scheduled = False
         self._last_frame = 0.0  # time.monotonic() of the last frame drawn from updates
         self._heap_settled = time.monotonic()
+        # The hole in the events (its first index) the client was last asked to resync for.
+        self._resync_asked_for: int | None = None
         self.dashboard = DashboardScreen(self, self.view)
 
     def now(self) -> float:
@@ -141,6 +144,10 @@ class DashboardApp(App[None]):
                 return
             except Exception as exc:  # a bug must not take the dashboard down
                 self._emit(ConnectionUpdate("down", f"internal error: {exc}", FEED_RESTART_S))
+                # The status line has room for the message only: the traceback goes to a file.
+                await anyio.to_thread.run_sync(
+                    record_failure, exc, "the feed from the master failed unexpectedly"
+                )
                 await anyio.sleep(FEED_RESTART_S)
 
     def _emit(self, update: Update) -> None:
@@ -163,6 +170,10 @@ class DashboardApp(App[None]):
         pending, self._pending_updates = self._pending_updates, []
         if pending:
             self.model.handle(pending, self.now())
+            missing = self.model.missing_from
+            if missing is not None and missing != self._resync_asked_for:
+                self.client.resync()  # a hole in the events: start again from a snapshot
+            self._resync_asked_for = missing
             self.render_model()
             if any(isinstance(u, SnapshotUpdate) for u in pending):
                 self._settle_heap()

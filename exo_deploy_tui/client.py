@@ -106,6 +106,10 @@ class ClusterClient(Protocol):
     url: str
 
     async def run(self, emit: Callable[[Update], None]) -> None: ...
+    def resync(self) -> None:
+        """Start again from a snapshot: the model found a hole in the events."""
+        ...
+
     async def models(self) -> list[ModelListEntry]: ...
     async def create_deployment(self, request: CreateDeploymentRequest) -> CommandResponse: ...
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
@@ -205,6 +209,9 @@ class MasterClient:
         self._last_poll: tuple[bytes, bytes | None] | None = None
         # False once the master answered 404 to /deployments, until it is detected afresh.
         self._deployments_api = True
+        # The stream being followed, so ``resync`` can end it; None while polling.
+        self._stream_scope: anyio.CancelScope | None = None
+        self._resync_wanted = False
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -235,7 +242,26 @@ class MasterClient:
                 await anyio.sleep(self._backoff)
                 self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
 
+    def resync(self) -> None:
+        """End the stream being followed, so the next connection starts from a snapshot.
+        While polling there is nothing to do: every poll is a snapshot."""
+        if self._stream_scope is not None:
+            self._resync_wanted = True
+            self._stream_scope.cancel()
+
     async def _follow_stream(self, emit: Callable[[Update], None]) -> None:
+        self._resync_wanted = False
+        with anyio.CancelScope() as scope:
+            self._stream_scope = scope
+            try:
+                await self._read_stream(emit)
+            finally:
+                self._stream_scope = None
+        if scope.cancelled_caught and self._resync_wanted:
+            self._resync_wanted = False
+            raise _BadResponseError("events were missed: starting again from a snapshot")
+
+    async def _read_stream(self, emit: Callable[[Update], None]) -> None:
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
         async with contextlib.AsyncExitStack() as stack:
             with anyio.fail_after(CONNECT_TIMEOUT_S + REQUEST_TIMEOUT_S):

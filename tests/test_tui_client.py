@@ -215,6 +215,38 @@ async def test_a_silent_stream_is_abandoned_and_reopened() -> None:
 
 
 @pytest.mark.anyio
+async def test_resync_ends_the_stream_and_starts_again_from_a_snapshot() -> None:
+    builder = cluster()
+    opened: list[float] = []
+
+    def master(request: httpx.Request) -> httpx.Response:
+        opened.append(anyio.current_time())
+        body = [b": keepalive\n\n", snapshot_message(builder)]
+        return httpx.Response(200, headers=SSE_HEADERS, stream=Stream(body, hang=True))
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master))
+    seen: list[Update] = []
+
+    def snapshots() -> int:
+        return sum(isinstance(u, SnapshotUpdate) for u in seen)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(client.run, seen.append)
+        with anyio.fail_after(30):
+            while snapshots() < 1:
+                await anyio.sleep(0.01)
+            client.resync()
+            while snapshots() < 2:
+                await anyio.sleep(0.01)
+        group.cancel_scope.cancel()
+    await client.aclose()
+    assert modes(seen) == ["connecting", "live", "down", "live"]
+    (down,) = [u for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "down"]
+    assert down.detail == "events were missed: starting again from a snapshot"
+    assert len(opened) == 2 and opened[1] - opened[0] < STREAM_SILENCE_S
+
+
+@pytest.mark.anyio
 async def test_an_unreadable_event_forces_a_fresh_snapshot() -> None:
     builder = cluster()
     streams = [
