@@ -251,6 +251,20 @@ async def test_delete_asks_first_with_cancel_focused() -> None:
 
 
 @pytest.mark.anyio
+async def test_delete_from_describe_deletes_and_goes_back() -> None:
+    app, client = make_app()
+    async with running(app) as pilot:
+        await pilot.press("down")  # Llama
+        await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+        await press_to(pilot, "enter", screen=DescribeScreen)
+        await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
+        await pilot.press("right", "enter")
+        await until(pilot, lambda: client.deleted)
+        assert client.deleted == ["dep-llama-3.2-1b-instruct-4bit"]
+        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+
+
+@pytest.mark.anyio
 async def test_filter_narrows_the_table_and_escape_clears_it() -> None:
     app, _ = make_app()
     async with running(app) as pilot:
