@@ -12,7 +12,11 @@ cluster, and what an idle dashboard costs. Figures are printed, never asserted.
    once and the recovery burst. A frame is one batch applied and rendered (our code), and the
    event loop's lag (everything that blocks the loop, Textual's compositing included). The
    first screen (app start, the 500-deployment snapshot drawn) is a one-off, reported apart.
-3. **Idle CPU** (target <= 3 % of a core): the real ``exo-deploy-tui`` process in a
+3. **Events through the stream**: a real master under uvicorn on loopback and the real
+   ``MasterClient`` following its ``GET /events``, in one process: a burst of churn events (node
+   reports and runner progress) from the master's router to the client's ``EventUpdate``s,
+   framed, sent, parsed and validated. One core does both ends, so the figure is a floor.
+4. **Idle CPU** (target <= 3 % of a core): the real ``exo-deploy-tui`` process in a
    pseudo-terminal against an idle ``exo-deploy cluster`` (master + 3 nodes, 2 deployments
    serving), and the headless app alone, each over 20 s after a warm-up.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import pty
 import shutil
@@ -36,8 +41,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 
+from bench.master_bench import churn
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import MasterClient
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient, node_id_for
@@ -52,9 +59,17 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
+from keeper.master.server import serve
+from keeper.master.service import Master, MasterConfig
 from keeper.state import Memory, ModelCard, RunnerLoading, RunnerReady
 
 LATENCY_SAMPLES = 60
+# Enough events that connecting and the snapshot are noise beside them; sent in batches, never
+# more than STREAM_WINDOW ahead of the client so it is not dropped as a laggard (the master's
+# subscriber buffer is 10,000).
+STREAM_EVENTS = 30_000
+STREAM_BATCH = 500
+STREAM_WINDOW = 5_000
 BIG_NODES = 64
 BIG_DEPLOYMENTS = 500
 LOST_NODES = 8
@@ -243,7 +258,45 @@ def _timers(views: list[DeploymentView]) -> Iterator[DeploymentView]:
         yield view.model_copy(update={"failures": view.failures})
 
 
-# --- 3. idle CPU ----------------------------------------------------------------------------
+# --- 3. events through the stream ---------------------------------------------------------
+
+
+async def _stream_rate() -> float:
+    master = Master(None, config=MasterConfig(startup_grace_s=0))
+    received = 0
+    live = anyio.Event()
+
+    def emit(update: Update) -> None:
+        nonlocal received
+        if isinstance(update, EventUpdate):
+            received += 1
+        elif isinstance(update, ConnectionUpdate) and update.mode == "live":
+            live.set()
+
+    async def wait_for(count: int) -> None:
+        with anyio.fail_after(120):
+            while received < count:
+                await anyio.sleep(POLL_S)
+
+    elapsed = math.inf
+    async with anyio.create_task_group() as group:
+        port = await group.start(serve, master, "127.0.0.1", 0, None)
+        client = MasterClient(f"http://127.0.0.1:{port}")
+        group.start_soon(client.run, emit)
+        with anyio.fail_after(30):
+            await live.wait()
+        started = time.perf_counter()
+        for first in range(0, STREAM_EVENTS, STREAM_BATCH):
+            await wait_for(first - STREAM_WINDOW)
+            await master.emit([churn(i) for i in range(first, first + STREAM_BATCH)])
+        await wait_for(STREAM_EVENTS)
+        elapsed = time.perf_counter() - started
+        group.cancel_scope.cancel()
+        await client.aclose()
+    return STREAM_EVENTS / elapsed
+
+
+# --- 4. idle CPU ----------------------------------------------------------------------------
 
 
 async def _idle_headless() -> float:
@@ -382,6 +435,10 @@ def run() -> None:
         f"{_pct(lags, 0.99) * 1000:.1f} / {max(lags) * 1000:.1f} ms",
         "max <= 100 ms",
     )
+    rate = anyio.run(_stream_rate, backend="asyncio")
+    _row(f"events through the stream ({STREAM_EVENTS} events)", f"{rate:,.0f} /s", "")
+    if os.environ.get("TUI_BENCH_QUICK"):
+        return  # the two figures above only, for comparing a change to the stream
     headless = asyncio.run(_idle_headless())
     _row(f"idle CPU, headless app, {IDLE_MEASURE_S:.0f} s", f"{headless * 100:.2f} %", "<= 3 %")
     real = _idle_real_terminal()

@@ -6,6 +6,11 @@ handler folds them into the model in batches, at most one frame per ``MIN_FRAME_
 timer moves the countdowns and ages. Widgets are touched only from the app's
 own handlers, never from the worker. Mutations run in their own workers and report through
 notifications, so a slow master never blocks a key press.
+
+Attributes down, messages up: the app hands its screens itself as their ``ClusterSource`` and
+its view state (``view``, bound to the dashboard's with ``data_bind``); the screens ask for
+mutations, faults and pausing with the messages of ``screens.contract``, handled here. The app
+is the one place that owns the client, the demo's faults and the view state.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -23,17 +29,28 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.driver import Driver
 from textual.message import Message
+from textual.reactive import var
 from textual.screen import Screen
 
 from exo_deploy_tui.client import ApiError, ClusterClient
 from exo_deploy_tui.commands import visible_actions
+from exo_deploy_tui.failure_log import record_failure
 from exo_deploy_tui.faults import FaultInjector, inject
 from exo_deploy_tui.format import short_model
 from exo_deploy_tui.model import ClusterModel
+from exo_deploy_tui.screens.contract import (
+    CreateRequested,
+    DashboardView,
+    DeleteRequested,
+    FaultRequested,
+    ModelScreen,
+    PauseToggled,
+)
 from exo_deploy_tui.screens.dashboard import DashboardScreen
+from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.terminal import EndOfInputDriver, exit_on_hangup
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
-from keeper.api_models import CreateDeploymentRequest
+from keeper.api_models import CreateDeploymentRequest, ModelListEntry
 
 # The countdowns and "silent for" ages move once a second, as a clock does.
 TICK_S = 1.0
@@ -69,6 +86,8 @@ class DashboardApp(App[None]):
     BINDINGS = [
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
     ]
+    # The one place for view state: the dashboard's ``view`` is bound to this one.
+    view: var[DashboardView] = var(DashboardView())
 
     def __init__(
         self,
@@ -85,26 +104,34 @@ class DashboardApp(App[None]):
         # into it (which turns yellow into red), so the dashboard uses ANSI colours as they are.
         self._ansi_colors = ansi_colors
         self.client = client
-        self.readonly = readonly
         self.faults = faults
         self.model = ClusterModel()
-        self.paused = False
+        self.set_reactive(
+            DashboardApp.view,
+            DashboardView(url=client.url, readonly=readonly, demo=faults is not None),
+        )
         self._clock = clock
         self._ticking = tick
         self._pending_updates: list[Update] = []
         self._frame_scheduled = False
         self._last_frame = 0.0  # time.monotonic() of the last frame drawn from updates
         self._heap_settled = time.monotonic()
-        self.dashboard = DashboardScreen()
+        # The hole in the events (its first index) the client was last asked to resync for.
+        self._resync_asked_for: int | None = None
+        self.dashboard = DashboardScreen(self, self.view)
 
     def now(self) -> float:
         return self._clock()
+
+    async def models(self) -> list[ModelListEntry]:
+        return await self.client.models()
 
     def on_mount(self) -> None:
         if not self.is_headless:
             exit_on_hangup(self)
         if self._ansi_colors:
             self.theme = "ansi-dark"
+        self.dashboard.data_bind(DashboardApp.view)
         self.push_screen(self.dashboard)
         self.run_worker(self._follow_master(), name="feed", group="feed", exit_on_error=False)
         if self._ticking:
@@ -117,6 +144,10 @@ class DashboardApp(App[None]):
                 return
             except Exception as exc:  # a bug must not take the dashboard down
                 self._emit(ConnectionUpdate("down", f"internal error: {exc}", FEED_RESTART_S))
+                # The status line has room for the message only: the traceback goes to a file.
+                await anyio.to_thread.run_sync(
+                    record_failure, exc, "the feed from the master failed unexpectedly"
+                )
                 await anyio.sleep(FEED_RESTART_S)
 
     def _emit(self, update: Update) -> None:
@@ -139,6 +170,10 @@ class DashboardApp(App[None]):
         pending, self._pending_updates = self._pending_updates, []
         if pending:
             self.model.handle(pending, self.now())
+            missing = self.model.missing_from
+            if missing is not None and missing != self._resync_asked_for:
+                self.client.resync()  # a hole in the events: start again from a snapshot
+            self._resync_asked_for = missing
             self.render_model()
             if any(isinstance(u, SnapshotUpdate) for u in pending):
                 self._settle_heap()
@@ -168,14 +203,45 @@ class DashboardApp(App[None]):
     def render_model(self) -> None:
         self.dashboard.render_model()
         top = self.screen
-        if top is not self.dashboard and hasattr(top, "render_model"):
-            top.render_model()  # pyright: ignore[reportAttributeAccessIssue]
+        if top is not self.dashboard and isinstance(top, ModelScreen):
+            top.render_model()
+
+    # -- what the screens ask for -------------------------------------------------------------
+
+    def on_pause_toggled(self, message: PauseToggled) -> None:
+        self.view = replace(self.view, paused=not self.view.paused)
+
+    def on_create_requested(self, message: CreateRequested) -> None:
+        async def create() -> None:
+            message.answer(await self.create_deployment(message.request))
+
+        self.run_worker(create(), group="mutations", exit_on_error=False)
+
+    def on_delete_requested(self, message: DeleteRequested) -> None:
+        self.delete_deployment(message.deployment_id, message.model_id)
+
+    def on_fault_requested(self, message: FaultRequested) -> None:
+        faults = self.faults
+        if faults is None:
+            self.notify("Faults can be injected only with --demo.", severity="warning")
+            return
+        kind, seconds = message.kind, message.seconds
+        if message.node is not None or not message.needs_node:
+            self.inject_fault(kind, message.node, seconds)
+            return
+
+        def chosen(name: str | None) -> None:
+            if name:
+                self.inject_fault(kind, name, seconds)
+
+        picker = NodePickerScreen(kind, faults.node_names(), message.preferred)
+        self.push_screen(picker, chosen)
 
     # -- mutations ----------------------------------------------------------------------------
 
     async def create_deployment(self, request: CreateDeploymentRequest) -> str | None:
         """Ask the master; returns None on success, else the reason it was refused."""
-        if self.readonly:
+        if self.view.readonly:
             return "read-only: cannot create deployments"
         try:
             answer = await self.client.create_deployment(request)
@@ -187,7 +253,7 @@ class DashboardApp(App[None]):
         return None
 
     def delete_deployment(self, deployment_id: str, model_id: str) -> None:
-        if self.readonly:
+        if self.view.readonly:
             self.notify("Read-only: cannot delete deployments.", severity="warning")
             return
 
@@ -220,7 +286,7 @@ class DashboardApp(App[None]):
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         dashboard = self.dashboard
-        for spec in visible_actions(readonly=self.readonly, demo=self.faults is not None):
+        for spec in visible_actions(readonly=self.view.readonly, demo=self.view.demo):
             if spec.action == "command_line":
                 continue
             title = spec.command.capitalize() if spec.command else spec.help

@@ -19,21 +19,26 @@ and a failure never escapes: it becomes a ``ConnectionUpdate("down")`` and a ret
 (which detects the master afresh), so a master that is down, slow or restarting can neither
 crash nor freeze the UI, and an answer we cannot read is reported, not shown as an empty cluster.
 
-Deadlines use anyio's clock rather than httpx's socket timeouts so the same code runs under
-trio's virtual clock in tests. Mutations (create, delete) are plain requests that raise
-``ApiError`` carrying the master's own message.
+The stream is read with httpx-sse, which frames events and keeps ``id`` and ``retry``; the
+master's ``retry`` sets where the reconnect backoff starts. Deadlines use anyio's clock rather
+than httpx's socket timeouts so the same code runs under trio's virtual clock in tests; the
+stream's silence deadline watches bytes, since the keepalive is a comment no event shows.
+Mutations (create, delete) are plain requests that raise ``ApiError`` carrying the master's own
+message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Literal, Protocol
 
 import anyio
 import httpx
+from httpx_sse import EventSource, ServerSentEvent, aconnect_sse
 from pydantic import ValidationError
 
 from exo_deploy_tui.updates import (
@@ -101,6 +106,10 @@ class ClusterClient(Protocol):
     url: str
 
     async def run(self, emit: Callable[[Update], None]) -> None: ...
+    def resync(self) -> None:
+        """Start again from a snapshot: the model found a hole in the events."""
+        ...
+
     async def models(self) -> list[ModelListEntry]: ...
     async def create_deployment(self, request: CreateDeploymentRequest) -> CommandResponse: ...
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
@@ -119,30 +128,27 @@ class _BadResponseError(Exception):
     """The master answered something we cannot use; reconnect and start from a snapshot."""
 
 
-class SseParser:
-    """Server-sent events, one line at a time: returns ``(event, data)`` when one completes."""
+class _SilenceDeadline(httpx.AsyncByteStream):
+    """A response body that fails with ``TimeoutError`` after ``silence_s`` without a byte.
 
-    def __init__(self) -> None:
-        self._event = "message"
-        self._data: list[str] = []
+    The master's keepalive is an SSE comment, which an SSE reader rightly never hands on, so
+    the deadline watches the bytes under the reader rather than the events it yields."""
 
-    def feed(self, line: str) -> tuple[str, str] | None:
-        if line == "":
-            if not self._data:
-                self._event = "message"
-                return None
-            message = (self._event, "\n".join(self._data))
-            self._event, self._data = "message", []
-            return message
-        if line.startswith(":"):
-            return None  # a comment: the master's keepalive
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "event":
-            self._event = value
-        elif name == "data":
-            self._data.append(value)
-        return None
+    def __init__(self, inner: httpx.AsyncByteStream, silence_s: float) -> None:
+        self._inner = inner
+        self._silence_s = silence_s
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = aiter(self._inner)
+        while True:
+            with anyio.fail_after(self._silence_s):
+                chunk = await anext(chunks, None)
+            if chunk is None:
+                return
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 # What ``GET /events`` says the master is: exo-deploy's stream, a stock exo's one-shot log, or no
@@ -196,11 +202,16 @@ class MasterClient:
             timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
         )
         self._clock = clock
+        # Where the reconnect backoff starts: ours, until the master's stream says (``retry``).
+        self._reconnect_first = RECONNECT_FIRST_S
         self._backoff = RECONNECT_FIRST_S
         # The last answers polled, so an unchanged cluster costs no parsing and no redraw.
         self._last_poll: tuple[bytes, bytes | None] | None = None
         # False once the master answered 404 to /deployments, until it is detected afresh.
         self._deployments_api = True
+        # The stream being followed, so ``resync`` can end it; None while polling.
+        self._stream_scope: anyio.CancelScope | None = None
+        self._resync_wanted = False
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -231,45 +242,61 @@ class MasterClient:
                 await anyio.sleep(self._backoff)
                 self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
 
+    def resync(self) -> None:
+        """End the stream being followed, so the next connection starts from a snapshot.
+        While polling there is nothing to do: every poll is a snapshot."""
+        if self._stream_scope is not None:
+            self._resync_wanted = True
+            self._stream_scope.cancel()
+
     async def _follow_stream(self, emit: Callable[[Update], None]) -> None:
+        self._resync_wanted = False
+        with anyio.CancelScope() as scope:
+            self._stream_scope = scope
+            try:
+                await self._read_stream(emit)
+            finally:
+                self._stream_scope = None
+        if scope.cancelled_caught and self._resync_wanted:
+            self._resync_wanted = False
+            raise _BadResponseError("events were missed: starting again from a snapshot")
+
+    async def _read_stream(self, emit: Callable[[Update], None]) -> None:
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
-        with anyio.fail_after(CONNECT_TIMEOUT_S + REQUEST_TIMEOUT_S):
-            request = self._http.build_request(
-                "GET", "/events", headers={"Accept": "text/event-stream"}, timeout=timeout
-            )
-            response = await self._http.send(request, stream=True)
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            with anyio.fail_after(CONNECT_TIMEOUT_S + REQUEST_TIMEOUT_S):
+                source = await stack.enter_async_context(
+                    aconnect_sse(self._http, "GET", "/events", timeout=timeout)
+                )
+            response = source.response
             kind = events_kind(response.status_code, response.headers.get("content-type"))
             if kind == "none":
                 raise _NoStreamError
             if kind == "exo-log":
-                raise _StockExoError  # closed below without reading a byte of the log
+                raise _StockExoError  # closed on leaving, without reading a byte of the log
             if kind != "stream":
                 raise _BadResponseError(kind)
             offset = self._clock_offset(response)
-            parser = SseParser()
-            lines = response.aiter_lines()
-            while True:
-                with anyio.fail_after(STREAM_SILENCE_S):
-                    line = await anext(lines, None)
-                if line is None:
-                    return
-                message = parser.feed(line)
-                if message is not None:
-                    self._on_stream_message(*message, offset=offset, emit=emit)
-        finally:
-            await response.aclose()
+            if not isinstance(response.stream, httpx.AsyncByteStream):
+                raise _BadResponseError("the event stream is not readable asynchronously")
+            response.stream = _SilenceDeadline(response.stream, STREAM_SILENCE_S)
+            async for message in EventSource(response).aiter_sse():
+                self._on_stream_message(message, offset=offset, emit=emit)
 
     def _on_stream_message(
-        self, name: str, data: str, *, offset: float | None, emit: Callable[[Update], None]
+        self, message: ServerSentEvent, *, offset: float | None, emit: Callable[[Update], None]
     ) -> None:
+        name, data = message.event, message.data
+        if message.retry is not None:
+            # The master says how soon to come back; the backoff still doubles from there.
+            self._reconnect_first = min(max(message.retry / 1000, 0.0), RECONNECT_MAX_S)
         try:
             if name == "snapshot":
                 snapshot = StreamSnapshot.model_validate_json(data)
                 emit(SnapshotUpdate(snapshot.state, tuple(snapshot.deployments), offset))
                 self._last_poll = None  # the stream moved the model on from any earlier poll
                 emit(ConnectionUpdate("live"))
-                self._backoff = RECONNECT_FIRST_S
+                self._backoff = self._reconnect_first
             elif name == "event":
                 emit(EventUpdate(IndexedEvent.model_validate_json(data)))
             elif name == "deployments":
@@ -277,8 +304,8 @@ class MasterClient:
                 emit(DeploymentsUpdate(tuple(response.deployments)))
             elif name == "error":
                 # The master drops a follower that fell too far behind; start over.
-                message = ErrorResponse.model_validate_json(data).error.message
-                raise _BadResponseError(f"the master ended the stream: {message}")
+                error = ErrorResponse.model_validate_json(data).error.message
+                raise _BadResponseError(f"the master ended the stream: {error}")
         except ValidationError as exc:
             # One event lost would leave our State wrong for good: start again from a snapshot.
             raise _BadResponseError(f"unreadable {name} message: {exc.errors()[0]['msg']}") from exc
@@ -296,7 +323,7 @@ class MasterClient:
             if not announced:
                 emit(ConnectionUpdate("polling", detail))
                 announced = True
-            self._backoff = RECONNECT_FIRST_S
+            self._backoff = self._reconnect_first
             await anyio.sleep(max(0.0, POLL_INTERVAL_S - (anyio.current_time() - started)))
 
     async def _fetch_once(self) -> tuple[bytes, bytes | None, float | None]:

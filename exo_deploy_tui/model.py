@@ -319,6 +319,9 @@ class ClusterModel:
     _watching: bool = False
     _derived: _Derived | None = None
     _derived_from: State | None = None
+    # The index of the first event we are missing: an event came that was not the next one, so
+    # nothing more is applied until a snapshot fills the hole (the app asks the client for one).
+    missing_from: int | None = None
 
     # -- input ------------------------------------------------------------------------------
 
@@ -343,7 +346,12 @@ class ClusterModel:
         self._check_silence(now)
         return self.timeline.appended != before
 
+    @property
+    def needs_snapshot(self) -> bool:
+        return self.missing_from is not None
+
     def _on_snapshot(self, update: SnapshotUpdate, now: float) -> None:
+        self.missing_from = None
         if update.master_clock_offset_s is not None:
             offset = update.master_clock_offset_s
             self.master_clock_offset_s = offset if abs(offset) >= CLOCK_SKEW_IGNORED_S else 0.0
@@ -371,6 +379,12 @@ class ClusterModel:
         indexed = update.indexed
         if self.has_data and indexed.idx <= self.state.last_event_applied_idx:
             return  # already part of the snapshot we hold
+        expected = self.state.last_event_applied_idx + 1
+        if self.missing_from is not None or (self.has_data and indexed.idx != expected):
+            # A hole: applying on top of it would leave our State wrong for good.
+            if self.missing_from is None:
+                self.missing_from = expected
+            return
         before = self.state
         self.state = apply_indexed(before, indexed)
         self._note_membership(indexed.event, before, now)

@@ -218,6 +218,7 @@ class ScriptedClient:
     deleted: list[str] = field(default_factory=list)
     refuse_with: ApiError | None = None
     on_create: Callable[[CreateDeploymentRequest], None] | None = None
+    resyncs: int = 0  # how often the app asked to start again from a snapshot
     _send: MemoryObjectSendStream[Update] | None = None
     _receive: MemoryObjectReceiveStream[Update] | None = None
 
@@ -243,6 +244,9 @@ class ScriptedClient:
                     emit(self._receive.receive_nowait())
                 except anyio.WouldBlock:
                     break
+
+    def resync(self) -> None:
+        self.resyncs += 1
 
     async def models(self) -> list[ModelListEntry]:
         return list(self.models_list)

@@ -60,6 +60,8 @@ IMPURE_MODULES = {
     "httpx",
     "fastapi",
     "starlette",
+    "sse_starlette",
+    "httpx_sse",
     "uvicorn",
     "websockets",
     "textual",
@@ -216,5 +218,18 @@ def test_tui_reads_the_master_only_through_http() -> None:
     allowed = DATA_MODEL | {"keeper", "keeper.demo"}
     bad = [
         _fmt(i) for i in TUI_IMPORTS if _within(i.imported, "keeper") and i.imported not in allowed
+    ]
+    assert bad == []
+
+
+def test_tui_screens_and_widgets_never_import_the_app() -> None:
+    """Attributes down, messages up: a screen reads what it is given and posts messages, so
+    nothing under it needs the app's module."""
+    lower = ("exo_deploy_tui.screens", "exo_deploy_tui.widgets")
+    bad = [
+        _fmt(i)
+        for i in TUI_IMPORTS
+        if any(_within(i.importer, layer) for layer in lower)
+        and _within(i.imported, "exo_deploy_tui.app")
     ]
     assert bad == []

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -26,9 +27,10 @@ from exo_deploy_tui.screens.describe import DescribeScreen
 from exo_deploy_tui.screens.help import HelpScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
-from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
+from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
 from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar
 from keeper.api_models import CreateDeploymentRequest
+from keeper.events import DeploymentDeleted, IndexedEvent
 from keeper.state import InstanceMeta, RunnerLoading, Sharding
 from tests.recorded_exo import recorded_state
 
@@ -247,6 +249,20 @@ async def test_delete_asks_first_with_cancel_focused() -> None:
 
 
 @pytest.mark.anyio
+async def test_delete_from_describe_deletes_and_goes_back() -> None:
+    app, client = make_app()
+    async with running(app) as pilot:
+        await pilot.press("down")  # Llama
+        await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+        await press_to(pilot, "enter", screen=DescribeScreen)
+        await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
+        await pilot.press("right", "enter")
+        await until(pilot, lambda: client.deleted)
+        assert client.deleted == ["dep-llama-3.2-1b-instruct-4bit"]
+        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+
+
+@pytest.mark.anyio
 async def test_filter_narrows_the_table_and_escape_clears_it() -> None:
     app, _ = make_app()
     async with running(app) as pilot:
@@ -365,6 +381,82 @@ async def test_readonly_hides_and_blocks_create_and_delete() -> None:
 
 
 @pytest.mark.anyio
+async def test_readonly_blocks_create_and_delete_typed_as_commands_and_from_the_palette() -> None:
+    app, client = make_app(readonly=True)
+    async with running(app) as pilot:
+        for command in ("new", "delete"):
+            await pilot.press("colon", *command, "enter")
+            await pilot.pause()
+            assert isinstance(app.screen, DashboardScreen)
+            # The palette's way in: App.run_action, refused by the screen's check_action.
+            assert await app.run_action(command, app.dashboard) is False
+            await pilot.pause()
+            assert isinstance(app.screen, DashboardScreen)
+        assert client.created == [] and client.deleted == []
+
+
+@pytest.mark.anyio
+async def test_the_command_line_is_refused_what_check_action_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app, _ = make_app()
+    async with running(app) as pilot:
+        await press_to(pilot, "colon", *"describe", "enter", screen=DescribeScreen)
+        await press_to(pilot, "escape", screen=DashboardScreen)
+
+        def refuse_describe(action: str, parameters: tuple[object, ...]) -> bool:
+            return action != "describe"
+
+        monkeypatch.setattr(app.dashboard, "check_action", refuse_describe)
+        await pilot.press("colon", *"describe", "enter", "colon", *"sort name", "enter")
+        await until(pilot, lambda: app.dashboard.sort_key == "name")  # the next command ran
+        assert isinstance(app.screen, DashboardScreen)
+
+
+@pytest.mark.anyio
+async def test_a_hole_in_the_events_asks_the_client_for_a_snapshot() -> None:
+    builder = cluster()
+    app, client = make_app(builder)
+    async with running(app) as pilot:
+        last = app.model.state.last_event_applied_idx
+        gone = IndexedEvent(
+            idx=last + 2, event=DeploymentDeleted(deployment_id="dep-qwen3-0.6b-4bit")
+        )
+        client.push(EventUpdate(gone))
+        await until(pilot, lambda: client.resyncs == 1)
+        assert QWEN in shown_models(app)  # not applied on top of the hole
+        client.push(EventUpdate(gone))  # the same hole is asked about once
+        await pilot.pause(0.1)
+        assert client.resyncs == 1
+        client.push(cluster().snapshot(), EventUpdate(gone.model_copy(update={"idx": last + 1})))
+        await until(pilot, lambda: QWEN not in shown_models(app))
+        assert not app.model.needs_snapshot and client.resyncs == 1
+
+
+class FailingClient(ScriptedClient):
+    async def run(self, emit: Callable[[Update], None]) -> None:
+        raise RuntimeError("a bug in the feed")
+
+
+@pytest.mark.anyio
+async def test_a_bug_in_the_feed_is_a_status_line_and_a_traceback_in_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    log = tmp_path / "state" / "exo-deploy" / "tui.log"
+    app, _ = make_app(client=FailingClient())
+    async with app.run_test(size=(80, 24)) as pilot:
+        header = app.dashboard.query_one(HeaderBar)
+        await until(pilot, lambda: "internal error: a bug in the feed" in str(header.render()))
+        await until(pilot, log.exists)
+    text = log.read_text()
+    assert "the feed from the master failed unexpectedly" in text
+    assert "Traceback (most recent call last)" in text
+    assert "RuntimeError: a bug in the feed" in text
+    assert 'in run\n    raise RuntimeError("a bug in the feed")' in text
+
+
+@pytest.mark.anyio
 async def test_broken_only_and_pause() -> None:
     app, client = make_app()
     async with running(app) as pilot:
@@ -372,6 +464,9 @@ async def test_broken_only_and_pause() -> None:
         await until(pilot, lambda: shown_models(app) == [DEEPSEEK, LLAMA, QWEN30])
         await pilot.press("ctrl+z", "p")
         await until(pilot, lambda: len(shown_models(app)) == 4)
+        # Pausing is the app's view state, and the screen's is bound to it.
+        await until(pilot, lambda: app.view.paused)
+        assert app.dashboard.view is app.view
         client.push(SnapshotUpdate(ClusterBuilder().node("studio").state, None))
         await until(pilot, lambda: not app.model.state.deployments)
         assert len(shown_models(app)) == 4  # paused: the screen holds still

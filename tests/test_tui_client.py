@@ -23,7 +23,6 @@ from exo_deploy_tui.client import (
     STREAM_SILENCE_S,
     ApiError,
     MasterClient,
-    SseParser,
     events_kind,
 )
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
@@ -216,6 +215,38 @@ async def test_a_silent_stream_is_abandoned_and_reopened() -> None:
 
 
 @pytest.mark.anyio
+async def test_resync_ends_the_stream_and_starts_again_from_a_snapshot() -> None:
+    builder = cluster()
+    opened: list[float] = []
+
+    def master(request: httpx.Request) -> httpx.Response:
+        opened.append(anyio.current_time())
+        body = [b": keepalive\n\n", snapshot_message(builder)]
+        return httpx.Response(200, headers=SSE_HEADERS, stream=Stream(body, hang=True))
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master))
+    seen: list[Update] = []
+
+    def snapshots() -> int:
+        return sum(isinstance(u, SnapshotUpdate) for u in seen)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(client.run, seen.append)
+        with anyio.fail_after(30):
+            while snapshots() < 1:
+                await anyio.sleep(0.01)
+            client.resync()
+            while snapshots() < 2:
+                await anyio.sleep(0.01)
+        group.cancel_scope.cancel()
+    await client.aclose()
+    assert modes(seen) == ["connecting", "live", "down", "live"]
+    (down,) = [u for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "down"]
+    assert down.detail == "events were missed: starting again from a snapshot"
+    assert len(opened) == 2 and opened[1] - opened[0] < STREAM_SILENCE_S
+
+
+@pytest.mark.anyio
 async def test_an_unreadable_event_forces_a_fresh_snapshot() -> None:
     builder = cluster()
     streams = [
@@ -347,11 +378,26 @@ async def test_a_hung_master_times_out_a_request() -> None:
     await client.aclose()
 
 
-def test_sse_parser_handles_comments_multiline_data_and_defaults() -> None:
-    parser = SseParser()
-    lines = [": ping", "", "event: event", "data: {", "data: }", "", "data: x", ""]
-    messages = [m for m in map(parser.feed, lines) if m is not None]
-    assert messages == [("event", "{\n}"), ("message", "x")]
+@pytest.mark.anyio
+async def test_the_masters_retry_sets_where_the_reconnect_backoff_starts() -> None:
+    builder = cluster()
+    opened: list[float] = []
+    snapshot = snapshot_message(builder).replace(
+        b"event: snapshot", b"retry: 2000\nevent: snapshot"
+    )
+
+    def master(request: httpx.Request) -> httpx.Response:
+        opened.append(anyio.current_time())
+        # Multi-line data, an id and comments are framing the reader must take in its stride.
+        body = [b": keepalive\n\n", snapshot, b"id: 7\nevent: other\ndata: {\ndata: }\n\n"]
+        return httpx.Response(200, headers=SSE_HEADERS, stream=Stream(body, hang=False))
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master))
+    seen = await watch(client, lambda s: len(opened) >= 3)
+    assert modes(seen)[:4] == ["connecting", "live", "down", "live"]
+    # The stream ended at once each time: the reconnect waits the master's 2 s, not our 0.5 s.
+    assert opened[1] - opened[0] == pytest.approx(2.0)
+    assert opened[2] - opened[1] == pytest.approx(2.0)
 
 
 # --- a stock exo master ------------------------------------------------------------------

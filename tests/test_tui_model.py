@@ -236,6 +236,29 @@ def test_events_already_in_the_snapshot_are_skipped() -> None:
     assert model.state.last_event_applied_idx == 42
 
 
+def test_a_hole_in_the_events_stops_applying_until_a_snapshot() -> None:
+    builder = healthy()
+    state = builder.state.model_copy(update={"last_event_applied_idx": 41})
+    model = ClusterModel()
+    model.handle(SnapshotUpdate(state, None), FROZEN_NOW)
+    assert not model.needs_snapshot
+    studio, mini_a = node_id_for("studio"), node_id_for("mini-a")
+    # 42 never came: 43 would be applied on top of a hole.
+    model.handle(EventUpdate(IndexedEvent(idx=43, event=NodeTimedOut(node_id=studio))), FROZEN_NOW)
+    assert model.needs_snapshot and model.missing_from == 42
+    assert studio in model.state.topology.nodes
+    assert model.state.last_event_applied_idx == 41
+    # Nor is anything after it, even the missing index arriving late.
+    model.handle(EventUpdate(IndexedEvent(idx=42, event=NodeTimedOut(node_id=mini_a))), FROZEN_NOW)
+    assert mini_a in model.state.topology.nodes and model.missing_from == 42
+    # A snapshot fills the hole; events follow on from it again.
+    model.handle(SnapshotUpdate(state.model_copy(update={"last_event_applied_idx": 43}), None), 0)
+    assert not model.needs_snapshot
+    model.handle(EventUpdate(IndexedEvent(idx=44, event=NodeTimedOut(node_id=studio))), FROZEN_NOW)
+    assert studio not in model.state.topology.nodes
+    assert model.state.last_event_applied_idx == 44
+
+
 def test_nodes_go_silent_then_gone_then_come_back() -> None:
     builder = ClusterBuilder().node("studio").node("mini-a", seen_ago_s=2).link_all()
     model = connected(builder)

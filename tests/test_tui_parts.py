@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from exo_deploy_tui.cells import (
@@ -15,6 +17,7 @@ from exo_deploy_tui.cells import (
 )
 from exo_deploy_tui.cli import check_url, main
 from exo_deploy_tui.commands import ACTIONS, Parsed, ParseError, parse_command, visible_actions
+from exo_deploy_tui.failure_log import failure_log_path, record_failure
 from exo_deploy_tui.format import duration, precise_duration, short_id, short_model
 from exo_deploy_tui.forms import fit_hint, model_entry, search_models, validate_create
 from exo_deploy_tui.model import ClusterModel, Connection, DeploymentRow, Summary
@@ -269,3 +272,23 @@ def test_help_descriptions_share_one_column_even_after_long_commands() -> None:
     assert len(starts) == 1, starts
     key_lines = lines[: lines.index("")]
     assert max(len(line) for line in key_lines) <= 78  # inside an 80-column dialog
+
+
+def test_the_failure_log_follows_xdg_state_home(tmp_path: Path) -> None:
+    home = Path.home()
+    assert failure_log_path({}) == home / ".local/state/exo-deploy/tui.log"
+    assert failure_log_path({"XDG_STATE_HOME": "relative"}) == failure_log_path({})
+    assert failure_log_path({"XDG_STATE_HOME": "/s"}) == Path("/s/exo-deploy/tui.log")
+    target = tmp_path / "made" / "on" / "demand.log"
+    try:
+        raise ValueError("first")
+    except ValueError as exc:
+        assert record_failure(exc, "one", target) == target
+        assert record_failure(exc, "two", target) == target
+    text = target.read_text()
+    assert text.count("ValueError: first") == 2 and "one\n" in text and "two\n" in text
+    # A log that cannot be written is skipped, never a new failure.
+    assert (
+        record_failure(ValueError("x"), "three", tmp_path / "made" / "on" / "demand.log" / "x")
+        is None
+    )

@@ -1,12 +1,14 @@
 """The create form (``n``): a searchable catalog from /models and the deployment's options.
 
 It stays open until the master accepts, showing the master's own refusal if it says no, so
-an operator never has to retype a form to fix one field.
+an operator never has to retype a form to fix one field. It reads the catalog and the model
+through the ``ClusterSource`` it is given and asks the app to create with ``CreateRequested``,
+whose answer says whether to close.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on, work
@@ -20,12 +22,10 @@ from textual.widgets.option_list import Option
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.format import short_model
 from exo_deploy_tui.forms import fit_hint, model_entry, search_models, validate_create
-from keeper.api_models import CreateDeploymentRequest, ModelListEntry
+from exo_deploy_tui.screens.contract import ClusterSource, CreateRequested
+from keeper.api_models import ModelListEntry
 from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.state import InstanceMeta, Sharding
-
-if TYPE_CHECKING:
-    from exo_deploy_tui.app import DashboardApp
 
 
 def _option_text(entry: ModelListEntry, deployed: bool) -> Text:
@@ -48,15 +48,12 @@ class CreateScreen(ModalScreen[None]):
         Binding("ctrl+s", "submit", "Create"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, source: ClusterSource) -> None:
         super().__init__()
+        self.source = source
         self.entries: list[ModelListEntry] = []
         self.shown: list[ModelListEntry] = []
         self.sending = False
-
-    @property
-    def dash(self) -> DashboardApp:
-        return cast("DashboardApp", self.app)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="form") as dialog:
@@ -98,7 +95,7 @@ class CreateScreen(ModalScreen[None]):
     async def load_catalog(self) -> None:
         search = self.query_one("#search", Input)
         try:
-            self.entries = await self.dash.client.models()
+            self.entries = await self.source.models()
             search.placeholder = f"search the master's {len(self.entries)} models…"
         except ApiError as exc:
             self.entries = [model_entry(c) for c in BUILTIN_MODEL_CARDS]
@@ -110,7 +107,7 @@ class CreateScreen(ModalScreen[None]):
     def _deployed(self) -> dict[str, str]:
         return {
             d.model_card.model_id: d.deployment_id
-            for d in self.dash.model.state.deployments.values()
+            for d in self.source.model.state.deployments.values()
         }
 
     def _refilter(self) -> None:
@@ -135,7 +132,7 @@ class CreateScreen(ModalScreen[None]):
     def _on_model_highlighted(self) -> None:
         entry = self.chosen()
         if entry is not None:
-            hint = fit_hint(entry, self.dash.model.state)
+            hint = fit_hint(entry, self.source.model.state)
             self.query_one("#catalog-note", Static).update(Text(hint, style="dim"))
 
     @on(OptionList.OptionSelected, "#catalog")
@@ -179,12 +176,12 @@ class CreateScreen(ModalScreen[None]):
             return
         error.update(Text(f"sending: deploy {result.model_id}…", style="dim"))
         self.sending = True
-        self._send(result)
+        self.post_message(CreateRequested(result, self._answered))
 
-    @work(exclusive=True, group="create")
-    async def _send(self, request: CreateDeploymentRequest) -> None:
-        refused = await self.dash.create_deployment(request)
+    def _answered(self, refused: str | None) -> None:
         self.sending = False
+        if not self.is_attached:
+            return  # cancelled while the master was answering
         if refused is None:
             self.dismiss(None)
             return

@@ -3,28 +3,38 @@
 At 80x24 one panel shows at a time (tabs 1-4, the deployments table by default) with the
 selected deployment's details under it; from 120x36 all four show at once. Every key here is an
 action also listed in ``exo_deploy_tui.commands``, so ``:`` and the command palette reach it.
-The screen keeps view state only (tab, sort, filter, selection); the data is the app's model.
+The screen keeps its own view state (tab, sort, filter, selection); the data is the app's
+model, read through the ``ClusterSource`` it was given, and the app's view state (paused,
+read-only, demo) arrives in ``view``, bound to the app's. Whatever changes the cluster or the
+app is asked for with a message (``screens.contract``); the screen never imports the app.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar, cast
 
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Container, Vertical
-from textual.screen import Screen
+from textual.reactive import var
 from textual.widgets import Footer, Input
 
 from exo_deploy_tui.cells import no_deployments_api
-from exo_deploy_tui.commands import ParseError, parse_command
+from exo_deploy_tui.commands import ParseError, parse_command, visible_actions
 from exo_deploy_tui.model import DeploymentRow, SortKey, sort_rows
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
+from exo_deploy_tui.screens.contract import (
+    ClusterSource,
+    DashboardView,
+    DeleteRequested,
+    FaultRequested,
+    ModelScreen,
+    PauseToggled,
+)
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.describe import DescribeScreen
 from exo_deploy_tui.screens.help import HelpScreen
-from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.widgets.panels import (
     DeploymentsTable,
     DetailStrip,
@@ -37,9 +47,6 @@ from exo_deploy_tui.widgets.panels import (
 )
 from exo_deploy_tui.widgets.table import KeyedTable
 
-if TYPE_CHECKING:
-    from exo_deploy_tui.app import DashboardApp
-
 # From this size every panel fits on screen at once with a useful number of rows each.
 WIDE_MIN_WIDTH = 120
 WIDE_MIN_HEIGHT = 36
@@ -48,7 +55,7 @@ _MUTATING = frozenset({"new", "delete"})
 _DEMO_ONLY = frozenset({"fault", "restart_master"})
 
 
-class DashboardScreen(Screen[None]):
+class DashboardScreen(ModelScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "new", "New"),
         Binding("ctrl+d", "delete", "Delete"),
@@ -74,18 +81,18 @@ class DashboardScreen(Screen[None]):
         Binding("M,shift+m", "restart_master", "Restart master", show=False),
     ]
 
-    def __init__(self) -> None:
-        super().__init__()
+    # The app's view state, bound to the app's own (``data_bind``): read here, changed there.
+    view: var[DashboardView] = var(DashboardView())
+
+    def __init__(self, source: ClusterSource, view: DashboardView) -> None:
+        super().__init__(source)
+        self.set_reactive(DashboardScreen.view, view)
         self.active_tab = "deployments"
         self.sort_key: SortKey = "status"
         self.sort_reverse = False
         self.filter_text = ""
         self.broken_only = False
         self.visible_rows: list[DeploymentRow] = []
-
-    @property
-    def dash(self) -> DashboardApp:
-        return cast("DashboardApp", self.app)
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
@@ -127,17 +134,19 @@ class DashboardScreen(Screen[None]):
 
     # -- rendering ------------------------------------------------------------------------------
 
+    def watch_view(self) -> None:
+        self.render_model()
+
     def render_model(self) -> None:
         """Show the app's model as of the app's clock; cheap when nothing changed."""
         if not self.is_mounted or not self.query(HeaderBar):
             return  # not composed yet, or being torn down on exit
-        app = self.dash
-        model, now = app.model, app.now()
+        model, now, view = self.source.model, self.source.now(), self.view
         summary = model.summary(now)
         self.query_one(HeaderBar).show(
-            model.connection, summary, now, app.client.url, paused=app.paused, readonly=app.readonly
+            model.connection, summary, now, view.url, paused=view.paused, readonly=view.readonly
         )
-        if app.paused:
+        if view.paused:
             return
         rows = model.deployment_rows(now)
         shown = [r for r in rows if (not self.broken_only or r.broken)]
@@ -196,7 +205,7 @@ class DashboardScreen(Screen[None]):
         self._show_detail()
 
     def _show_detail(self) -> None:
-        model = self.dash.model
+        model = self.source.model
         self.query_one(DetailStrip).show(
             self.selected_row(), has_deployments_api=model.has_timers or not model.has_data
         )
@@ -213,19 +222,22 @@ class DashboardScreen(Screen[None]):
     # -- permissions ------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in _MUTATING and self.dash.readonly:
+        if action in _MUTATING and self.view.readonly:
             return False
-        return not (action in _DEMO_ONLY and self.dash.faults is None)
+        return not (action in _DEMO_ONLY and not self.view.demo)
 
     # -- actions ----------------------------------------------------------------------------------
 
+    # Create and delete are refused with --readonly by ``check_action``, which Textual applies
+    # to keys, and the command line and the palette apply through ``App.run_action``.
+
     def action_new(self) -> None:
-        if self._refuse_readonly("create") or self._refuse_without_api():
+        if self._refuse_without_api():
             return
-        self.app.push_screen(CreateScreen())
+        self.app.push_screen(CreateScreen(self.source))
 
     def action_delete(self) -> None:
-        if self._refuse_readonly("delete") or self._refuse_without_api():
+        if self._refuse_without_api():
             return
         row = self.selected_row()
         if row is None:
@@ -234,7 +246,7 @@ class DashboardScreen(Screen[None]):
 
         def confirmed(yes: bool | None) -> None:
             if yes:
-                self.dash.delete_deployment(row.deployment_id, row.model_id)
+                self.post_message(DeleteRequested(row.deployment_id, row.model_id))
 
         self.app.push_screen(ConfirmDeleteScreen(row), confirmed)
 
@@ -243,7 +255,11 @@ class DashboardScreen(Screen[None]):
         if row is None:
             self.notify("No deployment selected.", severity="warning")
             return
-        self.app.push_screen(DescribeScreen(row.deployment_id, row.model_id))
+        self.app.push_screen(
+            DescribeScreen(
+                self.source, row.deployment_id, row.model_id, readonly=self.view.readonly
+            )
+        )
 
     def action_filter(self) -> None:
         self.show_tab("deployments")
@@ -289,9 +305,7 @@ class DashboardScreen(Screen[None]):
         self.render_model()
 
     def action_pause(self) -> None:
-        app = self.dash
-        app.paused = not app.paused
-        self.render_model()
+        self.post_message(PauseToggled())
 
     def action_show_tab(self, name: str) -> None:
         self.show_tab(name)
@@ -319,15 +333,17 @@ class DashboardScreen(Screen[None]):
         self.run_command(event.value)
 
     def run_command(self, line: str) -> None:
-        parsed = parse_command(line, readonly=self.dash.readonly, demo=self.dash.faults is not None)
+        """Run a ``:`` command as the key for it would: through ``App.run_action``, so
+        ``check_action`` decides here as it does for keys and the palette."""
+        parsed = parse_command(line, readonly=self.view.readonly, demo=self.view.demo)
         if isinstance(parsed, ParseError):
             self.notify(parsed.message, title="Command", severity="error")
             return
-        method = getattr(self, f"action_{parsed.method}")
-        method(*parsed.args)
+        self.call_later(self.app.run_action, ("", parsed.method, parsed.args), self)
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen())
+        actions = visible_actions(readonly=self.view.readonly, demo=self.view.demo)
+        self.app.push_screen(HelpScreen(actions))
 
     def action_quit(self) -> None:
         self.app.exit()
@@ -349,44 +365,28 @@ class DashboardScreen(Screen[None]):
     def action_fault(
         self, kind: str, node: str | None = None, seconds: float | None = None
     ) -> None:
-        faults = self.dash.faults
-        if faults is None:
+        if not self.view.demo:
             self.notify("Faults can be injected only with --demo.", severity="warning")
             return
-        if node is not None:
-            self.dash.inject_fault(kind, node, seconds)
-            return
-        names = faults.node_names()
         row = self.selected_row()
         preferred = row.nodes[0] if row and row.nodes else None
-
-        def chosen(name: str | None) -> None:
-            if name:
-                self.dash.inject_fault(kind, name, seconds)
-
-        self.app.push_screen(NodePickerScreen(kind, names, preferred), chosen)
+        self.post_message(FaultRequested(kind, node, seconds, preferred=preferred))
 
     def action_restart_master(self) -> None:
-        if self.dash.faults is None:
+        if not self.view.demo:
             self.notify("The master can be restarted only with --demo.", severity="warning")
             return
-        self.dash.inject_fault("restart_master", None, None)
+        self.post_message(FaultRequested("restart_master", needs_node=False))
 
     # -- helpers ----------------------------------------------------------------------------------
-
-    def _refuse_readonly(self, what: str) -> bool:
-        if self.dash.readonly:
-            self.notify(f"Read-only: cannot {what} deployments.", severity="warning")
-            return True
-        return False
 
     def _refuse_without_api(self) -> bool:
         """Against a master known to lack the deployments API, say so at once rather than open
         a form whose answer can only be a refusal."""
-        model = self.dash.model
+        model = self.source.model
         if model.has_data and not model.has_timers:
             self.notify(
-                no_deployments_api(self.dash.client.url),
+                no_deployments_api(self.view.url),
                 title="No deployments here",
                 severity="warning",
                 timeout=10,

@@ -2,28 +2,26 @@
 
 Everything the table had to cut: the whole placement error, the keeper's timers in words, the
 instance's runners, the deployment's own history from the timeline, and the raw JSON the master
-holds, so an operator can paste it into an issue.
+holds, so an operator can paste it into an issue. It reads the model through the
+``ClusterSource`` it is given and asks the app to delete with a message.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from exo_deploy_tui.cells import runner_status_text, timeline_line, timer_words
 from exo_deploy_tui.format import STATUS_COLOR, duration, gigabytes, short_model, status_label
 from exo_deploy_tui.model import ClusterModel, DeploymentRow
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
-
-if TYPE_CHECKING:
-    from exo_deploy_tui.app import DashboardApp
+from exo_deploy_tui.screens.contract import ClusterSource, DeleteRequested, ModelScreen
 
 
 def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: float) -> Text:
@@ -108,22 +106,21 @@ def _keeper_words(row: DeploymentRow, has_timers: bool) -> Text:
     return Text(words, style="yellow")
 
 
-class DescribeScreen(Screen[None]):
+class DescribeScreen(ModelScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("ctrl+d", "delete", "Delete"),
         Binding("q", "app.quit", "Quit"),
     ]
 
-    def __init__(self, deployment_id: str, model_id: str) -> None:
-        super().__init__()
+    def __init__(
+        self, source: ClusterSource, deployment_id: str, model_id: str, *, readonly: bool
+    ) -> None:
+        super().__init__(source)
         self.deployment_id = deployment_id
         self.model_id = model_id
+        self.readonly = readonly
         self._shown: Text | None = None
-
-    @property
-    def dash(self) -> DashboardApp:
-        return cast("DashboardApp", self.app)
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="describe") as scroll:
@@ -137,27 +134,27 @@ class DescribeScreen(Screen[None]):
         self.query_one("#describe").focus()
 
     def render_model(self) -> None:
-        app = self.dash
-        text = describe_text(app.model, self.deployment_id, self.model_id, app.now())
+        source = self.source
+        text = describe_text(source.model, self.deployment_id, self.model_id, source.now())
         if text != self._shown:
             self._shown = text
             self.query_one("#describe-body", Static).update(text)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not (action == "delete" and self.dash.readonly)
+        return not (action == "delete" and self.readonly)
 
     def action_back(self) -> None:
         self.dismiss(None)
 
     def action_delete(self) -> None:
-        rows = {r.deployment_id: r for r in self.dash.model.deployment_rows(self.dash.now())}
+        rows = {r.deployment_id: r for r in self.source.model.deployment_rows(self.source.now())}
         row = rows.get(self.deployment_id)
         if row is None:
             return
 
         def confirmed(yes: bool | None) -> None:
             if yes:
-                self.dash.delete_deployment(row.deployment_id, row.model_id)
+                self.post_message(DeleteRequested(row.deployment_id, row.model_id))
                 self.dismiss(None)
 
         self.app.push_screen(ConfirmDeleteScreen(row), confirmed)

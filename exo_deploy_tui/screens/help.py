@@ -1,8 +1,12 @@
-"""The help screen (``?``): every key, from the same table the command line reads."""
+"""The help screen (``?``): every key, from the same table the command line reads.
+
+The opener says which actions to list (read-only and demo decide), so the screen needs nothing
+from the app.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -11,11 +15,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
-from exo_deploy_tui.commands import ActionSpec, visible_actions
-
-if TYPE_CHECKING:
-    from exo_deploy_tui.app import DashboardApp
-
+from exo_deploy_tui.commands import ActionSpec
 
 # Width of the command column: fits every command without arguments, so the descriptions line
 # up and still fit an 80-column terminal. A command whose arguments make it longer gets a line
@@ -55,13 +55,15 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,question_mark,q", "close", "Close"),
     ]
 
+    def __init__(self, actions: list[ActionSpec]) -> None:
+        super().__init__()
+        self.actions = actions
+
     def compose(self) -> ComposeResult:
-        app = cast("DashboardApp", self.app)
-        actions = visible_actions(readonly=app.readonly, demo=app.faults is not None)
         with VerticalScroll(id="dialog", classes="help") as dialog:
             dialog.border_title = "Keys"
             dialog.border_subtitle = "esc close"
-            yield Static(help_text(actions), markup=False)
+            yield Static(help_text(self.actions), markup=False)
         yield Footer(compact=True)
 
     def action_close(self) -> None:

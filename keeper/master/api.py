@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, WebSocket
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
 
 from keeper.api_models import CreateDeploymentRequest, ModelList, ModelListEntry
 from keeper.httpapi.app import JSON, command_json, new_app
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
-from keeper.master.dashboard_stream import dashboard_events
+from keeper.master.dashboard_stream import dashboard_response
 from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.master.service import Master
 from keeper.master.ws import NODE_WS_PATH, serve_node_websocket
@@ -69,14 +70,10 @@ def create_app(
         return command_json(await master.delete_instance(instance_id))
 
     @app.get("/events")
-    async def events() -> StreamingResponse:
+    async def events() -> EventSourceResponse:
         if not master.running:
             raise NotRunningError("the master is not running")
-        return StreamingResponse(
-            dashboard_events(master, master.subscribe()),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return dashboard_response(master)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -5,9 +5,15 @@
 ``keeper.apply`` holds the master's State. The keeper's timers are not events, so ``event:
 deployments`` (a ``DeploymentsResponse``) is sent whenever the view changed, checked once a
 second; the countdown itself (``next_attempt_in_s``) is left out of the comparison, since the
-client can count down from ``next_attempt_at``. A comment line every ``KEEPALIVE_S`` keeps
-proxies and SSH tunnels from closing a quiet stream. A client that falls too far behind gets
+client can count down from ``next_attempt_at``. A client that falls too far behind gets
 ``event: error`` and the stream ends; it reconnects and starts from a new snapshot.
+
+The framing, the keepalive comment every ``KEEPALIVE_S`` (it keeps proxies and SSH tunnels
+from closing a quiet stream) and noticing a client that went away are sse-starlette's
+``EventSourceResponse``; this module only says what to send. Each event carries its index as
+its ``id`` (the snapshot the index of the last event applied to it), and the snapshot carries
+``retry``, the reconnect delay a client should start from. A reconnecting client is served a
+new snapshot, not a resumption from ``Last-Event-ID``: see docs/design.md §7.4.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 from collections.abc import AsyncIterator
 
 import anyio
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from keeper.api_models import DeploymentsResponse, StreamSnapshot, error_body
 from keeper.master.service import Master
@@ -25,10 +32,11 @@ from keeper.master.subscriptions import Subscription, SubscriptionLaggedError
 DEPLOYMENTS_CHECK_S = 1.0
 # Below the 30-60 s idle timeouts common in proxies and load balancers.
 KEEPALIVE_S = 15.0
-
-
-def sse(event: str, data: str) -> str:
-    return f"event: {event}\ndata: {data}\n\n"
+# What a client should wait before reconnecting (SSE's ``retry``, in ms): a master restart
+# takes about a second, so half of one finds it back soon without hammering it.
+RECONNECT_MS = 500
+# Lines end in "\n" alone, as they always have on this stream (sse-starlette's default is CRLF).
+LINE_END = "\n"
 
 
 def _comparable(view: DeploymentsResponse) -> str:
@@ -38,32 +46,51 @@ def _comparable(view: DeploymentsResponse) -> str:
     )
 
 
-async def dashboard_events(master: Master, subscription: Subscription) -> AsyncIterator[str]:
+def _message(
+    event: str, data: str, event_id: int | None = None, retry_ms: int | None = None
+) -> ServerSentEvent:
+    shown_id = None if event_id is None else str(event_id)
+    return ServerSentEvent(data, event=event, id=shown_id, retry=retry_ms, sep=LINE_END)
+
+
+def dashboard_response(master: Master) -> EventSourceResponse:
+    """The stream for one dashboard, from the State current at this moment."""
+    return EventSourceResponse(
+        dashboard_events(master, master.subscribe()),
+        ping=KEEPALIVE_S,
+        sep=LINE_END,
+        ping_message_factory=lambda: ServerSentEvent(comment="keepalive", sep=LINE_END),
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+async def dashboard_events(
+    master: Master, subscription: Subscription
+) -> AsyncIterator[ServerSentEvent]:
     async with subscription:
         view = master.deployments_view()
         snapshot = StreamSnapshot(state=subscription.state, deployments=view.deployments)
-        yield sse("snapshot", snapshot.model_dump_json())
+        applied = subscription.state.last_event_applied_idx
+        yield _message("snapshot", snapshot.model_dump_json(), applied, RECONNECT_MS)
         last_view = _comparable(view)
-        now = anyio.current_time()
-        next_check = now + DEPLOYMENTS_CHECK_S
-        last_sent = now
+        next_check = anyio.current_time() + DEPLOYMENTS_CHECK_S
         while True:
-            wait = max(0.0, min(next_check, last_sent + KEEPALIVE_S) - anyio.current_time())
-            message: str | None = None
+            message: ServerSentEvent | None = None
             ended = False
-            with anyio.move_on_after(wait):
+            # The wait ends at the next timers check; nothing is yielded inside the scope, so
+            # its cancellation never reaches the response writing a message.
+            with anyio.move_on_after(max(0.0, next_check - anyio.current_time())):
                 try:
                     indexed = await subscription.receive()
-                    message = sse("event", indexed.model_dump_json())
+                    message = _message("event", indexed.model_dump_json(), indexed.idx)
                 except StopAsyncIteration:
                     ended = True
                 except SubscriptionLaggedError as exc:
                     error = json.dumps(error_body(str(exc), 503, "Service Unavailable"))
-                    message = sse("error", error)
+                    message = _message("error", error)
                     ended = True
             if message is not None:
                 yield message
-                last_sent = anyio.current_time()
             if ended:
                 return
             now = anyio.current_time()
@@ -73,8 +100,4 @@ async def dashboard_events(master: Master, subscription: Subscription) -> AsyncI
                 comparable = _comparable(view)
                 if comparable != last_view:
                     last_view = comparable
-                    yield sse("deployments", view.model_dump_json())
-                    last_sent = anyio.current_time()
-            if anyio.current_time() - last_sent >= KEEPALIVE_S:
-                yield ": keepalive\n\n"
-                last_sent = anyio.current_time()
+                    yield _message("deployments", view.model_dump_json())

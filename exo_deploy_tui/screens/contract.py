@@ -1,0 +1,102 @@
+"""What the app and its screens agree on, so that no screen imports the app.
+
+Textual's rule, attributes down and messages up: the app hands each screen what it reads (a
+``ClusterSource`` for the model and the clock, a ``DashboardView`` for the view state the app
+owns) and a screen asks for anything that changes the cluster or the app by posting one of the
+messages below, which bubble to the app. The app's ``view`` reactive is bound to the dashboard's
+(``data_bind``), so pausing is one value in one place that the screen only reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from textual.message import Message
+from textual.screen import Screen
+
+from exo_deploy_tui.model import ClusterModel
+from keeper.api_models import CreateDeploymentRequest, ModelListEntry
+
+
+class ClusterSource(Protocol):
+    """Where a screen reads the cluster: the app's model, the app's clock, the catalog."""
+
+    @property
+    def model(self) -> ClusterModel: ...
+
+    def now(self) -> float: ...
+
+    async def models(self) -> list[ModelListEntry]:
+        """The master's model catalog; ``ApiError`` if it cannot be read."""
+        ...
+
+
+@dataclass(frozen=True)
+class DashboardView:
+    """The app's view state: what it was started with, and whether the screen is frozen."""
+
+    url: str = ""
+    readonly: bool = False
+    demo: bool = False
+    paused: bool = False
+
+
+class ModelScreen(Screen[None]):
+    """A screen drawn from the model: the app calls ``render_model`` after every frame while
+    the screen is on top, and every second for the countdowns."""
+
+    def __init__(self, source: ClusterSource) -> None:
+        super().__init__()
+        self.source = source
+
+    def render_model(self) -> None:
+        raise NotImplementedError
+
+
+# -- messages up ---------------------------------------------------------------------------
+
+
+class CreateRequested(Message):
+    """Create this deployment; ``answer`` gets None once the master accepted it, else the
+    reason it was refused (the form stays open to fix it)."""
+
+    def __init__(self, request: CreateDeploymentRequest, answer: Callable[[str | None], None]):
+        super().__init__()
+        self.request = request
+        self.answer = answer
+
+
+class DeleteRequested(Message):
+    """Delete this deployment (the operator has confirmed)."""
+
+    def __init__(self, deployment_id: str, model_id: str) -> None:
+        super().__init__()
+        self.deployment_id = deployment_id
+        self.model_id = model_id
+
+
+class PauseToggled(Message):
+    """Freeze the screen, or let it move again; the data keeps arriving either way."""
+
+
+class FaultRequested(Message):
+    """Inject a demo fault. With no ``node`` for a fault that needs one, the operator picks
+    it, ``preferred`` (the selected deployment's first node) first."""
+
+    def __init__(
+        self,
+        kind: str,
+        node: str | None = None,
+        seconds: float | None = None,
+        *,
+        preferred: str | None = None,
+        needs_node: bool = True,
+    ) -> None:
+        super().__init__()
+        self.kind = kind
+        self.node = node
+        self.seconds = seconds
+        self.preferred = preferred
+        self.needs_node = needs_node
