@@ -13,8 +13,10 @@ on exo's State with the bridge's own deployments merged in:
   error; the keeper's placement timeout then paces the next try;
 - ``InstanceDeleted`` (from a deletion) dooms the instance: ``DELETE {exo}/instance/{id}`` until
   exo's State shows it gone (``keeper.bridge.doomed``);
-- deployment events are the bridge's own: numbered, appended to the same durable event log the
-  master uses (``keeper.master.event_log``), and applied to a State that holds only deployments.
+- deployment events are the bridge's own: committed to the same event store the master uses
+  (``keeper.master.event_store``: numbered, logged durably, applied, snapshotted, compacted) for
+  a State that holds only deployments. While that log cannot be written (disk full, read-only)
+  commands get a 503 naming the cause and the keeper is not stepped, as in the master.
 
 Nothing is decided on a stale State: if the read fails (no answer, a 5xx, unreadable JSON), the
 keeper is not stepped and the deployments say why ("exo unreachable since 12:03:04: ..."); the
@@ -37,7 +39,6 @@ import anyio
 from anyio.abc import TaskStatus
 
 from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
-from keeper.apply import apply
 from keeper.bridge.doomed import DoomedInstances
 from keeper.bridge.exo_client import (
     ExoApi,
@@ -49,12 +50,12 @@ from keeper.bridge.exo_client import (
 from keeper.bridge.exo_wire import JsonObject, create_instance_body, deployment_card, exo_card
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.constants import PLACEMENT_TIMEOUT, STARTUP_GRACE
+from keeper.core import DeploymentTimer
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentPlaced,
     DeploymentPlacementFailed,
-    IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
 )
@@ -73,7 +74,8 @@ from keeper.master.errors import (
     NotFoundError,
     NotRunningError,
 )
-from keeper.master.event_log import EventLog
+from keeper.master.event_log import FileOps
+from keeper.master.event_store import EventStore
 from keeper.master.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
 from keeper.placement import place_instance
 from keeper.state import (
@@ -104,6 +106,9 @@ class BridgeConfig:
     # exo's own card files (``--model-cards DIR``) in exo's JSON spelling, by model id: what
     # exo knows of a model beyond its list entry (see ``keeper.bridge.exo_wire``).
     exo_card_files: Mapping[str, JsonObject] = field(default_factory=dict[str, JsonObject])
+    # The bridge logs only deployment events (a few a minute): a snapshot, and the compaction
+    # after it, every thousand keep restart instant and the log small.
+    snapshot_every_events: int = 1_000
 
 
 class ExoDownError(MasterError):
@@ -137,6 +142,7 @@ class Bridge:
         config: BridgeConfig | None = None,
         *,
         keeper_factory: KeeperFactory = default_keeper,
+        file_ops: FileOps | None = None,
     ) -> None:
         self.exo = exo
         self.data_dir = Path(data_dir) if data_dir is not None else None
@@ -146,9 +152,10 @@ class Bridge:
         self._keeper_factory = keeper_factory
         self._keeper: KeeperLike | None = None
         self._last_error: str | None = None
-        self._log = EventLog(self.data_dir)
-        self._own = State()  # the bridge's deployments: the log's State
-        self._next_idx = 0
+        # The bridge's deployments: the log's State (``_own``).
+        self._store = EventStore(
+            self.data_dir, snapshot_every=self.config.snapshot_every_events, file_ops=file_ops
+        )
         self._lock = anyio.Lock()
         self._exo: ExoState | None = None  # the last good read of exo's State
         self._outage: Outage | None = None
@@ -163,6 +170,15 @@ class Bridge:
         self._running = False
 
     # --- read side -------------------------------------------------------------------------
+
+    @property
+    def _own(self) -> State:
+        return self._store.state
+
+    @property
+    def write_error(self) -> str | None:
+        """Why the bridge's log cannot be written now (its commands are refused), or None."""
+        return self._store.write_error
 
     @property
     def clock(self) -> Clock:
@@ -257,6 +273,10 @@ class Bridge:
             },
             "deployments": len(self._own.deployments),
             "instances_to_delete": len(self._doomed),
+            "event_log": {
+                "writable": self._store.write_error is None,
+                "error": self._store.write_error,
+            },
         }
 
     # --- commands --------------------------------------------------------------------------
@@ -348,13 +368,12 @@ class Bridge:
         if self._clock is None:
             self._clock = AnyioClock()
         clock = self._clock
-        recovery = self._log.open()
-        self._own = recovery.state
-        self._next_idx = self._own.last_event_applied_idx + 1
+        self._store.open()
         now = clock.monotonic()
         self._doomed.load(now)
-        self._keeper = start_keeper(
-            self._keeper_factory, now, self.config.startup_grace_s, place_instance
+        self._keeper = _PausedWhileUnwritable(
+            start_keeper(self._keeper_factory, now, self.config.startup_grace_s, place_instance),
+            self._store,
         )
         self._running = True
         log.info(
@@ -376,9 +395,7 @@ class Bridge:
                 )
         finally:
             self._running = False
-            if self._log.events_since_snapshot:
-                self._log.write_snapshot(self._own)
-            self._log.close()
+            self._store.close()
 
     async def tick(self) -> None:
         """Read exo's State; if it answered, settle, delete what is doomed and step the keeper."""
@@ -530,16 +547,29 @@ class Bridge:
             )
 
     def _record(self, events: Sequence[AnyEvent]) -> None:
-        """Number, log (durably) and apply the bridge's own events."""
-        if not events:
-            return
-        indexed = [
-            IndexedEvent.model_construct(idx=self._next_idx + offset, event=event)
-            for offset, event in enumerate(events)
-        ]
-        self._log.append(indexed)
-        state = self._own
-        for entry in indexed:
-            state = apply(state, entry.event)
-        self._own = state.model_copy(update={"last_event_applied_idx": indexed[-1].idx})
-        self._next_idx = indexed[-1].idx + 1
+        """Number, log (durably) and apply the bridge's own events.
+
+        Raises ``LogNotWritableError`` (a 503) with nothing applied if the log cannot take them.
+        """
+        self._store.commit_now(events)
+        self._store.snapshot_now_if_due()
+
+
+class _PausedWhileUnwritable:
+    """The keeper, not stepped while the log cannot be written (its placements could not be
+    recorded); each skipped step probes the disk, so stepping resumes by itself."""
+
+    def __init__(self, keeper: KeeperLike, store: EventStore) -> None:
+        self._keeper = keeper
+        self._store = store
+
+    def step(self, state: State, now: float) -> list[AnyEvent]:
+        if not self._store.probe():
+            return []
+        return self._keeper.step(state, now)
+
+    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
+        return self._keeper.delete(deployment_id, state)
+
+    def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
+        return self._keeper.timers(state, now)

@@ -1,0 +1,226 @@
+"""One event store for the master and the bridge: number, log durably, apply, snapshot, compact.
+
+Both services keep a State that only events change, and both must never apply an event they
+could not write (a restart would forget it). Before this module each spelled that out itself;
+now the service hands its events to ``commit`` and gets back the numbered events it may publish.
+
+The shape, and why:
+- ``commit`` numbers the events, appends them in one write + fsync (in a worker thread when
+  ``io_in_thread``, so the event loop keeps serving meanwhile and what queues up forms the next
+  batch), and only then applies them. A failed write raises ``LogNotWritableError`` (a 503 naming
+  the cause) with NOTHING applied, and marks the store unwritable (``write_error``) until a write
+  or a ``probe`` succeeds again. Callers pause what must be logged to be safe (the keeper's
+  placements) while ``write_error`` is set, and carry on by themselves afterwards.
+- ``snapshot_if_due`` writes a snapshot every ``snapshot_every`` events and then compacts the log
+  (``EventLog.compact``), so restart time and disk use stay bounded. A snapshot that cannot be
+  written is retried after a further tenth of the interval: the log alone still holds everything.
+- The keeper-stepping loops stay in the services: the bridge's is being reshaped separately.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+
+from keeper.apply import apply_all
+from keeper.events import AnyEvent, IndexedEvent
+from keeper.master.errors import MasterError
+from keeper.master.event_log import EventLog, FileOps, LogWriteError, Recovery, iter_events
+from keeper.state import State
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+PROBE_FILE = ".write-probe"
+# A probe writes this much: one filesystem block, about what a small batch needs.
+PROBE_BYTES = 4096
+
+
+class LogNotWritableError(MasterError):
+    """A mutation refused because its events could not be written; nothing of it happened."""
+
+    status_code = 503
+
+
+class EventStore:
+    """The State of one service and the log behind it. ``data_dir`` None keeps nothing."""
+
+    def __init__(
+        self,
+        data_dir: Path | None,
+        *,
+        snapshot_every: int,
+        io_in_thread: bool = False,
+        compact: bool = True,
+        file_ops: FileOps | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.snapshot_every = snapshot_every
+        self.io_in_thread = io_in_thread and data_dir is not None
+        self.compact_after_snapshot = compact
+        self._log = EventLog(data_dir, file_ops)
+        self._state = State()
+        self._snapshot_due = snapshot_every
+        self.recovery: Recovery | None = None
+        self.write_error: str | None = None  # why the log cannot be written now, if it cannot
+        self.compactions = 0
+
+    # --- reading ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def next_idx(self) -> int:
+        return self._log.last_idx + 1
+
+    @property
+    def durable(self) -> bool:
+        return self._log.durable
+
+    @property
+    def event_log(self) -> EventLog:
+        return self._log
+
+    def iter_events(self) -> Iterator[IndexedEvent]:
+        """Every event on disk, oldest first (see ``keeper.master.event_log.iter_events``)."""
+        if self.data_dir is None:
+            return iter(())
+        return iter_events(self.data_dir)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> Recovery:
+        """Rebuild the State from disk; raises ``EventLogCorruptError`` on damage."""
+        self.recovery = self._log.open()
+        self._state = self.recovery.state
+        return self.recovery
+
+    def close(self) -> None:
+        """Snapshot what the last snapshot misses (so the next start is quick), then close."""
+        try:
+            if self._log.events_since_snapshot and self.write_error is None:
+                self._log.write_snapshot(self._state)
+        except OSError as exc:
+            log.warning("no snapshot on stopping (%s); the log holds every event", exc)
+        finally:
+            self._log.close()
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def number(self, events: Sequence[AnyEvent]) -> list[IndexedEvent]:
+        # model_construct: the events are validated models already; numbering them needs no
+        # second validation (a third of the router's time otherwise).
+        first = self.next_idx
+        return [
+            IndexedEvent.model_construct(idx=first + offset, event=event)
+            for offset, event in enumerate(events)
+        ]
+
+    async def commit(self, events: Sequence[AnyEvent]) -> list[IndexedEvent]:
+        """Number, append durably and apply ``events``; return them numbered, to publish.
+
+        Shielded: once a batch is on its way to disk it is also applied, so the State and the
+        log agree wherever the caller can be cancelled."""
+        indexed = self.number(events)
+        if not indexed:
+            return indexed
+        with anyio.CancelScope(shield=True):
+            await self._io(self._log.append, indexed)
+        return self._applied(indexed)
+
+    def commit_now(self, events: Sequence[AnyEvent]) -> list[IndexedEvent]:
+        """``commit`` in the caller's thread, for a service that logs a few events at a time."""
+        indexed = self.number(events)
+        if not indexed:
+            return indexed
+        self._guarded(self._log.append, indexed)
+        return self._applied(indexed)
+
+    def _applied(self, indexed: list[IndexedEvent]) -> list[IndexedEvent]:
+        self._state = apply_all(self._state, indexed)
+        return indexed
+
+    async def _io(self, call: Callable[[_T], None], argument: _T) -> None:
+        if self.io_in_thread:
+            await anyio.to_thread.run_sync(self._guarded, call, argument)
+        else:
+            self._guarded(call, argument)
+
+    def _guarded(self, call: Callable[[_T], None], argument: _T) -> None:
+        try:
+            call(argument)
+        except LogWriteError as exc:
+            self._unwritable(exc)
+            raise LogNotWritableError(
+                f"event log not writable: {exc.strerror} ({self.data_dir}); nothing was changed"
+            ) from None
+        self._writable()
+
+    def _unwritable(self, exc: OSError) -> None:
+        described = f"event log not writable: {exc.strerror}"
+        if described != self.write_error:
+            log.error("%s in %s; refusing changes until it is", described, self.data_dir)
+        self.write_error = described
+
+    def _writable(self) -> None:
+        if self.write_error is not None:
+            log.warning("event log in %s writable again (was: %s)", self.data_dir, self.write_error)
+            self.write_error = None
+
+    def probe(self) -> bool:
+        """While unwritable, try a small durable write beside the log; True once one succeeds."""
+        if self.write_error is None or self.data_dir is None:
+            return self.write_error is None
+        path = self.data_dir / PROBE_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"\0" * PROBE_BYTES)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                path.unlink(missing_ok=True)
+        except OSError:
+            return False
+        self._writable()
+        return True
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    async def snapshot_if_due(self) -> None:
+        """Snapshot (then compact) once ``snapshot_every`` events have been logged since."""
+        if self._log.events_since_snapshot < self._snapshot_due or self.write_error is not None:
+            return
+        with anyio.CancelScope(shield=True):
+            if self.io_in_thread:
+                # States are immutable, so serialising this one in a thread is safe.
+                await anyio.to_thread.run_sync(self._snapshot, self._state)
+            else:
+                self._snapshot(self._state)
+
+    def snapshot_now_if_due(self) -> None:
+        if self._log.events_since_snapshot >= self._snapshot_due and self.write_error is None:
+            self._snapshot(self._state)
+
+    def _snapshot(self, state: State) -> None:
+        try:
+            self._log.write_snapshot(state)
+            if self.compact_after_snapshot:
+                before, after = self._log.compact(state)
+                self.compactions += 1
+                log.info("log compacted from %d to %d bytes", before, after)
+        except OSError as exc:
+            # The log still holds every event; try again after a further tenth of the interval.
+            self._snapshot_due = self._log.events_since_snapshot + max(1, self.snapshot_every // 10)
+            log.warning("snapshot or compaction failed (%s); retrying later", exc)
+        else:
+            self._snapshot_due = self.snapshot_every
