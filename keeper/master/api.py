@@ -90,7 +90,11 @@ def create_app(
                 "last_event_applied_idx": master.state.last_event_applied_idx,
                 "nodes_connected": len(master.connected_nodes()),
                 "deployments": len(master.state.deployments),
-                "event_log": {"writable": write_error is None, "error": write_error},
+                "event_log": {
+                    "writable": write_error is None,
+                    "error": write_error,
+                    "events_dropped": master.events_dropped_unwritable,
+                },
             },
             status_code=200 if write_error is None else 503,
         )

@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 LOG_FILE = "events.jsonl"
 SNAPSHOT_FILE = "snapshot.json"
 COMPACT_TEMP = "events.jsonl.compacting"
+PROBE_FILE = ".write-probe"
+# A probe writes this much: one filesystem block, about what a small batch needs.
+PROBE_BYTES = 4096
 
 # Event kinds compaction keeps: what per-deployment history and the soak's duplicate check read.
 HISTORY_KINDS = frozenset(
@@ -68,6 +71,7 @@ _HISTORY_KIND_BYTES = frozenset(kind.encode() for kind in HISTORY_KINDS)
 _EVENT_KEY = b'"event":{"'
 # How much of a bad line an error quotes: enough to recognise it, short enough for one line.
 _QUOTE_BYTES = 60
+_WAY_OUT = "; `exo-deploy log check DIR` shows it, `exo-deploy log repair DIR` cuts it off"
 
 
 class EventLogCorruptError(Exception):
@@ -243,6 +247,21 @@ class EventLog:
             self._fd = os.open(self.data_dir / LOG_FILE, os.O_WRONLY | os.O_APPEND)
         return self._fd
 
+    def probe(self) -> None:
+        """A small durable write beside the log (then removed); raises OSError if it fails."""
+        if self.data_dir is None:
+            return
+        path = self.data_dir / PROBE_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                self._ops.write(fd, memoryview(b"\0" * PROBE_BYTES))
+                self._ops.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            path.unlink(missing_ok=True)
+
     def write_snapshot(self, state: State) -> None:
         """Record ``state`` (which must include every appended event) as the restart point."""
         if state.last_event_applied_idx != self._last_idx:
@@ -388,7 +407,7 @@ def _scan(log_path: Path, state: State, offset: int, snapshot_idx: int | None) -
                 corrupt = EventLogCorruptError(
                     f"{log_path}: the line at byte {at} is not an event ({why}; it reads "
                     f"{found[:_QUOTE_BYTES]!r}), and more lines follow it, so it is damage "
-                    "rather than a torn write",
+                    "rather than a torn write" + _WAY_OUT,
                     log_path,
                     at,
                 )
@@ -437,7 +456,7 @@ _APPLY_CHUNK = 4096
 def _out_of_order(path: Path, at: int, idx: int, after: int) -> EventLogCorruptError:
     return EventLogCorruptError(
         f"{path}: event {idx} at byte {at} follows event {after}; the log has a gap or is out of "
-        "order (a compacted log also reads so without its snapshot.json)",
+        "order (a compacted log also reads so without its snapshot.json)" + _WAY_OUT,
         path,
         at,
     )

@@ -38,10 +38,6 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-PROBE_FILE = ".write-probe"
-# A probe writes this much: one filesystem block, about what a small batch needs.
-PROBE_BYTES = 4096
-
 
 class LogNotWritableError(MasterError):
     """A mutation refused because its events could not be written; nothing of it happened."""
@@ -67,7 +63,7 @@ class EventStore:
         self.compact_after_snapshot = compact
         self._log = EventLog(data_dir, file_ops)
         self._state = State()
-        self._snapshot_due = snapshot_every
+        self._retry_at: int | None = None  # after a failed snapshot: events before the next try
         self.recovery: Recovery | None = None
         self.write_error: str | None = None  # why the log cannot be written now, if it cannot
         self.compactions = 0
@@ -161,12 +157,13 @@ class EventStore:
         except LogWriteError as exc:
             self._unwritable(exc)
             raise LogNotWritableError(
-                f"event log not writable: {exc.strerror} ({self.data_dir}); nothing was changed"
+                f"{self.write_error} ({self.data_dir}); nothing was changed"
             ) from None
         self._writable()
 
     def _unwritable(self, exc: OSError) -> None:
-        described = f"event log not writable: {exc.strerror}"
+        cause = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+        described = f"event log not writable: {cause}"
         if described != self.write_error:
             log.error("%s in %s; refusing changes until it is", described, self.data_dir)
         self.write_error = described
@@ -176,20 +173,15 @@ class EventStore:
             log.warning("event log in %s writable again (was: %s)", self.data_dir, self.write_error)
             self.write_error = None
 
-    def probe(self) -> bool:
-        """While unwritable, try a small durable write beside the log; True once one succeeds."""
-        if self.write_error is None or self.data_dir is None:
+    def probe(self, *, always: bool = False) -> bool:
+        """While unwritable (or ``always``), try a small durable write beside the log; True if
+        the log is writable as far as one can tell before writing to it."""
+        if self.data_dir is None or (self.write_error is None and not always):
             return self.write_error is None
-        path = self.data_dir / PROBE_FILE
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, b"\0" * PROBE_BYTES)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-                path.unlink(missing_ok=True)
-        except OSError:
+            self._log.probe()
+        except OSError as exc:
+            self._unwritable(exc)
             return False
         self._writable()
         return True
@@ -198,7 +190,7 @@ class EventStore:
 
     async def snapshot_if_due(self) -> None:
         """Snapshot (then compact) once ``snapshot_every`` events have been logged since."""
-        if self._log.events_since_snapshot < self._snapshot_due or self.write_error is not None:
+        if not self._snapshot_is_due():
             return
         with anyio.CancelScope(shield=True):
             if self.io_in_thread:
@@ -208,8 +200,12 @@ class EventStore:
                 self._snapshot(self._state)
 
     def snapshot_now_if_due(self) -> None:
-        if self._log.events_since_snapshot >= self._snapshot_due and self.write_error is None:
+        if self._snapshot_is_due():
             self._snapshot(self._state)
+
+    def _snapshot_is_due(self) -> bool:
+        due = self._retry_at if self._retry_at is not None else self.snapshot_every
+        return self._log.events_since_snapshot >= due and self.write_error is None
 
     def _snapshot(self, state: State) -> None:
         try:
@@ -220,7 +216,7 @@ class EventStore:
                 log.info("log compacted from %d to %d bytes", before, after)
         except OSError as exc:
             # The log still holds every event; try again after a further tenth of the interval.
-            self._snapshot_due = self._log.events_since_snapshot + max(1, self.snapshot_every // 10)
+            self._retry_at = self._log.events_since_snapshot + max(1, self.snapshot_every // 10)
             log.warning("snapshot or compaction failed (%s); retrying later", exc)
         else:
-            self._snapshot_due = self.snapshot_every
+            self._retry_at = None

@@ -214,6 +214,11 @@ class Master:
         return self._store.recovery
 
     @property
+    def events_dropped_unwritable(self) -> int:
+        """Events nobody waited for (node reports, sweeps) dropped because the log refused them."""
+        return self._dropped_while_unwritable
+
+    @property
     def write_error(self) -> str | None:
         """Why the event log cannot be written now (mutations are refused), or None."""
         return self._store.write_error
