@@ -101,10 +101,14 @@ class EventStore:
         return self.recovery
 
     def close(self) -> None:
-        """Snapshot what the last snapshot misses (so the next start is quick), then close."""
+        """Snapshot what the last snapshot misses (so the next start is quick) and compact, then
+        close. Compacting here too matters: a service restarted more often than every
+        ``snapshot_every`` events would otherwise never compact."""
         try:
             if self._log.events_since_snapshot and self.write_error is None:
                 self._log.write_snapshot(self._state)
+                if self.compact_after_snapshot:
+                    self._log.compact(self._state)
         except OSError as exc:
             log.warning("no snapshot on stopping (%s); the log holds every event", exc)
         finally:
