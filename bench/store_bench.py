@@ -48,13 +48,11 @@ from keeper.events import (
     IndexedEvent,
 )
 from keeper.master import event_store
-from keeper.master.event_log import (
+from keeper.master.event_log import EventLog, FileOps, Recovery
+from keeper.master.log_scan import (
     HISTORY_KINDS,
     LOG_FILE,
     SNAPSHOT_FILE,
-    EventLog,
-    FileOps,
-    Recovery,
     is_history_line,
     read_snapshot,
 )

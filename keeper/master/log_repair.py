@@ -26,7 +26,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from keeper.events import IndexedEvent
-from keeper.master.event_log import LOG_FILE, Scan, read_snapshot, scan_dir
+from keeper.master.log_scan import LOG_FILE, Scan, read_snapshot, scan_dir
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
-from keeper.master.event_log import iter_log_file
+from keeper.master.log_scan import iter_log_file
 from keeper.state import SERVING_RUNNER_TYPES, AnyInstance, State
 
 # The keeper steps once a second and only an instance it saw ready at a step counts as having
