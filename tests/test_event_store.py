@@ -445,4 +445,11 @@ async def test_the_bridge_refuses_changes_and_places_nothing_while_its_log_is_fu
         assert h.link.posted_instances() == []
         disk.error = None
         await wait_until(h.serving, 30, "the deployment serving once the disk has room")
+        disk.error = errno.EROFS
+        with pytest.raises(LogNotWritableError, match="Read-only file system"):
+            await bridge.delete_deployment(created.deployment_id or "")
+        assert bridge.doomed_instances == []  # refused means nothing of it happened
+        assert created.deployment_id in bridge.state.deployments
+        assert h.serving()
+        disk.error = None
     assert created.deployment_id in reopen(tmp_path).deployments

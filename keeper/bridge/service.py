@@ -263,8 +263,9 @@ class Bridge:
 
     def health(self) -> dict[str, Any]:
         outage = self._outage
+        status = "degraded" if self._store.write_error is not None else "ok"
         return {
-            "status": "ok" if self._running else "stopped",
+            "status": status if self._running else "stopped",
             "exo": {
                 "url": self.exo.url,
                 "reachable": self._exo is not None and outage is None,
@@ -313,6 +314,8 @@ class Bridge:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             now = self.clock.monotonic()
             events = self.keeper.delete(deployment_id, self.state)
+            # Recorded first: if the log refuses it (503), no instance is doomed either.
+            self._record([event for event in events if not isinstance(event, InstanceDeleted)])
             # Instances sent to exo for it that exo may still apply are deleted too.
             for instance_id, pending in list(self._pending.items()):
                 if pending.deployment_id == deployment_id:
@@ -321,7 +324,6 @@ class Bridge:
             for event in events:
                 if isinstance(event, InstanceDeleted):
                     self._doomed.add(event.instance_id, now)
-            self._record([event for event in events if not isinstance(event, InstanceDeleted)])
             self._refused.pop(deployment_id, None)
             if self._exo is not None and self._outage is None:
                 await self._delete_doomed(self._exo, now)
