@@ -110,6 +110,31 @@ def test_compaction_keeps_history_and_the_state(tmp_path: Path) -> None:
     assert kinds == history_of(before) + history_of(after)
 
 
+def test_history_older_than_the_keep_period_is_dropped_by_a_later_compaction(
+    tmp_path: Path,
+) -> None:
+    now = [0.0]
+    store = EventStore(tmp_path, snapshot_every=1, history_keep_s=100.0, wall_time=lambda: now[0])
+    store.open()
+    first_day = story(rounds=1)
+    store.commit_now(first_day)
+    store.snapshot_now_if_due()  # compaction at t=0 marks the first day's last index
+    now[0] = 50.0
+    second_day = story(rounds=2)[len(first_day) :]
+    store.commit_now(second_day)
+    store.snapshot_now_if_due()  # within the keep period: everything kept
+    assert len(list(store.iter_events())) == len(history_of(first_day + second_day))
+    now[0] = 120.0
+    store.commit_now(churn(5))
+    store.snapshot_now_if_due()  # the first mark is older than 100 s: its history goes
+    kept = [indexed.idx for indexed in store.iter_events()]
+    assert len(kept) == len(history_of(second_day))
+    assert min(kept) >= len(first_day)
+    live = store.state
+    store.close()
+    assert reopen(tmp_path) == live
+
+
 @pytest.mark.parametrize("step", STEPS)
 def test_a_crash_at_any_step_of_compaction_loses_nothing(tmp_path: Path, step: str) -> None:
     events = story(rounds=2) + churn(200)

@@ -47,6 +47,7 @@ from keeper.master.log_scan import (
     EventLogCorruptError,
     is_history_line,
     iter_events,
+    line_idx,
     scan_dir,
 )
 from keeper.state import State
@@ -244,8 +245,9 @@ class EventLog:
             _write_snapshot_file(path, self._last_idx, self._offset, state.model_dump_json())
         self.events_since_snapshot = 0
 
-    def compact(self, state: State) -> tuple[int, int]:
-        """Drop what the snapshot of ``state`` (just written) covers, keeping history events.
+    def compact(self, state: State, keep_history_from: int = 0) -> tuple[int, int]:
+        """Drop what the snapshot of ``state`` (just written) covers, keeping history events
+        from index ``keep_history_from`` on.
 
         Returns the log's size in bytes before and after."""
         if self.data_dir is None or self._fd is None:
@@ -258,7 +260,7 @@ class EventLog:
         step = self.compaction_step
         with log_path.open("rb") as source, temp.open("wb") as target:
             for line in source:
-                if is_history_line(line):
+                if is_history_line(line) and line_idx(line) >= keep_history_from:
                     target.write(line)
             target.flush()
             step("temp written")

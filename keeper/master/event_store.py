@@ -14,6 +14,11 @@ The shape, and why:
 - ``snapshot_if_due`` writes a snapshot every ``snapshot_every`` events and then compacts the log
   (``EventLog.compact``), so restart time and disk use stay bounded. A snapshot that cannot be
   written is retried after a further tenth of the interval: the log alone still holds everything.
+- Compaction keeps deployment and instance events for ``history_keep_s`` (a week): enough for
+  per-deployment history over a day and for any soak's duplicate check, while the log and the
+  cost of rewriting it stay bounded. Events carry no time, so the store remembers when each
+  compaction happened and at which index (in memory: after a restart, history is kept whole
+  until a week of marks has built up again).
 - The keeper-stepping loops stay in the services: the bridge's is being reshaped separately.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -37,6 +43,10 @@ from keeper.state import State
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+# How long compaction keeps deployment and instance events: per-deployment history needs a day;
+# a week leaves room for a soak or an investigation that looks further back.
+HISTORY_KEEP_S = 7 * 24 * 3600.0
 
 
 class LogNotWritableError(MasterError):
@@ -56,6 +66,8 @@ class EventStore:
         io_in_thread: bool = False,
         compact: bool = True,
         file_ops: FileOps | None = None,
+        history_keep_s: float = HISTORY_KEEP_S,
+        wall_time: Callable[[], float] = time.time,
     ) -> None:
         self.data_dir = data_dir
         self.snapshot_every = snapshot_every
@@ -67,6 +79,9 @@ class EventStore:
         self.recovery: Recovery | None = None
         self.write_error: str | None = None  # why the log cannot be written now, if it cannot
         self.compactions = 0
+        self.history_keep_s = history_keep_s
+        self._wall_time = wall_time
+        self._marks: list[tuple[float, int]] = []  # (when, last index) of each compaction
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -108,7 +123,7 @@ class EventStore:
             if self._log.events_since_snapshot and self.write_error is None:
                 self._log.write_snapshot(self._state)
                 if self.compact_after_snapshot:
-                    self._log.compact(self._state)
+                    self._compact(self._state)
         except OSError as exc:
             log.warning("no snapshot on stopping (%s); the log holds every event", exc)
         finally:
@@ -207,6 +222,16 @@ class EventStore:
         if self._snapshot_is_due():
             self._snapshot(self._state)
 
+    def _compact(self, state: State) -> tuple[int, int]:
+        now = self._wall_time()
+        expired = [mark for mark in self._marks if mark[0] <= now - self.history_keep_s]
+        keep_from = expired[-1][1] + 1 if expired else 0
+        sizes = self._log.compact(state, keep_from)
+        self._marks = [mark for mark in self._marks if mark[0] > now - self.history_keep_s]
+        self._marks.append((now, state.last_event_applied_idx))
+        self.compactions += 1
+        return sizes
+
     def _snapshot_is_due(self) -> bool:
         due = self._retry_at if self._retry_at is not None else self.snapshot_every
         return self._log.events_since_snapshot >= due and self.write_error is None
@@ -215,8 +240,7 @@ class EventStore:
         try:
             self._log.write_snapshot(state)
             if self.compact_after_snapshot:
-                before, after = self._log.compact(state)
-                self.compactions += 1
+                before, after = self._compact(state)
                 log.info("log compacted from %d to %d bytes", before, after)
         except OSError as exc:
             # The log still holds every event; try again after a further tenth of the interval.

@@ -45,6 +45,7 @@ HISTORY_KINDS = frozenset(
 )
 _HISTORY_KIND_BYTES = frozenset(kind.encode() for kind in HISTORY_KINDS)
 _EVENT_KEY = b'"event":{"'
+_IDX_KEY = b'{"idx":'
 # How much of a bad line an error quotes: enough to recognise it, short enough for one line.
 _QUOTE_BYTES = 60
 _WAY_OUT = "; `exo-deploy log check DIR` shows it, `exo-deploy log repair DIR` cuts it off"
@@ -70,6 +71,15 @@ class Scan:
     torn_at: int | None  # where a torn last line starts
     corrupt: EventLogCorruptError | None
     lines_after: int  # whole lines from the damage to the end (what a repair drops)
+
+
+def line_idx(line: bytes) -> int:
+    """The index of a line our log wrote (``{"idx":N,...``), read without parsing; -1 if not."""
+    if not line.startswith(_IDX_KEY):
+        return -1
+    end = line.find(b",", len(_IDX_KEY))
+    digits = line[len(_IDX_KEY) : end]
+    return int(digits) if digits.isdigit() else -1
 
 
 def is_history_line(line: bytes) -> bool:
