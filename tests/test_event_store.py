@@ -273,6 +273,9 @@ async def test_a_full_disk_refuses_changes_keeps_reads_and_recovers_by_itself(
         assert health.json()["event_log"]["error"] == (
             "event log not writable: No space left on device"
         )
+        await master.emit(churn(3))  # node reports nobody waits for: held, not applied
+        await wait_for(lambda: master.events_held_unwritable == 3)
+        assert "n0-0" not in master.state.last_seen
         steps = keepers[0].steps
         await anyio.sleep(10)
         assert keepers[0].steps == steps  # not stepped: it could not log a placement
@@ -283,6 +286,8 @@ async def test_a_full_disk_refuses_changes_keeps_reads_and_recovers_by_itself(
         assert "Read-only file system" in refused.text
         disk.error = None
         await wait_for(lambda: keepers[0].steps > steps)  # carries on by itself
+        await wait_for(lambda: master.events_held_unwritable == 0)  # and logs what it held
+        assert "n0-0" in master.state.last_seen
         assert (await client.get("/healthz")).status_code == 200
         second = await master.create_deployment(LLAMA.model_id)
         created = [first.deployment_id, second.deployment_id]
@@ -332,8 +337,8 @@ async def test_a_really_full_filesystem(tiny_fs: Path) -> None:
         # A burst of node reports larger than what is left of the log's last page.
         before = master.state
         await master.emit(churn(200))
-        await wait_for(lambda: master.events_dropped_unwritable == 200)
-        assert master.state == before  # the burst was not applied
+        await wait_for(lambda: master.events_held_unwritable == 200)
+        assert master.state == before  # the burst was not applied, but held
         # A deployment's one small line may still fit in the page the burst could not fill:
         # then it is durable; if not, it is refused and absent. Either way, never half.
         try:
@@ -346,6 +351,10 @@ async def test_a_really_full_filesystem(tiny_fs: Path) -> None:
         filler.unlink(missing_ok=True)
         assert master.write_error is None
         assert len(master.state.deployments) == 2
+        # The held burst was logged and applied before the deployment, none of it lost.
+        await wait_for(lambda: master.events_held_unwritable == 0)
+        assert {"n0-0", "n0-1", "n0-2"} <= set(master.state.last_seen)
+        assert master.events_dropped_unwritable == 0
         await wait_for(lambda: master.write_error is None)
         live, first_id = master.state, first.deployment_id or ""
         group.cancel_scope.cancel()

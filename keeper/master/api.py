@@ -93,6 +93,7 @@ def create_app(
                 "event_log": {
                     "writable": write_error is None,
                     "error": write_error,
+                    "events_held": master.events_held_unwritable,
                     "events_dropped": master.events_dropped_unwritable,
                 },
             },

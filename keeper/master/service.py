@@ -7,9 +7,10 @@ dashboard streams). So the State trails the events by a trip through the router,
 every subscriber sees the same events in the same order as the log.
 
 When the log cannot be written (disk full, read-only), a batch is neither applied nor published:
-commands waiting on it get a 503 naming the cause, the keeper is not stepped (a placement it
-could not log would be forgotten on restart), reads go on, and the store is probed each keeper
-interval so everything resumes by itself once a write succeeds.
+commands waiting on it get a 503 naming the cause and do not happen; events nobody waits for
+(node reports) are held in order and logged first once the log takes writes; the keeper is not
+stepped (a placement it could not log would be forgotten on restart); reads go on; and the
+store is probed each keeper interval so everything resumes by itself once a write succeeds.
 
 Around the router run, until cancelled:
 - the keeper loop: ``Keeper.step`` once a second from STARTUP_GRACE after start, under the lock
@@ -100,6 +101,9 @@ log = logging.getLogger(__name__)
 # a burst costs one fsync per few hundred events, small enough that a batch applies in
 # milliseconds and does not stall the event loop.
 ROUTER_MAX_BATCH = 512
+# Node reports and sweep deletions held while the log cannot be written: minutes of reports
+# from a large cluster; past it the oldest go (memory reports repeat, and each is counted).
+MAX_HELD_EVENTS = 10_000
 # GET /deployments is polled by every dashboard and script. Its JSON (about half a kilobyte per
 # deployment) is rebuilt only when the State or the keeper's memory changed, or when the
 # countdowns in it are older than this: a tenth of a second is invisible on a display that
@@ -200,6 +204,7 @@ class Master:
         self._keeper_version = 0  # bumped whenever the keeper's memory may have changed
         self._view_cache: tuple[State, int, float, bytes] | None = None
         self._dropped_while_unwritable = 0
+        self._held: list[AnyEvent] = []  # node reports the log refused, to log when it can
 
     # --- read side -----------------------------------------------------------------------
 
@@ -221,8 +226,13 @@ class Master:
 
     @property
     def events_dropped_unwritable(self) -> int:
-        """Events nobody waited for (node reports, sweeps) dropped because the log refused them."""
+        """Held events dropped because the log refused them for too long (past the cap)."""
         return self._dropped_while_unwritable
+
+    @property
+    def events_held_unwritable(self) -> int:
+        """Events nobody waited for, refused by the log and held until it takes them."""
+        return len(self._held)
 
     @property
     def write_error(self) -> str | None:
@@ -439,13 +449,15 @@ class Master:
                         batch.append(receive.receive_nowait())
                     except anyio.WouldBlock:
                         break
+                events = [*self._held, *(e for item in batch for e in item.events)]
                 try:
                     # The fsync runs in a worker thread (``log_io_in_thread``) so the event
                     # loop keeps serving meanwhile; what arrives during it forms the next batch.
-                    indexed = await self._store.commit([e for item in batch for e in item.events])
+                    indexed = await self._store.commit(events)
                 except LogNotWritableError as exc:
                     self._refuse(batch, exc)
                     continue
+                self._held = []
                 self._publish(indexed)
                 for item in batch:
                     if item.done is not None:
@@ -453,14 +465,19 @@ class Master:
                 await self._store.snapshot_if_due()
 
     def _refuse(self, batch: list[_Emit], exc: LogNotWritableError) -> None:
-        # Nothing of the batch was applied. A command learns why; events nobody waits for (node
-        # reports, the sweep's deletions) are dropped: nodes report again, the sweep repeats.
+        # Nothing of the batch was applied. A command learns why and did not happen; events
+        # nobody waits for (node reports, the sweep's deletions) are held, in order, and go
+        # first in the next batch the log takes. Past MAX_HELD_EVENTS the oldest are dropped.
         for item in batch:
             if item.done is None:
-                self._dropped_while_unwritable += len(item.events)
+                self._held.extend(item.events)
             else:
                 item.refused = exc
                 item.done.set()
+        overflow = len(self._held) - MAX_HELD_EVENTS
+        if overflow > 0:
+            self._dropped_while_unwritable += overflow
+            del self._held[:overflow]
 
     def _publish(self, indexed: list[IndexedEvent]) -> None:
         # Synchronous from apply (in the store) to publish: a subscriber registered between two
@@ -528,6 +545,8 @@ class Master:
                 # Unwritable log: a placement now could not be logged, so the keeper waits.
                 next_tick = max(next_tick + self.config.keeper_interval_s, clock.monotonic())
                 continue
+            if self._held and self._router_send is not None:
+                await self._router_send.send(_Emit([]))  # log what was held, now it can be
             async with self._lock:
                 try:
                     events = self.keeper.step(self._state, clock.monotonic())
