@@ -101,6 +101,10 @@ log = logging.getLogger(__name__)
 # a burst costs one fsync per few hundred events, small enough that a batch applies in
 # milliseconds and does not stall the event loop.
 ROUTER_MAX_BATCH = 512
+# ... and the most events: a batch is published at once, so it must fit well inside a
+# subscriber's buffer (``subscriber_buffer``), or a pause of the router (a compaction, a slow
+# fsync) that lets bursts pile up would drop every node session and dashboard as too slow.
+ROUTER_MAX_BATCH_EVENTS = 2_048
 # Node reports and sweep deletions held while the log cannot be written: minutes of reports
 # from a large cluster; past it the oldest go (memory reports repeat, and each is counted).
 MAX_HELD_EVENTS = 10_000
@@ -444,11 +448,13 @@ class Master:
         async with receive:
             async for first in receive:
                 batch = [first]
-                while len(batch) < ROUTER_MAX_BATCH:
+                size = len(first.events)
+                while len(batch) < ROUTER_MAX_BATCH and size < ROUTER_MAX_BATCH_EVENTS:
                     try:
                         batch.append(receive.receive_nowait())
                     except anyio.WouldBlock:
                         break
+                    size += len(batch[-1].events)
                 events = [*self._held, *(e for item in batch for e in item.events)]
                 try:
                     # The fsync runs in a worker thread (``log_io_in_thread``) so the event
