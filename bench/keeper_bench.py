@@ -1,5 +1,5 @@
 """Keeper benchmarks: what one ``Keeper.step`` costs, since the master holds its lock while
-stepping (SPEC §3: a step stays cheap however many deployments wait).
+stepping (docs/design.md §5.9: a step stays cheap however many deployments wait).
 
 Figures are printed, never asserted. Three tables:
 

@@ -31,9 +31,9 @@ from keeper.events import (
     NodeGatheredInfo,
     RunnerStatusUpdated,
 )
-from keeper.master.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog
 from keeper.master.server import serve
 from keeper.master.service import Master, MasterConfig
+from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog
 from keeper.state import (
     Backend,
     Deployment,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection as Pipe
 
 from keeper.placement import choose_cycle, place_instance
-from keeper.placement_graph import ClusterGraph, cluster_graph
-from keeper.placement_search import SEARCH_STEP_LIMIT, CycleSearch
+from keeper.placement.graph import ClusterGraph, cluster_graph
+from keeper.placement.search import SEARCH_STEP_LIMIT, CycleSearch
 from keeper.state import (
     Backend,
     Edge,

@@ -47,16 +47,16 @@ from keeper.events import (
     DeploymentPlacementFailed,
     IndexedEvent,
 )
-from keeper.master import event_store
-from keeper.master.event_log import EventLog, FileOps, Recovery
-from keeper.master.log_scan import (
+from keeper.master.service import Master, MasterConfig
+from keeper.runtime import event_store
+from keeper.runtime.event_log import EventLog, FileOps, Recovery
+from keeper.runtime.log_scan import (
     HISTORY_KINDS,
     LOG_FILE,
     SNAPSHOT_FILE,
     is_history_line,
     read_snapshot,
 )
-from keeper.master.service import Master, MasterConfig
 from keeper.state import Deployment, State
 
 Row = tuple[str, str, str]

@@ -136,13 +136,12 @@ def _big_cluster() -> ClusterBuilder:
                 card.model_id,
                 card=card,
                 error="No cycles found with sufficient memory",
-                status="cant_place",
                 next_attempt_in_s=30,
                 waiting="unplaceable_retry",
             )
         else:
             on = [f"node-{i % BIG_NODES:02d}", f"node-{(i + 1) % BIG_NODES:02d}"]
-            builder.deployment(card.model_id, card=card, on=on, status="serving")
+            builder.deployment(card.model_id, card=card, on=on)
     return builder
 
 
@@ -254,11 +253,10 @@ async def _idle_headless() -> float:
         .node("mini-a", ram_gb=24, free_gb=20)
         .node("mini-b", ram_gb=24, free_gb=20)
         .link_all()
-        .deployment("mlx-community/Qwen3-0.6B-4bit", on=["mini-a"], status="serving")
+        .deployment("mlx-community/Qwen3-0.6B-4bit", on=["mini-a"])
         .deployment(
             "mlx-community/DeepSeek-V3.1-4bit",
             error="No cycles found with sufficient memory",
-            status="cant_place",
             next_attempt_in_s=1e6,
             waiting="unplaceable_retry",
         )

@@ -146,6 +146,14 @@ def timer_words(row: DeploymentRow) -> str:
     return " · ".join(parts)
 
 
+def no_deployments_api(url: str) -> str:
+    """Why create and delete cannot work against this master, and what would make them work."""
+    return (
+        "This master has no deployments API (a stock exo master). To keep deployments beside "
+        f"it, run `exo-deploy bridge --exo {url}` and point the dashboard at the bridge."
+    )
+
+
 def detail_text(
     row: DeploymentRow | None, width: int, lines: int, *, has_deployments_api: bool = True
 ) -> Text:
@@ -155,7 +163,8 @@ def detail_text(
             return fit_lines(
                 Text(
                     "This master has no deployments API (a stock exo master): its nodes and "
-                    "instances are shown (keys 2 and 3); deployments need exo-deploy's master.",
+                    "instances are shown (keys 2 and 3). For deployments, run `exo-deploy "
+                    "bridge` beside it, or exo-deploy's master.",
                     style=DIM,
                 ),
                 width,
@@ -209,7 +218,8 @@ def node_columns(width: int) -> tuple[Column, ...]:
 def liveness_text(row: NodeRow) -> tuple[str, str]:
     quiet = row.quiet_for_s
     if row.liveness == "gone":
-        return f"✖ gone {duration(quiet or 0)}", "bold red"
+        # Unknown when it left: a stock exo still listed it as we connected.
+        return ("✖ gone" if quiet is None else f"✖ gone {duration(quiet)}"), "bold red"
     if row.liveness == "silent":
         return f"◌ silent {duration(quiet or 0)}", "bold yellow"
     return "● alive", "green"
@@ -268,7 +278,10 @@ def instance_table_rows(
 ) -> list[tuple[str, Cells]]:
     rows: list[tuple[str, Cells]] = []
     for instance in instances:
-        ready = sum(1 for r in instance.runners if r.status in ("Ready", "Running"))
+        # A runner whose node left serves nothing, whatever status it last reported.
+        ready = sum(
+            1 for r in instance.runners if r.status in ("Ready", "Running") and r.node_present
+        )
         head: dict[str, tuple[str, str]] = {
             "what": (f"{short_model(instance.model_id)} {short_id(instance.instance_id)}", "bold"),
             "layers": (instance.kind.removeprefix("Mlx"), DIM),
@@ -325,6 +338,8 @@ def connection_text(connection: Connection, now: float, url: str) -> Text:
         text.append("● live", style="bold green")
     elif mode == "polling":
         text.append("◐ polling 1s", style="bold yellow")
+        if connection.detail:
+            text.append(f" · {connection.detail}", style="yellow")
     elif mode == "down":
         text.append(f"✖ cannot reach {host}", style="bold red")
         if connection.detail:
@@ -344,6 +359,9 @@ def summary_text(summary: Summary, *, wide: bool) -> Text:
         text.append(f" ◌{summary.nodes_silent} silent", style="bold yellow")
     if summary.nodes_gone:
         text.append(f" ✖{summary.nodes_gone} gone", style="red")
+    if not summary.deployments_api:
+        text.append(f" · {summary.instances} instance{'s' if summary.instances != 1 else ''}")
+        return text
     text.append(f" · {summary.deployments} deployment{'s' if summary.deployments != 1 else ''}")
     for status in _STATUSES:
         count = summary.by_status.get(status, 0)

@@ -1,4 +1,4 @@
-"""``exo-deploy-tui``: the operator dashboard's command line (SPEC §7).
+"""``exo-deploy-tui``: the operator dashboard's command line.
 
     exo-deploy-tui [--url URL] [--token T] [--demo] [--readonly] [--no-mouse]
 

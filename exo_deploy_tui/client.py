@@ -1,11 +1,23 @@
 """The dashboard's connection to a master: HTTP only, no Textual.
 
-``MasterClient.run(emit)`` keeps the dashboard fed for as long as it runs: it follows the
-master's event stream (``GET /events``, server-sent events) when there is one, which makes every
-change instant, and otherwise polls ``/state`` and ``/deployments`` once a second, which works
-against any exo-shaped master. Every read has a deadline, and a failure never escapes: it
-becomes a ``ConnectionUpdate("down")`` and a retry with backoff, so a master that is down, slow
-or restarting can neither crash nor freeze the UI.
+``MasterClient.run(emit)`` keeps the dashboard fed for as long as it runs. Each connection
+starts by asking ``GET /events`` and telling the kind of master from the answer's headers alone
+(``events_kind``):
+
+- ``text/event-stream``: exo-deploy's master. Its stream is followed, which makes every change
+  instant.
+- ``application/json``: a stock exo master, whose ``/events`` is a one-shot array of its whole
+  event log (it grows for as long as the cluster runs). The body is never read: the response is
+  closed on its headers, ``/events`` is not asked again on this connection, and ``/state`` is
+  polled once a second instead.
+- 404/405: a master without events (the bridge); ``/state`` is polled, and the stream is asked
+  for again now and then in case the master was upgraded in place.
+
+While polling, ``/deployments`` is read beside ``/state`` until it answers 404 (no deployments
+API: a stock exo); from then on the connection polls ``/state`` alone. Every read has a deadline,
+and a failure never escapes: it becomes a ``ConnectionUpdate("down")`` and a retry with backoff
+(which detects the master afresh), so a master that is down, slow or restarting can neither
+crash nor freeze the UI, and an answer we cannot read is reported, not shown as an empty cluster.
 
 Deadlines use anyio's clock rather than httpx's socket timeouts so the same code runs under
 trio's virtual clock in tests. Mutations (create, delete) are plain requests that raise
@@ -15,9 +27,10 @@ trio's virtual clock in tests. Mutations (create, delete) are plain requests tha
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
 import anyio
 import httpx
@@ -62,6 +75,9 @@ RECONNECT_MAX_S = 8.0
 # After a master says it has no event stream, poll this long before asking again, so a master
 # upgraded in place is eventually followed live.
 STREAM_RETRY_S = 60.0
+# What the connection says while it polls a stock exo master, so the header can tell the kinds
+# of master apart.
+STOCK_EXO = "stock exo"
 
 
 NO_DEPLOYMENTS_API = (
@@ -95,6 +111,10 @@ class _NoStreamError(Exception):
     """The master has no event stream; poll instead."""
 
 
+class _StockExoError(Exception):
+    """``/events`` is a stock exo's one-shot event log, not a stream: poll ``/state``."""
+
+
 class _BadResponseError(Exception):
     """The master answered something we cannot use; reconnect and start from a snapshot."""
 
@@ -123,6 +143,26 @@ class SseParser:
         elif name == "data":
             self._data.append(value)
         return None
+
+
+# What ``GET /events`` says the master is: exo-deploy's stream, a stock exo's one-shot log, or no
+# such route; any other answer is the reason it cannot be used.
+EventsKind = Literal["stream", "exo-log", "none"]
+
+
+def events_kind(status: int, content_type: str | None) -> EventsKind | str:
+    """The kind of master behind an answer to ``GET /events``, from its status and
+    Content-Type alone (the body of a stock exo's answer is its whole log: never read it)."""
+    if status in (404, 405):
+        return "none"
+    if status != 200:
+        return f"GET /events answered {status}"
+    media = (content_type or "").split(";", 1)[0].strip().casefold()
+    if media == "text/event-stream":
+        return "stream"
+    if media == "application/json":
+        return "exo-log"
+    return f"GET /events answered {media or 'no Content-Type'}: neither a stream nor exo's log"
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -159,6 +199,8 @@ class MasterClient:
         self._backoff = RECONNECT_FIRST_S
         # The last answers polled, so an unchanged cluster costs no parsing and no redraw.
         self._last_poll: tuple[bytes, bytes | None] | None = None
+        # False once the master answered 404 to /deployments, until it is detected afresh.
+        self._deployments_api = True
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -172,15 +214,20 @@ class MasterClient:
         while True:
             try:
                 if anyio.current_time() >= stream_after:
+                    self._deployments_api = True  # a new detection asks again
                     try:
                         await self._follow_stream(emit)
                         raise _BadResponseError("the master closed the event stream")
                     except _NoStreamError:
                         stream_after = anyio.current_time() + STREAM_RETRY_S
+                    except _StockExoError:
+                        # Polled until the connection fails, then detected afresh.
+                        await self._poll_until(emit, math.inf, STOCK_EXO)
                 else:
                     await self._poll_until(emit, stream_after)
             except (httpx.HTTPError, _BadResponseError, TimeoutError, OSError) as exc:
                 emit(ConnectionUpdate("down", describe_failure(exc), self._backoff))
+                stream_after = 0.0  # whatever answers next is detected afresh
                 await anyio.sleep(self._backoff)
                 self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
 
@@ -192,10 +239,13 @@ class MasterClient:
             )
             response = await self._http.send(request, stream=True)
         try:
-            if response.status_code in (404, 405):
+            kind = events_kind(response.status_code, response.headers.get("content-type"))
+            if kind == "none":
                 raise _NoStreamError
-            if response.status_code != 200:
-                raise _BadResponseError(f"GET /events answered {response.status_code}")
+            if kind == "exo-log":
+                raise _StockExoError  # closed below without reading a byte of the log
+            if kind != "stream":
+                raise _BadResponseError(kind)
             offset = self._clock_offset(response)
             parser = SseParser()
             lines = response.aiter_lines()
@@ -233,7 +283,9 @@ class MasterClient:
             # One event lost would leave our State wrong for good: start again from a snapshot.
             raise _BadResponseError(f"unreadable {name} message: {exc.errors()[0]['msg']}") from exc
 
-    async def _poll_until(self, emit: Callable[[Update], None], until: float) -> None:
+    async def _poll_until(
+        self, emit: Callable[[Update], None], until: float, detail: str = ""
+    ) -> None:
         announced = False
         while anyio.current_time() < until:
             started = anyio.current_time()
@@ -242,29 +294,44 @@ class MasterClient:
                 self._last_poll = (state_body, deployments_body)
                 emit(self._parse_poll(state_body, deployments_body, offset))
             if not announced:
-                emit(ConnectionUpdate("polling"))
+                emit(ConnectionUpdate("polling", detail))
                 announced = True
             self._backoff = RECONNECT_FIRST_S
             await anyio.sleep(max(0.0, POLL_INTERVAL_S - (anyio.current_time() - started)))
 
     async def _fetch_once(self) -> tuple[bytes, bytes | None, float | None]:
         results: dict[str, httpx.Response] = {}
+        failures: list[httpx.HTTPError] = []
 
         async def fetch(path: str) -> None:
-            results[path] = await self._http.get(path)
+            # Caught here, not around the task group: a failure would come out of the group
+            # wrapped in an ExceptionGroup, which the reconnect loop does not take for a lost
+            # connection.
+            try:
+                results[path] = await self._http.get(path)
+            except httpx.HTTPError as exc:
+                failures.append(exc)
 
         with anyio.fail_after(REQUEST_TIMEOUT_S):
             async with anyio.create_task_group() as group:
                 group.start_soon(fetch, "/state")
-                group.start_soon(fetch, "/deployments")
+                if self._deployments_api:
+                    group.start_soon(fetch, "/deployments")
+        if failures:
+            raise failures[0]
         state = results["/state"]
         if state.status_code != 200:
             raise _BadResponseError(f"GET /state answered {state.status_code}")
-        deployments = results["/deployments"]
-        if deployments.status_code == 200:
-            deployments_body: bytes | None = deployments.content
+        deployments = results.get("/deployments")
+        if deployments is None:
+            deployments_body: bytes | None = None
+        elif deployments.status_code == 200:
+            deployments_body = deployments.content
         elif deployments.status_code in (404, 405):
-            deployments_body = None  # a master without deployments: show the State alone
+            # A master without deployments (a stock exo): show the State alone, and stop asking
+            # until the master is detected afresh.
+            self._deployments_api = False
+            deployments_body = None
         else:
             raise _BadResponseError(f"GET /deployments answered {deployments.status_code}")
         return state.content, deployments_body, self._clock_offset(state)

@@ -8,6 +8,11 @@ countdowns tick by asking again with a later ``now`` rather than by refetching.
 It also remembers what the master no longer says: nodes that have gone, when each deployment
 entered its status, and when it stopped serving, which is how the timeline can say "serving
 again after 37.2 s".
+
+A stock exo master's State keeps what ours drops, and the rules here read it as exo means it: a
+node that timed out leaves the topology but keeps its identity and backends (``departed_nodes``:
+shown as gone, never alive), and a deleted instance's runners stay in ``runners`` with their last
+status (only the runners of live instances are counted or shown).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from keeper.state import (
     State,
 )
 
-# Nodes report their info at least every 5 s (keeper.master.protocol.INFO_REFRESH_S), and each
+# Nodes report their info at least every 5 s (keeper.link.protocol.INFO_REFRESH_S), and each
 # report moves lastSeen; 3 s of slack over that is silence, not jitter. exo's master gives up
 # on a node after 30 s (the demo after 10 s), so this leaves time to see it coming.
 SILENT_AFTER_S = 8.0
@@ -158,6 +163,9 @@ class Summary:
     by_status: dict[DeploymentStatus, int]
     deployments: int
     instances: int
+    # False against a master without the deployments API (a stock exo): there, the header
+    # counts instances, since "0 deployments" would read as an empty cluster.
+    deployments_api: bool = True
 
 
 @dataclass(frozen=True)
@@ -225,8 +233,17 @@ def instance_ready(instance: AnyInstance, state: State) -> bool:
     )
 
 
+def departed_nodes(state: State) -> list[NodeId]:
+    """Nodes the State still describes (identity, backends, memory) but whose place in the
+    topology is gone: a stock exo keeps those entries after a node times out."""
+    present = state.topology.nodes
+    known = dict.fromkeys([*state.node_identities, *state.node_backends, *state.node_memory])
+    return [node_id for node_id in known if node_id not in present]
+
+
 def deployment_statuses(state: State) -> dict[DeploymentId, DeploymentStatus]:
-    """SPEC §3's status rule, read from the State so it is as fresh as the last event."""
+    """The status rule (``status_of``) for every deployment, read from the State so it is as
+    fresh as the last event."""
     present: set[str] = set()
     ready: set[str] = set()
     for instance in state.instances.values():
@@ -291,8 +308,6 @@ class ClusterModel:
     has_data: bool = False
     # False against a master without the deployments API: no timers to show.
     has_timers: bool = True
-    # Bumped on every change, so a view can skip work when nothing moved.
-    revision: int = 0
     master_clock_offset_s: float = 0.0
     _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
     # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
@@ -321,16 +336,12 @@ class ClusterModel:
                 case ConnectionUpdate():
                     self._on_connection(update, now)
         self._settle(now)
-        self.revision += 1
 
     def tick(self, now: float) -> bool:
         """Time passed: notice nodes going silent. True if the timeline grew."""
         before = self.timeline.appended
         self._check_silence(now)
-        if self.timeline.appended != before:
-            self.revision += 1
-            return True
-        return False
+        return self.timeline.appended != before
 
     def _on_snapshot(self, update: SnapshotUpdate, now: float) -> None:
         if update.master_clock_offset_s is not None:
@@ -339,18 +350,7 @@ class ClusterModel:
         if not self.has_data:
             self.state = update.state
             self.has_data = True
-            nodes = len(update.state.topology.nodes)
-            deployments = len(update.state.deployments)
-            self.timeline.extend(
-                [
-                    TimelineEntry(
-                        now,
-                        "info",
-                        f"connected: {nodes} node{'s' if nodes != 1 else ''}, "
-                        f"{deployments} deployment{'s' if deployments != 1 else ''}",
-                    )
-                ]
-            )
+            self.timeline.extend(_connected_entries(update, now))
         else:
             before, after = self.state, update.state
             for event in events_between(before, after):
@@ -576,6 +576,11 @@ class ClusterModel:
             )
         return rows
 
+    def _departed_unseen(self) -> list[NodeId]:
+        """Departed nodes the State still lists that we did not see leave (so ``_gone`` has no
+        time for them): they had left before we connected."""
+        return [n for n in departed_nodes(self.state) if n not in self._gone]
+
     def node_rows(self, now: float) -> list[NodeRow]:
         state = self.state
         runners_on: dict[NodeId, list[str]] = {}
@@ -615,7 +620,18 @@ class ClusterModel:
             rows.append(
                 NodeRow(node_id, gone.name, "gone", now - gone.at, None, None, (), (), (), "")
             )
-        return rows
+        departed: list[NodeRow] = []
+        for node_id in self._departed_unseen():
+            identity = state.node_identities.get(node_id)
+            backends = tuple(str(b) for b in state.node_backends.get(node_id, []))
+            chip = identity.chip_id if identity else ""
+            departed.append(
+                NodeRow(
+                    node_id, self.name_of(node_id), "gone", None, None, None, backends, (), (), chip
+                )
+            )
+        departed.sort(key=lambda r: (r.name, r.node_id))
+        return rows + departed
 
     def instance_rows(self) -> list[InstanceRow]:
         state = self.state
@@ -646,13 +662,16 @@ class ClusterModel:
                     )
                 )
             runners.sort(key=lambda r: r.rank)
+            # A stock exo lists an instance for a while after one of its nodes left, its runner
+            # still "Ready": it cannot serve, so the row does not say ready.
+            on_present_nodes = all(r.node_present for r in runners)
             rows.append(
                 InstanceRow(
                     instance_id=instance.instance_id,
                     model_id=assignments.model_id,
                     deployment_id=deployment_of.get(assignments.model_id),
                     kind="MlxJaccl" if isinstance(instance, MlxJacclInstance) else "MlxRing",
-                    ready=instance_ready(instance, state),
+                    ready=on_present_nodes and instance_ready(instance, state),
                     runners=tuple(runners),
                 )
             )
@@ -672,10 +691,12 @@ class ClusterModel:
         return Summary(
             nodes_alive=len(present) - silent,
             nodes_silent=silent,
-            nodes_gone=sum(1 for n in self._gone if n not in present),
+            nodes_gone=sum(1 for n in self._gone if n not in present)
+            + len(self._departed_unseen()),
             by_status=by_status,
             deployments=len(self.state.deployments),
             instances=len(self.state.instances),
+            deployments_api=self.has_timers or not self.has_data,
         )
 
     def history(self, deployment_id: DeploymentId) -> list[TimelineEntry]:
@@ -683,6 +704,26 @@ class ClusterModel:
         if deployment is None:
             return []
         return self.timeline.about_model(deployment.model_card.model_id)
+
+
+def _connected_entries(update: SnapshotUpdate, now: float) -> list[TimelineEntry]:
+    """What the timeline says on the first snapshot: what the cluster holds, and (a stock exo
+    remembers them) the nodes that had already left."""
+    state = update.state
+    nodes = len(state.topology.nodes)
+    counted = f"connected: {nodes} node{'s' if nodes != 1 else ''}, "
+    if update.deployments is None:
+        instances = len(state.instances)
+        counted += f"{instances} instance{'s' if instances != 1 else ''}"
+    else:
+        deployments = len(state.deployments)
+        counted += f"{deployments} deployment{'s' if deployments != 1 else ''}"
+    entries = [TimelineEntry(now, "info", counted)]
+    entries += [
+        TimelineEntry(now, "warn", f"node {node_name(n, state)} had left the cluster", node_id=n)
+        for n in departed_nodes(state)
+    ]
+    return entries
 
 
 def _instance_for(deployment: Deployment, instances: list[AnyInstance]) -> AnyInstance | None:

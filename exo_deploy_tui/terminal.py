@@ -7,7 +7,13 @@ without a process left behind spinning a core:
 - End of input (stdin closed or hung up): Textual's Linux input thread reads zero bytes,
   ignores them and selects again, forever, at 100% CPU. ``EndOfInputDriver`` is that input
   loop with one change: zero bytes (or EIO, a hung-up terminal) mean the terminal is gone, so
-  it asks the app to exit and stops reading.
+  it asks the app to exit and stops reading. It is a workaround until Textual's own fix lands
+  (https://github.com/Textualize/textual/pull/6690); then it goes.
+
+The copy keeps the rest of Textual's loop, its final drain included: once the app exits, one
+last round with a final decode and a tick, so input already parsed (a lone ESC waiting to see
+whether a sequence follows) is still delivered. tests/test_tui_terminal.py holds a canary that
+fails when Textual's ``LinuxDriver.run_input_thread`` changes, so the copy is re-checked.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 import selectors
 import signal
 from codecs import getincrementaldecoder
+from collections.abc import Callable
 from typing import Any
 
 from textual._parser import ParseError
@@ -37,19 +44,12 @@ class EndOfInputDriver(LinuxDriver):
         decode = getincrementaldecoder("utf-8")().decode
         try:
             while not self.exit_event.is_set():
-                ready = selector.select(_SELECT_TIMEOUT_S)
-                if ready:
-                    try:
-                        data = os.read(self.fileno, 4096)
-                    except OSError:  # EIO: the terminal hung up
-                        data = b""
-                    if not data:
-                        self._end_of_input()
-                        return
-                    for event in parser.feed(decode(data)):
-                        self.process_message(event)
-                for event in parser.tick():
-                    self.process_message(event)
+                if not self._read_round(selector, parser, decode):
+                    self._end_of_input()
+                    return
+            # Textual's final drain: stop watching the terminal, then one last round.
+            selector.unregister(self.fileno)
+            self._read_round(selector, parser, decode, final=True)
         finally:
             selector.close()
             try:
@@ -57,6 +57,29 @@ class EndOfInputDriver(LinuxDriver):
                     pass
             except (EOFError, ParseError):
                 pass
+
+    def _read_round(
+        self,
+        selector: selectors.BaseSelector,
+        parser: XTermParser,
+        decode: Callable[..., str],
+        final: bool = False,
+    ) -> bool:
+        """One round of Textual's loop: read what is ready, feed it to the parser, then tick
+        (which sends an ESC no sequence followed). False at end of input (nothing is fed)."""
+        for _key, mask in selector.select(_SELECT_TIMEOUT_S):
+            if mask & selectors.EVENT_READ:
+                try:
+                    data = os.read(self.fileno, 4096)
+                except OSError:  # EIO: the terminal hung up
+                    data = b""
+                if not data:
+                    return False
+                for event in parser.feed(decode(data, final=final)):
+                    self.process_message(event)
+        for event in parser.tick():
+            self.process_message(event)
+        return True
 
     def _end_of_input(self) -> None:
         # Not call_from_thread: the app may already be stopping and waiting for this thread.

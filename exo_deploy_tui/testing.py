@@ -18,11 +18,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.forms import model_entry
+from exo_deploy_tui.model import deployment_statuses
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
 from keeper.api_models import (
     CommandResponse,
     CreateDeploymentRequest,
-    DeploymentStatus,
     DeploymentView,
     ModelListEntry,
     WaitReason,
@@ -134,7 +134,6 @@ class ClusterBuilder:
         failures: int = 0,
         next_attempt_in_s: float | None = None,
         waiting: WaitReason | None = None,
-        status: DeploymentStatus = "placing",
         card: ModelCard | None = None,
     ) -> ClusterBuilder:
         """A deployment of a catalog model (or of ``card``); ``on`` places an instance on those
@@ -187,7 +186,9 @@ class ClusterBuilder:
         due = None if next_attempt_in_s is None else iso(self.now + next_attempt_in_s)
         self.views[deployment_id] = DeploymentView(
             deployment=deployment,
-            status=status,
+            # The status the master would report, by the TUI's own rule (the TUI derives it
+            # from the State; describe shows this view as received).
+            status=deployment_statuses(self.state)[deployment_id],
             failures=failures,
             next_attempt_at=due,
             next_attempt_in_s=next_attempt_in_s,

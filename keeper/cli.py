@@ -25,9 +25,10 @@ from pydantic import ValidationError
 
 from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
 from keeper.arguments import UsageParser, positive_float, positive_int
-from keeper.bridge.server import run_bridge
+from keeper.bridge.server import check_exo_urls, run_bridge
+from keeper.cluster.local import exit_with_parent, run_cluster
+from keeper.httpapi.serving import MasterStartError
 from keeper.master.server import run_master
-from keeper.node.cluster import exit_with_parent, run_cluster
 from keeper.node.node_process import run_node_process
 from keeper.node.sim_node import NodeConfig
 from keeper.state import Backend, InstanceMeta, Sharding
@@ -201,7 +202,7 @@ def cmd_master(args: argparse.Namespace) -> int:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    from keeper.master import log_repair  # noqa: PLC0415 (only this command needs it)
+    from keeper.runtime import log_repair  # noqa: PLC0415 (only this command needs it)
 
     report = (
         log_repair.check(args.data_dir)
@@ -435,8 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
     bridge.add_argument(
         "--exo",
         required=True,
-        metavar="URL",
-        help="exo's API, e.g. http://127.0.0.1:52415 (the master's, or any node's)",
+        type=_exo_urls,
+        metavar="URL[,URL...]",
+        help="exo's API, e.g. http://127.0.0.1:52415 (the master's, or any node's); several, "
+        "comma-separated, are followed in order: the next when the one in use stops answering",
     )
     bridge.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     bridge.add_argument("--port", type=_port, default=52416, help="API port (default 52416)")
@@ -459,6 +462,14 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_ in SOAK_COMMANDS.items():
         command(name, help_, add_help=False).set_defaults(handler=cmd_soak)
     return parser
+
+
+def _exo_urls(text: str) -> tuple[str, ...]:
+    try:
+        return check_exo_urls(text)
+    except MasterStartError as exc:
+        message = str(exc).removeprefix("--exo: ").removeprefix("--exo ")
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def _exo_compat_option(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""The keeper's timing constants, in seconds (SPEC §3 pins their names and values)."""
+"""The keeper's timing constants, in seconds: names and values are pinned, and
+docs/design.md §5.10 gives their reasons."""
 
 from typing import Final
 

@@ -1,6 +1,7 @@
-"""The keeper (SPEC §3): places an instance of a deployment's model whenever the cluster has none.
+"""The keeper: places an instance of a deployment's model whenever the cluster has none (the
+rules are in docs/design.md).
 
-It is a pure function of the State plus a small memory per deployment (``keeper.keeper_memo``):
+It is a pure function of the State plus a small memory per deployment (``keeper.memo``):
 ``step`` reads no clock, does no I/O and returns the events to emit; the master applies them.
 The State trails the keeper's events (they go round the router first), so the memory holds
 exactly what the State cannot yet show: the placement on its way, whether the instance it
@@ -10,14 +11,25 @@ A step does a bounded amount of work however many deployments wait: every deploy
 observed (cheap dictionary lookups), but placement is attempted for at most
 ``MAX_PLACEMENT_ATTEMPTS_PER_STEP`` of them, resuming after the last one tried, and at most one
 placement succeeds, so each placement is made against a state holding the previous one.
+
+A placement that raises something other than ValueError is a bug in placement, not a reason:
+the deployment records it as "<ExceptionType>: <message>" and the keeper goes on with the
+others. The exception itself is kept too (``placement_crashes``, one per deployment at most),
+so that the host, which may do I/O, can log its traceback; the keeper logs nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from keeper.api_models import DeploymentStatus, WaitReason
+from keeper.cluster_view import (
+    ClusterSignature,
+    cluster_signature,
+    instance_is_ready,
+    models_with_instances,
+)
 from keeper.constants import STARTUP_GRACE
 from keeper.events import (
     AnyEvent,
@@ -27,13 +39,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
-from keeper.keeper_cluster import (
-    ClusterSignature,
-    cluster_signature,
-    instance_is_ready,
-    models_with_instances,
-)
-from keeper.keeper_memo import (
+from keeper.memo import (
     FRESH,
     DeploymentMemo,
     observe,
@@ -73,12 +79,23 @@ class DeploymentTimer:
 
 
 class Keeper:
-    def __init__(self, started_at: float, place: PlaceFn = place_instance) -> None:
+    def __init__(
+        self,
+        started_at: float,
+        place: PlaceFn = place_instance,
+        *,
+        startup_grace: float = STARTUP_GRACE,
+    ) -> None:
+        """A keeper that places nothing before ``started_at + startup_grace`` (a new master
+        first waits for its nodes to report the instances they already run)."""
         self.started_at = started_at
+        self.startup_grace = startup_grace
         self._place = place
         self._memos: dict[DeploymentId, DeploymentMemo] = {}
         # Deployments whose DeploymentDeleted was emitted but is not yet in the state.
         self._deleting: set[DeploymentId] = set()
+        # The exception of each deployment whose latest placement attempt crashed.
+        self._crashes: dict[DeploymentId, Exception] = {}
         # Where the next step resumes its attempts when the last one stopped short of the end,
         # so that deployments past the attempts cap get their turn instead of starving.
         # (No mutation: starting after "" would be the same, as every id sorts after it.)
@@ -87,7 +104,7 @@ class Keeper:
     # --- stepping -------------------------------------------------------------------------
 
     def step(self, state: State, now: float) -> list[AnyEvent]:
-        if now < self.started_at + STARTUP_GRACE:
+        if now < self.started_at + self.startup_grace:
             return []
         self._forget_departed(state)
         if not state.deployments:
@@ -151,9 +168,12 @@ class Keeper:
             )
         except ValueError as reason:
             error = str(reason)
+            self._forget_crash(deployment_id)
         except Exception as crash:  # a bug in placement must not stop the other deployments
             error = f"{type(crash).__name__}: {crash}"
+            self._crashes[deployment_id] = crash
         else:
+            self._forget_crash(deployment_id)
             self._memos[deployment_id] = placed(memo, instance.instance_id, now)
             created = InstanceCreated(instance=instance)
             assigned = DeploymentPlaced(
@@ -166,11 +186,21 @@ class Keeper:
             return [], False
         return [DeploymentPlacementFailed(deployment_id=deployment_id, error=error)], False
 
+    def _forget_crash(self, deployment_id: DeploymentId) -> None:
+        if deployment_id in self._crashes:
+            del self._crashes[deployment_id]
+
     def _forget_departed(self, state: State) -> None:
         """Drop the memory of deployments the state no longer holds, so it cannot grow."""
         live = state.deployments
         self._memos = {d: memo for d, memo in self._memos.items() if d in live}
         self._deleting = {d for d in self._deleting if d in live}
+        self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}
+
+    def placement_crashes(self) -> Mapping[DeploymentId, Exception]:
+        """The exception (with its traceback) of each deployment whose latest placement attempt
+        raised something other than ValueError; its event carries only "<Type>: <message>"."""
+        return dict(self._crashes)
 
     # --- deletion -------------------------------------------------------------------------
 
@@ -191,7 +221,7 @@ class Keeper:
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
         """What the next step would wait for, per deployment; never changes the keeper."""
-        grace_ends = self.started_at + STARTUP_GRACE
+        grace_ends = self.started_at + self.startup_grace
         served = models_with_instances(state)
         signature = cluster_signature(state)
         views: dict[str, DeploymentTimer] = {}

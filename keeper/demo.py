@@ -28,9 +28,9 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from keeper.cluster.in_process import InProcessCluster
 from keeper.master.server import serve
 from keeper.master.service import Master, MasterConfig
-from keeper.node.in_process import InProcessCluster
 from keeper.node.sim_node import NodeConfig
 from keeper.state import Backend
 

@@ -3,8 +3,11 @@
 ``master --exo-compat`` (a ``Master`` with its keeper off, behind exo's API) runs with
 ``InProcessCluster`` nodes on memory channels; the bridge reaches its API through ``ExoLink``, an
 httpx transport into the ASGI app that can also fail the way a network and exo do: go down,
-refuse instances with exo's 400, or accept an instance and apply it only later (exo answers a
-command before it applies it). Everything runs under trio's MockClock.
+refuse instances with exo's 400, accept an instance and apply it only later (exo answers a
+command before it applies it), hold commands through an election (answering and applying them
+only when it ends, even if the caller gave up waiting), or answer ``GET /state`` with a State
+changed on the way. Routes can be scripted with exo's recorded answers (``ExoLink.answers``).
+Everything runs under trio's MockClock.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from anyio.abc import TaskGroup
 from keeper.api_models import error_body
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.service import Bridge, BridgeConfig
+from keeper.cluster.in_process import InProcessCluster
 from keeper.master.exo_compat import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
-from keeper.node.in_process import InProcessCluster
 from keeper.node.sim_node import NodeConfig
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
@@ -42,8 +45,17 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.refuse_instances: str | None = None  # exo's 400 message for POST /instance
         self.hold_instances = False  # answer POST /instance at once, apply on release()
         self.state_answer: tuple[int, Any] | None = None  # what GET /state answers instead
+        self.state_edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        # exo holds commands until its election ends (anyio time; None: ended), then applies them,
+        # whether or not the caller still waits for the answer (needs ``group``).
+        self.election_until: float | None = None
+        self.group: TaskGroup | None = None
         self.held: list[httpx.Request] = []
         self.calls: list[tuple[str, str, Any]] = []
+        # What exo answers instead of the stand-in, by (method, path): a function of the query
+        # giving (status, JSON body). The stand-in has no GET /instance/placement or /previews.
+        self.answers: dict[tuple[str, str], Callable[[dict[str, str]], tuple[int, Any]]] = {}
+        self.queries: list[tuple[str, dict[str, str]]] = []  # (path, query) of every scripted GET
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.down:
@@ -53,9 +65,21 @@ class ExoLink(httpx.AsyncBaseTransport):
             status, body = self.state_answer
             content = body if isinstance(body, bytes) else json.dumps(body).encode()
             return httpx.Response(status, content=content)
+        if (method, path) == ("GET", "/state") and self.state_edit is not None:
+            response = await self._inner.handle_async_request(request)
+            edited = self.state_edit(json.loads(await response.aread()))
+            return httpx.Response(response.status_code, json=edited)
         if (method, path) != ("GET", "/state"):
             body = json.loads(request.content) if request.content else None
             self.calls.append((method, path, body))
+        answer = self.answers.get((method, path))
+        if answer is not None:
+            query = dict(request.url.params)
+            self.queries.append((path, query))
+            status, body = answer(query)
+            return httpx.Response(status, json=body)
+        if method != "GET" and self.election_until is not None:
+            return await self._after_election(request)
         if (method, path) == ("POST", "/instance"):
             if self.refuse_instances is not None:
                 return httpx.Response(
@@ -66,9 +90,26 @@ class ExoLink(httpx.AsyncBaseTransport):
                 return httpx.Response(200, json={"message": "Command received."})
         return await self._inner.handle_async_request(request)
 
-    async def release(self) -> None:
-        """exo applies the instances it accepted and held back."""
-        held, self.held = self.held, []
+    async def _after_election(self, request: httpx.Request) -> httpx.Response:
+        assert self.group is not None
+        answer: list[httpx.Response] = []
+        done = anyio.Event()
+
+        async def apply_when_elected() -> None:  # not cancelled when the caller gives up
+            # The election's end may be moved while it runs: read it as it is now.
+            while self.election_until is not None and anyio.current_time() < self.election_until:
+                await anyio.sleep(0.05)
+            answer.append(await self._inner.handle_async_request(request))
+            done.set()
+
+        self.group.start_soon(apply_when_elected)
+        await done.wait()
+        return answer[0]
+
+    async def release(self, instance_id: str | None = None) -> None:
+        """exo applies the instances it accepted and held back (only this one's, if given)."""
+        held = [r for r in self.held if instance_id is None or _posted_id(r) == instance_id]
+        self.held = [r for r in self.held if r not in held]
         for request in held:
             response = await self._inner.handle_async_request(request)
             assert response.status_code == 200, response.status_code
@@ -87,6 +128,10 @@ class ExoLink(httpx.AsyncBaseTransport):
             for method, path, _ in self.calls
             if method == "DELETE" and path.startswith("/instance/")
         ]
+
+
+def _posted_id(request: httpx.Request) -> str:
+    return next(iter(json.loads(request.content)["instance"].values()))["instanceId"]
 
 
 @dataclass
@@ -127,8 +172,8 @@ class ExoWithBridge:
         return self.bridge
 
 
-def new_bridge(link: ExoLink, data_dir: Path | None) -> Bridge:
-    return Bridge(ExoClient(EXO_URL, transport=link), data_dir, config=BridgeConfig())
+def new_bridge(link: ExoLink, data_dir: Path | None, config: BridgeConfig | None = None) -> Bridge:
+    return Bridge(ExoClient(EXO_URL, transport=link), data_dir, config=config or BridgeConfig())
 
 
 async def _run_cancellable(bridge: Bridge, *, task_status: Any) -> None:
@@ -148,6 +193,7 @@ async def exo_with_bridge(
     cluster = InProcessCluster(master, [NodeConfig(name, memory_gb) for name, memory_gb in nodes])
     link = ExoLink(create_exo_compat_app(master))
     async with anyio.create_task_group() as group:
+        link.group = group
         await group.start(master.run)
         await group.start(cluster.run)
         await wait_until(
@@ -169,3 +215,22 @@ async def wait_until(condition: Callable[[], bool], within_s: float, what: str) 
     except TimeoutError:
         pytest.fail(f"not within {within_s} s: {what}")
     return anyio.current_time() - started
+
+
+RECORDINGS = Path(__file__).parent / "fixtures" / "exo_recordings"
+
+
+def recorded(name: str) -> Any:
+    """One of exo's recorded answers (``tests/fixtures/exo_recordings``)."""
+    return json.loads((RECORDINGS / name).read_text())
+
+
+def recorded_card() -> dict[str, Any]:
+    """exo's full card of Qwen3-0.6B, as exo's placement answer carries it."""
+    (ring,) = recorded("instance-placement-ok.json").values()
+    (shard,) = next(iter(ring["shardAssignments"]["runnerToShard"].values())).values()
+    return shard["modelCard"]
+
+
+def exo_refusal(message: str, status: int = 400) -> tuple[int, Any]:
+    return status, error_body(message, status, "Bad Request")

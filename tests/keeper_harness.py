@@ -110,9 +110,14 @@ def unlink_events(a: str, b: str) -> list[AnyEvent]:
 class Cluster:
     """A State driven by real events, and a keeper stepped at chosen times."""
 
-    def __init__(self, place: PlaceFn = place_instance, started_at: float = 0.0) -> None:
+    def __init__(
+        self,
+        place: PlaceFn = place_instance,
+        started_at: float = 0.0,
+        startup_grace: float = STARTUP_GRACE,
+    ) -> None:
         self.state = State()
-        self.keeper = Keeper(started_at=started_at, place=place)
+        self.keeper = Keeper(started_at, place=place, startup_grace=startup_grace)
         self.log: list[AnyEvent] = []
         self._ids = count(1)
 

@@ -10,11 +10,11 @@ same checks serve the long randomized runs and the hypothesis state machine.
   no deployment, and deleting a deployment removes exactly the instances it placed for it that
   the cluster still has (even one still on its way to the keeper's view), nothing else.
 - ``LivenessReferee`` follows each deployment through the keeper's own view and holds it to
-  SPEC §3's timing: after a loss, no placement before the backoff is over (10 s doubling to
-  60 s per loss before ready, none after a loss of a ready instance), and a placement no later
-  than the backoff, the unplaceable retry after the keeper's last failed attempt, and the
-  one-placement-per-step queue allow. Where a new master's memory makes the backoff ambiguous
-  (an instance it adopted is lost), it accepts either reading.
+  the keeper's timing (docs/design.md §5.4): after a loss, no placement before the backoff is
+  over (10 s doubling to 60 s per loss before ready, none after a loss of a ready instance),
+  and a placement no later than the backoff, the unplaceable retry after the keeper's last
+  failed attempt, and the one-placement-per-step queue allow. Where a new master's memory makes
+  the backoff ambiguous (an instance it adopted is lost), it accepts either reading.
 - ``AvailabilityMeter`` measures how much of the time deployed models were serving.
 - ``settled_problems`` says what is wrong with a cluster that should have settled.
 """
@@ -52,7 +52,7 @@ LATE_SLACK_STEPS = 2
 
 
 def backoff_after(failures: int) -> float:
-    """The wait after `failures` placements in a row lost before ready (SPEC §3)."""
+    """The wait after `failures` placements in a row lost before ready (docs/design.md §5.4)."""
     if failures <= 0:
         return 0.0
     return min(FIRST_BACKOFF * 2 ** (failures - 1), MAX_BACKOFF)

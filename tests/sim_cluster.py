@@ -65,7 +65,8 @@ from keeper.state import (
     State,
 )
 
-# The master sweeps instances that use a node missing from the topology this often (SPEC §4).
+# The master sweeps instances that use a node missing from the topology this often
+# (docs/design.md §6.3).
 SWEEP_EVERY_S = 10
 # The port in every node's socket multiaddr (exo's default API port; only its shape matters).
 NODE_PORT = 52415
@@ -580,7 +581,7 @@ class ChaosConfig:
     """Mean seconds between random faults (None: never) and their shapes."""
 
     node_death_mean_s: float | None = None
-    # Silence before the master times a dead node out (SPEC §4: 30 s).
+    # Silence before the master times a dead node out (docs/design.md §6.3: 30 s).
     node_silence_s: tuple[int, int] = (0, 30)
     node_down_s: tuple[int, int] = (20, 180)
     max_nodes_down: int = 1

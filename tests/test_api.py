@@ -27,11 +27,8 @@ from websockets.exceptions import ConnectionClosed
 from keeper.api_models import CommandResponse, DeploymentsResponse, ModelList, StreamSnapshot
 from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.events import IndexedEvent, InstanceCreated, NodeGatheredInfo
-from keeper.master.api import create_app
-from keeper.master.auth import InsecureBindError, check_bind
-from keeper.master.event_log import EventLog
-from keeper.master.model_cards import ModelCardError, load_model_cards, merge_catalogs
-from keeper.master.protocol import (
+from keeper.httpapi.auth import InsecureBindError, check_bind
+from keeper.link.protocol import (
     MASTER_MESSAGE,
     NODE_MESSAGE,
     AnyNodeMessage,
@@ -43,8 +40,11 @@ from keeper.master.protocol import (
     RunnerStatusReport,
     Welcome,
 )
+from keeper.master.api import create_app
 from keeper.master.server import serve
 from keeper.master.service import Master, MasterConfig
+from keeper.runtime.event_log import EventLog
+from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
 from keeper.state import (
     Backend,
     Memory,

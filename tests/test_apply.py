@@ -1,4 +1,5 @@
-"""``apply(state, event)``: every event's effect, the deployment rules of SPEC §1, and purity.
+"""``apply(state, event)``: every event's effect, the deployment rules (docs/design.md §3.3),
+and purity.
 
 Each test starts from a state built by applying events and checks exactly what the event
 changed and what it left alone, so a rule that drifts (a kept runner, a leftover edge, a

@@ -21,10 +21,10 @@ from pydantic import ValidationError
 
 from keeper.bridge.exo_wire import (
     cards_in_state,
-    create_instance_body,
-    deployment_card,
-    exo_card,
+    exo_model_card,
+    file_card,
     instance_json,
+    listed_card,
     listed_models,
 )
 from keeper.bridge.server import exo_card_files
@@ -90,7 +90,7 @@ def test_an_instance_read_from_exo_is_sent_back_exactly_as_exo_wrote_it(
     ]
     assert isinstance(instance, kind)
     card = cards_in_state(raw)[instance.shard_assignments.model_id]
-    assert create_instance_body(instance, card) == expected
+    assert {"instance": instance_json(instance, card)} == expected
 
 
 def test_every_fixture_passes_the_strict_parser() -> None:
@@ -99,46 +99,37 @@ def test_every_fixture_passes_the_strict_parser() -> None:
         assert parsed.instance.body.instance_id in (FIXTURES / name).read_text()
 
 
-def test_the_card_written_from_exo_s_model_list_has_exactly_exo_s_keys_and_types() -> None:
-    listed = listed_models(fixture("exo_models.json"))[QWEN_30B]
-    card = deployment_card(QWEN_30B, listed, CATALOG[QWEN_30B])
-    written = exo_card(card, listed, seen=None)
-    exo_written = fixture("qwen3_30b_card.json")
-    assert list(written) == list(exo_written)  # same keys, same order
-    # Sampling defaults unknown to the list are left to the engine (nulls), so compare the rest.
-    written_shape = {k: v for k, v in shapes(written).items() if k != "samplingDefaults"}
-    exo_shape = {k: v for k, v in shapes(exo_written).items() if k != "samplingDefaults"}
-    assert {k: v for k, v in written_shape.items() if v != "NoneType"} == {
-        k: v for k, v in exo_shape.items() if written_shape[k] != "NoneType"
-    }
-    for key in ("modelId", "storageSize", "nLayers", "hiddenSize", "family", "baseModel"):
-        assert written[key] == exo_written[key], key
-    assert set(written["samplingDefaults"]) == set(exo_written["samplingDefaults"])
-
-
-def test_with_exo_s_card_file_the_written_card_is_exactly_exo_s_own() -> None:
+def test_exo_s_card_file_reads_as_exactly_the_card_exo_loads_from_it() -> None:
     files = exo_card_files(FIXTURES)  # exo's own model-card TOMLs
-    listed = listed_models(fixture("exo_models.json"))[QWEN_30B]
-    card = deployment_card(QWEN_30B, listed, CATALOG[QWEN_30B])
-    assert exo_card(card, listed, None, files[QWEN_30B]) == fixture("qwen3_30b_card.json")
-    # A file for another layer count (a different conversion) is not mixed in.
-    other = card.model_copy(update={"n_layers": 47})
-    written = exo_card(other, listed, None, files[QWEN_30B])
-    assert written["nLayers"] == 47
-    assert written["samplingDefaults"]["temperature"] is None
+    exo_own = fixture("qwen3_30b_card.json")  # the card exo put in its State for that model
+    assert files[QWEN_30B] == exo_own
+    assert list(files[QWEN_30B]) == list(exo_own)  # exo's key order too
+    assert files[QWEN_30B]["samplingDefaults"]["nonThinking"]["topP"] == 0.8
 
 
-def test_a_card_exo_showed_in_its_state_is_used_verbatim() -> None:
-    raw = exo_state_raw()
-    seen = cards_in_state(raw)[QWEN_30B]
-    card = CATALOG[QWEN_30B]
-    assert exo_card(card, None, seen) == fixture("qwen3_30b_card.json")
-    # ...unless it disagrees with the layer count the shards were computed from.
-    other = card.model_copy(update={"n_layers": 47})
-    listed = listed_models(fixture("exo_models.json"))[QWEN_30B]
-    assert exo_card(other, listed, seen)["nLayers"] == 47
-    with pytest.raises(ValueError, match="no longer lists"):
-        exo_card(other, None, seen)
+def test_the_end_to_end_test_s_card_file_is_exo_s_recorded_card() -> None:
+    (ring,) = fixture("exo_recordings/instance-placement-ok.json").values()
+    (shard,) = next(iter(ring["shardAssignments"]["runnerToShard"].values())).values()
+    files = exo_card_files(FIXTURES / "exo_cards")
+    assert files == {"mlx-community/Qwen3-0.6B-4bit": shard["modelCard"]}
+
+
+def test_a_card_file_without_what_every_card_needs_is_refused() -> None:
+    toml_card = {"modelId": QWEN_30B, "storageSize": {"inBytes": 1}, "hiddenSize": 2048}
+    with pytest.raises(ValueError, match="nLayers, supportsTensor, tasks"):
+        file_card(toml_card)
+    no_sampling = file_card({**toml_card, "nLayers": 48, "supportsTensor": True, "tasks": []})
+    # What exo itself loads from such a file: every knob left to the engine.
+    assert set(no_sampling["samplingDefaults"].values()) == {None}
+
+
+def test_a_card_exo_showed_in_its_state_is_read_verbatim() -> None:
+    seen = cards_in_state(exo_state_raw())[QWEN_30B]
+    assert seen == fixture("qwen3_30b_card.json")
+    card = exo_model_card(seen)
+    assert (card.n_layers, card.hidden_size) == (48, 2048)
+    with pytest.raises(ValueError, match="nLayers"):
+        exo_model_card({**seen, "nLayers": "many"})
 
 
 @pytest.mark.parametrize(
@@ -156,8 +147,7 @@ def test_what_the_bridge_sends_for_a_fresh_placement_has_exo_s_shape(
     rdma = meta == InstanceMeta.MLX_JACCL
     state = _with_rdma(state) if rdma else state
     instance = place_instance(state, card, sharding, meta, 2)
-    listed = listed_models(fixture("exo_models.json"))[LLAMA_1B]
-    body = create_instance_body(instance, exo_card(card, listed, None))
+    body = {"instance": instance_json(instance, exo_card_files(FIXTURES)[LLAMA_1B])}
     parsed = ExoCreateInstance.model_validate_json(json.dumps(body))
     assert parsed.instance.body.instance_id == instance.instance_id
     (sent,) = body["instance"].values()
@@ -244,22 +234,14 @@ def test_exo_s_model_list_is_read_by_id_and_bad_entries_are_skipped() -> None:
     assert listed_models(["not", "an", "object"]) == {}
 
 
-def test_a_deployment_card_takes_exo_s_figures_and_the_catalog_s_layers() -> None:
-    listed = listed_models(fixture("exo_models.json"))[QWEN_30B]
-    card = deployment_card(QWEN_30B, listed, CATALOG[QWEN_30B])
-    assert card.n_layers == 48
-    assert card.hidden_size == 2048
-    assert card.storage_size == CATALOG[QWEN_30B].storage_size
-    assert card.base_model == "Qwen3 30B"
-
-
-def test_a_model_exo_lists_without_layers_needs_a_card_and_the_error_says_so() -> None:
-    listed = listed_models(fixture("exo_models.json"))[QWEN_30B]
-    with pytest.raises(ValueError, match="--model-cards"):
-        deployment_card(QWEN_30B, listed, None)
-    with_layers = listed.model_copy(update={"n_layers": 48, "hidden_size": 2048})
-    card = deployment_card(QWEN_30B, with_layers, None)
-    assert card.storage_size == Memory(in_bytes=listed.storage_size_megabytes * 1024 * 1024)  # pyright: ignore[reportOptionalOperand]
+def test_a_model_known_only_from_exo_s_list_gets_its_figures_and_0_for_the_unknown() -> None:
+    listed = listed_models(fixture("exo_recordings/models.json"))
+    gemma = listed["mlx-community/gemma-4-26b-a4b-it-4bit"]
+    card = listed_card(gemma)
+    assert (card.n_layers, card.hidden_size) == (0, 0)  # exo's list gives neither
+    assert card.storage_size == Memory(in_bytes=(gemma.storage_size_megabytes or 0) * 1024 * 1024)
+    assert card.supports_tensor is gemma.supports_tensor
+    assert card.base_model == gemma.base_model
 
 
 def test_exo_s_memory_refusal_is_worded_as_exo_words_it() -> None:

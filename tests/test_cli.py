@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from anyio.abc import TaskStatus
@@ -156,6 +157,17 @@ def test_soak_commands_take_their_own_arguments(capsys: pytest.CaptureFixture[st
     code, out, _ = run_cli(capsys, "--help")
     assert code == EXIT_OK
     assert "soak-sim" in out
+
+
+def test_soak_sim_without_trio_says_how_to_get_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "trio.testing", None)  # as if trio were not installed
+    report = tmp_path / "report.json"
+    code, _, err = run_cli(capsys, "soak-sim", "--hours", "1", "--report", str(report))
+    assert code == EXIT_USAGE
+    assert "exo-deploy soak-sim needs trio: pip install 'exo-deploy[sim]'" in err
+    assert not report.exists()
 
 
 def test_a_token_is_sent_when_given(

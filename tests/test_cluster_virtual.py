@@ -21,9 +21,9 @@ from trio.testing import MockClock
 
 from keeper import STARTUP_GRACE, deployment_status
 from keeper.apply import apply_indexed
+from keeper.cluster.in_process import InProcessCluster
 from keeper.events import InstanceCreated
 from keeper.master.service import Master
-from keeper.node.in_process import InProcessCluster
 from keeper.node.sim_node import NodeConfig
 from keeper.state import SERVING_RUNNER_TYPES, AnyInstance, State
 

@@ -26,10 +26,10 @@ from keeper.events import (
     RunnerStatusUpdated,
     TopologyEdgeCreated,
 )
-from keeper.master import event_log as event_log_module
-from keeper.master.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog, EventLogCorruptError
 from keeper.master.service import Master, MasterConfig
 from keeper.placement import place_instance
+from keeper.runtime import event_log as event_log_module
+from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog, EventLogCorruptError
 from keeper.state import (
     Backend,
     Connection,

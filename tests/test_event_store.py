@@ -33,9 +33,10 @@ from keeper.events import (
     IndexedEvent,
     NodeGatheredInfo,
 )
-from keeper.master import log_repair
 from keeper.master.api import create_app
-from keeper.master.event_log import (
+from keeper.master.service import Master, MasterConfig
+from keeper.runtime import log_repair
+from keeper.runtime.event_log import (
     HISTORY_KINDS,
     LOG_FILE,
     EventLog,
@@ -43,8 +44,7 @@ from keeper.master.event_log import (
     FileOps,
     iter_events,
 )
-from keeper.master.event_store import EventStore, LogNotWritableError
-from keeper.master.service import Master, MasterConfig
+from keeper.runtime.event_store import EventStore, LogNotWritableError
 from keeper.state import State
 
 
@@ -243,7 +243,7 @@ async def test_a_full_disk_refuses_changes_keeps_reads_and_recovers_by_itself(
     disk = FaultyDisk()
     keepers: list[CountingKeeper] = []
 
-    def keeper_factory(started_at: float, place: Any) -> CountingKeeper:
+    def keeper_factory(started_at: float, place: Any, *, startup_grace: float) -> CountingKeeper:
         keepers.append(CountingKeeper(started_at, place))
         return keepers[-1]
 

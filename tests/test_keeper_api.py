@@ -143,6 +143,16 @@ def test_timers_during_the_grace_wait_for_its_end() -> None:
     )
 
 
+def test_timers_wait_for_a_configured_grace() -> None:
+    cluster = Cluster(place=numbered_place(), started_at=100.0, startup_grace=2.0)
+    cluster.add_nodes("node-a")
+    deployment_id = cluster.deploy("m")
+    assert cluster.keeper.timers(cluster.state, 101.0) == {
+        deployment_id: DeploymentTimer(failures=0, next_attempt_at=102.0, waiting="grace")
+    }
+    assert cluster.keeper.timers(cluster.state, 102.0)[deployment_id].waiting is None
+
+
 def test_timers_show_nothing_to_wait_for_when_an_instance_exists_even_in_the_grace() -> None:
     cluster = Cluster(place=numbered_place())
     cluster.add_nodes("node-a")

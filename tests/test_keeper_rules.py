@@ -1,4 +1,4 @@
-"""The keeper's rules (SPEC §3), one test per rule, each named after it.
+"""The keeper's rules (docs/design.md §5), one test per rule, each named after it.
 
 Every state is built through the events a cluster applies and the keeper is stepped at chosen
 times (``keeper_harness.Cluster``); what it returns is applied, as the master does. Rules that do
@@ -116,6 +116,29 @@ def test_grace_counts_from_the_keepers_own_start() -> None:
     cluster.deploy("m")
     assert cluster.step(100.0 + STARTUP_GRACE - 0.001) == []
     assert kinds(cluster.step(100.0 + STARTUP_GRACE)) == ["InstanceCreated", "DeploymentPlaced"]
+
+
+def test_a_configured_grace_replaces_the_default() -> None:
+    cluster = Cluster(place=simple_place, started_at=100.0, startup_grace=2.0)
+    cluster.add_nodes("node-a")
+    cluster.deploy("m")
+    assert cluster.step(102.0 - 0.001) == []
+    assert kinds(cluster.step(102.0)) == ["InstanceCreated", "DeploymentPlaced"]
+
+
+def test_a_grace_of_zero_places_from_the_start() -> None:
+    cluster = Cluster(place=simple_place, started_at=100.0, startup_grace=0.0)
+    cluster.add_nodes("node-a")
+    cluster.deploy("m")
+    assert cluster.step(100.0 - 0.001) == []
+    assert kinds(cluster.step(100.0)) == ["InstanceCreated", "DeploymentPlaced"]
+
+
+def test_the_pinned_constructor_keeps_the_default_grace() -> None:
+    positional = Keeper(100.0, simple_place)
+    assert (positional.started_at, positional.startup_grace) == (100.0, STARTUP_GRACE)
+    named = Keeper(100.0, place=simple_place, startup_grace=2.5)
+    assert (named.started_at, named.startup_grace) == (100.0, 2.5)
 
 
 def test_nothing_happens_without_deployments() -> None:
@@ -577,6 +600,44 @@ def test_a_crashing_placement_records_type_and_message_and_the_others_proceed() 
     assert cluster.step(T + UNPLACEABLE_RETRY - 0.001) == []
     del recorder.failing["crashy"]
     assert placed_ids(cluster.step(T + UNPLACEABLE_RETRY)) == [crashy]
+
+
+def test_a_crash_is_kept_with_its_traceback_until_an_attempt_does_not_crash() -> None:
+    recorder = RecordingPlace()
+    first, second = RuntimeError("boom"), KeyError("node-x")
+    recorder.failing["crashy"] = first
+    cluster, _ = one_node_cluster(recorder)
+    crashy = cluster.deploy("crashy", deployment_id="dep-1")
+    cluster.deploy("fine", deployment_id="dep-2")
+    assert cluster.keeper.placement_crashes() == {}
+    cluster.step(T)
+    crashes = cluster.keeper.placement_crashes()
+    assert crashes == {crashy: first}
+    assert crashes[crashy].__traceback__ is not None  # what the host logs
+    # A reason (ValueError) is not a crash: the kept one goes.
+    recorder.failing["crashy"] = ValueError("No cycles found with sufficient memory")
+    cluster.step(T + UNPLACEABLE_RETRY)
+    assert cluster.keeper.placement_crashes() == {}
+    recorder.failing["crashy"] = second
+    cluster.step(T + 2 * UNPLACEABLE_RETRY)
+    assert cluster.keeper.placement_crashes() == {crashy: second}
+    # A placement that works clears it too.
+    del recorder.failing["crashy"]
+    assert placed_ids(cluster.step(T + 3 * UNPLACEABLE_RETRY)) == [crashy]
+    assert cluster.keeper.placement_crashes() == {}
+
+
+def test_a_deleted_deployments_crash_is_forgotten() -> None:
+    recorder = RecordingPlace()
+    recorder.failing["crashy"] = RuntimeError("boom")
+    cluster, _ = one_node_cluster(recorder)
+    crashy = cluster.deploy("crashy", deployment_id="dep-1")
+    cluster.deploy("fine", deployment_id="dep-2")
+    cluster.step(T)
+    assert list(cluster.keeper.placement_crashes()) == [crashy]
+    cluster.delete(crashy)
+    cluster.step(T + 1)
+    assert cluster.keeper.placement_crashes() == {}
 
 
 # --- deletion ------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Randomized simulations of the keeper in a whole (simulated) cluster, hours at a time.
 
 Each run drives a seeded ``SimCluster`` with ``Chaos`` and judges it with ``SafetyChecks`` (on
-the true state after every event) and ``LivenessReferee`` (SPEC §3's timing, from the keeper's
-own view), then stops the faults, lets the cluster settle and checks that exactly the deployed
-models run, once each, serving. A failure names its seed; ``run_simulation`` replays it.
+the true state after every event) and ``LivenessReferee`` (the keeper's timing,
+docs/design.md §5, from the keeper's own view), then stops the faults, lets the cluster settle
+and checks that exactly the deployed models run, once each, serving. A failure names its seed;
+``run_simulation`` replays it.
 """
 
 from __future__ import annotations

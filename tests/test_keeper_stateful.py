@@ -5,9 +5,9 @@ with one rule per thing that can happen, in any order: deployments created and d
 twice, and unknown ids), nodes killed and revived, instances deleted or placed by hand, runners
 failing, placement crashing, the master restarting, time passing, lagged events arriving early.
 After every rule the invariants hold: no model ever had two instances, the keeper never deleted
-an instance it did not place (the hand-placed ones give it the chance), it followed SPEC §3's
-timing, and its memory stays within a bound set by the deployments it currently knows, never
-by history."""
+an instance it did not place (the hand-placed ones give it the chance), it followed the keeper's
+timing (docs/design.md §5), and its memory stays within a bound set by the deployments it
+currently knows, never by history."""
 
 from __future__ import annotations
 

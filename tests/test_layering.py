@@ -1,10 +1,12 @@
 """The architecture, checked: each layer imports only what sits below it.
 
 Lowest first: the data model -> placement and the keeper core (pure: no I/O, clock, asyncio,
-HTTP or Textual) -> the master service -> simulated nodes (and, beside them, the bridge) -> the
-soak and the demo facade -> the CLI. The TUI talks to a master
-over HTTP and reads the answers with the data model; the only cluster-side module it may import
-is the ``keeper.demo`` facade behind ``--demo``.
+HTTP or Textual) -> the shell runtime every service shares (``keeper.runtime``, ``keeper.link``,
+``keeper.httpapi``) -> the three services, siblings that never import each other (the master,
+the simulated nodes, the bridge) -> a master with its nodes on one machine (``keeper.cluster``)
+-> the soak and the demo facade -> the CLI. The TUI talks to a master over HTTP and reads the
+answers with the data model; the only cluster-side module it may import is the ``keeper.demo``
+facade behind ``--demo``. docs/design.md draws the layers.
 
 This is a plain AST walk over every import statement (including those inside functions), rather
 than import-linter, because the rules name standard-library modules (asyncio, time, socket...)
@@ -26,12 +28,13 @@ DATA_MODEL = {
     "keeper.state",
     "keeper.events",
     "keeper.apply",
-    "keeper.commands",
+    "keeper.ids",
     "keeper.api_models",
     "keeper.catalog",
     "keeper.constants",
+    "keeper.exo_state",
 }
-KEEPER_CORE_PREFIXES = ("keeper.core", "keeper.placement", "keeper.keeper_")
+KEEPER_CORE = ("keeper.core", "keeper.placement", "keeper.memo", "keeper.cluster_view")
 # What a pure function of State must not reach for: clocks, event loops, files, sockets,
 # processes, randomness with hidden state, HTTP and UI libraries.
 IMPURE_MODULES = {
@@ -115,7 +118,7 @@ def _within(name: str, prefix: str) -> bool:
 
 
 def _is_core(name: str) -> bool:
-    return any(name.startswith(p) for p in KEEPER_CORE_PREFIXES)
+    return any(_within(name, p) for p in KEEPER_CORE)
 
 
 def _fmt(imp: Import) -> str:
@@ -169,7 +172,7 @@ def test_keeper_core_is_pure() -> None:
 def test_keeper_core_opens_no_files() -> None:
     bad = [
         f"{path.name} line {node.lineno}"
-        for path in sorted((ROOT / "keeper").glob("*.py"))
+        for path in sorted((ROOT / "keeper").rglob("*.py"))
         if _is_core(_module_name(path))
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
@@ -179,15 +182,22 @@ def test_keeper_core_opens_no_files() -> None:
     assert bad == []
 
 
+RUNTIME = ("keeper.runtime", "keeper.link", "keeper.httpapi")
+SERVICES = ("keeper.master", "keeper.node", "keeper.bridge")
+ABOVE_SERVICES = ("keeper.cluster", "keeper.soak", "keeper.demo", "keeper.cli")
+
+
+def _others(service: str) -> tuple[str, ...]:
+    return tuple(s for s in SERVICES if s != service)
+
+
 @pytest.mark.parametrize(
     ("layer", "forbidden"),
     [
-        (
-            "keeper.master",
-            ("keeper.node", "keeper.bridge", "keeper.soak", "keeper.cli", "keeper.demo"),
-        ),
-        ("keeper.node", ("keeper.bridge", "keeper.soak", "keeper.cli", "keeper.demo")),
-        ("keeper.bridge", ("keeper.node", "keeper.soak", "keeper.cli", "keeper.demo")),
+        *[(layer, SERVICES + ABOVE_SERVICES) for layer in RUNTIME],
+        # The services are siblings: the nodes and the bridge import nothing from the master.
+        *[(service, _others(service) + ABOVE_SERVICES) for service in SERVICES],
+        ("keeper.cluster", ("keeper.bridge", "keeper.soak", "keeper.demo", "keeper.cli")),
         ("keeper.soak", ("keeper.bridge", "keeper.cli", "keeper.demo")),
         ("keeper.demo", ("keeper.bridge", "keeper.soak", "keeper.cli")),
         ("keeper", ("exo_deploy_tui",)),

@@ -8,6 +8,8 @@ deadline, never on a fixed sleep.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,11 +21,10 @@ from trio.testing import MockClock
 
 from keeper.api_models import CommandResponse
 from keeper.constants import STARTUP_GRACE
+from keeper.core import Keeper, PlaceFn
 from keeper.events import InstanceCreated, InstanceDeleted, NodeTimedOut
-from keeper.master.channel import ChannelClosedError, NodeSide, memory_channel_pair
-from keeper.master.chat import ChatStream
-from keeper.master.errors import ChatFailedError, NoInstanceError, NotFoundError
-from keeper.master.protocol import (
+from keeper.link.channel import ChannelClosedError, NodeSide, memory_channel_pair
+from keeper.link.protocol import (
     ChatChunk,
     ChatMessage,
     ChatRequest,
@@ -35,8 +36,12 @@ from keeper.master.protocol import (
     RunnerStatusReport,
     Welcome,
 )
+from keeper.master.chat import ChatStream
 from keeper.master.service import Master, MasterConfig
 from keeper.master.subscriptions import SubscriptionLaggedError
+from keeper.placement import place_instance
+from keeper.runtime.errors import ChatFailedError, NoInstanceError, NotFoundError
+from keeper.runtime.hosted_keeper import HostedKeeper, KeeperLike, default_keeper, start_keeper
 from keeper.state import (
     AnyInstance,
     Backend,
@@ -225,6 +230,29 @@ async def test_deploy_places_only_after_the_grace() -> None:
         await wait_until(lambda: serving(master, QWEN), 5, "the deployment serving")
         deployment = next(iter(master.state.deployments.values()))
         assert deployment.instance_id == instances_of(master, QWEN)[0]
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_every_id_the_master_mints_comes_from_its_id_factory() -> None:
+    minted: list[str] = []
+
+    def new_id() -> str:
+        minted.append(str(uuid.UUID(int=len(minted) + 1)))
+        return minted[-1]
+
+    master = Master(None, config=MasterConfig(startup_grace_s=0), new_id=new_id)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        await connect(master, group, FakeNode("a"))
+        created = await master.create_deployment(QWEN)
+        await wait_until(lambda: serving(master, QWEN), 10, "the deployment serving")
+        instance = master.state.instances[instances_of(master, QWEN)[0]]
+        runners = set(instance.shard_assignments.node_to_runner.values())
+        assert created.deployment_id is not None and runners
+        assert {created.deployment_id, created.command_id, instance.instance_id} | runners <= set(
+            minted
+        )
         group.cancel_scope.cancel()
 
 
@@ -453,6 +481,51 @@ async def test_a_reconnecting_node_is_the_same_node() -> None:
         group.cancel_scope.cancel()
 
 
+def test_start_keeper_passes_its_start_and_grace_to_the_factory() -> None:
+    made: list[tuple[float, PlaceFn, float]] = []
+
+    def factory(started_at: float, place: PlaceFn, *, startup_grace: float) -> KeeperLike:
+        made.append((started_at, place, startup_grace))
+        return default_keeper(started_at, place, startup_grace=startup_grace)
+
+    hosted = start_keeper(factory, 50.0, 3.0, place_instance)
+    assert made == [(50.0, place_instance, 3.0)]
+    assert isinstance(hosted, HostedKeeper) and isinstance(hosted.inner, Keeper)
+    assert (hosted.inner.started_at, hosted.inner.startup_grace) == (50.0, 3.0)
+
+
+@pytest.mark.anyio
+async def test_a_crashing_placement_is_logged_once_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    crash = ZeroDivisionError("placement bug")
+
+    def crashing_place(*_: object) -> AnyInstance:
+        raise crash
+
+    config = MasterConfig(startup_grace_s=0, keeper_interval_s=1.0)
+    master = Master(None, config=config, place=crashing_place)
+    deployment_id = ""
+    with caplog.at_level(logging.ERROR):
+        async with anyio.create_task_group() as group:
+            await group.start(master.run)
+            await connect(master, group, FakeNode("a"))
+            deployment_id = (await master.create_deployment(QWEN)).deployment_id or ""
+            await wait_until(
+                lambda: master.state.deployments[deployment_id].placement_error is not None,
+                5,
+                "the crash recorded on the deployment",
+            )
+            await anyio.sleep(120)  # retried (UNPLACEABLE_RETRY) meanwhile, crashing each time
+            group.cancel_scope.cancel()
+    assert master.state.deployments[deployment_id].placement_error == (
+        "ZeroDivisionError: placement bug"
+    )
+    records = [r for r in caplog.records if "placement crashed" in r.getMessage()]
+    assert len(records) == 1
+    assert records[0].exc_info is not None and records[0].exc_info[1] is crash
+
+
 @pytest.mark.anyio
 async def test_a_keeper_that_raises_does_not_stop_the_master() -> None:
     class BrokenKeeper:
@@ -468,7 +541,7 @@ async def test_a_keeper_that_raises_does_not_stop_the_master() -> None:
         def timers(self, state: State, now: float) -> dict[str, Any]:
             return {}
 
-    master = Master(None, keeper_factory=lambda started_at, place: BrokenKeeper())
+    master = Master(None, keeper_factory=lambda started_at, place, *, startup_grace: BrokenKeeper())
     async with anyio.create_task_group() as group:
         await group.start(master.run)
         await anyio.sleep(STARTUP_GRACE + 5)

@@ -16,13 +16,13 @@ import httpx
 import pytest
 from anyio.abc import TaskGroup
 
+from keeper.cluster.proxy import TcpProxy
 from keeper.demo import EmbeddedCluster
-from keeper.master.clock import AnyioClock
 from keeper.master.server import serve
 from keeper.master.service import Master
-from keeper.node.proxy import TcpProxy
 from keeper.node.sim_node import NodeConfig, SimNode
 from keeper.node.ws_client import NodeRejectedError, node_ws_url, run_node_forever
+from keeper.runtime.clock import AnyioClock
 
 TOKEN = "node-token"
 

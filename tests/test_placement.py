@@ -1,4 +1,5 @@
-"""Placement (SPEC §2): each rule and each error by hand, then agreement with the brute force.
+"""Placement (docs/design.md §4): each rule and each error by hand, then agreement with the
+brute force.
 
 Hand-written clusters are built through the events a master applies (``ClusterBuilder``); the
 property test builds random States directly (including edges to nodes that have left, which
@@ -19,14 +20,14 @@ from placement_reference import ReferencePlacement, reference_place
 from keeper.apply import apply
 from keeper.events import NodeGatheredInfo, TopologyEdgeCreated
 from keeper.placement import choose_cycle, place_instance
-from keeper.placement_build import (
+from keeper.placement.build import (
     EPHEMERAL_PORT_FIRST,
     EPHEMERAL_PORT_LAST,
     build_instance,
     split_layers,
 )
-from keeper.placement_graph import cluster_graph
-from keeper.placement_search import SEARCH_STEP_LIMIT, CycleSearch, SearchBudget
+from keeper.placement.graph import cluster_graph
+from keeper.placement.search import SEARCH_STEP_LIMIT, CycleSearch, SearchBudget
 from keeper.state import (
     AnyInstance,
     Backend,

@@ -28,9 +28,8 @@ from keeper.events import (
     RunnerStatusUpdated,
     TopologyEdgeCreated,
 )
-from keeper.master.channel import MasterSide, memory_channel_pair
-from keeper.master.clock import AnyioClock
-from keeper.master.protocol import (
+from keeper.link.channel import MasterSide, memory_channel_pair
+from keeper.link.protocol import (
     AnyNodeMessage,
     ChatChunk,
     ChatError,
@@ -56,6 +55,7 @@ from keeper.node.sim_node import (
     node_id_for,
     reply_tokens,
 )
+from keeper.runtime.clock import AnyioClock
 from keeper.state import (
     AnyRunnerStatus,
     Connection,

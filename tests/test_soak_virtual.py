@@ -30,7 +30,7 @@ from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultSpec
 from keeper.soak.load import LoadSettings
 from keeper.soak.report import Deployed, RunKind, SoakReport
 from keeper.soak.run import PIPELINE_MODEL, PROBE_S, SOAK_MODELS, Soak, SoakSettings
-from keeper.soak.virtual import deterministic, run_virtual, virtual_settings
+from keeper.soak.virtual import deterministic, run_virtual, seeded_ids, virtual_settings
 from keeper.state import (
     Deployment,
     MlxRingInstance,
@@ -93,6 +93,14 @@ async def test_hours_of_faults_under_load_lose_nothing_and_never_double(tmp_path
     # (one that overlaps a node fault may lose that node's instance).
     restarts = [f for f in report.faults if f.kind is FaultKind.MASTER_CRASH]
     assert any(fault.instance_survived for fault in restarts)
+
+
+def test_seeded_ids_repeat_for_a_seed_and_differ_between_seeds() -> None:
+    first, again, other = seeded_ids(3), seeded_ids(3), seeded_ids(4)
+    ids = [first() for _ in range(5)]
+    assert ids == [again() for _ in range(5)]
+    assert ids != [other() for _ in range(5)]
+    assert len(set(ids)) == 5
 
 
 @pytest.mark.anyio

@@ -30,6 +30,7 @@ from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar
 from keeper.api_models import CreateDeploymentRequest
 from keeper.state import InstanceMeta, RunnerLoading, Sharding
+from tests.recorded_exo import recorded_state
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
@@ -61,18 +62,16 @@ def cluster(now: float = FROZEN_NOW) -> ClusterBuilder:
         .node("mini-a", ram_gb=24, free_gb=18)
         .node("mini-b", ram_gb=24, free_gb=18)
         .link_all()
-        .deployment(QWEN, on=["mini-a"], status="serving")
+        .deployment(QWEN, on=["mini-a"])
         .deployment(
             QWEN30,
             on=["studio", "mini-b"],
             runners=[RunnerLoading(layers_loaded=2, total_layers=24)] * 2,
-            status="starting",
         )
-        .deployment(LLAMA, status="placing", failures=2, next_attempt_in_s=40, waiting="backoff")
+        .deployment(LLAMA, failures=2, next_attempt_in_s=40, waiting="backoff")
         .deployment(
             DEEPSEEK,
             error=NO_FIT,
-            status="cant_place",
             next_attempt_in_s=25,
             waiting="unplaceable_retry",
         )
@@ -287,14 +286,14 @@ async def test_selection_stays_on_the_deployment_when_rows_come_go_and_resort() 
             .node("mini-a", ram_gb=24, free_gb=18)
             .node("mini-b", ram_gb=24, free_gb=18)
             .link_all()
-            .deployment(QWEN, status="placing")
+            .deployment(QWEN)
             .deployment(
                 QWEN30,
                 on=["studio", "mini-b"],
                 runners=[RunnerLoading(layers_loaded=2, total_layers=24)] * 2,
             )
-            .deployment(LLAMA, status="placing")
-            .deployment(LLAMA70, error=NO_FIT, status="cant_place")
+            .deployment(LLAMA)
+            .deployment(LLAMA70, error=NO_FIT)
         )
         client.push(changed.snapshot())
         await until(pilot, lambda: LLAMA70 in shown_models(app))
@@ -466,3 +465,19 @@ async def test_without_demo_fault_keys_do_nothing() -> None:
         await pilot.press("k")
         await pilot.pause()
         assert isinstance(app.screen, DashboardScreen)
+
+
+@pytest.mark.anyio
+async def test_create_and_delete_on_a_stock_exo_name_the_bridge_instead_of_opening() -> None:
+    exo_state = recorded_state("state-instance-ready")
+    client = ScriptedClient(initial=[SnapshotUpdate(exo_state, None), ConnectionUpdate("polling")])
+    app, _ = make_app(client=client)
+    bridge = f"exo-deploy bridge --exo {client.url}"
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.model.has_data)
+        await pilot.press("n")
+        await until(pilot, lambda: any(bridge in n.message for n in app._notifications))
+        await pilot.press("ctrl+d")
+        await until(pilot, lambda: sum(bridge in n.message for n in app._notifications) == 2)
+        assert isinstance(app.screen, DashboardScreen)
+    assert client.created == [] and client.deleted == []

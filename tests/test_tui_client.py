@@ -19,10 +19,12 @@ from trio.testing import MockClock
 from exo_deploy_tui.client import (
     RECONNECT_FIRST_S,
     RECONNECT_MAX_S,
+    STOCK_EXO,
     STREAM_SILENCE_S,
     ApiError,
     MasterClient,
     SseParser,
+    events_kind,
 )
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
 from exo_deploy_tui.updates import (
@@ -34,6 +36,7 @@ from exo_deploy_tui.updates import (
 )
 from keeper.api_models import CreateDeploymentRequest, DeploymentsResponse, StreamSnapshot
 from keeper.events import IndexedEvent, NodeTimedOut
+from tests.recorded_exo import recorded, recorded_content_type
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 
@@ -44,7 +47,11 @@ def anyio_backend() -> tuple[str, dict[str, object]]:
 
 
 def cluster() -> ClusterBuilder:
-    return ClusterBuilder().node("studio").deployment(QWEN, on=["studio"], status="serving")
+    return ClusterBuilder().node("studio").deployment(QWEN, on=["studio"])
+
+
+# What exo-deploy's master answers /events with (Starlette adds the charset).
+SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8"}
 
 
 def sse(event: str, data: str) -> bytes:
@@ -106,7 +113,7 @@ async def test_the_event_stream_feeds_snapshot_events_and_timers() -> None:
     def master(request: httpx.Request) -> httpx.Response:
         requests.append(request)
         assert request.url.path == "/events"
-        return httpx.Response(200, stream=Stream(body, hang=True))
+        return httpx.Response(200, headers=SSE_HEADERS, stream=Stream(body, hang=True))
 
     client = MasterClient("http://master", transport=httpx.MockTransport(master))
     seen = await watch(client, lambda s: any(isinstance(u, DeploymentsUpdate) for u in s))
@@ -197,7 +204,9 @@ async def test_a_silent_stream_is_abandoned_and_reopened() -> None:
 
     def master(request: httpx.Request) -> httpx.Response:
         opened.append(anyio.current_time())
-        return httpx.Response(200, stream=Stream([snapshot_message(builder)], hang=True))
+        return httpx.Response(
+            200, headers=SSE_HEADERS, stream=Stream([snapshot_message(builder)], hang=True)
+        )
 
     client = MasterClient("http://master", transport=httpx.MockTransport(master))
     seen = await watch(client, lambda s: len(opened) >= 2 and modes(s)[-1] == "live")
@@ -215,7 +224,7 @@ async def test_an_unreadable_event_forces_a_fresh_snapshot() -> None:
     ]
 
     def master(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, stream=Stream(streams.pop(0), hang=True))
+        return httpx.Response(200, headers=SSE_HEADERS, stream=Stream(streams.pop(0), hang=True))
 
     client = MasterClient("http://master", transport=httpx.MockTransport(master))
     seen = await watch(client, lambda s: sum(isinstance(u, SnapshotUpdate) for u in s) == 2)
@@ -233,7 +242,7 @@ async def test_a_stream_the_master_ends_with_an_error_is_followed_again() -> Non
     streams = [[snapshot_message(builder), sse("error", lagged)], [snapshot_message(builder)]]
 
     def master(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, stream=Stream(streams.pop(0), hang=True))
+        return httpx.Response(200, headers=SSE_HEADERS, stream=Stream(streams.pop(0), hang=True))
 
     client = MasterClient("http://master", transport=httpx.MockTransport(master))
     seen = await watch(client, lambda s: sum(isinstance(u, SnapshotUpdate) for u in s) == 2)
@@ -343,3 +352,119 @@ def test_sse_parser_handles_comments_multiline_data_and_defaults() -> None:
     lines = [": ping", "", "event: event", "data: {", "data: }", "", "data: x", ""]
     messages = [m for m in map(parser.feed, lines) if m is not None]
     assert messages == [("event", "{\n}"), ("message", "x")]
+
+
+# --- a stock exo master ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "content_type", "kind"),
+    [
+        (200, "text/event-stream; charset=utf-8", "stream"),
+        (200, "Text/Event-Stream", "stream"),
+        (200, recorded_content_type("events"), "exo-log"),
+        (200, "application/json; charset=utf-8", "exo-log"),
+        (404, "application/json", "none"),
+        (405, None, "none"),
+    ],
+)
+def test_the_kind_of_master_is_told_from_the_events_headers(
+    status: int, content_type: str | None, kind: str
+) -> None:
+    assert events_kind(status, content_type) == kind
+
+
+@pytest.mark.parametrize(
+    ("status", "content_type", "reason"),
+    [
+        (200, "text/html", "GET /events answered text/html: neither a stream nor exo's log"),
+        (200, None, "GET /events answered no Content-Type: neither a stream nor exo's log"),
+        (500, "application/json", "GET /events answered 500"),
+    ],
+)
+def test_an_events_answer_of_no_known_kind_is_a_reason_not_a_guess(
+    status: int, content_type: str | None, reason: str
+) -> None:
+    assert events_kind(status, content_type) == reason
+
+
+class Log(httpx.AsyncByteStream):
+    """exo's one-shot event log as a body that records whether anyone read it."""
+
+    def __init__(self) -> None:
+        self.read = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        self.read = True
+        yield recorded("events")
+
+
+@pytest.mark.anyio
+async def test_a_stock_exo_is_polled_and_its_event_log_never_downloaded() -> None:
+    """A scripted stock exo that fails twice mid-run: every connection asks /events once, reads
+    only its headers, asks /deployments once, then polls /state alone."""
+    stages = [
+        "state-instance-ready",
+        "state-node-timed-out",
+        "state-node-timed-out-instance-deleted",
+    ]
+    requests: list[str] = []
+    logs: list[Log] = []
+    state_polls = 0
+
+    def exo(request: httpx.Request) -> httpx.Response:
+        nonlocal state_polls
+        path = request.url.path
+        requests.append(path)
+        if path == "/events":
+            logs.append(Log())
+            return httpx.Response(
+                200, headers={"content-type": recorded_content_type("events")}, stream=logs[-1]
+            )
+        if path == "/state":
+            state_polls += 1
+            if state_polls in (3, 6):  # the master restarts, twice
+                raise httpx.ConnectError("connection refused", request=request)
+            stage = stages[min(state_polls // 3, len(stages) - 1)]
+            return httpx.Response(200, content=recorded(stage))
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    client = MasterClient("http://exo", transport=httpx.MockTransport(exo))
+    seen = await watch(client, lambda s: state_polls >= 12)
+
+    assert modes(seen) == ["connecting", "polling", "down", "polling", "down", "polling"]
+    polling = [u for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "polling"]
+    assert {u.detail for u in polling} == {STOCK_EXO}
+    # Split the requests at each reconnect: each connection starts with one /events and one
+    # /deployments, and asks neither again.
+    connections: list[list[str]] = [[]]
+    for path in requests:
+        if path == "/events" and connections[-1]:
+            connections.append([])
+        connections[-1].append(path)
+    assert len(connections) == 3
+    for connection in connections:
+        assert connection[0] == "/events"
+        assert connection.count("/events") == 1
+        assert connection.count("/deployments") == 1
+    assert len(logs) == 3 and not any(log.read for log in logs)
+    snapshots = [u for u in seen if isinstance(u, SnapshotUpdate)]
+    assert [len(u.state.topology.nodes) for u in snapshots] == [3, 2, 2]
+    assert all(u.deployments is None for u in snapshots)
+    assert [len(u.state.instances) for u in snapshots] == [1, 1, 0]
+
+
+@pytest.mark.anyio
+async def test_an_exo_state_we_cannot_read_is_reported_not_shown_empty() -> None:
+    def exo(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/events":
+            return httpx.Response(200, headers={"content-type": "application/json"}, content=b"[]")
+        if request.url.path == "/state":
+            return httpx.Response(200, content=b'{"topology": {"nodes": 7}}')
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    client = MasterClient("http://exo", transport=httpx.MockTransport(exo))
+    seen = await watch(client, lambda s: "down" in modes(s))
+    assert not any(isinstance(u, SnapshotUpdate) for u in seen)
+    (down,) = [u for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "down"]
+    assert down.detail.startswith("unreadable state")

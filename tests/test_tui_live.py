@@ -1,14 +1,16 @@
-"""The real dashboard against a real master: the embedded demo cluster behind ``--demo``.
+"""The real dashboard against real masters: the embedded demo cluster behind ``--demo``, and
+``exo-deploy cluster --exo-compat`` (a stand-in for a stock exo) as processes.
 
-Everything is real here (the master's HTTP API and event stream, the keeper, three simulated
-nodes, the TUI's HTTP client), so this is the one test that proves the parts speak the same
-language. The keeper waits its 15 s startup grace before placing, so the test takes ~20 s.
+Everything is real here (the master's HTTP API and event stream, the keeper, simulated nodes,
+the TUI's HTTP client), so these are the tests that prove the parts speak the same language.
+The keeper waits its 15 s startup grace before placing, so the first test takes ~20 s.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
@@ -20,10 +22,13 @@ from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar
 from keeper.demo import EmbeddedCluster
+from tests.process_helpers import free_port, get_json, start_cli, stop, wait_for
 
 # The keeper's startup grace (15 s), the nodes' loading, and slack for a loaded CI machine.
 SERVING_DEADLINE_S = 90.0
 STEP_DEADLINE_S = 15.0
+# Three node processes start and join within seconds; the slack is for a loaded CI machine.
+STAND_IN_DEADLINE_S = 60.0
 LLAMA_3B = "mlx-community/Llama-3.2-3B-Instruct-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 
@@ -91,3 +96,35 @@ async def test_the_dashboard_follows_and_steers_a_real_master(cluster: EmbeddedC
         assert deepseek.waiting == "unplaceable_retry"
         texts = [e.text for e in app.model.timeline]
         assert any(t.startswith("runner ready: ") for t in texts)
+
+
+@pytest.fixture
+def stock_exo(tmp_path: Path) -> Iterator[str]:
+    """``exo-deploy cluster --exo-compat`` with two nodes, as processes; its URL once both
+    nodes are in its State."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with (tmp_path / "cluster.log").open("wb") as output:
+        argv = ["cluster", "--exo-compat", "--nodes", "2", "--port", str(port)]
+        process = start_cli([*argv, "--data-dir", str(tmp_path / "data")], output)
+        try:
+            wait_for(
+                "the stand-in's nodes",
+                STAND_IN_DEADLINE_S,
+                lambda: (get_json(f"{url}/state") or {}).get("nodeIdentities") or None,
+            )
+            yield url
+        finally:
+            stop(process)
+
+
+@pytest.mark.anyio
+async def test_the_dashboard_shows_a_stock_exo_it_can_only_poll(stock_exo: str) -> None:
+    app = DashboardApp(MasterClient(stock_exo), tick=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: len(app.model.node_rows(time.time())) == 2)
+        header = str(app.dashboard.query_one(HeaderBar).render())
+        assert "polling 1s · stock exo" in header
+        assert all(r.liveness == "alive" for r in app.model.node_rows(time.time()))
+        assert not app.model.has_timers
+        assert app.model.connection.mode == "polling"

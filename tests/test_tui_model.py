@@ -37,12 +37,11 @@ def healthy(now: float = FROZEN_NOW) -> ClusterBuilder:
         .node("mini-a")
         .node("mini-b")
         .link_all()
-        .deployment(QWEN, on=["mini-a"], status="serving")
-        .deployment(LLAMA, on=["studio", "mini-b"], status="serving")
+        .deployment(QWEN, on=["mini-a"])
+        .deployment(LLAMA, on=["studio", "mini-b"])
         .deployment(
             DEEPSEEK,
             error=NO_FIT,
-            status="cant_place",
             next_attempt_in_s=30,
             waiting="unplaceable_retry",
         )
@@ -103,9 +102,11 @@ def test_status_follows_the_state_not_the_reported_word() -> None:
             QWEN,
             on=["a"],
             runners=[RunnerLoading(layers_loaded=7, total_layers=28)],
-            status="serving",
         )
     )
+    # The master's word disagrees with its State (it was computed a moment earlier).
+    qwen_view = builder.views["dep-qwen3-0.6b-4bit"]
+    builder.views["dep-qwen3-0.6b-4bit"] = qwen_view.model_copy(update={"status": "serving"})
     model = connected(builder)
     qwen = row(model, QWEN)
     assert qwen.status == "starting"

@@ -14,10 +14,13 @@ import pytest
 from textual.pilot import Pilot
 
 from exo_deploy_tui.app import DashboardApp
+from exo_deploy_tui.client import STOCK_EXO
+from exo_deploy_tui.model import parse_iso
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
-from exo_deploy_tui.updates import ConnectionUpdate
+from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from keeper.state import RunnerLoading, RunnerReady
+from tests.recorded_exo import before_the_timeout, recorded_state
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
@@ -96,7 +99,6 @@ def test_cant_place_with_its_error(snap_compare: Compare, size: tuple[int, int])
     builder = healthy().deployment(
         DEEPSEEK,
         error=NO_FIT,
-        status="cant_place",
         next_attempt_in_s=30,
         waiting="unplaceable_retry",
     )
@@ -109,7 +111,7 @@ def test_backoff_counting_down(snap_compare: Compare, size: tuple[int, int]) -> 
     builder = (
         nodes(ClusterBuilder())
         .deployment(QWEN, on=["mini-a"])
-        .deployment(LLAMA, status="placing", failures=2, next_attempt_in_s=40, waiting="backoff")
+        .deployment(LLAMA, failures=2, next_attempt_in_s=40, waiting="backoff")
     )
     app = scenario(builder, clock)
 
@@ -163,3 +165,30 @@ def test_delete_confirm(snap_compare: Compare, size: tuple[int, int]) -> None:
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_help(snap_compare: Compare, size: tuple[int, int]) -> None:
     assert snap_compare(scenario(healthy()), terminal_size=size, run_before=pressing("?"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_stock_exo_after_a_node_timed_out(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """exo's own States, polled: node1 reporting, then (two seconds later) exo's State after it
+    timed out, its instance still listed with a runner on the node that left; shown 3 s on."""
+    before = before_the_timeout()
+    clock = Clock()
+    clock.now = max(parse_iso(t) or 0.0 for t in before.last_seen.values()) + 1
+    client = ScriptedClient(
+        initial=[SnapshotUpdate(before, None), ConnectionUpdate("polling", STOCK_EXO)]
+    )
+    app = DashboardApp(client, clock=clock, tick=False)
+
+    async def node1_times_out(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        clock.now += 2
+        client.push(SnapshotUpdate(recorded_state("state-node-timed-out"), None))
+        await settled(pilot)
+        clock.now += 3  # node1 gone for 3 s; the others last reported 6 s ago: still alive
+        app.tick()
+        await settled(pilot)
+        if size[0] < 120:
+            await pilot.press("2")  # the nodes tab when compact
+            await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=node1_times_out)

@@ -32,7 +32,9 @@ def _option_text(entry: ModelListEntry, deployed: bool) -> Text:
     size = entry.storage_size_megabytes / 1024
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(f"{short_model(entry.id):<30}", style="dim" if deployed else "bold")
-    text.append(f"{size:>7.1f} GB {entry.n_layers:>3} layers", style="dim")
+    # A stock exo's /models carries no layer counts: say nothing rather than "0 layers".
+    layers = f"{entry.n_layers:>3} layers" if entry.n_layers else " " * 10
+    text.append(f"{size:>7.1f} GB {layers}", style="dim")
     if entry.supports_tensor:
         text.append("  tensor", style="dim")
     if deployed:

@@ -17,6 +17,7 @@ from textual.containers import Container, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
+from exo_deploy_tui.cells import no_deployments_api
 from exo_deploy_tui.commands import ParseError, parse_command
 from exo_deploy_tui.model import DeploymentRow, SortKey, sort_rows
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
@@ -219,12 +220,12 @@ class DashboardScreen(Screen[None]):
     # -- actions ----------------------------------------------------------------------------------
 
     def action_new(self) -> None:
-        if self._refuse_readonly("create"):
+        if self._refuse_readonly("create") or self._refuse_without_api():
             return
         self.app.push_screen(CreateScreen())
 
     def action_delete(self) -> None:
-        if self._refuse_readonly("delete"):
+        if self._refuse_readonly("delete") or self._refuse_without_api():
             return
         row = self.selected_row()
         if row is None:
@@ -376,6 +377,20 @@ class DashboardScreen(Screen[None]):
     def _refuse_readonly(self, what: str) -> bool:
         if self.dash.readonly:
             self.notify(f"Read-only: cannot {what} deployments.", severity="warning")
+            return True
+        return False
+
+    def _refuse_without_api(self) -> bool:
+        """Against a master known to lack the deployments API, say so at once rather than open
+        a form whose answer can only be a refusal."""
+        model = self.dash.model
+        if model.has_data and not model.has_timers:
+            self.notify(
+                no_deployments_api(self.dash.client.url),
+                title="No deployments here",
+                severity="warning",
+                timeout=10,
+            )
             return True
         return False
 

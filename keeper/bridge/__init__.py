@@ -3,13 +3,19 @@
 A stock exo master has no keeper. The bridge runs ours beside it: it follows exo's State by
 polling ``GET /state``, keeps the deployments itself (durably, in the master's event log format),
 steps the unchanged ``Keeper`` on exo's State with its deployments merged in, and acts only
-through exo's public API: ``POST /instance`` with exactly the instance the keeper computed, and
-``DELETE /instance/{id}``. It serves the deployments API of SPEC §5, so the TUI and the CLI work
-against it as against our master.
+through exo's public API: it asks exo where to place (``GET /instance/placement``), creates
+exactly that instance (``POST /instance``) and deletes with ``DELETE /instance/{id}``. It serves
+the deployments API (docs/design.md §7.2), so the TUI and the CLI work against it as against our
+master.
 
-- ``exo_wire``: our Instance in the exact JSON exo's strict parser accepts (pure);
-- ``exo_client``: the HTTP calls to exo, each with a deadline and one error type per outcome;
+- ``exo_wire``: exo's JSON formats (instances, model cards, the model list) read and written
+  without losing what exo's cards carry beyond ours (pure);
+- ``exo_placement``: exo's placement and preview answers read and chosen from (pure);
+- ``exo_client``: the HTTP calls to exo, each with a deadline and one error type per outcome
+  (exo's State read strictly by ``keeper.exo_state``);
 - ``service``: the loop, the deployments and what the keeper's events become;
+- ``in_flight``: instances sent to exo and not shown yet: resent as themselves, given up only
+  when exo clearly dropped them (pure);
 - ``doomed``: instances to delete in exo until exo's State shows them gone;
 - ``api`` / ``server``: the HTTP API and running it.
 """

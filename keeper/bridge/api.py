@@ -1,8 +1,9 @@
-"""The bridge's HTTP API: the master's deployments API (SPEC §5) in front of a stock exo.
+"""The bridge's HTTP API: the master's deployments API (docs/design.md §7.2) in front of a
+stock exo.
 
-The same app as our master's (``keeper.master.http_app``: exo's error bodies for every way a
+The same app as our master's (``keeper.httpapi.app``: exo's error bodies for every way a
 request can be wrong, the request guard, a bearer token for changes when there is one) with the
-same deployments routes (``keeper.master.deployments_api``), so ``exo-deploy-tui --url`` and
+same deployments routes (``keeper.httpapi.deployments_routes``), so ``exo-deploy-tui --url`` and
 ``exo-deploy list/deploy/undeploy`` work against the bridge unchanged:
 
 - ``POST /deployments``, ``GET /deployments``, ``DELETE /deployments/{id}``: as the master's, the
@@ -23,9 +24,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from keeper.bridge.service import Bridge
-from keeper.master.deployments_api import deployments_router
-from keeper.master.http_app import JSON, new_app
-from keeper.master.http_errors import MAX_BODY_BYTES
+from keeper.httpapi.app import JSON, new_app
+from keeper.httpapi.deployments_routes import deployments_router
+from keeper.httpapi.errors import MAX_BODY_BYTES
 
 
 def create_bridge_app(

@@ -6,7 +6,8 @@ command and has not applied it), or may accept the DELETE and lose it (its maste
 deletion is not a single call: the instance id is *doomed*, and every poll of exo's State sends
 ``DELETE /instance/{id}`` again while the State still shows it (at most every
 ``RESEND_DELETE_S``), until the State no longer shows it after a DELETE was accepted, or it never
-appeared within ``PLACEMENT_TIMEOUT`` (exo never applied its creation).
+appeared within ``PLACEMENT_TIMEOUT`` (exo never applied its creation), or longer for an instance
+whose creation exo may still apply (``keeper.bridge.in_flight``).
 
 The ids are written to ``DATA_DIR/doomed-instances.json`` (temp file + rename) whenever the set
 changes, so a bridge restarted in between still deletes them; with no data dir they live in
@@ -66,10 +67,14 @@ class DoomedInstances:
     def ids(self) -> list[str]:
         return sorted(self._doomed)
 
-    def add(self, instance_id: str, now: float) -> None:
-        if instance_id not in self._doomed:
-            self._doomed[instance_id] = _Doom(now + PLACEMENT_TIMEOUT)
+    def add(self, instance_id: str, now: float, watch_s: float = PLACEMENT_TIMEOUT) -> None:
+        """Doom it; if exo's State never shows it, forget it after ``watch_s``."""
+        doom = self._doomed.get(instance_id)
+        if doom is None:
+            self._doomed[instance_id] = _Doom(now + watch_s)
             self._save()
+        elif doom.watch_until < now + watch_s:
+            doom.watch_until = now + watch_s
 
     def due(self, shown: set[str] | frozenset[str], now: float) -> list[str]:
         """Forget the doomed instances that are settled; the ids to send DELETE for now."""

@@ -1,17 +1,28 @@
-"""The bridge's only way to reach exo: four calls of exo's public HTTP API.
+"""The bridge's only way to reach exo: six calls of exo's public HTTP API.
 
-- ``GET /state``: exo's State, read with our tolerant model (and kept as raw JSON too, for the
-  model cards exo wrote and for serving exo's State on with the deployments merged in);
+- ``GET /state``: exo's State, read strictly where the keeper decides (``keeper.exo_state``) and
+  kept as raw JSON too, for the model cards exo wrote and for serving exo's State on with the
+  deployments merged in;
 - ``GET /models``: exo's model list;
 - ``POST /instance`` ``{"instance": ...}``: create exactly this instance (exo accepts the command
   and applies it shortly after);
-- ``DELETE /instance/{id}``: delete one (likewise accepted, then applied).
+- ``DELETE /instance/{id}``: delete one (likewise accepted, then applied);
+- ``GET /instance/placement`` and ``GET /instance/previews``: where exo itself would place a
+  model (``keeper.bridge.exo_placement`` reads the answers). exo's refusal is a 4xx like any
+  other (its reason becomes the placement error); an exo without these endpoints answers 404 or
+  405, and the bridge then places by itself (docs/bridge.md, "Placement").
 
 Every call has a deadline on anyio's clock (so tests run it in virtual time) and ends in one of
 three ways the service can act on: an answer; ``ExoRefusedError`` (exo said no, with its message:
 a 4xx); or ``ExoUnavailableError`` (no answer, a 5xx, or an answer that cannot be read). A
 refusal is about the request; unavailability is about exo, and means nothing may be decided on
-what the bridge last saw.
+what the bridge last saw. ``ExoStateUnreadableError`` is the unavailability of a State that came
+back whole as JSON but lacks, or garbles, what the keeper decides on.
+
+Reads and commands have different deadlines. exo answers ``GET /state`` from its API's own copy
+of the State, at once, even during an election; but it holds every command (``POST /instance``,
+``DELETE /instance``) until an election is over, which takes seconds. A command that outlives
+its deadline has not failed: exo may still apply it (the service's in-flight rules).
 """
 
 from __future__ import annotations
@@ -19,22 +30,31 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
+from urllib.parse import urlencode
 
 import anyio
 import httpx
-from pydantic import ValidationError
 
 from keeper.bridge.exo_wire import ExoListedModel, JsonObject, cards_in_state, listed_models
+from keeper.exo_state import Unreadable, read_exo_state
 from keeper.state import State
-from keeper.wire import first_validation_error
 
 # exo answers on the LAN in milliseconds; a State read that takes longer than this is from an
 # exo too loaded or too far away to act on, and the poll after it would overlap it.
 REQUEST_TIMEOUT_S = 5.0
+# exo's API holds commands while its nodes elect a master (measured: ~3 s, up to 6 s). Longer
+# than that, so a command sent during an election normally gets its answer (one that does not may
+# still be applied, and is resent with the same instance id: keeper.bridge.in_flight); short
+# enough that a deployments call waiting behind it still answers within a client's 10 s.
+COMMAND_TIMEOUT_S = 8.0
 
 
 class ExoUnavailableError(Exception):
     """exo did not answer usefully; ``str()`` says how, for the operator."""
+
+
+class ExoStateUnreadableError(ExoUnavailableError):
+    """exo answered ``GET /state`` with a State the keeper cannot act on (``keeper.exo_state``)."""
 
 
 class ExoRefusedError(Exception):
@@ -70,8 +90,12 @@ class ExoApi(Protocol):
 
     async def state(self) -> ExoState: ...
     async def models(self) -> ExoModels: ...
-    async def create_instance(self, body: JsonObject) -> None: ...
+    async def create_instance(self, body: JsonObject) -> JsonObject: ...
     async def delete_instance(self, instance_id: str) -> bool: ...
+    async def placement(
+        self, model_id: str, sharding: str, instance_meta: str, min_nodes: int
+    ) -> Any: ...
+    async def previews(self, model_id: str) -> Any: ...
 
 
 class ExoClient:
@@ -83,13 +107,15 @@ class ExoClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
     ) -> None:
         self.url = url.rstrip("/")
         self._timeout_s = timeout_s
+        self._command_timeout_s = command_timeout_s
         self._http = httpx.AsyncClient(
             base_url=self.url,
             transport=transport,
-            timeout=httpx.Timeout(timeout_s),
+            timeout=httpx.Timeout(max(timeout_s, command_timeout_s)),
             trust_env=False,  # exo is on the LAN: never through an HTTP proxy from the env
         )
 
@@ -99,12 +125,9 @@ class ExoClient:
     async def state(self) -> ExoState:
         response = await self._get("/state")
         raw = _json_object(response, "GET /state")
-        try:
-            state = State.model_validate(raw)
-        except ValidationError as exc:
-            raise ExoUnavailableError(
-                f"GET /state: exo's State is unreadable: {first_validation_error(exc)}"
-            ) from None
+        state = read_exo_state(raw)
+        if isinstance(state, Unreadable):
+            raise ExoStateUnreadableError(state.reason)
         return ExoState(state=state, raw=raw, cards=cards_in_state(raw))
 
     async def models(self) -> ExoModels:
@@ -112,8 +135,14 @@ class ExoClient:
         payload = _json_object(response, "GET /models")
         return ExoModels(listed=listed_models(payload), body=response.content)
 
-    async def create_instance(self, body: JsonObject) -> None:
-        await self._call("POST", "/instance", body)
+    async def create_instance(self, body: JsonObject) -> JsonObject:
+        """exo's answer (``model_card`` in it is exo's full card); {} if it is not an object."""
+        response = await self._call("POST", "/instance", body)
+        try:
+            answer: Any = response.json()
+        except ValueError:
+            return {}
+        return cast(JsonObject, answer) if isinstance(answer, dict) else {}
 
     async def delete_instance(self, instance_id: str) -> bool:
         """True if exo accepted the deletion, False if it does not know the instance."""
@@ -137,12 +166,13 @@ class ExoClient:
 
     async def _call(self, method: str, path: str, body: JsonObject | None = None) -> httpx.Response:
         what = f"{method} {path}"
+        timeout_s = self._timeout_s if method == "GET" else self._command_timeout_s
         try:
-            with anyio.fail_after(self._timeout_s):
+            with anyio.fail_after(timeout_s):
                 response = await self._http.request(method, path, json=body)
         except TimeoutError:
             raise ExoUnavailableError(
-                f"{what}: no answer from exo at {self.url} within {self._timeout_s:g} s"
+                f"{what}: no answer from exo at {self.url} within {timeout_s:g} s"
             ) from None
         except httpx.HTTPError as exc:
             reason = str(exc) or type(exc).__name__
@@ -156,6 +186,28 @@ class ExoClient:
         if response.status_code >= 400:
             raise ExoRefusedError(response.status_code, error_message(response))
         return response
+
+    async def placement(
+        self, model_id: str, sharding: str, instance_meta: str, min_nodes: int
+    ) -> Any:
+        """exo's ``GET /instance/placement``: the instance exo would create, as JSON.
+        ExoRefusedError carries exo's reason it would not (or 404/405 from an exo without the
+        endpoint); ValueError if the answer is not JSON."""
+        query = urlencode(
+            {
+                "model_id": model_id,
+                "sharding": sharding,
+                "instance_meta": instance_meta,
+                "min_nodes": min_nodes,
+            }
+        )
+        return _json_answer(await self._call("GET", f"/instance/placement?{query}"))
+
+    async def previews(self, model_id: str) -> Any:
+        """exo's ``GET /instance/previews``: every placement exo would make of the model, as
+        JSON; refusals and unreadable answers as for ``placement``."""
+        query = urlencode({"model_id": model_id})
+        return _json_answer(await self._call("GET", f"/instance/previews?{query}"))
 
 
 def error_message(response: httpx.Response) -> str:
@@ -188,3 +240,16 @@ def _json_object(response: httpx.Response, what: str) -> JsonObject:
     if not isinstance(payload, dict):
         raise ExoUnavailableError(f"{what}: exo's answer is not a JSON object")
     return cast(JsonObject, payload)
+
+
+def _json_answer(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        raise ValueError("exo's answer is not JSON") from None
+
+
+# What an exo without an endpoint answers: 404 (no such route, or the route of
+# ``GET /instance/{id}`` taking "placement" for an instance id), or 405 (a route with that path
+# but not that method).
+NO_SUCH_ENDPOINT = frozenset({404, 405})

@@ -1,22 +1,21 @@
-"""What the bridge sends exo, in exactly the JSON exo's strict parser accepts.
+"""exo's JSON formats as the bridge reads and writes them (pure: plain data in, plain data out).
 
 exo's models forbid unknown keys and are strict about types, and its shard metadata carries a
-model card richer than ours (family, capabilities, sampling defaults...): a runner loads the model
-with it. So the JSON is written here key by key from exo's format (see
-``tests/fixtures/exo_create_instance.json``) rather than dumped from our tolerant models, which
-would send our card and miss exo's extra shard fields (``immediateException``,
-``shouldTimeout``).
+model card richer than ours (family, capabilities, reasoning dialect, sampling defaults...): a
+runner loads and runs the model with it. So the bridge never re-encodes exo's cards through our
+tolerant ``ModelCard`` (which would drop all that): it keeps exo's own JSON. The card in an
+instance the bridge sends is always one exo itself produced or would produce:
 
-The card in each shard is the one exo itself knows, in this order of preference:
-1. a card exo put in its own State for an instance of the model (seen by the bridge since it
-   started): that is exactly what exo built, verbatim;
-2. otherwise one written from exo's ``GET /models`` entry (its family, quantization, base model,
-   capabilities, context length...) plus what placement used from our card (layers, hidden size,
-   storage, backends), with exo's defaults for the rest, overlaid with the model's exo card file
-   when the bridge was given one (``--model-cards DIR``: exo's own TOML, so its reasoning
-   dialect and sampling defaults come through).
+- exo's own placement answer (``GET /instance/placement``), posted back verbatim;
+- in the fallback for an exo without that endpoint (docs/bridge.md), a card exo showed (inside
+  the shards of an instance in its State or of a placement or preview, or the ``model_card`` of
+  its answer to ``POST /instance``), or exo's own card file (``--model-cards DIR``) read as exo
+  reads it (``file_card``: exo's defaults for what the file leaves out).
 
-Everything here is pure: plain data in, plain JSON-ready dicts out.
+A card is never written from exo's ``GET /models`` entry: that list has no layer count and no
+sampling defaults, and a runner given null sampling behaves differently from exo's own.
+``listed_card`` turns such an entry into our card only to describe a deployment, with 0 for the
+figures exo's list does not give (0 = unknown, as in our ``GET /models`` entries).
 """
 
 from __future__ import annotations
@@ -24,31 +23,58 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 
 from keeper.state import (
     AnyInstance,
     AnyShard,
-    Backend,
+    Instance,
     Memory,
     MlxRingInstance,
     ModelCard,
 )
+from keeper.wire import first_validation_error
 
 JsonObject = dict[str, Any]
 
-# exo's sampling defaults when a card names none: every knob left to the engine.
-_NO_SAMPLING_PARAMS: JsonObject = {
-    "temperature": None,
-    "topP": None,
-    "topK": None,
-    "minP": None,
-    "repetitionPenalty": None,
-    "presencePenalty": None,
-    "frequencyPenalty": None,
-}
-MEGABYTE = 1024 * 1024
+MEGABYTE = 1024 * 1024  # exo's list gives sizes in MiB
+
+# exo's model card, key by key in exo's order, with the default exo's card model gives each key a
+# card file may leave out; None marks the keys every card must give.
+_CARD_KEYS: tuple[tuple[str, Any], ...] = (
+    ("modelId", None),
+    ("storageSize", None),
+    ("nLayers", None),
+    ("hiddenSize", None),
+    ("supportsTensor", None),
+    ("numKeyValueHeads", None),
+    ("tasks", None),
+    ("components", None),
+    ("family", ""),
+    ("quantization", ""),
+    ("baseModel", ""),
+    ("capabilities", []),
+    ("backends", ["MlxMetal", "MlxCuda", "MlxCpu"]),
+    ("reasoningDialect", "none"),
+    ("contextLength", 0),
+    ("usesCfg", False),
+    ("trustRemoteCode", True),
+    ("isCustom", False),
+    ("vision", None),
+)
+_REQUIRED_CARD_KEYS = ("modelId", "storageSize", "nLayers", "hiddenSize", "supportsTensor", "tasks")
+# exo's sampling knobs; a card file that leaves one out leaves it to the engine (null), as exo does.
+_SAMPLING_KNOBS = (
+    "temperature",
+    "topP",
+    "topK",
+    "minP",
+    "repetitionPenalty",
+    "presencePenalty",
+    "frequencyPenalty",
+)
+_INSTANCE: TypeAdapter[AnyInstance] = TypeAdapter(Instance)
 
 
 class ExoListedModel(BaseModel):
@@ -61,12 +87,7 @@ class ExoListedModel(BaseModel):
     storage_size_megabytes: int | None = None
     supports_tensor: bool | None = None
     tasks: list[str] | None = None
-    family: str | None = None
-    quantization: str | None = None
     base_model: str | None = None
-    capabilities: list[str] | None = None
-    context_length: int | None = None
-    is_custom: bool | None = None
     n_layers: int | None = None
     hidden_size: int | None = None
     num_key_value_heads: int | None = None
@@ -85,47 +106,6 @@ def listed_models(payload: Any) -> dict[str, ExoListedModel]:
     return found
 
 
-def deployment_card(model_id: str, listed: ExoListedModel, known: ModelCard | None) -> ModelCard:
-    """Our card for a model exo lists: exo's figures where it gives them, else the bridge's own
-    catalog's. Raises ValueError naming what is missing."""
-    n_layers = listed.n_layers or (known.n_layers if known is not None else None)
-    hidden_size = listed.hidden_size or (known.hidden_size if known is not None else None)
-    if n_layers is None or hidden_size is None:
-        raise ValueError(
-            f"exo lists {model_id} but its GET /models gives no layer count or hidden size, and "
-            "the bridge has no card for it: start the bridge with --model-cards DIR holding "
-            "its exo model-card .toml"
-        )
-    if known is not None:
-        storage = known.storage_size
-    elif listed.storage_size_megabytes:
-        storage = Memory(in_bytes=listed.storage_size_megabytes * MEGABYTE)
-    else:
-        raise ValueError(
-            f"exo lists {model_id} without its size, and the bridge has no card for it"
-        )
-    return ModelCard(
-        model_id=model_id,
-        storage_size=storage,
-        n_layers=n_layers,
-        hidden_size=hidden_size,
-        supports_tensor=(
-            listed.supports_tensor
-            if listed.supports_tensor is not None
-            else (known.supports_tensor if known is not None else False)
-        ),
-        tasks=tuple(listed.tasks or (known.tasks if known is not None else ("TextGeneration",))),
-        backends=(
-            known.backends
-            if known is not None
-            else (Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU)
-        ),
-        num_key_value_heads=listed.num_key_value_heads
-        or (known.num_key_value_heads if known is not None else None),
-        base_model=listed.base_model or (known.base_model if known is not None else None),
-    )
-
-
 def cards_in_state(raw_state: Mapping[str, Any]) -> dict[str, JsonObject]:
     """The model card of every model exo's State shows an instance of, as exo wrote it."""
     cards: dict[str, JsonObject] = {}
@@ -133,21 +113,28 @@ def cards_in_state(raw_state: Mapping[str, Any]) -> dict[str, JsonObject]:
     if not isinstance(instances, dict):
         return cards
     for tagged in cast(dict[str, Any], instances).values():
-        for body in _tag_bodies(tagged):
-            assignments = body.get("shardAssignments")
-            if not isinstance(assignments, dict):
-                continue
-            shards: Any = cast(dict[str, Any], assignments).get("runnerToShard")
-            if not isinstance(shards, dict):
-                continue
-            for shard_tagged in cast(dict[str, Any], shards).values():
-                for shard in _tag_bodies(shard_tagged):
-                    card: Any = shard.get("modelCard")
-                    if isinstance(card, dict):
-                        typed = cast(JsonObject, card)
-                        model_id = typed.get("modelId")
-                        if isinstance(model_id, str):
-                            cards.setdefault(model_id, typed)
+        for card in instance_cards(tagged):
+            cards.setdefault(card["modelId"], card)
+    return cards
+
+
+def instance_cards(tagged: Any) -> list[JsonObject]:
+    """The model cards in the shards of one of exo's tagged instances (those naming a model)."""
+    cards: list[JsonObject] = []
+    for body in _tag_bodies(tagged):
+        assignments = body.get("shardAssignments")
+        if not isinstance(assignments, dict):
+            continue
+        shards: Any = cast(dict[str, Any], assignments).get("runnerToShard")
+        if not isinstance(shards, dict):
+            continue
+        for shard_tagged in cast(dict[str, Any], shards).values():
+            for shard in _tag_bodies(shard_tagged):
+                card: Any = shard.get("modelCard")
+                if isinstance(card, dict) and isinstance(
+                    cast(JsonObject, card).get("modelId"), str
+                ):
+                    cards.append(cast(JsonObject, card))
     return cards
 
 
@@ -171,71 +158,6 @@ def camel_keys(value: Any) -> Any:
     if isinstance(value, list):
         return [camel_keys(item) for item in cast(list[Any], value)]
     return value
-
-
-def exo_card(
-    card: ModelCard,
-    listed: ExoListedModel | None,
-    seen: JsonObject | None,
-    from_file: JsonObject | None = None,
-) -> JsonObject:
-    """The card exo knows for ``card``'s model (see the module docstring for the order).
-
-    A card seen in exo's State is used only if it agrees with ours on the model and its layer
-    count, since the shards' layer ranges were computed from ours. Raises ValueError if exo no
-    longer lists the model and never showed its card.
-    """
-    if (
-        seen is not None
-        and seen.get("modelId") == card.model_id
-        and seen.get("nLayers") == card.n_layers
-    ):
-        return dict(seen)
-    if listed is None:
-        raise ValueError(f"exo's GET /models no longer lists {card.model_id}")
-    written: JsonObject = {
-        "modelId": card.model_id,
-        "storageSize": {"inBytes": card.storage_size.in_bytes},
-        "nLayers": card.n_layers,
-        "hiddenSize": card.hidden_size,
-        "supportsTensor": card.supports_tensor,
-        "numKeyValueHeads": card.num_key_value_heads,
-        "tasks": list(listed.tasks or card.tasks),
-        "components": None,
-        "family": listed.family or "",
-        "quantization": listed.quantization or "",
-        "baseModel": listed.base_model or card.base_model or "",
-        "capabilities": list(listed.capabilities or ()),
-        "backends": [backend.value for backend in card.backends],
-        # exo's defaults for a card file that does not say (its own cards mostly do not).
-        "reasoningDialect": "none",
-        "contextLength": listed.context_length or 0,
-        "usesCfg": False,
-        "trustRemoteCode": True,
-        "isCustom": bool(listed.is_custom),
-        "vision": None,
-        "samplingDefaults": {**_NO_SAMPLING_PARAMS, "thinking": None, "nonThinking": None},
-    }
-    if from_file is not None and from_file.get("nLayers") == card.n_layers:
-        sampling = from_file.get("samplingDefaults")
-        written.update({k: v for k, v in from_file.items() if k in written})
-        if isinstance(sampling, dict):
-            written["samplingDefaults"] = _sampling(cast(JsonObject, sampling))
-    return written
-
-
-def _sampling(given: JsonObject) -> JsonObject:
-    """Sampling defaults with every knob exo has, the ones a card file leaves out as null."""
-    sampling: JsonObject = {**_NO_SAMPLING_PARAMS, "thinking": None, "nonThinking": None}
-    sampling.update({k: v for k, v in given.items() if k in sampling})
-    for mode in ("thinking", "nonThinking"):
-        params = sampling[mode]
-        if isinstance(params, dict):
-            sampling[mode] = {
-                **_NO_SAMPLING_PARAMS,
-                **{k: v for k, v in cast(JsonObject, params).items() if k in _NO_SAMPLING_PARAMS},
-            }
-    return sampling
 
 
 def _shard_json(shard: AnyShard, card: JsonObject) -> JsonObject:
@@ -284,6 +206,58 @@ def instance_json(instance: AnyInstance, card: JsonObject) -> JsonObject:
     return {instance.tag: body}
 
 
-def create_instance_body(instance: AnyInstance, card: JsonObject) -> JsonObject:
-    """The body of exo's ``POST /instance``."""
-    return {"instance": instance_json(instance, card)}
+def read_instance(raw: Any) -> AnyInstance:
+    """One of exo's tagged instances read with our model; ValueError saying what is wrong."""
+    try:
+        return _INSTANCE.validate_python(raw)
+    except ValidationError as exc:
+        raise ValueError(first_validation_error(exc)) from None
+
+
+def exo_model_card(card: JsonObject) -> ModelCard:
+    """Our card read from exo's (the figures placement uses); ValueError if it cannot be read."""
+    try:
+        return ModelCard.model_validate(card)
+    except ValidationError as exc:
+        raise ValueError(f"exo's model card is unreadable: {first_validation_error(exc)}") from None
+
+
+def file_card(from_file: JsonObject) -> JsonObject:
+    """exo's card file (``camel_keys`` of its TOML) as exo's JSON spells the card it loads from
+    it: every key in exo's order, exo's defaults for the ones the file leaves out. ValueError
+    naming a key every card needs that the file lacks."""
+    missing = [key for key in _REQUIRED_CARD_KEYS if key not in from_file]
+    if missing:
+        raise ValueError(f"not an exo model card: no {', '.join(missing)}")
+    card: JsonObject = {key: from_file.get(key, default) for key, default in _CARD_KEYS}
+    given = from_file.get("samplingDefaults")
+    card["samplingDefaults"] = _sampling(cast(JsonObject, given) if isinstance(given, dict) else {})
+    exo_model_card(card)
+    return card
+
+
+def _sampling(given: JsonObject) -> JsonObject:
+    sampling: JsonObject = {knob: given.get(knob) for knob in _SAMPLING_KNOBS}
+    for mode in ("thinking", "nonThinking"):
+        params = given.get(mode)
+        sampling[mode] = (
+            {knob: cast(JsonObject, params).get(knob) for knob in _SAMPLING_KNOBS}
+            if isinstance(params, dict)
+            else None
+        )
+    return sampling
+
+
+def listed_card(listed: ExoListedModel) -> ModelCard:
+    """Our card for a model known only from exo's ``GET /models`` entry: the figures exo's list
+    gives, 0 for the layer count, hidden size and size it does not give (0 = unknown)."""
+    return ModelCard(
+        model_id=listed.id,
+        storage_size=Memory(in_bytes=(listed.storage_size_megabytes or 0) * MEGABYTE),
+        n_layers=listed.n_layers or 0,
+        hidden_size=listed.hidden_size or 0,
+        supports_tensor=bool(listed.supports_tensor),
+        tasks=tuple(listed.tasks) if listed.tasks else ("TextGeneration",),
+        num_key_value_heads=listed.num_key_value_heads,
+        base_model=listed.base_model or None,
+    )

@@ -1,17 +1,23 @@
 """Running the bridge for real: its HTTP API under uvicorn beside ``Bridge.run``.
 
-Run the way the master is (``keeper.master.serving``, ``keeper.master.entry``): the socket is
+Run the way the master is (``keeper.httpapi.serving``, ``keeper.runtime.entry``): the socket is
 bound first (a port in use is a clear error; ``port=0`` picks one and reports it through
 ``task_status``), the bridge starts, then uvicorn on that socket in the same event loop;
 SIGINT/SIGTERM stop both cleanly and the log is closed with a snapshot. What is the bridge's own
-is here: checking exo's URL, exo's card files, and the exo client's lifetime. Port 52416 by
+is here: checking exo's URLs, exo's card files, and the exo clients' lifetime. Port 52416 by
 default: beside exo's 52415 on the same machine.
+
+``--exo`` takes one URL or several, comma-separated (``http://studio:52415,http://mini:52415``):
+every exo node serves the API, so when the node in use leaves, the bridge follows the next one
+that answers (``keeper.bridge.service``). A bad item is named in a usage error (exit code 2)
+before anything starts.
 """
 
 from __future__ import annotations
 
 import logging
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -21,10 +27,11 @@ from anyio.abc import TaskStatus
 
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import ExoClient
-from keeper.bridge.exo_wire import JsonObject, camel_keys
+from keeper.bridge.exo_wire import JsonObject, camel_keys, file_card
 from keeper.bridge.service import Bridge, BridgeConfig
-from keeper.master.entry import Serve, check_listen, load_catalog, run_service, service_token
-from keeper.master.serving import DEFAULT_HOST, MasterStartError, serve_service, shown_host
+from keeper.httpapi.serving import DEFAULT_HOST, MasterStartError, serve_service, shown_host
+from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
+from keeper.runtime.model_cards import ModelCardError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +54,7 @@ async def serve_bridge(
             "exo-deploy bridge listening on http://%s:%d, following exo at %s",
             shown_host(host),
             bound_port,
-            bridge.exo.url,
+            _followed(bridge),
         )
 
     await serve_service(
@@ -61,6 +68,11 @@ async def serve_bridge(
     )
 
 
+def _followed(bridge: Bridge) -> str:
+    first, *rest = (api.url for api in bridge.exo_apis)
+    return f"{first} (then {', '.join(rest)})" if rest else first
+
+
 def check_exo_url(url: str) -> str:
     """The exo URL without a trailing slash; MasterStartError if it is not http(s)://HOST."""
     try:
@@ -72,33 +84,56 @@ def check_exo_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def check_exo_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
+    """``--exo URL[,URL...]`` as checked URLs, in order; MasterStartError naming the bad item."""
+    items = [item.strip() for item in urls.split(",")] if isinstance(urls, str) else list(urls)
+    if not any(items):
+        raise MasterStartError("--exo: no URL given (expected http://HOST:PORT[,http://...])")
+    checked: list[str] = []
+    for position, item in enumerate(items, start=1):
+        if not item:
+            raise MasterStartError(
+                f"--exo {','.join(items)!r}: item {position} is empty (a stray comma?)"
+            )
+        url = check_exo_url(item)
+        if url in checked:
+            raise MasterStartError(f"--exo lists {url} twice")
+        checked.append(url)
+    return tuple(checked)
+
+
 def exo_card_files(directory: Path) -> dict[str, JsonObject]:
-    """exo's card files in ``directory`` (already checked by ``load_model_cards``), as exo's
-    JSON spells a card, by model id."""
+    """exo's card files in ``directory`` (already checked by ``load_model_cards``), each as
+    exo's JSON spells the card exo loads from it (``file_card``), by model id."""
     found: dict[str, JsonObject] = {}
     for path in sorted(directory.glob("*.toml")):
         card = camel_keys(tomllib.loads(path.read_text(encoding="utf-8")))
         if isinstance(card, dict) and isinstance(card.get("modelId"), str):  # pyright: ignore[reportUnknownMemberType]
-            typed = cast(JsonObject, card)
-            found[typed["modelId"]] = typed
+            try:
+                full = file_card(cast(JsonObject, card))
+            except ValueError as exc:
+                raise ModelCardError(f"{path}: {exc}") from None
+            found[full["modelId"]] = full
     return found
 
 
 def run_bridge(
-    exo_url: str,
+    exo_url: str | Sequence[str],
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     data_dir: Path | None = None,
     token: str | None = None,
     model_cards_dir: Path | None = None,
 ) -> int:
-    """``exo-deploy bridge``: serve until SIGINT/SIGTERM. Returns the process exit code."""
+    """``exo-deploy bridge``: serve until SIGINT/SIGTERM. Returns the process exit code.
+
+    ``exo_url`` is one URL, several comma-separated, or a sequence of them (in order)."""
     token = service_token(token)
 
     def prepare() -> Serve:
         # httpx logs every request at INFO: once a second for ever, drowning what matters.
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        url = check_exo_url(exo_url)
+        urls = check_exo_urls(exo_url)
         bound_port = check_listen(host, port, token)
         cards = load_catalog(model_cards_dir)
         card_files = exo_card_files(model_cards_dir) if model_cards_dir is not None else {}
@@ -107,12 +142,14 @@ def run_bridge(
         config = BridgeConfig(model_cards=cards, exo_card_files=card_files)
 
         async def serve() -> None:
-            exo = ExoClient(url)
+            clients = [ExoClient(url) for url in urls]
             try:
-                await serve_bridge(Bridge(exo, data_dir, config=config), host, bound_port, token)
+                bridge = Bridge(clients, data_dir, config=config)
+                await serve_bridge(bridge, host, bound_port, token)
             finally:
                 with anyio.CancelScope(shield=True):
-                    await exo.aclose()
+                    for client in clients:
+                        await client.aclose()
 
         return serve
 

@@ -1,11 +1,11 @@
-"""The master's HTTP API (SPEC §5): exo's shapes on FastAPI.
+"""The master's HTTP API (docs/design.md §7): exo's shapes on FastAPI.
 
 Handlers are thin: parse with the shared wire models (``keeper.api_models``), call the
 ``Master`` command, return its result. Every way a request can be wrong is answered with exo's
-error body and a 4xx (see ``keeper.master.http_errors``), and a refused request changes
+error body and a 4xx (see ``keeper.httpapi.errors``), and a refused request changes
 nothing, because the master validates before it emits. ``create_app`` builds the app for one
-master (from ``keeper.master.http_app``, with the deployments routes the bridge serves too,
-``keeper.master.deployments_api``); ``keeper.master.server`` runs it under uvicorn, and tests
+master (from ``keeper.httpapi.app``, with the deployments routes the bridge serves too,
+``keeper.httpapi.deployments_routes``); ``keeper.master.server`` runs it under uvicorn, and tests
 drive it in-process with ``httpx.ASGITransport``.
 """
 
@@ -17,14 +17,14 @@ from fastapi import APIRouter, FastAPI, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from keeper.api_models import CreateDeploymentRequest, ModelList, ModelListEntry
+from keeper.httpapi.app import JSON, command_json, new_app
+from keeper.httpapi.deployments_routes import deployments_router
+from keeper.httpapi.errors import MAX_BODY_BYTES
 from keeper.master.dashboard_stream import dashboard_events
-from keeper.master.deployments_api import deployments_router
-from keeper.master.errors import NotRunningError
-from keeper.master.http_app import JSON, command_json, new_app
-from keeper.master.http_errors import MAX_BODY_BYTES
 from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.master.service import Master
 from keeper.master.ws import NODE_WS_PATH, serve_node_websocket
+from keeper.runtime.errors import NotRunningError
 from keeper.state import ModelCard
 
 

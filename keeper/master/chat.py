@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from keeper.commands import new_id
-from keeper.master.errors import ChatFailedError
+from keeper.ids import IdFactory, new_id
+from keeper.link.protocol import CancelChat, ChatChunk, ChatError
 from keeper.master.node_session import NodeSession
-from keeper.master.protocol import CancelChat, ChatChunk, ChatError
+from keeper.runtime.errors import ChatFailedError
 from keeper.state import NodeId
 
 # Chunks buffered for a reader; a reply this far ahead of its reader means the client stopped
@@ -97,8 +97,9 @@ class ChatStream:
 
 
 class ChatRouter:
-    def __init__(self, chunk_timeout_s: float) -> None:
+    def __init__(self, chunk_timeout_s: float, new_id: IdFactory = new_id) -> None:
         self.chunk_timeout_s = chunk_timeout_s
+        self._new_id = new_id
         self._pending: dict[str, PendingChat] = {}
 
     def load(self, instance_ids: list[str]) -> dict[str, int]:
@@ -113,7 +114,7 @@ class ChatRouter:
         self, instance_id: str, session: NodeSession
     ) -> tuple[PendingChat, Callable[[], ChatStream]]:
         send, receive = anyio.create_memory_object_stream[ChatReply](CHAT_BUFFER_CHUNKS)
-        pending = PendingChat(new_id(), instance_id, session.node_id, send)
+        pending = PendingChat(self._new_id(), instance_id, session.node_id, send)
         self._pending[pending.request_id] = pending
 
         def on_end(ended: PendingChat, unfinished: bool) -> None:

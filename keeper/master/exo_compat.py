@@ -2,233 +2,101 @@
 
 ``exo-deploy bridge`` keeps deployments beside a stock exo master, through exo's public HTTP API
 only. To run and test it without a cluster of Macs, this serves the same ``Master`` (its event
-log, membership and sweep; simulated nodes join it as usual) behind exo's API instead of ours:
+log, membership and sweep; simulated nodes join it as usual) behind exo's API instead of ours,
+answering as exo 0.3.70 does in ``tests/fixtures/exo_recordings`` (a test diffs the key sets of
+every answer below against those recordings):
 
 - no keeper and no deployments endpoints (``MasterConfig.keeper_enabled`` off);
-- ``POST /instance`` as exo does it: the body ``{"instance": <tagged Instance>}`` is checked by a
-  parser as strict as exo's (unknown keys and wrong types refused, 422 naming the field; JSON
-  that does not parse, 400), then exo's memory check (400 "Insufficient memory to create
-  instance. Required: ...GB, Available: ...GB"), then the command is *accepted*: the answer
-  comes before the instance is applied, and it shows in ``GET /state`` shortly after;
+- ``GET /instance/placement`` and ``GET /instance/previews``: exo's placement, with exo's full
+  model card in every shard and exo's refusals (``keeper.master.exo_placement``) as 400s;
+- ``GET /state`` in exo's keys (no ``deployments``), each instance with exo's full card in its
+  shards when one is shipped for its model (as exo keeps the card it was given; for a model
+  with no shipped card, our card), and ``GET /state/{path}`` walking that JSON;
+- ``POST /instance``: the body ``{"instance": <tagged Instance>}`` checked by a parser as strict
+  as exo's (``keeper.master.exo_compat_wire``), then exo's memory check against the card exo
+  knows for ``shardAssignments.modelId`` (400 "Insufficient memory to create instance.
+  Required: ...GB, Available: ...GB"), then *accepted*: the answer (with that card) comes before
+  the instance is applied, and it shows in ``GET /state`` shortly after;
 - ``DELETE /instance/{id}`` likewise accepted, and applied shortly after (404 if unknown);
-- ``GET /models`` in exo's list shape (``ExoModelListEntry``), which carries no layer count;
-- ``GET /state``, ``POST /place_instance`` and ``POST /v1/chat/completions`` as our master's
-  (the same routes: ``keeper.master.api.exo_routes``).
+- ``GET /models``: exo's own list (``keeper.master.exo_cards``);
+- ``GET /events`` as exo answers it: not a stream but one ``application/json`` array of the
+  whole event log from the beginning, each event ``{"EventTag": {snake_case fields}}``
+  (``exo_event_log``), so a client that mistakes it for a stream is caught by our tests;
+- a body or query that fails validation gets FastAPI's ``{"detail": [...]}`` 422, as on exo;
+  everything else refused gets exo's ``{"error": {...}}`` envelope.
 
-The strict models below are written from exo's JSON (``tests/fixtures/exo_*.json``), separately
-from the bridge's encoder (``keeper.bridge.exo_wire``), so the contract tests compare two
-independent readings of exo's format instead of one module with itself.
+A model exo does not know: exo would try to fetch its card from Hugging Face, and fail (a 500 on
+``/instance/placement``, a 400 "Failed to load model card: ..." on ``/instance/previews``). The
+stand-in has no network and never answers 500, so both answer that 400.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, cast
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ValidationError
 
 from keeper.api_models import CommandResponse
-from keeper.commands import new_id
-from keeper.events import InstanceCreated, InstanceDeleted
-from keeper.master.api import exo_routes, model_entry
-from keeper.master.errors import BadRequestError, NotFoundError, NotRunningError
-from keeper.master.http_app import command_json, new_app
-from keeper.master.http_errors import MAX_BODY_BYTES
+from keeper.events import IndexedEvent, InstanceCreated, InstanceDeleted
+from keeper.httpapi.app import JSON, command_json, new_app
+from keeper.httpapi.errors import MAX_BODY_BYTES
+from keeper.ids import new_id
+from keeper.master.api import exo_routes
+from keeper.master.exo_cards import ExoModel, JsonObject, exo_catalog, exo_models_payload
+from keeper.master.exo_compat_wire import (
+    ExoCreateInstance,
+    insufficient_memory,
+    total_available,
+)
+from keeper.master.exo_placement import exo_instance_json, exo_place, exo_previews, state_at
 from keeper.master.service import Master
-from keeper.state import Memory, ModelCard, State
+from keeper.runtime.errors import BadRequestError, NotFoundError, NotRunningError
+from keeper.runtime.event_log import LOG_FILE
+from keeper.state import InstanceMeta, Sharding
+
+__all__ = ["ExoCreateInstance", "create_exo_compat_app", "insufficient_memory"]
 
 # exo's own answer to an accepted command.
 ACCEPTED = "Command received."
-
-# --- exo's strict models ------------------------------------------------------------------
-
-
-class _Strict(BaseModel):
-    """exo's ``CamelCaseModel``: camelCase (snake_case also read), unknown keys and loose types
-    refused."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        extra="forbid",
-        strict=True,
-        frozen=True,
-    )
+# Our State's keys that exo's has not: the stand-in runs no keeper.
+NOT_EXO_STATE_KEYS = frozenset({"deployments"})
 
 
-class _Tag(BaseModel):
-    """A tagged union written ``{"ClassName": {...}}``: exactly one known tag."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    @model_validator(mode="after")
-    def _one_tag(self) -> _Tag:
-        present = [name for name in type(self).model_fields if getattr(self, name) is not None]
-        if len(present) != 1:
-            tags = ", ".join(field.alias or name for name, field in type(self).model_fields.items())
-            raise ValueError(f"expected exactly one of {tags}")
-        return self
+def known_model(model_id: str) -> ExoModel:
+    model = exo_catalog().get(model_id)
+    if model is None:
+        raise BadRequestError(
+            f"Failed to load model card: exo lists no model {model_id!r} (GET /models)",
+            param="model_id",
+        )
+    return model
 
 
-ExoBackend = Literal["MlxMetal", "MlxCuda", "MlxCpu"]
+def exo_event_log(log_path: Path | None) -> bytes:
+    """The master's whole event log as exo's ``GET /events`` body: a JSON array, oldest first,
+    each event tagged with its class and its fields in snake_case (exo writes its events so).
 
-
-class ExoMemory(_Strict):
-    in_bytes: int
-
-
-class ExoSamplingParams(_Strict):
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-
-
-class ExoSamplingDefaults(ExoSamplingParams):
-    thinking: ExoSamplingParams | None = None
-    non_thinking: ExoSamplingParams | None = None
-
-
-class ExoModelCard(_Strict):
-    model_id: str
-    storage_size: ExoMemory
-    n_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    supports_tensor: bool
-    tasks: list[str]
-    num_key_value_heads: int | None = None
-    components: list[dict[str, Any]] | None = None
-    family: str = ""
-    quantization: str = ""
-    base_model: str = ""
-    capabilities: list[str] = []
-    backends: list[ExoBackend] = ["MlxMetal", "MlxCuda", "MlxCpu"]
-    reasoning_dialect: str = "none"
-    context_length: int = 0
-    uses_cfg: bool = False
-    trust_remote_code: bool = True
-    is_custom: bool = False
-    vision: dict[str, Any] | None = None
-    sampling_defaults: ExoSamplingDefaults | None = None
-
-
-class ExoShard(_Strict):
-    model_card: ExoModelCard
-    device_rank: int = Field(ge=0)
-    world_size: int = Field(ge=1)
-    immediate_exception: bool = False
-    should_timeout: float | None = None
-    start_layer: int = Field(ge=0)
-    end_layer: int = Field(ge=1)
-    n_layers: int = Field(ge=1)
-
-
-class ExoTaggedShard(_Tag):
-    pipeline: ExoShard | None = Field(default=None, alias="PipelineShardMetadata")
-    tensor: ExoShard | None = Field(default=None, alias="TensorShardMetadata")
-
-
-class ExoShardAssignments(_Strict):
-    model_id: str
-    runner_to_shard: dict[str, ExoTaggedShard]
-    node_to_runner: dict[str, str]
-
-
-class ExoHost(_Strict):
-    ip: str
-    port: int
-
-
-class ExoRingInstance(_Strict):
-    instance_id: str
-    shard_assignments: ExoShardAssignments
-    hosts_by_node: dict[str, list[ExoHost]]
-    ephemeral_port: int
-
-
-class ExoJacclInstance(_Strict):
-    instance_id: str
-    shard_assignments: ExoShardAssignments
-    jaccl_devices: list[list[str | None]]
-    jaccl_coordinators: dict[str, str]
-
-
-class ExoTaggedInstance(_Tag):
-    ring: ExoRingInstance | None = Field(default=None, alias="MlxRingInstance")
-    jaccl: ExoJacclInstance | None = Field(default=None, alias="MlxJacclInstance")
-
-    @property
-    def body(self) -> ExoRingInstance | ExoJacclInstance:
-        found = self.ring if self.ring is not None else self.jaccl
-        assert found is not None  # _one_tag guarantees it
-        return found
-
-
-class ExoCreateInstance(_Strict):
-    """The body of exo's ``POST /instance``."""
-
-    instance: ExoTaggedInstance
-
-
-class ExoModelListEntry(BaseModel):
-    """One entry of exo's ``GET /models``: what a dashboard lists, not the whole model card
-    (no layer count or hidden size)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    object: Literal["model"] = "model"
-    created: int = 0
-    owned_by: str = "exo"
-    hugging_face_id: str = ""
-    name: str = ""
-    description: str = ""
-    context_length: int = 0
-    tags: list[str] = []
-    storage_size_megabytes: int = 0
-    supports_tensor: bool = False
-    tasks: list[str] = []
-    is_custom: bool = False
-    family: str = ""
-    quantization: str = ""
-    base_model: str = ""
-    capabilities: list[str] = []
-
-
-def exo_model_entry(card: ModelCard) -> ExoModelListEntry:
-    """Our master's entry for ``card`` (``keeper.master.api.model_entry``) as exo lists it: the
-    card fields exo leaves out are dropped, and exo's own fields take exo's defaults."""
-    ours = model_entry(card).model_dump()
-    return ExoModelListEntry.model_validate(
-        {**ours, "base_model": card.base_model or "", "capabilities": ["text"]}
-    )
-
-
-def insufficient_memory(required: Memory, available: Memory) -> str | None:
-    """exo's refusal when the whole cluster's free memory cannot hold the model, else None."""
-    if required.in_bytes <= available.in_bytes:
-        return None
-    return (
-        f"Insufficient memory to create instance. Required: {required.in_gb:.1f}GB, "
-        f"Available: {available.in_gb:.1f}GB"
-    )
-
-
-def total_available(state: State) -> Memory:
-    return Memory(
-        in_bytes=sum(usage.ram_available.in_bytes for usage in state.node_memory.values())
-    )
-
-
-# --- the app --------------------------------------------------------------------------------
+    It is read from the log file, so it holds every event since the log began, not only those
+    of this run. A master without a data directory keeps no log: its array is empty. A last
+    line without its newline is a write still in progress and is left for the next request.
+    """
+    if log_path is None or not log_path.exists():
+        return b"[]"
+    events: list[object] = []
+    with log_path.open("rb") as file:
+        for line in file:
+            if not line.endswith(b"\n"):
+                break
+            indexed = IndexedEvent.model_validate_json(line)
+            events.append(indexed.event.model_dump(mode="json", by_alias=False))
+    return json.dumps(events).encode()
 
 
 def create_exo_compat_app(
@@ -236,12 +104,63 @@ def create_exo_compat_app(
 ) -> FastAPI:
     """exo's HTTP API over ``master`` (whose keeper should be off: ``keeper_enabled=False``)."""
     app = new_app("exo (stand-in)", token, max_body_bytes=max_body_bytes)
+    # exo leaves validation errors to FastAPI: 422 {"detail": [...]}, not its error envelope.
+    app.add_exception_handler(RequestValidationError, _fastapi_validation_answer)
+
+    def state_json() -> JsonObject:
+        state = cast(JsonObject, json.loads(master.state.model_dump_json()))
+        instances = cast(JsonObject, state["instances"])
+        catalog = exo_catalog()
+        for instance_id, instance in master.state.instances.items():
+            model = catalog.get(instance.shard_assignments.model_id)
+            if model is not None and model.full_card is not None:
+                instances[instance_id] = exo_instance_json(instance, model.full_card)
+        return {key: value for key, value in state.items() if key not in NOT_EXO_STATE_KEYS}
+
+    # Registered before exo_routes' /state, so this one answers.
+    @app.get("/state")
+    async def state() -> JSONResponse:
+        return JSONResponse(state_json())
+
+    @app.get("/state/{path:path}")
+    async def state_path(path: str) -> Response:
+        try:
+            value = state_at(state_json(), path)
+        except KeyError as exc:
+            raise NotFoundError(str(exc.args[0])) from None
+        return Response(json.dumps(value), media_type=JSON)
+
     app.include_router(exo_routes(master, token))
 
     @app.get("/models")
     async def models() -> JSONResponse:
-        entries = [exo_model_entry(card).model_dump() for card in master.catalog.values()]
-        return JSONResponse({"object": "list", "data": entries})
+        return JSONResponse(exo_models_payload())
+
+    @app.get("/events")
+    async def events() -> Response:
+        log_path = master.data_dir / LOG_FILE if master.data_dir is not None else None
+        body = await anyio.to_thread.run_sync(exo_event_log, log_path)
+        return Response(body, media_type="application/json")
+
+    @app.get("/instance/placement")
+    async def placement(
+        model_id: str,
+        sharding: Sharding = Sharding.PIPELINE,
+        instance_meta: InstanceMeta = InstanceMeta.MLX_RING,
+        min_nodes: int = 1,
+    ) -> JSONResponse:
+        model = known_model(model_id)
+        try:
+            instance = exo_place(master.state, model, sharding, instance_meta, min_nodes)
+        except ValueError as exc:
+            raise BadRequestError(str(exc)) from None
+        return JSONResponse(instance)
+
+    @app.get("/instance/previews")
+    async def previews(model_id: str) -> JSONResponse:
+        if not master.state.topology.nodes:
+            return JSONResponse({"previews": []})
+        return JSONResponse({"previews": exo_previews(master.state, known_model(model_id))})
 
     @app.post("/instance")
     async def create_instance(request: Request) -> JSONResponse:
@@ -250,32 +169,25 @@ def create_exo_compat_app(
             body = ExoCreateInstance.model_validate_json(raw)
         except ValidationError as exc:
             raise RequestValidationError(_in_body(exc)) from None
-        shards = body.instance.body.shard_assignments.runner_to_shard.values()
-        shard = next((tagged.pipeline or tagged.tensor for tagged in shards), None)
-        if shard is None:
-            raise BadRequestError("instance.shardAssignments.runnerToShard: no shard")
-        required = Memory(in_bytes=shard.model_card.storage_size.in_bytes)
-        refusal = insufficient_memory(required, total_available(master.state))
+        model_id = body.instance.body.shard_assignments.model_id
+        model = known_model(model_id)
+        refusal = insufficient_memory(model.storage_size, total_available(master.state))
         if refusal is not None:
             raise BadRequestError(refusal)
+        card = _card_of(model, body)
         if not master.running:
             raise NotRunningError("the master is not running")
-        # Our tolerant model reads the same JSON (exo's extra card fields are dropped).
-        created = InstanceCreated.model_validate({"instance": json.loads(raw)["instance"]})
-        command_id = new_id()
+        instance_json = cast(JsonObject, json.loads(raw)["instance"])
+        # Our tolerant model reads the same JSON (exo's extra card fields are dropped; the
+        # State shows exo's full card again, from the catalog).
+        created = InstanceCreated.model_validate({"instance": instance_json})
         await master.emit([created])  # accepted; applied once the router gets to it
-        return JSONResponse(
-            {
-                "message": ACCEPTED,
-                "command_id": command_id,
-                "model_card": shard.model_card.model_dump(mode="json", by_alias=True),
-            }
-        )
+        return JSONResponse({"message": ACCEPTED, "command_id": new_id(), "model_card": card})
 
     @app.delete("/instance/{instance_id}")
     async def delete_instance(instance_id: str) -> Response:
         if instance_id not in master.state.instances:
-            raise NotFoundError("Instance not found", param="instance_id")
+            raise NotFoundError("Instance not found")
         await master.emit([InstanceDeleted(instance_id=instance_id)])
         return command_json(
             CommandResponse(message=ACCEPTED, command_id=new_id(), instance_id=instance_id)
@@ -290,7 +202,27 @@ def create_exo_compat_app(
     return app
 
 
+def _card_of(model: ExoModel, body: ExoCreateInstance) -> JsonObject:
+    """The card exo answers a POST with: its own for the model; for a model it lists without a
+    full card here, the one the posted shards carry (the only full card there is)."""
+    if model.full_card is not None:
+        return model.full_card
+    shards = body.instance.body.shard_assignments.runner_to_shard.values()
+    shard = next((tagged.pipeline or tagged.tensor for tagged in shards), None)
+    if shard is None:
+        raise BadRequestError("instance.shardAssignments.runnerToShard: no shard")
+    return shard.model_card.model_dump(mode="json", by_alias=True)
+
+
+async def _fastapi_validation_answer(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return await request_validation_exception_handler(request, exc)
+
+
 def _in_body(exc: ValidationError) -> list[Any]:
     """pydantic's errors located in the request body, as FastAPI's own validation reports
-    them (so ``describe_validation`` names the field, and a JSON syntax error is a 400)."""
-    return [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+    them."""
+    return [
+        {**error, "loc": ("body", *error["loc"])}
+        for error in exc.errors(include_url=False, include_context=False)
+    ]

@@ -27,11 +27,8 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.master.channel import ChannelClosedError, MasterSide
-from keeper.master.chat import ChatRouter
-from keeper.master.clock import Clock, iso_utc
-from keeper.master.node_session import NodeSession, forward
-from keeper.master.protocol import (
+from keeper.link.channel import ChannelClosedError, MasterSide
+from keeper.link.protocol import (
     AnyMasterMessage,
     AnyNodeMessage,
     ChatChunk,
@@ -45,7 +42,10 @@ from keeper.master.protocol import (
     RunnerStatusReport,
     Welcome,
 )
+from keeper.master.chat import ChatRouter
+from keeper.master.node_session import NodeSession, forward
 from keeper.master.subscriptions import Fanout
+from keeper.runtime.clock import Clock, iso_utc
 from keeper.state import Connection, NodeId, State
 
 log = logging.getLogger(__name__)

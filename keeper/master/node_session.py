@@ -15,8 +15,8 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from keeper.events import IndexedEvent
-from keeper.master.channel import ChannelClosedError, MasterSide
-from keeper.master.protocol import AnyMasterMessage, EventMessage
+from keeper.link.channel import ChannelClosedError, MasterSide
+from keeper.link.protocol import AnyMasterMessage, EventMessage
 from keeper.state import NodeId
 
 log = logging.getLogger(__name__)

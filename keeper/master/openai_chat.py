@@ -18,10 +18,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from keeper.api_models import error_body
-from keeper.commands import new_id
-from keeper.master.errors import ChatFailedError
-from keeper.master.protocol import ChatMessage
+from keeper.link.protocol import ChatMessage
 from keeper.master.service import ChatStream, Master
+from keeper.runtime.errors import ChatFailedError
 
 # Used when the request names no limit: enough for a demo answer, cheap on a fake node.
 DEFAULT_MAX_TOKENS = 128
@@ -52,7 +51,7 @@ class ChatCompletionRequest(BaseModel):
 async def chat_completion(master: Master, request: ChatCompletionRequest) -> Any:
     messages = [ChatMessage(role=m.role, content=m.content) for m in request.messages]
     stream = await master.chat(request.model, messages, request.token_limit())
-    completion_id = f"chatcmpl-{new_id()}"
+    completion_id = f"chatcmpl-{master.new_id()}"
     created = int(master.clock.wall().timestamp())
     if request.stream:
         return StreamingResponse(

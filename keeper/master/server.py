@@ -1,10 +1,10 @@
 """Running a master for real: its HTTP API under uvicorn beside ``Master.run``, and the blocking
 ``exo-deploy master`` entry.
 
-``serve`` is ``keeper.master.serving.serve_service`` for a master: our API by default (or exo's,
+``serve`` is ``keeper.httpapi.serving.serve_service`` for a master: our API by default (or exo's,
 for ``master --exo-compat``), the dashboard streams ended first on shutdown so they do not hold
 it up, then the master stops and writes a snapshot. ``run_master`` is the process around it
-(``keeper.master.entry``: checks, logging, SIGINT/SIGTERM, exit codes), with the few settings a
+(``keeper.runtime.entry``: checks, logging, SIGINT/SIGTERM, exit codes), with the few settings a
 command line may change: exo's membership timings, and which API is served.
 """
 
@@ -19,11 +19,11 @@ import anyio
 from anyio.abc import TaskStatus
 from fastapi import FastAPI
 
+from keeper.httpapi.serving import DEFAULT_HOST, serve_service, shown_host
 from keeper.master.api import create_app
-from keeper.master.entry import Serve, check_listen, load_catalog, run_service, service_token
 from keeper.master.exo_compat import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
-from keeper.master.serving import DEFAULT_HOST, serve_service, shown_host
+from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 
 log = logging.getLogger(__name__)
 

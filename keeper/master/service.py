@@ -27,7 +27,7 @@ Chat requests are routed here (to the rank-0 node of a ready instance) and follo
 
 Commands (``create_deployment`` and friends) validate, then emit under the lock and wait until
 their events are applied, so a response is only sent for events that are durable and visible
-in ``GET /state``; refusals raise ``keeper.master.errors`` types that the API maps to 4xx.
+in ``GET /state``; refusals raise ``keeper.runtime.errors`` types that the API maps to 4xx.
 
 Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
 whole master (with in-process nodes on memory channels) under trio's MockClock.
@@ -36,6 +36,7 @@ whole master (with in-process nodes on memory channels) under trio's MockClock.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,7 +48,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from keeper.api_models import CommandResponse, DeploymentsResponse
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.commands import new_id
 from keeper.constants import STARTUP_GRACE
 from keeper.core import PlaceFn
 from keeper.events import (
@@ -57,10 +57,18 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
-from keeper.master.channel import ChannelClosedError, MasterSide
+from keeper.ids import IdFactory, new_id
+from keeper.link.channel import ChannelClosedError, MasterSide
+from keeper.link.protocol import (
+    ChatMessage,
+    ChatRequest,
+)
 from keeper.master.chat import ChatRouter, ChatStream
-from keeper.master.clock import AnyioClock, Clock
-from keeper.master.deployments import (
+from keeper.master.membership import Membership
+from keeper.master.subscriptions import Fanout, Subscription
+from keeper.placement import place_instance
+from keeper.runtime.clock import AnyioClock, Clock
+from keeper.runtime.deployments import (
     created_response,
     deleted_response,
     deployment_views,
@@ -69,23 +77,16 @@ from keeper.master.deployments import (
     placement_enums,
     shown,
 )
-from keeper.master.errors import (
+from keeper.runtime.errors import (
     BadRequestError,
     ChatFailedError,
     NoInstanceError,
     NotFoundError,
     NotRunningError,
 )
-from keeper.master.event_log import FileOps, Recovery
-from keeper.master.event_store import EventStore, LogNotWritableError
-from keeper.master.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
-from keeper.master.membership import Membership
-from keeper.master.protocol import (
-    ChatMessage,
-    ChatRequest,
-)
-from keeper.master.subscriptions import Fanout, Subscription
-from keeper.placement import place_instance
+from keeper.runtime.event_log import FileOps, Recovery
+from keeper.runtime.event_store import EventStore, LogNotWritableError
+from keeper.runtime.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
 from keeper.state import (
     SERVING_RUNNER_TYPES,
     InstanceMeta,
@@ -121,7 +122,7 @@ class MasterConfig:
     node_timeout_s: float = 30.0
     # exo's sweep period for instances that use a node missing from the topology.
     sweep_interval_s: float = 10.0
-    # How often the keeper steps (SPEC §3: once a second).
+    # How often the keeper steps (docs/design.md §6.6: once a second).
     keeper_interval_s: float = 1.0
     # How often node silence is checked; a tenth of the timeout would do, a second is cheap.
     membership_check_s: float = 1.0
@@ -129,10 +130,11 @@ class MasterConfig:
     # restart after a crash stays under 0.2 s (``make bench``, store section). Each snapshot is
     # followed by a compaction, so this also bounds the log's non-history tail (~1.2 MB).
     snapshot_every_events: int = 5_000
-    # Compact the log after each snapshot (keeping deployment and instance events). Off only for
-    # a test or an audit that wants every event the master ever logged.
+    # Compact the log after each snapshot (keeping deployment and instance events). Off for a
+    # test or an audit that wants every event the master ever logged, and always off without
+    # the keeper: the stand-in for a stock exo serves its whole log on GET /events, as exo does.
     compact_log: bool = True
-    # Before this long after start the keeper places nothing (SPEC §3 "New master"); a harness
+    # Before this long after start the keeper places nothing (docs/design.md §5.6); a harness
     # that starts a fresh cluster may shorten it.
     startup_grace_s: float = STARTUP_GRACE
     # A chat request whose node sends nothing for this long is ended with an error.
@@ -171,29 +173,36 @@ class Master:
         clock: Clock | None = None,
         config: MasterConfig | None = None,
         *,
-        place: PlaceFn = place_instance,
+        place: PlaceFn | None = None,
         keeper_factory: KeeperFactory = default_keeper,
+        new_id: IdFactory = new_id,
         file_ops: FileOps | None = None,
     ) -> None:
+        """``place`` defaults to exo's rules (``place_instance``) minting ids with ``new_id``;
+        every id this master mints (deployments, instances, runners, commands, chats) comes
+        from ``new_id``, so a replayable run passes a seeded one."""
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else MasterConfig()
         self.catalog: dict[str, ModelCard] = catalog_by_id(self.config.model_cards)
         self._clock = clock
-        self._place = place
+        self.new_id = new_id
+        self._place = (
+            place if place is not None else functools.partial(place_instance, new_id=new_id)
+        )
         self._keeper_factory = keeper_factory
         self._keeper: KeeperLike | None = None
         self._store = EventStore(
             self.data_dir,
             snapshot_every=self.config.snapshot_every_events,
             io_in_thread=self.config.log_io_in_thread,
-            compact=self.config.compact_log,
+            compact=self.config.compact_log and self.config.keeper_enabled,
             file_ops=file_ops,
         )
         self._lock = anyio.Lock()
         self._router_send: MemoryObjectSendStream[_Emit] | None = None
         self._waiters: dict[int, _Emit] = {}
         self._fanout = Fanout()
-        self._chats = ChatRouter(self.config.chat_chunk_timeout_s)
+        self._chats = ChatRouter(self.config.chat_chunk_timeout_s, new_id)
         self._membership = Membership(
             lambda: self._state,
             self.emit,
@@ -312,11 +321,16 @@ class Master:
         card = self._card(model_id)
         async with self._lock:
             deployment = new_deployment(
-                self._state.deployments, card, sharding, instance_meta, min_nodes
+                self._state.deployments,
+                card,
+                sharding,
+                instance_meta,
+                min_nodes,
+                new_id=self.new_id,
             )
             await self._emit_and_wait([DeploymentCreated(deployment=deployment)])
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)
-        return created_response(deployment)
+        return created_response(deployment, self.new_id)
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
         async with self._lock:
@@ -325,7 +339,7 @@ class Master:
             self._keeper_version += 1
             await self._emit_and_wait(events)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
-        return deleted_response(deployment)
+        return deleted_response(deployment, self.new_id)
 
     async def place_instance(
         self,
@@ -344,7 +358,7 @@ class Master:
             await self._emit_and_wait([InstanceCreated(instance=instance)])
         return CommandResponse(
             message=f"Instance of {model_id} placed",
-            command_id=new_id(),
+            command_id=self.new_id(),
             instance_id=instance.instance_id,
         )
 
@@ -355,7 +369,7 @@ class Master:
             await self._emit_and_wait([InstanceDeleted(instance_id=instance_id)])
         return CommandResponse(
             message=f"Instance {instance_id} deleted",
-            command_id=new_id(),
+            command_id=self.new_id(),
             instance_id=instance_id,
         )
 
@@ -599,7 +613,7 @@ class Master:
     # --- node sessions -------------------------------------------------------------------
 
     async def serve_node(self, channel: MasterSide) -> None:
-        """Serve one node connection until it closes (see ``keeper.master.protocol``)."""
+        """Serve one node connection until it closes (see ``keeper.link.protocol``)."""
         if not self.running:
             with contextlib.suppress(ChannelClosedError):
                 await channel.aclose()

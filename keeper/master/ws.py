@@ -1,6 +1,6 @@
 """The node WebSocket (``/node/ws``): a Starlette WebSocket adapted to ``MasterSide``.
 
-One JSON text frame per protocol message (``keeper.master.protocol``), so the master's session
+One JSON text frame per protocol message (``keeper.link.protocol``), so the master's session
 logic is the same over a socket as over the in-memory channel the virtual-time tests use. A
 frame that is not a protocol message ends that session with close code 1007 and a reason that
 names the problem; it never reaches the master as an exception. With a token configured the
@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from keeper.master.auth import bearer_matches
-from keeper.master.channel import ChannelClosedError
-from keeper.master.protocol import (
+from keeper.httpapi.auth import bearer_matches
+from keeper.link.channel import ChannelClosedError
+from keeper.link.protocol import (
     MASTER_MESSAGE,
     NODE_MESSAGE,
     AnyMasterMessage,

@@ -14,9 +14,9 @@ import sys
 
 import anyio
 
-from keeper.master.clock import AnyioClock
 from keeper.node.sim_node import NodeConfig, SimNode
 from keeper.node.ws_client import NodeRejectedError, node_ws_url, run_node_forever
+from keeper.runtime.clock import AnyioClock
 
 log = logging.getLogger(__name__)
 

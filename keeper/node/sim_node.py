@@ -25,9 +25,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from keeper.apply import apply_indexed
-from keeper.master.channel import ChannelClosedError, NodeSide
-from keeper.master.clock import Clock
-from keeper.master.protocol import (
+from keeper.link.channel import ChannelClosedError, NodeSide
+from keeper.link.protocol import (
     HEARTBEAT_S,
     INFO_REFRESH_S,
     AnyNodeMessage,
@@ -45,6 +44,7 @@ from keeper.master.protocol import (
     RunnerStatusReport,
     Welcome,
 )
+from keeper.runtime.clock import Clock
 from keeper.state import (
     AnyInstance,
     AnyRunnerStatus,
@@ -331,15 +331,6 @@ class SimNode:
 
     def running_instances(self) -> list[str]:
         return sorted(iid for iid, r in self._runners.items() if not r.shutting_down)
-
-    def runner_statuses(self) -> dict[str, AnyRunnerStatus]:
-        """The status of each runner this node holds, by instance id, as of now."""
-        now = self._clock.monotonic()
-        statuses: dict[str, AnyRunnerStatus] = {}
-        for iid, runner in self._runners.items():
-            runner.advance(now)
-            statuses[iid] = runner.status(now, self._chatting[iid] > 0)
-        return statuses
 
     def kill_runner(self, instance_id: str | None = None) -> int:
         """Make a runner fail now (every runner of this node when ``instance_id`` is None); it is

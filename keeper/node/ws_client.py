@@ -19,10 +19,10 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from keeper.master.channel import ChannelClosedError
-from keeper.master.clock import Clock
-from keeper.master.protocol import MASTER_MESSAGE, NODE_MESSAGE, AnyMasterMessage, AnyNodeMessage
+from keeper.link.channel import ChannelClosedError
+from keeper.link.protocol import MASTER_MESSAGE, NODE_MESSAGE, AnyMasterMessage, AnyNodeMessage
 from keeper.node.sim_node import SimNode
+from keeper.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ PARTITION_S = (10.0, 60.0)
 # A crashed node comes back after the local cluster's default restart delay: longer than exo's
 # 30 s node timeout plus the 10 s sweep, so its instance is lost and the keeper must re-place it.
 NODE_DOWN_S = 60.0
-# A killed master is restarted after the local cluster's delay (keeper.node.cluster).
+# A killed master is restarted after the local cluster's delay (keeper.cluster.local).
 MASTER_DOWN_S = 1.0
 # Faults that take a node away leave at least this many healthy: the pipeline model needs two.
 MIN_HEALTHY_NODES = 2

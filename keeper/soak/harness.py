@@ -31,9 +31,9 @@ import anyio
 import httpx
 
 from keeper.api_models import DeploymentsResponse, StreamSnapshot
+from keeper.cluster.local import HOST, LocalCluster
 from keeper.events import IndexedEvent
-from keeper.master.event_log import LOG_FILE
-from keeper.node.cluster import HOST, LocalCluster
+from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import NODE_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import MAX_TOKENS
 from keeper.soak.report import Deployed, RunKind, SoakReport

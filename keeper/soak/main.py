@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import anyio
 
 from keeper.arguments import EXIT_USAGE, UsageParser, positive_float, whole_number
-from keeper.master.entry import expected_failure, run_until_signal
-from keeper.node.cluster import ClusterError
+from keeper.cluster.local import ClusterError
+from keeper.runtime.entry import expected_failure, run_until_signal
 from keeper.soak.harness import layout_summary, run_processes
 from keeper.soak.report import SoakReport, format_recovery, format_table
 from keeper.soak.run import SoakError, SoakSettings
@@ -150,8 +150,12 @@ def _failure(exc: BaseException) -> str | None:
     return None if found is None else str(found)
 
 
+# What soak-sim says when trio is missing: it is the `sim` extra's, not a base dependency.
+NEEDS_TRIO = "exo-deploy soak-sim needs trio: pip install 'exo-deploy[sim]'"
+
+
 def _mock_clock() -> Any:
-    """trio's MockClock jumping whenever every task waits (trio is a development dependency,
+    """trio's MockClock jumping whenever every task waits (trio comes with the ``sim`` extra,
     so it is looked up only when a virtual run is asked for)."""
     testing = importlib.import_module("trio.testing")
     return testing.MockClock(autojump_threshold=0)
@@ -197,11 +201,7 @@ def soak_sim_main(argv: Sequence[str] | None = None) -> int:
     try:
         clock = _mock_clock()
     except ImportError:
-        print(
-            "exo-deploy soak-sim: needs trio (pip install trio, or the dev extras: "
-            "pip install -e '.[dev]')",
-            file=sys.stderr,
-        )
+        print(NEEDS_TRIO, file=sys.stderr)
         return EXIT_USAGE
     settings: SoakSettings = virtual_settings(args.hours, args.seed, args.nodes)
 

@@ -1,7 +1,7 @@
 """The soak in virtual time: the same run against a master and in-process nodes under MockClock.
 
 ``VirtualTarget`` gives ``keeper.soak.run`` what it needs from an in-process cluster
-(``keeper.node.in_process``): node faults are its crash/freeze/partition/kill-runner methods; a
+(``keeper.cluster.in_process``): node faults are its crash/freeze/partition/kill-runner methods; a
 master crash stops the running ``Master`` (its tasks are cancelled, as a kill would end them)
 and starts a new one on the same data dir after ``MASTER_DOWN_S``, which rebuilds its State
 from the event log while the nodes reconnect to it.
@@ -13,10 +13,12 @@ clients are sparser (the run's probes still time every recovery to the second), 
 heartbeat every 5 s rather than every second (still six times inside the node timeout).
 
 Under trio's ``MockClock(autojump_threshold=0)`` the clock jumps whenever every task waits, so
-a simulated day takes a minute or two. A run is replayable: ``deterministic(seed)`` seeds the
-only sources of chance in the process, the uuid4 ids (instance, runner and deployment ids,
-whose order decides ties) and trio's scheduler (which otherwise orders each batch of ready tasks
-by chance and by memory address). The same seed then gives the same report, field for field.
+a simulated day takes a minute or two. A run is replayable: its only sources of chance are
+seeded, the ids (instance, runner and deployment ids, whose order decides ties), which every
+master of the run mints with one ``seeded_ids(seed)`` factory passed in, and trio's scheduler
+(which otherwise orders each batch of ready tasks by chance and by memory address), which
+``deterministic(seed)`` seeds around the event loop. The same seed then gives the same report,
+field for field.
 
 The master's log goes to a temporary directory, in memory (``/dev/shm``) where there is one:
 the master fsyncs every batch, and a disk's fsync would cost more wall time than the rest.
@@ -36,16 +38,16 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-import keeper.commands
+from keeper.cluster.in_process import InProcessCluster
+from keeper.cluster.local import DEFAULT_LOAD_GB_PER_S, NODE_SIZES_GB
 from keeper.events import IndexedEvent
-from keeper.master.errors import MasterError
-from keeper.master.event_log import LOG_FILE
-from keeper.master.protocol import ChatMessage
+from keeper.ids import IdFactory, new_id
+from keeper.link.protocol import ChatMessage
 from keeper.master.service import Master, MasterConfig
 from keeper.master.subscriptions import Subscription
-from keeper.node.cluster import DEFAULT_LOAD_GB_PER_S, NODE_SIZES_GB
-from keeper.node.in_process import InProcessCluster
 from keeper.node.sim_node import NodeConfig
+from keeper.runtime.errors import MasterError
+from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import MASTER_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import LoadSettings
 from keeper.soak.report import Deployed, RunKind, SoakReport
@@ -83,31 +85,26 @@ def node_configs(nodes: int) -> list[NodeConfig]:
     ]
 
 
-@contextlib.contextmanager
-def deterministic(seed: int) -> Generator[None]:
-    """Seed uuid4 (as the keeper and the master call it) and trio's scheduler, then restore."""
+def seeded_ids(seed: int) -> IdFactory:
+    """uuid4-shaped ids (placement derives ports from them) drawn from a generator seeded by
+    ``seed``: the same sequence on every run."""
     rng = random.Random(f"ids-{seed}")
 
-    def seeded_uuid4() -> uuid.UUID:
-        return uuid.UUID(int=rng.getrandbits(128), version=4)
+    def seeded_id() -> str:
+        return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
-    original_uuid4 = uuid.uuid4
-    original_commands_uuid4 = keeper.commands.uuid4
-    uuid.uuid4 = seeded_uuid4
-    keeper.commands.uuid4 = seeded_uuid4
-    with _seeded_trio_scheduler(seed):
-        try:
-            yield
-        finally:
-            uuid.uuid4 = original_uuid4
-            keeper.commands.uuid4 = original_commands_uuid4
+    return seeded_id
 
 
 @contextlib.contextmanager
-def _seeded_trio_scheduler(seed: int) -> Generator[None]:
+def deterministic(seed: int) -> Generator[None]:
     """trio's own switch for replayable runs (the one its Hypothesis plugin throws): each batch
     of ready tasks is put in creation order, then shuffled by trio's seeded ``_r``. Without it
-    the order also depends on memory addresses (tasks in sets), which differ between runs."""
+    the order also depends on memory addresses (tasks in sets), which differ between runs.
+
+    Both names are private: trio has no public way to ask for this yet
+    (https://github.com/python-trio/trio/issues/2675). Hence the upper bound on trio in
+    pyproject.toml and the canary tests/test_trio_canary.py, which fails when either moves."""
     try:
         run_module: Any = importlib.import_module("trio._core._run")
     except ImportError:  # not running on trio: nothing to seed
@@ -133,8 +130,18 @@ class VirtualTarget:
 
     run_kind: RunKind = "virtual"
 
-    def __init__(self, data_dir: Path, nodes: int, config: MasterConfig | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        nodes: int,
+        config: MasterConfig | None = None,
+        *,
+        new_id: IdFactory = new_id,
+    ) -> None:
         self._data_dir = data_dir
+        # One factory for every master of the run, so a restarted master goes on with the
+        # sequence rather than starting it again.
+        self._new_id = new_id
         self._config = config if config is not None else MasterConfig()
         self._configs = node_configs(nodes)
         self._cluster = InProcessCluster(None, self._configs)
@@ -157,7 +164,7 @@ class VirtualTarget:
 
     async def _start_master(self) -> None:
         assert self._group is not None
-        master = Master(self._data_dir, config=self._config)
+        master = Master(self._data_dir, config=self._config, new_id=self._new_id)
         scope = anyio.CancelScope()
         stopped = anyio.Event()
 
@@ -270,9 +277,10 @@ def virtual_settings(hours: float, seed: int, nodes: int) -> SoakSettings:
 async def run_virtual(
     settings: SoakSettings, data_dir: Path, say: Callable[[str], None]
 ) -> SoakReport:
-    """One virtual soak inside the running (MockClock) event loop; seed it with ``deterministic``
-    around the event loop for a replayable run."""
-    target = VirtualTarget(data_dir, settings.nodes)
+    """One virtual soak inside the running (MockClock) event loop, its ids seeded by the
+    settings' seed; seed trio's scheduler with ``deterministic`` around the event loop for a
+    replayable run."""
+    target = VirtualTarget(data_dir, settings.nodes, new_id=seeded_ids(settings.seed))
     report: SoakReport | None = None
     async with anyio.create_task_group() as group:
         await group.start(target.run)

@@ -33,7 +33,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
-from keeper.master.log_scan import iter_log_file
+from keeper.runtime.log_scan import iter_log_file
 from keeper.state import SERVING_RUNNER_TYPES, AnyInstance, State
 
 # The keeper steps once a second and only an instance it saw ready at a step counts as having
@@ -77,12 +77,10 @@ class DuplicateCounter:
     """Counts episodes of a model having two or more instances, over a sequence of States."""
 
     episodes: int = 0
-    states_checked: int = 0
     examples: list[str] = field(default_factory=list[str])
     _doubled: set[str] = field(default_factory=set[str])
 
     def check(self, state: State) -> None:
-        self.states_checked += 1
         doubled = doubled_models(state)
         for model in sorted(doubled - self._doubled):
             self.episodes += 1
@@ -130,7 +128,6 @@ class ClusterWatch:
         self.excluded: Counter[ExclusionReason] = Counter()
         self.ready_since: dict[str, float] = {}
         self.deleted_at: dict[str, float] = {}
-        self.snapshots = 0
         self.events = 0
         self._master_started_at = -STARTUP_GRACE
         self._gaps: dict[str, _Gap] = {}
@@ -145,7 +142,6 @@ class ClusterWatch:
 
     def snapshot(self, state: State, now: float) -> None:
         """The stream (re)connected: this is the master's State now."""
-        self.snapshots += 1
         for instance_id in self.state.instances:
             if instance_id not in state.instances:
                 self._deleted(instance_id, now)

@@ -1,0 +1,177 @@
+"""The deployments API's rules (docs/design.md §7.2), written once for both services that
+serve it: the master (``keeper.master.service``) and the bridge (``keeper.bridge.service``).
+
+The two differ in where a model's card comes from (the master's catalog, exo's model list) and
+where a deployment's events go (the master's router, the bridge's own log). What a request may
+ask, when it conflicts, what a new deployment holds, what the answer says and how a deployment
+is shown with the keeper's timers are the same, so a client cannot tell them apart. Refusals
+raise a ``keeper.runtime.errors`` type with a message for the operator (the API's 4xx).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+
+from keeper.api_models import CommandResponse, DeploymentView
+from keeper.core import DeploymentTimer, deployment_status
+from keeper.ids import IdFactory, new_id
+from keeper.runtime.clock import Clock, iso_utc
+from keeper.runtime.errors import BadRequestError, ConflictError, NotFoundError
+from keeper.runtime.hosted_keeper import KeeperLike
+from keeper.state import Deployment, InstanceMeta, ModelCard, Sharding, State
+
+# Errors quote what the client sent, cut to this many characters: a megabyte-long id need not
+# come back in full.
+SHOWN_MAX_CHARS = 120
+
+
+def shown(value: str) -> str:
+    """``value`` quoted for an error message, cut if it is long."""
+    return repr(value if len(value) <= SHOWN_MAX_CHARS else value[:SHOWN_MAX_CHARS] + "...")
+
+
+def placement_enums(
+    sharding: Sharding | str, instance_meta: InstanceMeta | str
+) -> tuple[Sharding, InstanceMeta]:
+    """The request's sharding and instance type as enums; BadRequestError naming a bad one."""
+    try:
+        sharding_ = Sharding(sharding)
+    except ValueError:
+        choices = ", ".join(s.value for s in Sharding)
+        raise BadRequestError(
+            f"Unknown sharding {sharding!r}: expected one of {choices}", param="sharding"
+        ) from None
+    try:
+        meta = InstanceMeta(instance_meta)
+    except ValueError:
+        choices = ", ".join(m.value for m in InstanceMeta)
+        raise BadRequestError(
+            f"Unknown instance_meta {instance_meta!r}: expected one of {choices}",
+            param="instance_meta",
+        ) from None
+    return sharding_, meta
+
+
+def _check_min_nodes(card: ModelCard, min_nodes: int) -> None:
+    if min_nodes < 1:
+        raise BadRequestError(f"min_nodes must be at least 1, got {min_nodes}", param="min_nodes")
+    # Every node of an instance holds at least one layer, so no cluster of any size can place
+    # a model on more nodes than it has layers. (0 layers: not known, as for a model the bridge
+    # knows only from exo's list; exo's own placement judges then.)
+    if 0 < card.n_layers < min_nodes:
+        raise BadRequestError(
+            f"min_nodes {min_nodes} is more than {card.model_id} has layers ({card.n_layers}); "
+            "no cluster could place it",
+            param="min_nodes",
+        )
+
+
+def new_deployment(
+    deployments: Mapping[str, Deployment],
+    card: ModelCard,
+    sharding: Sharding | str,
+    instance_meta: InstanceMeta | str,
+    min_nodes: int,
+    *,
+    new_id: IdFactory = new_id,
+) -> Deployment:
+    """A new deployment of ``card`` as the request asks, if the request can work and none of
+    ``deployments`` already keeps that model.
+
+    Call it under the lock the deployment's event is recorded under, so two requests cannot
+    both pass the check."""
+    sharding_, meta = placement_enums(sharding, instance_meta)
+    _check_min_nodes(card, min_nodes)
+    model_id = card.model_id
+    for existing in deployments.values():
+        if existing.model_card.model_id == model_id:
+            raise ConflictError(
+                f"Model {model_id} already has deployment {existing.deployment_id}; "
+                "delete it first to change its settings",
+                param="model_id",
+            )
+    return Deployment(
+        deployment_id=new_id(),
+        model_card=card,
+        sharding=sharding_,
+        instance_meta=meta,
+        min_nodes=min_nodes,
+    )
+
+
+def existing_deployment(deployments: Mapping[str, Deployment], deployment_id: str) -> Deployment:
+    deployment = deployments.get(deployment_id)
+    if deployment is None:
+        raise NotFoundError(f"Deployment {shown(deployment_id)} not found", param="deployment_id")
+    return deployment
+
+
+def created_response(deployment: Deployment, new_id: IdFactory = new_id) -> CommandResponse:
+    return CommandResponse(
+        message=f"Deployment of {deployment.model_card.model_id} created",
+        command_id=new_id(),
+        deployment_id=deployment.deployment_id,
+    )
+
+
+def deleted_response(deployment: Deployment, new_id: IdFactory = new_id) -> CommandResponse:
+    return CommandResponse(
+        message=f"Deployment of {deployment.model_card.model_id} deleted",
+        command_id=new_id(),
+        deployment_id=deployment.deployment_id,
+    )
+
+
+def _deployment_view(
+    deployment: Deployment,
+    state: State,
+    timer: DeploymentTimer | None,
+    now: float,
+    wall: datetime | None,
+    *,
+    detail: str | None = None,
+) -> DeploymentView:
+    """``deployment`` as ``GET /deployments`` shows it: its status in ``state`` and the keeper's
+    timer for it (``now`` on the keeper's monotonic clock, ``wall`` the same moment in UTC)."""
+    next_at = timer.next_attempt_at if timer is not None else None
+    return DeploymentView(
+        deployment=deployment,
+        status=deployment_status(deployment, state),
+        failures=timer.failures if timer is not None else 0,
+        next_attempt_at=(
+            iso_utc(wall + timedelta(seconds=next_at - now))
+            if next_at is not None and wall is not None
+            else None
+        ),
+        next_attempt_in_s=round(max(0.0, next_at - now), 3) if next_at is not None else None,
+        waiting=timer.waiting if timer is not None else None,
+        detail=detail,
+    )
+
+
+def deployment_views(
+    state: State,
+    keeper: KeeperLike | None,
+    clock: Clock | None,
+    detail: Callable[[str], str | None] | None = None,
+) -> list[DeploymentView]:
+    """Every deployment of ``state`` as ``GET /deployments`` shows it, in id order, with the
+    keeper's timers once it runs; ``detail`` says more of a deployment, in words, by its id."""
+    timers: dict[str, DeploymentTimer] = {}
+    now = 0.0
+    if keeper is not None and clock is not None:
+        now = clock.monotonic()
+        timers = keeper.timers(state, now)
+    wall = clock.wall() if clock is not None else None
+    return [
+        _deployment_view(
+            state.deployments[deployment_id],
+            state,
+            timers.get(deployment_id),
+            now,
+            wall,
+            detail=detail(deployment_id) if detail is not None else None,
+        )
+        for deployment_id in sorted(state.deployments)
+    ]

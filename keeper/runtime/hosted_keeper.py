@@ -1,0 +1,100 @@
+"""The keeper as a service hosts it: what the master and the bridge need of one, and how they
+start it.
+
+Both step ``keeper.core.Keeper`` on their own loop and read its timers for ``GET /deployments``;
+tests inject other keepers (one that fails, one that fails now and then) through the same
+``KeeperFactory``, so the seam is one Protocol here rather than a copy in each service.
+
+``start_keeper`` wraps whatever the factory makes in ``HostedKeeper``, the one place where the
+pure keeper's kept placement crashes meet a logger: each is logged with its traceback, once per
+deployment and distinct error, for the master and the bridge alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from keeper.core import DeploymentTimer, Keeper, PlaceFn
+from keeper.events import AnyEvent
+from keeper.state import DeploymentId, State
+
+log = logging.getLogger(__name__)
+
+
+class KeeperLike(Protocol):
+    """What a service needs of a keeper (``keeper.core.Keeper``; tests may inject another)."""
+
+    def step(self, state: State, now: float) -> list[AnyEvent]: ...
+    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]: ...
+    def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]: ...
+
+
+@runtime_checkable
+class KeepsPlacementCrashes(Protocol):
+    """A keeper that keeps the exceptions its placements raised (``keeper.core.Keeper``)."""
+
+    def placement_crashes(self) -> Mapping[DeploymentId, Exception]: ...
+
+
+def describe(crash: BaseException) -> str:
+    """An exception as the keeper records it on the deployment."""
+    return f"{type(crash).__name__}: {crash}"
+
+
+class HostedKeeper:
+    """A keeper as a service runs it: every call goes to ``inner``; after each step, each
+    placement crash ``inner`` keeps is logged with its traceback, unless that deployment's
+    crash with the same description was logged already."""
+
+    def __init__(self, inner: KeeperLike) -> None:
+        self.inner = inner
+        # What was logged per deployment that is still crashing (so it stays bounded).
+        self._logged: dict[DeploymentId, str] = {}
+
+    def step(self, state: State, now: float) -> list[AnyEvent]:
+        events = self.inner.step(state, now)
+        if isinstance(self.inner, KeepsPlacementCrashes):
+            self._log_crashes(self.inner.placement_crashes())
+        return events
+
+    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
+        return self.inner.delete(deployment_id, state)
+
+    def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
+        return self.inner.timers(state, now)
+
+    def _log_crashes(self, crashes: Mapping[DeploymentId, Exception]) -> None:
+        logged: dict[DeploymentId, str] = {}
+        for deployment_id, crash in crashes.items():
+            described = describe(crash)
+            if self._logged.get(deployment_id) != described:
+                log.error(
+                    "placement crashed for deployment %s (%s); it is retried as unplaceable",
+                    deployment_id,
+                    described,
+                    exc_info=crash,
+                )
+            logged[deployment_id] = described
+        self._logged = logged
+
+
+class KeeperFactory(Protocol):
+    """Makes the keeper a service hosts (``Keeper`` itself fits)."""
+
+    def __call__(
+        self, started_at: float, place: PlaceFn, *, startup_grace: float
+    ) -> KeeperLike: ...
+
+
+def default_keeper(started_at: float, place: PlaceFn, *, startup_grace: float) -> KeeperLike:
+    return Keeper(started_at, place=place, startup_grace=startup_grace)
+
+
+def start_keeper(
+    factory: KeeperFactory, now: float, startup_grace_s: float, place: PlaceFn
+) -> KeeperLike:
+    """A keeper started ``now`` whose grace (docs/design.md, "New master") lasts
+    ``startup_grace_s``, as its host runs it (``HostedKeeper``)."""
+    return HostedKeeper(factory(now, place, startup_grace=startup_grace_s))
