@@ -97,7 +97,7 @@ def bench_soak_size() -> list[Row]:
         written[0] += count
         return count
 
-    def measured_compact(self: EventLog, state: State) -> tuple[int, int]:
+    def measured_compact(self: EventLog, state: State, keep_from: int = 0) -> tuple[int, int]:
         # The dir is at its largest just before a compaction (plus the temp file it writes).
         assert self.data_dir is not None
         history = sum(
@@ -106,7 +106,7 @@ def bench_soak_size() -> list[Row]:
             if is_history_line(line)
         )
         peak[0] = max(peak[0], sum(_dir_bytes(self.data_dir).values()) + history)
-        return real_compact(self, state)
+        return real_compact(self, state, keep_from)
 
     with (
         tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp,
@@ -242,8 +242,12 @@ class SqliteLog:
             )
         self.events_since_snapshot = 0
 
-    def compact(self, state: State) -> tuple[int, int]:
+    def compact(self, state: State, keep_history_from: int = 0) -> tuple[int, int]:
         _sqlite_compact(self._db, state.last_event_applied_idx)
+        if keep_history_from:
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.execute("DELETE FROM events WHERE idx < ?", (keep_history_from,))
         return 0, 0
 
     def probe(self) -> None:
