@@ -12,4 +12,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("placement", "bench.placement_bench"),
     ("master", "bench.master_bench"),
     ("tui", "bench.tui_bench"),
+    ("store", "bench.store_bench"),
 )

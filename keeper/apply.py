@@ -7,7 +7,7 @@ because in a distributed log an event may legitimately arrive after what it name
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from keeper.events import (
@@ -110,10 +110,21 @@ def apply(state: State, event: AnyEvent) -> State:
             return _remove_node(state, node_id)
 
 
+def apply_all(state: State, batch: Sequence[IndexedEvent]) -> State:
+    """Apply numbered events in order and record the last index, as exo's workers do.
+
+    The one spelling of "apply, then record the index": the log's replay, the master's router,
+    the bridge and every follower of the stream use it."""
+    if not batch:
+        return state
+    for indexed in batch:
+        state = apply(state, indexed.event)
+    return state.model_copy(update={"last_event_applied_idx": batch[-1].idx})
+
+
 def apply_indexed(state: State, indexed: IndexedEvent) -> State:
-    """Apply an event from the master's log and record its index, as exo's workers do."""
-    applied = apply(state, indexed.event)
-    return applied.model_copy(update={"last_event_applied_idx": indexed.idx})
+    """Apply one event from the master's log and record its index."""
+    return apply_all(state, (indexed,))
 
 
 def _apply_node_info(state: State, info: NodeGatheredInfo) -> State:

@@ -201,6 +201,19 @@ def cmd_master(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_log(args: argparse.Namespace) -> int:
+    from keeper.runtime import log_repair  # noqa: PLC0415 (only this command needs it)
+
+    report = (
+        log_repair.check(args.data_dir)
+        if args.action == "check"
+        else log_repair.repair(args.data_dir)
+    )
+    for line in report.lines:
+        print(line, file=sys.stdout if report.ok else sys.stderr)
+    return report.exit_code
+
+
 def cmd_node(args: argparse.Namespace) -> int:
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
@@ -318,6 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
     _exo_compat_option(master)
     master.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     master.set_defaults(handler=cmd_master)
+
+    log_ = command("log", "check or repair a stopped master's or bridge's data dir")
+    log_.add_argument(
+        "action",
+        choices=("check", "repair"),
+        help="check: read it as a start would (exit 0 ok, 1 damaged); repair: back the log up "
+        "and cut it at the last good record",
+    )
+    log_.add_argument("data_dir", type=Path, metavar="DIR", help="the --data-dir to look at")
+    log_.set_defaults(handler=cmd_log)
 
     node = command("node", "a simulated node that joins a master, runs runners, serves tokens")
     node.add_argument("--master", required=True, metavar="URL", help="the master, http://HOST:PORT")

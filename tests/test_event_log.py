@@ -267,7 +267,7 @@ async def test_batched_fsync_loses_no_acknowledged_event(
     monkeypatch.setattr(
         event_log_module.os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1]
     )
-    master = Master(tmp_path, config=MasterConfig(snapshot_every_events=10**9))
+    master = Master(tmp_path, config=MasterConfig(snapshot_every_events=10**9, compact_log=False))
     acknowledged: list[str] = []
     models = list(CATALOG)
     expected = len(models) + 20 * 50

@@ -73,7 +73,6 @@ async def test_hours_of_faults_under_load_lose_nothing_and_never_double(tmp_path
     assert report.requests == report.results + report.errors + report.lost
     assert report.results > 1000
     assert report.errors > 0  # faults do cost requests (answered with an error, never lost)
-    assert report.events_checked > 1000
     injected = {fault.kind for fault in report.faults}
     assert injected == set(FaultKind), f"not injected: {set(FaultKind) - injected}"
     assert len(report.faults) >= HOURS * 60  # one every 20-60 s
@@ -83,6 +82,10 @@ async def test_hours_of_faults_under_load_lose_nothing_and_never_double(tmp_path
     # Node crashes cost the instances they held; the keeper re-placed them at its next step.
     crashes = [f for f in report.faults if f.kind is FaultKind.NODE_CRASH]
     assert any(fault.instance_survived is False for fault in crashes)
+    # The compacted log keeps every deployment and instance event: at least the two deployments,
+    # their first instances, and a new instance for each one a crash took.
+    lost = sum(1 for fault in crashes if fault.instance_survived is False)
+    assert report.events_checked >= 4 + lost
     latency = report.keeper_added_latency
     assert latency.samples > 0
     assert latency.alone_p99_s is not None and latency.alone_p99_s <= 1.1

@@ -50,6 +50,7 @@ def create_bridge_app(
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        return JSONResponse(bridge.health())
+        # 503 while the bridge's log cannot be written: it reads, but accepts no change.
+        return JSONResponse(bridge.health(), status_code=200 if bridge.write_error is None else 503)
 
     return app

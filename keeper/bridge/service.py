@@ -26,8 +26,10 @@ on exo's State with the bridge's own deployments merged in:
   paces the next try;
 - ``InstanceDeleted`` (from a deletion) dooms the instance: ``DELETE {exo}/instance/{id}`` until
   exo's State shows it gone (``keeper.bridge.doomed``);
-- deployment events are the bridge's own: numbered, appended to the same durable event log the
-  master uses (``keeper.runtime.event_log``), and applied to a State that holds only deployments.
+- deployment events are the bridge's own: committed to the same event store the master uses
+  (``keeper.runtime.event_store``: numbered, logged durably, applied, snapshotted, compacted)
+  for a State that holds only deployments. While that log cannot be written (disk full,
+  read-only) commands get a 503 naming the cause and the keeper is not stepped, as in the master.
 
 Nothing is decided on a stale State: if the read fails (no answer, a 5xx, unreadable JSON), the
 keeper is not stepped and the deployments say why ("exo unreachable since 12:03:04: ..."); the
@@ -67,7 +69,6 @@ import anyio
 from anyio.abc import TaskStatus
 
 from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
-from keeper.apply import apply
 from keeper.bridge import in_flight
 from keeper.bridge.doomed import DoomedInstances
 from keeper.bridge.exo_client import (
@@ -97,12 +98,12 @@ from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.cluster_view import models_with_instances
 from keeper.constants import STARTUP_GRACE
+from keeper.core import DeploymentTimer
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentPlaced,
     DeploymentPlacementFailed,
-    IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
 )
@@ -121,7 +122,8 @@ from keeper.runtime.errors import (
     NotFoundError,
     NotRunningError,
 )
-from keeper.runtime.event_log import EventLog
+from keeper.runtime.event_log import FileOps
+from keeper.runtime.event_store import EventStore
 from keeper.runtime.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
 from keeper.state import (
     AnyInstance,
@@ -153,6 +155,9 @@ class BridgeConfig:
     # each (``keeper.bridge.exo_wire.file_card``), by model id: the full cards the bridge may
     # place with when exo cannot place for it (docs/bridge.md, "Placement").
     exo_card_files: Mapping[str, JsonObject] = field(default_factory=dict[str, JsonObject])
+    # The bridge logs only deployment events (a few a minute): a snapshot, and the compaction
+    # after it, every thousand keep restart instant and the log small.
+    snapshot_every_events: int = 1_000
 
 
 class ExoDownError(MasterError):
@@ -184,6 +189,7 @@ class Bridge:
         config: BridgeConfig | None = None,
         *,
         keeper_factory: KeeperFactory = default_keeper,
+        file_ops: FileOps | None = None,
     ) -> None:
         # One exo API per URL given, in order of preference; ``exo`` is the one in use.
         self.exo_apis: tuple[ExoApi, ...] = tuple(exo) if isinstance(exo, Sequence) else (exo,)
@@ -197,9 +203,10 @@ class Bridge:
         self._keeper_factory = keeper_factory
         self._keeper: KeeperLike | None = None
         self._last_error: str | None = None
-        self._log = EventLog(self.data_dir)
-        self._own = State()  # the bridge's deployments: the log's State
-        self._next_idx = 0
+        # The bridge's deployments: the log's State (``_own``).
+        self._store = EventStore(
+            self.data_dir, snapshot_every=self.config.snapshot_every_events, file_ops=file_ops
+        )
         self._lock = anyio.Lock()
         self._exo: ExoState | None = None  # the last good read of exo's State
         self._outage: Outage | None = None
@@ -219,6 +226,15 @@ class Bridge:
         self._running = False
 
     # --- read side -------------------------------------------------------------------------
+
+    @property
+    def _own(self) -> State:
+        return self._store.state
+
+    @property
+    def write_error(self) -> str | None:
+        """Why the bridge's log cannot be written now (its commands are refused), or None."""
+        return self._store.write_error
 
     @property
     def exo(self) -> ExoApi:
@@ -309,8 +325,9 @@ class Bridge:
 
     def health(self) -> dict[str, Any]:
         outage = self._outage
+        status = "degraded" if self._store.write_error is not None else "ok"
         return {
-            "status": "ok" if self._running else "stopped",
+            "status": status if self._running else "stopped",
             "exo": {
                 "url": self.exo.url,  # the one in use
                 "urls": [api.url for api in self.exo_apis],
@@ -323,6 +340,10 @@ class Bridge:
             },
             "deployments": len(self._own.deployments),
             "instances_to_delete": len(self._doomed),
+            "event_log": {
+                "writable": self._store.write_error is None,
+                "error": self._store.write_error,
+            },
         }
 
     # --- commands --------------------------------------------------------------------------
@@ -359,6 +380,8 @@ class Bridge:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             now = self.clock.monotonic()
             events = self.keeper.delete(deployment_id, self.state)
+            # Recorded first: if the log refuses it (503), no instance is doomed either.
+            self._record([event for event in events if not isinstance(event, InstanceDeleted)])
             # Instances sent to exo for it that exo may still apply are deleted too, whenever
             # they land (an unanswered POST may be applied after an election).
             for instance_id, creation in list(self._pending.items()):
@@ -368,7 +391,6 @@ class Bridge:
             for event in events:
                 if isinstance(event, InstanceDeleted):
                     self._doomed.add(event.instance_id, now)
-            self._record([event for event in events if not isinstance(event, InstanceDeleted)])
             self._refused.pop(deployment_id, None)
             # The DELETEs go out with the next tick, on the State it reads: not on an older
             # State, and not while the caller waits (exo may hold commands for seconds).
@@ -441,13 +463,12 @@ class Bridge:
         if self._clock is None:
             self._clock = AnyioClock()
         clock = self._clock
-        recovery = self._log.open()
-        self._own = recovery.state
-        self._next_idx = self._own.last_event_applied_idx + 1
+        self._store.open()
         now = clock.monotonic()
         self._doomed.load(now)
-        self._keeper = start_keeper(
-            self._keeper_factory, now, self.config.startup_grace_s, self._place
+        self._keeper = _PausedWhileUnwritable(
+            start_keeper(self._keeper_factory, now, self.config.startup_grace_s, self._place),
+            self._store,
         )
         self._running = True
         log.info(
@@ -475,9 +496,7 @@ class Bridge:
             for instance_id in list(self._pending):
                 self._doomed.add(instance_id, clock.monotonic(), LATE_LANDING_WATCH_S)
             self._pending.clear()
-            if self._log.events_since_snapshot:
-                self._log.write_snapshot(self._own)
-            self._log.close()
+            self._store.close()
 
     async def tick(self) -> None:
         """Read exo's State; if it answered, settle, delete what is doomed and step the keeper."""
@@ -802,16 +821,30 @@ class Bridge:
             )
 
     def _record(self, events: Sequence[AnyEvent]) -> None:
-        """Number, log (durably) and apply the bridge's own events."""
-        if not events:
-            return
-        indexed = [
-            IndexedEvent.model_construct(idx=self._next_idx + offset, event=event)
-            for offset, event in enumerate(events)
-        ]
-        self._log.append(indexed)
-        state = self._own
-        for entry in indexed:
-            state = apply(state, entry.event)
-        self._own = state.model_copy(update={"last_event_applied_idx": indexed[-1].idx})
-        self._next_idx = indexed[-1].idx + 1
+        """Number, log (durably) and apply the bridge's own events.
+
+        Raises ``LogNotWritableError`` (a 503) with nothing applied if the log cannot take them.
+        """
+        self._store.commit_now(events)
+        self._store.snapshot_now_if_due()
+
+
+class _PausedWhileUnwritable:
+    """The keeper, not stepped while the log cannot be written: the bridge sends a placement to
+    exo BEFORE it records it, so every step first probes the disk (one small fsync a second),
+    and stepping resumes by itself once a probe succeeds."""
+
+    def __init__(self, keeper: KeeperLike, store: EventStore) -> None:
+        self._keeper = keeper
+        self._store = store
+
+    def step(self, state: State, now: float) -> list[AnyEvent]:
+        if not self._store.probe(always=True):
+            return []
+        return self._keeper.step(state, now)
+
+    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
+        return self._keeper.delete(deployment_id, state)
+
+    def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
+        return self._keeper.timers(state, now)

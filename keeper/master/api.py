@@ -79,13 +79,22 @@ def create_app(
     async def healthz() -> JSONResponse:
         if not master.running:
             raise NotRunningError("the master is not running")
+        write_error = master.write_error
+        # 503 while the log cannot be written: reads work, but no change can be accepted.
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "ok" if write_error is None else "degraded",
                 "last_event_applied_idx": master.state.last_event_applied_idx,
                 "nodes_connected": len(master.connected_nodes()),
                 "deployments": len(master.state.deployments),
-            }
+                "event_log": {
+                    "writable": write_error is None,
+                    "error": write_error,
+                    "events_held": master.events_held_unwritable,
+                    "events_dropped": master.events_dropped_unwritable,
+                },
+            },
+            status_code=200 if write_error is None else 503,
         )
 
     return app

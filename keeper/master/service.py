@@ -1,10 +1,16 @@
 """The master: one State, one ordered stream of events, and the loops that act on it.
 
 Every change goes round the router. ``emit`` puts events on an anyio memory stream that ONE
-task consumes: it numbers them, appends them to the event log (one fsync per batch), applies
-them with ``keeper.apply`` and publishes them to subscribers (node sessions, dashboard
-streams). So the State trails the events by a trip through the router, as in exo, and every
-subscriber sees the same events in the same order as the log.
+task consumes: it commits them to the event store (``keeper.master.event_store``: numbered,
+appended with one fsync per batch, applied) and publishes them to subscribers (node sessions,
+dashboard streams). So the State trails the events by a trip through the router, as in exo, and
+every subscriber sees the same events in the same order as the log.
+
+When the log cannot be written (disk full, read-only), a batch is neither applied nor published:
+commands waiting on it get a 503 naming the cause and do not happen; events nobody waits for
+(node reports) are held in order and logged first once the log takes writes; the keeper is not
+stepped (a placement it could not log would be forgotten on restart); reads go on; and the
+store is probed each keeper interval so everything resumes by itself once a write succeeds.
 
 Around the router run, until cancelled:
 - the keeper loop: ``Keeper.step`` once a second from STARTUP_GRACE after start, under the lock
@@ -13,7 +19,8 @@ Around the router run, until cancelled:
   for ``node_timeout_s``;
 - the sweep: every ``sweep_interval_s``, InstanceDeleted for each instance using a node that
   is no longer in the topology;
-- snapshots of the State every ``snapshot_every_events`` events, and once more on a clean stop.
+- snapshots of the State (then log compaction) every ``snapshot_every_events`` events, and once
+  more on a clean stop.
 
 Chat requests are routed here (to the rank-0 node of a ready instance) and followed by
 ``keeper.master.chat``; dashboard streams subscribe through ``keeper.master.subscriptions``.
@@ -36,12 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-import anyio.to_thread
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from keeper.api_models import CommandResponse, DeploymentsResponse
-from keeper.apply import apply
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.constants import STARTUP_GRACE
 from keeper.core import PlaceFn
@@ -79,7 +84,8 @@ from keeper.runtime.errors import (
     NotFoundError,
     NotRunningError,
 )
-from keeper.runtime.event_log import EventLog, Recovery
+from keeper.runtime.event_log import FileOps, Recovery
+from keeper.runtime.event_store import EventStore, LogNotWritableError
 from keeper.runtime.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
 from keeper.state import (
     SERVING_RUNNER_TYPES,
@@ -96,6 +102,13 @@ log = logging.getLogger(__name__)
 # a burst costs one fsync per few hundred events, small enough that a batch applies in
 # milliseconds and does not stall the event loop.
 ROUTER_MAX_BATCH = 512
+# ... and the most events: a batch is published at once, so it must fit well inside a
+# subscriber's buffer (``subscriber_buffer``), or a pause of the router (a compaction, a slow
+# fsync) that lets bursts pile up would drop every node session and dashboard as too slow.
+ROUTER_MAX_BATCH_EVENTS = 2_048
+# Node reports and sweep deletions held while the log cannot be written: minutes of reports
+# from a large cluster; past it the oldest go (memory reports repeat, and each is counted).
+MAX_HELD_EVENTS = 10_000
 # GET /deployments is polled by every dashboard and script. Its JSON (about half a kilobyte per
 # deployment) is rebuilt only when the State or the keeper's memory changed, or when the
 # countdowns in it are older than this: a tenth of a second is invisible on a display that
@@ -113,8 +126,14 @@ class MasterConfig:
     keeper_interval_s: float = 1.0
     # How often node silence is checked; a tenth of the timeout would do, a second is cheap.
     membership_check_s: float = 1.0
-    # Restart replays at most this many events after the snapshot (a fraction of a second).
-    snapshot_every_events: int = 10_000
+    # Restart replays at most this many events after the snapshot: about 0.1 s of replay, so a
+    # restart after a crash stays under 0.2 s (``make bench``, store section). Each snapshot is
+    # followed by a compaction, so this also bounds the log's non-history tail (~1.2 MB).
+    snapshot_every_events: int = 5_000
+    # Compact the log after each snapshot (keeping deployment and instance events). Off for a
+    # test or an audit that wants every event the master ever logged, and always off without
+    # the keeper: the stand-in for a stock exo serves its whole log on GET /events, as exo does.
+    compact_log: bool = True
     # Before this long after start the keeper places nothing (docs/design.md §5.6); a harness
     # that starts a fresh cluster may shorten it.
     startup_grace_s: float = STARTUP_GRACE
@@ -142,6 +161,7 @@ class _Emit:
     events: list[AnyEvent]
     done: anyio.Event | None = None
     failed: bool = False
+    refused: LogNotWritableError | None = None  # the log could not take it: nothing happened
 
 
 class Master:
@@ -156,6 +176,7 @@ class Master:
         place: PlaceFn | None = None,
         keeper_factory: KeeperFactory = default_keeper,
         new_id: IdFactory = new_id,
+        file_ops: FileOps | None = None,
     ) -> None:
         """``place`` defaults to exo's rules (``place_instance``) minting ids with ``new_id``;
         every id this master mints (deployments, instances, runners, commands, chats) comes
@@ -170,9 +191,13 @@ class Master:
         )
         self._keeper_factory = keeper_factory
         self._keeper: KeeperLike | None = None
-        self._log = EventLog(self.data_dir)
-        self._state = State()
-        self._next_idx = 0
+        self._store = EventStore(
+            self.data_dir,
+            snapshot_every=self.config.snapshot_every_events,
+            io_in_thread=self.config.log_io_in_thread,
+            compact=self.config.compact_log and self.config.keeper_enabled,
+            file_ops=file_ops,
+        )
         self._lock = anyio.Lock()
         self._router_send: MemoryObjectSendStream[_Emit] | None = None
         self._waiters: dict[int, _Emit] = {}
@@ -191,13 +216,41 @@ class Master:
         self._keeper_error: str | None = None
         self._keeper_version = 0  # bumped whenever the keeper's memory may have changed
         self._view_cache: tuple[State, int, float, bytes] | None = None
-        self.recovery: Recovery | None = None
+        self._dropped_while_unwritable = 0
+        self._held: list[AnyEvent] = []  # node reports the log refused, to log when it can
 
     # --- read side -----------------------------------------------------------------------
 
     @property
+    def _state(self) -> State:
+        return self._store.state
+
+    @property
     def state(self) -> State:
-        return self._state
+        return self._store.state
+
+    @property
+    def store(self) -> EventStore:
+        return self._store
+
+    @property
+    def recovery(self) -> Recovery | None:
+        return self._store.recovery
+
+    @property
+    def events_dropped_unwritable(self) -> int:
+        """Held events dropped because the log refused them for too long (past the cap)."""
+        return self._dropped_while_unwritable
+
+    @property
+    def events_held_unwritable(self) -> int:
+        """Events nobody waited for, refused by the log and held until it takes them."""
+        return len(self._held)
+
+    @property
+    def write_error(self) -> str | None:
+        """Why the event log cannot be written now (mutations are refused), or None."""
+        return self._store.write_error
 
     @property
     def keeper(self) -> KeeperLike:
@@ -400,6 +453,8 @@ class Master:
             await item.done.wait()
         finally:
             self._waiters.pop(id(item), None)
+        if item.refused is not None:
+            raise item.refused
         if item.failed:
             raise NotRunningError("the master stopped before the command was recorded")
 
@@ -407,54 +462,46 @@ class Master:
         async with receive:
             async for first in receive:
                 batch = [first]
-                while len(batch) < ROUTER_MAX_BATCH:
+                size = len(first.events)
+                while len(batch) < ROUTER_MAX_BATCH and size < ROUTER_MAX_BATCH_EVENTS:
                     try:
                         batch.append(receive.receive_nowait())
                     except anyio.WouldBlock:
                         break
-                # model_construct: the events are validated models already; numbering them
-                # needs no second validation (a third of the router's time otherwise).
-                indexed = [
-                    IndexedEvent.model_construct(idx=self._next_idx + offset, event=event)
-                    for offset, event in enumerate(e for item in batch for e in item.events)
-                ]
-                # Shielded: once a batch is on its way to disk it is also applied, so the State
-                # and the log agree at every point where the router can be cancelled.
-                with anyio.CancelScope(shield=True):
-                    await self._write(indexed)
-                self._apply_and_publish(indexed)
+                    size += len(batch[-1].events)
+                events = [*self._held, *(e for item in batch for e in item.events)]
+                try:
+                    # The fsync runs in a worker thread (``log_io_in_thread``) so the event
+                    # loop keeps serving meanwhile; what arrives during it forms the next batch.
+                    indexed = await self._store.commit(events)
+                except LogNotWritableError as exc:
+                    self._refuse(batch, exc)
+                    continue
+                self._held = []
+                self._publish(indexed)
                 for item in batch:
                     if item.done is not None:
                         item.done.set()
-                if self._log.events_since_snapshot >= self.config.snapshot_every_events:
-                    with anyio.CancelScope(shield=True):
-                        await self._snapshot()
+                await self._store.snapshot_if_due()
 
-    async def _write(self, indexed: list[IndexedEvent]) -> None:
-        # The fsync runs in a worker thread so the event loop keeps serving requests and node
-        # messages meanwhile; what arrives during it forms the next batch (group commit).
-        if self._log.durable and self.config.log_io_in_thread:
-            await anyio.to_thread.run_sync(self._log.append, indexed)
-        else:
-            self._log.append(indexed)
+    def _refuse(self, batch: list[_Emit], exc: LogNotWritableError) -> None:
+        # Nothing of the batch was applied. A command learns why and did not happen; events
+        # nobody waits for (node reports, the sweep's deletions) are held, in order, and go
+        # first in the next batch the log takes. Past MAX_HELD_EVENTS the oldest are dropped.
+        for item in batch:
+            if item.done is None:
+                self._held.extend(item.events)
+            else:
+                item.refused = exc
+                item.done.set()
+        overflow = len(self._held) - MAX_HELD_EVENTS
+        if overflow > 0:
+            self._dropped_while_unwritable += overflow
+            del self._held[:overflow]
 
-    async def _snapshot(self) -> None:
-        if self._log.durable and self.config.log_io_in_thread:
-            # States are immutable, so serialising this one in a thread is safe.
-            await anyio.to_thread.run_sync(self._log.write_snapshot, self._state)
-        else:
-            self._log.write_snapshot(self._state)
-
-    def _apply_and_publish(self, indexed: list[IndexedEvent]) -> None:
-        # Synchronous from apply to publish: a subscriber registered between two batches gets
-        # exactly the events after the State it was given.
-        if not indexed:
-            return
-        state = self._state
-        for entry in indexed:
-            state = apply(state, entry.event)
-        self._state = state.model_copy(update={"last_event_applied_idx": indexed[-1].idx})
-        self._next_idx = indexed[-1].idx + 1
+    def _publish(self, indexed: list[IndexedEvent]) -> None:
+        # Synchronous from apply (in the store) to publish: a subscriber registered between two
+        # batches gets exactly the events after the State it was given.
         for entry in indexed:
             self._fanout.publish(entry)
             if isinstance(entry.event, InstanceDeleted):
@@ -472,15 +519,13 @@ class Master:
         if self._clock is None:
             self._clock = AnyioClock()
         clock = self._clock
-        self.recovery = self._log.open()
-        self._state = self.recovery.state
-        self._next_idx = self._state.last_event_applied_idx + 1
-        if self.recovery.events_replayed or self.recovery.snapshot_idx is not None:
+        recovery = self._store.open()
+        if recovery.events_replayed or recovery.snapshot_idx is not None:
             log.info(
                 "state rebuilt from %s: snapshot at event %s + %d events replayed",
                 self.data_dir,
-                self.recovery.snapshot_idx,
-                self.recovery.events_replayed,
+                recovery.snapshot_idx,
+                recovery.events_replayed,
             )
         now = clock.monotonic()
         self._started_at = now
@@ -508,9 +553,7 @@ class Master:
             self._membership.close_all("the master is stopping")
             self._chats.fail_all("the master is stopping")
             self._fanout.clear()
-            if self._log.events_since_snapshot:
-                self._log.write_snapshot(self._state)
-            self._log.close()
+            self._store.close()
 
     async def _keeper_loop(self) -> None:
         clock = self.clock
@@ -518,6 +561,12 @@ class Master:
         next_tick = self._started_at + self.config.startup_grace_s
         while True:
             await clock.sleep(max(0.0, next_tick - clock.monotonic()))
+            if not self._store.probe():
+                # Unwritable log: a placement now could not be logged, so the keeper waits.
+                next_tick = max(next_tick + self.config.keeper_interval_s, clock.monotonic())
+                continue
+            if self._held and self._router_send is not None:
+                await self._router_send.send(_Emit([]))  # log what was held, now it can be
             async with self._lock:
                 try:
                     events = self.keeper.step(self._state, clock.monotonic())

@@ -2,48 +2,95 @@
 
 Layout of ``data_dir``:
 - ``events.jsonl``: one ``IndexedEvent`` JSON per line, in index order. The router appends a
-  whole batch with one write, then flushes and fsyncs once, and only then applies and publishes
-  it; an event is acknowledged (a command's HTTP response, a node seeing it) only after that, so
-  a crash can lose unacknowledged events but never acknowledged ones. Batching keeps the fsync
+  whole batch with one write, then fsyncs once, and only then applies and publishes it; an
+  event is acknowledged (a command's HTTP response, a node seeing it) only after that, so a
+  crash can lose unacknowledged events but never acknowledged ones. Batching keeps the fsync
   cost per event small under load while a lone event still goes to disk at once.
 - ``snapshot.json``: ``{"lastIdx", "logOffset", "state"}``, the State after event ``lastIdx``
-  and the byte offset in the log just past it. Written every N events via a temp file and
-  ``os.replace``, so it is either the old snapshot or the new one, never half of either. Restart
-  loads it and replays only the tail from ``logOffset``, which keeps restart time bounded however
-  long the log grows.
+  and the byte offset in the log just past it. Written via a temp file and ``os.replace``, so it
+  is either the old snapshot or the new one, never half of either. Restart loads it and replays
+  only the tail, which keeps restart time bounded however long the log has grown.
+
+Appends go straight to the file descriptor (no Python buffer that would retry a failed write
+behind our back). A failed or partial write is cut off again, so a full disk never leaves half
+a line in the middle of the log, and the batch counts as not written (``LogWriteError``).
+
+Compaction (``compact``, run after a periodic snapshot) keeps the log from growing forever: it
+rewrites the log with only the covered events that are history (deployment and instance events,
+which the soak's duplicate check and per-deployment history read; node reports and runner
+statuses, nearly all of the volume, live on in the snapshot) and swaps it in with
+``os.replace``. A crash at any step leaves the old log or the compacted one, each consistent
+with the snapshot; recovery finds where the snapshot ends by the events' indices when its byte
+offset no longer fits. A compacted log has gaps, so without its snapshot it refuses to start
+instead of starting from a shorter history.
 
 Recovery tolerates what a crash can leave: a torn last line (a write cut short, with or without
 its newline) is truncated with a warning. Anything else unreadable (a bad line with more lines
-after it, a gap in the indices) is not a crash artefact but damage, and stops the start with an
-error naming the file and byte offset rather than silently dropping history. A snapshot that
-disagrees with the log is ignored in favour of a full replay.
+after it, a gap in the indices) is damage and stops the start with an error naming the file,
+the byte offset and what is there. Reading is ``keeper.runtime.log_scan`` (shared with
+``exo-deploy log check|repair``, ``keeper.runtime.log_repair``); this module writes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
-from pydantic import ValidationError
-
-from keeper.apply import apply
 from keeper.events import IndexedEvent
+from keeper.runtime.log_scan import (
+    HISTORY_KINDS,
+    LOG_FILE,
+    SNAPSHOT_FILE,
+    EventLogCorruptError,
+    is_history_line,
+    iter_events,
+    line_idx,
+    scan_dir,
+)
 from keeper.state import State
-from keeper.wire import first_validation_error
+
+# The reading side's names are re-exported: callers deal with "the event log" as one thing.
+__all__ = [
+    "COMPACT_TEMP",
+    "HISTORY_KINDS",
+    "LOG_FILE",
+    "PROBE_BYTES",
+    "PROBE_FILE",
+    "SNAPSHOT_FILE",
+    "EventLog",
+    "EventLogCorruptError",
+    "FileOps",
+    "LogWriteError",
+    "Recovery",
+    "iter_events",
+]
 
 log = logging.getLogger(__name__)
 
-LOG_FILE = "events.jsonl"
-SNAPSHOT_FILE = "snapshot.json"
+COMPACT_TEMP = "events.jsonl.compacting"
+PROBE_FILE = ".write-probe"
+# A probe writes this much: one filesystem block, about what a small batch needs.
+PROBE_BYTES = 4096
 
 
-class EventLogCorruptError(Exception):
-    """The log holds something a crash cannot explain; the message names file and offset."""
+class LogWriteError(OSError):
+    """A batch could not be written durably; none of it is in the log."""
+
+
+class FileOps:
+    """The system calls an append makes: one seam for tests to inject a full or read-only disk."""
+
+    def write(self, fd: int, data: memoryview) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
 
 
 @dataclass(frozen=True)
@@ -59,12 +106,16 @@ class Recovery:
 class EventLog:
     """The log of one master. With ``data_dir`` None it keeps nothing (an in-memory master)."""
 
-    def __init__(self, data_dir: Path | None) -> None:
+    def __init__(self, data_dir: Path | None, file_ops: FileOps | None = None) -> None:
         self.data_dir = data_dir
-        self._file: IO[bytes] | None = None
+        self._ops = file_ops if file_ops is not None else FileOps()
+        self._fd: int | None = None
+        self._dirty = False  # a failed write may have left bytes past _offset
         self._offset = 0  # bytes in the log file, all of them whole lines
         self._last_idx = -1
         self.events_since_snapshot = 0
+        # Called with each step's name during compaction; tests stop there to play a crash.
+        self.compaction_step: Callable[[str], None] = _no_step
 
     @property
     def durable(self) -> bool:
@@ -78,6 +129,10 @@ class EventLog:
     def snapshot_path(self) -> Path | None:
         return None if self.data_dir is None else self.data_dir / SNAPSHOT_FILE
 
+    @property
+    def last_idx(self) -> int:
+        return self._last_idx
+
     # --- start-up ------------------------------------------------------------------------
 
     def open(self) -> Recovery:
@@ -87,128 +142,96 @@ class EventLog:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.data_dir / LOG_FILE
         log_path.touch(exist_ok=True)
+        (self.data_dir / COMPACT_TEMP).unlink(missing_ok=True)  # a compaction cut short
         recovery = self._recover(log_path)
-        self._file = log_path.open("ab")
+        self._fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
         self._offset = log_path.stat().st_size
         self._last_idx = recovery.state.last_event_applied_idx
         self.events_since_snapshot = recovery.events_replayed
         return recovery
 
     def _recover(self, log_path: Path) -> Recovery:
-        snapshot = self._read_snapshot()
-        size = log_path.stat().st_size
-        if snapshot is not None:
-            last_idx, offset, state = snapshot
-            if offset <= size and _at_line_start(log_path, offset):
-                try:
-                    return self._replay(log_path, state, offset, last_idx)
-                except _SnapshotMismatchError as exc:
-                    log.warning(
-                        "%s disagrees with %s (%s); replaying the whole log",
-                        SNAPSHOT_FILE,
-                        LOG_FILE,
-                        exc,
-                    )
-            else:
-                log.warning(
-                    "%s does not point at a line of %s; replaying the whole log",
-                    SNAPSHOT_FILE,
-                    LOG_FILE,
-                )
-        return self._replay(log_path, State(), 0, None)
-
-    def _read_snapshot(self) -> tuple[int, int, State] | None:
-        path = self.snapshot_path
-        if path is None or not path.exists():
-            return None
-        try:
-            raw: Any = json.loads(path.read_bytes())
-            last_idx = int(raw["lastIdx"])
-            offset = int(raw["logOffset"])
-            state = State.model_validate(raw["state"])
-        except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
-            log.warning("ignoring unreadable %s (%s); replaying the whole log", path, exc)
-            return None
-        if state.last_event_applied_idx != last_idx:
-            log.warning(
-                "ignoring %s: its state is at event %d, not %d",
-                path,
-                state.last_event_applied_idx,
-                last_idx,
-            )
-            return None
-        return last_idx, offset, state
-
-    def _replay(
-        self, log_path: Path, state: State, offset: int, snapshot_idx: int | None
-    ) -> Recovery:
-        expected = state.last_event_applied_idx + 1
-        replayed = 0
-        torn_at: int | None = None
-        with log_path.open("rb") as file:
-            file.seek(offset)
-            pending_error: tuple[int, str] | None = None
-            for line_offset, line in _lines(file, offset):
-                if pending_error is not None:
-                    at, why = pending_error
-                    raise EventLogCorruptError(
-                        f"{log_path}: the line at byte {at} is not an event ({why}), and more "
-                        "lines follow it, so it is damage rather than a torn write"
-                    )
-                if not line.endswith(b"\n"):
-                    torn_at = line_offset  # a write cut short: never acknowledged
-                    break
-                try:
-                    indexed = IndexedEvent.model_validate_json(line)
-                except ValidationError as exc:
-                    pending_error = (line_offset, first_validation_error(exc))
-                    torn_at = line_offset
-                    continue
-                if indexed.idx != expected:
-                    if snapshot_idx is not None and replayed == 0:
-                        raise _SnapshotMismatchError(
-                            f"the log continues at event {indexed.idx}, not {expected}"
-                        )
-                    raise EventLogCorruptError(
-                        f"{log_path}: event {indexed.idx} at byte {line_offset} follows "
-                        f"event {expected - 1}; the log has a gap or is out of order"
-                    )
-                state = apply(state, indexed.event)
-                expected += 1
-                replayed += 1
-        if replayed:
-            state = state.model_copy(update={"last_event_applied_idx": expected - 1})
+        found = scan_dir(log_path.parent)
+        if found.corrupt is not None:
+            raise found.corrupt
         torn_bytes = 0
-        if torn_at is not None:
-            torn_bytes = log_path.stat().st_size - torn_at
+        if found.torn_at is not None:
+            torn_bytes = log_path.stat().st_size - found.torn_at
             log.warning(
                 "%s: truncating a torn last line (%d bytes at byte %d), left by a crash",
                 log_path,
                 torn_bytes,
-                torn_at,
+                found.torn_at,
             )
             with log_path.open("r+b") as file:
-                file.truncate(torn_at)
+                file.truncate(found.torn_at)
                 os.fsync(file.fileno())
-        return Recovery(state, snapshot_idx, replayed, torn_bytes)
+        return Recovery(found.state, found.snapshot_idx, found.replayed, torn_bytes)
 
     # --- running -------------------------------------------------------------------------
 
     def append(self, batch: Sequence[IndexedEvent]) -> None:
-        """Write a batch, flush and fsync it: when this returns the batch survives a crash."""
+        """Write a batch and fsync it: when this returns the batch survives a crash.
+
+        Raises ``LogWriteError`` if it could not (disk full, read-only): then nothing of the
+        batch is in the log and the next append may try again."""
         if not batch:
             return
         if batch[0].idx != self._last_idx + 1:
             raise ValueError(f"event {batch[0].idx} appended after event {self._last_idx}")
+        if self.data_dir is not None:
+            data = b"".join(indexed.model_dump_json().encode() + b"\n" for indexed in batch)
+            self._write_durably(data)
+            self._offset += len(data)
         self._last_idx = batch[-1].idx
         self.events_since_snapshot += len(batch)
-        if self._file is None:
+
+    def _write_durably(self, data: bytes) -> None:
+        ops = self._ops
+        try:
+            fd = self._append_fd()
+        except OSError as exc:
+            raise LogWriteError(exc.errno, exc.strerror or str(exc)) from exc
+        try:
+            if self._dirty:  # cut off what a failed write left before adding to it
+                ops.truncate(fd, self._offset)
+                self._dirty = False
+            self._dirty = True
+            view = memoryview(data)
+            while view:
+                view = view[ops.write(fd, view) :]
+            ops.fsync(fd)
+            self._dirty = False
+        except OSError as exc:
+            if self._dirty:
+                try:
+                    ops.truncate(fd, self._offset)
+                    self._dirty = False
+                except OSError:
+                    pass  # tried again before the next write
+            raise LogWriteError(exc.errno, exc.strerror or str(exc)) from exc
+
+    def _append_fd(self) -> int:
+        # None after a compaction that swapped the file but could not reopen it.
+        if self._fd is None:
+            assert self.data_dir is not None
+            self._fd = os.open(self.data_dir / LOG_FILE, os.O_WRONLY | os.O_APPEND)
+        return self._fd
+
+    def probe(self) -> None:
+        """A small durable write beside the log (then removed); raises OSError if it fails."""
+        if self.data_dir is None:
             return
-        data = b"".join(indexed.model_dump_json().encode() + b"\n" for indexed in batch)
-        self._file.write(data)
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._offset += len(data)
+        path = self.data_dir / PROBE_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                self._ops.write(fd, memoryview(b"\0" * PROBE_BYTES))
+                self._ops.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            path.unlink(missing_ok=True)
 
     def write_snapshot(self, state: State) -> None:
         """Record ``state`` (which must include every appended event) as the restart point."""
@@ -217,48 +240,75 @@ class EventLog:
                 f"snapshot of event {state.last_event_applied_idx} but the log is at "
                 f"{self._last_idx}"
             )
-        self.events_since_snapshot = 0
         path = self.snapshot_path
-        if path is None:
-            return
-        body = (
-            b'{"lastIdx":%d,"logOffset":%d,"state":' % (self._last_idx, self._offset)
-            + state.model_dump_json().encode()
-            + b"}"
+        if path is not None:
+            _write_snapshot_file(path, self._last_idx, self._offset, state.model_dump_json())
+        self.events_since_snapshot = 0
+
+    def compact(self, state: State, keep_history_from: int = 0) -> tuple[int, int]:
+        """Drop what the snapshot of ``state`` (just written) covers, keeping history events
+        from index ``keep_history_from`` on.
+
+        Returns the log's size in bytes before and after."""
+        if self.data_dir is None or self._fd is None:
+            return 0, 0
+        if state.last_event_applied_idx != self._last_idx:
+            raise ValueError("compact right after the snapshot of the last event")
+        log_path = self.data_dir / LOG_FILE
+        temp = self.data_dir / COMPACT_TEMP
+        before = self._offset
+        step = self.compaction_step
+        with log_path.open("rb") as source, temp.open("wb") as target:
+            for line in source:
+                if is_history_line(line) and line_idx(line) >= keep_history_from:
+                    target.write(line)
+            target.flush()
+            step("temp written")
+            os.fsync(target.fileno())
+            after = target.tell()
+        step("temp synced")
+        os.replace(temp, log_path)
+        step("log replaced")
+        _fsync_dir(self.data_dir)
+        step("directory synced")
+        fd, self._fd = self._fd, None  # from here appends go to the compacted file
+        os.close(fd)
+        self._offset = after
+        self._append_fd()
+        _write_snapshot_file(
+            self.data_dir / SNAPSHOT_FILE, self._last_idx, after, state.model_dump_json()
         )
-        temp = path.with_suffix(".tmp")
+        step("snapshot points at the compacted log")
+        return before, after
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                if not self._dirty:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _no_step(_step: str) -> None:
+    pass
+
+
+def _write_snapshot_file(path: Path, last_idx: int, offset: int, state_json: str) -> None:
+    head = b'{"lastIdx":%d,"logOffset":%d,"state":' % (last_idx, offset)
+    body = head + state_json.encode() + b"}"
+    temp = path.with_suffix(".tmp")
+    try:
         with temp.open("wb") as file:
             file.write(body)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp, path)
-        _fsync_dir(path.parent)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
-
-
-class _SnapshotMismatchError(Exception):
-    pass
-
-
-def _lines(file: IO[bytes], offset: int) -> Iterator[tuple[int, bytes]]:
-    position = offset
-    for line in file:
-        yield position, line
-        position += len(line)
-
-
-def _at_line_start(path: Path, offset: int) -> bool:
-    if offset == 0:
-        return True
-    with path.open("rb") as file:
-        file.seek(offset - 1)
-        return file.read(1) == b"\n"
+    except OSError:
+        temp.unlink(missing_ok=True)  # a full disk must not keep half a snapshot around
+        raise
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:

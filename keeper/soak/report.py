@@ -85,7 +85,9 @@ class SoakReport(_ReportModel):
     lost: int
     duplicates: int  # moments (episodes) a model had two instances, over every logged State
     duplicates_seen_live: int  # the same, over the States the event stream showed
-    events_checked: int  # events of the master's log replayed for the duplicate check
+    # Events of the master's log replayed for the duplicate check (its deployment and instance
+    # events once it has been compacted: all the check reads).
+    events_checked: int
     faults: list[FaultRecord]
     recovery: dict[str, RecoveryStats]  # by fault kind
     serving_at_end: bool

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from keeper.apply import apply, apply_indexed
 from keeper.constants import STARTUP_GRACE
 from keeper.events import (
@@ -35,6 +33,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
+from keeper.runtime.log_scan import iter_log_file
 from keeper.state import SERVING_RUNNER_TYPES, AnyInstance, State
 
 # The keeper steps once a second and only an instance it saw ready at a step counts as having
@@ -101,21 +100,16 @@ def check_log(path: Path) -> LogCheck:
     """Replay a master's event log from the start, checking every State for duplicates.
 
     A torn last line (a kill -9 mid-write, truncated by the next master) is not an event and
-    is skipped, as the master itself does."""
+    ends the replay, as it ends the master's own. Compaction keeps every instance and
+    deployment event, which is all the duplicate check reads, so a compacted log still shows
+    every State in which a model could have had two instances."""
     counter = DuplicateCounter()
     state = State()
     events = 0
-    with path.open("rb") as file:
-        for line in file:
-            if not line.endswith(b"\n"):
-                break
-            try:
-                indexed = IndexedEvent.model_validate_json(line)
-            except ValidationError:
-                continue
-            state = apply(state, indexed.event)
-            events += 1
-            counter.check(state)
+    for indexed in iter_log_file(path):
+        state = apply(state, indexed.event)
+        events += 1
+        counter.check(state)
     return LogCheck(events, counter.episodes, counter.examples)
 
 
