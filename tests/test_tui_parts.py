@@ -30,6 +30,7 @@ from keeper.state import InstanceMeta, Sharding
 ENTRIES = [model_entry(c) for c in BUILTIN_MODEL_CARDS]
 BY_ID = {e.id: e for e in ENTRIES}
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
+LLAMA_1B = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 
 
@@ -111,9 +112,13 @@ def test_search_matches_every_word_smallest_first() -> None:
 
 def test_validate_create() -> None:
     entry = BY_ID[QWEN]
-    ok = validate_create(entry, "Tensor", "MlxJaccl", " 2 ", {})
+    llama = BY_ID[LLAMA_1B]  # supports tensor parallelism, as exo says; Qwen3-0.6B does not
+    ok = validate_create(llama, "Tensor", "MlxJaccl", " 2 ", {})
     assert ok == CreateDeploymentRequest(
-        model_id=QWEN, sharding=Sharding.TENSOR, instance_meta=InstanceMeta.MLX_JACCL, min_nodes=2
+        model_id=LLAMA_1B,
+        sharding=Sharding.TENSOR,
+        instance_meta=InstanceMeta.MLX_JACCL,
+        min_nodes=2,
     )
     assert validate_create(entry, "Pipeline", "MlxRing", "", {}) == CreateDeploymentRequest(
         model_id=QWEN
@@ -124,10 +129,7 @@ def test_validate_create() -> None:
     assert "already has a deployment (dep-1)" in str(
         validate_create(entry, "Pipeline", "MlxRing", "1", {QWEN: "dep-1"})
     )
-    no_tensor = entry.model_copy(update={"supports_tensor": False})
-    assert "does not support tensor" in str(
-        validate_create(no_tensor, "Tensor", "MlxRing", "1", {})
-    )
+    assert "does not support tensor" in str(validate_create(entry, "Tensor", "MlxRing", "1", {}))
 
 
 def test_fit_hint_compares_the_model_with_free_memory() -> None:

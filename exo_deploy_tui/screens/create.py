@@ -35,8 +35,8 @@ def _option_text(entry: ModelListEntry, deployed: bool) -> Text:
     # A stock exo's /models carries no layer counts: say nothing rather than "0 layers".
     layers = f"{entry.n_layers:>3} layers" if entry.n_layers else " " * 10
     text.append(f"{size:>7.1f} GB {layers}", style="dim")
-    if entry.supports_tensor:
-        text.append("  tensor", style="dim")
+    # A column of its own, blank when the model has no tensor split, so "deployed" lines up.
+    text.append("  tensor" if entry.supports_tensor else " " * 8, style="dim")
     if deployed:
         text.append("  deployed", style="yellow")
     return text
