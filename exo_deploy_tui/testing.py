@@ -18,7 +18,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.forms import model_entry
-from exo_deploy_tui.model import deployment_statuses
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
 from keeper.api_models import (
     CommandResponse,
@@ -28,6 +27,7 @@ from keeper.api_models import (
     WaitReason,
 )
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.readiness import deployment_statuses
 from keeper.state import (
     AnyRunnerStatus,
     Backend,

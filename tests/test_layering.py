@@ -33,6 +33,7 @@ DATA_MODEL = {
     "keeper.catalog",
     "keeper.constants",
     "keeper.exo_state",
+    "keeper.readiness",
 }
 KEEPER_CORE = ("keeper.core", "keeper.placement", "keeper.memo", "keeper.cluster_view")
 # What a pure function of State must not reach for: clocks, event loops, files, sockets,

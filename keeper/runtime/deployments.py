@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from keeper.api_models import CommandResponse, DeploymentView
-from keeper.core import DeploymentTimer, deployment_status
+from keeper.core import DeploymentTimer
 from keeper.ids import IdFactory, new_id
+from keeper.readiness import deployment_status
 from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.errors import BadRequestError, ConflictError, NotFoundError
 from keeper.runtime.hosted_keeper import KeeperLike
