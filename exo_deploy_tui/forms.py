@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from keeper.api_models import CreateDeploymentRequest, ModelListEntry
-from keeper.state import InstanceMeta, ModelCard, Sharding, State
+from keeper.state import InstanceMeta, Sharding, State
 
 # The API's own bound (CreateDeploymentRequest.min_nodes); checked here to say it in words.
 MAX_MIN_NODES = 1024
@@ -51,22 +51,6 @@ def validate_create(
         return f"{entry.id} does not support tensor sharding; use Pipeline."
     return CreateDeploymentRequest(
         model_id=entry.id, sharding=shard, instance_meta=meta, min_nodes=min_nodes
-    )
-
-
-def model_entry(card: ModelCard) -> ModelListEntry:
-    """A catalog card as ``GET /models`` lists it (the form's fallback when /models fails)."""
-    return ModelListEntry(
-        id=card.model_id,
-        hugging_face_id=card.model_id,
-        name=card.base_model or card.model_id,
-        storage_size_megabytes=card.storage_size.in_bytes // 1024**2,
-        supports_tensor=card.supports_tensor,
-        tasks=list(card.tasks),
-        n_layers=card.n_layers,
-        hidden_size=card.hidden_size,
-        num_key_value_heads=card.num_key_value_heads,
-        base_model=card.base_model,
     )
 
 

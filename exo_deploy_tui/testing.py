@@ -17,7 +17,6 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from exo_deploy_tui.client import ApiError
-from exo_deploy_tui.forms import model_entry
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
 from keeper.api_models import (
     CommandResponse,
@@ -25,6 +24,7 @@ from keeper.api_models import (
     DeploymentView,
     ModelListEntry,
     WaitReason,
+    model_entry,
 )
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.readiness import deployment_statuses

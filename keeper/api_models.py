@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from keeper.state import Deployment, InstanceMeta, Sharding, State
+from keeper.state import Deployment, InstanceMeta, ModelCard, Sharding, State
 
 DeploymentStatus = Literal["serving", "starting", "placing", "cant_place"]
 
@@ -97,6 +97,23 @@ class ModelListEntry(BaseModel):
     hidden_size: int = 0
     num_key_value_heads: int | None = None
     base_model: str | None = None
+
+
+def model_entry(card: ModelCard) -> ModelListEntry:
+    """A catalog card as ``GET /models`` lists it (the master's answer, and the TUI's picker when
+    ``/models`` cannot be read)."""
+    return ModelListEntry(
+        id=card.model_id,
+        hugging_face_id=card.model_id,
+        name=card.base_model or card.model_id,
+        storage_size_megabytes=card.storage_size.in_bytes // 1024**2,
+        supports_tensor=card.supports_tensor,
+        tasks=list(card.tasks),
+        n_layers=card.n_layers,
+        hidden_size=card.hidden_size,
+        num_key_value_heads=card.num_key_value_heads,
+        base_model=card.base_model,
+    )
 
 
 class ModelList(BaseModel):

@@ -16,11 +16,11 @@ from exo_deploy_tui.cells import (
 from exo_deploy_tui.cli import check_url, main
 from exo_deploy_tui.commands import ACTIONS, Parsed, ParseError, parse_command, visible_actions
 from exo_deploy_tui.format import duration, precise_duration, short_id, short_model
-from exo_deploy_tui.forms import fit_hint, model_entry, search_models, validate_create
+from exo_deploy_tui.forms import fit_hint, search_models, validate_create
 from exo_deploy_tui.model import ClusterModel, Connection, DeploymentRow, Summary
 from exo_deploy_tui.screens.help import help_text
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
-from keeper.api_models import CreateDeploymentRequest
+from keeper.api_models import CreateDeploymentRequest, model_entry
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.state import InstanceMeta, Sharding
 
