@@ -245,6 +245,13 @@ def _backends(text: str) -> list[Backend]:
         ) from None
 
 
+def _token_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--token``, from $EXO_DEPLOY_TOKEN unless given: the one variable every command reads."""
+    parser.add_argument(
+        "--token", default=os.environ.get(TOKEN_ENV) or None, help=f"{what} (default: ${TOKEN_ENV})"
+    )
+
+
 def _client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
@@ -252,11 +259,7 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
         help=f"the master's API (default: ${URL_ENV} or {DEFAULT_URL})",
     )
     parser.add_argument("--json", action="store_true", help="print the master's JSON answer")
-    parser.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        help=f"bearer token for a master that requires one (default: ${TOKEN_ENV})",
-    )
+    _token_option(parser, "bearer token for a master that requires one")
 
 
 # Commands with parsers of their own (keeper.soak): listed here for --help only.
@@ -287,11 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     master.add_argument(
         "--data-dir", type=Path, default=None, help="where the event log and snapshots persist"
     )
-    master.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        help=f"require this bearer token for changes and nodes (default: ${TOKEN_ENV})",
-    )
+    _token_option(master, "require this bearer token for changes and nodes")
     master.add_argument(
         "--model-cards", type=Path, default=None, help="a folder of exo model-card .toml files"
     )
@@ -320,11 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="how fast its runners load weights, GB/s (default 2)",
     )
-    node.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        help=f"the master's bearer token, if it has one (default: ${TOKEN_ENV})",
-    )
+    _token_option(node, "the master's bearer token, if it has one")
     node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     node.set_defaults(handler=cmd_node)
 
@@ -404,11 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     bridge.add_argument(
         "--data-dir", type=Path, default=None, help="where the deployments persist (event log)"
     )
-    bridge.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        help=f"require this bearer token for changes (default: ${TOKEN_ENV})",
-    )
+    _token_option(bridge, "require this bearer token for changes")
     bridge.add_argument(
         "--model-cards",
         type=Path,
