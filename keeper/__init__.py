@@ -1,7 +1,8 @@
 """exo-deploy's cluster side: the exo-compatible data model, placement, the keeper, and (in
 ``keeper.master`` and ``keeper.node``) the master service and simulated nodes built on them.
 
-The names re-exported here are pinned by SPEC §3; other code, tests and tools import them.
+The names re-exported here are pinned (docs/design.md §5.10); other code, tests and tools import
+them.
 """
 
 from keeper.apply import apply

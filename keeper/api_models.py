@@ -1,5 +1,7 @@
-"""Wire shapes of the HTTP API (SPEC §5), shared by the master that serves them and the clients
-(the TUI, the ``exo-deploy list/deploy/undeploy`` commands, the bridge) that read them.
+"""Wire shapes of the HTTP API (docs/design.md §7), shared by the master that serves them and
+the clients (the TUI, the ``exo-deploy list/deploy/undeploy`` commands, the bridge) that read
+them; and the checks of a deployment request against its model, which the master, the bridge
+and the TUI's create form all make (``create_problems``).
 
 They live beside the data model, not in the master, so that a client can parse responses
 without importing any master internals. Request and response bodies use snake_case keys, as
