@@ -252,6 +252,18 @@ def _token_option(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def _serving_options(
+    parser: argparse.ArgumentParser, *, port: int, data_dir: str, token: str, model_cards: str
+) -> None:
+    """What a service serving the API is told (the master, the bridge): where to listen, where
+    to persist, the token it requires and extra model cards; each says what they mean for it."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=port, help=f"API port (default {port})")
+    parser.add_argument("--data-dir", type=Path, default=None, help=data_dir)
+    _token_option(parser, token)
+    parser.add_argument("--model-cards", type=Path, default=None, help=model_cards)
+
+
 def _client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
@@ -285,14 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     master = command("master", "a master with its keeper and HTTP API")
-    master.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    master.add_argument("--port", type=_port, default=52415, help="API port (default 52415)")
-    master.add_argument(
-        "--data-dir", type=Path, default=None, help="where the event log and snapshots persist"
-    )
-    _token_option(master, "require this bearer token for changes and nodes")
-    master.add_argument(
-        "--model-cards", type=Path, default=None, help="a folder of exo model-card .toml files"
+    _serving_options(
+        master,
+        port=52415,
+        data_dir="where the event log and snapshots persist",
+        token="require this bearer token for changes and nodes",
+        model_cards="a folder of exo model-card .toml files",
     )
     _membership_options(master)
     _exo_compat_option(master)
@@ -394,17 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="exo's API, e.g. http://127.0.0.1:52415 (the master's, or any node's); several, "
         "comma-separated, are followed in order: the next when the one in use stops answering",
     )
-    bridge.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    bridge.add_argument("--port", type=_port, default=52416, help="API port (default 52416)")
-    bridge.add_argument(
-        "--data-dir", type=Path, default=None, help="where the deployments persist (event log)"
-    )
-    _token_option(bridge, "require this bearer token for changes")
-    bridge.add_argument(
-        "--model-cards",
-        type=Path,
-        default=None,
-        help="a folder of exo model-card .toml files, for models exo lists without layer counts",
+    _serving_options(
+        bridge,
+        port=52416,
+        data_dir="where the deployments persist (event log)",
+        token="require this bearer token for changes",
+        model_cards="a folder of exo model-card .toml files, for models exo lists without layer "
+        "counts",
     )
     bridge.set_defaults(handler=cmd_bridge)
 
