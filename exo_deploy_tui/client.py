@@ -23,7 +23,8 @@ The stream is read with httpx-sse, which frames events and keeps ``id`` and ``re
 master's ``retry`` sets where the reconnect backoff starts. Deadlines use anyio's clock rather
 than httpx's socket timeouts so the same code runs under trio's virtual clock in tests; the
 stream's silence deadline watches bytes, since the keepalive is a comment no event shows.
-Mutations (create, delete) are plain requests that raise ``ApiError`` carrying the master's own
+Mutations (create, delete) go through the deployments client the CLI uses too
+(``keeper.api_client``), which raises ``ApiError`` carrying the master's own
 message.
 """
 
@@ -48,6 +49,7 @@ from exo_deploy_tui.updates import (
     SnapshotUpdate,
     Update,
 )
+from keeper.api_client import ApiError, DeploymentsClient, master_http, validation_summary
 from keeper.api_models import (
     CommandResponse,
     CreateDeploymentRequest,
@@ -83,21 +85,6 @@ STREAM_RETRY_S = 60.0
 # What the connection says while it polls a stock exo master, so the header can tell the kinds
 # of master apart.
 STOCK_EXO = "stock exo"
-
-
-NO_DEPLOYMENTS_API = (
-    "this master has no deployments API (a stock exo master?): run exo-deploy's master, "
-    "or `exo-deploy bridge` beside it"
-)
-
-
-class ApiError(Exception):
-    """A request the master refused or could not answer; ``str()`` is for the operator."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 class ClusterClient(Protocol):
@@ -194,13 +181,9 @@ class MasterClient:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers=headers,
-            transport=transport,
-            timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-        )
+        timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        self._http = master_http(self.url, token, timeout, transport)
+        self._deployments = DeploymentsClient(self._http, REQUEST_TIMEOUT_S)
         self._clock = clock
         # Where the reconnect backoff starts: ours, until the master's stream says (``retry``).
         self._reconnect_first = RECONNECT_FIRST_S
@@ -390,73 +373,14 @@ class MasterClient:
     # -- one-off requests ---------------------------------------------------------------------
 
     async def models(self) -> list[ModelListEntry]:
-        response = await self._request("GET", "/models")
+        response = await self._deployments.request("GET", "/models")
         try:
             return list(ModelList.model_validate_json(response.content).data)
         except ValidationError as exc:
-            raise ApiError(f"unreadable model list: {exc.errors()[0]['msg']}") from exc
+            raise ApiError(f"unreadable model list: {validation_summary(exc.errors())}") from exc
 
     async def create_deployment(self, request: CreateDeploymentRequest) -> CommandResponse:
-        body = request.model_dump(mode="json")
-        response = await self._deployments_request("POST", "/deployments", json=body)
-        return _command_response(response)
+        return (await self._deployments.create(request)).value
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
-        response = await self._deployments_request("DELETE", f"/deployments/{deployment_id}")
-        return _command_response(response)
-
-    async def _deployments_request(
-        self, method: str, path: str, json: object = None
-    ) -> httpx.Response:
-        try:
-            return await self._request(method, path, json=json)
-        except ApiError as exc:
-            # A route that does not exist answers a bare "Not Found"; our master's own 404s
-            # (an unknown model or deployment) say what was not found.
-            if exc.status == 404 and exc.message == "Not Found":
-                raise ApiError(NO_DEPLOYMENTS_API, 404) from exc
-            raise
-
-    async def _request(self, method: str, path: str, json: object = None) -> httpx.Response:
-        try:
-            with anyio.fail_after(REQUEST_TIMEOUT_S):
-                response = await self._http.request(method, path, json=json)
-        except TimeoutError as exc:
-            raise ApiError(f"the master at {self.url} did not answer in time") from exc
-        except httpx.HTTPError as exc:
-            raise ApiError(
-                f"cannot reach the master at {self.url} ({describe_failure(exc)})"
-            ) from exc
-        if response.is_success:
-            return response
-        raise ApiError(_error_message(response), response.status_code)
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The master's own words: exo's error shape, else FastAPI's ``{"detail": ...}``, else the
-    start of the body, else the HTTP reason."""
-    try:
-        return ErrorResponse.model_validate_json(response.content).error.message
-    except ValidationError:
-        pass
-    try:
-        detail = response.json().get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    if isinstance(detail, str) and detail:
-        return detail
-    return response.text.strip()[:200] or response.reason_phrase
-
-
-def _command_response(response: httpx.Response) -> CommandResponse:
-    try:
-        body = response.json()
-    except ValueError as exc:
-        raise ApiError("the master's answer was not JSON") from exc
-    if not isinstance(body, dict):
-        raise ApiError("the master's answer was not a JSON object")
-    known = {k: v for k, v in body.items() if k in CommandResponse.model_fields}  # pyright: ignore[reportUnknownVariableType]
-    try:
-        return CommandResponse.model_validate(known)
-    except ValidationError as exc:
-        raise ApiError(f"unreadable answer: {exc.errors()[0]['msg']}") from exc
+        return (await self._deployments.delete(deployment_id)).value

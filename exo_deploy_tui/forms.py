@@ -1,19 +1,22 @@
 """The create form's rules, without the form: search the catalog, validate before sending.
 
-Validating here (a model chosen, a sane node count, tensor sharding only for models that
-support it, one deployment per model) means most mistakes are named before anything is sent;
-the master still has the last word, and the form shows its refusal verbatim.
+Validating here (a model chosen, a sane node count, one deployment per model, and the checks
+the master makes of a request against its model, ``keeper.api_models.create_problems``, in the
+master's words) means most mistakes are named before anything is sent; the master still has the
+last word, and the form shows its refusal verbatim.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from keeper.api_models import CreateDeploymentRequest, ModelListEntry
-from keeper.state import InstanceMeta, ModelCard, Sharding, State
-
-# The API's own bound (CreateDeploymentRequest.min_nodes); checked here to say it in words.
-MAX_MIN_NODES = 1024
+from keeper.api_models import (
+    MAX_MIN_NODES,
+    CreateDeploymentRequest,
+    ModelListEntry,
+    create_problems,
+)
+from keeper.state import InstanceMeta, Sharding, State
 
 
 def search_models(entries: Sequence[ModelListEntry], query: str) -> list[ModelListEntry]:
@@ -47,26 +50,12 @@ def validate_create(
         meta = InstanceMeta(instance_meta)
     except ValueError as exc:
         return str(exc)
-    if shard is Sharding.TENSOR and not entry.supports_tensor:
-        return f"{entry.id} does not support tensor sharding; use Pipeline."
+    # The checks the master makes too (keeper.api_models.create_problems), named before sending.
+    problems = create_problems(entry.id, entry, shard, min_nodes)
+    if problems:
+        return f"{problems[0].message}."
     return CreateDeploymentRequest(
         model_id=entry.id, sharding=shard, instance_meta=meta, min_nodes=min_nodes
-    )
-
-
-def model_entry(card: ModelCard) -> ModelListEntry:
-    """A catalog card as ``GET /models`` lists it (the form's fallback when /models fails)."""
-    return ModelListEntry(
-        id=card.model_id,
-        hugging_face_id=card.model_id,
-        name=card.base_model or card.model_id,
-        storage_size_megabytes=card.storage_size.in_bytes // 1024**2,
-        supports_tensor=card.supports_tensor,
-        tasks=list(card.tasks),
-        n_layers=card.n_layers,
-        hidden_size=card.hidden_size,
-        num_key_value_heads=card.num_key_value_heads,
-        base_model=card.base_model,
     )
 
 

@@ -17,7 +17,7 @@ status (only the runners of live instances are counted or shown).
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -41,8 +41,8 @@ from exo_deploy_tui.updates import (
 from keeper.api_models import DeploymentStatus, DeploymentView, WaitReason
 from keeper.apply import apply_indexed
 from keeper.events import NodeGatheredInfo, NodeTimedOut
+from keeper.readiness import instance_is_ready, status_of
 from keeper.state import (
-    SERVING_RUNNER_TYPES,
     AnyInstance,
     AnyRunnerStatus,
     Deployment,
@@ -226,11 +226,13 @@ def runner_status_word(status: AnyRunnerStatus | None) -> str:
     return type(status).__name__.removeprefix("Runner")
 
 
-def instance_ready(instance: AnyInstance, state: State) -> bool:
-    runners = instance.shard_assignments.node_to_runner.values()
-    return bool(runners) and all(
-        isinstance(state.runners.get(r), SERVING_RUNNER_TYPES) for r in runners
-    )
+def shown_ready(instance: AnyInstance, state: State) -> bool:
+    """The display rule for an instance's "ready": ready (``keeper.readiness``) and every node
+    it runs on still in the topology. A stock exo lists an instance for a while after one of
+    its nodes left, its runner still "Ready": it cannot serve, so the row does not say ready."""
+    present = state.topology.nodes
+    nodes = instance.shard_assignments.node_to_runner
+    return all(node_id in present for node_id in nodes) and instance_is_ready(instance, state)
 
 
 def departed_nodes(state: State) -> list[NodeId]:
@@ -239,34 +241,6 @@ def departed_nodes(state: State) -> list[NodeId]:
     present = state.topology.nodes
     known = dict.fromkeys([*state.node_identities, *state.node_backends, *state.node_memory])
     return [node_id for node_id in known if node_id not in present]
-
-
-def deployment_statuses(state: State) -> dict[DeploymentId, DeploymentStatus]:
-    """The status rule (``status_of``) for every deployment, read from the State so it is as
-    fresh as the last event."""
-    present: set[str] = set()
-    ready: set[str] = set()
-    for instance in state.instances.values():
-        model = instance.shard_assignments.model_id
-        present.add(model)
-        if model not in ready and instance_ready(instance, state):
-            ready.add(model)
-    return {d_id: status_of(d, present, ready) for d_id, d in state.deployments.items()}
-
-
-def status_of(
-    deployment: Deployment, present: Container[str], ready: Container[str]
-) -> DeploymentStatus:
-    """The status rule for one deployment, given the models with an instance and the models
-    with a ready one."""
-    model = deployment.model_card.model_id
-    if model in ready:
-        return "serving"
-    if model in present:
-        return "starting"
-    if deployment.placement_error is not None:
-        return "cant_place"
-    return "placing"
 
 
 def parse_iso(text: str | None) -> float | None:
@@ -412,7 +386,7 @@ class ClusterModel:
         for instance in state.instances.values():
             model = instance.shard_assignments.model_id
             instances_of.setdefault(model, []).append(instance)
-            if model not in ready_nodes and instance_ready(instance, state):
+            if model not in ready_nodes and instance_is_ready(instance, state):
                 ready_nodes[model] = tuple(instance.shard_assignments.node_to_runner)
         statuses: dict[DeploymentId, DeploymentStatus] = {
             d_id: status_of(d, instances_of, ready_nodes) for d_id, d in state.deployments.items()
@@ -676,16 +650,13 @@ class ClusterModel:
                     )
                 )
             runners.sort(key=lambda r: r.rank)
-            # A stock exo lists an instance for a while after one of its nodes left, its runner
-            # still "Ready": it cannot serve, so the row does not say ready.
-            on_present_nodes = all(r.node_present for r in runners)
             rows.append(
                 InstanceRow(
                     instance_id=instance.instance_id,
                     model_id=assignments.model_id,
                     deployment_id=deployment_of.get(assignments.model_id),
                     kind="MlxJaccl" if isinstance(instance, MlxJacclInstance) else "MlxRing",
-                    ready=on_present_nodes and instance_ready(instance, state),
+                    ready=shown_ready(instance, state),
                     runners=tuple(runners),
                 )
             )

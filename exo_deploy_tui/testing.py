@@ -17,8 +17,6 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from exo_deploy_tui.client import ApiError
-from exo_deploy_tui.forms import model_entry
-from exo_deploy_tui.model import deployment_statuses
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
 from keeper.api_models import (
     CommandResponse,
@@ -26,8 +24,10 @@ from keeper.api_models import (
     DeploymentView,
     ModelListEntry,
     WaitReason,
+    model_entry,
 )
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.readiness import deployment_statuses
 from keeper.state import (
     AnyRunnerStatus,
     Backend,

@@ -1,5 +1,7 @@
 """Wire shapes of the HTTP API (docs/design.md §7), shared by the master that serves them and
-the clients (the TUI, the ``exo-deploy list/deploy/undeploy`` commands, the bridge) that read them.
+the clients (the TUI, the ``exo-deploy list/deploy/undeploy`` commands, the bridge) that read
+them; and the checks of a deployment request against its model, which the master, the bridge
+and the TUI's create form all make (``create_problems``).
 
 They live beside the data model, not in the master, so that a client can parse responses
 without importing any master internals. Request and response bodies use snake_case keys, as
@@ -9,11 +11,12 @@ camelCase JSON.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from keeper.state import Deployment, InstanceMeta, Sharding, State
+from keeper.state import Deployment, InstanceMeta, ModelCard, ModelId, Sharding, State
 
 DeploymentStatus = Literal["serving", "starting", "placing", "cant_place"]
 
@@ -28,13 +31,67 @@ class ApiModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The largest min_nodes a request may ask for: more than the largest cluster exo can form, so a
+# larger number is a typo, not a wish. The create form names it in words before sending.
+MAX_MIN_NODES = 1024
+
+
 class CreateDeploymentRequest(ApiModel):
     model_id: str = Field(min_length=1, max_length=512)
     sharding: Sharding = Sharding.PIPELINE
     instance_meta: InstanceMeta = InstanceMeta.MLX_RING
-    # Bounded above by the largest cluster exo can form; larger is a typo, not a wish. Strict, so
-    # `true` or `"2"` is named as the wrong type instead of being read as a number.
-    min_nodes: int = Field(default=1, ge=1, le=1024, strict=True)
+    # Strict, so `true` or `"2"` is named as the wrong type instead of being read as a number.
+    min_nodes: int = Field(default=1, ge=1, le=MAX_MIN_NODES, strict=True)
+
+
+class ModelFacts(Protocol):
+    """What the create checks read of a model: a ``ModelCard`` (the master, the bridge) and a
+    ``ModelListEntry`` (the TUI's form, from ``GET /models``) both have it."""
+
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def supports_tensor(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RequestProblem:
+    """Why a deployment request cannot work, and the request field at fault."""
+
+    field: str
+    message: str
+
+
+def create_problems(
+    model_id: ModelId, model: ModelFacts, sharding: Sharding, min_nodes: int
+) -> list[RequestProblem]:
+    """What is wrong with deploying ``model`` as asked, judged as exo's placement would, so that
+    a request no cluster could place is refused when it is made instead of waiting forever as
+    ``cant_place``. The master, the bridge and the TUI's create form all check this.
+
+    min_nodes is at least 1, and at most the model's layer count when it is known (every node
+    of an instance holds at least one layer; 0 layers means not known, as for a model the
+    bridge knows only from exo's list, and exo's own placement judges then). Tensor sharding
+    needs a model that supports it.
+    """
+    problems: list[RequestProblem] = []
+    if min_nodes < 1:
+        problems.append(
+            RequestProblem("min_nodes", f"min_nodes must be at least 1, got {min_nodes}")
+        )
+    elif 0 < model.n_layers < min_nodes:
+        problems.append(
+            RequestProblem(
+                "min_nodes",
+                f"min_nodes {min_nodes} is more than {model_id} has layers ({model.n_layers}); "
+                "no cluster could place it",
+            )
+        )
+    if sharding is Sharding.TENSOR and not model.supports_tensor:
+        problems.append(
+            RequestProblem("sharding", f"{model_id} does not support tensor sharding; use Pipeline")
+        )
+    return problems
 
 
 class CommandResponse(ApiModel):
@@ -97,6 +154,23 @@ class ModelListEntry(BaseModel):
     hidden_size: int = 0
     num_key_value_heads: int | None = None
     base_model: str | None = None
+
+
+def model_entry(card: ModelCard) -> ModelListEntry:
+    """A catalog card as ``GET /models`` lists it (the master's answer, and the TUI's picker when
+    ``/models`` cannot be read)."""
+    return ModelListEntry(
+        id=card.model_id,
+        hugging_face_id=card.model_id,
+        name=card.base_model or card.model_id,
+        storage_size_megabytes=card.storage_size.in_bytes // 1024**2,
+        supports_tensor=card.supports_tensor,
+        tasks=list(card.tasks),
+        n_layers=card.n_layers,
+        hidden_size=card.hidden_size,
+        num_key_value_heads=card.num_key_value_heads,
+        base_model=card.base_model,
+    )
 
 
 class ModelList(BaseModel):

@@ -2,9 +2,10 @@
 deployments API from a shell.
 
 Each subcommand parses its arguments here and hands over to the module that does the work
-(``keeper.master.server``, ``keeper.node.*``); the deployments client (``list``, ``deploy``,
-``undeploy``) is small enough to live here. Its exit codes are a contract for scripts:
-0 done, 1 refused by the master (its message on stderr), 2 bad usage, 3 master unreachable.
+(``keeper.master.server``, ``keeper.node.*``); ``list``, ``deploy`` and ``undeploy`` go through
+the deployments client the TUI uses too (``keeper.api_client``). Their exit codes are a
+contract for scripts: 0 done, 1 refused by the master (its message on stderr), 2 bad usage,
+3 master unreachable.
 """
 
 from __future__ import annotations
@@ -16,14 +17,20 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn, TypeVar
 
-import httpx
-from pydantic import ValidationError
+import anyio
+from pydantic import BaseModel
 
-from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
+from keeper.api_client import Answer, ApiError, DeploymentsClient, FailureKind, master_http
+from keeper.api_models import (
+    CommandResponse,
+    CreateDeploymentRequest,
+    DeploymentsResponse,
+    DeploymentView,
+)
 from keeper.arguments import UsageParser, positive_float, positive_int
 from keeper.bridge.server import check_exo_urls, run_bridge
 from keeper.cluster.local import exit_with_parent, run_cluster
@@ -58,56 +65,39 @@ class ClientError(Exception):
         self.exit_code = exit_code
 
 
-# --- the deployments client ---------------------------------------------------------------
+# --- the deployments commands ---------------------------------------------------------------
+
+# How each way a deployments request fails (keeper.api_client) ends the command.
+EXIT_FOR_FAILURE: dict[FailureKind, int] = {
+    "usage": EXIT_USAGE,
+    "unreachable": EXIT_UNREACHABLE,
+    "refused": EXIT_REFUSED,
+}
+
+Parsed = TypeVar("Parsed", bound=BaseModel)
 
 
-def _request(
-    method: str, url: str, path: str, token: str | None, body: dict[str, Any] | None = None
-) -> Any:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+def _call(
+    args: argparse.Namespace, call: Callable[[DeploymentsClient], Awaitable[Answer[Parsed]]]
+) -> Answer[Parsed]:
+    """One deployments request to the master ``args`` name; ClientError with its exit code if
+    it fails."""
+
+    async def run() -> Answer[Parsed]:
+        async with master_http(args.url, args.token, CLIENT_TIMEOUT_S) as http:
+            return await call(DeploymentsClient(http, CLIENT_TIMEOUT_S))
+
     try:
-        with httpx.Client(timeout=CLIENT_TIMEOUT_S, headers=headers) as client:
-            response = client.request(method, url.rstrip("/") + path, json=body)
-    except httpx.InvalidURL as exc:
-        raise ClientError(f"not a master URL: {url!r} ({exc})", EXIT_USAGE) from None
-    except httpx.UnsupportedProtocol:
-        raise ClientError(
-            f"not a master URL: {url!r} (expected http://HOST:PORT)", EXIT_USAGE
-        ) from None
-    except httpx.TransportError as exc:
-        raise ClientError(
-            f"cannot reach the master at {url}: {exc or type(exc).__name__}", EXIT_UNREACHABLE
-        ) from None
-    try:
-        payload: Any = response.json()
-    except ValueError:
-        payload = None
-    if response.is_error:
-        raise ClientError(_error_message(response, payload), EXIT_REFUSED)
-    if payload is None:
-        raise ClientError(
-            f"the master at {url} answered {path} with something that is not JSON",
-            EXIT_REFUSED,
-        )
-    return payload
+        return anyio.run(run)
+    except ApiError as exc:
+        raise ClientError(exc.message, EXIT_FOR_FAILURE[exc.kind]) from None
 
 
-def _error_message(response: httpx.Response, payload: Any) -> str:
-    if isinstance(payload, dict):
-        error = cast(dict[str, Any], payload).get("error")
-        if isinstance(error, dict):
-            message = cast(dict[str, Any], error).get("message")
-            if isinstance(message, str):
-                return message
-    text = response.text.strip()[:200]
-    return f"the master answered HTTP {response.status_code} {response.reason_phrase}: {text}"
-
-
-def _parse(model: type[Any], payload: Any, what: str) -> Any:
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        raise ClientError(f"unexpected answer to {what}: {exc}", EXIT_REFUSED) from None
+def _print_answer(args: argparse.Namespace, answer: Answer[CommandResponse]) -> None:
+    if args.json:
+        print(json.dumps(answer.payload, indent=2))
+    else:
+        print(f"{answer.value.message}: {answer.value.deployment_id}")
 
 
 def _note(view: DeploymentView) -> str:
@@ -148,38 +138,29 @@ def format_deployments(response: DeploymentsResponse) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    payload = _request("GET", args.url, "/deployments", args.token)
-    response: DeploymentsResponse = _parse(DeploymentsResponse, payload, "GET /deployments")
+    answer = _call(args, lambda client: client.list())
     if args.json:
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(answer.payload, indent=2))
     else:
-        print(format_deployments(response))
+        print(format_deployments(answer.value))
     return EXIT_OK
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    body = {
-        "model_id": args.model,
-        "sharding": args.sharding,
-        "instance_meta": args.instance_meta,
-        "min_nodes": args.min_nodes,
-    }
-    payload = _request("POST", args.url, "/deployments", args.token, body)
-    response: CommandResponse = _parse(CommandResponse, payload, "POST /deployments")
-    if args.json:
-        print(json.dumps(payload, indent=2))
-    else:
-        print(f"{response.message}: {response.deployment_id}")
+    # Not validated here: the master judges the request, and its refusal is the message (a
+    # min_nodes over the API's bound is the master's 422, exit 1, as any other refusal).
+    request = CreateDeploymentRequest.model_construct(
+        model_id=args.model,
+        sharding=Sharding(args.sharding),
+        instance_meta=InstanceMeta(args.instance_meta),
+        min_nodes=args.min_nodes,
+    )
+    _print_answer(args, _call(args, lambda client: client.create(request)))
     return EXIT_OK
 
 
 def cmd_undeploy(args: argparse.Namespace) -> int:
-    payload = _request("DELETE", args.url, f"/deployments/{args.deployment_id}", args.token)
-    response: CommandResponse = _parse(CommandResponse, payload, "DELETE /deployments")
-    if args.json:
-        print(json.dumps(payload, indent=2))
-    else:
-        print(f"{response.message}: {response.deployment_id}")
+    _print_answer(args, _call(args, lambda client: client.delete(args.deployment_id)))
     return EXIT_OK
 
 
@@ -277,6 +258,25 @@ def _backends(text: str) -> list[Backend]:
         ) from None
 
 
+def _token_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--token``, from $EXO_DEPLOY_TOKEN unless given: the one variable every command reads."""
+    parser.add_argument(
+        "--token", default=os.environ.get(TOKEN_ENV) or None, help=f"{what} (default: ${TOKEN_ENV})"
+    )
+
+
+def _serving_options(
+    parser: argparse.ArgumentParser, *, port: int, data_dir: str, token: str, model_cards: str
+) -> None:
+    """What a service serving the API is told (the master, the bridge): where to listen, where
+    to persist, the token it requires and extra model cards; each says what they mean for it."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=port, help=f"API port (default {port})")
+    parser.add_argument("--data-dir", type=Path, default=None, help=data_dir)
+    _token_option(parser, token)
+    parser.add_argument("--model-cards", type=Path, default=None, help=model_cards)
+
+
 def _client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
@@ -284,11 +284,7 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
         help=f"the master's API (default: ${URL_ENV} or {DEFAULT_URL})",
     )
     parser.add_argument("--json", action="store_true", help="print the master's JSON answer")
-    parser.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        help=f"bearer token for a master that requires one (default: ${TOKEN_ENV})",
-    )
+    _token_option(parser, "bearer token for a master that requires one")
 
 
 # Commands with parsers of their own (keeper.soak): listed here for --help only.
@@ -314,18 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     master = command("master", "a master with its keeper and HTTP API")
-    master.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    master.add_argument("--port", type=_port, default=52415, help="API port (default 52415)")
-    master.add_argument(
-        "--data-dir", type=Path, default=None, help="where the event log and snapshots persist"
-    )
-    master.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        help=f"require this bearer token for changes and nodes (default: ${TOKEN_ENV})",
-    )
-    master.add_argument(
-        "--model-cards", type=Path, default=None, help="a folder of exo model-card .toml files"
+    _serving_options(
+        master,
+        port=52415,
+        data_dir="where the event log and snapshots persist",
+        token="require this bearer token for changes and nodes",
+        model_cards="a folder of exo model-card .toml files",
     )
     _membership_options(master)
     _exo_compat_option(master)
@@ -362,11 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="how fast its runners load weights, GB/s (default 2)",
     )
-    node.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        help=f"the master's bearer token, if it has one (default: ${TOKEN_ENV})",
-    )
+    _token_option(node, "the master's bearer token, if it has one")
     node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     node.set_defaults(handler=cmd_node)
 
@@ -441,21 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="exo's API, e.g. http://127.0.0.1:52415 (the master's, or any node's); several, "
         "comma-separated, are followed in order: the next when the one in use stops answering",
     )
-    bridge.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    bridge.add_argument("--port", type=_port, default=52416, help="API port (default 52416)")
-    bridge.add_argument(
-        "--data-dir", type=Path, default=None, help="where the deployments persist (event log)"
-    )
-    bridge.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        help=f"require this bearer token for changes (default: ${TOKEN_ENV})",
-    )
-    bridge.add_argument(
-        "--model-cards",
-        type=Path,
-        default=None,
-        help="a folder of exo model-card .toml files, for models exo lists without layer counts",
+    _serving_options(
+        bridge,
+        port=52416,
+        data_dir="where the deployments persist (event log)",
+        token="require this bearer token for changes",
+        model_cards="a folder of exo model-card .toml files, for models exo lists without layer "
+        "counts",
     )
     bridge.set_defaults(handler=cmd_bridge)
 

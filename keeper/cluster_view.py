@@ -1,5 +1,5 @@
-"""What the keeper reads from the cluster State: instance readiness and the usable-cluster
-signature.
+"""What the keeper reads from the cluster State: the models with an instance and the
+usable-cluster signature (instance readiness is ``keeper.readiness``, shared with every reader).
 
 These are plain functions of a State, kept apart from the keeper's memory so that the rules in
 ``keeper.core`` read as decisions and the state-walking they rely on can be tested on its own.
@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from keeper.state import (
-    SERVING_RUNNER_TYPES,
-    AnyInstance,
     Backend,
     Edge,
     NodeId,
@@ -70,14 +68,6 @@ def _node_signature(state: State, node: NodeId) -> tuple[NodeId, bool, frozenset
     # (No mutation: the flag inverted would change exactly when it does now.)
     reports_memory = node in state.node_memory  # pragma: no mutate
     return node, reports_memory, frozenset(state.node_backends.get(node, ()))
-
-
-def instance_is_ready(instance: AnyInstance, state: State) -> bool:
-    """Every runner of the instance is Ready or Running (an instance with no runner is not)."""
-    runner_ids = instance.shard_assignments.node_to_runner.values()
-    return bool(runner_ids) and all(
-        isinstance(state.runners.get(runner_id), SERVING_RUNNER_TYPES) for runner_id in runner_ids
-    )
 
 
 def models_with_instances(state: State) -> frozenset[str]:

@@ -23,13 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from keeper.api_models import DeploymentStatus, WaitReason
-from keeper.cluster_view import (
-    ClusterSignature,
-    cluster_signature,
-    instance_is_ready,
-    models_with_instances,
-)
+from keeper.api_models import WaitReason
+from keeper.cluster_view import ClusterSignature, cluster_signature, models_with_instances
 from keeper.constants import STARTUP_GRACE
 from keeper.events import (
     AnyEvent,
@@ -49,6 +44,7 @@ from keeper.memo import (
     waiting,
 )
 from keeper.placement import place_instance
+from keeper.readiness import deployment_status
 from keeper.state import (
     AnyInstance,
     Deployment,
@@ -59,6 +55,17 @@ from keeper.state import (
     Sharding,
     State,
 )
+
+# The status rule lives with the data model (``keeper.readiness``) so that the TUI shares it;
+# it is re-exported here, where ``keeper.deployment_status`` has always come from.
+__all__ = [
+    "MAX_PLACEMENT_ATTEMPTS_PER_STEP",
+    "DeploymentTimer",
+    "Keeper",
+    "PlaceFn",
+    "deployment_status",
+    "has_instance",
+]
 
 PlaceFn = Callable[[State, ModelCard, Sharding, InstanceMeta, int], AnyInstance]
 
@@ -268,19 +275,3 @@ def has_instance(state: State, model_id: str) -> bool:
     return any(
         instance.shard_assignments.model_id == model_id for instance in state.instances.values()
     )
-
-
-def deployment_status(deployment: Deployment, state: State) -> DeploymentStatus:
-    model_id = deployment.model_card.model_id
-    instances = [
-        instance
-        for instance in state.instances.values()
-        if instance.shard_assignments.model_id == model_id
-    ]
-    if any(instance_is_ready(instance, state) for instance in instances):
-        return "serving"
-    if instances:
-        return "starting"
-    if deployment.placement_error is not None:
-        return "cant_place"
-    return "placing"

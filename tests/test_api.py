@@ -308,6 +308,24 @@ async def test_a_second_deployment_of_a_model_is_a_conflict_naming_the_first() -
         assert list(master.state.deployments) == [first_id]
 
 
+@pytest.mark.anyio
+async def test_tensor_sharding_of_a_model_without_tensor_support_is_refused() -> None:
+    qwen = next(c for c in BUILTIN_MODEL_CARDS if c.model_id == QWEN)
+    no_tensor = qwen.model_copy(update={"model_id": "acme/no-tensor", "supports_tensor": False})
+    master = Master(None, config=MasterConfig(model_cards=(*BUILTIN_MODEL_CARDS, no_tensor)))
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        async with api_client(master) as client:
+            body = {"model_id": "acme/no-tensor", "sharding": "Tensor"}
+            refused = await client.post("/deployments", json=body)
+            assert_exo_error(refused, 400, "acme/no-tensor does not support tensor sharding")
+            assert refused.json()["error"]["param"] == "sharding"
+            assert master.state.deployments == {}
+            body["sharding"] = "Pipeline"
+            assert (await client.post("/deployments", json=body)).status_code == 200
+        group.cancel_scope.cancel()
+
+
 # --- success shapes ---------------------------------------------------------------------
 
 
@@ -315,7 +333,7 @@ async def test_a_second_deployment_of_a_model_is_a_conflict_naming_the_first() -
 async def test_deployment_endpoints_answer_in_exo_shapes() -> None:
     async with running_master() as master, api_client(master) as client:
         created = await client.post(
-            "/deployments", json={"model_id": QWEN, "sharding": "Tensor", "min_nodes": 2}
+            "/deployments", json={"model_id": LLAMA, "sharding": "Tensor", "min_nodes": 2}
         )
         assert created.status_code == 200
         assert set(created.json()) == {"message", "command_id", "deployment_id"}
@@ -325,7 +343,7 @@ async def test_deployment_endpoints_answer_in_exo_shapes() -> None:
         assert listed.status_code == 200
         raw = listed.json()["deployments"][0]
         assert raw["deployment"]["deploymentId"] == deployment_id  # camelCase domain object
-        assert raw["deployment"]["modelCard"]["modelId"] == QWEN
+        assert raw["deployment"]["modelCard"]["modelId"] == LLAMA
         assert raw["deployment"]["sharding"] == "Tensor"
         assert raw["deployment"]["minNodes"] == 2
         assert raw["deployment"]["instanceId"] is None

@@ -5,8 +5,9 @@ HTTP or Textual) -> the shell runtime every service shares (``keeper.runtime``, 
 ``keeper.httpapi``) -> the three services, siblings that never import each other (the master,
 the simulated nodes, the bridge) -> a master with its nodes on one machine (``keeper.cluster``)
 -> the soak and the demo facade -> the CLI. The TUI talks to a master over HTTP and reads the
-answers with the data model; the only cluster-side module it may import is the ``keeper.demo``
-facade behind ``--demo``. docs/design.md draws the layers.
+answers with the data model; besides the data model it may import only the deployments client
+(``keeper.api_client``, which the CLI uses too and which imports only the data model and HTTP)
+and the ``keeper.demo`` facade behind ``--demo``. docs/design.md draws the layers.
 
 This is a plain AST walk over every import statement (including those inside functions), rather
 than import-linter, because the rules name standard-library modules (asyncio, time, socket...)
@@ -33,7 +34,10 @@ DATA_MODEL = {
     "keeper.catalog",
     "keeper.constants",
     "keeper.exo_state",
+    "keeper.readiness",
 }
+# The deployments API's HTTP client, shared by the CLI and the TUI: the data model plus httpx.
+API_CLIENT = "keeper.api_client"
 KEEPER_CORE = ("keeper.core", "keeper.placement", "keeper.memo", "keeper.cluster_view")
 # What a pure function of State must not reach for: clocks, event loops, files, sockets,
 # processes, randomness with hidden state, HTTP and UI libraries.
@@ -214,8 +218,19 @@ def test_lower_layers_never_import_higher_ones(layer: str, forbidden: tuple[str,
     assert bad == []
 
 
+def test_the_api_client_imports_only_the_data_model() -> None:
+    bad = [
+        _fmt(i)
+        for i in KEEPER_IMPORTS
+        if i.importer == API_CLIENT
+        and _within(i.imported, "keeper")
+        and i.imported not in DATA_MODEL
+    ]
+    assert bad == []
+
+
 def test_tui_reads_the_master_only_through_http() -> None:
-    allowed = DATA_MODEL | {"keeper", "keeper.demo"}
+    allowed = DATA_MODEL | {"keeper", "keeper.demo", API_CLIENT}
     bad = [
         _fmt(i) for i in TUI_IMPORTS if _within(i.imported, "keeper") and i.imported not in allowed
     ]

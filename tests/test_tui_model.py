@@ -6,7 +6,6 @@ from exo_deploy_tui.model import (
     GONE_NODES_KEPT,
     SILENT_AFTER_S,
     ClusterModel,
-    deployment_statuses,
     sort_rows,
 )
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
@@ -22,6 +21,7 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
+from keeper.readiness import deployment_statuses
 from keeper.state import RunnerLoading, RunnerReady
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"

@@ -19,12 +19,14 @@ from exo_deploy_tui.cli import check_url, main
 from exo_deploy_tui.commands import ACTIONS, Parsed, ParseError, parse_command, visible_actions
 from exo_deploy_tui.failure_log import failure_log_path, record_failure
 from exo_deploy_tui.format import duration, precise_duration, short_id, short_model
-from exo_deploy_tui.forms import fit_hint, model_entry, search_models, validate_create
+from exo_deploy_tui.forms import fit_hint, search_models, validate_create
 from exo_deploy_tui.model import ClusterModel, Connection, DeploymentRow, Summary
 from exo_deploy_tui.screens.help import help_text
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
-from keeper.api_models import CreateDeploymentRequest
+from keeper.api_models import CreateDeploymentRequest, ModelListEntry, model_entry
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.runtime.deployments import new_deployment
+from keeper.runtime.errors import BadRequestError
 from keeper.state import InstanceMeta, Sharding
 
 ENTRIES = [model_entry(c) for c in BUILTIN_MODEL_CARDS]
@@ -130,6 +132,34 @@ def test_validate_create() -> None:
         validate_create(entry, "Pipeline", "MlxRing", "1", {QWEN: "dep-1"})
     )
     assert "does not support tensor" in str(validate_create(entry, "Tensor", "MlxRing", "1", {}))
+
+
+NO_TENSOR = BY_ID[QWEN].model_copy(update={"supports_tensor": False})
+
+
+@pytest.mark.parametrize(
+    ("entry", "sharding", "min_nodes", "field"),
+    [
+        (BY_ID[QWEN], "Pipeline", 29, "min_nodes"),  # Qwen3 0.6B has 28 layers
+        (NO_TENSOR, "Tensor", 1, "sharding"),
+        (NO_TENSOR.model_copy(update={"n_layers": 0}), "Pipeline", 500, None),  # layers unknown
+        (BY_ID[QWEN].model_copy(update={"supports_tensor": True}), "Tensor", 28, None),
+    ],
+)
+def test_the_form_refuses_what_the_master_refuses_in_the_same_words(
+    entry: ModelListEntry, sharding: str, min_nodes: int, field: str | None
+) -> None:
+    form = validate_create(entry, sharding, "MlxRing", str(min_nodes), {})
+    card = catalog_by_id()[QWEN].model_copy(
+        update={"n_layers": entry.n_layers, "supports_tensor": entry.supports_tensor}
+    )
+    try:
+        new_deployment({}, card, sharding, "MlxRing", min_nodes)
+    except BadRequestError as refused:
+        assert (refused.param, form) == (field, f"{refused}.")
+    else:
+        assert field is None
+        assert isinstance(form, CreateDeploymentRequest)
 
 
 def test_fit_hint_compares_the_model_with_free_memory() -> None:

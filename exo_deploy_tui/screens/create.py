@@ -21,9 +21,9 @@ from textual.widgets.option_list import Option
 
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.format import short_model
-from exo_deploy_tui.forms import fit_hint, model_entry, search_models, validate_create
+from exo_deploy_tui.forms import fit_hint, search_models, validate_create
 from exo_deploy_tui.screens.contract import ClusterSource, CreateRequested
-from keeper.api_models import ModelListEntry
+from keeper.api_models import ModelListEntry, model_entry
 from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.state import InstanceMeta, Sharding
 

@@ -17,7 +17,7 @@ from fastapi import APIRouter, FastAPI, WebSocket
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from keeper.api_models import CreateDeploymentRequest, ModelList, ModelListEntry
+from keeper.api_models import CreateDeploymentRequest, ModelList, model_entry
 from keeper.httpapi.app import JSON, command_json, new_app
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
@@ -26,26 +26,10 @@ from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.master.service import Master
 from keeper.master.ws import NODE_WS_PATH, serve_node_websocket
 from keeper.runtime.errors import NotRunningError
-from keeper.state import ModelCard
 
 
 class PlaceInstanceRequest(CreateDeploymentRequest):
     """exo's ``POST /place_instance`` body: the same fields as a deployment request."""
-
-
-def model_entry(card: ModelCard) -> ModelListEntry:
-    return ModelListEntry(
-        id=card.model_id,
-        hugging_face_id=card.model_id,
-        name=card.base_model or card.model_id,
-        storage_size_megabytes=card.storage_size.in_bytes // (1024 * 1024),
-        supports_tensor=card.supports_tensor,
-        tasks=list(card.tasks),
-        n_layers=card.n_layers,
-        hidden_size=card.hidden_size,
-        num_key_value_heads=card.num_key_value_heads,
-        base_model=card.base_model,
-    )
 
 
 def create_app(

@@ -67,6 +67,7 @@ from keeper.master.chat import ChatRouter, ChatStream
 from keeper.master.membership import Membership
 from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
+from keeper.readiness import ready_instances_of
 from keeper.runtime.clock import AnyioClock, Clock
 from keeper.runtime.deployments import (
     created_response,
@@ -88,7 +89,6 @@ from keeper.runtime.event_log import FileOps, Recovery
 from keeper.runtime.event_store import EventStore, LogNotWritableError
 from keeper.runtime.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
 from keeper.state import (
-    SERVING_RUNNER_TYPES,
     InstanceMeta,
     ModelCard,
     NodeId,
@@ -379,15 +379,8 @@ class Master:
         """(instance id, rank-0 node) of each instance of the model that can serve now."""
         state = self._state
         ready: list[tuple[str, NodeId]] = []
-        for instance_id, instance in sorted(state.instances.items()):
-            assignments = instance.shard_assignments
-            if assignments.model_id != model_id:
-                continue
-            if not all(
-                isinstance(state.runners.get(runner), SERVING_RUNNER_TYPES)
-                for runner in assignments.node_to_runner.values()
-            ):
-                continue
+        for instance in sorted(ready_instances_of(state, model_id), key=lambda i: i.instance_id):
+            instance_id, assignments = instance.instance_id, instance.shard_assignments
             rank0 = next(
                 (
                     node

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
-from keeper.api_models import CommandResponse, DeploymentView
-from keeper.core import DeploymentTimer, deployment_status
+from keeper.api_models import CommandResponse, DeploymentView, create_problems
+from keeper.core import DeploymentTimer
 from keeper.ids import IdFactory, new_id
+from keeper.readiness import deployment_status
 from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.errors import BadRequestError, ConflictError, NotFoundError
 from keeper.runtime.hosted_keeper import KeeperLike
@@ -53,20 +54,6 @@ def placement_enums(
     return sharding_, meta
 
 
-def _check_min_nodes(card: ModelCard, min_nodes: int) -> None:
-    if min_nodes < 1:
-        raise BadRequestError(f"min_nodes must be at least 1, got {min_nodes}", param="min_nodes")
-    # Every node of an instance holds at least one layer, so no cluster of any size can place
-    # a model on more nodes than it has layers. (0 layers: not known, as for a model the bridge
-    # knows only from exo's list; exo's own placement judges then.)
-    if 0 < card.n_layers < min_nodes:
-        raise BadRequestError(
-            f"min_nodes {min_nodes} is more than {card.model_id} has layers ({card.n_layers}); "
-            "no cluster could place it",
-            param="min_nodes",
-        )
-
-
 def new_deployment(
     deployments: Mapping[str, Deployment],
     card: ModelCard,
@@ -82,7 +69,9 @@ def new_deployment(
     Call it under the lock the deployment's event is recorded under, so two requests cannot
     both pass the check."""
     sharding_, meta = placement_enums(sharding, instance_meta)
-    _check_min_nodes(card, min_nodes)
+    problems = create_problems(card.model_id, card, sharding_, min_nodes)
+    if problems:
+        raise BadRequestError(problems[0].message, param=problems[0].field)
     model_id = card.model_id
     for existing in deployments.values():
         if existing.model_card.model_id == model_id:

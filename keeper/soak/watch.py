@@ -33,8 +33,9 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
+from keeper.readiness import instance_is_ready
 from keeper.runtime.log_scan import iter_log_file
-from keeper.state import SERVING_RUNNER_TYPES, AnyInstance, State
+from keeper.state import AnyInstance, State
 
 # The keeper steps once a second and only an instance it saw ready at a step counts as having
 # been ready: one lost sooner is a failed placement and waits out the backoff by design.
@@ -60,11 +61,6 @@ class _Gap:
 
 def model_of(instance: AnyInstance) -> str:
     return instance.shard_assignments.model_id
-
-
-def instance_serves(state: State, instance: AnyInstance) -> bool:
-    runners = instance.shard_assignments.node_to_runner.values()
-    return all(isinstance(state.runners.get(r), SERVING_RUNNER_TYPES) for r in runners)
 
 
 def doubled_models(state: State) -> set[str]:
@@ -186,7 +182,7 @@ class ClusterWatch:
         return {
             model_of(instance)
             for instance in self.state.instances.values()
-            if instance_serves(self.state, instance)
+            if instance_is_ready(instance, self.state)
         }
 
     def nodes_holding_runners(self) -> set[str]:
@@ -216,7 +212,7 @@ class ClusterWatch:
 
     def _note_ready(self, now: float) -> None:
         for instance_id, instance in self.state.instances.items():
-            if instance_id not in self.ready_since and instance_serves(self.state, instance):
+            if instance_id not in self.ready_since and instance_is_ready(instance, self.state):
                 self.ready_since[instance_id] = now
 
     def _deleted(self, instance_id: str, now: float) -> float | None:

@@ -1,0 +1,89 @@
+"""When an instance can serve, and what that makes a deployment's status: the rules every reader
+of the cluster State shares (docs/design.md, 3.4 "Deployment status").
+
+The keeper's backoff, ``GET /deployments``, the master's chat routing, the soak's watch and the
+TUI all ask the same two questions of a State, so the answers are written once, here, in the
+data model: the TUI may import nothing above it, and a rule that lived in the keeper would have
+to be copied into it. Plain functions of a State, no I/O; ``keeper.core`` re-exports
+``deployment_status`` under its pinned name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+from keeper.api_models import DeploymentStatus
+from keeper.state import (
+    SERVING_RUNNER_TYPES,
+    AnyInstance,
+    Deployment,
+    DeploymentId,
+    ModelId,
+    State,
+)
+
+
+def instance_is_ready(instance: AnyInstance, state: State) -> bool:
+    """Every runner of the instance is Ready or Running (an instance with no runner is not)."""
+    runner_ids = instance.shard_assignments.node_to_runner.values()
+    return bool(runner_ids) and all(
+        isinstance(state.runners.get(runner_id), SERVING_RUNNER_TYPES) for runner_id in runner_ids
+    )
+
+
+def instances_of(state: State, model_id: ModelId) -> list[AnyInstance]:
+    """The model's instances, in the State's order."""
+    return [
+        instance
+        for instance in state.instances.values()
+        if instance.shard_assignments.model_id == model_id
+    ]
+
+
+def ready_instances_of(state: State, model_id: ModelId) -> list[AnyInstance]:
+    """The model's instances that can serve now, in the State's order."""
+    return [
+        instance for instance in instances_of(state, model_id) if instance_is_ready(instance, state)
+    ]
+
+
+def status_of(
+    deployment: Deployment, with_instance: Container[ModelId], with_ready: Container[ModelId]
+) -> DeploymentStatus:
+    """The status rule, given the models that have an instance and those that have a ready one:
+    serving while any instance of its model is ready (however it was placed), starting while one
+    exists, cant_place once placement said why not, placing until then."""
+    model_id = deployment.model_card.model_id
+    if model_id in with_ready:
+        return "serving"
+    if model_id in with_instance:
+        return "starting"
+    if deployment.placement_error is not None:
+        return "cant_place"
+    return "placing"
+
+
+def models_served(state: State) -> tuple[set[ModelId], set[ModelId]]:
+    """The models with an instance, and those with a ready one."""
+    with_instance: set[ModelId] = set()
+    with_ready: set[ModelId] = set()
+    for instance in state.instances.values():
+        model_id = instance.shard_assignments.model_id
+        with_instance.add(model_id)
+        if model_id not in with_ready and instance_is_ready(instance, state):
+            with_ready.add(model_id)
+    return with_instance, with_ready
+
+
+def deployment_status(deployment: Deployment, state: State) -> DeploymentStatus:
+    """One deployment's status in ``state`` (``status_of``)."""
+    model_id = deployment.model_card.model_id
+    instances = instances_of(state, model_id)
+    ready = [model_id] if any(instance_is_ready(i, state) for i in instances) else []
+    return status_of(deployment, [model_id] if instances else [], ready)
+
+
+def deployment_statuses(state: State) -> dict[DeploymentId, DeploymentStatus]:
+    """Every deployment's status in ``state``, reading the instances once for all of them."""
+    with_instance, with_ready = models_served(state)
+    return {d_id: status_of(d, with_instance, with_ready) for d_id, d in state.deployments.items()}

@@ -1,0 +1,77 @@
+"""The shared readiness and status rules (``keeper.readiness``), read in bulk and one by one.
+
+``deployment_status`` (the keeper's API) and ``deployment_statuses`` (the TUI's, one pass over
+the instances) must always agree, and ``ready_instances_of`` (the master's chat routing) must
+pick exactly the instances the status rule calls ready.
+"""
+
+from __future__ import annotations
+
+from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, unplaceable
+
+from keeper.events import InstanceCreated, RunnerStatusUpdated
+from keeper.readiness import (
+    deployment_status,
+    deployment_statuses,
+    instance_is_ready,
+    instances_of,
+    ready_instances_of,
+)
+from keeper.state import RunnerLoading
+
+
+def _every_status() -> tuple[Cluster, dict[str, str]]:
+    """A cluster with one deployment in each status, and an instance no deployment keeps."""
+    cluster = Cluster(place=unplaceable("nothing fits"))
+    cluster.add_nodes("node-a", "node-b")
+    serving, starting, cant_place = (cluster.deploy(m) for m in ("m", "n", "p"))
+    cluster.step(AFTER_GRACE)
+    placing = cluster.deploy("q")
+    cluster.apply(
+        InstanceCreated(instance=build_instance(card("m"), ["node-a"], "m-loading")),
+        InstanceCreated(instance=build_instance(card("m"), ["node-b"], "m-ready")),
+        InstanceCreated(instance=build_instance(card("n"), ["node-a", "node-b"], "n-half")),
+        InstanceCreated(instance=build_instance(card("r"), ["node-b"], "r-ready")),
+    )
+    cluster.make_ready("m-ready")
+    cluster.make_ready("n-half")
+    cluster.make_ready("r-ready")
+    cluster.apply(
+        RunnerStatusUpdated(runner_id="n-half-runner-1", runner_status=RunnerLoading()),
+    )
+    expected = {
+        serving: "serving",
+        starting: "starting",
+        cant_place: "cant_place",
+        placing: "placing",
+    }
+    return cluster, expected
+
+
+def test_statuses_in_bulk_agree_with_each_one_alone() -> None:
+    cluster, expected = _every_status()
+    state = cluster.state
+    assert deployment_statuses(state) == expected
+    assert {
+        d_id: deployment_status(deployment, state) for d_id, deployment in state.deployments.items()
+    } == expected
+
+
+def test_the_ready_instances_of_a_model_are_those_with_every_runner_serving() -> None:
+    cluster, _ = _every_status()
+    state = cluster.state
+    assert [i.instance_id for i in instances_of(state, "m")] == ["m-loading", "m-ready"]
+    assert [i.instance_id for i in ready_instances_of(state, "m")] == ["m-ready"]
+    assert ready_instances_of(state, "n") == []
+    assert [i.instance_id for i in ready_instances_of(state, "r")] == ["r-ready"]
+    assert instances_of(state, "q") == []
+    assert [instance_is_ready(i, state) for i in state.instances.values()] == [
+        False,
+        True,
+        False,
+        True,
+    ]
+
+
+def test_an_empty_state_has_no_statuses() -> None:
+    assert deployment_statuses(Cluster().state) == {}
