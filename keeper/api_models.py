@@ -1,4 +1,4 @@
-"""Wire shapes of the HTTP API (SPEC §5), shared by the master that serves them and the clients
+"""Wire shapes of the HTTP API, shared by the master that serves them and the clients
 (the TUI, the ``exo-deploy list/deploy/undeploy`` commands, the bridge) that read them.
 
 They live beside the data model, not in the master, so that a client can parse responses
@@ -9,9 +9,9 @@ camelCase JSON.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from keeper.state import Deployment, InstanceMeta, Sharding, State
 
@@ -20,6 +20,16 @@ DeploymentStatus = Literal["serving", "starting", "placing", "cant_place"]
 # Why the keeper is not placing for a deployment right now (None: it would place at its next
 # step, or it does not need to because an instance exists).
 WaitReason = Literal["grace", "backoff", "unplaceable_retry", "placement_in_flight"]
+
+
+def _whole_float_as_int(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# A count in a request body. The OpenAPI document says ``integer``, and JSON Schema's integer is
+# any number with no fractional part, so ``2.0`` is one and is read as 2; anything else that is
+# not a JSON integer (``true``, ``"2"``, ``2.5``) is named as the wrong type, not coerced.
+WholeNumber = Annotated[int, BeforeValidator(_whole_float_as_int), Field(strict=True)]
 
 
 class ApiModel(BaseModel):
@@ -32,9 +42,8 @@ class CreateDeploymentRequest(ApiModel):
     model_id: str = Field(min_length=1, max_length=512)
     sharding: Sharding = Sharding.PIPELINE
     instance_meta: InstanceMeta = InstanceMeta.MLX_RING
-    # Bounded above by the largest cluster exo can form; larger is a typo, not a wish. Strict, so
-    # `true` or `"2"` is named as the wrong type instead of being read as a number.
-    min_nodes: int = Field(default=1, ge=1, le=1024, strict=True)
+    # Bounded above by the largest cluster exo can form; larger is a typo, not a wish.
+    min_nodes: WholeNumber = Field(default=1, ge=1, le=1024)
 
 
 class CommandResponse(ApiModel):
