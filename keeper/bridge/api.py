@@ -1,4 +1,4 @@
-"""The bridge's HTTP API: the master's deployments API (SPEC §5) in front of a stock exo.
+"""The bridge's HTTP API: the master's deployments API in front of a stock exo.
 
 The same app as our master's (``keeper.httpapi.app``: exo's error bodies for every way a
 request can be wrong, the request guard, a bearer token for changes when there is one) with the
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 
 from keeper.bridge.service import Bridge
 from keeper.httpapi.app import JSON, new_app
+from keeper.httpapi.contract import refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
 
@@ -39,11 +40,11 @@ def create_bridge_app(
     )
     app.include_router(deployments_router(bridge))
 
-    @app.get("/state")
+    @app.get("/state", responses=refusals((503, "exo has not answered yet")))
     async def state() -> Response:
         return Response(bridge.state_json(), media_type=JSON)
 
-    @app.get("/models")
+    @app.get("/models", responses=refusals((503, "exo's model list is not available")))
     async def models() -> Response:
         return Response(await bridge.models_body(), media_type=JSON)
 
