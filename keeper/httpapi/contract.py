@@ -32,6 +32,7 @@ from fastapi.openapi.utils import (
 from pydantic import BaseModel
 
 from keeper.api_models import ErrorResponse
+from keeper.httpapi.auth import MUTATING_METHODS
 
 Responses = dict[int | str, dict[str, Any]]
 
@@ -46,9 +47,11 @@ DESCRIPTIONS: dict[int, str] = {
     422: "The body or query does not match the schema (the message names the field)",
     503: "The service cannot act now: not running, or cannot record the change",
 }
+# The methods whose body the request guard checks (``keeper.httpapi.errors``).
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-_CHANGE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Where a document's ``$ref`` finds a named schema (OpenAPI's components).
 COMPONENTS = "#/components/schemas/"
+# The only media type a body or an error is written in.
 JSON = "application/json"
 
 
@@ -86,7 +89,7 @@ def declare_app_answers(document: dict[str, Any], *, token: bool, exo_validation
                 # 400: a body that is not JSON at all (FastAPI's "error parsing the body"), or,
                 # answered in exo's envelope, malformed JSON.
                 codes += [400, 413, 415]
-            if token and method.upper() in _CHANGE_METHODS:
+            if token and method.upper() in MUTATING_METHODS:
                 codes.append(401)
             responses: dict[str, Any] = operation.setdefault("responses", {})
             takes_input = has_body or bool(operation.get("parameters"))
