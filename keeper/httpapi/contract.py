@@ -9,8 +9,9 @@ and FastAPI's 422. Codes come from two places, declared in two ways:
 - what the app answers before any handler runs, the same for every route of its kind, added to
   the generated document by ``declare_app_answers`` (``keeper.httpapi.app`` calls it): the
   request guard's 413/415 and malformed JSON's 400 on routes with a body, the token's 401 on
-  changes when there is a token, and the validation 422 in the app's own shape (exo's envelope,
-  or FastAPI's ``{"detail": [...]}`` on exo's stand-in, which answers as exo does).
+  changes when there is a token (and the bearer scheme they need), and the validation 422 in
+  the app's own shape (exo's envelope, or FastAPI's ``{"detail": [...]}`` on exo's stand-in,
+  which answers as exo does).
 
 A method a path does not serve answers 405 with ``Allow`` listing the methods it does serve,
 as the document lists them (``allowed_methods``; Starlette's own names only the first route at
@@ -51,6 +52,8 @@ DESCRIPTIONS: dict[int, str] = {
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # Where a document's ``$ref`` finds a named schema (OpenAPI's components).
 COMPONENTS = "#/components/schemas/"
+# The name of the token check in the document (``keeper.httpapi.auth``): changes need it.
+BEARER = "bearer"
 # The only media type a body or an error is written in.
 JSON = "application/json"
 
@@ -91,6 +94,7 @@ def declare_app_answers(document: dict[str, Any], *, token: bool, exo_validation
                 codes += [400, 413, 415]
             if token and method.upper() in MUTATING_METHODS:
                 codes.append(401)
+                operation.setdefault("security", [{BEARER: []}])
             responses: dict[str, Any] = operation.setdefault("responses", {})
             takes_input = has_body or bool(operation.get("parameters"))
             if takes_input and not exo_validation:
@@ -102,7 +106,10 @@ def declare_app_answers(document: dict[str, Any], *, token: bool, exo_validation
             for code in codes:
                 used = True
                 responses.setdefault(str(code), {"description": DESCRIPTIONS[code], **error})
-    schemas: dict[str, Any] = document.setdefault("components", {}).setdefault("schemas", {})
+    components: dict[str, Any] = document.setdefault("components", {})
+    if token:
+        components.setdefault("securitySchemes", {})[BEARER] = {"type": "http", "scheme": "bearer"}
+    schemas: dict[str, Any] = components.setdefault("schemas", {})
     if exo_validation:
         schemas.setdefault("ValidationError", cast(object, validation_error_definition))
         schemas.setdefault(
