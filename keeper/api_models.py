@@ -12,9 +12,9 @@ camelCase JSON.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from keeper.state import Deployment, InstanceMeta, ModelCard, ModelId, Sharding, State
 
@@ -23,6 +23,16 @@ DeploymentStatus = Literal["serving", "starting", "placing", "cant_place"]
 # Why the keeper is not placing for a deployment right now (None: it would place at its next
 # step, or it does not need to because an instance exists).
 WaitReason = Literal["grace", "backoff", "unplaceable_retry", "placement_in_flight"]
+
+
+def _whole_float_as_int(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# A count in a request body. The OpenAPI document says ``integer``, and JSON Schema's integer is
+# any number with no fractional part, so ``2.0`` is one and is read as 2; anything else that is
+# not a JSON integer (``true``, ``"2"``, ``2.5``) is named as the wrong type, not coerced.
+WholeNumber = Annotated[int, BeforeValidator(_whole_float_as_int), Field(strict=True)]
 
 
 class ApiModel(BaseModel):
@@ -40,8 +50,8 @@ class CreateDeploymentRequest(ApiModel):
     model_id: str = Field(min_length=1, max_length=512)
     sharding: Sharding = Sharding.PIPELINE
     instance_meta: InstanceMeta = InstanceMeta.MLX_RING
-    # Strict, so `true` or `"2"` is named as the wrong type instead of being read as a number.
-    min_nodes: int = Field(default=1, ge=1, le=MAX_MIN_NODES, strict=True)
+    # A whole number, 27.0 included (JSON Schema's integer); `true` and `"2"` are refused.
+    min_nodes: WholeNumber = Field(default=1, ge=1, le=MAX_MIN_NODES)
 
 
 class ModelFacts(Protocol):

@@ -183,6 +183,14 @@ BAD_INPUTS = [
         {"model_id": QWEN, "min_nodes": "two"},
     ),
     Bad(
+        "min_nodes with a fraction",
+        "POST",
+        "/deployments",
+        422,
+        ("min_nodes", "integer"),
+        {"model_id": QWEN, "min_nodes": 2.5},
+    ),
+    Bad(
         "min_nodes a boolean",
         "POST",
         "/deployments",
@@ -240,6 +248,7 @@ BAD_INPUTS = [
     ),
     Bad("unknown route", "GET", "/no/such/route", 404, ("Not Found",)),
     Bad("wrong method", "PUT", "/deployments", 405, ("Method Not Allowed",), {}),
+    Bad("OPTIONS", "OPTIONS", "/deployments", 405, ("Method Not Allowed",)),
     Bad(
         "chat for a model with no instance",
         "POST",
@@ -276,11 +285,21 @@ async def test_bad_input_gets_a_4xx_naming_the_problem_and_changes_nothing(bad: 
         assert existing.status_code == 200
         before = (await client.get("/state")).json()
         content = bad.raw if bad.raw is not None else json.dumps(bad.json_body).encode()
-        if bad.method in {"GET", "DELETE"}:
+        if bad.method in {"GET", "DELETE", "OPTIONS"}:
             content = None
         response = await client.request(bad.method, bad.path, content=content, headers=bad.headers)
         assert_exo_error(response, bad.status, *bad.fragments)
         assert (await client.get("/state")).json() == before
+
+
+@pytest.mark.anyio
+async def test_a_whole_number_written_with_a_fraction_is_read_as_the_integer_it_is() -> None:
+    # The document says min_nodes is an integer, and JSON Schema's integers include 2.0.
+    async with running_master() as master, api_client(master) as client:
+        created = await client.post("/deployments", json={"model_id": QWEN, "min_nodes": 2.0})
+        assert created.status_code == 200, created.text
+        (deployment,) = master.state.deployments.values()
+        assert deployment.min_nodes == 2
 
 
 @pytest.mark.anyio

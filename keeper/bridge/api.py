@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from keeper.bridge.service import Bridge
 from keeper.httpapi.app import JSON, new_app
+from keeper.httpapi.contract import refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
 
@@ -40,11 +41,11 @@ def create_bridge_app(
     )
     app.include_router(deployments_router(bridge))
 
-    @app.get("/state")
+    @app.get("/state", responses=refusals((503, "exo has not answered yet")))
     async def state() -> Response:
         return Response(bridge.state_json(), media_type=JSON)
 
-    @app.get("/models")
+    @app.get("/models", responses=refusals((503, "exo's model list is not available")))
     async def models() -> Response:
         return Response(await bridge.models_body(), media_type=JSON)
 

@@ -3,7 +3,8 @@
 
 Both answer ``POST /deployments``, ``GET /deployments`` and ``DELETE /deployments/{id}`` with the
 same shapes (``keeper.api_models``), so the TUI and ``exo-deploy list/deploy/undeploy`` work
-against either unchanged; the routes are written once, over the small Protocol both satisfy.
+against either unchanged; the routes are written once, over the small Protocol both satisfy,
+and so is their contract: each declares its body and every refusal either service answers.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Protocol
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from keeper.api_models import CommandResponse, CreateDeploymentRequest
+from keeper.api_models import CommandResponse, CreateDeploymentRequest, DeploymentsResponse
 from keeper.httpapi.app import JSON, command_json
+from keeper.httpapi.contract import ok_body, refusals
 from keeper.state import InstanceMeta, Sharding
 
 
@@ -35,7 +37,18 @@ class DeploymentsService(Protocol):
 def deployments_router(service: DeploymentsService) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/deployments")
+    @router.post(
+        "/deployments",
+        responses={
+            **ok_body(CommandResponse),
+            **refusals(
+                (400, "Cannot work: min_nodes above the model's layer count"),
+                (404, "No such model in the catalog"),
+                (409, "The model already has a deployment (the message names it)"),
+                503,
+            ),
+        },
+    )
     async def create_deployment(request: CreateDeploymentRequest) -> Response:
         return command_json(
             await service.create_deployment(
@@ -43,11 +56,20 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
             )
         )
 
-    @router.get("/deployments")
+    @router.get(
+        "/deployments",
+        responses={**ok_body(DeploymentsResponse), **refusals((503, "Not running yet"))},
+    )
     async def list_deployments() -> Response:
         return Response(service.deployments_json(), media_type=JSON)
 
-    @router.delete("/deployments/{deployment_id}")
+    @router.delete(
+        "/deployments/{deployment_id}",
+        responses={
+            **ok_body(CommandResponse),
+            **refusals((404, "No deployment with this id"), 503),
+        },
+    )
     async def delete_deployment(deployment_id: str) -> Response:
         return command_json(await service.delete_deployment(deployment_id))
 

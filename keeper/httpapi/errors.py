@@ -9,6 +9,8 @@ or equal to 1``, because a client reading a bare 422 cannot tell which of its fi
 ``RequestGuardMiddleware`` rejects what should never reach a handler: bodies over
 ``MAX_BODY_BYTES`` (413, by Content-Length and by the bytes actually streamed, since a chunked
 upload has no Content-Length) and request bodies that are not JSON (415).
+
+A 405 carries ``Allow`` with every method served at the path (``keeper.httpapi.contract``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from keeper.api_models import error_body
+from keeper.httpapi.contract import allowed_methods
 from keeper.runtime.errors import MasterError
 
 log = logging.getLogger(__name__)
@@ -82,16 +86,25 @@ def describe_validation(errors: list[Any]) -> tuple[int, str, str | None]:
     return 422, "; ".join(messages) or "Invalid request", first_param
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+def install_error_handlers(app: FastAPI, *, exo_validation: bool = False) -> None:
+    """``exo_validation``: validation failures answered as exo answers them, with FastAPI's own
+    422 ``{"detail": [...]}`` (malformed JSON included), not exo's envelope."""
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        if exo_validation:
+            return await request_validation_exception_handler(request, exc)
         status, message, param = describe_validation(list(exc.errors()))
         return error_response(status, message, param)
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         message = exc.detail or phrase(exc.status_code)
         headers = dict(exc.headers) if exc.headers else None
+        allow = allowed_methods(app, request.url.path) if exc.status_code == 405 else None
+        if allow is not None:
+            # Starlette's Allow names the first route at the path only, not every method served.
+            headers = {**(headers or {}), "Allow": allow}
         return error_response(exc.status_code, message, headers=headers)
 
     async def on_master(_: Request, exc: Exception) -> JSONResponse:

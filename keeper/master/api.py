@@ -6,7 +6,8 @@ error body and a 4xx (see ``keeper.httpapi.errors``), and a refused request chan
 nothing, because the master validates before it emits. ``create_app`` builds the app for one
 master (from ``keeper.httpapi.app``, with the deployments routes the bridge serves too,
 ``keeper.httpapi.deployments_routes``); ``keeper.master.server`` runs it under uvicorn, and tests
-drive it in-process with ``httpx.ASGITransport``.
+drive it in-process with ``httpx.ASGITransport``. Each route declares its 200 body and its
+refusals (``keeper.httpapi.contract``): the OpenAPI document is the contract the tests fuzz.
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ from fastapi import APIRouter, FastAPI, WebSocket
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from keeper.api_models import CreateDeploymentRequest, ModelList, model_entry
+from keeper.api_models import (
+    CommandResponse,
+    CreateDeploymentRequest,
+    ModelList,
+    model_entry,
+)
 from keeper.httpapi.app import JSON, command_json, new_app
+from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
 from keeper.master.dashboard_stream import dashboard_response
@@ -44,22 +51,36 @@ def create_app(
     app.include_router(deployments_router(master))
     app.include_router(exo_routes(master, token))
 
-    @app.get("/models")
+    @app.get("/state")
+    async def state() -> Response:
+        return Response(master.state.model_dump_json(), media_type=JSON)
+
+    @app.get("/models", responses=ok_body(ModelList))
     async def models() -> Response:
         listing = ModelList(data=[model_entry(card) for card in master.catalog.values()])
         return Response(listing.model_dump_json(), media_type=JSON)
 
-    @app.delete("/instance/{instance_id}")
+    @app.delete(
+        "/instance/{instance_id}",
+        responses={**ok_body(CommandResponse), **refusals((404, "No instance with this id"), 503)},
+    )
     async def delete_instance(instance_id: str) -> Response:
         return command_json(await master.delete_instance(instance_id))
 
-    @app.get("/events")
+    @app.get(
+        "/events",
+        response_class=EventSourceResponse,
+        responses={
+            200: {"content": {"text/event-stream": {}}, "description": "The dashboard stream"},
+            **refusals(503),
+        },
+    )
     async def events() -> EventSourceResponse:
         if not master.running:
             raise NotRunningError("the master is not running")
         return dashboard_response(master)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses=refusals(503))
     async def healthz() -> JSONResponse:
         if not master.running:
             raise NotRunningError("the master is not running")
@@ -86,15 +107,21 @@ def create_app(
 
 def exo_routes(master: Master, token: str | None) -> APIRouter:
     """The routes of exo's API that both of the master's APIs serve alike, ours and exo's
-    stand-in's (``keeper.master.exo_compat``): the State, placing an instance, chat, and the
-    nodes' connection."""
+    stand-in's (``keeper.master.exo_compat``): placing an instance, chat, and the nodes'
+    connection. (Each serves its own ``GET /state``: the stand-in's is in exo's keys.)"""
     router = APIRouter()
 
-    @router.get("/state")
-    async def state() -> Response:
-        return Response(master.state.model_dump_json(), media_type=JSON)
-
-    @router.post("/place_instance")
+    @router.post(
+        "/place_instance",
+        responses={
+            **ok_body(CommandResponse),
+            **refusals(
+                (400, "Placement refused (the message says why)"),
+                (404, "No such model in the catalog"),
+                503,
+            ),
+        },
+    )
     async def place_instance(request: PlaceInstanceRequest) -> Response:
         return command_json(
             await master.place_instance(
@@ -102,7 +129,13 @@ def exo_routes(master: Master, token: str | None) -> APIRouter:
             )
         )
 
-    @router.post("/v1/chat/completions")
+    @router.post(
+        "/v1/chat/completions",
+        responses=refusals(
+            (404, "No instance of the model is ready to serve"),
+            (503, "The master is not running, or the chat's node went away"),
+        ),
+    )
     async def chat_completions(request: ChatCompletionRequest) -> Any:
         return await chat_completion(master, request)
 

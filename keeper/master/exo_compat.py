@@ -38,7 +38,6 @@ from typing import Any, cast
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -46,6 +45,7 @@ from pydantic import ValidationError
 from keeper.api_models import CommandResponse
 from keeper.events import IndexedEvent, InstanceCreated, InstanceDeleted
 from keeper.httpapi.app import JSON, command_json, new_app
+from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.errors import MAX_BODY_BYTES
 from keeper.ids import new_id
 from keeper.master.api import exo_routes
@@ -103,9 +103,8 @@ def create_exo_compat_app(
     master: Master, token: str | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
 ) -> FastAPI:
     """exo's HTTP API over ``master`` (whose keeper should be off: ``keeper_enabled=False``)."""
-    app = new_app("exo (stand-in)", token, max_body_bytes=max_body_bytes)
     # exo leaves validation errors to FastAPI: 422 {"detail": [...]}, not its error envelope.
-    app.add_exception_handler(RequestValidationError, _fastapi_validation_answer)
+    app = new_app("exo (stand-in)", token, max_body_bytes=max_body_bytes, exo_validation=True)
 
     def state_json() -> JsonObject:
         state = cast(JsonObject, json.loads(master.state.model_dump_json()))
@@ -117,12 +116,11 @@ def create_exo_compat_app(
                 instances[instance_id] = exo_instance_json(instance, model.full_card)
         return {key: value for key, value in state.items() if key not in NOT_EXO_STATE_KEYS}
 
-    # Registered before exo_routes' /state, so this one answers.
     @app.get("/state")
     async def state() -> JSONResponse:
         return JSONResponse(state_json())
 
-    @app.get("/state/{path:path}")
+    @app.get("/state/{path:path}", responses=refusals((404, "No such path in the State")))
     async def state_path(path: str) -> Response:
         try:
             value = state_at(state_json(), path)
@@ -142,7 +140,10 @@ def create_exo_compat_app(
         body = await anyio.to_thread.run_sync(exo_event_log, log_path)
         return Response(body, media_type="application/json")
 
-    @app.get("/instance/placement")
+    @app.get(
+        "/instance/placement",
+        responses=refusals((400, "exo lists no such model, or placement refused (says why)")),
+    )
     async def placement(
         model_id: str,
         sharding: Sharding = Sharding.PIPELINE,
@@ -156,13 +157,19 @@ def create_exo_compat_app(
             raise BadRequestError(str(exc)) from None
         return JSONResponse(instance)
 
-    @app.get("/instance/previews")
+    @app.get("/instance/previews", responses=refusals((400, "exo lists no such model")))
     async def previews(model_id: str) -> JSONResponse:
         if not master.state.topology.nodes:
             return JSONResponse({"previews": []})
         return JSONResponse({"previews": exo_previews(master.state, known_model(model_id))})
 
-    @app.post("/instance")
+    @app.post(
+        "/instance",
+        openapi_extra={"requestBody": app.body_ref(ExoCreateInstance)},
+        responses=refusals(
+            (400, "exo lists no such model, or not enough memory in the cluster"), 503
+        ),
+    )
     async def create_instance(request: Request) -> JSONResponse:
         raw = await request.body()
         try:
@@ -184,7 +191,10 @@ def create_exo_compat_app(
         await master.emit([created])  # accepted; applied once the router gets to it
         return JSONResponse({"message": ACCEPTED, "command_id": new_id(), "model_card": card})
 
-    @app.delete("/instance/{instance_id}")
+    @app.delete(
+        "/instance/{instance_id}",
+        responses={**ok_body(CommandResponse), **refusals((404, "Instance not found"), 503)},
+    )
     async def delete_instance(instance_id: str) -> Response:
         if instance_id not in master.state.instances:
             raise NotFoundError("Instance not found")
@@ -193,7 +203,7 @@ def create_exo_compat_app(
             CommandResponse(message=ACCEPTED, command_id=new_id(), instance_id=instance_id)
         )
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses=refusals(503))
     async def healthz() -> JSONResponse:
         if not master.running:
             raise NotRunningError("the master is not running")
@@ -214,15 +224,16 @@ def _card_of(model: ExoModel, body: ExoCreateInstance) -> JsonObject:
     return shard.model_card.model_dump(mode="json", by_alias=True)
 
 
-async def _fastapi_validation_answer(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    return await request_validation_exception_handler(request, exc)
-
-
 def _in_body(exc: ValidationError) -> list[Any]:
     """pydantic's errors located in the request body, as FastAPI's own validation reports
     them."""
     return [
-        {**error, "loc": ("body", *error["loc"])}
+        {**error, "loc": ("body", *error["loc"]), "input": _shown(error["input"])}
         for error in exc.errors(include_url=False, include_context=False)
     ]
+
+
+def _shown(value: object) -> object:
+    # A body that is not JSON is reported as its raw bytes, which need not be UTF-8 (the answer
+    # would then fail to encode, a 500): shown as text with the undecodable bytes replaced.
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

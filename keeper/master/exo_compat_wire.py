@@ -32,10 +32,26 @@ class _Strict(BaseModel):
     )
 
 
+def _one_tag_schema(schema: dict[str, Any]) -> None:
+    """The JSON schema says what ``_Tag._one_tag`` checks: one key, whose value is not null (the
+    stand-in's OpenAPI document shows it, and is fuzzed against it)."""
+    schema["minProperties"] = 1
+    schema["maxProperties"] = 1
+    for field in schema.get("properties", {}).values():
+        field.pop("default", None)
+        options = [option for option in field.pop("anyOf", []) if option.get("type") != "null"]
+        if len(options) == 1:
+            field.update(options[0])
+        elif options:
+            field["anyOf"] = options
+
+
 class _Tag(BaseModel):
     """A tagged union written ``{"ClassName": {...}}``: exactly one known tag."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, json_schema_extra=_one_tag_schema
+    )
 
     @model_validator(mode="after")
     def _one_tag(self) -> _Tag:
@@ -144,7 +160,8 @@ class ExoTaggedInstance(_Tag):
 
 
 class ExoCreateInstance(_Strict):
-    """The body of exo's ``POST /instance``."""
+    """The body of exo's ``POST /instance``. As strict as exo's: an integer must be written as
+    one (``2``, not ``2.0``, which JSON Schema also calls an integer), a string as a string."""
 
     instance: ExoTaggedInstance
 
