@@ -148,9 +148,7 @@ def observe(
         )
     # 5. Removed instances are forgotten once the state no longer shows them.
     retiring = frozenset(i for i in memo.retiring if i in instances or i == memo.in_flight)
-    if retiring != memo.retiring:
-        memo = replace(memo, retiring=retiring)
-    return memo
+    return replace(memo, retiring=retiring)
 
 
 def reported_error(memo: DeploymentMemo, deployment: Deployment) -> str | None:

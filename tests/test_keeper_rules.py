@@ -25,6 +25,7 @@ from keeper_harness import (
     unplaceable_for,
 )
 
+from keeper.cluster_view import models_with_instances, without_nodes
 from keeper.constants import (
     FIRST_BACKOFF,
     MAX_BACKOFF,
@@ -1127,6 +1128,81 @@ def test_the_refusal_names_nodes_without_a_friendly_name_by_id() -> None:
     cluster.step(T)
     reason = f"no placement apart from the nodes serving m (node-b): {NO_MEMORY}"
     assert failures_of(cluster.step(T + 1)) == [(deployment_id, reason)]
+
+
+def test_the_refusal_names_every_serving_node_sorted() -> None:
+    cluster = Cluster(place=simple_place)
+    for node_id, name in (("node-c", "zeta"), ("node-a", "alpha"), ("node-b", "mid")):
+        cluster.add_node(node_id)
+        cluster.apply(
+            NodeGatheredInfo(
+                node_id=node_id,
+                when="2026-01-01T00:00:00Z",
+                identity=NodeIdentity(friendly_name=name),
+            )
+        )
+    cluster.add_node("node-d", available_gb=0.5)
+    deployment_id = cluster.deploy("m", replicas=4)
+    for k in range(3):
+        assert placed_ids(cluster.step(T + k)) == [deployment_id]
+    reason = f"no placement apart from the nodes serving m (alpha, mid, zeta): {NO_MEMORY}"
+    assert failures_of(cluster.step(T + 3)) == [(deployment_id, reason)]
+
+
+def test_the_view_without_nodes_drops_every_entry_of_theirs() -> None:
+    state = State.model_validate(
+        {
+            "topology": {
+                "nodes": ["a", "b", "c"],
+                "connections": {
+                    "a": {"b": [socket_edge("a", "b").edge.model_dump()]},
+                    "b": {
+                        "a": [socket_edge("b", "a").edge.model_dump()],
+                        "c": [socket_edge("b", "c").edge.model_dump()],
+                    },
+                    "c": {"b": [socket_edge("c", "b").edge.model_dump()]},
+                },
+            },
+            **{
+                key: {n: value for n in ("a", "b", "c")}
+                for key, value in (
+                    ("nodeMemory", {}),
+                    ("nodeBackends", ["MlxMetal"]),
+                    ("nodeIdentities", {"friendlyName": "x"}),
+                    ("nodeNetwork", {}),
+                    ("nodeRdmaCtl", {}),
+                    ("lastSeen", "2026-01-01T00:00:00Z"),
+                    ("downloads", []),
+                )
+            },
+            "instances": {"i": build_instance(card("m"), ["b"], "i").model_dump(by_alias=True)},
+        }
+    )
+    view = without_nodes(state, frozenset({"b"}))
+    assert view.topology.nodes == ["a", "c"]
+    assert view.topology.connections == {}  # every link touched b
+    for per_node in (
+        view.node_memory,
+        view.node_backends,
+        view.node_identities,
+        view.node_network,
+        view.node_rdma_ctl,
+        view.last_seen,
+        view.downloads,
+    ):
+        assert sorted(per_node) == ["a", "c"]
+    assert view.instances == state.instances
+    assert without_nodes(state, frozenset()) == state
+    assert len(state.topology.nodes) == 3  # the state itself is untouched
+    kept = without_nodes(state, frozenset({"c"})).topology.connections
+    assert {s: sorted(sinks) for s, sinks in kept.items()} == {"a": ["b"], "b": ["a"]}
+
+
+def test_models_with_instances_names_each_model_running() -> None:
+    cluster, _, _, _ = replicated(2)
+    cluster.apply(InstanceCreated(instance=build_instance(card("other"), ["node-c"], "x")))
+    assert models_with_instances(cluster.state) == frozenset({"m", "other"})
+    assert models_with_instances(State()) == frozenset()
 
 
 def test_a_first_replica_keeps_placements_own_reason() -> None:
