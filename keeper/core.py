@@ -119,9 +119,10 @@ class Keeper:
     # --- stepping -------------------------------------------------------------------------
 
     def step(self, state: State, now: float) -> list[AnyEvent]:
+        # Forgetting comes first: a command (scale, delete) may leave memory during the grace.
+        self._forget_departed(state)
         if now < self.started_at + self.startup_grace:
             return []
-        self._forget_departed(state)
         if not state.deployments:
             return []
         counts = models_instance_counts(state)

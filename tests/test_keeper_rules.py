@@ -802,6 +802,16 @@ def test_memory_does_not_grow_with_deployments_that_come_and_go() -> None:
     assert _remembered(cluster.keeper) == 0
 
 
+def test_memory_left_by_commands_during_the_grace_is_forgotten_at_the_next_step() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.scale(deployment_id, 2)
+    cluster.delete(deployment_id)
+    assert _remembered(cluster.keeper) == 2
+    assert cluster.step(T - 1) == []  # still in the grace
+    assert _remembered(cluster.keeper) == 0
+
+
 def test_memory_does_not_grow_with_time() -> None:
     cluster, _ = one_node_cluster(RecordingPlace(inner=unplaceable()))
     cluster.deploy("m")
