@@ -176,11 +176,12 @@ class Keeper:
         memo = self._memos[deployment_id]
         model_id = deployment.model_card.model_id
         # Anti-affinity: a replica goes only where no other instance of the model has a runner,
-        # so that one node fault costs at most one replica.
+        # so that one node fault costs at most one replica. (With no such node, the view equals
+        # the state.)
         serving = nodes_serving(state, model_id)
         try:
             instance = self._place(
-                without_nodes(state, serving) if serving else state,
+                without_nodes(state, serving),
                 deployment.model_card,
                 deployment.sharding,
                 deployment.instance_meta,

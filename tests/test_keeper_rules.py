@@ -1082,7 +1082,10 @@ def test_anti_affinity_hands_placement_a_state_without_the_serving_nodes() -> No
     cluster.step(T)
     cluster.step(T + 1)
     first, second = seen
-    assert first is not second and len(first.topology.nodes) == 3
+    assert first == cluster.state.model_copy(
+        update={"instances": {}, "deployments": first.deployments}
+    )
+    assert len(first.topology.nodes) == 3
     (used,) = cluster.nodes_of(cluster.instances_of_model("m")[0].instance_id)
     others = sorted({"node-a", "node-b", "node-c"} - {used})
     assert sorted(second.topology.nodes) == others
@@ -1235,13 +1238,15 @@ def test_scaling_up_records_the_count_and_the_steps_add_the_replicas() -> None:
 
 def test_scaling_down_removes_the_newest_keeper_instances_first() -> None:
     cluster, _, deployment_id, placed = replicated(3)
+    # Another model's instance is no replica of this one.
+    cluster.apply(InstanceCreated(instance=build_instance(card("other"), ["node-a"], "x")))
     events = cluster.scale(deployment_id, 1)
     assert events == [
         DeploymentScaled(deployment_id=deployment_id, replicas=1),
         InstanceDeleted(instance_id=placed[2]),
         InstanceDeleted(instance_id=placed[1]),
     ]
-    assert list(cluster.state.instances) == [placed[0]]
+    assert list(cluster.state.instances) == [placed[0], "x"]
     assert cluster.deployment(deployment_id).placed_instance_ids == (placed[0],)
     for now in (T + 10, T + 100):
         assert cluster.step(now) == []
@@ -1286,11 +1291,15 @@ def test_a_removed_replica_the_state_still_shows_is_neither_counted_as_lost_nor_
     cluster, _, deployment_id, placed = replicated(2)
     scaled = cluster.keeper.scale(deployment_id, 1, cluster.state)
     assert deleted_ids(scaled) == [placed[1]]
-    assert cluster.step(T + 5) == []  # the removal is on its way
+    for now in (T + 5, T + 5.5):
+        assert cluster.step(now) == []  # the removal is on its way
     cluster.apply(*scaled)
     assert cluster.step(T + 6) == []
     timer = cluster.keeper.timers(cluster.state, T + 6)[deployment_id]
     assert (timer.failures, timer.waiting) == (0, None)
+    # Once the state no longer shows it, the keeper forgets it.
+    memo = cluster.keeper._memos[deployment_id]  # pyright: ignore[reportPrivateUsage]
+    assert memo.retiring == frozenset()
     # Scaled up again before the removal lands: the removed one does not count as a replica
     # kept, and the keeper waits for the state to show it gone rather than place beside it.
     again = cluster.keeper.scale(deployment_id, 2, cluster.state)
@@ -1361,6 +1370,46 @@ def test_scaling_is_a_reason_to_try_again_at_once() -> None:
     events = cluster.step(T + 3)
     assert len(recorder.calls) == tries + 1
     assert len(failures_of(events)) == 1  # the error, cleared by the scaling, is sent again
+
+
+def test_scaling_clears_the_error_so_a_recurring_one_is_sent_again_before_it_lands() -> None:
+    recorder = RecordingPlace()
+    cluster, _ = one_node_cluster(recorder)
+    deployment_id = cluster.deploy("m", replicas=2)
+    cluster.step(T)
+    reason = f"no placement apart from the nodes serving m (node-a): {NO_MEMORY}"
+    assert failures_of(cluster.step(T + 1)) == [(deployment_id, reason)]
+    scaled = cluster.keeper.scale(deployment_id, 3, cluster.state)  # on its way
+    again = cluster.step_keep(T + 2)
+    assert failures_of(again) == [(deployment_id, reason)]
+    cluster.apply(*scaled, *again)
+    assert cluster.deployment(deployment_id).placement_error == reason
+
+
+def test_a_deployment_written_before_the_record_owns_the_instance_it_names() -> None:
+    cluster, _, deployment_id, placed = replicated(1, nodes=2)
+    place_by_hand(cluster, card("m"))
+    old = cluster.deployment(deployment_id).model_copy(
+        update={"placed_instance_ids": (), "replicas": 2}
+    )
+    cluster.state = cluster.state.model_copy(update={"deployments": {deployment_id: old}})
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.scale(deployment_id, 1) == [
+        DeploymentScaled(deployment_id=deployment_id, replicas=1),
+        InstanceDeleted(instance_id=placed[0]),
+    ]
+    assert list(restarted.state.instances) == ["manual"]
+
+
+def test_a_new_master_adopts_the_instance_an_old_deployment_names() -> None:
+    cluster, _, deployment_id, placed = replicated(1)
+    old = cluster.deployment(deployment_id).model_copy(update={"placed_instance_ids": ()})
+    cluster.state = cluster.state.model_copy(update={"deployments": {deployment_id: old}})
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.step(1000.0 + STARTUP_GRACE) == []
+    restarted.delete_instance(placed[0])  # lost before ready: the keeper's own, so a failure
+    assert restarted.step(1000.0 + STARTUP_GRACE + 1) == []
+    assert restarted.keeper.timers(restarted.state, 1016.0)[deployment_id].failures == 1
 
 
 def test_deleting_a_deployment_removes_all_its_keeper_instances() -> None:
