@@ -16,6 +16,7 @@ from keeper.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentScaled,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -25,7 +26,15 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.state import Edge, RunnerShutdown, State, Topology
+from keeper.state import (
+    Deployment,
+    DeploymentId,
+    Edge,
+    InstanceId,
+    RunnerShutdown,
+    State,
+    Topology,
+)
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -63,8 +72,15 @@ def apply(state: State, event: AnyEvent) -> State:
             deployment = state.deployments.get(deployment_id)
             if deployment is None:
                 return state
+            record = deployment.placed_instance_ids
+            if instance_id not in record:
+                record = (*record, instance_id)
             placed = deployment.model_copy(
-                update={"instance_id": instance_id, "placement_error": None}
+                update={
+                    "instance_id": instance_id,
+                    "placement_error": None,
+                    "placed_instance_ids": record,
+                }
             )
             return _changed(state, deployments=_with(state.deployments, deployment_id, placed))
         case DeploymentPlacementFailed(deployment_id=deployment_id, error=error):
@@ -73,12 +89,23 @@ def apply(state: State, event: AnyEvent) -> State:
                 return state
             failed = deployment.model_copy(update={"placement_error": error})
             return _changed(state, deployments=_with(state.deployments, deployment_id, failed))
+        case DeploymentScaled(deployment_id=deployment_id, replicas=replicas):
+            deployment = state.deployments.get(deployment_id)
+            if deployment is None:
+                return state
+            # The error was about the count wanted before; if it still holds, the keeper's next
+            # attempt reports it again.
+            scaled = deployment.model_copy(update={"replicas": replicas, "placement_error": None})
+            return _changed(state, deployments=_with(state.deployments, deployment_id, scaled))
         case InstanceCreated(instance=instance):
             return _changed(state, instances=_with(state.instances, instance.instance_id, instance))
         case InstanceDeleted(instance_id=instance_id):
+            deployments = _without_placement(state.deployments, instance_id)
             instance = state.instances.get(instance_id)
             if instance is None:
-                return state
+                if deployments is state.deployments:
+                    return state
+                return _changed(state, deployments=deployments)
             # Its runners go with it: a node that died will never report their shutdown, and
             # a live node's later RunnerShuttingDown/RunnerShutdown reports add and remove an
             # entry of their own. Without this, every lost instance would leave runners behind.
@@ -87,6 +114,7 @@ def apply(state: State, event: AnyEvent) -> State:
                 state,
                 instances=_without(state.instances, instance_id),
                 runners={r: s for r, s in state.runners.items() if r not in gone},
+                deployments=deployments,
             )
         case RunnerStatusUpdated(runner_id=runner_id, runner_status=status):
             if isinstance(status, RunnerShutdown):
@@ -120,6 +148,23 @@ def apply_all(state: State, batch: Sequence[IndexedEvent]) -> State:
     for indexed in batch:
         state = apply(state, indexed.event)
     return state.model_copy(update={"last_event_applied_idx": batch[-1].idx})
+
+
+def _without_placement(
+    deployments: dict[DeploymentId, Deployment], instance_id: InstanceId
+) -> dict[DeploymentId, Deployment]:
+    """The deployments with ``instance_id`` gone from every keeper record (the same mapping
+    when no record holds it, so an unrelated deletion copies nothing)."""
+    holding = [d for d in deployments.values() if instance_id in d.placed_instance_ids]
+    if not holding:
+        return deployments
+    updated = dict(deployments)
+    for deployment in holding:
+        kept = tuple(i for i in deployment.placed_instance_ids if i != instance_id)
+        updated[deployment.deployment_id] = deployment.model_copy(
+            update={"placed_instance_ids": kept}
+        )
+    return updated
 
 
 def apply_indexed(state: State, indexed: IndexedEvent) -> State:

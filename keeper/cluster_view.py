@@ -1,24 +1,34 @@
-"""What the keeper reads from the cluster State: the models with an instance and the
-usable-cluster signature (instance readiness is ``keeper.readiness``, shared with every reader).
+"""What the keeper reads from the cluster State: the models with an instance, the usable-cluster
+signature, and the view of the cluster a new replica may use (instance readiness is
+``keeper.readiness``, shared with every reader).
 
 These are plain functions of a State, kept apart from the keeper's memory so that the rules in
 ``keeper.core`` read as decisions and the state-walking they rely on can be tested on its own.
 The signature is deliberately coarse: it names the nodes, whether each reports memory, the
 backends each reports and how they are linked, and leaves out memory figures, which move all the
 time and would otherwise turn every report from a node into a placement attempt.
+
+``without_nodes`` is how anti-affinity keeps placement's pinned signature: a new replica is
+placed on a State that simply does not hold the nodes already serving the model, so placement
+itself never needs to know about replicas.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from keeper.state import (
     Backend,
     Edge,
+    ModelId,
     NodeId,
     RDMAConnection,
     State,
+    Topology,
 )
+
+V = TypeVar("V")
 
 # A link as plain strings: the edge models hash slowly, and signatures are compared per deployment.
 LinkKey = tuple[NodeId, NodeId, str, str, str]
@@ -72,3 +82,61 @@ def _node_signature(state: State, node: NodeId) -> tuple[NodeId, bool, frozenset
 
 def models_with_instances(state: State) -> frozenset[str]:
     return frozenset(instance.shard_assignments.model_id for instance in state.instances.values())
+
+
+def models_instance_counts(state: State) -> dict[ModelId, int]:
+    """How many instances of each model the state holds, however they were placed."""
+    counts: dict[ModelId, int] = {}
+    for instance in state.instances.values():
+        model_id = instance.shard_assignments.model_id
+        counts[model_id] = counts.get(model_id, 0) + 1
+    return counts
+
+
+def nodes_serving(state: State, model_id: ModelId) -> frozenset[NodeId]:
+    """Every node holding a runner of an instance of the model."""
+    return frozenset(
+        node
+        for instance in state.instances.values()
+        if instance.shard_assignments.model_id == model_id
+        for node in instance.shard_assignments.node_to_runner
+    )
+
+
+def node_names(state: State, nodes: frozenset[NodeId]) -> str:
+    """The nodes as an operator knows them: friendly name when reported, else id; sorted."""
+    names: list[str] = []
+    for node in nodes:
+        identity = state.node_identities.get(node)
+        names.append(identity.friendly_name if identity and identity.friendly_name else node)
+    return ", ".join(sorted(names))
+
+
+def without_nodes(state: State, nodes: frozenset[NodeId]) -> State:
+    """The state as if ``nodes`` had left: out of the topology, their links in either direction
+    and their per-node entries gone (instances and runners stay; placement does not read them)."""
+    topology = state.topology
+    connections = {
+        source: {sink: edges for sink, edges in sinks.items() if sink not in nodes}
+        for source, sinks in topology.connections.items()
+        if source not in nodes
+    }
+    return state.model_copy(
+        update={
+            "topology": Topology(
+                nodes=[n for n in topology.nodes if n not in nodes],
+                connections={source: sinks for source, sinks in connections.items() if sinks},
+            ),
+            "node_memory": _without_keys(state.node_memory, nodes),
+            "node_backends": _without_keys(state.node_backends, nodes),
+            "node_identities": _without_keys(state.node_identities, nodes),
+            "node_network": _without_keys(state.node_network, nodes),
+            "node_rdma_ctl": _without_keys(state.node_rdma_ctl, nodes),
+            "last_seen": _without_keys(state.last_seen, nodes),
+            "downloads": _without_keys(state.downloads, nodes),
+        }
+    )
+
+
+def _without_keys(mapping: dict[NodeId, V], nodes: frozenset[NodeId]) -> dict[NodeId, V]:
+    return {node: value for node, value in mapping.items() if node not in nodes}

@@ -1,5 +1,5 @@
-"""The keeper: places an instance of a deployment's model whenever the cluster has none (the
-rules are in docs/design.md).
+"""The keeper: keeps each deployment's count of instances (``replicas``) of its model, placing
+one whenever the cluster holds fewer (the rules are in docs/design.md §5).
 
 It is a pure function of the State plus a small memory per deployment (``keeper.memo``):
 ``step`` reads no clock, does no I/O and returns the events to emit; the master applies them.
@@ -16,6 +16,14 @@ A placement that raises something other than ValueError is a bug in placement, n
 the deployment records it as "<ExceptionType>: <message>" and the keeper goes on with the
 others. The exception itself is kept too (``placement_crashes``, one per deployment at most),
 so that the host, which may do I/O, can log its traceback; the keeper logs nothing.
+
+Replicas (docs/design.md §5.11): any instance of the model counts towards the deployment's
+count; each deployment has at most one placement of its own in flight, so a replica is placed
+only against a state that shows the previous one; a new replica goes only to nodes that hold
+no runner of another instance of the model (anti-affinity), by handing placement a State
+without those nodes. ``scale`` and ``delete`` are commands, run by the host under the same lock
+as the steps; they remove only the keeper's own instances, which the State records durably
+(``Deployment.placed_instance_ids``) so that a new master can still find them.
 """
 
 from __future__ import annotations
@@ -24,13 +32,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from keeper.api_models import WaitReason
-from keeper.cluster_view import ClusterSignature, cluster_signature, models_with_instances
+from keeper.cluster_view import (
+    ClusterSignature,
+    cluster_signature,
+    models_instance_counts,
+    node_names,
+    nodes_serving,
+    without_nodes,
+)
 from keeper.constants import STARTUP_GRACE
 from keeper.events import (
     AnyEvent,
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentScaled,
     InstanceCreated,
     InstanceDeleted,
 )
@@ -39,12 +55,15 @@ from keeper.memo import (
     DeploymentMemo,
     observe,
     placed,
+    recorded,
     reported_error,
+    scaled,
     unplaceable,
     waiting,
+    wanted,
 )
 from keeper.placement import place_instance
-from keeper.readiness import deployment_status
+from keeper.readiness import deployment_status, ready_replicas
 from keeper.state import (
     AnyInstance,
     Deployment,
@@ -65,6 +84,7 @@ __all__ = [
     "PlaceFn",
     "deployment_status",
     "has_instance",
+    "ready_replicas",
 ]
 
 PlaceFn = Callable[[State, ModelCard, Sharding, InstanceMeta, int], AnyInstance]
@@ -111,12 +131,13 @@ class Keeper:
     # --- stepping -------------------------------------------------------------------------
 
     def step(self, state: State, now: float) -> list[AnyEvent]:
+        # Forgetting comes first: a command (scale, delete) may leave memory during the grace.
+        self._forget_departed(state)
         if now < self.started_at + self.startup_grace:
             return []
-        self._forget_departed(state)
         if not state.deployments:
             return []
-        served = models_with_instances(state)
+        counts = models_instance_counts(state)
         signature = cluster_signature(state)
         due: list[Deployment] = []
         for deployment_id in sorted(state.deployments):
@@ -125,7 +146,7 @@ class Keeper:
             deployment = state.deployments[deployment_id]
             memo = observe(self._memos.get(deployment_id, FRESH), deployment, state, now)
             self._memos[deployment_id] = memo
-            if deployment.model_card.model_id in served:
+            if counts.get(deployment.model_card.model_id, 0) >= wanted(memo, deployment):
                 continue
             if waiting(memo, signature, now) is None:
                 due.append(deployment)
@@ -165,9 +186,14 @@ class Keeper:
         """Try to place one deployment: its events, and whether an instance was placed."""
         deployment_id = deployment.deployment_id
         memo = self._memos[deployment_id]
+        model_id = deployment.model_card.model_id
+        # Anti-affinity: a replica goes only where no other instance of the model has a runner,
+        # so that one node fault costs at most one replica. (With no such node, the view equals
+        # the state.)
+        serving = nodes_serving(state, model_id)
         try:
             instance = self._place(
-                state,
+                without_nodes(state, serving),
                 deployment.model_card,
                 deployment.sharding,
                 deployment.instance_meta,
@@ -175,6 +201,9 @@ class Keeper:
             )
         except ValueError as reason:
             error = str(reason)
+            if serving:
+                names = node_names(state, serving)
+                error = f"no placement apart from the nodes serving {model_id} ({names}): {error}"
             self._forget_crash(deployment_id)
         except Exception as crash:  # a bug in placement must not stop the other deployments
             error = f"{type(crash).__name__}: {crash}"
@@ -212,6 +241,9 @@ class Keeper:
     # --- deletion -------------------------------------------------------------------------
 
     def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
+        """The deployment's deletion: DeploymentDeleted, then an InstanceDeleted for each of the
+        keeper's own instances of it that exists or is on its way (never one placed some other
+        way). Deleting twice, or an unknown id, returns nothing."""
         deployment = state.deployments.get(deployment_id)
         memo = self._memos.get(deployment_id)
         if deployment_id in self._deleting or (deployment is None and memo is None):
@@ -224,18 +256,50 @@ class Keeper:
         )
         return events
 
+    # --- scaling --------------------------------------------------------------------------
+
+    def scale(self, deployment_id: str, replicas: int, state: State) -> list[AnyEvent]:
+        """Keep ``replicas`` instances of the deployment's model from now on.
+
+        Returns DeploymentScaled and, scaling down, an InstanceDeleted for each of the keeper's
+        own instances beyond ``replicas`` (counting every instance of the model, however placed),
+        newest first, the one in flight included; an instance placed some other way is never
+        removed. Scaling up only records the count: the steps add the replicas, one at a time.
+        The same count again, an unknown deployment or one being deleted: no events.
+        A count outside 1..MAX_REPLICAS raises ValueError (the host validates before).
+        Like ``delete``, the host runs it under the lock it steps the keeper under.
+        """
+        deployment = state.deployments.get(deployment_id)
+        if deployment is None or deployment_id in self._deleting:
+            return []
+        event = DeploymentScaled(deployment_id=deployment_id, replicas=replicas)
+        memo = self._memos.get(deployment_id, FRESH)
+        if replicas == wanted(memo, deployment):
+            return []
+        own = _own_instances(deployment, memo, state)
+        model_id = deployment.model_card.model_id
+        present = sum(
+            1
+            for instance_id, instance in state.instances.items()
+            if instance.shard_assignments.model_id == model_id and instance_id not in memo.retiring
+        ) + sum(1 for instance_id in own if instance_id not in state.instances)
+        removed = tuple(reversed(own))[: max(0, present - replicas)]
+        self._memos[deployment_id] = scaled(memo, replicas, removed)
+        return [event, *(InstanceDeleted(instance_id=i) for i in removed)]
+
     # --- the operator's view --------------------------------------------------------------
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
         """What the next step would wait for, per deployment; never changes the keeper."""
         grace_ends = self.started_at + self.startup_grace
-        served = models_with_instances(state)
+        counts = models_instance_counts(state)
         signature = cluster_signature(state)
         views: dict[str, DeploymentTimer] = {}
         for deployment_id, deployment in state.deployments.items():
             memo = observe(self._memos.get(deployment_id, FRESH), deployment, state, now)
             wait: tuple[WaitReason, float] | None
-            if deployment_id in self._deleting or deployment.model_card.model_id in served:
+            enough = counts.get(deployment.model_card.model_id, 0) >= wanted(memo, deployment)
+            if deployment_id in self._deleting or enough:
                 wait = None
             elif now < grace_ends:
                 wait = ("grace", grace_ends)
@@ -252,22 +316,28 @@ class Keeper:
 def _own_instances(
     deployment: Deployment | None, memo: DeploymentMemo, state: State
 ) -> list[InstanceId]:
-    """The instances this keeper placed for a deployment that still exist or are on their way.
+    """The instances the keeper placed for a deployment that still exist or are on their way,
+    oldest first, leaving out those it is already removing.
 
-    The one in flight counts even if the state does not show it yet (the InstanceDeleted is
-    emitted after its InstanceCreated), unless the state shows it already came and went.
+    They are the ones the deployment records (durable, so a new master knows them too), the
+    ones this keeper watches (recorded once their DeploymentPlaced is applied), and the one in
+    flight, newest of all: it counts even if the state does not show it yet (its InstanceDeleted
+    is emitted after its InstanceCreated), unless the state shows it already came and went.
     """
     named = deployment.instance_id if deployment is not None else None
+    record = recorded(deployment) if deployment is not None else ()
     own: list[InstanceId] = []
-    if memo.in_flight is not None and (
-        memo.in_flight in state.instances or named != memo.in_flight
-    ):
-        own.append(memo.in_flight)
-    watched = memo.watched.instance_id if memo.watched is not None else None
-    for candidate in (watched, named):
-        if candidate is not None and candidate in state.instances and candidate not in own:
+    for candidate in (*record, *(w.instance_id for w in memo.watched)):
+        if candidate in state.instances and candidate not in own:
             own.append(candidate)
-    return own
+    in_flight = memo.in_flight
+    if (
+        in_flight is not None
+        and in_flight not in own
+        and (in_flight in state.instances or named != in_flight)
+    ):
+        own.append(in_flight)
+    return [i for i in own if i not in memo.retiring]
 
 
 def has_instance(state: State, model_id: str) -> bool:

@@ -13,6 +13,7 @@ from typing import Annotated
 from pydantic import Field, Tag, TypeAdapter
 
 from keeper.state import (
+    MAX_REPLICAS,
     Backend,
     Connection,
     Deployment,
@@ -46,6 +47,14 @@ class DeploymentPlaced(TaggedModel):
 class DeploymentPlacementFailed(TaggedModel):
     deployment_id: DeploymentId
     error: str
+
+
+class DeploymentScaled(TaggedModel):
+    """The deployment now keeps ``replicas`` instances of its model (``Keeper.scale`` emits it,
+    followed by the InstanceDeleted of any instance it removes)."""
+
+    deployment_id: DeploymentId
+    replicas: int = Field(ge=1, le=MAX_REPLICAS)
 
 
 class InstanceCreated(TaggedModel):
@@ -94,6 +103,7 @@ Event = Annotated[
     | Annotated[DeploymentDeleted, Tag("DeploymentDeleted")]
     | Annotated[DeploymentPlaced, Tag("DeploymentPlaced")]
     | Annotated[DeploymentPlacementFailed, Tag("DeploymentPlacementFailed")]
+    | Annotated[DeploymentScaled, Tag("DeploymentScaled")]
     | Annotated[InstanceCreated, Tag("InstanceCreated")]
     | Annotated[InstanceDeleted, Tag("InstanceDeleted")]
     | Annotated[RunnerStatusUpdated, Tag("RunnerStatusUpdated")]
@@ -110,6 +120,7 @@ AnyEvent = (
     | DeploymentDeleted
     | DeploymentPlaced
     | DeploymentPlacementFailed
+    | DeploymentScaled
     | InstanceCreated
     | InstanceDeleted
     | RunnerStatusUpdated

@@ -3,8 +3,13 @@
 A memo is a frozen value and ``observe`` returns a new one, so the keeper can show an operator
 what its next step would decide (``Keeper.timers``) by observing a copy: looking never changes
 what the keeper does. The memo holds only what the State cannot tell: the placement still on its
-way, whether the instance being watched was ever ready, failures in a row and the waits they
-imply, and the placement error it last sent (which the state shows only once it is applied).
+way, whether each of its own instances was ever ready, failures in a row and the waits they
+imply, and what its own events will change once applied (the placement error it last sent, the
+replica count it last set, the instances it is removing).
+
+Its size is bounded by the deployment's own instances in the State (at most ``MAX_REPLICAS``
+plus the ones on their way out), never by history: ids leave the memo as soon as the State no
+longer shows them.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ MAX_DOUBLINGS = 16
 
 @dataclass(frozen=True)
 class Watched:
-    """The keeper's own instance as the state shows it, and whether it was ever ready."""
+    """One of the keeper's own instances as the state shows it, and whether it was ever ready."""
 
     instance_id: InstanceId
     ready: bool = False
@@ -42,9 +47,11 @@ class SentError:
 @dataclass(frozen=True)
 class DeploymentMemo:
     # The instance this keeper placed and is waiting to see in the state, and when it placed it.
+    # (At most one per deployment: docs/design.md §5.11.)
     in_flight: InstanceId | None = None
     placed_at: float = 0.0
-    watched: Watched | None = None
+    # The keeper's own instances the state shows, oldest first.
+    watched: tuple[Watched, ...] = ()
     # Instances lost before they were ready, in a row, and the wait that follows.
     failures: int = 0
     backoff_until: float | None = None
@@ -52,6 +59,13 @@ class DeploymentMemo:
     unplaceable_on: ClusterSignature | None = None
     retry_at: float = 0.0
     sent: SentError | None = None
+    # The replica count of the last DeploymentScaled this keeper sent (the state holds it once
+    # that event is applied), or None: the deployment's own count is current.
+    target: int | None = None
+    # Own instances this keeper removed when scaling down, until the state no longer shows them
+    # (or, for one still in flight, until it has come and gone): losing them is no failure, and
+    # they are neither watched again nor removed twice.
+    retiring: frozenset[InstanceId] = frozenset()
 
 
 FRESH = DeploymentMemo()
@@ -64,9 +78,22 @@ def backoff_delay(failures: int) -> float:
 
 def _lost_before_ready(memo: DeploymentMemo, now: float) -> DeploymentMemo:
     failures = memo.failures + 1
-    return replace(
-        memo, watched=None, failures=failures, backoff_until=now + backoff_delay(failures)
-    )
+    return replace(memo, failures=failures, backoff_until=now + backoff_delay(failures))
+
+
+def wanted(memo: DeploymentMemo, deployment: Deployment) -> int:
+    """The replica count the state holds once the keeper's events so far are applied."""
+    return deployment.replicas if memo.target is None else memo.target
+
+
+def recorded(deployment: Deployment) -> tuple[InstanceId, ...]:
+    """The keeper's placements the deployment records, oldest first: its durable list, then the
+    instance it names when the list does not hold it (a deployment written before the list)."""
+    named = deployment.instance_id
+    record = deployment.placed_instance_ids
+    if named is None or named in record:
+        return record
+    return (named, *record)
 
 
 def observe(
@@ -74,36 +101,55 @@ def observe(
 ) -> DeploymentMemo:
     """Bring the memo up to date with what the state now shows (pure)."""
     instances = state.instances
-    # 1. The placement on its way: arrived, arrived and already gone, or given up on.
-    if memo.in_flight is not None:
-        if memo.in_flight in instances:
-            memo = replace(memo, in_flight=None, watched=Watched(memo.in_flight))
-        elif deployment.instance_id == memo.in_flight:
-            memo = _lost_before_ready(replace(memo, in_flight=None), now)
+    # 1. The placement on its way: arrived, arrived and already gone, or given up on. One the
+    # keeper removed while it was on its way is neither watched nor a failure.
+    in_flight = memo.in_flight
+    if in_flight is not None:
+        retiring = in_flight in memo.retiring
+        if in_flight in instances:
+            watched = memo.watched if retiring else (*memo.watched, Watched(in_flight))
+            memo = replace(memo, in_flight=None, watched=watched)
+        elif deployment.instance_id == in_flight:
+            memo = replace(memo, in_flight=None)
+            if not retiring:
+                memo = _lost_before_ready(memo, now)
         elif now >= memo.placed_at + PLACEMENT_TIMEOUT:
             memo = replace(memo, in_flight=None)  # never arrived: not a failure
-    # 2. The watched instance vanished: a failure unless it had been ready (which already
-    # ended the failures in a row), and then the next placement is due at once.
-    watched = memo.watched
-    if watched is not None and watched.instance_id not in instances:
-        # (No mutation of the ready case: a vanished id left watched acts exactly like none.)
-        gone = replace(memo, watched=None)  # pragma: no mutate
-        memo = gone if watched.ready else _lost_before_ready(memo, now)
-    # 3. Adopt the instance the deployment names (a new master starts with empty memory).
-    named = deployment.instance_id
-    watched_id = memo.watched.instance_id if memo.watched is not None else None
-    if memo.in_flight is None and named in instances and named != watched_id:
-        memo = replace(memo, watched=Watched(named))
-    # 4. Readiness of the watched instance; once ready, the failures in a row are over.
-    watched = memo.watched
-    if (
-        watched is not None
-        and not watched.ready
-        and watched.instance_id in instances
-        and instance_is_ready(instances[watched.instance_id], state)
+    # 2. Watched instances that vanished: each a failure unless it had been ready (which
+    # already ended the failures in a row), and then the next placement is due at once.
+    kept = tuple(w for w in memo.watched if w.instance_id in instances)
+    lost = [w for w in memo.watched if w.instance_id not in instances and not w.ready]
+    memo = replace(memo, watched=kept)
+    for _ in lost:
+        memo = _lost_before_ready(memo, now)
+    # 3. Adopt the keeper's instances the deployment records (a new master starts with empty
+    # memory, and the record is how it knows them).
+    known = {w.instance_id for w in memo.watched} | memo.retiring
+    adopted = tuple(
+        Watched(i)
+        for i in recorded(deployment)
+        if i in instances and i not in known and i != memo.in_flight
+    )
+    if adopted:
+        memo = replace(memo, watched=(*memo.watched, *adopted))
+    # 4. Readiness of the watched instances; once one is ready, the failures in a row are over.
+    if any(
+        not w.ready and instance_is_ready(instances[w.instance_id], state) for w in memo.watched
     ):
-        memo = replace(memo, watched=Watched(watched.instance_id, ready=True), failures=0)
-    return memo
+        memo = replace(
+            memo,
+            watched=tuple(
+                Watched(
+                    w.instance_id,
+                    ready=w.ready or instance_is_ready(instances[w.instance_id], state),
+                )
+                for w in memo.watched
+            ),
+            failures=0,
+        )
+    # 5. Removed instances are forgotten once the state no longer shows them.
+    retiring = frozenset(i for i in memo.retiring if i in instances or i == memo.in_flight)
+    return replace(memo, retiring=retiring)
 
 
 def reported_error(memo: DeploymentMemo, deployment: Deployment) -> str | None:
@@ -129,6 +175,19 @@ def placed(memo: DeploymentMemo, instance_id: InstanceId, now: float) -> Deploym
     # (its retry time means nothing without it).
     return replace(
         memo, in_flight=instance_id, placed_at=now, unplaceable_on=None, sent=SentError(None)
+    )
+
+
+def scaled(memo: DeploymentMemo, replicas: int, removed: tuple[InstanceId, ...]) -> DeploymentMemo:
+    """After DeploymentScaled (which clears the placement error) and the removal of ``removed``:
+    the new count is a reason to try at once, and the removed instances are no longer watched."""
+    return replace(
+        memo,
+        target=replicas,
+        watched=tuple(w for w in memo.watched if w.instance_id not in removed),
+        retiring=memo.retiring | frozenset(removed),
+        unplaceable_on=None,
+        sent=SentError(None),
     )
 
 

@@ -87,3 +87,9 @@ def deployment_statuses(state: State) -> dict[DeploymentId, DeploymentStatus]:
     """Every deployment's status in ``state``, reading the instances once for all of them."""
     with_instance, with_ready = models_served(state)
     return {d_id: status_of(d, with_instance, with_ready) for d_id, d in state.deployments.items()}
+
+
+def ready_replicas(deployment: Deployment, state: State) -> int:
+    """How many instances of the deployment's model have every runner Ready or Running (any
+    instance counts, however placed): what the API shows as ``readyReplicas``."""
+    return len(ready_instances_of(state, deployment.model_card.model_id))

@@ -284,6 +284,11 @@ class RdmaCtl(WireModel):
 
 # --- deployments --------------------------------------------------------------------------
 
+# The most instances one deployment may keep. Replicas exist so that one node fault does not stop
+# a model, and each replica needs nodes of its own (anti-affinity): 16 is already more nodes than
+# the clusters exo runs on, and the cap keeps a typo from asking the keeper for thousands.
+MAX_REPLICAS = 16
+
 
 class Deployment(WireModel):
     deployment_id: DeploymentId
@@ -295,6 +300,13 @@ class Deployment(WireModel):
     instance_id: InstanceId | None = None
     # Why the last placement failed, until one succeeds.
     placement_error: str | None = None
+    # How many instances of the model the keeper keeps (any instance of the model counts).
+    # A deployment written before replicas existed reads as 1, so older logs replay unchanged.
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    # The keeper's placements for this deployment that still exist, oldest first: appended by
+    # DeploymentPlaced, removed by InstanceDeleted. Durable, so that a new master (whose keeper
+    # remembers nothing) still knows which instances scaling down and deletion may remove.
+    placed_instance_ids: tuple[InstanceId, ...] = ()
 
 
 # --- the state ----------------------------------------------------------------------------

@@ -155,6 +155,7 @@ class Cluster:
         sharding: Sharding = Sharding.PIPELINE,
         instance_meta: InstanceMeta = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
+        replicas: int = 1,
     ) -> str:
         model_card = card(model) if isinstance(model, str) else model
         deployment_id = deployment_id or f"dep-{next(self._ids):04d}"
@@ -166,6 +167,7 @@ class Cluster:
                     sharding=sharding,
                     instance_meta=instance_meta,
                     min_nodes=min_nodes,
+                    replicas=replicas,
                 )
             )
         )
@@ -188,6 +190,11 @@ class Cluster:
         self.apply(*events)
         return events
 
+    def scale(self, deployment_id: str, replicas: int) -> list[AnyEvent]:
+        events = self.keeper.scale(deployment_id, replicas, self.state)
+        self.apply(*events)
+        return events
+
     # --- what runners and nodes do --------------------------------------------------------
 
     def deployment(self, deployment_id: str) -> Deployment:
@@ -202,6 +209,9 @@ class Cluster:
         return [
             i for i in self.state.instances.values() if i.shard_assignments.model_id == model_id
         ]
+
+    def nodes_of(self, instance_id: str) -> list[str]:
+        return list(self.state.instances[instance_id].shard_assignments.node_to_runner)
 
     def make_ready(self, instance_id: str) -> None:
         instance = self.state.instances[instance_id]

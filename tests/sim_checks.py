@@ -4,17 +4,23 @@ Why it is shaped this way: the simulator only produces a world; these classes ju
 same checks serve the long randomized runs and the hypothesis state machine.
 
 - ``SafetyChecks`` watches every event applied to the true state and every keeper call: no
-  model ever has two instances, no model two deployments, the keeper only adds (its step never
-  deletes), places at most once per step and never during the startup grace, never places for
-  a model its view already runs or for a deployment being deleted, does nothing when there is
-  no deployment, and deleting a deployment removes exactly the instances it placed for it that
-  the cluster still has (even one still on its way to the keeper's view), nothing else.
+  placement ever leaves a model with more instances than its deployment's replicas (one for a
+  model nobody deploys), nor two instances of a model on one node; no model has two
+  deployments; the keeper only adds (its step never deletes), places at most once per step and
+  never during the startup grace, never places for a deployment whose view already holds its
+  replicas, or while its previous placement for it is still on its way, or for a deployment
+  being deleted, and does nothing when there is no deployment. Deleting a deployment removes
+  exactly the instances it placed for it that the cluster still has (even one still on its way
+  to the keeper's view), nothing else; scaling down removes only instances the keeper placed for
+  it, newest first, and leaves no more instances than the count (unless others placed them).
 - ``LivenessReferee`` follows each deployment through the keeper's own view and holds it to
-  the keeper's timing (docs/design.md §5.4): after a loss, no placement before the backoff is
-  over (10 s doubling to 60 s per loss before ready, none after a loss of a ready instance),
-  and a placement no later than the backoff, the unplaceable retry after the keeper's last
-  failed attempt, and the one-placement-per-step queue allow. Where a new master's memory makes
-  the backoff ambiguous (an instance it adopted is lost), it accepts either reading.
+  the keeper's timing (docs/design.md §5.4, §5.11): whenever the view holds fewer instances of
+  the model than the deployment's replicas and nothing of the keeper's is on its way, a
+  placement comes no sooner than the backoff (10 s doubling to 60 s per own instance lost
+  before ready; none after a loss of a ready one; a replica becoming ready ends the failures in
+  a row) and no later than the backoff, the unplaceable retry after the keeper's last failed
+  attempt, and the one-placement-per-step queue allow. Where a new master's memory makes the
+  backoff ambiguous (an instance it adopted is lost), it accepts either reading.
 - ``AvailabilityMeter`` measures how much of the time deployed models were serving.
 - ``settled_problems`` says what is wrong with a cluster that should have settled.
 """
@@ -24,7 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sim_cluster import SimCluster, instances_of, is_ready
+from sim_cluster import SimCluster, instance_nodes, instances_of, is_ready
 
 from keeper import (
     FIRST_BACKOFF,
@@ -34,6 +40,7 @@ from keeper import (
     UNPLACEABLE_RETRY,
     deployment_status,
 )
+from keeper.core import ready_replicas
 from keeper.events import (
     AnyEvent,
     DeploymentDeleted,
@@ -58,13 +65,18 @@ def backoff_after(failures: int) -> float:
     return min(FIRST_BACKOFF * 2 ** (failures - 1), MAX_BACKOFF)
 
 
-def _duplicates(state: State) -> tuple[list[str], list[str]]:
-    instances = Counter(i.shard_assignments.model_id for i in state.instances.values())
+def _duplicate_deployments(state: State) -> list[str]:
     deployments = Counter(d.model_card.model_id for d in state.deployments.values())
-    return (
-        sorted(m for m, n in instances.items() if n > 1),
-        sorted(m for m, n in deployments.items() if n > 1),
-    )
+    return sorted(m for m, n in deployments.items() if n > 1)
+
+
+def allowed_instances(state: State, model_id: str) -> int:
+    """How many instances of the model the state allows: its deployment's replicas, or one for a
+    model nobody deploys (placed by hand)."""
+    for deployment in state.deployments.values():
+        if deployment.model_card.model_id == model_id:
+            return deployment.replicas
+    return 1
 
 
 class SafetyChecks:
@@ -73,23 +85,65 @@ class SafetyChecks:
         self.violations: list[str] = []
         # deployment id -> every instance any keeper incarnation placed for it
         self.placed_for: dict[str, set[str]] = {}
+        # instance id -> its number among the keeper's placements (to tell newest from oldest)
+        self.placement_order: dict[str, int] = {}
+        # deployment id -> (instance, when) of the keeper's placement not yet settled in its view
+        self.in_flight: dict[str, tuple[str, float]] = {}
         self.deleting: set[str] = set()
         self.keeper_placements = 0
+        self.scale_downs = 0
         self.events_checked = 0
         sim.observers.on_event.append(self._on_event)
         sim.observers.on_step.append(self._on_step)
         sim.observers.on_delete.append(self._on_delete)
+        sim.observers.on_scale.append(self._on_scale)
+        sim.observers.on_restart.append(self._on_restart)
 
     def _fail(self, what: str) -> None:
         self.violations.append(f"t={self.sim.now:.0f}s: {what}")
 
     def _on_event(self, event: AnyEvent, before: State, after: State) -> None:
         self.events_checked += 1
-        instances, deployments = _duplicates(after)
-        if instances:
-            self._fail(f"two instances of {instances} after {type(event).__name__}")
+        deployments = _duplicate_deployments(after)
         if deployments:
             self._fail(f"two deployments of {deployments} after {type(event).__name__}")
+        if isinstance(event, InstanceCreated):
+            self._check_created(event, after)
+
+    def _check_created(self, event: InstanceCreated, after: State) -> None:
+        """However it was placed, a new instance leaves its model within its count and apart
+        from the model's other instances."""
+        instance = event.instance
+        model_id = instance.shard_assignments.model_id
+        others = [i for i in instances_of(after, model_id) if i.instance_id != instance.instance_id]
+        allowed = allowed_instances(after, model_id)
+        if len(others) + 1 > allowed:
+            self._fail(f"{len(others) + 1} instances of {model_id} (allowed {allowed})")
+        shared = set(instance.shard_assignments.node_to_runner) & {
+            node for other in others for node in other.shard_assignments.node_to_runner
+        }
+        if shared:
+            self._fail(f"two instances of {model_id} on {sorted(shared)}")
+        for deployment_id, placed in self.placed_for.items():
+            deployment = after.deployments.get(deployment_id)
+            if instance.instance_id in placed and deployment is not None:
+                own = len(placed & set(after.instances))
+                if own > deployment.replicas:
+                    self._fail(f"{own} keeper instances for {deployment_id} over its count")
+
+    def _on_restart(self, now: float, view: State) -> None:
+        self.in_flight.clear()  # a new keeper remembers nothing, and its view is whole
+
+    def _settle_in_flight(self, view: State, now: float) -> None:
+        for deployment_id, (instance_id, placed_at) in list(self.in_flight.items()):
+            deployment = view.deployments.get(deployment_id)
+            named = deployment.instance_id if deployment is not None else None
+            if (
+                instance_id in view.instances
+                or named == instance_id
+                or now >= placed_at + PLACEMENT_TIMEOUT
+            ):
+                del self.in_flight[deployment_id]
 
     def _on_step(self, view: State, now: float, events: list[AnyEvent]) -> None:
         if events and now < self.sim.grace_ends_at:
@@ -103,6 +157,8 @@ class SafetyChecks:
             if isinstance(event, InstanceDeleted | DeploymentDeleted):
                 self._fail(f"the keeper's step removed something: {event}")
         placed = {e.instance_id: e.deployment_id for e in events if isinstance(e, DeploymentPlaced)}
+        if now >= self.sim.grace_ends_at:  # a keeper in its grace does not look at its view
+            self._settle_in_flight(view, now)
         for event in created:
             instance = event.instance
             model_id = instance.shard_assignments.model_id
@@ -112,10 +168,18 @@ class SafetyChecks:
                 self._fail(f"instance {instance.instance_id} placed without DeploymentPlaced")
                 continue
             self.placed_for.setdefault(deployment_id, set()).add(instance.instance_id)
+            self.placement_order[instance.instance_id] = self.keeper_placements
             if deployment_id in self.deleting:
                 self._fail(f"placed {instance.instance_id} for {deployment_id} being deleted")
-            if instances_of(view, model_id):
-                self._fail(f"placed {model_id} although its view already runs it")
+            # The count the keeper holds: the latest it set, which the true state already has.
+            deployment = self.sim.true_state.deployments.get(deployment_id)
+            wanted = deployment.replicas if deployment is not None else 1
+            if len(instances_of(view, model_id)) >= wanted:
+                self._fail(f"placed {model_id} although its view already holds {wanted}")
+            earlier = self.in_flight.get(deployment_id)
+            if earlier is not None:
+                self._fail(f"placed for {deployment_id} while {earlier[0]} was still on its way")
+            self.in_flight[deployment_id] = (instance.instance_id, now)
 
     def _on_delete(
         self, deployment_id: str, view: State, now: float, events: list[AnyEvent]
@@ -138,6 +202,35 @@ class SafetyChecks:
             if isinstance(event, DeploymentDeleted) and event.deployment_id != deployment_id:
                 self._fail(f"deleting {deployment_id} emitted {event}")
 
+    def _on_scale(
+        self, deployment_id: str, replicas: int, view: State, now: float, events: list[AnyEvent]
+    ) -> None:
+        mine = self.placed_for.get(deployment_id, set())
+        deleted = [e.instance_id for e in events if isinstance(e, InstanceDeleted)]
+        if deleted:
+            self.scale_downs += 1
+        for instance_id in deleted:
+            if instance_id not in mine:
+                self._fail(f"scaling {deployment_id} deleted {instance_id}, not the keeper's")
+        if any(isinstance(e, DeploymentDeleted | InstanceCreated) for e in events):
+            self._fail(f"scaling {deployment_id} emitted {events}")
+        state = self.sim.true_state
+        deployment = state.deployments.get(deployment_id)
+        if deployment is None or not events:
+            return
+        if deployment.replicas != replicas:
+            self._fail(f"scaling {deployment_id} to {replicas} left {deployment.replicas}")
+        # Newest first: every one of the keeper's instances still there is older than any removed.
+        kept = [self.placement_order[i] for i in mine & set(state.instances)]
+        gone = [self.placement_order[i] for i in deleted if i in self.placement_order]
+        if kept and gone and max(kept) > min(gone):
+            self._fail(f"scaling {deployment_id} removed an instance newer than one it kept")
+        model_id = deployment.model_card.model_id
+        others = [i for i in instances_of(state, model_id) if i.instance_id not in mine]
+        count = len(instances_of(state, model_id))
+        if count > max(replicas, len(others)):
+            self._fail(f"scaling {deployment_id} to {replicas} left {count} instances")
+
 
 @dataclass
 class _Watch:
@@ -148,14 +241,18 @@ class _Watch:
     # When the keeper's view started needing a placement for it (None: it does not).
     awaiting_since: float | None = None
     awaiting_kind: str = "new"
-    # The keeper's failures in a row lie in [fail_lo, fail_hi] (a new master's ambiguity).
+    # The keeper's failures in a row lie in [fail_lo, fail_hi] (a new master's ambiguity), and
+    # so does the end of its backoff.
     fail_lo: int = 0
     fail_hi: int = 0
-    earliest_lo: float = 0.0
-    earliest_hi: float = 0.0
+    backoff_lo: float = 0.0
+    backoff_hi: float = 0.0
+    # The keeper's own instances its view has shown (placed by it, or adopted by a new master).
+    seen: set[str] = field(default_factory=set)
     ready_seen: set[str] = field(default_factory=set)
-    accounted: set[str] = field(default_factory=set)
     adopted: set[str] = field(default_factory=set)
+    # Removed by scaling down: their loss is no failure.
+    retired: set[str] = field(default_factory=set)
     starved_reported: bool = False
 
 
@@ -186,6 +283,7 @@ class LivenessReferee:
         self._last_failed_attempt: dict[str, float] = {}
         sim.observers.on_step.append(self._on_step)
         sim.observers.on_delete.append(self._on_delete)
+        sim.observers.on_scale.append(self._on_scale)
         sim.observers.on_restart.append(self._on_restart)
         sim.observers.on_place.append(self._on_place)
 
@@ -201,73 +299,106 @@ class LivenessReferee:
         self._deleting.add(deployment_id)
         self._watches.pop(deployment_id, None)
 
+    def _on_scale(
+        self, deployment_id: str, replicas: int, view: State, now: float, events: list[AnyEvent]
+    ) -> None:
+        watch = self._watches.get(deployment_id)
+        if watch is None:
+            return
+        removed = {e.instance_id for e in events if isinstance(e, InstanceDeleted)}
+        watch.retired |= removed
+        watch.seen -= removed
+
     def _on_restart(self, now: float, view: State) -> None:
         for watch in self._watches.values():
             deployment = view.deployments.get(watch.deployment_id)
             watch.in_flight = None
             watch.awaiting_since = None
             watch.fail_lo = watch.fail_hi = 0
+            watch.backoff_lo = watch.backoff_hi = 0.0
             watch.ready_seen.clear()
-            watch.adopted = (
-                {deployment.instance_id} if deployment and deployment.instance_id else set()
-            )
+            watch.retired.clear()
+            recorded: set[str] = set()
+            if deployment is not None:
+                recorded = set(deployment.placed_instance_ids)
+                if deployment.instance_id is not None:
+                    recorded.add(deployment.instance_id)
+            watch.adopted = recorded & set(view.instances)
+            watch.seen = set(watch.adopted)
             watch.starved_reported = False
 
     def _await(self, watch: _Watch, now: float, kind: str) -> None:
         watch.awaiting_since = now
         watch.awaiting_kind = kind
-        watch.earliest_lo = now + backoff_after(watch.fail_lo)
-        watch.earliest_hi = now + backoff_after(watch.fail_hi)
         watch.starved_reported = False
 
-    def _lost(self, watch: _Watch, instance_id: str, now: float) -> None:
-        watch.accounted.add(instance_id)
+    def _lost(self, watch: _Watch, instance_id: str, now: float) -> str:
+        """Account for one of the keeper's instances gone from its view; the kind of loss."""
+        if instance_id in watch.retired:
+            return "retired"
         if instance_id in watch.ready_seen:
-            watch.fail_lo = watch.fail_hi = 0
             kind = "lost_after_ready"
         elif instance_id in watch.adopted:
-            watch.fail_lo, watch.fail_hi = 0, watch.fail_hi + 1
+            watch.fail_hi += 1
+            watch.backoff_hi = now + backoff_after(watch.fail_hi)
             kind = "adopted_lost"
         else:
             watch.fail_lo += 1
             watch.fail_hi += 1
+            watch.backoff_lo = now + backoff_after(watch.fail_lo)
+            watch.backoff_hi = now + backoff_after(watch.fail_hi)
             kind = "lost_before_ready"
         self.stats.max_failures_in_a_row = max(self.stats.max_failures_in_a_row, watch.fail_lo)
-        self._await(watch, now, kind)
+        return kind
 
     def _observe(self, view: State, now: float) -> None:
         for deployment_id in [d for d in self._watches if d not in view.deployments]:
             del self._watches[deployment_id]
         self._deleting &= set(view.deployments)
+        looking = now >= self.sim.grace_ends_at  # a keeper in its grace does not look
         for deployment_id, deployment in sorted(view.deployments.items()):
             if deployment_id in self._deleting:
                 continue
             model_id = deployment.model_card.model_id
             watch = self._watches.setdefault(deployment_id, _Watch(deployment_id, model_id))
-            running = instances_of(view, model_id)
-            for instance in running:
-                # A keeper sees readiness at its steps; during the grace it may not look.
-                if now >= self.sim.grace_ends_at and is_ready(instance, view):
-                    watch.ready_seen.add(instance.instance_id)
-            if running:
-                watch.awaiting_since = None
-                if watch.in_flight in view.instances:
-                    watch.in_flight = None
-                continue
+            losses: list[str] = []
+            timed_out = False
+            # The keeper's placement on its way: arrived, arrived and gone, or given up on.
             if watch.in_flight is not None:
-                if deployment.instance_id == watch.in_flight:
-                    lost, watch.in_flight = watch.in_flight, None
-                    self._lost(watch, lost, now)
+                if watch.in_flight in view.instances:
+                    if watch.in_flight not in watch.retired:
+                        watch.seen.add(watch.in_flight)
+                    watch.in_flight = None
+                elif deployment.instance_id == watch.in_flight:
+                    losses.append(self._lost(watch, watch.in_flight, now))
+                    watch.in_flight = None
                 elif now - watch.in_flight_at >= PLACEMENT_TIMEOUT:
                     watch.in_flight = None
-                    self._await(watch, now, "in_flight_timeout")
+                    timed_out = True
+            # Its instances gone from the view, then those that became ready (which ends the
+            # failures in a row, as the keeper sees it at its steps).
+            for instance_id in sorted(watch.seen - set(view.instances)):
+                watch.seen.discard(instance_id)
+                losses.append(self._lost(watch, instance_id, now))
+            if looking:
+                for instance_id in sorted(watch.seen - watch.ready_seen):
+                    if is_ready(view.instances[instance_id], view):
+                        watch.ready_seen.add(instance_id)
+                        watch.fail_lo = watch.fail_hi = 0
+            # The count the keeper holds is the latest it set, which the true state already has.
+            true_deployment = self.sim.true_state.deployments.get(deployment_id)
+            wanted = (true_deployment or deployment).replicas
+            if len(instances_of(view, model_id)) >= wanted:
+                watch.awaiting_since = None
+                continue
+            if watch.in_flight is not None:
                 continue
             if watch.awaiting_since is None:
-                named = deployment.instance_id
-                if named is not None and named not in watch.accounted:
-                    self._lost(watch, named, now)
-                else:
-                    self._await(watch, now, "new")
+                kind = "in_flight_timeout" if timed_out else "new"
+                for loss in losses:
+                    if loss != "retired":
+                        kind = loss
+                self._await(watch, now, kind)
 
     def _on_step(self, view: State, now: float, events: list[AnyEvent]) -> None:
         self._observe(view, now)
@@ -279,11 +410,11 @@ class LivenessReferee:
             if watch is None:
                 continue  # SafetyChecks reports placements for deployments being deleted
             if watch.awaiting_since is None:
-                self._fail(f"placed for {watch.model_id} while not needed (in flight or running)")
-            elif now < watch.earliest_lo - EARLY_TOLERANCE_S:
+                self._fail(f"placed for {watch.model_id} while not needed (in flight or enough)")
+            elif now < watch.backoff_lo - EARLY_TOLERANCE_S:
                 self._fail(
                     f"placed {watch.model_id} at {now:.0f}s, before its backoff ended at "
-                    f"{watch.earliest_lo:.0f}s ({watch.fail_lo} failures in a row)"
+                    f"{watch.backoff_lo:.0f}s ({watch.fail_lo} failures in a row)"
                 )
             else:
                 delay = now - watch.awaiting_since
@@ -298,7 +429,7 @@ class LivenessReferee:
         for watch in self._watches.values():
             if watch.awaiting_since is None or watch.starved_reported:
                 continue
-            due = max(watch.earliest_hi, grace_end)
+            due = max(watch.awaiting_since, watch.backoff_hi, grace_end)
             last_failed = self._last_failed_attempt.get(watch.model_id)
             if last_failed is not None:
                 due = max(due, last_failed + UNPLACEABLE_RETRY)
@@ -336,7 +467,8 @@ class AvailabilityMeter:
 
 def settled_problems(sim: SimCluster, unplaceable: frozenset[str] = frozenset()) -> list[str]:
     """What is wrong with a cluster that has had time to settle: every deployed model (except
-    those that cannot fit) runs exactly one serving instance, and nothing else runs."""
+    those that cannot fit) runs exactly its replicas, each serving and on nodes of its own, and
+    nothing else runs."""
     state = sim.true_state
     problems: list[str] = []
     deployed = {d.model_card.model_id for d in state.deployments.values()}
@@ -347,8 +479,15 @@ def settled_problems(sim: SimCluster, unplaceable: frozenset[str] = frozenset())
         if model_id in unplaceable:
             if count or status != "cant_place" or not deployment.placement_error:
                 problems.append(f"{model_id}: {count} instances, {status}; expected cant_place")
-        elif count != 1 or status != "serving":
-            problems.append(f"{model_id}: {count} instances, {status}; expected 1, serving")
+        elif count != deployment.replicas or ready_replicas(deployment, state) != count:
+            ready = ready_replicas(deployment, state)
+            problems.append(
+                f"{model_id}: {count} instances ({ready} ready), {status}; "
+                f"expected {deployment.replicas}, all ready"
+            )
+        nodes = [n for i in instances_of(state, model_id) for n in instance_nodes(i)]
+        if len(nodes) != len(set(nodes)):
+            problems.append(f"{model_id}: two instances share a node ({sorted(nodes)})")
     for instance in state.instances.values():
         if instance.shard_assignments.model_id not in deployed:
             problems.append(

@@ -17,7 +17,8 @@ Why it is shaped this way:
   model that already has a deployment *there*; ``delete_deployment`` calls ``Keeper.delete``),
   so duplicates can only come from lag, never from the simulator cheating.
 
-Observers (``on_event``, ``on_step``, ``on_delete``, ``on_restart``, ``on_place``) let checks
+Observers (``on_event``, ``on_step``, ``on_delete``, ``on_scale``, ``on_restart``,
+``on_place``) let checks
 watch everything without the simulator knowing about them. ``Chaos`` drives random faults.
 """
 
@@ -91,6 +92,7 @@ class DeploymentSpec:
     sharding: Sharding = Sharding.PIPELINE
     instance_meta: InstanceMeta = InstanceMeta.MLX_RING
     min_nodes: int = 1
+    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,10 @@ class Observers:
     on_event: list[Callable[[AnyEvent, State, State], None]] = field(default_factory=list)
     on_step: list[Callable[[State, float, list[AnyEvent]], None]] = field(default_factory=list)
     on_delete: list[Callable[[str, State, float, list[AnyEvent]], None]] = field(
+        default_factory=list
+    )
+    # (deployment_id, replicas, view, now, events), once the scaling's events are emitted.
+    on_scale: list[Callable[[str, int, State, float, list[AnyEvent]], None]] = field(
         default_factory=list
     )
     on_restart: list[Callable[[float, State], None]] = field(default_factory=list)
@@ -266,10 +272,20 @@ class SimCluster:
                     sharding=spec.sharding,
                     instance_meta=spec.instance_meta,
                     min_nodes=spec.min_nodes,
+                    replicas=spec.replicas,
                 )
             )
         )
         return deployment_id
+
+    def scale_deployment(self, deployment_id: str, replicas: int) -> list[AnyEvent]:
+        """PATCH /deployments/{id}: the keeper's scaling, emitted under the master's lock."""
+        events = self.keeper.scale(deployment_id, replicas, self.view)
+        for event in events:
+            self._emit(event)
+        for observe in self.observers.on_scale:
+            observe(deployment_id, replicas, self.view, self.now, events)
+        return events
 
     def delete_deployment(self, deployment_id: str) -> list[AnyEvent]:
         """DELETE /deployments/{id}: the keeper's deletion, emitted under the master's lock."""
@@ -595,6 +611,9 @@ class ChaosConfig:
     master_restart_mean_s: float | None = None
     deployment_create_mean_s: float | None = None
     deployment_delete_mean_s: float | None = None
+    # An operator changes a deployment's replica count to one drawn from this range.
+    deployment_scale_mean_s: float | None = None
+    scale_replicas: tuple[int, int] = (1, 3)
     double_delete_probability: float = 0.2
     # An impatient user deletes a new deployment within seconds, often while its first
     # placement is still on its way to the state.
@@ -613,6 +632,7 @@ class ChaosCounts:
     master_restarts: int = 0
     deployments_created: int = 0
     deployments_deleted: int = 0
+    deployments_scaled: int = 0
     creations_refused: int = 0
 
 
@@ -668,6 +688,10 @@ class Chaos:
                 self.counts.deployments_created += 1
                 if rng.random() < config.quick_delete_probability:
                     sim.at(rng.randint(*config.quick_delete_after_s), self._deleter(deployment_id))
+        if self._happens(config.deployment_scale_mean_s) and sim.view.deployments:
+            deployment_id = rng.choice(sorted(sim.view.deployments))
+            if sim.scale_deployment(deployment_id, rng.randint(*config.scale_replicas)):
+                self.counts.deployments_scaled += 1
         if self._happens(config.deployment_delete_mean_s) and sim.view.deployments:
             deployment_id = rng.choice(sorted(sim.view.deployments))
             sim.delete_deployment(deployment_id)

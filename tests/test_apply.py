@@ -19,6 +19,7 @@ from keeper.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentScaled,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -144,6 +145,45 @@ def test_deployment_placement_failed_with_an_unknown_id_changes_nothing() -> Non
     assert after == before and "nope" not in after.deployments
 
 
+def test_deployment_placed_appends_to_the_keepers_record_once() -> None:
+    state = applied(
+        created("d1", "m"),
+        created("d2", "n"),
+        DeploymentPlaced(deployment_id="d1", instance_id="i1"),
+        DeploymentPlaced(deployment_id="d1", instance_id="i2"),
+        DeploymentPlaced(deployment_id="d1", instance_id="i1"),  # replayed: recorded once
+    )
+    assert state.deployments["d1"].placed_instance_ids == ("i1", "i2")
+    assert state.deployments["d1"].instance_id == "i1"
+    assert state.deployments["d2"].placed_instance_ids == ()
+
+
+def test_deployment_scaled_sets_replicas_and_clears_the_error() -> None:
+    state = applied(
+        created("d1", "m"),
+        created("d2", "n"),
+        DeploymentPlaced(deployment_id="d1", instance_id="i1"),
+        DeploymentPlacementFailed(deployment_id="d1", error="reason"),
+        DeploymentScaled(deployment_id="d1", replicas=3),
+    )
+    scaled = state.deployments["d1"]
+    assert (scaled.replicas, scaled.placement_error) == (3, None)
+    assert (scaled.instance_id, scaled.placed_instance_ids) == ("i1", ("i1",))
+    assert state.deployments["d2"] == deployment("d2", "n")
+    assert (
+        applied(DeploymentScaled(deployment_id="d1", replicas=1), state=state)
+        .deployments["d1"]
+        .replicas
+        == 1
+    )
+
+
+def test_deployment_scaled_with_an_unknown_id_changes_nothing() -> None:
+    before = applied(created("d1", "m"))
+    after = apply(before, DeploymentScaled(deployment_id="nope", replicas=2))
+    assert after == before and "nope" not in after.deployments
+
+
 # --- instances and runners -----------------------------------------------------------------
 
 
@@ -162,6 +202,44 @@ def test_instance_deleted_removes_it_and_its_runners_only() -> None:
     state = applied(*events, InstanceDeleted(instance_id="i1"))
     assert list(state.instances) == ["i2"]
     assert list(state.runners) == ["i2-runner-0"]
+
+
+def test_instance_deleted_leaves_every_keeper_record_and_keeps_the_last_placement() -> None:
+    instance = build_instance(card("m"), ["a"], "i1")
+    state = applied(
+        created("d1", "m"),
+        created("d2", "n"),
+        InstanceCreated(instance=instance),
+        DeploymentPlaced(deployment_id="d1", instance_id="i1"),
+        DeploymentPlaced(deployment_id="d1", instance_id="i2"),
+        DeploymentPlaced(deployment_id="d2", instance_id="i1"),  # a record holding it twice over
+        DeploymentPlaced(deployment_id="d2", instance_id="i3"),
+        InstanceDeleted(instance_id="i1"),
+    )
+    assert state.instances == {}
+    assert state.deployments["d1"].placed_instance_ids == ("i2",)
+    assert state.deployments["d2"].placed_instance_ids == ("i3",)
+    assert state.deployments["d1"].instance_id == "i2"
+    assert state.deployments["d2"].instance_id == "i3"
+
+
+def test_instance_deleted_of_an_instance_gone_already_still_leaves_the_record() -> None:
+    before = applied(created("d1", "m"), DeploymentPlaced(deployment_id="d1", instance_id="i1"))
+    after = apply(before, InstanceDeleted(instance_id="i1"))
+    assert after.deployments["d1"].placed_instance_ids == ()
+    assert after.deployments["d1"].instance_id == "i1"  # the last placement, as before
+    assert after.instances == before.instances == {}
+
+
+def test_instance_deleted_of_an_unrecorded_instance_keeps_the_deployments() -> None:
+    before = applied(
+        created("d1", "m"),
+        DeploymentPlaced(deployment_id="d1", instance_id="i1"),
+        InstanceCreated(instance=build_instance(card("m"), ["a"], "manual")),
+    )
+    after = apply(before, InstanceDeleted(instance_id="manual"))
+    assert after.deployments is before.deployments
+    assert after.instances == {}
 
 
 def test_instance_deleted_with_an_unknown_id_changes_nothing() -> None:
@@ -353,6 +431,11 @@ EVENTS: st.SearchStrategy[AnyEvent] = st.one_of(
         st.sampled_from(["d1", "d2"]),
     ),
     st.builds(
+        lambda d, n: DeploymentScaled(deployment_id=d, replicas=n),
+        st.sampled_from(["d1", "d2"]),
+        st.integers(1, 3),
+    ),
+    st.builds(
         lambda i, n: InstanceCreated(instance=build_instance(card("m"), [n], i)),
         st.sampled_from(["i1", "i2"]),
         st.sampled_from(NODES),
@@ -381,6 +464,9 @@ def test_apply_never_mutates_its_input(events: list[AnyEvent]) -> None:
     # One deployment per model, however the events interleave.
     models = [d.model_card.model_id for d in state.deployments.values()]
     assert len(models) == len(set(models))
+    # A keeper record holds each instance once.
+    for d in state.deployments.values():
+        assert len(d.placed_instance_ids) == len(set(d.placed_instance_ids))
     # Edges only ever join nodes the topology holds.
     for source, sinks in state.topology.connections.items():
         assert source in state.topology.nodes and sinks

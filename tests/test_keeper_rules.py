@@ -8,6 +8,9 @@ about which nodes are chosen use the real ``place_instance``.
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from keeper_harness import (
     AFTER_GRACE,
     Cluster,
@@ -22,6 +25,7 @@ from keeper_harness import (
     unplaceable_for,
 )
 
+from keeper.cluster_view import models_with_instances, without_nodes
 from keeper.constants import (
     FIRST_BACKOFF,
     MAX_BACKOFF,
@@ -29,24 +33,34 @@ from keeper.constants import (
     STARTUP_GRACE,
     UNPLACEABLE_RETRY,
 )
-from keeper.core import MAX_PLACEMENT_ATTEMPTS_PER_STEP, Keeper
+from keeper.core import (
+    MAX_PLACEMENT_ATTEMPTS_PER_STEP,
+    Keeper,
+    deployment_status,
+    ready_replicas,
+)
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentScaled,
     InstanceCreated,
     InstanceDeleted,
+    NodeGatheredInfo,
     TopologyEdgeCreated,
 )
 from keeper.placement import place_instance
 from keeper.state import (
+    MAX_REPLICAS,
+    AnyInstance,
     Backend,
     Connection,
     Deployment,
     InstanceMeta,
     ModelCard,
+    NodeIdentity,
     RDMAConnection,
     Sharding,
     State,
@@ -788,6 +802,16 @@ def test_memory_does_not_grow_with_deployments_that_come_and_go() -> None:
     assert _remembered(cluster.keeper) == 0
 
 
+def test_memory_left_by_commands_during_the_grace_is_forgotten_at_the_next_step() -> None:
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    cluster.scale(deployment_id, 2)
+    cluster.delete(deployment_id)
+    assert _remembered(cluster.keeper) == 2
+    assert cluster.step(T - 1) == []  # still in the grace
+    assert _remembered(cluster.keeper) == 0
+
+
 def test_memory_does_not_grow_with_time() -> None:
     cluster, _ = one_node_cluster(RecordingPlace(inner=unplaceable()))
     cluster.deploy("m")
@@ -962,3 +986,552 @@ def test_links_are_told_apart_by_their_ends() -> None:
     cluster.apply(TopologyEdgeCreated(conn=Connection(source="node-a", sink="node-c", edge=rdma)))
     cluster.step(T + 3)
     assert len(recorder.calls) == 4
+
+
+# --- replicas (docs/design.md §5.11) --------------------------------------------------------
+
+
+def created_ids(events: list[AnyEvent]) -> list[str]:
+    return [e.instance.instance_id for e in events if isinstance(e, InstanceCreated)]
+
+
+def deleted_ids(events: list[AnyEvent]) -> list[str]:
+    return [e.instance_id for e in events if isinstance(e, InstanceDeleted)]
+
+
+def replicated(
+    replicas: int, nodes: int = 3, place: RecordingPlace | None = None
+) -> tuple[Cluster, RecordingPlace, str, list[str]]:
+    """``nodes`` linked nodes and a deployment of ``m`` whose ``replicas`` instances the keeper
+    placed one step apart from T: (cluster, placement, deployment id, instance ids oldest
+    first)."""
+    recorder = place or RecordingPlace()
+    cluster = Cluster(place=recorder)
+    cluster.add_nodes(*(f"node-{chr(ord('a') + k)}" for k in range(nodes)))
+    deployment_id = cluster.deploy("m", replicas=replicas)
+    placed: list[str] = []
+    for k in range(replicas):
+        placed.extend(created_ids(cluster.step(T + k)))
+    assert len(placed) == replicas
+    return cluster, recorder, deployment_id, placed
+
+
+def test_replicas_are_added_one_at_a_time_up_to_the_count() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a", "node-b", "node-c", "node-d")
+    deployment_id = cluster.deploy("m", replicas=3)
+    first = cluster.step_keep(T)
+    assert placed_ids(first) == [deployment_id]
+    # The first is on its way: nothing more for this deployment until the state shows it.
+    for now in (T + 1, T + 10, T + PLACEMENT_TIMEOUT - 0.001):
+        assert cluster.step_keep(now) == []
+    timer = cluster.keeper.timers(cluster.state, T + 1)[deployment_id]
+    assert timer.waiting == "placement_in_flight"
+    cluster.apply(*first)
+    assert placed_ids(cluster.step(T + 20)) == [deployment_id]
+    assert placed_ids(cluster.step(T + 21)) == [deployment_id]
+    assert len(cluster.instances_of_model("m")) == 3
+    for now in (T + 22, T + 100):
+        assert cluster.step(now) == []
+    assert cluster.keeper.timers(cluster.state, T + 100)[deployment_id].waiting is None
+    assert cluster.deployment(deployment_id).placed_instance_ids == tuple(
+        i.instance_id for i in cluster.instances_of_model("m")
+    )
+
+
+def test_any_instance_of_the_model_counts_towards_the_replicas() -> None:
+    cluster, place = one_node_cluster()
+    cluster.add_nodes("node-b")
+    cluster.link("node-a", "node-b")
+    model = card("m")
+    place_by_hand(cluster, model)
+    deployment_id = cluster.deploy(model, replicas=2)
+    assert placed_ids(cluster.step(T)) == [deployment_id]
+    for now in (T + 1, T + 50):
+        assert cluster.step(now) == []
+    assert len(place.calls) == 1
+    assert len(cluster.instances_of_model("m")) == 2
+
+
+def test_a_replica_is_never_placed_on_a_node_serving_the_model() -> None:
+    # The real placement prefers the freest node, node-a, every time; only anti-affinity moves
+    # the replicas elsewhere.
+    cluster = Cluster(place=place_instance)
+    cluster.add_node("node-a", available_gb=64.0)
+    cluster.add_node("node-b", available_gb=16.0)
+    cluster.add_node("node-c", available_gb=8.0)
+    deployment_id = cluster.deploy(card("m", size_gb=2.0), replicas=3)
+    for k in range(3):
+        assert placed_ids(cluster.step(T + k)) == [deployment_id]
+    nodes = [cluster.nodes_of(i.instance_id) for i in cluster.instances_of_model("m")]
+    assert nodes == [["node-a"], ["node-b"], ["node-c"]]
+
+
+def test_anti_affinity_hands_placement_a_state_without_the_serving_nodes() -> None:
+    seen: list[State] = []
+
+    def place(
+        state: State, model: ModelCard, sharding: Sharding, meta: InstanceMeta, min_nodes: int
+    ) -> AnyInstance:
+        seen.append(state)
+        return simple_place(state, model, sharding, meta, min_nodes)
+
+    cluster = Cluster(place=place)
+    cluster.add_nodes("node-a", "node-b", "node-c")
+    cluster.deploy("m", replicas=2)
+    cluster.step(T)
+    cluster.step(T + 1)
+    first, second = seen
+    assert first == cluster.state.model_copy(
+        update={"instances": {}, "deployments": first.deployments}
+    )
+    assert len(first.topology.nodes) == 3
+    (used,) = cluster.nodes_of(cluster.instances_of_model("m")[0].instance_id)
+    others = sorted({"node-a", "node-b", "node-c"} - {used})
+    assert sorted(second.topology.nodes) == others
+    for per_node in (
+        second.node_memory,
+        second.node_backends,
+        second.last_seen,
+    ):
+        assert sorted(per_node) == others
+    assert used not in second.topology.connections
+    assert all(used not in sinks for sinks in second.topology.connections.values())
+    assert sorted(second.topology.connections) == others
+    # Nothing else is taken away: the instances stay, and the real state keeps its nodes.
+    first_instance = cluster.instances_of_model("m")[0]
+    assert second.instances == {first_instance.instance_id: first_instance}
+    assert len(cluster.state.topology.nodes) == 3
+
+
+def test_a_replica_with_no_room_apart_is_refused_by_name_while_the_model_serves() -> None:
+    cluster, _ = one_node_cluster()
+    cluster.apply(
+        NodeGatheredInfo(
+            node_id="node-a",
+            when="2026-01-01T00:00:00Z",
+            identity=NodeIdentity(friendly_name="studio"),
+        )
+    )
+    cluster.add_node("node-b", available_gb=0.5)  # too small for m on its own
+    cluster.link("node-a", "node-b")
+    deployment_id = cluster.deploy("m", replicas=2)
+    assert placed_ids(cluster.step(T)) == [deployment_id]
+    cluster.make_ready(cluster.instance_of(deployment_id).instance_id)
+    reason = f"no placement apart from the nodes serving m (studio): {NO_MEMORY}"
+    assert failures_of(cluster.step(T + 1)) == [(deployment_id, reason)]
+    deployment = cluster.deployment(deployment_id)
+    assert deployment.placement_error == reason
+    assert deployment_status(deployment, cluster.state) == "serving"
+    assert ready_replicas(deployment, cluster.state) == 1
+    # Reported once, retried like any unplaceable deployment.
+    assert cluster.step(T + 2) == []
+    timer = cluster.keeper.timers(cluster.state, T + 2)[deployment_id]
+    assert (timer.waiting, timer.next_attempt_at) == (
+        "unplaceable_retry",
+        T + 1 + UNPLACEABLE_RETRY,
+    )
+
+
+def test_the_refusal_names_nodes_without_a_friendly_name_by_id() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_node("node-b")
+    cluster.add_node("node-a", available_gb=0.5)
+    deployment_id = cluster.deploy("m", replicas=2)
+    cluster.step(T)
+    reason = f"no placement apart from the nodes serving m (node-b): {NO_MEMORY}"
+    assert failures_of(cluster.step(T + 1)) == [(deployment_id, reason)]
+
+
+def test_the_refusal_names_every_serving_node_sorted() -> None:
+    cluster = Cluster(place=simple_place)
+    for node_id, name in (("node-c", "zeta"), ("node-a", "alpha"), ("node-b", "mid")):
+        cluster.add_node(node_id)
+        cluster.apply(
+            NodeGatheredInfo(
+                node_id=node_id,
+                when="2026-01-01T00:00:00Z",
+                identity=NodeIdentity(friendly_name=name),
+            )
+        )
+    cluster.add_node("node-d", available_gb=0.5)
+    deployment_id = cluster.deploy("m", replicas=4)
+    for k in range(3):
+        assert placed_ids(cluster.step(T + k)) == [deployment_id]
+    reason = f"no placement apart from the nodes serving m (alpha, mid, zeta): {NO_MEMORY}"
+    assert failures_of(cluster.step(T + 3)) == [(deployment_id, reason)]
+
+
+def test_the_view_without_nodes_drops_every_entry_of_theirs() -> None:
+    state = State.model_validate(
+        {
+            "topology": {
+                "nodes": ["a", "b", "c"],
+                "connections": {
+                    "a": {"b": [socket_edge("a", "b").edge.model_dump()]},
+                    "b": {
+                        "a": [socket_edge("b", "a").edge.model_dump()],
+                        "c": [socket_edge("b", "c").edge.model_dump()],
+                    },
+                    "c": {"b": [socket_edge("c", "b").edge.model_dump()]},
+                },
+            },
+            **{
+                key: {n: value for n in ("a", "b", "c")}
+                for key, value in (
+                    ("nodeMemory", {}),
+                    ("nodeBackends", ["MlxMetal"]),
+                    ("nodeIdentities", {"friendlyName": "x"}),
+                    ("nodeNetwork", {}),
+                    ("nodeRdmaCtl", {}),
+                    ("lastSeen", "2026-01-01T00:00:00Z"),
+                    ("downloads", []),
+                )
+            },
+            "instances": {"i": build_instance(card("m"), ["b"], "i").model_dump(by_alias=True)},
+        }
+    )
+    view = without_nodes(state, frozenset({"b"}))
+    assert view.topology.nodes == ["a", "c"]
+    assert view.topology.connections == {}  # every link touched b
+    for per_node in (
+        view.node_memory,
+        view.node_backends,
+        view.node_identities,
+        view.node_network,
+        view.node_rdma_ctl,
+        view.last_seen,
+        view.downloads,
+    ):
+        assert sorted(per_node) == ["a", "c"]
+    assert view.instances == state.instances
+    assert without_nodes(state, frozenset()) == state
+    assert len(state.topology.nodes) == 3  # the state itself is untouched
+    kept = without_nodes(state, frozenset({"c"})).topology.connections
+    assert {s: sorted(sinks) for s, sinks in kept.items()} == {"a": ["b"], "b": ["a"]}
+
+
+def test_models_with_instances_names_each_model_running() -> None:
+    cluster, _, _, _ = replicated(2)
+    cluster.apply(InstanceCreated(instance=build_instance(card("other"), ["node-c"], "x")))
+    assert models_with_instances(cluster.state) == frozenset({"m", "other"})
+    assert models_with_instances(State()) == frozenset()
+
+
+def test_a_first_replica_keeps_placements_own_reason() -> None:
+    cluster, _, deployment_id = too_big_for_node_a()
+    assert failures_of(cluster.step(T)) == [(deployment_id, NO_MEMORY)]
+
+
+def test_scaling_up_records_the_count_and_the_steps_add_the_replicas() -> None:
+    cluster, _, deployment_id, _ = replicated(1)
+    assert cluster.step(T + 1) == []
+    assert cluster.scale(deployment_id, 3) == [
+        DeploymentScaled(deployment_id=deployment_id, replicas=3)
+    ]
+    assert cluster.deployment(deployment_id).replicas == 3
+    assert placed_ids(cluster.step(T + 2)) == [deployment_id]
+    assert placed_ids(cluster.step(T + 3)) == [deployment_id]
+    assert cluster.step(T + 4) == []
+    assert len(cluster.instances_of_model("m")) == 3
+
+
+def test_scaling_down_removes_the_newest_keeper_instances_first() -> None:
+    cluster, _, deployment_id, placed = replicated(3)
+    # Another model's instance is no replica of this one.
+    cluster.apply(InstanceCreated(instance=build_instance(card("other"), ["node-a"], "x")))
+    events = cluster.scale(deployment_id, 1)
+    assert events == [
+        DeploymentScaled(deployment_id=deployment_id, replicas=1),
+        InstanceDeleted(instance_id=placed[2]),
+        InstanceDeleted(instance_id=placed[1]),
+    ]
+    assert list(cluster.state.instances) == [placed[0], "x"]
+    assert cluster.deployment(deployment_id).placed_instance_ids == (placed[0],)
+    for now in (T + 10, T + 100):
+        assert cluster.step(now) == []
+    assert cluster.keeper.timers(cluster.state, T + 100)[deployment_id].failures == 0
+
+
+def test_scaling_down_never_removes_an_instance_placed_some_other_way() -> None:
+    cluster, _ = one_node_cluster()
+    cluster.add_nodes("node-b", "node-c")
+    for a, b in (("node-a", "node-b"), ("node-a", "node-c"), ("node-b", "node-c")):
+        cluster.link(a, b)
+    model = card("m")
+    place_by_hand(cluster, model)
+    deployment_id = cluster.deploy(model, replicas=3)
+    own = created_ids(cluster.step(T)) + created_ids(cluster.step(T + 1))
+    assert len(own) == 2
+    assert deleted_ids(cluster.scale(deployment_id, 2)) == [own[1]]
+    # Down to one: the hand-placed instance alone makes one, so the keeper's last one goes.
+    assert deleted_ids(cluster.scale(deployment_id, 1)) == [own[0]]
+    assert list(cluster.state.instances) == ["manual"]
+    assert cluster.step(T + 2) == []
+
+
+def test_scaling_down_removes_a_replica_still_in_flight_after_it_lands() -> None:
+    cluster, _, deployment_id, placed = replicated(1)
+    cluster.scale(deployment_id, 2)
+    in_flight = cluster.step_keep(T + 1)
+    (arriving,) = created_ids(in_flight)
+    scaled = cluster.keeper.scale(deployment_id, 1, cluster.state)
+    assert scaled == [
+        DeploymentScaled(deployment_id=deployment_id, replicas=1),
+        InstanceDeleted(instance_id=arriving),
+    ]
+    cluster.apply(*in_flight, *scaled)  # in the order emitted
+    assert list(cluster.state.instances) == placed
+    for now in (T + 2, T + 3, T + 100):
+        assert cluster.step(now) == []
+    assert cluster.keeper.timers(cluster.state, T + 100)[deployment_id].failures == 0
+
+
+def test_a_removed_replica_the_state_still_shows_is_neither_counted_as_lost_nor_replaced() -> None:
+    cluster, _, deployment_id, placed = replicated(2)
+    scaled = cluster.keeper.scale(deployment_id, 1, cluster.state)
+    assert deleted_ids(scaled) == [placed[1]]
+    for now in (T + 5, T + 5.5):
+        assert cluster.step(now) == []  # the removal is on its way
+    cluster.apply(*scaled)
+    assert cluster.step(T + 6) == []
+    timer = cluster.keeper.timers(cluster.state, T + 6)[deployment_id]
+    assert (timer.failures, timer.waiting) == (0, None)
+    # Once the state no longer shows it, the keeper forgets it.
+    memo = cluster.keeper._memos[deployment_id]  # pyright: ignore[reportPrivateUsage]
+    assert memo.retiring == frozenset()
+    # Scaled up again before the removal lands: the removed one does not count as a replica
+    # kept, and the keeper waits for the state to show it gone rather than place beside it.
+    again = cluster.keeper.scale(deployment_id, 2, cluster.state)
+    assert deleted_ids(again) == []
+    cluster.apply(*again)
+    assert placed_ids(cluster.step(T + 7)) == [deployment_id]
+    assert len(cluster.instances_of_model("m")) == 2
+
+
+def test_scaling_down_then_up_before_the_state_caught_up_places_nothing_extra() -> None:
+    cluster, _, deployment_id, placed = replicated(1, nodes=3)
+    cluster.scale(deployment_id, 2)
+    in_flight = cluster.step_keep(T + 1)
+    down = cluster.keeper.scale(deployment_id, 1, cluster.state)
+    up = cluster.keeper.scale(deployment_id, 2, cluster.state)
+    assert deleted_ids(down) == created_ids(in_flight) and deleted_ids(up) == []
+    # None of it is applied yet: the one removed is still on its way, so nothing is placed.
+    assert cluster.step_keep(T + 2) == []
+    cluster.apply(*in_flight)
+    assert cluster.step_keep(T + 3) == []
+    cluster.apply(*down, *up)
+    assert placed_ids(cluster.step(T + 4)) == [deployment_id]
+    assert cluster.step(T + 5) == []
+    assert len(cluster.instances_of_model("m")) == 2
+    assert placed[0] in cluster.state.instances
+
+
+def test_scaling_to_the_current_count_emits_nothing() -> None:
+    cluster, _, deployment_id, _ = replicated(2)
+    assert cluster.scale(deployment_id, 2) == []
+    sent = cluster.keeper.scale(deployment_id, 3, cluster.state)
+    assert len(sent) == 1
+    # The count it sent is the current one, even before the state shows it.
+    assert cluster.keeper.scale(deployment_id, 3, cluster.state) == []
+    assert cluster.deployment(deployment_id).replicas == 2
+
+
+def test_scaling_an_unknown_deployment_or_one_being_deleted_emits_nothing() -> None:
+    cluster, _, deployment_id, _ = replicated(1)
+    assert cluster.scale("no-such-deployment", 2) == []
+    cluster.keeper.delete(deployment_id, cluster.state)
+    assert cluster.keeper.scale(deployment_id, 2, cluster.state) == []
+
+
+def test_scaling_outside_the_bounds_is_refused_and_changes_nothing() -> None:
+    cluster, _, deployment_id, _ = replicated(2)
+    for bad in (0, MAX_REPLICAS + 1):
+        with pytest.raises(ValueError):
+            cluster.keeper.scale(deployment_id, bad, cluster.state)
+    assert cluster.scale(deployment_id, 2) == []
+    assert len(cluster.scale(deployment_id, MAX_REPLICAS)) == 1
+
+
+def test_scaling_is_a_reason_to_try_again_at_once() -> None:
+    recorder = RecordingPlace()
+    cluster, _ = one_node_cluster(recorder)
+    cluster.add_nodes("node-b")
+    cluster.link("node-a", "node-b")
+    deployment_id = cluster.deploy("m", replicas=2)
+    cluster.step(T)
+    recorder.failing["m"] = ValueError(NO_MEMORY)
+    cluster.step(T + 1)
+    assert cluster.deployment(deployment_id).placement_error is not None
+    assert cluster.step(T + 2) == []  # unplaceable: waits for the retry
+    cluster.scale(deployment_id, 3)
+    assert cluster.deployment(deployment_id).placement_error is None  # a new count, a new try
+    tries = len(recorder.calls)
+    events = cluster.step(T + 3)
+    assert len(recorder.calls) == tries + 1
+    assert len(failures_of(events)) == 1  # the error, cleared by the scaling, is sent again
+
+
+def test_scaling_clears_the_error_so_a_recurring_one_is_sent_again_before_it_lands() -> None:
+    recorder = RecordingPlace()
+    cluster, _ = one_node_cluster(recorder)
+    deployment_id = cluster.deploy("m", replicas=2)
+    cluster.step(T)
+    reason = f"no placement apart from the nodes serving m (node-a): {NO_MEMORY}"
+    assert failures_of(cluster.step(T + 1)) == [(deployment_id, reason)]
+    scaled = cluster.keeper.scale(deployment_id, 3, cluster.state)  # on its way
+    again = cluster.step_keep(T + 2)
+    assert failures_of(again) == [(deployment_id, reason)]
+    cluster.apply(*scaled, *again)
+    assert cluster.deployment(deployment_id).placement_error == reason
+
+
+def test_a_deployment_written_before_the_record_owns_the_instance_it_names() -> None:
+    cluster, _, deployment_id, placed = replicated(1, nodes=2)
+    place_by_hand(cluster, card("m"))
+    old = cluster.deployment(deployment_id).model_copy(
+        update={"placed_instance_ids": (), "replicas": 2}
+    )
+    cluster.state = cluster.state.model_copy(update={"deployments": {deployment_id: old}})
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.scale(deployment_id, 1) == [
+        DeploymentScaled(deployment_id=deployment_id, replicas=1),
+        InstanceDeleted(instance_id=placed[0]),
+    ]
+    assert list(restarted.state.instances) == ["manual"]
+
+
+def test_a_new_master_adopts_the_instance_an_old_deployment_names() -> None:
+    cluster, _, deployment_id, placed = replicated(1)
+    old = cluster.deployment(deployment_id).model_copy(update={"placed_instance_ids": ()})
+    cluster.state = cluster.state.model_copy(update={"deployments": {deployment_id: old}})
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.step(1000.0 + STARTUP_GRACE) == []
+    restarted.delete_instance(placed[0])  # lost before ready: the keeper's own, so a failure
+    assert restarted.step(1000.0 + STARTUP_GRACE + 1) == []
+    assert restarted.keeper.timers(restarted.state, 1016.0)[deployment_id].failures == 1
+
+
+def test_deleting_a_deployment_removes_all_its_keeper_instances() -> None:
+    cluster, _ = one_node_cluster()
+    cluster.add_nodes("node-b", "node-c", "node-d")
+    for a, b in (("node-a", "node-b"), ("node-a", "node-c"), ("node-a", "node-d")):
+        cluster.link(a, b)
+    model = card("m")
+    place_by_hand(cluster, model)
+    deployment_id = cluster.deploy(model, replicas=4)
+    own = created_ids(cluster.step(T)) + created_ids(cluster.step(T + 1))
+    in_flight = cluster.step_keep(T + 2)
+    own += created_ids(in_flight)
+    assert len(own) == 3
+    deletion = cluster.keeper.delete(deployment_id, cluster.state)
+    assert deletion[0] == DeploymentDeleted(deployment_id=deployment_id)
+    assert deleted_ids(deletion) == own
+    cluster.apply(*in_flight, *deletion)
+    assert list(cluster.state.instances) == ["manual"]
+
+
+def test_backoff_is_kept_per_deployment_with_replicas() -> None:
+    cluster, _, deployment_id, placed = replicated(2)
+    other = cluster.deploy("other", deployment_id="dep-zz", replicas=1)
+    cluster.make_ready(placed[0])
+    assert placed_ids(cluster.step(T + 2)) == [other]
+    cluster.make_loading(placed[1])
+    cluster.step(T + 3)
+    cluster.delete_instance(placed[1])  # lost before ready: the deployment backs off
+    assert cluster.step(T + 4) == []
+    timer = cluster.keeper.timers(cluster.state, T + 4)[deployment_id]
+    assert (timer.failures, timer.waiting, timer.next_attempt_at) == (
+        1,
+        "backoff",
+        T + 4 + FIRST_BACKOFF,
+    )
+    other_timer = cluster.keeper.timers(cluster.state, T + 4)[other]
+    assert (other_timer.failures, other_timer.waiting) == (0, None)
+    assert deployment_status(cluster.deployment(deployment_id), cluster.state) == "serving"
+    assert cluster.step(T + 4 + FIRST_BACKOFF - 0.001) == []
+    assert placed_ids(cluster.step(T + 4 + FIRST_BACKOFF)) == [deployment_id]
+
+
+def test_each_replica_lost_before_ready_counts_as_a_failure() -> None:
+    cluster, _, deployment_id, placed = replicated(2)
+    for instance_id in placed:
+        cluster.delete_instance(instance_id)
+    assert cluster.step(T + 5) == []
+    timer = cluster.keeper.timers(cluster.state, T + 5)[deployment_id]
+    assert (timer.failures, timer.next_attempt_at) == (2, T + 5 + 2 * FIRST_BACKOFF)
+
+
+def test_a_replica_becoming_ready_ends_the_failures_in_a_row() -> None:
+    cluster, _, deployment_id, placed = replicated(2)
+    cluster.delete_instance(placed[1])
+    cluster.step(T + 2)
+    assert cluster.keeper.timers(cluster.state, T + 2)[deployment_id].failures == 1
+    cluster.make_ready(placed[0])
+    cluster.step(T + 3)
+    assert cluster.keeper.timers(cluster.state, T + 3)[deployment_id].failures == 0
+
+
+def test_a_replica_lost_after_ready_is_replaced_at_once() -> None:
+    cluster, _, deployment_id, placed = replicated(3, nodes=4)
+    for instance_id in placed:
+        cluster.make_ready(instance_id)
+    assert cluster.step(T + 3) == []
+    assert ready_replicas(cluster.deployment(deployment_id), cluster.state) == 3
+    cluster.delete_instance(placed[1])
+    assert ready_replicas(cluster.deployment(deployment_id), cluster.state) == 2
+    assert placed_ids(cluster.step(T + 4)) == [deployment_id]
+    assert cluster.keeper.timers(cluster.state, T + 4)[deployment_id].failures == 0
+
+
+def test_a_new_master_scales_down_by_the_durable_record() -> None:
+    cluster, _, deployment_id, placed = replicated(3)
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.scale(deployment_id, 1) == [
+        DeploymentScaled(deployment_id=deployment_id, replicas=1),
+        InstanceDeleted(instance_id=placed[2]),
+        InstanceDeleted(instance_id=placed[1]),
+    ]
+    assert list(restarted.state.instances) == [placed[0]]
+
+
+def test_a_new_master_deletes_every_instance_the_deployment_records() -> None:
+    cluster, _, deployment_id, placed = replicated(3)
+    place_by_hand(cluster, card("m"))  # not recorded: it stays
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert deleted_ids(restarted.delete(deployment_id)) == placed
+    assert list(restarted.state.instances) == ["manual"]
+
+
+def test_a_new_master_adopts_every_recorded_replica() -> None:
+    cluster, _, deployment_id, placed = replicated(2)
+    restarted = _restarted(cluster, started_at=1000.0)
+    assert restarted.step(1000.0 + STARTUP_GRACE) == []
+    for instance_id in placed:
+        restarted.delete_instance(instance_id)  # lost before ready, both the keeper's
+    assert restarted.step(1000.0 + STARTUP_GRACE + 1) == []
+    assert restarted.keeper.timers(restarted.state, 1016.0)[deployment_id].failures == 2
+
+
+def test_a_deployment_written_before_replicas_keeps_one_instance() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a", "node-b")
+    raw = {"deploymentId": "old", "modelCard": card("m").model_dump(by_alias=True)}
+    cluster.apply(DeploymentCreated(deployment=Deployment.model_validate_json(json.dumps(raw))))
+    assert placed_ids(cluster.step(T)) == ["old"]
+    for now in (T + 1, T + 100):
+        assert cluster.step(now) == []
+    assert len(cluster.instances_of_model("m")) == 1
+
+
+def test_ready_replicas_counts_every_ready_instance_of_the_model() -> None:
+    cluster, _, deployment_id, placed = replicated(3, nodes=4)
+    place_by_hand(cluster, card("m"))
+    cluster.apply(InstanceCreated(instance=build_instance(card("other"), ["node-b"], "x")))
+    cluster.make_ready("x")
+    deployment = cluster.deployment(deployment_id)
+    assert ready_replicas(deployment, cluster.state) == 0
+    cluster.make_ready(placed[0])
+    cluster.make_ready("manual")
+    cluster.make_loading(placed[1])
+    assert ready_replicas(cluster.deployment(deployment_id), cluster.state) == 2

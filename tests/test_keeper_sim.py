@@ -240,6 +240,55 @@ def test_random_deployment_churn_with_a_lagging_state_never_duplicates_and_settl
     assert all(len(r.sim.true_state.deployments) >= 3 for r in results)
 
 
+# --- 3. replicas under node loss, with operators scaling them, the state lagging ------------
+
+REPLICATED = (
+    DeploymentSpec(SMALL, replicas=3),
+    DeploymentSpec(LLAMA_1B, replicas=2),
+    DeploymentSpec(LLAMA_3B, replicas=2),
+    DeploymentSpec(QWEN_8B, replicas=1),
+)
+REPLICA_CHAOS = ChaosConfig(
+    node_death_mean_s=6 * 60,
+    node_silence_s=(0, 30),
+    node_down_s=(20, 240),
+    max_nodes_down=2,
+    instance_deletion_mean_s=5 * 60,
+    failure_streak_mean_s=20 * 60,
+    failure_streak_len=(1, 4),
+    placement_crash_mean_s=30 * 60,
+    master_restart_mean_s=HOUR,
+    deployment_scale_mean_s=2 * 60,
+    scale_replicas=(1, 3),
+)
+REPLICA_SEEDS = range(200, 206)
+
+
+@pytest.mark.slow
+def test_replicas_survive_node_loss_and_scaling_apart_and_within_their_count() -> None:
+    results = [
+        run_simulation(
+            seed, chaos_s=2 * HOUR, chaos=REPLICA_CHAOS, initial=REPLICATED, max_lag_s=10.0
+        )
+        for seed in REPLICA_SEEDS
+    ]
+    _report(f"replicas, {len(results)} seeds x 2 h, lag up to 10 s", results)
+    scaled = sum(r.counts.deployments_scaled for r in results)
+    scale_downs = sum(r.safety.scale_downs for r in results)
+    placements = sum(r.safety.keeper_placements for r in results)
+    print(f"  scaled {scaled} times ({scale_downs} removing instances), placed {placements}")
+    serving = sum(r.availability.serving_seconds for r in results)
+    total = sum(r.availability.deployment_seconds for r in results)
+    print(f"  availability (deployment-seconds serving): {serving / total:.1%}")
+
+    assert [p for r in results for p in r.problems()] == []
+    # The runs exercised what they claim to: many scalings both ways, and replicas lost.
+    assert scaled >= 20 * len(results) and scale_downs >= 5 * len(results)
+    assert all(r.counts.node_deaths >= 5 for r in results)
+    # With a replica on another node, a node fault rarely stops a model.
+    assert serving / total >= 0.9
+
+
 def test_the_same_seed_replays_the_same_cluster_history() -> None:
     def history(seed: int) -> tuple[int, str]:
         result = run_simulation(

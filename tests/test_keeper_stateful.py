@@ -1,13 +1,15 @@
 """The keeper under arbitrary interleavings of what users, nodes and the router can do.
 
 A hypothesis state machine drives a ``SimCluster`` (state lagging the events by up to 10 s)
-with one rule per thing that can happen, in any order: deployments created and deleted (also
-twice, and unknown ids), nodes killed and revived, instances deleted or placed by hand, runners
-failing, placement crashing, the master restarting, time passing, lagged events arriving early.
-After every rule the invariants hold: no model ever had two instances, the keeper never deleted
-an instance it did not place (the hand-placed ones give it the chance), it followed the keeper's
+with one rule per thing that can happen, in any order: deployments created, scaled and deleted
+(also twice, and unknown ids), nodes killed and revived, instances deleted or placed by hand,
+runners failing, placement crashing, the master restarting, time passing, lagged events
+arriving early.
+After every rule the invariants hold: no placement ever left a model with more instances than
+its deployment's replicas or two instances of a model on one node, the keeper never deleted an
+instance it did not place (the hand-placed ones give it the chance), it followed the keeper's
 timing (docs/design.md §5), and its memory stays within a bound set by the deployments it
-currently knows, never by history."""
+currently knows and their replicas, never by history."""
 
 from __future__ import annotations
 
@@ -28,12 +30,13 @@ from sim_cluster import DeploymentSpec, NodeSpec, SimCluster, instances_of
 
 from keeper import STARTUP_GRACE, Keeper
 from keeper.catalog import catalog_by_id
-from keeper.state import State
+from keeper.state import MAX_REPLICAS, State
 
 CATALOG = catalog_by_id()
 MODELS = (
-    DeploymentSpec(CATALOG["mlx-community/Qwen3-0.6B-4bit"]),
-    DeploymentSpec(CATALOG["mlx-community/Llama-3.2-3B-Instruct-4bit"]),
+    # Small enough for one replica per node.
+    DeploymentSpec(CATALOG["mlx-community/Qwen3-0.6B-4bit"], replicas=3),
+    DeploymentSpec(CATALOG["mlx-community/Llama-3.2-3B-Instruct-4bit"], replicas=2),
     DeploymentSpec(CATALOG["mlx-community/Llama-3.2-1B-Instruct-4bit"], min_nodes=2),
     DeploymentSpec(CATALOG["mlx-community/Qwen3-30B-A3B-4bit"]),
     # Needs two of these nodes, so it comes and goes with them.
@@ -43,9 +46,12 @@ MODELS = (
 )
 NODES = [NodeSpec("a", 32), NodeSpec("b", 24), NodeSpec("c", 16), NodeSpec("d", 16)]
 MAX_LAG_S = 10.0
-# Keeper memory per deployment it knows: a handful of fields plus, for an unplaceable one, the
-# cluster signature it failed on (a few entries per node and per link).
-ENTRIES_PER_DEPLOYMENT = 32 + 8 * (len(NODES) + len(NODES) * (len(NODES) - 1))
+# Keeper memory per deployment it knows: a handful of fields, its own instances (each watched
+# or being removed: a few entries apiece, at most a count's worth), plus, for an unplaceable
+# one, the cluster signature it failed on (a few entries per node and per link).
+ENTRIES_PER_DEPLOYMENT = (
+    32 + 4 * 2 * MAX_REPLICAS + 8 * (len(NODES) + len(NODES) * (len(NODES) - 1))
+)
 ENTRIES_AT_REST = 16
 
 
@@ -107,6 +113,17 @@ class KeeperMachine(RuleBasedStateMachine):
         self.sim.delete_deployment(deployment_id)
         if twice:
             assert self.sim.delete_deployment(deployment_id) == []
+
+    @rule(data=st.data(), replicas=st.integers(1, 4), twice=st.booleans())
+    def scale_deployment(self, data: st.DataObject, replicas: int, twice: bool) -> None:
+        """PATCH /deployments/{id}: up (the steps add replicas, apart from the others) or down
+        (the keeper's newest instances go, even one on its way); the same count again is a
+        no-op."""
+        known = [*sorted(self.sim.view.deployments), "dep-unknown"]
+        deployment_id = data.draw(st.sampled_from(known))
+        self.sim.scale_deployment(deployment_id, replicas)
+        if twice:
+            assert self.sim.scale_deployment(deployment_id, replicas) == []
 
     @rule(spec=st.sampled_from(MODELS))
     def place_by_hand(self, spec: DeploymentSpec) -> None:

@@ -18,6 +18,7 @@ from keeper.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentScaled,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -38,6 +39,7 @@ from keeper.link.protocol import (
     Welcome,
 )
 from keeper.state import (
+    MAX_REPLICAS,
     Backend,
     Connection,
     Deployment,
@@ -235,6 +237,7 @@ def _every_event(state: State) -> list[AnyEvent]:
         DeploymentPlacementFailed(
             deployment_id="d", error="No cycles found with sufficient memory"
         ),
+        DeploymentScaled(deployment_id="d", replicas=3),
         InstanceCreated(instance=ring),
         InstanceCreated(instance=jaccl),
         InstanceDeleted(instance_id="i"),
@@ -270,6 +273,30 @@ def test_every_event_round_trips_as_tagged_json(state: State) -> None:
 def test_event_fields_are_camel_case_on_the_wire() -> None:
     raw = json.loads(EVENT_ADAPTER.dump_json(DeploymentPlaced(deployment_id="d", instance_id="i")))
     assert raw == {"DeploymentPlaced": {"deploymentId": "d", "instanceId": "i"}}
+
+
+def test_deployment_scaled_is_camel_case_on_the_wire_and_bounded() -> None:
+    raw = json.loads(EVENT_ADAPTER.dump_json(DeploymentScaled(deployment_id="d", replicas=2)))
+    assert raw == {"DeploymentScaled": {"deploymentId": "d", "replicas": 2}}
+    for bad in (0, MAX_REPLICAS + 1):
+        with pytest.raises(ValidationError):
+            EVENT_ADAPTER.validate_python(
+                {"DeploymentScaled": {"deploymentId": "d", "replicas": bad}}
+            )
+    top = EVENT_ADAPTER.validate_python(
+        {"DeploymentScaled": {"deploymentId": "d", "replicas": MAX_REPLICAS}}
+    )
+    assert isinstance(top, DeploymentScaled) and top.replicas == MAX_REPLICAS
+
+
+def test_a_deployment_written_before_replicas_reads_as_one_replica_and_no_record() -> None:
+    old = {"deploymentId": "d", "modelCard": BUILTIN_MODEL_CARDS[0].model_dump(), "instanceId": "i"}
+    deployment = Deployment.model_validate_json(json.dumps(old))
+    assert (deployment.replicas, deployment.placed_instance_ids) == (1, ())
+    raw = json.loads(deployment.model_dump_json(by_alias=True))
+    assert (raw["replicas"], raw["placedInstanceIds"]) == (1, [])
+    scaled = deployment.model_copy(update={"replicas": 3, "placed_instance_ids": ("i", "j")})
+    assert Deployment.model_validate_json(scaled.model_dump_json(by_alias=True)) == scaled
 
 
 def test_protocol_messages_round_trip(state: State) -> None:
