@@ -14,9 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
-from keeper.state import Deployment, InstanceMeta, ModelCard, ModelId, Sharding, State
+from keeper.state import (
+    MAX_REPLICAS,
+    Deployment,
+    InstanceMeta,
+    ModelCard,
+    ModelId,
+    Sharding,
+    State,
+)
 
 DeploymentStatus = Literal["serving", "starting", "placing", "cant_place"]
 
@@ -52,6 +60,8 @@ class CreateDeploymentRequest(ApiModel):
     instance_meta: InstanceMeta = InstanceMeta.MLX_RING
     # A whole number, 27.0 included (JSON Schema's integer); `true` and `"2"` are refused.
     min_nodes: WholeNumber = Field(default=1, ge=1, le=MAX_MIN_NODES)
+    # How many instances of the model to keep, each on nodes apart (docs/design.md §5.11).
+    replicas: WholeNumber = Field(default=1, ge=1, le=MAX_REPLICAS)
 
 
 class ModelFacts(Protocol):
@@ -114,10 +124,19 @@ class CommandResponse(ApiModel):
 class DeploymentView(BaseModel):
     """One deployment as ``GET /deployments`` reports it, with the keeper's timers."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # ``readyReplicas`` is camelCase on the wire beside the snake_case timers: the name operators
+    # and clients know it by (it sits next to the deployment's own camelCase ``replicas``).
+    model_config = ConfigDict(extra="ignore", frozen=True, serialize_by_alias=True)
 
     deployment: Deployment
     status: DeploymentStatus
+    # The deployment's replicas, and how many instances of its model can serve now.
+    replicas: int = 1
+    ready_replicas: int = Field(
+        default=0,
+        validation_alias=AliasChoices("readyReplicas", "ready_replicas"),
+        serialization_alias="readyReplicas",
+    )
     # Placements lost before they were ready, in a row (drives the backoff).
     failures: int = 0
     # When the keeper will next try to place, if it is waiting for something.

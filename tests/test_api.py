@@ -205,8 +205,32 @@ BAD_INPUTS = [
         "POST",
         "/deployments",
         422,
-        ("replicas: Extra inputs are not permitted",),
-        {"model_id": QWEN, "replicas": 3},
+        ("priority: Extra inputs are not permitted",),
+        {"model_id": QWEN, "priority": 3},
+    ),
+    Bad(
+        "replicas over 16",
+        "POST",
+        "/deployments",
+        422,
+        ("replicas: Input should be less than or equal to 16",),
+        {"model_id": QWEN, "replicas": 17},
+    ),
+    Bad(
+        "replicas zero",
+        "POST",
+        "/deployments",
+        422,
+        ("replicas: Input should be greater than or equal to 1",),
+        {"model_id": QWEN, "replicas": 0},
+    ),
+    Bad(
+        "replicas not a whole number",
+        "POST",
+        "/deployments",
+        422,
+        ("replicas:",),
+        {"model_id": QWEN, "replicas": 1.5},
     ),
     Bad("body is a list", "POST", "/deployments", 422, ("JSON object",), [QWEN]),
     Bad("no body", "POST", "/deployments", 422, ("body required",), raw=b""),
@@ -346,6 +370,26 @@ async def test_tensor_sharding_of_a_model_without_tensor_support_is_refused() ->
 
 
 # --- success shapes ---------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_replicas_are_asked_for_on_create_and_shown_with_the_ready_count() -> None:
+    async with running_master() as master, api_client(master) as client:
+        created = await client.post("/deployments", json={"model_id": QWEN, "replicas": 3})
+        assert created.status_code == 200
+        (item,) = (await client.get("/deployments")).json()["deployments"]
+        assert item["deployment"]["replicas"] == 3
+        assert (item["replicas"], item["readyReplicas"]) == (3, 0)
+        refused = await client.post("/deployments", json={"model_id": LLAMA, "replicas": 17})
+        assert refused.status_code == 422
+        assert "replicas" in refused.json()["error"]["message"]
+        old_style = await client.post("/deployments", json={"model_id": LLAMA})
+        assert old_style.status_code == 200
+        by_model = {
+            i["deployment"]["modelCard"]["modelId"]: i
+            for i in (await client.get("/deployments")).json()["deployments"]
+        }
+        assert by_model[LLAMA]["replicas"] == 1
 
 
 @pytest.mark.anyio

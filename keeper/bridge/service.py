@@ -365,11 +365,12 @@ class Bridge:
         sharding: Sharding | str = Sharding.PIPELINE,
         instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
+        replicas: int = 1,
     ) -> CommandResponse:
         card = await self._deployment_card(model_id)
         async with self._lock:
             deployment = new_deployment(
-                self._own.deployments, card, sharding, instance_meta, min_nodes
+                self._own.deployments, card, sharding, instance_meta, min_nodes, replicas=replicas
             )
             self._record([DeploymentCreated(deployment=deployment)])
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)

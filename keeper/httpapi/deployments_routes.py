@@ -24,7 +24,12 @@ class DeploymentsService(Protocol):
     """What the deployments routes call; refusals raise ``keeper.runtime.errors`` types."""
 
     async def create_deployment(
-        self, model_id: str, sharding: Sharding, instance_meta: InstanceMeta, min_nodes: int
+        self,
+        model_id: str,
+        sharding: Sharding,
+        instance_meta: InstanceMeta,
+        min_nodes: int,
+        replicas: int,
     ) -> CommandResponse: ...
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
@@ -52,7 +57,11 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
     async def create_deployment(request: CreateDeploymentRequest) -> Response:
         return command_json(
             await service.create_deployment(
-                request.model_id, request.sharding, request.instance_meta, request.min_nodes
+                request.model_id,
+                request.sharding,
+                request.instance_meta,
+                request.min_nodes,
+                request.replicas,
             )
         )
 

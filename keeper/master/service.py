@@ -317,6 +317,7 @@ class Master:
         sharding: Sharding | str = Sharding.PIPELINE,
         instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
+        replicas: int = 1,
     ) -> CommandResponse:
         card = self._card(model_id)
         async with self._lock:
@@ -326,6 +327,7 @@ class Master:
                 sharding,
                 instance_meta,
                 min_nodes,
+                replicas=replicas,
                 new_id=self.new_id,
             )
             await self._emit_and_wait([DeploymentCreated(deployment=deployment)])

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from keeper.api_models import CommandResponse, DeploymentView, create_problems
 from keeper.core import DeploymentTimer
 from keeper.ids import IdFactory, new_id
-from keeper.readiness import deployment_status
+from keeper.readiness import deployment_status, ready_replicas
 from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.errors import BadRequestError, ConflictError, NotFoundError
 from keeper.runtime.hosted_keeper import KeeperLike
@@ -61,6 +61,7 @@ def new_deployment(
     instance_meta: InstanceMeta | str,
     min_nodes: int,
     *,
+    replicas: int = 1,
     new_id: IdFactory = new_id,
 ) -> Deployment:
     """A new deployment of ``card`` as the request asks, if the request can work and none of
@@ -86,6 +87,7 @@ def new_deployment(
         sharding=sharding_,
         instance_meta=meta,
         min_nodes=min_nodes,
+        replicas=replicas,
     )
 
 
@@ -127,6 +129,8 @@ def _deployment_view(
     return DeploymentView(
         deployment=deployment,
         status=deployment_status(deployment, state),
+        replicas=deployment.replicas,
+        ready_replicas=ready_replicas(deployment, state),
         failures=timer.failures if timer is not None else 0,
         next_attempt_at=(
             iso_utc(wall + timedelta(seconds=next_at - now))
