@@ -124,28 +124,17 @@ def test_nothing_is_placed_during_the_startup_grace() -> None:
     assert placed_ids(cluster.step(STARTUP_GRACE)) == [deployment_id]
 
 
-def test_grace_counts_from_the_keepers_own_start() -> None:
-    cluster = Cluster(place=simple_place, started_at=100.0)
+@pytest.mark.parametrize(
+    ("options", "grace"),
+    [({}, STARTUP_GRACE), ({"startup_grace": 2.0}, 2.0), ({"startup_grace": 0.0}, 0.0)],
+    ids=["the default", "a configured one", "zero: from the start"],
+)
+def test_grace_counts_from_the_keepers_own_start(options: dict[str, float], grace: float) -> None:
+    cluster = Cluster(place=simple_place, started_at=100.0, **options)
     cluster.add_nodes("node-a")
     cluster.deploy("m")
-    assert cluster.step(100.0 + STARTUP_GRACE - 0.001) == []
-    assert kinds(cluster.step(100.0 + STARTUP_GRACE)) == ["InstanceCreated", "DeploymentPlaced"]
-
-
-def test_a_configured_grace_replaces_the_default() -> None:
-    cluster = Cluster(place=simple_place, started_at=100.0, startup_grace=2.0)
-    cluster.add_nodes("node-a")
-    cluster.deploy("m")
-    assert cluster.step(102.0 - 0.001) == []
-    assert kinds(cluster.step(102.0)) == ["InstanceCreated", "DeploymentPlaced"]
-
-
-def test_a_grace_of_zero_places_from_the_start() -> None:
-    cluster = Cluster(place=simple_place, started_at=100.0, startup_grace=0.0)
-    cluster.add_nodes("node-a")
-    cluster.deploy("m")
-    assert cluster.step(100.0 - 0.001) == []
-    assert kinds(cluster.step(100.0)) == ["InstanceCreated", "DeploymentPlaced"]
+    assert cluster.step(100.0 + grace - 0.001) == []
+    assert kinds(cluster.step(100.0 + grace)) == ["InstanceCreated", "DeploymentPlaced"]
 
 
 def test_the_pinned_constructor_keeps_the_default_grace() -> None:
