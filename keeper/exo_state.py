@@ -17,9 +17,9 @@ Pure: JSON in, a value out; no I/O, no clock, nothing above the data model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -34,6 +34,8 @@ DECIDING_KEYS = ("instances", "runners", "topology", "nodeMemory")
 TOPOLOGY_KEYS = ("nodes", "connections")
 # What placement reads of each node's memory; missing, it would read as 0 bytes.
 NODE_MEMORY_KEYS = ("ramAvailable",)
+
+T = TypeVar("T")
 
 _INSTANCE: TypeAdapter[Any] = TypeAdapter(Instance)
 _RUNNER: TypeAdapter[Any] = TypeAdapter(RunnerStatus)
@@ -60,53 +62,53 @@ def read_exo_state(raw: Mapping[str, Any]) -> State | Unreadable:
         or _node_memory_problem(cast(dict[str, Any], raw["nodeMemory"]))
     )
     if problem is not None:
-        return Unreadable(problem)
+        return problem
+    # A key the keeper does not decide on can still fail to parse: it is ours all the same.
+    return _read(State.model_validate, raw, "exo's State")
+
+
+def _read(read: Callable[[Any], T], body: Any, what: str) -> T | Unreadable:
+    """``body`` as ``read`` reads it, or why not: ``what`` it is and the first error."""
     try:
-        return State.model_validate(raw)
-    except ValidationError as exc:  # a key the keeper does not decide on, but still ours
-        return Unreadable(f"exo's State: {first_validation_error(exc)}")
+        return read(body)
+    except ValidationError as exc:
+        return Unreadable(f"{what}: {first_validation_error(exc)}")
 
 
-def _instances_problem(instances: dict[str, Any]) -> str | None:
+def _instances_problem(instances: dict[str, Any]) -> Unreadable | None:
     for instance_id, body in instances.items():
-        try:
-            instance = _INSTANCE.validate_python(body)
-        except ValidationError as exc:
-            return f"instance {instance_id}: {first_validation_error(exc)}"
+        instance = _read(_INSTANCE.validate_python, body, f"instance {instance_id}")
+        if isinstance(instance, Unreadable):
+            return instance
         if instance.instance_id != instance_id:
-            return f"instance {instance_id}: its instanceId is {instance.instance_id}"
+            return Unreadable(f"instance {instance_id}: its instanceId is {instance.instance_id}")
     return None
 
 
-def _runners_problem(runners: dict[str, Any]) -> str | None:
+def _runners_problem(runners: dict[str, Any]) -> Unreadable | None:
     for runner_id, body in runners.items():
-        try:
-            _RUNNER.validate_python(body)
-        except ValidationError as exc:
-            return f"runner {runner_id}: {first_validation_error(exc)}"
+        runner = _read(_RUNNER.validate_python, body, f"runner {runner_id}")
+        if isinstance(runner, Unreadable):
+            return runner
     return None
 
 
-def _topology_problem(topology: dict[str, Any]) -> str | None:
+def _topology_problem(topology: dict[str, Any]) -> Unreadable | None:
     for key in TOPOLOGY_KEYS:
         if key not in topology:
-            return f'exo\'s State has a topology without "{key}"'
-    try:
-        Topology.model_validate(topology)
-    except ValidationError as exc:
-        return f"topology: {first_validation_error(exc)}"
-    return None
+            return Unreadable(f'exo\'s State has a topology without "{key}"')
+    read = _read(Topology.model_validate, topology, "topology")
+    return read if isinstance(read, Unreadable) else None
 
 
-def _node_memory_problem(node_memory: dict[str, Any]) -> str | None:
+def _node_memory_problem(node_memory: dict[str, Any]) -> Unreadable | None:
     for node_id, body in node_memory.items():
         if not isinstance(body, dict):
-            return f"nodeMemory of node {node_id}: not an object"
+            return Unreadable(f"nodeMemory of node {node_id}: not an object")
         for key in NODE_MEMORY_KEYS:
             if key not in body:
-                return f'nodeMemory of node {node_id}: no "{key}"'
-        try:
-            MemoryUsage.model_validate(body)
-        except ValidationError as exc:
-            return f"nodeMemory of node {node_id}: {first_validation_error(exc)}"
+                return Unreadable(f'nodeMemory of node {node_id}: no "{key}"')
+        memory = _read(MemoryUsage.model_validate, body, f"nodeMemory of node {node_id}")
+        if isinstance(memory, Unreadable):
+            return memory
     return None

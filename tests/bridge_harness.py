@@ -21,8 +21,8 @@ from typing import Any
 
 import anyio
 import httpx
-import pytest
 from anyio.abc import TaskGroup
+from waiting import wait_until
 
 from keeper.api_models import error_body
 from keeper.bridge.exo_client import ExoClient
@@ -203,18 +203,6 @@ async def exo_with_bridge(
         scope = await group.start(_run_cancellable, bridge)
         yield ExoWithBridge(master, cluster, link, bridge, group, scope)
         group.cancel_scope.cancel()
-
-
-async def wait_until(condition: Callable[[], bool], within_s: float, what: str) -> float:
-    """Wait (virtual time) until ``condition`` holds; the time it took. Fails naming ``what``."""
-    started = anyio.current_time()
-    try:
-        with anyio.fail_after(within_s):
-            while not condition():
-                await anyio.sleep(0.05)
-    except TimeoutError:
-        pytest.fail(f"not within {within_s} s: {what}")
-    return anyio.current_time() - started
 
 
 RECORDINGS = Path(__file__).parent / "fixtures" / "exo_recordings"

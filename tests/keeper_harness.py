@@ -8,8 +8,8 @@ times, so no clock is involved.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import count
+from collections.abc import Iterable, Iterator
+from itertools import count, repeat
 
 from keeper.apply import apply
 from keeper.constants import STARTUP_GRACE
@@ -353,22 +353,16 @@ class RecordingPlace:
 
 
 def unplaceable(reason: str = "No cycles found with sufficient memory") -> PlaceFn:
-    def place(
-        state: State,
-        model_card: ModelCard,
-        sharding: Sharding,
-        instance_meta: InstanceMeta,
-        min_nodes: int,
-    ) -> AnyInstance:
-        raise ValueError(reason)
-
-    return place
+    """A placement that always fails with ``reason``."""
+    return _failing_with(repeat(reason))
 
 
 def unplaceable_for(*reasons: str) -> PlaceFn:
     """A placement that fails with each of ``reasons`` in turn."""
-    remaining = iter(reasons)
+    return _failing_with(iter(reasons))
 
+
+def _failing_with(reasons: Iterator[str]) -> PlaceFn:
     def place(
         state: State,
         model_card: ModelCard,
@@ -376,6 +370,6 @@ def unplaceable_for(*reasons: str) -> PlaceFn:
         instance_meta: InstanceMeta,
         min_nodes: int,
     ) -> AnyInstance:
-        raise ValueError(next(remaining))
+        raise ValueError(next(reasons))
 
     return place

@@ -8,6 +8,7 @@ deployment overwritten) fails here before it confuses the keeper.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from keeper_harness import WHEN, build_instance, card, memory, node_info, socket_edge
@@ -106,9 +107,20 @@ def test_a_model_can_be_deployed_again_after_its_deployment_is_deleted() -> None
     assert list(state.deployments) == ["d2"]
 
 
-def test_deployment_deleted_with_an_unknown_id_changes_nothing() -> None:
+@pytest.mark.parametrize(
+    "event",
+    [
+        DeploymentDeleted(deployment_id="nope"),
+        DeploymentPlaced(deployment_id="nope", instance_id="i1"),
+        DeploymentPlacementFailed(deployment_id="nope", error="reason"),
+        DeploymentScaled(deployment_id="nope", replicas=2),
+    ],
+    ids=lambda event: type(event).__name__,
+)
+def test_a_deployment_event_with_an_unknown_id_changes_nothing(event: AnyEvent) -> None:
     before = applied(created("d1", "m"))
-    assert apply(before, DeploymentDeleted(deployment_id="nope")) == before
+    after = apply(before, event)
+    assert after == before and "nope" not in after.deployments
 
 
 def test_deployment_placed_sets_the_instance_and_clears_the_error() -> None:
@@ -121,12 +133,6 @@ def test_deployment_placed_sets_the_instance_and_clears_the_error() -> None:
     assert state.deployments["d1"].placement_error is None
 
 
-def test_deployment_placed_with_an_unknown_id_changes_nothing() -> None:
-    before = applied(created("d1", "m"))
-    after = apply(before, DeploymentPlaced(deployment_id="nope", instance_id="i1"))
-    assert after == before and "nope" not in after.deployments
-
-
 def test_deployment_placement_failed_sets_the_error_and_keeps_the_instance() -> None:
     state = applied(
         created("d1", "m"),
@@ -137,12 +143,6 @@ def test_deployment_placement_failed_sets_the_error_and_keeps_the_instance() -> 
     assert state.deployments["d1"].instance_id == "i1"
     assert state.deployments["d1"].placement_error == "reason"
     assert state.deployments["d2"] == deployment("d2", "n")
-
-
-def test_deployment_placement_failed_with_an_unknown_id_changes_nothing() -> None:
-    before = applied(created("d1", "m"))
-    after = apply(before, DeploymentPlacementFailed(deployment_id="nope", error="reason"))
-    assert after == before and "nope" not in after.deployments
 
 
 def test_deployment_placed_appends_to_the_keepers_record_once() -> None:
@@ -176,12 +176,6 @@ def test_deployment_scaled_sets_replicas_and_clears_the_error() -> None:
         .replicas
         == 1
     )
-
-
-def test_deployment_scaled_with_an_unknown_id_changes_nothing() -> None:
-    before = applied(created("d1", "m"))
-    after = apply(before, DeploymentScaled(deployment_id="nope", replicas=2))
-    assert after == before and "nope" not in after.deployments
 
 
 # --- instances and runners -----------------------------------------------------------------

@@ -18,6 +18,7 @@ import anyio
 import pytest
 from anyio.abc import TaskGroup
 from trio.testing import MockClock
+from waiting import wait_until
 
 from keeper import STARTUP_GRACE, deployment_status
 from keeper.apply import apply_indexed
@@ -88,12 +89,7 @@ class Watch:
 
 async def until(condition: Callable[[], bool], within: float, what: str) -> float:
     """Wait (virtual time) until ``condition`` holds; returns when it did."""
-    try:
-        with anyio.fail_after(within):
-            while not condition():
-                await anyio.sleep(0.05)
-    except TimeoutError:
-        pytest.fail(f"not {what} within {within} s (virtual)")
+    await wait_until(condition, within, what)
     return anyio.current_time()
 
 

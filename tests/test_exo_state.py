@@ -36,6 +36,13 @@ def reason_of(raw: dict[str, Any]) -> str:
     return read.reason
 
 
+def reason_naming(raw: dict[str, Any], prefix: str) -> str:
+    """Why ``raw`` is unreadable, which must start by naming what (``prefix``)."""
+    reason = reason_of(raw)
+    assert reason.startswith(prefix), reason
+    return reason
+
+
 def only_instance(raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     ((instance_id, tagged),) = raw["instances"].items()
     return instance_id, tagged
@@ -80,8 +87,7 @@ def test_an_instance_with_an_unknown_tag_is_named_with_the_tag() -> None:
     raw = recorded(WITH_INSTANCE)
     instance_id, tagged = only_instance(raw)
     raw["instances"][instance_id] = {"MlxRingInstanceV2": tagged["MlxRingInstance"]}
-    reason = reason_of(raw)
-    assert reason.startswith(f"instance {instance_id}: "), reason
+    reason = reason_naming(raw, f"instance {instance_id}: ")
     assert "MlxRingInstanceV2" in reason, reason
 
 
@@ -97,8 +103,7 @@ def test_an_instance_missing_a_field_is_named_with_the_field() -> None:
     raw = recorded(WITH_INSTANCE)
     instance_id, tagged = only_instance(raw)
     del tagged["MlxRingInstance"]["shardAssignments"]
-    reason = reason_of(raw)
-    assert reason.startswith(f"instance {instance_id}: "), reason
+    reason = reason_naming(raw, f"instance {instance_id}: ")
     assert "shardAssignments" in reason and "Field required" in reason, reason
 
 
@@ -108,8 +113,7 @@ def test_an_instance_with_a_broken_shard_is_named() -> None:
     shards = tagged["MlxRingInstance"]["shardAssignments"]["runnerToShard"]
     runner_id = sorted(shards)[0]
     shards[runner_id]["PipelineShardMetadata"]["startLayer"] = "zero"
-    reason = reason_of(raw)
-    assert reason.startswith(f"instance {instance_id}: "), reason
+    reason = reason_naming(raw, f"instance {instance_id}: ")
     assert "startLayer" in reason, reason
 
 
@@ -124,8 +128,7 @@ def test_a_runner_in_an_unknown_status_is_named() -> None:
     raw = recorded(WITH_INSTANCE)
     (runner_id,) = raw["runners"]
     raw["runners"][runner_id] = {"RunnerDancing": {}}
-    reason = reason_of(raw)
-    assert reason.startswith(f"runner {runner_id}: "), reason
+    reason = reason_naming(raw, f"runner {runner_id}: ")
     assert "RunnerDancing" in reason, reason
 
 
@@ -153,8 +156,7 @@ def test_node_memory_that_does_not_parse_is_named_by_node() -> None:
     raw = recorded(WITH_INSTANCE)
     node_id = sorted(raw["nodeMemory"])[0]
     raw["nodeMemory"][node_id]["ramAvailable"] = {"inBytes": "lots"}
-    reason = reason_of(raw)
-    assert reason.startswith(f"nodeMemory of node {node_id}: ramAvailable.inBytes"), reason
+    reason_naming(raw, f"nodeMemory of node {node_id}: ramAvailable.inBytes")
 
 
 def test_unknown_keys_stay_ignored() -> None:

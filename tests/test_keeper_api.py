@@ -28,11 +28,19 @@ from keeper.constants import (
     STARTUP_GRACE,
     UNPLACEABLE_RETRY,
 )
-from keeper.core import MAX_PLACEMENT_ATTEMPTS_PER_STEP, DeploymentTimer, Keeper
+from keeper.core import MAX_PLACEMENT_ATTEMPTS_PER_STEP, DeploymentTimer, Keeper, PlaceFn
 from keeper.events import InstanceCreated, RunnerStatusUpdated
 from keeper.state import RunnerLoading, RunnerRunning
 
 T = AFTER_GRACE
+
+
+def deployed_on_node_a(place: PlaceFn | None = None) -> tuple[Cluster, str]:
+    """A cluster of ``node-a`` with a deployment of ``m`` (placed by ``numbered_place`` unless
+    ``place`` is given): the cluster and the deployment id."""
+    cluster = Cluster(place=place or numbered_place())
+    cluster.add_nodes("node-a")
+    return cluster, cluster.deploy("m")
 
 
 def test_the_pinned_names_are_exported_from_the_package() -> None:
@@ -97,9 +105,7 @@ def test_status_is_starting_while_some_runner_is_not_ready() -> None:
 
 
 def test_status_is_serving_with_a_ready_instance_placed_some_other_way_despite_an_error() -> None:
-    cluster = Cluster(place=unplaceable())
-    cluster.add_nodes("node-a")
-    deployment_id = cluster.deploy("m")
+    cluster, deployment_id = deployed_on_node_a(unplaceable())
     cluster.step(T)
     cluster.apply(InstanceCreated(instance=build_instance(card("m"), ["node-a"], "manual")))
     deployment = cluster.deployment(deployment_id)
@@ -164,9 +170,7 @@ def test_timers_show_nothing_to_wait_for_when_an_instance_exists_even_in_the_gra
 
 
 def test_timers_show_a_placement_in_flight_until_its_timeout() -> None:
-    cluster = Cluster(place=numbered_place())
-    cluster.add_nodes("node-a")
-    deployment_id = cluster.deploy("m")
+    cluster, deployment_id = deployed_on_node_a()
     cluster.step_keep(T)
     assert cluster.keeper.timers(cluster.state, T + 3)[deployment_id] == DeploymentTimer(
         failures=0, next_attempt_at=T + PLACEMENT_TIMEOUT, waiting="placement_in_flight"
@@ -176,9 +180,7 @@ def test_timers_show_a_placement_in_flight_until_its_timeout() -> None:
 
 
 def test_timers_show_the_backoff_and_the_failures_in_a_row() -> None:
-    cluster = Cluster(place=numbered_place())
-    cluster.add_nodes("node-a")
-    deployment_id = cluster.deploy("m")
+    cluster, deployment_id = deployed_on_node_a()
     cluster.step(T)
     cluster.delete_instance(cluster.instance_of(deployment_id).instance_id)
     cluster.step(T + 2)
@@ -190,9 +192,7 @@ def test_timers_show_the_backoff_and_the_failures_in_a_row() -> None:
 
 
 def test_timers_show_a_loss_the_keeper_has_not_stepped_over_yet() -> None:
-    cluster = Cluster(place=numbered_place())
-    cluster.add_nodes("node-a")
-    deployment_id = cluster.deploy("m")
+    cluster, deployment_id = deployed_on_node_a()
     cluster.step(T)
     cluster.step(T + 1)
     cluster.delete_instance(cluster.instance_of(deployment_id).instance_id)
@@ -203,9 +203,7 @@ def test_timers_show_a_loss_the_keeper_has_not_stepped_over_yet() -> None:
 
 
 def test_timers_show_the_unplaceable_retry() -> None:
-    cluster = Cluster(place=unplaceable())
-    cluster.add_nodes("node-a")
-    deployment_id = cluster.deploy("m")
+    cluster, deployment_id = deployed_on_node_a(unplaceable())
     cluster.step(T)
     assert cluster.keeper.timers(cluster.state, T + 1)[deployment_id] == DeploymentTimer(
         failures=0, next_attempt_at=T + UNPLACEABLE_RETRY, waiting="unplaceable_retry"

@@ -89,6 +89,27 @@ def one_node_cluster(place: RecordingPlace | None = None) -> tuple[Cluster, Reco
     return cluster, recorder
 
 
+def placement_in_flight() -> tuple[Cluster, str, list[AnyEvent], InstanceCreated]:
+    """A one-node cluster whose keeper placed ``m`` at ``T``, none of that step's events applied
+    yet: (the cluster, the deployment id, the step's events, its InstanceCreated)."""
+    cluster, _ = one_node_cluster()
+    deployment_id = cluster.deploy("m")
+    in_flight = cluster.step_keep(T)
+    created = in_flight[0]
+    assert isinstance(created, InstanceCreated)
+    return cluster, deployment_id, in_flight, created
+
+
+def refused_at_t(*node_ids: str) -> tuple[Cluster, RecordingPlace]:
+    """A cluster of ``node_ids`` whose deployment of ``m`` placement refused at ``T``."""
+    recorder = RecordingPlace(inner=unplaceable())
+    cluster = Cluster(place=recorder)
+    cluster.add_nodes(*node_ids)
+    cluster.deploy("m")
+    cluster.step(T)
+    return cluster, recorder
+
+
 def placed_by_the_keeper() -> tuple[Cluster, str, str]:
     """A one-node cluster whose deployment of ``m`` the keeper placed at ``T``:
     (the cluster, the deployment id, the instance id)."""
@@ -124,28 +145,17 @@ def test_nothing_is_placed_during_the_startup_grace() -> None:
     assert placed_ids(cluster.step(STARTUP_GRACE)) == [deployment_id]
 
 
-def test_grace_counts_from_the_keepers_own_start() -> None:
-    cluster = Cluster(place=simple_place, started_at=100.0)
+@pytest.mark.parametrize(
+    ("options", "grace"),
+    [({}, STARTUP_GRACE), ({"startup_grace": 2.0}, 2.0), ({"startup_grace": 0.0}, 0.0)],
+    ids=["the default", "a configured one", "zero: from the start"],
+)
+def test_grace_counts_from_the_keepers_own_start(options: dict[str, float], grace: float) -> None:
+    cluster = Cluster(place=simple_place, started_at=100.0, **options)
     cluster.add_nodes("node-a")
     cluster.deploy("m")
-    assert cluster.step(100.0 + STARTUP_GRACE - 0.001) == []
-    assert kinds(cluster.step(100.0 + STARTUP_GRACE)) == ["InstanceCreated", "DeploymentPlaced"]
-
-
-def test_a_configured_grace_replaces_the_default() -> None:
-    cluster = Cluster(place=simple_place, started_at=100.0, startup_grace=2.0)
-    cluster.add_nodes("node-a")
-    cluster.deploy("m")
-    assert cluster.step(102.0 - 0.001) == []
-    assert kinds(cluster.step(102.0)) == ["InstanceCreated", "DeploymentPlaced"]
-
-
-def test_a_grace_of_zero_places_from_the_start() -> None:
-    cluster = Cluster(place=simple_place, started_at=100.0, startup_grace=0.0)
-    cluster.add_nodes("node-a")
-    cluster.deploy("m")
-    assert cluster.step(100.0 - 0.001) == []
-    assert kinds(cluster.step(100.0)) == ["InstanceCreated", "DeploymentPlaced"]
+    assert cluster.step(100.0 + grace - 0.001) == []
+    assert kinds(cluster.step(100.0 + grace)) == ["InstanceCreated", "DeploymentPlaced"]
 
 
 def test_the_pinned_constructor_keeps_the_default_grace() -> None:
@@ -576,11 +586,7 @@ def test_a_change_of_backends_is_a_reason_to_try_again() -> None:
 
 
 def test_a_link_going_away_is_a_reason_to_try_again() -> None:
-    recorder = RecordingPlace(inner=unplaceable())
-    cluster = Cluster(place=recorder)
-    cluster.add_nodes("node-a", "node-b")
-    cluster.deploy("m")
-    cluster.step(T)
+    cluster, recorder = refused_at_t("node-a", "node-b")
     cluster.step(T + 1)
     assert len(recorder.calls) == 1
     cluster.apply(*link_events("node-a", "node-b")[:1])  # already there: no change
@@ -703,11 +709,7 @@ def test_delete_of_a_placement_arrived_and_gone_before_the_next_step_deletes_no_
 
 
 def test_delete_while_the_placement_is_in_flight_deletes_it_after_it_lands() -> None:
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    in_flight = cluster.step_keep(T)
-    created = in_flight[0]
-    assert isinstance(created, InstanceCreated)
+    cluster, deployment_id, in_flight, created = placement_in_flight()
     deletion = cluster.keeper.delete(deployment_id, cluster.state)
     assert deletion == [
         DeploymentDeleted(deployment_id=deployment_id),
@@ -718,12 +720,8 @@ def test_delete_while_the_placement_is_in_flight_deletes_it_after_it_lands() -> 
 
 
 def test_delete_after_the_placement_landed_but_before_the_keeper_saw_it() -> None:
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    in_flight = cluster.step_keep(T)
-    cluster.apply(in_flight[0])  # InstanceCreated applied, DeploymentPlaced not yet
-    created = in_flight[0]
-    assert isinstance(created, InstanceCreated)
+    cluster, deployment_id, _, created = placement_in_flight()
+    cluster.apply(created)  # InstanceCreated applied, DeploymentPlaced not yet
     assert cluster.keeper.delete(deployment_id, cluster.state) == [
         DeploymentDeleted(deployment_id=deployment_id),
         InstanceDeleted(instance_id=created.instance.instance_id),
@@ -927,11 +925,7 @@ def test_an_error_cleared_by_a_placement_on_its_way_is_reported_again_when_it_re
 
 
 def test_delete_after_the_keeper_saw_its_placement_land_before_the_deployment_named_it() -> None:
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    in_flight = cluster.step_keep(T)
-    created = in_flight[0]
-    assert isinstance(created, InstanceCreated)
+    cluster, deployment_id, _, created = placement_in_flight()
     cluster.apply(created)  # InstanceCreated applied, DeploymentPlaced not yet
     assert cluster.step(T + 1) == []  # the keeper sees it arrive
     assert cluster.keeper.delete(deployment_id, cluster.state) == [
@@ -943,11 +937,7 @@ def test_delete_after_the_keeper_saw_its_placement_land_before_the_deployment_na
 def test_delete_with_a_state_that_no_longer_shows_the_deployment_still_deletes_its_placement() -> (
     None
 ):
-    cluster, _ = one_node_cluster()
-    deployment_id = cluster.deploy("m")
-    in_flight = cluster.step_keep(T)
-    created = in_flight[0]
-    assert isinstance(created, InstanceCreated)
+    cluster, deployment_id, _, created = placement_in_flight()
     assert cluster.keeper.delete(deployment_id, State()) == [
         DeploymentDeleted(deployment_id=deployment_id),
         InstanceDeleted(instance_id=created.instance.instance_id),
@@ -955,11 +945,7 @@ def test_delete_with_a_state_that_no_longer_shows_the_deployment_still_deletes_i
 
 
 def test_an_rdma_link_beside_a_socket_link_is_a_reason_to_try_again() -> None:
-    recorder = RecordingPlace(inner=unplaceable())
-    cluster = Cluster(place=recorder)
-    cluster.add_nodes("node-a", "node-b")
-    cluster.deploy("m")
-    cluster.step(T)
+    cluster, recorder = refused_at_t("node-a", "node-b")
     rdma = RDMAConnection(source_rdma_iface="rdma_en2", sink_rdma_iface="rdma_en3")
     for now, sink_iface in ((T + 1, "rdma_en3"), (T + 2, "rdma_en4")):
         edge = Connection(
@@ -973,11 +959,7 @@ def test_an_rdma_link_beside_a_socket_link_is_a_reason_to_try_again() -> None:
 
 
 def test_links_are_told_apart_by_their_ends() -> None:
-    recorder = RecordingPlace(inner=unplaceable())
-    cluster = Cluster(place=recorder)
-    cluster.add_nodes("node-a", "node-b", "node-c")
-    cluster.deploy("m")
-    cluster.step(T)
+    cluster, recorder = refused_at_t("node-a", "node-b", "node-c")
     rdma = RDMAConnection(source_rdma_iface="rdma_en2", sink_rdma_iface="rdma_en3")
     # Same edge, new ends each time: from another source, then to another sink.
     for now, (source, sink) in ((T + 1, ("node-a", "node-b")), (T + 2, ("node-c", "node-b"))):

@@ -15,6 +15,7 @@ import anyio
 import httpx
 import pytest
 from anyio.abc import TaskGroup
+from waiting import wait_until
 
 from keeper.cluster.proxy import TcpProxy
 from keeper.demo import EmbeddedCluster
@@ -33,12 +34,7 @@ def anyio_backend() -> str:
 
 
 async def until(condition: Callable[[], bool], within: float, what: str) -> None:
-    try:
-        with anyio.fail_after(within):
-            while not condition():
-                await anyio.sleep(0.02)
-    except TimeoutError:
-        pytest.fail(f"not {what} within {within} s")
+    await wait_until(condition, within, what, poll_s=0.02)
 
 
 async def start_master(

@@ -76,6 +76,10 @@ def card(
     )
 
 
+# exo's words when no cycle has RDMA on every hop, passed on to the user as they are.
+NO_RDMA_CYCLES = "Requested RDMA (MlxJaccl) but no RDMA-connected cycles available"
+
+
 class ClusterBuilder:
     """A cluster assembled from NodeGatheredInfo and TopologyEdgeCreated events."""
 
@@ -132,6 +136,11 @@ class ClusterBuilder:
 
     def build(self) -> State:
         return self.state
+
+
+def three_nodes_of_8gb() -> ClusterBuilder:
+    """Nodes a, b and c with 8 GB free each, not yet linked."""
+    return ClusterBuilder().node("a", 8).node("b", 8).node("c", 8)
 
 
 def ip_of(node: str) -> str:
@@ -303,7 +312,7 @@ def test_memory_is_checked_before_tensor_support() -> None:
 
 
 def test_tensor_needs_a_cycle_size_dividing_hidden_size() -> None:
-    state = ClusterBuilder().node("a", 8).node("b", 8).node("c", 8).mesh("a", "b", "c").build()
+    state = three_nodes_of_8gb().mesh("a", "b", "c").build()
     model = card(size_gb=20, hidden_size=4096)  # needs 3 nodes; 3 does not divide 4096
     assert failure(state, model, "Tensor") == (
         "No tensor sharding found for model with hidden_size 4096 candidate cycles"
@@ -313,9 +322,7 @@ def test_tensor_needs_a_cycle_size_dividing_hidden_size() -> None:
 
 def test_tensor_skips_sizes_that_do_not_divide_the_kv_heads() -> None:
     nodes = ("a", "b", "c", "d")
-    state = (
-        ClusterBuilder().node("a", 8).node("b", 8).node("c", 8).node("d", 8).mesh(*nodes).build()
-    )
+    state = three_nodes_of_8gb().node("d", 8).mesh(*nodes).build()
     # 2 divides hidden_size 12 but not 3 kv heads; 3 divides both.
     model = card(size_gb=10, hidden_size=12, kv_heads=3)
     instance = place(state, model, "Tensor")
@@ -383,17 +390,12 @@ def test_backends_filter_only_the_smallest_cycles() -> None:
 
 def test_jaccl_needs_rdma_edges() -> None:
     state = ClusterBuilder().node("a", 8).node("b", 8).link("a", "b").build()
-    assert failure(state, card(size_gb=16), "Pipeline", "MlxJaccl") == (
-        "Requested RDMA (MlxJaccl) but no RDMA-connected cycles available"
-    )
+    assert failure(state, card(size_gb=16), "Pipeline", "MlxJaccl") == NO_RDMA_CYCLES
 
 
 def test_rdma_must_cover_every_hop_in_cycle_order() -> None:
     state = (
-        ClusterBuilder()
-        .node("a", 8)
-        .node("b", 8)
-        .node("c", 8)
+        three_nodes_of_8gb()
         .mesh("a", "b", "c")
         .rdma("a", "c")
         .rdma("c", "b")
@@ -404,32 +406,12 @@ def test_rdma_must_cover_every_hop_in_cycle_order() -> None:
     assert isinstance(instance, MlxJacclInstance)
     assert ranked(instance) == ["a", "c", "b"]  # the only all-RDMA direction
     # An RDMA edge missing on one hop leaves no RDMA cycle.
-    broken = (
-        ClusterBuilder()
-        .node("a", 8)
-        .node("b", 8)
-        .node("c", 8)
-        .mesh("a", "b", "c")
-        .rdma("a", "c")
-        .rdma("c", "b")
-        .build()
-    )
-    assert failure(broken, card(size_gb=20), "Pipeline", "MlxJaccl") == (
-        "Requested RDMA (MlxJaccl) but no RDMA-connected cycles available"
-    )
+    broken = three_nodes_of_8gb().mesh("a", "b", "c").rdma("a", "c").rdma("c", "b").build()
+    assert failure(broken, card(size_gb=20), "Pipeline", "MlxJaccl") == NO_RDMA_CYCLES
 
 
 def test_a_ring_follows_the_direction_of_the_edges() -> None:
-    state = (
-        ClusterBuilder()
-        .node("a", 8)
-        .node("b", 8)
-        .node("c", 8)
-        .socket("a", "c")
-        .socket("c", "b")
-        .socket("b", "a")
-        .build()
-    )
+    state = three_nodes_of_8gb().socket("a", "c").socket("c", "b").socket("b", "a").build()
     assert ranked(place(state, card(size_gb=20))) == ["a", "c", "b"]
 
 
@@ -528,7 +510,7 @@ def test_every_node_gets_at_least_one_layer() -> None:
 
 
 def test_fewer_layers_than_nodes_cannot_be_pipelined() -> None:
-    state = ClusterBuilder().node("a", 8).node("b", 8).node("c", 8).mesh("a", "b", "c").build()
+    state = three_nodes_of_8gb().mesh("a", "b", "c").build()
     model = card(size_gb=20, n_layers=2, hidden_size=3, model_id="org/tiny")
     assert failure(state, model) == (
         "Cannot split the 2 layers of org/tiny across 3 nodes: every node needs at least one layer"
@@ -658,7 +640,7 @@ def test_a_sparse_rdma_ring_beside_a_full_socket_mesh() -> None:
     state = one_way_ring(16, rdma=True).mesh(*names).build()
     with pytest.raises(ValueError) as raised:
         place_instance(state, card(size_gb=8), "Tensor", "MlxJaccl", 1)
-    assert str(raised.value) == "Requested RDMA (MlxJaccl) but no RDMA-connected cycles available"
+    assert str(raised.value) == NO_RDMA_CYCLES
     graph = cluster_graph(state)
     budget = SearchBudget()
     with pytest.raises(ValueError):

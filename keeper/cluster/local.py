@@ -47,6 +47,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from keeper.cluster.proxy import TcpProxy
 from keeper.node.node_process import RUNNER_KILL_SIGNAL
 from keeper.node.sim_node import node_id_for
+from keeper.runtime.process_exit import EXIT_STOPPED, run_reporting
 
 # Node sizes cycle through these, so a cluster mixes big and small machines (placement then
 # has real choices to make, and a large model fits on some nodes and not others).
@@ -451,14 +452,7 @@ def run_cluster(
             group.start_soon(stop_on_signal)
             await cluster.run()
 
-    failures: list[str] = []
-    try:
-        anyio.run(main, backend="asyncio")
-    except* ClusterError as errors:
-        failures = [str(exc) for exc in errors.exceptions]
-    for failure in failures:
-        print(f"exo-deploy cluster: {failure}", file=sys.stderr)
-    if failures:
-        return 1
-    print("exo-deploy cluster: stopped; nothing left running", flush=True)
-    return 0
+    code = run_reporting("cluster", main, ClusterError)
+    if code == EXIT_STOPPED:
+        print("exo-deploy cluster: stopped; nothing left running", flush=True)
+    return code

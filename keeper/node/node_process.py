@@ -17,6 +17,7 @@ import anyio
 from keeper.node.sim_node import NodeConfig, SimNode
 from keeper.node.ws_client import NodeRejectedError, node_ws_url, run_node_forever
 from keeper.runtime.clock import AnyioClock
+from keeper.runtime.process_exit import run_reporting
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,4 @@ def run_node_process(config: NodeConfig, master_url: str, token: str | None) -> 
             group.start_soon(kill_runners_on_signal)
             await run_node_forever(node, master_url, clock, token)
 
-    refusals: list[str] = []
-    try:
-        anyio.run(main, backend="asyncio")
-    except* NodeRejectedError as rejected:
-        refusals = [str(exc) for exc in rejected.exceptions]
-    for refusal in refusals:
-        print(f"exo-deploy node: {refusal}", file=sys.stderr)
-    return 1 if refusals else 0
+    return run_reporting("node", main, NodeRejectedError)

@@ -26,13 +26,13 @@ from keeper.httpapi.auth import TOKEN_ENV, InsecureBindError, check_bind
 from keeper.httpapi.serving import MasterStartError
 from keeper.runtime.event_log import EventLogCorruptError
 from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
+from keeper.runtime.process_exit import EXIT_FAILED, EXIT_STOPPED
 from keeper.state import ModelCard
 
 log = logging.getLogger(__name__)
 
-# The process exit codes, the same contract as the rest of ``exo-deploy`` (see keeper.cli).
-EXIT_STOPPED = 0  # served until SIGINT/SIGTERM, then stopped cleanly
-EXIT_FAILED = 1  # could not run on: the reason is on stderr
+# The usage exit code, beside 0 and 1 (``keeper.runtime.process_exit``): the same contract as the
+# rest of ``exo-deploy`` (see keeper.cli).
 EXIT_USAGE = 2  # the arguments cannot work (public address without a token, bad card file...)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
