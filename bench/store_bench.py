@@ -16,6 +16,9 @@ Run with ``make bench`` (``python -m bench store``). Figures are printed, never 
    - a history query: every deployment/instance event of one model in an index window, over a
      day of history (5 k history events among 10 k of churn).
    The decision and why are in ``docs/store.md``.
+
+One module per subject (about 550 lines here, most of it the SQLite candidate that only this
+comparison needs), so that one command measures the store and nothing else.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ child can act on it), then SIGKILL to whatever is left after ``STOP_GRACE_S``: n
 running. Each child also watches its parent and exits if the cluster process vanishes without
 cleaning up (``kill -9`` of the cluster itself). ``DATA_DIR/cluster.json`` always says where
 everything is (URL, pids, proxy ports, logs), for scripts and tests.
+
+One module (about 450 lines) because it is one supervisor: starting, restarting, the fault
+methods, stopping and ``cluster.json`` all act on the same table of children.
 """
 
 from __future__ import annotations

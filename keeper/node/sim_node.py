@@ -11,6 +11,10 @@ everything (a new master learns the truth from it).
 
 Only the injected ``Clock`` is read, never the system's, so a whole cluster of these runs in
 virtual time beside the master.
+
+It is one module (about 600 lines) on purpose: the runners' lifecycle, the session and the loop
+that reconciles them read and write the same few fields at the same wake-up; split apart, they
+would need an interface between them that exists only for the split.
 """
 
 from __future__ import annotations
