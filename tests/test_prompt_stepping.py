@@ -1,9 +1,9 @@
-"""Prompt stepping (docs/design.md §6.6): which applied events call for a step, and the master
-stepping at once on them, never before its previous step's events are applied.
+"""Prompt stepping (docs/design.md §6.6): the master steps at once on an applied event that
+calls for it (the rule, ``keeper.core.calls_for_step``, is tested in ``test_step_triggers.py``),
+never before its previous step's events are applied.
 
-The rule is a pure function of one event (``keeper.core.calls_for_step``), tested event type by
-event type; the master is then run in virtual time (trio's MockClock), where "at once" is
-measurable: the old once-a-second tick let a second of virtual time pass, prompt stepping none.
+The master runs in virtual time (trio's MockClock), where "at once" is measurable: the old
+once-a-second tick let a second of virtual time pass, prompt stepping none.
 """
 
 from __future__ import annotations
@@ -15,30 +15,15 @@ import pytest
 from test_master import QWEN, FakeNode, connect, instances_of, wait_until
 from trio.testing import MockClock
 
-from keeper.core import Keeper, PlaceFn, calls_for_step
+from keeper.core import Keeper, PlaceFn
 from keeper.events import (
     AnyEvent,
-    DeploymentCreated,
-    DeploymentDeleted,
-    DeploymentPlaced,
-    DeploymentPlacementFailed,
-    DeploymentScaled,
     IndexedEvent,
-    InstanceCreated,
     InstanceDeleted,
-    NodeGatheredInfo,
-    NodeTimedOut,
-    RunnerStatusUpdated,
-    TopologyEdgeCreated,
-    TopologyEdgeDeleted,
 )
 from keeper.master.service import Master, MasterConfig
 from keeper.runtime.hosted_keeper import KeeperLike
 from keeper.state import (
-    RunnerFailed,
-    RunnerLoading,
-    RunnerReady,
-    RunnerRunning,
     State,
 )
 
@@ -48,48 +33,6 @@ LLAMA_1B = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 @pytest.fixture
 def anyio_backend() -> tuple[str, dict[str, Any]]:
     return ("trio", {"clock": MockClock(autojump_threshold=0)})
-
-
-# Fields do not matter to the rule, only the event's type (and a runner's status).
-CALLS_FOR_STEP: list[AnyEvent] = [
-    DeploymentCreated.model_construct(),
-    DeploymentScaled.model_construct(),
-    InstanceCreated.model_construct(),
-    InstanceDeleted.model_construct(),
-    NodeGatheredInfo.model_construct(),
-    NodeTimedOut.model_construct(),
-    TopologyEdgeCreated.model_construct(),
-    TopologyEdgeDeleted.model_construct(),
-    RunnerStatusUpdated(runner_id="r", runner_status=RunnerFailed(error_message="boom")),
-    RunnerStatusUpdated(runner_id="r", runner_status=RunnerReady()),
-]
-CALLS_FOR_NO_STEP: list[AnyEvent] = [
-    DeploymentDeleted.model_construct(),
-    DeploymentPlaced.model_construct(),
-    DeploymentPlacementFailed.model_construct(),
-    RunnerStatusUpdated(runner_id="r", runner_status=RunnerRunning()),
-    RunnerStatusUpdated(
-        runner_id="r", runner_status=RunnerLoading(layers_loaded=1, total_layers=2)
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    "event",
-    CALLS_FOR_STEP,
-    ids=lambda e: f"{type(e).__name__}-{type(getattr(e, 'runner_status', None)).__name__}",
-)
-def test_events_that_may_allow_a_placement_call_for_a_step(event: AnyEvent) -> None:
-    assert calls_for_step(event)
-
-
-@pytest.mark.parametrize(
-    "event",
-    CALLS_FOR_NO_STEP,
-    ids=lambda e: f"{type(e).__name__}-{type(getattr(e, 'runner_status', None)).__name__}",
-)
-def test_bookkeeping_and_progress_call_for_no_step(event: AnyEvent) -> None:
-    assert not calls_for_step(event)
 
 
 class RecordingKeeper:
