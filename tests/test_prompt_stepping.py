@@ -8,16 +8,20 @@ once-a-second tick let a second of virtual time pass, prompt stepping none.
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from test_event_store import FaultyDisk
 from test_master import QWEN, FakeNode, connect, instances_of, wait_until
 from trio.testing import MockClock
 
 from keeper.core import Keeper, PlaceFn
 from keeper.events import (
     AnyEvent,
+    DeploymentPlacementFailed,
     IndexedEvent,
     InstanceDeleted,
 )
@@ -156,3 +160,54 @@ async def test_no_step_reads_a_state_without_the_previous_steps_events() -> None
     for (stepped_at, _, events), (seen, _, _) in zip(keeper.steps, keeper.steps[1:], strict=False):
         if events:
             assert seen >= max(logged_at(e, stepped_at) for e in events)
+
+
+class FailingOnceKeeper:
+    """Steps without events, except once: that step's events meet a log that refuses them."""
+
+    def __init__(self, disk: FaultyDisk) -> None:
+        self.disk = disk
+        self.steps = 0
+        self.fail_next = False
+
+    def step(self, state: State, now: float) -> list[AnyEvent]:
+        self.steps += 1
+        if not self.fail_next:
+            return []
+        self.fail_next = False
+        self.disk.error = errno.ENOSPC  # the disk fills between the probe and the write
+        return [DeploymentPlacementFailed(deployment_id="d", error="a step's event")]
+
+    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
+        return []
+
+    def timers(self, state: State, now: float) -> dict[str, Any]:
+        return {}
+
+
+@pytest.mark.anyio
+async def test_a_steps_events_held_by_a_full_log_are_logged_once_it_recovers(
+    tmp_path: Path,
+) -> None:
+    disk = FaultyDisk()
+    keeper = FailingOnceKeeper(disk)
+
+    def factory(started_at: float, place: PlaceFn, *, startup_grace: float) -> KeeperLike:
+        return keeper  # type: ignore[return-value]
+
+    config = MasterConfig(startup_grace_s=0.0)
+    master = Master(tmp_path, config=config, keeper_factory=factory, file_ops=disk)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        await wait_until(lambda: keeper.steps > 0, 2, "a first step")
+        keeper.fail_next = True
+        await wait_until(lambda: master.events_held_unwritable == 1, 2, "the step's event held")
+        steps = keeper.steps
+        await anyio.sleep(5)
+        assert keeper.steps == steps  # no step while its predecessor's events are not applied
+        disk.error = None
+        # No node, no command: nothing but the keeper loop can carry the held event to the log.
+        await wait_until(lambda: master.events_held_unwritable == 0, 3, "the held event logged")
+        assert master.state.last_event_applied_idx >= 0
+        await wait_until(lambda: keeper.steps > steps, 3, "stepping again")
+        group.cancel_scope.cancel()

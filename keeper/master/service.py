@@ -631,7 +631,14 @@ class Master:
             # that arrive meanwhile coalesce into this one step.
             previous = self._last_step
             if previous is not None and previous.applied is not None:
-                await previous.applied.wait()
+                with anyio.move_on_after(interval):
+                    await previous.applied.wait()
+                if not previous.applied.is_set():
+                    # Held: the log refused them. Once it takes writes again, log them (nothing
+                    # else may come along to carry them), and wait on.
+                    if self._store.probe() and self._held and self._router_send is not None:
+                        await self._router_send.send(_Emit([]))
+                    continue
             self._last_step = None
             if not self._store.probe():
                 # Unwritable log: a placement now could not be logged, so the keeper waits.
