@@ -70,7 +70,7 @@ from keeper.master.chat import ChatRouter, ChatStream, Route
 from keeper.master.membership import Membership
 from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
-from keeper.readiness import ready_instances_of
+from keeper.readiness import chat_targets
 from keeper.runtime.clock import AnyioClock, Clock
 from keeper.runtime.deployments import (
     created_response,
@@ -390,27 +390,12 @@ class Master:
     # --- chat ----------------------------------------------------------------------------
 
     def ready_instances(self, model_id: str) -> list[tuple[str, NodeId]]:
-        """(instance id, rank-0 node) of each instance of the model that can serve now, in the
-        State's order: ready (``keeper.readiness``) with every one of its nodes connected. A
-        node whose connection closed is left out at once, long before it would time out."""
-        state = self._state
-        ready: list[tuple[str, NodeId]] = []
-        for instance in ready_instances_of(state, model_id):
-            assignments = instance.shard_assignments
-            if not all(self._connected(node) for node in assignments.node_to_runner):
-                continue
-            rank0 = next(
-                (
-                    node
-                    for node, runner in assignments.node_to_runner.items()
-                    if (shard := assignments.runner_to_shard.get(runner)) is not None
-                    and shard.device_rank == 0
-                ),
-                None,
-            )
-            if rank0 is not None:
-                ready.append((instance.instance_id, rank0))
-        return ready
+        """(instance id, rank-0 node) of each instance of the model a chat may go to now, in
+        the State's order (``keeper.readiness.chat_targets``): ready, with every one of its
+        nodes connected. A node whose connection closed is left out at once, long before it
+        would time out."""
+        connected = {node for node in self._membership.sessions if self._connected(node)}
+        return chat_targets(self._state, model_id, connected)
 
     def _connected(self, node_id: NodeId) -> bool:
         session = self._membership.sessions.get(node_id)
