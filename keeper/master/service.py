@@ -34,6 +34,10 @@ in ``GET /state``; refusals raise ``keeper.runtime.errors`` types that the API m
 
 Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
 whole master (with in-process nodes on memory channels) under trio's MockClock.
+
+The module is longer than most because the router, the keeper loop, the sweep and the commands
+share one lock, one State and the router's queue and must interleave exactly as described
+here; the parts that stand alone live beside it (membership, chat, subscriptions, the store).
 """
 
 from __future__ import annotations
