@@ -11,6 +11,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("keeper", "bench.keeper_bench"),
     ("placement", "bench.placement_bench"),
     ("master", "bench.master_bench"),
+    ("recovery", "bench.recovery_bench"),
     ("tui", "bench.tui_bench"),
     ("store", "bench.store_bench"),
 )

@@ -43,12 +43,18 @@ from keeper.cluster_view import (
 from keeper.constants import STARTUP_GRACE
 from keeper.events import (
     AnyEvent,
+    DeploymentCreated,
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentScaled,
     InstanceCreated,
     InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
 )
 from keeper.memo import (
     FRESH,
@@ -71,6 +77,8 @@ from keeper.state import (
     InstanceId,
     InstanceMeta,
     ModelCard,
+    RunnerFailed,
+    RunnerReady,
     Sharding,
     State,
 )
@@ -345,3 +353,35 @@ def has_instance(state: State, model_id: str) -> bool:
     return any(
         instance.shard_assignments.model_id == model_id for instance in state.instances.values()
     )
+
+
+def calls_for_step(event: AnyEvent) -> bool:
+    """Whether an applied event may call for a placement, so the host steps now rather than at
+    the next tick (docs/design.md §6.6, prompt stepping).
+
+    A deployment created or scaled wants instances; an instance deleted may leave one short; an
+    instance created is the previous placement now visible, so the next one (another replica,
+    another deployment) can be decided against it; a node's report may be a node joining or
+    carry the memory and backends placement reads; a node timing out or a link changing alters
+    the cluster placement sees. A runner turning Ready or Failed changes what the keeper must
+    remember of its instance: whether it was ever ready decides whether its loss is placed
+    again at once or backs off (docs/design.md §5.4), so a step must see it ready before a loss
+    can follow. The rest (the keeper's own bookkeeping, a deployment deleted, a runner loading
+    or busy with a chat) never make a placement possible that was not possible before.
+    """
+    match event:
+        case (
+            DeploymentCreated()
+            | DeploymentScaled()
+            | InstanceCreated()
+            | InstanceDeleted()
+            | NodeGatheredInfo()
+            | NodeTimedOut()
+            | TopologyEdgeCreated()
+            | TopologyEdgeDeleted()
+        ):
+            return True
+        case RunnerStatusUpdated(runner_status=status):
+            return isinstance(status, RunnerReady | RunnerFailed)
+        case _:
+            return False

@@ -1,11 +1,12 @@
 """When an instance can serve, and what that makes a deployment's status: the rules every reader
 of the cluster State shares (docs/design.md, 3.4 "Deployment status").
 
-The keeper's backoff, ``GET /deployments``, the master's chat routing, the soak's watch and the
-TUI all ask the same two questions of a State, so the answers are written once, here, in the
-data model: the TUI may import nothing above it, and a rule that lived in the keeper would have
-to be copied into it. Plain functions of a State, no I/O; ``keeper.core`` re-exports
-``deployment_status`` under its pinned name.
+The keeper's backoff, ``GET /deployments``, the master's chat routing (``chat_targets``: the
+ready instances whose nodes are all connected), the soak's watch and the TUI all ask the same
+questions of a State, so the answers are written once, here, in the data model: the TUI may
+import nothing above it, and a rule that lived in the keeper would have to be copied into it.
+Plain functions of a State, no I/O; ``keeper.core`` re-exports ``deployment_status`` under its
+pinned name.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from keeper.state import (
     AnyInstance,
     Deployment,
     DeploymentId,
+    InstanceId,
     ModelId,
+    NodeId,
     State,
 )
 
@@ -29,6 +32,31 @@ def instance_is_ready(instance: AnyInstance, state: State) -> bool:
     return bool(runner_ids) and all(
         isinstance(state.runners.get(runner_id), SERVING_RUNNER_TYPES) for runner_id in runner_ids
     )
+
+
+def chat_targets(
+    state: State, model_id: ModelId, connected: Container[NodeId]
+) -> list[tuple[InstanceId, NodeId]]:
+    """(instance id, rank-0 node) of each instance of the model a chat may go to now, in the
+    State's order: ready, and with every one of its nodes in ``connected`` (a node whose
+    connection closed can answer nothing, though the State shows it until it times out)."""
+    targets: list[tuple[InstanceId, NodeId]] = []
+    for instance in ready_instances_of(state, model_id):
+        assignments = instance.shard_assignments
+        if not all(node in connected for node in assignments.node_to_runner):
+            continue
+        rank0 = next(
+            (
+                node
+                for node, runner in assignments.node_to_runner.items()
+                if (shard := assignments.runner_to_shard.get(runner)) is not None
+                and shard.device_rank == 0
+            ),
+            None,
+        )
+        if rank0 is not None:
+            targets.append((instance.instance_id, rank0))
+    return targets
 
 
 def instances_of(state: State, model_id: ModelId) -> list[AnyInstance]:

@@ -71,7 +71,9 @@ class FakeNode:
         self.node_id = f"node-{name}"
         self.name = name
         self.memory_gb = memory_gb
-        self.chat = chat  # "reply" | "die" (one chunk, then the connection drops) | "hang"
+        # "reply" | "die" (one chunk, then the connection drops) | "drop" (the connection drops
+        # before any chunk) | "hang"
+        self.chat = chat
         self.frozen = False
         self.chat_requests: list[ChatRequest] = []
         self.state = State()
@@ -138,6 +140,9 @@ class FakeNode:
 
     async def _answer(self, channel: NodeSide, request: ChatRequest) -> None:
         if self.chat == "hang":
+            return
+        if self.chat == "drop":
+            await channel.aclose()
             return
         await channel.send(ChatChunk(request_id=request.request_id, text="Hello"))
         if self.chat == "die":

@@ -11,6 +11,7 @@ from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, unplaceab
 
 from keeper.events import InstanceCreated, RunnerStatusUpdated
 from keeper.readiness import (
+    chat_targets,
     deployment_status,
     deployment_statuses,
     instance_is_ready,
@@ -75,3 +76,27 @@ def test_the_ready_instances_of_a_model_are_those_with_every_runner_serving() ->
 
 def test_an_empty_state_has_no_statuses() -> None:
     assert deployment_statuses(Cluster().state) == {}
+
+
+def test_chat_targets_are_the_ready_instances_with_every_node_connected_in_state_order() -> None:
+    cluster = Cluster()
+    cluster.add_nodes("node-a", "node-b", "node-c")
+    cluster.apply(
+        InstanceCreated(instance=build_instance(card("m"), ["node-c"], "m-on-c")),
+        InstanceCreated(instance=build_instance(card("m"), ["node-b", "node-a"], "m-on-ba")),
+        InstanceCreated(instance=build_instance(card("m"), ["node-a"], "m-loading")),
+        InstanceCreated(instance=build_instance(card("n"), ["node-a"], "n-on-a")),
+    )
+    for instance_id in ("m-on-c", "m-on-ba", "n-on-a"):
+        cluster.make_ready(instance_id)
+    everyone = {"node-a", "node-b", "node-c"}
+    # State order, the rank-0 node of each (node-b for the two-node ring), never one loading.
+    assert chat_targets(cluster.state, "m", everyone) == [
+        ("m-on-c", "node-c"),
+        ("m-on-ba", "node-b"),
+    ]
+    # One node of a ring gone, even one that is not rank 0: the whole instance is out.
+    assert chat_targets(cluster.state, "m", {"node-b", "node-c"}) == [("m-on-c", "node-c")]
+    assert chat_targets(cluster.state, "m", {"node-a", "node-b"}) == [("m-on-ba", "node-b")]
+    assert chat_targets(cluster.state, "m", set()) == []
+    assert chat_targets(cluster.state, "n", everyone) == [("n-on-a", "node-a")]

@@ -2,9 +2,16 @@
 
 The master sends a ``ChatRequest`` to the node holding the instance's rank-0 runner and the
 node streams ``ChatChunk`` messages back. ``ChatRouter`` keeps the open requests so a reply
-reaches its waiter, and ends them with an error when their node disconnects or their instance
-is deleted; ``ChatStream`` also bounds the wait for every chunk. So a request whose node dies
-ends promptly with ``ChatFailedError``, and one whose node freezes ends after the chunk timeout.
+reaches its waiter, and ends them when their node disconnects or their instance is deleted
+(``RouteLost``); ``ChatStream`` also bounds the wait for every chunk. So a request whose node
+dies ends promptly, and one whose node freezes ends after the chunk timeout.
+
+A request whose route is lost before its first text is sent once more, to another instance
+(``Reroute``, given by the master, which knows the replicas; docs/design.md §6.8): the client
+has seen nothing yet, so nothing is repeated or lost. After the first text a retry would
+repeat or drop part of the reply, so the request ends with ``ChatFailedError``. A node's own
+error (``ChatError``) and silence are not retried: the instance is still there and would
+likely fail the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +33,17 @@ from keeper.state import NodeId
 # reading, and the request is ended rather than buffered without end.
 CHAT_BUFFER_CHUNKS = 4096
 
-ChatReply = ChatChunk | ChatError
+
+@dataclass(frozen=True)
+class RouteLost:
+    """The request's node disconnected or its instance was deleted: the request never ran to
+    its end there, through no fault of the request or the node's model."""
+
+    request_id: str
+    message: str
+
+
+ChatReply = ChatChunk | ChatError | RouteLost
 
 
 @dataclass
@@ -37,41 +54,62 @@ class PendingChat:
     replies: MemoryObjectSendStream[ChatReply]
 
 
+@dataclass
+class Route:
+    """One request sent to one node: its entry in the router, its replies, and how it ends."""
+
+    pending: PendingChat
+    replies: MemoryObjectReceiveStream[ChatReply]
+    on_end: Callable[[PendingChat, bool], None]
+
+
+# Sends a request whose route was lost (instance id, node id) to another ready instance, or
+# returns None when there is none.
+Reroute = Callable[[str, NodeId], Route | None]
+
+
 class ChatStream:
     """The text of one chat reply as it arrives; ``finish_reason`` is set once it ends.
 
-    Iterating raises ``ChatFailedError`` if the node or instance goes away or sends nothing for
+    Iterating raises ``ChatFailedError`` if the node or instance goes away (after the first
+    text, or when ``reroute`` finds nowhere else to send it) or sends nothing for
     ``chunk_timeout_s``. ``aclose`` (also run when iteration ends) cancels an unfinished
     request on its node.
     """
 
     def __init__(
-        self,
-        pending: PendingChat,
-        replies: MemoryObjectReceiveStream[ChatReply],
-        on_end: Callable[[PendingChat, bool], None],
-        chunk_timeout_s: float,
+        self, route: Route, chunk_timeout_s: float, reroute: Reroute | None = None
     ) -> None:
-        self.request_id = pending.request_id
-        self.instance_id = pending.instance_id
-        self.node_id = pending.node_id
         self.finish_reason: str | None = None
-        self._pending = pending
-        self._replies = replies
-        self._on_end = on_end
+        self._route = route
         self._timeout = chunk_timeout_s
+        self._reroute = reroute  # used at most once, and only before the first text
         self._ended = False
+        self.rerouted_from: str | None = None  # the instance first tried, once rerouted
+
+    @property
+    def request_id(self) -> str:
+        return self._route.pending.request_id
+
+    @property
+    def instance_id(self) -> str:
+        return self._route.pending.instance_id
+
+    @property
+    def node_id(self) -> NodeId:
+        return self._route.pending.node_id
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self._texts()
 
     async def _texts(self) -> AsyncIterator[str]:
+        started = False
         try:
             while not self._ended:
                 reply: ChatReply | None = None
                 with anyio.move_on_after(self._timeout):
                     try:
-                        reply = await self._replies.receive()
+                        reply = await self._route.replies.receive()
                     except (anyio.EndOfStream, anyio.ClosedResourceError):
                         raise ChatFailedError("the chat request was cancelled") from None
                 if reply is None:
@@ -79,21 +117,39 @@ class ChatStream:
                         f"node {self.node_id} sent nothing for {self._timeout:g} s; "
                         "the request was abandoned"
                     )
+                if isinstance(reply, RouteLost):
+                    if not started and self._retry():
+                        continue
+                    raise ChatFailedError(reply.message)
                 if isinstance(reply, ChatError):
                     raise ChatFailedError(reply.message)
                 if reply.finish_reason is not None:
                     self.finish_reason = reply.finish_reason
                     self._ended = True
                 if reply.text:
+                    started = True
                     yield reply.text
         finally:
             await self.aclose()
 
+    def _retry(self) -> bool:
+        reroute, self._reroute = self._reroute, None
+        if reroute is None:
+            return False
+        lost = self._route  # the router has already ended it
+        lost.replies.close()
+        route = reroute(lost.pending.instance_id, lost.pending.node_id)
+        if route is None:
+            return False
+        self.rerouted_from = lost.pending.instance_id
+        self._route = route
+        return True
+
     async def aclose(self) -> None:
         unfinished = not self._ended
         self._ended = True
-        self._on_end(self._pending, unfinished)
-        await self._replies.aclose()
+        self._route.on_end(self._route.pending, unfinished)
+        await self._route.replies.aclose()
 
 
 class ChatRouter:
@@ -110,9 +166,8 @@ class ChatRouter:
                 counts[pending.instance_id] += 1
         return counts
 
-    def open(
-        self, instance_id: str, session: NodeSession
-    ) -> tuple[PendingChat, Callable[[], ChatStream]]:
+    def open(self, instance_id: str, session: NodeSession) -> Route:
+        """Register a request to the session's node; the caller sends it (or ``forget``s it)."""
         send, receive = anyio.create_memory_object_stream[ChatReply](CHAT_BUFFER_CHUNKS)
         pending = PendingChat(self._new_id(), instance_id, session.node_id, send)
         self._pending[pending.request_id] = pending
@@ -124,14 +179,14 @@ class ChatRouter:
             if unfinished:
                 session.offer(CancelChat(request_id=ended.request_id))
 
-        return pending, lambda: ChatStream(pending, receive, on_end, self.chunk_timeout_s)
+        return Route(pending, receive, on_end)
 
     def forget(self, request_id: str) -> None:
         pending = self._pending.pop(request_id, None)
         if pending is not None:
             pending.replies.close()
 
-    def deliver(self, node_id: NodeId, reply: ChatReply) -> None:
+    def deliver(self, node_id: NodeId, reply: ChatChunk | ChatError) -> None:
         """A node's reply to its waiter; replies to unknown or ended requests are dropped."""
         pending = self._pending.get(reply.request_id)
         if pending is None or pending.node_id != node_id:
@@ -146,9 +201,16 @@ class ChatRouter:
             self.forget(reply.request_id)
 
     def fail(
-        self, reason: str, *, node_id: NodeId | None = None, instance_id: str | None = None
+        self,
+        reason: str,
+        *,
+        node_id: NodeId | None = None,
+        instance_id: str | None = None,
+        route_lost: bool = True,
     ) -> None:
-        """End the matching requests with ``reason`` (their readers get ChatFailedError)."""
+        """End the matching requests with ``reason``: as a lost route (their readers may send
+        them elsewhere before the first text, else get ChatFailedError), or, with
+        ``route_lost=False``, for good."""
         for pending in list(self._pending.values()):
             if (node_id is not None and pending.node_id == node_id) or (
                 instance_id is not None and pending.instance_id == instance_id
@@ -157,11 +219,10 @@ class ChatRouter:
                 with contextlib.suppress(
                     anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError
                 ):
-                    pending.replies.send_nowait(
-                        ChatError(request_id=pending.request_id, message=reason)
-                    )
+                    end = RouteLost if route_lost else ChatError
+                    pending.replies.send_nowait(end(request_id=pending.request_id, message=reason))
                 pending.replies.close()
 
     def fail_all(self, reason: str) -> None:
         for node_id in {pending.node_id for pending in self._pending.values()}:
-            self.fail(reason, node_id=node_id)
+            self.fail(reason, node_id=node_id, route_lost=False)

@@ -13,8 +13,10 @@ stepped (a placement it could not log would be forgotten on restart); reads go o
 store is probed each keeper interval so everything resumes by itself once a write succeeds.
 
 Around the router run, until cancelled:
-- the keeper loop: ``Keeper.step`` once a second from STARTUP_GRACE after start, under the lock
-  that deployment deletion also takes, with the step's events emitted under that lock;
+- the keeper loop: from STARTUP_GRACE after start, ``Keeper.step`` as soon as an applied event
+  may call for a placement (``keeper.core.calls_for_step``, flagged by the router) and at least
+  once a second, but never before the previous step's events are applied; under the lock that
+  deployment deletion also takes, with the step's events emitted under that lock;
 - membership (``keeper.master.membership``): node sessions, and NodeTimedOut for a node silent
   for ``node_timeout_s``;
 - the sweep: every ``sweep_interval_s``, InstanceDeleted for each instance using a node that
@@ -22,7 +24,8 @@ Around the router run, until cancelled:
 - snapshots of the State (then log compaction) every ``snapshot_every_events`` events, and once
   more on a clean stop.
 
-Chat requests are routed here (to the rank-0 node of a ready instance) and followed by
+Chat requests are routed here (to the rank-0 node of the least busy ready instance whose nodes
+are all connected, once more elsewhere if it goes before the first token) and followed by
 ``keeper.master.chat``; dashboard streams subscribe through ``keeper.master.subscriptions``.
 
 Commands (``create_deployment`` and friends) validate, then emit under the lock and wait until
@@ -31,6 +34,10 @@ in ``GET /state``; refusals raise ``keeper.runtime.errors`` types that the API m
 
 Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
 whole master (with in-process nodes on memory channels) under trio's MockClock.
+
+The module is longer than most because the router, the keeper loop, the sweep and the commands
+share one lock, one State and the router's queue and must interleave exactly as described
+here; the parts that stand alone live beside it (membership, chat, subscriptions, the store).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from keeper.api_models import CommandResponse, DeploymentsResponse
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.constants import STARTUP_GRACE
-from keeper.core import PlaceFn
+from keeper.core import PlaceFn, calls_for_step
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
@@ -63,11 +70,11 @@ from keeper.link.protocol import (
     ChatMessage,
     ChatRequest,
 )
-from keeper.master.chat import ChatRouter, ChatStream
+from keeper.master.chat import ChatRouter, ChatStream, Route
 from keeper.master.membership import Membership
 from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
-from keeper.readiness import ready_instances_of
+from keeper.readiness import chat_targets
 from keeper.runtime.clock import AnyioClock, Clock
 from keeper.runtime.deployments import (
     created_response,
@@ -162,6 +169,9 @@ class _Emit:
     done: anyio.Event | None = None
     failed: bool = False
     refused: LogNotWritableError | None = None  # the log could not take it: nothing happened
+    # Set once these events are applied (or the master stopped), whether the log took them at
+    # once or held them first: the keeper's next step waits on its previous step's events.
+    applied: anyio.Event | None = None
 
 
 class Master:
@@ -218,6 +228,12 @@ class Master:
         self._view_cache: tuple[State, int, float, bytes] | None = None
         self._dropped_while_unwritable = 0
         self._held: list[AnyEvent] = []  # node reports the log refused, to log when it can
+        self._held_applied: list[anyio.Event] = []  # set once what was held is applied
+        # Prompt stepping (docs/design.md §6.6): set by the router when an applied event calls
+        # for a step; the keeper loop clears it just before it reads the State to step.
+        self._step_wanted = False
+        self._step_wake: anyio.Event | None = None  # made in ``run``, inside the event loop
+        self._last_step: _Emit | None = None  # the previous step's events, until applied
 
     # --- read side -----------------------------------------------------------------------
 
@@ -378,51 +394,69 @@ class Master:
     # --- chat ----------------------------------------------------------------------------
 
     def ready_instances(self, model_id: str) -> list[tuple[str, NodeId]]:
-        """(instance id, rank-0 node) of each instance of the model that can serve now."""
-        state = self._state
-        ready: list[tuple[str, NodeId]] = []
-        for instance in sorted(ready_instances_of(state, model_id), key=lambda i: i.instance_id):
-            instance_id, assignments = instance.instance_id, instance.shard_assignments
-            rank0 = next(
-                (
-                    node
-                    for node, runner in assignments.node_to_runner.items()
-                    if (shard := assignments.runner_to_shard.get(runner)) is not None
-                    and shard.device_rank == 0
-                ),
-                None,
-            )
-            if rank0 is not None and rank0 in self._membership.sessions:
-                ready.append((instance_id, rank0))
-        return ready
+        """(instance id, rank-0 node) of each instance of the model a chat may go to now, in
+        the State's order (``keeper.readiness.chat_targets``): ready, with every one of its
+        nodes connected. A node whose connection closed is left out at once, long before it
+        would time out."""
+        connected = {node for node in self._membership.sessions if self._connected(node)}
+        return chat_targets(self._state, model_id, connected)
+
+    def _connected(self, node_id: NodeId) -> bool:
+        session = self._membership.sessions.get(node_id)
+        return session is not None and session.closed_because is None
 
     async def chat(
         self, model_id: str, messages: Sequence[ChatMessage], max_tokens: int
     ) -> ChatStream:
-        """Send a chat to a ready instance of the model; iterate the result for its text."""
+        """Send a chat to a ready instance of the model; iterate the result for its text.
+
+        The instance with the fewest chats in flight (ties: the State's order, as exo) gets it;
+        should its node or instance go before the first text, it is sent once more to another
+        ready instance (docs/design.md §6.8)."""
         if not self.running:
             raise NotRunningError("the master is not running")
-        ready = self.ready_instances(model_id)
-        if not ready:
+        request = ChatRequest(
+            request_id="", instance_id="", messages=list(messages), max_tokens=max_tokens
+        )
+        route = self._route_chat(model_id, request, lost=None)
+        if route is None:
             raise NoInstanceError(
                 f"No instance of {model_id} is ready to serve; deploy it or wait until it is "
                 "serving",
                 param="model",
             )
+
+        def reroute(instance_id: str, node_id: NodeId) -> Route | None:
+            log.info(
+                "chat to %s: node %s or instance %s went before the first token; retrying",
+                model_id,
+                node_id,
+                instance_id,
+            )
+            try:
+                return self._route_chat(model_id, request, lost=instance_id)
+            except ChatFailedError:
+                return None
+
+        return ChatStream(route, self._chats.chunk_timeout_s, reroute)
+
+    def _route_chat(self, model_id: str, request: ChatRequest, lost: str | None) -> Route | None:
+        """Open and send the request to the least busy ready instance but ``lost``; None if
+        there is none."""
+        ready = [target for target in self.ready_instances(model_id) if target[0] != lost]
+        if not ready:
+            return None
         busy = self._chats.load([instance for instance, _ in ready])
-        instance_id, node_id = min(ready, key=lambda target: busy[target[0]])
+        instance_id, node_id = min(ready, key=lambda target: busy[target[0]])  # first of ties
         session = self._membership.sessions[node_id]
-        pending, make_stream = self._chats.open(instance_id, session)
-        request = ChatRequest(
-            request_id=pending.request_id,
-            instance_id=instance_id,
-            messages=list(messages),
-            max_tokens=max_tokens,
+        route = self._chats.open(instance_id, session)
+        sent = request.model_copy(
+            update={"request_id": route.pending.request_id, "instance_id": instance_id}
         )
-        if not session.offer(request):
-            self._chats.forget(pending.request_id)
+        if not session.offer(sent):
+            self._chats.forget(route.pending.request_id)
             raise ChatFailedError(f"node {node_id} could not take the request")
-        return make_stream()
+        return route
 
     # --- the event router ----------------------------------------------------------------
 
@@ -477,6 +511,11 @@ class Master:
                 for item in batch:
                     if item.done is not None:
                         item.done.set()
+                    if item.applied is not None:
+                        item.applied.set()
+                for applied in self._held_applied:
+                    applied.set()
+                self._held_applied = []
                 await self._store.snapshot_if_due()
 
     def _refuse(self, batch: list[_Emit], exc: LogNotWritableError) -> None:
@@ -486,6 +525,8 @@ class Master:
         for item in batch:
             if item.done is None:
                 self._held.extend(item.events)
+                if item.applied is not None:
+                    self._held_applied.append(item.applied)
             else:
                 item.refused = exc
                 item.done.set()
@@ -499,6 +540,8 @@ class Master:
         # batches gets exactly the events after the State it was given.
         for entry in indexed:
             self._fanout.publish(entry)
+            if calls_for_step(entry.event):
+                self._want_step()
             if isinstance(entry.event, InstanceDeleted):
                 self._chats.fail(
                     f"instance {entry.event.instance_id} was deleted during the request",
@@ -545,24 +588,59 @@ class Master:
                 item.failed = True
                 if item.done is not None:
                     item.done.set()
+            for applied in self._held_applied:
+                applied.set()
+            if self._last_step is not None and self._last_step.applied is not None:
+                self._last_step.applied.set()
             self._membership.close_all("the master is stopping")
             self._chats.fail_all("the master is stopping")
             self._fanout.clear()
             self._store.close()
 
+    def _want_step(self) -> None:
+        self._step_wanted = True
+        if self._step_wake is not None:
+            self._step_wake.set()
+
     async def _keeper_loop(self) -> None:
+        """Step the keeper whenever an applied event calls for it, and at least every
+        ``keeper_interval_s``; never before the previous step's events are applied (§6.6)."""
         clock = self.clock
         assert self._started_at is not None
+        interval = self.config.keeper_interval_s
         next_tick = self._started_at + self.config.startup_grace_s
+        await clock.sleep(max(0.0, next_tick - clock.monotonic()))
+        self._step_wake = anyio.Event()
         while True:
-            await clock.sleep(max(0.0, next_tick - clock.monotonic()))
+            if not self._step_wanted:
+                with anyio.move_on_after(max(0.0, next_tick - clock.monotonic())):
+                    await self._step_wake.wait()
+            # A step decides from the State, so it must hold what the previous step placed
+            # (docs/design.md §5.2): wait until the router has applied those events. Triggers
+            # that arrive meanwhile coalesce into this one step.
+            previous = self._last_step
+            if previous is not None and previous.applied is not None:
+                with anyio.move_on_after(interval):
+                    await previous.applied.wait()
+                if not previous.applied.is_set():
+                    # Held: the log refused them. Once it takes writes again, log them (nothing
+                    # else may come along to carry them), and wait on.
+                    if self._store.probe() and self._held and self._router_send is not None:
+                        await self._router_send.send(_Emit([]))
+                    continue
+            self._last_step = None
             if not self._store.probe():
                 # Unwritable log: a placement now could not be logged, so the keeper waits.
-                next_tick = max(next_tick + self.config.keeper_interval_s, clock.monotonic())
+                next_tick = clock.monotonic() + interval
+                await clock.sleep(interval)
                 continue
             if self._held and self._router_send is not None:
                 await self._router_send.send(_Emit([]))  # log what was held, now it can be
             async with self._lock:
+                # Cleared just before reading the State: whatever is applied from here on
+                # wakes the loop again.
+                self._step_wanted = False
+                self._step_wake = anyio.Event()
                 try:
                     events = self.keeper.step(self._state, clock.monotonic())
                     self._keeper_version += 1
@@ -571,8 +649,11 @@ class Master:
                     events = []
                 else:
                     self._keeper_error = None
-                await self.emit(events)
-            next_tick = max(next_tick + self.config.keeper_interval_s, clock.monotonic())
+                if events and self._router_send is not None:
+                    step = _Emit(list(events), applied=anyio.Event())
+                    self._last_step = step
+                    await self._router_send.send(step)
+            next_tick = clock.monotonic() + interval
 
     def _report_keeper_error(self, exc: Exception) -> None:
         # A keeper bug must not take the master down (the cluster keeps running without it),

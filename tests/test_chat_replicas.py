@@ -1,0 +1,147 @@
+"""Chat routing over replicas (docs/design.md §6.8), against the real master in virtual time.
+
+A chat goes to a ready instance whose nodes are all connected, the one with the fewest chats in
+flight (ties: the State's order); a node whose connection closed is passed over at once, well
+before it would time out; a chat whose node drops before the first token is sent once more to
+another replica, while one that already had text ends with an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import TaskGroup
+from test_master import QWEN, FakeNode, connect, say_hi, wait_until
+from trio.testing import MockClock
+
+from keeper.master.service import Master, MasterConfig
+from keeper.runtime.errors import ChatFailedError
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    return ("trio", {"clock": MockClock(autojump_threshold=0)})
+
+
+async def two_replicas(group: TaskGroup, nodes: list[FakeNode]) -> tuple[Master, list[str]]:
+    """A master serving Qwen at replicas 2 over ``nodes``; the ready instances in State order."""
+    master = Master(None, config=MasterConfig(startup_grace_s=0.0))
+    await group.start(master.run)
+    for node in nodes:
+        await connect(master, group, node)
+    await master.create_deployment(QWEN, replicas=2)
+    await wait_until(lambda: len(master.ready_instances(QWEN)) == 2, 5, "two ready replicas")
+    return master, [instance for instance, _ in master.ready_instances(QWEN)]
+
+
+def node_serving(nodes: list[FakeNode], master: Master, instance_id: str) -> FakeNode:
+    (node_id,) = master.state.instances[instance_id].shard_assignments.node_to_runner
+    (node,) = [node for node in nodes if node.node_id == node_id]
+    return node
+
+
+@pytest.mark.anyio
+async def test_ready_instances_follow_the_states_order() -> None:
+    nodes = [FakeNode("a"), FakeNode("b")]
+    async with anyio.create_task_group() as group:
+        master, ready = await two_replicas(group, nodes)
+        assert ready == [
+            iid
+            for iid, inst in master.state.instances.items()
+            if inst.shard_assignments.model_id == QWEN
+        ]
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_chats_go_to_the_replica_with_the_fewest_in_flight_ties_in_state_order() -> None:
+    nodes = [FakeNode("a", chat="hang"), FakeNode("b", chat="hang")]
+    async with anyio.create_task_group() as group:
+        master, (first, second) = await two_replicas(group, nodes)
+        streams = [await say_hi(master) for _ in range(3)]
+        assert [s.instance_id for s in streams] == [first, second, first]
+        await streams[1].aclose()  # the second replica is now the less busy
+        assert (await say_hi(master)).instance_id == second
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_node_whose_connection_closed_is_passed_over_before_it_times_out() -> None:
+    nodes = [FakeNode("a"), FakeNode("b")]
+    async with anyio.create_task_group() as group:
+        master, (first, second) = await two_replicas(group, nodes)
+        gone = node_serving(nodes, master, first)
+        assert gone._channel is not None
+        await gone._channel.aclose()
+        await wait_until(lambda: gone.node_id not in master.connected_nodes(), 1, "disconnect")
+        assert gone.node_id in master.state.topology.nodes  # not timed out yet
+        assert [i for i, _ in master.ready_instances(QWEN)] == [second]
+        stream = await say_hi(master)
+        assert stream.instance_id == second
+        assert "".join([piece async for piece in stream]) == "Hello world"
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_chat_whose_node_drops_before_the_first_token_is_retried_on_another_replica() -> (
+    None
+):
+    nodes = [FakeNode("a"), FakeNode("b")]
+    async with anyio.create_task_group() as group:
+        master, (first, second) = await two_replicas(group, nodes)
+        dropping = node_serving(nodes, master, first)
+        dropping.chat = "drop"
+        stream = await say_hi(master)
+        assert stream.instance_id == first
+        assert "".join([piece async for piece in stream]) == "Hello world"
+        assert stream.instance_id == second
+        assert stream.rerouted_from == first
+        assert stream.finish_reason == "stop"
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_chat_is_retried_once_only() -> None:
+    nodes = [FakeNode("a", chat="drop"), FakeNode("b", chat="drop")]
+    async with anyio.create_task_group() as group:
+        master, _ = await two_replicas(group, nodes)
+        stream = await say_hi(master)
+        with pytest.raises(ChatFailedError, match="disconnected"):
+            async for _ in stream:
+                pass
+        assert sum(len(node.chat_requests) for node in nodes) == 2
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_chat_whose_node_drops_after_the_first_token_fails_even_with_a_replica() -> None:
+    nodes = [FakeNode("a"), FakeNode("b")]
+    async with anyio.create_task_group() as group:
+        master, (first, _) = await two_replicas(group, nodes)
+        node_serving(nodes, master, first).chat = "die"
+        stream = await say_hi(master)
+        received: list[str] = []
+        with pytest.raises(ChatFailedError, match="disconnected"):
+            async for piece in stream:
+                received.append(piece)
+        assert received == ["Hello"]
+        assert stream.rerouted_from is None
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_drop_before_the_first_token_fails_when_no_other_replica_is_ready() -> None:
+    master = Master(None, config=MasterConfig(startup_grace_s=0.0))
+    node = FakeNode("a", chat="drop")
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        await connect(master, group, node)
+        await master.create_deployment(QWEN)
+        await wait_until(lambda: bool(master.ready_instances(QWEN)), 5, "ready")
+        stream = await say_hi(master)
+        with pytest.raises(ChatFailedError, match="disconnected"):
+            async for _ in stream:
+                pass
+        group.cancel_scope.cancel()

@@ -1,0 +1,65 @@
+"""Which applied events call for a keeper step (``keeper.core.calls_for_step``, docs/design.md
+§6.6), event type by event type. Pure and fast, so it runs against every mutant of the core."""
+
+from __future__ import annotations
+
+import pytest
+
+from keeper.core import calls_for_step
+from keeper.events import (
+    AnyEvent,
+    DeploymentCreated,
+    DeploymentDeleted,
+    DeploymentPlaced,
+    DeploymentPlacementFailed,
+    DeploymentScaled,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
+)
+from keeper.state import RunnerFailed, RunnerLoading, RunnerReady, RunnerRunning
+
+# Fields do not matter to the rule, only the event's type (and a runner's status).
+CALLS_FOR_STEP: list[AnyEvent] = [
+    DeploymentCreated.model_construct(),
+    DeploymentScaled.model_construct(),
+    InstanceCreated.model_construct(),
+    InstanceDeleted.model_construct(),
+    NodeGatheredInfo.model_construct(),
+    NodeTimedOut.model_construct(),
+    TopologyEdgeCreated.model_construct(),
+    TopologyEdgeDeleted.model_construct(),
+    RunnerStatusUpdated(runner_id="r", runner_status=RunnerFailed(error_message="boom")),
+    RunnerStatusUpdated(runner_id="r", runner_status=RunnerReady()),
+]
+CALLS_FOR_NO_STEP: list[AnyEvent] = [
+    DeploymentDeleted.model_construct(),
+    DeploymentPlaced.model_construct(),
+    DeploymentPlacementFailed.model_construct(),
+    RunnerStatusUpdated(runner_id="r", runner_status=RunnerRunning()),
+    RunnerStatusUpdated(
+        runner_id="r", runner_status=RunnerLoading(layers_loaded=1, total_layers=2)
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "event",
+    CALLS_FOR_STEP,
+    ids=lambda e: f"{type(e).__name__}-{type(getattr(e, 'runner_status', None)).__name__}",
+)
+def test_events_that_may_allow_a_placement_call_for_a_step(event: AnyEvent) -> None:
+    assert calls_for_step(event)
+
+
+@pytest.mark.parametrize(
+    "event",
+    CALLS_FOR_NO_STEP,
+    ids=lambda e: f"{type(e).__name__}-{type(getattr(e, 'runner_status', None)).__name__}",
+)
+def test_bookkeeping_and_progress_call_for_no_step(event: AnyEvent) -> None:
+    assert not calls_for_step(event)
