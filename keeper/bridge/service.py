@@ -115,9 +115,11 @@ from keeper.runtime.deployments import (
     deployment_views,
     existing_deployment,
     new_deployment,
+    scaled_response,
     shown,
 )
 from keeper.runtime.errors import (
+    BadRequestError,
     MasterError,
     NotFoundError,
     NotRunningError,
@@ -397,6 +399,36 @@ class Bridge:
             # State, and not while the caller waits (exo may hold commands for seconds).
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment)
+
+    async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
+        """Keep ``replicas`` instances of the deployment's model: DeploymentScaled in the
+        bridge's log, and the instances the keeper removes doomed (deleted through exo's
+        ``DELETE /instance/{id}`` from the next tick), as deletion does."""
+        async with self._lock:
+            deployment = existing_deployment(self._own.deployments, deployment_id)
+            now = self.clock.monotonic()
+            try:
+                events = self.keeper.scale(deployment_id, replicas, self.state)
+            except ValueError as exc:
+                raise BadRequestError(str(exc), param="replicas") from None
+            # Recorded first: if the log refuses it (503), no instance is doomed either.
+            self._record([event for event in events if not isinstance(event, InstanceDeleted)])
+            for event in events:
+                if isinstance(event, InstanceDeleted):
+                    # One still in flight to exo may land later: watched, and deleted if it does.
+                    if self._pending.pop(event.instance_id, None) is not None:
+                        self._doomed.add(event.instance_id, now, LATE_LANDING_WATCH_S)
+                    else:
+                        self._doomed.add(event.instance_id, now)
+            self._refused.pop(deployment_id, None)
+        log.info(
+            "deployment %s of %s scaled from %d to %d replica(s)",
+            deployment_id,
+            deployment.model_card.model_id,
+            deployment.replicas,
+            replicas,
+        )
+        return scaled_response(deployment, replicas)
 
     async def _deployment_card(self, model_id: str) -> ModelCard:
         try:
@@ -846,6 +878,9 @@ class _PausedWhileUnwritable:
 
     def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
         return self._keeper.delete(deployment_id, state)
+
+    def scale(self, deployment_id: str, replicas: int, state: State) -> list[AnyEvent]:
+        return self._keeper.scale(deployment_id, replicas, state)
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
         return self._keeper.timers(state, now)
