@@ -320,6 +320,7 @@ async def test_create_sends_the_token_and_returns_the_answer() -> None:
         "sharding": "Pipeline",
         "instance_meta": "MlxRing",
         "min_nodes": 2,
+        "replicas": 1,
     }
 
 
