@@ -15,6 +15,7 @@ from bridge_harness import QWEN, ExoWithBridge, exo_with_bridge, wait_until
 from trio.testing import MockClock
 
 from keeper.bridge.exo_placement import ExoPlacement
+from keeper.bridge.service import ExoDownError
 from keeper.bridge.vanished import GONE_AFTER_S, VanishedInstances
 from keeper.cluster_view import without_nodes
 from keeper.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
@@ -194,6 +195,27 @@ async def test_an_instance_exo_deletes_leaves_the_record_and_is_replaced_apart()
         assert lost not in h.exo_instances()
         assert_apart(h)
         assert h.link.deleted_instances() == []  # the bridge deleted nothing itself
+
+
+@pytest.mark.anyio
+async def test_scaling_down_waits_for_a_state_to_follow_scaling_up_does_not() -> None:
+    async with exo_with_bridge() as h:
+        created = await h.bridge.create_deployment(QWEN, replicas=2)
+        deployment_id = created.deployment_id or ""
+        await placed(h, 2)
+        h.link.down = True
+        await wait_until(lambda: h.bridge.outage is not None, 5, "exo seen down")
+        with pytest.raises(ExoDownError, match=r"Cannot scale .* down while exo's State is not"):
+            await h.bridge.scale_deployment(deployment_id, 1)
+        assert deployment(h).replicas == 2
+        assert h.bridge.doomed_instances == []
+        await h.bridge.scale_deployment(deployment_id, 3)  # only a count: nothing is chosen
+        assert deployment(h).replicas == 3
+        h.link.down = False
+        await wait_until(lambda: h.bridge.outage is None, 5, "exo seen again")
+        await h.bridge.scale_deployment(deployment_id, 1)
+        await placed(h, 1, within_s=30)
+        assert len(h.link.deleted_instances()) == 1
 
 
 @pytest.mark.anyio

@@ -413,6 +413,14 @@ class Bridge:
         ``DELETE /instance/{id}`` from the next tick), as deletion does."""
         async with self._lock:
             deployment = existing_deployment(self._own.deployments, deployment_id)
+            if replicas < deployment.replicas and (self._exo is None or self._outage is not None):
+                # Which instances go is read from exo's State: not from one that may be stale.
+                why = self._outage.reason if self._outage is not None else "no answer yet"
+                raise ExoDownError(
+                    f"Cannot scale {deployment.model_card.model_id} down while exo's State is "
+                    f"not followed ({why}): the instances to delete are chosen on it",
+                    param="replicas",
+                )
             now = self.clock.monotonic()
             try:
                 events = self.keeper.scale(deployment_id, replicas, self.state)
