@@ -64,6 +64,13 @@ class CreateDeploymentRequest(ApiModel):
     replicas: WholeNumber = Field(default=1, ge=1, le=MAX_REPLICAS)
 
 
+class ScaleDeploymentRequest(ApiModel):
+    """``PATCH /deployments/{id}``: the one setting a deployment may change in place (its
+    placement settings are its identity: delete it and create it again to change them)."""
+
+    replicas: WholeNumber = Field(ge=1, le=MAX_REPLICAS)
+
+
 class ModelFacts(Protocol):
     """What the create checks read of a model: a ``ModelCard`` (the master, the bridge) and a
     ``ModelListEntry`` (the TUI's form, from ``GET /models``) both have it."""

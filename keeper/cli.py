@@ -2,8 +2,8 @@
 deployments API from a shell.
 
 Each subcommand parses its arguments here and hands over to the module that does the work
-(``keeper.master.server``, ``keeper.node.*``); ``list``, ``deploy`` and ``undeploy`` go through
-the deployments client the TUI uses too (``keeper.api_client``). Their exit codes are a
+(``keeper.master.server``, ``keeper.node.*``); ``list``, ``deploy``, ``scale`` and ``undeploy``
+go through the deployments client the TUI uses too (``keeper.api_client``). Their exit codes are a
 contract for scripts: 0 done, 1 refused by the master (its message on stderr), 2 bad usage,
 3 master unreachable.
 """
@@ -116,7 +116,8 @@ def _note(view: DeploymentView) -> str:
 def format_deployments(response: DeploymentsResponse) -> str:
     if not response.deployments:
         return "no deployments"
-    rows = [("DEPLOYMENT", "MODEL", "STATUS", "INSTANCE", "NOTE")]
+    # READY: how many of the deployment's replicas can serve now, of how many it keeps.
+    rows = [("DEPLOYMENT", "MODEL", "STATUS", "READY", "INSTANCE", "NOTE")]
     for view in response.deployments:
         deployment = view.deployment
         rows.append(
@@ -124,15 +125,17 @@ def format_deployments(response: DeploymentsResponse) -> str:
                 deployment.deployment_id,
                 deployment.model_card.model_id,
                 view.status,
+                f"{view.ready_replicas}/{view.replicas}",
                 (deployment.instance_id or "-")[:8],
                 _note(view),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    columns = len(rows[0]) - 1  # the note, last, is not padded
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:columns], widths, strict=True))
         + "  "
-        + row[4]
+        + row[columns]
         for row in rows
     ).rstrip()
 
@@ -154,8 +157,16 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         sharding=Sharding(args.sharding),
         instance_meta=InstanceMeta(args.instance_meta),
         min_nodes=args.min_nodes,
+        replicas=args.replicas,
     )
     _print_answer(args, _call(args, lambda client: client.create(request)))
+    return EXIT_OK
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    # As with deploy, the master judges the count (1 to 16): over it is its refusal, exit 1.
+    answer = _call(args, lambda client: client.scale(args.deployment_id, args.replicas))
+    _print_answer(args, answer)
     return EXIT_OK
 
 
@@ -406,8 +417,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=InstanceMeta.MLX_RING.value,
         help="default MlxRing",
     )
+    deploy.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="keep N instances of the model, each on nodes apart (1-16, default 1)",
+    )
     _client_options(deploy)
     deploy.set_defaults(handler=cmd_deploy)
+
+    scale = command(
+        "scale", "keep N instances of deployment ID's model (1-16)", epilog=EXIT_CODES_HELP
+    )
+    scale.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")
+    scale.add_argument(
+        "replicas", metavar="N", type=positive_int, help="how many instances to keep, apart"
+    )
+    _client_options(scale)
+    scale.set_defaults(handler=cmd_scale)
 
     undeploy = command("undeploy", "delete the deployment ID", epilog=EXIT_CODES_HELP)
     undeploy.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")

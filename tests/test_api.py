@@ -118,6 +118,8 @@ def assert_exo_error(response: httpx.Response, status: int, *fragments: str) -> 
 # --- bad input --------------------------------------------------------------------------
 
 JSON = {"content-type": "application/json"}
+# The path of the deployment every bad-input case starts with (its id is only known then).
+EXISTING = "/deployments/{existing}"
 
 
 @dataclass
@@ -253,6 +255,72 @@ BAD_INPUTS = [
         headers={"content-type": "text/plain"},
     ),
     Bad("unknown deployment", "DELETE", "/deployments/no-such-id", 404, ("no-such-id",)),
+    Bad(
+        "scale an unknown deployment",
+        "PATCH",
+        "/deployments/no-such-id",
+        404,
+        ("no-such-id", "not found"),
+        {"replicas": 2},
+    ),
+    Bad(
+        "scale to 0 replicas",
+        "PATCH",
+        EXISTING,
+        422,
+        ("replicas: Input should be greater than or equal to 1",),
+        {"replicas": 0},
+    ),
+    Bad(
+        "scale to negative replicas",
+        "PATCH",
+        EXISTING,
+        422,
+        ("replicas: Input should be greater than or equal to 1",),
+        {"replicas": -2},
+    ),
+    Bad(
+        "scale over 16 replicas",
+        "PATCH",
+        EXISTING,
+        422,
+        ("replicas: Input should be less than or equal to 16",),
+        {"replicas": 17},
+    ),
+    Bad(
+        "scale to a fraction",
+        "PATCH",
+        EXISTING,
+        422,
+        ("replicas", "integer"),
+        {"replicas": 1.5},
+    ),
+    Bad(
+        "scale to a string",
+        "PATCH",
+        EXISTING,
+        422,
+        ("replicas", "integer"),
+        {"replicas": "2"},
+    ),
+    Bad(
+        "scale to a boolean",
+        "PATCH",
+        EXISTING,
+        422,
+        ("replicas", "integer"),
+        {"replicas": True},
+    ),
+    Bad("scale without replicas", "PATCH", EXISTING, 422, ("replicas: Field required",), {}),
+    Bad(
+        "scale with an extra key",
+        "PATCH",
+        EXISTING,
+        422,
+        ("min_nodes: Extra inputs are not permitted",),
+        {"replicas": 2, "min_nodes": 2},
+    ),
+    Bad("scale with malformed JSON", "PATCH", EXISTING, 400, ("Malformed JSON",), raw=b"{"),
     Bad("unknown instance", "DELETE", "/instance/no-such-instance", 404, ("no-such-instance",)),
     Bad(
         "place_instance unknown model",
@@ -311,7 +379,8 @@ async def test_bad_input_gets_a_4xx_naming_the_problem_and_changes_nothing(bad: 
         content = bad.raw if bad.raw is not None else json.dumps(bad.json_body).encode()
         if bad.method in {"GET", "DELETE", "OPTIONS"}:
             content = None
-        response = await client.request(bad.method, bad.path, content=content, headers=bad.headers)
+        path = bad.path.format(existing=existing.json()["deployment_id"])
+        response = await client.request(bad.method, path, content=content, headers=bad.headers)
         assert_exo_error(response, bad.status, *bad.fragments)
         assert (await client.get("/state")).json() == before
 
@@ -802,3 +871,50 @@ def test_run_master_serves_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None
     log = EventLog(tmp_path)
     assert created.json()["deployment_id"] in log.open().state.deployments
     log.close()
+
+
+# --- scaling ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_patch_scales_a_deployment_durably_and_the_same_count_is_a_no_op() -> None:
+    config = MasterConfig(startup_grace_s=0, keeper_interval_s=0.05)
+    master = Master(None, config=config)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        async with api_client(master) as client:
+            await add_node(master, "node-a", memory_gb=16)
+            await add_node(master, "node-b", memory_gb=16)
+            created = await client.post("/deployments", json={"model_id": QWEN, "replicas": 2})
+            deployment_id = created.json()["deployment_id"]
+            with anyio.fail_after(10):
+                while len(master.state.deployments[deployment_id].placed_instance_ids) < 2:
+                    await anyio.sleep(0.02)
+            oldest, newest = master.state.deployments[deployment_id].placed_instance_ids
+            nodes = [
+                set(master.state.instances[i].shard_assignments.node_to_runner)
+                for i in (oldest, newest)
+            ]
+            assert nodes[0].isdisjoint(nodes[1])  # replicas apart
+
+            scaled = await client.patch(f"/deployments/{deployment_id}", json={"replicas": 1})
+            assert scaled.status_code == 200, scaled.text
+            body = CommandResponse.model_validate(scaled.json())
+            assert body.deployment_id == deployment_id
+            assert "from 2 to 1" in body.message
+            # Durable and applied before the answer: the newest instance is gone already.
+            deployment = master.state.deployments[deployment_id]
+            assert deployment.replicas == 1
+            assert set(master.state.instances) == {oldest}
+            assert deployment.placed_instance_ids == (oldest,)
+
+            before = (await client.get("/state")).json()
+            again = await client.patch(f"/deployments/{deployment_id}", json={"replicas": 1})
+            assert again.status_code == 200, again.text
+            assert "already keeps 1" in again.json()["message"]
+            assert (await client.get("/state")).json() == before
+
+            listed = DeploymentsResponse.model_validate((await client.get("/deployments")).json())
+            (view,) = listed.deployments
+            assert view.replicas == 1
+        group.cancel_scope.cancel()

@@ -10,6 +10,7 @@ import pytest
 
 from keeper.api_client import (
     NO_DEPLOYMENTS_API,
+    NO_SCALING_API,
     ApiError,
     DeploymentsClient,
     error_message,
@@ -80,6 +81,25 @@ async def test_a_master_without_the_deployments_api_is_named() -> None:
     with pytest.raises(ApiError) as refused:
         await client.list()
     assert (refused.value.message, refused.value.kind) == (NO_DEPLOYMENTS_API, "refused")
+
+
+@pytest.mark.anyio
+async def test_scale_sends_patch_with_the_count_and_names_a_master_that_cannot_scale() -> None:
+    seen: list[tuple[str, str, bytes]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.content))
+        if request.url.path == "/deployments/old":
+            return answer(405, {"error": {"message": "Method Not Allowed"}})
+        return answer(200, {"message": "scaled", "command_id": "c", "deployment_id": "d"})
+
+    client = client_for(handler)
+    scaled = await client.scale("d", 3)
+    assert scaled.value.deployment_id == "d"
+    assert seen == [("PATCH", "/deployments/d", b'{"replicas":3}')]
+    with pytest.raises(ApiError) as refused:
+        await client.scale("old", 2)
+    assert (refused.value.message, refused.value.status) == (NO_SCALING_API, 405)
 
 
 @pytest.mark.anyio

@@ -95,6 +95,26 @@ async def test_bad_requests_get_clear_4xx_answers_in_exo_s_error_shape() -> None
         assert set(created.json()) == {"message", "command_id", "deployment_id"}
         assert_error(await api.post("/deployments", json={"model_id": QWEN}), 409, deployment_id)
         assert_error(await api.delete("/deployments/no-such-id"), 404, "'no-such-id'")
+        scale = f"/deployments/{deployment_id}"
+        before = h.bridge.deployments_json()
+        for body, status, fragment in [
+            ({"replicas": 0}, 422, "replicas: Input should be greater than or equal to 1"),
+            ({"replicas": -1}, 422, "replicas: Input should be greater than or equal to 1"),
+            ({"replicas": 17}, 422, "replicas: Input should be less than or equal to 16"),
+            ({"replicas": 2.5}, 422, "replicas"),
+            ({"replicas": "2"}, 422, "replicas"),
+            ({}, 422, "replicas: Field required"),
+            ({"replicas": 2, "colour": 1}, 422, "colour: Extra inputs are not permitted"),
+        ]:
+            assert_error(await api.patch(scale, json=body), status, fragment)
+        assert_error(
+            await api.patch("/deployments/no-such-id", json={"replicas": 2}), 404, "'no-such-id'"
+        )
+        assert h.bridge.deployments_json() == before
+        same = await api.patch(scale, json={"replicas": 1})
+        assert same.status_code == 200, same.text
+        assert set(same.json()) == {"message", "command_id", "deployment_id"}
+        assert "already keeps 1" in same.json()["message"]
         assert_error(await api.get("/events"), 404)
         deleted = await api.delete(f"/deployments/{deployment_id}")
         assert deleted.status_code == 200

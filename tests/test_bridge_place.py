@@ -291,7 +291,41 @@ async def test_a_model_with_an_instance_is_placed_apart_through_exo_s_previews()
     apart = await bridge.where_to_place(deployment, state_with_qwen_on(NODE_2))
     assert isinstance(apart, ExoPlacement)
     assert nodes_of(apart) == {NODE_1}
-    assert await bridge.where_to_place(deployment, state_with_qwen_on(NODE_1)) == (
-        f"exo offers no Pipeline/MlxRing placement of {QWEN} on nodes apart from its other "
-        "instances"
+
+
+@pytest.mark.anyio
+async def test_with_no_preview_apart_ours_places_on_the_other_nodes_with_exo_s_card() -> None:
+    def exo(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=recorded("instance-previews.json"))
+
+    bridge = Bridge(ExoClient("http://exo.test", transport=httpx.MockTransport(exo)), None)
+    deployment = Deployment(deployment_id="d", model_card=bridge.catalog[QWEN])
+    # exo places every one-node preview on NODE_1, and its larger ones use NODE_1 too.
+    state = state_with_qwen_on(NODE_1)
+    ours = await bridge.where_to_place(deployment, state)
+    assert isinstance(ours, ExoPlacement)
+    (node,) = nodes_of(ours) or set()
+    assert node in {NODE_2, NODE_3}
+    assert ours.instance.instance_id not in {
+        next(iter(p.instance.values()))["instanceId"] for p in previews() if p.instance
+    }
+    (ring,) = ours.raw.values()
+    for tagged in ring["shardAssignments"]["runnerToShard"].values():
+        (shard,) = tagged.values()
+        assert shard["modelCard"] == recorded_card()  # exo's own, from its previews
+
+    # Every node serving it already: neither exo nor ours has a placement apart.
+    crowded = state.model_copy(
+        update={
+            "instances": {
+                f"qwen-on-{node}": next(iter(state_with_qwen_on(node).instances.values()))
+                for node in (NODE_1, NODE_2, NODE_3)
+            }
+        }
+    )
+    refused = await bridge.where_to_place(deployment, crowded)
+    assert isinstance(refused, str)
+    assert refused.startswith(
+        f"exo offers no Pipeline/MlxRing placement of {QWEN} apart from its other instances, "
+        "nor does ours: "
     )

@@ -1,4 +1,5 @@
-"""``exo-deploy list / deploy / undeploy`` against a real master: output, messages, exit codes.
+"""``exo-deploy list / deploy / scale / undeploy`` against a real master: output, messages and
+exit codes.
 
 Scripts rely on the exit codes (0 done, 1 refused with the master's message on stderr, 2 bad
 usage, 3 master unreachable), so each is pinned here against a master serving its real API on
@@ -73,7 +74,7 @@ def free_port() -> int:
 
 def test_unreachable_master_exits_3_and_says_where(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    for argv in (["list"], ["deploy", QWEN], ["undeploy", "some-id"]):
+    for argv in (["list"], ["deploy", QWEN], ["scale", "some-id", "2"], ["undeploy", "some-id"]):
         code, out, err = run_cli(capsys, *argv, "--url", url)
         assert code == EXIT_UNREACHABLE
         assert out == ""
@@ -91,8 +92,8 @@ def test_deploy_list_undeploy_round_trip(
     code, out, _ = run_cli(capsys, "list", "--url", master_url)
     assert code == EXIT_OK
     header, row = out.strip().splitlines()
-    assert header.split()[:4] == ["DEPLOYMENT", "MODEL", "STATUS", "INSTANCE"]
-    assert row.split()[:3] == [deployment_id, QWEN, "placing"]
+    assert header.split()[:5] == ["DEPLOYMENT", "MODEL", "STATUS", "READY", "INSTANCE"]
+    assert row.split()[:4] == [deployment_id, QWEN, "placing", "0/1"]
     assert "grace" in row  # a new master waits before placing, and the list says why
 
     code, out, _ = run_cli(capsys, "list", "--url", master_url, "--json")
@@ -106,6 +107,42 @@ def test_deploy_list_undeploy_round_trip(
     assert deployment_id in out
     code, out, _ = run_cli(capsys, "list", "--url", master_url)
     assert (code, out.strip()) == (EXIT_OK, "no deployments")
+
+
+def test_deploy_with_replicas_then_scale(
+    master_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = "mlx-community/Llama-3.2-3B-Instruct-4bit"
+    code, out, err = run_cli(capsys, "deploy", model, "--replicas", "3", "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    deployment_id = out.strip().rsplit(" ", 1)[1]
+    code, out, _ = run_cli(capsys, "list", "--url", master_url)
+    row = next(line for line in out.splitlines() if line.startswith(deployment_id))
+    assert row.split()[3] == "0/3"
+
+    code, out, err = run_cli(capsys, "scale", deployment_id, "2", "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    assert out.strip() == f"Deployment of {model} scaled from 3 to 2 replica(s): {deployment_id}"
+    code, out, _ = run_cli(capsys, "scale", deployment_id, "2", "--url", master_url, "--json")
+    assert code == EXIT_OK
+    answer = json.loads(out)
+    assert answer["deployment_id"] == deployment_id
+    assert "already keeps 2" in answer["message"]
+    code, out, _ = run_cli(capsys, "list", "--url", master_url, "--json")
+    (view,) = [
+        v
+        for v in json.loads(out)["deployments"]
+        if v["deployment"]["deploymentId"] == deployment_id
+    ]
+    assert (view["replicas"], view["readyReplicas"]) == (2, 0)
+
+    code, out, err = run_cli(capsys, "scale", deployment_id, "17", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "replicas: Input should be less than or equal to 16" in err
+    code, out, err = run_cli(capsys, "scale", "nope", "2", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "Deployment 'nope' not found" in err
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
 
 
 def test_refusals_exit_1_with_the_masters_message(
@@ -137,6 +174,12 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         (["deploy"], "MODEL"),
         (["deploy", QWEN, "--min-nodes", "0"], "must be at least 1"),
         (["deploy", QWEN, "--sharding", "Diagonal"], "invalid choice"),
+        (["deploy", QWEN, "--replicas", "0"], "must be at least 1"),
+        (["deploy", QWEN, "--replicas", "two"], "not a whole number"),
+        (["scale", "some-id"], "N"),
+        (["scale", "some-id", "0"], "must be at least 1"),
+        (["scale", "some-id", "-1"], "must be at least 1"),
+        (["scale", "some-id", "1.5"], "not a whole number"),
         (["node"], "--master"),
         (["node", "--master", "http://x", "--backends", "MlxQuantum"], "unknown backend"),
         (["cluster", "--nodes", "0"], "must be at least 1"),

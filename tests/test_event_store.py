@@ -226,6 +226,9 @@ class CountingKeeper:
     def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
         return [DeploymentDeleted(deployment_id=deployment_id)]
 
+    def scale(self, deployment_id: str, replicas: int, state: State) -> list[AnyEvent]:
+        return []
+
     def timers(self, state: State, now: float) -> dict[str, Any]:
         return {}
 

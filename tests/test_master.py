@@ -543,6 +543,9 @@ async def test_a_keeper_that_raises_does_not_stop_the_master() -> None:
         def delete(self, deployment_id: str, state: State) -> list[Any]:
             return []
 
+        def scale(self, deployment_id: str, replicas: int, state: State) -> list[Any]:
+            return []
+
         def timers(self, state: State, now: float) -> dict[str, Any]:
             return {}
 

@@ -238,7 +238,7 @@ def test_exo_s_stand_in_declares_fastapi_s_422_as_it_sends_it() -> None:
     [
         ("OPTIONS", "/deployments", "GET, POST"),
         ("PUT", "/deployments", "GET, POST"),
-        ("GET", "/deployments/some-id", "DELETE"),
+        ("GET", "/deployments/some-id", "DELETE, PATCH"),
         ("OPTIONS", "/state", "GET"),
         ("PATCH", "/v1/chat/completions", "POST"),
     ],

@@ -4,11 +4,11 @@ stock exo.
 The same app as our master's (``keeper.httpapi.app``: exo's error bodies for every way a
 request can be wrong, the request guard, a bearer token for changes when there is one) with the
 same deployments routes (``keeper.httpapi.deployments_routes``), so ``exo-deploy-tui --url`` and
-``exo-deploy list/deploy/undeploy`` work against the bridge unchanged:
+``exo-deploy list/deploy/scale/undeploy`` work against the bridge unchanged:
 
-- ``POST /deployments``, ``GET /deployments``, ``DELETE /deployments/{id}``: as the master's, the
-  model checked against exo's own model list; each view may carry a ``detail`` in words
-  ("exo unreachable since 12:03:04: ...");
+- ``POST /deployments``, ``GET /deployments``, ``PATCH`` and ``DELETE /deployments/{id}``: as
+  the master's, the model checked against exo's own model list; each view may carry a
+  ``detail`` in words ("exo unreachable since 12:03:04: ...");
 - ``GET /state``: exo's State as exo sent it, with ``deployments`` merged in (503 until exo has
   answered once);
 - ``GET /models``: exo's model list, passed on;

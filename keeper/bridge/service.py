@@ -7,10 +7,12 @@ on exo's State with the bridge's own deployments merged in:
 - exo places, not the bridge (docs/bridge.md, "Placement"). The keeper stays the pure, unchanged
   one of our master; its placement function is the only seam. Before each step the bridge asks
   exo where it would place each deployment the step will try (the keeper's own timers say
-  which: no instance, nothing to wait for): ``GET {exo}/instance/placement``, or for a model
-  that already has an instance a preview on other nodes (``keeper.bridge.exo_placement``). The
-  step's synchronous placement function then returns exo's answer, read into our model, or
-  raises ``ValueError(<exo's reason>)``, so the keeper's in-flight, backoff and unplaceable
+  which: fewer instances than replicas, nothing to wait for): ``GET {exo}/instance/placement``,
+  or for a model that already has an instance a preview on other nodes
+  (``keeper.bridge.exo_placement``), else our placement on exo's State without the nodes
+  serving it, with exo's full card. The step's synchronous placement function then returns
+  that answer (refused if it uses a node the keeper left out), read into our model, or raises
+  ``ValueError(<exo's reason>)``, so the keeper's in-flight, backoff and unplaceable
   rules (an error event only when the reason changes; a retry when the usable cluster changes
   and every 30 s) apply exactly as on our master. An exo without that endpoint (404/405) gets
   our placement, with exo's full model card only (never one rebuilt with exo's sampling and
@@ -24,8 +26,11 @@ on exo's State with the bridge's own deployments merged in:
 - exo refusing the instance anyway (400 "Insufficient memory ...": the cluster changed between
   the two calls) becomes the deployment's placement error; the keeper's placement timeout then
   paces the next try;
-- ``InstanceDeleted`` (from a deletion) dooms the instance: ``DELETE {exo}/instance/{id}`` until
-  exo's State shows it gone (``keeper.bridge.doomed``);
+- ``InstanceDeleted`` (from a deletion or a scale-down) dooms the instance:
+  ``DELETE {exo}/instance/{id}`` until exo's State shows it gone (``keeper.bridge.doomed``);
+- a recorded instance (``placedInstanceIds``) that exo's readable States stop showing, for a
+  while and not on an older State, gets ``InstanceDeleted`` in the bridge's log
+  (``keeper.bridge.vanished``), so the record follows exo's own deletions;
 - deployment events are the bridge's own: committed to the same event store the master uses
   (``keeper.runtime.event_store``: numbered, logged durably, applied, snapshotted, compacted)
   for a State that holds only deployments. While that log cannot be written (disk full,
@@ -95,8 +100,9 @@ from keeper.bridge.exo_wire import (
     listed_card,
 )
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
+from keeper.bridge.vanished import VanishedInstances
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.cluster_view import models_with_instances
+from keeper.cluster_view import models_instance_counts, node_names, without_nodes
 from keeper.constants import STARTUP_GRACE
 from keeper.core import DeploymentTimer
 from keeper.events import (
@@ -115,9 +121,11 @@ from keeper.runtime.deployments import (
     deployment_views,
     existing_deployment,
     new_deployment,
+    scaled_response,
     shown,
 )
 from keeper.runtime.errors import (
+    BadRequestError,
     MasterError,
     NotFoundError,
     NotRunningError,
@@ -223,6 +231,7 @@ class Bridge:
         self._answers: dict[str, ExoPlacement | str] = {}
         self._to_post: dict[str, JsonObject] = {}
         self._doomed = DoomedInstances(self.data_dir)
+        self._vanished = VanishedInstances()
         self._running = False
 
     # --- read side -------------------------------------------------------------------------
@@ -398,6 +407,44 @@ class Bridge:
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment)
 
+    async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
+        """Keep ``replicas`` instances of the deployment's model: DeploymentScaled in the
+        bridge's log, and the instances the keeper removes doomed (deleted through exo's
+        ``DELETE /instance/{id}`` from the next tick), as deletion does."""
+        async with self._lock:
+            deployment = existing_deployment(self._own.deployments, deployment_id)
+            if replicas < deployment.replicas and (self._exo is None or self._outage is not None):
+                # Which instances go is read from exo's State: not from one that may be stale.
+                why = self._outage.reason if self._outage is not None else "no answer yet"
+                raise ExoDownError(
+                    f"Cannot scale {deployment.model_card.model_id} down while exo's State is "
+                    f"not followed ({why}): the instances to delete are chosen on it",
+                    param="replicas",
+                )
+            now = self.clock.monotonic()
+            try:
+                events = self.keeper.scale(deployment_id, replicas, self.state)
+            except ValueError as exc:
+                raise BadRequestError(str(exc), param="replicas") from None
+            # Recorded first: if the log refuses it (503), no instance is doomed either.
+            self._record([event for event in events if not isinstance(event, InstanceDeleted)])
+            for event in events:
+                if isinstance(event, InstanceDeleted):
+                    # One still in flight to exo may land later: watched, and deleted if it does.
+                    if self._pending.pop(event.instance_id, None) is not None:
+                        self._doomed.add(event.instance_id, now, LATE_LANDING_WATCH_S)
+                    else:
+                        self._doomed.add(event.instance_id, now)
+            self._refused.pop(deployment_id, None)
+        log.info(
+            "deployment %s of %s scaled from %d to %d replica(s)",
+            deployment_id,
+            deployment.model_card.model_id,
+            deployment.replicas,
+            replicas,
+        )
+        return scaled_response(deployment, replicas)
+
     async def _deployment_card(self, model_id: str) -> ModelCard:
         try:
             models = await self._exo_models(need=model_id)
@@ -508,6 +555,7 @@ class Bridge:
         async with self._lock:
             now = self.clock.monotonic()
             self._settle_placements(exo, now)
+            self._record_vanished(exo, now)
             await self._delete_doomed(exo, now)
             if self._outage is not None:
                 return  # exo stopped answering meanwhile: this State may already be stale
@@ -550,6 +598,7 @@ class Bridge:
                 self.exo_apis[index].url,
             )
             self._in_use = index
+            self._vanished.restart_counts()
 
     def _exo_available(self, exo: ExoState) -> None:
         if self._outage is not None:
@@ -606,6 +655,20 @@ class Bridge:
                     creation.deployment_id,
                     creation.sends,
                 )
+
+    def _record_vanished(self, exo: ExoState, now: float) -> None:
+        """InstanceDeleted in the bridge's log for each recorded instance exo deleted (only
+        believed from a readable State, and once it lasts: ``keeper.bridge.vanished``)."""
+        recorded = [
+            instance_id
+            for _, deployment in sorted(self._own.deployments.items())
+            for instance_id in deployment.placed_instance_ids
+        ]
+        gone = self._vanished.gone(recorded, exo.state, now)
+        if gone:
+            log.info("exo no longer runs instance(s) %s: recorded as deleted", ", ".join(gone))
+            self._record([InstanceDeleted(instance_id=instance_id) for instance_id in gone])
+            self._vanished.forget(gone)
 
     async def _resend_creations(self, exo: ExoState, now: float) -> None:
         """POST again, same body, each creation exo has not shown for a while (in_flight)."""
@@ -723,16 +786,21 @@ class Bridge:
 
     async def _ask_where_to_place(self, now: float) -> None:
         """Ask exo where to place each deployment the keeper will try to place in this step:
-        those with no instance and nothing to wait for (the keeper's own timers say which)."""
+        those with fewer instances than replicas and nothing to wait for (the keeper's own
+        timers say which)."""
         state = self.state
         timers = self.keeper.timers(state, now)
-        served = models_with_instances(state)
+        counts = models_instance_counts(state)
         self._answers.clear()
         self._to_post.clear()
         for deployment_id, deployment in sorted(state.deployments.items()):
             timer = timers.get(deployment_id)
             model_id = deployment.model_card.model_id
-            if timer is None or timer.waiting is not None or model_id in served:
+            if (
+                timer is None
+                or timer.waiting is not None
+                or counts.get(model_id, 0) >= deployment.replicas
+            ):
                 continue
             try:
                 self._answers[model_id] = await self.where_to_place(deployment, state)
@@ -742,27 +810,38 @@ class Bridge:
 
     async def where_to_place(self, deployment: Deployment, state: State) -> ExoPlacement | str:
         """Where exo would place a new instance of the deployment on ``state`` (exo's), or why
-        not. With an instance of the model already there, one on other nodes (from exo's
-        previews); else exo's own placement; from an exo without these endpoints, ours."""
+        not. With an instance of the model already there, one on other nodes: from exo's
+        previews, else ours on exo's State without the nodes serving the model; with none,
+        exo's own placement; from an exo without these endpoints, ours."""
         model_id = deployment.model_card.model_id
         sharding, meta = deployment.sharding.value, deployment.instance_meta.value
+        serving = nodes_serving(state, model_id)
+        apart = without_nodes(state, serving)
         try:
-            if nodes_serving(state, model_id):
+            if serving:
                 previews = read_previews(await self.exo.previews(model_id))
                 placement = choose_apart(
                     previews, state, model_id, sharding, meta, deployment.min_nodes
                 )
                 if placement is None:
-                    return (
-                        f"exo offers no {sharding}/{meta} placement of {model_id} on nodes apart "
-                        "from its other instances"
-                    )
+                    # exo places by its own preference, which knows nothing of replicas: ours,
+                    # on the nodes apart, with exo's full card (its previews carry it).
+                    card = preview_card(previews, model_id)
+                    if card is not None:
+                        self._cards_seen[model_id] = card
+                    ours = self._place_ourselves(deployment, apart)
+                    if isinstance(ours, str):
+                        return (
+                            f"exo offers no {sharding}/{meta} placement of {model_id} apart "
+                            f"from its other instances, nor does ours: {ours}"
+                        )
+                    return ours
             else:
                 answer = await self.exo.placement(model_id, sharding, meta, deployment.min_nodes)
                 placement = read_placement(answer, model_id, state)
         except ExoRefusedError as exc:
             if exc.status in NO_SUCH_ENDPOINT:
-                return self._place_ourselves(deployment, state)
+                return self._place_ourselves(deployment, apart)
             return exc.message
         except ValueError as exc:
             return f"exo's placement of {model_id} cannot be used: {exc}"
@@ -770,15 +849,17 @@ class Bridge:
         return placement
 
     def _place_ourselves(self, deployment: Deployment, state: State) -> ExoPlacement | str:
-        """Our placement, for an exo that cannot tell where it would place: with exo's full
-        card of the model, never one rebuilt with exo's sampling and dialect left out."""
+        """Our placement on ``state`` (exo's, without the nodes serving the model), where exo
+        cannot tell where it would place: with exo's full card of the model, never one rebuilt
+        with exo's sampling and dialect left out."""
         model_id = deployment.model_card.model_id
         card = self._full_card(model_id)
         if card is None:
             return (
-                f"exo at {self.exo.url} does not place for the bridge (no GET /instance/placement) "
-                f"and has shown no model card of {model_id} to place it with: start the bridge "
-                "with --model-cards DIR holding the model's exo model-card .toml"
+                f"exo at {self.exo.url} does not place for the bridge (no GET /instance/placement "
+                f"or /instance/previews answer to use) and has shown no model card of {model_id} "
+                "to place it with: start the bridge with --model-cards DIR holding the model's "
+                "exo model-card .toml"
             )
         try:
             instance = place_instance(
@@ -811,6 +892,17 @@ class Bridge:
             raise RuntimeError(f"no placement of {model_card.model_id} was asked of exo")
         if isinstance(answer, str):
             raise ValueError(answer)
+        # The keeper hands placement exo's State without the nodes serving the model; the
+        # answer was chosen before, on exo's whole State: it must use none of the nodes left out
+        # (a node exo knows and its State does not show yet is exo's to judge).
+        whole = self.state.topology.nodes
+        left_out = frozenset(whole) - frozenset(state.topology.nodes)
+        used = left_out & answer.instance.shard_assignments.node_to_runner.keys()
+        if used:
+            raise ValueError(
+                f"exo's placement of {model_card.model_id} uses {node_names(self.state, used)}, "
+                "which the keeper left out (they serve it already)"
+            )
         self._to_post[answer.instance.instance_id] = answer.raw
         return answer.instance
 
@@ -846,6 +938,9 @@ class _PausedWhileUnwritable:
 
     def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
         return self._keeper.delete(deployment_id, state)
+
+    def scale(self, deployment_id: str, replicas: int, state: State) -> list[AnyEvent]:
+        return self._keeper.scale(deployment_id, replicas, state)
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
         return self._keeper.timers(state, now)

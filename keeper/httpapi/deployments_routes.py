@@ -1,10 +1,11 @@
 """The deployments routes (docs/design.md §7.2), for any service that keeps deployments: the master
 (``keeper.master.service``) and the bridge (``keeper.bridge.service``).
 
-Both answer ``POST /deployments``, ``GET /deployments`` and ``DELETE /deployments/{id}`` with the
-same shapes (``keeper.api_models``), so the TUI and ``exo-deploy list/deploy/undeploy`` work
-against either unchanged; the routes are written once, over the small Protocol both satisfy,
-and so is their contract: each declares its body and every refusal either service answers.
+Both answer ``POST /deployments``, ``GET /deployments``, ``PATCH /deployments/{id}`` (scale) and
+``DELETE /deployments/{id}`` with the same shapes (``keeper.api_models``), so the TUI and
+``exo-deploy list/deploy/scale/undeploy`` work against either unchanged; the routes are written
+once, over the small Protocol both satisfy, and so is their contract: each declares its body and
+every refusal either service answers.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from typing import Protocol
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from keeper.api_models import CommandResponse, CreateDeploymentRequest, DeploymentsResponse
+from keeper.api_models import (
+    CommandResponse,
+    CreateDeploymentRequest,
+    DeploymentsResponse,
+    ScaleDeploymentRequest,
+)
 from keeper.httpapi.app import JSON, command_json
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.state import InstanceMeta, Sharding
@@ -33,6 +39,8 @@ class DeploymentsService(Protocol):
     ) -> CommandResponse: ...
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
+
+    async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse: ...
 
     def deployments_json(self) -> bytes:
         """The ``GET /deployments`` body (a ``DeploymentsResponse``)."""
@@ -71,6 +79,16 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
     )
     async def list_deployments() -> Response:
         return Response(service.deployments_json(), media_type=JSON)
+
+    @router.patch(
+        "/deployments/{deployment_id}",
+        responses={
+            **ok_body(CommandResponse),
+            **refusals((404, "No deployment with this id"), 503),
+        },
+    )
+    async def scale_deployment(deployment_id: str, request: ScaleDeploymentRequest) -> Response:
+        return command_json(await service.scale_deployment(deployment_id, request.replicas))
 
     @router.delete(
         "/deployments/{deployment_id}",

@@ -28,9 +28,10 @@ Chat requests are routed here (to the rank-0 node of the least busy ready instan
 are all connected, once more elsewhere if it goes before the first token) and followed by
 ``keeper.master.chat``; dashboard streams subscribe through ``keeper.master.subscriptions``.
 
-Commands (``create_deployment`` and friends) validate, then emit under the lock and wait until
-their events are applied, so a response is only sent for events that are durable and visible
-in ``GET /state``; refusals raise ``keeper.runtime.errors`` types that the API maps to 4xx.
+Commands (``create_deployment``, ``scale_deployment`` and friends) validate, then emit under the
+lock and wait until their events are applied, so a response is only sent for events that are
+durable and visible in ``GET /state``; refusals raise ``keeper.runtime.errors`` types that the
+API maps to 4xx.
 
 Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
 whole master (with in-process nodes on memory channels) under trio's MockClock.
@@ -83,6 +84,7 @@ from keeper.runtime.deployments import (
     existing_deployment,
     new_deployment,
     placement_enums,
+    scaled_response,
     shown,
 )
 from keeper.runtime.errors import (
@@ -358,6 +360,27 @@ class Master:
             await self._emit_and_wait(events)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment, self.new_id)
+
+    async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
+        """Keep ``replicas`` instances of the deployment's model (docs/design.md §5.11): the
+        keeper's DeploymentScaled, and the InstanceDeleted of its own instances beyond them,
+        under the lock the steps and deletion take; answered once they are durable."""
+        async with self._lock:
+            deployment = existing_deployment(self._state.deployments, deployment_id)
+            try:
+                events = self.keeper.scale(deployment_id, replicas, self._state)
+            except ValueError as exc:
+                raise BadRequestError(str(exc), param="replicas") from None
+            self._keeper_version += 1
+            await self._emit_and_wait(events)
+        log.info(
+            "deployment %s of %s scaled from %d to %d replica(s)",
+            deployment_id,
+            deployment.model_card.model_id,
+            deployment.replicas,
+            replicas,
+        )
+        return scaled_response(deployment, replicas, self.new_id)
 
     async def place_instance(
         self,

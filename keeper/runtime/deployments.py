@@ -114,6 +114,22 @@ def deleted_response(deployment: Deployment, new_id: IdFactory = new_id) -> Comm
     )
 
 
+def scaled_response(
+    deployment: Deployment, replicas: int, new_id: IdFactory = new_id
+) -> CommandResponse:
+    """The answer to scaling ``deployment`` (as it was) to ``replicas``; the same count again
+    is said to change nothing."""
+    model_id = deployment.model_card.model_id
+    message = (
+        f"Deployment of {model_id} already keeps {replicas} replica(s)"
+        if replicas == deployment.replicas
+        else f"Deployment of {model_id} scaled from {deployment.replicas} to {replicas} replica(s)"
+    )
+    return CommandResponse(
+        message=message, command_id=new_id(), deployment_id=deployment.deployment_id
+    )
+
+
 def _deployment_view(
     deployment: Deployment,
     state: State,

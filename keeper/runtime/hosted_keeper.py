@@ -28,6 +28,7 @@ class KeeperLike(Protocol):
 
     def step(self, state: State, now: float) -> list[AnyEvent]: ...
     def delete(self, deployment_id: str, state: State) -> list[AnyEvent]: ...
+    def scale(self, deployment_id: str, replicas: int, state: State) -> list[AnyEvent]: ...
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]: ...
 
 
@@ -61,6 +62,9 @@ class HostedKeeper:
 
     def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
         return self.inner.delete(deployment_id, state)
+
+    def scale(self, deployment_id: str, replicas: int, state: State) -> list[AnyEvent]:
+        return self.inner.scale(deployment_id, replicas, state)
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
         return self.inner.timers(state, now)
