@@ -18,7 +18,7 @@ from keeper.readiness import (
     instances_of,
     ready_instances_of,
 )
-from keeper.state import RunnerLoading
+from keeper.state import AnyInstance, RunnerLoading
 
 
 def _every_status() -> tuple[Cluster, dict[str, str]]:
@@ -100,3 +100,41 @@ def test_chat_targets_are_the_ready_instances_with_every_node_connected_in_state
     assert chat_targets(cluster.state, "m", {"node-a", "node-b"}) == [("m-on-ba", "node-b")]
     assert chat_targets(cluster.state, "m", set()) == []
     assert chat_targets(cluster.state, "n", everyone) == [("n-on-a", "node-a")]
+
+
+def _ring_listed_backwards() -> AnyInstance:
+    """A two-node ring whose rank-0 node (node-b) is listed last in ``nodeToRunner``."""
+    ring = build_instance(card("m"), ["node-b", "node-a"], "m-ring")
+    assignments = ring.shard_assignments
+    backwards = dict(reversed(list(assignments.node_to_runner.items())))
+    return ring.model_copy(
+        update={"shard_assignments": assignments.model_copy(update={"node_to_runner": backwards})}
+    )
+
+
+def test_a_chat_goes_to_the_rank_0_node_whatever_order_the_nodes_are_listed_in() -> None:
+    cluster = Cluster()
+    cluster.add_nodes("node-a", "node-b")
+    ring = _ring_listed_backwards()
+    assert next(iter(ring.shard_assignments.node_to_runner)) == "node-a"
+    cluster.apply(InstanceCreated(instance=ring))
+    cluster.make_ready("m-ring")
+    assert chat_targets(cluster.state, "m", {"node-a", "node-b"}) == [("m-ring", "node-b")]
+
+
+def test_an_instance_without_a_rank_0_shard_is_no_chat_target() -> None:
+    cluster = Cluster()
+    cluster.add_nodes("node-a", "node-b")
+    ring = _ring_listed_backwards()
+    assignments = ring.shard_assignments
+    no_rank_0 = {
+        runner: shard.model_copy(update={"device_rank": shard.device_rank + 1})
+        for runner, shard in assignments.runner_to_shard.items()
+    }
+    broken = ring.model_copy(
+        update={"shard_assignments": assignments.model_copy(update={"runner_to_shard": no_rank_0})}
+    )
+    cluster.apply(InstanceCreated(instance=broken))
+    cluster.make_ready("m-ring")
+    assert ready_instances_of(cluster.state, "m") != []
+    assert chat_targets(cluster.state, "m", {"node-a", "node-b"}) == []

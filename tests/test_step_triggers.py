@@ -53,7 +53,7 @@ CALLS_FOR_NO_STEP: list[AnyEvent] = [
     ids=lambda e: f"{type(e).__name__}-{type(getattr(e, 'runner_status', None)).__name__}",
 )
 def test_events_that_may_allow_a_placement_call_for_a_step(event: AnyEvent) -> None:
-    assert calls_for_step(event)
+    assert calls_for_step(event) is True
 
 
 @pytest.mark.parametrize(
@@ -62,4 +62,4 @@ def test_events_that_may_allow_a_placement_call_for_a_step(event: AnyEvent) -> N
     ids=lambda e: f"{type(e).__name__}-{type(getattr(e, 'runner_status', None)).__name__}",
 )
 def test_bookkeeping_and_progress_call_for_no_step(event: AnyEvent) -> None:
-    assert not calls_for_step(event)
+    assert calls_for_step(event) is False
