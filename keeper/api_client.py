@@ -206,3 +206,8 @@ class DeploymentsClient:
         if response.is_error:
             raise ApiError(error_message(response), response.status_code)
         return response
+
+    async def scale(self, deployment_id: str, replicas: int) -> Answer[CommandResponse]:
+        path = f"/deployments/{deployment_id}"
+        body = {"replicas": replicas}
+        return await self._call("PATCH", path, CommandResponse, body=body, what="PATCH /deployments")
