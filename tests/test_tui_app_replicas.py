@@ -149,6 +149,8 @@ async def test_ctrl_k_deletes_the_selected_instance_after_a_confirm() -> None:
         assert isinstance(app.screen, DashboardScreen)
 
         await select_failed_replica(pilot, app)
+        shown = {b.binding.key for b in app.active_bindings.values() if b.binding.show}
+        assert "ctrl+k" in shown  # in the footer while the instances have focus
         confirm = await press_to(pilot, "ctrl+k", screen=ConfirmDeleteScreen)
         question = str(confirm.query_one("#question").render())
         assert FAILED_REPLICA in question and "runner failed on mini-b: boom" in question

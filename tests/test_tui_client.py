@@ -334,6 +334,8 @@ async def test_scale_patches_the_deployment_and_reads_a_refusal() -> None:
         if request.url.path == "/deployments/gone":
             body = {"error": {"message": "no deployment gone", "type": "Not Found", "code": 404}}
             return httpx.Response(404, json=body)
+        if request.url.path == "/deployments/old":  # a master from before scaling
+            return httpx.Response(405, json={"detail": "Method Not Allowed"})
         return httpx.Response(
             200, json={"message": "scaled", "command_id": "c2", "deployment_id": "d1"}
         )
@@ -342,11 +344,14 @@ async def test_scale_patches_the_deployment_and_reads_a_refusal() -> None:
     answer = await client.scale_deployment("d1", 3)
     with pytest.raises(ApiError) as refused:
         await client.scale_deployment("gone", 2)
+    with pytest.raises(ApiError, match="this master cannot scale deployments"):
+        await client.scale_deployment("old", 2)
     await client.aclose()
     assert answer.deployment_id == "d1"
     assert [(r.method, r.url.path) for r in seen] == [
         ("PATCH", "/deployments/d1"),
         ("PATCH", "/deployments/gone"),
+        ("PATCH", "/deployments/old"),
     ]
     assert json.loads(seen[0].content) == {"replicas": 3}
     assert (refused.value.status, refused.value.message) == (404, "no deployment gone")

@@ -15,7 +15,7 @@ from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
 from keeper.api_models import CreateDeploymentRequest, model_entry
 from keeper.catalog import BUILTIN_MODEL_CARDS
-from keeper.events import IndexedEvent, RunnerStatusUpdated
+from keeper.events import DeploymentScaled, IndexedEvent, RunnerStatusUpdated
 from keeper.readiness import ready_replicas
 from keeper.state import MAX_REPLICAS, RunnerFailed, RunnerLoading, State
 
@@ -246,3 +246,27 @@ def test_scale_and_delete_instance_commands() -> None:
         assert isinstance(refused, ParseError) and "read-only" in refused.message
     bad = parse_command("scale lots", readonly=False, demo=False)
     assert isinstance(bad, ParseError) and bad.message.startswith("usage: scale [N]")
+
+
+# --- timeline -------------------------------------------------------------------------------
+
+
+def test_scaling_is_told_alike_from_an_event_and_from_a_polled_state() -> None:
+    builder = three_nodes().deployment(QWEN, on=["mini-a"])
+    by_event = connected(builder)
+    scaled = DeploymentScaled(deployment_id="dep-qwen3-0.6b-4bit", replicas=3)
+    idx = by_event.state.last_event_applied_idx + 1
+    by_event.handle(EventUpdate(IndexedEvent(idx=idx, event=scaled)), FROZEN_NOW + 1)
+    by_poll = connected(builder)
+    deployment = builder.state.deployments["dep-qwen3-0.6b-4bit"]
+    state = builder.state.model_copy(
+        update={
+            "deployments": {"dep-qwen3-0.6b-4bit": deployment.model_copy(update={"replicas": 3})}
+        }
+    )
+    by_poll.handle(SnapshotUpdate(state, None), FROZEN_NOW + 1)
+    told = "Qwen3-0.6B-4bit scaled from 1 to 3 replicas"
+    for model in (by_event, by_poll):
+        assert [e.text for e in model.timeline][-1] == told
+        (row,) = model.deployment_rows(FROZEN_NOW + 1)
+        assert (row.ready_replicas, row.replicas) == (1, 3)

@@ -159,6 +159,12 @@ class NodesTable(SecondaryTable):
 
 
 class InstancesTable(SecondaryTable):
+    # Shown in the footer while the instances have focus; the screen's check_action (read-only)
+    # decides for it, and the screen's own ctrl+k says where to go from anywhere else.
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+k", "screen.delete_instance", "Del inst"),
+    ]
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._instances: dict[str, InstanceRow] = {}
