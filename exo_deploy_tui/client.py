@@ -82,11 +82,6 @@ RECONNECT_MAX_S = 8.0
 # After a master says it has no event stream, poll this long before asking again, so a master
 # upgraded in place is eventually followed live.
 STREAM_RETRY_S = 60.0
-# A master that answers PATCH /deployments/{id} with 405 keeps deployments but predates scaling.
-CANNOT_SCALE = (
-    "this master cannot scale deployments (it has no PATCH /deployments/{id}): "
-    "upgrade exo-deploy on it, or delete the deployment and create it with the replicas wanted"
-)
 # What the connection says while it polls a stock exo master, so the header can tell the kinds
 # of master apart.
 STOCK_EXO = "stock exo"
@@ -393,12 +388,7 @@ class MasterClient:
         return (await self._deployments.delete(deployment_id)).value
 
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
-        try:
-            return (await self._deployments.scale(deployment_id, replicas)).value
-        except ApiError as exc:
-            if exc.status == 405:  # a master from before scaling: say so, not "Method Not Allowed"
-                raise ApiError(CANNOT_SCALE, 405) from exc
-            raise
+        return (await self._deployments.scale(deployment_id, replicas)).value
 
     async def delete_instance(self, instance_id: str) -> None:
         """exo's route, answered alike by our master, the bridge and a stock exo; the answer's

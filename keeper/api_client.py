@@ -1,5 +1,5 @@
 """The deployments API from the outside: one client for every program that drives it over HTTP,
-the ``exo-deploy list/deploy/undeploy`` commands and the TUI's create and delete.
+the ``exo-deploy list/deploy/scale/undeploy`` commands and the TUI's create and delete.
 
 Both read a refusal the same way: exo's error envelope (``{"error": {"message", ...}}``, what
 our master and the bridge send), else FastAPI's ``{"detail": ...}`` (a string, or the list of
@@ -37,6 +37,10 @@ QUOTED_BODY_CHARS = 200
 NO_DEPLOYMENTS_API = (
     "this master has no deployments API (a stock exo master?): run exo-deploy's master, "
     "or `exo-deploy bridge` beside it"
+)
+NO_SCALING_API = (
+    "this master cannot scale deployments (no PATCH /deployments/{id}): it runs an older "
+    "exo-deploy; delete the deployment and create it again with the replicas wanted"
 )
 
 # usage: the request could not even be made (a URL that is not a master's); unreachable: no
@@ -154,6 +158,23 @@ class DeploymentsClient:
         body = request.model_dump(mode="json")
         return await self._call("POST", "/deployments", CommandResponse, body=body)
 
+    async def scale(self, deployment_id: str, replicas: int) -> Answer[CommandResponse]:
+        """Keep ``replicas`` instances of the deployment's model (``PATCH /deployments/{id}``);
+        the master judges the count (1 to 16), so its refusal is the message."""
+        path = f"/deployments/{deployment_id}"
+        try:
+            return await self._call(
+                "PATCH",
+                path,
+                CommandResponse,
+                body={"replicas": replicas},
+                what="PATCH /deployments",
+            )
+        except ApiError as exc:
+            if exc.status == 405:  # the path exists, for DELETE only: a master from before
+                raise ApiError(NO_SCALING_API, 405) from exc
+            raise
+
     async def delete(self, deployment_id: str) -> Answer[CommandResponse]:
         path = f"/deployments/{deployment_id}"
         return await self._call("DELETE", path, CommandResponse, what="DELETE /deployments")
@@ -206,8 +227,3 @@ class DeploymentsClient:
         if response.is_error:
             raise ApiError(error_message(response), response.status_code)
         return response
-
-    async def scale(self, deployment_id: str, replicas: int) -> Answer[CommandResponse]:
-        path = f"/deployments/{deployment_id}"
-        body = {"replicas": replicas}
-        return await self._call("PATCH", path, CommandResponse, body=body, what="PATCH /deployments")
