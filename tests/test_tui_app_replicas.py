@@ -191,7 +191,7 @@ async def test_readonly_hides_and_refuses_scale_and_instance_deletion() -> None:
         await pilot.pause()
         assert isinstance(app.screen, DashboardScreen)
         assert client.scaled == [] and client.deleted_instances == []
-        titles = [c.title for c in app.get_system_commands(app.dashboard)]
+        titles = [c.title for c in app.get_system_commands(app.screen)]
         assert not [t for t in titles if t.startswith(("Scale", "Delete-instance"))]
         assert "Describe (enter)" in titles  # the palette still lists what read-only allows
 
@@ -213,3 +213,14 @@ async def test_scale_and_delete_instance_on_a_stock_exo_name_the_bridge() -> Non
         await press_to(pilot, "ctrl+k", screen=ConfirmDeleteScreen)
         await pilot.press("right", "enter")
         await until(pilot, lambda: client.deleted_instances == [FAILED_REPLICA])
+
+
+@pytest.mark.anyio
+async def test_the_scale_command_opens_the_form_with_its_count() -> None:
+    app, client = make_app(replicated())
+    async with running(app) as pilot:
+        await select_qwen(pilot, app)
+        form = await press_to(pilot, "colon", *"scale 4", "enter", screen=ScaleScreen)
+        assert form.query_one("#replicas", Input).value == "4"
+        await pilot.press("enter")
+        await until(pilot, lambda: client.scaled == [(QWEN_ID, 4)])
