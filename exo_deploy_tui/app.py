@@ -36,15 +36,17 @@ from exo_deploy_tui.client import ApiError, ClusterClient
 from exo_deploy_tui.commands import visible_actions
 from exo_deploy_tui.failure_log import record_failure
 from exo_deploy_tui.faults import FaultInjector, inject
-from exo_deploy_tui.format import short_model
+from exo_deploy_tui.format import short_id, short_model
 from exo_deploy_tui.model import ClusterModel
 from exo_deploy_tui.screens.contract import (
     CreateRequested,
     DashboardView,
     DeleteRequested,
     FaultRequested,
+    InstanceDeleteRequested,
     ModelScreen,
     PauseToggled,
+    ScaleRequested,
 )
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
@@ -220,6 +222,19 @@ class DashboardApp(App[None]):
     def on_delete_requested(self, message: DeleteRequested) -> None:
         self.delete_deployment(message.deployment_id, message.model_id)
 
+    def on_scale_requested(self, message: ScaleRequested) -> None:
+        async def scale() -> None:
+            message.answer(
+                await self.scale_deployment(
+                    message.deployment_id, message.model_id, message.replicas
+                )
+            )
+
+        self.run_worker(scale(), group="mutations", exit_on_error=False)
+
+    def on_instance_delete_requested(self, message: InstanceDeleteRequested) -> None:
+        self.delete_instance(message.instance_id, message.model_id)
+
     def on_fault_requested(self, message: FaultRequested) -> None:
         faults = self.faults
         if faults is None:
@@ -264,6 +279,37 @@ class DashboardApp(App[None]):
                 self.notify(exc.message, title="Delete refused", severity="error", timeout=8)
                 return
             self.notify(f"Deployment of {short_model(model_id)} deleted.", title="Deleted")
+
+        self.run_worker(delete(), group="mutations", exit_on_error=False)
+
+    async def scale_deployment(
+        self, deployment_id: str, model_id: str, replicas: int
+    ) -> str | None:
+        """Ask the master; returns None on success, else the reason it was refused."""
+        if self.view.readonly:
+            return "read-only: cannot scale deployments"
+        try:
+            await self.client.scale_deployment(deployment_id, replicas)
+        except ApiError as exc:
+            return exc.message
+        self.notify(f"{short_model(model_id)} scaled to {replicas}.", title="Scaled")
+        return None
+
+    def delete_instance(self, instance_id: str, model_id: str) -> None:
+        if self.view.readonly:
+            self.notify("Read-only: cannot delete instances.", severity="warning")
+            return
+
+        async def delete() -> None:
+            try:
+                await self.client.delete_instance(instance_id)
+            except ApiError as exc:
+                self.notify(exc.message, title="Delete refused", severity="error", timeout=8)
+                return
+            self.notify(
+                f"Instance {short_id(instance_id)} of {short_model(model_id)} deleted.",
+                title="Deleted",
+            )
 
         self.run_worker(delete(), group="mutations", exit_on_error=False)
 

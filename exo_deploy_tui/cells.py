@@ -63,19 +63,25 @@ def _cell(text: str, style: str, width: int) -> Cell:
 
 
 # Below this width the instance id moves out of the table into the detail strip, so the model
-# name (the one thing an operator scans for) gets the room.
+# name (the one thing an operator scans for) gets the room. The failure count goes too: NEXT
+# already says "backoff" in amber, and the detail strip says how many were lost in a row.
 INSTANCE_COLUMN_FROM = 100
 
 
-def deployment_columns(width: int, model_len: int = 26, nodes_len: int = 14) -> tuple[Column, ...]:
-    """Columns for a table ``width`` wide whose longest model name and node list are given."""
+def deployment_columns(
+    width: int, model_len: int = 26, nodes_len: int = 14, *, replicas: bool = True
+) -> tuple[Column, ...]:
+    """Columns for a table ``width`` wide whose longest model name and node list are given;
+    ``replicas``: whether there are deployments to count replicas of (not on a stock exo)."""
     fixed = [
         Column("status", "STATUS", 13),
         Column("age", "AGE", 7),
         Column("next", "NEXT", 12),
-        Column("fail", "FAIL", 5),
     ]
+    if replicas:
+        fixed.append(Column("ready", "READY", 6))  # "16/16" and its padding
     if width >= INSTANCE_COLUMN_FROM:
+        fixed.append(Column("fail", "FAIL", 5))
         fixed.append(Column("instance", "INSTANCE", 9))
     room = max(20, width - sum(c.width for c in fixed) - 1)  # 1: the scrollbar
     nodes_min = 8
@@ -90,7 +96,7 @@ def deployment_columns(width: int, model_len: int = 26, nodes_len: int = 14) -> 
     else:
         flexible = [Column("model", "MODEL", model_w), Column("nodes", "NODES", room - model_w)]
     by_key = {c.key: c for c in (*fixed, *flexible)}
-    order = ("status", "model", "instance", "nodes", "age", "next", "fail", "error")
+    order = ("status", "model", "ready", "instance", "nodes", "age", "next", "fail", "error")
     return tuple(by_key[k] for k in order if k in by_key)
 
 
@@ -107,6 +113,17 @@ def next_text(row: DeploymentRow) -> str:
     return f"{word} {duration(row.next_attempt_in_s)}"
 
 
+def nodes_text(row: DeploymentRow) -> str:
+    """Where it runs: each instance's nodes, commas within one, ``|`` between replicas."""
+    groups = row.replica_nodes or ((row.nodes,) if row.nodes else ())
+    return "|".join(",".join(nodes) for nodes in groups) or "-"
+
+
+def ready_cell(row: DeploymentRow) -> tuple[str, str]:
+    """``ready/replicas``, amber while fewer are ready than the deployment keeps."""
+    return f"{row.ready_replicas}/{row.replicas}", "bold yellow" if row.short else ""
+
+
 def age_text(row: DeploymentRow) -> str:
     return duration(row.in_status_s) + ("" if row.in_status_known else "+")
 
@@ -115,8 +132,9 @@ def deployment_cells(row: DeploymentRow, columns: tuple[Column, ...]) -> Cells:
     values: dict[str, tuple[str, str]] = {
         "status": (status_text(row), f"bold {STATUS_COLOR[row.status]}"),
         "model": (short_model(row.model_id), "bold" if row.broken else ""),
+        "ready": ready_cell(row),
         "instance": (short_id(row.instance_id) if row.instance_id else "-", DIM),
-        "nodes": (",".join(row.nodes) if row.nodes else "-", ""),
+        "nodes": (nodes_text(row), ""),
         "age": (age_text(row), ""),
         "next": (next_text(row), "yellow" if row.waiting == "backoff" else ""),
         "fail": (str(row.failures) if row.failures else "", "red" if row.failures else ""),
@@ -176,6 +194,9 @@ def detail_text(
     text.append("  ")
     text.append(status_label(row.status), style=f"bold {STATUS_COLOR[row.status]}")
     text.append(f"  {row.sharding}/{row.instance_meta}, min {row.min_nodes}", style=DIM)
+    if row.replicas > 1:
+        style = "bold yellow" if row.short else ""
+        text.append(f"  {row.ready_replicas}/{row.replicas} replicas ready", style=style)
     if row.instance_id:
         text.append(f"  instance {short_id(row.instance_id)} on {', '.join(row.nodes)}")
     timer = timer_words(row)
@@ -273,24 +294,38 @@ def runner_status_text(runner: RunnerRow) -> tuple[str, str]:
     return f"{symbol} {runner.status}", style
 
 
+def unhealthy_key(instance_id: str) -> str:
+    """The row key of the line saying why an instance is unhealthy."""
+    return f"{instance_id} unhealthy"
+
+
 def instance_table_rows(
     instances: list[InstanceRow], columns: tuple[Column, ...]
 ) -> list[tuple[str, Cells]]:
+    """Per instance: its head row (keyed by the instance id), the reason it is unhealthy if it
+    is (one cell spanning the table), then a row per runner (keyed by the runner id)."""
     rows: list[tuple[str, Cells]] = []
+    span = sum(c.width for c in columns)
     for instance in instances:
         # A runner whose node left serves nothing, whatever status it last reported.
         ready = sum(
             1 for r in instance.runners if r.status in ("Ready", "Running") and r.node_present
         )
+        if instance.unhealthy is not None:
+            status = ("✖ unhealthy", "bold red")
+        elif instance.ready:
+            status = ("● ready", "green")
+        else:
+            status = (f"◐ {ready}/{len(instance.runners)} ready", "yellow")
         head: dict[str, tuple[str, str]] = {
             "what": (f"{short_model(instance.model_id)} {short_id(instance.instance_id)}", "bold"),
             "layers": (instance.kind.removeprefix("Mlx"), DIM),
-            "status": (
-                ("● ready" if instance.ready else f"◐ {ready}/{len(instance.runners)} ready"),
-                "green" if instance.ready else "yellow",
-            ),
+            "status": status,
         }
         rows.append((instance.instance_id, tuple(_cell(*head[c.key], c.width) for c in columns)))
+        if instance.unhealthy is not None:
+            why = f" │ ✖ unhealthy: {instance.unhealthy}"
+            rows.append((unhealthy_key(instance.instance_id), (_cell(why, "red", span),)))
         for index, runner in enumerate(instance.runners):
             branch = "└" if index == len(instance.runners) - 1 else "├"
             gone = "" if runner.node_present else " ✖gone"

@@ -23,9 +23,9 @@ The stream is read with httpx-sse, which frames events and keeps ``id`` and ``re
 master's ``retry`` sets where the reconnect backoff starts. Deadlines use anyio's clock rather
 than httpx's socket timeouts so the same code runs under trio's virtual clock in tests; the
 stream's silence deadline watches bytes, since the keepalive is a comment no event shows.
-Mutations (create, delete) go through the deployments client the CLI uses too
-(``keeper.api_client``), which raises ``ApiError`` carrying the master's own
-message.
+Mutations (create, scale, delete, and deleting an instance with exo's own
+``DELETE /instance/{id}``) go through the deployments client the CLI uses too
+(``keeper.api_client``), which raises ``ApiError`` carrying the master's own message.
 """
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ class ClusterClient(Protocol):
     async def models(self) -> list[ModelListEntry]: ...
     async def create_deployment(self, request: CreateDeploymentRequest) -> CommandResponse: ...
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
+    async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse: ...
+    async def delete_instance(self, instance_id: str) -> None: ...
     async def aclose(self) -> None: ...
 
 
@@ -384,3 +386,11 @@ class MasterClient:
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
         return (await self._deployments.delete(deployment_id)).value
+
+    async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
+        return (await self._deployments.scale(deployment_id, replicas)).value
+
+    async def delete_instance(self, instance_id: str) -> None:
+        """exo's route, answered alike by our master, the bridge and a stock exo; the answer's
+        body says nothing the dashboard needs (the State shows the instance go)."""
+        await self._deployments.request("DELETE", f"/instance/{instance_id}")

@@ -26,6 +26,16 @@ class ActionSpec:
 ACTIONS: Final[tuple[ActionSpec, ...]] = (
     ActionSpec("new", "n", "new", "create a deployment (model catalog form)", mutating=True),
     ActionSpec("delete", "ctrl+d", "delete", "delete the selected deployment", mutating=True),
+    ActionSpec(
+        "scale", "s", "scale", "replicas of the selected deployment", args="[N]", mutating=True
+    ),
+    ActionSpec(
+        "delete_instance",
+        "ctrl+k",
+        "delete-instance",
+        "delete the selected instance (re-placed)",
+        mutating=True,
+    ),
     ActionSpec("describe", "enter", "describe", "placement error, history and raw JSON"),
     ActionSpec("filter", "/", "filter", "show rows matching TEXT (esc clears)", args="[TEXT]"),
     ActionSpec("sort('status')", "S", "sort status", "sort by status, broken first"),
@@ -100,6 +110,7 @@ _SIMPLE: Final = {
     "quit": "quit",
     "q": "quit",
     "restart-master": "restart_master",
+    "delete-instance": "delete_instance",
 }
 _TABS: Final = ("deployments", "nodes", "instances", "timeline")
 
@@ -109,7 +120,7 @@ def parse_command(line: str, *, readonly: bool, demo: bool) -> Parsed | ParseErr
     if not words:
         return ParseError("type a command, e.g. 'sort name' or 'help'")
     head, rest = words[0].lower(), words[1:]
-    mutating = {"new", "delete"}
+    mutating = {"new", "delete", "scale", "delete_instance"}
     if head in _SIMPLE:
         method = _SIMPLE[head]
         if readonly and method in mutating:
@@ -119,6 +130,14 @@ def parse_command(line: str, *, readonly: bool, demo: bool) -> Parsed | ParseErr
         if rest:
             return ParseError(f"'{head}' takes no arguments")
         return Parsed(method)
+    if head == "scale":
+        if readonly:
+            return ParseError("'scale' is not available: the dashboard is read-only")
+        if not rest:
+            return Parsed("scale")
+        if len(rest) > 1 or not rest[0].isdecimal():
+            return ParseError("usage: scale [N], N the replicas to keep")
+        return Parsed("scale", (int(rest[0]),))
     if head in _TABS:
         return Parsed("show_tab", (head,))
     if head == "filter":

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Literal
 
 from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_id, short_model
+from exo_deploy_tui.health import progress_signature, unhealthy_reason
 from exo_deploy_tui.timeline import (
     Timeline,
     TimelineEntry,
@@ -97,6 +98,15 @@ class DeploymentRow:
     sharding: str
     instance_meta: str
     min_nodes: int
+    replicas: int = 1
+    ready_replicas: int = 0  # instances of the model ready now (keeper.readiness's rule)
+    # The nodes of every instance of the model, that instance's first: where the replicas run.
+    replica_nodes: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def short(self) -> bool:
+        """Fewer replicas ready than the deployment keeps."""
+        return self.ready_replicas < self.replicas
 
     @property
     def broken(self) -> bool:
@@ -110,7 +120,7 @@ class DeploymentRow:
                 self.status,
                 self.deployment_id,
                 self.instance_id or "",
-                " ".join(self.nodes),
+                " ".join(" ".join(nodes) for nodes in self.replica_nodes or (self.nodes,)),
                 self.placement_error or "",
             )
         ).casefold()
@@ -153,6 +163,8 @@ class InstanceRow:
     kind: str
     ready: bool
     runners: tuple[RunnerRow, ...]
+    # Why the instance looks unhealthy (``unhealthy_reason``), or None.
+    unhealthy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +212,14 @@ class _Tracked:
 
 
 @dataclass
+class _Progress:
+    """What an instance's runners and downloads last showed, and since when (our clock)."""
+
+    signature: object
+    since: float
+
+
+@dataclass
 class _Gone:
     name: str
     at: float  # when it left
@@ -213,6 +233,7 @@ class _Derived:
 
     statuses: dict[DeploymentId, DeploymentStatus]
     ready_nodes: dict[str, tuple[NodeId, ...]]  # per model: the nodes of a ready instance
+    ready_count: dict[str, int]  # per model: its ready instances (``ready_replicas``)
     instances_of: dict[str, list[AnyInstance]]  # per model
     names: dict[NodeId, str]  # friendly names, gone nodes included
 
@@ -289,6 +310,8 @@ class ClusterModel:
     _tracked: dict[DeploymentId, _Tracked] = field(default_factory=dict)
     _gone: dict[NodeId, _Gone] = field(default_factory=dict)
     _silent: set[NodeId] = field(default_factory=set)
+    # Per instance not yet ready: what its runners and downloads last showed, and since when.
+    _progress: dict[InstanceId, _Progress] = field(default_factory=dict)
     # True once the first snapshot has been taken in: from then on we see statuses begin.
     _watching: bool = False
     _derived: _Derived | None = None
@@ -383,11 +406,16 @@ class ClusterModel:
             return self._derived
         instances_of: dict[str, list[AnyInstance]] = {}
         ready_nodes: dict[str, tuple[NodeId, ...]] = {}
+        ready_count: dict[str, int] = {}
         for instance in state.instances.values():
             model = instance.shard_assignments.model_id
             instances_of.setdefault(model, []).append(instance)
-            if model not in ready_nodes and instance_is_ready(instance, state):
-                ready_nodes[model] = tuple(instance.shard_assignments.node_to_runner)
+            if instance_is_ready(instance, state):
+                # keeper.readiness.ready_replicas counts these: what GET /deployments shows as
+                # readyReplicas, here as fresh as the State (and as the status beside it).
+                ready_count[model] = ready_count.get(model, 0) + 1
+                if model not in ready_nodes:
+                    ready_nodes[model] = tuple(instance.shard_assignments.node_to_runner)
         statuses: dict[DeploymentId, DeploymentStatus] = {
             d_id: status_of(d, instances_of, ready_nodes) for d_id, d in state.deployments.items()
         }
@@ -397,7 +425,7 @@ class ClusterModel:
             for node_id, identity in state.node_identities.items()
             if identity.friendly_name
         )
-        self._derived = _Derived(statuses, ready_nodes, instances_of, names)
+        self._derived = _Derived(statuses, ready_nodes, ready_count, instances_of, names)
         self._derived_from = state
         return self._derived
 
@@ -471,6 +499,23 @@ class ClusterModel:
         self.timeline.extend(entries)
         self._watching = self._watching or self.has_data
         self._check_silence(now)
+        self._note_progress(now)
+
+    def _note_progress(self, now: float) -> None:
+        """Date each not-ready instance's last progress. An instance first seen is dated now:
+        how long it stood still before we connected cannot be known."""
+        state = self.state
+        progress = self._progress
+        for instance_id in [i for i in progress if i not in state.instances]:
+            del progress[instance_id]
+        for instance_id, instance in state.instances.items():
+            if instance_is_ready(instance, state):
+                progress.pop(instance_id, None)
+                continue
+            signature = progress_signature(instance, state)
+            known = progress.get(instance_id)
+            if known is None or known.signature != signature:
+                progress[instance_id] = _Progress(signature, now)
 
     def _outage_start(self, nodes: tuple[NodeId, ...], now: float) -> float:
         """When serving really stopped: if a node it ran on fell silent or left, the last time
@@ -536,7 +581,8 @@ class ClusterModel:
         rows: list[DeploymentRow] = []
         for d_id, deployment in state.deployments.items():
             model = deployment.model_card.model_id
-            instance = _instance_for(deployment, by_model.get(model, []))
+            instances = by_model.get(model, [])
+            instance = _instance_for(deployment, instances)
             status = statuses[d_id]
             tracked = self._tracked.get(d_id)
             timer = self._timers.get(d_id)
@@ -560,6 +606,12 @@ class ClusterModel:
                     sharding=str(deployment.sharding),
                     instance_meta=str(deployment.instance_meta),
                     min_nodes=deployment.min_nodes,
+                    replicas=deployment.replicas,
+                    ready_replicas=derived.ready_count.get(model, 0),
+                    replica_nodes=tuple(
+                        _node_names(i, names)
+                        for i in sorted(instances, key=lambda i: i is not instance)
+                    ),
                 )
             )
         return rows
@@ -621,7 +673,7 @@ class ClusterModel:
         departed.sort(key=lambda r: (r.name, r.node_id))
         return rows + departed
 
-    def instance_rows(self) -> list[InstanceRow]:
+    def instance_rows(self, now: float) -> list[InstanceRow]:
         state = self.state
         deployment_of = {d.model_card.model_id: d_id for d_id, d in state.deployments.items()}
         present = set(state.topology.nodes)
@@ -650,14 +702,26 @@ class ClusterModel:
                     )
                 )
             runners.sort(key=lambda r: r.rank)
+            ready = shown_ready(instance, state)
+            progress = self._progress.get(instance.instance_id)
+            quiet = {
+                node_id: self._quiet_for(node_id, now) for node_id in assignments.node_to_runner
+            }
             rows.append(
                 InstanceRow(
                     instance_id=instance.instance_id,
                     model_id=assignments.model_id,
                     deployment_id=deployment_of.get(assignments.model_id),
                     kind="MlxJaccl" if isinstance(instance, MlxJacclInstance) else "MlxRing",
-                    ready=shown_ready(instance, state),
+                    ready=ready,
                     runners=tuple(runners),
+                    unhealthy=unhealthy_reason(
+                        runners,
+                        ready=ready,
+                        quiet_s=quiet,
+                        last_progress_at=progress.since if progress else None,
+                        now=now,
+                    ),
                 )
             )
         rows.sort(key=lambda r: (r.model_id, r.instance_id))

@@ -27,7 +27,7 @@ from keeper.api_models import (
     model_entry,
 )
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.readiness import deployment_statuses
+from keeper.readiness import deployment_statuses, ready_replicas
 from keeper.state import (
     AnyRunnerStatus,
     Backend,
@@ -135,9 +135,10 @@ class ClusterBuilder:
         next_attempt_in_s: float | None = None,
         waiting: WaitReason | None = None,
         card: ModelCard | None = None,
+        replicas: int = 1,
     ) -> ClusterBuilder:
-        """A deployment of a catalog model (or of ``card``); ``on`` places an instance on those
-        nodes."""
+        """A deployment of a catalog model (or of ``card``) keeping ``replicas``; ``on`` places
+        an instance on those nodes (``instance`` adds more)."""
         card = card or catalog_by_id()[model_id]
         slug = model_id.rsplit("/", 1)[-1].lower()
         deployment_id = f"dep-{slug}"
@@ -148,41 +149,14 @@ class ClusterBuilder:
             min_nodes=min_nodes,
             instance_id=instance_id,
             placement_error=error,
+            replicas=replicas,
         )
         s = self.state
-        update: dict[str, object] = {"deployments": {**s.deployments, deployment_id: deployment}}
-        if on and instance_id is not None:
-            statuses = list(runners) if runners is not None else [RunnerReady()] * len(on)
-            runner_to_shard: dict[str, PipelineShardMetadata] = {}
-            node_to_runner: dict[str, str] = {}
-            per_node = max(1, card.n_layers // len(on))
-            for rank, name in enumerate(on):
-                runner_id = f"run-{slug}-{rank}"
-                start = rank * per_node
-                end = card.n_layers if rank == len(on) - 1 else start + per_node
-                runner_to_shard[runner_id] = PipelineShardMetadata(
-                    model_card=card,
-                    device_rank=rank,
-                    world_size=len(on),
-                    start_layer=start,
-                    end_layer=end,
-                    n_layers=card.n_layers,
-                )
-                node_to_runner[node_id_for(name)] = runner_id
-            instance = MlxRingInstance(
-                instance_id=instance_id,
-                shard_assignments=ShardAssignments(
-                    model_id=model_id,
-                    runner_to_shard=dict(runner_to_shard),
-                    node_to_runner=node_to_runner,
-                ),
-            )
-            update["instances"] = {**s.instances, instance_id: instance}
-            update["runners"] = {
-                **s.runners,
-                **{f"run-{slug}-{rank}": st for rank, st in enumerate(statuses)},
-            }
-        self.state = s.model_copy(update=update)
+        self.state = s.model_copy(
+            update={"deployments": {**s.deployments, deployment_id: deployment}}
+        )
+        if on:
+            self.instance(model_id, on=on, runners=runners, card=card)
         due = None if next_attempt_in_s is None else iso(self.now + next_attempt_in_s)
         self.views[deployment_id] = DeploymentView(
             deployment=deployment,
@@ -196,11 +170,69 @@ class ClusterBuilder:
         )
         return self
 
+    def instance(
+        self,
+        model_id: str,
+        *,
+        on: Sequence[str],
+        runners: Sequence[AnyRunnerStatus] | None = None,
+        card: ModelCard | None = None,
+        suffix: str = "",
+    ) -> ClusterBuilder:
+        """An instance of the model on the nodes ``on`` (ids ``inst-<model><suffix>`` and
+        ``run-<model><suffix>-<rank>``), runners Ready unless ``runners`` says otherwise."""
+        card = card or catalog_by_id()[model_id]
+        slug = model_id.rsplit("/", 1)[-1].lower() + suffix
+        instance_id = f"inst-{slug}"
+        statuses = list(runners) if runners is not None else [RunnerReady()] * len(on)
+        runner_to_shard: dict[str, PipelineShardMetadata] = {}
+        node_to_runner: dict[str, str] = {}
+        per_node = max(1, card.n_layers // len(on))
+        for rank, name in enumerate(on):
+            runner_id = f"run-{slug}-{rank}"
+            start = rank * per_node
+            end = card.n_layers if rank == len(on) - 1 else start + per_node
+            runner_to_shard[runner_id] = PipelineShardMetadata(
+                model_card=card,
+                device_rank=rank,
+                world_size=len(on),
+                start_layer=start,
+                end_layer=end,
+                n_layers=card.n_layers,
+            )
+            node_to_runner[node_id_for(name)] = runner_id
+        instance = MlxRingInstance(
+            instance_id=instance_id,
+            shard_assignments=ShardAssignments(
+                model_id=model_id,
+                runner_to_shard=dict(runner_to_shard),
+                node_to_runner=node_to_runner,
+            ),
+        )
+        s = self.state
+        self.state = s.model_copy(
+            update={
+                "instances": {**s.instances, instance_id: instance},
+                "runners": {
+                    **s.runners,
+                    **{f"run-{slug}-{rank}": st for rank, st in enumerate(statuses)},
+                },
+            }
+        )
+        return self
+
     def snapshot(self) -> SnapshotUpdate:
+        deployments = self.state.deployments
         views = tuple(
-            v.model_copy(update={"deployment": self.state.deployments[d]})
+            v.model_copy(
+                update={
+                    "deployment": deployments[d],
+                    "replicas": deployments[d].replicas,
+                    "ready_replicas": ready_replicas(deployments[d], self.state),
+                }
+            )
             for d, v in self.views.items()
-            if d in self.state.deployments
+            if d in deployments
         )
         return SnapshotUpdate(self.state, views)
 
@@ -216,6 +248,8 @@ class ScriptedClient:
     )
     created: list[CreateDeploymentRequest] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    scaled: list[tuple[str, int]] = field(default_factory=list)
+    deleted_instances: list[str] = field(default_factory=list)
     refuse_with: ApiError | None = None
     on_create: Callable[[CreateDeploymentRequest], None] | None = None
     resyncs: int = 0  # how often the app asked to start again from a snapshot
@@ -264,6 +298,17 @@ class ScriptedClient:
             raise self.refuse_with
         self.deleted.append(deployment_id)
         return CommandResponse(message="deleted", command_id="cmd-2", deployment_id=deployment_id)
+
+    async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
+        if self.refuse_with is not None:
+            raise self.refuse_with
+        self.scaled.append((deployment_id, replicas))
+        return CommandResponse(message="scaled", command_id="cmd-3", deployment_id=deployment_id)
+
+    async def delete_instance(self, instance_id: str) -> None:
+        if self.refuse_with is not None:
+            raise self.refuse_with
+        self.deleted_instances.append(instance_id)
 
     async def aclose(self) -> None:
         return None

@@ -23,6 +23,7 @@ from keeper.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentScaled,
     InstanceCreated,
     InstanceDeleted,
     NodeGatheredInfo,
@@ -150,8 +151,16 @@ def entries_for_event(
             text = (
                 f"deployment of {short_model(model)} created "
                 f"({deployment.sharding}, {deployment.instance_meta}, "
-                f"min {deployment.min_nodes} node{'s' if deployment.min_nodes != 1 else ''})"
+                f"min {deployment.min_nodes} node{'s' if deployment.min_nodes != 1 else ''}"
+                + (f", {deployment.replicas} replicas)" if deployment.replicas > 1 else ")")
             )
+            return [TimelineEntry(at, "info", text, model)]
+        case DeploymentScaled(deployment_id=deployment_id, replicas=replicas):
+            old = before.deployments.get(deployment_id)
+            if old is None or old.replicas == replicas:
+                return []
+            model = old.model_card.model_id
+            text = f"{short_model(model)} scaled from {old.replicas} to {replicas} replicas"
             return [TimelineEntry(at, "info", text, model)]
         case DeploymentDeleted(deployment_id=deployment_id):
             gone = before.deployments.get(deployment_id)
@@ -268,6 +277,8 @@ def events_between(before: State, after: State) -> list[AnyEvent]:
         old = before.deployments.get(d_id)
         if old is None:
             continue
+        if d.replicas != old.replicas:
+            events.append(DeploymentScaled(deployment_id=d_id, replicas=d.replicas))
         if d.instance_id is not None and d.instance_id != old.instance_id:
             events.append(DeploymentPlaced(deployment_id=d_id, instance_id=d.instance_id))
         if d.placement_error is not None and d.placement_error != old.placement_error:

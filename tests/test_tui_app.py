@@ -448,7 +448,9 @@ async def test_a_bug_in_the_feed_is_a_status_line_and_a_traceback_in_the_log(
     async with app.run_test(size=(80, 24)) as pilot:
         header = app.dashboard.query_one(HeaderBar)
         await until(pilot, lambda: "internal error: a bug in the feed" in str(header.render()))
-        await until(pilot, log.exists)
+        # The file appears when it is opened, before the traceback is written (from a thread):
+        # wait for the whole record, its last line included.
+        await until(pilot, lambda: log.exists() and "a bug in the feed\n" in log.read_text())
     text = log.read_text()
     assert "the feed from the master failed unexpectedly" in text
     assert "Traceback (most recent call last)" in text

@@ -325,6 +325,60 @@ async def test_create_sends_the_token_and_returns_the_answer() -> None:
 
 
 @pytest.mark.anyio
+async def test_scale_patches_the_deployment_and_reads_a_refusal() -> None:
+    seen: list[httpx.Request] = []
+
+    def master(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/deployments/gone":
+            body = {"error": {"message": "no deployment gone", "type": "Not Found", "code": 404}}
+            return httpx.Response(404, json=body)
+        if request.url.path == "/deployments/old":  # a master from before scaling
+            return httpx.Response(405, json={"detail": "Method Not Allowed"})
+        return httpx.Response(
+            200, json={"message": "scaled", "command_id": "c2", "deployment_id": "d1"}
+        )
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master))
+    answer = await client.scale_deployment("d1", 3)
+    with pytest.raises(ApiError) as refused:
+        await client.scale_deployment("gone", 2)
+    with pytest.raises(ApiError, match="this master cannot scale deployments"):
+        await client.scale_deployment("old", 2)
+    await client.aclose()
+    assert answer.deployment_id == "d1"
+    assert [(r.method, r.url.path) for r in seen] == [
+        ("PATCH", "/deployments/d1"),
+        ("PATCH", "/deployments/gone"),
+        ("PATCH", "/deployments/old"),
+    ]
+    assert json.loads(seen[0].content) == {"replicas": 3}
+    assert (refused.value.status, refused.value.message) == (404, "no deployment gone")
+
+
+@pytest.mark.anyio
+async def test_delete_instance_uses_exos_route() -> None:
+    seen: list[httpx.Request] = []
+
+    def master(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/instance/i-gone":
+            return httpx.Response(404, json={"detail": "Instance i-gone not found"})
+        return httpx.Response(200, json={"message": "deleted", "command_id": "c3"})
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master))
+    await client.delete_instance("i-1")
+    with pytest.raises(ApiError) as refused:
+        await client.delete_instance("i-gone")
+    await client.aclose()
+    assert [(r.method, r.url.path) for r in seen] == [
+        ("DELETE", "/instance/i-1"),
+        ("DELETE", "/instance/i-gone"),
+    ]
+    assert refused.value.message == "Instance i-gone not found"
+
+
+@pytest.mark.anyio
 async def test_a_refusal_carries_the_masters_message() -> None:
     def master(request: httpx.Request) -> httpx.Response:
         body = {

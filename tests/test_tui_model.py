@@ -373,7 +373,7 @@ def test_instances_list_runners_with_progress() -> None:
         )
     )
     model = connected(builder)
-    (instance,) = model.instance_rows()
+    (instance,) = model.instance_rows(FROZEN_NOW)
     assert instance.deployment_id == "dep-llama-3.2-1b-instruct-4bit"
     assert not instance.ready
     assert [(r.node_name, r.status, r.progress) for r in instance.runners] == [

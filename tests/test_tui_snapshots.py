@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import STOCK_EXO
@@ -19,7 +20,7 @@ from exo_deploy_tui.model import parse_iso
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
-from keeper.state import RunnerLoading, RunnerReady
+from keeper.state import RunnerFailed, RunnerLoading, RunnerReady
 from tests.recorded_exo import before_the_timeout, recorded_state
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
@@ -192,3 +193,63 @@ def test_stock_exo_after_a_node_timed_out(snap_compare: Compare, size: tuple[int
             await settled(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=node1_times_out)
+
+
+def replicated() -> ClusterBuilder:
+    """Qwen3-0.6B keeps 2: one ready on mini-a, the other failed on mini-b (short, 1/2); Llama
+    keeps 2, both ready."""
+    return (
+        nodes(ClusterBuilder())
+        .deployment(QWEN, on=["mini-a"], replicas=2)
+        .instance(
+            QWEN,
+            on=["mini-b"],
+            runners=[RunnerFailed(error_message="Metal OOM while loading layer 14")],
+            suffix="-b",
+        )
+        .deployment(LLAMA, on=["studio"], replicas=2)
+        .instance(LLAMA, on=["mini-a"], suffix="-b")
+    )
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_replicas_short(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(replicated()), terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_scale_form(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(replicated()), terminal_size=size, run_before=pressing("s"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_create_form_with_replicas(snap_compare: Compare, size: tuple[int, int]) -> None:
+    app = scenario(healthy())
+
+    async def open_form(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        await pilot.press("n")
+        deadline = time.monotonic() + 5
+        while not (isinstance(app.screen, CreateScreen) and app.screen.shown):
+            assert time.monotonic() < deadline, "the catalog did not load"
+            await pilot.pause(0.02)
+        await pilot.press(*"llama 70")
+        await settled(pilot)
+        replicas = app.screen.query_one("#create-replicas", Input)
+        replicas.value = "2"
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=open_form)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_instances_with_an_unhealthy_one(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(replicated()), terminal_size=size, run_before=pressing("3"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_delete_instance_confirm(snap_compare: Compare, size: tuple[int, int]) -> None:
+    # Llama's two instances (two rows each) and Qwen's ready one come first: the seventh row
+    # is the failed replica's head.
+    run = pressing("3", *["down"] * 6, "ctrl+k")
+    assert snap_compare(scenario(replicated()), terminal_size=size, run_before=run)

@@ -60,12 +60,12 @@ def test_an_idle_exo_shows_its_nodes_by_their_friendly_names() -> None:
 
 def test_a_loading_then_ready_instance_shows_its_runner() -> None:
     model, now = polled(recorded_state("state-instance-loading"))
-    (instance,) = model.instance_rows()
+    (instance,) = model.instance_rows(now)
     assert not instance.ready and instance.runners[0].status == "Loading"
     model, now = polled(
         recorded_state("state-instance-loading"), recorded_state("state-instance-ready")
     )
-    (instance,) = model.instance_rows()
+    (instance,) = model.instance_rows(now)
     assert instance.ready
     assert [(r.node_name, r.status, r.node_present) for r in instance.runners] == [
         ("node1", "Ready", True)
@@ -75,8 +75,8 @@ def test_a_loading_then_ready_instance_shows_its_runner() -> None:
 
 
 def test_a_two_node_pipeline_lists_both_runners_in_rank_order() -> None:
-    model, _ = polled(recorded_state("state-two-node-pipeline-ready"))
-    (instance,) = model.instance_rows()
+    model, now = polled(recorded_state("state-two-node-pipeline-ready"))
+    (instance,) = model.instance_rows(now)
     assert instance.ready and instance.model_id == "mlx-community/Qwen3-30B-A3B-4bit"
     assert [(r.rank, r.node_name, r.status) for r in instance.runners] == [
         (0, "node3", "Ready"),
@@ -104,18 +104,19 @@ def test_runners_of_a_deleted_instance_are_neither_counted_nor_shown() -> None:
     state = recorded_state("state-node-timed-out-instance-deleted")
     assert STALE_RUNNER in state.runners  # exo keeps it, with its last status
     model, now = polled(state)
-    assert model.instance_rows() == []
+    assert model.instance_rows(now) == []
     assert all(r.runners == () for r in model.node_rows(now))
     assert model.summary(now).instances == 0
 
 
 def test_an_instance_whose_node_left_is_not_ready() -> None:
-    model, _ = polled(recorded_state("state-node-timed-out"))
-    (instance,) = model.instance_rows()
+    model, now = polled(recorded_state("state-node-timed-out"))
+    (instance,) = model.instance_rows(now)
     assert instance.instance_id == QWEN_INSTANCE
     (runner,) = instance.runners
     assert (runner.node_name, runner.status, runner.node_present) == ("node1", "Ready", False)
     assert not instance.ready
+    assert instance.unhealthy == "node node1 left the cluster"
 
 
 def test_successive_polls_tell_the_node_loss_story() -> None:

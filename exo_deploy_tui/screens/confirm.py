@@ -1,4 +1,5 @@
-"""The delete confirmation: says exactly what will go, with Cancel focused.
+"""The delete confirmation, for a deployment (``ctrl+d``) or an instance (``ctrl+k``): says
+exactly what will go, with Cancel focused.
 
 As in k9s, a destructive key never acts alone: enter on the default button cancels, and
 deleting takes a deliberate move to "Delete" (tab, or the arrow keys) first.
@@ -16,8 +17,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Static
 
-from exo_deploy_tui.format import short_id
-from exo_deploy_tui.model import DeploymentRow
+from exo_deploy_tui.format import short_id, short_model
+from exo_deploy_tui.model import DeploymentRow, InstanceRow
 
 
 def delete_question(row: DeploymentRow) -> Text:
@@ -36,6 +37,28 @@ def delete_question(row: DeploymentRow) -> Text:
     return text
 
 
+def delete_instance_question(instance: InstanceRow, replicas: int | None) -> Text:
+    """What deleting ``instance`` does; ``replicas``: what the deployment of its model keeps,
+    None when no deployment keeps the model."""
+    text = Text()
+    text.append("Delete the instance of\n")
+    nodes = ", ".join(r.node_name for r in instance.runners) or "no nodes"
+    text.append(f"  {short_model(instance.model_id)} on {nodes}\n", style="bold")
+    text.append(f"  ({instance.instance_id})\n", style="dim")
+    if instance.unhealthy:
+        text.append(f"  ✖ unhealthy: {instance.unhealthy}\n", style="red")
+    text.append("\n")
+    if replicas is None:
+        text.append("No deployment keeps this model: nothing places it again.")
+    else:
+        count = f"{replicas} replica{'s' if replicas != 1 else ''}"
+        text.append(
+            f"Its deployment keeps {count}: the keeper places a new one by its rules, on nodes "
+            "apart from the other replicas."
+        )
+    return text
+
+
 class ConfirmDeleteScreen(ModalScreen[bool]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel"),
@@ -43,14 +66,15 @@ class ConfirmDeleteScreen(ModalScreen[bool]):
         Binding("right", "app.focus_next", "Next", show=False),
     ]
 
-    def __init__(self, row: DeploymentRow) -> None:
+    def __init__(self, question: Text, title: str = "Delete deployment?") -> None:
         super().__init__()
-        self.row = row
+        self.question = question
+        self.title_text = title
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="confirm") as dialog:
-            dialog.border_title = "Delete deployment?"
-            yield Static(delete_question(self.row), id="question")
+            dialog.border_title = self.title_text
+            yield Static(self.question, id="question")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", variant="primary", compact=True)
                 yield Button("Delete", id="delete", variant="error", compact=True)

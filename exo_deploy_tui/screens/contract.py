@@ -77,6 +77,34 @@ class DeleteRequested(Message):
         self.model_id = model_id
 
 
+class ScaleRequested(Message):
+    """Keep ``replicas`` instances of this deployment; ``answer`` gets None once the master
+    accepted, else the reason it was refused (the form stays open to fix it)."""
+
+    def __init__(
+        self,
+        deployment_id: str,
+        model_id: str,
+        replicas: int,
+        answer: Callable[[str | None], None],
+    ) -> None:
+        super().__init__()
+        self.deployment_id = deployment_id
+        self.model_id = model_id
+        self.replicas = replicas
+        self.answer = answer
+
+
+class InstanceDeleteRequested(Message):
+    """Delete this instance (the operator has confirmed); a deployment of its model places
+    another by the keeper's rules."""
+
+    def __init__(self, instance_id: str, model_id: str) -> None:
+        super().__init__()
+        self.instance_id = instance_id
+        self.model_id = model_id
+
+
 class PauseToggled(Message):
     """Freeze the screen, or let it move again; the data keeps arriving either way."""
 

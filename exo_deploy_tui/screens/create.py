@@ -21,11 +21,11 @@ from textual.widgets.option_list import Option
 
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.format import short_model
-from exo_deploy_tui.forms import fit_hint, search_models, validate_create
+from exo_deploy_tui.forms import check_replicas, fit_hint, search_models, validate_create
 from exo_deploy_tui.screens.contract import ClusterSource, CreateRequested
 from keeper.api_models import ModelListEntry, model_entry
 from keeper.catalog import BUILTIN_MODEL_CARDS
-from keeper.state import InstanceMeta, Sharding
+from keeper.state import MAX_REPLICAS, InstanceMeta, Sharding
 
 
 def _option_text(entry: ModelListEntry, deployed: bool) -> Text:
@@ -81,6 +81,10 @@ class CreateScreen(ModalScreen[None]):
                 )
                 yield Label("  Min nodes ")
                 yield Input("1", id="min-nodes", type="integer", compact=True, max_length=4)
+            with Horizontal(id="options-replicas"):
+                yield Label("Replicas ")
+                yield Input("1", id="create-replicas", type="integer", compact=True, max_length=3)
+                yield Label(f"  1-{MAX_REPLICAS}, each on nodes apart", classes="dim")
             yield Static("", id="form-error", markup=False)
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", compact=True)
@@ -129,10 +133,13 @@ class CreateScreen(ModalScreen[None]):
         self.query_one("#catalog", OptionList).focus()
 
     @on(OptionList.OptionHighlighted, "#catalog")
-    def _on_model_highlighted(self) -> None:
+    @on(Input.Changed, "#create-replicas")
+    def _show_fit(self) -> None:
         entry = self.chosen()
         if entry is not None:
-            hint = fit_hint(entry, self.source.model.state)
+            replicas = check_replicas(self.query_one("#create-replicas", Input).value)
+            count = replicas if isinstance(replicas, int) else 1
+            hint = fit_hint(entry, self.source.model.state, count)
             self.query_one("#catalog-note", Static).update(Text(hint, style="dim"))
 
     @on(OptionList.OptionSelected, "#catalog")
@@ -140,6 +147,7 @@ class CreateScreen(ModalScreen[None]):
         self.query_one("#sharding", Select).focus()
 
     @on(Input.Submitted, "#min-nodes")
+    @on(Input.Submitted, "#create-replicas")
     def _on_min_nodes_done(self) -> None:
         self.action_submit()
 
@@ -170,6 +178,7 @@ class CreateScreen(ModalScreen[None]):
             str(self.query_one("#meta", Select).value),
             self.query_one("#min-nodes", Input).value,
             self._deployed(),
+            self.query_one("#create-replicas", Input).value,
         )
         if isinstance(result, str):
             error.update(Text(f"✖ {result}", style="bold red"))

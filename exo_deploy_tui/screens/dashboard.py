@@ -23,18 +23,24 @@ from textual.widgets import Footer, Input
 from exo_deploy_tui.cells import no_deployments_api
 from exo_deploy_tui.commands import ParseError, parse_command, visible_actions
 from exo_deploy_tui.model import DeploymentRow, SortKey, sort_rows
-from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
+from exo_deploy_tui.screens.confirm import (
+    ConfirmDeleteScreen,
+    delete_instance_question,
+    delete_question,
+)
 from exo_deploy_tui.screens.contract import (
     ClusterSource,
     DashboardView,
     DeleteRequested,
     FaultRequested,
+    InstanceDeleteRequested,
     ModelScreen,
     PauseToggled,
 )
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.describe import DescribeScreen
 from exo_deploy_tui.screens.help import HelpScreen
+from exo_deploy_tui.screens.scale import ScaleScreen
 from exo_deploy_tui.widgets.panels import (
     DeploymentsTable,
     DetailStrip,
@@ -51,7 +57,7 @@ from exo_deploy_tui.widgets.table import KeyedTable
 WIDE_MIN_WIDTH = 120
 WIDE_MIN_HEIGHT = 36
 
-_MUTATING = frozenset({"new", "delete"})
+_MUTATING = frozenset({"new", "delete", "scale", "delete_instance"})
 _DEMO_ONLY = frozenset({"fault", "restart_master"})
 
 
@@ -59,6 +65,8 @@ class DashboardScreen(ModelScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "new", "New"),
         Binding("ctrl+d", "delete", "Delete"),
+        Binding("s", "scale", "Scale"),
+        Binding("ctrl+k", "delete_instance", "Del instance", show=False),
         Binding("enter", "describe", "Describe", key_display="⏎"),
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("ctrl+z", "broken", "Broken"),
@@ -154,14 +162,14 @@ class DashboardScreen(ModelScreen):
             shown = [r for r in shown if r.matches(self.filter_text)]
         self.visible_rows = sort_rows(shown, self.sort_key, self.sort_reverse)
         table = self.query_one(DeploymentsTable)
-        table.show(self.visible_rows)
+        table.show(self.visible_rows, has_deployments_api=model.has_timers or not model.has_data)
         self._show_detail()
         # Hidden panels (compact layout) are not rendered at all: on a big cluster the instances
         # table alone is a thousand rows. Showing a tab renders it at once.
         if self._visible("nodes"):
             self.query_one(NodesTable).show(model.node_rows(now))
         if self._visible("instances"):
-            self.query_one(InstancesTable).show(model.instance_rows())
+            self.query_one(InstancesTable).show(model.instance_rows(now))
         if self._visible("timeline"):
             self.query_one(TimelineView).show(model.timeline)
         nodes = summary.nodes_alive + summary.nodes_silent + summary.nodes_gone
@@ -248,7 +256,43 @@ class DashboardScreen(ModelScreen):
             if yes:
                 self.post_message(DeleteRequested(row.deployment_id, row.model_id))
 
-        self.app.push_screen(ConfirmDeleteScreen(row), confirmed)
+        self.app.push_screen(ConfirmDeleteScreen(delete_question(row)), confirmed)
+
+    def action_scale(self, replicas: int | None = None) -> None:
+        if self._refuse_without_api():
+            return
+        row = self.selected_row()
+        if row is None:
+            self.notify("No deployment selected.", severity="warning")
+            return
+        self.app.push_screen(ScaleScreen(row, replicas))
+
+    def action_delete_instance(self) -> None:
+        table = self.query_one(InstancesTable)
+        chosen = table.has_focus or (not self.wide and self.active_tab == "instances")
+        instance = table.selected_instance() if chosen else None
+        if instance is None:
+            self.notify(
+                "ctrl+k deletes the instance selected in the instances view: "
+                "press 3 and choose one.",
+                severity="warning",
+            )
+            return
+        deployment = next(
+            (
+                d
+                for d in self.source.model.state.deployments.values()
+                if d.model_card.model_id == instance.model_id
+            ),
+            None,
+        )
+        question = delete_instance_question(instance, deployment.replicas if deployment else None)
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.post_message(InstanceDeleteRequested(instance.instance_id, instance.model_id))
+
+        self.app.push_screen(ConfirmDeleteScreen(question, "Delete instance?"), confirmed)
 
     def action_describe(self) -> None:
         row = self.selected_row()

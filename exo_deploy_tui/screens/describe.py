@@ -20,7 +20,7 @@ from textual.widgets import Footer, Static
 from exo_deploy_tui.cells import runner_status_text, timeline_line, timer_words
 from exo_deploy_tui.format import STATUS_COLOR, duration, gigabytes, short_model, status_label
 from exo_deploy_tui.model import ClusterModel, DeploymentRow
-from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
+from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen, delete_question
 from exo_deploy_tui.screens.contract import ClusterSource, DeleteRequested, ModelScreen
 
 
@@ -53,6 +53,7 @@ def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: f
             f"{deployment.sharding} / {deployment.instance_meta}, "
             f"min {deployment.min_nodes} node{'s' if deployment.min_nodes != 1 else ''}",
         ),
+        ("replicas", f"{row.ready_replicas} of {row.replicas} ready"),
         ("instance", f"{row.instance_id} on {', '.join(row.nodes)}" if row.instance_id else "none"),
     ]
     for name, value in fields:
@@ -64,7 +65,7 @@ def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: f
     if row.placement_error:
         text.append("\nPlacement error\n", style="bold red")
         text.append(f"{row.placement_error}\n", style="red")
-    instance = next((i for i in model.instance_rows() if i.instance_id == row.instance_id), None)
+    instance = next((i for i in model.instance_rows(now) if i.instance_id == row.instance_id), None)
     if instance is not None:
         text.append("\nRunners\n", style="bold")
         for runner in instance.runners:
@@ -157,4 +158,4 @@ class DescribeScreen(ModelScreen):
                 self.post_message(DeleteRequested(row.deployment_id, row.model_id))
                 self.dismiss(None)
 
-        self.app.push_screen(ConfirmDeleteScreen(row), confirmed)
+        self.app.push_screen(ConfirmDeleteScreen(delete_question(row)), confirmed)

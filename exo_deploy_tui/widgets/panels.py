@@ -25,6 +25,7 @@ from exo_deploy_tui.cells import (
     instance_table_rows,
     node_cells,
     node_columns,
+    nodes_text,
     timeline_line,
 )
 from exo_deploy_tui.format import short_model
@@ -122,16 +123,18 @@ class DeploymentsTable(SizedTable):
     def __init__(self, *, id: str | None = None) -> None:
         self._model_len = 26
         self._nodes_len = 14
+        self._replicas = True
         super().__init__(id=id)
 
     def columns_for(self, width: int) -> tuple[Column, ...]:
-        return deployment_columns(width, self._model_len, self._nodes_len)
+        return deployment_columns(width, self._model_len, self._nodes_len, replicas=self._replicas)
 
-    def show(self, rows: Sequence[DeploymentRow]) -> None:
+    def show(self, rows: Sequence[DeploymentRow], *, has_deployments_api: bool = True) -> None:
         model_len = max((len(short_model(r.model_id)) for r in rows), default=20)
-        nodes_len = max((len(",".join(r.nodes)) for r in rows), default=8)
-        if (model_len, nodes_len) != (self._model_len, self._nodes_len):
-            self._model_len, self._nodes_len = model_len, nodes_len
+        nodes_len = max((len(nodes_text(r)) for r in rows), default=8)
+        layout = (model_len, nodes_len, has_deployments_api)
+        if layout != (self._model_len, self._nodes_len, self._replicas):
+            self._model_len, self._nodes_len, self._replicas = layout
             if self.size.width:
                 self.relayout()
         columns = self.columns_now
@@ -156,11 +159,31 @@ class NodesTable(SecondaryTable):
 
 
 class InstancesTable(SecondaryTable):
+    # Shown in the footer while the instances have focus; the screen's check_action (read-only)
+    # decides for it, and the screen's own ctrl+k says where to go from anywhere else.
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+k", "screen.delete_instance", "Del inst"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._instances: dict[str, InstanceRow] = {}
+
     def columns_for(self, width: int) -> tuple[Column, ...]:
         return instance_columns(width)
 
     def show(self, rows: list[InstanceRow]) -> None:
+        self._instances = {r.instance_id: r for r in rows}
         self.sync(instance_table_rows(rows, self.columns_now))
+
+    def selected_instance(self) -> InstanceRow | None:
+        """The instance the cursor is in: its head row, its reason line or one of its runners."""
+        keys = self.keys
+        for index in range(min(self.cursor_row, len(keys) - 1), -1, -1):
+            instance = self._instances.get(keys[index])
+            if instance is not None:
+                return instance
+        return None
 
 
 class DetailStrip(TextLine):

@@ -1,0 +1,87 @@
+"""When an instance looks unhealthy, and why: a pure rule the instances view shows.
+
+The State says what each runner reports; it cannot say that a runner has been "Loading" for ten
+minutes without a layer more, or that the node under it stopped talking a few seconds ago. The
+dashboard's model keeps what the rule needs across States (when each instance last moved, how
+long each node has been quiet) and hands it in, with the clock as a value, so the rule is
+tested without a clock or a terminal. It lives apart from ``model`` to keep that module about
+keeping the State.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, cast
+
+from exo_deploy_tui.format import duration
+from keeper.state import AnyInstance, NodeId, State
+
+if TYPE_CHECKING:
+    from exo_deploy_tui.model import RunnerRow
+
+# An instance that is not ready and whose runners and downloads have not moved for this long is
+# stuck, not slow: a big model takes minutes to load, but every few seconds of a healthy load
+# moves something (bytes downloaded, layers loaded, a runner's status), so five minutes of
+# stillness is worth the operator's attention (and, perhaps, ctrl+k).
+NO_PROGRESS_AFTER_S = 300.0
+# A node heard of more than this long ago cannot be trusted to serve its part of an instance:
+# nodes report at least every 5 s, so this is two missed reports; the master itself gives up on
+# the node later (10 s in the demo, 30 s on exo), deleting the instance then.
+UNHEALTHY_SILENT_S = 10.0
+
+
+def unhealthy_reason(
+    runners: Sequence[RunnerRow],
+    *,
+    ready: bool,
+    quiet_s: Mapping[NodeId, float | None],
+    last_progress_at: float | None,
+    now: float,
+) -> str | None:
+    """Why an instance looks unhealthy, in words, or None: a runner failed; a node it runs on
+    left the cluster or has been silent for more than ``UNHEALTHY_SILENT_S`` (``quiet_s``: how
+    long each node has been quiet); or it is not ready and nothing of it (runners, downloads) has
+    moved since ``last_progress_at`` for ``NO_PROGRESS_AFTER_S``. The first of these that holds
+    is the reason, the most certain first. Pure: the clock comes in as ``now``."""
+    for runner in runners:
+        if runner.status == "Failed":
+            return f"runner failed on {runner.node_name}: {runner.error or 'no message'}"
+    for runner in runners:
+        if not runner.node_present:
+            return f"node {runner.node_name} left the cluster"
+    for runner in runners:
+        quiet = quiet_s.get(runner.node_id)
+        if quiet is not None and quiet > UNHEALTHY_SILENT_S:
+            return f"node {runner.node_name} silent {quiet:.0f} s"
+    if not ready and last_progress_at is not None:
+        still = now - last_progress_at
+        if still >= NO_PROGRESS_AFTER_S:
+            return f"no progress for {duration(still)}"
+    return None
+
+
+def progress_signature(instance: AnyInstance, state: State) -> object:
+    """What moves while an instance comes up: its runners' statuses (layers loaded included) and
+    the download entries of its nodes that name its model. Compared with ``==`` between States:
+    a difference is progress."""
+    assignments = instance.shard_assignments
+    statuses = tuple(state.runners.get(r) for r in assignments.node_to_runner.values())
+    model = assignments.model_id
+    downloads = tuple(
+        entry
+        for node_id in assignments.node_to_runner
+        for entry in state.downloads.get(node_id, ())
+        if _mentions(entry, model)
+    )
+    return statuses, downloads
+
+
+def _mentions(value: object, text: str) -> bool:
+    """Whether ``text`` is one of the strings somewhere in exo's JSON ``value``."""
+    if isinstance(value, str):
+        return value == text
+    if isinstance(value, dict):
+        return any(_mentions(v, text) for v in cast("dict[str, object]", value).values())
+    if isinstance(value, list):
+        return any(_mentions(v, text) for v in cast("list[object]", value))
+    return False
