@@ -40,12 +40,23 @@ ResultHook = Callable[[str, float, float], None]
 
 
 @dataclass
+class ModelCounts:
+    """One model's share of the outcomes: a replicated model's availability is its own."""
+
+    requests: int = 0
+    results: int = 0
+    errors: int = 0
+    lost: int = 0
+
+
+@dataclass
 class LoadStats:
     requests: int = 0
     results: int = 0
     errors: int = 0
     lost: int = 0
     in_flight: int = 0
+    per_model: dict[str, ModelCounts] = field(default_factory=dict[str, ModelCounts])
     error_kinds: Counter[str] = field(default_factory=Counter[str])
     lost_examples: list[str] = field(default_factory=list[str])
 
@@ -110,7 +121,9 @@ class Load:
 
     async def _one(self, model: str) -> bool:
         settings, stats = self._settings, self.stats
+        counts = stats.per_model.setdefault(model, ModelCounts())
         stats.requests += 1
+        counts.requests += 1
         stats.in_flight += 1
         sent_at = anyio.current_time()
         error: str | None = None
@@ -123,13 +136,16 @@ class Load:
             stats.in_flight -= 1
         if not answered:
             stats.lost += 1
+            counts.lost += 1
             if len(stats.lost_examples) < 20:
                 stats.lost_examples.append(f"{model} sent at {sent_at:.1f}")
             return False
         if error is not None:
             stats.errors += 1
+            counts.errors += 1
             stats.error_kinds[error] += 1
             return False
         stats.results += 1
+        counts.results += 1
         self._on_result(model, sent_at, anyio.current_time())
         return True
