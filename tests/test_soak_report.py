@@ -330,6 +330,7 @@ async def test_the_load_counts_results_errors_and_lost_requests_by_its_deadline(
         clients=6, deadline_s=10.0, pause_after_result_s=0.0, pause_after_error_s=0.0
     )
     load = Load(send, [SMALL, BIG, hanging], settings, lambda m, s, a: served.append((m, s, a)))
+    load.count_from(anyio.current_time() + 9.5)
     async with anyio.create_task_group() as group:
         group.start_soon(load.run)
         await anyio.sleep(20.5)
@@ -347,6 +348,12 @@ async def test_the_load_counts_results_errors_and_lost_requests_by_its_deadline(
         model: (c.requests, c.results, c.errors, c.lost) for model, c in stats.per_model.items()
     }
     assert by_model == {SMALL: (42, 42, 0, 0), BIG: (42, 0, 42, 0), hanging: (6, 0, 0, 6)}
+    # Sent at 10, 11, ... 20 (two clients each), and the hanging model's at 10 and 20.
+    since = {
+        model: (c.requests, c.results, c.errors, c.lost)
+        for model, c in stats.per_model_since.items()
+    }
+    assert since == {SMALL: (22, 22, 0, 0), BIG: (22, 0, 22, 0), hanging: (4, 0, 0, 4)}
     assert all(model == SMALL and answered - sent == 1.0 for model, sent, answered in served)
     assert anyio.current_time() == pytest.approx(30.0)
 
@@ -489,33 +496,28 @@ def test_each_model_has_its_own_outcomes_and_share_answered() -> None:
     report = _report(
         models=[Deployed(model_id=SMALL, min_nodes=1), replicated],
         per_model={
-            SMALL: model_outcomes(1000, 990, 10, 0),
+            SMALL: model_outcomes(1000, 990, 10, 0, under_faults=(800, 792)),
             BIG: model_outcomes(234, 210, 24, 0),
         },
     )
     document = report.model_dump(mode="json")
-    assert document["per_model"][BIG] == {
-        "requests": 234,
-        "results": 210,
-        "errors": 24,
+    assert document["per_model"][SMALL] == {
+        "requests": 1000,
+        "results": 990,
+        "errors": 10,
         "lost": 0,
-        "answered": 0.89744,
+        "requests_under_faults": 800,
+        "answered_under_faults": 0.99,
     }
     assert document["models"][1]["replicas"] == 2
-    assert model_outcomes(0, 0, 0, 0).answered is None
+    assert model_outcomes(3, 2, 1, 0, under_faults=(3, 2)).answered_under_faults == 0.66667
+    assert model_outcomes(1, 1, 0, 0).answered_under_faults is None  # no request under faults
     header, rule, small, big = format_models(report).splitlines()
-    assert header.split() == [
-        "model",
-        "replicas",
-        "requests",
-        "results",
-        "errors",
-        "lost",
-        "answered",
-    ]
+    assert header.split()[:6] == ["model", "replicas", "requests", "results", "errors", "lost"]
+    assert header.endswith("answered under faults")
     assert set(rule) <= {"-", " "}
-    assert small.split() == [SMALL, "1", "1000", "990", "10", "0", "99.00%"]
-    assert big.split() == [BIG, "2", "234", "210", "24", "0", "89.74%"]
+    assert small.split() == [SMALL, "1", "1000", "990", "10", "0", "99.00%", "of", "800"]
+    assert big.split() == [BIG, "2", "234", "210", "24", "0", "-"]
 
 
 # --- the commands refuse bad arguments clearly ---------------------------------------------------

@@ -74,19 +74,34 @@ class Deployed(_ReportModel):
 
 
 class ModelOutcomes(_ReportModel):
-    """One model's requests and their outcomes; ``answered`` is results over requests."""
+    """One model's requests and their outcomes over the whole run, and its availability: the
+    share of its requests sent once fault injection began that got a reply (before, the master's
+    startup grace and the first loads answer 404s that say nothing about faults)."""
 
     requests: int
     results: int
     errors: int
     lost: int
-    answered: float | None  # None when the model got no request
+    requests_under_faults: int
+    answered_under_faults: float | None  # None when the model got no request then
 
 
-def model_outcomes(requests: int, results: int, errors: int, lost: int) -> ModelOutcomes:
-    answered = round(results / requests, 5) if requests else None
+def model_outcomes(
+    requests: int,
+    results: int,
+    errors: int,
+    lost: int,
+    under_faults: tuple[int, int] = (0, 0),
+) -> ModelOutcomes:
+    """``under_faults``: (requests, results) sent since fault injection began."""
+    sent, answered = under_faults
     return ModelOutcomes(
-        requests=requests, results=results, errors=errors, lost=lost, answered=answered
+        requests=requests,
+        results=results,
+        errors=errors,
+        lost=lost,
+        requests_under_faults=sent,
+        answered_under_faults=round(answered / sent, 5) if sent else None,
     )
 
 
@@ -237,12 +252,22 @@ def format_recovery(report: SoakReport) -> str:
 
 
 def format_models(report: SoakReport) -> str:
-    """Per deployed model: its replicas, requests, results, errors, lost and share answered."""
-    header = ("model", "replicas", "requests", "results", "errors", "lost", "answered")
+    """Per deployed model: its replicas, requests, results, errors, lost, and the share of its
+    requests sent under faults that were answered."""
+    header = (
+        "model",
+        "replicas",
+        "requests",
+        "results",
+        "errors",
+        "lost",
+        "answered under faults",
+    )
     rows: list[tuple[str, ...]] = [header]
     for model in report.models:
         outcomes = report.per_model.get(model.model_id) or model_outcomes(0, 0, 0, 0)
-        answered = "-" if outcomes.answered is None else f"{outcomes.answered:.2%}"
+        share = outcomes.answered_under_faults
+        answered = "-" if share is None else f"{share:.2%} of {outcomes.requests_under_faults}"
         rows.append(
             (
                 model.model_id,

@@ -177,6 +177,7 @@ class Soak:
             group.start_soon(self._progress)
             await self._warm_up()
             self._origin = anyio.current_time()
+            self.load.count_from(self._origin)
             self._say(f"every model serves; injecting faults for {settings.minutes:g} min")
             async with anyio.create_task_group() as faults:
                 await self._inject_faults(faults)
@@ -372,7 +373,14 @@ class Soak:
 
     def _outcomes(self, model: str) -> ModelOutcomes:
         counts = self.load.stats.per_model.get(model, ModelCounts())
-        return model_outcomes(counts.requests, counts.results, counts.errors, counts.lost)
+        since = self.load.stats.per_model_since.get(model, ModelCounts())
+        return model_outcomes(
+            counts.requests,
+            counts.results,
+            counts.errors,
+            counts.lost,
+            under_faults=(since.requests, since.results),
+        )
 
     def _report(self, serving: bool, settle_s: float | None) -> SoakReport:
         settings = self._settings
