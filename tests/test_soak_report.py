@@ -354,6 +354,7 @@ async def test_the_load_counts_results_errors_and_lost_requests_by_its_deadline(
         for model, c in stats.per_model_since.items()
     }
     assert since == {SMALL: (22, 22, 0, 0), BIG: (22, 0, 22, 0), hanging: (4, 0, 0, 4)}
+    assert stats.per_model_since[BIG].error_kinds == {"HTTP 404": 22}
     assert all(model == SMALL and answered - sent == 1.0 for model, sent, answered in served)
     assert anyio.current_time() == pytest.approx(30.0)
 
@@ -496,7 +497,9 @@ def test_each_model_has_its_own_outcomes_and_share_answered() -> None:
     report = _report(
         models=[Deployed(model_id=SMALL, min_nodes=1), replicated],
         per_model={
-            SMALL: model_outcomes(1000, 990, 10, 0, under_faults=(800, 792)),
+            SMALL: model_outcomes(
+                1000, 990, 10, 0, under_faults=(800, 792), errors_under_faults={"HTTP 404": 8}
+            ),
             BIG: model_outcomes(234, 210, 24, 0),
         },
     )
@@ -508,6 +511,7 @@ def test_each_model_has_its_own_outcomes_and_share_answered() -> None:
         "lost": 0,
         "requests_under_faults": 800,
         "answered_under_faults": 0.99,
+        "errors_under_faults": {"HTTP 404": 8},
     }
     assert document["models"][1]["replicas"] == 2
     assert model_outcomes(3, 2, 1, 0, under_faults=(3, 2)).answered_under_faults == 0.66667

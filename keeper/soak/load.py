@@ -47,6 +47,7 @@ class ModelCounts:
     results: int = 0
     errors: int = 0
     lost: int = 0
+    error_kinds: Counter[str] = field(default_factory=Counter[str])
 
 
 @dataclass
@@ -155,6 +156,7 @@ class Load:
             stats.errors += 1
             for counts in counted:
                 counts.errors += 1
+                counts.error_kinds[error] += 1
             stats.error_kinds[error] += 1
             return False
         stats.results += 1

@@ -84,6 +84,8 @@ class ModelOutcomes(_ReportModel):
     lost: int
     requests_under_faults: int
     answered_under_faults: float | None  # None when the model got no request then
+    # What the errors under faults were (a refused connection: the master was restarting).
+    errors_under_faults: dict[str, int]
 
 
 def model_outcomes(
@@ -92,6 +94,7 @@ def model_outcomes(
     errors: int,
     lost: int,
     under_faults: tuple[int, int] = (0, 0),
+    errors_under_faults: dict[str, int] | None = None,
 ) -> ModelOutcomes:
     """``under_faults``: (requests, results) sent since fault injection began."""
     sent, answered = under_faults
@@ -102,6 +105,7 @@ def model_outcomes(
         lost=lost,
         requests_under_faults=sent,
         answered_under_faults=round(answered / sent, 5) if sent else None,
+        errors_under_faults=dict(sorted((errors_under_faults or {}).items())),
     )
 
 

@@ -380,6 +380,7 @@ class Soak:
             counts.errors,
             counts.lost,
             under_faults=(since.requests, since.results),
+            errors_under_faults=dict(since.error_kinds),
         )
 
     def _report(self, serving: bool, settle_s: float | None) -> SoakReport:
