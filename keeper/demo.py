@@ -2,7 +2,9 @@
 
 ``EmbeddedCluster`` runs, in a background thread with its own event loop, a master with its HTTP
 API on a free loopback port and three in-process simulated nodes of different sizes, and
-creates a few deployments of real catalog models, one of which no node can hold. The TUI then
+creates a few deployments of real catalog models: a small one kept at two replicas on nodes
+apart (kill one replica's node and the other serves on while the keeper restores the second),
+and one that no node can hold. The TUI then
 talks to it over HTTP like to any master, so the demo exercises the real client path. Its fault
 methods are thread-safe (they hop onto the cluster's loop) and take node names, so the TUI can
 offer "kill this node" without knowing anything about how nodes are run.
@@ -62,13 +64,15 @@ DEMO_NODES = (
     _demo_mac("mini-a", 24, 4.0, "Mac mini", "Apple M4 Pro", "127.0.0.2"),
     _demo_mac("mini-b", 24, 4.0, "Mac mini", "Apple M4 Pro", "127.0.0.3"),
 )
-# Real catalog models: three that fit somewhere and one (DeepSeek V3.1, ~406 GB) that no demo
-# node set can hold, so the dashboard shows a deployment that cannot be placed and why.
-DEMO_MODELS = (
-    "mlx-community/Qwen3-0.6B-4bit",
-    "mlx-community/Llama-3.2-1B-Instruct-4bit",
-    "mlx-community/Qwen3-30B-A3B-4bit",
-    "mlx-community/DeepSeek-V3.1-4bit",
+# Real catalog models with their replicas: three that fit somewhere, the smallest kept twice so
+# a node's loss shows serving carried on by the other replica, and one (DeepSeek V3.1, ~406 GB)
+# that no demo node set can hold, so the dashboard shows a deployment that cannot be placed and
+# why.
+DEMO_MODELS: tuple[tuple[str, int], ...] = (
+    ("mlx-community/Qwen3-0.6B-4bit", 2),
+    ("mlx-community/Llama-3.2-1B-Instruct-4bit", 1),
+    ("mlx-community/Qwen3-30B-A3B-4bit", 1),
+    ("mlx-community/DeepSeek-V3.1-4bit", 1),
 )
 # A killed or frozen node is declared gone after this long (exo: 30 s), so recovery is seen soon.
 DEMO_NODE_TIMEOUT_S = 10.0
@@ -85,7 +89,7 @@ class EmbeddedCluster:
     def __init__(
         self,
         nodes: tuple[NodeConfig, ...] = DEMO_NODES,
-        models: tuple[str, ...] = DEMO_MODELS,
+        models: tuple[tuple[str, int], ...] = DEMO_MODELS,
     ) -> None:
         self._node_configs = nodes
         self._models = models
@@ -163,8 +167,8 @@ class EmbeddedCluster:
             assert self._master is not None
             self._cluster = InProcessCluster(self._master, self._node_configs)
             await group.start(self._cluster.run)
-            for model in self._models:
-                await self._master.create_deployment(model)
+            for model, replicas in self._models:
+                await self._master.create_deployment(model, replicas=replicas)
             task_status.started()
 
     async def _start_master(self, group: TaskGroup) -> None:

@@ -37,9 +37,11 @@ from keeper.soak.report import (
     Deployed,
     FaultRecord,
     SoakReport,
+    format_models,
     format_recovery,
     format_table,
     latency_stats,
+    model_outcomes,
     percentile,
     summarize,
 )
@@ -157,8 +159,8 @@ class _Feed:
         self.idx += 1
 
 
-def _deployed(feed: _Feed, model: str, at: float = 0.0) -> None:
-    deployment = Deployment(deployment_id=f"d-{model}", model_card=_card(model))
+def _deployed(feed: _Feed, model: str, at: float = 0.0, replicas: int = 1) -> None:
+    deployment = Deployment(deployment_id=f"d-{model}", model_card=_card(model), replicas=replicas)
     feed(DeploymentCreated(deployment=deployment), at)
 
 
@@ -231,6 +233,43 @@ def test_a_gap_behind_another_models_placement_is_timed_but_not_alone() -> None:
     assert watch.latencies_alone == pytest.approx([0.3])
 
 
+def test_a_lost_replica_is_timed_to_its_replacement_and_two_replicas_are_no_duplicate() -> None:
+    watch = ClusterWatch()
+    feed = _Feed(watch)
+    _deployed(feed, SMALL, replicas=2)
+    _ready(feed, _instance("a", SMALL, {"n1": "r1"}), 20.0)
+    _ready(feed, _instance("b", SMALL, {"n2": "r2"}), 21.0)
+    assert watch.duplicates.episodes == 0  # two instances is what replicas 2 asks for
+    # One replica lost while the other serves: a gap all the same, closed by the replacement.
+    feed(InstanceDeleted(instance_id="a"), 50.0)
+    assert watch.serving_models() == {SMALL}
+    feed(InstanceCreated(instance=_instance("c", SMALL, {"n3": "r3"})), 50.6)
+    assert watch.latencies == pytest.approx([0.6])
+    # Both lost at once: two gaps, closed oldest first, the second queued behind the first.
+    feed(RunnerStatusUpdated(runner_id="r3", runner_status=RunnerReady()), 52.0)
+    feed(InstanceDeleted(instance_id="b"), 80.0)
+    feed(InstanceDeleted(instance_id="c"), 80.5)
+    feed(InstanceCreated(instance=_instance("d", SMALL, {"n1": "r4"})), 81.0)
+    feed(InstanceCreated(instance=_instance("e", SMALL, {"n2": "r5"})), 82.0)
+    assert watch.latencies == pytest.approx([0.6, 1.0, 1.5])
+    assert watch.latencies_alone == pytest.approx([0.6, 1.0])
+    # A third instance is more than its replicas: a duplicate.
+    feed(InstanceCreated(instance=_instance("f", SMALL, {"n3": "r6"})), 90.0)
+    assert watch.duplicates.episodes == 1
+    assert "3 instances of" in watch.duplicates.examples[-1]
+    assert "(replicas 2)" in watch.duplicates.examples[-1]
+    watch.finish()
+    assert watch.excluded == {}
+
+
+def test_a_snapshot_short_of_replicas_opens_a_gap_per_missing_instance() -> None:
+    watch = ClusterWatch()
+    deployment = Deployment(deployment_id="d", model_card=_card(SMALL), replicas=2)
+    watch.snapshot(State(deployments={"d": deployment}, last_event_applied_idx=5), 10.0)
+    watch.finish()
+    assert watch.excluded == {ExclusionReason.UNFINISHED: 2}
+
+
 def test_duplicates_are_counted_once_per_episode_and_a_snapshot_counts_too() -> None:
     watch = ClusterWatch()
     feed = _Feed(watch)
@@ -251,7 +290,7 @@ def test_duplicates_are_counted_once_per_episode_and_a_snapshot_counts_too() -> 
     )
     watch.snapshot(doubled, 9.0)
     assert watch.duplicates.episodes == 3
-    assert "two of" in watch.duplicates.examples[-1]
+    assert "2 instances of" in watch.duplicates.examples[-1]
     feed.idx = 0
     feed(InstanceDeleted(instance_id="x"), 9.5)  # an index already in the snapshot: ignored
     assert set(watch.state.instances) == {"x", "y"}
@@ -291,6 +330,7 @@ async def test_the_load_counts_results_errors_and_lost_requests_by_its_deadline(
         clients=6, deadline_s=10.0, pause_after_result_s=0.0, pause_after_error_s=0.0
     )
     load = Load(send, [SMALL, BIG, hanging], settings, lambda m, s, a: served.append((m, s, a)))
+    load.count_from(anyio.current_time() + 9.5)
     async with anyio.create_task_group() as group:
         group.start_soon(load.run)
         await anyio.sleep(20.5)
@@ -304,6 +344,17 @@ async def test_the_load_counts_results_errors_and_lost_requests_by_its_deadline(
     assert stats.requests == stats.results + stats.errors + stats.lost
     assert stats.in_flight == 0
     assert len(stats.lost_examples) == 6
+    by_model = {
+        model: (c.requests, c.results, c.errors, c.lost) for model, c in stats.per_model.items()
+    }
+    assert by_model == {SMALL: (42, 42, 0, 0), BIG: (42, 0, 42, 0), hanging: (6, 0, 0, 6)}
+    # Sent at 10, 11, ... 20 (two clients each), and the hanging model's at 10 and 20.
+    since = {
+        model: (c.requests, c.results, c.errors, c.lost)
+        for model, c in stats.per_model_since.items()
+    }
+    assert since == {SMALL: (22, 22, 0, 0), BIG: (22, 0, 22, 0), hanging: (4, 0, 0, 4)}
+    assert stats.per_model_since[BIG].error_kinds == {"HTTP 404": 22}
     assert all(model == SMALL and answered - sent == 1.0 for model, sent, answered in served)
     assert anyio.current_time() == pytest.approx(30.0)
 
@@ -395,6 +446,7 @@ def _report(**changes: Any) -> SoakReport:
         "results": 1200,
         "errors": 34,
         "lost": 0,
+        "per_model": {SMALL: model_outcomes(1234, 1200, 34, 0)},
         "duplicates": 0,
         "duplicates_seen_live": 0,
         "events_checked": 999,
@@ -438,6 +490,38 @@ def test_the_table_shows_run_duration_requests_faults_and_lost() -> None:
     assert virtual.split()[-3:] == ["2", "0", "NO"]
     recovery = format_recovery(_report())
     assert "freeze" in recovery and "p99 1.800 s" in recovery and "nothing_fit 2" in recovery
+
+
+def test_each_model_has_its_own_outcomes_and_share_answered() -> None:
+    replicated = Deployed(model_id=BIG, min_nodes=1, replicas=2)
+    report = _report(
+        models=[Deployed(model_id=SMALL, min_nodes=1), replicated],
+        per_model={
+            SMALL: model_outcomes(
+                1000, 990, 10, 0, under_faults=(800, 792), errors_under_faults={"HTTP 404": 8}
+            ),
+            BIG: model_outcomes(234, 210, 24, 0),
+        },
+    )
+    document = report.model_dump(mode="json")
+    assert document["per_model"][SMALL] == {
+        "requests": 1000,
+        "results": 990,
+        "errors": 10,
+        "lost": 0,
+        "requests_under_faults": 800,
+        "answered_under_faults": 0.99,
+        "errors_under_faults": {"HTTP 404": 8},
+    }
+    assert document["models"][1]["replicas"] == 2
+    assert model_outcomes(3, 2, 1, 0, under_faults=(3, 2)).answered_under_faults == 0.66667
+    assert model_outcomes(1, 1, 0, 0).answered_under_faults is None  # no request under faults
+    header, rule, small, big = format_models(report).splitlines()
+    assert header.split()[:6] == ["model", "replicas", "requests", "results", "errors", "lost"]
+    assert header.endswith("answered under faults")
+    assert set(rule) <= {"-", " "}
+    assert small.split() == [SMALL, "1", "1000", "990", "10", "0", "99.00%", "of", "800"]
+    assert big.split() == [BIG, "2", "234", "210", "24", "0", "-"]
 
 
 # --- the commands refuse bad arguments clearly ---------------------------------------------------

@@ -29,7 +29,14 @@ from keeper.soak import faults
 from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultSpec
 from keeper.soak.load import LoadSettings
 from keeper.soak.report import Deployed, RunKind, SoakReport
-from keeper.soak.run import PIPELINE_MODEL, PROBE_S, SOAK_MODELS, Soak, SoakSettings
+from keeper.soak.run import (
+    PIPELINE_MODEL,
+    PROBE_S,
+    REPLICATED_MODEL,
+    SOAK_MODELS,
+    Soak,
+    SoakSettings,
+)
 from keeper.soak.virtual import deterministic, run_virtual, seeded_ids, virtual_settings
 from keeper.state import (
     Deployment,
@@ -72,6 +79,13 @@ async def test_hours_of_faults_under_load_lose_nothing_and_never_double(tmp_path
     # The checks had something to check: load, faults of every kind, a full log.
     assert report.requests == report.results + report.errors + report.lost
     assert report.results > 1000
+    # Each model's own outcomes add up to the totals; the replicated one kept two replicas.
+    assert set(report.per_model) == {m.model_id for m in SOAK_MODELS}
+    for name in ("requests", "results", "errors", "lost"):
+        total = sum(getattr(outcomes, name) for outcomes in report.per_model.values())
+        assert total == getattr(report, name), name
+    assert all(outcomes.requests > 0 for outcomes in report.per_model.values())
+    assert report.models[-1].replicas == REPLICATED_MODEL.replicas == 2
     assert report.errors > 0  # faults do cost requests (answered with an error, never lost)
     injected = {fault.kind for fault in report.faults}
     assert injected == set(FaultKind), f"not injected: {set(FaultKind) - injected}"

@@ -31,6 +31,7 @@ STEP_DEADLINE_S = 15.0
 STAND_IN_DEADLINE_S = 60.0
 LLAMA_3B = "mlx-community/Llama-3.2-3B-Instruct-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
+QWEN_06B = "mlx-community/Qwen3-0.6B-4bit"  # the demo keeps it at two replicas
 
 pytestmark = pytest.mark.e2e
 
@@ -96,6 +97,24 @@ async def test_the_dashboard_follows_and_steers_a_real_master(cluster: EmbeddedC
         assert deepseek.waiting == "unplaceable_retry"
         texts = [e.text for e in app.model.timeline]
         assert any(t.startswith("runner ready: ") for t in texts)
+        # The demo's replicated model: two instances, on two different nodes, both serving.
+        await until(pilot, lambda: _replicas(cluster.url, QWEN_06B) == (2, 2), STEP_DEADLINE_S)
+        qwen_nodes = [
+            node
+            for instance in app.model.state.instances.values()
+            if instance.shard_assignments.model_id == QWEN_06B
+            for node in instance.shard_assignments.node_to_runner
+        ]
+        assert len(qwen_nodes) == len(set(qwen_nodes)) == 2
+
+
+def _replicas(url: str, model_id: str) -> tuple[int, int] | None:
+    """A model's (replicas, readyReplicas) as the master's ``GET /deployments`` says."""
+    listing = get_json(f"{url}/deployments") or {}
+    for item in listing.get("deployments", []):
+        if item["deployment"]["modelCard"]["modelId"] == model_id:
+            return item["replicas"], item["readyReplicas"]
+    return None
 
 
 @pytest.fixture

@@ -84,7 +84,11 @@ class ProcessTarget:
         return self._cluster.node_id(name)
 
     async def deploy(self, model: Deployed) -> None:
-        body = {"model_id": model.model_id, "min_nodes": model.min_nodes}
+        body = {
+            "model_id": model.model_id,
+            "min_nodes": model.min_nodes,
+            "replicas": model.replicas,
+        }
         response = await self._client.post(
             f"{self._url}/deployments", json=body, timeout=API_TIMEOUT_S
         )

@@ -40,12 +40,26 @@ ResultHook = Callable[[str, float, float], None]
 
 
 @dataclass
+class ModelCounts:
+    """One model's share of the outcomes: a replicated model's availability is its own."""
+
+    requests: int = 0
+    results: int = 0
+    errors: int = 0
+    lost: int = 0
+    error_kinds: Counter[str] = field(default_factory=Counter[str])
+
+
+@dataclass
 class LoadStats:
     requests: int = 0
     results: int = 0
     errors: int = 0
     lost: int = 0
     in_flight: int = 0
+    per_model: dict[str, ModelCounts] = field(default_factory=dict[str, ModelCounts])
+    # The same, over the requests sent since ``Load.count_from``'s moment (the faults' start).
+    per_model_since: dict[str, ModelCounts] = field(default_factory=dict[str, ModelCounts])
     error_kinds: Counter[str] = field(default_factory=Counter[str])
     lost_examples: list[str] = field(default_factory=list[str])
 
@@ -79,11 +93,16 @@ class Load:
         self._on_result = on_result
         self._seed = seed
         self._stopping = anyio.Event()
+        self._since: float | None = None
         self.stats = LoadStats()
 
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    def count_from(self, moment: float) -> None:
+        """From now on also count each model's requests sent at or after ``moment`` apart."""
+        self._since = moment
 
     def stop(self) -> None:
         """Send no new requests; those in flight still run to their outcome or deadline."""
@@ -110,9 +129,14 @@ class Load:
 
     async def _one(self, model: str) -> bool:
         settings, stats = self._settings, self.stats
+        sent_at = anyio.current_time()
+        counted = [stats.per_model.setdefault(model, ModelCounts())]
+        if self._since is not None and sent_at >= self._since:
+            counted.append(stats.per_model_since.setdefault(model, ModelCounts()))
         stats.requests += 1
         stats.in_flight += 1
-        sent_at = anyio.current_time()
+        for counts in counted:
+            counts.requests += 1
         error: str | None = None
         answered = False
         try:
@@ -123,13 +147,20 @@ class Load:
             stats.in_flight -= 1
         if not answered:
             stats.lost += 1
+            for counts in counted:
+                counts.lost += 1
             if len(stats.lost_examples) < 20:
                 stats.lost_examples.append(f"{model} sent at {sent_at:.1f}")
             return False
         if error is not None:
             stats.errors += 1
+            for counts in counted:
+                counts.errors += 1
+                counts.error_kinds[error] += 1
             stats.error_kinds[error] += 1
             return False
         stats.results += 1
+        for counts in counted:
+            counts.results += 1
         self._on_result(model, sent_at, anyio.current_time())
         return True

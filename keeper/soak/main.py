@@ -1,10 +1,10 @@
 """The soak's commands: ``exo-deploy soak`` (processes) and ``exo-deploy soak-sim`` (virtual time).
 
-Both parse their arguments, run the soak, write the JSON report, print the table and the
-recovery figures, and exit 0 only if the run kept every promise: no request lost, no model ever
-with two instances, every deployment serving at the end. Exit codes: 0 kept, 1 a promise broken
-or the run could not start (the reason on stderr), 2 bad usage, 130 interrupted (Ctrl-C; every
-process the run started is stopped first).
+Both parse their arguments, run the soak, write the JSON report, print the table, each model's
+outcomes and the recovery figures, and exit 0 only if the run kept every promise: no request
+lost, no model ever with more instances than its replicas, every deployment serving at the end.
+Exit codes: 0 kept, 1 a promise broken or the run could not start (the reason on stderr), 2 bad
+usage, 130 interrupted (Ctrl-C; every process the run started is stopped first).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from keeper.arguments import EXIT_USAGE, UsageParser, positive_float, whole_numb
 from keeper.cluster.local import ClusterError
 from keeper.runtime.entry import expected_failure, run_until_signal
 from keeper.soak.harness import layout_summary, run_processes
-from keeper.soak.report import SoakReport, format_recovery, format_table
+from keeper.soak.report import SoakReport, format_models, format_recovery, format_table
 from keeper.soak.run import SoakError, SoakSettings
 from keeper.soak.virtual import deterministic, run_virtual, temporary_data_dir, virtual_settings
 
@@ -114,6 +114,8 @@ def _conclude(report: SoakReport, path: Path, prog: str, extra: Sequence[str] = 
     print()
     print(format_table([report]))
     print()
+    print(format_models(report))
+    print()
     print(format_recovery(report))
     for line in extra:
         print(line)
@@ -126,7 +128,9 @@ def _conclude(report: SoakReport, path: Path, prog: str, extra: Sequence[str] = 
     if report.lost:
         broken.append(f"{report.lost} request(s) lost")
     if report.duplicates:
-        broken.append(f"{report.duplicates} moment(s) with two instances of a model")
+        broken.append(
+            f"{report.duplicates} moment(s) with more instances of a model than its replicas"
+        )
     if not report.serving_at_end:
         broken.append("not every deployment served again at the end")
     if broken:

@@ -9,7 +9,8 @@ wherever it is replayed: nothing in it depends on the wall clock.
 
 ``summarize`` turns the fault records into per-kind recovery figures; ``percentile`` is the
 nearest-rank percentile (an observed value, never an interpolated one); ``format_table`` prints
-reports as rows of the table the seed's hardware result was given in.
+reports as rows of the table the seed's hardware result was given in, and ``format_models`` each
+model's own outcomes (a replicated model's availability is read there).
 """
 
 from __future__ import annotations
@@ -69,6 +70,43 @@ class LatencyStats(_ReportModel):
 class Deployed(_ReportModel):
     model_id: str
     min_nodes: int
+    replicas: int = 1  # instances kept on nodes apart (docs/design.md §5.11)
+
+
+class ModelOutcomes(_ReportModel):
+    """One model's requests and their outcomes over the whole run, and its availability: the
+    share of its requests sent once fault injection began that got a reply (before, the master's
+    startup grace and the first loads answer 404s that say nothing about faults)."""
+
+    requests: int
+    results: int
+    errors: int
+    lost: int
+    requests_under_faults: int
+    answered_under_faults: float | None  # None when the model got no request then
+    # What the errors under faults were (a refused connection: the master was restarting).
+    errors_under_faults: dict[str, int]
+
+
+def model_outcomes(
+    requests: int,
+    results: int,
+    errors: int,
+    lost: int,
+    under_faults: tuple[int, int] = (0, 0),
+    errors_under_faults: dict[str, int] | None = None,
+) -> ModelOutcomes:
+    """``under_faults``: (requests, results) sent since fault injection began."""
+    sent, answered = under_faults
+    return ModelOutcomes(
+        requests=requests,
+        results=results,
+        errors=errors,
+        lost=lost,
+        requests_under_faults=sent,
+        answered_under_faults=round(answered / sent, 5) if sent else None,
+        errors_under_faults=dict(sorted((errors_under_faults or {}).items())),
+    )
 
 
 class SoakReport(_ReportModel):
@@ -83,7 +121,10 @@ class SoakReport(_ReportModel):
     results: int
     errors: int
     lost: int
-    duplicates: int  # moments (episodes) a model had two instances, over every logged State
+    per_model: dict[str, ModelOutcomes]  # the same outcomes, by model id
+    # Moments (episodes) a model had more instances than its deployment's replicas (two, for a
+    # model deployed once), over every logged State.
+    duplicates: int
     duplicates_seen_live: int  # the same, over the States the event stream showed
     # Events of the master's log replayed for the duplicate check (its deployment and instance
     # events once it has been compacted: all the check reads).
@@ -153,6 +194,20 @@ def _run_label(report: SoakReport) -> str:
     return f"{where}, {report.nodes} nodes, seed {report.seed}"
 
 
+def _aligned(rows: Sequence[tuple[str, ...]]) -> str:
+    """Rows as columns: the first left-aligned, the rest right-aligned, a rule under the header."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
 def format_table(reports: Sequence[SoakReport]) -> str:
     """The seed's table: run, duration, requests, faults, lost (plus duplicates and serving)."""
     header = ("run", "duration", "requests", "faults", "lost", "duplicates", "serving at end")
@@ -169,16 +224,7 @@ def format_table(reports: Sequence[SoakReport]) -> str:
                 "yes" if report.serving_at_end else "NO",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(
-            cell.ljust(width) if i == 0 else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+    return _aligned(rows)
 
 
 def format_recovery(report: SoakReport) -> str:
@@ -207,3 +253,34 @@ def format_recovery(report: SoakReport) -> str:
         waited = ", ".join(f"{reason} {count}" for reason, count in latency.excluded.items())
         lines.append(f"  not counted (waited by design): {waited}")
     return "\n".join(lines)
+
+
+def format_models(report: SoakReport) -> str:
+    """Per deployed model: its replicas, requests, results, errors, lost, and the share of its
+    requests sent under faults that were answered."""
+    header = (
+        "model",
+        "replicas",
+        "requests",
+        "results",
+        "errors",
+        "lost",
+        "answered under faults",
+    )
+    rows: list[tuple[str, ...]] = [header]
+    for model in report.models:
+        outcomes = report.per_model.get(model.model_id) or model_outcomes(0, 0, 0, 0)
+        share = outcomes.answered_under_faults
+        answered = "-" if share is None else f"{share:.2%} of {outcomes.requests_under_faults}"
+        rows.append(
+            (
+                model.model_id,
+                str(model.replicas),
+                str(outcomes.requests),
+                str(outcomes.results),
+                str(outcomes.errors),
+                str(outcomes.lost),
+                answered,
+            )
+        )
+    return _aligned(rows)

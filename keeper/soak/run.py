@@ -34,23 +34,29 @@ import anyio
 from keeper.events import IndexedEvent
 from keeper.master.service import MasterConfig
 from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultPlan, FaultSpec
-from keeper.soak.load import Load, LoadSettings
+from keeper.soak.load import Load, LoadSettings, ModelCounts
 from keeper.soak.report import (
     Deployed,
     FaultRecord,
+    ModelOutcomes,
     RunKind,
     SoakReport,
     latency_stats,
+    model_outcomes,
     summarize,
 )
 from keeper.soak.watch import ClusterWatch, check_log
 from keeper.state import State
 
-# Two models: one that fits on one node, and one placed as a pipeline over two nodes
-# (min_nodes 2: its 17.6 GB would fit some single nodes, the deployment asks for two).
+# Three models: one that fits on one node, one placed as a pipeline over two nodes (min_nodes 2:
+# its 17.6 GB would fit some single nodes, the deployment asks for two), and a small one kept at
+# two replicas on nodes apart, so a fault on one node leaves the other replica serving.
 SINGLE_NODE_MODEL = Deployed(model_id="mlx-community/Qwen3-0.6B-4bit", min_nodes=1)
 PIPELINE_MODEL = Deployed(model_id="mlx-community/Qwen3-30B-A3B-4bit", min_nodes=2)
-SOAK_MODELS = (SINGLE_NODE_MODEL, PIPELINE_MODEL)
+REPLICATED_MODEL = Deployed(
+    model_id="mlx-community/Llama-3.2-1B-Instruct-4bit", min_nodes=1, replicas=2
+)
+SOAK_MODELS = (SINGLE_NODE_MODEL, PIPELINE_MODEL, REPLICATED_MODEL)
 
 # The issue: after the faults, every deployment must serve again within three minutes.
 SETTLE_TIMEOUT_S = 180.0
@@ -171,6 +177,7 @@ class Soak:
             group.start_soon(self._progress)
             await self._warm_up()
             self._origin = anyio.current_time()
+            self.load.count_from(self._origin)
             self._say(f"every model serves; injecting faults for {settings.minutes:g} min")
             async with anyio.create_task_group() as faults:
                 await self._inject_faults(faults)
@@ -364,6 +371,18 @@ class Soak:
             duration_s=fault.spec.duration_s,
         )
 
+    def _outcomes(self, model: str) -> ModelOutcomes:
+        counts = self.load.stats.per_model.get(model, ModelCounts())
+        since = self.load.stats.per_model_since.get(model, ModelCounts())
+        return model_outcomes(
+            counts.requests,
+            counts.results,
+            counts.errors,
+            counts.lost,
+            under_faults=(since.requests, since.results),
+            errors_under_faults=dict(since.error_kinds),
+        )
+
     def _report(self, serving: bool, settle_s: float | None) -> SoakReport:
         settings = self._settings
         run_end = anyio.current_time()
@@ -384,6 +403,7 @@ class Soak:
             results=stats.results,
             errors=stats.errors,
             lost=stats.lost,
+            per_model={model: self._outcomes(model) for model in self._models},
             duplicates=max(live.episodes, checked.duplicates if checked else 0),
             duplicates_seen_live=live.episodes,
             events_checked=checked.events if checked else 0,

@@ -203,7 +203,9 @@ class VirtualTarget:
 
     async def deploy(self, model: Deployed) -> None:
         assert self._master is not None
-        await self._master.create_deployment(model.model_id, min_nodes=model.min_nodes)
+        await self._master.create_deployment(
+            model.model_id, min_nodes=model.min_nodes, replicas=model.replicas
+        )
 
     async def chat(self, model_id: str) -> str | None:
         master = self._master

@@ -4,13 +4,16 @@
 stream (re)connects, then every indexed event) with the moment it arrived, and keeps:
 
 - the current State, for the run to see which nodes hold runners and which models serve;
-- duplicates: every moment a model has two or more instances, counted once per episode (from
-  the first state with two until a state with at most one);
+- duplicates: every moment a model has more instances than its deployment's replicas (two or
+  more, for a model deployed once), counted once per episode (from the first such state until
+  one with no more than its replicas);
 - when each instance was first seen ready and when it was deleted, so a fault can tell whether
   the instances it hit survived it;
-- the keeper-added latency: from the deletion of a model's last instance reaching the State to
-  the keeper's InstanceCreated for it. Only gaps the keeper is meant to close at its next step
-  are samples; the others are counted by why they had to wait (see ``ExclusionReason``).
+- the keeper-added latency: from a deletion that leaves a model with fewer instances than its
+  replicas (its last one, for a model deployed once) reaching the State, to the keeper's
+  InstanceCreated that replaces it (oldest gap first). Only gaps the keeper is meant to close at
+  its next step are samples; the others are counted by why they had to wait (see
+  ``ExclusionReason``).
 
 It is plain synchronous code over ``keeper.apply``, so both soaks (processes and virtual time)
 share it, and ``check_log`` replays a master's whole event log through the same duplicate check:
@@ -43,7 +46,7 @@ KEEPER_STEP_S = 1.0
 
 
 class ExclusionReason(StrEnum):
-    """Why a gap between losing a model's last instance and placing a new one is not a sample."""
+    """Why a gap between losing a model's instance and placing its replacement is not a sample."""
 
     BACKOFF = "lost_before_ready"  # the keeper had not seen it ready: backoff applies
     GRACE = "master_startup_grace"  # a new master places nothing for STARTUP_GRACE
@@ -63,26 +66,42 @@ def model_of(instance: AnyInstance) -> str:
     return instance.shard_assignments.model_id
 
 
-def doubled_models(state: State) -> set[str]:
+def wanted_instances(state: State) -> dict[str, int]:
+    """Each deployed model's replicas: how many instances the keeper keeps of it."""
+    wanted: dict[str, int] = {}
+    for deployment in state.deployments.values():
+        model = deployment.model_card.model_id
+        wanted[model] = max(wanted.get(model, 0), deployment.replicas)
+    return wanted
+
+
+def excess_instances(state: State) -> dict[str, str]:
+    """Models with more instances than their deployment's replicas (more than one if none),
+    each with a few words saying how many of how many."""
     counts = Counter(model_of(instance) for instance in state.instances.values())
-    return {model for model, count in counts.items() if count > 1}
+    wanted = wanted_instances(state)
+    return {
+        model: f"{count} instances of {model} (replicas {wanted.get(model, 1)})"
+        for model, count in counts.items()
+        if count > wanted.get(model, 1)
+    }
 
 
 @dataclass
 class DuplicateCounter:
-    """Counts episodes of a model having two or more instances, over a sequence of States."""
+    """Counts episodes of a model having more instances than its replicas, over States."""
 
     episodes: int = 0
     examples: list[str] = field(default_factory=list[str])
     _doubled: set[str] = field(default_factory=set[str])
 
     def check(self, state: State) -> None:
-        doubled = doubled_models(state)
-        for model in sorted(doubled - self._doubled):
+        excess = excess_instances(state)
+        for model in sorted(set(excess) - self._doubled):
             self.episodes += 1
             if len(self.examples) < 10:
-                self.examples.append(f"event {state.last_event_applied_idx}: two of {model}")
-        self._doubled = doubled
+                self.examples.append(f"event {state.last_event_applied_idx}: {excess[model]}")
+        self._doubled = set(excess)
 
 
 @dataclass(frozen=True)
@@ -126,7 +145,7 @@ class ClusterWatch:
         self.deleted_at: dict[str, float] = {}
         self.events = 0
         self._master_started_at = -STARTUP_GRACE
-        self._gaps: dict[str, _Gap] = {}
+        self._gaps: dict[str, list[_Gap]] = {}  # by model, oldest first
 
     # --- what the run tells it ------------------------------------------------------------
 
@@ -141,13 +160,16 @@ class ClusterWatch:
         for instance_id in self.state.instances:
             if instance_id not in state.instances:
                 self._deleted(instance_id, now)
-        for gap in self._gaps.values():
+        for gap in self._open_gaps():
             gap.excluded = gap.excluded or ExclusionReason.MASTER_RESTART
         self.state = state
         self.duplicates.check(state)
         self._note_ready(now)
-        for model in self._deployed_models_without_instance():
-            self._gaps.setdefault(model, _Gap(now, ExclusionReason.MASTER_RESTART))
+        for model, missing in self._missing_instances().items():
+            gaps = self._gaps.setdefault(model, [])
+            gaps.extend(
+                _Gap(now, ExclusionReason.MASTER_RESTART) for _ in range(missing - len(gaps))
+            )
 
     def event(self, indexed: IndexedEvent, now: float) -> None:
         if indexed.idx <= self.state.last_event_applied_idx:
@@ -164,15 +186,15 @@ class ClusterWatch:
             self._instance_created(event.instance, now)
         elif isinstance(event, DeploymentPlacementFailed):
             deployment = self.state.deployments.get(event.deployment_id)
-            gap = self._gaps.get(deployment.model_card.model_id) if deployment else None
-            if gap is not None and gap.excluded is None:
-                gap.excluded = ExclusionReason.NO_CAPACITY
+            model = deployment.model_card.model_id if deployment else None
+            for gap in self._gaps.get(model, []) if model else []:
+                gap.excluded = gap.excluded or ExclusionReason.NO_CAPACITY
         self.duplicates.check(self.state)
         self._note_ready(now)
 
     def finish(self) -> None:
         """The run is over: gaps still open were never closed."""
-        for _ in self._gaps.values():
+        for _ in self._open_gaps():
             self.excluded[ExclusionReason.UNFINISHED] += 1
         self._gaps.clear()
 
@@ -202,13 +224,17 @@ class ClusterWatch:
 
     # --- bookkeeping ----------------------------------------------------------------------
 
-    def _deployed_models_without_instance(self) -> list[str]:
-        with_instance = {model_of(i) for i in self.state.instances.values()}
-        return sorted(
-            deployment.model_card.model_id
-            for deployment in self.state.deployments.values()
-            if deployment.model_card.model_id not in with_instance
-        )
+    def _open_gaps(self) -> list[_Gap]:
+        return [gap for gaps in self._gaps.values() for gap in gaps]
+
+    def _missing_instances(self) -> dict[str, int]:
+        """Deployed models with fewer instances than their replicas: how many fewer."""
+        counts = Counter(model_of(i) for i in self.state.instances.values())
+        return {
+            model: wanted - counts[model]
+            for model, wanted in sorted(wanted_instances(self.state).items())
+            if counts[model] < wanted
+        }
 
     def _note_ready(self, now: float) -> None:
         for instance_id, instance in self.state.instances.items():
@@ -225,20 +251,20 @@ class ClusterWatch:
     def _instance_deleted(self, gone: AnyInstance, now: float) -> None:
         ready_at = self._deleted(gone.instance_id, now)
         model = model_of(gone)
-        if model in {model_of(i) for i in self.state.instances.values()}:
-            return
-        if not any(d.model_card.model_id == model for d in self.state.deployments.values()):
-            return
+        gaps = self._gaps.setdefault(model, [])
+        if self._missing_instances().get(model, 0) <= len(gaps):
+            return  # still as many as its replicas, or no deployment wants it
         excluded: ExclusionReason | None = None
         if now < self._master_started_at + STARTUP_GRACE:
             excluded = ExclusionReason.GRACE
         elif ready_at is None or now - ready_at < KEEPER_STEP_S:
             excluded = ExclusionReason.BACKOFF
-        self._gaps[model] = _Gap(now, excluded)
+        gaps.append(_Gap(now, excluded))
 
     def _instance_created(self, instance: AnyInstance, now: float) -> None:
-        gap = self._gaps.pop(model_of(instance), None)
-        for other in self._gaps.values():
+        gaps = self._gaps.get(model_of(instance), [])
+        gap = gaps.pop(0) if gaps else None
+        for other in self._open_gaps():
             other.queued = True
         if gap is None:
             return
