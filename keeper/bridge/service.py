@@ -75,6 +75,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
+from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import AnyioClock, Clock, iso_utc
 from keeper.runtime.deployments import (
     created_response,
@@ -144,8 +145,8 @@ class Bridge:
             self.data_dir, snapshot_every=self.config.snapshot_every_events, file_ops=file_ops
         )
         self._lock = anyio.Lock()
-        self._merged: tuple[ExoState | None, State, State] | None = None
-        self._state_body: tuple[ExoState, State, bytes] | None = None
+        self._merged = LastBuilt[State]()  # exo's State with our deployments
+        self._state_body = LastBuilt[bytes]()  # exo's State JSON with our deployments
         self._doomed = DoomedInstances(self.data_dir)
         self._vanished = VanishedInstances()
         self._follow = ExoFollower(
@@ -228,13 +229,12 @@ class Bridge:
     def state(self) -> State:
         """exo's State as last read, with the bridge's deployments in it."""
         exo = self._follow.last
-        cached = self._merged
-        if cached is not None and cached[0] is exo and cached[1] is self._own:
-            return cached[2]
-        base = exo.state if exo is not None else State()
-        merged = base.model_copy(update={"deployments": self._own.deployments})
-        self._merged = (exo, self._own, merged)
-        return merged
+        return self._merged.get(
+            (exo, self._own),
+            lambda: (exo.state if exo is not None else State()).model_copy(
+                update={"deployments": self._own.deployments}
+            ),
+        )
 
     def state_json(self) -> bytes:
         """exo's State JSON as exo sent it (every key kept), with ``deployments`` set to ours."""
@@ -243,17 +243,15 @@ class Bridge:
             outage = self._follow.outage
             reason = outage.reason if outage is not None else "no answer yet"
             raise ExoDownError(f"exo at {self.exo.url} has not answered yet: {reason}")
-        cached = self._state_body
-        if cached is not None and cached[0] is exo and cached[1] is self._own:
-            return cached[2]
+        return self._state_body.get((exo, self._own), lambda: self._exo_json_with_ours(exo))
+
+    def _exo_json_with_ours(self, exo: ExoState) -> bytes:
         document: dict[str, Any] = dict(exo.raw)
         document["deployments"] = {
             deployment_id: deployment.model_dump(mode="json")
             for deployment_id, deployment in self._own.deployments.items()
         }
-        body = json.dumps(document, separators=(",", ":")).encode()
-        self._state_body = (exo, self._own, body)
-        return body
+        return json.dumps(document, separators=(",", ":")).encode()
 
     def deployments_view(self) -> DeploymentsResponse:
         views = deployment_views(self.state, self._keeper, self._clock, self._detail)

@@ -76,6 +76,7 @@ from keeper.master.membership import Membership
 from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
 from keeper.readiness import chat_targets
+from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import AnyioClock, Clock
 from keeper.runtime.deployments import (
     created_response,
@@ -227,7 +228,7 @@ class Master:
         self._started_at: float | None = None
         self._keeper_error: str | None = None
         self._keeper_version = 0  # bumped whenever the keeper's memory may have changed
-        self._view_cache: tuple[State, int, float, bytes] | None = None
+        self._view_cache = LastBuilt[bytes]()
         self._dropped_while_unwritable = 0
         self._held: list[AnyEvent] = []  # node reports the log refused, to log when it can
         self._held_applied: list[anyio.Event] = []  # set once what was held is applied
@@ -295,18 +296,12 @@ class Master:
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""
-        now = self._clock.monotonic() if self._clock is not None else 0.0
-        cached = self._view_cache
-        if (
-            cached is not None
-            and cached[0] is self._state
-            and cached[1] == self._keeper_version
-            and now - cached[2] < DEPLOYMENTS_VIEW_MAX_AGE_S
-        ):
-            return cached[3]
-        body = self.deployments_view().model_dump_json().encode()
-        self._view_cache = (self._state, self._keeper_version, now, body)
-        return body
+        return self._view_cache.get(
+            (self._state, self._keeper_version),
+            lambda: self.deployments_view().model_dump_json().encode(),
+            now=self._clock.monotonic() if self._clock is not None else 0.0,
+            max_age=DEPLOYMENTS_VIEW_MAX_AGE_S,
+        )
 
     def subscribe(self) -> Subscription:
         """The current State and every event after it, for a dashboard stream."""
