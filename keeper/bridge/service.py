@@ -76,7 +76,7 @@ from keeper.events import (
     InstanceDeleted,
 )
 from keeper.runtime.built import LastBuilt
-from keeper.runtime.clock import AnyioClock, Clock, iso_utc
+from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.deployments import (
     created_response,
     deleted_response,
@@ -85,10 +85,16 @@ from keeper.runtime.deployments import (
     new_deployment,
     scaled_response,
 )
-from keeper.runtime.errors import BadRequestError, NotRunningError
+from keeper.runtime.errors import BadRequestError
 from keeper.runtime.event_log import FileOps
 from keeper.runtime.event_store import EventStore
-from keeper.runtime.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
+from keeper.runtime.hosted_keeper import (
+    KeeperFactory,
+    KeeperLike,
+    Started,
+    default_keeper,
+    start_keeper,
+)
 from keeper.state import AnyInstance, Deployment, InstanceMeta, ModelCard, Sharding, State
 
 # Named here too: the bridge's callers and tests import them from the bridge's service.
@@ -136,9 +142,8 @@ class Bridge:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else BridgeConfig()
         self.catalog = catalog_by_id(self.config.model_cards)
-        self._clock = clock
+        self._started = Started("bridge", clock)
         self._keeper_factory = keeper_factory
-        self._keeper: KeeperLike | None = None
         self._last_error: str | None = None
         # The bridge's deployments: the log's State (``_own``).
         self._store = EventStore(
@@ -196,9 +201,7 @@ class Bridge:
 
     @property
     def clock(self) -> Clock:
-        if self._clock is None:
-            raise NotRunningError("the bridge is not running yet")
-        return self._clock
+        return self._started.clock
 
     def _monotonic(self) -> float:
         return self.clock.monotonic()
@@ -208,9 +211,7 @@ class Bridge:
 
     @property
     def keeper(self) -> KeeperLike:
-        if self._keeper is None:
-            raise NotRunningError("the bridge is not running yet")
-        return self._keeper
+        return self._started.keeper
 
     @property
     def running(self) -> bool:
@@ -254,7 +255,9 @@ class Bridge:
         return json.dumps(document, separators=(",", ":")).encode()
 
     def deployments_view(self) -> DeploymentsResponse:
-        views = deployment_views(self.state, self._keeper, self._clock, self._detail)
+        views = deployment_views(
+            self.state, self._started.keeper_or_none, self._started.clock_or_none, self._detail
+        )
         return DeploymentsResponse(deployments=[self._with_refusal(view) for view in views])
 
     def deployments_json(self) -> bytes:
@@ -392,13 +395,11 @@ class Bridge:
         """Rebuild the deployments from the log, then follow exo until cancelled."""
         if self._running:
             raise RuntimeError("this bridge is already running")
-        if self._clock is None:
-            self._clock = AnyioClock()
-        clock = self._clock
+        clock = self._started.start_clock()
         self._store.open()
         now = clock.monotonic()
         self._doomed.load(now)
-        self._keeper = _PausedWhileUnwritable(
+        self._started.keeper_or_none = _PausedWhileUnwritable(
             start_keeper(self._keeper_factory, now, self.config.startup_grace_s, self._place),
             self._store,
         )

@@ -77,7 +77,7 @@ from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
 from keeper.readiness import chat_targets
 from keeper.runtime.built import LastBuilt
-from keeper.runtime.clock import AnyioClock, Clock
+from keeper.runtime.clock import Clock
 from keeper.runtime.deployments import (
     created_response,
     deleted_response,
@@ -97,7 +97,13 @@ from keeper.runtime.errors import (
 )
 from keeper.runtime.event_log import FileOps, Recovery
 from keeper.runtime.event_store import EventStore, LogNotWritableError
-from keeper.runtime.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
+from keeper.runtime.hosted_keeper import (
+    KeeperFactory,
+    KeeperLike,
+    Started,
+    default_keeper,
+    start_keeper,
+)
 from keeper.state import (
     InstanceMeta,
     ModelCard,
@@ -197,13 +203,12 @@ class Master:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else MasterConfig()
         self.catalog: dict[str, ModelCard] = catalog_by_id(self.config.model_cards)
-        self._clock = clock
+        self._started = Started("master", clock)
         self.new_id = new_id
         self._place = (
             place if place is not None else functools.partial(place_instance, new_id=new_id)
         )
         self._keeper_factory = keeper_factory
-        self._keeper: KeeperLike | None = None
         self._store = EventStore(
             self.data_dir,
             snapshot_every=self.config.snapshot_every_events,
@@ -273,15 +278,11 @@ class Master:
 
     @property
     def keeper(self) -> KeeperLike:
-        if self._keeper is None:
-            raise NotRunningError("the master is not running yet")
-        return self._keeper
+        return self._started.keeper
 
     @property
     def clock(self) -> Clock:
-        if self._clock is None:
-            raise NotRunningError("the master is not running yet")
-        return self._clock
+        return self._started.clock
 
     @property
     def running(self) -> bool:
@@ -291,15 +292,18 @@ class Master:
         return sorted(self._membership.sessions)
 
     def deployments_view(self) -> DeploymentsResponse:
-        views = deployment_views(self._state, self._keeper, self._clock)
+        views = deployment_views(
+            self._state, self._started.keeper_or_none, self._started.clock_or_none
+        )
         return DeploymentsResponse(deployments=views)
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""
+        clock = self._started.clock_or_none
         return self._view_cache.get(
             (self._state, self._keeper_version),
             lambda: self.deployments_view().model_dump_json().encode(),
-            now=self._clock.monotonic() if self._clock is not None else 0.0,
+            now=clock.monotonic() if clock is not None else 0.0,
             max_age=DEPLOYMENTS_VIEW_MAX_AGE_S,
         )
 
@@ -572,9 +576,7 @@ class Master:
         """Rebuild the State from the log, then run the router and the loops until cancelled."""
         if self.running:
             raise RuntimeError("this master is already running")
-        if self._clock is None:
-            self._clock = AnyioClock()
-        clock = self._clock
+        clock = self._started.start_clock()
         recovery = self._store.open()
         if recovery.events_replayed or recovery.snapshot_idx is not None:
             log.info(
@@ -585,7 +587,7 @@ class Master:
             )
         now = clock.monotonic()
         self._started_at = now
-        self._keeper = start_keeper(
+        self._started.keeper_or_none = start_keeper(
             self._keeper_factory, now, self.config.startup_grace_s, self._place
         )
         self._membership.start(clock)
