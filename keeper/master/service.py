@@ -22,9 +22,9 @@ Around the router run, until cancelled:
 - snapshots of the State (then log compaction) every ``snapshot_every_events`` events, and once
   more on a clean stop.
 
-Chat requests are routed here (to the rank-0 node of the least busy ready instance whose nodes
-are all connected, once more elsewhere if it goes before the first token) and followed by
-``keeper.master.chat``; dashboard streams subscribe through ``keeper.master.subscriptions``.
+Chat requests are routed by ``keeper.master.chat_routing`` (to the least busy ready replica,
+once more elsewhere if it goes before the first token) and followed by ``keeper.master.chat``;
+dashboard streams subscribe through ``keeper.master.subscriptions``.
 
 Commands (``create_deployment``, ``scale_deployment`` and friends) validate, then emit under the
 lock and wait until their events are applied, so a response is only sent for events that are
@@ -34,10 +34,10 @@ API maps to 4xx.
 Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
 whole master (with in-process nodes on memory channels) under trio's MockClock.
 
-The module is still a little over 400 lines: what stays is what needs the lock, the State and
-the router together (the commands, chat routing over the connected sessions, the sweep, the
-publish hooks and the start and stop of every part); the parts that stand alone live beside it
-(router, stepping, membership, chat, subscriptions).
+The module runs to about 500 lines because what stays needs the lock, the State and the router
+together: the commands, the sweep, the publish hooks, and the start and orderly stop of every
+part; the parts that stand alone live beside it (router, stepping, membership, chat routing,
+chat, subscriptions).
 """
 
 from __future__ import annotations
@@ -67,15 +67,14 @@ from keeper.ids import IdFactory, new_id
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
     ChatMessage,
-    ChatRequest,
 )
-from keeper.master.chat import ChatRouter, ChatStream, Route
+from keeper.master.chat import ChatRouter, ChatStream
+from keeper.master.chat_routing import ChatRouting
 from keeper.master.membership import Membership
 from keeper.master.router import Router
 from keeper.master.stepping import KeeperLoop
 from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
-from keeper.readiness import chat_targets
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import Clock
 from keeper.runtime.deployments import (
@@ -90,8 +89,6 @@ from keeper.runtime.deployments import (
 )
 from keeper.runtime.errors import (
     BadRequestError,
-    ChatFailedError,
-    NoInstanceError,
     NotFoundError,
     NotRunningError,
 )
@@ -207,6 +204,7 @@ class Master:
             check_interval_s=self.config.membership_check_s,
             outbox_size=self.config.subscriber_buffer,
         )
+        self._chat_routing = ChatRouting(self._chats, self._membership, lambda: self._state)
         self._view_cache = LastBuilt[bytes]()
         self._stepping = KeeperLoop(
             lock=self._lock,
@@ -391,69 +389,17 @@ class Master:
     # --- chat ----------------------------------------------------------------------------
 
     def ready_instances(self, model_id: str) -> list[tuple[str, NodeId]]:
-        """(instance id, rank-0 node) of each instance of the model a chat may go to now, in
-        the State's order (``keeper.readiness.chat_targets``): ready, with every one of its
-        nodes connected. A node whose connection closed is left out at once, long before it
-        would time out."""
-        connected = {node for node in self._membership.sessions if self._connected(node)}
-        return chat_targets(self._state, model_id, connected)
-
-    def _connected(self, node_id: NodeId) -> bool:
-        session = self._membership.sessions.get(node_id)
-        return session is not None and session.closed_because is None
+        """(instance id, rank-0 node) of each instance of the model a chat may go to now
+        (``keeper.master.chat_routing``)."""
+        return self._chat_routing.ready_instances(model_id)
 
     async def chat(
         self, model_id: str, messages: Sequence[ChatMessage], max_tokens: int
     ) -> ChatStream:
-        """Send a chat to a ready instance of the model; iterate the result for its text.
-
-        The instance with the fewest chats in flight (ties: the State's order, as exo) gets it;
-        should its node or instance go before the first text, it is sent once more to another
-        ready instance (docs/design.md §6.8)."""
+        """Send a chat to a ready instance of the model; iterate the result for its text."""
         if not self.running:
             raise NotRunningError("the master is not running")
-        request = ChatRequest(
-            request_id="", instance_id="", messages=list(messages), max_tokens=max_tokens
-        )
-        route = self._route_chat(model_id, request, lost=None)
-        if route is None:
-            raise NoInstanceError(
-                f"No instance of {model_id} is ready to serve; deploy it or wait until it is "
-                "serving",
-                param="model",
-            )
-
-        def reroute(instance_id: str, node_id: NodeId) -> Route | None:
-            log.info(
-                "chat to %s: node %s or instance %s went before the first token; retrying",
-                model_id,
-                node_id,
-                instance_id,
-            )
-            try:
-                return self._route_chat(model_id, request, lost=instance_id)
-            except ChatFailedError:
-                return None
-
-        return ChatStream(route, self._chats.chunk_timeout_s, reroute)
-
-    def _route_chat(self, model_id: str, request: ChatRequest, lost: str | None) -> Route | None:
-        """Open and send the request to the least busy ready instance but ``lost``; None if
-        there is none."""
-        ready = [target for target in self.ready_instances(model_id) if target[0] != lost]
-        if not ready:
-            return None
-        busy = self._chats.load([instance for instance, _ in ready])
-        instance_id, node_id = min(ready, key=lambda target: busy[target[0]])  # first of ties
-        session = self._membership.sessions[node_id]
-        route = self._chats.open(instance_id, session)
-        sent = request.model_copy(
-            update={"request_id": route.pending.request_id, "instance_id": instance_id}
-        )
-        if not session.offer(sent):
-            self._chats.forget(route.pending.request_id)
-            raise ChatFailedError(f"node {node_id} could not take the request")
-        return route
+        return self._chat_routing.chat(model_id, messages, max_tokens)
 
     # --- the event router ----------------------------------------------------------------
 
