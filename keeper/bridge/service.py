@@ -29,9 +29,11 @@ The keeper's startup grace runs from the bridge's own start, so after a restart 
 (which still holds the instances) is read before anything is placed; deployments come back from
 the log.
 
-What stays here is what needs the lock and all the pieces at once: the tick's order, the
-deployment commands, and the read side (exo's State with our deployments, the deployments'
-views, health). That is why the module is a little over 400 lines.
+The module runs to about 570 lines because what stays needs the lock and every piece at once:
+the tick's order (settle, record what exo deleted, delete the doomed, resend, ask, step, act),
+the deployment commands (each touches the log, the keeper, the creations and the doomed
+instances under the lock), and the read side (exo's State with our deployments, the
+deployments' views, health), which reads them all.
 """
 
 from __future__ import annotations
