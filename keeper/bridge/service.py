@@ -97,7 +97,7 @@ from keeper.runtime.hosted_keeper import (
     default_keeper,
     start_keeper,
 )
-from keeper.state import AnyInstance, Deployment, InstanceMeta, ModelCard, Sharding, State
+from keeper.state import Deployment, InstanceMeta, ModelCard, Sharding, State
 
 # Named here too: the bridge's callers and tests import them from the bridge's service.
 __all__ = ["STATE_UNREADABLE", "UNREACHABLE", "Bridge", "BridgeConfig", "ExoDownError", "Outage"]
@@ -169,6 +169,8 @@ class Bridge:
             models_max_age_s=self.config.models_max_age_s,
         )
         self._placer = Placer(lambda: self.exo, self._cards, lambda: self.state)
+        # The keeper's placement function: the answer asked of exo before the step.
+        self._place = self._placer.place
         self._creations = Creations(
             exo=lambda: self.exo,
             deployments=lambda: self._own.deployments,
@@ -521,17 +523,6 @@ class Bridge:
     @property
     def _answers(self) -> dict[str, ExoPlacement | str]:
         return self._placer.answers
-
-    def _place(
-        self,
-        state: State,
-        model_card: ModelCard,
-        sharding: Sharding,
-        instance_meta: InstanceMeta,
-        min_nodes: int,
-    ) -> AnyInstance:
-        """The keeper's placement: the answer asked of exo before this step."""
-        return self._placer.place(state, model_card, sharding, instance_meta, min_nodes)
 
     # --- the bridge's own log --------------------------------------------------------------
 
