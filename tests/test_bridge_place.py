@@ -28,11 +28,11 @@ from keeper.bridge.exo_placement import (
     ExoPlacement,
     Preview,
     choose_apart,
-    nodes_serving,
     preview_card,
     read_previews,
 )
 from keeper.bridge.service import Bridge, BridgeConfig
+from keeper.cluster_view import nodes_serving
 from keeper.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
 from keeper.master.exo_compat import ExoCreateInstance
 from keeper.state import Deployment, State

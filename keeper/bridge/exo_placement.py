@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from keeper.bridge.exo_wire import JsonObject, instance_cards, read_instance
-from keeper.state import AnyInstance, NodeId, State
+from keeper.cluster_view import nodes_serving
+from keeper.state import AnyInstance, State
 
 
 @dataclass(frozen=True)
@@ -100,16 +101,6 @@ def preview_card(previews: list[Preview], model_id: str) -> JsonObject | None:
                 if card["modelId"] == model_id:
                     return card
     return None
-
-
-def nodes_serving(state: State, model_id: str) -> frozenset[NodeId]:
-    """The nodes holding a runner of an instance of ``model_id``."""
-    return frozenset(
-        node
-        for instance in state.instances.values()
-        if instance.shard_assignments.model_id == model_id
-        for node in instance.shard_assignments.node_to_runner
-    )
 
 
 def choose_apart(

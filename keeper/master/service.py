@@ -1,22 +1,20 @@
 """The master: one State, one ordered stream of events, and the loops that act on it.
 
-Every change goes round the router. ``emit`` puts events on an anyio memory stream that ONE
-task consumes: it commits them to the event store (``keeper.master.event_store``: numbered,
-appended with one fsync per batch, applied) and publishes them to subscribers (node sessions,
-dashboard streams). So the State trails the events by a trip through the router, as in exo, and
-every subscriber sees the same events in the same order as the log.
+Every change goes round the router (``keeper.master.router``): ONE task commits queued events to
+the event store (``keeper.runtime.event_store``: numbered, appended with one fsync per batch,
+applied) and this service publishes them to subscribers (node sessions, dashboard streams),
+flags the keeper loop when one may call for a placement, and fails the chats of a deleted
+instance. So the State trails the events by a trip through the router, as in exo, and every
+subscriber sees the same events in the same order as the log.
 
 When the log cannot be written (disk full, read-only), a batch is neither applied nor published:
 commands waiting on it get a 503 naming the cause and do not happen; events nobody waits for
-(node reports) are held in order and logged first once the log takes writes; the keeper is not
-stepped (a placement it could not log would be forgotten on restart); reads go on; and the
-store is probed each keeper interval so everything resumes by itself once a write succeeds.
+(node reports) are held by the router and logged first once the log takes writes; the keeper is
+not stepped; reads go on; and everything resumes by itself once a write succeeds.
 
 Around the router run, until cancelled:
-- the keeper loop: from STARTUP_GRACE after start, ``Keeper.step`` as soon as an applied event
-  may call for a placement (``keeper.core.calls_for_step``, flagged by the router) and at least
-  once a second, but never before the previous step's events are applied; under the lock that
-  deployment deletion also takes, with the step's events emitted under that lock;
+- the keeper loop (``keeper.master.stepping``): prompt stepping, from STARTUP_GRACE after
+  start, under the lock that deployment deletion and scaling also take;
 - membership (``keeper.master.membership``): node sessions, and NodeTimedOut for a node silent
   for ``node_timeout_s``;
 - the sweep: every ``sweep_interval_s``, InstanceDeleted for each instance using a node that
@@ -24,9 +22,9 @@ Around the router run, until cancelled:
 - snapshots of the State (then log compaction) every ``snapshot_every_events`` events, and once
   more on a clean stop.
 
-Chat requests are routed here (to the rank-0 node of the least busy ready instance whose nodes
-are all connected, once more elsewhere if it goes before the first token) and followed by
-``keeper.master.chat``; dashboard streams subscribe through ``keeper.master.subscriptions``.
+Chat requests are routed by ``keeper.master.chat_routing`` (to the least busy ready replica,
+once more elsewhere if it goes before the first token) and followed by ``keeper.master.chat``;
+dashboard streams subscribe through ``keeper.master.subscriptions``.
 
 Commands (``create_deployment``, ``scale_deployment`` and friends) validate, then emit under the
 lock and wait until their events are applied, so a response is only sent for events that are
@@ -36,9 +34,10 @@ API maps to 4xx.
 Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
 whole master (with in-process nodes on memory channels) under trio's MockClock.
 
-The module is longer than most because the router, the keeper loop, the sweep and the commands
-share one lock, one State and the router's queue and must interleave exactly as described
-here; the parts that stand alone live beside it (membership, chat, subscriptions, the store).
+The module runs to about 500 lines because what stays needs the lock, the State and the router
+together: the commands, the sweep, the publish hooks, and the start and orderly stop of every
+part; the parts that stand alone live beside it (router, stepping, membership, chat routing,
+chat, subscriptions).
 """
 
 from __future__ import annotations
@@ -52,7 +51,6 @@ from pathlib import Path
 
 import anyio
 from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from keeper.api_models import CommandResponse, DeploymentsResponse
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
@@ -69,14 +67,16 @@ from keeper.ids import IdFactory, new_id
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
     ChatMessage,
-    ChatRequest,
 )
-from keeper.master.chat import ChatRouter, ChatStream, Route
+from keeper.master.chat import ChatRouter, ChatStream
+from keeper.master.chat_routing import ChatRouting
 from keeper.master.membership import Membership
+from keeper.master.router import Router
+from keeper.master.stepping import KeeperLoop
 from keeper.master.subscriptions import Fanout, Subscription
 from keeper.placement import place_instance
-from keeper.readiness import chat_targets
-from keeper.runtime.clock import AnyioClock, Clock
+from keeper.runtime.built import LastBuilt
+from keeper.runtime.clock import Clock
 from keeper.runtime.deployments import (
     created_response,
     deleted_response,
@@ -89,14 +89,18 @@ from keeper.runtime.deployments import (
 )
 from keeper.runtime.errors import (
     BadRequestError,
-    ChatFailedError,
-    NoInstanceError,
     NotFoundError,
     NotRunningError,
 )
 from keeper.runtime.event_log import FileOps, Recovery
-from keeper.runtime.event_store import EventStore, LogNotWritableError
-from keeper.runtime.hosted_keeper import KeeperFactory, KeeperLike, default_keeper, start_keeper
+from keeper.runtime.event_store import EventStore
+from keeper.runtime.hosted_keeper import (
+    KeeperFactory,
+    KeeperLike,
+    Started,
+    default_keeper,
+    start_keeper,
+)
 from keeper.state import (
     InstanceMeta,
     ModelCard,
@@ -107,17 +111,6 @@ from keeper.state import (
 
 log = logging.getLogger(__name__)
 
-# The most queued emits the router folds into one batch (one write + fsync). Large enough that
-# a burst costs one fsync per few hundred events, small enough that a batch applies in
-# milliseconds and does not stall the event loop.
-ROUTER_MAX_BATCH = 512
-# ... and the most events: a batch is published at once, so it must fit well inside a
-# subscriber's buffer (``subscriber_buffer``), or a pause of the router (a compaction, a slow
-# fsync) that lets bursts pile up would drop every node session and dashboard as too slow.
-ROUTER_MAX_BATCH_EVENTS = 2_048
-# Node reports and sweep deletions held while the log cannot be written: minutes of reports
-# from a large cluster; past it the oldest go (memory reports repeat, and each is counted).
-MAX_HELD_EVENTS = 10_000
 # GET /deployments is polled by every dashboard and script. Its JSON (about half a kilobyte per
 # deployment) is rebuilt only when the State or the keeper's memory changed, or when the
 # countdowns in it are older than this: a tenth of a second is invisible on a display that
@@ -165,17 +158,6 @@ class MasterConfig:
     keeper_enabled: bool = True
 
 
-@dataclass
-class _Emit:
-    events: list[AnyEvent]
-    done: anyio.Event | None = None
-    failed: bool = False
-    refused: LogNotWritableError | None = None  # the log could not take it: nothing happened
-    # Set once these events are applied (or the master stopped), whether the log took them at
-    # once or held them first: the keeper's next step waits on its previous step's events.
-    applied: anyio.Event | None = None
-
-
 class Master:
     """The master service. Construct anywhere; ``run`` inside an event loop (see module doc)."""
 
@@ -196,13 +178,12 @@ class Master:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else MasterConfig()
         self.catalog: dict[str, ModelCard] = catalog_by_id(self.config.model_cards)
-        self._clock = clock
+        self._started = Started("master", clock)
         self.new_id = new_id
         self._place = (
             place if place is not None else functools.partial(place_instance, new_id=new_id)
         )
         self._keeper_factory = keeper_factory
-        self._keeper: KeeperLike | None = None
         self._store = EventStore(
             self.data_dir,
             snapshot_every=self.config.snapshot_every_events,
@@ -211,8 +192,7 @@ class Master:
             file_ops=file_ops,
         )
         self._lock = anyio.Lock()
-        self._router_send: MemoryObjectSendStream[_Emit] | None = None
-        self._waiters: dict[int, _Emit] = {}
+        self._router = Router(self._store, self._publish, self.config.router_queue)
         self._fanout = Fanout()
         self._chats = ChatRouter(self.config.chat_chunk_timeout_s, new_id)
         self._membership = Membership(
@@ -224,18 +204,17 @@ class Master:
             check_interval_s=self.config.membership_check_s,
             outbox_size=self.config.subscriber_buffer,
         )
-        self._started_at: float | None = None
-        self._keeper_error: str | None = None
-        self._keeper_version = 0  # bumped whenever the keeper's memory may have changed
-        self._view_cache: tuple[State, int, float, bytes] | None = None
-        self._dropped_while_unwritable = 0
-        self._held: list[AnyEvent] = []  # node reports the log refused, to log when it can
-        self._held_applied: list[anyio.Event] = []  # set once what was held is applied
-        # Prompt stepping (docs/design.md §6.6): set by the router when an applied event calls
-        # for a step; the keeper loop clears it just before it reads the State to step.
-        self._step_wanted = False
-        self._step_wake: anyio.Event | None = None  # made in ``run``, inside the event loop
-        self._last_step: _Emit | None = None  # the previous step's events, until applied
+        self._chat_routing = ChatRouting(self._chats, self._membership, lambda: self._state)
+        self._view_cache = LastBuilt[bytes]()
+        self._stepping = KeeperLoop(
+            lock=self._lock,
+            store=self._store,
+            router=self._router,
+            started=self._started,
+            state=lambda: self._state,
+            interval_s=self.config.keeper_interval_s,
+            grace_s=self.config.startup_grace_s,
+        )
 
     # --- read side -----------------------------------------------------------------------
 
@@ -258,12 +237,12 @@ class Master:
     @property
     def events_dropped_unwritable(self) -> int:
         """Held events dropped because the log refused them for too long (past the cap)."""
-        return self._dropped_while_unwritable
+        return self._router.dropped_while_unwritable
 
     @property
     def events_held_unwritable(self) -> int:
         """Events nobody waited for, refused by the log and held until it takes them."""
-        return len(self._held)
+        return self._router.held
 
     @property
     def write_error(self) -> str | None:
@@ -272,41 +251,34 @@ class Master:
 
     @property
     def keeper(self) -> KeeperLike:
-        if self._keeper is None:
-            raise NotRunningError("the master is not running yet")
-        return self._keeper
+        return self._started.keeper
 
     @property
     def clock(self) -> Clock:
-        if self._clock is None:
-            raise NotRunningError("the master is not running yet")
-        return self._clock
+        return self._started.clock
 
     @property
     def running(self) -> bool:
-        return self._router_send is not None
+        return self._router.running
 
     def connected_nodes(self) -> list[NodeId]:
         return sorted(self._membership.sessions)
 
     def deployments_view(self) -> DeploymentsResponse:
-        views = deployment_views(self._state, self._keeper, self._clock)
+        views = deployment_views(
+            self._state, self._started.keeper_or_none, self._started.clock_or_none
+        )
         return DeploymentsResponse(deployments=views)
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""
-        now = self._clock.monotonic() if self._clock is not None else 0.0
-        cached = self._view_cache
-        if (
-            cached is not None
-            and cached[0] is self._state
-            and cached[1] == self._keeper_version
-            and now - cached[2] < DEPLOYMENTS_VIEW_MAX_AGE_S
-        ):
-            return cached[3]
-        body = self.deployments_view().model_dump_json().encode()
-        self._view_cache = (self._state, self._keeper_version, now, body)
-        return body
+        clock = self._started.clock_or_none
+        return self._view_cache.get(
+            (self._state, self._stepping.version),
+            lambda: self.deployments_view().model_dump_json().encode(),
+            now=clock.monotonic() if clock is not None else 0.0,
+            max_age=DEPLOYMENTS_VIEW_MAX_AGE_S,
+        )
 
     def subscribe(self) -> Subscription:
         """The current State and every event after it, for a dashboard stream."""
@@ -356,7 +328,7 @@ class Master:
         async with self._lock:
             deployment = existing_deployment(self._state.deployments, deployment_id)
             events = self.keeper.delete(deployment_id, self._state)
-            self._keeper_version += 1
+            self._stepping.keeper_changed()
             await self._emit_and_wait(events)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment, self.new_id)
@@ -371,7 +343,7 @@ class Master:
                 events = self.keeper.scale(deployment_id, replicas, self._state)
             except ValueError as exc:
                 raise BadRequestError(str(exc), param="replicas") from None
-            self._keeper_version += 1
+            self._stepping.keeper_changed()
             await self._emit_and_wait(events)
         log.info(
             "deployment %s of %s scaled from %d to %d replica(s)",
@@ -417,146 +389,27 @@ class Master:
     # --- chat ----------------------------------------------------------------------------
 
     def ready_instances(self, model_id: str) -> list[tuple[str, NodeId]]:
-        """(instance id, rank-0 node) of each instance of the model a chat may go to now, in
-        the State's order (``keeper.readiness.chat_targets``): ready, with every one of its
-        nodes connected. A node whose connection closed is left out at once, long before it
-        would time out."""
-        connected = {node for node in self._membership.sessions if self._connected(node)}
-        return chat_targets(self._state, model_id, connected)
-
-    def _connected(self, node_id: NodeId) -> bool:
-        session = self._membership.sessions.get(node_id)
-        return session is not None and session.closed_because is None
+        """(instance id, rank-0 node) of each instance of the model a chat may go to now
+        (``keeper.master.chat_routing``)."""
+        return self._chat_routing.ready_instances(model_id)
 
     async def chat(
         self, model_id: str, messages: Sequence[ChatMessage], max_tokens: int
     ) -> ChatStream:
-        """Send a chat to a ready instance of the model; iterate the result for its text.
-
-        The instance with the fewest chats in flight (ties: the State's order, as exo) gets it;
-        should its node or instance go before the first text, it is sent once more to another
-        ready instance (docs/design.md §6.8)."""
+        """Send a chat to a ready instance of the model; iterate the result for its text."""
         if not self.running:
             raise NotRunningError("the master is not running")
-        request = ChatRequest(
-            request_id="", instance_id="", messages=list(messages), max_tokens=max_tokens
-        )
-        route = self._route_chat(model_id, request, lost=None)
-        if route is None:
-            raise NoInstanceError(
-                f"No instance of {model_id} is ready to serve; deploy it or wait until it is "
-                "serving",
-                param="model",
-            )
-
-        def reroute(instance_id: str, node_id: NodeId) -> Route | None:
-            log.info(
-                "chat to %s: node %s or instance %s went before the first token; retrying",
-                model_id,
-                node_id,
-                instance_id,
-            )
-            try:
-                return self._route_chat(model_id, request, lost=instance_id)
-            except ChatFailedError:
-                return None
-
-        return ChatStream(route, self._chats.chunk_timeout_s, reroute)
-
-    def _route_chat(self, model_id: str, request: ChatRequest, lost: str | None) -> Route | None:
-        """Open and send the request to the least busy ready instance but ``lost``; None if
-        there is none."""
-        ready = [target for target in self.ready_instances(model_id) if target[0] != lost]
-        if not ready:
-            return None
-        busy = self._chats.load([instance for instance, _ in ready])
-        instance_id, node_id = min(ready, key=lambda target: busy[target[0]])  # first of ties
-        session = self._membership.sessions[node_id]
-        route = self._chats.open(instance_id, session)
-        sent = request.model_copy(
-            update={"request_id": route.pending.request_id, "instance_id": instance_id}
-        )
-        if not session.offer(sent):
-            self._chats.forget(route.pending.request_id)
-            raise ChatFailedError(f"node {node_id} could not take the request")
-        return route
+        return self._chat_routing.chat(model_id, messages, max_tokens)
 
     # --- the event router ----------------------------------------------------------------
 
     async def emit(self, events: Sequence[AnyEvent]) -> None:
         """Queue events for the router; they are applied shortly after (the State trails)."""
-        if not events:
-            return
-        if self._router_send is None:
-            raise NotRunningError("the master is not running")
-        await self._router_send.send(_Emit(list(events)))
+        await self._router.emit(events)
 
     async def _emit_and_wait(self, events: Sequence[AnyEvent]) -> None:
         """Queue events and wait until they are logged, applied and published."""
-        if not events:
-            return
-        if self._router_send is None:
-            raise NotRunningError("the master is not running")
-        item = _Emit(list(events), anyio.Event())
-        self._waiters[id(item)] = item
-        try:
-            await self._router_send.send(item)
-            assert item.done is not None
-            await item.done.wait()
-        finally:
-            self._waiters.pop(id(item), None)
-        if item.refused is not None:
-            raise item.refused
-        if item.failed:
-            raise NotRunningError("the master stopped before the command was recorded")
-
-    async def _router(self, receive: MemoryObjectReceiveStream[_Emit]) -> None:
-        async with receive:
-            async for first in receive:
-                batch = [first]
-                size = len(first.events)
-                while len(batch) < ROUTER_MAX_BATCH and size < ROUTER_MAX_BATCH_EVENTS:
-                    try:
-                        batch.append(receive.receive_nowait())
-                    except anyio.WouldBlock:
-                        break
-                    size += len(batch[-1].events)
-                events = [*self._held, *(e for item in batch for e in item.events)]
-                try:
-                    # The fsync runs in a worker thread (``log_io_in_thread``) so the event
-                    # loop keeps serving meanwhile; what arrives during it forms the next batch.
-                    indexed = await self._store.commit(events)
-                except LogNotWritableError as exc:
-                    self._refuse(batch, exc)
-                    continue
-                self._held = []
-                self._publish(indexed)
-                for item in batch:
-                    if item.done is not None:
-                        item.done.set()
-                    if item.applied is not None:
-                        item.applied.set()
-                for applied in self._held_applied:
-                    applied.set()
-                self._held_applied = []
-                await self._store.snapshot_if_due()
-
-    def _refuse(self, batch: list[_Emit], exc: LogNotWritableError) -> None:
-        # Nothing of the batch was applied. A command learns why and did not happen; events
-        # nobody waits for (node reports, the sweep's deletions) are held, in order, and go
-        # first in the next batch the log takes. Past MAX_HELD_EVENTS the oldest are dropped.
-        for item in batch:
-            if item.done is None:
-                self._held.extend(item.events)
-                if item.applied is not None:
-                    self._held_applied.append(item.applied)
-            else:
-                item.refused = exc
-                item.done.set()
-        overflow = len(self._held) - MAX_HELD_EVENTS
-        if overflow > 0:
-            self._dropped_while_unwritable += overflow
-            del self._held[:overflow]
+        await self._router.emit_and_wait(events)
 
     def _publish(self, indexed: list[IndexedEvent]) -> None:
         # Synchronous from apply (in the store) to publish: a subscriber registered between two
@@ -564,7 +417,7 @@ class Master:
         for entry in indexed:
             self._fanout.publish(entry)
             if calls_for_step(entry.event):
-                self._want_step()
+                self._stepping.want_step()
             if isinstance(entry.event, InstanceDeleted):
                 self._chats.fail(
                     f"instance {entry.event.instance_id} was deleted during the request",
@@ -577,9 +430,7 @@ class Master:
         """Rebuild the State from the log, then run the router and the loops until cancelled."""
         if self.running:
             raise RuntimeError("this master is already running")
-        if self._clock is None:
-            self._clock = AnyioClock()
-        clock = self._clock
+        clock = self._started.start_clock()
         recovery = self._store.open()
         if recovery.events_replayed or recovery.snapshot_idx is not None:
             log.info(
@@ -589,102 +440,26 @@ class Master:
                 recovery.events_replayed,
             )
         now = clock.monotonic()
-        self._started_at = now
-        self._keeper = start_keeper(
+        self._started.keeper_or_none = start_keeper(
             self._keeper_factory, now, self.config.startup_grace_s, self._place
         )
         self._membership.start(clock)
-        send, receive = anyio.create_memory_object_stream[_Emit](self.config.router_queue)
-        self._router_send = send
+        receive = self._router.open()
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(self._router, receive)
+                group.start_soon(self._router.run, receive)
                 if self.config.keeper_enabled:
-                    group.start_soon(self._keeper_loop)
+                    group.start_soon(self._stepping.run, now)
                 group.start_soon(self._membership.watch)
                 group.start_soon(self._sweep_loop)
                 task_status.started()
         finally:
-            self._router_send = None
-            send.close()
-            for item in list(self._waiters.values()):
-                item.failed = True
-                if item.done is not None:
-                    item.done.set()
-            for applied in self._held_applied:
-                applied.set()
-            if self._last_step is not None and self._last_step.applied is not None:
-                self._last_step.applied.set()
+            self._router.close()
+            self._stepping.stop()
             self._membership.close_all("the master is stopping")
             self._chats.fail_all("the master is stopping")
             self._fanout.clear()
             self._store.close()
-
-    def _want_step(self) -> None:
-        self._step_wanted = True
-        if self._step_wake is not None:
-            self._step_wake.set()
-
-    async def _keeper_loop(self) -> None:
-        """Step the keeper whenever an applied event calls for it, and at least every
-        ``keeper_interval_s``; never before the previous step's events are applied (§6.6)."""
-        clock = self.clock
-        assert self._started_at is not None
-        interval = self.config.keeper_interval_s
-        next_tick = self._started_at + self.config.startup_grace_s
-        await clock.sleep(max(0.0, next_tick - clock.monotonic()))
-        self._step_wake = anyio.Event()
-        while True:
-            if not self._step_wanted:
-                with anyio.move_on_after(max(0.0, next_tick - clock.monotonic())):
-                    await self._step_wake.wait()
-            # A step decides from the State, so it must hold what the previous step placed
-            # (docs/design.md §5.2): wait until the router has applied those events. Triggers
-            # that arrive meanwhile coalesce into this one step.
-            previous = self._last_step
-            if previous is not None and previous.applied is not None:
-                with anyio.move_on_after(interval):
-                    await previous.applied.wait()
-                if not previous.applied.is_set():
-                    # Held: the log refused them. Once it takes writes again, log them (nothing
-                    # else may come along to carry them), and wait on.
-                    if self._store.probe() and self._held and self._router_send is not None:
-                        await self._router_send.send(_Emit([]))
-                    continue
-            self._last_step = None
-            if not self._store.probe():
-                # Unwritable log: a placement now could not be logged, so the keeper waits.
-                next_tick = clock.monotonic() + interval
-                await clock.sleep(interval)
-                continue
-            if self._held and self._router_send is not None:
-                await self._router_send.send(_Emit([]))  # log what was held, now it can be
-            async with self._lock:
-                # Cleared just before reading the State: whatever is applied from here on
-                # wakes the loop again.
-                self._step_wanted = False
-                self._step_wake = anyio.Event()
-                try:
-                    events = self.keeper.step(self._state, clock.monotonic())
-                    self._keeper_version += 1
-                except Exception as exc:
-                    self._report_keeper_error(exc)
-                    events = []
-                else:
-                    self._keeper_error = None
-                if events and self._router_send is not None:
-                    step = _Emit(list(events), applied=anyio.Event())
-                    self._last_step = step
-                    await self._router_send.send(step)
-            next_tick = clock.monotonic() + interval
-
-    def _report_keeper_error(self, exc: Exception) -> None:
-        # A keeper bug must not take the master down (the cluster keeps running without it),
-        # nor fill the log once a second: report each distinct error once.
-        described = f"{type(exc).__name__}: {exc}"
-        if described != self._keeper_error:
-            log.exception("the keeper's step failed; retrying every second")
-            self._keeper_error = described
 
     async def _sweep_loop(self) -> None:
         clock = self.clock

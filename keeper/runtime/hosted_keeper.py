@@ -8,6 +8,9 @@ tests inject other keepers (one that fails, one that fails now and then) through
 ``start_keeper`` wraps whatever the factory makes in ``HostedKeeper``, the one place where the
 pure keeper's kept placement crashes meet a logger: each is logged with its traceback, once per
 deployment and distinct error, for the master and the bridge alike.
+
+``Started`` holds what a service has only once it runs, its clock and its keeper: read before,
+either is a ``NotRunningError`` (a 503) naming the service, for the master and the bridge alike.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Protocol, runtime_checkable
 
 from keeper.core import DeploymentTimer, Keeper, PlaceFn
 from keeper.events import AnyEvent
+from keeper.runtime.clock import AnyioClock, Clock
+from keeper.runtime.errors import NotRunningError
 from keeper.state import DeploymentId, State
 
 log = logging.getLogger(__name__)
@@ -102,3 +107,30 @@ def start_keeper(
     """A keeper started ``now`` whose grace (docs/design.md, "New master") lasts
     ``startup_grace_s``, as its host runs it (``HostedKeeper``)."""
     return HostedKeeper(factory(now, place, startup_grace=startup_grace_s))
+
+
+class Started:
+    """A service's clock (given, or made when it runs) and its keeper (made when it runs)."""
+
+    def __init__(self, service: str, clock: Clock | None) -> None:
+        self._service = service  # "master", "bridge": named in the NotRunningError
+        self.clock_or_none = clock
+        self.keeper_or_none: KeeperLike | None = None
+
+    @property
+    def clock(self) -> Clock:
+        if self.clock_or_none is None:
+            raise NotRunningError(f"the {self._service} is not running yet")
+        return self.clock_or_none
+
+    @property
+    def keeper(self) -> KeeperLike:
+        if self.keeper_or_none is None:
+            raise NotRunningError(f"the {self._service} is not running yet")
+        return self.keeper_or_none
+
+    def start_clock(self) -> Clock:
+        """The clock given, else the event loop's (made inside it, as the service runs)."""
+        if self.clock_or_none is None:
+            self.clock_or_none = AnyioClock()
+        return self.clock_or_none

@@ -1,0 +1,129 @@
+"""Following exo: which of exo's URLs the bridge reads, and whether what it read may be acted on.
+
+The bridge may be given several exo URLs (any node's API serves exo's State and takes its
+commands). ``ExoFollower`` follows the first that answers and moves to the next when the one in
+use stops answering; each tick uses only the State read in that tick from the URL in use.
+
+Nothing is decided on a stale State: if the read fails (no answer, a 5xx, unreadable JSON), the
+follower records an ``Outage`` and the bridge steps nothing; the deployments say why ("exo
+unreachable since 12:03:04: ..."), and the next good read clears it. A State that lacks what the
+keeper decides on (``keeper.exo_state``: no ``instances``, ``runners``, ``topology`` or
+``nodeMemory``, or an instance that does not parse) is an outage of its own kind
+("exo state unreadable since ..."): exo answers, so the follower stays on that URL.
+
+It stands apart from the bridge's service because it owns one thing, the URL in use and the
+outage, behind a narrow interface (``read``, ``available``, ``unavailable``), and knows nothing
+of deployments or of the keeper.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from keeper.bridge.exo_client import ExoApi, ExoState, ExoStateUnreadableError, ExoUnavailableError
+from keeper.runtime.clock import iso_utc
+from keeper.runtime.errors import MasterError
+
+log = logging.getLogger(__name__)
+
+UNREACHABLE = "unreachable"
+STATE_UNREADABLE = "state unreadable"
+
+
+class ExoDownError(MasterError):
+    """A request that needs exo's answer while exo does not give one."""
+
+    status_code = 503
+
+
+@dataclass(frozen=True)
+class Outage:
+    since: datetime  # wall clock, UTC
+    reason: str
+    # UNREACHABLE: no usable answer; STATE_UNREADABLE: a State lacking what the keeper decides on.
+    kind: str = UNREACHABLE
+
+
+class ExoFollower:
+    """The exo URL in use, the last good State read from it, and the outage if there is one."""
+
+    def __init__(
+        self,
+        apis: tuple[ExoApi, ...],
+        wall: Callable[[], datetime],
+        on_switch: Callable[[], None],
+    ) -> None:
+        if not apis:
+            raise ValueError("the bridge needs at least one exo URL")
+        self.apis = apis  # one per URL given, in order of preference
+        self._in_use = 0
+        self._wall = wall
+        self._on_switch = on_switch  # another exo, another State: what was counted starts over
+        self.last: ExoState | None = None  # the last good read of exo's State
+        self.outage: Outage | None = None
+
+    @property
+    def exo(self) -> ExoApi:
+        """The exo API in use: the State of each step is read from it, commands go to it."""
+        return self.apis[self._in_use]
+
+    @property
+    def following(self) -> bool:
+        """Whether the last read State may be acted on (read, and no outage since)."""
+        return self.last is not None and self.outage is None
+
+    async def read(self) -> ExoState | None:
+        """This tick's State, from the URL in use, or from the next URL that answers (which is
+        then in use). None, with the outage recorded, when no URL gives a State to act on."""
+        failures: list[str] = []
+        count = len(self.apis)
+        for offset in range(count):
+            index = (self._in_use + offset) % count
+            api = self.apis[index]
+            try:
+                exo = await api.state()
+            except ExoStateUnreadableError as exc:
+                # exo answers, with a State the keeper cannot act on: no reason to leave it.
+                self._switch_to(index)
+                self.unavailable(str(exc), STATE_UNREADABLE)
+                return None
+            except ExoUnavailableError as exc:
+                failures.append(str(exc))
+                continue
+            self._switch_to(index)
+            return exo
+        self.unavailable("; ".join(failures))
+        return None
+
+    def _switch_to(self, index: int) -> None:
+        if index != self._in_use:
+            log.warning(
+                "exo at %s stopped answering; following exo at %s",
+                self.exo.url,
+                self.apis[index].url,
+            )
+            self._in_use = index
+            self._on_switch()
+
+    def available(self, exo: ExoState) -> None:
+        """A State to act on was read: the outage, if any, is over."""
+        if self.outage is not None:
+            log.info(
+                "exo at %s gives a State to act on again (%s since %s)",
+                self.exo.url,
+                self.outage.kind,
+                iso_utc(self.outage.since),
+            )
+            self.outage = None
+        self.last = exo
+
+    def unavailable(self, reason: str, kind: str = UNREACHABLE) -> None:
+        outage = self.outage
+        if outage is None or outage.kind != kind:
+            log.warning("exo %s, placing and deleting nothing: %s", kind, reason)
+            self.outage = Outage(self._wall(), reason, kind)
+        else:
+            self.outage = replace(outage, reason=reason)

@@ -1,0 +1,227 @@
+"""The deployments commands of ``exo-deploy``: ``list``, ``deploy``, ``scale`` and ``undeploy``.
+
+They are the part of the CLI that talks to a running master (or bridge) rather than starting a
+process: each is one request through the deployments client the TUI uses too
+(``keeper.api_client``), and its exit code is a contract for scripts: 0 done, 1 refused by the
+master (its message on stderr), 2 bad usage, 3 master unreachable. The exit codes and the token
+option live here because every subcommand shares them; ``keeper.cli`` builds the rest of the
+parser and dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+from pydantic import BaseModel
+
+from keeper.api_client import Answer, ApiError, DeploymentsClient, FailureKind, master_http
+from keeper.api_models import (
+    CommandResponse,
+    CreateDeploymentRequest,
+    DeploymentsResponse,
+    DeploymentView,
+)
+from keeper.arguments import positive_int
+from keeper.state import InstanceMeta, Sharding
+
+DEFAULT_URL = "http://127.0.0.1:52415"
+URL_ENV = "EXO_DEPLOY_URL"
+TOKEN_ENV = "EXO_DEPLOY_TOKEN"  # the same variable the master reads
+# A deployments call is one small request to a master on the LAN; longer means it is not there.
+CLIENT_TIMEOUT_S = 10.0
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+EXIT_CODES_HELP = """exit codes:
+  0  done
+  1  refused by the master (its message is printed on stderr)
+  2  bad usage
+  3  the master could not be reached"""
+
+
+class ClientError(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+# How each way a deployments request fails (keeper.api_client) ends the command.
+EXIT_FOR_FAILURE: dict[FailureKind, int] = {
+    "usage": EXIT_USAGE,
+    "unreachable": EXIT_UNREACHABLE,
+    "refused": EXIT_REFUSED,
+}
+
+Parsed = TypeVar("Parsed", bound=BaseModel)
+
+
+def _call(
+    args: argparse.Namespace, call: Callable[[DeploymentsClient], Awaitable[Answer[Parsed]]]
+) -> Answer[Parsed]:
+    """One deployments request to the master ``args`` name; ClientError with its exit code if
+    it fails."""
+
+    async def run() -> Answer[Parsed]:
+        async with master_http(args.url, args.token, CLIENT_TIMEOUT_S) as http:
+            return await call(DeploymentsClient(http, CLIENT_TIMEOUT_S))
+
+    try:
+        return anyio.run(run)
+    except ApiError as exc:
+        raise ClientError(exc.message, EXIT_FOR_FAILURE[exc.kind]) from None
+
+
+def _print_answer(args: argparse.Namespace, answer: Answer[CommandResponse]) -> None:
+    if args.json:
+        print(json.dumps(answer.payload, indent=2))
+    else:
+        print(f"{answer.value.message}: {answer.value.deployment_id}")
+
+
+def _note(view: DeploymentView) -> str:
+    error = view.deployment.placement_error
+    if view.detail:  # e.g. the bridge: "exo unreachable since ..."
+        return f"{view.detail}; {error}" if error else view.detail
+    if error:
+        return error
+    if view.waiting is not None and view.next_attempt_in_s is not None:
+        return f"{view.waiting}: next attempt in {view.next_attempt_in_s:.0f} s"
+    if view.waiting is not None:
+        return view.waiting
+    return ""
+
+
+def format_deployments(response: DeploymentsResponse) -> str:
+    if not response.deployments:
+        return "no deployments"
+    # READY: how many of the deployment's replicas can serve now, of how many it keeps.
+    rows = [("DEPLOYMENT", "MODEL", "STATUS", "READY", "INSTANCE", "NOTE")]
+    for view in response.deployments:
+        deployment = view.deployment
+        rows.append(
+            (
+                deployment.deployment_id,
+                deployment.model_card.model_id,
+                view.status,
+                f"{view.ready_replicas}/{view.replicas}",
+                (deployment.instance_id or "-")[:8],
+                _note(view),
+            )
+        )
+    columns = len(rows[0]) - 1  # the note, last, is not padded
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:columns], widths, strict=True))
+        + "  "
+        + row[columns]
+        for row in rows
+    ).rstrip()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    answer = _call(args, lambda client: client.list())
+    if args.json:
+        print(json.dumps(answer.payload, indent=2))
+    else:
+        print(format_deployments(answer.value))
+    return EXIT_OK
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    # Not validated here: the master judges the request, and its refusal is the message (a
+    # min_nodes over the API's bound is the master's 422, exit 1, as any other refusal).
+    request = CreateDeploymentRequest.model_construct(
+        model_id=args.model,
+        sharding=Sharding(args.sharding),
+        instance_meta=InstanceMeta(args.instance_meta),
+        min_nodes=args.min_nodes,
+        replicas=args.replicas,
+    )
+    _print_answer(args, _call(args, lambda client: client.create(request)))
+    return EXIT_OK
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    # As with deploy, the master judges the count (1 to 16): over it is its refusal, exit 1.
+    answer = _call(args, lambda client: client.scale(args.deployment_id, args.replicas))
+    _print_answer(args, answer)
+    return EXIT_OK
+
+
+def cmd_undeploy(args: argparse.Namespace) -> int:
+    _print_answer(args, _call(args, lambda client: client.delete(args.deployment_id)))
+    return EXIT_OK
+
+
+def token_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--token``, from $EXO_DEPLOY_TOKEN unless given: the one variable every command reads."""
+    parser.add_argument(
+        "--token", default=os.environ.get(TOKEN_ENV) or None, help=f"{what} (default: ${TOKEN_ENV})"
+    )
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default=os.environ.get(URL_ENV, DEFAULT_URL),
+        help=f"the master's API (default: ${URL_ENV} or {DEFAULT_URL})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the master's JSON answer")
+    token_option(parser, "bearer token for a master that requires one")
+
+
+def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """``list``, ``deploy``, ``scale`` and ``undeploy``, each made by ``command(name, help)``."""
+    list_ = command("list", "list deployments with their status", epilog=EXIT_CODES_HELP)
+    _client_options(list_)
+    list_.set_defaults(handler=cmd_list)
+
+    deploy = command("deploy", "create a deployment of MODEL", epilog=EXIT_CODES_HELP)
+    deploy.add_argument("model", metavar="MODEL", help="a model id from GET /models")
+    deploy.add_argument(
+        "--min-nodes", type=positive_int, default=1, help="place on at least N nodes (default 1)"
+    )
+    deploy.add_argument(
+        "--sharding",
+        choices=[s.value for s in Sharding],
+        default=Sharding.PIPELINE.value,
+        help="default Pipeline",
+    )
+    deploy.add_argument(
+        "--instance-meta",
+        choices=[m.value for m in InstanceMeta],
+        default=InstanceMeta.MLX_RING.value,
+        help="default MlxRing",
+    )
+    deploy.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="keep N instances of the model, each on nodes apart (1-16, default 1)",
+    )
+    _client_options(deploy)
+    deploy.set_defaults(handler=cmd_deploy)
+
+    scale = command(
+        "scale", "keep N instances of deployment ID's model (1-16)", epilog=EXIT_CODES_HELP
+    )
+    scale.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")
+    scale.add_argument(
+        "replicas", metavar="N", type=positive_int, help="how many instances to keep, apart"
+    )
+    _client_options(scale)
+    scale.set_defaults(handler=cmd_scale)
+
+    undeploy = command("undeploy", "delete the deployment ID", epilog=EXIT_CODES_HELP)
+    undeploy.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")
+    _client_options(undeploy)
+    undeploy.set_defaults(handler=cmd_undeploy)
