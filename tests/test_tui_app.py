@@ -163,6 +163,30 @@ async def open_create_form(pilot: Pilot[None]) -> CreateScreen:
     return form
 
 
+async def select_llama(pilot: Pilot[None], app: DashboardApp) -> None:
+    """``down`` from the top, until Llama's deployment is selected."""
+    await pilot.press("down")  # Llama
+    await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+
+
+async def cancel_then_confirm(
+    pilot: Pilot[None], key: str, deleted: Callable[[], list[str]]
+) -> None:
+    """On a delete confirm: Cancel has focus and ``enter`` keeps everything (back on the
+    dashboard, ``deleted()`` still empty); then ``key`` again and Delete, until ``deleted()``
+    holds what was deleted."""
+    app = pilot.app
+    focused = app.focused
+    assert isinstance(focused, Button) and focused.id == "cancel"
+    await pilot.press("enter")  # the default answer keeps it
+    await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+    assert deleted() == []
+
+    await press_to(pilot, key, screen=ConfirmDeleteScreen)
+    await pilot.press("right", "enter")
+    await until(pilot, deleted)
+
+
 @pytest.mark.anyio
 async def test_the_main_view_lists_deployments_broken_first() -> None:
     app, _ = make_app()
@@ -233,18 +257,9 @@ async def test_create_shows_the_masters_refusal_and_stays_open() -> None:
 async def test_delete_asks_first_with_cancel_focused() -> None:
     app, client = make_app()
     async with running(app) as pilot:
-        await pilot.press("down")  # Llama
-        await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+        await select_llama(pilot, app)
         await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
-        focused = app.focused
-        assert isinstance(focused, Button) and focused.id == "cancel"
-        await pilot.press("enter")  # the default answer keeps the deployment
-        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
-        assert client.deleted == []
-
-        await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
-        await pilot.press("right", "enter")
-        await until(pilot, lambda: client.deleted)
+        await cancel_then_confirm(pilot, "ctrl+d", lambda: client.deleted)
         assert client.deleted == ["dep-llama-3.2-1b-instruct-4bit"]
 
 
@@ -252,8 +267,7 @@ async def test_delete_asks_first_with_cancel_focused() -> None:
 async def test_delete_from_describe_deletes_and_goes_back() -> None:
     app, client = make_app()
     async with running(app) as pilot:
-        await pilot.press("down")  # Llama
-        await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+        await select_llama(pilot, app)
         await press_to(pilot, "enter", screen=DescribeScreen)
         await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
         await pilot.press("right", "enter")

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Button, Input
+from textual.widgets import Input
 
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import ApiError
@@ -21,7 +21,7 @@ from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, InstancesTable
 from keeper.state import RunnerFailed
-from tests.test_tui_app import make_app, press_to, until
+from tests.test_tui_app import cancel_then_confirm, make_app, press_to, until
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
@@ -155,15 +155,7 @@ async def test_ctrl_k_deletes_the_selected_instance_after_a_confirm() -> None:
         question = str(confirm.query_one("#question").render())
         assert FAILED_REPLICA in question and "runner failed on mini-b: boom" in question
         assert "keeps 2 replicas" in question
-        focused = app.focused
-        assert isinstance(focused, Button) and focused.id == "cancel"
-        await pilot.press("enter")  # the default answer keeps the instance
-        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
-        assert client.deleted_instances == []
-
-        await press_to(pilot, "ctrl+k", screen=ConfirmDeleteScreen)
-        await pilot.press("right", "enter")
-        await until(pilot, lambda: client.deleted_instances)
+        await cancel_then_confirm(pilot, "ctrl+k", lambda: client.deleted_instances)
         assert client.deleted_instances == [FAILED_REPLICA]
         assert client.deleted == []  # the deployment stays
 
