@@ -22,6 +22,7 @@ from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, InstancesTable
 from keeper.state import RunnerFailed
 from tests.test_tui_app import cancel_then_confirm, make_app, press_to, until
+from tests.test_tui_replicas import three_nodes
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
@@ -37,11 +38,7 @@ def anyio_backend() -> str:
 def replicated() -> ClusterBuilder:
     """Qwen3-0.6B keeps 2: ready on mini-a, failed on mini-b; Llama keeps 1 on studio."""
     return (
-        ClusterBuilder()
-        .node("studio", ram_gb=96, free_gb=60)
-        .node("mini-a", ram_gb=24, free_gb=20)
-        .node("mini-b", ram_gb=24, free_gb=14)
-        .link_all()
+        three_nodes()
         .deployment(QWEN, on=["mini-a"], replicas=2)
         .instance(QWEN, on=["mini-b"], runners=[RunnerFailed(error_message="boom")], suffix="-b")
         .deployment(LLAMA, on=["studio"])
@@ -64,6 +61,12 @@ async def select_qwen(pilot: Pilot[None], app: DashboardApp) -> None:
         await pilot.pause()
 
 
+async def open_scale_form(pilot: Pilot[None], app: DashboardApp) -> ScaleScreen:
+    """Select Qwen and press ``s``, until its scale form is on top."""
+    await select_qwen(pilot, app)
+    return await press_to(pilot, "s", screen=ScaleScreen)
+
+
 async def select_failed_replica(pilot: Pilot[None], app: DashboardApp) -> None:
     await pilot.press("3")
     table = app.dashboard.query_one(InstancesTable)
@@ -81,8 +84,7 @@ async def select_failed_replica(pilot: Pilot[None], app: DashboardApp) -> None:
 async def test_s_scales_the_selected_deployment() -> None:
     app, client = make_app(replicated())
     async with running(app) as pilot:
-        await select_qwen(pilot, app)
-        form = await press_to(pilot, "s", screen=ScaleScreen)
+        form = await open_scale_form(pilot, app)
         box = form.query_one("#replicas", Input)
         assert box.value == "2" and app.focused is box
         box.value = "3"
@@ -96,8 +98,7 @@ async def test_s_scales_the_selected_deployment() -> None:
 async def test_scale_names_a_bad_count_in_the_masters_words_and_sends_nothing() -> None:
     app, client = make_app(replicated())
     async with running(app) as pilot:
-        await select_qwen(pilot, app)
-        form = await press_to(pilot, "s", screen=ScaleScreen)
+        form = await open_scale_form(pilot, app)
         form.query_one("#replicas", Input).value = "17"
         await pilot.press("ctrl+s")
         error = form.query_one("#form-error")
@@ -115,8 +116,7 @@ async def test_scale_shows_the_masters_refusal_and_stays_open() -> None:
     app, client = make_app(replicated())
     client.refuse_with = ApiError("no deployment dep-qwen3-0.6b-4bit", 404)
     async with running(app) as pilot:
-        await select_qwen(pilot, app)
-        form = await press_to(pilot, "s", screen=ScaleScreen)
+        form = await open_scale_form(pilot, app)
         form.query_one("#replicas", Input).value = "1"
         await pilot.press("enter")
         error = form.query_one("#form-error")
