@@ -14,14 +14,13 @@ from textual.widgets import Input
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
-from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.scale import ScaleScreen
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, InstancesTable
 from keeper.state import RunnerFailed
-from tests.test_tui_app import cancel_then_confirm, make_app, press_to, until
+from tests.test_tui_app import cancel_then_confirm, make_app, open_create_form, press_to, until
 from tests.test_tui_replicas import three_nodes
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
@@ -128,8 +127,7 @@ async def test_scale_shows_the_masters_refusal_and_stays_open() -> None:
 async def test_the_create_form_sends_its_replicas() -> None:
     app, client = make_app(replicated())
     async with running(app) as pilot:
-        form = await press_to(pilot, "n", screen=CreateScreen)
-        await until(pilot, lambda: form.shown)
+        form = await open_create_form(pilot)
         await pilot.press(*"llama 3b")
         await until(pilot, lambda: [e.id for e in form.shown] == [LLAMA.replace("1B", "3B")])
         form.query_one("#create-replicas", Input).value = "2"
