@@ -642,6 +642,15 @@ async def start_ws_node(
             await anyio.sleep(0.01)
 
 
+async def place_qwen_until_ready(client: httpx.AsyncClient, master: Master) -> None:
+    """Place Qwen through ``POST /place_instance`` and wait until an instance of it is ready."""
+    placed = await client.post("/place_instance", json={"model_id": QWEN})
+    assert placed.status_code == 200
+    with anyio.fail_after(5):
+        while not master.ready_instances(QWEN):
+            await anyio.sleep(0.01)
+
+
 async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
     event, data = "", ""
     async for line in response.aiter_lines():
@@ -689,11 +698,7 @@ async def test_chat_completions_stream_and_not_over_a_websocket_node() -> None:
         httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client,
     ):
         await start_ws_node(group, address, master)
-        placed = await client.post("/place_instance", json={"model_id": QWEN})
-        assert placed.status_code == 200
-        with anyio.fail_after(5):
-            while not master.ready_instances(QWEN):
-                await anyio.sleep(0.01)
+        await place_qwen_until_ready(client, master)
         request = {"model": QWEN, "messages": [{"role": "user", "content": "hi"}]}
         whole = await client.post("/v1/chat/completions", json=request)
         assert whole.status_code == 200, whole.text
@@ -726,10 +731,7 @@ async def test_a_node_dying_mid_chat_ends_the_reply_with_an_error() -> None:
         httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client,
     ):
         await start_ws_node(group, address, master, die_mid_chat=True)
-        await client.post("/place_instance", json={"model_id": QWEN})
-        with anyio.fail_after(5):
-            while not master.ready_instances(QWEN):
-                await anyio.sleep(0.01)
+        await place_qwen_until_ready(client, master)
         request = {"model": QWEN, "messages": [{"role": "user", "content": "hi"}]}
         with anyio.fail_after(5):
             response = await client.post("/v1/chat/completions", json=request)
