@@ -139,11 +139,11 @@ def selected(app: DashboardApp) -> str | None:
 
 @asynccontextmanager
 async def running(
-    app: DashboardApp, size: tuple[int, int] = (80, 24)
+    app: DashboardApp, size: tuple[int, int] = (80, 24), deployments: int = 4
 ) -> AsyncIterator[Pilot[None]]:
-    """The app on a terminal of ``size``, once the dashboard lists the 4 deployments."""
+    """The app on a terminal of ``size``, once the dashboard lists its ``deployments``."""
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: len(app.dashboard.visible_rows) == 4)
+        await until(pilot, lambda: len(app.dashboard.visible_rows) == deployments)
         yield pilot
 
 

@@ -4,8 +4,7 @@ Cancel has focus, and ``--readonly`` hides and refuses both, by key, by ``:`` an
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 from textual.pilot import Pilot
@@ -20,7 +19,14 @@ from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, InstancesTable
 from keeper.state import RunnerFailed
-from tests.test_tui_app import cancel_then_confirm, make_app, open_create_form, press_to, until
+from tests.test_tui_app import (
+    cancel_then_confirm,
+    make_app,
+    open_create_form,
+    press_to,
+    until,
+)
+from tests.test_tui_app import running as running_app
 from tests.test_tui_replicas import three_nodes
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
@@ -44,13 +50,11 @@ def replicated() -> ClusterBuilder:
     )
 
 
-@asynccontextmanager
-async def running(
+def running(
     app: DashboardApp, size: tuple[int, int] = (80, 24)
-) -> AsyncIterator[Pilot[None]]:
-    async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: len(app.dashboard.visible_rows) == 2)
-        yield pilot
+) -> AbstractAsyncContextManager[Pilot[None]]:
+    """The app on a terminal of ``size``, once the dashboard lists Qwen and Llama."""
+    return running_app(app, size, deployments=2)
 
 
 async def select_qwen(pilot: Pilot[None], app: DashboardApp) -> None:
