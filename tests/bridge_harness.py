@@ -28,6 +28,7 @@ from keeper.api_models import error_body
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.cluster.in_process import InProcessCluster
+from keeper.constants import STARTUP_GRACE
 from keeper.master.exo_compat import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
 from keeper.node.sim_node import NodeConfig
@@ -156,6 +157,14 @@ class ExoWithBridge:
 
     def serving(self) -> bool:
         return self.status() == "serving" and bool(self.exo_instances())
+
+    async def serve_qwen(self) -> tuple[str | None, str]:
+        """Deploy Qwen through the bridge and wait (past the startup grace) until it serves;
+        (its deployment id, its one instance in exo)."""
+        created = await self.bridge.create_deployment(QWEN)
+        await wait_until(self.serving, STARTUP_GRACE + 10, "the deployment serving")
+        (instance_id,) = self.exo_instances()
+        return created.deployment_id, instance_id
 
     async def exo_api(self, method: str, path: str, body: Any = None) -> httpx.Response:
         """Call exo's API as an operator would, past the bridge."""

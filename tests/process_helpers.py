@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -38,6 +38,10 @@ CLI_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 20
 # ...and a SIGKILLed one is reaped at once; this only bounds a wedged wait.
 KILL_TIMEOUT_S = 10
+# Membership timings of a test cluster, shortened so a killed node is timed out and its instance
+# swept within seconds.
+NODE_TIMEOUT_S = 4
+SWEEP_INTERVAL_S = 1
 
 
 def free_port() -> int:
@@ -102,6 +106,36 @@ def start_cli(argv: list[str], output: IO[bytes]) -> subprocess.Popen[bytes]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def cluster_argv(port: int, data_dir: Path, *flags: str) -> list[str]:
+    """``exo-deploy cluster`` of 3 nodes on ``port`` with shortened membership timings and no
+    node restarts (a killed node stays dead), with ``flags`` such as ``--exo-compat``."""
+    return [
+        "cluster",
+        *flags,
+        "--nodes",
+        "3",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--node-timeout",
+        str(NODE_TIMEOUT_S),
+        "--sweep-interval",
+        str(SWEEP_INTERVAL_S),
+        "--no-node-restart",
+    ]
+
+
+def model_instances(state: dict[str, Any], model: str) -> Iterator[tuple[str, str]]:
+    """(instance id, the node id holding it) of each of ``model``'s instances in exo's State, in
+    State order; each instance is on one node."""
+    for instance_id, tagged in state.get("instances", {}).items():
+        (instance,) = tagged.values()
+        if instance["shardAssignments"]["modelId"] == model:
+            (node_id,) = instance["shardAssignments"]["nodeToRunner"]
+            yield instance_id, node_id
 
 
 def stop(process: subprocess.Popen[bytes]) -> int | None:

@@ -79,10 +79,20 @@ def allowed_instances(state: State, model_id: str) -> int:
     return 1
 
 
-class SafetyChecks:
+class Referee:
+    """Watches a simulation and records what it breaks, each stamped with the simulated time."""
+
     def __init__(self, sim: SimCluster) -> None:
         self.sim = sim
         self.violations: list[str] = []
+
+    def _fail(self, what: str) -> None:
+        self.violations.append(f"t={self.sim.now:.0f}s: {what}")
+
+
+class SafetyChecks(Referee):
+    def __init__(self, sim: SimCluster) -> None:
+        super().__init__(sim)
         # deployment id -> every instance any keeper incarnation placed for it
         self.placed_for: dict[str, set[str]] = {}
         # instance id -> its number among the keeper's placements (to tell newest from oldest)
@@ -98,9 +108,6 @@ class SafetyChecks:
         sim.observers.on_delete.append(self._on_delete)
         sim.observers.on_scale.append(self._on_scale)
         sim.observers.on_restart.append(self._on_restart)
-
-    def _fail(self, what: str) -> None:
-        self.violations.append(f"t={self.sim.now:.0f}s: {what}")
 
     def _on_event(self, event: AnyEvent, before: State, after: State) -> None:
         self.events_checked += 1
@@ -272,10 +279,9 @@ class LivenessStats:
         return "; ".join(parts) + f"; max failures in a row {self.max_failures_in_a_row}"
 
 
-class LivenessReferee:
+class LivenessReferee(Referee):
     def __init__(self, sim: SimCluster) -> None:
-        self.sim = sim
-        self.violations: list[str] = []
+        super().__init__(sim)
         self.stats = LivenessStats()
         self._watches: dict[str, _Watch] = {}
         self._deleting: set[str] = set()
@@ -286,9 +292,6 @@ class LivenessReferee:
         sim.observers.on_scale.append(self._on_scale)
         sim.observers.on_restart.append(self._on_restart)
         sim.observers.on_place.append(self._on_place)
-
-    def _fail(self, what: str) -> None:
-        self.violations.append(f"t={self.sim.now:.0f}s: {what}")
 
     def _on_place(self, model_id: str, now: float, error: str | None) -> None:
         if error is not None:

@@ -642,6 +642,25 @@ async def start_ws_node(
             await anyio.sleep(0.01)
 
 
+@asynccontextmanager
+async def serving_qwen_over_ws(*, die_mid_chat: bool = False) -> AsyncIterator[httpx.AsyncClient]:
+    """A real server with one WebSocket node and Qwen placed through ``POST /place_instance``
+    and ready on it; a client of the server."""
+    async with (
+        real_server() as (master, address),
+        anyio.create_task_group() as group,
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client,
+    ):
+        await start_ws_node(group, address, master, die_mid_chat=die_mid_chat)
+        placed = await client.post("/place_instance", json={"model_id": QWEN})
+        assert placed.status_code == 200
+        with anyio.fail_after(5):
+            while not master.ready_instances(QWEN):
+                await anyio.sleep(0.01)
+        yield client
+        group.cancel_scope.cancel()
+
+
 async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
     event, data = "", ""
     async for line in response.aiter_lines():
@@ -683,17 +702,7 @@ async def test_dashboard_stream_sends_a_snapshot_then_events_then_deployments() 
 
 @pytest.mark.anyio
 async def test_chat_completions_stream_and_not_over_a_websocket_node() -> None:
-    async with (
-        real_server() as (master, address),
-        anyio.create_task_group() as group,
-        httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client,
-    ):
-        await start_ws_node(group, address, master)
-        placed = await client.post("/place_instance", json={"model_id": QWEN})
-        assert placed.status_code == 200
-        with anyio.fail_after(5):
-            while not master.ready_instances(QWEN):
-                await anyio.sleep(0.01)
+    async with serving_qwen_over_ws() as client:
         request = {"model": QWEN, "messages": [{"role": "user", "content": "hi"}]}
         whole = await client.post("/v1/chat/completions", json=request)
         assert whole.status_code == 200, whole.text
@@ -715,26 +724,15 @@ async def test_chat_completions_stream_and_not_over_a_websocket_node() -> None:
         text = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
         assert text == "Hello there"
         assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-        group.cancel_scope.cancel()
 
 
 @pytest.mark.anyio
 async def test_a_node_dying_mid_chat_ends_the_reply_with_an_error() -> None:
-    async with (
-        real_server() as (master, address),
-        anyio.create_task_group() as group,
-        httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client,
-    ):
-        await start_ws_node(group, address, master, die_mid_chat=True)
-        await client.post("/place_instance", json={"model_id": QWEN})
-        with anyio.fail_after(5):
-            while not master.ready_instances(QWEN):
-                await anyio.sleep(0.01)
+    async with serving_qwen_over_ws(die_mid_chat=True) as client:
         request = {"model": QWEN, "messages": [{"role": "user", "content": "hi"}]}
         with anyio.fail_after(5):
             response = await client.post("/v1/chat/completions", json=request)
         assert_exo_error(response, 503, "disconnected")
-        group.cancel_scope.cancel()
 
 
 @pytest.mark.anyio

@@ -115,13 +115,11 @@ async def test_a_bridge_restart_keeps_deployments_and_places_no_duplicate(
     tmp_path: Path,
 ) -> None:
     async with exo_with_bridge(data_dir=tmp_path) as h:
-        created = await h.bridge.create_deployment(QWEN)
-        await wait_until(h.serving, STARTUP_GRACE + 10, "the deployment serving")
-        (first,) = h.exo_instances()
+        deployment_id, first = await h.serve_qwen()
 
         bridge = await h.restart_bridge(tmp_path)
-        assert created.deployment_id in bridge.state.deployments
-        assert bridge.state.deployments[created.deployment_id or ""].instance_id == first
+        assert deployment_id in bridge.state.deployments
+        assert bridge.state.deployments[deployment_id or ""].instance_id == first
         await anyio.sleep(STARTUP_GRACE + 30)
         assert h.exo_instances() == [first]
         assert h.link.posted_instances() == [first]
@@ -201,12 +199,10 @@ async def test_a_deletion_while_exo_is_down_is_carried_out_when_it_is_back(
     tmp_path: Path,
 ) -> None:
     async with exo_with_bridge(data_dir=tmp_path) as h:
-        created = await h.bridge.create_deployment(QWEN)
-        await wait_until(h.serving, STARTUP_GRACE + 10, "the deployment serving")
-        (instance,) = h.exo_instances()
+        deployment_id, instance = await h.serve_qwen()
         h.link.down = True
         await wait_until(lambda: h.bridge.outage is not None, 3, "the outage noticed")
-        await h.bridge.delete_deployment(created.deployment_id or "")
+        await h.bridge.delete_deployment(deployment_id or "")
         assert h.bridge.deployments_view().deployments == []
         # The bridge restarts before exo is back: the doomed instance is remembered.
         bridge = await h.restart_bridge(tmp_path)

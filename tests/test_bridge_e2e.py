@@ -25,8 +25,10 @@ import pytest
 from process_helpers import (
     alive,
     chat_reply,
+    cluster_argv,
     free_port,
     get_json,
+    model_instances,
     run_cli,
     start_cli,
     stop,
@@ -65,12 +67,9 @@ class Processes:
         layout = self.layout()
         if state is None or layout is None:
             return None
-        for instance_id, tagged in state.get("instances", {}).items():
-            (instance,) = tagged.values()
-            if instance["shardAssignments"]["modelId"] == MODEL:
-                (node_id,) = instance["shardAssignments"]["nodeToRunner"]
-                names = [n["name"] for n in layout["nodes"] if n["node_id"] == node_id]
-                return (instance_id, names[0]) if names else None
+        for instance_id, node_id in model_instances(state, MODEL):
+            names = [n["name"] for n in layout["nodes"] if n["node_id"] == node_id]
+            return (instance_id, names[0]) if names else None
         return None
 
 
@@ -80,24 +79,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     exo_url = f"http://127.0.0.1:{exo_port}"
     cluster_out = (tmp_path / "cluster.out").open("wb")
     bridge_out = (tmp_path / "bridge.out").open("wb")
-    cluster = start_cli(
-        [
-            "cluster",
-            "--exo-compat",
-            "--nodes",
-            "3",
-            "--port",
-            str(exo_port),
-            "--data-dir",
-            str(tmp_path / "cluster"),
-            "--node-timeout",
-            "4",
-            "--sweep-interval",
-            "1",
-            "--no-node-restart",
-        ],
-        cluster_out,
-    )
+    cluster = start_cli(cluster_argv(exo_port, tmp_path / "cluster", "--exo-compat"), cluster_out)
     bridge = start_cli(
         [
             "bridge",

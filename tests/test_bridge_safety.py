@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from bridge_harness import EXO_URL, QWEN, ExoLink, ExoWithBridge, exo_with_bridge, wait_until
+from bridge_harness import EXO_URL, QWEN, ExoLink, exo_with_bridge, wait_until
 from trio.testing import MockClock
 
 from keeper.bridge.api import create_bridge_app
@@ -33,13 +33,6 @@ Edit = Callable[[dict[str, Any]], dict[str, Any]]
 @pytest.fixture
 def anyio_backend() -> tuple[str, dict[str, Any]]:
     return ("trio", {"clock": MockClock(autojump_threshold=0)})
-
-
-async def serving_one(h: ExoWithBridge) -> str:
-    await h.bridge.create_deployment(QWEN)
-    await wait_until(h.serving, STARTUP_GRACE + 10, "the deployment serving")
-    (instance_id,) = h.exo_instances()
-    return instance_id
 
 
 def without(key: str) -> Edit:
@@ -81,7 +74,7 @@ async def test_a_state_without_what_the_keeper_decides_on_places_nothing(
     edit: Edit, why: str
 ) -> None:
     async with exo_with_bridge() as h:
-        first = await serving_one(h)
+        _, first = await h.serve_qwen()
         h.link.state_edit = edit
         await wait_until(lambda: h.bridge.outage is not None, 3, "the State refused")
         # Two placement timeouts: the measured failure placed twice within this.
@@ -112,7 +105,7 @@ async def test_a_state_without_what_the_keeper_decides_on_places_nothing(
 @pytest.mark.anyio
 async def test_an_unreadable_state_deletes_nothing_and_a_good_one_resumes_both_ways() -> None:
     async with exo_with_bridge() as h:
-        first = await serving_one(h)
+        _, first = await h.serve_qwen()
         deployment_id = h.bridge.deployments_view().deployments[0].deployment.deployment_id
         h.link.state_edit = without("runners")
         await wait_until(lambda: h.bridge.outage is not None, 3, "the State refused")
@@ -128,7 +121,7 @@ async def test_an_unreadable_state_deletes_nothing_and_a_good_one_resumes_both_w
 @pytest.mark.anyio
 async def test_instances_lost_while_the_state_is_unreadable_are_placed_once_it_reads() -> None:
     async with exo_with_bridge() as h:
-        first = await serving_one(h)
+        _, first = await h.serve_qwen()
         h.link.state_edit = without("topology")
         await wait_until(lambda: h.bridge.outage is not None, 3, "the State refused")
         await h.master.delete_instance(first)
@@ -236,7 +229,7 @@ async def test_the_bridge_follows_the_next_exo_url_when_the_one_in_use_stops_ans
             config=BridgeConfig(),
         )
         await h.group.start(h.bridge.run)
-        first = await serving_one(h)
+        _, first = await h.serve_qwen()
         assert h.bridge.exo.url == EXO_URL
         assert second.calls == []
 

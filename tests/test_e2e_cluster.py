@@ -29,8 +29,10 @@ import pytest
 from process_helpers import (
     alive,
     chat_reply,
+    cluster_argv,
     free_port,
     get_json,
+    model_instances,
     run_cli,
     start_cli,
     stop,
@@ -40,8 +42,6 @@ from process_helpers import (
 pytestmark = pytest.mark.e2e
 
 MODEL = "mlx-community/Qwen3-0.6B-4bit"
-NODE_TIMEOUT_S = 4
-SWEEP_INTERVAL_S = 1
 
 
 @dataclass
@@ -82,42 +82,25 @@ class Cluster:
         state = self.get("/state")
         if state is None:
             return None
-        for instance_id, tagged in state.get("instances", {}).items():
-            (instance,) = tagged.values()
-            if instance["shardAssignments"]["modelId"] == MODEL:
-                (node_id,) = instance["shardAssignments"]["nodeToRunner"]
-                layout = self.layout()
-                assert layout is not None
-                (name,) = [n["name"] for n in layout["nodes"] if n["node_id"] == node_id]
-                return instance_id, name
+        for instance_id, node_id in model_instances(state, MODEL):
+            layout = self.layout()
+            assert layout is not None
+            (name,) = [n["name"] for n in layout["nodes"] if n["node_id"] == node_id]
+            return instance_id, name
         return None
 
     def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
         return run_cli(*argv, "--url", self.url)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def running_cluster(data_dir: Path) -> Iterator[Cluster]:
+    """A 3-node cluster with shortened membership timings, its output in ``data_dir``; on the
+    way out it is stopped and any process of it still alive is killed."""
     port = free_port()
-    output = (tmp_path / "cluster.out").open("wb")
-    process = start_cli(
-        [
-            "cluster",
-            "--nodes",
-            "3",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(tmp_path),
-            "--node-timeout",
-            str(NODE_TIMEOUT_S),
-            "--sweep-interval",
-            str(SWEEP_INTERVAL_S),
-            "--no-node-restart",
-        ],
-        output,
-    )
-    running = Cluster(process, tmp_path, f"http://127.0.0.1:{port}")
+    output = (data_dir / "cluster.out").open("wb")
+    process = start_cli(cluster_argv(port, data_dir), output)
+    running = Cluster(process, data_dir, f"http://127.0.0.1:{port}")
     try:
         yield running
     finally:
@@ -128,6 +111,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
         output.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with running_cluster(tmp_path) as running:
+        yield running
 
 
 def test_cluster_survives_a_killed_node_and_a_killed_master(cluster: Cluster) -> None:

@@ -16,7 +16,6 @@ flag or after a bounded count, and every process is cleaned up even on failure.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
@@ -27,8 +26,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_helpers import alive, free_port, start_cli, stop, wait_for
-from test_e2e_cluster import MODEL, NODE_TIMEOUT_S, SWEEP_INTERVAL_S, Cluster, _all_up
+from process_helpers import model_instances, wait_for
+from test_e2e_cluster import MODEL, Cluster, _all_up, running_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -73,37 +72,8 @@ class Chats:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    data_dir = tmp_path
-    port = free_port()
-    output = (data_dir / "cluster.out").open("wb")
-    process = start_cli(
-        [
-            "cluster",
-            "--nodes",
-            "3",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(data_dir),
-            "--node-timeout",
-            str(NODE_TIMEOUT_S),
-            "--sweep-interval",
-            str(SWEEP_INTERVAL_S),
-            "--no-node-restart",
-        ],
-        output,
-    )
-    running = Cluster(process, data_dir, f"http://127.0.0.1:{port}")
-    try:
+    with running_cluster(tmp_path) as running:
         yield running
-    finally:
-        running.layout()
-        stop(process)
-        for pid in running.pids_seen:
-            if alive(pid):  # only if the cluster failed to clean up: never leave one behind
-                with contextlib.suppress(OSError):
-                    os.killpg(pid, signal.SIGKILL)
-        output.close()
 
 
 def _ready_replicas(cluster: Cluster) -> int | None:
@@ -116,13 +86,7 @@ def _ready_replicas(cluster: Cluster) -> int | None:
 def _model_instances(cluster: Cluster) -> dict[str, str]:
     """Instance id -> the node id holding it, for the model's instances, in State order."""
     state = cluster.get("/state") or {}
-    found: dict[str, str] = {}
-    for instance_id, tagged in state.get("instances", {}).items():
-        (instance,) = tagged.values()
-        if instance["shardAssignments"]["modelId"] == MODEL:
-            (node_id,) = instance["shardAssignments"]["nodeToRunner"]
-            found[instance_id] = node_id
-    return found
+    return dict(model_instances(state, MODEL))
 
 
 def test_no_chat_fails_when_the_node_of_a_replica_is_killed(cluster: Cluster) -> None:

@@ -124,6 +124,13 @@ def place_by_hand(cluster: Cluster, model: ModelCard) -> None:
     cluster.apply(InstanceCreated(instance=build_instance(model, ["node-a"], instance_id="manual")))
 
 
+def deploy_beside_one_by_hand(cluster: Cluster, replicas: int = 1) -> str:
+    """Place ``m`` by hand on node-a, then deploy it at ``replicas``: the deployment id."""
+    model = card("m")
+    place_by_hand(cluster, model)
+    return cluster.deploy(model, replicas=replicas)
+
+
 def too_big_for_node_a() -> tuple[Cluster, RecordingPlace, str]:
     """The real placement, node-a with 1 GB free and a deployment of a 4 GB model that cannot
     fit: (the cluster, the recording placement, the deployment id)."""
@@ -383,9 +390,7 @@ def test_an_instance_that_was_ready_once_counts_as_ready_when_lost_after_its_run
 
 def test_an_instance_placed_some_other_way_that_vanishes_means_place_now() -> None:
     cluster, _ = one_node_cluster()
-    model = card("m")
-    place_by_hand(cluster, model)
-    deployment_id = cluster.deploy(model)
+    deployment_id = deploy_beside_one_by_hand(cluster)
     assert cluster.step(T) == []
     cluster.delete_instance("manual")  # never ready, but not the keeper's
     assert placed_ids(cluster.step(T + 1)) == [deployment_id]
@@ -681,9 +686,7 @@ def test_delete_removes_the_deployment_and_the_keepers_instance() -> None:
 
 def test_delete_leaves_an_instance_placed_some_other_way_running() -> None:
     cluster, _ = one_node_cluster()
-    model = card("m")
-    place_by_hand(cluster, model)
-    deployment_id = cluster.deploy(model)
+    deployment_id = deploy_beside_one_by_hand(cluster)
     cluster.step(T)
     assert cluster.delete(deployment_id) == [DeploymentDeleted(deployment_id=deployment_id)]
     assert "manual" in cluster.state.instances
@@ -1025,9 +1028,7 @@ def test_any_instance_of_the_model_counts_towards_the_replicas() -> None:
     cluster, place = one_node_cluster()
     cluster.add_nodes("node-b")
     cluster.link("node-a", "node-b")
-    model = card("m")
-    place_by_hand(cluster, model)
-    deployment_id = cluster.deploy(model, replicas=2)
+    deployment_id = deploy_beside_one_by_hand(cluster, replicas=2)
     assert placed_ids(cluster.step(T)) == [deployment_id]
     for now in (T + 1, T + 50):
         assert cluster.step(now) == []
@@ -1240,9 +1241,7 @@ def test_scaling_down_never_removes_an_instance_placed_some_other_way() -> None:
     cluster.add_nodes("node-b", "node-c")
     for a, b in (("node-a", "node-b"), ("node-a", "node-c"), ("node-b", "node-c")):
         cluster.link(a, b)
-    model = card("m")
-    place_by_hand(cluster, model)
-    deployment_id = cluster.deploy(model, replicas=3)
+    deployment_id = deploy_beside_one_by_hand(cluster, replicas=3)
     own = created_ids(cluster.step(T)) + created_ids(cluster.step(T + 1))
     assert len(own) == 2
     assert deleted_ids(cluster.scale(deployment_id, 2)) == [own[1]]
@@ -1399,9 +1398,7 @@ def test_deleting_a_deployment_removes_all_its_keeper_instances() -> None:
     cluster.add_nodes("node-b", "node-c", "node-d")
     for a, b in (("node-a", "node-b"), ("node-a", "node-c"), ("node-a", "node-d")):
         cluster.link(a, b)
-    model = card("m")
-    place_by_hand(cluster, model)
-    deployment_id = cluster.deploy(model, replicas=4)
+    deployment_id = deploy_beside_one_by_hand(cluster, replicas=4)
     own = created_ids(cluster.step(T)) + created_ids(cluster.step(T + 1))
     in_flight = cluster.step_keep(T + 2)
     own += created_ids(in_flight)

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from anyio.abc import TaskGroup
 from test_event_store import FaultyDisk
 from test_master import QWEN, FakeNode, connect, instances_of, wait_until
 from trio.testing import MockClock
@@ -69,13 +70,18 @@ def recording_master() -> tuple[Master, list[RecordingKeeper]]:
     return Master(None, config=MasterConfig(startup_grace_s=0.0), keeper_factory=factory), made
 
 
+async def start_with_nodes(master: Master, group: TaskGroup, names: str) -> None:
+    """Run ``master`` in ``group`` and connect a fake node for each letter of ``names``."""
+    await group.start(master.run)
+    for name in names:
+        await connect(master, group, FakeNode(name))
+
+
 @pytest.mark.anyio
 async def test_a_deleted_instance_is_replaced_at_once_not_at_the_next_tick() -> None:
     master, _ = recording_master()
     async with anyio.create_task_group() as group:
-        await group.start(master.run)
-        for name in "ab":
-            await connect(master, group, FakeNode(name))
+        await start_with_nodes(master, group, "ab")
         await master.create_deployment(QWEN)
         await wait_until(lambda: bool(master.ready_instances(QWEN)), 5, "serving")
         (lost,) = instances_of(master, QWEN)
@@ -92,9 +98,7 @@ async def test_a_deleted_instance_is_replaced_at_once_not_at_the_next_tick() -> 
 async def test_two_models_lost_at_once_are_both_replaced_at_once() -> None:
     master, _ = recording_master()
     async with anyio.create_task_group() as group:
-        await group.start(master.run)
-        for name in "abcd":
-            await connect(master, group, FakeNode(name))
+        await start_with_nodes(master, group, "abcd")
         await master.create_deployment(QWEN)
         await master.create_deployment(LLAMA_1B)
         await wait_until(

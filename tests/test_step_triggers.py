@@ -47,10 +47,15 @@ CALLS_FOR_NO_STEP: list[AnyEvent] = [
 ]
 
 
+def event_id(event: AnyEvent) -> str:
+    """The event's kind, with its runner status for a runner update."""
+    return f"{type(event).__name__}-{type(getattr(event, 'runner_status', None)).__name__}"
+
+
 @pytest.mark.parametrize(
     "event",
     CALLS_FOR_STEP,
-    ids=lambda e: f"{type(e).__name__}-{type(getattr(e, 'runner_status', None)).__name__}",
+    ids=event_id,
 )
 def test_events_that_may_allow_a_placement_call_for_a_step(event: AnyEvent) -> None:
     assert calls_for_step(event) is True
@@ -59,7 +64,7 @@ def test_events_that_may_allow_a_placement_call_for_a_step(event: AnyEvent) -> N
 @pytest.mark.parametrize(
     "event",
     CALLS_FOR_NO_STEP,
-    ids=lambda e: f"{type(e).__name__}-{type(getattr(e, 'runner_status', None)).__name__}",
+    ids=event_id,
 )
 def test_bookkeeping_and_progress_call_for_no_step(event: AnyEvent) -> None:
     assert calls_for_step(event) is False

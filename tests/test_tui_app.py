@@ -139,11 +139,11 @@ def selected(app: DashboardApp) -> str | None:
 
 @asynccontextmanager
 async def running(
-    app: DashboardApp, size: tuple[int, int] = (80, 24)
+    app: DashboardApp, size: tuple[int, int] = (80, 24), deployments: int = 4
 ) -> AsyncIterator[Pilot[None]]:
-    """The app on a terminal of ``size``, once the dashboard lists the 4 deployments."""
+    """The app on a terminal of ``size``, once the dashboard lists its ``deployments``."""
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: len(app.dashboard.visible_rows) == 4)
+        await until(pilot, lambda: len(app.dashboard.visible_rows) == deployments)
         yield pilot
 
 
@@ -161,6 +161,30 @@ async def open_create_form(pilot: Pilot[None]) -> CreateScreen:
     form = await press_to(pilot, "n", screen=CreateScreen)
     await until(pilot, lambda: form.shown)
     return form
+
+
+async def select_llama(pilot: Pilot[None], app: DashboardApp) -> None:
+    """``down`` from the top, until Llama's deployment is selected."""
+    await pilot.press("down")  # Llama
+    await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+
+
+async def cancel_then_confirm(
+    pilot: Pilot[None], key: str, deleted: Callable[[], list[str]]
+) -> None:
+    """On a delete confirm: Cancel has focus and ``enter`` keeps everything (back on the
+    dashboard, ``deleted()`` still empty); then ``key`` again and Delete, until ``deleted()``
+    holds what was deleted."""
+    app = pilot.app
+    focused = app.focused
+    assert isinstance(focused, Button) and focused.id == "cancel"
+    await pilot.press("enter")  # the default answer keeps it
+    await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+    assert deleted() == []
+
+    await press_to(pilot, key, screen=ConfirmDeleteScreen)
+    await pilot.press("right", "enter")
+    await until(pilot, deleted)
 
 
 @pytest.mark.anyio
@@ -233,18 +257,9 @@ async def test_create_shows_the_masters_refusal_and_stays_open() -> None:
 async def test_delete_asks_first_with_cancel_focused() -> None:
     app, client = make_app()
     async with running(app) as pilot:
-        await pilot.press("down")  # Llama
-        await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+        await select_llama(pilot, app)
         await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
-        focused = app.focused
-        assert isinstance(focused, Button) and focused.id == "cancel"
-        await pilot.press("enter")  # the default answer keeps the deployment
-        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
-        assert client.deleted == []
-
-        await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
-        await pilot.press("right", "enter")
-        await until(pilot, lambda: client.deleted)
+        await cancel_then_confirm(pilot, "ctrl+d", lambda: client.deleted)
         assert client.deleted == ["dep-llama-3.2-1b-instruct-4bit"]
 
 
@@ -252,8 +267,7 @@ async def test_delete_asks_first_with_cancel_focused() -> None:
 async def test_delete_from_describe_deletes_and_goes_back() -> None:
     app, client = make_app()
     async with running(app) as pilot:
-        await pilot.press("down")  # Llama
-        await until(pilot, lambda: selected(app) == "dep-llama-3.2-1b-instruct-4bit")
+        await select_llama(pilot, app)
         await press_to(pilot, "enter", screen=DescribeScreen)
         await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
         await pilot.press("right", "enter")

@@ -4,24 +4,30 @@ Cancel has focus, and ``--readonly`` hides and refuses both, by key, by ``:`` an
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Button, Input
+from textual.widgets import Input
 
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
-from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.scale import ScaleScreen
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, InstancesTable
 from keeper.state import RunnerFailed
-from tests.test_tui_app import make_app, press_to, until
+from tests.test_tui_app import (
+    cancel_then_confirm,
+    make_app,
+    open_create_form,
+    press_to,
+    until,
+)
+from tests.test_tui_app import running as running_app
+from tests.test_tui_replicas import three_nodes
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
@@ -37,24 +43,18 @@ def anyio_backend() -> str:
 def replicated() -> ClusterBuilder:
     """Qwen3-0.6B keeps 2: ready on mini-a, failed on mini-b; Llama keeps 1 on studio."""
     return (
-        ClusterBuilder()
-        .node("studio", ram_gb=96, free_gb=60)
-        .node("mini-a", ram_gb=24, free_gb=20)
-        .node("mini-b", ram_gb=24, free_gb=14)
-        .link_all()
+        three_nodes()
         .deployment(QWEN, on=["mini-a"], replicas=2)
         .instance(QWEN, on=["mini-b"], runners=[RunnerFailed(error_message="boom")], suffix="-b")
         .deployment(LLAMA, on=["studio"])
     )
 
 
-@asynccontextmanager
-async def running(
+def running(
     app: DashboardApp, size: tuple[int, int] = (80, 24)
-) -> AsyncIterator[Pilot[None]]:
-    async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: len(app.dashboard.visible_rows) == 2)
-        yield pilot
+) -> AbstractAsyncContextManager[Pilot[None]]:
+    """The app on a terminal of ``size``, once the dashboard lists Qwen and Llama."""
+    return running_app(app, size, deployments=2)
 
 
 async def select_qwen(pilot: Pilot[None], app: DashboardApp) -> None:
@@ -62,6 +62,12 @@ async def select_qwen(pilot: Pilot[None], app: DashboardApp) -> None:
     while table.selected_key != QWEN_ID:
         await pilot.press("down")
         await pilot.pause()
+
+
+async def open_scale_form(pilot: Pilot[None], app: DashboardApp) -> ScaleScreen:
+    """Select Qwen and press ``s``, until its scale form is on top."""
+    await select_qwen(pilot, app)
+    return await press_to(pilot, "s", screen=ScaleScreen)
 
 
 async def select_failed_replica(pilot: Pilot[None], app: DashboardApp) -> None:
@@ -81,8 +87,7 @@ async def select_failed_replica(pilot: Pilot[None], app: DashboardApp) -> None:
 async def test_s_scales_the_selected_deployment() -> None:
     app, client = make_app(replicated())
     async with running(app) as pilot:
-        await select_qwen(pilot, app)
-        form = await press_to(pilot, "s", screen=ScaleScreen)
+        form = await open_scale_form(pilot, app)
         box = form.query_one("#replicas", Input)
         assert box.value == "2" and app.focused is box
         box.value = "3"
@@ -96,8 +101,7 @@ async def test_s_scales_the_selected_deployment() -> None:
 async def test_scale_names_a_bad_count_in_the_masters_words_and_sends_nothing() -> None:
     app, client = make_app(replicated())
     async with running(app) as pilot:
-        await select_qwen(pilot, app)
-        form = await press_to(pilot, "s", screen=ScaleScreen)
+        form = await open_scale_form(pilot, app)
         form.query_one("#replicas", Input).value = "17"
         await pilot.press("ctrl+s")
         error = form.query_one("#form-error")
@@ -115,8 +119,7 @@ async def test_scale_shows_the_masters_refusal_and_stays_open() -> None:
     app, client = make_app(replicated())
     client.refuse_with = ApiError("no deployment dep-qwen3-0.6b-4bit", 404)
     async with running(app) as pilot:
-        await select_qwen(pilot, app)
-        form = await press_to(pilot, "s", screen=ScaleScreen)
+        form = await open_scale_form(pilot, app)
         form.query_one("#replicas", Input).value = "1"
         await pilot.press("enter")
         error = form.query_one("#form-error")
@@ -128,8 +131,7 @@ async def test_scale_shows_the_masters_refusal_and_stays_open() -> None:
 async def test_the_create_form_sends_its_replicas() -> None:
     app, client = make_app(replicated())
     async with running(app) as pilot:
-        form = await press_to(pilot, "n", screen=CreateScreen)
-        await until(pilot, lambda: form.shown)
+        form = await open_create_form(pilot)
         await pilot.press(*"llama 3b")
         await until(pilot, lambda: [e.id for e in form.shown] == [LLAMA.replace("1B", "3B")])
         form.query_one("#create-replicas", Input).value = "2"
@@ -155,15 +157,7 @@ async def test_ctrl_k_deletes_the_selected_instance_after_a_confirm() -> None:
         question = str(confirm.query_one("#question").render())
         assert FAILED_REPLICA in question and "runner failed on mini-b: boom" in question
         assert "keeps 2 replicas" in question
-        focused = app.focused
-        assert isinstance(focused, Button) and focused.id == "cancel"
-        await pilot.press("enter")  # the default answer keeps the instance
-        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
-        assert client.deleted_instances == []
-
-        await press_to(pilot, "ctrl+k", screen=ConfirmDeleteScreen)
-        await pilot.press("right", "enter")
-        await until(pilot, lambda: client.deleted_instances)
+        await cancel_then_confirm(pilot, "ctrl+k", lambda: client.deleted_instances)
         assert client.deleted_instances == [FAILED_REPLICA]
         assert client.deleted == []  # the deployment stays
 

@@ -140,17 +140,22 @@ def test_node_silent(snap_compare: Compare, size: tuple[int, int]) -> None:
     assert snap_compare(scenario(builder), terminal_size=size, run_before=run)
 
 
+async def open_create_form(pilot: Pilot[None], app: DashboardApp) -> None:
+    """Settle, press ``n`` and wait until the create form shows the loaded catalog."""
+    await settled(pilot)
+    await pilot.press("n")
+    deadline = time.monotonic() + 5
+    while not (isinstance(app.screen, CreateScreen) and app.screen.shown):
+        assert time.monotonic() < deadline, "the catalog did not load"
+        await pilot.pause(0.02)
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_create_form(snap_compare: Compare, size: tuple[int, int]) -> None:
     app = scenario(healthy())
 
     async def open_form(pilot: Pilot[None]) -> None:
-        await settled(pilot)
-        await pilot.press("n")
-        deadline = time.monotonic() + 5
-        while not (isinstance(app.screen, CreateScreen) and app.screen.shown):
-            assert time.monotonic() < deadline, "the catalog did not load"
-            await pilot.pause(0.02)
+        await open_create_form(pilot, app)
         await settled(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=open_form)
@@ -227,12 +232,7 @@ def test_create_form_with_replicas(snap_compare: Compare, size: tuple[int, int])
     app = scenario(healthy())
 
     async def open_form(pilot: Pilot[None]) -> None:
-        await settled(pilot)
-        await pilot.press("n")
-        deadline = time.monotonic() + 5
-        while not (isinstance(app.screen, CreateScreen) and app.screen.shown):
-            assert time.monotonic() < deadline, "the catalog did not load"
-            await pilot.pause(0.02)
+        await open_create_form(pilot, app)
         await pilot.press(*"llama 70")
         await settled(pilot)
         replicas = app.screen.query_one("#create-replicas", Input)
