@@ -8,6 +8,8 @@ whose answer says whether to close.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import StrEnum
 from typing import ClassVar
 
 from rich.text import Text
@@ -42,6 +44,17 @@ def _option_text(entry: ModelListEntry, deployed: bool) -> Text:
     return text
 
 
+def _choice(options: Iterable[StrEnum], default: StrEnum, id: str) -> Select[str]:
+    """A compact drop-down of an enum's values, ``default`` chosen."""
+    return Select(
+        [(o.value, o.value) for o in options],
+        value=default.value,
+        allow_blank=False,
+        id=id,
+        compact=True,
+    )
+
+
 class CreateScreen(MasterForm):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel"),
@@ -63,21 +76,9 @@ class CreateScreen(MasterForm):
             yield Static("loading the catalog…", id="catalog-note", markup=False)
             with Horizontal(id="options"):
                 yield Label("Sharding ")
-                yield Select(
-                    [(s.value, s.value) for s in Sharding],
-                    value=Sharding.PIPELINE.value,
-                    allow_blank=False,
-                    id="sharding",
-                    compact=True,
-                )
+                yield _choice(Sharding, Sharding.PIPELINE, "sharding")
                 yield Label("  Instance ")
-                yield Select(
-                    [(m.value, m.value) for m in InstanceMeta],
-                    value=InstanceMeta.MLX_RING.value,
-                    allow_blank=False,
-                    id="meta",
-                    compact=True,
-                )
+                yield _choice(InstanceMeta, InstanceMeta.MLX_RING, "meta")
                 yield Label("  Min nodes ")
                 yield Input("1", id="min-nodes", type="integer", compact=True, max_length=4)
             with Horizontal(id="options-replicas"):
