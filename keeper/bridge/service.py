@@ -84,9 +84,9 @@ from keeper.runtime.deployments import (
     deployment_views,
     existing_deployment,
     new_deployment,
+    scale_events,
     scaled_response,
 )
-from keeper.runtime.errors import BadRequestError
 from keeper.runtime.event_log import FileOps
 from keeper.runtime.event_store import EventStore
 from keeper.runtime.hosted_keeper import (
@@ -370,10 +370,7 @@ class Bridge:
                     param="replicas",
                 )
             now = self.clock.monotonic()
-            try:
-                events = self.keeper.scale(deployment_id, replicas, self.state)
-            except ValueError as exc:
-                raise BadRequestError(str(exc), param="replicas") from None
+            events = scale_events(self.keeper, deployment_id, replicas, self.state)
             # Recorded first: if the log refuses it (503), no instance is doomed either.
             self._record([event for event in events if not isinstance(event, InstanceDeleted)])
             for event in events:
