@@ -19,7 +19,7 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -268,19 +268,11 @@ class DashboardApp(App[None]):
         return None
 
     def delete_deployment(self, deployment_id: str, model_id: str) -> None:
-        if self.view.readonly:
-            self.notify("Read-only: cannot delete deployments.", severity="warning")
-            return
-
-        async def delete() -> None:
-            try:
-                await self.client.delete_deployment(deployment_id)
-            except ApiError as exc:
-                self.notify(exc.message, title="Delete refused", severity="error", timeout=8)
-                return
-            self.notify(f"Deployment of {short_model(model_id)} deleted.", title="Deleted")
-
-        self.run_worker(delete(), group="mutations", exit_on_error=False)
+        self._delete(
+            "deployments",
+            partial(self.client.delete_deployment, deployment_id),
+            f"Deployment of {short_model(model_id)} deleted.",
+        )
 
     async def scale_deployment(
         self, deployment_id: str, model_id: str, replicas: int
@@ -296,20 +288,25 @@ class DashboardApp(App[None]):
         return None
 
     def delete_instance(self, instance_id: str, model_id: str) -> None:
+        self._delete(
+            "instances",
+            partial(self.client.delete_instance, instance_id),
+            f"Instance {short_id(instance_id)} of {short_model(model_id)} deleted.",
+        )
+
+    def _delete(self, things: str, send: Callable[[], Awaitable[object]], deleted: str) -> None:
+        """Send a delete in the background; the refusal, or ``deleted``, is notified."""
         if self.view.readonly:
-            self.notify("Read-only: cannot delete instances.", severity="warning")
+            self.notify(f"Read-only: cannot delete {things}.", severity="warning")
             return
 
         async def delete() -> None:
             try:
-                await self.client.delete_instance(instance_id)
+                await send()
             except ApiError as exc:
                 self.notify(exc.message, title="Delete refused", severity="error", timeout=8)
                 return
-            self.notify(
-                f"Instance {short_id(instance_id)} of {short_model(model_id)} deleted.",
-                title="Deleted",
-            )
+            self.notify(deleted, title="Deleted")
 
         self.run_worker(delete(), group="mutations", exit_on_error=False)
 

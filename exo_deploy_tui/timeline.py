@@ -33,6 +33,8 @@ from keeper.events import (
 from keeper.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
+    DeploymentId,
+    ModelId,
     NodeId,
     RunnerFailed,
     RunnerId,
@@ -129,6 +131,12 @@ def _layers(instance: AnyInstance, runner_id: RunnerId) -> str:
 # --- entries ------------------------------------------------------------------------------
 
 
+def _deployment_model(state: State, deployment_id: DeploymentId) -> ModelId | None:
+    """The model ``state`` deploys under ``deployment_id``; None when it holds no such one."""
+    deployment = state.deployments.get(deployment_id)
+    return None if deployment is None else deployment.model_card.model_id
+
+
 def entries_for_event(
     event: AnyEvent,
     before: State,
@@ -163,23 +171,20 @@ def entries_for_event(
             text = f"{short_model(model)} scaled from {old.replicas} to {replicas} replicas"
             return [TimelineEntry(at, "info", text, model)]
         case DeploymentDeleted(deployment_id=deployment_id):
-            gone = before.deployments.get(deployment_id)
-            if gone is None:
+            model = _deployment_model(before, deployment_id)
+            if model is None:
                 return []
-            model = gone.model_card.model_id
             return [TimelineEntry(at, "warn", f"deployment of {short_model(model)} deleted", model)]
         case DeploymentPlaced(deployment_id=deployment_id, instance_id=instance_id):
-            deployment = after.deployments.get(deployment_id)
-            if deployment is None:
+            model = _deployment_model(after, deployment_id)
+            if model is None:
                 return []
-            model = deployment.model_card.model_id
             text = f"{short_model(model)} placed: instance {short_id(instance_id)}"
             return [TimelineEntry(at, "info", text, model)]
         case DeploymentPlacementFailed(deployment_id=deployment_id, error=error):
-            deployment = after.deployments.get(deployment_id)
-            if deployment is None:
+            model = _deployment_model(after, deployment_id)
+            if model is None:
                 return []
-            model = deployment.model_card.model_id
             text = f"{short_model(model)}: placement failed: {error}"
             return [TimelineEntry(at, "error", text, model)]
         case InstanceCreated(instance=instance):

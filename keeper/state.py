@@ -65,7 +65,9 @@ class ModelCard(WireModel):
 # --- shards -------------------------------------------------------------------------------
 
 
-class PipelineShardMetadata(TaggedModel):
+class BaseShardMetadata(TaggedModel):
+    """The fields both kinds of shard carry; only the kind (the tag) tells them apart."""
+
     model_card: ModelCard
     device_rank: int
     world_size: int
@@ -74,13 +76,12 @@ class PipelineShardMetadata(TaggedModel):
     n_layers: int
 
 
-class TensorShardMetadata(TaggedModel):
-    model_card: ModelCard
-    device_rank: int
-    world_size: int
-    start_layer: int
-    end_layer: int  # exclusive
-    n_layers: int
+class PipelineShardMetadata(BaseShardMetadata):
+    pass
+
+
+class TensorShardMetadata(BaseShardMetadata):
+    pass
 
 
 Shard = Annotated[

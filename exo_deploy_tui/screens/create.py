@@ -8,6 +8,8 @@ whose answer says whether to close.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import StrEnum
 from typing import ClassVar
 
 from rich.text import Text
@@ -15,7 +17,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
@@ -23,6 +24,7 @@ from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.format import short_model
 from exo_deploy_tui.forms import check_replicas, fit_hint, search_models, validate_create
 from exo_deploy_tui.screens.contract import ClusterSource, CreateRequested
+from exo_deploy_tui.screens.master_form import MasterForm
 from keeper.api_models import ModelListEntry, model_entry
 from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.state import MAX_REPLICAS, InstanceMeta, Sharding
@@ -42,7 +44,18 @@ def _option_text(entry: ModelListEntry, deployed: bool) -> Text:
     return text
 
 
-class CreateScreen(ModalScreen[None]):
+def _choice(options: Iterable[StrEnum], default: StrEnum, id: str) -> Select[str]:
+    """A compact drop-down of an enum's values, ``default`` chosen."""
+    return Select(
+        [(o.value, o.value) for o in options],
+        value=default.value,
+        allow_blank=False,
+        id=id,
+        compact=True,
+    )
+
+
+class CreateScreen(MasterForm):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel"),
         Binding("ctrl+s", "submit", "Create"),
@@ -53,7 +66,6 @@ class CreateScreen(ModalScreen[None]):
         self.source = source
         self.entries: list[ModelListEntry] = []
         self.shown: list[ModelListEntry] = []
-        self.sending = False
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="form") as dialog:
@@ -64,21 +76,9 @@ class CreateScreen(ModalScreen[None]):
             yield Static("loading the catalog…", id="catalog-note", markup=False)
             with Horizontal(id="options"):
                 yield Label("Sharding ")
-                yield Select(
-                    [(s.value, s.value) for s in Sharding],
-                    value=Sharding.PIPELINE.value,
-                    allow_blank=False,
-                    id="sharding",
-                    compact=True,
-                )
+                yield _choice(Sharding, Sharding.PIPELINE, "sharding")
                 yield Label("  Instance ")
-                yield Select(
-                    [(m.value, m.value) for m in InstanceMeta],
-                    value=InstanceMeta.MLX_RING.value,
-                    allow_blank=False,
-                    id="meta",
-                    compact=True,
-                )
+                yield _choice(InstanceMeta, InstanceMeta.MLX_RING, "meta")
                 yield Label("  Min nodes ")
                 yield Input("1", id="min-nodes", type="integer", compact=True, max_length=4)
             with Horizontal(id="options-replicas"):
@@ -155,23 +155,15 @@ class CreateScreen(ModalScreen[None]):
     def _on_create(self) -> None:
         self.action_submit()
 
-    @on(Button.Pressed, "#cancel")
-    def _on_cancel(self) -> None:
-        self.action_cancel()
-
     def chosen(self) -> ModelListEntry | None:
         index = self.query_one("#catalog", OptionList).highlighted
         if index is None or not 0 <= index < len(self.shown):
             return None
         return self.shown[index]
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
     def action_submit(self) -> None:
         if self.sending:
             return
-        error = self.query_one("#form-error", Static)
         result = validate_create(
             self.chosen(),
             str(self.query_one("#sharding", Select).value),
@@ -181,19 +173,7 @@ class CreateScreen(ModalScreen[None]):
             self.query_one("#create-replicas", Input).value,
         )
         if isinstance(result, str):
-            error.update(Text(f"✖ {result}", style="bold red"))
+            self._refuse(result)
             return
-        error.update(Text(f"sending: deploy {result.model_id}…", style="dim"))
-        self.sending = True
+        self._sending(f"deploy {result.model_id}")
         self.post_message(CreateRequested(result, self._answered))
-
-    def _answered(self, refused: str | None) -> None:
-        self.sending = False
-        if not self.is_attached:
-            return  # cancelled while the master was answering
-        if refused is None:
-            self.dismiss(None)
-            return
-        self.query_one("#form-error", Static).update(
-            Text(f"✖ The master refused: {refused}", style="bold red")
-        )

@@ -247,9 +247,8 @@ class DashboardScreen(ModelScreen):
     def action_delete(self) -> None:
         if self._refuse_without_api():
             return
-        row = self.selected_row()
+        row = self._chosen_row()
         if row is None:
-            self.notify("No deployment selected.", severity="warning")
             return
 
         def confirmed(yes: bool | None) -> None:
@@ -261,9 +260,8 @@ class DashboardScreen(ModelScreen):
     def action_scale(self, replicas: int | None = None) -> None:
         if self._refuse_without_api():
             return
-        row = self.selected_row()
+        row = self._chosen_row()
         if row is None:
-            self.notify("No deployment selected.", severity="warning")
             return
         self.app.push_screen(ScaleScreen(row, replicas))
 
@@ -295,9 +293,8 @@ class DashboardScreen(ModelScreen):
         self.app.push_screen(ConfirmDeleteScreen(question, "Delete instance?"), confirmed)
 
     def action_describe(self) -> None:
-        row = self.selected_row()
+        row = self._chosen_row()
         if row is None:
-            self.notify("No deployment selected.", severity="warning")
             return
         self.app.push_screen(
             DescribeScreen(
@@ -437,6 +434,13 @@ class DashboardScreen(ModelScreen):
             )
             return True
         return False
+
+    def _chosen_row(self) -> DeploymentRow | None:
+        """The selected deployment for an action on it, or None after saying none is selected."""
+        row = self.selected_row()
+        if row is None:
+            self.notify("No deployment selected.", severity="warning")
+        return row
 
     def _focus_active(self) -> None:
         self.query_one(f"#{self.active_tab}").focus()

@@ -16,13 +16,13 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Input, Label, Static
 
 from exo_deploy_tui.format import short_model
 from exo_deploy_tui.forms import check_replicas
 from exo_deploy_tui.model import DeploymentRow
 from exo_deploy_tui.screens.contract import ScaleRequested
+from exo_deploy_tui.screens.master_form import MasterForm
 from keeper.state import MAX_REPLICAS
 
 
@@ -39,7 +39,7 @@ def scale_summary(row: DeploymentRow) -> Text:
     return text
 
 
-class ScaleScreen(ModalScreen[None]):
+class ScaleScreen(MasterForm):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel"),
         Binding("ctrl+s", "submit", "Scale"),
@@ -49,7 +49,6 @@ class ScaleScreen(ModalScreen[None]):
         super().__init__()
         self.row = row
         self.initial = row.replicas if replicas is None else replicas
-        self.sending = False
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="scale") as dialog:
@@ -77,36 +76,18 @@ class ScaleScreen(ModalScreen[None]):
     def _on_scale(self) -> None:
         self.action_submit()
 
-    @on(Button.Pressed, "#cancel")
-    def _on_cancel(self) -> None:
-        self.action_cancel()
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
     def action_submit(self) -> None:
         if self.sending:
             return
-        error = self.query_one("#form-error", Static)
         replicas = check_replicas(self.query_one("#replicas", Input).value)
         if isinstance(replicas, str):
-            error.update(Text(f"✖ {replicas}", style="bold red"))
+            self._refuse(replicas)
             return
         if replicas == self.row.replicas:
-            error.update(Text(f"It keeps {replicas} already: nothing to change.", style="yellow"))
+            self._show_error(
+                Text(f"It keeps {replicas} already: nothing to change.", style="yellow")
+            )
             return
-        error.update(Text(f"sending: scale to {replicas}…", style="dim"))
-        self.sending = True
+        self._sending(f"scale to {replicas}")
         row = self.row
         self.post_message(ScaleRequested(row.deployment_id, row.model_id, replicas, self._answered))
-
-    def _answered(self, refused: str | None) -> None:
-        self.sending = False
-        if not self.is_attached:
-            return  # cancelled while the master was answering
-        if refused is None:
-            self.dismiss(None)
-            return
-        self.query_one("#form-error", Static).update(
-            Text(f"✖ The master refused: {refused}", style="bold red")
-        )

@@ -68,7 +68,6 @@ from keeper.bridge.placing import Placer
 from keeper.bridge.vanished import VanishedInstances
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.constants import STARTUP_GRACE
-from keeper.core import DeploymentTimer
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
@@ -85,14 +84,15 @@ from keeper.runtime.deployments import (
     deployment_views,
     existing_deployment,
     new_deployment,
+    scale_events,
     scaled_response,
 )
-from keeper.runtime.errors import BadRequestError
 from keeper.runtime.event_log import FileOps
 from keeper.runtime.event_store import EventStore
 from keeper.runtime.hosted_keeper import (
     KeeperFactory,
     KeeperLike,
+    KeeperWrapper,
     Started,
     default_keeper,
     start_keeper,
@@ -370,10 +370,7 @@ class Bridge:
                     param="replicas",
                 )
             now = self.clock.monotonic()
-            try:
-                events = self.keeper.scale(deployment_id, replicas, self.state)
-            except ValueError as exc:
-                raise BadRequestError(str(exc), param="replicas") from None
+            events = scale_events(self.keeper, deployment_id, replicas, self.state)
             # Recorded first: if the log refuses it (503), no instance is doomed either.
             self._record([event for event in events if not isinstance(event, InstanceDeleted)])
             for event in events:
@@ -542,25 +539,16 @@ class Bridge:
         self._store.snapshot_now_if_due()
 
 
-class _PausedWhileUnwritable:
+class _PausedWhileUnwritable(KeeperWrapper):
     """The keeper, not stepped while the log cannot be written: the bridge sends a placement to
     exo BEFORE it records it, so every step first probes the disk (one small fsync a second),
     and stepping resumes by itself once a probe succeeds."""
 
     def __init__(self, keeper: KeeperLike, store: EventStore) -> None:
-        self._keeper = keeper
+        super().__init__(keeper)
         self._store = store
 
     def step(self, state: State, now: float) -> list[AnyEvent]:
         if not self._store.probe(always=True):
             return []
-        return self._keeper.step(state, now)
-
-    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
-        return self._keeper.delete(deployment_id, state)
-
-    def scale(self, deployment_id: str, replicas: int, state: State) -> list[AnyEvent]:
-        return self._keeper.scale(deployment_id, replicas, state)
-
-    def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
-        return self._keeper.timers(state, now)
+        return self.inner.step(state, now)

@@ -84,6 +84,7 @@ from keeper.runtime.deployments import (
     existing_deployment,
     new_deployment,
     placement_enums,
+    scale_events,
     scaled_response,
     shown,
 )
@@ -339,10 +340,7 @@ class Master:
         under the lock the steps and deletion take; answered once they are durable."""
         async with self._lock:
             deployment = existing_deployment(self._state.deployments, deployment_id)
-            try:
-                events = self.keeper.scale(deployment_id, replicas, self._state)
-            except ValueError as exc:
-                raise BadRequestError(str(exc), param="replicas") from None
+            events = scale_events(self.keeper, deployment_id, replicas, self._state)
             self._stepping.keeper_changed()
             await self._emit_and_wait(events)
         log.info(

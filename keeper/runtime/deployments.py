@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from keeper.api_models import CommandResponse, DeploymentView, create_problems
 from keeper.core import DeploymentTimer
+from keeper.events import AnyEvent
 from keeper.ids import IdFactory, new_id
 from keeper.readiness import deployment_status, ready_replicas
 from keeper.runtime.clock import Clock, iso_utc
@@ -96,6 +97,16 @@ def existing_deployment(deployments: Mapping[str, Deployment], deployment_id: st
     if deployment is None:
         raise NotFoundError(f"Deployment {shown(deployment_id)} not found", param="deployment_id")
     return deployment
+
+
+def scale_events(
+    keeper: KeeperLike, deployment_id: str, replicas: int, state: State
+) -> list[AnyEvent]:
+    """The keeper's events for scaling the deployment; a count it refuses is a 400."""
+    try:
+        return keeper.scale(deployment_id, replicas, state)
+    except ValueError as exc:
+        raise BadRequestError(str(exc), param="replicas") from None
 
 
 def created_response(deployment: Deployment, new_id: IdFactory = new_id) -> CommandResponse:

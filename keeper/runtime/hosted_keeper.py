@@ -49,21 +49,15 @@ def describe(crash: BaseException) -> str:
     return f"{type(crash).__name__}: {crash}"
 
 
-class HostedKeeper:
-    """A keeper as a service runs it: every call goes to ``inner``; after each step, each
-    placement crash ``inner`` keeps is logged with its traceback, unless that deployment's
-    crash with the same description was logged already."""
+class KeeperWrapper:
+    """A keeper around ``inner``: every call goes to ``inner``. A wrapper overrides what it
+    adds to (``HostedKeeper`` and the bridge's pause while its log is unwritable: the step)."""
 
     def __init__(self, inner: KeeperLike) -> None:
         self.inner = inner
-        # What was logged per deployment that is still crashing (so it stays bounded).
-        self._logged: dict[DeploymentId, str] = {}
 
     def step(self, state: State, now: float) -> list[AnyEvent]:
-        events = self.inner.step(state, now)
-        if isinstance(self.inner, KeepsPlacementCrashes):
-            self._log_crashes(self.inner.placement_crashes())
-        return events
+        return self.inner.step(state, now)
 
     def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
         return self.inner.delete(deployment_id, state)
@@ -73,6 +67,23 @@ class HostedKeeper:
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
         return self.inner.timers(state, now)
+
+
+class HostedKeeper(KeeperWrapper):
+    """A keeper as a service runs it: every call goes to ``inner``; after each step, each
+    placement crash ``inner`` keeps is logged with its traceback, unless that deployment's
+    crash with the same description was logged already."""
+
+    def __init__(self, inner: KeeperLike) -> None:
+        super().__init__(inner)
+        # What was logged per deployment that is still crashing (so it stays bounded).
+        self._logged: dict[DeploymentId, str] = {}
+
+    def step(self, state: State, now: float) -> list[AnyEvent]:
+        events = self.inner.step(state, now)
+        if isinstance(self.inner, KeepsPlacementCrashes):
+            self._log_crashes(self.inner.placement_crashes())
+        return events
 
     def _log_crashes(self, crashes: Mapping[DeploymentId, Exception]) -> None:
         logged: dict[DeploymentId, str] = {}

@@ -37,7 +37,7 @@ from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import NODE_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import MAX_TOKENS
 from keeper.soak.report import Deployed, RunKind, SoakReport
-from keeper.soak.run import Soak, SoakError, SoakSettings
+from keeper.soak.run import Soak, SoakError, SoakSettings, model_statuses
 from keeper.state import State
 
 PROMPT = "Say something while the cluster is being knocked about."
@@ -138,7 +138,7 @@ class ProcessTarget:
             listing = DeploymentsResponse.model_validate_json(response.content)
         except (httpx.HTTPError, ValueError):
             return {}
-        return {view.deployment.model_card.model_id: view.status for view in listing.deployments}
+        return model_statuses(listing)
 
     async def inject(self, fault: FaultSpec) -> None:
         cluster = self._cluster

@@ -31,6 +31,7 @@ from typing import Protocol
 
 import anyio
 
+from keeper.api_models import DeploymentsResponse
 from keeper.events import IndexedEvent
 from keeper.master.service import MasterConfig
 from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultPlan, FaultSpec
@@ -78,6 +79,11 @@ STATUS_POLL_S = 1.0
 
 class SoakError(Exception):
     """The soak could not run (the cluster never served); the message says what and where."""
+
+
+def model_statuses(listing: DeploymentsResponse) -> dict[str, str]:
+    """Each deployed model's status in a ``GET /deployments`` listing (what ``statuses`` says)."""
+    return {view.deployment.model_card.model_id: view.status for view in listing.deployments}
 
 
 class SoakTarget(Protocol):

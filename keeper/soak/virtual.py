@@ -51,7 +51,7 @@ from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import MASTER_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import LoadSettings
 from keeper.soak.report import Deployed, RunKind, SoakReport
-from keeper.soak.run import Soak, SoakError, SoakSettings
+from keeper.soak.run import Soak, SoakError, SoakSettings, model_statuses
 from keeper.state import State
 
 PROMPT = "Say something while the cluster is being knocked about."
@@ -234,10 +234,7 @@ class VirtualTarget:
         master = self._master
         if master is None or not master.running:
             return {}
-        return {
-            view.deployment.model_card.model_id: view.status
-            for view in master.deployments_view().deployments
-        }
+        return model_statuses(master.deployments_view())
 
     async def inject(self, fault: FaultSpec) -> None:
         cluster = self._cluster
