@@ -4,6 +4,9 @@ Pure (rich Text, no Textual) so the words are tested without a terminal. Column 
 the terminal width: at 80 columns every column the operator needs fits, and wider terminals get
 room for the model name and the placement error. Colours are named ANSI colours so 16-colour
 terminals show them as meant, and every status also has a word and a symbol.
+
+One module (about 430 lines) on purpose: the column widths of every table are decided together,
+from one terminal width, so that the tables line up with the header and the detail strip.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ The screen keeps its own view state (tab, sort, filter, selection); the data is 
 model, read through the ``ClusterSource`` it was given, and the app's view state (paused,
 read-only, demo) arrives in ``view``, bound to the app's. Whatever changes the cluster or the
 app is asked for with a message (``screens.contract``); the screen never imports the app.
+
+About 450 lines because it is the one screen with the four panels, their key bindings and their
+shared view state (tab, sort, filter, selection); the panels' drawing is in ``widgets``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ strike late: a partitioned node that holds only a later pipeline stage does not 
 first stage answers them) until the master times the node out and deletes its instance, half a
 minute on. So the deletion of an instance a fault hit, while the fault lasts (or, for a node
 taken away, within a sweep period after it is back), restarts its recovery from that moment.
+
+About 430 lines because the run's phases (start, settle, faults, drain, judge) share one clock
+and one set of counters; loading, faults, watching and the report are already modules of their
+own.
 """
 
 from __future__ import annotations
