@@ -169,6 +169,18 @@ def test_create_form(snap_compare: Compare, size: tuple[int, int]) -> None:
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_create_form_with_no_match(snap_compare: Compare, size: tuple[int, int]) -> None:
+    app = scenario(healthy())
+
+    async def search_gemma(pilot: Pilot[None]) -> None:
+        await open_create_form(pilot, app)
+        await pilot.press(*"gemma")
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=search_gemma)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_delete_confirm(snap_compare: Compare, size: tuple[int, int]) -> None:
     assert snap_compare(
         scenario(healthy()), terminal_size=size, run_before=pressing("down", "ctrl+d")
