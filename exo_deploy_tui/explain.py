@@ -200,14 +200,17 @@ def _backends(
 
 
 def _tensor_split(deployment: Deployment, state: State, nodes: list[NodeId]) -> str:
+    """Which node counts split the model, against the sizes of the connected groups."""
     card = deployment.model_card
     heads = card.num_key_value_heads
-    sizes = sorted({len(g) for g in _groups(state, [n for n in nodes if n in state.node_memory])})
+    groups = _groups(state, [n for n in nodes if n in state.node_memory])
+    sizes = sorted({len(g) for g in groups})
     divides = [
         k
         for k in range(2, max(sizes, default=1) + 1)
         if card.hidden_size % k == 0 and (heads is None or heads % k == 0)
     ]
     shape = f"hidden_size {card.hidden_size}" + (f", {heads} kv heads" if heads else "")
-    splits = ", ".join(str(k) for k in divides) or "no count of these nodes"
-    return f"{shape} split over {splits}; the cycles with the memory are of another size"
+    splits = f"splits over {', '.join(map(str, divides))} nodes" if divides else "splits no further"
+    have = ", ".join(map(str, sizes)) or "no"
+    return f"{shape} {splits}; the connected groups have {have} node(s)"

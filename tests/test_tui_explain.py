@@ -91,3 +91,21 @@ def test_an_error_it_does_not_know_or_none_gives_none() -> None:
     state = three_nodes().state
     card = three_nodes().deployment(QWEN).state.deployments["dep-qwen3-0.6b-4bit"].model_card
     assert explain_placement(Deployment(deployment_id="d", model_card=card), state, {}) is None
+
+
+def test_tensor_split_says_which_counts_divide_against_the_group_sizes() -> None:
+    builder = three_nodes()
+    builder.deployment(QWEN)
+    card = builder.state.deployments["dep-qwen3-0.6b-4bit"].model_card
+    odd = card.model_copy(update={"hidden_size": 1025, "num_key_value_heads": None})
+    error = "No tensor sharding found for model with hidden_size 1025 candidate cycles"
+    deployment = Deployment(deployment_id="d", model_card=odd, placement_error=error)
+    why = explain_placement(deployment, builder.state, names(builder.state))
+    assert why == "hidden_size 1025 splits no further; the connected groups have 3 node(s)"
+    even = odd.model_copy(update={"hidden_size": 1024, "num_key_value_heads": 8})
+    deployment = deployment.model_copy(update={"model_card": even})
+    why = explain_placement(deployment, builder.state, names(builder.state))
+    assert (
+        why
+        == "hidden_size 1024, 8 kv heads splits over 2 nodes; the connected groups have 3 node(s)"
+    )
