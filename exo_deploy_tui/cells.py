@@ -202,12 +202,16 @@ def detail_text(
         text.append(f"  {row.ready_replicas}/{row.replicas} replicas ready", style=style)
     if row.instance_id:
         text.append(f"  instance {short_id(row.instance_id)} on {', '.join(row.nodes)}")
-    timer = timer_words(row)
-    if timer:
-        text.append("\n" + timer, style="yellow" if row.failures else "")
+    # The error and why come before the timer: the NEXT column already shows when the keeper
+    # tries again, so on a narrow strip the timer's words are what may be cut.
     if row.placement_error:
         text.append("\n✖ ", style="bold red")
         text.append(row.placement_error, style="red")
+        if row.placement_why:
+            text.append(f": {row.placement_why}")
+    timer = timer_words(row)
+    if timer:
+        text.append("\n" + timer, style="yellow" if row.failures else "")
     return fit_lines(text, width, lines)
 
 

@@ -46,6 +46,11 @@ def search_models(entries: Sequence[ModelListEntry], query: str) -> list[ModelLi
     return sorted(found, key=lambda e: (e.storage_size_megabytes, e.id))
 
 
+def no_match(query: str) -> str:
+    """What the catalog says instead of an empty list."""
+    return f"no model matches '{query}'"
+
+
 def validate_create(
     entry: ModelListEntry | None,
     sharding: str,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from exo_deploy_tui.explain import explain_placement
 from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_id, short_model
 from exo_deploy_tui.health import progress_signature, unhealthy_reason
 from exo_deploy_tui.timeline import (
@@ -107,6 +108,8 @@ class DeploymentRow:
     ready_replicas: int = 0  # instances of the model ready now (keeper.readiness's rule)
     # The nodes of every instance of the model, that instance's first: where the replicas run.
     replica_nodes: tuple[tuple[str, ...], ...] = ()
+    # The placement error explained in numbers from the State (exo_deploy_tui.explain), or None.
+    placement_why: str | None = None
 
     @property
     def short(self) -> bool:
@@ -604,6 +607,7 @@ class ClusterModel:
                     in_status_s=now - tracked.since if tracked else 0.0,
                     in_status_known=tracked.known if tracked else False,
                     placement_error=deployment.placement_error,
+                    placement_why=explain_placement(deployment, state, names),
                     waiting=timer.waiting if timer and status != "serving" else None,
                     next_attempt_in_s=due_in,
                     failures=timer.failures if timer else 0,

@@ -222,6 +222,28 @@ async def test_create_sends_what_the_form_says() -> None:
 
 
 @pytest.mark.anyio
+async def test_the_fit_hint_follows_the_highlight_and_an_empty_search_says_so() -> None:
+    app, _ = make_app()
+    async with running(app) as pilot:
+        form = await open_create_form(pilot)
+        await until(pilot, lambda: len(form.shown) == 7)
+        note = form.query_one("#catalog-note")
+        catalog = form.query_one("#catalog", OptionList)
+        await pilot.press("enter")  # from the search into the list
+        first = form.chosen()
+        await until(pilot, lambda: first is not None and "GB" in str(note.render()))
+        hint = str(note.render())
+        await pilot.press("down")  # highlighted, not chosen
+        await until(pilot, lambda: form.chosen() is not first)
+        await until(pilot, lambda: str(note.render()) != hint)
+        assert catalog.highlighted is not None
+        await pilot.press("shift+tab")  # back to the search
+        await pilot.press(*"gemma")
+        await until(pilot, lambda: not form.shown)
+        await until(pilot, lambda: "no model matches 'gemma'" in str(note.render()))
+
+
+@pytest.mark.anyio
 async def test_create_names_what_is_wrong_before_sending() -> None:
     app, client = make_app()
     async with running(app) as pilot:

@@ -107,6 +107,13 @@ def test_cant_place_with_its_error(snap_compare: Compare, size: tuple[int, int])
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_cant_place_described(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """Describe under exo's error says why in numbers: what the model needs, what nodes offer."""
+    builder = healthy().deployment(DEEPSEEK, error=NO_FIT, waiting="unplaceable_retry")
+    assert snap_compare(scenario(builder), terminal_size=size, run_before=pressing("enter"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_backoff_counting_down(snap_compare: Compare, size: tuple[int, int]) -> None:
     clock = Clock()
     builder = (
@@ -159,6 +166,18 @@ def test_create_form(snap_compare: Compare, size: tuple[int, int]) -> None:
         await settled(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=open_form)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_create_form_with_no_match(snap_compare: Compare, size: tuple[int, int]) -> None:
+    app = scenario(healthy())
+
+    async def search_gemma(pilot: Pilot[None]) -> None:
+        await open_create_form(pilot, app)
+        await pilot.press(*"gemma")
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=search_gemma)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

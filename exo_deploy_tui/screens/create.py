@@ -22,7 +22,13 @@ from textual.widgets.option_list import Option
 
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.format import short_model
-from exo_deploy_tui.forms import check_replicas, fit_hint, search_models, validate_create
+from exo_deploy_tui.forms import (
+    check_replicas,
+    fit_hint,
+    no_match,
+    search_models,
+    validate_create,
+)
 from exo_deploy_tui.screens.contract import ClusterSource, CreateRequested
 from exo_deploy_tui.screens.master_form import MasterForm
 from keeper.api_models import ModelListEntry, model_entry
@@ -123,6 +129,9 @@ class CreateScreen(MasterForm):
         if self.shown:
             first_free = next((i for i, e in enumerate(self.shown) if e.id not in deployed), 0)
             catalog.highlighted = first_free
+        # The hint follows the highlighted line; with no line, it says why the list is empty
+        # (set_options does not announce a highlight that stays at the same index).
+        self._show_fit()
 
     @on(Input.Changed, "#search")
     def _on_search(self) -> None:
@@ -135,12 +144,16 @@ class CreateScreen(MasterForm):
     @on(OptionList.OptionHighlighted, "#catalog")
     @on(Input.Changed, "#create-replicas")
     def _show_fit(self) -> None:
+        note = self.query_one("#catalog-note", Static)
         entry = self.chosen()
         if entry is not None:
             replicas = check_replicas(self.query_one("#create-replicas", Input).value)
             count = replicas if isinstance(replicas, int) else 1
             hint = fit_hint(entry, self.source.model.state, count)
-            self.query_one("#catalog-note", Static).update(Text(hint, style="dim"))
+            note.update(Text(hint, style="dim"))
+        elif self.entries and not self.shown:
+            query = self.query_one("#search", Input).value.strip()
+            note.update(Text(no_match(query), style="yellow"))
 
     @on(OptionList.OptionSelected, "#catalog")
     def _on_model_chosen(self) -> None:

@@ -65,6 +65,8 @@ def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: f
     if row.placement_error:
         text.append("\nPlacement error\n", style="bold red")
         text.append(f"{row.placement_error}\n", style="red")
+        if row.placement_why:
+            text.append(f"why: {row.placement_why}\n")
     instance = next((i for i in model.instance_rows(now) if i.instance_id == row.instance_id), None)
     if instance is not None:
         text.append("\nRunners\n", style="bold")

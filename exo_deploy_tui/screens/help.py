@@ -1,7 +1,9 @@
 """The help screen (``?``): every key, from the same table the command line reads.
 
 The opener says which actions to list (read-only and demo decide), so the screen needs nothing
-from the app.
+from the app. It fits an 80x24 terminal without scrolling: the keys sit in two columns and the
+``:`` commands (with their arguments) follow as one wrapped paragraph, so a key's line never has
+to hold its command too.
 """
 
 from __future__ import annotations
@@ -17,36 +19,56 @@ from textual.widgets import Footer, Static
 
 from exo_deploy_tui.commands import ActionSpec
 
-# Width of the command column: fits every command without arguments, so the descriptions line
-# up and still fit an 80-column terminal. A command whose arguments make it longer gets a line
-# of its own, with its description below, instead of pushing the description out of line.
-COMMAND_COLUMN = 22
+# The text's width: an 80-column terminal less the dialog's border and padding.
+HELP_WIDTH = 76
+# One key column: two of them side by side, a space between.
+KEY_COLUMN = (HELP_WIDTH - 1) // 2
+# Right-aligned key names ("ctrl+d", "ctrl+p") so the descriptions start in one column.
+KEY_WIDTH = 6
+
+# Keys the table does not hold: Textual's own, the same on every screen.
+_BUILTIN_KEYS = (
+    ("esc", "back: close, unfilter, leave"),
+    ("ctrl+p", "palette: every action by name"),
+)
+
+
+def _entry(key: str, words: str) -> Text:
+    text = Text()
+    text.append(f"{key:>{KEY_WIDTH}} ", style="bold cyan")
+    text.append(words)
+    text.truncate(KEY_COLUMN, overflow="ellipsis", pad=True)
+    return text
 
 
 def help_text(actions: list[ActionSpec]) -> Text:
+    entries = [_entry(spec.key, spec.help) for spec in actions]
+    entries += [_entry(key, words) for key, words in _BUILTIN_KEYS]
+    rows = (len(entries) + 1) // 2
     text = Text()
-    for spec in actions:
-        text.append(f"{spec.key:>7}  ", style="bold cyan")
-        command = f":{spec.command} {spec.args}".rstrip() if spec.command else ""
-        if len(command) >= COMMAND_COLUMN:
-            text.append(f"{command}\n", style="dim")
-            text.append(" " * (9 + COMMAND_COLUMN))
-        else:
-            text.append(f"{command:<{COMMAND_COLUMN}}", style="dim")
-        text.append(f"{spec.help}\n")
-    text.append("\n")
-    text.append("   esc   ", style="bold cyan")
-    text.append("back: close a dialog, clear the filter, leave a tab\n")
-    text.append("ctrl+p   ", style="bold cyan")
-    text.append("command palette: search every action by name\n")
-    text.append("\nStatus: ", style="bold")
+    for i in range(rows):
+        text.append_text(entries[i])
+        if i + rows < len(entries):
+            text.append(" ")
+            text.append_text(entries[i + rows])
+        text.rstrip()
+        text.append("\n")
+    commands = [f":{spec.command} {spec.args}".rstrip() for spec in actions if spec.command]
+    text.append("\nCommands", style="bold")
+    column = len("Commands")
+    for command in commands:  # wrapped by hand: a command and its arguments stay on one line
+        if column + 2 + len(command) > HELP_WIDTH:
+            text.append("\n")
+            column = -2
+        text.append(f"  {command}" if column >= 0 else command, style="dim")
+        column += 2 + len(command)
+    text.append("\nStatus ", style="bold")
     text.append("● serving", style="green")
     text.append("  ◐ starting", style="yellow")
     text.append("  ○ placing", style="cyan")
     text.append("  ✖ cant_place", style="red")
-    text.append(
-        "\nAGE is the time in the current status (+: at least, it was so when we connected)"
-    )
+    text.append("\nAGE", style="bold")
+    text.append(" time in status (+: at least, it was so when we connected)")
     return text
 
 
