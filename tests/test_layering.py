@@ -35,6 +35,7 @@ DATA_MODEL = {
     "keeper.constants",
     "keeper.exo_state",
     "keeper.readiness",
+    "keeper.history",
 }
 # The deployments API's HTTP client, shared by the CLI and the TUI: the data model plus httpx.
 API_CLIENT = "keeper.api_client"

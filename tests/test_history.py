@@ -1,0 +1,200 @@
+"""A deployment's recovery history (``keeper.history``), from event sequences written by hand:
+availability, incidents with their cause, MTTR, a restart in the middle, an ongoing incident and
+a window that cuts an incident."""
+
+from __future__ import annotations
+
+import pytest
+from keeper_harness import build_instance, card, node_info
+
+from keeper.events import (
+    AnyEvent,
+    DeploymentCreated,
+    DeploymentDeleted,
+    DeploymentPlacementFailed,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+)
+from keeper.history import TimedEvent, deployment_history
+from keeper.state import (
+    Deployment,
+    NodeIdentity,
+    RunnerFailed,
+    RunnerLoading,
+    RunnerReady,
+)
+
+MODEL = card("m")
+DEPLOYMENT = Deployment(deployment_id="d1", model_card=MODEL)
+
+
+class Log:
+    """Events with times, numbered as the log numbers them."""
+
+    def __init__(self) -> None:
+        self.events: list[TimedEvent] = []
+
+    def at(self, when: float | None, *events: AnyEvent) -> Log:
+        for event in events:
+            self.events.append(TimedEvent(idx=len(self.events), at=when, event=event))
+        return self
+
+
+def named(node_id: str, name: str) -> NodeGatheredInfo:
+    info = node_info(node_id)
+    return info.model_copy(update={"identity": NodeIdentity(friendly_name=name)})
+
+
+def ready(instance_id: str, ranks: int) -> list[RunnerStatusUpdated]:
+    return [
+        RunnerStatusUpdated(runner_id=f"{instance_id}-runner-{r}", runner_status=RunnerReady())
+        for r in range(ranks)
+    ]
+
+
+def serving_from(start: float, ready_at: float) -> Log:
+    """Nodes studio and mini-a; the deployment created at ``start``; its instance over both
+    nodes ready at ``ready_at``."""
+    log = Log().at(start, named("n-studio", "studio"), named("n-mini", "mini-a"))
+    log.at(start, DeploymentCreated(deployment=DEPLOYMENT))
+    log.at(start + 1, InstanceCreated(instance=build_instance(MODEL, ["n-studio", "n-mini"], "i1")))
+    return log.at(ready_at, *ready("i1", 2))
+
+
+def test_a_deployment_serving_all_along_is_fully_available_with_no_incident() -> None:
+    log = serving_from(0.0, 10.0)
+    history = deployment_history("d1", log.events, window_start=10.0, window_end=100.0)
+    assert history.availability == 1.0
+    assert history.incidents == ()
+    assert history.mttr_s is None
+
+
+def test_the_start_up_counts_as_down_time_but_is_no_incident() -> None:
+    log = serving_from(0.0, 10.0)
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=100.0)
+    assert history.availability == pytest.approx(0.9)
+    assert history.incidents == ()
+
+
+def test_a_node_timeout_is_an_incident_named_by_the_node_until_a_new_instance_is_ready() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(50.0, NodeTimedOut(node_id="n-studio"))
+    log.at(60.0, InstanceDeleted(instance_id="i1"))
+    log.at(61.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(80.0, *ready("i2", 1))
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=100.0)
+    (incident,) = history.incidents
+    assert incident.cause == "node studio timed out"
+    assert (incident.start, incident.end, incident.downtime_s) == (50.0, 80.0, 30.0)
+    assert history.mttr_s == 30.0
+    assert history.availability == pytest.approx(60.0 / 100.0)
+
+
+def test_an_instance_deleted_with_its_nodes_present_was_deleted_by_a_user() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(40.0, InstanceDeleted(instance_id="i1"))
+    log.at(41.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(45.0, *ready("i2", 1))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=50.0).incidents
+    assert incident.cause == "instance deleted by a user"
+    assert incident.downtime_s == 5.0
+
+
+def test_a_failed_runner_names_its_node_and_message() -> None:
+    log = serving_from(0.0, 10.0)
+    failed = RunnerFailed(error_message="out of memory")
+    log.at(30.0, RunnerStatusUpdated(runner_id="i1-runner-1", runner_status=failed))
+    log.at(35.0, RunnerStatusUpdated(runner_id="i1-runner-1", runner_status=RunnerLoading()))
+    log.at(42.0, *ready("i1", 2))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=50.0).incidents
+    assert incident.cause == "runner failed on mini-a: out of memory"
+    assert incident.downtime_s == 12.0
+
+
+def test_a_deployment_that_cannot_be_placed_is_an_ongoing_unplaceable_incident() -> None:
+    log = Log().at(0.0, DeploymentCreated(deployment=DEPLOYMENT))
+    log.at(5.0, DeploymentPlacementFailed(deployment_id="d1", error="not enough memory"))
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=100.0)
+    (incident,) = history.incidents
+    assert incident.cause == "unplaceable: not enough memory"
+    assert (incident.start, incident.end, incident.downtime_s) == (0.0, None, 100.0)
+    assert history.availability == 0.0
+    assert history.mttr_s is None
+
+
+def test_an_incident_ongoing_at_the_end_of_the_window_has_no_end() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(70.0, NodeTimedOut(node_id="n-mini"))
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=100.0)
+    (incident,) = history.incidents
+    assert incident.cause == "node mini-a timed out"
+    assert (incident.end, incident.downtime_s) == (None, 30.0)
+    assert history.mttr_s is None
+
+
+def test_an_incident_across_a_master_restart_comes_out_whole() -> None:
+    # The master stops at 55 and a new one starts at 200: the log goes on with the nodes
+    # reporting afresh and their runners loading again, all logged with the new times.
+    log = serving_from(0.0, 10.0)
+    log.at(50.0, NodeTimedOut(node_id="n-studio"))
+    log.at(55.0, InstanceDeleted(instance_id="i1"))
+    log.at(200.0, named("n-studio", "studio"))
+    log.at(201.0, InstanceCreated(instance=build_instance(MODEL, ["n-studio", "n-mini"], "i2")))
+    log.at(230.0, *ready("i2", 2))
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=300.0)
+    (incident,) = history.incidents
+    assert (incident.start, incident.end, incident.downtime_s) == (50.0, 230.0, 180.0)
+    assert incident.cause == "node studio timed out"
+
+
+def test_a_window_that_cuts_an_incident_keeps_its_start_and_counts_only_inside() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(50.0, NodeTimedOut(node_id="n-studio"))
+    log.at(60.0, InstanceDeleted(instance_id="i1"))
+    log.at(61.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(80.0, *ready("i2", 1))
+    history = deployment_history("d1", log.events, window_start=70.0, window_end=120.0)
+    (incident,) = history.incidents
+    assert (incident.start, incident.end) == (50.0, 80.0)
+    assert history.availability == pytest.approx(40.0 / 50.0)
+    # A window after the incident sees none.
+    later = deployment_history("d1", log.events, window_start=90.0, window_end=120.0)
+    assert (later.incidents, later.availability) == ((), 1.0)
+
+
+def test_events_without_a_time_take_the_last_known_one() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(50.0, NodeTimedOut(node_id="n-studio"))
+    log.at(None, InstanceDeleted(instance_id="i1"))
+    log.at(70.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(None, *ready("i2", 1))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=100.0).incidents
+    assert (incident.start, incident.end) == (50.0, 70.0)
+
+
+def test_a_deleted_deployment_stops_counting_and_ends_its_incident() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(50.0, InstanceDeleted(instance_id="i1"))
+    log.at(60.0, DeploymentDeleted(deployment_id="d1"))
+    history = deployment_history("d1", log.events, window_start=10.0, window_end=100.0)
+    (incident,) = history.incidents
+    assert (incident.end, incident.downtime_s) == (60.0, 10.0)
+    assert history.availability == pytest.approx(40.0 / 50.0)
+
+
+def test_history_that_starts_after_the_window_says_from_when_it_is_complete() -> None:
+    log = serving_from(500.0, 510.0)
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=1000.0)
+    assert history.complete_from == 500.0
+    whole = deployment_history("d1", log.events, window_start=600.0, window_end=1000.0)
+    assert whole.complete_from is None
+
+
+def test_an_unknown_deployment_has_no_availability() -> None:
+    history = deployment_history(
+        "nope", serving_from(0.0, 10.0).events, window_start=0.0, window_end=100.0
+    )
+    assert (history.availability, history.incidents) == (None, ())
