@@ -14,4 +14,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("recovery", "bench.recovery_bench"),
     ("tui", "bench.tui_bench"),
     ("store", "bench.store_bench"),
+    ("history", "bench.history_bench"),
 )

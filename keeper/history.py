@@ -31,13 +31,16 @@ from keeper.events import (
     DeploymentCreated,
     DeploymentDeleted,
     DeploymentPlacementFailed,
+    InstanceCreated,
     InstanceDeleted,
     NodeGatheredInfo,
     NodeTimedOut,
     RunnerStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
 )
-from keeper.readiness import ready_instances_of
-from keeper.state import AnyInstance, DeploymentId, NodeId, RunnerFailed, State
+from keeper.readiness import instances_of, ready_instances_of
+from keeper.state import AnyInstance, DeploymentId, NodeId, RunnerFailed, RunnerId, State
 
 # Whatever else made an instance stop serving: a runner of a ready instance went back to
 # loading, shut down, or the instance was replaced, with no event that says more.
@@ -135,6 +138,46 @@ def _serving(state: State, deployment_id: DeploymentId) -> bool:
     return bool(_serving_instances(state, deployment_id))
 
 
+def _runners_of(state: State, deployment_id: DeploymentId) -> frozenset[RunnerId] | None:
+    """The runners of the deployment's model's instances; None before the deployment exists
+    (its model is not known yet, so every runner may matter)."""
+    deployment = state.deployments.get(deployment_id)
+    if deployment is None:
+        return None
+    return frozenset(
+        runner
+        for instance in instances_of(state, deployment.model_card.model_id)
+        for runner in instance.shard_assignments.node_to_runner.values()
+    )
+
+
+def _touches(
+    event: AnyEvent,
+    state: State,
+    deployment_id: DeploymentId,
+    ours: frozenset[RunnerId] | None,
+) -> bool:
+    """Whether applying ``event`` can change anything the history reads (the deployment, its
+    model's instances and their runners, which nodes are in the topology). Skipping the rest
+    (node reports of known nodes, links, other models' runners) is what keeps a day's history
+    within its cost (docs/design.md 7.2)."""
+    match event:
+        case TopologyEdgeCreated() | TopologyEdgeDeleted():
+            return False
+        case NodeGatheredInfo(node_id=node_id):
+            return node_id not in state.topology.nodes
+        case RunnerStatusUpdated(runner_id=runner_id):
+            return ours is None or runner_id in ours
+        case InstanceCreated(instance=instance):
+            deployment = state.deployments.get(deployment_id)
+            return (
+                deployment is None
+                or instance.shard_assignments.model_id == deployment.model_card.model_id
+            )
+        case _:
+            return True
+
+
 @dataclass
 class _Stretch:
     start: float
@@ -161,6 +204,7 @@ def deployment_history(
     }
     exists = deployment_id in state.deployments
     serving = _serving(state, deployment_id)
+    ours = _runners_of(state, deployment_id)
     # Time the deployment existed inside the window, and of it the time it served.
     existed_s = 0.0
     served_s = 0.0
@@ -199,33 +243,34 @@ def deployment_history(
             first_at = timed.at
         account(at)
         now = max(now, at)
-        cause = _cause_of(timed.event, state, deployment_id, names)
-        state = apply(state, timed.event)
-        if isinstance(timed.event, NodeGatheredInfo) and timed.event.identity is not None:
-            names[timed.event.node_id] = timed.event.identity.friendly_name
-        if isinstance(timed.event, DeploymentCreated) and not exists:
+        event = timed.event
+        if isinstance(event, NodeGatheredInfo) and event.identity is not None:
+            names[event.node_id] = event.identity.friendly_name
+        if not _touches(event, state, deployment_id, ours):
+            continue
+        before, state = state, apply(state, event)
+        if isinstance(event, (InstanceCreated, InstanceDeleted, DeploymentCreated)):
+            ours = _runners_of(state, deployment_id)
+        if isinstance(event, DeploymentCreated) and not exists:
             exists = deployment_id in state.deployments
             if exists:
                 down = _Stretch(now, None, False)
         now_serving = _serving(state, deployment_id)
-        if isinstance(timed.event, DeploymentDeleted) and deployment_id not in state.deployments:
+        if isinstance(event, DeploymentDeleted) and deployment_id not in state.deployments:
             if down is not None:
                 close(down, now)
             exists, serving, down = False, False, None
             continue
         if serving and not now_serving:
-            down = _Stretch(now, cause, True)
+            down = _Stretch(now, _cause_of(event, before, deployment_id, names), True)
         elif not serving and now_serving and down is not None:
             close(down, now)
             down = None
-        elif (
-            down is not None
-            and down.cause is None
-            and cause is not None
-            and (cause.startswith("unplaceable") or down.after_serving)
-        ):
-            # A start-up (or a stretch with no stated reason) that placement explains.
-            down.cause = cause
+        elif down is not None and down.cause is None:
+            cause = _cause_of(event, before, deployment_id, names)
+            if cause is not None and (cause.startswith("unplaceable") or down.after_serving):
+                # A start-up (or a stretch with no stated reason) that placement explains.
+                down.cause = cause
         serving = now_serving
     account(window_end)
     if down is not None and exists:
