@@ -1,6 +1,6 @@
 """Cost of one deployment's history (``keeper.history.deployment_history``) over 24 hours of a
 busy cluster. Run with ``make bench`` (``python -m bench history``); figures printed, never
-asserted. Target: 50 ms per call (docs/design.md 7.2).
+asserted. Target: 50 ms per call (docs/design.md 3.5).
 
 The day is synthetic and busier than the soak's: 4 nodes, 8 deployments each with an instance
 over two nodes, a fault every 5 minutes (a node times out, the sweep deletes its instances, the

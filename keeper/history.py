@@ -1,12 +1,11 @@
 """A deployment's recovery history, computed from the event log: availability, incidents and why
-(docs/design.md, 6.2 "The event log, snapshots and a torn tail", and 7.2).
+(docs/design.md, 3.5 "Deployment history").
 
 The history is a pure function of the events and their times, so it lives in the data model:
-the master and the bridge read their log through the store and hand the events here, and a test
-writes an event sequence by hand. It replays the events with ``keeper.apply`` and asks the same
-question of every State that ``GET /deployments`` does (``keeper.readiness``: serving while an
-instance of the model has every runner Ready or Running), so "down" in the history means what
-``status != serving`` means on the dashboard.
+a service hands it the events it reads from its log, and a test writes an event sequence by
+hand. It replays the events with ``keeper.apply`` and asks of every State what ``GET
+/deployments`` asks (``keeper.readiness``: serving while an instance of the model has every
+runner Ready or Running), adding only that a node gone from the topology serves nothing.
 
 Times are plain seconds (the Unix epoch in the shell, anything monotonic in a test): the data
 model reads no clock and formats no dates. An event logged without a time (a log written before
@@ -160,7 +159,7 @@ def _touches(
     """Whether applying ``event`` can change anything the history reads (the deployment, its
     model's instances and their runners, which nodes are in the topology). Skipping the rest
     (node reports of known nodes, links, other models' runners) is what keeps a day's history
-    within its cost (docs/design.md 7.2)."""
+    within its cost (docs/design.md 3.5)."""
     match event:
         case TopologyEdgeCreated() | TopologyEdgeDeleted():
             return False
