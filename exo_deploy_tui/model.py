@@ -48,7 +48,7 @@ from exo_deploy_tui.updates import (
 from keeper.api_models import DeploymentStatus, DeploymentView, WaitReason
 from keeper.apply import apply_indexed
 from keeper.events import NodeGatheredInfo, NodeTimedOut
-from keeper.readiness import instance_is_ready, status_of
+from keeper.readiness import instance_is_ready, ready_on_present_nodes, status_of
 from keeper.state import (
     AnyInstance,
     AnyRunnerStatus,
@@ -253,15 +253,6 @@ def runner_status_word(status: AnyRunnerStatus | None) -> str:
     if status is None:
         return "Unknown"
     return type(status).__name__.removeprefix("Runner")
-
-
-def shown_ready(instance: AnyInstance, state: State) -> bool:
-    """The display rule for an instance's "ready": ready (``keeper.readiness``) and every node
-    it runs on still in the topology. A stock exo lists an instance for a while after one of
-    its nodes left, its runner still "Ready": it cannot serve, so the row does not say ready."""
-    present = state.topology.nodes
-    nodes = instance.shard_assignments.node_to_runner
-    return all(node_id in present for node_id in nodes) and instance_is_ready(instance, state)
 
 
 def departed_nodes(state: State) -> list[NodeId]:
@@ -711,7 +702,7 @@ class ClusterModel:
                     )
                 )
             runners.sort(key=lambda r: r.rank)
-            ready = shown_ready(instance, state)
+            ready = ready_on_present_nodes(instance, state)
             progress = self._progress.get(instance.instance_id)
             quiet = {
                 node_id: self._quiet_for(node_id, now) for node_id in assignments.node_to_runner

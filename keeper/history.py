@@ -38,7 +38,7 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.readiness import instances_of, ready_instances_of
+from keeper.readiness import instances_of, ready_on_present_nodes
 from keeper.state import AnyInstance, DeploymentId, NodeId, RunnerFailed, RunnerId, State
 
 # Whatever else made an instance stop serving: a runner of a ready instance went back to
@@ -128,8 +128,8 @@ def _serving_instances(state: State, deployment_id: DeploymentId) -> list[AnyIns
         return []
     return [
         instance
-        for instance in ready_instances_of(state, deployment.model_card.model_id)
-        if all(node in state.topology.nodes for node in instance.shard_assignments.node_to_runner)
+        for instance in instances_of(state, deployment.model_card.model_id)
+        if ready_on_present_nodes(instance, state)
     ]
 
 

@@ -59,6 +59,16 @@ def chat_targets(
     return targets
 
 
+def ready_on_present_nodes(instance: AnyInstance, state: State) -> bool:
+    """Ready (``instance_is_ready``) and every node it runs on still in the topology. A node that
+    timed out serves nothing, yet its runners read Ready until the sweep deletes its instances
+    (and a stock exo lists them a while longer): the TUI's rows and the deployment history both
+    count such an instance as not serving."""
+    present = state.topology.nodes
+    on_present = all(node in present for node in instance.shard_assignments.node_to_runner)
+    return on_present and instance_is_ready(instance, state)
+
+
 def instances_of(state: State, model_id: ModelId) -> list[AnyInstance]:
     """The model's instances, in the State's order."""
     return [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, unplaceable
 
-from keeper.events import InstanceCreated, RunnerStatusUpdated
+from keeper.events import InstanceCreated, NodeTimedOut, RunnerStatusUpdated
 from keeper.readiness import (
     chat_targets,
     deployment_status,
@@ -17,6 +17,7 @@ from keeper.readiness import (
     instance_is_ready,
     instances_of,
     ready_instances_of,
+    ready_on_present_nodes,
 )
 from keeper.state import AnyInstance, RunnerLoading
 
@@ -138,3 +139,25 @@ def test_an_instance_without_a_rank_0_shard_is_no_chat_target() -> None:
     cluster.make_ready("m-ring")
     assert ready_instances_of(cluster.state, "m") != []
     assert chat_targets(cluster.state, "m", {"node-a", "node-b"}) == []
+
+
+def test_an_instance_on_a_node_gone_from_the_topology_serves_nothing() -> None:
+    cluster = Cluster()
+    cluster.add_nodes("node-a", "node-b", "node-c")
+    cluster.apply(
+        InstanceCreated(instance=build_instance(card("m"), ["node-a", "node-b"], "m-ab")),
+        InstanceCreated(instance=build_instance(card("m"), ["node-c"], "m-c")),
+        InstanceCreated(instance=build_instance(card("m"), ["node-c"], "m-loading")),
+    )
+    cluster.make_ready("m-ab")
+    cluster.make_ready("m-c")
+    on_present = {
+        i.instance_id: ready_on_present_nodes(i, cluster.state)
+        for i in cluster.state.instances.values()
+    }
+    assert on_present == {"m-ab": True, "m-c": True, "m-loading": False}
+    cluster.apply(NodeTimedOut(node_id="node-b"))  # one node of the ring: the whole ring is out
+    ab = cluster.state.instances["m-ab"]
+    assert instance_is_ready(ab, cluster.state)  # its runners still read Ready
+    assert not ready_on_present_nodes(ab, cluster.state)
+    assert ready_on_present_nodes(cluster.state.instances["m-c"], cluster.state)
