@@ -17,6 +17,7 @@ from keeper.events import (
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentScaled,
+    DeploymentServingChanged,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -27,11 +28,14 @@ from keeper.events import (
     TopologyEdgeDeleted,
 )
 from keeper.state import (
+    MAX_SERVING_RECORDS,
+    SERVING_HISTORY_KEEP_S,
     Deployment,
     DeploymentId,
     Edge,
     InstanceId,
     RunnerShutdown,
+    ServingRecord,
     State,
     Topology,
 )
@@ -52,6 +56,17 @@ def _changed(state: State, **update: Any) -> State:
     return state.model_copy(update=update)
 
 
+def _kept(records: tuple[ServingRecord, ...]) -> tuple[ServingRecord, ...]:
+    """A deployment's serving records, bounded: those of the last ``SERVING_HISTORY_KEEP_S``
+    before the newest, plus the newest older one (it says whether the deployment was serving
+    when the kept span begins), and at most ``MAX_SERVING_RECORDS``."""
+    cutoff = records[-1].at - SERVING_HISTORY_KEEP_S
+    first = 0
+    while first + 1 < len(records) and records[first + 1].at <= cutoff:
+        first += 1
+    return records[max(first, len(records) - MAX_SERVING_RECORDS) :]
+
+
 def apply(state: State, event: AnyEvent) -> State:
     match event:
         case DeploymentCreated(deployment=deployment):
@@ -67,7 +82,19 @@ def apply(state: State, event: AnyEvent) -> State:
         case DeploymentDeleted(deployment_id=deployment_id):
             if deployment_id not in state.deployments:
                 return state
-            return _changed(state, deployments=_without(state.deployments, deployment_id))
+            return _changed(
+                state,
+                deployments=_without(state.deployments, deployment_id),
+                serving_history=_without(state.serving_history, deployment_id),
+            )
+        case DeploymentServingChanged(deployment_id=deployment_id, record=record):
+            if deployment_id not in state.deployments:
+                return state
+            records = (*state.serving_history.get(deployment_id, ()), record)
+            return _changed(
+                state,
+                serving_history=_with(state.serving_history, deployment_id, _kept(records)),
+            )
         case DeploymentPlaced(deployment_id=deployment_id, instance_id=instance_id):
             deployment = state.deployments.get(deployment_id)
             if deployment is None:

@@ -27,6 +27,7 @@ from keeper.state import (
     RdmaCtl,
     RunnerId,
     RunnerStatus,
+    ServingRecord,
 )
 from keeper.wire import TAGGED, TaggedModel, WireModel
 
@@ -55,6 +56,14 @@ class DeploymentScaled(TaggedModel):
 
     deployment_id: DeploymentId
     replicas: int = Field(ge=1, le=MAX_REPLICAS)
+
+
+class DeploymentServingChanged(TaggedModel):
+    """The service saw the deployment start or stop serving (or, while it is down, learn why):
+    one ``ServingRecord`` of its history (``keeper.history.serving_changes`` emits it)."""
+
+    deployment_id: DeploymentId
+    record: ServingRecord
 
 
 class InstanceCreated(TaggedModel):
@@ -104,6 +113,7 @@ Event = Annotated[
     | Annotated[DeploymentPlaced, Tag("DeploymentPlaced")]
     | Annotated[DeploymentPlacementFailed, Tag("DeploymentPlacementFailed")]
     | Annotated[DeploymentScaled, Tag("DeploymentScaled")]
+    | Annotated[DeploymentServingChanged, Tag("DeploymentServingChanged")]
     | Annotated[InstanceCreated, Tag("InstanceCreated")]
     | Annotated[InstanceDeleted, Tag("InstanceDeleted")]
     | Annotated[RunnerStatusUpdated, Tag("RunnerStatusUpdated")]
@@ -121,6 +131,7 @@ AnyEvent = (
     | DeploymentPlaced
     | DeploymentPlacementFailed
     | DeploymentScaled
+    | DeploymentServingChanged
     | InstanceCreated
     | InstanceDeleted
     | RunnerStatusUpdated

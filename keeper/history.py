@@ -1,58 +1,168 @@
-"""A deployment's recovery history, computed from the event log: availability, incidents and why
-(docs/design.md, 3.5 "Deployment history").
+"""A deployment's recovery history: availability, incidents and why (docs/design.md, 3.5
+"Deployment history").
 
-The history is a pure function of the events and their times, so it lives in the data model:
-a service hands it the events it reads from its log, and a test writes an event sequence by
-hand. It replays the events with ``keeper.apply`` and asks of every State what ``GET
-/deployments`` asks (``keeper.readiness``: serving while an instance of the model has every
-runner Ready or Running), adding only that a node gone from the topology serves nothing.
+Two pure parts, both in the data model so that the master, the bridge and the TUI share them:
+
+- ``serving_changes(before, after, at)``: the service hands it the State before and after what
+  it just applied (the master: a logged batch; the bridge: a new State of exo) and its wall
+  time; it returns a ``DeploymentServingChanged`` for each deployment whose serving changed,
+  with the cause read from the difference ("node studio timed out", "instance deleted by a
+  user", "runner failed on mini-a: <message>", "unplaceable: <placement error>"). The service
+  logs these like any event, so the records (``State.serving_history``) survive restarts and
+  compaction in the snapshot, and reach the dashboard on its stream.
+- ``summarize(deployment_id, records, window_start, window_end)``: availability, incidents and
+  MTTR over a window, from the records alone. The records are few (one per change), so a
+  request costs microseconds whatever the cluster did meanwhile.
+
+Serving means what ``GET /deployments`` means by it (``keeper.readiness``), with one addition:
+a node gone from the topology serves nothing, so a lost node starts the incident when it times
+out rather than when the sweep deletes its instances.
+
+``deployment_history`` replays an event sequence through both parts: the tests write histories
+as events, and the bench times a busy day that way.
 
 Times are plain seconds (the Unix epoch in the shell, anything monotonic in a test): the data
-model reads no clock and formats no dates. An event logged without a time (a log written before
-the store recorded one) takes the time of the last event before it that had one; events before
-any timed event are treated as older than every window.
-
-An incident is a stretch in which an existing deployment was not serving, once it had served
-(the first start-up is not an incident, unless placement said why it could not start: then it
-is "unplaceable"). Its cause is the event that ended serving, in plain words. The log continues
-across master restarts, so an incident that spans one is a single stretch here: nothing in the
-events marks the restart, and the time the master was away counts as down.
+model reads no clock and formats no dates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from keeper.apply import apply
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
-    DeploymentDeleted,
     DeploymentPlacementFailed,
+    DeploymentScaled,
+    DeploymentServingChanged,
     InstanceCreated,
     InstanceDeleted,
     NodeGatheredInfo,
     NodeTimedOut,
     RunnerStatusUpdated,
-    TopologyEdgeCreated,
-    TopologyEdgeDeleted,
 )
 from keeper.readiness import instances_of, ready_on_present_nodes
-from keeper.state import AnyInstance, DeploymentId, NodeId, RunnerFailed, RunnerId, State
+from keeper.state import (
+    SERVING_RUNNER_TYPES,
+    AnyInstance,
+    Deployment,
+    DeploymentId,
+    NodeId,
+    RunnerFailed,
+    ServingRecord,
+    State,
+)
 
-# Whatever else made an instance stop serving: a runner of a ready instance went back to
-# loading, shut down, or the instance was replaced, with no event that says more.
+# Whatever else made an instance stop serving, with nothing in the State that says more.
 UNKNOWN_CAUSE = "stopped serving"
+UNPLACEABLE = "unplaceable: "
 
 
-@dataclass(frozen=True)
-class TimedEvent:
-    """An event of the log with its index and the time its batch was written (None: unknown)."""
+# --- records: what the services log ------------------------------------------------------
 
-    idx: int
-    at: float | None
-    event: AnyEvent
+
+def may_change_serving(event: AnyEvent, before: State) -> bool:
+    """Whether applying ``event`` to ``before`` can change whether a deployment serves or why
+    not. The master asks it of every logged event, so a batch of node reports and links does not
+    cost a look at every deployment."""
+    match event:
+        case NodeGatheredInfo(node_id=node_id):
+            return node_id not in before.topology.nodes  # a node (re)joining
+        case (
+            DeploymentCreated()
+            | DeploymentPlacementFailed()
+            | DeploymentScaled()
+            | InstanceCreated()
+            | InstanceDeleted()
+            | RunnerStatusUpdated()
+            | NodeTimedOut()
+        ):
+            return True
+        case _:
+            return False
+
+
+def serving_changes(before: State | None, after: State, at: float) -> list[DeploymentServingChanged]:
+    """The records to log for ``after``: one per deployment whose serving differs from its last
+    record (or that has none yet), and one when a deployment that is down learns from placement
+    why. ``before`` is the State the change was applied to, None when the service has none (it
+    just started): causes are then unknown."""
+    changes: list[DeploymentServingChanged] = []
+    for deployment_id, deployment in after.deployments.items():
+        records = after.serving_history.get(deployment_id, ())
+        last = records[-1] if records else None
+        serving = is_serving(after, deployment_id)
+        record: ServingRecord | None = None
+        if last is None:
+            created = before is not None and deployment_id not in before.deployments
+            record = ServingRecord(
+                at=at,
+                serving=serving,
+                cause=None if serving else _unplaceable(deployment),
+                begins="created" if created else "observed",
+            )
+        elif last.serving and not serving:
+            cause = _why_stopped(before, after, deployment_id) if before else UNKNOWN_CAUSE
+            record = ServingRecord(at=at, serving=False, cause=cause)
+        elif serving and not last.serving:
+            record = ServingRecord(at=at, serving=True)
+        elif not serving and last.cause is None and deployment.placement_error is not None:
+            record = ServingRecord(at=at, serving=False, cause=_unplaceable(deployment))
+        if record is not None:
+            changes.append(DeploymentServingChanged(deployment_id=deployment_id, record=record))
+    return changes
+
+
+def is_serving(state: State, deployment_id: DeploymentId) -> bool:
+    return bool(_serving_instances(state, deployment_id))
+
+
+def _serving_instances(state: State, deployment_id: DeploymentId) -> list[AnyInstance]:
+    deployment = state.deployments.get(deployment_id)
+    if deployment is None:
+        return []
+    return [
+        instance
+        for instance in instances_of(state, deployment.model_card.model_id)
+        if ready_on_present_nodes(instance, state)
+    ]
+
+
+def _unplaceable(deployment: Deployment) -> str | None:
+    error = deployment.placement_error
+    return f"{UNPLACEABLE}{error}" if error is not None else None
+
+
+def _node_name(state: State, node_id: NodeId) -> str:
+    identity = state.node_identities.get(node_id)
+    return identity.friendly_name if identity is not None and identity.friendly_name else node_id
+
+
+def _why_stopped(before: State, after: State, deployment_id: DeploymentId) -> str:
+    """Why the instances that served in ``before`` serve nothing in ``after``, in plain words;
+    names come from ``before``, where a node that just left is still described."""
+    for instance in _serving_instances(before, deployment_id):
+        nodes = instance.shard_assignments.node_to_runner
+        gone = [node for node in nodes if node not in after.topology.nodes]
+        if gone:
+            return f"node {', '.join(_node_name(before, node) for node in gone)} timed out"
+        if instance.instance_id not in after.instances:
+            return "instance deleted by a user"
+        statuses = [(node, after.runners.get(runner)) for node, runner in nodes.items()]
+        for node, status in statuses:
+            if isinstance(status, RunnerFailed):
+                message = status.error_message or "no message"
+                return f"runner failed on {_node_name(before, node)}: {message}"
+        for node, status in statuses:
+            if not isinstance(status, SERVING_RUNNER_TYPES):
+                went = type(status).__name__ if status is not None else "away"
+                return f"runner on {_node_name(before, node)} went {went}"
+    return UNKNOWN_CAUSE
+
+
+# --- the summary: what GET /deployments/{id}/history answers ------------------------------
 
 
 @dataclass(frozen=True)
@@ -68,120 +178,114 @@ class History:
     deployment_id: DeploymentId
     window_start: float
     window_end: float
-    availability: float | None  # None: the deployment did not exist in the known window
+    availability: float | None  # None: no record of the deployment inside the window
     incidents: tuple[Incident, ...]
     mttr_s: float | None  # mean time to recover over the incidents that ended; None if none
-    complete_from: float | None  # set when the events start later than the window
-
-
-def _node_name(names: Mapping[NodeId, str], node_id: NodeId) -> str:
-    return names.get(node_id) or node_id
-
-
-def _cause_of(
-    event: AnyEvent, state: State, deployment_id: DeploymentId, names: Mapping[NodeId, str]
-) -> str | None:
-    """What this event, about to be applied to ``state``, would say about losing the deployment's
-    service; None when it names nothing of the deployment's."""
-    deployment = state.deployments.get(deployment_id)
-    if deployment is None:
-        return None
-    ready = _serving_instances(state, deployment_id)
-    match event:
-        case NodeTimedOut(node_id=node_id):
-            return f"node {_node_name(names, node_id)} timed out"
-        case InstanceDeleted(instance_id=instance_id):
-            instance = state.instances.get(instance_id)
-            if instance is None:
-                return None
-            missing = [
-                node
-                for node in instance.shard_assignments.node_to_runner
-                if node not in state.topology.nodes
-            ]
-            if missing:
-                return f"node {', '.join(_node_name(names, n) for n in missing)} timed out"
-            return "instance deleted by a user"
-        case RunnerStatusUpdated(runner_id=runner_id, runner_status=status):
-            for instance in ready:
-                for node, runner in instance.shard_assignments.node_to_runner.items():
-                    if runner == runner_id:
-                        where = _node_name(names, node)
-                        if isinstance(status, RunnerFailed):
-                            return (
-                                f"runner failed on {where}: {status.error_message or 'no message'}"
-                            )
-                        return f"runner on {where} went {type(status).__name__}"
-            return None
-        case DeploymentPlacementFailed(error=error):
-            return f"unplaceable: {error}"
-        case _:
-            return None
-
-
-def _serving_instances(state: State, deployment_id: DeploymentId) -> list[AnyInstance]:
-    """The deployment's ready instances (``keeper.readiness``) whose nodes are all still in the
-    topology: a node that timed out serves nothing, though its runners read Ready until the
-    sweep deletes its instances (docs/design.md 6.3), so its loss starts the incident."""
-    deployment = state.deployments.get(deployment_id)
-    if deployment is None:
-        return []
-    return [
-        instance
-        for instance in instances_of(state, deployment.model_card.model_id)
-        if ready_on_present_nodes(instance, state)
-    ]
-
-
-def _serving(state: State, deployment_id: DeploymentId) -> bool:
-    return bool(_serving_instances(state, deployment_id))
-
-
-def _runners_of(state: State, deployment_id: DeploymentId) -> frozenset[RunnerId] | None:
-    """The runners of the deployment's model's instances; None before the deployment exists
-    (its model is not known yet, so every runner may matter)."""
-    deployment = state.deployments.get(deployment_id)
-    if deployment is None:
-        return None
-    return frozenset(
-        runner
-        for instance in instances_of(state, deployment.model_card.model_id)
-        for runner in instance.shard_assignments.node_to_runner.values()
-    )
-
-
-def _touches(
-    event: AnyEvent,
-    state: State,
-    deployment_id: DeploymentId,
-    ours: frozenset[RunnerId] | None,
-) -> bool:
-    """Whether applying ``event`` can change anything the history reads (the deployment, its
-    model's instances and their runners, which nodes are in the topology). Skipping the rest
-    (node reports of known nodes, links, other models' runners) is what keeps a day's history
-    within its cost (docs/design.md 3.5)."""
-    match event:
-        case TopologyEdgeCreated() | TopologyEdgeDeleted():
-            return False
-        case NodeGatheredInfo(node_id=node_id):
-            return node_id not in state.topology.nodes
-        case RunnerStatusUpdated(runner_id=runner_id):
-            return ours is None or runner_id in ours
-        case InstanceCreated(instance=instance):
-            deployment = state.deployments.get(deployment_id)
-            return (
-                deployment is None
-                or instance.shard_assignments.model_id == deployment.model_card.model_id
-            )
-        case _:
-            return True
+    complete_from: float | None  # set when what is known starts later than the window
 
 
 @dataclass
-class _Stretch:
+class _Down:
     start: float
     cause: str | None
     after_serving: bool
+
+    def is_incident(self) -> bool:
+        # The first start-up is no incident, unless placement said why it could not start.
+        return self.after_serving or (self.cause or "").startswith(UNPLACEABLE)
+
+
+def summarize(
+    deployment_id: DeploymentId,
+    records: Sequence[ServingRecord],
+    *,
+    window_start: float,
+    window_end: float,
+) -> History:
+    """Availability, incidents and MTTR of a deployment over ``[window_start, window_end]`` from
+    its serving records (oldest first; those after the window are ignored).
+
+    - ``availability``: the fraction of the known time inside the window that it served; known
+      time starts at its first record (its creation, or when a service first saw it).
+    - ``incidents``: each stretch in which it was not serving after having served, or that
+      placement explained; one that began before the window keeps its real start, and its
+      ``downtime_s`` is its whole length (to the window's end while ongoing).
+    - ``complete_from``: the first record's time, when it is later than the window's start and
+      is not the deployment's creation (what came before it is unknown)."""
+    known = [record for record in records if record.at <= window_end]
+    known_s = 0.0
+    served_s = 0.0
+    down: _Down | None = None
+    incidents: list[Incident] = []
+
+    def close(stretch: _Down, end: float | None) -> None:
+        stop = end if end is not None else window_end
+        if stretch.is_incident() and stop > window_start:
+            incidents.append(
+                Incident(
+                    start=stretch.start,
+                    end=end,
+                    downtime_s=stop - stretch.start,
+                    cause=stretch.cause or UNKNOWN_CAUSE,
+                )
+            )
+
+    for index, record in enumerate(known):
+        until = known[index + 1].at if index + 1 < len(known) else window_end
+        span = max(0.0, min(until, window_end) - max(record.at, window_start))
+        known_s += span
+        if record.serving:
+            served_s += span
+            if down is not None:
+                close(down, record.at)
+                down = None
+        elif down is None:
+            down = _Down(record.at, record.cause, after_serving=index > 0)
+        elif down.cause is None:
+            down.cause = record.cause
+    if down is not None:
+        close(down, None)
+
+    ended = [incident.downtime_s for incident in incidents if incident.end is not None]
+    first = known[0] if known else None
+    incomplete = first is not None and first.begins != "created" and first.at > window_start
+    return History(
+        deployment_id=deployment_id,
+        window_start=window_start,
+        window_end=window_end,
+        availability=served_s / known_s if known_s > 0 else None,
+        incidents=tuple(incidents),
+        mttr_s=sum(ended) / len(ended) if ended else None,
+        complete_from=first.at if incomplete and first is not None else None,
+    )
+
+
+# --- a replay, for tests and the bench ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimedEvent:
+    """An event of a log with its index and the time it was applied (None: unknown)."""
+
+    idx: int
+    at: float | None
+    event: AnyEvent
+
+
+def replay(events: Iterable[TimedEvent], initial: State | None = None) -> State:
+    """Apply ``events`` as a service would, logging the serving records it would log after each
+    one. An event without a time takes the last known time before it."""
+    state = initial if initial is not None else State()
+    now = float("-inf")
+    first = True  # the first look also records the deployments ``initial`` holds
+    for timed in events:
+        now = timed.at if timed.at is not None else now
+        before, state = state, apply(state, timed.event)
+        if first or may_change_serving(timed.event, before):
+            for change in serving_changes(before, state, now):
+                state = apply(state, change)
+        first = False
+    return state
 
 
 def deployment_history(
@@ -192,98 +296,13 @@ def deployment_history(
     window_end: float,
     initial: State | None = None,
 ) -> History:
-    """The deployment's history over ``[window_start, window_end]``, replaying ``events`` (in the
-    log's order) on ``initial`` (the empty State: a log from its first event)."""
-    state = initial if initial is not None else State()
-    now = float("-inf")
-    first_at: float | None = None
-    # Node names outlive the node's entry in the State, so a cause can name a node that left.
-    names: dict[NodeId, str] = {
-        node: identity.friendly_name for node, identity in state.node_identities.items()
-    }
-    exists = deployment_id in state.deployments
-    serving = _serving(state, deployment_id)
-    ours = _runners_of(state, deployment_id)
-    # Time the deployment existed inside the window, and of it the time it served.
-    existed_s = 0.0
-    served_s = 0.0
-    down: _Stretch | None = None
-    if exists and not serving:
-        error = state.deployments[deployment_id].placement_error
-        down = _Stretch(window_start, f"unplaceable: {error}" if error else None, False)
-    closed: list[Incident] = []
-
-    def account(until: float) -> None:
-        nonlocal existed_s, served_s
-        lo, hi = max(now, window_start), min(until, window_end)
-        if exists and hi > lo:
-            existed_s += hi - lo
-            if serving:
-                served_s += hi - lo
-
-    def close(stretch: _Stretch, end: float | None) -> None:
-        is_incident = stretch.after_serving or (
-            stretch.cause is not None and stretch.cause.startswith("unplaceable")
-        )
-        stop = end if end is not None else window_end
-        if is_incident and stop > window_start and stretch.start < window_end:
-            closed.append(
-                Incident(
-                    start=stretch.start,
-                    end=end,
-                    downtime_s=max(0.0, stop - stretch.start),
-                    cause=stretch.cause or UNKNOWN_CAUSE,
-                )
-            )
-
-    for timed in events:
-        at = timed.at if timed.at is not None else now
-        if timed.at is not None and first_at is None:
-            first_at = timed.at
-        account(at)
-        now = max(now, at)
-        event = timed.event
-        if isinstance(event, NodeGatheredInfo) and event.identity is not None:
-            names[event.node_id] = event.identity.friendly_name
-        if not _touches(event, state, deployment_id, ours):
-            continue
-        before, state = state, apply(state, event)
-        if isinstance(event, (InstanceCreated, InstanceDeleted, DeploymentCreated)):
-            ours = _runners_of(state, deployment_id)
-        if isinstance(event, DeploymentCreated) and not exists:
-            exists = deployment_id in state.deployments
-            if exists:
-                down = _Stretch(now, None, False)
-        now_serving = _serving(state, deployment_id)
-        if isinstance(event, DeploymentDeleted) and deployment_id not in state.deployments:
-            if down is not None:
-                close(down, now)
-            exists, serving, down = False, False, None
-            continue
-        if serving and not now_serving:
-            down = _Stretch(now, _cause_of(event, before, deployment_id, names), True)
-        elif not serving and now_serving and down is not None:
-            close(down, now)
-            down = None
-        elif down is not None and down.cause is None:
-            cause = _cause_of(event, before, deployment_id, names)
-            if cause is not None and (cause.startswith("unplaceable") or down.after_serving):
-                # A start-up (or a stretch with no stated reason) that placement explains.
-                down.cause = cause
-        serving = now_serving
-    account(window_end)
-    if down is not None and exists:
-        close(down, None)
-
-    incidents = tuple(closed)
-    ended = [i.downtime_s for i in incidents if i.end is not None]
-    complete_from = first_at if first_at is not None and first_at > window_start else None
-    return History(
-        deployment_id=deployment_id,
+    """``summarize`` over the records a service would have logged replaying ``events``."""
+    records: Mapping[DeploymentId, tuple[ServingRecord, ...]] = replay(
+        events, initial
+    ).serving_history
+    return summarize(
+        deployment_id,
+        records.get(deployment_id, ()),
         window_start=window_start,
         window_end=window_end,
-        availability=served_s / existed_s if existed_s > 0 else None,
-        incidents=incidents,
-        mttr_s=sum(ended) / len(ended) if ended else None,
-        complete_from=complete_from,
     )

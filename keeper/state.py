@@ -9,7 +9,7 @@ import of anything else of ours, so every other layer can depend on it.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, Tag, computed_field
 
@@ -310,6 +310,38 @@ class Deployment(WireModel):
     placed_instance_ids: tuple[InstanceId, ...] = ()
 
 
+# --- serving history ----------------------------------------------------------------------
+
+# How a deployment's first serving record came to be: with the deployment ("created": nothing
+# before it is missing), or when a service first saw a deployment it had no record of
+# ("observed": a log written before records existed; the history is complete from then on).
+HistoryBegins = Literal["created", "observed"]
+
+# How far back a deployment's serving records are kept: the longest history the API answers
+# (720 hours) and a day more, so a 30-day window always starts inside the kept span.
+SERVING_HISTORY_KEEP_S = 31 * 24 * 3600.0
+
+# The most serving records kept per deployment, whatever their age. A deployment that flaps every
+# five minutes makes about 600 a day; the cap bounds the State (and so every snapshot and the
+# dashboard's first message) at a few hundred kB per deployment, and a history that lost its
+# oldest records says from when it is complete.
+MAX_SERVING_RECORDS = 2000
+
+
+class ServingRecord(WireModel):
+    """One change in whether a deployment serves, as the service saw it (docs/design.md 3.5).
+
+    The history of a deployment is the sequence of these: what ``GET /deployments/{id}/history``
+    and the TUI's AVAIL column summarise. They live in the State (so snapshots, compaction and
+    the dashboard stream carry them with no extra store); ``keeper.apply`` keeps a bounded span.
+    """
+
+    at: float  # Unix time in seconds, from the service's wall clock when it saw the change
+    serving: bool
+    cause: str | None = None  # why it is not serving, in plain words; None: not (yet) known
+    begins: HistoryBegins | None = None  # set on the first record of a deployment
+
+
 # --- the state ----------------------------------------------------------------------------
 
 
@@ -326,6 +358,8 @@ class State(WireModel):
     downloads: dict[NodeId, list[dict[str, Any]]] = Field(default_factory=dict)
     last_event_applied_idx: int = -1
     deployments: dict[DeploymentId, Deployment] = Field(default_factory=dict)
+    # Per deployment, its serving records, oldest first (ServingRecord).
+    serving_history: dict[DeploymentId, tuple[ServingRecord, ...]] = Field(default_factory=dict)
 
 
 AnyInstance = MlxRingInstance | MlxJacclInstance

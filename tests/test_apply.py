@@ -21,6 +21,7 @@ from keeper.events import (
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentScaled,
+    DeploymentServingChanged,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -31,6 +32,8 @@ from keeper.events import (
     TopologyEdgeDeleted,
 )
 from keeper.state import (
+    MAX_SERVING_RECORDS,
+    SERVING_HISTORY_KEEP_S,
     Backend,
     Connection,
     Deployment,
@@ -42,6 +45,7 @@ from keeper.state import (
     RunnerLoading,
     RunnerReady,
     RunnerShutdown,
+    ServingRecord,
     State,
 )
 
@@ -107,6 +111,42 @@ def test_a_model_can_be_deployed_again_after_its_deployment_is_deleted() -> None
     assert list(state.deployments) == ["d2"]
 
 
+def serving(deployment_id: str, at: float, is_serving: bool = True) -> DeploymentServingChanged:
+    return DeploymentServingChanged(
+        deployment_id=deployment_id, record=ServingRecord(at=at, serving=is_serving)
+    )
+
+
+def test_serving_records_are_kept_per_deployment_in_order() -> None:
+    state = applied(
+        created("d1", "m"), created("d2", "n"), serving("d1", 1.0), serving("d1", 2.0, False)
+    )
+    assert [(r.at, r.serving) for r in state.serving_history["d1"]] == [(1.0, True), (2.0, False)]
+    assert "d2" not in state.serving_history
+    # The deployment's deletion takes its records with it; another's stay.
+    state = applied(serving("d2", 3.0), DeploymentDeleted(deployment_id="d1"), state=state)
+    assert list(state.serving_history) == ["d2"]
+
+
+def test_serving_records_older_than_the_kept_span_go_but_the_last_of_them_stays() -> None:
+    day = 24 * 3600.0
+    events = [serving("d1", at) for at in (0.0, day, 2 * day, 2 * day + 1)]
+    newest = 2 * day + 1 + SERVING_HISTORY_KEEP_S - day  # day 1 and before are out of the span
+    state = applied(created("d1", "m"), *events, serving("d1", newest))
+    # The record of day 1 says what held when the span begins; day 0's is gone.
+    assert [r.at for r in state.serving_history["d1"]] == [day, 2 * day, 2 * day + 1, newest]
+    # A record exactly at the span's start is inside it: the one before it goes.
+    at_edge = applied(serving("d1", 2 * day + SERVING_HISTORY_KEEP_S), state=state)
+    assert [r.at for r in at_edge.serving_history["d1"]][0] == 2 * day
+
+
+def test_serving_records_are_capped_oldest_first() -> None:
+    events = [serving("d1", float(at)) for at in range(MAX_SERVING_RECORDS + 3)]
+    records = applied(created("d1", "m"), *events).serving_history["d1"]
+    assert len(records) == MAX_SERVING_RECORDS
+    assert (records[0].at, records[-1].at) == (3.0, float(MAX_SERVING_RECORDS + 2))
+
+
 @pytest.mark.parametrize(
     "event",
     [
@@ -114,6 +154,7 @@ def test_a_model_can_be_deployed_again_after_its_deployment_is_deleted() -> None
         DeploymentPlaced(deployment_id="nope", instance_id="i1"),
         DeploymentPlacementFailed(deployment_id="nope", error="reason"),
         DeploymentScaled(deployment_id="nope", replicas=2),
+        DeploymentServingChanged(deployment_id="nope", record=ServingRecord(at=1.0, serving=True)),
     ],
     ids=lambda event: type(event).__name__,
 )
@@ -415,6 +456,7 @@ EVENTS: st.SearchStrategy[AnyEvent] = st.one_of(
     st.builds(lambda n: NodeTimedOut(node_id=n), st.sampled_from(NODES)),
     st.builds(created, st.sampled_from(["d1", "d2"]), st.sampled_from(["m", "n"])),
     st.builds(lambda d: DeploymentDeleted(deployment_id=d), st.sampled_from(["d1", "d2"])),
+    st.builds(serving, st.sampled_from(["d1", "d2"]), st.floats(0, 1e6), st.booleans()),
     st.builds(
         lambda d, i: DeploymentPlaced(deployment_id=d, instance_id=i),
         st.sampled_from(["d1", "d2"]),

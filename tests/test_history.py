@@ -12,19 +12,31 @@ from keeper.events import (
     DeploymentCreated,
     DeploymentDeleted,
     DeploymentPlacementFailed,
+    DeploymentServingChanged,
     InstanceCreated,
     InstanceDeleted,
     NodeGatheredInfo,
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.history import TimedEvent, deployment_history
+from keeper.apply import apply
+from keeper.history import (
+    UNKNOWN_CAUSE,
+    Incident,
+    TimedEvent,
+    deployment_history,
+    may_change_serving,
+    replay,
+    serving_changes,
+    summarize,
+)
 from keeper.state import (
     Deployment,
     NodeIdentity,
     RunnerFailed,
     RunnerLoading,
     RunnerReady,
+    ServingRecord,
 )
 
 MODEL = card("m")
@@ -175,22 +187,122 @@ def test_events_without_a_time_take_the_last_known_one() -> None:
     assert (incident.start, incident.end) == (50.0, 70.0)
 
 
-def test_a_deleted_deployment_stops_counting_and_ends_its_incident() -> None:
+def test_a_deleted_deployment_takes_its_history_with_it() -> None:
     log = serving_from(0.0, 10.0)
     log.at(50.0, InstanceDeleted(instance_id="i1"))
     log.at(60.0, DeploymentDeleted(deployment_id="d1"))
+    state = replay(log.events)
+    assert "d1" not in state.serving_history
     history = deployment_history("d1", log.events, window_start=10.0, window_end=100.0)
-    (incident,) = history.incidents
-    assert (incident.end, incident.downtime_s) == (60.0, 10.0)
-    assert history.availability == pytest.approx(40.0 / 50.0)
+    assert (history.availability, history.incidents) == (None, ())
 
 
-def test_history_that_starts_after_the_window_says_from_when_it_is_complete() -> None:
-    log = serving_from(500.0, 510.0)
-    history = deployment_history("d1", log.events, window_start=0.0, window_end=1000.0)
+def test_a_deployment_first_seen_after_the_window_began_says_from_when_it_is_complete() -> None:
+    # A State from a log older than serving records: the deployment is there, with no record.
+    before = replay(serving_from(0.0, 10.0).events)
+    initial = before.model_copy(update={"serving_history": {}})
+    log = Log().at(500.0, RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=RunnerReady()))
+    history = deployment_history(
+        "d1", log.events, window_start=0.0, window_end=1000.0, initial=initial
+    )
     assert history.complete_from == 500.0
-    whole = deployment_history("d1", log.events, window_start=600.0, window_end=1000.0)
+    assert history.availability == 1.0
+    whole = deployment_history("d1", log.events, window_start=600.0, window_end=1000.0, initial=initial)
     assert whole.complete_from is None
+
+
+def test_a_deployment_created_inside_the_window_is_complete() -> None:
+    history = deployment_history(
+        "d1", serving_from(500.0, 510.0).events, window_start=0.0, window_end=1000.0
+    )
+    assert history.complete_from is None
+    assert history.availability == pytest.approx(490.0 / 500.0)
+
+
+def test_one_replica_lost_is_no_incident_and_the_last_one_names_the_cause() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(11.0, InstanceCreated(instance=build_instance(MODEL, ["n-other"], "i2")))
+    log.at(11.0, named("n-other", "mini-b"))
+    log.at(12.0, *ready("i2", 1))
+    log.at(50.0, NodeTimedOut(node_id="n-studio"))  # i1 lost; i2 still serves
+    assert deployment_history("d1", log.events, window_start=0.0, window_end=60.0).incidents == ()
+    log.at(55.0, NodeTimedOut(node_id="n-other"))
+    (incident,) = deployment_history(
+        "d1", log.events, window_start=0.0, window_end=60.0
+    ).incidents
+    assert (incident.start, incident.cause) == (55.0, "node mini-b timed out")
+
+
+def test_a_later_placement_failure_keeps_the_cause_the_incident_began_with() -> None:
+    log = serving_from(0.0, 10.0)
+    # The instance is deleted, then placement fails too: the incident keeps its first cause.
+    log.at(20.0, InstanceDeleted(instance_id="i1"))
+    log.at(21.0, NodeTimedOut(node_id="n-mini"))
+    log.at(22.0, DeploymentPlacementFailed(deployment_id="d1", error="not enough memory"))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=60.0).incidents
+    assert incident.cause == "instance deleted by a user"
+    records = replay(log.events).serving_history["d1"]
+    assert [r.cause for r in records] == [None, None, "instance deleted by a user"]
+
+
+def test_a_service_without_a_previous_state_records_an_unknown_cause() -> None:
+    state = replay(serving_from(0.0, 10.0).events)
+    down = apply(state, NodeTimedOut(node_id="n-studio"))
+    (change,) = serving_changes(None, down, 99.0)
+    assert change.record == ServingRecord(at=99.0, serving=False, cause=UNKNOWN_CAUSE)
+    # With the State before, the same change is explained.
+    (explained,) = serving_changes(state, down, 99.0)
+    assert explained.record.cause == "node studio timed out"
+
+
+def test_a_runner_that_leaves_ready_without_failing_says_what_it_went_to() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(30.0, RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=RunnerLoading()))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=50.0).incidents
+    assert incident.cause == "runner on studio went RunnerLoading"
+
+
+def test_nothing_is_recorded_while_serving_does_not_change() -> None:
+    state = replay(serving_from(0.0, 10.0).events)
+    assert [r.serving for r in state.serving_history["d1"]] == [False, True]
+    assert serving_changes(state, state, 20.0) == []
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (named("n-studio", "studio"), False),  # a report of a node already in the topology
+        (named("n-new", "new"), True),  # a node joining
+        (NodeTimedOut(node_id="n-studio"), True),
+        (DeploymentDeleted(deployment_id="d1"), False),  # the records go with it
+        (
+            DeploymentServingChanged(
+                deployment_id="d1", record=ServingRecord(at=1.0, serving=True)
+            ),
+            False,
+        ),
+    ],
+)
+def test_which_events_can_change_serving(event: AnyEvent, expected: bool) -> None:
+    state = replay(serving_from(0.0, 10.0).events)
+    assert may_change_serving(event, state) is expected
+
+
+def test_summary_of_records_alone() -> None:
+    records = [
+        ServingRecord(at=0.0, serving=False, begins="created"),
+        ServingRecord(at=10.0, serving=True),
+        ServingRecord(at=40.0, serving=False, cause="node a timed out"),
+        ServingRecord(at=45.0, serving=False, cause="unplaceable: later"),
+        ServingRecord(at=50.0, serving=True),
+        ServingRecord(at=500.0, serving=False, cause="after the window"),
+    ]
+    history = summarize("d1", records, window_start=0.0, window_end=100.0)
+    (incident,) = history.incidents
+    assert incident == Incident(start=40.0, end=50.0, downtime_s=10.0, cause="node a timed out")
+    assert history.availability == pytest.approx(80.0 / 100.0)
+    assert history.mttr_s == 10.0
+    assert summarize("d1", [], window_start=0.0, window_end=1.0).availability is None
 
 
 def test_an_unknown_deployment_has_no_availability() -> None:
