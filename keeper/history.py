@@ -84,7 +84,9 @@ def may_change_serving(event: AnyEvent, before: State) -> bool:
             return False
 
 
-def serving_changes(before: State | None, after: State, at: float) -> list[DeploymentServingChanged]:
+def serving_changes(
+    before: State | None, after: State, at: float
+) -> list[DeploymentServingChanged]:
     """The records to log for ``after``: one per deployment whose serving differs from its last
     record (or that has none yet), and one when a deployment that is down learns from placement
     why. ``before`` is the State the change was applied to, None when the service has none (it

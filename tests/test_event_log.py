@@ -270,7 +270,8 @@ async def test_batched_fsync_loses_no_acknowledged_event(
     master = Master(tmp_path, config=MasterConfig(snapshot_every_events=10**9, compact_log=False))
     acknowledged: list[str] = []
     models = list(CATALOG)
-    expected = len(models) + 20 * 50
+    # Each deployment, its node reports, and each deployment's first serving record.
+    expected = 2 * len(models) + 20 * 50
     async with anyio.create_task_group() as group:
         await group.start(master.run)
 

@@ -207,7 +207,9 @@ def test_a_deployment_first_seen_after_the_window_began_says_from_when_it_is_com
     )
     assert history.complete_from == 500.0
     assert history.availability == 1.0
-    whole = deployment_history("d1", log.events, window_start=600.0, window_end=1000.0, initial=initial)
+    whole = deployment_history(
+        "d1", log.events, window_start=600.0, window_end=1000.0, initial=initial
+    )
     assert whole.complete_from is None
 
 
@@ -227,9 +229,7 @@ def test_one_replica_lost_is_no_incident_and_the_last_one_names_the_cause() -> N
     log.at(50.0, NodeTimedOut(node_id="n-studio"))  # i1 lost; i2 still serves
     assert deployment_history("d1", log.events, window_start=0.0, window_end=60.0).incidents == ()
     log.at(55.0, NodeTimedOut(node_id="n-other"))
-    (incident,) = deployment_history(
-        "d1", log.events, window_start=0.0, window_end=60.0
-    ).incidents
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=60.0).incidents
     assert (incident.start, incident.cause) == (55.0, "node mini-b timed out")
 
 

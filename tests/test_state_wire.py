@@ -19,6 +19,7 @@ from keeper.events import (
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentScaled,
+    DeploymentServingChanged,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -56,6 +57,7 @@ from keeper.state import (
     RunnerLoading,
     RunnerReady,
     RunnerRunning,
+    ServingRecord,
     Sharding,
     SocketConnection,
     State,
@@ -238,6 +240,12 @@ def _every_event(state: State) -> list[AnyEvent]:
             deployment_id="d", error="No cycles found with sufficient memory"
         ),
         DeploymentScaled(deployment_id="d", replicas=3),
+        DeploymentServingChanged(
+            deployment_id="d",
+            record=ServingRecord(
+                at=1_796_000_000.5, serving=False, cause="node studio timed out", begins="created"
+            ),
+        ),
         InstanceCreated(instance=ring),
         InstanceCreated(instance=jaccl),
         InstanceDeleted(instance_id="i"),

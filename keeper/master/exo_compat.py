@@ -66,7 +66,7 @@ __all__ = ["ExoCreateInstance", "create_exo_compat_app", "insufficient_memory"]
 # exo's own answer to an accepted command.
 ACCEPTED = "Command received."
 # Our State's keys that exo's has not: the stand-in runs no keeper.
-NOT_EXO_STATE_KEYS = frozenset({"deployments"})
+NOT_EXO_STATE_KEYS = frozenset({"deployments", "servingHistory"})
 
 
 def known_model(model_id: str) -> ExoModel:

@@ -191,6 +191,10 @@ class Master:
             io_in_thread=self.config.log_io_in_thread,
             compact=self.config.compact_log and self.config.keeper_enabled,
             file_ops=file_ops,
+            wall_time=lambda: self.clock.wall().timestamp(),
+            # The master's State is the whole cluster's: its deployments' serving records are
+            # written with the events that change them (keeper.history).
+            track_serving=self.config.keeper_enabled,
         )
         self._lock = anyio.Lock()
         self._router = Router(self._store, self._publish, self.config.router_queue)

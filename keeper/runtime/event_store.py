@@ -19,7 +19,11 @@ The shape, and why:
   cost of rewriting it stay bounded. Events carry no time, so the store remembers when each
   compaction happened and at which index (in memory: after a restart, history is kept whole
   until a week of marks has built up again).
-- The keeper-stepping loops stay in the services: the bridge's is being reshaped separately.
+- With ``track_serving`` (the master, whose State is the whole cluster's) each batch that may
+  change whether a deployment serves is followed, in the same write, by the serving records it
+  calls for (``keeper.history.serving_changes``, timed with ``wall_time``). The bridge, whose
+  own State holds only its deployments, records them itself from exo's States.
+- The keeper-stepping loops stay in the services.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import anyio.to_thread
 
 from keeper.apply import apply_all
 from keeper.events import AnyEvent, IndexedEvent
+from keeper.history import may_change_serving, serving_changes
 from keeper.runtime.errors import MasterError
 from keeper.runtime.event_log import EventLog, FileOps, LogWriteError, Recovery, iter_events
 from keeper.state import State
@@ -68,6 +73,7 @@ class EventStore:
         file_ops: FileOps | None = None,
         history_keep_s: float = HISTORY_KEEP_S,
         wall_time: Callable[[], float] = time.time,
+        track_serving: bool = False,
     ) -> None:
         self.data_dir = data_dir
         self.snapshot_every = snapshot_every
@@ -82,6 +88,7 @@ class EventStore:
         self.history_keep_s = history_keep_s
         self._wall_time = wall_time
         self._marks: list[tuple[float, int]] = []  # (when, last index) of each compaction
+        self.track_serving = track_serving
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -131,10 +138,11 @@ class EventStore:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def number(self, events: Sequence[AnyEvent]) -> list[IndexedEvent]:
+    def number(self, events: Sequence[AnyEvent], *, after: int = 0) -> list[IndexedEvent]:
+        """``events`` numbered from the next index (plus ``after``, for a batch's tail)."""
         # model_construct: the events are validated models already; numbering them needs no
         # second validation (a third of the router's time otherwise).
-        first = self.next_idx
+        first = self.next_idx + after
         return [
             IndexedEvent.model_construct(idx=first + offset, event=event)
             for offset, event in enumerate(events)
@@ -145,24 +153,36 @@ class EventStore:
 
         Shielded: once a batch is on its way to disk it is also applied, so the State and the
         log agree wherever the caller can be cancelled."""
-        indexed = self.number(events)
+        indexed, state = self._prepared(events)
         if not indexed:
             return indexed
         with anyio.CancelScope(shield=True):
             await self._io(self._log.append, indexed)
-        return self._applied(indexed)
+        self._state = state
+        return indexed
 
     def commit_now(self, events: Sequence[AnyEvent]) -> list[IndexedEvent]:
         """``commit`` in the caller's thread, for a service that logs a few events at a time."""
-        indexed = self.number(events)
+        indexed, state = self._prepared(events)
         if not indexed:
             return indexed
         self._guarded(self._log.append, indexed)
-        return self._applied(indexed)
-
-    def _applied(self, indexed: list[IndexedEvent]) -> list[IndexedEvent]:
-        self._state = apply_all(self._state, indexed)
+        self._state = state
         return indexed
+
+    def _prepared(self, events: Sequence[AnyEvent]) -> tuple[list[IndexedEvent], State]:
+        """The batch to write, numbered, and the State once it is applied. With
+        ``track_serving`` the batch ends with the serving records its events call for
+        (``keeper.history``), so a change and its record are written together or not at all."""
+        indexed = self.number(events)
+        state = apply_all(self._state, indexed)
+        if self.track_serving and any(may_change_serving(event, self._state) for event in events):
+            changes = serving_changes(self._state, state, self._wall_time())
+            if changes:
+                records = self.number(changes, after=len(indexed))
+                state = apply_all(state, records)
+                indexed.extend(records)
+        return indexed, state
 
     async def _io(self, call: Callable[[_T], None], argument: _T) -> None:
         if self.io_in_thread:
