@@ -137,7 +137,7 @@ def test_serving_records_older_than_the_kept_span_go_but_the_last_of_them_stays(
     assert [r.at for r in state.serving_history["d1"]] == [day, 2 * day, 2 * day + 1, newest]
     # A record exactly at the span's start is inside it: the one before it goes.
     at_edge = applied(serving("d1", 2 * day + SERVING_HISTORY_KEEP_S), state=state)
-    assert [r.at for r in at_edge.serving_history["d1"]][0] == 2 * day
+    assert at_edge.serving_history["d1"][0].at == 2 * day
 
 
 def test_serving_records_are_capped_oldest_first() -> None:

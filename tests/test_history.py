@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from keeper_harness import build_instance, card, node_info
 
+from keeper.apply import apply
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
@@ -19,7 +20,6 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.apply import apply
 from keeper.history import (
     UNKNOWN_CAUSE,
     Incident,
