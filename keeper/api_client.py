@@ -25,8 +25,10 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from keeper.api_models import (
+    DEFAULT_HISTORY_HOURS,
     CommandResponse,
     CreateDeploymentRequest,
+    DeploymentHistoryResponse,
     DeploymentsResponse,
     ErrorResponse,
 )
@@ -174,6 +176,15 @@ class DeploymentsClient:
             if exc.status == 405:  # the path exists, for DELETE only: a master from before
                 raise ApiError(NO_SCALING_API, 405) from exc
             raise
+
+    async def history(
+        self, deployment_id: str, hours: float = DEFAULT_HISTORY_HOURS
+    ) -> Answer[DeploymentHistoryResponse]:
+        """The deployment's last ``hours`` (``GET /deployments/{id}/history``)."""
+        path = f"/deployments/{deployment_id}/history?hours={hours:g}"
+        return await self._call(
+            "GET", path, DeploymentHistoryResponse, what="GET /deployments/{id}/history"
+        )
 
     async def delete(self, deployment_id: str) -> Answer[CommandResponse]:
         path = f"/deployments/{deployment_id}"

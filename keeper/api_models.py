@@ -25,6 +25,7 @@ from keeper.state import (
     Sharding,
     State,
 )
+from keeper.wire import WireModel
 
 DeploymentStatus = Literal["serving", "starting", "placing", "cant_place"]
 
@@ -153,6 +154,35 @@ class DeploymentView(BaseModel):
     # Anything else the operator should know about this deployment right now, in words (the
     # bridge: "exo unreachable since 12:03:04: ..."); None from a master, which has nothing to add.
     detail: str | None = None
+
+
+# The longest history ``GET /deployments/{id}/history`` answers: 30 days. Serving records are
+# kept a day longer (keeper.state.SERVING_HISTORY_KEEP_S), so such a window is complete.
+MAX_HISTORY_HOURS = 720.0
+DEFAULT_HISTORY_HOURS = 24.0
+
+
+class IncidentView(WireModel):
+    """One stretch in which a deployment was not serving (``keeper.history.Incident``)."""
+
+    start: str  # ISO-8601 UTC
+    end: str | None  # None while ongoing
+    downtime_s: float
+    cause: str
+
+
+class DeploymentHistoryResponse(WireModel):
+    """``GET /deployments/{id}/history?hours=H``: the deployment's last H hours. camelCase, as
+    the State: it is a summary of the State's serving records (docs/design.md 3.5)."""
+
+    deployment_id: str
+    window_hours: float
+    availability: float | None  # fraction of the known time it served; None: nothing known
+    incidents: list[IncidentView]
+    mttr_s: float | None  # mean time to recover over the incidents that ended
+    # When what is known begins, if later than the window's start (ISO-8601 UTC): a deployment
+    # the service first saw after the window began (a log from before serving records).
+    complete_from: str | None = None
 
 
 class DeploymentsResponse(BaseModel):

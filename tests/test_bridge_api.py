@@ -163,9 +163,24 @@ async def test_state_is_exo_s_with_the_deployments_merged_in_and_models_pass_thr
         await anyio.sleep(1.1)  # the bridge's next read of exo's State
         bridge_state = (await api.get("/state")).json()
         exo_state = (await h.exo_api("GET", "/state")).json()
-        assert bridge_state.pop("deployments").keys() == {created["deployment_id"]}
+        deployment_id = created["deployment_id"]
+        assert bridge_state.pop("deployments").keys() == {deployment_id}
+        # The bridge's serving records, judged on exo's States: created, then serving.
+        records = bridge_state.pop("servingHistory")[deployment_id]
+        assert records[0]["begins"] == "created"
         assert "deployments" not in exo_state  # exo's State has no such key
+        assert "servingHistory" not in exo_state
         assert bridge_state == exo_state
+
+        # GET /deployments/{id}/history on the bridge: serving since exo showed it ready.
+        with anyio.fail_after(10):
+            while True:
+                history = await api.get(f"/deployments/{deployment_id}/history?hours=1")
+                assert history.status_code == 200, history.text
+                if history.json()["availability"]:
+                    break
+                await anyio.sleep(0.1)
+        assert history.json()["incidents"] == []
         models = await api.get("/models")
         assert models.content == (await h.exo_api("GET", "/models")).content
 

@@ -49,7 +49,12 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from keeper.api_models import CommandResponse, DeploymentsResponse, DeploymentView
+from keeper.api_models import (
+    CommandResponse,
+    DeploymentHistoryResponse,
+    DeploymentsResponse,
+    DeploymentView,
+)
 from keeper.bridge.cards import ExoCards
 from keeper.bridge.creating import Creations
 from keeper.bridge.doomed import DoomedInstances
@@ -76,6 +81,7 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
+from keeper.history import serving_changes
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.deployments import (
@@ -83,12 +89,13 @@ from keeper.runtime.deployments import (
     deleted_response,
     deployment_views,
     existing_deployment,
+    history_response,
     new_deployment,
     scale_events,
     scaled_response,
 )
 from keeper.runtime.event_log import FileOps
-from keeper.runtime.event_store import EventStore
+from keeper.runtime.event_store import EventStore, LogNotWritableError
 from keeper.runtime.hosted_keeper import (
     KeeperFactory,
     KeeperLike,
@@ -147,6 +154,7 @@ class Bridge:
         self._started = Started("bridge", clock)
         self._keeper_factory = keeper_factory
         self._last_error: str | None = None
+        self._served: State | None = None  # the merged State serving was last judged on
         # The bridge's deployments: the log's State (``_own``).
         self._store = EventStore(
             self.data_dir, snapshot_every=self.config.snapshot_every_events, file_ops=file_ops
@@ -237,7 +245,10 @@ class Bridge:
         return self._merged.get(
             (exo, self._own),
             lambda: (exo.state if exo is not None else State()).model_copy(
-                update={"deployments": self._own.deployments}
+                update={
+                    "deployments": self._own.deployments,
+                    "serving_history": self._own.serving_history,
+                }
             ),
         )
 
@@ -256,6 +267,10 @@ class Bridge:
             deployment_id: deployment.model_dump(mode="json")
             for deployment_id, deployment in self._own.deployments.items()
         }
+        document["servingHistory"] = {
+            deployment_id: [record.model_dump(mode="json") for record in records]
+            for deployment_id, records in self._own.serving_history.items()
+        }
         return json.dumps(document, separators=(",", ":")).encode()
 
     def deployments_view(self) -> DeploymentsResponse:
@@ -263,6 +278,10 @@ class Bridge:
             self.state, self._started.keeper_or_none, self._started.clock_or_none, self._detail
         )
         return DeploymentsResponse(deployments=[self._with_refusal(view) for view in views])
+
+    def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
+        """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
+        return history_response(self.state, deployment_id, hours, self._wall())
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, the ``GET /deployments`` body."""
@@ -439,6 +458,7 @@ class Bridge:
             now = self.clock.monotonic()
             self._creations.settle(exo, now)
             self._record_vanished(exo, now)
+            self._record_serving()
             await self._delete_doomed(exo, now)
             if self._follow.outage is not None:
                 return  # exo stopped answering meanwhile: this State may already be stale
@@ -474,6 +494,20 @@ class Bridge:
             log.info("exo no longer runs instance(s) %s: recorded as deleted", ", ".join(gone))
             self._record([InstanceDeleted(instance_id=instance_id) for instance_id in gone])
             self._vanished.forget(gone)
+
+    def _record_serving(self) -> None:
+        """The serving records exo's new State calls for (``keeper.history``), in the bridge's
+        log: its own State holds only the deployments, so it judges serving on the merged one,
+        read only from a State exo answered in full. A record the log refuses is not lost: the
+        next poll finds the same difference and records it then."""
+        state = self.state
+        changes = serving_changes(self._served, state, self._wall().timestamp())
+        if changes:
+            try:
+                self._record(changes)
+            except LogNotWritableError:
+                return
+        self._served = state
 
     async def _delete_doomed(self, exo: ExoState, now: float) -> None:
         for instance_id in self._doomed.due(frozenset(exo.state.instances), now):

@@ -1,23 +1,26 @@
 """The deployments routes (docs/design.md §7.2), for any service that keeps deployments: the master
 (``keeper.master.service``) and the bridge (``keeper.bridge.service``).
 
-Both answer ``POST /deployments``, ``GET /deployments``, ``PATCH /deployments/{id}`` (scale) and
-``DELETE /deployments/{id}`` with the same shapes (``keeper.api_models``), so the TUI and
-``exo-deploy list/deploy/scale/undeploy`` work against either unchanged; the routes are written
-once, over the small Protocol both satisfy, and so is their contract: each declares its body and
-every refusal either service answers.
+Both answer ``POST /deployments``, ``GET /deployments``, ``PATCH /deployments/{id}`` (scale),
+``DELETE /deployments/{id}`` and ``GET /deployments/{id}/history`` with the same shapes
+(``keeper.api_models``), so the TUI and ``exo-deploy list/deploy/scale/undeploy`` work against
+either unchanged; the routes are written once, over the small Protocol both satisfy, and so is
+their contract: each declares its body and every refusal either service answers.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Annotated, Protocol
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from keeper.api_models import (
+    DEFAULT_HISTORY_HOURS,
+    MAX_HISTORY_HOURS,
     CommandResponse,
     CreateDeploymentRequest,
+    DeploymentHistoryResponse,
     DeploymentsResponse,
     ScaleDeploymentRequest,
 )
@@ -44,6 +47,10 @@ class DeploymentsService(Protocol):
 
     def deployments_json(self) -> bytes:
         """The ``GET /deployments`` body (a ``DeploymentsResponse``)."""
+        ...
+
+    def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
+        """The deployment's last ``hours`` (``keeper.runtime.deployments.history_response``)."""
         ...
 
 
@@ -79,6 +86,28 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
     )
     async def list_deployments() -> Response:
         return Response(service.deployments_json(), media_type=JSON)
+
+    @router.get(
+        "/deployments/{deployment_id}/history",
+        responses={
+            **ok_body(DeploymentHistoryResponse),
+            **refusals((404, "No deployment with this id"), (503, "Not running yet")),
+        },
+    )
+    async def deployment_history(
+        deployment_id: str,
+        hours: Annotated[
+            float,
+            Query(
+                gt=0,
+                le=MAX_HISTORY_HOURS,
+                allow_inf_nan=False,
+                description="How many hours back from now (at most 720: 30 days)",
+            ),
+        ] = DEFAULT_HISTORY_HOURS,
+    ) -> Response:
+        history = service.history(deployment_id, hours)
+        return Response(history.model_dump_json().encode(), media_type=JSON)
 
     @router.patch(
         "/deployments/{deployment_id}",

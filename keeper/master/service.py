@@ -52,7 +52,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskStatus
 
-from keeper.api_models import CommandResponse, DeploymentsResponse
+from keeper.api_models import CommandResponse, DeploymentHistoryResponse, DeploymentsResponse
 from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.constants import STARTUP_GRACE
 from keeper.core import PlaceFn, calls_for_step
@@ -82,6 +82,7 @@ from keeper.runtime.deployments import (
     deleted_response,
     deployment_views,
     existing_deployment,
+    history_response,
     new_deployment,
     placement_enums,
     scale_events,
@@ -274,6 +275,10 @@ class Master:
             self._state, self._started.keeper_or_none, self._started.clock_or_none
         )
         return DeploymentsResponse(deployments=views)
+
+    def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
+        """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
+        return history_response(self.state, deployment_id, hours, self.clock.wall())
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""

@@ -11,11 +11,18 @@ raise a ``keeper.runtime.errors`` type with a message for the operator (the API'
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from keeper.api_models import CommandResponse, DeploymentView, create_problems
+from keeper.api_models import (
+    CommandResponse,
+    DeploymentHistoryResponse,
+    DeploymentView,
+    IncidentView,
+    create_problems,
+)
 from keeper.core import DeploymentTimer
 from keeper.events import AnyEvent
+from keeper.history import summarize
 from keeper.ids import IdFactory, new_id
 from keeper.readiness import deployment_status, ready_replicas
 from keeper.runtime.clock import Clock, iso_utc
@@ -90,6 +97,41 @@ def new_deployment(
         min_nodes=min_nodes,
         replicas=replicas,
     )
+
+
+def history_response(
+    state: State, deployment_id: str, hours: float, now: datetime
+) -> DeploymentHistoryResponse:
+    """``GET /deployments/{id}/history``: the last ``hours`` before ``now`` of the deployment's
+    serving records (``keeper.history.summarize``), times as ISO-8601 UTC."""
+    existing_deployment(state.deployments, deployment_id)
+    end = now.timestamp()
+    history = summarize(
+        deployment_id,
+        state.serving_history.get(deployment_id, ()),
+        window_start=end - hours * 3600.0,
+        window_end=end,
+    )
+    return DeploymentHistoryResponse(
+        deployment_id=deployment_id,
+        window_hours=hours,
+        availability=history.availability,
+        incidents=[
+            IncidentView(
+                start=_iso(incident.start),
+                end=_iso(incident.end) if incident.end is not None else None,
+                downtime_s=round(incident.downtime_s, 3),
+                cause=incident.cause,
+            )
+            for incident in history.incidents
+        ],
+        mttr_s=round(history.mttr_s, 3) if history.mttr_s is not None else None,
+        complete_from=_iso(history.complete_from) if history.complete_from is not None else None,
+    )
+
+
+def _iso(seconds: float) -> str:
+    return iso_utc(datetime.fromtimestamp(seconds, UTC))
 
 
 def existing_deployment(deployments: Mapping[str, Deployment], deployment_id: str) -> Deployment:

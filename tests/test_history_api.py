@@ -1,0 +1,155 @@
+"""``GET /deployments/{id}/history`` on the master: the serving records written with the events
+that change them, summarised; an incident that spans a master restart comes out whole (the
+records are in the snapshot and the log); and every bad ``hours`` is a 4xx naming it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from keeper_harness import build_instance, node_info
+
+from keeper.api_models import DeploymentHistoryResponse
+from keeper.catalog import BUILTIN_MODEL_CARDS
+from keeper.events import (
+    AnyEvent,
+    InstanceCreated,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+)
+from keeper.master.api import create_app
+from keeper.master.service import Master, MasterConfig
+from keeper.state import NodeIdentity, RunnerReady
+
+QWEN = "mlx-community/Qwen3-0.6B-4bit"
+# The keeper stays out of the way: these tests place instances themselves.
+QUIET = MasterConfig(startup_grace_s=3600)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@asynccontextmanager
+async def serving_master(data_dir: Path | None) -> AsyncIterator[tuple[Master, httpx.AsyncClient]]:
+    master = Master(data_dir, config=QUIET)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        transport = httpx.ASGITransport(app=create_app(master))
+        async with httpx.AsyncClient(transport=transport, base_url="http://master") as client:
+            yield master, client
+        group.cancel_scope.cancel()
+
+
+async def applied(master: Master, *events: AnyEvent) -> None:
+    target = master.state.last_event_applied_idx + len(events)
+    await master.emit(list(events))
+    with anyio.fail_after(5):
+        while master.state.last_event_applied_idx < target:
+            await anyio.sleep(0.01)
+
+
+async def history(client: httpx.AsyncClient, deployment_id: str) -> DeploymentHistoryResponse:
+    response = await client.get(f"/deployments/{deployment_id}/history")
+    assert response.status_code == 200, response.text
+    return DeploymentHistoryResponse.model_validate(response.json())
+
+
+async def serve_on(master: Master, node: str, instance_id: str) -> None:
+    card = next(card for card in BUILTIN_MODEL_CARDS if card.model_id == QWEN)
+    instance = build_instance(card, [node], instance_id)
+    await applied(
+        master,
+        InstanceCreated(instance=instance),
+        RunnerStatusUpdated(runner_id=f"{instance_id}-runner-0", runner_status=RunnerReady()),
+    )
+
+
+def seconds(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+@pytest.mark.anyio
+async def test_an_incident_across_a_master_restart_is_one_incident_with_its_cause(
+    tmp_path: Path,
+) -> None:
+    named = node_info("n-studio").model_copy(
+        update={"identity": NodeIdentity(friendly_name="studio")}
+    )
+    async with serving_master(tmp_path) as (master, client):
+        await applied(master, named, node_info("n-mini"))
+        created = await client.post("/deployments", json={"model_id": QWEN})
+        deployment_id = created.json()["deployment_id"]
+        await serve_on(master, "n-studio", "i1")
+        assert (await history(client, deployment_id)).incidents == []
+        await applied(master, NodeTimedOut(node_id="n-studio"))
+        down = await history(client, deployment_id)
+        (incident,) = down.incidents
+        assert (incident.cause, incident.end) == ("node studio timed out", None)
+    # A new master over the same data dir knows the incident, still ongoing.
+    async with serving_master(tmp_path) as (master, client):
+        (ongoing,) = (await history(client, deployment_id)).incidents
+        assert ongoing.start == incident.start
+        await serve_on(master, "n-mini", "i2")
+        after = await history(client, deployment_id)
+    (ended,) = after.incidents
+    assert (ended.start, ended.cause) == (incident.start, "node studio timed out")
+    assert ended.end is not None
+    assert ended.downtime_s == pytest.approx(seconds(ended.end) - seconds(ended.start), abs=1e-3)
+    assert after.mttr_s == ended.downtime_s
+    assert after.availability is not None and 0 < after.availability < 1
+    assert after.window_hours == 24 and after.complete_from is None
+
+
+@pytest.mark.anyio
+async def test_history_answers_in_camel_case_with_the_hours_asked() -> None:
+    async with serving_master(None) as (_master, client):
+        created = await client.post("/deployments", json={"model_id": QWEN})
+        deployment_id = created.json()["deployment_id"]
+        response = await client.get(f"/deployments/{deployment_id}/history?hours=0.5")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert set(body) == {
+        "deploymentId",
+        "windowHours",
+        "availability",
+        "incidents",
+        "mttrS",
+        "completeFrom",
+    }
+    assert (body["deploymentId"], body["windowHours"]) == (deployment_id, 0.5)
+    # Not serving since it was created: a start-up, no incident.
+    assert (body["availability"], body["incidents"]) == (0.0, [])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("query", "status", "fragment"),
+    [
+        ("?hours=0", 422, "hours"),
+        ("?hours=-3", 422, "hours"),
+        ("?hours=721", 422, "hours"),
+        ("?hours=abc", 422, "hours"),
+        ("?hours=nan", 422, "hours"),
+        ("?hours=inf", 422, "hours"),
+        ("", 404, "no-such-deployment"),
+    ],
+)
+async def test_bad_hours_and_unknown_deployments_are_refused_by_name(
+    query: str, status: int, fragment: str
+) -> None:
+    async with serving_master(None) as (_master, client):
+        created = await client.post("/deployments", json={"model_id": QWEN})
+        deployment_id = created.json()["deployment_id"]
+        if status == 404:
+            deployment_id = "no-such-deployment"
+        response = await client.get(f"/deployments/{deployment_id}/history{query}")
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert fragment in error["message"] or error["param"] == fragment, error
