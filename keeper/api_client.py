@@ -133,7 +133,11 @@ def master_http(
 def _read(model: type[Parsed], payload: Any, what: str) -> Parsed:
     if isinstance(payload, dict):
         # Keys a newer master adds are not an error (command answers forbid unknown keys).
-        known = model.model_fields
+        known = {
+            key
+            for name, field in model.model_fields.items()
+            for key in (name, field.alias or name, field.serialization_alias or name)
+        }
         payload = {k: v for k, v in cast(dict[str, Any], payload).items() if k in known}
     try:
         return model.model_validate(payload)

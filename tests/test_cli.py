@@ -1,4 +1,4 @@
-"""``exo-deploy list / deploy / scale / undeploy`` against a real master: output, messages and
+"""``exo-deploy list / deploy / scale / undeploy / history`` against a real master: output, messages and
 exit codes.
 
 Scripts rely on the exit codes (0 done, 1 refused with the master's message on stderr, 2 bad
@@ -19,7 +19,9 @@ import pytest
 from anyio.abc import TaskStatus
 from anyio.from_thread import start_blocking_portal
 
+from keeper.api_models import DeploymentHistoryResponse, IncidentView
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, main
+from keeper.cli.deployments import format_history
 from keeper.master.server import serve
 from keeper.master.service import Master
 
@@ -143,6 +145,56 @@ def test_deploy_with_replicas_then_scale(
     assert (code, out) == (EXIT_REFUSED, "")
     assert "Deployment 'nope' not found" in err
     assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
+
+
+def test_history_prints_the_figures_and_refusals_exit_1(
+    master_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = "mlx-community/Llama-3.2-3B-Instruct-4bit"
+    code, out, _ = run_cli(capsys, "deploy", model, "--url", master_url)
+    deployment_id = out.strip().rsplit(" ", 1)[1]
+    code, out, err = run_cli(capsys, "history", deployment_id, "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    # Created, never served yet: known, 0 % available, and a start-up is no incident.
+    assert out.strip() == f"{deployment_id}: last 24 h, available 0.00%, 0 incident(s)"
+    code, out, _ = run_cli(
+        capsys, "history", deployment_id, "--hours", "2.5", "--url", master_url, "--json"
+    )
+    assert code == EXIT_OK
+    assert json.loads(out)["windowHours"] == 2.5
+    code, out, err = run_cli(capsys, "history", deployment_id, "--hours", "0", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "hours" in err
+    code, out, err = run_cli(capsys, "history", "nope", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "Deployment 'nope' not found" in err
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
+
+
+def test_history_lists_incidents_newest_first_with_their_cause() -> None:
+    history = DeploymentHistoryResponse(
+        deployment_id="d1",
+        window_hours=24,
+        availability=0.991,
+        incidents=[
+            IncidentView(
+                start="2026-11-30T01:00:00.000Z",
+                end="2026-11-30T01:00:33.200Z",
+                downtime_s=33.2,
+                cause="node studio timed out",
+            ),
+            IncidentView(
+                start="2026-11-30T02:00:00.000Z", end=None, downtime_s=5.0, cause="unplaceable: x"
+            ),
+        ],
+        mttr_s=33.2,
+    )
+    assert format_history(history).splitlines() == [
+        "d1: last 24 h, available 99.10%, 2 incident(s), MTTR 33.2 s",
+        "START                     END                       DOWN    CAUSE",
+        "2026-11-30T02:00:00.000Z  ongoing                   5.0 s   unplaceable: x",
+        "2026-11-30T01:00:00.000Z  2026-11-30T01:00:33.200Z  33.2 s  node studio timed out",
+    ]
 
 
 def test_refusals_exit_1_with_the_masters_message(

@@ -1,4 +1,5 @@
-"""The deployments commands of ``exo-deploy``: ``list``, ``deploy``, ``scale`` and ``undeploy``.
+"""The deployments commands of ``exo-deploy``: ``list``, ``deploy``, ``scale``, ``undeploy`` and
+``history``.
 
 They are the part of the CLI that talks to a running master (or bridge) rather than starting a
 process: each is one request through the deployments client the TUI uses too
@@ -21,8 +22,10 @@ from pydantic import BaseModel
 
 from keeper.api_client import Answer, ApiError, DeploymentsClient, FailureKind, master_http
 from keeper.api_models import (
+    DEFAULT_HISTORY_HOURS,
     CommandResponse,
     CreateDeploymentRequest,
+    DeploymentHistoryResponse,
     DeploymentsResponse,
     DeploymentView,
 )
@@ -162,6 +165,50 @@ def cmd_undeploy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def format_history(history: DeploymentHistoryResponse) -> str:
+    """A deployment's history as an operator reads it: one line of figures, then the incidents,
+    newest first, with their cause."""
+    hours = f"{history.window_hours:g} h"
+    if history.availability is None:
+        return f"{history.deployment_id}: nothing known of the last {hours}"
+    mttr = f", MTTR {history.mttr_s:.1f} s" if history.mttr_s is not None else ""
+    lines = [
+        f"{history.deployment_id}: last {hours}, available {history.availability:.2%}, "
+        f"{len(history.incidents)} incident(s){mttr}"
+    ]
+    if history.complete_from is not None:
+        lines.append(f"(known from {history.complete_from} only)")
+    if history.incidents:
+        rows = [("START", "END", "DOWN", "CAUSE")]
+        for incident in reversed(history.incidents):
+            rows.append(
+                (
+                    incident.start,
+                    incident.end or "ongoing",
+                    f"{incident.downtime_s:.1f} s",
+                    incident.cause,
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        lines.extend(
+            "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+            + "  "
+            + row[3]
+            for row in rows
+        )
+    return "\n".join(lines)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    # The master judges the hours (0 < H <= 720): outside them is its refusal, exit 1.
+    answer = _call(args, lambda client: client.history(args.deployment_id, args.hours))
+    if args.json:
+        print(json.dumps(answer.payload, indent=2))
+    else:
+        print(format_history(answer.value))
+    return EXIT_OK
+
+
 def token_option(parser: argparse.ArgumentParser, what: str) -> None:
     """``--token``, from $EXO_DEPLOY_TOKEN unless given: the one variable every command reads."""
     parser.add_argument(
@@ -180,7 +227,8 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
-    """``list``, ``deploy``, ``scale`` and ``undeploy``, each made by ``command(name, help)``."""
+    """``list``, ``deploy``, ``scale``, ``undeploy`` and ``history``, each made by
+    ``command(name, help)``."""
     list_ = command("list", "list deployments with their status", epilog=EXIT_CODES_HELP)
     _client_options(list_)
     list_.set_defaults(handler=cmd_list)
@@ -225,3 +273,18 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
     undeploy.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")
     _client_options(undeploy)
     undeploy.set_defaults(handler=cmd_undeploy)
+
+    history = command(
+        "history",
+        "availability and incidents of deployment ID, with their causes",
+        epilog=EXIT_CODES_HELP,
+    )
+    history.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")
+    history.add_argument(
+        "--hours",
+        type=float,
+        default=DEFAULT_HISTORY_HOURS,
+        help=f"how far back (at most 720; default {DEFAULT_HISTORY_HOURS:g})",
+    )
+    _client_options(history)
+    history.set_defaults(handler=cmd_history)
