@@ -61,9 +61,8 @@ def _kept(records: tuple[ServingRecord, ...]) -> tuple[ServingRecord, ...]:
     before the newest, plus the newest older one (it says whether the deployment was serving
     when the kept span begins), and at most ``MAX_SERVING_RECORDS``."""
     cutoff = records[-1].at - SERVING_HISTORY_KEEP_S
-    first = 0
-    while first + 1 < len(records) and records[first + 1].at <= cutoff:
-        first += 1
+    older = [index for index, record in enumerate(records) if record.at <= cutoff]
+    first = older[-1] if older else 0
     return records[max(first, len(records) - MAX_SERVING_RECORDS) :]
 
 

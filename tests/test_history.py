@@ -36,7 +36,9 @@ from keeper.state import (
     RunnerFailed,
     RunnerLoading,
     RunnerReady,
+    RunnerShutdown,
     ServingRecord,
+    State,
 )
 
 MODEL = card("m")
@@ -201,7 +203,7 @@ def test_a_deployment_first_seen_after_the_window_began_says_from_when_it_is_com
     # A State from a log older than serving records: the deployment is there, with no record.
     before = replay(serving_from(0.0, 10.0).events)
     initial = before.model_copy(update={"serving_history": {}})
-    log = Log().at(500.0, RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=RunnerReady()))
+    log = Log().at(500.0, named("n-studio", "studio"))  # changes nothing the history reads
     history = deployment_history(
         "d1", log.events, window_start=0.0, window_end=1000.0, initial=initial
     )
@@ -310,3 +312,101 @@ def test_an_unknown_deployment_has_no_availability() -> None:
         "nope", serving_from(0.0, 10.0).events, window_start=0.0, window_end=100.0
     )
     assert (history.availability, history.incidents) == (None, ())
+
+
+# --- edges the rules must get right (each pins one condition) ------------------------------
+
+
+def two_node_serving() -> State:
+    return replay(serving_from(0.0, 10.0).events)
+
+
+def test_a_first_record_of_a_deployment_that_cannot_be_placed_says_why() -> None:
+    state = two_node_serving()
+    unplaced = state.deployments["d1"].model_copy(update={"placement_error": "no room"})
+    fresh = state.model_copy(
+        update={"serving_history": {}, "deployments": {"d1": unplaced}, "instances": {}}
+    )
+    (change,) = serving_changes(None, fresh, 5.0)
+    assert change.record == ServingRecord(
+        at=5.0, serving=False, cause="unplaceable: no room", begins="observed"
+    )
+    # Serving (one replica placed, another not): the error is no cause of anything.
+    serving = state.model_copy(update={"serving_history": {}, "deployments": {"d1": unplaced}})
+    (change,) = serving_changes(None, serving, 5.0)
+    assert (change.record.serving, change.record.cause) == (True, None)
+
+
+def test_causes_name_every_node_lost_and_fall_back_to_the_node_id() -> None:
+    state = two_node_serving()
+    unnamed = state.model_copy(
+        update={
+            "node_identities": {
+                **state.node_identities,
+                "n-mini": NodeIdentity(friendly_name=""),
+            }
+        }
+    )
+    both_gone = apply(
+        apply(unnamed, NodeTimedOut(node_id="n-studio")), NodeTimedOut(node_id="n-mini")
+    )
+    (change,) = serving_changes(unnamed, both_gone, 50.0)
+    assert change.record.cause == "node studio, n-mini timed out"
+
+
+def test_a_failed_runner_without_a_message_and_a_runner_that_went_away() -> None:
+    state = two_node_serving()
+    failed = apply(
+        state,
+        RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=RunnerFailed(error_message="")),
+    )
+    (change,) = serving_changes(state, failed, 20.0)
+    assert change.record.cause == "runner failed on studio: no message"
+    shut = apply(
+        state, RunnerStatusUpdated(runner_id="i1-runner-1", runner_status=RunnerShutdown())
+    )
+    (change,) = serving_changes(state, shut, 20.0)
+    assert change.record.cause == "runner on mini-a went away"
+
+
+def test_summary_edges_of_the_window() -> None:
+    created = ServingRecord(at=0.0, serving=False, begins="created")
+    served = ServingRecord(at=10.0, serving=True)
+    lost = ServingRecord(at=100.0, serving=False, cause="node a timed out")
+    back = ServingRecord(at=110.0, serving=True)
+    # A change at the very end of the window is in it: ongoing, no down time yet.
+    history = summarize("d1", [created, served, lost], window_start=0.0, window_end=100.0)
+    assert history.incidents == (
+        Incident(start=100.0, end=None, downtime_s=0.0, cause="node a timed out"),
+    )
+    assert (history.deployment_id, history.window_start, history.window_end) == ("d1", 0.0, 100.0)
+    # An incident that ended exactly when the window starts is not in it.
+    after = summarize("d1", [created, served, lost, back], window_start=110.0, window_end=200.0)
+    assert (after.incidents, after.availability) == ((), 1.0)
+    # Under a second of known time is still known.
+    short = summarize("d1", [created, served], window_start=10.0, window_end=10.5)
+    assert short.availability == 1.0
+
+
+def test_summary_of_a_deployment_first_observed_serving() -> None:
+    observed = ServingRecord(at=50.0, serving=True, begins="observed")
+    lost = ServingRecord(at=60.0, serving=False, cause="instance deleted by a user")
+    back = ServingRecord(at=70.0, serving=True)
+    lost_again = ServingRecord(at=80.0, serving=False, cause="node a timed out")
+    back_again = ServingRecord(at=110.0, serving=True)
+    records = [observed, lost, back, lost_again, back_again]
+    history = summarize("d1", records, window_start=50.0, window_end=120.0)
+    assert [incident.downtime_s for incident in history.incidents] == [10.0, 30.0]
+    assert history.mttr_s == 20.0
+    assert history.complete_from is None  # known from exactly the window's start
+    assert summarize("d1", records, window_start=0.0, window_end=120.0).complete_from == 50.0
+
+
+def test_events_before_any_time_are_older_than_every_window() -> None:
+    log = Log().at(None, DeploymentCreated(deployment=DEPLOYMENT))
+    log.at(None, named("n-studio", "studio"))
+    log.at(10.0, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "i1")))
+    log.at(10.0, *ready("i1", 1))
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=100.0)
+    assert history.availability == 0.9
+    assert history.deployment_id == "d1"
