@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from keeper.apply import apply
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
@@ -26,7 +27,6 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.apply import apply
 from keeper.history import TimedEvent, replay, summarize
 from keeper.state import (
     Deployment,

@@ -195,9 +195,7 @@ class _Down:
 
     def is_incident(self) -> bool:
         # The first start-up is no incident, unless placement said why it could not start.
-        return self.after_serving or (
-            self.cause is not None and self.cause.startswith(UNPLACEABLE)
-        )
+        return self.after_serving or (self.cause is not None and self.cause.startswith(UNPLACEABLE))
 
 
 def summarize(

@@ -1,5 +1,5 @@
-"""``exo-deploy list / deploy / scale / undeploy / history`` against a real master: output, messages and
-exit codes.
+"""``exo-deploy list / deploy / scale / undeploy / history`` against a real master: output,
+messages and exit codes.
 
 Scripts rely on the exit codes (0 done, 1 refused with the master's message on stderr, 2 bad
 usage, 3 master unreachable), so each is pinned here against a master serving its real API on
