@@ -28,7 +28,7 @@ from exo_deploy_tui.screens.help import HelpScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
-from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar
+from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar, TimelineView
 from keeper.api_models import CreateDeploymentRequest
 from keeper.events import DeploymentDeleted, IndexedEvent
 from keeper.state import InstanceMeta, RunnerLoading, Sharding
@@ -397,6 +397,20 @@ async def test_a_lost_master_shows_stale_since_and_recovers() -> None:
         client.push(cluster(FROZEN_NOW + 20).snapshot(), ConnectionUpdate("live"))
         await until(pilot, lambda: "● live" in str(header.render()))
         assert "stale" not in str(header.render())
+
+
+@pytest.mark.anyio
+async def test_the_timeline_panel_wraps_long_lines_at_its_own_width() -> None:
+    """At 120x40 the timeline sits beside the instances, narrower than 78 columns: a long line
+    wraps there rather than running off the panel's edge."""
+    app, client = make_app()
+    async with running(app, size=(120, 40)) as pilot:
+        timeline = app.dashboard.query_one(TimelineView)
+        width = timeline.scrollable_content_region.width
+        assert width < 78
+        client.push(ConnectionUpdate("down", "connection refused by 192.0.2.10:52415 " * 3, 4))
+        await until(pilot, lambda: len(timeline.lines) > 2)
+        assert max(line.cell_length for line in timeline.lines) <= width
 
 
 @pytest.mark.anyio

@@ -205,8 +205,15 @@ class TimelineView(RichLog):
     """The timeline, appended to as it grows; never rewritten."""
 
     def __init__(self, *, id: str | None = None) -> None:
+        # min_width=1: wrap at the panel's own width. RichLog's default (78) is wider than the
+        # panel beside the instances, which cut the end off every long line there.
         super().__init__(
-            id=id, wrap=True, markup=False, highlight=False, max_lines=TIMELINE_LINES_SHOWN
+            id=id,
+            wrap=True,
+            markup=False,
+            highlight=False,
+            max_lines=TIMELINE_LINES_SHOWN,
+            min_width=1,
         )
         self._appended = 0
 
