@@ -20,6 +20,7 @@ from exo_deploy_tui.format import (
     clock_time,
     duration,
     gigabytes,
+    percent_available,
     short_id,
     short_model,
     status_label,
@@ -69,13 +70,21 @@ def _cell(text: str, style: str, width: int) -> Cell:
 # name (the one thing an operator scans for) gets the room. The failure count goes too: NEXT
 # already says "backoff" in amber, and the detail strip says how many were lost in a row.
 INSTANCE_COLUMN_FROM = 100
+# From here the table has room for the last 24 h's availability beside READY; on a narrower
+# terminal describe shows it, with the incidents behind it.
+AVAIL_COLUMN_FROM = 100
+# AVAIL turns amber below 99 % of a day (14 minutes down: more than a dozen ordinary recoveries,
+# so something keeps failing) and red below 90 % (over two hours: it mostly does not serve).
+AVAIL_AMBER_BELOW = 0.99
+AVAIL_RED_BELOW = 0.90
 
 
 def deployment_columns(
     width: int, model_len: int = 26, nodes_len: int = 14, *, replicas: bool = True
 ) -> tuple[Column, ...]:
     """Columns for a table ``width`` wide whose longest model name and node list are given;
-    ``replicas``: whether there are deployments to count replicas of (not on a stock exo)."""
+    ``replicas``: whether there are deployments to count replicas of and serving records to
+    summarise (not on a stock exo)."""
     fixed = [
         Column("status", "STATUS", 13),
         Column("age", "AGE", 7),
@@ -83,6 +92,8 @@ def deployment_columns(
     ]
     if replicas:
         fixed.append(Column("ready", "READY", 6))  # "16/16" and its padding
+    if replicas and width >= AVAIL_COLUMN_FROM:
+        fixed.append(Column("avail", "AVAIL", 6))  # "99.2%" and its padding
     if width >= INSTANCE_COLUMN_FROM:
         fixed.append(Column("fail", "FAIL", 5))
         fixed.append(Column("instance", "INSTANCE", 9))
@@ -99,7 +110,18 @@ def deployment_columns(
     else:
         flexible = [Column("model", "MODEL", model_w), Column("nodes", "NODES", room - model_w)]
     by_key = {c.key: c for c in (*fixed, *flexible)}
-    order = ("status", "model", "ready", "instance", "nodes", "age", "next", "fail", "error")
+    order = (
+        "status",
+        "model",
+        "ready",
+        "avail",
+        "instance",
+        "nodes",
+        "age",
+        "next",
+        "fail",
+        "error",
+    )
     return tuple(by_key[k] for k in order if k in by_key)
 
 
@@ -127,6 +149,18 @@ def ready_cell(row: DeploymentRow) -> tuple[str, str]:
     return f"{row.ready_replicas}/{row.replicas}", "bold yellow" if row.short else ""
 
 
+def availability_cell(row: DeploymentRow) -> tuple[str, str]:
+    """The last 24 h's availability, amber then red as it falls; dim ``—`` with no records."""
+    value = row.availability
+    if value is None:
+        return percent_available(None), DIM
+    if value < AVAIL_RED_BELOW:
+        return percent_available(value), "bold red"
+    if value < AVAIL_AMBER_BELOW:
+        return percent_available(value), "bold yellow"
+    return percent_available(value), ""
+
+
 def age_text(row: DeploymentRow) -> str:
     return duration(row.in_status_s) + ("" if row.in_status_known else "+")
 
@@ -136,6 +170,7 @@ def deployment_cells(row: DeploymentRow, columns: tuple[Column, ...]) -> Cells:
         "status": (status_text(row), f"bold {STATUS_COLOR[row.status]}"),
         "model": (short_model(row.model_id), "bold" if row.broken else ""),
         "ready": ready_cell(row),
+        "avail": availability_cell(row),
         "instance": (short_id(row.instance_id) if row.instance_id else "-", DIM),
         "nodes": (nodes_text(row), ""),
         "age": (age_text(row), ""),

@@ -6,6 +6,7 @@ and the describe screen, so one deployment reads the same everywhere and tests c
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Final
 
@@ -87,6 +88,21 @@ def gigabytes(in_bytes: int) -> str:
 def clock_time(epoch_s: float) -> str:
     """Local time of day, as the operator's own clock shows it."""
     return time.strftime("%H:%M:%S", time.localtime(epoch_s))
+
+
+# Below a tenth of a percent's rounding noise: 0.992 is 991.9999... thousandths in floats.
+_FLOAT_SLACK: Final = 1e-9
+
+
+def percent_available(fraction: float | None) -> str:
+    """``99.2%``: to a tenth of a percent, rounded down so that only a deployment that never
+    stopped reads ``100%``; ``—`` when nothing is known."""
+    if fraction is None:
+        return "—"
+    if fraction >= 1.0:
+        return "100%"
+    tenths = math.floor(max(0.0, fraction) * 1000 + _FLOAT_SLACK)
+    return f"{tenths / 10:.1f}%"
 
 
 def truncate(text: str, width: int) -> str:

@@ -7,7 +7,8 @@ countdowns tick by asking again with a later ``now`` rather than by refetching.
 
 It also remembers what the master no longer says: nodes that have gone, when each deployment
 entered its status, and when it stopped serving, which is how the timeline can say "serving
-again after 37.2 s".
+again after 37.2 s". Each deployment's last 24 hours it reads from the master's serving
+records (``State.serving_history``, summarised by ``availability``).
 
 A stock exo master's State keeps what ours drops, and the rules here read it as exo means it: a
 node that timed out leaves the topology but keeps its identity and backends (``departed_nodes``:
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from exo_deploy_tui.availability import on_our_clock, summarize_day, window_end
 from exo_deploy_tui.explain import explain_placement
 from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_id, short_model
 from exo_deploy_tui.health import progress_signature, unhealthy_reason
@@ -48,6 +50,7 @@ from exo_deploy_tui.updates import (
 from keeper.api_models import DeploymentStatus, DeploymentView, WaitReason
 from keeper.apply import apply_indexed
 from keeper.events import NodeGatheredInfo, NodeTimedOut
+from keeper.history import History
 from keeper.readiness import instance_is_ready, ready_on_present_nodes, status_of
 from keeper.state import (
     AnyInstance,
@@ -63,6 +66,7 @@ from keeper.state import (
     RunnerReady,
     RunnerRunning,
     RunnerWarmingUp,
+    ServingRecord,
     State,
 )
 
@@ -110,6 +114,8 @@ class DeploymentRow:
     replica_nodes: tuple[tuple[str, ...], ...] = ()
     # The placement error explained in numbers from the State (exo_deploy_tui.explain), or None.
     placement_why: str | None = None
+    # The fraction of the last 24 h it served (keeper.history), None without serving records.
+    availability: float | None = None
 
     @property
     def short(self) -> bool:
@@ -318,6 +324,11 @@ class ClusterModel:
     # The index of the first event we are missing: an event came that was not the next one, so
     # nothing more is applied until a snapshot fills the hole (the app asks the client for one).
     missing_from: int | None = None
+    # Per deployment, its last day's summary (master's clock) and what it was made from: the
+    # records (compared by identity, the State's tuples are immutable) and the window's end.
+    _days: dict[DeploymentId, tuple[tuple[ServingRecord, ...], float, History]] = field(
+        default_factory=dict
+    )
 
     # -- input ------------------------------------------------------------------------------
 
@@ -399,6 +410,25 @@ class ClusterModel:
         elif isinstance(event, NodeGatheredInfo):
             self._gone.pop(event.node_id, None)
 
+    def _day(
+        self, deployment_id: DeploymentId, records: tuple[ServingRecord, ...], end: float
+    ) -> History:
+        """``summarize_day``, kept while the records and the window's end are the same."""
+        kept = self._days.get(deployment_id)
+        if kept is not None and kept[0] is records and kept[1] == end:
+            return kept[2]
+        history = summarize_day(deployment_id, records, end)
+        self._days[deployment_id] = (records, end, history)
+        return history
+
+    def day_history(self, deployment_id: DeploymentId, now: float) -> History:
+        """The deployment's last 24 h from the master's serving records, on our clock
+        (``availability`` None when the master keeps no records of it)."""
+        offset = self.master_clock_offset_s
+        records = self.state.serving_history.get(deployment_id, ())
+        history = self._day(deployment_id, records, window_end(now, offset))
+        return on_our_clock(history, offset)
+
     def derived(self) -> _Derived:
         state = self.state
         if self._derived is not None and self._derived_from is state:
@@ -470,6 +500,8 @@ class ClusterModel:
         statuses = derived.statuses
         for d_id in [d for d in self._tracked if d not in statuses]:
             del self._tracked[d_id]
+        for d_id in [d for d in self._days if d not in statuses]:
+            del self._days[d_id]
         entries: list[TimelineEntry] = []
         for d_id, status in statuses.items():
             tracked = self._tracked.get(d_id)
@@ -577,6 +609,7 @@ class ClusterModel:
         statuses = derived.statuses
         by_model = derived.instances_of
         names = derived.names
+        end = window_end(now, self.master_clock_offset_s)
         rows: list[DeploymentRow] = []
         for d_id, deployment in state.deployments.items():
             model = deployment.model_card.model_id
@@ -612,6 +645,9 @@ class ClusterModel:
                         _node_names(i, names)
                         for i in sorted(instances, key=lambda i: i is not instance)
                     ),
+                    availability=self._day(
+                        d_id, state.serving_history.get(d_id, ()), end
+                    ).availability,
                 )
             )
         return rows

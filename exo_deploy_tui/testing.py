@@ -41,6 +41,7 @@ from keeper.state import (
     NodeIdentity,
     PipelineShardMetadata,
     RunnerReady,
+    ServingRecord,
     ShardAssignments,
     SocketConnection,
     State,
@@ -219,6 +220,24 @@ class ClusterBuilder:
                 },
             }
         )
+        return self
+
+    def served(self, model_id: str, *changes: tuple[float, bool, str | None]) -> ClusterBuilder:
+        """Serving records of the model's deployment, as the master logs them: each change is
+        ``(seconds before now, serving, cause)``, oldest first, the first one its creation."""
+        deployment_id = f"dep-{model_id.rsplit('/', 1)[-1].lower()}"
+        records = tuple(
+            ServingRecord(
+                at=self.now - ago,
+                serving=serving,
+                cause=cause,
+                begins="created" if index == 0 else None,
+            )
+            for index, (ago, serving, cause) in enumerate(changes)
+        )
+        s = self.state
+        history = {**s.serving_history, deployment_id: records}
+        self.state = s.model_copy(update={"serving_history": history})
         return self
 
     def snapshot(self) -> SnapshotUpdate:

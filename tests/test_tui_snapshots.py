@@ -20,6 +20,7 @@ from exo_deploy_tui.model import parse_iso
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
+from exo_deploy_tui.widgets.panels import DeploymentsTable
 from keeper.state import RunnerFailed, RunnerLoading, RunnerReady
 from tests.recorded_exo import before_the_timeout, recorded_state
 
@@ -272,3 +273,49 @@ def test_delete_instance_confirm(snap_compare: Compare, size: tuple[int, int]) -
     # is the failed replica's head.
     run = pressing("3", *["down"] * 6, "ctrl+k")
     assert snap_compare(scenario(replicated()), terminal_size=size, run_before=run)
+
+
+H = 3600.0
+NODE_LOST = "node studio timed out"
+
+
+def with_history() -> ClusterBuilder:
+    """The healthy cluster with the master's serving records: Qwen3-0.6B recovered six times in
+    the last day (99.8 %, plain), Qwen3-30B lost mini-b for half an hour (97.9 %, amber),
+    DeepSeek unplaceable since it was created (0.0 %, red); Llama has no records (—)."""
+    flaps: list[tuple[float, bool, str | None]] = [(26 * H, True, None)]
+    causes = [
+        (20 * H, NODE_LOST, 40.2),
+        (9 * H, "runner failed on mini-a: Metal OOM while loading layer 14", 95.0),
+        (5 * H, "node mini-a timed out", 37.9),
+        (3 * H, "instance deleted by a user", 12.5),
+        (2 * H, "runner on mini-a went RunnerShutdown", 41.0),
+        (40 * 60, NODE_LOST, 38.4),
+    ]
+    for ago, cause, lasted in causes:
+        flaps += [(ago, False, cause), (ago - lasted, True, None)]
+    return (
+        healthy()
+        .deployment(DEEPSEEK, error=NO_FIT, waiting="unplaceable_retry")
+        .served(QWEN, *flaps)
+        .served(
+            QWEN30,
+            (30 * H, True, None),
+            (2 * H, False, "node mini-b timed out"),
+            (1.5 * H, True, None),
+        )
+        .served(DEEPSEEK, (5 * H, False, f"unplaceable: {NO_FIT}"))
+    )
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_history_on_the_dashboard(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """AVAIL from 100 columns (not at 80x24), amber and red as it falls, — with no records."""
+    app = scenario(with_history())
+
+    async def run(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        avail = "avail" in [c.key for c in app.dashboard.query_one(DeploymentsTable).columns]
+        assert avail == (size[0] >= 100)
+
+    assert snap_compare(app, terminal_size=size, run_before=run)

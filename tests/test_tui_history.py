@@ -1,0 +1,138 @@
+"""The dashboard's reading of the master's serving records: the AVAIL column."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from exo_deploy_tui.availability import AVAILABILITY_WINDOW_S
+from exo_deploy_tui.cells import (
+    AVAIL_COLUMN_FROM,
+    availability_cell,
+    deployment_cells,
+    deployment_columns,
+)
+from exo_deploy_tui.format import percent_available
+from exo_deploy_tui.model import ClusterModel, DeploymentRow
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
+from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
+
+QWEN = "mlx-community/Qwen3-0.6B-4bit"
+LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
+QWEN_ID = "dep-qwen3-0.6b-4bit"
+H = 3600.0
+NODE_LOST = "node mini-a timed out"
+OOM = "runner failed on mini-a: Metal OOM while loading layer 14"
+# Qwen's last day: created 26 h ago, then three incidents of 40.2 s, 95 s and 12.5 s.
+A_DAY: tuple[tuple[float, bool, str | None], ...] = (
+    (26 * H, True, None),
+    (20 * H, False, NODE_LOST),
+    (20 * H - 40.2, True, None),
+    (3 * H, False, OOM),
+    (3 * H - 95, True, None),
+    (40 * 60, False, "instance deleted by a user"),
+    (40 * 60 - 12.5, True, None),
+)
+DOWN_S = 40.2 + 95 + 12.5
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def cluster(
+    *records: tuple[float, bool, str | None],
+    now: float = FROZEN_NOW,
+    qwen_on: tuple[str, ...] = ("mini-a",),
+) -> ClusterBuilder:
+    """studio and mini-a; Qwen on ``qwen_on`` with ``records``, Llama on studio with none."""
+    builder = ClusterBuilder(now=now).node("studio").node("mini-a").link_all()
+    builder.deployment(QWEN, on=qwen_on).deployment(LLAMA, on=["studio"])
+    return builder.served(QWEN, *records) if records else builder
+
+
+def connected(builder: ClusterBuilder, now: float = FROZEN_NOW) -> ClusterModel:
+    model = ClusterModel()
+    model.handle([builder.snapshot(), ConnectionUpdate("live")], now)
+    return model
+
+
+def availability(model: ClusterModel, model_id: str, now: float = FROZEN_NOW) -> float | None:
+    (row,) = [r for r in model.deployment_rows(now) if r.model_id == model_id]
+    return row.availability
+
+
+# --- AVAIL --------------------------------------------------------------------------------
+
+
+def test_availability_reads_to_a_tenth_rounded_down() -> None:
+    assert [percent_available(v) for v in (1.0, 0.992, 0.9999, 0.5, 0.0, None)] == [
+        "100%",
+        "99.2%",
+        "99.9%",  # not yet 100%: it did stop
+        "50.0%",
+        "0.0%",
+        "—",
+    ]
+
+
+def test_avail_shows_from_100_columns_beside_ready() -> None:
+    keys = [c.key for c in deployment_columns(AVAIL_COLUMN_FROM)]
+    assert keys[:4] == ["status", "model", "ready", "avail"]
+    assert "avail" in [c.key for c in deployment_columns(120)]
+    assert "avail" not in [c.key for c in deployment_columns(AVAIL_COLUMN_FROM - 1)]
+    assert "avail" not in [c.key for c in deployment_columns(80)]
+    # A stock exo has no deployments to summarise.
+    assert "avail" not in [c.key for c in deployment_columns(120, replicas=False)]
+
+
+def test_avail_turns_amber_then_red_as_it_falls() -> None:
+    model = connected(cluster(*A_DAY))
+    (qwen,) = [r for r in model.deployment_rows(FROZEN_NOW) if r.model_id == QWEN]
+
+    def cell(value: float | None) -> tuple[str, str]:
+        return availability_cell(DeploymentRow(**{**qwen.__dict__, "availability": value}))
+
+    assert cell(0.998) == ("99.8%", "")
+    assert cell(0.985) == ("98.5%", "bold yellow")
+    assert cell(0.5) == ("50.0%", "bold red")
+    assert cell(None) == ("—", "dim")
+    cells = deployment_cells(qwen, deployment_columns(120))
+    assert cells[3][0].strip() == percent_available(1 - DOWN_S / AVAILABILITY_WINDOW_S)
+
+
+def test_availability_is_the_last_day_of_the_records_as_now_moves() -> None:
+    model = connected(cluster(*A_DAY))
+    assert availability(model, QWEN) == pytest.approx(1 - DOWN_S / AVAILABILITY_WINDOW_S)
+    assert availability(model, LLAMA) is None  # no records: nothing known, not 100 %
+    # Six hours on, the first incident (20 h ago) has left the window.
+    later = FROZEN_NOW + 6 * H
+    assert availability(model, QWEN, later) == pytest.approx(
+        1 - (95 + 12.5) / AVAILABILITY_WINDOW_S
+    )
+
+
+def test_availability_is_read_on_the_masters_clock() -> None:
+    skew = 3600.0  # the master's clock is an hour ahead: its records carry its times
+    builder = cluster((2 * H, True, None), (H, False, NODE_LOST), now=FROZEN_NOW + skew)
+    model = ClusterModel()
+    snapshot = builder.snapshot()
+    model.handle(SnapshotUpdate(snapshot.state, snapshot.deployments, skew), FROZEN_NOW)
+    assert availability(model, QWEN) == pytest.approx(0.5)
+    (incident,) = model.day_history(QWEN_ID, FROZEN_NOW).incidents
+    assert incident.start == FROZEN_NOW - H  # on our clock, as every time on screen
+    assert incident.end is None
+
+
+def test_a_stock_exo_has_no_history_and_no_avail() -> None:
+    state = cluster().state
+    model = ClusterModel()
+    model.handle(SnapshotUpdate(state, None), FROZEN_NOW)
+    assert availability(model, QWEN) is None
