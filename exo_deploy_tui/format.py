@@ -90,6 +90,11 @@ def clock_time(epoch_s: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(epoch_s))
 
 
+def clock_minute(epoch_s: float) -> str:
+    """Local hour and minute, for a time that needs no seconds ("complete from 11:02")."""
+    return time.strftime("%H:%M", time.localtime(epoch_s))
+
+
 # Below a tenth of a percent's rounding noise: 0.992 is 991.9999... thousandths in floats.
 _FLOAT_SLACK: Final = 1e-9
 

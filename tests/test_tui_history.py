@@ -1,4 +1,5 @@
-"""The dashboard's reading of the master's serving records: the AVAIL column."""
+"""The dashboard's reading of the master's serving records: the AVAIL column and describe's last
+24 hours."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from exo_deploy_tui.cells import (
 )
 from exo_deploy_tui.format import percent_available
 from exo_deploy_tui.model import ClusterModel, DeploymentRow
+from exo_deploy_tui.screens.describe import INCIDENTS_SHOWN, describe_text, history_text
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 
@@ -129,6 +131,56 @@ def test_availability_is_read_on_the_masters_clock() -> None:
     (incident,) = model.day_history(QWEN_ID, FROZEN_NOW).incidents
     assert incident.start == FROZEN_NOW - H  # on our clock, as every time on screen
     assert incident.end is None
+
+
+# --- describe -----------------------------------------------------------------------------
+
+
+def test_describe_lists_the_days_incidents_newest_first_with_cause_and_recovery() -> None:
+    model = connected(cluster(*A_DAY))
+    text = describe_text(model, QWEN_ID, QWEN, FROZEN_NOW).plain
+    history = text[text.index("History (24 h)") : text.index("Runners")]
+    assert history.splitlines()[1:] == [
+        "  99.8% available · MTTR 49.2 s · 3 incidents",
+        "  11:20:00 ✔ instance deleted by a user; recovered after 12.5 s",
+        f"  09:00:00 ✔ {OOM}; recovered after 1m35s",
+        f"  16:00:00 ✔ {NODE_LOST}; recovered after 40.2 s",
+        "",
+    ]
+    # The day's summary comes before the runners and the timeline: it shows at 80x24.
+    assert text.index("History (24 h)") < text.index("Runners") < text.index("Timeline")
+
+
+def test_describe_says_an_incident_is_ongoing_and_from_when_it_knows() -> None:
+    builder = cluster(*A_DAY[:3], (60, False, NODE_LOST), qwen_on=())
+    # Observed (the master met the deployment) 10 h ago, not created: earlier is unknown.
+    first = builder.state.serving_history[QWEN_ID][0]
+    records = (first.model_copy(update={"at": FROZEN_NOW - 10 * H, "begins": "observed"}),)
+    observed = records + builder.state.serving_history[QWEN_ID][3:]
+    builder.state = builder.state.model_copy(update={"serving_history": {QWEN_ID: observed}})
+    model = connected(builder)
+    text = history_text(model.day_history(QWEN_ID, FROZEN_NOW)).plain
+    assert "MTTR — · 1 incident\n" in text
+    assert "complete from 02:00 (" in text
+    assert f"  11:59:00 ✖ {NODE_LOST}; ongoing, down 1m00s" in text
+
+
+def test_describe_keeps_to_the_newest_incidents_and_counts_the_rest() -> None:
+    flaps = [(10 * H, True, None)]
+    for n in range(INCIDENTS_SHOWN + 3):
+        flaps += [(9 * H - n * 60, False, f"cause {n}"), (9 * H - n * 60 - 5, True, None)]
+    model = connected(cluster(*flaps))
+    lines = history_text(model.day_history(QWEN_ID, FROZEN_NOW)).plain.splitlines()
+    listed = [line for line in lines if "cause" in line]
+    assert len(listed) == INCIDENTS_SHOWN
+    assert f"cause {INCIDENTS_SHOWN + 2};" in listed[0]  # the newest first
+    assert lines[-1] == "  and 3 more, older"
+
+
+def test_without_serving_records_describe_says_so_without_an_error() -> None:
+    model = connected(cluster())
+    text = history_text(model.day_history(QWEN_ID, FROZEN_NOW)).plain
+    assert "availability — (the master keeps no serving records of it)" in text
 
 
 def test_a_stock_exo_has_no_history_and_no_avail() -> None:

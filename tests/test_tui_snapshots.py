@@ -319,3 +319,11 @@ def test_history_on_the_dashboard(snap_compare: Compare, size: tuple[int, int]) 
         assert avail == (size[0] >= 100)
 
     assert snap_compare(app, terminal_size=size, run_before=run)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_incidents_described(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """Describe on Qwen3-0.6B (DeepSeek, then Llama, come first): its day's availability, MTTR
+    and the newest five incidents with their cause and recovery, above the fold at 80x24."""
+    run = pressing("down", "down", "enter")
+    assert snap_compare(scenario(with_history()), terminal_size=size, run_before=run)

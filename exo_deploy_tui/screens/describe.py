@@ -1,9 +1,13 @@
 """Describe (enter): one deployment in full, live.
 
-Everything the table had to cut: the whole placement error, the keeper's timers in words, the
-instance's runners, the deployment's own history from the timeline, and the raw JSON the master
-holds, so an operator can paste it into an issue. It reads the model through the
+Everything the table had to cut: the whole placement error, the keeper's timers in words, its
+last 24 hours from the master's serving records (availability, MTTR, the incidents with their
+cause), the instance's runners, the deployment's own lines of the timeline, and the raw JSON the
+master holds, so an operator can paste it into an issue. It reads the model through the
 ``ClusterSource`` it is given and asks the app to delete with a message.
+
+At 80x24 about 20 lines show before scrolling: what it is and what the keeper does now come
+first, then the day's history (newest incidents first, a few of them), then the rest.
 """
 
 from __future__ import annotations
@@ -18,10 +22,25 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from exo_deploy_tui.cells import runner_status_text, timeline_line, timer_words
-from exo_deploy_tui.format import STATUS_COLOR, duration, gigabytes, short_model, status_label
+from exo_deploy_tui.format import (
+    STATUS_COLOR,
+    clock_minute,
+    clock_time,
+    duration,
+    gigabytes,
+    percent_available,
+    precise_duration,
+    short_model,
+    status_label,
+)
 from exo_deploy_tui.model import ClusterModel, DeploymentRow
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen, delete_question
 from exo_deploy_tui.screens.contract import ClusterSource, DeleteRequested, ModelScreen
+from keeper.history import History, Incident
+
+# Incidents listed, newest first: with the lines above them they fit an 80x24 screen; the
+# rest are counted ("and 3 more").
+INCIDENTS_SHOWN = 5
 
 
 def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: float) -> Text:
@@ -67,6 +86,7 @@ def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: f
         text.append(f"{row.placement_error}\n", style="red")
         if row.placement_why:
             text.append(f"why: {row.placement_why}\n")
+    text.append_text(history_text(model.day_history(deployment_id, now)))
     instance = next((i for i in model.instance_rows(now) if i.instance_id == row.instance_id), None)
     if instance is not None:
         text.append("\nRunners\n", style="bold")
@@ -78,12 +98,12 @@ def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: f
                 f"layers {runner.start_layer}-{runner.end_layer - 1:<6} "
             )
             text.append(f"{words}\n", style=style)
-    text.append("\nHistory", style="bold")
-    text.append(" (since this dashboard started)\n", style="dim")
-    history = model.history(deployment_id)
-    if not history:
+    text.append("\nTimeline", style="bold")
+    text.append(" (its lines since this dashboard started)\n", style="dim")
+    lines = model.history(deployment_id)
+    if not lines:
         text.append("  nothing yet\n", style="dim")
-    for entry in history:
+    for entry in lines:
         text.append("  ")
         text.append_text(timeline_line(entry))
         text.append("\n")
@@ -98,6 +118,47 @@ def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: f
         keeper = view.model_dump(mode="json", exclude={"deployment"})
         text.append(json.dumps(keeper, indent=2) + "\n", style="dim")
     return text
+
+
+def history_text(history: History) -> Text:
+    """The last 24 h (times on the dashboard's clock): availability, MTTR and the incidents,
+    newest first, each with its cause and how long it lasted."""
+    text = Text()
+    text.append("\nHistory (24 h)", style="bold")
+    text.append(" from the master's serving records\n", style="dim")
+    if history.availability is None:
+        text.append("  availability — (the master keeps no serving records of it)\n", style="dim")
+        return text
+    incidents = history.incidents
+    mttr = "—" if history.mttr_s is None else precise_duration(history.mttr_s)
+    count = f"{len(incidents)} incident{'s' if len(incidents) != 1 else ''}"
+    text.append(f"  {percent_available(history.availability)} available", style="bold")
+    text.append(f" · MTTR {mttr} · {count}\n")
+    if history.complete_from is not None:
+        text.append(
+            f"  complete from {clock_minute(history.complete_from)} "
+            "(the master has no records before)\n",
+            style="dim",
+        )
+    newest = sorted(incidents, key=lambda i: i.start, reverse=True)
+    for incident in newest[:INCIDENTS_SHOWN]:
+        text.append_text(_incident_line(incident))
+    if len(newest) > INCIDENTS_SHOWN:
+        text.append(f"  and {len(newest) - INCIDENTS_SHOWN} more, older\n", style="dim")
+    return text
+
+
+def _incident_line(incident: Incident) -> Text:
+    line = Text(f"  {clock_time(incident.start)} ")
+    if incident.end is None:
+        line.append("✖ ", style="bold red")
+        line.append(incident.cause, style="red")
+        line.append(f"; ongoing, down {precise_duration(incident.downtime_s)}\n", style="bold red")
+    else:
+        line.append("✔ ", style="bold green")
+        line.append(incident.cause)
+        line.append(f"; recovered after {precise_duration(incident.downtime_s)}\n", style="green")
+    return line
 
 
 def _keeper_words(row: DeploymentRow, has_timers: bool) -> Text:
