@@ -53,6 +53,9 @@ WAIT_WORD: dict[WaitReason, str] = {
     "unplaceable_retry": "retry",
     "placement_in_flight": "placing",
 }
+# Leads a timeline line the master's serving records told (before the dashboard connected, or
+# while it was away) rather than one the dashboard saw happen.
+HISTORY_MARK = "history ·"
 # The widest terminal that still gets the compact columns; from here on there is room for the
 # placement error as a column of its own.
 WIDE_TABLE_FROM = 110
@@ -391,6 +394,9 @@ def timeline_line(entry: TimelineEntry) -> Text:
     line = Text(no_wrap=False)
     line.append(clock_time(entry.at), style=DIM)
     line.append(f" {symbol} ", style=f"bold {style}".strip())
+    if entry.history:
+        # Told from the master's records, not seen happening: the word says so in any colours.
+        line.append(f"{HISTORY_MARK} ", style="dim italic")
     line.append(entry.text, style=style)
     return line
 

@@ -7,8 +7,9 @@ countdowns tick by asking again with a later ``now`` rather than by refetching.
 
 It also remembers what the master no longer says: nodes that have gone, when each deployment
 entered its status, and when it stopped serving, which is how the timeline can say "serving
-again after 37.2 s". Each deployment's last 24 hours it reads from the master's serving
-records (``State.serving_history``, summarised by ``availability``).
+again after 37.2 s". What happened before it connected, it reads from the master's serving
+records (``State.serving_history``): each deployment's last 24 hours (``availability``) and the
+incidents it seeds the timeline with, each told once (``_seed_history``).
 
 A stock exo master's State keeps what ours drops, and the rules here read it as exo means it: a
 node that timed out leaves the topology but keeps its identity and backends (``departed_nodes``:
@@ -24,7 +25,7 @@ rows are built from. The instance health rule (``health.py``) and the timeline's
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
@@ -37,6 +38,7 @@ from exo_deploy_tui.timeline import (
     TimelineEntry,
     entries_for_event,
     events_between,
+    incident_entries,
     node_name,
 )
 from exo_deploy_tui.updates import (
@@ -49,9 +51,14 @@ from exo_deploy_tui.updates import (
 )
 from keeper.api_models import DeploymentStatus, DeploymentView, WaitReason
 from keeper.apply import apply_indexed
-from keeper.events import NodeGatheredInfo, NodeTimedOut
+from keeper.events import DeploymentServingChanged, NodeGatheredInfo, NodeTimedOut
 from keeper.history import History
-from keeper.readiness import instance_is_ready, ready_on_present_nodes, status_of
+from keeper.readiness import (
+    deployment_statuses,
+    instance_is_ready,
+    ready_on_present_nodes,
+    status_of,
+)
 from keeper.state import (
     AnyInstance,
     AnyRunnerStatus,
@@ -80,6 +87,10 @@ GONE_NODES_KEPT = 32
 # A master whose clock differs from ours by less than this is taken as in step: the HTTP Date
 # header that measures the difference has a resolution of one second.
 CLOCK_SKEW_IGNORED_S = 2.0
+# The most history entries one snapshot seeds the timeline with (the newest): screens of a
+# night's incidents, while a cluster that flapped all day cannot fill the timeline's capacity
+# with the past and push out what happens next.
+HISTORY_SEEDED_MAX = 200
 
 # A runner in one of these has all its layers in memory.
 _LOADED_RUNNER_TYPES = (RunnerLoaded, RunnerWarmingUp, RunnerReady, RunnerRunning)
@@ -324,6 +335,9 @@ class ClusterModel:
     # The index of the first event we are missing: an event came that was not the next one, so
     # nothing more is applied until a snapshot fills the hole (the app asks the client for one).
     missing_from: int | None = None
+    # Per deployment, the time (master's clock) of the newest serving record the timeline has
+    # told, seen live or seeded: later snapshots seed only what came after it.
+    _told: dict[DeploymentId, float] = field(default_factory=dict)
     # Per deployment, its last day's summary (master's clock) and what it was made from: the
     # records (compared by identity, the State's tuples are immutable) and the window's end.
     _days: dict[DeploymentId, tuple[tuple[ServingRecord, ...], float, History]] = field(
@@ -365,9 +379,11 @@ class ClusterModel:
         if not self.has_data:
             self.state = update.state
             self.has_data = True
+            self.timeline.extend(self._seed_history(None, update.state, now))
             self.timeline.extend(_connected_entries(update, now))
         else:
             before, after = self.state, update.state
+            self.timeline.extend(self._seed_history(before, after, now))
             for event in events_between(before, after):
                 self.timeline.extend(
                     entries_for_event(event, before, after, now, self.remembered_names())
@@ -394,6 +410,9 @@ class ClusterModel:
             return
         before = self.state
         self.state = apply_indexed(before, indexed)
+        if isinstance(indexed.event, DeploymentServingChanged):
+            # Seen live: the status change it records is told by ``_settle`` as it happens.
+            self._told[indexed.event.deployment_id] = indexed.event.record.at
         self._note_membership(indexed.event, before, now)
         self.timeline.extend(
             entries_for_event(indexed.event, before, self.state, now, self.remembered_names())
@@ -409,6 +428,47 @@ class ClusterModel:
                 del self._gone[next(iter(self._gone))]
         elif isinstance(event, NodeGatheredInfo):
             self._gone.pop(event.node_id, None)
+
+    def _seed_history(self, before: State | None, after: State, now: float) -> list[TimelineEntry]:
+        """History entries for the incidents of the last 24 h in ``after``'s serving records
+        that the timeline has not told, oldest first. On the first snapshot (``before`` None)
+        that is all of them. On a later one (a reconnection, a resync, or every poll of a
+        bridge), the live view tells at once what changed between ``before`` and ``after``, so
+        a deployment's newest record is left to it when its status changed across the two or
+        the deployment is new to us; what came in between is history."""
+        entries: list[TimelineEntry] = []
+        if not after.serving_history:
+            return entries
+        statuses = deployment_statuses(after) if before is not None else {}
+        end = window_end(now, self.master_clock_offset_s)
+        for d_id, records in after.serving_history.items():
+            deployment = after.deployments.get(d_id)
+            if deployment is None or not records:
+                continue
+            told = self._told.get(d_id)
+            newest = records[-1].at
+            self._told[d_id] = newest if told is None else max(told, newest)
+            if told is not None and newest <= told:
+                continue
+            live: float | None = None
+            if before is not None:
+                tracked = self._tracked.get(d_id)
+                serving = statuses.get(d_id) == "serving"
+                if tracked is None or (tracked.status == "serving") != serving:
+                    live = newest
+
+            began = records[0].at
+            for incident in self._day(d_id, records, end).incidents:
+                entries += incident_entries(
+                    deployment.model_card.model_id,
+                    incident,
+                    had_served=incident.start > began,
+                    start=_untold(incident.start, told, live),
+                    end=_untold(incident.end, told, live),
+                )
+        entries.sort(key=lambda e: e.at)
+        offset = self.master_clock_offset_s
+        return [replace(e, at=e.at - offset) for e in entries[-HISTORY_SEEDED_MAX:]]
 
     def _day(
         self, deployment_id: DeploymentId, records: tuple[ServingRecord, ...], end: float
@@ -500,8 +560,9 @@ class ClusterModel:
         statuses = derived.statuses
         for d_id in [d for d in self._tracked if d not in statuses]:
             del self._tracked[d_id]
-        for d_id in [d for d in self._days if d not in statuses]:
-            del self._days[d_id]
+        for kept in (self._told, self._days):
+            for d_id in [d for d in kept if d not in statuses]:
+                del kept[d_id]
         entries: list[TimelineEntry] = []
         for d_id, status in statuses.items():
             tracked = self._tracked.get(d_id)
@@ -789,6 +850,12 @@ class ClusterModel:
         if deployment is None:
             return []
         return self.timeline.about_model(deployment.model_card.model_id)
+
+
+def _untold(moment: float | None, told: float | None, live: float | None) -> bool:
+    """Whether a record's ``moment`` is for the timeline to seed: after what it has told
+    (``told``) and not the change the live view tells (``live``)."""
+    return moment is not None and (told is None or moment > told) and moment != live
 
 
 def _connected_entries(update: SnapshotUpdate, now: float) -> list[TimelineEntry]:

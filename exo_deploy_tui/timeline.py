@@ -6,6 +6,11 @@ and nodes of a deleted instance are found in the State before, those of a new on
 after. When the dashboard only polls (a stock exo master), or reconnects after missing events,
 ``events_between`` turns the difference of two States into the events that explain it, and the
 same wording applies, so both paths tell the same story.
+
+What happened before the dashboard connected (or while it was away) comes from the master's
+serving records instead: ``incident_entries`` words each incident of ``keeper.history`` in the
+live lines' words, with its cause, as entries marked ``history`` so they read apart from what
+the dashboard saw happen.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from exo_deploy_tui.format import short_id, short_model
+from exo_deploy_tui.format import precise_duration, short_id, short_model
 from keeper.events import (
     AnyEvent,
     DeploymentCreated,
@@ -30,6 +35,7 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
+from keeper.history import Incident
 from keeper.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
@@ -57,6 +63,9 @@ class TimelineEntry:
     text: str
     model_id: str | None = None
     node_id: NodeId | None = None
+    # Told from the master's serving records (what happened before we connected or while we
+    # were away), not seen happening: drawn with a mark of its own.
+    history: bool = False
 
 
 class Timeline:
@@ -244,6 +253,25 @@ def _runner_entries(
         reason = f": {status.error_message}" if status.error_message else ""
         return [TimelineEntry(at, "error", f"runner failed: {where}{reason}", model, node_id)]
     return []
+
+
+def incident_entries(
+    model_id: ModelId, incident: Incident, *, had_served: bool, start: bool, end: bool
+) -> list[TimelineEntry]:
+    """History entries for ``incident`` (times on the dashboard's clock): its ``start`` ("stopped
+    serving: <cause>") and, once it ended, its ``end`` ("serving again after 40.2 s"), each when
+    asked for. ``had_served``: whether the deployment served before it (else it never could)."""
+    name = short_model(model_id)
+    entries: list[TimelineEntry] = []
+    if start:
+        went = "stopped serving" if had_served else "not serving"
+        text = f"{name} {went}: {incident.cause}"
+        entries.append(TimelineEntry(incident.start, "warn", text, model_id, history=True))
+    if end and incident.end is not None:
+        again = "serving again" if had_served else "serving"
+        text = f"{name} {again} after {precise_duration(incident.downtime_s)}"
+        entries.append(TimelineEntry(incident.end, "good", text, model_id, history=True))
+    return entries
 
 
 # --- explaining a state diff --------------------------------------------------------------

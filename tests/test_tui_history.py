@@ -1,5 +1,5 @@
-"""The dashboard's reading of the master's serving records: the AVAIL column and describe's last
-24 hours."""
+"""The dashboard's reading of the master's serving records: the AVAIL column, describe's last
+24 hours, and the timeline seeded with the incidents it did not see happen (once each)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,25 @@ import pytest
 from exo_deploy_tui.availability import AVAILABILITY_WINDOW_S
 from exo_deploy_tui.cells import (
     AVAIL_COLUMN_FROM,
+    HISTORY_MARK,
     availability_cell,
     deployment_cells,
     deployment_columns,
+    timeline_line,
 )
 from exo_deploy_tui.format import percent_available
-from exo_deploy_tui.model import ClusterModel, DeploymentRow
+from exo_deploy_tui.model import HISTORY_SEEDED_MAX, ClusterModel, DeploymentRow
 from exo_deploy_tui.screens.describe import INCIDENTS_SHOWN, describe_text, history_text
-from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
-from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, node_id_for
+from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
+from keeper.events import (
+    AnyEvent,
+    DeploymentServingChanged,
+    IndexedEvent,
+    InstanceDeleted,
+    NodeTimedOut,
+)
+from keeper.state import ServingRecord
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
@@ -69,6 +79,14 @@ def connected(builder: ClusterBuilder, now: float = FROZEN_NOW) -> ClusterModel:
 def availability(model: ClusterModel, model_id: str, now: float = FROZEN_NOW) -> float | None:
     (row,) = [r for r in model.deployment_rows(now) if r.model_id == model_id]
     return row.availability
+
+
+def history_lines(model: ClusterModel) -> list[tuple[float, str]]:
+    return [(e.at, e.text) for e in model.timeline if e.history]
+
+
+def live_texts(model: ClusterModel) -> list[str]:
+    return [e.text for e in model.timeline if not e.history]
 
 
 # --- AVAIL --------------------------------------------------------------------------------
@@ -183,8 +201,128 @@ def test_without_serving_records_describe_says_so_without_an_error() -> None:
     assert "availability — (the master keeps no serving records of it)" in text
 
 
+# --- the timeline, seeded -----------------------------------------------------------------
+
+
+def test_connecting_seeds_the_timeline_with_the_days_incidents_marked_as_history() -> None:
+    model = connected(cluster(*A_DAY))
+    assert history_lines(model) == [
+        (FROZEN_NOW - 20 * H, f"Qwen3-0.6B-4bit stopped serving: {NODE_LOST}"),
+        (FROZEN_NOW - 20 * H + 40.2, "Qwen3-0.6B-4bit serving again after 40.2 s"),
+        (FROZEN_NOW - 3 * H, f"Qwen3-0.6B-4bit stopped serving: {OOM}"),
+        (FROZEN_NOW - 3 * H + 95, "Qwen3-0.6B-4bit serving again after 1m35s"),
+        (FROZEN_NOW - 40 * 60, "Qwen3-0.6B-4bit stopped serving: instance deleted by a user"),
+        (FROZEN_NOW - 40 * 60 + 12.5, "Qwen3-0.6B-4bit serving again after 12.5 s"),
+    ]
+    entries = list(model.timeline)
+    assert entries[-1].text.startswith("connected:") and not entries[-1].history
+    assert HISTORY_MARK in timeline_line(entries[0]).plain
+    assert HISTORY_MARK not in timeline_line(entries[-1]).plain
+    assert next(e.text for e in model.history(QWEN_ID)).endswith(NODE_LOST)
+
+
+def test_an_unplaceable_start_is_not_serving_rather_than_stopped() -> None:
+    model = connected(
+        cluster((H, False, "unplaceable: No cycles found"), (H - 30, True, None), qwen_on=())
+    )
+    assert [text for _, text in history_lines(model)] == [
+        "Qwen3-0.6B-4bit not serving: unplaceable: No cycles found",
+        "Qwen3-0.6B-4bit serving after 30.0 s",
+    ]
+
+
+def test_the_same_snapshot_again_seeds_nothing_more() -> None:
+    builder = cluster(*A_DAY)
+    model = connected(builder)
+    before = list(model.timeline)
+    model.handle([builder.snapshot(), ConnectionUpdate("live")], FROZEN_NOW + 5)
+    assert list(model.timeline) == before
+
+
+def test_what_was_seen_live_is_not_told_again_by_a_resync() -> None:
+    model = connected(cluster(*A_DAY))
+    idx = model.state.last_event_applied_idx
+
+    def feed(now: float, *events: AnyEvent) -> None:
+        nonlocal idx
+        updates = []
+        for event in events:
+            idx += 1
+            updates.append(EventUpdate(IndexedEvent(idx=idx, event=event)))
+        model.handle(updates, now)
+
+    lost = ServingRecord(at=FROZEN_NOW + 1, serving=False, cause=NODE_LOST)
+    feed(
+        FROZEN_NOW + 1,
+        NodeTimedOut(node_id=node_id_for("mini-a")),
+        InstanceDeleted(instance_id="inst-qwen3-0.6b-4bit"),
+        DeploymentServingChanged(deployment_id=QWEN_ID, record=lost),
+    )
+    assert live_texts(model)[-1] == "Qwen3-0.6B-4bit stopped serving"
+    seeded = history_lines(model)
+    before = len(model.timeline)
+    model.handle(SnapshotUpdate(model.state, None), FROZEN_NOW + 3)  # the resync
+    assert len(model.timeline) == before
+    assert history_lines(model) == seeded
+
+
+def test_a_reconnection_seeds_what_happened_while_away_once() -> None:
+    model = connected(cluster(*A_DAY))
+    model.handle(ConnectionUpdate("down", "cannot connect", 1.0), FROZEN_NOW + 10)
+    # Away for two minutes: Qwen lost mini-a for 40 s and recovered meanwhile.
+    back = FROZEN_NOW + 130
+    gap = (*A_DAY, (-20, False, NODE_LOST), (-60, True, None))
+    fresh = cluster(*gap, now=FROZEN_NOW).snapshot()
+    model.handle([fresh, ConnectionUpdate("live")], back)
+    assert history_lines(model)[-2:] == [
+        (FROZEN_NOW + 20, f"Qwen3-0.6B-4bit stopped serving: {NODE_LOST}"),
+        (FROZEN_NOW + 60, "Qwen3-0.6B-4bit serving again after 40.0 s"),
+    ]
+    assert "Qwen3-0.6B-4bit stopped serving" not in live_texts(model)  # it serves as before
+    told = list(model.timeline)
+    model.handle([fresh], back + 1)  # the snapshot again (a resync)
+    assert list(model.timeline) == told
+
+
+def test_a_change_the_live_view_tells_on_reconnection_is_not_seeded_too() -> None:
+    model = connected(cluster(*A_DAY))
+    model.handle(ConnectionUpdate("down", "cannot connect", 1.0), FROZEN_NOW + 10)
+    # Back while Qwen is still down: the live view says it stopped serving, once.
+    still_down = cluster(*A_DAY, (-20, False, NODE_LOST), qwen_on=())
+    model.handle([still_down.snapshot(), ConnectionUpdate("live")], FROZEN_NOW + 130)
+    assert live_texts(model).count("Qwen3-0.6B-4bit stopped serving") == 1
+    assert all(at < FROZEN_NOW for at, _ in history_lines(model))
+
+
+def test_polling_a_bridge_tells_each_change_once_as_it_is_seen() -> None:
+    """A bridge's /state carries the records, and every poll is a snapshot: each change in
+    them is the one the live view sees at that poll, so nothing is seeded after connecting."""
+    model = connected(cluster(*A_DAY))
+    seeded = history_lines(model)
+    down = cluster(*A_DAY, (-1, False, NODE_LOST), qwen_on=())
+    up = cluster(*A_DAY, (-1, False, NODE_LOST), (-30, True, None))
+    for now, builder in ((FROZEN_NOW + 2, down), (FROZEN_NOW + 3, down), (FROZEN_NOW + 31, up)):
+        model.handle(builder.snapshot(), now)
+    assert history_lines(model) == seeded
+    assert [t for t in live_texts(model) if "serving" in t] == [
+        "Qwen3-0.6B-4bit stopped serving",
+        "Qwen3-0.6B-4bit serving again after 29.0 s",
+    ]
+
+
+def test_a_day_of_flapping_seeds_only_the_newest_lines() -> None:
+    flaps: list[tuple[float, bool, str | None]] = [(23 * H, True, None)]
+    for n in range(HISTORY_SEEDED_MAX):
+        flaps += [(22 * H - n * 120, False, NODE_LOST), (22 * H - n * 120 - 30, True, None)]
+    model = connected(cluster(*flaps))
+    seeded = history_lines(model)
+    assert len(seeded) == HISTORY_SEEDED_MAX
+    assert seeded[-1][0] == FROZEN_NOW - 22 * H + (HISTORY_SEEDED_MAX - 1) * 120 + 30
+
+
 def test_a_stock_exo_has_no_history_and_no_avail() -> None:
     state = cluster().state
     model = ClusterModel()
     model.handle(SnapshotUpdate(state, None), FROZEN_NOW)
+    assert history_lines(model) == []
     assert availability(model, QWEN) is None

@@ -310,7 +310,7 @@ def with_history() -> ClusterBuilder:
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_history_on_the_dashboard(snap_compare: Compare, size: tuple[int, int]) -> None:
-    """AVAIL from 100 columns (not at 80x24), amber and red as it falls, — with no records."""
+    """AVAIL from 100 columns (not at 80x24), the timeline seeded with the day's incidents."""
     app = scenario(with_history())
 
     async def run(pilot: Pilot[None]) -> None:
@@ -319,6 +319,11 @@ def test_history_on_the_dashboard(snap_compare: Compare, size: tuple[int, int]) 
         assert avail == (size[0] >= 100)
 
     assert snap_compare(app, terminal_size=size, run_before=run)
+
+
+def test_seeded_timeline_compact(snap_compare: Compare) -> None:
+    """At 80x24 the timeline tab: the day's incidents marked as history, then the connection."""
+    assert snap_compare(scenario(with_history()), terminal_size=(80, 24), run_before=pressing("4"))
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -99,7 +99,7 @@ def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: f
             )
             text.append(f"{words}\n", style=style)
     text.append("\nTimeline", style="bold")
-    text.append(" (its lines since this dashboard started)\n", style="dim")
+    text.append(" (its lines, seen by this dashboard or from the master's records)\n", style="dim")
     lines = model.history(deployment_id)
     if not lines:
         text.append("  nothing yet\n", style="dim")
