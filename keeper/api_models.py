@@ -177,7 +177,9 @@ class DeploymentHistoryResponse(WireModel):
 
     deployment_id: str
     window_hours: float
-    availability: float | None  # fraction of the known time it served; None: nothing known
+    # The fraction of the window it served, of the time it served or was out (a start-up is not
+    # an outage); None before it first served.
+    availability: float | None
     incidents: list[IncidentView]
     mttr_s: float | None  # mean time to recover over the incidents that ended
     # When what is known begins, if later than the window's start (ISO-8601 UTC): a deployment

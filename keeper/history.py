@@ -192,6 +192,7 @@ class _Down:
     start: float
     cause: str | None
     after_serving: bool
+    in_window_s: float = 0.0  # how much of it lies inside the window
 
     def is_incident(self) -> bool:
         # The first start-up is no incident, unless placement said why it could not start.
@@ -208,8 +209,10 @@ def summarize(
     """Availability, incidents and MTTR of a deployment over ``[window_start, window_end]`` from
     its serving records (oldest first; those after the window are ignored).
 
-    - ``availability``: the fraction of the known time inside the window that it served; known
-      time starts at its first record (its creation, or when a service first saw it).
+    - ``availability``: the fraction of the window that it served, out of the time it served
+      and the time of its incidents: a start-up is no outage, so a deployment is measured from
+      when it first served (or from its creation when placement said why it could not start);
+      None until then.
     - ``incidents``: each stretch in which it was not serving after having served, or that
       placement explained; one that began before the window keeps its real start, and its
       ``downtime_s`` is its whole length (to the window's end while ongoing).
@@ -222,7 +225,10 @@ def summarize(
     incidents: list[Incident] = []
 
     def close(stretch: _Down, end: float | None) -> None:
+        nonlocal known_s
         stop = end if end is not None else window_end
+        if stretch.is_incident():
+            known_s += stretch.in_window_s
         if stretch.is_incident() and stop > window_start:
             incidents.append(
                 Incident(
@@ -236,16 +242,18 @@ def summarize(
     for index, record in enumerate(known):
         until = known[index + 1].at if index + 1 < len(known) else window_end
         span = max(0.0, min(until, window_end) - max(record.at, window_start))
-        known_s += span
         if record.serving:
+            known_s += span
             served_s += span
             if down is not None:
                 close(down, record.at)
                 down = None
-        elif down is None:
+            continue
+        if down is None:
             down = _Down(record.at, record.cause, after_serving=index > 0)
         elif down.cause is None:
             down.cause = record.cause
+        down.in_window_s += span
     if down is not None:
         close(down, None)
 

@@ -155,8 +155,8 @@ def test_history_prints_the_figures_and_refusals_exit_1(
     deployment_id = out.strip().rsplit(" ", 1)[1]
     code, out, err = run_cli(capsys, "history", deployment_id, "--url", master_url)
     assert (code, err) == (EXIT_OK, "")
-    # Created, never served yet: known, 0 % available, and a start-up is no incident.
-    assert out.strip() == f"{deployment_id}: last 24 h, available 0.00%, 0 incident(s)"
+    # Created, never served yet: a start-up is no incident, and no availability yet.
+    assert out.strip() == f"{deployment_id}: has not served in the last 24 h"
     code, out, _ = run_cli(
         capsys, "history", deployment_id, "--hours", "2.5", "--url", master_url, "--json"
     )

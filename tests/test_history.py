@@ -86,11 +86,14 @@ def test_a_deployment_serving_all_along_is_fully_available_with_no_incident() ->
     assert history.mttr_s is None
 
 
-def test_the_start_up_counts_as_down_time_but_is_no_incident() -> None:
+def test_the_start_up_is_neither_down_time_nor_an_incident() -> None:
     log = serving_from(0.0, 10.0)
     history = deployment_history("d1", log.events, window_start=0.0, window_end=100.0)
-    assert history.availability == pytest.approx(0.9)
+    assert history.availability == 1.0
     assert history.incidents == ()
+    # Before it first served, nothing is known of its availability.
+    loading = deployment_history("d1", log.events, window_start=0.0, window_end=9.0)
+    assert (loading.availability, loading.incidents) == (None, ())
 
 
 def test_a_node_timeout_is_an_incident_named_by_the_node_until_a_new_instance_is_ready() -> None:
@@ -104,7 +107,7 @@ def test_a_node_timeout_is_an_incident_named_by_the_node_until_a_new_instance_is
     assert incident.cause == "node studio timed out"
     assert (incident.start, incident.end, incident.downtime_s) == (50.0, 80.0, 30.0)
     assert history.mttr_s == 30.0
-    assert history.availability == pytest.approx(60.0 / 100.0)
+    assert history.availability == pytest.approx(60.0 / 90.0)
 
 
 def test_an_instance_deleted_with_its_nodes_present_was_deleted_by_a_user() -> None:
@@ -220,7 +223,7 @@ def test_a_deployment_created_inside_the_window_is_complete() -> None:
         "d1", serving_from(500.0, 510.0).events, window_start=0.0, window_end=1000.0
     )
     assert history.complete_from is None
-    assert history.availability == pytest.approx(490.0 / 500.0)
+    assert history.availability == 1.0
 
 
 def test_one_replica_lost_is_no_incident_and_the_last_one_names_the_cause() -> None:
@@ -302,7 +305,7 @@ def test_summary_of_records_alone() -> None:
     history = summarize("d1", records, window_start=0.0, window_end=100.0)
     (incident,) = history.incidents
     assert incident == Incident(start=40.0, end=50.0, downtime_s=10.0, cause="node a timed out")
-    assert history.availability == pytest.approx(80.0 / 100.0)
+    assert history.availability == pytest.approx(80.0 / 90.0)
     assert history.mttr_s == 10.0
     assert summarize("d1", [], window_start=0.0, window_end=1.0).availability is None
 
@@ -408,5 +411,6 @@ def test_events_before_any_time_are_older_than_every_window() -> None:
     log.at(10.0, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "i1")))
     log.at(10.0, *ready("i1", 1))
     history = deployment_history("d1", log.events, window_start=0.0, window_end=100.0)
-    assert history.availability == 0.9
+    # The creation is known (untimed, so before the window): the history is complete.
+    assert (history.complete_from, history.availability) == (None, 1.0)
     assert history.deployment_id == "d1"

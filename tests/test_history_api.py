@@ -124,8 +124,8 @@ async def test_history_answers_in_camel_case_with_the_hours_asked() -> None:
         "completeFrom",
     }
     assert (body["deploymentId"], body["windowHours"]) == (deployment_id, 0.5)
-    # Not serving since it was created: a start-up, no incident.
-    assert (body["availability"], body["incidents"]) == (0.0, [])
+    # Not serving since it was created: a start-up, no incident, no availability yet.
+    assert (body["availability"], body["incidents"]) == (None, [])
 
 
 @pytest.mark.anyio

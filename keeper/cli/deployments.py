@@ -170,7 +170,7 @@ def format_history(history: DeploymentHistoryResponse) -> str:
     newest first, with their cause."""
     hours = f"{history.window_hours:g} h"
     if history.availability is None:
-        return f"{history.deployment_id}: nothing known of the last {hours}"
+        return f"{history.deployment_id}: has not served in the last {hours}"
     mttr = f", MTTR {history.mttr_s:.1f} s" if history.mttr_s is not None else ""
     lines = [
         f"{history.deployment_id}: last {hours}, available {history.availability:.2%}, "
