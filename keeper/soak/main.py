@@ -123,7 +123,7 @@ def _conclude(report: SoakReport, path: Path, prog: str, extra: Sequence[str] = 
     print()
     print(format_models(report))
     print()
-    print("answered by the fault a request was sent under (from its injection until it settled):")
+    print("answered by the fault a request was in flight under (its injection until it settled):")
     print(format_by_fault(report))
     print()
     print(format_recovery(report))
