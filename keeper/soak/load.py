@@ -50,7 +50,7 @@ _503_CAUSES = (
     ("was deleted during", "instance deleted"),
     ("died mid-request", "runner died"),
     ("no ready runner", "no ready runner"),
-    ("could not take", "node fell behind"),
+    ("could not take", "node could not take it"),
     ("not running", "master not running"),
     ("is stopping", "master stopping"),
 )

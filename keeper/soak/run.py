@@ -382,7 +382,8 @@ class Soak:
                     fault.settled_at = now
                 elif now >= give_up_at(progress):
                     fault.given_up = True
-                    self._say(f"{self._describe(fault)}: not settled in time; going on")
+                    if self._settings.one_fault_at_a_time:  # else nothing waited for it
+                        self._say(f"{self._describe(fault)}: not settled in time; going on")
             await anyio.sleep(STATUS_POLL_S)
 
     def _fault_options(self) -> tuple[list[str], set[str], bool]:
