@@ -30,9 +30,9 @@ every deployment has all its replicas ready (polled every second while a fault i
 From its injection to then is the fault's span in the report: the requests in flight during it
 are the ones it may have cost, which is how the report tells a master restart's errors apart.
 
-About 500 lines because the run's phases (start, settle, faults, drain, judge) share one clock
-and one set of counters; loading, faults, watching and the report are already modules of their
-own.
+About 580 lines because the run's phases (start, faults, the watch on their settling, settle,
+drain, judge) share one clock and one set of counters; loading, faults, watching and the report
+are already modules of their own.
 """
 
 from __future__ import annotations
