@@ -2,8 +2,9 @@
 
 A chat goes to a ready instance whose nodes are all connected, the one with the fewest chats in
 flight (ties: the State's order); a node whose connection closed is passed over at once, well
-before it would time out; a chat whose node drops before the first token is sent once more to
-another replica, while one that already had text ends with an error.
+before it would time out, and so is one whose session cannot take the request; a chat whose
+node drops before the first token is sent once more to another replica, while one that already
+had text ends with an error.
 """
 
 from __future__ import annotations
@@ -81,6 +82,28 @@ async def test_a_node_whose_connection_closed_is_passed_over_before_it_times_out
         stream = await say_hi(master)
         assert stream.instance_id == second
         assert "".join([piece async for piece in stream]) == "Hello world"
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_node_that_cannot_take_the_request_is_passed_over_for_another_replica() -> None:
+    nodes = [FakeNode("a"), FakeNode("b")]
+    async with anyio.create_task_group() as group:
+        master, (first, second) = await two_replicas(group, nodes)
+        # The first replica's session is still registered, but its outbox is gone: what a node
+        # whose connection just ended looks like until its session is torn down.
+        closing = node_serving(nodes, master, first)
+        master._membership.sessions[closing.node_id].outbox.close()
+        assert [i for i, _ in master.ready_instances(QWEN)] == [first, second]
+        stream = await say_hi(master)
+        assert stream.instance_id == second
+        assert "".join([piece async for piece in stream]) == "Hello world"
+        assert closing.chat_requests == []
+        # With no node to take it, the chat fails at once, naming the node.
+        other = node_serving(nodes, master, second)
+        master._membership.sessions[other.node_id].outbox.close()
+        with pytest.raises(ChatFailedError, match="could not take the request"):
+            await say_hi(master)
         group.cancel_scope.cancel()
 
 

@@ -5,6 +5,7 @@ check, the report's figures and table, and the commands' refusals of bad argumen
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +24,32 @@ from keeper.events import (
     RunnerStatusUpdated,
 )
 from keeper.soak.faults import (
+    FAULT_END_TIMEOUT_S,
     FREEZE_S,
     MASTER,
     MIN_HEALTHY_NODES,
     PARTITION_S,
+    SETTLE_WAIT_S,
     TAKES_A_NODE_AWAY,
     FaultKind,
     FaultPlan,
+    FaultProgress,
+    give_up_at,
+    is_settled,
+    may_start_next,
 )
-from keeper.soak.load import Load, LoadSettings
+from keeper.soak.load import Load, LoadSettings, error_label
 from keeper.soak.main import soak_main, soak_sim_main
 from keeper.soak.report import (
+    BETWEEN_FAULTS,
+    LOST,
     Deployed,
     FaultRecord,
+    Sent,
     SoakReport,
+    attribute,
+    fault_span,
+    format_by_fault,
     format_models,
     format_recovery,
     format_table,
@@ -117,6 +130,42 @@ def test_nothing_to_inject_gives_none_and_the_master_is_not_crashed_twice() -> N
         f is None or f.kind is not FaultKind.MASTER_CRASH
         for f in (plan.next_fault(NODES, set(), master_up=False) for _ in range(20))
     )
+
+
+# --- one fault at a time ------------------------------------------------------------------------
+
+SETTLED = FaultProgress(
+    at=100.0,
+    duration_s=20.0,
+    ended_at=120.0,
+    recovered=True,
+    nodes_connected=True,
+    replicas_ready=True,
+)
+
+
+def test_a_fault_settles_once_over_answered_with_every_node_and_replica_back() -> None:
+    assert is_settled(SETTLED)
+    for unmet in (
+        {"ended_at": None},
+        {"recovered": False},
+        {"nodes_connected": False},
+        {"replicas_ready": False},
+    ):
+        assert not is_settled(replace(SETTLED, **unmet)), unmet
+
+
+def test_the_next_fault_waits_for_the_latest_to_settle_until_its_deadline() -> None:
+    assert may_start_next(None, settled=False, now=0.0)  # the first fault
+    assert may_start_next(SETTLED, settled=True, now=121.0)
+    unsettled = replace(SETTLED, replicas_ready=False)
+    deadline = 120.0 + SETTLE_WAIT_S  # counted from the moment it was over
+    assert give_up_at(unsettled) == deadline
+    assert not may_start_next(unsettled, settled=False, now=deadline - 0.001)
+    assert may_start_next(unsettled, settled=False, now=deadline)
+    # Never over: the run stops waiting for its end FAULT_END_TIMEOUT_S after the planned one.
+    never_over = replace(unsettled, ended_at=None)
+    assert give_up_at(never_over) == 100.0 + 20.0 + FAULT_END_TIMEOUT_S + SETTLE_WAIT_S
 
 
 # --- the watch -----------------------------------------------------------------------------------
@@ -396,15 +445,19 @@ def test_the_load_needs_a_model() -> None:
 # --- the report ----------------------------------------------------------------------------------
 
 
-def _fault(kind: FaultKind, at: float, recovered: float | None) -> FaultRecord:
+def _fault(
+    kind: FaultKind, at: float, recovered: float | None, settled: float | None = None
+) -> FaultRecord:
     return FaultRecord(
         kind=kind,
-        node="node-1",
+        node=MASTER if kind is FaultKind.MASTER_CRASH else "node-1",
         at=at,
         ended_at=at + 5,
         recovered_after_s=recovered,
         instance_survived=True,
         duration_s=5.0,
+        settled_after_s=settled,
+        started_unsettled=False,
     )
 
 
@@ -453,7 +506,9 @@ def _report(**changes: Any) -> SoakReport:
         "faults": faults,
         "recovery": summarize(faults),
         "serving_at_end": True,
+        "replicas_at_end": True,
         "settle_s": 12.5,
+        "one_fault_at_a_time": True,
         "keeper_added_latency": latency_stats([0.5, 0.9, 1.8], [0.5, 0.9], {"nothing_fit": 2}),
         "error_kinds": {"HTTP 404": 34},
         "lost_examples": [],
@@ -512,16 +567,118 @@ def test_each_model_has_its_own_outcomes_and_share_answered() -> None:
         "requests_under_faults": 800,
         "answered_under_faults": 0.99,
         "errors_under_faults": {"HTTP 404": 8},
+        "excluding_master_restarts": None,  # no request one by one in this report
+        "by_fault": {},
     }
     assert document["models"][1]["replicas"] == 2
     assert model_outcomes(3, 2, 1, 0, under_faults=(3, 2)).answered_under_faults == 0.66667
     assert model_outcomes(1, 1, 0, 0).answered_under_faults is None  # no request under faults
     header, rule, small, big = format_models(report).splitlines()
     assert header.split()[:6] == ["model", "replicas", "requests", "results", "errors", "lost"]
-    assert header.endswith("answered under faults")
+    assert header.endswith("answered under faults  less master restarts")
     assert set(rule) <= {"-", " "}
-    assert small.split() == [SMALL, "1", "1000", "990", "10", "0", "99.00%", "of", "800"]
-    assert big.split() == [BIG, "2", "234", "210", "24", "0", "-"]
+    assert small.split() == [SMALL, "1", "1000", "990", "10", "0", "99.00%", "of", "800", "-"]
+    assert big.split() == [BIG, "2", "234", "210", "24", "0", "-", "-"]
+
+
+def test_a_faults_span_runs_until_it_settled_or_waiting_for_it_gave_up() -> None:
+    assert fault_span(_fault(FaultKind.FREEZE, 10, 4.0, settled=7.5)) == (10, 17.5)
+    # Never settled: until SETTLE_WAIT_S after it was over (ended_at is at + 5 here).
+    assert fault_span(_fault(FaultKind.FREEZE, 10, 4.0)) == (10, 15 + SETTLE_WAIT_S)
+    never_over = _fault(FaultKind.NODE_CRASH, 10, None).model_copy(update={"ended_at": None})
+    assert fault_span(never_over) == (10, 10 + 5 + FAULT_END_TIMEOUT_S + SETTLE_WAIT_S)
+
+
+def _sent(at: float, ended: float, error: str | None = None) -> Sent:
+    return Sent(model=SMALL, at=at, ended=ended, error=error)
+
+
+def test_a_request_is_the_latest_faults_whose_span_it_was_in_flight_in() -> None:
+    faults = [
+        _fault(FaultKind.NODE_CRASH, 10, 1.0, settled=50.0),  # [10, 60)
+        _fault(FaultKind.MASTER_CRASH, 40, 3.0, settled=5.0),  # [40, 45), overlapping it
+    ]
+    assert attribute(_sent(9.0, 9.999), faults) == BETWEEN_FAULTS
+    assert attribute(_sent(9.0, 10.0), faults) == "node_crash"  # cut by it
+    assert attribute(_sent(10.0, 10.4), faults) == "node_crash"
+    assert attribute(_sent(39.0, 40.2), faults) == "master_crash"  # the latest
+    assert attribute(_sent(45.0, 45.1), faults) == "node_crash"  # the end is open
+    assert attribute(_sent(59.9, 61.0), faults) == "node_crash"
+    assert attribute(_sent(60.0, 60.1), faults) == BETWEEN_FAULTS
+
+
+def test_availability_less_master_restarts_drops_what_was_in_flight_in_their_span() -> None:
+    faults = [
+        _fault(FaultKind.FREEZE, 10, 4.0, settled=10.0),  # [10, 20)
+        _fault(FaultKind.MASTER_CRASH, 40, 3.0, settled=5.0),  # [40, 45)
+    ]
+    sent = [
+        _sent(1.0, 1.4),
+        _sent(12.0, 13.0, "HTTP 503 (node silent)"),
+        _sent(15.0, 15.4),
+        _sent(39.0, 39.4),
+        _sent(39.8, 40.1, "connection lost"),  # in flight at the kill
+        _sent(40.0, 40.0, "connection refused"),
+        _sent(44.9, 104.9, LOST),
+        _sent(45.0, 45.1, "HTTP 404"),
+        _sent(46.0, 46.4),
+    ]
+    outcomes = model_outcomes(10, 5, 4, 1, under_faults=(9, 4), sent=sent, faults=faults)
+    less = outcomes.excluding_master_restarts
+    assert less is not None
+    assert (less.requests, less.results, less.answered) == (6, 4, 0.66667)
+    assert less.errors == {"HTTP 404": 1, "HTTP 503 (node silent)": 1}
+    by_fault = outcomes.by_fault
+    assert set(by_fault) == {"freeze", "master_crash", BETWEEN_FAULTS}
+    assert (by_fault["freeze"].requests, by_fault["freeze"].results) == (2, 1)
+    assert by_fault["master_crash"].errors == {
+        LOST: 1,
+        "connection lost": 1,
+        "connection refused": 1,
+    }
+    assert by_fault["master_crash"].answered == 0.0
+    assert (by_fault[BETWEEN_FAULTS].requests, by_fault[BETWEEN_FAULTS].results) == (4, 3)
+    assert sum(part.requests for part in by_fault.values()) == len(sent)
+    assert model_outcomes(1, 1, 0, 0).excluding_master_restarts is None  # nothing one by one
+
+    report = _report(faults=faults, per_model={SMALL: outcomes})
+    assert SoakReport.model_validate_json(report.model_dump_json()) == report
+    small = format_models(report).splitlines()[2].split()
+    assert small[-6:] == ["44.44%", "of", "9", "66.67%", "of", "6"]
+    by_kind = format_by_fault(report)
+    header, _, row, errors, *notes = by_kind.splitlines()
+    assert header.split() == ["model", *(k.value for k in FaultKind), BETWEEN_FAULTS]
+    assert row.split() == [
+        SMALL,
+        "-",
+        "0.00%",
+        "of",
+        "3",
+        "50.00%",
+        "of",
+        "2",
+        "-",
+        "-",
+        "75.00%",
+        "of",
+        "4",
+    ]
+    assert errors == "errors:"
+    assert f"  {SMALL}, freeze: HTTP 503 (node silent) 1" in notes
+
+
+def test_a_503_is_labelled_with_its_cause_when_the_message_says_it() -> None:
+    assert error_label(404, "No instance of m is ready") == "HTTP 404"
+    assert error_label(503, "node n sent nothing for 30 s; the request was abandoned") == (
+        "HTTP 503 (node silent)"
+    )
+    assert error_label(503, "node n disconnected during the request") == (
+        "HTTP 503 (node disconnected)"
+    )
+    assert error_label(503, "the runner for i on node-1 died mid-request") == (
+        "HTTP 503 (runner died)"
+    )
+    assert error_label(503, "something new") == "HTTP 503"
 
 
 # --- the commands refuse bad arguments clearly ---------------------------------------------------

@@ -7,7 +7,9 @@ replay check (the same seed gives the same report) on a shorter run.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from keeper.soak.run import (
     PROBE_S,
     REPLICATED_MODEL,
     SOAK_MODELS,
+    DeploymentHealth,
     Soak,
     SoakSettings,
 )
@@ -141,7 +144,8 @@ class ScriptedCluster:
     run_kind: RunKind = "virtual"
 
     def __init__(self) -> None:
-        self.down: set[str] = set()
+        self.down: set[str] = set()  # models that cannot serve
+        self.away: set[str] = set()  # nodes not connected
         self.state = State()
         self._on_event: Callable[[IndexedEvent], None] | None = None
         self._idx = 0
@@ -192,13 +196,20 @@ class ScriptedCluster:
         self._on_event = on_event
         await anyio.sleep_forever()
 
-    async def statuses(self) -> dict[str, str]:
+    async def statuses(self) -> dict[str, DeploymentHealth]:
         return {
-            d.model_card.model_id: "placing" if d.model_card.model_id in self.down else "serving"
+            d.model_card.model_id: DeploymentHealth("placing", 1, 0)
+            if d.model_card.model_id in self.down
+            else DeploymentHealth("serving", 1, 1)
             for d in self.state.deployments.values()
         }
 
+    async def connected_nodes(self) -> int:
+        return len(self.node_names()) - len(self.away)
+
     async def inject(self, fault: FaultSpec) -> None:
+        if fault.kind in TAKES_A_NODE_AWAY:
+            self.away.add(fault.node)
         long = fault.kind in TAKES_A_NODE_AWAY and fault.duration_s >= TIMEOUT_S
         if fault.node == BIG_NODE and long:
             assert self._group is not None
@@ -218,6 +229,7 @@ class ScriptedCluster:
 
     async def wait_over(self, fault: FaultSpec) -> None:
         await anyio.sleep(fault.duration_s)
+        self.away.discard(fault.node)
 
     def master_log(self) -> Path | None:
         return None
@@ -284,3 +296,55 @@ async def test_recovery_is_timed_from_a_late_deletion_and_survival_is_per_fault(
     latency = report.keeper_added_latency
     assert latency.samples == len(long_on_big)  # the scripted "keeper" took REPLACE_S
     assert latency.p50_s == REPLACE_S
+
+
+async def _scripted(settings: SoakSettings) -> SoakReport:
+    cluster = ScriptedCluster()
+    report: SoakReport | None = None
+    async with anyio.create_task_group() as group:
+        await group.start(cluster.run)
+        report = await Soak(cluster, settings, lambda _: None).run()
+        group.cancel_scope.cancel()
+    assert report is not None
+    return report
+
+
+@pytest.mark.anyio
+async def test_one_fault_at_a_time_starts_each_only_once_the_last_has_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Faults every 20 s: shorter than most faults last, so without the rule they overlap.
+    monkeypatch.setattr(faults, "FAULT_GAP_S", (20.0, 20.0))
+    load = LoadSettings(pause_after_result_s=5.0, pause_after_error_s=2.0)
+    settings = SoakSettings(minutes=20, seed=3, nodes=4, load=load, say_faults=False)
+
+    overlapping = await _scripted(replace(settings, one_fault_at_a_time=False))
+    assert not overlapping.one_fault_at_a_time
+    assert any(fault.started_unsettled for fault in overlapping.faults)
+
+    report = await _scripted(settings)
+    assert report.one_fault_at_a_time
+    assert report.lost == 0 and report.serving_at_end and report.replicas_at_end
+    assert len(report.faults) >= 5
+    for before, after in itertools.pairwise(report.faults):
+        assert before.settled_after_s is not None and before.ended_at is not None
+        # Settled once over, every node back and every model answering again (the probes
+        # look every second, the run every STATUS_POLL_S).
+        assert before.settled_after_s >= before.ended_at - before.at
+        assert before.settled_after_s >= (before.recovered_after_s or 0.0)
+        assert after.at >= before.at + before.settled_after_s
+        assert after.at >= before.at + 20.0  # the seeded gap still applies
+        assert not after.started_unsettled
+    # The long fault on the pipeline model's node settled only once the model was placed
+    # again, TIMEOUT_S + REPLACE_S after it struck.
+    long_on_big = [
+        fault
+        for fault in report.faults
+        if fault.node == BIG_NODE
+        and fault.kind in TAKES_A_NODE_AWAY
+        and fault.duration_s >= TIMEOUT_S
+    ]
+    assert long_on_big, "the seed should take the pipeline model's node away for long"
+    for fault in long_on_big:
+        assert fault.settled_after_s is not None
+        assert fault.settled_after_s >= TIMEOUT_S + REPLACE_S

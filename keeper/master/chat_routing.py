@@ -1,9 +1,10 @@
 """Routing chat requests to the replicas of a model (docs/design.md §6.8).
 
 A chat goes to the rank-0 node of the least busy ready instance of its model whose nodes are all
-connected (``keeper.readiness.chat_targets``; ties: the State's order, as exo); should that node
-or instance go before the first text, it is sent once more to another ready instance, and
-``keeper.master.chat`` follows it from there.
+connected (``keeper.readiness.chat_targets``; ties: the State's order, as exo); a node that cannot
+take it (its session closing, its outbox gone) is passed over for the next one in that order;
+should that node or instance go before the first text, it is sent once more to another ready
+instance, and ``keeper.master.chat`` follows it from there.
 
 It stands apart from the master's service because it needs only the open chats
 (``ChatRouter``), the node sessions (``Membership``) and the State, never the lock or the router.
@@ -78,19 +79,22 @@ class ChatRouting:
         return ChatStream(route, self._chats.chunk_timeout_s, reroute)
 
     def _route(self, model_id: str, request: ChatRequest, lost: str | None) -> Route | None:
-        """Open and send the request to the least busy ready instance but ``lost``; None if
-        there is none."""
+        """Open and send the request to the least busy ready instance but ``lost`` whose node
+        takes it; None if there is no such instance, ChatFailedError if none of them took it."""
         ready = [target for target in self.ready_instances(model_id) if target[0] != lost]
         if not ready:
             return None
         busy = self._chats.load([instance for instance, _ in ready])
-        instance_id, node_id = min(ready, key=lambda target: busy[target[0]])  # first of ties
-        session = self._membership.sessions[node_id]
-        route = self._chats.open(instance_id, session)
-        sent = request.model_copy(
-            update={"request_id": route.pending.request_id, "instance_id": instance_id}
-        )
-        if not session.offer(sent):
+        refused: list[NodeId] = []
+        # Least busy first; a stable sort keeps ties in the State's order.
+        for instance_id, node_id in sorted(ready, key=lambda target: busy[target[0]]):
+            session = self._membership.sessions[node_id]
+            route = self._chats.open(instance_id, session)
+            sent = request.model_copy(
+                update={"request_id": route.pending.request_id, "instance_id": instance_id}
+            )
+            if session.offer(sent):
+                return route
             self._chats.forget(route.pending.request_id)
-            raise ChatFailedError(f"node {node_id} could not take the request")
-        return route
+            refused.append(node_id)
+        raise ChatFailedError(f"node {', '.join(refused)} could not take the request")

@@ -11,6 +11,15 @@ rather than leaving one out by bad luck. A kind that cannot be injected right no
 bag for a later turn: a fault that takes a node away is skipped while it would leave fewer than
 ``MIN_HEALTHY_NODES`` healthy nodes (the two-node pipeline model needs two), a runner kill needs
 a healthy node that holds a runner, and a master crash needs a master that is up.
+
+One fault at a time (``may_start_next``, the process soak's rule): a fault of any kind, master
+crash included, starts only once the one before it has *settled*: it is over (process back,
+node thawed, link healed), every model has answered a chat sent after it, every node is
+connected to the master and every deployment has all its replicas ready again. So the soak
+measures what it claims, recovery from a single fault, rather than the seed's luck in stacking
+two. Waiting for a fault that never settles ends ``SETTLE_WAIT_S`` after it was over, so a soak
+never hangs on one; the next fault then starts and the report counts it as started unsettled.
+The rule is pure: the run polls the cluster and hands it what it saw (``FaultProgress``).
 """
 
 from __future__ import annotations
@@ -42,6 +51,13 @@ NODE_DOWN_S = 60.0
 MASTER_DOWN_S = 1.0
 # Faults that take a node away leave at least this many healthy: the pipeline model needs two.
 MIN_HEALTHY_NODES = 2
+# A fault not over this long after its planned end (a process that does not come back) is given
+# up on: the run records it with ended_at null rather than wait for it.
+FAULT_END_TIMEOUT_S = 120.0
+# The next fault waits at most this long after one is over for it to settle. A lost instance is
+# back within about a minute (30 s node timeout, up to 10 s until the sweep, a placement and a
+# load of a few seconds); twice that means it is stuck, and the report shows which fault it was.
+SETTLE_WAIT_S = 120.0
 
 MASTER = "master"  # the ``node`` of a master crash in the report
 
@@ -54,6 +70,44 @@ class FaultSpec:
     kind: FaultKind
     node: str  # a node name, or MASTER
     duration_s: float  # how long until the fault ends by itself (0 for a runner kill)
+
+
+@dataclass(frozen=True)
+class FaultProgress:
+    """Where an injected fault stands as the run last saw it (times on the run's clock)."""
+
+    at: float  # injected
+    duration_s: float  # planned length
+    ended_at: float | None  # over (process back, thawed, healed); None until then
+    recovered: bool  # every model has answered a chat sent after it
+    nodes_connected: bool  # every node is connected to the master
+    replicas_ready: bool  # every deployment has all its replicas ready
+
+
+def is_settled(progress: FaultProgress) -> bool:
+    """Over, answered after, every node connected, every deployment at its replicas."""
+    return (
+        progress.ended_at is not None
+        and progress.recovered
+        and progress.nodes_connected
+        and progress.replicas_ready
+    )
+
+
+def give_up_at(progress: FaultProgress) -> float:
+    """When waiting for the fault to settle ends: ``SETTLE_WAIT_S`` after it was over, or after
+    the run stopped waiting for it to be over."""
+    over = progress.ended_at
+    if over is None:
+        over = progress.at + progress.duration_s + FAULT_END_TIMEOUT_S
+    return over + SETTLE_WAIT_S
+
+
+def may_start_next(latest: FaultProgress | None, settled: bool, now: float) -> bool:
+    """One fault at a time: the next may start once the latest (None: no fault yet) has settled
+    (``settled``: ``is_settled`` held at some point after it struck), or once waiting for it is
+    past ``give_up_at``."""
+    return latest is None or settled or now >= give_up_at(latest)
 
 
 class FaultPlan:

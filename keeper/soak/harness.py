@@ -35,9 +35,9 @@ from keeper.cluster.local import HOST, LocalCluster
 from keeper.events import IndexedEvent
 from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import NODE_DOWN_S, FaultKind, FaultSpec
-from keeper.soak.load import MAX_TOKENS
+from keeper.soak.load import MAX_TOKENS, error_label
 from keeper.soak.report import Deployed, RunKind, SoakReport
-from keeper.soak.run import Soak, SoakError, SoakSettings, model_statuses
+from keeper.soak.run import DeploymentHealth, Soak, SoakError, SoakSettings, model_statuses
 from keeper.state import State
 
 PROMPT = "Say something while the cluster is being knocked about."
@@ -65,6 +65,15 @@ def _error_label(exc: httpx.HTTPError) -> str:
     if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
         return "connection lost"
     return type(exc).__name__
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The message of the master's error body (exo's shape), or "" if it has none."""
+    try:
+        body: Any = response.json()
+        return str(body["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return ""
 
 
 class ProcessTarget:
@@ -111,7 +120,7 @@ class ProcessTarget:
         except httpx.HTTPError as exc:
             return _error_label(exc)
         if response.status_code != 200:
-            return f"HTTP {response.status_code}"
+            return error_label(response.status_code, _error_message(response))
         try:
             reply: Any = response.json()
             reply["choices"][0]["message"]["content"]
@@ -132,13 +141,21 @@ class ProcessTarget:
                         await _read_sse(response, on_state, on_event)
             await anyio.sleep(STREAM_RETRY_S)
 
-    async def statuses(self) -> dict[str, str]:
+    async def statuses(self) -> dict[str, DeploymentHealth]:
         try:
             response = await self._client.get(f"{self._url}/deployments", timeout=API_TIMEOUT_S)
             listing = DeploymentsResponse.model_validate_json(response.content)
         except (httpx.HTTPError, ValueError):
             return {}
         return model_statuses(listing)
+
+    async def connected_nodes(self) -> int | None:
+        try:
+            response = await self._client.get(f"{self._url}/healthz", timeout=API_TIMEOUT_S)
+            health: Any = response.json()
+            return int(health["nodes_connected"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
 
     async def inject(self, fault: FaultSpec) -> None:
         cluster = self._cluster

@@ -15,6 +15,10 @@ day fits in two minutes of wall time.
 Each result also reports to ``on_result`` (model, sent at, answered at): the run uses it to tell
 when a model serves again after a fault, sending ``probe`` requests of its own meanwhile so that
 the moment is seen within a second however sparse the clients are.
+
+Every request sent since ``count_from``'s moment is also kept one by one (``LoadStats.sent``:
+model, when sent and ended, outcome), for the report to split by the fault it was in flight
+under; a run of a day sends a few tens of thousands, a few megabytes.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from keeper.soak.report import LOST, Sent
+
 # Twice the master's 30 s chat chunk timeout: a request whose node froze or vanished mid-reply
 # is ended with an error after 30 s; one still open after 60 s was dropped by the system.
 REQUEST_DEADLINE_S = 60.0
@@ -35,8 +41,32 @@ CLIENTS = 12
 # are many of them, but still a streamed, multi-chunk reply.
 MAX_TOKENS = 8
 
+# What went wrong behind a 503, by a phrase of its message (the master's chat routing and the
+# node's replies, keeper.master.chat and keeper.node.sim_node): the report counts 503s by cause,
+# since some are avoidable with a replica ready and some are not.
+_503_CAUSES = (
+    ("sent nothing for", "node silent"),
+    ("disconnected during", "node disconnected"),
+    ("was deleted during", "instance deleted"),
+    ("died mid-request", "runner died"),
+    ("no ready runner", "no ready runner"),
+    ("could not take", "node could not take it"),
+    ("not running", "master not running"),
+    ("is stopping", "master stopping"),
+)
+
 ChatSender = Callable[[str], Awaitable[str | None]]
 ResultHook = Callable[[str, float, float], None]
+
+
+def error_label(status: int, message: str) -> str:
+    """A chat's error as the report counts it: ``HTTP <status>``, with the cause for a 503."""
+    label = f"HTTP {status}"
+    if status == 503:
+        cause = next((name for phrase, name in _503_CAUSES if phrase in message), None)
+        if cause is not None:
+            return f"{label} ({cause})"
+    return label
 
 
 @dataclass
@@ -62,6 +92,8 @@ class LoadStats:
     per_model_since: dict[str, ModelCounts] = field(default_factory=dict[str, ModelCounts])
     error_kinds: Counter[str] = field(default_factory=Counter[str])
     lost_examples: list[str] = field(default_factory=list[str])
+    # Each request sent since ``Load.count_from``'s moment, timed from it.
+    sent: list[Sent] = field(default_factory=list[Sent])
 
 
 @dataclass(frozen=True)
@@ -131,7 +163,8 @@ class Load:
         settings, stats = self._settings, self.stats
         sent_at = anyio.current_time()
         counted = [stats.per_model.setdefault(model, ModelCounts())]
-        if self._since is not None and sent_at >= self._since:
+        since = self._since if self._since is not None and sent_at >= self._since else None
+        if since is not None:
             counted.append(stats.per_model_since.setdefault(model, ModelCounts()))
         stats.requests += 1
         stats.in_flight += 1
@@ -145,6 +178,15 @@ class Load:
                 answered = True
         finally:
             stats.in_flight -= 1
+        if since is not None:
+            stats.sent.append(
+                Sent(
+                    model=model,
+                    at=round(sent_at - since, 3),
+                    ended=round(anyio.current_time() - since, 3),
+                    error=error if answered else LOST,
+                )
+            )
         if not answered:
             stats.lost += 1
             for counts in counted:

@@ -1,8 +1,9 @@
 """The soak's commands: ``exo-deploy soak`` (processes) and ``exo-deploy soak-sim`` (virtual time).
 
 Both parse their arguments, run the soak, write the JSON report, print the table, each model's
-outcomes and the recovery figures, and exit 0 only if the run kept every promise: no request
-lost, no model ever with more instances than its replicas, every deployment serving at the end.
+outcomes (also by the fault they were sent under) and the recovery figures, and exit 0 only if
+the run kept every promise: no request lost, no model ever with more instances than its
+replicas, every deployment serving with all its replicas ready at the end.
 Exit codes: 0 kept, 1 a promise broken or the run could not start (the reason on stderr), 2 bad
 usage, 130 interrupted (Ctrl-C; every process the run started is stopped first).
 """
@@ -26,7 +27,13 @@ from keeper.arguments import EXIT_USAGE, UsageParser, positive_float, whole_numb
 from keeper.cluster.local import ClusterError
 from keeper.runtime.entry import expected_failure, run_until_signal
 from keeper.soak.harness import layout_summary, run_processes
-from keeper.soak.report import SoakReport, format_models, format_recovery, format_table
+from keeper.soak.report import (
+    SoakReport,
+    format_by_fault,
+    format_models,
+    format_recovery,
+    format_table,
+)
 from keeper.soak.run import SoakError, SoakSettings
 from keeper.soak.virtual import deterministic, run_virtual, temporary_data_dir, virtual_settings
 
@@ -116,6 +123,9 @@ def _conclude(report: SoakReport, path: Path, prog: str, extra: Sequence[str] = 
     print()
     print(format_models(report))
     print()
+    print("answered by the fault a request was in flight under (its injection until it settled):")
+    print(format_by_fault(report))
+    print()
     print(format_recovery(report))
     for line in extra:
         print(line)
@@ -133,6 +143,8 @@ def _conclude(report: SoakReport, path: Path, prog: str, extra: Sequence[str] = 
         )
     if not report.serving_at_end:
         broken.append("not every deployment served again at the end")
+    if not report.replicas_at_end:
+        broken.append("not every deployment had all its replicas ready again at the end")
     if broken:
         print(f"{prog}: " + "; ".join(broken), file=sys.stderr)
         return EXIT_BROKEN

@@ -11,18 +11,27 @@ wherever it is replayed: nothing in it depends on the wall clock.
 nearest-rank percentile (an observed value, never an interpolated one); ``format_table`` prints
 reports as rows of the table the seed's hardware result was given in, and ``format_models`` each
 model's own outcomes (a replicated model's availability is read there).
+
+``by_fault`` splits each model's requests sent under faults by the fault whose span they were in
+flight in (``fault_span``: from its injection until it settled; a request sent before a fault
+and cut by it is the fault's), so a figure is read on exactly what it claims: the replicated
+model's availability across node faults is ``excluding_master_restarts``, its requests under
+faults less those in flight during a master restart's span (from the kill until the restarted
+master had every node back and every model answering). Pure functions of the records, so a
+test states every case.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from keeper.soak.faults import FaultKind
+from keeper.soak.faults import FaultKind, FaultProgress, give_up_at
 
 RunKind = Literal["processes", "virtual"]
 
@@ -43,6 +52,13 @@ class FaultRecord(_ReportModel):
     # crash) was still there once it had recovered; None when the fault struck no instance.
     instance_survived: bool | None
     duration_s: float  # the planned length (freeze, partition, time down)
+    # From injection until it had settled: over and recovered, every node connected to the
+    # master, every deployment with all its replicas ready (keeper.soak.faults). None when it
+    # had not by its deadline, SETTLE_WAIT_S after it was over.
+    settled_after_s: float | None
+    # The fault before it had not settled when this one struck (in a one-at-a-time run: only
+    # once waiting for it had passed its deadline).
+    started_unsettled: bool
 
 
 class RecoveryStats(_ReportModel):
@@ -73,6 +89,47 @@ class Deployed(_ReportModel):
     replicas: int = 1  # instances kept on nodes apart (docs/design.md §5.11)
 
 
+# The ``by_fault`` key of requests sent outside every fault's span.
+BETWEEN_FAULTS = "between_faults"
+# A request's outcome label for one that got neither a reply nor an error by its deadline.
+LOST = "lost"
+
+
+class Sent(_ReportModel):
+    """One request sent once fault injection began, and its outcome."""
+
+    model: str
+    at: float  # sent, s since fault injection began
+    ended: float  # its outcome came (or its deadline passed), on the same clock
+    error: str | None  # None: a reply; else the error's label, or LOST
+
+
+class Share(_ReportModel):
+    """Some of a model's requests: how many, how many got a reply, what the others got."""
+
+    requests: int
+    results: int
+    answered: float | None  # results / requests; None when there was no request
+    errors: dict[str, int]  # by label, lost requests under LOST
+
+
+def share(sent: Iterable[Sent]) -> Share:
+    requests = results = 0
+    errors: Counter[str] = Counter()
+    for request in sent:
+        requests += 1
+        if request.error is None:
+            results += 1
+        else:
+            errors[request.error] += 1
+    return Share(
+        requests=requests,
+        results=results,
+        answered=round(results / requests, 5) if requests else None,
+        errors=dict(sorted(errors.items())),
+    )
+
+
 class ModelOutcomes(_ReportModel):
     """One model's requests and their outcomes over the whole run, and its availability: the
     share of its requests sent once fault injection began that got a reply (before, the master's
@@ -86,6 +143,12 @@ class ModelOutcomes(_ReportModel):
     answered_under_faults: float | None  # None when the model got no request then
     # What the errors under faults were (a refused connection: the master was restarting).
     errors_under_faults: dict[str, int]
+    # The same less the requests in flight during a master restart's span (``fault_span``):
+    # what node faults cost, the figure a replicated model's availability target is read on.
+    excluding_master_restarts: Share | None
+    # The requests under faults by the kind of the latest fault whose span they were in flight
+    # in (``attribute``), BETWEEN_FAULTS for the rest.
+    by_fault: dict[str, Share]
 
 
 def model_outcomes(
@@ -95,18 +158,63 @@ def model_outcomes(
     lost: int,
     under_faults: tuple[int, int] = (0, 0),
     errors_under_faults: dict[str, int] | None = None,
+    sent: Sequence[Sent] = (),
+    faults: Sequence[FaultRecord] = (),
 ) -> ModelOutcomes:
-    """``under_faults``: (requests, results) sent since fault injection began."""
-    sent, answered = under_faults
+    """``under_faults``: (requests, results) sent since fault injection began; ``sent``: those
+    requests one by one, split by ``faults``' spans."""
+    count, answered = under_faults
+    restarts = [fault_span(f) for f in faults if f.kind is FaultKind.MASTER_CRASH]
+    by_fault: dict[str, list[Sent]] = {}
+    for request in sent:
+        by_fault.setdefault(attribute(request, faults), []).append(request)
     return ModelOutcomes(
         requests=requests,
         results=results,
         errors=errors,
         lost=lost,
-        requests_under_faults=sent,
-        answered_under_faults=round(answered / sent, 5) if sent else None,
+        requests_under_faults=count,
+        answered_under_faults=round(answered / count, 5) if count else None,
         errors_under_faults=dict(sorted((errors_under_faults or {}).items())),
+        excluding_master_restarts=share(
+            r for r in sent if not any(in_flight(r, span) for span in restarts)
+        )
+        if sent
+        else None,
+        by_fault={key: share(by_fault[key]) for key in sorted(by_fault)},
     )
+
+
+def fault_span(fault: FaultRecord) -> tuple[float, float]:
+    """[start, end) of the requests a fault may have cost: from its injection until it settled,
+    or until waiting for it gave up (``keeper.soak.faults.give_up_at``) when it never did."""
+    if fault.settled_after_s is not None:
+        return fault.at, fault.at + fault.settled_after_s
+    progress = FaultProgress(
+        at=fault.at,
+        duration_s=fault.duration_s,
+        ended_at=fault.ended_at,
+        recovered=False,
+        nodes_connected=False,
+        replicas_ready=False,
+    )
+    return fault.at, give_up_at(progress)
+
+
+def in_flight(request: Sent, span: tuple[float, float]) -> bool:
+    """Whether the request was in flight at some moment of ``span``: sent before it ended, and
+    ended at or after it began."""
+    start, end = span
+    return request.at < end and request.ended >= start
+
+
+def attribute(request: Sent, faults: Sequence[FaultRecord]) -> str:
+    """The kind of the latest fault (in injection order) during whose span the request was in
+    flight, else BETWEEN_FAULTS."""
+    for fault in reversed(faults):
+        if in_flight(request, fault_span(fault)):
+            return fault.kind.value
+    return BETWEEN_FAULTS
 
 
 class SoakReport(_ReportModel):
@@ -131,8 +239,13 @@ class SoakReport(_ReportModel):
     events_checked: int
     faults: list[FaultRecord]
     recovery: dict[str, RecoveryStats]  # by fault kind
+    # After the faults: every deployment serving and every model answering a chat again.
     serving_at_end: bool
-    settle_s: float | None  # from every process being back to every model serving again
+    # ... and every deployment with all its replicas ready.
+    replicas_at_end: bool
+    settle_s: float | None  # from every process being back until both held
+    # The schedule's rule: a fault starts only once the one before it settled.
+    one_fault_at_a_time: bool
     keeper_added_latency: LatencyStats
     error_kinds: dict[str, int]
     lost_examples: list[str]
@@ -255,9 +368,13 @@ def format_recovery(report: SoakReport) -> str:
     return "\n".join(lines)
 
 
+def _share_cell(answered: float | None, requests: int) -> str:
+    return "-" if answered is None else f"{answered:.2%} of {requests}"
+
+
 def format_models(report: SoakReport) -> str:
-    """Per deployed model: its replicas, requests, results, errors, lost, and the share of its
-    requests sent under faults that were answered."""
+    """Per deployed model: its replicas, requests, results, errors, lost, the share of its
+    requests sent under faults that were answered, and the same less master restarts."""
     header = (
         "model",
         "replicas",
@@ -266,12 +383,12 @@ def format_models(report: SoakReport) -> str:
         "errors",
         "lost",
         "answered under faults",
+        "less master restarts",
     )
     rows: list[tuple[str, ...]] = [header]
     for model in report.models:
         outcomes = report.per_model.get(model.model_id) or model_outcomes(0, 0, 0, 0)
-        share = outcomes.answered_under_faults
-        answered = "-" if share is None else f"{share:.2%} of {outcomes.requests_under_faults}"
+        less = outcomes.excluding_master_restarts
         rows.append(
             (
                 model.model_id,
@@ -280,7 +397,32 @@ def format_models(report: SoakReport) -> str:
                 str(outcomes.results),
                 str(outcomes.errors),
                 str(outcomes.lost),
-                answered,
+                _share_cell(outcomes.answered_under_faults, outcomes.requests_under_faults),
+                "-" if less is None else _share_cell(less.answered, less.requests),
             )
         )
     return _aligned(rows)
+
+
+def format_by_fault(report: SoakReport) -> str:
+    """Per model, the share answered of the requests sent in each kind of fault's spans and
+    between them, with the errors behind each share."""
+    keys = [kind.value for kind in FaultKind] + [BETWEEN_FAULTS]
+    rows: list[tuple[str, ...]] = [("model", *keys)]
+    notes: list[str] = []
+    for model in report.models:
+        outcomes = report.per_model.get(model.model_id)
+        by_fault = outcomes.by_fault if outcomes is not None else {}
+        cells: list[str] = []
+        for key in keys:
+            part = by_fault.get(key)
+            cells.append("-" if part is None else _share_cell(part.answered, part.requests))
+            if part is not None and part.errors:
+                errors = ", ".join(f"{label} {n}" for label, n in part.errors.items())
+                notes.append(f"  {model.model_id}, {key}: {errors}")
+        rows.append((model.model_id, *cells))
+    lines = [_aligned(rows)]
+    if notes:
+        lines.append("errors:")
+        lines.extend(notes)
+    return "\n".join(lines)

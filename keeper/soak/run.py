@@ -7,10 +7,14 @@ know when it is over. So the invariants and the report cannot drift apart betwee
 
 The sequence:
 1. deploy the models (the soak never places an instance itself: the keeper does);
-2. start the load and the watch, and wait until every model has answered a chat;
-3. for ``minutes``: every 20-60 s a fault from the seeded plan (``keeper.soak.faults``);
+2. start the load and the watch, and wait until every model has answered a chat and every
+   deployment has all its replicas ready;
+3. for ``minutes``: every 20-60 s a fault from the seeded plan (``keeper.soak.faults``); with
+   ``one_fault_at_a_time`` (the process soak) a fault also waits until the one before it has
+   settled (``keeper.soak.faults.may_start_next``);
 4. stop injecting, wait until every fault is over (processes back, links healed);
-5. wait up to ``settle_timeout_s`` for every deployment to be serving and to answer a chat;
+5. wait up to ``settle_timeout_s`` for every deployment to be serving with all its replicas
+   ready and for every model to answer a chat;
 6. stop the load (requests in flight run to their outcome or deadline), check the master's
    whole event log for duplicates, and build the report.
 
@@ -21,9 +25,14 @@ first stage answers them) until the master times the node out and deletes its in
 minute on. So the deletion of an instance a fault hit, while the fault lasts (or, for a node
 taken away, within a sweep period after it is back), restarts its recovery from that moment.
 
-About 430 lines because the run's phases (start, settle, faults, drain, judge) share one clock
-and one set of counters; loading, faults, watching and the report are already modules of their
-own.
+A fault has *settled* once it is over and recovered, every node is connected to the master and
+every deployment has all its replicas ready (polled every second while a fault is unsettled).
+From its injection to then is the fault's span in the report: the requests in flight during it
+are the ones it may have cost, which is how the report tells a master restart's errors apart.
+
+About 580 lines because the run's phases (start, faults, the watch on their settling, settle,
+drain, judge) share one clock and one set of counters; loading, faults, watching and the report
+are already modules of their own.
 """
 
 from __future__ import annotations
@@ -38,7 +47,18 @@ import anyio
 from keeper.api_models import DeploymentsResponse
 from keeper.events import IndexedEvent
 from keeper.master.service import MasterConfig
-from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultPlan, FaultSpec
+from keeper.soak.faults import (
+    FAULT_END_TIMEOUT_S,
+    MASTER,
+    TAKES_A_NODE_AWAY,
+    FaultKind,
+    FaultPlan,
+    FaultProgress,
+    FaultSpec,
+    give_up_at,
+    is_settled,
+    may_start_next,
+)
 from keeper.soak.load import Load, LoadSettings, ModelCounts
 from keeper.soak.report import (
     Deployed,
@@ -63,21 +83,20 @@ REPLICATED_MODEL = Deployed(
 )
 SOAK_MODELS = (SINGLE_NODE_MODEL, PIPELINE_MODEL, REPLICATED_MODEL)
 
-# The issue: after the faults, every deployment must serve again within three minutes.
+# After the faults, every deployment must serve again, all its replicas ready, within three
+# minutes.
 SETTLE_TIMEOUT_S = 180.0
 # Before the faults: the master's 15 s grace, a placement, and loading 17.6 GB over two nodes
 # take well under a minute; three mean something is broken.
 WARM_UP_TIMEOUT_S = 180.0
-# A fault not over this long after its planned end (a process that does not come back) is left
-# with ended_at null rather than holding up the run.
-FAULT_END_TIMEOUT_S = 120.0
 # A deletion this soon after a fault ended is still the fault's doing: the master's sweep, which
 # deletes instances on departed nodes, runs this often.
 REATTRIBUTE_S = MasterConfig().sweep_interval_s
 # While a fault has not recovered, each model still to answer gets a probe request this often
 # (one in flight at a time): recovery is timed to about this, however sparse the load.
 PROBE_S = 1.0
-# How often the run checks the deployments' status while settling.
+# How often the run checks the deployments' status and the connected nodes while settling, and
+# while a fault has not settled: settling is timed to about this.
 STATUS_POLL_S = 1.0
 
 
@@ -85,9 +104,32 @@ class SoakError(Exception):
     """The soak could not run (the cluster never served); the message says what and where."""
 
 
-def model_statuses(listing: DeploymentsResponse) -> dict[str, str]:
-    """Each deployed model's status in a ``GET /deployments`` listing (what ``statuses`` says)."""
-    return {view.deployment.model_card.model_id: view.status for view in listing.deployments}
+@dataclass(frozen=True)
+class DeploymentHealth:
+    """A deployed model as ``GET /deployments`` shows it: its status and its replicas."""
+
+    status: str
+    replicas: int
+    ready_replicas: int
+
+    @property
+    def serving(self) -> bool:
+        return self.status == "serving"
+
+    @property
+    def whole(self) -> bool:
+        """Serving with every replica it asks for ready."""
+        return self.serving and self.ready_replicas >= self.replicas
+
+
+def model_statuses(listing: DeploymentsResponse) -> dict[str, DeploymentHealth]:
+    """Each deployed model's health in a ``GET /deployments`` listing (what ``statuses`` says)."""
+    return {
+        view.deployment.model_card.model_id: DeploymentHealth(
+            view.status, view.replicas, view.ready_replicas
+        )
+        for view in listing.deployments
+    }
 
 
 class SoakTarget(Protocol):
@@ -112,8 +154,12 @@ class SoakTarget(Protocol):
         stream starts over (a new master, a reconnection)."""
         ...
 
-    async def statuses(self) -> dict[str, str]:
-        """Each deployed model's status; empty while the master cannot be reached."""
+    async def statuses(self) -> dict[str, DeploymentHealth]:
+        """Each deployed model's health; empty while the master cannot be reached."""
+        ...
+
+    async def connected_nodes(self) -> int | None:
+        """How many nodes are connected to the master; None while it cannot be reached."""
         ...
 
     async def inject(self, fault: FaultSpec) -> None: ...
@@ -139,6 +185,10 @@ class SoakSettings:
     # Print a progress line this often (run time), and one per fault when ``say_faults``.
     progress_every_s: float = 60.0
     say_faults: bool = True
+    # A fault starts only once the one before it has settled (keeper.soak.faults): the process
+    # soak measures recovery from single faults. The virtual day lets them overlap, see
+    # keeper.soak.virtual.
+    one_fault_at_a_time: bool = True
 
 
 @dataclass
@@ -150,6 +200,18 @@ class _Fault:
     since: float  # ``at``, or the deletion of an instance it hit (see the module docstring)
     ended_at: float | None = None
     recovered_at: float | None = None
+    settled_at: float | None = None  # see the module docstring
+    given_up: bool = False  # it did not settle by ``give_up_at``
+    started_unsettled: bool = False  # the fault before it had not settled when it struck
+
+
+@dataclass
+class _Ending:
+    """What held when the run stopped waiting for the cluster after the faults."""
+
+    serving: bool = False  # every deployment serving, every model answered after the faults
+    replicas: bool = False  # every deployment with all its replicas ready
+    settle_s: float | None = None  # from every fault over until both held
 
 
 class Soak:
@@ -170,16 +232,17 @@ class Soak:
         self._last_served: dict[str, float] = {}  # model -> latest send time of a reply
         self._origin = 0.0
         self._fault_struck = anyio.Event()  # wakes the prober
+        self._to_settle = anyio.Event()  # wakes the settling watch
 
     # --- the sequence -------------------------------------------------------------------------
 
     async def run(self) -> SoakReport:
         settings = self._settings
-        serving = False
-        settle_s: float | None = None
+        ending = _Ending()
         async with anyio.create_task_group() as group:
             self.watch.master_started(anyio.current_time())
             group.start_soon(self._follow)
+            group.start_soon(self._watch_settling)
             for model in settings.models:
                 await self._target.deploy(model)
             load_done = anyio.Event()
@@ -193,15 +256,13 @@ class Soak:
                 await self._inject_faults(faults)
             self._say("faults over; waiting for every deployment to serve again")
             back_at = anyio.current_time()
-            serving = await self._settle(back_at)
-            if serving:
-                settle_s = round(anyio.current_time() - back_at, 3)
+            ending = await self._settle(back_at)
             self.load.stop()
             self._fault_struck.set()  # the prober leaves too
             await load_done.wait()
             group.cancel_scope.cancel()
         self.watch.finish()
-        return self._report(serving, settle_s)
+        return self._report(ending)
 
     async def _run_load(self, done: anyio.Event) -> None:
         """The clients and the recovery probes, until the load stops and every request ended."""
@@ -220,15 +281,30 @@ class Soak:
         )
 
     async def _warm_up(self) -> None:
+        healths: dict[str, DeploymentHealth] = {}
         with anyio.move_on_after(self._settings.warm_up_timeout_s):
-            while any(model not in self._last_served for model in self._models):
+            while True:
+                if all(model in self._last_served for model in self._models):
+                    healths = await self._target.statuses()
+                    if all(self._whole(healths, model) for model in self._models):
+                        return
                 await anyio.sleep(STATUS_POLL_S)
-            return
         silent = [model for model in self._models if model not in self._last_served]
+        if silent:
+            raise SoakError(
+                f"{', '.join(silent)} never answered a chat within "
+                f"{self._settings.warm_up_timeout_s:g} s of being deployed, before any fault"
+            )
+        short = [model for model in self._models if not self._whole(healths, model)]
         raise SoakError(
-            f"{', '.join(silent)} never answered a chat within "
+            f"{', '.join(short)} did not have all its replicas ready within "
             f"{self._settings.warm_up_timeout_s:g} s of being deployed, before any fault"
         )
+
+    @staticmethod
+    def _whole(healths: dict[str, DeploymentHealth], model: str) -> bool:
+        health = healths.get(model)
+        return health is not None and health.whole
 
     async def _inject_faults(self, group: anyio.abc.TaskGroup) -> None:
         end = self._origin + self._settings.minutes * 60
@@ -237,6 +313,8 @@ class Soak:
             if anyio.current_time() + gap >= end:
                 break
             await anyio.sleep(gap)
+            if self._settings.one_fault_at_a_time and not await self._until_settled(end):
+                break
             spec = self._plan.next_fault(*self._fault_options())
             if spec is None:
                 continue
@@ -248,15 +326,65 @@ class Soak:
                 hit=self.watch.instances_on(node_id),
                 waiting_for=set(self._models),
                 since=now,
+                started_unsettled=bool(self._faults) and self._faults[-1].settled_at is None,
             )
             self._faults.append(fault)
             self._recovering.append(fault)
             self._fault_struck.set()
+            self._to_settle.set()
             if self._settings.say_faults:
                 self._say(self._describe(fault))
             await self._target.inject(spec)
             group.start_soon(self._await_over, fault)
         await anyio.sleep(max(0.0, end - anyio.current_time()))
+
+    async def _until_settled(self, end: float) -> bool:
+        """Wait until the latest fault has settled or waiting for it is past its deadline
+        (``may_start_next``); False if the run's time for faults ran out first."""
+        while True:
+            now = anyio.current_time()
+            latest = self._faults[-1] if self._faults else None
+            progress = None if latest is None else self._progress_of(latest, False, False)
+            settled = latest is not None and latest.settled_at is not None
+            if may_start_next(progress, settled, now):
+                return True
+            if now >= end:
+                return False
+            await anyio.sleep(STATUS_POLL_S)
+
+    def _progress_of(self, fault: _Fault, connected: bool, replicas: bool) -> FaultProgress:
+        return FaultProgress(
+            at=fault.at,
+            duration_s=fault.spec.duration_s,
+            ended_at=fault.ended_at,
+            recovered=fault not in self._recovering,
+            nodes_connected=connected,
+            replicas_ready=replicas,
+        )
+
+    async def _watch_settling(self) -> None:
+        """Until cancelled: while a fault has not settled, poll the cluster every STATUS_POLL_S
+        and mark each fault settled (or given up on) as soon as it is."""
+        target, nodes = self._target, len(self._target.node_names())
+        while True:
+            waiting = [f for f in self._faults if f.settled_at is None and not f.given_up]
+            if not waiting:
+                self._to_settle = anyio.Event()
+                await self._to_settle.wait()
+                continue
+            connected = await target.connected_nodes() == nodes
+            healths = await target.statuses()
+            replicas = all(self._whole(healths, model) for model in self._models)
+            now = anyio.current_time()
+            for fault in waiting:
+                progress = self._progress_of(fault, connected, replicas)
+                if is_settled(progress):
+                    fault.settled_at = now
+                elif now >= give_up_at(progress):
+                    fault.given_up = True
+                    if self._settings.one_fault_at_a_time:  # else nothing waited for it
+                        self._say(f"{self._describe(fault)}: not settled in time; going on")
+            await anyio.sleep(STATUS_POLL_S)
 
     def _fault_options(self) -> tuple[list[str], set[str], bool]:
         ongoing = [fault for fault in self._faults if fault.ended_at is None]
@@ -276,16 +404,32 @@ class Soak:
         if fault.ended_at is None:
             self._say(f"{self._describe(fault)}: still not over; the report says so")
 
-    async def _settle(self, back_at: float) -> bool:
+    async def _settle(self, back_at: float) -> _Ending:
+        """Wait until every deployment serves with all its replicas ready and every model has
+        answered a chat sent after ``back_at``, or ``settle_timeout_s``; what held at the end.
+        Within the same timeout, also until every fault has settled or been given up on, so
+        that each one's record is complete."""
+        ending = _Ending()
+        settle_s: float | None = None
         with anyio.move_on_after(self._settings.settle_timeout_s):
             while True:
-                statuses = await self._target.statuses()
-                if all(statuses.get(model) == "serving" for model in self._models) and all(
+                healths = await self._target.statuses()
+                answered = all(
                     self._last_served.get(model, -1.0) >= back_at for model in self._models
-                ):
-                    return True
+                )
+                serving = all(
+                    (health := healths.get(model)) is not None and health.serving
+                    for model in self._models
+                )
+                replicas = all(self._whole(healths, model) for model in self._models)
+                if answered and serving and replicas and settle_s is None:
+                    settle_s = round(anyio.current_time() - back_at, 3)
+                ending = _Ending(answered and serving, replicas, settle_s)
+                unsettled = any(f.settled_at is None and not f.given_up for f in self._faults)
+                if settle_s is not None and not unsettled:
+                    return ending
                 await anyio.sleep(STATUS_POLL_S)
-        return False
+        return ending
 
     async def _probe(self) -> None:
         probing: set[str] = set()
@@ -379,9 +523,13 @@ class Soak:
             ),
             instance_survived=survived,
             duration_s=fault.spec.duration_s,
+            settled_after_s=(
+                None if fault.settled_at is None else round(fault.settled_at - fault.at, 3)
+            ),
+            started_unsettled=fault.started_unsettled,
         )
 
-    def _outcomes(self, model: str) -> ModelOutcomes:
+    def _outcomes(self, model: str, records: list[FaultRecord]) -> ModelOutcomes:
         counts = self.load.stats.per_model.get(model, ModelCounts())
         since = self.load.stats.per_model_since.get(model, ModelCounts())
         return model_outcomes(
@@ -391,9 +539,11 @@ class Soak:
             counts.lost,
             under_faults=(since.requests, since.results),
             errors_under_faults=dict(since.error_kinds),
+            sent=[request for request in self.load.stats.sent if request.model == model],
+            faults=records,
         )
 
-    def _report(self, serving: bool, settle_s: float | None) -> SoakReport:
+    def _report(self, ending: _Ending) -> SoakReport:
         settings = self._settings
         run_end = anyio.current_time()
         records = [self._record(fault, run_end) for fault in self._faults]
@@ -413,14 +563,16 @@ class Soak:
             results=stats.results,
             errors=stats.errors,
             lost=stats.lost,
-            per_model={model: self._outcomes(model) for model in self._models},
+            per_model={model: self._outcomes(model, records) for model in self._models},
             duplicates=max(live.episodes, checked.duplicates if checked else 0),
             duplicates_seen_live=live.episodes,
             events_checked=checked.events if checked else 0,
             faults=records,
             recovery=summarize(records),
-            serving_at_end=serving,
-            settle_s=settle_s,
+            serving_at_end=ending.serving,
+            replicas_at_end=ending.replicas,
+            settle_s=ending.settle_s,
+            one_fault_at_a_time=settings.one_fault_at_a_time,
             keeper_added_latency=latency_stats(
                 self.watch.latencies,
                 self.watch.latencies_alone,

@@ -6,7 +6,12 @@ master crash stops the running ``Master`` (its tasks are cancelled, as a kill wo
 and starts a new one on the same data dir after ``MASTER_DOWN_S``, which rebuilds its State
 from the event log while the nodes reconnect to it.
 
-The fault plan, the invariants and the report are the process soak's. What differs is what
+The fault plan, the invariants and the report are the process soak's, but for one rule: faults
+may overlap here (``SoakSettings.one_fault_at_a_time`` off). The virtual day is where the
+invariants (nothing lost, never more instances than replicas) meet two nodes out at once, a
+master restart during a node fault and the like, hour after hour; availability under single
+faults is measured by the process soak, and the virtual run's shares are no availability
+anyway (see VIRTUAL_LOAD). What differs besides is what
 costs wall time here and nothing there: chats go to ``Master.chat`` directly (the HTTP layer
 adds cost and nothing to what is soaked; the outcome labels are the ones HTTP would give), the
 clients are sparser (the run's probes still time every recovery to the second), and the nodes
@@ -49,9 +54,9 @@ from keeper.node.sim_node import NodeConfig
 from keeper.runtime.errors import MasterError
 from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import MASTER_DOWN_S, FaultKind, FaultSpec
-from keeper.soak.load import LoadSettings
+from keeper.soak.load import LoadSettings, error_label
 from keeper.soak.report import Deployed, RunKind, SoakReport
-from keeper.soak.run import Soak, SoakError, SoakSettings, model_statuses
+from keeper.soak.run import DeploymentHealth, Soak, SoakError, SoakSettings, model_statuses
 from keeper.state import State
 
 PROMPT = "Say something while the cluster is being knocked about."
@@ -218,7 +223,7 @@ class VirtualTarget:
             async for _ in stream:
                 pass
         except MasterError as exc:
-            return f"HTTP {exc.status_code}"
+            return error_label(exc.status_code, exc.message)
         return None
 
     async def follow(
@@ -230,11 +235,17 @@ class VirtualTarget:
                 async for indexed in subscription:
                     on_event(indexed)
 
-    async def statuses(self) -> dict[str, str]:
+    async def statuses(self) -> dict[str, DeploymentHealth]:
         master = self._master
         if master is None or not master.running:
             return {}
         return model_statuses(master.deployments_view())
+
+    async def connected_nodes(self) -> int | None:
+        master = self._master
+        if master is None or not master.running:
+            return None
+        return len(master.connected_nodes())
 
     async def inject(self, fault: FaultSpec) -> None:
         cluster = self._cluster
@@ -270,6 +281,7 @@ def virtual_settings(hours: float, seed: int, nodes: int) -> SoakSettings:
         load=VIRTUAL_LOAD,
         progress_every_s=3600.0,
         say_faults=False,
+        one_fault_at_a_time=False,
     )
 
 
