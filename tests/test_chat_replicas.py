@@ -3,8 +3,8 @@
 A chat goes to a ready instance whose nodes are all connected, the one with the fewest chats in
 flight (ties: the State's order); a node whose connection closed is passed over at once, well
 before it would time out, and so is one whose session cannot take the request; a chat whose
-node drops before the first token is sent once more to another replica, while one that already
-had text ends with an error.
+node drops (or that its node fails) before the first token is sent once more to another
+replica, while one that already had text ends with an error.
 """
 
 from __future__ import annotations
@@ -122,6 +122,26 @@ async def test_a_chat_whose_node_drops_before_the_first_token_is_retried_on_anot
         assert stream.instance_id == second
         assert stream.rerouted_from == first
         assert stream.finish_reason == "stop"
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_chat_its_node_fails_before_the_first_token_is_retried_on_another_replica() -> None:
+    # A runner killed under a chat: the node answers an error, the client has seen nothing.
+    nodes = [FakeNode("a"), FakeNode("b")]
+    async with anyio.create_task_group() as group:
+        master, (first, second) = await two_replicas(group, nodes)
+        node_serving(nodes, master, first).chat = "error"
+        stream = await say_hi(master)
+        assert "".join([piece async for piece in stream]) == "Hello world"
+        assert (stream.instance_id, stream.rerouted_from) == (second, first)
+        # Both failing: the node's own message, after one retry.
+        node_serving(nodes, master, second).chat = "error"
+        stream = await say_hi(master)
+        with pytest.raises(ChatFailedError, match="runner died"):
+            async for _ in stream:
+                pass
+        assert stream.rerouted_from is not None
         group.cancel_scope.cancel()
 
 

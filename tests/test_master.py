@@ -26,6 +26,7 @@ from keeper.events import InstanceCreated, InstanceDeleted, NodeTimedOut
 from keeper.link.channel import ChannelClosedError, NodeSide, memory_channel_pair
 from keeper.link.protocol import (
     ChatChunk,
+    ChatError,
     ChatMessage,
     ChatRequest,
     EventMessage,
@@ -72,7 +73,7 @@ class FakeNode:
         self.name = name
         self.memory_gb = memory_gb
         # "reply" | "die" (one chunk, then the connection drops) | "drop" (the connection drops
-        # before any chunk) | "hang"
+        # before any chunk) | "error" (the node answers an error before any chunk) | "hang"
         self.chat = chat
         self.frozen = False
         self.chat_requests: list[ChatRequest] = []
@@ -143,6 +144,9 @@ class FakeNode:
             return
         if self.chat == "drop":
             await channel.aclose()
+            return
+        if self.chat == "error":
+            await channel.send(ChatError(request_id=request.request_id, message="runner died"))
             return
         await channel.send(ChatChunk(request_id=request.request_id, text="Hello"))
         if self.chat == "die":

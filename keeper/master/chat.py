@@ -6,12 +6,12 @@ reaches its waiter, and ends them when their node disconnects or their instance 
 (``RouteLost``); ``ChatStream`` also bounds the wait for every chunk. So a request whose node
 dies ends promptly, and one whose node freezes ends after the chunk timeout.
 
-A request whose route is lost before its first text is sent once more, to another instance
-(``Reroute``, given by the master, which knows the replicas; docs/design.md §6.8): the client
-has seen nothing yet, so nothing is repeated or lost. After the first text a retry would
-repeat or drop part of the reply, so the request ends with ``ChatFailedError``. A node's own
-error (``ChatError``) and silence are not retried: the instance is still there and would
-likely fail the same way.
+A request whose route is lost, or that its node fails (``ChatError``: a runner killed under
+it), before its first text is sent once more, to another instance (``Reroute``, given by the
+master, which knows the replicas; docs/design.md §6.8): the client has seen nothing yet, so
+nothing is repeated or lost, and another instance has its own runners. After the first text a
+retry would repeat or drop part of the reply, so the request ends with ``ChatFailedError``.
+Silence is not retried: the chunk timeout has already cost the client its wait.
 """
 
 from __future__ import annotations
@@ -117,11 +117,9 @@ class ChatStream:
                         f"node {self.node_id} sent nothing for {self._timeout:g} s; "
                         "the request was abandoned"
                     )
-                if isinstance(reply, RouteLost):
+                if isinstance(reply, RouteLost | ChatError):
                     if not started and self._retry():
                         continue
-                    raise ChatFailedError(reply.message)
-                if isinstance(reply, ChatError):
                     raise ChatFailedError(reply.message)
                 if reply.finish_reason is not None:
                     self.finish_reason = reply.finish_reason
@@ -136,7 +134,7 @@ class ChatStream:
         reroute, self._reroute = self._reroute, None
         if reroute is None:
             return False
-        lost = self._route  # the router has already ended it
+        lost = self._route  # the router has already ended it (lost, or the node's error)
         lost.replies.close()
         route = reroute(lost.pending.instance_id, lost.pending.node_id)
         if route is None:

@@ -3,8 +3,8 @@
 A chat goes to the rank-0 node of the least busy ready instance of its model whose nodes are all
 connected (``keeper.readiness.chat_targets``; ties: the State's order, as exo); a node that cannot
 take it (its session closing, its outbox gone) is passed over for the next one in that order;
-should that node or instance go before the first text, it is sent once more to another ready
-instance, and ``keeper.master.chat`` follows it from there.
+should that node or instance go, or the node fail the request, before the first text, it is sent
+once more to another ready instance, and ``keeper.master.chat`` follows it from there.
 
 It stands apart from the master's service because it needs only the open chats
 (``ChatRouter``), the node sessions (``Membership``) and the State, never the lock or the router.
@@ -52,7 +52,7 @@ class ChatRouting:
 
         The instance with the fewest chats in flight (ties: the State's order, as exo) gets it;
         should its node or instance go before the first text, it is sent once more to another
-        ready instance (docs/design.md §6.8)."""
+        ready instance, and so is one its node fails before the first text (docs/design.md §6.8)."""
         request = ChatRequest(
             request_id="", instance_id="", messages=list(messages), max_tokens=max_tokens
         )
@@ -66,7 +66,8 @@ class ChatRouting:
 
         def reroute(instance_id: str, node_id: NodeId) -> Route | None:
             log.info(
-                "chat to %s: node %s or instance %s went before the first token; retrying",
+                "chat to %s: node %s or instance %s went or failed before the first token; "
+                "retrying",
                 model_id,
                 node_id,
                 instance_id,
