@@ -4,6 +4,7 @@ records are in the snapshot and the log); and every bad ``hours`` is a 4xx namin
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -105,6 +106,38 @@ async def test_an_incident_across_a_master_restart_is_one_incident_with_its_caus
     assert after.mttr_s == ended.downtime_s
     assert after.availability is not None and 0 < after.availability < 1
     assert after.window_hours == 24 and after.complete_from is None
+
+
+@pytest.mark.anyio
+async def test_snapshots_and_compaction_in_a_worker_thread_keep_the_history(tmp_path: Path) -> None:
+    # As the master runs in production: log I/O in a worker thread, which cannot read the
+    # master's clock, so compaction's time must come from the event loop.
+    config = MasterConfig(startup_grace_s=3600, log_io_in_thread=True, snapshot_every_events=20)
+    master = Master(tmp_path, config=config)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        transport = httpx.ASGITransport(app=create_app(master))
+        async with httpx.AsyncClient(transport=transport, base_url="http://master") as client:
+            created = await client.post("/deployments", json={"model_id": QWEN})
+            deployment_id = created.json()["deployment_id"]
+            await applied(master, node_info("n-a"))
+            await serve_on(master, "n-a", "i1")
+            for _ in range(3):  # node reports: enough events for a snapshot and a compaction
+                await applied(master, *(node_info("n-a") for _ in range(20)))
+            with anyio.fail_after(5):
+                while not (tmp_path / "snapshot.json").exists():
+                    await anyio.sleep(0.01)
+            assert master.running
+            served = await history(client, deployment_id)
+        group.cancel_scope.cancel()
+    assert served.availability == 1.0
+    # The records are in the snapshot, not in the compacted log.
+    snapshot = json.loads((tmp_path / "snapshot.json").read_bytes())
+    assert [r["serving"] for r in snapshot["state"]["servingHistory"][deployment_id]] == [
+        False,
+        True,
+    ]
+    assert b"DeploymentServingChanged" not in (tmp_path / "events.jsonl").read_bytes()
 
 
 @pytest.mark.anyio

@@ -130,7 +130,7 @@ class EventStore:
             if self._log.events_since_snapshot and self.write_error is None:
                 self._log.write_snapshot(self._state)
                 if self.compact_after_snapshot:
-                    self._compact(self._state)
+                    self._compact(self._state, self._wall_time())
         except OSError as exc:
             log.warning("no snapshot on stopping (%s); the log holds every event", exc)
         finally:
@@ -231,19 +231,21 @@ class EventStore:
         """Snapshot (then compact) once ``snapshot_every`` events have been logged since."""
         if not self._snapshot_is_due():
             return
+        # The time is read here, on the event loop: ``wall_time`` may be the service's clock,
+        # which only the loop can read (the worker thread below cannot).
+        now = self._wall_time()
         with anyio.CancelScope(shield=True):
             if self.io_in_thread:
                 # States are immutable, so serialising this one in a thread is safe.
-                await anyio.to_thread.run_sync(self._snapshot, self._state)
+                await anyio.to_thread.run_sync(self._snapshot, self._state, now)
             else:
-                self._snapshot(self._state)
+                self._snapshot(self._state, now)
 
     def snapshot_now_if_due(self) -> None:
         if self._snapshot_is_due():
-            self._snapshot(self._state)
+            self._snapshot(self._state, self._wall_time())
 
-    def _compact(self, state: State) -> tuple[int, int]:
-        now = self._wall_time()
+    def _compact(self, state: State, now: float) -> tuple[int, int]:
         expired = [mark for mark in self._marks if mark[0] <= now - self.history_keep_s]
         keep_from = expired[-1][1] + 1 if expired else 0
         sizes = self._log.compact(state, keep_from)
@@ -256,11 +258,11 @@ class EventStore:
         due = self._retry_at if self._retry_at is not None else self.snapshot_every
         return self._log.events_since_snapshot >= due and self.write_error is None
 
-    def _snapshot(self, state: State) -> None:
+    def _snapshot(self, state: State, now: float) -> None:
         try:
             self._log.write_snapshot(state)
             if self.compact_after_snapshot:
-                before, after = self._compact(state)
+                before, after = self._compact(state, now)
                 log.info("log compacted from %d to %d bytes", before, after)
         except OSError as exc:
             # The log still holds every event; try again after a further tenth of the interval.
