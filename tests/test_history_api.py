@@ -38,8 +38,10 @@ def anyio_backend() -> str:
 
 
 @asynccontextmanager
-async def serving_master(data_dir: Path | None) -> AsyncIterator[tuple[Master, httpx.AsyncClient]]:
-    master = Master(data_dir, config=QUIET)
+async def serving_master(
+    data_dir: Path | None, config: MasterConfig = QUIET
+) -> AsyncIterator[tuple[Master, httpx.AsyncClient]]:
+    master = Master(data_dir, config=config)
     async with anyio.create_task_group() as group:
         await group.start(master.run)
         transport = httpx.ASGITransport(app=create_app(master))
@@ -113,24 +115,18 @@ async def test_snapshots_and_compaction_in_a_worker_thread_keep_the_history(tmp_
     # As the master runs in production: log I/O in a worker thread, which cannot read the
     # master's clock, so compaction's time must come from the event loop.
     config = MasterConfig(startup_grace_s=3600, log_io_in_thread=True, snapshot_every_events=20)
-    master = Master(tmp_path, config=config)
-    async with anyio.create_task_group() as group:
-        await group.start(master.run)
-        transport = httpx.ASGITransport(app=create_app(master))
-        async with httpx.AsyncClient(transport=transport, base_url="http://master") as client:
-            created = await client.post("/deployments", json={"model_id": QWEN})
-            deployment_id = created.json()["deployment_id"]
-            await applied(master, node_info("n-a"))
-            await serve_on(master, "n-a", "i1")
-            for _ in range(3):  # node reports: enough events for a snapshot and a compaction
-                await applied(master, *(node_info("n-a") for _ in range(20)))
-            with anyio.fail_after(5):
-                while not (tmp_path / "snapshot.json").exists():
-                    await anyio.sleep(0.01)
-            assert master.running
-            served = await history(client, deployment_id)
-        group.cancel_scope.cancel()
-    assert served.availability == 1.0
+    async with serving_master(tmp_path, config) as (master, client):
+        created = await client.post("/deployments", json={"model_id": QWEN})
+        deployment_id = created.json()["deployment_id"]
+        await applied(master, node_info("n-a"))
+        await serve_on(master, "n-a", "i1")
+        for _ in range(3):  # node reports: enough events for a snapshot and a compaction
+            await applied(master, *(node_info("n-a") for _ in range(20)))
+        with anyio.fail_after(5):
+            while not (tmp_path / "snapshot.json").exists():
+                await anyio.sleep(0.01)
+        assert master.running
+        assert (await history(client, deployment_id)).availability == 1.0
     # The records are in the snapshot, not in the compacted log.
     snapshot = json.loads((tmp_path / "snapshot.json").read_bytes())
     assert [r["serving"] for r in snapshot["state"]["servingHistory"][deployment_id]] == [
