@@ -30,7 +30,7 @@ from keeper.events import (
 from keeper.soak import faults
 from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultSpec
 from keeper.soak.load import LoadSettings
-from keeper.soak.report import Deployed, RunKind, SoakReport
+from keeper.soak.report import Deployed, FaultRecord, RunKind, SoakReport
 from keeper.soak.run import (
     PIPELINE_MODEL,
     PROBE_S,
@@ -235,6 +235,19 @@ class ScriptedCluster:
         return None
 
 
+def long_faults_on_the_pipeline_node(report: SoakReport) -> list[FaultRecord]:
+    """The faults that took the pipeline model's node away for longer than the node timeout."""
+    long_on_big = [
+        fault
+        for fault in report.faults
+        if fault.node == BIG_NODE
+        and fault.kind in TAKES_A_NODE_AWAY
+        and fault.duration_s >= TIMEOUT_S
+    ]
+    assert long_on_big, "the seed should take the pipeline model's node away for long"
+    return long_on_big
+
+
 def instance_on(instance_id: str, model_id: str, node: str) -> MlxRingInstance:
     card = catalog_by_id()[model_id]
     shard: Shard = PipelineShardMetadata(
@@ -260,26 +273,13 @@ async def test_recovery_is_timed_from_a_late_deletion_and_survival_is_per_fault(
 ) -> None:
     # Faults 100 s apart, so each one's effects are over before the next.
     monkeypatch.setattr(faults, "FAULT_GAP_S", (100.0, 100.0))
-    cluster = ScriptedCluster()
     load = LoadSettings(pause_after_result_s=5.0, pause_after_error_s=2.0)
     settings = SoakSettings(minutes=15, seed=3, nodes=4, load=load, say_faults=False)
-    report: SoakReport | None = None
-    async with anyio.create_task_group() as group:
-        await group.start(cluster.run)
-        report = await Soak(cluster, settings, lambda _: None).run()
-        group.cancel_scope.cancel()
-    assert report is not None
+    report = await _scripted(settings)
 
     assert report.lost == 0 and report.duplicates == 0 and report.serving_at_end
     assert {fault.kind for fault in report.faults} == set(FaultKind)
-    long_on_big = [
-        fault
-        for fault in report.faults
-        if fault.node == BIG_NODE
-        and fault.kind in TAKES_A_NODE_AWAY
-        and fault.duration_s >= TIMEOUT_S
-    ]
-    assert long_on_big, "the seed should take the pipeline model's node away for long"
+    long_on_big = long_faults_on_the_pipeline_node(report)
     for fault in report.faults:
         assert fault.ended_at == pytest.approx(fault.at + fault.duration_s, abs=0.01)
         assert fault.recovered_after_s is not None
@@ -337,14 +337,7 @@ async def test_one_fault_at_a_time_starts_each_only_once_the_last_has_settled(
         assert not after.started_unsettled
     # The long fault on the pipeline model's node settled only once the model was placed
     # again, TIMEOUT_S + REPLACE_S after it struck.
-    long_on_big = [
-        fault
-        for fault in report.faults
-        if fault.node == BIG_NODE
-        and fault.kind in TAKES_A_NODE_AWAY
-        and fault.duration_s >= TIMEOUT_S
-    ]
-    assert long_on_big, "the seed should take the pipeline model's node away for long"
+    long_on_big = long_faults_on_the_pipeline_node(report)
     for fault in long_on_big:
         assert fault.settled_after_s is not None
         assert fault.settled_after_s >= TIMEOUT_S + REPLACE_S

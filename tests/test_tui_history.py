@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-
 import pytest
+from local_time import utc  # noqa: F401  (autouse: times in UTC)
 
 from exo_deploy_tui.availability import AVAILABILITY_WINDOW_S
 from exo_deploy_tui.cells import (
@@ -48,15 +46,6 @@ A_DAY: tuple[tuple[float, bool, str | None], ...] = (
     (40 * 60 - 12.5, True, None),
 )
 DOWN_S = 40.2 + 95 + 12.5
-
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def cluster(

@@ -8,9 +8,10 @@ with ``pytest tests/test_tui_snapshots.py --snapshot-update`` and look at the ne
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 import pytest
+from local_time import utc  # noqa: F401  (autouse: times in UTC)
 from textual.pilot import Pilot
 from textual.widgets import Input
 
@@ -32,15 +33,6 @@ NO_FIT = "No cycles found with sufficient memory"
 SIZES = [(80, 24), (120, 40)]
 
 Compare = Callable[..., bool]
-
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 class Clock:
