@@ -19,13 +19,15 @@ from keeper.api_models import DeploymentHistoryResponse
 from keeper.catalog import BUILTIN_MODEL_CARDS
 from keeper.events import (
     AnyEvent,
+    DeploymentCreated,
     InstanceCreated,
     NodeTimedOut,
     RunnerStatusUpdated,
 )
 from keeper.master.api import create_app
 from keeper.master.service import Master, MasterConfig
-from keeper.state import NodeIdentity, RunnerReady
+from keeper.runtime.event_store import EventStore
+from keeper.state import Deployment, NodeIdentity, RunnerReady
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 # The keeper stays out of the way: these tests place instances themselves.
@@ -135,6 +137,29 @@ async def test_snapshots_and_compaction_in_a_worker_thread_keep_the_history(tmp_
         True,
     ]
     assert b"DeploymentServingChanged" not in (tmp_path / "events.jsonl").read_bytes()
+
+
+@pytest.mark.anyio
+async def test_a_log_from_before_serving_records_gets_them_at_the_start(tmp_path: Path) -> None:
+    # A data dir whose deployment serves, written with no serving records.
+    card = next(card for card in BUILTIN_MODEL_CARDS if card.model_id == QWEN)
+    old = EventStore(tmp_path, snapshot_every=1000)
+    old.open()
+    old.commit_now(
+        [
+            DeploymentCreated(deployment=Deployment(deployment_id="d-old", model_card=card)),
+            node_info("n-a"),
+            InstanceCreated(instance=build_instance(card, ["n-a"], "i1")),
+            RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=RunnerReady()),
+        ]
+    )
+    old.close()
+    async with serving_master(tmp_path) as (master, client):
+        (record,) = master.state.serving_history["d-old"]
+        assert (record.serving, record.begins) == (True, "observed")
+        served = await history(client, "d-old")
+    assert served.availability == 1.0
+    assert served.complete_from is not None  # known only from this start
 
 
 @pytest.mark.anyio

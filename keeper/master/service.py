@@ -439,6 +439,7 @@ class Master:
             raise RuntimeError("this master is already running")
         clock = self._started.start_clock()
         recovery = self._store.open()
+        self._store.record_serving()
         if recovery.events_replayed or recovery.snapshot_idx is not None:
             log.info(
                 "state rebuilt from %s: snapshot at event %s + %d events replayed",

@@ -122,6 +122,20 @@ class EventStore:
         self._state = self.recovery.state
         return self.recovery
 
+    def record_serving(self) -> None:
+        """With ``track_serving``, at a start: the serving records the State calls for although
+        no change explains them, such as a deployment with none (its log was written before
+        records existed). Without this, a deployment serving steadily would have no history
+        until something changed. A log that refuses them is no reason not to start: the next
+        change that may alter serving records them."""
+        if not self.track_serving:
+            return
+        changes = serving_changes(None, self._state, self._wall_time())
+        try:
+            self.commit_now(changes)
+        except LogNotWritableError as exc:
+            log.warning("serving records not written at start: %s", exc)
+
     def close(self) -> None:
         """Snapshot what the last snapshot misses (so the next start is quick) and compact, then
         close. Compacting here too matters: a service restarted more often than every
