@@ -103,6 +103,18 @@ def _note(view: DeploymentView) -> str:
     return ""
 
 
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """Rows as aligned columns, two spaces apart; the last column (free text) is not padded."""
+    columns = len(rows[0]) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:columns], widths, strict=True))
+        + "  "
+        + row[columns]
+        for row in rows
+    ).rstrip()
+
+
 def format_deployments(response: DeploymentsResponse) -> str:
     if not response.deployments:
         return "no deployments"
@@ -120,14 +132,7 @@ def format_deployments(response: DeploymentsResponse) -> str:
                 _note(view),
             )
         )
-    columns = len(rows[0]) - 1  # the note, last, is not padded
-    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:columns], widths, strict=True))
-        + "  "
-        + row[columns]
-        for row in rows
-    ).rstrip()
+    return _table(rows)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -189,13 +194,7 @@ def format_history(history: DeploymentHistoryResponse) -> str:
                     incident.cause,
                 )
             )
-        widths = [max(len(row[i]) for row in rows) for i in range(3)]
-        lines.extend(
-            "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
-            + "  "
-            + row[3]
-            for row in rows
-        )
+        lines.append(_table(rows))
     return "\n".join(lines)
 
 
