@@ -135,6 +135,10 @@ class BridgeConfig:
     snapshot_every_events: int = 1_000
 
 
+# What the bridge's own State adds to exo's: its deployments and their serving records.
+_OWN_STATE_KEYS: set[str] = {"deployments", "serving_history"}
+
+
 class Bridge:
     """The bridge service. Construct anywhere; ``run`` inside an event loop (module doc)."""
 
@@ -263,14 +267,8 @@ class Bridge:
 
     def _exo_json_with_ours(self, exo: ExoState) -> bytes:
         document: dict[str, Any] = dict(exo.raw)
-        document["deployments"] = {
-            deployment_id: deployment.model_dump(mode="json")
-            for deployment_id, deployment in self._own.deployments.items()
-        }
-        document["servingHistory"] = {
-            deployment_id: [record.model_dump(mode="json") for record in records]
-            for deployment_id, records in self._own.serving_history.items()
-        }
+        # The bridge's own keys, in the State's camelCase ("deployments", "servingHistory").
+        document.update(self._own.model_dump(mode="json", include=_OWN_STATE_KEYS))
         return json.dumps(document, separators=(",", ":")).encode()
 
     def deployments_view(self) -> DeploymentsResponse:
