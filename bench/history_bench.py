@@ -7,8 +7,9 @@ over two nodes, a fault every 5 minutes (a node times out, the sweep deletes its
 node comes back, new instances load and become ready), and node reports (the bulk of a real
 log) every 10 s per node. Three rows:
 - a request: ``summarize`` over one deployment's serving records of the day (what the API does);
-- writing them: the day applied with the serving records a master logs (``keeper.history.replay``)
-  against the same day applied plainly, per event, so the cost on the router is a figure;
+- writing them: the day applied with the serving records a master logs
+(``keeper.model.history.replay``)   against the same day applied plainly, per event, so the cost on
+the router is a figure;
 - their size: the day's records in the State, which every snapshot and dashboard connect carries.
 """
 
@@ -17,8 +18,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from keeper.apply import apply
-from keeper.events import (
+from keeper.model.apply import apply
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     InstanceCreated,
@@ -27,8 +28,8 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.history import TimedEvent, replay, summarize
-from keeper.state import (
+from keeper.model.history import TimedEvent, replay, summarize
+from keeper.model.state import (
     Deployment,
     Memory,
     MlxRingInstance,

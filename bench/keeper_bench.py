@@ -26,9 +26,9 @@ import time
 from collections.abc import Iterable
 
 from keeper import UNPLACEABLE_RETRY, Keeper
-from keeper.apply import apply
-from keeper.core import MAX_PLACEMENT_ATTEMPTS_PER_STEP
-from keeper.events import (
+from keeper.core.keeper import MAX_PLACEMENT_ATTEMPTS_PER_STEP
+from keeper.model.apply import apply
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
@@ -38,7 +38,7 @@ from keeper.events import (
     RunnerStatusUpdated,
     TopologyEdgeCreated,
 )
-from keeper.state import (
+from keeper.model.state import (
     Backend,
     Connection,
     Deployment,

@@ -24,18 +24,17 @@ import anyio
 import httpx
 from anyio.abc import SocketStream
 
-from keeper.events import (
+from keeper.master.server import serve
+from keeper.master.service import Master, MasterConfig
+from keeper.master.subscriptions import SubscriptionLaggedError
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     IndexedEvent,
     NodeGatheredInfo,
     RunnerStatusUpdated,
 )
-from keeper.master.server import serve
-from keeper.master.service import Master, MasterConfig
-from keeper.master.subscriptions import SubscriptionLaggedError
-from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog
-from keeper.state import (
+from keeper.model.state import (
     Backend,
     Deployment,
     Memory,
@@ -45,6 +44,7 @@ from keeper.state import (
     RunnerReady,
     State,
 )
+from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog
 
 ROUTER_EVENTS = 60_000
 CLIENTS = 20
@@ -320,7 +320,7 @@ def write_data_dir(data_dir: Path, total: int) -> None:
 
 
 def state_after(idx: int, header: list[AnyEvent], period: int) -> State:
-    from keeper.apply import apply  # noqa: PLC0415 (only the data generator needs it)
+    from keeper.model.apply import apply  # noqa: PLC0415 (only the data generator needs it)
 
     state = State()
     for event in header:

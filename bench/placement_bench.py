@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection as Pipe
 
-from keeper.placement import choose_cycle, place_instance
-from keeper.placement.graph import ClusterGraph, cluster_graph
-from keeper.placement.search import SEARCH_STEP_LIMIT, CycleSearch
-from keeper.state import (
+from keeper.core.placement import choose_cycle, place_instance
+from keeper.core.placement.graph import ClusterGraph, cluster_graph
+from keeper.core.placement.search import SEARCH_STEP_LIMIT, CycleSearch
+from keeper.model.state import (
     Backend,
     Edge,
     InstanceMeta,

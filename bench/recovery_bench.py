@@ -23,8 +23,8 @@ from pathlib import Path
 import anyio
 
 from keeper.cluster.in_process import InProcessCluster
-from keeper.events import InstanceCreated, InstanceDeleted
 from keeper.master.service import Master, MasterConfig
+from keeper.model.events import InstanceCreated, InstanceDeleted
 from keeper.node.sim_node import NodeConfig
 
 MODELS = ("mlx-community/Qwen3-0.6B-4bit", "mlx-community/Llama-3.2-1B-Instruct-4bit")

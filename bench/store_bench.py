@@ -42,15 +42,16 @@ from bench.master_bench import (  # pyright: ignore[reportPrivateUsage]
     synthetic_cards,
     write_data_dir,
 )
-from keeper.apply import apply_all
-from keeper.events import (
+from keeper.master.service import Master, MasterConfig
+from keeper.model.apply import apply_all
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentPlaced,
     DeploymentPlacementFailed,
     IndexedEvent,
 )
-from keeper.master.service import Master, MasterConfig
+from keeper.model.state import Deployment, State
 from keeper.runtime import event_store
 from keeper.runtime.event_log import EventLog, FileOps, Recovery
 from keeper.runtime.log_scan import (
@@ -60,7 +61,6 @@ from keeper.runtime.log_scan import (
     is_history_line,
     read_snapshot,
 )
-from keeper.state import Deployment, State
 
 Row = tuple[str, str, str]
 

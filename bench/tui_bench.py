@@ -51,9 +51,11 @@ from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import MasterClient
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, DeploymentsUpdate, EventUpdate, Update
-from keeper.api_models import DeploymentView
-from keeper.demo import EmbeddedCluster
-from keeper.events import (
+from keeper.cluster.demo import EmbeddedCluster
+from keeper.master.server import serve
+from keeper.master.service import Master, MasterConfig
+from keeper.model.api_models import DeploymentView
+from keeper.model.events import (
     AnyEvent,
     IndexedEvent,
     InstanceCreated,
@@ -61,9 +63,7 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.master.server import serve
-from keeper.master.service import Master, MasterConfig
-from keeper.state import Memory, ModelCard, RunnerLoading, RunnerReady
+from keeper.model.state import Memory, ModelCard, RunnerLoading, RunnerReady
 
 LATENCY_SAMPLES = 60
 # Enough events that connecting and the snapshot are noise beside them; sent in batches, never

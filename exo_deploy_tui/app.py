@@ -52,7 +52,7 @@ from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.terminal import EndOfInputDriver, exit_on_hangup
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
-from keeper.api_models import CreateDeploymentRequest, ModelListEntry
+from keeper.model.api_models import CreateDeploymentRequest, ModelListEntry
 
 # The countdowns and "silent for" ages move once a second, as a clock does.
 TICK_S = 1.0

@@ -1,13 +1,13 @@
 """A deployment's last 24 hours as the dashboard shows them: the master's serving records,
-summarised by ``keeper.history``.
+summarised by ``keeper.model.history``.
 
-The rule (what counts as down, what an incident is, availability, MTTR) is ``keeper.history``'s
-alone, shared with the master's ``GET /deployments/{id}/history``; this module only picks the
-window and the clock. The records carry the master's wall time, so the window is taken on the
-master's clock (our ``now`` plus the measured offset) and the answer is then moved onto the
-dashboard's clock, where every other time on screen is. It ends on the master's whole second:
-availability moves by about 0.001 % a second, so one summary serves every frame of that second
-and the model can keep it (``ClusterModel.day_history``). Pure: ``now`` and the offset are
+The rule (what counts as down, what an incident is, availability, MTTR) is
+``keeper.model.history``'s alone, shared with the master's ``GET /deployments/{id}/history``; this
+module only picks the window and the clock. The records carry the master's wall time, so the window
+is taken on the master's clock (our ``now`` plus the measured offset) and the answer is then moved
+onto the dashboard's clock, where every other time on screen is. It ends on the master's whole
+second: availability moves by about 0.001 % a second, so one summary serves every frame of that
+second and the model can keep it (``ClusterModel.day_history``). Pure: ``now`` and the offset are
 passed in.
 """
 
@@ -17,8 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from keeper.history import History, summarize
-from keeper.state import DeploymentId, ServingRecord
+from keeper.model.history import History, summarize
+from keeper.model.state import DeploymentId, ServingRecord
 
 # The AVAIL column and describe's history: the last day, long enough to hold a night's
 # incidents when the operator looks in the morning.

@@ -36,7 +36,7 @@ from exo_deploy_tui.model import (
 )
 from exo_deploy_tui.timeline import Level, TimelineEntry
 from exo_deploy_tui.widgets.table import Cell, Cells, Column
-from keeper.api_models import DeploymentStatus, WaitReason
+from keeper.model.api_models import DeploymentStatus, WaitReason
 
 # Only measures and wraps text for fit_lines; it never prints.
 _MEASURE = Console(width=200, legacy_windows=False, color_system=None)

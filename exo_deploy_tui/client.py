@@ -25,7 +25,7 @@ than httpx's socket timeouts so the same code runs under trio's virtual clock in
 stream's silence deadline watches bytes, since the keepalive is a comment no event shows.
 Mutations (create, scale, delete, and deleting an instance with exo's own
 ``DELETE /instance/{id}``) go through the deployments client the CLI uses too
-(``keeper.api_client``), which raises ``ApiError`` carrying the master's own message.
+(``keeper.client.deployments``), which raises ``ApiError`` carrying the master's own message.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from exo_deploy_tui.updates import (
     SnapshotUpdate,
     Update,
 )
-from keeper.api_client import ApiError, DeploymentsClient, master_http, validation_summary
-from keeper.api_models import (
+from keeper.client.deployments import ApiError, DeploymentsClient, master_http, validation_summary
+from keeper.model.api_models import (
     CommandResponse,
     CreateDeploymentRequest,
     DeploymentsResponse,
@@ -59,8 +59,8 @@ from keeper.api_models import (
     ModelListEntry,
     StreamSnapshot,
 )
-from keeper.events import IndexedEvent
-from keeper.state import State
+from keeper.model.events import IndexedEvent
+from keeper.model.state import State
 
 DEFAULT_URL = "http://127.0.0.1:52415"
 

@@ -6,8 +6,8 @@ the model needs against the most a connected group of nodes offers, which links 
 which nodes lack a backend. It is a pure function of the deployment, the State and the friendly
 names, so it is tested without a terminal.
 
-The TUI may not import ``keeper.placement`` (tests/test_layering.py), so the memory figure is the
-bound placement cannot beat rather than placement's own search: the free memory of the largest
+The TUI may not import ``keeper.core.placement`` (tests/test_layering.py), so the memory figure is
+the bound placement cannot beat rather than placement's own search: the free memory of the largest
 strongly connected group of nodes reporting memory (every cycle lies inside one such group). On
 the fully connected clusters exo runs on, that group is a cycle and the bound is exact.
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from keeper.state import Backend, Deployment, InstanceMeta, NodeId, RDMAConnection, State
+from keeper.model.state import Backend, Deployment, InstanceMeta, NodeId, RDMAConnection, State
 
-# exo's placement errors, matched by their stable openings (keeper.placement writes the same).
+# exo's placement errors, matched by their stable openings (keeper.core.placement writes the same).
 _NO_MEMORY = "No cycles found with sufficient memory"
 _NO_RDMA = "Requested RDMA"
 _NO_TENSOR_SUPPORT = "Requested Tensor sharding but this model does not support"
@@ -26,7 +26,7 @@ _NO_TENSOR_SPLIT = "No tensor sharding found"
 _NO_BACKEND = "No cycle where every node supports a backend"
 _APART = "no placement apart from the nodes serving"
 
-# The backends each engine runs on (exo's engine table, as keeper.placement.ENGINE_BACKENDS).
+# The backends each engine runs on (exo's engine table, as keeper.core.placement.ENGINE_BACKENDS).
 _ENGINE_BACKENDS: dict[InstanceMeta, frozenset[Backend]] = {
     InstanceMeta.MLX_RING: frozenset({Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU}),
     InstanceMeta.MLX_JACCL: frozenset({Backend.MLX_METAL}),

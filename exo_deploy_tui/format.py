@@ -10,7 +10,7 @@ import math
 import time
 from typing import Final
 
-from keeper.api_models import DeploymentStatus
+from keeper.model.api_models import DeploymentStatus
 
 # Every status has a word and a symbol as well as a colour, so it reads in 16 colours, with
 # NO_COLOR and to colour-blind operators. The symbols are in every common terminal font.

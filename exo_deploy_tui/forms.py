@@ -1,7 +1,7 @@
 """The create form's rules, without the form: search the catalog, validate before sending.
 
 Validating here (a model chosen, a sane node count, one deployment per model, and the checks
-the master makes of a request against its model, ``keeper.api_models.create_problems``, in the
+the master makes of a request against its model, ``keeper.model.api_models.create_problems``, in the
 master's words) means most mistakes are named before anything is sent; the master still has the
 last word, and the form shows its refusal verbatim.
 """
@@ -14,13 +14,13 @@ from typing import Annotated
 
 from pydantic import TypeAdapter, ValidationError
 
-from keeper.api_models import (
+from keeper.model.api_models import (
     MAX_MIN_NODES,
     CreateDeploymentRequest,
     ModelListEntry,
     create_problems,
 )
-from keeper.state import MAX_REPLICAS, InstanceMeta, Sharding, State
+from keeper.model.state import MAX_REPLICAS, InstanceMeta, Sharding, State
 
 # The request's own ``replicas`` field (1..MAX_REPLICAS, a whole number), so the form refuses
 # exactly what the master would, in the words of its 422 ("replicas: Input should be less than
@@ -79,7 +79,8 @@ def validate_create(
         meta = InstanceMeta(instance_meta)
     except ValueError as exc:
         return str(exc)
-    # The checks the master makes too (keeper.api_models.create_problems), named before sending.
+    # The checks the master makes too (keeper.model.api_models.create_problems), named before
+    # sending.
     problems = create_problems(entry.id, entry, shard, min_nodes)
     if problems:
         return f"{problems[0].message}."

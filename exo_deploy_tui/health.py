@@ -11,13 +11,10 @@ keeping the State.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from exo_deploy_tui.format import duration
-from keeper.state import AnyInstance, NodeId, State
-
-if TYPE_CHECKING:
-    from exo_deploy_tui.model import RunnerRow
+from keeper.model.state import AnyInstance, NodeId, State
 
 # An instance that is not ready and whose runners and downloads have not moved for this long is
 # stuck, not slow: a big model takes minutes to load, but every few seconds of a healthy load
@@ -30,8 +27,24 @@ NO_PROGRESS_AFTER_S = 300.0
 UNHEALTHY_SILENT_S = 10.0
 
 
+class RunnerFacts(Protocol):
+    """What the health rule reads of a runner row (``exo_deploy_tui.model.RunnerRow`` has it):
+    named here so the rule needs nothing of the model that calls it."""
+
+    @property
+    def node_id(self) -> NodeId: ...
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def node_present(self) -> bool: ...
+
+
 def unhealthy_reason(
-    runners: Sequence[RunnerRow],
+    runners: Sequence[RunnerFacts],
     *,
     ready: bool,
     quiet_s: Mapping[NodeId, float | None],

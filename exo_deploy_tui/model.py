@@ -49,17 +49,17 @@ from exo_deploy_tui.updates import (
     SnapshotUpdate,
     Update,
 )
-from keeper.api_models import DeploymentStatus, DeploymentView, WaitReason
-from keeper.apply import apply_indexed
-from keeper.events import DeploymentServingChanged, NodeGatheredInfo, NodeTimedOut
-from keeper.history import History
-from keeper.readiness import (
+from keeper.model.api_models import DeploymentStatus, DeploymentView, WaitReason
+from keeper.model.apply import apply_indexed
+from keeper.model.events import DeploymentServingChanged, NodeGatheredInfo, NodeTimedOut
+from keeper.model.history import History
+from keeper.model.readiness import (
     deployment_statuses,
     instance_is_ready,
     ready_on_present_nodes,
     status_of,
 )
-from keeper.state import (
+from keeper.model.state import (
     AnyInstance,
     AnyRunnerStatus,
     Deployment,
@@ -120,12 +120,12 @@ class DeploymentRow:
     instance_meta: str
     min_nodes: int
     replicas: int = 1
-    ready_replicas: int = 0  # instances of the model ready now (keeper.readiness's rule)
+    ready_replicas: int = 0  # instances of the model ready now (keeper.model.readiness's rule)
     # The nodes of every instance of the model, that instance's first: where the replicas run.
     replica_nodes: tuple[tuple[str, ...], ...] = ()
     # The placement error explained in numbers from the State (exo_deploy_tui.explain), or None.
     placement_why: str | None = None
-    # The fraction of the last 24 h it served (keeper.history), None without serving records.
+    # The fraction of the last 24 h it served (keeper.model.history), None without serving records.
     availability: float | None = None
 
     @property
@@ -500,7 +500,7 @@ class ClusterModel:
             model = instance.shard_assignments.model_id
             instances_of.setdefault(model, []).append(instance)
             if instance_is_ready(instance, state):
-                # keeper.readiness.ready_replicas counts these: what GET /deployments shows as
+                # keeper.model.readiness.ready_replicas counts these: what GET /deployments shows as
                 # readyReplicas, here as fresh as the State (and as the status beside it).
                 ready_count[model] = ready_count.get(model, 0) + 1
                 if model not in ready_nodes:

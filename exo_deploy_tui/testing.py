@@ -18,7 +18,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
-from keeper.api_models import (
+from keeper.model.api_models import (
     CommandResponse,
     CreateDeploymentRequest,
     DeploymentView,
@@ -26,9 +26,9 @@ from keeper.api_models import (
     WaitReason,
     model_entry,
 )
-from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.readiness import deployment_statuses, ready_replicas
-from keeper.state import (
+from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.model.readiness import deployment_statuses, ready_replicas
+from keeper.model.state import (
     AnyRunnerStatus,
     Backend,
     Deployment,

@@ -8,7 +8,7 @@ after. When the dashboard only polls (a stock exo master), or reconnects after m
 same wording applies, so both paths tell the same story.
 
 What happened before the dashboard connected (or while it was away) comes from the master's
-serving records instead: ``incident_entries`` words each incident of ``keeper.history`` in the
+serving records instead: ``incident_entries`` words each incident of ``keeper.model.history`` in the
 live lines' words, with its cause, as entries marked ``history`` so they read apart from what
 the dashboard saw happen.
 """
@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from exo_deploy_tui.format import precise_duration, short_id, short_model
-from keeper.events import (
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
@@ -35,8 +35,8 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.history import Incident
-from keeper.state import (
+from keeper.model.history import Incident
+from keeper.model.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
     DeploymentId,

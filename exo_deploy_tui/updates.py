@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from keeper.api_models import DeploymentView
-from keeper.events import IndexedEvent
-from keeper.state import State
+from keeper.model.api_models import DeploymentView
+from keeper.model.events import IndexedEvent
+from keeper.model.state import State
 
 # connecting: nothing received yet; live: the event stream is open; polling: reading /state and
 # /deployments every second; down: the last attempt failed and a retry is scheduled.

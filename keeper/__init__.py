@@ -5,16 +5,16 @@ The names re-exported here are pinned (docs/design.md §5.10); other code, tests
 them.
 """
 
-from keeper.apply import apply
-from keeper.constants import (
+from keeper.core.keeper import DeploymentTimer, Keeper, deployment_status, has_instance
+from keeper.core.placement import place_instance
+from keeper.model.apply import apply
+from keeper.model.constants import (
     FIRST_BACKOFF,
     MAX_BACKOFF,
     PLACEMENT_TIMEOUT,
     STARTUP_GRACE,
     UNPLACEABLE_RETRY,
 )
-from keeper.core import DeploymentTimer, Keeper, deployment_status, has_instance
-from keeper.placement import place_instance
 
 __all__ = [
     "FIRST_BACKOFF",

@@ -24,13 +24,13 @@ import httpx
 from anyio.abc import TaskGroup
 from waiting import wait_until
 
-from keeper.api_models import error_body
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.cluster.in_process import InProcessCluster
-from keeper.constants import STARTUP_GRACE
-from keeper.master.exo_compat import create_exo_compat_app
+from keeper.exo_standin.app import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
+from keeper.model.api_models import error_body
+from keeper.model.constants import STARTUP_GRACE
 from keeper.node.sim_node import NodeConfig
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from itertools import count, repeat
 
-from keeper.apply import apply
-from keeper.constants import STARTUP_GRACE
-from keeper.core import Keeper, PlaceFn
-from keeper.events import (
+from keeper.core.keeper import Keeper, PlaceFn
+from keeper.core.placement import place_instance
+from keeper.model.apply import apply
+from keeper.model.constants import STARTUP_GRACE
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     InstanceDeleted,
@@ -24,8 +25,7 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.placement import place_instance
-from keeper.state import (
+from keeper.model.state import (
     AnyInstance,
     Backend,
     Connection,

@@ -1,9 +1,9 @@
 """Placement the slow, obvious way: list every simple cycle, then filter the list rule by rule.
 
 This is how exo's /place_instance works, written as plainly as possible so it can be trusted by
-reading it. ``keeper.placement`` must give the same answer (or the same error) on every state;
+reading it. ``keeper.core.placement`` must give the same answer (or the same error) on every state;
 the property test compares the two, and the benchmark times this one as the baseline. It shares
-no code with ``keeper.placement``: the wording of every error is spelled out again here.
+no code with ``keeper.core.placement``: the wording of every error is spelled out again here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from keeper.state import Backend, ModelCard, RDMAConnection, State
+from keeper.model.state import Backend, ModelCard, RDMAConnection, State
 
 ENGINE_BACKENDS = {
     "MlxRing": {Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from keeper.state import State
+from keeper.model.state import State
 
 RECORDINGS = Path(__file__).parent / "fixtures" / "exo_recordings"
 

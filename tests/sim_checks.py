@@ -40,15 +40,15 @@ from keeper import (
     UNPLACEABLE_RETRY,
     deployment_status,
 )
-from keeper.core import ready_replicas
-from keeper.events import (
+from keeper.core.keeper import ready_replicas
+from keeper.model.events import (
     AnyEvent,
     DeploymentDeleted,
     DeploymentPlaced,
     InstanceCreated,
     InstanceDeleted,
 )
-from keeper.state import State
+from keeper.model.state import State
 
 # A placement may come this much earlier than the backoff says: a loss happens between two
 # steps, and which step "noticed" it is a matter of one second.

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from keeper import STARTUP_GRACE, Keeper, place_instance
-from keeper.apply import apply
-from keeper.events import (
+from keeper.model.apply import apply
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     InstanceCreated,
@@ -42,7 +42,7 @@ from keeper.events import (
     RunnerStatusUpdated,
     TopologyEdgeCreated,
 )
-from keeper.state import (
+from keeper.model.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
     Backend,

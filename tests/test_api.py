@@ -24,9 +24,6 @@ from anyio.abc import TaskGroup
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from keeper.api_models import CommandResponse, DeploymentsResponse, ModelList, StreamSnapshot
-from keeper.catalog import BUILTIN_MODEL_CARDS
-from keeper.events import IndexedEvent, InstanceCreated, NodeGatheredInfo
 from keeper.httpapi.auth import InsecureBindError, check_bind
 from keeper.link.protocol import (
     MASTER_MESSAGE,
@@ -43,9 +40,10 @@ from keeper.link.protocol import (
 from keeper.master.api import create_app
 from keeper.master.server import serve
 from keeper.master.service import Master, MasterConfig
-from keeper.runtime.event_log import EventLog
-from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
-from keeper.state import (
+from keeper.model.api_models import CommandResponse, DeploymentsResponse, ModelList, StreamSnapshot
+from keeper.model.catalog import BUILTIN_MODEL_CARDS
+from keeper.model.events import IndexedEvent, InstanceCreated, NodeGatheredInfo
+from keeper.model.state import (
     Backend,
     Memory,
     MemoryUsage,
@@ -54,6 +52,8 @@ from keeper.state import (
     RunnerReady,
     State,
 )
+from keeper.runtime.event_log import EventLog
+from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"

@@ -1,5 +1,6 @@
-"""The deployments client the CLI and the TUI share (``keeper.api_client``), against scripted
-answers: every shape of refusal reads the same way, and every failure says what kind it is."""
+"""The deployments client the CLI and the TUI share (``keeper.client.deployments``), against
+scripted answers: every shape of refusal reads the same way, and every failure says what kind it
+is."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keeper.api_client import (
+from keeper.client.deployments import (
     NO_DEPLOYMENTS_API,
     NO_SCALING_API,
     ApiError,
@@ -17,7 +18,7 @@ from keeper.api_client import (
     master_http,
     validation_summary,
 )
-from keeper.api_models import CreateDeploymentRequest
+from keeper.model.api_models import CreateDeploymentRequest
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from keeper_harness import WHEN, build_instance, card, memory, node_info, socket_edge
 
-from keeper.apply import apply, apply_indexed
-from keeper.events import (
+from keeper.model.apply import apply, apply_indexed
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
@@ -31,7 +31,7 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.state import (
+from keeper.model.state import (
     MAX_SERVING_RECORDS,
     SERVING_HISTORY_KEEP_S,
     Backend,

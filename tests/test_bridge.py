@@ -19,11 +19,11 @@ from trio.testing import MockClock
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.in_flight import RESEND_S
 from keeper.bridge.service import Bridge
-from keeper.constants import FIRST_BACKOFF, PLACEMENT_TIMEOUT, STARTUP_GRACE
-from keeper.core import Keeper
-from keeper.events import AnyEvent
-from keeper.master.exo_compat import ExoCreateInstance
-from keeper.state import State
+from keeper.core.keeper import Keeper
+from keeper.exo_standin.app import ExoCreateInstance
+from keeper.model.constants import FIRST_BACKOFF, PLACEMENT_TIMEOUT, STARTUP_GRACE
+from keeper.model.events import AnyEvent
+from keeper.model.state import State
 
 REFUSAL = "Insufficient memory to create instance. Required: 0.3GB, Available: 0.1GB"
 

@@ -23,11 +23,11 @@ from exo_deploy_tui.client import MasterClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.server import run_bridge
-from keeper.constants import STARTUP_GRACE
-from keeper.events import DeploymentCreated
-from keeper.master.exo_compat import create_exo_compat_app
+from keeper.exo_standin.app import create_exo_compat_app
 from keeper.master.service import Master
-from keeper.state import Deployment
+from keeper.model.constants import STARTUP_GRACE
+from keeper.model.events import DeploymentCreated
+from keeper.model.state import Deployment
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOKEN = "s3cret-token"

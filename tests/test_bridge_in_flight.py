@@ -14,7 +14,7 @@ from keeper.bridge.in_flight import (
     resent,
     unanswered,
 )
-from keeper.constants import PLACEMENT_TIMEOUT
+from keeper.model.constants import PLACEMENT_TIMEOUT
 
 BODY = {"instance": {"MlxRingInstance": {"instanceId": "i-1"}}}
 

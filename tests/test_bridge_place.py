@@ -24,7 +24,7 @@ from bridge_harness import (
 from trio.testing import MockClock
 
 from keeper.bridge.exo_client import ExoClient
-from keeper.bridge.exo_placement import (
+from keeper.bridge.placement_choice import (
     ExoPlacement,
     Preview,
     choose_apart,
@@ -32,10 +32,10 @@ from keeper.bridge.exo_placement import (
     read_previews,
 )
 from keeper.bridge.service import Bridge, BridgeConfig
-from keeper.cluster_view import nodes_serving
-from keeper.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
-from keeper.master.exo_compat import ExoCreateInstance
-from keeper.state import Deployment, State
+from keeper.core.view import nodes_serving
+from keeper.exo_standin.app import ExoCreateInstance
+from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
+from keeper.model.state import Deployment, State
 
 GEMMA = "mlx-community/gemma-4-26b-a4b-it-4bit"
 DEEPSEEK_V4 = "mlx-community/DeepSeek-V4-Flash"

@@ -14,12 +14,12 @@ import pytest
 from bridge_harness import QWEN, ExoWithBridge, exo_with_bridge, wait_until
 from trio.testing import MockClock
 
-from keeper.bridge.exo_placement import ExoPlacement
+from keeper.bridge.placement_choice import ExoPlacement
 from keeper.bridge.service import ExoDownError
 from keeper.bridge.vanished import GONE_AFTER_S, VanishedInstances
-from keeper.cluster_view import without_nodes
-from keeper.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
-from keeper.state import Deployment, InstanceMeta, Sharding, State
+from keeper.core.view import without_nodes
+from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
+from keeper.model.state import Deployment, InstanceMeta, Sharding, State
 
 THREE_NODES = (("a", 32.0), ("b", 32.0), ("c", 32.0))
 

@@ -23,8 +23,8 @@ from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import COMMAND_TIMEOUT_S, ExoClient
 from keeper.bridge.service import STATE_UNREADABLE, Bridge, BridgeConfig
 from keeper.cli import EXIT_USAGE, build_parser, main
-from keeper.constants import PLACEMENT_TIMEOUT, STARTUP_GRACE
-from keeper.master.exo_compat import create_exo_compat_app
+from keeper.exo_standin.app import create_exo_compat_app
+from keeper.model.constants import PLACEMENT_TIMEOUT, STARTUP_GRACE
 
 SECOND_URL = "http://exo-2.test"
 Edit = Callable[[dict[str, Any]], dict[str, Any]]

@@ -18,7 +18,7 @@ from test_master import QWEN, FakeNode, connect, say_hi, wait_until
 from trio.testing import MockClock
 
 from keeper.master.service import Master, MasterConfig
-from keeper.runtime.errors import ChatFailedError
+from keeper.model.refusals import ChatFailedError
 
 
 @pytest.fixture

@@ -21,12 +21,12 @@ from trio.testing import MockClock
 from waiting import wait_until
 
 from keeper import STARTUP_GRACE, deployment_status
-from keeper.apply import apply_indexed
 from keeper.cluster.in_process import InProcessCluster
-from keeper.events import InstanceCreated
 from keeper.master.service import Master
+from keeper.model.apply import apply_indexed
+from keeper.model.events import InstanceCreated
+from keeper.model.state import SERVING_RUNNER_TYPES, AnyInstance, State
 from keeper.node.sim_node import NodeConfig
-from keeper.state import SERVING_RUNNER_TYPES, AnyInstance, State
 
 MODEL = "mlx-community/Qwen3-0.6B-4bit"
 NODES = [

@@ -12,9 +12,11 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
-from keeper.apply import apply
-from keeper.catalog import catalog_by_id
-from keeper.events import (
+from keeper.core.placement import place_instance
+from keeper.master.service import Master, MasterConfig
+from keeper.model.apply import apply
+from keeper.model.catalog import catalog_by_id
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
@@ -26,11 +28,7 @@ from keeper.events import (
     RunnerStatusUpdated,
     TopologyEdgeCreated,
 )
-from keeper.master.service import Master, MasterConfig
-from keeper.placement import place_instance
-from keeper.runtime import event_log as event_log_module
-from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog, EventLogCorruptError
-from keeper.state import (
+from keeper.model.state import (
     Backend,
     Connection,
     Deployment,
@@ -43,6 +41,8 @@ from keeper.state import (
     SocketConnection,
     State,
 )
+from keeper.runtime import event_log as event_log_module
+from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog, EventLogCorruptError
 
 CATALOG = catalog_by_id()
 QWEN = CATALOG["mlx-community/Qwen3-0.6B-4bit"]

@@ -26,15 +26,16 @@ from trio.testing import MockClock
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.service import Bridge
 from keeper.cli import main as cli_main
-from keeper.constants import STARTUP_GRACE
-from keeper.events import (
+from keeper.master.api import create_app
+from keeper.master.service import Master, MasterConfig
+from keeper.model.constants import STARTUP_GRACE
+from keeper.model.events import (
     AnyEvent,
     DeploymentDeleted,
     IndexedEvent,
     NodeGatheredInfo,
 )
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
+from keeper.model.state import State
 from keeper.runtime import log_repair
 from keeper.runtime.event_log import (
     HISTORY_KINDS,
@@ -45,7 +46,6 @@ from keeper.runtime.event_log import (
     iter_events,
 )
 from keeper.runtime.event_store import EventStore, LogNotWritableError
-from keeper.state import State
 
 
 @pytest.fixture

@@ -26,11 +26,11 @@ import pytest
 from bridge_harness import exo_with_bridge, wait_until
 from trio.testing import MockClock
 
-from keeper.master.exo_cards import CARD_SOURCES, MEBIBYTE, exo_catalog, exo_full_cards
-from keeper.master.exo_compat import create_exo_compat_app
-from keeper.master.exo_placement import exo_place, exo_previews, memory_delta_by_node
+from keeper.exo_standin.app import create_exo_compat_app
+from keeper.exo_standin.model_list import CARD_SOURCES, MEBIBYTE, exo_catalog, exo_full_cards
+from keeper.exo_standin.placement_answers import exo_place, exo_previews, memory_delta_by_node
 from keeper.master.service import Master
-from keeper.state import InstanceMeta, Sharding, State
+from keeper.model.state import InstanceMeta, Sharding, State
 
 RECORDINGS = Path(__file__).parent / "fixtures" / "exo_recordings"
 QWEN = "mlx-community/Qwen3-0.6B-4bit"

@@ -14,9 +14,9 @@ import anyio
 import httpx
 import pytest
 
-from keeper.events import NodeGatheredInfo, NodeTimedOut
-from keeper.master.exo_compat import create_exo_compat_app
+from keeper.exo_standin.app import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
+from keeper.model.events import NodeGatheredInfo, NodeTimedOut
 from tests.recorded_exo import recorded, recorded_content_type
 
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")

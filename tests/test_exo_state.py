@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from keeper.exo_state import DECIDING_KEYS, Unreadable, read_exo_state
-from keeper.state import State
+from keeper.model.exo_state import DECIDING_KEYS, Unreadable, read_exo_state
+from keeper.model.state import State
 
 RECORDINGS = Path(__file__).parent / "fixtures" / "exo_recordings"
 STATES = sorted(RECORDINGS.glob("state-*.json"))

@@ -1,4 +1,4 @@
-"""A deployment's recovery history (``keeper.history``), from event sequences written by hand:
+"""A deployment's recovery history (``keeper.model.history``), from event sequences written by hand:
 availability, incidents with their cause, MTTR, a restart in the middle, an ongoing incident and
 a window that cuts an incident."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from keeper_harness import build_instance, card, node_info
 
-from keeper.apply import apply
-from keeper.events import (
+from keeper.model.apply import apply
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
@@ -20,7 +20,7 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.history import (
+from keeper.model.history import (
     UNKNOWN_CAUSE,
     Incident,
     TimedEvent,
@@ -30,7 +30,7 @@ from keeper.history import (
     serving_changes,
     summarize,
 )
-from keeper.state import (
+from keeper.model.state import (
     Deployment,
     NodeIdentity,
     RunnerFailed,

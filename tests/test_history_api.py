@@ -15,19 +15,19 @@ import httpx
 import pytest
 from keeper_harness import build_instance, node_info
 
-from keeper.api_models import DeploymentHistoryResponse
-from keeper.catalog import BUILTIN_MODEL_CARDS
-from keeper.events import (
+from keeper.master.api import create_app
+from keeper.master.service import Master, MasterConfig
+from keeper.model.api_models import DeploymentHistoryResponse
+from keeper.model.catalog import BUILTIN_MODEL_CARDS
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     InstanceCreated,
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
+from keeper.model.state import Deployment, NodeIdentity, RunnerReady
 from keeper.runtime.event_store import EventStore
-from keeper.state import Deployment, NodeIdentity, RunnerReady
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 # The keeper stays out of the way: these tests place instances themselves.

@@ -9,8 +9,8 @@ import logging
 import pytest
 from keeper_harness import AFTER_GRACE, Cluster, RecordingPlace
 
-from keeper.constants import UNPLACEABLE_RETRY
-from keeper.core import Keeper
+from keeper.core.keeper import Keeper
+from keeper.model.constants import UNPLACEABLE_RETRY
 from keeper.runtime.hosted_keeper import HostedKeeper, default_keeper, start_keeper
 
 T = AFTER_GRACE

@@ -22,15 +22,15 @@ from keeper_harness import (
 )
 
 import keeper
-from keeper.constants import (
+from keeper.core.keeper import MAX_PLACEMENT_ATTEMPTS_PER_STEP, DeploymentTimer, Keeper, PlaceFn
+from keeper.model.constants import (
     FIRST_BACKOFF,
     PLACEMENT_TIMEOUT,
     STARTUP_GRACE,
     UNPLACEABLE_RETRY,
 )
-from keeper.core import MAX_PLACEMENT_ATTEMPTS_PER_STEP, DeploymentTimer, Keeper, PlaceFn
-from keeper.events import InstanceCreated, RunnerStatusUpdated
-from keeper.state import RunnerLoading, RunnerRunning
+from keeper.model.events import InstanceCreated, RunnerStatusUpdated
+from keeper.model.state import RunnerLoading, RunnerRunning
 
 T = AFTER_GRACE
 

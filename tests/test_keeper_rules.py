@@ -25,21 +25,22 @@ from keeper_harness import (
     unplaceable_for,
 )
 
-from keeper.cluster_view import models_with_instances, without_nodes
-from keeper.constants import (
+from keeper.core.keeper import (
+    MAX_PLACEMENT_ATTEMPTS_PER_STEP,
+    Keeper,
+    deployment_status,
+    ready_replicas,
+)
+from keeper.core.placement import place_instance
+from keeper.core.view import models_with_instances, without_nodes
+from keeper.model.constants import (
     FIRST_BACKOFF,
     MAX_BACKOFF,
     PLACEMENT_TIMEOUT,
     STARTUP_GRACE,
     UNPLACEABLE_RETRY,
 )
-from keeper.core import (
-    MAX_PLACEMENT_ATTEMPTS_PER_STEP,
-    Keeper,
-    deployment_status,
-    ready_replicas,
-)
-from keeper.events import (
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
@@ -51,8 +52,7 @@ from keeper.events import (
     NodeGatheredInfo,
     TopologyEdgeCreated,
 )
-from keeper.placement import place_instance
-from keeper.state import (
+from keeper.model.state import (
     MAX_REPLICAS,
     AnyInstance,
     Backend,

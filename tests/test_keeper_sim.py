@@ -22,7 +22,7 @@ from sim_checks import (
 )
 from sim_cluster import Chaos, ChaosConfig, ChaosCounts, DeploymentSpec, NodeSpec, SimCluster
 
-from keeper.catalog import catalog_by_id
+from keeper.model.catalog import catalog_by_id
 
 CATALOG = catalog_by_id()
 SMALL = CATALOG["mlx-community/Qwen3-0.6B-4bit"]

@@ -29,8 +29,8 @@ from sim_checks import LivenessReferee, SafetyChecks
 from sim_cluster import DeploymentSpec, NodeSpec, SimCluster, instances_of
 
 from keeper import STARTUP_GRACE, Keeper
-from keeper.catalog import catalog_by_id
-from keeper.state import MAX_REPLICAS, State
+from keeper.model.catalog import catalog_by_id
+from keeper.model.state import MAX_REPLICAS, State
 
 CATALOG = catalog_by_id()
 MODELS = (

@@ -1,13 +1,22 @@
-"""The architecture, checked: each layer imports only what sits below it.
+"""The architecture, checked: each floor imports only what sits below it.
 
-Lowest first: the data model -> placement and the keeper core (pure: no I/O, clock, asyncio,
-HTTP or Textual) -> the shell runtime every service shares (``keeper.runtime``, ``keeper.link``,
-``keeper.httpapi``) -> the three services, siblings that never import each other (the master,
-the simulated nodes, the bridge) -> a master with its nodes on one machine (``keeper.cluster``)
--> the soak and the demo facade -> the CLI. The TUI talks to a master over HTTP and reads the
-answers with the data model; besides the data model it may import only the deployments client
-(``keeper.api_client``, which the CLI uses too and which imports only the data model and HTTP)
-and the ``keeper.demo`` facade behind ``--demo``. docs/design.md draws the layers.
+The floors are packages, so a module's floor is its prefix and a new module is checked the moment
+it exists (``test_every_module_has_a_floor``). Lowest first:
+
+- ``keeper.model``: the data model (State, events, apply, wire shapes, the shared rules and the
+  refusals), pure;
+- ``keeper.core``: the keeper, its memo, its view of the cluster and placement, pure;
+- ``keeper.client``: the deployments API's HTTP client, the data model plus httpx;
+- ``keeper.runtime``, ``keeper.link``, ``keeper.httpapi``: the shell every service shares;
+- ``keeper.master``, ``keeper.node``, ``keeper.bridge``: the services, siblings that never
+  import each other;
+- ``keeper.exo_standin``: a stock exo's API, served over a master;
+- ``keeper.cluster``: a master with its nodes on one machine, and the demo facade;
+- ``keeper.soak``, then ``keeper.cli``.
+
+The TUI talks to a master over HTTP and reads the answers with the data model; besides it, it may
+import only the client and the ``keeper.cluster.demo`` facade behind ``--demo``. docs/design.md
+draws the floors.
 
 This is a plain AST walk over every import statement (including those inside functions), rather
 than import-linter, because the rules name standard-library modules (asyncio, time, socket...)
@@ -24,22 +33,35 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-DATA_MODEL = {
-    "keeper.wire",
-    "keeper.state",
-    "keeper.events",
-    "keeper.apply",
-    "keeper.ids",
-    "keeper.api_models",
-    "keeper.catalog",
-    "keeper.constants",
-    "keeper.exo_state",
-    "keeper.readiness",
-    "keeper.history",
-}
-# The deployments API's HTTP client, shared by the CLI and the TUI: the data model plus httpx.
-API_CLIENT = "keeper.api_client"
-KEEPER_CORE = ("keeper.core", "keeper.placement", "keeper.memo", "keeper.cluster_view")
+DATA_MODEL = "keeper.model"
+KEEPER_CORE = "keeper.core"
+CLIENT = "keeper.client"
+SERVICES = ("keeper.master", "keeper.node", "keeper.bridge")
+# Lowest first; a floor may import its own and any lower floor's modules (and the ``keeper``
+# package, whose __init__ re-exports the pinned names).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    (DATA_MODEL,),
+    (KEEPER_CORE,),
+    (CLIENT,),
+    ("keeper.runtime", "keeper.link", "keeper.httpapi"),
+    SERVICES,
+    ("keeper.exo_standin",),
+    ("keeper.cluster",),
+    ("keeper.soak",),
+    ("keeper.cli",),
+)
+# Pairs on one floor or across floors that must still stay apart: the services are siblings; the
+# shell runtime does not use the CLI's client; the cluster, the soak and the stand-in never need
+# the bridge (it runs as its own process beside them).
+APART: tuple[tuple[str, str], ...] = (
+    *[(a, b) for a in SERVICES for b in SERVICES if a != b],
+    *[(floor, CLIENT) for floor in ("keeper.runtime", "keeper.link", "keeper.httpapi")],
+    *[(floor, CLIENT) for floor in SERVICES],
+    ("keeper.exo_standin", "keeper.bridge"),
+    ("keeper.cluster", "keeper.bridge"),
+    ("keeper.soak", "keeper.bridge"),
+)
+PURE = (DATA_MODEL, KEEPER_CORE)
 # What a pure function of State must not reach for: clocks, event loops, files, sockets,
 # processes, randomness with hidden state, HTTP and UI libraries.
 IMPURE_MODULES = {
@@ -124,8 +146,11 @@ def _within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def _is_core(name: str) -> bool:
-    return any(_within(name, p) for p in KEEPER_CORE)
+def floor_of(module: str) -> int | None:
+    for level, floor in enumerate(FLOORS):
+        if any(_within(module, prefix) for prefix in floor):
+            return level
+    return None
 
 
 def _fmt(imp: Import) -> str:
@@ -139,48 +164,51 @@ TUI_IMPORTS = _all_imports("exo_deploy_tui")
 def test_the_walk_sees_imports() -> None:
     # Guard against a silently empty check.
     assert any(
-        i.importer == "keeper.apply" and i.imported == "keeper.events" for i in KEEPER_IMPORTS
+        i.importer == "keeper.model.apply" and i.imported == "keeper.model.events"
+        for i in KEEPER_IMPORTS
     )
 
 
-def test_data_model_imports_only_the_data_model() -> None:
+def test_every_module_has_a_floor() -> None:
+    """No flat modules beside the floors: each module of ``keeper`` lives in one of them."""
+    modules = {_module_name(path) for path in (ROOT / "keeper").rglob("*.py")}
+    assert sorted(m for m in modules if m != "keeper" and floor_of(m) is None) == []
+
+
+def test_no_floor_imports_a_higher_one() -> None:
+    bad: list[str] = []
+    for imp in KEEPER_IMPORTS:
+        importer, imported = floor_of(imp.importer), floor_of(imp.imported)
+        if importer is not None and imported is not None and imported > importer:
+            bad.append(_fmt(imp))
+    assert bad == []
+
+
+@pytest.mark.parametrize(("layer", "forbidden"), APART)
+def test_floors_that_stay_apart(layer: str, forbidden: str) -> None:
     bad = [
         _fmt(i)
         for i in KEEPER_IMPORTS
-        if i.importer in DATA_MODEL
-        and _within(i.imported, "keeper")
-        and i.imported not in DATA_MODEL
-        and i.imported != "keeper"
-    ]
-    bad += [
-        _fmt(i)
-        for i in KEEPER_IMPORTS
-        if i.importer in DATA_MODEL and i.imported.split(".")[0] in IMPURE_MODULES
+        if _within(i.importer, layer) and _within(i.imported, forbidden)
     ]
     assert bad == []
 
 
-def test_keeper_core_is_pure() -> None:
+@pytest.mark.parametrize("layer", PURE)
+def test_the_pure_floors_import_no_io(layer: str) -> None:
     bad = [
         _fmt(i)
         for i in KEEPER_IMPORTS
-        if _is_core(i.importer) and i.imported.split(".")[0] in IMPURE_MODULES
-    ]
-    bad += [
-        _fmt(i)
-        for i in KEEPER_IMPORTS
-        if _is_core(i.importer)
-        and _within(i.imported, "keeper")
-        and not (i.imported in DATA_MODEL or _is_core(i.imported) or i.imported == "keeper")
+        if _within(i.importer, layer) and i.imported.split(".")[0] in IMPURE_MODULES
     ]
     assert bad == []
 
 
-def test_keeper_core_opens_no_files() -> None:
+def test_the_pure_floors_open_no_files() -> None:
     bad = [
         f"{path.name} line {node.lineno}"
         for path in sorted((ROOT / "keeper").rglob("*.py"))
-        if _is_core(_module_name(path))
+        if any(_within(_module_name(path), layer) for layer in PURE)
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -189,51 +217,18 @@ def test_keeper_core_opens_no_files() -> None:
     assert bad == []
 
 
-RUNTIME = ("keeper.runtime", "keeper.link", "keeper.httpapi")
-SERVICES = ("keeper.master", "keeper.node", "keeper.bridge")
-ABOVE_SERVICES = ("keeper.cluster", "keeper.soak", "keeper.demo", "keeper.cli")
-
-
-def _others(service: str) -> tuple[str, ...]:
-    return tuple(s for s in SERVICES if s != service)
-
-
-@pytest.mark.parametrize(
-    ("layer", "forbidden"),
-    [
-        *[(layer, SERVICES + ABOVE_SERVICES) for layer in RUNTIME],
-        # The services are siblings: the nodes and the bridge import nothing from the master.
-        *[(service, _others(service) + ABOVE_SERVICES) for service in SERVICES],
-        ("keeper.cluster", ("keeper.bridge", "keeper.soak", "keeper.demo", "keeper.cli")),
-        ("keeper.soak", ("keeper.bridge", "keeper.cli", "keeper.demo")),
-        ("keeper.demo", ("keeper.bridge", "keeper.soak", "keeper.cli")),
-        ("keeper", ("exo_deploy_tui",)),
-    ],
-)
-def test_lower_layers_never_import_higher_ones(layer: str, forbidden: tuple[str, ...]) -> None:
-    bad = [
-        _fmt(i)
-        for i in KEEPER_IMPORTS
-        if _within(i.importer, layer) and any(_within(i.imported, f) for f in forbidden)
-    ]
-    assert bad == []
-
-
-def test_the_api_client_imports_only_the_data_model() -> None:
-    bad = [
-        _fmt(i)
-        for i in KEEPER_IMPORTS
-        if i.importer == API_CLIENT
-        and _within(i.imported, "keeper")
-        and i.imported not in DATA_MODEL
-    ]
-    assert bad == []
+def test_keeper_never_imports_the_tui() -> None:
+    assert [_fmt(i) for i in KEEPER_IMPORTS if _within(i.imported, "exo_deploy_tui")] == []
 
 
 def test_tui_reads_the_master_only_through_http() -> None:
-    allowed = DATA_MODEL | {"keeper", "keeper.demo", API_CLIENT}
+    allowed = (DATA_MODEL, CLIENT, "keeper.cluster.demo")
     bad = [
-        _fmt(i) for i in TUI_IMPORTS if _within(i.imported, "keeper") and i.imported not in allowed
+        _fmt(i)
+        for i in TUI_IMPORTS
+        if _within(i.imported, "keeper")
+        and i.imported != "keeper"
+        and not any(_within(i.imported, a) for a in allowed)
     ]
     assert bad == []
 
@@ -249,3 +244,19 @@ def test_tui_screens_and_widgets_never_import_the_app() -> None:
         and _within(i.imported, "exo_deploy_tui.app")
     ]
     assert bad == []
+
+
+def test_tui_modules_do_not_import_each_other_in_a_circle() -> None:
+    """A cycle (even one under TYPE_CHECKING) means two modules are one: the lower one's names
+    belong in it."""
+    edges: dict[str, set[str]] = {}
+    for imp in TUI_IMPORTS:
+        if _within(imp.imported, "exo_deploy_tui") and imp.imported != imp.importer:
+            edges.setdefault(imp.importer, set()).add(imp.imported)
+    cycles = sorted(
+        f"{a} <-> {b}"
+        for a, targets in edges.items()
+        for b in targets
+        if a in edges.get(b, ()) and a < b
+    )
+    assert cycles == []

@@ -19,10 +19,8 @@ import pytest
 from anyio.abc import TaskGroup, TaskStatus
 from trio.testing import MockClock
 
-from keeper.api_models import CommandResponse
-from keeper.constants import STARTUP_GRACE
-from keeper.core import Keeper, PlaceFn
-from keeper.events import InstanceCreated, InstanceDeleted, NodeTimedOut
+from keeper.core.keeper import Keeper, PlaceFn
+from keeper.core.placement import place_instance
 from keeper.link.channel import ChannelClosedError, NodeSide, memory_channel_pair
 from keeper.link.protocol import (
     ChatChunk,
@@ -40,10 +38,11 @@ from keeper.link.protocol import (
 from keeper.master.chat import ChatStream
 from keeper.master.service import Master, MasterConfig
 from keeper.master.subscriptions import SubscriptionLaggedError
-from keeper.placement import place_instance
-from keeper.runtime.errors import ChatFailedError, NoInstanceError, NotFoundError
-from keeper.runtime.hosted_keeper import HostedKeeper, KeeperLike, default_keeper, start_keeper
-from keeper.state import (
+from keeper.model.api_models import CommandResponse
+from keeper.model.constants import STARTUP_GRACE
+from keeper.model.events import InstanceCreated, InstanceDeleted, NodeTimedOut
+from keeper.model.refusals import ChatFailedError, NoInstanceError, NotFoundError
+from keeper.model.state import (
     AnyInstance,
     Backend,
     Memory,
@@ -55,6 +54,7 @@ from keeper.state import (
     SocketConnection,
     State,
 )
+from keeper.runtime.hosted_keeper import HostedKeeper, KeeperLike, default_keeper, start_keeper
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA_70B = "mlx-community/Llama-3.3-70B-Instruct-4bit"

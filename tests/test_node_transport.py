@@ -17,8 +17,8 @@ import pytest
 from anyio.abc import TaskGroup
 from waiting import wait_until
 
+from keeper.cluster.demo import EmbeddedCluster
 from keeper.cluster.proxy import TcpProxy
-from keeper.demo import EmbeddedCluster
 from keeper.master.server import serve
 from keeper.master.service import Master
 from keeper.node.sim_node import NodeConfig, SimNode

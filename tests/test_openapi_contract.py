@@ -28,8 +28,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keeper.bridge.api import create_bridge_app
 from keeper.cluster.in_process import InProcessCluster
+from keeper.exo_standin.app import create_exo_compat_app
 from keeper.master.api import create_app
-from keeper.master.exo_compat import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
 from keeper.node.sim_node import NodeConfig
 

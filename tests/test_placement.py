@@ -17,18 +17,18 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from placement_reference import ReferencePlacement, reference_place
 
-from keeper.apply import apply
-from keeper.events import NodeGatheredInfo, TopologyEdgeCreated
-from keeper.placement import choose_cycle, place_instance
-from keeper.placement.build import (
+from keeper.core.placement import choose_cycle, place_instance
+from keeper.core.placement.build import (
     EPHEMERAL_PORT_FIRST,
     EPHEMERAL_PORT_LAST,
     build_instance,
     split_layers,
 )
-from keeper.placement.graph import cluster_graph
-from keeper.placement.search import SEARCH_STEP_LIMIT, CycleSearch, SearchBudget
-from keeper.state import (
+from keeper.core.placement.graph import cluster_graph
+from keeper.core.placement.search import SEARCH_STEP_LIMIT, CycleSearch, SearchBudget
+from keeper.model.apply import apply
+from keeper.model.events import NodeGatheredInfo, TopologyEdgeCreated
+from keeper.model.state import (
     AnyInstance,
     Backend,
     Connection,

@@ -19,18 +19,18 @@ from test_event_store import FaultyDisk
 from test_master import QWEN, FakeNode, connect, instances_of, wait_until
 from trio.testing import MockClock
 
-from keeper.core import Keeper, PlaceFn
-from keeper.events import (
+from keeper.core.keeper import Keeper, PlaceFn
+from keeper.master.service import Master, MasterConfig
+from keeper.model.events import (
     AnyEvent,
     DeploymentPlacementFailed,
     IndexedEvent,
     InstanceDeleted,
 )
-from keeper.master.service import Master, MasterConfig
-from keeper.runtime.hosted_keeper import KeeperLike
-from keeper.state import (
+from keeper.model.state import (
     State,
 )
+from keeper.runtime.hosted_keeper import KeeperLike
 
 LLAMA_1B = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 

@@ -1,4 +1,4 @@
-"""The shared readiness and status rules (``keeper.readiness``), read in bulk and one by one.
+"""The shared readiness and status rules (``keeper.model.readiness``), read in bulk and one by one.
 
 ``deployment_status`` (the keeper's API) and ``deployment_statuses`` (the TUI's, one pass over
 the instances) must always agree, and ``ready_instances_of`` (the master's chat routing) must
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, unplaceable
 
-from keeper.events import InstanceCreated, NodeTimedOut, RunnerStatusUpdated
-from keeper.readiness import (
+from keeper.model.events import InstanceCreated, NodeTimedOut, RunnerStatusUpdated
+from keeper.model.readiness import (
     chat_targets,
     deployment_status,
     deployment_statuses,
@@ -19,7 +19,7 @@ from keeper.readiness import (
     ready_instances_of,
     ready_on_present_nodes,
 )
-from keeper.state import AnyInstance, RunnerLoading
+from keeper.model.state import AnyInstance, RunnerLoading
 
 
 def _every_status() -> tuple[Cluster, dict[str, str]]:

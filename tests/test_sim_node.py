@@ -17,17 +17,6 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
-from keeper.apply import apply_indexed
-from keeper.events import (
-    AnyEvent,
-    IndexedEvent,
-    InstanceCreated,
-    InstanceDeleted,
-    NodeGatheredInfo,
-    NodeTimedOut,
-    RunnerStatusUpdated,
-    TopologyEdgeCreated,
-)
 from keeper.link.channel import MasterSide, memory_channel_pair
 from keeper.link.protocol import (
     AnyNodeMessage,
@@ -44,19 +33,18 @@ from keeper.link.protocol import (
     RunnerStatusReport,
     Welcome,
 )
-from keeper.node.sim_node import (
-    GIB,
-    LOADING_REPORT_S,
-    PEER_PORT,
-    RUNNER_CONNECT_S,
-    RUNNER_SHUTDOWN_S,
-    NodeConfig,
-    SimNode,
-    node_id_for,
-    reply_tokens,
+from keeper.model.apply import apply_indexed
+from keeper.model.events import (
+    AnyEvent,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+    TopologyEdgeCreated,
 )
-from keeper.runtime.clock import AnyioClock
-from keeper.state import (
+from keeper.model.state import (
     AnyRunnerStatus,
     Connection,
     Memory,
@@ -76,6 +64,18 @@ from keeper.state import (
     SocketConnection,
     State,
 )
+from keeper.node.sim_node import (
+    GIB,
+    LOADING_REPORT_S,
+    PEER_PORT,
+    RUNNER_CONNECT_S,
+    RUNNER_SHUTDOWN_S,
+    NodeConfig,
+    SimNode,
+    node_id_for,
+    reply_tokens,
+)
+from keeper.runtime.clock import AnyioClock
 
 M = TypeVar("M")
 

@@ -13,15 +13,25 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
-from keeper.catalog import catalog_by_id
-from keeper.constants import STARTUP_GRACE
-from keeper.events import (
+from keeper.model.catalog import catalog_by_id
+from keeper.model.constants import STARTUP_GRACE
+from keeper.model.events import (
     DeploymentCreated,
     DeploymentPlacementFailed,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
     RunnerStatusUpdated,
+)
+from keeper.model.state import (
+    Deployment,
+    MlxRingInstance,
+    PipelineShardMetadata,
+    RunnerLoading,
+    RunnerReady,
+    Shard,
+    ShardAssignments,
+    State,
 )
 from keeper.soak.faults import (
     FAULT_END_TIMEOUT_S,
@@ -59,16 +69,6 @@ from keeper.soak.report import (
     summarize,
 )
 from keeper.soak.watch import ClusterWatch, ExclusionReason, check_log
-from keeper.state import (
-    Deployment,
-    MlxRingInstance,
-    PipelineShardMetadata,
-    RunnerLoading,
-    RunnerReady,
-    Shard,
-    ShardAssignments,
-    State,
-)
 
 SMALL = "mlx-community/Qwen3-0.6B-4bit"
 BIG = "mlx-community/Qwen3-30B-A3B-4bit"

@@ -18,14 +18,23 @@ import pytest
 from anyio.abc import TaskGroup, TaskStatus
 from trio.testing import MockClock
 
-from keeper.apply import apply_indexed
-from keeper.catalog import catalog_by_id
-from keeper.events import (
+from keeper.model.apply import apply_indexed
+from keeper.model.catalog import catalog_by_id
+from keeper.model.events import (
     DeploymentCreated,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
     RunnerStatusUpdated,
+)
+from keeper.model.state import (
+    Deployment,
+    MlxRingInstance,
+    PipelineShardMetadata,
+    RunnerReady,
+    Shard,
+    ShardAssignments,
+    State,
 )
 from keeper.soak import faults
 from keeper.soak.faults import MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultSpec
@@ -41,15 +50,6 @@ from keeper.soak.run import (
     SoakSettings,
 )
 from keeper.soak.virtual import deterministic, run_virtual, seeded_ids, virtual_settings
-from keeper.state import (
-    Deployment,
-    MlxRingInstance,
-    PipelineShardMetadata,
-    RunnerReady,
-    Shard,
-    ShardAssignments,
-    State,
-)
 
 HOURS = 2.0
 SEED = 11

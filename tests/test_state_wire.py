@@ -10,8 +10,18 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id, model_card_from_toml
-from keeper.events import (
+from keeper.link.protocol import (
+    MASTER_MESSAGE,
+    NODE_MESSAGE,
+    ChatChunk,
+    ChatRequest,
+    Hello,
+    LinkUp,
+    RunnerStatusReport,
+    Welcome,
+)
+from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id, model_card_from_toml
+from keeper.model.events import (
     EVENT_ADAPTER,
     AnyEvent,
     DeploymentCreated,
@@ -29,17 +39,7 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.link.protocol import (
-    MASTER_MESSAGE,
-    NODE_MESSAGE,
-    ChatChunk,
-    ChatRequest,
-    Hello,
-    LinkUp,
-    RunnerStatusReport,
-    Welcome,
-)
-from keeper.state import (
+from keeper.model.state import (
     MAX_REPLICAS,
     Backend,
     Connection,
@@ -63,7 +63,7 @@ from keeper.state import (
     State,
     TensorShardMetadata,
 )
-from keeper.wire import first_validation_error
+from keeper.model.wire import first_validation_error
 
 FIXTURES = Path(__file__).parent / "fixtures"
 STUDIO = "12D3KooWstudioxxxx"

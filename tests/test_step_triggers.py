@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from keeper.core import calls_for_step
-from keeper.events import (
+from keeper.core.keeper import calls_for_step
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
@@ -21,7 +21,7 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.state import RunnerFailed, RunnerLoading, RunnerReady, RunnerRunning
+from keeper.model.state import RunnerFailed, RunnerLoading, RunnerReady, RunnerRunning
 
 # Fields do not matter to the rule, only the event's type (and a runner's status).
 CALLS_FOR_STEP: list[AnyEvent] = [

@@ -29,9 +29,9 @@ from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
 from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar, TimelineView
-from keeper.api_models import CreateDeploymentRequest
-from keeper.events import DeploymentDeleted, IndexedEvent
-from keeper.state import InstanceMeta, RunnerLoading, Sharding
+from keeper.model.api_models import CreateDeploymentRequest
+from keeper.model.events import DeploymentDeleted, IndexedEvent
+from keeper.model.state import InstanceMeta, RunnerLoading, Sharding
 from tests.recorded_exo import recorded_state
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"

@@ -18,7 +18,7 @@ from exo_deploy_tui.screens.scale import ScaleScreen
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, InstancesTable
-from keeper.state import RunnerFailed
+from keeper.model.state import RunnerFailed
 from tests.test_tui_app import (
     cancel_then_confirm,
     make_app,

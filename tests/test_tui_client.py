@@ -33,8 +33,8 @@ from exo_deploy_tui.updates import (
     SnapshotUpdate,
     Update,
 )
-from keeper.api_models import CreateDeploymentRequest, DeploymentsResponse, StreamSnapshot
-from keeper.events import IndexedEvent, NodeTimedOut
+from keeper.model.api_models import CreateDeploymentRequest, DeploymentsResponse, StreamSnapshot
+from keeper.model.events import IndexedEvent, NodeTimedOut
 from tests.recorded_exo import recorded, recorded_content_type
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from exo_deploy_tui.explain import LINK, explain_placement
 from exo_deploy_tui.testing import ClusterBuilder, node_id_for
-from keeper.state import Backend, Deployment, InstanceMeta, NodeId, RDMAConnection, State
+from keeper.model.state import Backend, Deployment, InstanceMeta, NodeId, RDMAConnection, State
 
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 QWEN = "mlx-community/Qwen3-0.6B-4bit"

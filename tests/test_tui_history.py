@@ -20,14 +20,14 @@ from exo_deploy_tui.model import HISTORY_SEEDED_MAX, ClusterModel, DeploymentRow
 from exo_deploy_tui.screens.describe import INCIDENTS_SHOWN, describe_text, history_text
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
-from keeper.events import (
+from keeper.model.events import (
     AnyEvent,
     DeploymentServingChanged,
     IndexedEvent,
     InstanceDeleted,
     NodeTimedOut,
 )
-from keeper.state import ServingRecord
+from keeper.model.state import ServingRecord
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"

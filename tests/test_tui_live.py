@@ -21,7 +21,7 @@ from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar
-from keeper.demo import EmbeddedCluster
+from keeper.cluster.demo import EmbeddedCluster
 from tests.process_helpers import free_port, get_json, start_cli, stop, wait_for
 
 # The keeper's startup grace (15 s), the nodes' loading, and slack for a loaded CI machine.

@@ -10,8 +10,8 @@ from exo_deploy_tui.model import (
 )
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, DeploymentsUpdate, EventUpdate, SnapshotUpdate
-from keeper.api_models import DeploymentView
-from keeper.events import (
+from keeper.model.api_models import DeploymentView
+from keeper.model.events import (
     AnyEvent,
     DeploymentPlaced,
     IndexedEvent,
@@ -21,8 +21,8 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.readiness import deployment_statuses
-from keeper.state import RunnerLoading, RunnerReady
+from keeper.model.readiness import deployment_statuses
+from keeper.model.state import RunnerLoading, RunnerReady
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"

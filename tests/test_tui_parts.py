@@ -23,11 +23,11 @@ from exo_deploy_tui.forms import fit_hint, search_models, validate_create
 from exo_deploy_tui.model import ClusterModel, Connection, DeploymentRow, Summary
 from exo_deploy_tui.screens.help import HELP_WIDTH, help_text
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
-from keeper.api_models import CreateDeploymentRequest, ModelListEntry, model_entry
-from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.model.api_models import CreateDeploymentRequest, ModelListEntry, model_entry
+from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.model.refusals import BadRequestError
+from keeper.model.state import InstanceMeta, Sharding
 from keeper.runtime.deployments import new_deployment
-from keeper.runtime.errors import BadRequestError
-from keeper.state import InstanceMeta, Sharding
 
 ENTRIES = [model_entry(c) for c in BUILTIN_MODEL_CARDS]
 BY_ID = {e.id: e for e in ENTRIES}

@@ -13,11 +13,11 @@ from exo_deploy_tui.health import NO_PROGRESS_AFTER_S, UNHEALTHY_SILENT_S, unhea
 from exo_deploy_tui.model import ClusterModel, RunnerRow
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
-from keeper.api_models import CreateDeploymentRequest, model_entry
-from keeper.catalog import BUILTIN_MODEL_CARDS
-from keeper.events import DeploymentScaled, IndexedEvent, RunnerStatusUpdated
-from keeper.readiness import ready_replicas
-from keeper.state import MAX_REPLICAS, RunnerFailed, RunnerLoading, State
+from keeper.model.api_models import CreateDeploymentRequest, model_entry
+from keeper.model.catalog import BUILTIN_MODEL_CARDS
+from keeper.model.events import DeploymentScaled, IndexedEvent, RunnerStatusUpdated
+from keeper.model.readiness import ready_replicas
+from keeper.model.state import MAX_REPLICAS, RunnerFailed, RunnerLoading, State
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"

@@ -22,7 +22,7 @@ from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable
-from keeper.state import RunnerFailed, RunnerLoading, RunnerReady
+from keeper.model.state import RunnerFailed, RunnerLoading, RunnerReady
 from tests.recorded_exo import before_the_timeout, recorded_state
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"

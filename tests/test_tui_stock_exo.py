@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from exo_deploy_tui.model import ClusterModel, departed_nodes, parse_iso
 from exo_deploy_tui.updates import SnapshotUpdate
-from keeper.state import State
+from keeper.model.state import State
 from tests.recorded_exo import (
     TIMED_OUT_INSTANCE,
     TIMED_OUT_NODE,

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.screen import Screen
 
 from exo_deploy_tui.model import ClusterModel
-from keeper.api_models import CreateDeploymentRequest, ModelListEntry
+from keeper.model.api_models import CreateDeploymentRequest, ModelListEntry
 
 
 class ClusterSource(Protocol):

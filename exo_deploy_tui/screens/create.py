@@ -31,9 +31,9 @@ from exo_deploy_tui.forms import (
 )
 from exo_deploy_tui.screens.contract import ClusterSource, CreateRequested
 from exo_deploy_tui.screens.master_form import MasterForm
-from keeper.api_models import ModelListEntry, model_entry
-from keeper.catalog import BUILTIN_MODEL_CARDS
-from keeper.state import MAX_REPLICAS, InstanceMeta, Sharding
+from keeper.model.api_models import ModelListEntry, model_entry
+from keeper.model.catalog import BUILTIN_MODEL_CARDS
+from keeper.model.state import MAX_REPLICAS, InstanceMeta, Sharding
 
 
 def _option_text(entry: ModelListEntry, deployed: bool) -> Text:

@@ -36,7 +36,7 @@ from exo_deploy_tui.format import (
 from exo_deploy_tui.model import ClusterModel, DeploymentRow
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen, delete_question
 from exo_deploy_tui.screens.contract import ClusterSource, DeleteRequested, ModelScreen
-from keeper.history import History, Incident
+from keeper.model.history import History, Incident
 
 # Incidents listed, newest first: with the lines above them they fit an 80x24 screen; the
 # rest are counted ("and 3 more").

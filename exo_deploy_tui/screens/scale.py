@@ -23,7 +23,7 @@ from exo_deploy_tui.forms import check_replicas
 from exo_deploy_tui.model import DeploymentRow
 from exo_deploy_tui.screens.contract import ScaleRequested
 from exo_deploy_tui.screens.master_form import MasterForm
-from keeper.state import MAX_REPLICAS
+from keeper.model.state import MAX_REPLICAS
 
 
 def scale_summary(row: DeploymentRow) -> Text:

@@ -12,7 +12,7 @@ master.
   without losing what exo's cards carry beyond ours (pure);
 - ``exo_placement``: exo's placement and preview answers read and chosen from (pure);
 - ``exo_client``: the HTTP calls to exo, each with a deadline and one error type per outcome
-  (exo's State read strictly by ``keeper.exo_state``);
+  (exo's State read strictly by ``keeper.model.exo_state``);
 - ``service``: the loop, the deployments and what the keeper's events become;
 - ``in_flight``: instances sent to exo and not shown yet: resent as themselves, given up only
   when exo clearly dropped them (pure);

@@ -29,13 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from keeper.bridge import in_flight
-from keeper.bridge.cards import ExoCards
 from keeper.bridge.doomed import DoomedInstances
 from keeper.bridge.exo_client import ExoApi, ExoRefusedError, ExoState, ExoUnavailableError
-from keeper.bridge.exo_wire import JsonObject
+from keeper.bridge.exo_models import ExoCards
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
-from keeper.events import AnyEvent, DeploymentPlaced
-from keeper.state import Deployment
+from keeper.model.events import AnyEvent, DeploymentPlaced
+from keeper.model.state import Deployment
+from keeper.model.wire import JsonObject
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from keeper.constants import PLACEMENT_TIMEOUT
+from keeper.model.constants import PLACEMENT_TIMEOUT
 
 log = logging.getLogger(__name__)
 

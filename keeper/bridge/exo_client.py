@@ -1,14 +1,14 @@
 """The bridge's only way to reach exo: six calls of exo's public HTTP API.
 
-- ``GET /state``: exo's State, read strictly where the keeper decides (``keeper.exo_state``) and
-  kept as raw JSON too, for the model cards exo wrote and for serving exo's State on with the
+- ``GET /state``: exo's State, read strictly where the keeper decides (``keeper.model.exo_state``)
+and   kept as raw JSON too, for the model cards exo wrote and for serving exo's State on with the
   deployments merged in;
 - ``GET /models``: exo's model list;
 - ``POST /instance`` ``{"instance": ...}``: create exactly this instance (exo accepts the command
   and applies it shortly after);
 - ``DELETE /instance/{id}``: delete one (likewise accepted, then applied);
 - ``GET /instance/placement`` and ``GET /instance/previews``: where exo itself would place a
-  model (``keeper.bridge.exo_placement`` reads the answers). exo's refusal is a 4xx like any
+  model (``keeper.bridge.placement_choice`` reads the answers). exo's refusal is a 4xx like any
   other (its reason becomes the placement error); an exo without these endpoints answers 404 or
   405, and the bridge then places by itself (docs/bridge.md, "Placement").
 
@@ -35,9 +35,10 @@ from urllib.parse import urlencode
 import anyio
 import httpx
 
-from keeper.bridge.exo_wire import ExoListedModel, JsonObject, cards_in_state, listed_models
-from keeper.exo_state import Unreadable, read_exo_state
-from keeper.state import State
+from keeper.bridge.exo_wire import ExoListedModel, cards_in_state, listed_models
+from keeper.model.exo_state import Unreadable, read_exo_state
+from keeper.model.state import State
+from keeper.model.wire import JsonObject
 
 # exo answers on the LAN in milliseconds; a State read that takes longer than this is from an
 # exo too loaded or too far away to act on, and the poll after it would overlap it.
@@ -54,7 +55,8 @@ class ExoUnavailableError(Exception):
 
 
 class ExoStateUnreadableError(ExoUnavailableError):
-    """exo answered ``GET /state`` with a State the keeper cannot act on (``keeper.exo_state``)."""
+    """exo answered ``GET /state`` with a State the keeper cannot act on
+    (``keeper.model.exo_state``)."""
 
 
 class ExoRefusedError(Exception):

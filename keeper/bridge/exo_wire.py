@@ -26,7 +26,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 
-from keeper.state import (
+from keeper.model.state import (
     AnyInstance,
     AnyShard,
     Instance,
@@ -34,9 +34,7 @@ from keeper.state import (
     MlxRingInstance,
     ModelCard,
 )
-from keeper.wire import first_validation_error
-
-JsonObject = dict[str, Any]
+from keeper.model.wire import JsonObject, first_validation_error
 
 MEGABYTE = 1024 * 1024  # exo's list gives sizes in MiB
 

@@ -7,7 +7,7 @@ use stops answering; each tick uses only the State read in that tick from the UR
 Nothing is decided on a stale State: if the read fails (no answer, a 5xx, unreadable JSON), the
 follower records an ``Outage`` and the bridge steps nothing; the deployments say why ("exo
 unreachable since 12:03:04: ..."), and the next good read clears it. A State that lacks what the
-keeper decides on (``keeper.exo_state``: no ``instances``, ``runners``, ``topology`` or
+keeper decides on (``keeper.model.exo_state``: no ``instances``, ``runners``, ``topology`` or
 ``nodeMemory``, or an instance that does not parse) is an outage of its own kind
 ("exo state unreadable since ..."): exo answers, so the follower stays on that URL.
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from keeper.bridge.exo_client import ExoApi, ExoState, ExoStateUnreadableError, ExoUnavailableError
+from keeper.model.refusals import RefusalError
 from keeper.runtime.clock import iso_utc
-from keeper.runtime.errors import MasterError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ UNREACHABLE = "unreachable"
 STATE_UNREADABLE = "state unreadable"
 
 
-class ExoDownError(MasterError):
+class ExoDownError(RefusalError):
     """A request that needs exo's answer while exo does not give one."""
 
     status_code = 503

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from keeper.constants import PLACEMENT_TIMEOUT
+from keeper.model.constants import PLACEMENT_TIMEOUT
 
 # exo applies an accepted command within a second, and the bridge reads its State every second:
 # a creation still not shown this long after a POST was lost (or is held) and is sent again.

@@ -4,14 +4,14 @@ exo places, not the bridge (docs/bridge.md, "Placement"). The keeper stays the p
 one of our master; its placement function is the only seam. Before each step the bridge asks exo
 where it would place each deployment the step will try (the keeper's own timers say which: fewer
 instances than replicas, nothing to wait for): ``GET {exo}/instance/placement``, or for a model
-that already has an instance a preview on other nodes (``keeper.bridge.exo_placement``), else our
+that already has an instance a preview on other nodes (``keeper.bridge.placement_choice``), else our
 placement on exo's State without the nodes serving it, with exo's full card. The step's
 synchronous placement function (``Placer.place``) then returns that answer (refused if it uses a
 node the keeper left out), read into our model, or raises ``ValueError(<exo's reason>)``, so the
 keeper's in-flight, backoff and unplaceable rules (an error event only when the reason changes;
 a retry when the usable cluster changes and every 30 s) apply exactly as on our master. An exo
 without those endpoints (404/405) gets our placement, with exo's full model card only
-(``keeper.bridge.cards``).
+(``keeper.bridge.exo_models``).
 
 The ``Placer`` keeps, for one step, the answers asked and the JSON of each instance the keeper
 took, to be posted exactly as exo gave it (``posted``); it holds no other state of the bridge's.
@@ -21,20 +21,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from keeper.bridge.cards import ExoCards
 from keeper.bridge.exo_client import NO_SUCH_ENDPOINT, ExoApi, ExoRefusedError
-from keeper.bridge.exo_placement import (
+from keeper.bridge.exo_models import ExoCards
+from keeper.bridge.exo_wire import exo_model_card, instance_json
+from keeper.bridge.placement_choice import (
     ExoPlacement,
     choose_apart,
     preview_card,
     read_placement,
     read_previews,
 )
-from keeper.bridge.exo_wire import JsonObject, exo_model_card, instance_json
-from keeper.cluster_view import models_instance_counts, node_names, nodes_serving, without_nodes
-from keeper.core import DeploymentTimer
-from keeper.placement import place_instance
-from keeper.state import AnyInstance, Deployment, InstanceMeta, ModelCard, Sharding, State
+from keeper.core.keeper import DeploymentTimer
+from keeper.core.placement import place_instance
+from keeper.core.view import models_instance_counts, node_names, nodes_serving, without_nodes
+from keeper.model.state import AnyInstance, Deployment, InstanceMeta, ModelCard, Sharding, State
+from keeper.model.wire import JsonObject
 
 
 class Placer:

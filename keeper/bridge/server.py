@@ -27,9 +27,10 @@ from anyio.abc import TaskStatus
 
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import ExoClient
-from keeper.bridge.exo_wire import JsonObject, camel_keys, file_card
+from keeper.bridge.exo_wire import camel_keys, file_card
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.httpapi.serving import DEFAULT_HOST, MasterStartError, serve_service, shown_host
+from keeper.model.wire import JsonObject
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 from keeper.runtime.model_cards import ModelCardError
 

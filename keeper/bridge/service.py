@@ -14,7 +14,7 @@ narrow interface:
   answer (docs/bridge.md, "Placement");
 - ``keeper.bridge.creating``: the keeper's ``InstanceCreated`` posted to exo as exo gave it, kept
   in flight through elections, its ``DeploymentPlaced`` recorded once exo's State shows it;
-- ``keeper.bridge.cards``: exo's model list and the full model cards exo showed;
+- ``keeper.bridge.exo_models``: exo's model list and the full model cards exo showed;
 - ``InstanceDeleted`` (from a deletion or a scale-down) dooms the instance:
   ``DELETE {exo}/instance/{id}`` until exo's State shows it gone (``keeper.bridge.doomed``);
 - a recorded instance (``placedInstanceIds``) that exo's readable States stop showing, for a
@@ -49,18 +49,10 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from keeper.api_models import (
-    CommandResponse,
-    DeploymentHistoryResponse,
-    DeploymentsResponse,
-    DeploymentView,
-)
-from keeper.bridge.cards import ExoCards
 from keeper.bridge.creating import Creations
 from keeper.bridge.doomed import DoomedInstances
 from keeper.bridge.exo_client import ExoApi, ExoRefusedError, ExoState, ExoUnavailableError
-from keeper.bridge.exo_placement import ExoPlacement
-from keeper.bridge.exo_wire import JsonObject
+from keeper.bridge.exo_models import ExoCards
 from keeper.bridge.following import (
     STATE_UNREADABLE,
     UNREACHABLE,
@@ -69,11 +61,18 @@ from keeper.bridge.following import (
     Outage,
 )
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S
+from keeper.bridge.placement_choice import ExoPlacement
 from keeper.bridge.placing import Placer
 from keeper.bridge.vanished import VanishedInstances
-from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.constants import STARTUP_GRACE
-from keeper.events import (
+from keeper.model.api_models import (
+    CommandResponse,
+    DeploymentHistoryResponse,
+    DeploymentsResponse,
+    DeploymentView,
+)
+from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.model.constants import STARTUP_GRACE
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentPlaced,
@@ -81,7 +80,9 @@ from keeper.events import (
     InstanceCreated,
     InstanceDeleted,
 )
-from keeper.history import serving_changes
+from keeper.model.history import serving_changes
+from keeper.model.state import Deployment, InstanceMeta, ModelCard, Sharding, State
+from keeper.model.wire import JsonObject
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.deployments import (
@@ -104,7 +105,6 @@ from keeper.runtime.hosted_keeper import (
     default_keeper,
     start_keeper,
 )
-from keeper.state import Deployment, InstanceMeta, ModelCard, Sharding, State
 
 # Named here too: the bridge's callers and tests import them from the bridge's service.
 __all__ = ["STATE_UNREADABLE", "UNREACHABLE", "Bridge", "BridgeConfig", "ExoDownError", "Outage"]
@@ -494,7 +494,7 @@ class Bridge:
             self._vanished.forget(gone)
 
     def _record_serving(self) -> None:
-        """The serving records exo's new State calls for (``keeper.history``), in the bridge's
+        """The serving records exo's new State calls for (``keeper.model.history``), in the bridge's
         log: its own State holds only the deployments, so it judges serving on the merged one,
         read only from a State exo answered in full. A record the log refuses is not lost: the
         next poll finds the same difference and records it then."""

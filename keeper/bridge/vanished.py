@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from keeper.state import InstanceId, State
+from keeper.model.state import InstanceId, State
 
 # How long a recorded instance must be missing from exo's States, read after read, before the
 # bridge records it gone: three polls, well past a follower's lag behind exo's master (under a

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from keeper.arguments import UsageParser, positive_float, positive_int
 from keeper.bridge.server import check_exo_urls, run_bridge
 from keeper.cli.deployments import (
     EXIT_CODES_HELP,
@@ -32,11 +31,13 @@ from keeper.cli.deployments import (
     token_option,
 )
 from keeper.cluster.local import exit_with_parent, run_cluster
+from keeper.exo_standin.app import STANDIN_API
 from keeper.httpapi.serving import MasterStartError
-from keeper.master.server import run_master
+from keeper.master.server import OUR_API, run_master
+from keeper.model.state import Backend
 from keeper.node.node_process import run_node_process
 from keeper.node.sim_node import NodeConfig
-from keeper.state import Backend
+from keeper.runtime.arguments import UsageParser, positive_float, positive_int
 
 # The command's interface; the exit codes, its contract for scripts, are importable from here.
 __all__ = [
@@ -69,7 +70,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         args.model_cards,
         node_timeout_s=args.node_timeout,
         sweep_interval_s=args.sweep_interval,
-        exo_compat=args.exo_compat,
+        app=STANDIN_API if args.exo_compat else OUR_API,
     )
 
 

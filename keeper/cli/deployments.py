@@ -3,8 +3,8 @@
 
 They are the part of the CLI that talks to a running master (or bridge) rather than starting a
 process: each is one request through the deployments client the TUI uses too
-(``keeper.api_client``), and its exit code is a contract for scripts: 0 done, 1 refused by the
-master (its message on stderr), 2 bad usage, 3 master unreachable. The exit codes and the token
+(``keeper.client.deployments``), and its exit code is a contract for scripts: 0 done, 1 refused by
+the master (its message on stderr), 2 bad usage, 3 master unreachable. The exit codes and the token
 option live here because every subcommand shares them; ``keeper.cli`` builds the rest of the
 parser and dispatches.
 """
@@ -20,8 +20,8 @@ from typing import TypeVar
 import anyio
 from pydantic import BaseModel
 
-from keeper.api_client import Answer, ApiError, DeploymentsClient, FailureKind, master_http
-from keeper.api_models import (
+from keeper.client.deployments import Answer, ApiError, DeploymentsClient, FailureKind, master_http
+from keeper.model.api_models import (
     DEFAULT_HISTORY_HOURS,
     CommandResponse,
     CreateDeploymentRequest,
@@ -29,8 +29,8 @@ from keeper.api_models import (
     DeploymentsResponse,
     DeploymentView,
 )
-from keeper.arguments import positive_int
-from keeper.state import InstanceMeta, Sharding
+from keeper.model.state import InstanceMeta, Sharding
+from keeper.runtime.arguments import positive_int
 
 DEFAULT_URL = "http://127.0.0.1:52415"
 URL_ENV = "EXO_DEPLOY_URL"
@@ -57,7 +57,7 @@ class ClientError(Exception):
         self.exit_code = exit_code
 
 
-# How each way a deployments request fails (keeper.api_client) ends the command.
+# How each way a deployments request fails (keeper.client.deployments) ends the command.
 EXIT_FOR_FAILURE: dict[FailureKind, int] = {
     "usage": EXIT_USAGE,
     "unreachable": EXIT_UNREACHABLE,

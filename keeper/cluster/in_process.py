@@ -2,7 +2,7 @@
 
 This is what lets the whole system run in virtual time: sockets would tie the test to the real
 clock, memory channels do not, so a master and its nodes under trio's MockClock cover minutes of
-faults in milliseconds. The embedded demo (``keeper.demo``) uses it on the real clock too.
+faults in milliseconds. The embedded demo (``keeper.cluster.demo``) uses it on the real clock too.
 
 Each node has a supervisor that connects it (``memory_channel_pair`` + ``Master.serve_node``),
 runs its session, and reconnects after a short pause whenever the session ends: the master

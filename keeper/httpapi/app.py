@@ -19,10 +19,10 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from keeper.api_models import CommandResponse
 from keeper.httpapi.auth import BearerTokenMiddleware
 from keeper.httpapi.contract import COMPONENTS, add_component, declare_app_answers
 from keeper.httpapi.errors import MAX_BODY_BYTES, RequestGuardMiddleware, install_error_handlers
+from keeper.model.api_models import CommandResponse
 
 JSON = "application/json"
 # Said in every document: what the paths' operations cannot say for themselves.

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from keeper.api_models import error_body
+from keeper.model.api_models import error_body
 
 TOKEN_ENV = "EXO_DEPLOY_TOKEN"
 MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})

@@ -32,8 +32,8 @@ from fastapi.openapi.utils import (
 )
 from pydantic import BaseModel
 
-from keeper.api_models import ErrorResponse
 from keeper.httpapi.auth import MUTATING_METHODS
+from keeper.model.api_models import ErrorResponse
 
 Responses = dict[int | str, dict[str, Any]]
 

@@ -3,7 +3,7 @@
 
 Both answer ``POST /deployments``, ``GET /deployments``, ``PATCH /deployments/{id}`` (scale),
 ``DELETE /deployments/{id}`` and ``GET /deployments/{id}/history`` with the same shapes
-(``keeper.api_models``), so the TUI and ``exo-deploy list/deploy/scale/undeploy`` work against
+(``keeper.model.api_models``), so the TUI and ``exo-deploy list/deploy/scale/undeploy`` work against
 either unchanged; the routes are written once, over the small Protocol both satisfy, and so is
 their contract: each declares its body and every refusal either service answers.
 """
@@ -15,7 +15,9 @@ from typing import Annotated, Protocol
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from keeper.api_models import (
+from keeper.httpapi.app import JSON, command_json
+from keeper.httpapi.contract import ok_body, refusals
+from keeper.model.api_models import (
     DEFAULT_HISTORY_HOURS,
     MAX_HISTORY_HOURS,
     CommandResponse,
@@ -24,13 +26,11 @@ from keeper.api_models import (
     DeploymentsResponse,
     ScaleDeploymentRequest,
 )
-from keeper.httpapi.app import JSON, command_json
-from keeper.httpapi.contract import ok_body, refusals
-from keeper.state import InstanceMeta, Sharding
+from keeper.model.state import InstanceMeta, Sharding
 
 
 class DeploymentsService(Protocol):
-    """What the deployments routes call; refusals raise ``keeper.runtime.errors`` types."""
+    """What the deployments routes call; refusals raise ``keeper.model.refusals`` types."""
 
     async def create_deployment(
         self,

@@ -27,9 +27,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keeper.api_models import error_body
 from keeper.httpapi.contract import allowed_methods
-from keeper.runtime.errors import MasterError
+from keeper.model.api_models import error_body
+from keeper.model.refusals import RefusalError
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def install_error_handlers(app: FastAPI, *, exo_validation: bool = False) -> Non
         return error_response(exc.status_code, message, headers=headers)
 
     async def on_master(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, MasterError)
+        assert isinstance(exc, RefusalError)
         return error_response(exc.status_code, exc.message, exc.param)
 
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:
@@ -117,7 +117,7 @@ def install_error_handlers(app: FastAPI, *, exo_validation: bool = False) -> Non
 
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(MasterError, on_master)
+    app.add_exception_handler(RefusalError, on_master)
     app.add_exception_handler(Exception, on_bug)
 
 

@@ -19,8 +19,8 @@ from typing import Annotated
 
 from pydantic import Field, Tag, TypeAdapter
 
-from keeper.events import IndexedEvent
-from keeper.state import (
+from keeper.model.events import IndexedEvent
+from keeper.model.state import (
     Backend,
     Edge,
     MemoryUsage,
@@ -32,7 +32,7 @@ from keeper.state import (
     RunnerStatus,
     State,
 )
-from keeper.wire import TAGGED, TaggedModel, WireModel
+from keeper.model.wire import TAGGED, TaggedModel, WireModel
 
 # A node sends a heartbeat this often; the master times a node out after 30 s of silence, so a
 # few lost heartbeats never cost a node its membership.

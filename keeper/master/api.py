@@ -1,6 +1,6 @@
 """The master's HTTP API (docs/design.md §7): exo's shapes on FastAPI.
 
-Handlers are thin: parse with the shared wire models (``keeper.api_models``), call the
+Handlers are thin: parse with the shared wire models (``keeper.model.api_models``), call the
 ``Master`` command, return its result. Every way a request can be wrong is answered with exo's
 error body and a 4xx (see ``keeper.httpapi.errors``), and a refused request changes
 nothing, because the master validates before it emits. ``create_app`` builds the app for one
@@ -18,12 +18,6 @@ from fastapi import APIRouter, FastAPI, WebSocket
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from keeper.api_models import (
-    CommandResponse,
-    CreateDeploymentRequest,
-    ModelList,
-    model_entry,
-)
 from keeper.httpapi.app import JSON, command_json, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
@@ -32,7 +26,13 @@ from keeper.master.dashboard_stream import dashboard_response
 from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.master.service import Master
 from keeper.master.ws import NODE_WS_PATH, serve_node_websocket
-from keeper.runtime.errors import NotRunningError
+from keeper.model.api_models import (
+    CommandResponse,
+    CreateDeploymentRequest,
+    ModelList,
+    model_entry,
+)
+from keeper.model.refusals import NotRunningError
 
 
 class PlaceInstanceRequest(CreateDeploymentRequest):
@@ -107,7 +107,7 @@ def create_app(
 
 def exo_routes(master: Master, token: str | None) -> APIRouter:
     """The routes of exo's API that both of the master's APIs serve alike, ours and exo's
-    stand-in's (``keeper.master.exo_compat``): placing an instance, chat, and the nodes'
+    stand-in's (``keeper.exo_standin.app``): placing an instance, chat, and the nodes'
     connection. (Each serves its own ``GET /state``: the stand-in's is in exo's keys.)"""
     router = APIRouter()
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from keeper.ids import IdFactory, new_id
 from keeper.link.protocol import CancelChat, ChatChunk, ChatError
 from keeper.master.node_session import NodeSession
-from keeper.runtime.errors import ChatFailedError
-from keeper.state import NodeId
+from keeper.model.ids import IdFactory, new_id
+from keeper.model.refusals import ChatFailedError
+from keeper.model.state import NodeId
 
 # Chunks buffered for a reader; a reply this far ahead of its reader means the client stopped
 # reading, and the request is ended rather than buffered without end.

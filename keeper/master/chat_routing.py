@@ -1,8 +1,8 @@
 """Routing chat requests to the replicas of a model (docs/design.md §6.8).
 
 A chat goes to the rank-0 node of the least busy ready instance of its model whose nodes are all
-connected (``keeper.readiness.chat_targets``; ties: the State's order, as exo); a node that cannot
-take it (its session closing, its outbox gone) is passed over for the next one in that order;
+connected (``keeper.model.readiness.chat_targets``; ties: the State's order, as exo); a node that
+cannot take it (its session closing, its outbox gone) is passed over for the next one in that order;
 should that node or instance go, or the node fail the request, before the first text, it is sent
 once more to another ready instance, and ``keeper.master.chat`` follows it from there.
 
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from keeper.link.protocol import ChatMessage, ChatRequest
 from keeper.master.chat import ChatRouter, ChatStream, Route
 from keeper.master.membership import Membership
-from keeper.readiness import chat_targets
-from keeper.runtime.errors import ChatFailedError, NoInstanceError
-from keeper.state import NodeId, State
+from keeper.model.readiness import chat_targets
+from keeper.model.refusals import ChatFailedError, NoInstanceError
+from keeper.model.state import NodeId, State
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class ChatRouting:
 
     def ready_instances(self, model_id: str) -> list[tuple[str, NodeId]]:
         """(instance id, rank-0 node) of each instance of the model a chat may go to now, in
-        the State's order (``keeper.readiness.chat_targets``): ready, with every one of its
+        the State's order (``keeper.model.readiness.chat_targets``): ready, with every one of its
         nodes connected. A node whose connection closed is left out at once, long before it
         would time out."""
         connected = {node for node in self._membership.sessions if self._connected(node)}

@@ -2,7 +2,7 @@
 
 ``event: snapshot`` first (a ``StreamSnapshot``: the State and the deployments view), then one
 ``event: event`` per ``IndexedEvent`` in the master's order, so a client that applies them with
-``keeper.apply`` holds the master's State. The keeper's timers are not events, so ``event:
+``keeper.model.apply`` holds the master's State. The keeper's timers are not events, so ``event:
 deployments`` (a ``DeploymentsResponse``) is sent whenever the view changed, checked once a
 second; the countdown itself (``next_attempt_in_s``) is left out of the comparison, since the
 client can count down from ``next_attempt_at``. A client that falls too far behind gets
@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from keeper.api_models import DeploymentsResponse, StreamSnapshot, error_body
 from keeper.master.service import Master
 from keeper.master.subscriptions import Subscription, SubscriptionLaggedError
+from keeper.model.api_models import DeploymentsResponse, StreamSnapshot, error_body
 
 # Often enough for the TUI's countdowns to stay right, rarely enough to cost nothing.
 DEPLOYMENTS_CHECK_S = 1.0

@@ -18,15 +18,6 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
-from keeper.events import (
-    AnyEvent,
-    InstanceDeleted,
-    NodeGatheredInfo,
-    NodeTimedOut,
-    RunnerStatusUpdated,
-    TopologyEdgeCreated,
-    TopologyEdgeDeleted,
-)
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
     AnyMasterMessage,
@@ -45,8 +36,17 @@ from keeper.link.protocol import (
 from keeper.master.chat import ChatRouter
 from keeper.master.node_session import NodeSession, forward
 from keeper.master.subscriptions import Fanout
+from keeper.model.events import (
+    AnyEvent,
+    InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
+)
+from keeper.model.state import Connection, NodeId, State
 from keeper.runtime.clock import Clock, iso_utc
-from keeper.state import Connection, NodeId, State
 
 log = logging.getLogger(__name__)
 

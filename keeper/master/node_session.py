@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from keeper.events import IndexedEvent
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import AnyMasterMessage, EventMessage
-from keeper.state import NodeId
+from keeper.model.events import IndexedEvent
+from keeper.model.state import NodeId
 
 log = logging.getLogger(__name__)
 

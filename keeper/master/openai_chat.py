@@ -17,10 +17,10 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from keeper.api_models import error_body
 from keeper.link.protocol import ChatMessage
 from keeper.master.service import ChatStream, Master
-from keeper.runtime.errors import ChatFailedError
+from keeper.model.api_models import error_body
+from keeper.model.refusals import ChatFailedError
 
 # Used when the request names no limit: enough for a demo answer, cheap on a fake node.
 DEFAULT_MAX_TOKENS = 128

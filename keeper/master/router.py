@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from keeper.events import AnyEvent, IndexedEvent
-from keeper.runtime.errors import NotRunningError
+from keeper.model.events import AnyEvent, IndexedEvent
+from keeper.model.refusals import NotRunningError
 from keeper.runtime.event_store import EventStore, LogNotWritableError
 
 # The most queued emits the router folds into one batch (one write + fsync). Large enough that

@@ -1,18 +1,20 @@
 """Running a master for real: its HTTP API under uvicorn beside ``Master.run``, and the blocking
 ``exo-deploy master`` entry.
 
-``serve`` is ``keeper.httpapi.serving.serve_service`` for a master: our API by default (or exo's,
-for ``master --exo-compat``), the dashboard streams ended first on shutdown so they do not hold
-it up, then the master stops and writes a snapshot. ``run_master`` is the process around it
+``serve`` is ``keeper.httpapi.serving.serve_service`` for a master: the API it is given (ours by
+default), the dashboard streams ended first on shutdown so they do not hold it up, then the
+master stops and writes a snapshot. ``run_master`` is the process around it
 (``keeper.runtime.entry``: checks, logging, SIGINT/SIGTERM, exit codes), with the few settings a
-command line may change: exo's membership timings, and which API is served.
+command line may change: exo's membership timings, and which API is served (a ``MasterApp``:
+ours, or the exo stand-in's, which ``keeper.exo_standin`` builds on this master and hands in, so
+the master never imports the layer above it).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio
@@ -21,7 +23,6 @@ from fastapi import FastAPI
 
 from keeper.httpapi.serving import DEFAULT_HOST, serve_service, shown_host
 from keeper.master.api import create_app
-from keeper.master.exo_compat import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 
@@ -30,6 +31,20 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 52415  # exo's API port
 
 AppFactory = Callable[[Master, str | None], FastAPI]
+
+
+@dataclass(frozen=True)
+class MasterApp:
+    """An HTTP API a master process serves, and what the master runs beneath it."""
+
+    factory: AppFactory
+    # The stand-in for a stock exo runs no keeper: deployments belong to a bridge beside it.
+    keeper_enabled: bool = True
+    # A line logged at start, saying what is served when it is not our own API.
+    banner: str | None = None
+
+
+OUR_API = MasterApp(create_app)
 
 
 async def serve(
@@ -69,13 +84,13 @@ def run_master(
     *,
     node_timeout_s: float | None = None,
     sweep_interval_s: float | None = None,
-    exo_compat: bool = False,
+    app: MasterApp = OUR_API,
 ) -> int:
     """``exo-deploy master``: serve until SIGINT/SIGTERM. Returns the process exit code.
 
     ``node_timeout_s`` and ``sweep_interval_s`` replace exo's 30 s / 10 s (a cluster on one
     machine wants a dead node noticed sooner; the keeper's own constants are untouched).
-    ``exo_compat`` serves a stand-in for a stock exo master (``keeper.master.exo_compat``)."""
+    ``app`` is the API to serve: ours, or ``keeper.exo_standin.STANDIN_API``."""
     token = service_token(token)
 
     def prepare() -> Serve:
@@ -83,7 +98,7 @@ def run_master(
         config = MasterConfig(
             model_cards=load_catalog(model_cards_dir),
             log_io_in_thread=True,
-            keeper_enabled=not exo_compat,
+            keeper_enabled=app.keeper_enabled,
         )
         if node_timeout_s is not None:
             config = replace(config, node_timeout_s=node_timeout_s)
@@ -96,13 +111,11 @@ def run_master(
                 config.sweep_interval_s,
             )
         master = Master(data_dir, config=config)
-        app_factory: AppFactory = create_app
-        if exo_compat:
-            log.info("serving exo's API (--exo-compat): no keeper, no deployments endpoints")
-            app_factory = create_exo_compat_app
+        if app.banner is not None:
+            log.info("%s", app.banner)
 
         async def serve_master() -> None:
-            await serve(master, host, bound_port, token, app_factory=app_factory)
+            await serve(master, host, bound_port, token, app_factory=app.factory)
 
         return serve_master
 

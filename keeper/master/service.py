@@ -28,7 +28,7 @@ dashboard streams subscribe through ``keeper.master.subscriptions``.
 
 Commands (``create_deployment``, ``scale_deployment`` and friends) validate, then emit under the
 lock and wait until their events are applied, so a response is only sent for events that are
-durable and visible in ``GET /state``; refusals raise ``keeper.runtime.errors`` types that the
+durable and visible in ``GET /state``; refusals raise ``keeper.model.refusals`` types that the
 API maps to 4xx.
 
 Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
@@ -52,18 +52,8 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskStatus
 
-from keeper.api_models import CommandResponse, DeploymentHistoryResponse, DeploymentsResponse
-from keeper.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
-from keeper.constants import STARTUP_GRACE
-from keeper.core import PlaceFn, calls_for_step
-from keeper.events import (
-    AnyEvent,
-    DeploymentCreated,
-    IndexedEvent,
-    InstanceCreated,
-    InstanceDeleted,
-)
-from keeper.ids import IdFactory, new_id
+from keeper.core.keeper import PlaceFn, calls_for_step
+from keeper.core.placement import place_instance
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
     ChatMessage,
@@ -74,7 +64,29 @@ from keeper.master.membership import Membership
 from keeper.master.router import Router
 from keeper.master.stepping import KeeperLoop
 from keeper.master.subscriptions import Fanout, Subscription
-from keeper.placement import place_instance
+from keeper.model.api_models import CommandResponse, DeploymentHistoryResponse, DeploymentsResponse
+from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.model.constants import STARTUP_GRACE
+from keeper.model.events import (
+    AnyEvent,
+    DeploymentCreated,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+)
+from keeper.model.ids import IdFactory, new_id
+from keeper.model.refusals import (
+    BadRequestError,
+    NotFoundError,
+    NotRunningError,
+)
+from keeper.model.state import (
+    InstanceMeta,
+    ModelCard,
+    NodeId,
+    Sharding,
+    State,
+)
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import Clock
 from keeper.runtime.deployments import (
@@ -89,11 +101,6 @@ from keeper.runtime.deployments import (
     scaled_response,
     shown,
 )
-from keeper.runtime.errors import (
-    BadRequestError,
-    NotFoundError,
-    NotRunningError,
-)
 from keeper.runtime.event_log import FileOps, Recovery
 from keeper.runtime.event_store import EventStore
 from keeper.runtime.hosted_keeper import (
@@ -102,13 +109,6 @@ from keeper.runtime.hosted_keeper import (
     Started,
     default_keeper,
     start_keeper,
-)
-from keeper.state import (
-    InstanceMeta,
-    ModelCard,
-    NodeId,
-    Sharding,
-    State,
 )
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class Master:
             file_ops=file_ops,
             wall_time=lambda: self.clock.wall().timestamp(),
             # The master's State is the whole cluster's: its deployments' serving records are
-            # written with the events that change them (keeper.history).
+            # written with the events that change them (keeper.model.history).
             track_serving=self.config.keeper_enabled,
         )
         self._lock = anyio.Lock()

@@ -24,9 +24,9 @@ from collections.abc import Callable
 import anyio
 
 from keeper.master.router import Emit, Router
+from keeper.model.state import State
 from keeper.runtime.event_store import EventStore
 from keeper.runtime.hosted_keeper import Started
-from keeper.state import State
 
 log = logging.getLogger(__name__)
 

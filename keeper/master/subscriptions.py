@@ -14,8 +14,8 @@ from collections.abc import Callable
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from keeper.events import IndexedEvent
-from keeper.state import State
+from keeper.model.events import IndexedEvent
+from keeper.model.state import State
 
 Deliver = Callable[[IndexedEvent], None]
 

@@ -27,7 +27,7 @@ from keeper.link.protocol import (
     AnyNodeMessage,
 )
 from keeper.master.service import Master
-from keeper.wire import first_validation_error
+from keeper.model.wire import first_validation_error
 
 NODE_WS_PATH = "/node/ws"
 # WebSocket close codes (RFC 6455): 1007 invalid payload data, 1008 policy violation.

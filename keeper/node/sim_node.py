@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import TaskGroup
 
-from keeper.apply import apply_indexed
 from keeper.link.channel import ChannelClosedError, NodeSide
 from keeper.link.protocol import (
     HEARTBEAT_S,
@@ -48,8 +47,8 @@ from keeper.link.protocol import (
     RunnerStatusReport,
     Welcome,
 )
-from keeper.runtime.clock import Clock
-from keeper.state import (
+from keeper.model.apply import apply_indexed
+from keeper.model.state import (
     AnyInstance,
     AnyRunnerStatus,
     Backend,
@@ -70,6 +69,7 @@ from keeper.state import (
     SocketConnection,
     State,
 )
+from keeper.runtime.clock import Clock
 
 GIB = 1024**3
 

@@ -5,7 +5,7 @@ The two differ in where a model's card comes from (the master's catalog, exo's m
 where a deployment's events go (the master's router, the bridge's own log). What a request may
 ask, when it conflicts, what a new deployment holds, what the answer says and how a deployment
 is shown with the keeper's timers are the same, so a client cannot tell them apart. Refusals
-raise a ``keeper.runtime.errors`` type with a message for the operator (the API's 4xx).
+raise a ``keeper.model.refusals`` type with a message for the operator (the API's 4xx).
 """
 
 from __future__ import annotations
@@ -13,22 +13,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from keeper.api_models import (
+from keeper.core.keeper import DeploymentTimer
+from keeper.model.api_models import (
     CommandResponse,
     DeploymentHistoryResponse,
     DeploymentView,
     IncidentView,
     create_problems,
 )
-from keeper.core import DeploymentTimer
-from keeper.events import AnyEvent
-from keeper.history import summarize
-from keeper.ids import IdFactory, new_id
-from keeper.readiness import deployment_status, ready_replicas
+from keeper.model.events import AnyEvent
+from keeper.model.history import summarize
+from keeper.model.ids import IdFactory, new_id
+from keeper.model.readiness import deployment_status, ready_replicas
+from keeper.model.refusals import BadRequestError, ConflictError, NotFoundError
+from keeper.model.state import Deployment, InstanceMeta, ModelCard, Sharding, State
 from keeper.runtime.clock import Clock, iso_utc
-from keeper.runtime.errors import BadRequestError, ConflictError, NotFoundError
 from keeper.runtime.hosted_keeper import KeeperLike
-from keeper.state import Deployment, InstanceMeta, ModelCard, Sharding, State
 
 # Errors quote what the client sent, cut to this many characters: a megabyte-long id need not
 # come back in full.
@@ -103,7 +103,7 @@ def history_response(
     state: State, deployment_id: str, hours: float, now: datetime
 ) -> DeploymentHistoryResponse:
     """``GET /deployments/{id}/history``: the last ``hours`` before ``now`` of the deployment's
-    serving records (``keeper.history.summarize``), times as ISO-8601 UTC."""
+    serving records (``keeper.model.history.summarize``), times as ISO-8601 UTC."""
     existing_deployment(state.deployments, deployment_id)
     end = now.timestamp()
     history = summarize(

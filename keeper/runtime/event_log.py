@@ -39,7 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from keeper.events import IndexedEvent
+from keeper.model.events import IndexedEvent
+from keeper.model.state import State
 from keeper.runtime.log_scan import (
     HISTORY_KINDS,
     LOG_FILE,
@@ -50,7 +51,6 @@ from keeper.runtime.log_scan import (
     line_idx,
     scan_dir,
 )
-from keeper.state import State
 
 # The reading side's names are re-exported: callers deal with "the event log" as one thing.
 __all__ = [

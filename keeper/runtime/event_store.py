@@ -21,7 +21,7 @@ The shape, and why:
   until a week of marks has built up again).
 - With ``track_serving`` (the master, whose State is the whole cluster's) each batch that may
   change whether a deployment serves is followed, in the same write, by the serving records it
-  calls for (``keeper.history.serving_changes``, timed with ``wall_time``). The bridge, whose
+  calls for (``keeper.model.history.serving_changes``, timed with ``wall_time``). The bridge, whose
   own State holds only its deployments, records them itself from exo's States.
 - The keeper-stepping loops stay in the services.
 """
@@ -38,12 +38,12 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
-from keeper.apply import apply_all
-from keeper.events import AnyEvent, IndexedEvent
-from keeper.history import may_change_serving, serving_changes
-from keeper.runtime.errors import MasterError
+from keeper.model.apply import apply_all
+from keeper.model.events import AnyEvent, IndexedEvent
+from keeper.model.history import may_change_serving, serving_changes
+from keeper.model.refusals import RefusalError
+from keeper.model.state import State
 from keeper.runtime.event_log import EventLog, FileOps, LogWriteError, Recovery, iter_events
-from keeper.state import State
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ _T = TypeVar("_T")
 HISTORY_KEEP_S = 7 * 24 * 3600.0
 
 
-class LogNotWritableError(MasterError):
+class LogNotWritableError(RefusalError):
     """A mutation refused because its events could not be written; nothing of it happened."""
 
     status_code = 503
@@ -187,7 +187,8 @@ class EventStore:
     def _prepared(self, events: Sequence[AnyEvent]) -> tuple[list[IndexedEvent], State]:
         """The batch to write, numbered, and the State once it is applied. With
         ``track_serving`` the batch ends with the serving records its events call for
-        (``keeper.history``), so a change and its record are written together or not at all."""
+        (``keeper.model.history``), so a change and its record are written together or not at
+        all."""
         indexed = self.number(events)
         state = apply_all(self._state, indexed)
         if self.track_serving and any(may_change_serving(event, self._state) for event in events):

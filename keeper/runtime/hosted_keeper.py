@@ -19,11 +19,11 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
-from keeper.core import DeploymentTimer, Keeper, PlaceFn
-from keeper.events import AnyEvent
+from keeper.core.keeper import DeploymentTimer, Keeper, PlaceFn
+from keeper.model.events import AnyEvent
+from keeper.model.refusals import NotRunningError
+from keeper.model.state import DeploymentId, State
 from keeper.runtime.clock import AnyioClock, Clock
-from keeper.runtime.errors import NotRunningError
-from keeper.state import DeploymentId, State
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from keeper.events import IndexedEvent
+from keeper.model.events import IndexedEvent
 from keeper.runtime.log_scan import LOG_FILE, Scan, read_snapshot, scan_dir
 
 

@@ -22,10 +22,10 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from keeper.apply import apply_all
-from keeper.events import IndexedEvent
-from keeper.state import State
-from keeper.wire import first_validation_error
+from keeper.model.apply import apply_all
+from keeper.model.events import IndexedEvent
+from keeper.model.state import State
+from keeper.model.wire import first_validation_error
 
 log = logging.getLogger(__name__)
 

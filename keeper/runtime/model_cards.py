@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from keeper.catalog import model_card_from_toml
-from keeper.state import ModelCard
+from keeper.model.catalog import model_card_from_toml
+from keeper.model.state import ModelCard
 
 
 class ModelCardError(Exception):

@@ -30,15 +30,15 @@ from typing import Any, TextIO
 import anyio
 import httpx
 
-from keeper.api_models import DeploymentsResponse, StreamSnapshot
 from keeper.cluster.local import HOST, LocalCluster
-from keeper.events import IndexedEvent
+from keeper.model.api_models import DeploymentsResponse, StreamSnapshot
+from keeper.model.events import IndexedEvent
+from keeper.model.state import State
 from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import NODE_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import MAX_TOKENS, error_label
 from keeper.soak.report import Deployed, RunKind, SoakReport
 from keeper.soak.run import DeploymentHealth, Soak, SoakError, SoakSettings, model_statuses
-from keeper.state import State
 
 PROMPT = "Say something while the cluster is being knocked about."
 # How often a restarted process is looked for; restarts take a second or two.

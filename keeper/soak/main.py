@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 import anyio
 
-from keeper.arguments import EXIT_USAGE, UsageParser, positive_float, whole_number
 from keeper.cluster.local import ClusterError
+from keeper.runtime.arguments import EXIT_USAGE, UsageParser, positive_float, whole_number
 from keeper.runtime.entry import expected_failure, run_until_signal
 from keeper.soak.harness import layout_summary, run_processes
 from keeper.soak.report import (

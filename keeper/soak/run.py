@@ -44,9 +44,10 @@ from typing import Protocol
 
 import anyio
 
-from keeper.api_models import DeploymentsResponse
-from keeper.events import IndexedEvent
 from keeper.master.service import MasterConfig
+from keeper.model.api_models import DeploymentsResponse
+from keeper.model.events import IndexedEvent
+from keeper.model.state import State
 from keeper.soak.faults import (
     FAULT_END_TIMEOUT_S,
     MASTER,
@@ -71,7 +72,6 @@ from keeper.soak.report import (
     summarize,
 )
 from keeper.soak.watch import ClusterWatch, check_log
-from keeper.state import State
 
 # Three models: one that fits on one node, one placed as a pipeline over two nodes (min_nodes 2:
 # its 17.6 GB would fit some single nodes, the deployment asks for two), and a small one kept at

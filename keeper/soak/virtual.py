@@ -45,19 +45,19 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from keeper.cluster.in_process import InProcessCluster
 from keeper.cluster.local import DEFAULT_LOAD_GB_PER_S, NODE_SIZES_GB
-from keeper.events import IndexedEvent
-from keeper.ids import IdFactory, new_id
 from keeper.link.protocol import ChatMessage
 from keeper.master.service import Master, MasterConfig
 from keeper.master.subscriptions import Subscription
+from keeper.model.events import IndexedEvent
+from keeper.model.ids import IdFactory, new_id
+from keeper.model.refusals import RefusalError
+from keeper.model.state import State
 from keeper.node.sim_node import NodeConfig
-from keeper.runtime.errors import MasterError
 from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import MASTER_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import LoadSettings, error_label
 from keeper.soak.report import Deployed, RunKind, SoakReport
 from keeper.soak.run import DeploymentHealth, Soak, SoakError, SoakSettings, model_statuses
-from keeper.state import State
 
 PROMPT = "Say something while the cluster is being knocked about."
 # Requests are spaced out in virtual time, where every one costs wall time (mostly the two runner
@@ -222,7 +222,7 @@ class VirtualTarget:
             )
             async for _ in stream:
                 pass
-        except MasterError as exc:
+        except RefusalError as exc:
             return error_label(exc.status_code, exc.message)
         return None
 

@@ -15,7 +15,7 @@ stream (re)connects, then every indexed event) with the moment it arrived, and k
   its next step are samples; the others are counted by why they had to wait (see
   ``ExclusionReason``).
 
-It is plain synchronous code over ``keeper.apply``, so both soaks (processes and virtual time)
+It is plain synchronous code over ``keeper.model.apply``, so both soaks (processes and virtual time)
 share it, and ``check_log`` replays a master's whole event log through the same duplicate check:
 the stream misses what happens while the master is down, the log holds every State it had.
 """
@@ -28,17 +28,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from keeper.apply import apply, apply_indexed
-from keeper.constants import STARTUP_GRACE
-from keeper.events import (
+from keeper.model.apply import apply, apply_indexed
+from keeper.model.constants import STARTUP_GRACE
+from keeper.model.events import (
     DeploymentPlacementFailed,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
 )
-from keeper.readiness import instance_is_ready
+from keeper.model.readiness import instance_is_ready
+from keeper.model.state import AnyInstance, State
 from keeper.runtime.log_scan import iter_log_file
-from keeper.state import AnyInstance, State
 
 # The keeper steps once a second and only an instance it saw ready at a step counts as having
 # been ready: one lost sooner is a failed placement and waits out the backoff by design.

@@ -2,7 +2,7 @@
 
 ``GET /state`` on our master returns a document a real exo master could have produced, and
 ``State.model_validate_json`` reads a real exo master's document: camelCase keys, tagged unions,
-unknown keys ignored (see ``keeper.wire``). Everything here is data: no I/O, no clock, and no
+unknown keys ignored (see ``keeper.model.wire``). Everything here is data: no I/O, no clock, and no
 import of anything else of ours, so every other layer can depend on it.
 """
 
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, Tag, computed_field
 
-from keeper.wire import TAGGED, TaggedModel, WireModel
+from keeper.model.wire import TAGGED, TaggedModel, WireModel
 
 NodeId = str
 InstanceId = str
@@ -333,7 +333,8 @@ class ServingRecord(WireModel):
 
     The history of a deployment is the sequence of these: what ``GET /deployments/{id}/history``
     and the TUI's AVAIL column summarise. They live in the State (so snapshots, compaction and
-    the dashboard stream carry them with no extra store); ``keeper.apply`` keeps a bounded span.
+    the dashboard stream carry them with no extra store); ``keeper.model.apply`` keeps a bounded
+    span.
     """
 
     at: float  # Unix time in seconds, from the service's wall clock when it saw the change

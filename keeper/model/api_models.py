@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
-from keeper.state import (
+from keeper.model.state import (
     MAX_REPLICAS,
     Deployment,
     InstanceMeta,
@@ -25,7 +25,7 @@ from keeper.state import (
     Sharding,
     State,
 )
-from keeper.wire import WireModel
+from keeper.model.wire import WireModel
 
 DeploymentStatus = Literal["serving", "starting", "placing", "cant_place"]
 
@@ -157,13 +157,13 @@ class DeploymentView(BaseModel):
 
 
 # The longest history ``GET /deployments/{id}/history`` answers: 30 days. Serving records are
-# kept a day longer (keeper.state.SERVING_HISTORY_KEEP_S), so such a window is complete.
+# kept a day longer (keeper.model.state.SERVING_HISTORY_KEEP_S), so such a window is complete.
 MAX_HISTORY_HOURS = 720.0
 DEFAULT_HISTORY_HOURS = 24.0
 
 
 class IncidentView(WireModel):
-    """One stretch in which a deployment was not serving (``keeper.history.Incident``)."""
+    """One stretch in which a deployment was not serving (``keeper.model.history.Incident``)."""
 
     start: str  # ISO-8601 UTC
     end: str | None  # None while ongoing

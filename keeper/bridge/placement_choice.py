@@ -22,9 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from keeper.bridge.exo_wire import JsonObject, instance_cards, read_instance
-from keeper.cluster_view import nodes_serving
-from keeper.state import AnyInstance, State
+from keeper.bridge.exo_wire import instance_cards, read_instance
+from keeper.core.view import nodes_serving
+from keeper.model.state import AnyInstance, State
+from keeper.model.wire import JsonObject
 
 
 @dataclass(frozen=True)

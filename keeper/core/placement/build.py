@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import uuid
 
-from keeper.ids import IdFactory, new_id
-from keeper.state import (
+from keeper.model.ids import IdFactory, new_id
+from keeper.model.state import (
     AnyInstance,
     AnyShard,
     Host,

@@ -24,7 +24,7 @@ import anyio
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from keeper.api_models import (
+from keeper.model.api_models import (
     DEFAULT_HISTORY_HOURS,
     CommandResponse,
     CreateDeploymentRequest,

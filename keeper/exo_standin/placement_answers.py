@@ -1,6 +1,6 @@
 """exo's ``/instance/placement`` and ``/instance/previews`` for the stand-in, as pure functions.
 
-The nodes are chosen by our own placement (``keeper.placement.place_instance``, exo's rules in
+The nodes are chosen by our own placement (``keeper.core.placement.place_instance``, exo's rules in
 exo's order); this module adds what exo 0.3.70 does around it:
 
 - exo's refusals our placement does not have. Both concern a Pipeline and come, in exo, after
@@ -17,7 +17,7 @@ exo's order); this module adds what exo 0.3.70 does around it:
   the memory each node would give up (the model's size split evenly, the remainder a byte each
   to the first nodes by id), and one ``error`` entry per sharding and engine that exo refuses.
 
-A model exo lists but for which no full card is shipped (``keeper.master.exo_cards``) gets the
+A model exo lists but for which no full card is shipped (``keeper.exo_standin.model_list``) gets the
 checks that need only the list's figures, then a refusal naming the missing layer count.
 """
 
@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from keeper.master.exo_cards import ExoModel, JsonObject
-from keeper.placement import NO_MEMORY, NO_RDMA, no_tensor_support, place_instance
-from keeper.placement.graph import cluster_graph
-from keeper.placement.search import CycleSearch
-from keeper.state import AnyInstance, InstanceMeta, Sharding, State
+from keeper.core.placement import NO_MEMORY, NO_RDMA, no_tensor_support, place_instance
+from keeper.core.placement.graph import cluster_graph
+from keeper.core.placement.search import CycleSearch
+from keeper.exo_standin.model_list import ExoModel
+from keeper.model.state import AnyInstance, InstanceMeta, Sharding, State
+from keeper.model.wire import JsonObject
 
 # The one model exo refuses to pipeline at all (its weights do not split cleanly by layer).
 PIPELINE_REFUSED_MODEL = "mlx-community/DeepSeek-V3.1-8bit"

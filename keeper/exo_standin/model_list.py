@@ -6,9 +6,9 @@ defaults, and its full card (``storageSize``, ``nLayers``, ``hiddenSize``, ``sam
 ``POST /instance``. The stand-in ships both as package data, so the installed
 ``exo-deploy master --exo-compat`` answers like exo without the test fixtures:
 
-- ``exo_data/models.json``: exo 0.3.70's own ``GET /models`` answer (123 models), byte for byte
+- ``data/models.json``: exo 0.3.70's own ``GET /models`` answer (123 models), byte for byte
   the recording in ``tests/fixtures/exo_recordings/models.json``;
-- ``exo_data/cards.json``: full cards, in exo's JSON (camelCase, exo's key order), only for models
+- ``data/cards.json``: full cards, in exo's JSON (camelCase, exo's key order), only for models
   whose every figure comes from exo itself. Where each came from is in ``CARD_SOURCES``; a test
   checks that every card agrees with the model list (size to the MiB, family, capabilities,
   context length...).
@@ -24,11 +24,10 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, cast
+from typing import cast
 
-from keeper.state import Memory, ModelCard
-
-JsonObject = dict[str, Any]
+from keeper.model.state import Memory, ModelCard
+from keeper.model.wire import JsonObject
 
 # exo's list gives sizes in whole MiB (``storage_size_megabytes`` is the card's bytes // MiB).
 MEBIBYTE = 1024 * 1024
@@ -78,7 +77,7 @@ class ExoModel:
 
 
 def _load(name: str) -> JsonObject:
-    text = resources.files("keeper.master").joinpath("exo_data", name).read_text("utf-8")
+    text = resources.files("keeper.exo_standin").joinpath("data", name).read_text("utf-8")
     return cast(JsonObject, json.loads(text))
 
 

@@ -14,7 +14,7 @@ Two pure parts, both in the data model so that the master, the bridge and the TU
   MTTR over a window, from the records alone. The records are few (one per change), so a
   request costs microseconds whatever the cluster did meanwhile.
 
-Serving means what ``GET /deployments`` means by it (``keeper.readiness``), with one addition:
+Serving means what ``GET /deployments`` means by it (``keeper.model.readiness``), with one addition:
 a node gone from the topology serves nothing, so a lost node starts the incident when it times
 out rather than when the sweep deletes its instances.
 
@@ -31,8 +31,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from keeper.apply import apply
-from keeper.events import (
+from keeper.model.apply import apply
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentPlacementFailed,
@@ -44,8 +44,8 @@ from keeper.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.readiness import instances_of, ready_on_present_nodes
-from keeper.state import (
+from keeper.model.readiness import instances_of, ready_on_present_nodes
+from keeper.model.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
     Deployment,

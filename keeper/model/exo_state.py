@@ -1,6 +1,6 @@
 """Reading a State that came from a stock exo: strict about what the keeper decides on.
 
-Our ``State`` model is tolerant on purpose (``keeper.wire``): unknown keys are ignored and a
+Our ``State`` model is tolerant on purpose (``keeper.model.wire``): unknown keys are ignored and a
 missing key reads as empty, so our master and exo can each add to the State without breaking the
 other. For a State we produce ourselves that is right. For a State read from someone else's exo
 it fails *open*: if exo renames ``instances``, the tolerant model reads "no instances", the
@@ -23,8 +23,8 @@ from typing import Any, TypeVar, cast
 
 from pydantic import TypeAdapter, ValidationError
 
-from keeper.state import Instance, MemoryUsage, RunnerStatus, State, Topology
-from keeper.wire import first_validation_error
+from keeper.model.state import Instance, MemoryUsage, RunnerStatus, State, Topology
+from keeper.model.wire import first_validation_error
 
 # What the keeper's step reads of exo's State: instances (what runs), runners (whether it is
 # ready), the topology (where to place) and node memory (what fits). Read as empty, each of

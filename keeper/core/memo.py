@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from keeper.api_models import WaitReason
-from keeper.cluster_view import ClusterSignature
-from keeper.constants import FIRST_BACKOFF, MAX_BACKOFF, PLACEMENT_TIMEOUT, UNPLACEABLE_RETRY
-from keeper.readiness import instance_is_ready
-from keeper.state import Deployment, InstanceId, State
+from keeper.core.view import ClusterSignature
+from keeper.model.api_models import WaitReason
+from keeper.model.constants import FIRST_BACKOFF, MAX_BACKOFF, PLACEMENT_TIMEOUT, UNPLACEABLE_RETRY
+from keeper.model.readiness import instance_is_ready
+from keeper.model.state import Deployment, InstanceId, State
 
 # Doublings past this many add nothing (10 s * 2**6 already exceeds MAX_BACKOFF); the cap keeps
 # ``2 ** n`` a small number however long a deployment keeps failing.

@@ -1,7 +1,7 @@
 """The keeper: keeps each deployment's count of instances (``replicas``) of its model, placing
 one whenever the cluster holds fewer (the rules are in docs/design.md §5).
 
-It is a pure function of the State plus a small memory per deployment (``keeper.memo``):
+It is a pure function of the State plus a small memory per deployment (``keeper.core.memo``):
 ``step`` reads no clock, does no I/O and returns the events to emit; the master applies them.
 The State trails the keeper's events (they go round the router first), so the memory holds
 exactly what the State cannot yet show: the placement on its way, whether the instance it
@@ -31,8 +31,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from keeper.api_models import WaitReason
-from keeper.cluster_view import (
+from keeper.core.memo import (
+    FRESH,
+    DeploymentMemo,
+    observe,
+    placed,
+    recorded,
+    reported_error,
+    scaled,
+    unplaceable,
+    waiting,
+    wanted,
+)
+from keeper.core.placement import place_instance
+from keeper.core.view import (
     ClusterSignature,
     cluster_signature,
     models_instance_counts,
@@ -40,8 +52,9 @@ from keeper.cluster_view import (
     nodes_serving,
     without_nodes,
 )
-from keeper.constants import STARTUP_GRACE
-from keeper.events import (
+from keeper.model.api_models import WaitReason
+from keeper.model.constants import STARTUP_GRACE
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
@@ -56,21 +69,8 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.memo import (
-    FRESH,
-    DeploymentMemo,
-    observe,
-    placed,
-    recorded,
-    reported_error,
-    scaled,
-    unplaceable,
-    waiting,
-    wanted,
-)
-from keeper.placement import place_instance
-from keeper.readiness import deployment_status, ready_replicas
-from keeper.state import (
+from keeper.model.readiness import deployment_status, ready_replicas
+from keeper.model.state import (
     AnyInstance,
     Deployment,
     DeploymentId,
@@ -83,7 +83,7 @@ from keeper.state import (
     State,
 )
 
-# The status rule lives with the data model (``keeper.readiness``) so that the TUI shares it;
+# The status rule lives with the data model (``keeper.model.readiness``) so that the TUI shares it;
 # it is re-exported here, where ``keeper.deployment_status`` has always come from.
 __all__ = [
     "MAX_PLACEMENT_ATTEMPTS_PER_STEP",

@@ -1,10 +1,10 @@
 """What the keeper reads from the cluster State: the models with an instance, the usable-cluster
 signature, and the view of the cluster a new replica may use (instance readiness is
-``keeper.readiness``, shared with every reader).
+``keeper.model.readiness``, shared with every reader).
 
 These are plain functions of a State, kept apart from the keeper's memory so that the rules in
-``keeper.core`` read as decisions and the state-walking they rely on can be tested on its own.
-The signature is deliberately coarse: it names the nodes, whether each reports memory, the
+``keeper.core.keeper`` read as decisions and the state-walking they rely on can be tested on its
+own. The signature is deliberately coarse: it names the nodes, whether each reports memory, the
 backends each reports and how they are linked, and leaves out memory figures, which move all the
 time and would otherwise turn every report from a node into a placement attempt.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from keeper.state import (
+from keeper.model.state import (
     Backend,
     Edge,
     ModelId,

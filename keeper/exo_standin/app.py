@@ -8,17 +8,17 @@ every answer below against those recordings):
 
 - no keeper and no deployments endpoints (``MasterConfig.keeper_enabled`` off);
 - ``GET /instance/placement`` and ``GET /instance/previews``: exo's placement, with exo's full
-  model card in every shard and exo's refusals (``keeper.master.exo_placement``) as 400s;
+  model card in every shard and exo's refusals (``keeper.exo_standin.placement_answers``) as 400s;
 - ``GET /state`` in exo's keys (no ``deployments``), each instance with exo's full card in its
   shards when one is shipped for its model (as exo keeps the card it was given; for a model
   with no shipped card, our card), and ``GET /state/{path}`` walking that JSON;
 - ``POST /instance``: the body ``{"instance": <tagged Instance>}`` checked by a parser as strict
-  as exo's (``keeper.master.exo_compat_wire``), then exo's memory check against the card exo
+  as exo's (``keeper.exo_standin.requests``), then exo's memory check against the card exo
   knows for ``shardAssignments.modelId`` (400 "Insufficient memory to create instance.
   Required: ...GB, Available: ...GB"), then *accepted*: the answer (with that card) comes before
   the instance is applied, and it shows in ``GET /state`` shortly after;
 - ``DELETE /instance/{id}`` likewise accepted, and applied shortly after (404 if unknown);
-- ``GET /models``: exo's own list (``keeper.master.exo_cards``);
+- ``GET /models``: exo's own list (``keeper.exo_standin.model_list``);
 - ``GET /events`` as exo answers it: not a stream but one ``application/json`` array of the
   whole event log from the beginning, each event ``{"EventTag": {snake_case fields}}``
   (``exo_event_log``), so a client that mistakes it for a stream is caught by our tests;
@@ -42,26 +42,33 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from keeper.api_models import CommandResponse
-from keeper.events import IndexedEvent, InstanceCreated, InstanceDeleted
-from keeper.httpapi.app import JSON, command_json, new_app
-from keeper.httpapi.contract import ok_body, refusals
-from keeper.httpapi.errors import MAX_BODY_BYTES
-from keeper.ids import new_id
-from keeper.master.api import exo_routes
-from keeper.master.exo_cards import ExoModel, JsonObject, exo_catalog, exo_models_payload
-from keeper.master.exo_compat_wire import (
+from keeper.exo_standin.model_list import ExoModel, exo_catalog, exo_models_payload
+from keeper.exo_standin.placement_answers import (
+    exo_instance_json,
+    exo_place,
+    exo_previews,
+    state_at,
+)
+from keeper.exo_standin.requests import (
     ExoCreateInstance,
     insufficient_memory,
     total_available,
 )
-from keeper.master.exo_placement import exo_instance_json, exo_place, exo_previews, state_at
+from keeper.httpapi.app import JSON, command_json, new_app
+from keeper.httpapi.contract import ok_body, refusals
+from keeper.httpapi.errors import MAX_BODY_BYTES
+from keeper.master.api import exo_routes
+from keeper.master.server import MasterApp
 from keeper.master.service import Master
-from keeper.runtime.errors import BadRequestError, NotFoundError, NotRunningError
+from keeper.model.api_models import CommandResponse
+from keeper.model.events import IndexedEvent, InstanceCreated, InstanceDeleted
+from keeper.model.ids import new_id
+from keeper.model.refusals import BadRequestError, NotFoundError, NotRunningError
+from keeper.model.state import InstanceMeta, Sharding
+from keeper.model.wire import JsonObject
 from keeper.runtime.event_log import LOG_FILE
-from keeper.state import InstanceMeta, Sharding
 
-__all__ = ["ExoCreateInstance", "create_exo_compat_app", "insufficient_memory"]
+__all__ = ["STANDIN_API", "ExoCreateInstance", "create_exo_compat_app", "insufficient_memory"]
 
 # exo's own answer to an accepted command.
 ACCEPTED = "Command received."
@@ -237,3 +244,11 @@ def _shown(value: object) -> object:
     # A body that is not JSON is reported as its raw bytes, which need not be UTF-8 (the answer
     # would then fail to encode, a 500): shown as text with the undecodable bytes replaced.
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+# What ``exo-deploy master --exo-compat`` serves: exo's API over a master with no keeper.
+STANDIN_API = MasterApp(
+    create_exo_compat_app,
+    keeper_enabled=False,
+    banner="serving exo's API (--exo-compat): no keeper, no deployments endpoints",
+)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from keeper.events import (
+from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
@@ -27,7 +27,7 @@ from keeper.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.state import (
+from keeper.model.state import (
     MAX_SERVING_RECORDS,
     SERVING_HISTORY_KEEP_S,
     Deployment,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from keeper.state import Backend, NodeId, RDMAConnection, State
+from keeper.model.state import Backend, NodeId, RDMAConnection, State
 
 
 def bits(mask: int) -> Iterator[int]:

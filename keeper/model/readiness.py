@@ -5,16 +5,16 @@ The keeper's backoff, ``GET /deployments``, the master's chat routing (``chat_ta
 ready instances whose nodes are all connected), the soak's watch and the TUI all ask the same
 questions of a State, so the answers are written once, here, in the data model: the TUI may
 import nothing above it, and a rule that lived in the keeper would have to be copied into it.
-Plain functions of a State, no I/O; ``keeper.core`` re-exports ``deployment_status`` under its
-pinned name.
+Plain functions of a State, no I/O; ``keeper.core.keeper`` re-exports ``deployment_status`` under
+its pinned name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Container
 
-from keeper.api_models import DeploymentStatus
-from keeper.state import (
+from keeper.model.api_models import DeploymentStatus
+from keeper.model.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
     Deployment,

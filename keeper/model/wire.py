@@ -25,6 +25,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+# A JSON object as json.loads gives it: what we read of another system before we check it, and
+# what we send it verbatim.
+JsonObject = dict[str, Any]
+
 
 class WireModel(BaseModel):
     """A frozen model with exo's camelCase JSON that ignores unknown keys."""

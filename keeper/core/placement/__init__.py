@@ -18,21 +18,21 @@ decides which reason a failed placement reports. Over the candidate cycles of th
 
 Rules 1-4 and 6-7 depend on a cycle's node set only, so the search works on sets by increasing
 size and asks "is there a cycle (of RDMA edges) through this set?" only for the sets it ranks
-(see ``keeper.placement.search``). It lists cycles, as exo does, only where a graph is sparse
+(see ``keeper.core.placement.search``). It lists cycles, as exo does, only where a graph is sparse
 enough for that to be cheap: listing them all explodes past about eight fully connected nodes.
 Only nodes in ``topology.nodes`` take part. The chosen cycle, rotated to start at its smallest
-node id, gives the device ranks; ``keeper.placement.build`` makes the instance. If the model has
-fewer layers than the chosen cycle has nodes, a pipeline cannot give each node a layer and
+node id, gives the device ranks; ``keeper.core.placement.build`` makes the instance. If the model
+has fewer layers than the chosen cycle has nodes, a pipeline cannot give each node a layer and
 placement fails with that reason (every remaining candidate has the same size).
 """
 
 from __future__ import annotations
 
-from keeper.ids import IdFactory, new_id
-from keeper.placement.build import build_instance
-from keeper.placement.graph import ClusterGraph, cluster_graph
-from keeper.placement.search import CycleSearch
-from keeper.state import AnyInstance, Backend, InstanceMeta, ModelCard, Sharding, State
+from keeper.core.placement.build import build_instance
+from keeper.core.placement.graph import ClusterGraph, cluster_graph
+from keeper.core.placement.search import CycleSearch
+from keeper.model.ids import IdFactory, new_id
+from keeper.model.state import AnyInstance, Backend, InstanceMeta, ModelCard, Sharding, State
 
 # The backends each engine can run on (exo's engine table); a model card narrows them further.
 ENGINE_BACKENDS: dict[InstanceMeta, frozenset[Backend]] = {

@@ -1,9 +1,10 @@
 """Events: the only way the State changes.
 
 The master turns every command into events, numbers them, logs them and applies them with
-``keeper.apply``; nodes and dashboards receive the same events in the same order. Each event is
-a tagged union member (``{"DeploymentCreated": {...}}``) so the log and the stream are exo's JSON.
-``EVENT_ADAPTER`` reads and writes any event; ``IndexedEvent`` is what the log and stream carry.
+``keeper.model.apply``; nodes and dashboards receive the same events in the same order. Each event
+is a tagged union member (``{"DeploymentCreated": {...}}``) so the log and the stream are exo's
+JSON. ``EVENT_ADAPTER`` reads and writes any event; ``IndexedEvent`` is what the log and stream
+carry.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Annotated
 
 from pydantic import Field, Tag, TypeAdapter
 
-from keeper.state import (
+from keeper.model.state import (
     MAX_REPLICAS,
     Backend,
     Connection,
@@ -29,7 +30,7 @@ from keeper.state import (
     RunnerStatus,
     ServingRecord,
 )
-from keeper.wire import TAGGED, TaggedModel, WireModel
+from keeper.model.wire import TAGGED, TaggedModel, WireModel
 
 
 class DeploymentCreated(TaggedModel):
@@ -60,7 +61,7 @@ class DeploymentScaled(TaggedModel):
 
 class DeploymentServingChanged(TaggedModel):
     """The service saw the deployment start or stop serving (or, while it is down, learn why):
-    one ``ServingRecord`` of its history (``keeper.history.serving_changes`` emits it)."""
+    one ``ServingRecord`` of its history (``keeper.model.history.serving_changes`` emits it)."""
 
     deployment_id: DeploymentId
     record: ServingRecord

@@ -33,8 +33,8 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from keeper.cluster.in_process import InProcessCluster
 from keeper.master.server import serve
 from keeper.master.service import Master, MasterConfig
+from keeper.model.state import Backend
 from keeper.node.sim_node import NodeConfig
-from keeper.state import Backend
 
 T = TypeVar("T")
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from keeper.placement.graph import Adjacency, ClusterGraph, bits, reach, strong_components
+from keeper.core.placement.graph import Adjacency, ClusterGraph, bits, reach, strong_components
 
 # The most steps (sets taken off the heap or queued, cycle-search and cycle-listing steps) one
 # placement may take. A step costs one to two microseconds: an adversarial topology (two

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from keeper.state import Backend, Memory, ModelCard
+from keeper.model.state import Backend, Memory, ModelCard
 
 _ALL_BACKENDS = (Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU)
 

@@ -19,12 +19,13 @@ import logging
 from collections.abc import Callable, Mapping
 
 from keeper.bridge.exo_client import ExoApi, ExoModels, ExoRefusedError, ExoUnavailableError
-from keeper.bridge.exo_placement import preview_card, read_previews
-from keeper.bridge.exo_wire import JsonObject, exo_model_card, listed_card
+from keeper.bridge.exo_wire import exo_model_card, listed_card
 from keeper.bridge.following import ExoDownError
+from keeper.bridge.placement_choice import preview_card, read_previews
+from keeper.model.refusals import NotFoundError
+from keeper.model.state import ModelCard
+from keeper.model.wire import JsonObject
 from keeper.runtime.deployments import shown
-from keeper.runtime.errors import NotFoundError
-from keeper.state import ModelCard
 
 log = logging.getLogger(__name__)
 

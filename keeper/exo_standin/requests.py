@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from keeper.state import Memory, State
+from keeper.model.state import Memory, State
 
 
 class _Strict(BaseModel):
