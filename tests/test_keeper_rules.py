@@ -32,7 +32,7 @@ from keeper.core.keeper import (
     ready_replicas,
 )
 from keeper.core.placement import place_instance
-from keeper.core.view import models_with_instances, without_nodes
+from keeper.core.view import without_nodes
 from keeper.model.constants import (
     FIRST_BACKOFF,
     MAX_BACKOFF,
@@ -1192,13 +1192,6 @@ def test_the_view_without_nodes_drops_every_entry_of_theirs() -> None:
     assert len(state.topology.nodes) == 3  # the state itself is untouched
     kept = without_nodes(state, frozenset({"c"})).topology.connections
     assert {s: sorted(sinks) for s, sinks in kept.items()} == {"a": ["b"], "b": ["a"]}
-
-
-def test_models_with_instances_names_each_model_running() -> None:
-    cluster, _, _, _ = replicated(2)
-    cluster.apply(InstanceCreated(instance=build_instance(card("other"), ["node-c"], "x")))
-    assert models_with_instances(cluster.state) == frozenset({"m", "other"})
-    assert models_with_instances(State()) == frozenset()
 
 
 def test_a_first_replica_keeps_placements_own_reason() -> None:

@@ -45,6 +45,7 @@ from keeper.core.memo import (
 )
 from keeper.core.placement import place_instance
 from keeper.core.view import (
+    AT_REST,
     ClusterSignature,
     cluster_signature,
     models_instance_counts,
@@ -146,18 +147,21 @@ class Keeper:
         if not state.deployments:
             return []
         counts = models_instance_counts(state)
-        signature = cluster_signature(state)
-        due: list[Deployment] = []
-        for deployment_id in sorted(state.deployments):
-            if deployment_id in self._deleting:
+        short: list[tuple[Deployment, DeploymentMemo]] = []
+        memos = self._memos
+        deleting = self._deleting
+        for deployment_id, deployment in sorted(state.deployments.items()):
+            if deployment_id in deleting:
                 continue
-            deployment = state.deployments[deployment_id]
-            memo = observe(self._memos.get(deployment_id, FRESH), deployment, state, now)
-            self._memos[deployment_id] = memo
-            if counts.get(deployment.model_card.model_id, 0) >= wanted(memo, deployment):
-                continue
-            if waiting(memo, signature, now) is None:
-                due.append(deployment)
+            memo = observe(memos.get(deployment_id, FRESH), deployment, state, now)
+            memos[deployment_id] = memo
+            if counts.get(deployment.model_card.model_id, 0) < wanted(memo, deployment):
+                short.append((deployment, memo))
+        # The signature is read only when a deployment is short of instances: on a cluster at
+        # rest it would be most of the step (docs/design.md §5.9). (No mutation: computing it
+        # when none is short changes no answer, only the time.)
+        signature = cluster_signature(state) if short else AT_REST  # pragma: no mutate
+        due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         return self._attempt(self._in_turn(due), state, signature, now)
 
     def _in_turn(self, due: list[Deployment]) -> list[Deployment]:
@@ -237,7 +241,9 @@ class Keeper:
     def _forget_departed(self, state: State) -> None:
         """Drop the memory of deployments the state no longer holds, so it cannot grow."""
         live = state.deployments
-        self._memos = {d: memo for d, memo in self._memos.items() if d in live}
+        # (Rebuilt only when one departed: at rest, every step would copy every memo.)
+        if not self._memos.keys() <= live.keys():
+            self._memos = {d: memo for d, memo in self._memos.items() if d in live}
         self._deleting = {d for d in self._deleting if d in live}
         self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}
 

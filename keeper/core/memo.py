@@ -14,6 +14,7 @@ longer shows them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from keeper.core.view import ClusterSignature
@@ -117,39 +118,80 @@ def observe(
             memo = replace(memo, in_flight=None)  # never arrived: not a failure
     # 2. Watched instances that vanished: each a failure unless it had been ready (which
     # already ended the failures in a row), and then the next placement is due at once.
+    for w in memo.watched:
+        if w.instance_id not in instances:
+            memo = _without_vanished(memo, instances, now)
+            break
+    # 3. Adopt the keeper's instances the deployment records (a new master starts with empty
+    # memory, and the record is how it knows them).
+    for i in recorded(deployment):
+        if i in instances and i != memo.in_flight and not _knows(memo, i):
+            memo = _adopting(memo, deployment, instances)
+            break
+    # 4. Readiness of the watched instances; once one is ready, the failures in a row are over.
+    for w in memo.watched:
+        if not w.ready and instance_is_ready(instances[w.instance_id], state):
+            memo = _with_readiness(memo, state)
+            break
+    # 5. Removed instances are forgotten once the state no longer shows them.
+    if memo.retiring:
+        retiring = frozenset(i for i in memo.retiring if i in instances or i == memo.in_flight)
+        memo = replace(memo, retiring=retiring)
+    return memo
+
+
+# observe's steps, each taken only when its loop above found something to do: a steady step
+# (nothing arrived, vanished or became ready) builds no new memo, which keeps the keeper's step
+# on a cluster at rest a few microseconds per deployment (docs/design.md §5.9).
+
+
+def _without_vanished(
+    memo: DeploymentMemo, instances: Mapping[InstanceId, object], now: float
+) -> DeploymentMemo:
     kept = tuple(w for w in memo.watched if w.instance_id in instances)
     lost = [w for w in memo.watched if w.instance_id not in instances and not w.ready]
     memo = replace(memo, watched=kept)
     for _ in lost:
         memo = _lost_before_ready(memo, now)
-    # 3. Adopt the keeper's instances the deployment records (a new master starts with empty
-    # memory, and the record is how it knows them).
-    known = {w.instance_id for w in memo.watched} | memo.retiring
+    return memo
+
+
+def _knows(memo: DeploymentMemo, instance_id: InstanceId) -> bool:
+    """Whether the memo watches the instance or is removing it."""
+    if instance_id in memo.retiring:
+        return True
+    # A loop, not any(): this runs for every deployment at every step, and a generator costs
+    # more than the rest of a steady observe.
+    for w in memo.watched:  # noqa: SIM110
+        if w.instance_id == instance_id:
+            return True
+    return False
+
+
+def _adopting(
+    memo: DeploymentMemo, deployment: Deployment, instances: Mapping[InstanceId, object]
+) -> DeploymentMemo:
     adopted = tuple(
         Watched(i)
         for i in recorded(deployment)
-        if i in instances and i not in known and i != memo.in_flight
+        if i in instances and i != memo.in_flight and not _knows(memo, i)
     )
-    if adopted:
-        memo = replace(memo, watched=(*memo.watched, *adopted))
-    # 4. Readiness of the watched instances; once one is ready, the failures in a row are over.
-    if any(
-        not w.ready and instance_is_ready(instances[w.instance_id], state) for w in memo.watched
-    ):
-        memo = replace(
-            memo,
-            watched=tuple(
-                Watched(
-                    w.instance_id,
-                    ready=w.ready or instance_is_ready(instances[w.instance_id], state),
-                )
-                for w in memo.watched
-            ),
-            failures=0,
-        )
-    # 5. Removed instances are forgotten once the state no longer shows them.
-    retiring = frozenset(i for i in memo.retiring if i in instances or i == memo.in_flight)
-    return replace(memo, retiring=retiring)
+    return replace(memo, watched=(*memo.watched, *adopted))
+
+
+def _with_readiness(memo: DeploymentMemo, state: State) -> DeploymentMemo:
+    instances = state.instances
+    return replace(
+        memo,
+        watched=tuple(
+            Watched(
+                w.instance_id,
+                ready=w.ready or instance_is_ready(instances[w.instance_id], state),
+            )
+            for w in memo.watched
+        ),
+        failures=0,
+    )
 
 
 def reported_error(memo: DeploymentMemo, deployment: Deployment) -> str | None:

@@ -66,6 +66,11 @@ def cluster_signature(state: State) -> ClusterSignature:
     return ClusterSignature(digest, nodes, links)  # pragma: no mutate
 
 
+# Stands in for the signature in a step where no deployment is short of instances: that step
+# places nothing and records no failure, so nothing compares or keeps it.
+AT_REST = ClusterSignature(0, frozenset(), frozenset())
+
+
 def _link_key(source: NodeId, sink: NodeId, edge: Edge) -> LinkKey:
     # (No mutation of the kind markers: any two distinct strings would do.)
     if isinstance(edge, RDMAConnection):
@@ -78,10 +83,6 @@ def _node_signature(state: State, node: NodeId) -> tuple[NodeId, bool, frozenset
     # (No mutation: the flag inverted would change exactly when it does now.)
     reports_memory = node in state.node_memory  # pragma: no mutate
     return node, reports_memory, frozenset(state.node_backends.get(node, ()))
-
-
-def models_with_instances(state: State) -> frozenset[str]:
-    return frozenset(instance.shard_assignments.model_id for instance in state.instances.values())
 
 
 def models_instance_counts(state: State) -> dict[ModelId, int]:
