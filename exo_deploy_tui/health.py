@@ -11,10 +11,10 @@ keeping the State.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, cast
+from typing import Protocol
 
 from exo_deploy_tui.format import duration
-from keeper.model.state import AnyInstance, NodeId, State
+from keeper.model.state import AnyInstance, NodeId, State, download_model_id
 
 # An instance that is not ready and whose runners and downloads have not moved for this long is
 # stuck, not slow: a big model takes minutes to load, but every few seconds of a healthy load
@@ -84,17 +84,6 @@ def progress_signature(instance: AnyInstance, state: State) -> object:
         entry
         for node_id in assignments.node_to_runner
         for entry in state.downloads.get(node_id, ())
-        if _mentions(entry, model)
+        if download_model_id(entry) == model
     )
     return statuses, downloads
-
-
-def _mentions(value: object, text: str) -> bool:
-    """Whether ``text`` is one of the strings somewhere in exo's JSON ``value``."""
-    if isinstance(value, str):
-        return value == text
-    if isinstance(value, dict):
-        return any(_mentions(v, text) for v in cast("dict[str, object]", value).values())
-    if isinstance(value, list):
-        return any(_mentions(v, text) for v in cast("list[object]", value))
-    return False

@@ -33,6 +33,7 @@ from keeper.model.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
     RunnerStatusUpdated,
@@ -44,6 +45,7 @@ from keeper.model.state import (
     Backend,
     Connection,
     Deployment,
+    DiskUsage,
     InstanceMeta,
     Memory,
     MemoryUsage,
@@ -61,6 +63,7 @@ from keeper.model.state import (
     Sharding,
     SocketConnection,
     State,
+    SystemVitals,
     TensorShardMetadata,
 )
 from keeper.model.wire import first_validation_error
@@ -260,6 +263,17 @@ def _every_event(state: State) -> list[AnyEvent]:
             identity=NodeIdentity(friendly_name="studio"),
         ),
         NodeGatheredInfo(node_id="a", when="2026-11-29T20:15:03Z"),
+        NodeGatheredInfo(
+            node_id="a",
+            when="2026-11-29T20:15:04Z",
+            disk=DiskUsage(total=Memory.from_gb(500), available=Memory.from_gb(320)),
+            system=SystemVitals(gpu_usage=0.62, temp=58.0, sys_power=95.0),
+        ),
+        *[
+            NodeDownloadProgress(download_progress=entry)
+            for entries in state.downloads.values()
+            for entry in entries
+        ],
         TopologyEdgeCreated(conn=socket),
         TopologyEdgeCreated(conn=rdma),
         TopologyEdgeDeleted(conn=socket),

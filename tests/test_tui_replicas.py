@@ -14,10 +14,19 @@ from exo_deploy_tui.model import ClusterModel, RunnerRow
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
 from keeper.model.api_models import CreateDeploymentRequest, model_entry
-from keeper.model.catalog import BUILTIN_MODEL_CARDS
+from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.events import DeploymentScaled, IndexedEvent, RunnerStatusUpdated
 from keeper.model.readiness import ready_replicas
-from keeper.model.state import MAX_REPLICAS, RunnerFailed, RunnerLoading, State
+from keeper.model.state import (
+    MAX_REPLICAS,
+    DownloadOngoing,
+    DownloadProgressData,
+    Memory,
+    PipelineShardMetadata,
+    RunnerFailed,
+    RunnerLoading,
+    State,
+)
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
@@ -163,17 +172,34 @@ def test_the_model_dates_progress_from_successive_states_and_events() -> None:
     assert unhealthy(FROZEN_NOW + 600) is None
     assert unhealthy(FROZEN_NOW + 620) == "no progress for 5m00s"
     # A download moving on its node, seen by polling: progress too.
-    entry = {"DownloadOngoing": {"modelId": QWEN, "downloaded": 1}}
+    entry = _ongoing(node_id_for("mini-a"), QWEN)
     state = model.state.model_copy(update={"downloads": {node_id_for("mini-a"): [entry]}})
     model.handle(SnapshotUpdate(state, None), FROZEN_NOW + 630)
     assert unhealthy(FROZEN_NOW + 900) is None
+
+
+CARDS = catalog_by_id()
+
+
+def _ongoing(node_id: str, model_id: str) -> DownloadOngoing:
+    """A download of ``model_id`` on the node, one byte along."""
+    shard = PipelineShardMetadata(
+        model_card=CARDS[model_id],
+        device_rank=0,
+        world_size=1,
+        start_layer=0,
+        end_layer=CARDS[model_id].n_layers,
+        n_layers=CARDS[model_id].n_layers,
+    )
+    progress = DownloadProgressData(downloaded=Memory(in_bytes=1))
+    return DownloadOngoing(node_id=node_id, shard_metadata=shard, download_progress=progress)
 
 
 def test_a_download_of_another_model_is_not_progress() -> None:
     loading = RunnerLoading(layers_loaded=3, total_layers=28)
     builder = three_nodes().deployment(QWEN, on=["mini-a"], runners=[loading])
     model = connected(builder)
-    entry = {"DownloadOngoing": {"modelId": LLAMA, "downloaded": 1}}
+    entry = _ongoing(node_id_for("mini-a"), LLAMA)
     state = model.state.model_copy(update={"downloads": {node_id_for("mini-a"): [entry]}})
     model.handle(SnapshotUpdate(state, None), FROZEN_NOW + 100)
     model.handle(SnapshotUpdate(heard_at(state, FROZEN_NOW + 300), None), FROZEN_NOW + 300)

@@ -21,6 +21,7 @@ from keeper.model.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
     RunnerStatusUpdated,
@@ -30,6 +31,7 @@ from keeper.model.events import (
 from keeper.model.state import (
     MAX_SERVING_RECORDS,
     SERVING_HISTORY_KEEP_S,
+    AnyDownload,
     Deployment,
     DeploymentId,
     Edge,
@@ -38,6 +40,7 @@ from keeper.model.state import (
     ServingRecord,
     State,
     Topology,
+    download_model_id,
 )
 
 K = TypeVar("K")
@@ -150,6 +153,8 @@ def apply(state: State, event: AnyEvent) -> State:
             return _changed(state, runners=_with(state.runners, runner_id, status))
         case NodeGatheredInfo():
             return _apply_node_info(state, event)
+        case NodeDownloadProgress(download_progress=entry):
+            return _apply_download(state, entry)
         case TopologyEdgeCreated(conn=conn):
             return _changed(
                 state,
@@ -215,7 +220,26 @@ def _apply_node_info(state: State, info: NodeGatheredInfo) -> State:
         update["node_network"] = _with(state.node_network, node, info.network)
     if info.rdma_ctl is not None:
         update["node_rdma_ctl"] = _with(state.node_rdma_ctl, node, info.rdma_ctl)
+    if info.disk is not None:
+        update["node_disk"] = _with(state.node_disk, node, info.disk)
+    if info.system is not None:
+        update["node_system"] = _with(state.node_system, node, info.system)
     return _changed(state, **update)
+
+
+def _apply_download(state: State, entry: AnyDownload) -> State:
+    """exo's rule: one entry per (node, model), replaced in place as the download moves. A node
+    the topology does not know is not given one (a report racing its timeout, as for edges)."""
+    node = entry.node_id
+    if node not in state.topology.nodes:
+        return state
+    model_id = download_model_id(entry)
+    entries = state.downloads.get(node, [])
+    if any(download_model_id(e) == model_id for e in entries):
+        updated = [entry if download_model_id(e) == model_id else e for e in entries]
+    else:
+        updated = [*entries, entry]
+    return _changed(state, downloads=_with(state.downloads, node, updated))
 
 
 def _with_edge(topology: Topology, source: str, sink: str, edge: Edge) -> Topology:
@@ -264,4 +288,6 @@ def _remove_node(state: State, node: str) -> State:
         node_rdma_ctl=_without(state.node_rdma_ctl, node),
         last_seen=_without(state.last_seen, node),
         downloads=_without(state.downloads, node),
+        node_disk=_without(state.node_disk, node),
+        node_system=_without(state.node_system, node),
     )

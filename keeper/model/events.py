@@ -19,6 +19,8 @@ from keeper.model.state import (
     Connection,
     Deployment,
     DeploymentId,
+    DiskUsage,
+    DownloadEntry,
     Instance,
     InstanceId,
     MemoryUsage,
@@ -29,6 +31,7 @@ from keeper.model.state import (
     RunnerId,
     RunnerStatus,
     ServingRecord,
+    SystemVitals,
 )
 from keeper.model.wire import TAGGED, TaggedModel, WireModel
 
@@ -94,6 +97,15 @@ class NodeGatheredInfo(TaggedModel):
     identity: NodeIdentity | None = None
     network: NodeNetwork | None = None
     rdma_ctl: RdmaCtl | None = None
+    disk: DiskUsage | None = None  # its models directory
+    system: SystemVitals | None = None
+
+
+class NodeDownloadProgress(TaggedModel):
+    """A node's download of a model moved (exo's event): the entry replaces the node's entry for
+    the same model, or joins its list."""
+
+    download_progress: DownloadEntry
 
 
 class TopologyEdgeCreated(TaggedModel):
@@ -119,6 +131,7 @@ Event = Annotated[
     | Annotated[InstanceDeleted, Tag("InstanceDeleted")]
     | Annotated[RunnerStatusUpdated, Tag("RunnerStatusUpdated")]
     | Annotated[NodeGatheredInfo, Tag("NodeGatheredInfo")]
+    | Annotated[NodeDownloadProgress, Tag("NodeDownloadProgress")]
     | Annotated[TopologyEdgeCreated, Tag("TopologyEdgeCreated")]
     | Annotated[TopologyEdgeDeleted, Tag("TopologyEdgeDeleted")]
     | Annotated[NodeTimedOut, Tag("NodeTimedOut")],
@@ -137,6 +150,7 @@ AnyEvent = (
     | InstanceDeleted
     | RunnerStatusUpdated
     | NodeGatheredInfo
+    | NodeDownloadProgress
     | TopologyEdgeCreated
     | TopologyEdgeDeleted
     | NodeTimedOut

@@ -310,6 +310,88 @@ class Deployment(WireModel):
     placed_instance_ids: tuple[InstanceId, ...] = ()
 
 
+# --- downloads ----------------------------------------------------------------------------
+# A node fetches a model's files before a runner of it can load: exo's DownloadCoordinator
+# reports each (node, model) as one of these entries, replaced as it moves (docs/design.md §3.6).
+# exo downloads every file of the model for any shard, so an entry stands for the whole model.
+
+
+class DownloadProgressData(WireModel):
+    total: Memory = Field(default_factory=Memory)
+    downloaded: Memory = Field(default_factory=Memory)
+    downloaded_this_session: Memory = Field(default_factory=Memory)
+    completed_files: int = 0
+    total_files: int = 0
+    speed: float = 0.0  # bytes per second
+    eta_ms: int = 0
+    # Per file, in exo's nested shape; carried, not read.
+    files: dict[str, Any] = Field(default_factory=dict)
+
+
+class DownloadPending(TaggedModel):
+    """Known but not downloading (queued, or reset after its files were deleted)."""
+
+    node_id: NodeId
+    shard_metadata: Shard
+    model_directory: str = ""
+    downloaded: Memory = Field(default_factory=Memory)
+    total: Memory = Field(default_factory=Memory)
+
+
+class DownloadOngoing(TaggedModel):
+    node_id: NodeId
+    shard_metadata: Shard
+    model_directory: str = ""
+    download_progress: DownloadProgressData
+
+
+class DownloadCompleted(TaggedModel):
+    node_id: NodeId
+    shard_metadata: Shard
+    model_directory: str = ""
+    total: Memory
+    read_only: bool = False
+
+
+class DownloadFailed(TaggedModel):
+    node_id: NodeId
+    shard_metadata: Shard
+    model_directory: str = ""
+    error_message: str
+
+
+DownloadEntry = Annotated[
+    Annotated[DownloadPending, Tag("DownloadPending")]
+    | Annotated[DownloadOngoing, Tag("DownloadOngoing")]
+    | Annotated[DownloadCompleted, Tag("DownloadCompleted")]
+    | Annotated[DownloadFailed, Tag("DownloadFailed")],
+    TAGGED,
+]
+AnyDownload = DownloadPending | DownloadOngoing | DownloadCompleted | DownloadFailed
+
+
+def download_model_id(entry: AnyDownload) -> ModelId:
+    """The model an entry is for (exo keys a node's entries by it)."""
+    return entry.shard_metadata.model_card.model_id
+
+
+class DiskUsage(WireModel):
+    """A node's models directory: its disk's size and what is free on it."""
+
+    total: Memory = Field(default_factory=Memory)
+    available: Memory = Field(default_factory=Memory)
+
+
+class SystemVitals(WireModel):
+    """What a node's GPU and power report (exo's system profile): fractions 0-1, °C, watts."""
+
+    gpu_usage: float = 0.0
+    temp: float = 0.0
+    sys_power: float = 0.0
+    pcpu_usage: float = 0.0
+    ecpu_usage: float = 0.0
+
+
 # --- serving history ----------------------------------------------------------------------
 
 # How a deployment's first serving record came to be: with the deployment ("created": nothing
@@ -356,7 +438,9 @@ class State(WireModel):
     node_network: dict[NodeId, NodeNetwork] = Field(default_factory=dict)
     node_rdma_ctl: dict[NodeId, RdmaCtl] = Field(default_factory=dict)
     last_seen: dict[NodeId, str] = Field(default_factory=dict)  # ISO-8601 UTC
-    downloads: dict[NodeId, list[dict[str, Any]]] = Field(default_factory=dict)
+    downloads: dict[NodeId, list[DownloadEntry]] = Field(default_factory=dict)
+    node_disk: dict[NodeId, DiskUsage] = Field(default_factory=dict)
+    node_system: dict[NodeId, SystemVitals] = Field(default_factory=dict)
     last_event_applied_idx: int = -1
     deployments: dict[DeploymentId, Deployment] = Field(default_factory=dict)
     # Per deployment, its serving records, oldest first (ServingRecord).
