@@ -1,6 +1,6 @@
 """Prompt stepping (docs/design.md §6.6): the master steps at once on an applied event that
-calls for it (the rule, ``keeper.core.calls_for_step``, is tested in ``test_step_triggers.py``),
-never before its previous step's events are applied.
+calls for it (the rule, ``keeper.core.keeper.calls_for_step``, is tested in
+``test_step_triggers.py``), never before its previous step's events are applied.
 
 The master runs in virtual time (trio's MockClock), where "at once" is measurable: the old
 once-a-second tick let a second of virtual time pass, prompt stepping none.

@@ -1,5 +1,6 @@
-"""Which applied events call for a keeper step (``keeper.core.calls_for_step``, docs/design.md
-§6.6), event type by event type. Pure and fast, so it runs against every mutant of the core."""
+"""Which applied events call for a keeper step (``keeper.core.keeper.calls_for_step``,
+docs/design.md §6.6), event type by event type. Pure and fast, so it runs against every mutant of
+the core."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The master's keeper loop, with prompt stepping (docs/design.md §6.6).
 
 From the startup grace after start, ``Keeper.step`` runs as soon as an applied event may call for
-a placement (``keeper.core.calls_for_step``: the master's publish calls ``want_step``) and at
+a placement (``keeper.core.keeper.calls_for_step``: the master's publish calls ``want_step``) and at
 least every ``interval_s``, but never before the previous step's events are applied: a step
 decides from the State, so it must hold what the previous step placed (docs/design.md §5.2).
 Triggers that arrive meanwhile coalesce into one step. It steps under the lock that deployment

@@ -1,5 +1,6 @@
 """The shell runtime every service shares: time, the durable event log, the hosted keeper, the
-refusals a service answers with, the deployments commands and the blocking process entry.
+deployments commands, the command-line argument types and the blocking process entry (the
+refusals a service answers with are the data model's, ``keeper.model.refusals``).
 
 The master, the bridge and the simulated nodes are siblings built on this package; keeping it out
 of ``keeper.master`` is what lets the bridge and the nodes import nothing from the master.

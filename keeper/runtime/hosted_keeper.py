@@ -1,9 +1,9 @@
 """The keeper as a service hosts it: what the master and the bridge need of one, and how they
 start it.
 
-Both step ``keeper.core.Keeper`` on their own loop and read its timers for ``GET /deployments``;
-tests inject other keepers (one that fails, one that fails now and then) through the same
-``KeeperFactory``, so the seam is one Protocol here rather than a copy in each service.
+Both step ``keeper.core.keeper.Keeper`` on their own loop and read its timers for ``GET
+/deployments``; tests inject other keepers (one that fails, one that fails now and then) through
+the same ``KeeperFactory``, so the seam is one Protocol here rather than a copy in each service.
 
 ``start_keeper`` wraps whatever the factory makes in ``HostedKeeper``, the one place where the
 pure keeper's kept placement crashes meet a logger: each is logged with its traceback, once per
@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class KeeperLike(Protocol):
-    """What a service needs of a keeper (``keeper.core.Keeper``; tests may inject another)."""
+    """What a service needs of a keeper (``keeper.core.keeper.Keeper``; tests may inject
+    another)."""
 
     def step(self, state: State, now: float) -> list[AnyEvent]: ...
     def delete(self, deployment_id: str, state: State) -> list[AnyEvent]: ...
@@ -39,7 +40,7 @@ class KeeperLike(Protocol):
 
 @runtime_checkable
 class KeepsPlacementCrashes(Protocol):
-    """A keeper that keeps the exceptions its placements raised (``keeper.core.Keeper``)."""
+    """A keeper that keeps the exceptions its placements raised (``keeper.core.keeper.Keeper``)."""
 
     def placement_crashes(self) -> Mapping[DeploymentId, Exception]: ...
 
