@@ -20,6 +20,7 @@ from bridge_harness import (
     recorded,
     recorded_card,
     wait_until,
+    where_exo_places,
 )
 from trio.testing import MockClock
 
@@ -288,7 +289,7 @@ async def test_a_model_with_an_instance_is_placed_apart_through_exo_s_previews()
 
     bridge = Bridge(ExoClient("http://exo.test", transport=httpx.MockTransport(exo)), None)
     deployment = Deployment(deployment_id="d", model_card=bridge.catalog[QWEN])
-    apart = await bridge.where_to_place(deployment, state_with_qwen_on(NODE_2))
+    apart = await where_exo_places(bridge, deployment, state_with_qwen_on(NODE_2))
     assert isinstance(apart, ExoPlacement)
     assert nodes_of(apart) == {NODE_1}
 
@@ -302,7 +303,7 @@ async def test_with_no_preview_apart_ours_places_on_the_other_nodes_with_exo_s_c
     deployment = Deployment(deployment_id="d", model_card=bridge.catalog[QWEN])
     # exo places every one-node preview on NODE_1, and its larger ones use NODE_1 too.
     state = state_with_qwen_on(NODE_1)
-    ours = await bridge.where_to_place(deployment, state)
+    ours = await where_exo_places(bridge, deployment, state)
     assert isinstance(ours, ExoPlacement)
     (node,) = nodes_of(ours) or set()
     assert node in {NODE_2, NODE_3}
@@ -323,7 +324,7 @@ async def test_with_no_preview_apart_ours_places_on_the_other_nodes_with_exo_s_c
             }
         }
     )
-    refused = await bridge.where_to_place(deployment, crowded)
+    refused = await where_exo_places(bridge, deployment, crowded)
     assert isinstance(refused, str)
     assert refused.startswith(
         f"exo offers no Pipeline/MlxRing placement of {QWEN} apart from its other instances, "
