@@ -32,11 +32,15 @@ from keeper.bridge.placement_choice import (
     preview_card,
     read_previews,
 )
+from keeper.bridge.placing import NO_ANSWERS, PlacementAnswers, StepPlacement, due_for_placement
 from keeper.bridge.service import Bridge, BridgeConfig
+from keeper.core.keeper import DeploymentTimer, Keeper
 from keeper.core.view import nodes_serving
 from keeper.exo_standin.app import ExoCreateInstance
+from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
-from keeper.model.state import Deployment, State
+from keeper.model.events import DeploymentPlacementFailed
+from keeper.model.state import Deployment, InstanceMeta, Sharding, State
 
 GEMMA = "mlx-community/gemma-4-26b-a4b-it-4bit"
 DEEPSEEK_V4 = "mlx-community/DeepSeek-V4-Flash"
@@ -330,3 +334,44 @@ async def test_with_no_preview_apart_ours_places_on_the_other_nodes_with_exo_s_c
         f"exo offers no Pipeline/MlxRing placement of {QWEN} apart from its other instances, "
         "nor does ours: "
     )
+
+
+def test_a_step_is_asked_about_exactly_the_deployments_its_keeper_will_try() -> None:
+    card = catalog_by_id(BUILTIN_MODEL_CARDS)[QWEN]
+    serving = state_with_qwen_on(NODE_1)  # one instance of Qwen already
+    state = serving.model_copy(
+        update={
+            "deployments": {
+                "due": Deployment(deployment_id="due", model_card=card, replicas=2),
+                "enough": Deployment(deployment_id="enough", model_card=card),
+                "waiting": Deployment(deployment_id="waiting", model_card=card, replicas=2),
+                "untimed": Deployment(deployment_id="untimed", model_card=card, replicas=2),
+            }
+        }
+    )
+    free = DeploymentTimer(failures=0, next_attempt_at=None, waiting=None)
+    timers = {
+        "due": free,
+        "enough": free,
+        "waiting": DeploymentTimer(failures=1, next_attempt_at=30.0, waiting="backoff"),
+    }
+    assert [d.deployment_id for d in due_for_placement(state, timers)] == ["due"]
+
+
+def test_a_step_places_from_its_own_answers_only_and_a_missing_one_is_a_reason() -> None:
+    card = catalog_by_id(BUILTIN_MODEL_CARDS)[QWEN]
+    state = State(deployments={"d": Deployment(deployment_id="d", model_card=card)})
+    placement = StepPlacement()
+    keeper = Keeper(0.0, place=placement.place, startup_grace=0.0)
+    # The step's answers are what it places from: exo's reason becomes the placement error.
+    refused = PlacementAnswers(state, {QWEN: "exo says no"})
+    assert placement.step(keeper, refused, state, 1.0) == [
+        DeploymentPlacementFailed(deployment_id="d", error="exo says no")
+    ]
+    # None outlives its step, and a model with no answer is a reason, never a crash.
+    no_answer = f"no placement of {QWEN} was asked of exo for this step"
+    with pytest.raises(ValueError, match=no_answer):
+        placement.place(state, card, Sharding.PIPELINE, InstanceMeta.MLX_RING, 1)
+    again = Keeper(0.0, place=NO_ANSWERS.place, startup_grace=0.0)
+    assert again.step(state, 1.0) == [DeploymentPlacementFailed(deployment_id="d", error=no_answer)]
+    assert again.placement_crashes() == {}
