@@ -25,12 +25,16 @@ from anyio.abc import TaskGroup
 from waiting import wait_until
 
 from keeper.bridge.exo_client import ExoClient
+from keeper.bridge.exo_models import ExoCards
+from keeper.bridge.placement_choice import ExoPlacement
+from keeper.bridge.placing import where_to_place
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.cluster.in_process import InProcessCluster
 from keeper.exo_standin.app import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import error_body
 from keeper.model.constants import STARTUP_GRACE
+from keeper.model.state import Deployment, State
 from keeper.node.sim_node import NodeConfig
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
@@ -183,6 +187,21 @@ class ExoWithBridge:
 
 def new_bridge(link: ExoLink, data_dir: Path | None, config: BridgeConfig | None = None) -> Bridge:
     return Bridge(ExoClient(EXO_URL, transport=link), data_dir, config=config or BridgeConfig())
+
+
+async def where_exo_places(
+    bridge: Bridge, deployment: Deployment, state: State
+) -> ExoPlacement | str:
+    """Where the bridge's exo would place a new instance of ``deployment`` on ``state``, or why
+    not, as a step's answers ask it (``keeper.bridge.placing``), with the cards a new bridge has."""
+    cards = ExoCards(
+        lambda: bridge.exo,
+        lambda: 0.0,
+        catalog=bridge.catalog,
+        card_files=bridge.config.exo_card_files,
+        models_max_age_s=bridge.config.models_max_age_s,
+    )
+    return await where_to_place(bridge.exo, cards, deployment, state)
 
 
 async def _run_cancellable(bridge: Bridge, *, task_status: Any) -> None:

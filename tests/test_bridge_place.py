@@ -20,6 +20,7 @@ from bridge_harness import (
     recorded,
     recorded_card,
     wait_until,
+    where_exo_places,
 )
 from trio.testing import MockClock
 
@@ -31,11 +32,15 @@ from keeper.bridge.placement_choice import (
     preview_card,
     read_previews,
 )
+from keeper.bridge.placing import NO_ANSWERS, PlacementAnswers, StepPlacement, due_for_placement
 from keeper.bridge.service import Bridge, BridgeConfig
+from keeper.core.keeper import DeploymentTimer, Keeper
 from keeper.core.view import nodes_serving
 from keeper.exo_standin.app import ExoCreateInstance
+from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
-from keeper.model.state import Deployment, State
+from keeper.model.events import DeploymentPlacementFailed
+from keeper.model.state import Deployment, InstanceMeta, Sharding, State
 
 GEMMA = "mlx-community/gemma-4-26b-a4b-it-4bit"
 DEEPSEEK_V4 = "mlx-community/DeepSeek-V4-Flash"
@@ -288,7 +293,7 @@ async def test_a_model_with_an_instance_is_placed_apart_through_exo_s_previews()
 
     bridge = Bridge(ExoClient("http://exo.test", transport=httpx.MockTransport(exo)), None)
     deployment = Deployment(deployment_id="d", model_card=bridge.catalog[QWEN])
-    apart = await bridge.where_to_place(deployment, state_with_qwen_on(NODE_2))
+    apart = await where_exo_places(bridge, deployment, state_with_qwen_on(NODE_2))
     assert isinstance(apart, ExoPlacement)
     assert nodes_of(apart) == {NODE_1}
 
@@ -302,7 +307,7 @@ async def test_with_no_preview_apart_ours_places_on_the_other_nodes_with_exo_s_c
     deployment = Deployment(deployment_id="d", model_card=bridge.catalog[QWEN])
     # exo places every one-node preview on NODE_1, and its larger ones use NODE_1 too.
     state = state_with_qwen_on(NODE_1)
-    ours = await bridge.where_to_place(deployment, state)
+    ours = await where_exo_places(bridge, deployment, state)
     assert isinstance(ours, ExoPlacement)
     (node,) = nodes_of(ours) or set()
     assert node in {NODE_2, NODE_3}
@@ -323,9 +328,50 @@ async def test_with_no_preview_apart_ours_places_on_the_other_nodes_with_exo_s_c
             }
         }
     )
-    refused = await bridge.where_to_place(deployment, crowded)
+    refused = await where_exo_places(bridge, deployment, crowded)
     assert isinstance(refused, str)
     assert refused.startswith(
         f"exo offers no Pipeline/MlxRing placement of {QWEN} apart from its other instances, "
         "nor does ours: "
     )
+
+
+def test_a_step_is_asked_about_exactly_the_deployments_its_keeper_will_try() -> None:
+    card = catalog_by_id(BUILTIN_MODEL_CARDS)[QWEN]
+    serving = state_with_qwen_on(NODE_1)  # one instance of Qwen already
+    state = serving.model_copy(
+        update={
+            "deployments": {
+                "due": Deployment(deployment_id="due", model_card=card, replicas=2),
+                "enough": Deployment(deployment_id="enough", model_card=card),
+                "waiting": Deployment(deployment_id="waiting", model_card=card, replicas=2),
+                "untimed": Deployment(deployment_id="untimed", model_card=card, replicas=2),
+            }
+        }
+    )
+    free = DeploymentTimer(failures=0, next_attempt_at=None, waiting=None)
+    timers = {
+        "due": free,
+        "enough": free,
+        "waiting": DeploymentTimer(failures=1, next_attempt_at=30.0, waiting="backoff"),
+    }
+    assert [d.deployment_id for d in due_for_placement(state, timers)] == ["due"]
+
+
+def test_a_step_places_from_its_own_answers_only_and_a_missing_one_is_a_reason() -> None:
+    card = catalog_by_id(BUILTIN_MODEL_CARDS)[QWEN]
+    state = State(deployments={"d": Deployment(deployment_id="d", model_card=card)})
+    placement = StepPlacement()
+    keeper = Keeper(0.0, place=placement.place, startup_grace=0.0)
+    # The step's answers are what it places from: exo's reason becomes the placement error.
+    refused = PlacementAnswers(state, {QWEN: "exo says no"})
+    assert placement.step(keeper, refused, state, 1.0) == [
+        DeploymentPlacementFailed(deployment_id="d", error="exo says no")
+    ]
+    # None outlives its step, and a model with no answer is a reason, never a crash.
+    no_answer = f"no placement of {QWEN} was asked of exo for this step"
+    with pytest.raises(ValueError, match=no_answer):
+        placement.place(state, card, Sharding.PIPELINE, InstanceMeta.MLX_RING, 1)
+    again = Keeper(0.0, place=NO_ANSWERS.place, startup_grace=0.0)
+    assert again.step(state, 1.0) == [DeploymentPlacementFailed(deployment_id="d", error=no_answer)]
+    assert again.placement_crashes() == {}

@@ -11,10 +11,11 @@ from typing import Any
 
 import anyio
 import pytest
-from bridge_harness import QWEN, ExoWithBridge, exo_with_bridge, wait_until
+from bridge_harness import QWEN, ExoWithBridge, exo_with_bridge, wait_until, where_exo_places
 from trio.testing import MockClock
 
 from keeper.bridge.placement_choice import ExoPlacement
+from keeper.bridge.placing import PlacementAnswers
 from keeper.bridge.service import ExoDownError
 from keeper.bridge.vanished import GONE_AFTER_S, VanishedInstances
 from keeper.core.view import without_nodes
@@ -141,21 +142,19 @@ async def test_an_answer_on_a_node_the_keeper_left_out_is_refused_not_posted() -
         await h.bridge.create_deployment(QWEN, replicas=1)
         await placed(h, 1)
         state = h.bridge.state
-        # exo's answer, asked on the bridge's view of exo's State ...
-        answer = await h.bridge.where_to_place(deployment(h), state)
+        # exo's answer, asked on the bridge's view of exo's State, as a step's answers ...
+        answer = await where_exo_places(h.bridge, deployment(h), state)
         assert isinstance(answer, ExoPlacement)
-        h.bridge._answers[QWEN] = answer  # pyright: ignore[reportPrivateUsage]
+        answers = PlacementAnswers(state, {QWEN: answer})
         # ... while the keeper's view leaves its node out (it serves the model, there).
         left_out = frozenset(answer.instance.shard_assignments.node_to_runner)
         card = deployment(h).model_card
         with pytest.raises(ValueError, match="which the keeper left out"):
-            h.bridge._place(  # pyright: ignore[reportPrivateUsage]
+            answers.place(
                 without_nodes(state, left_out), card, Sharding.PIPELINE, InstanceMeta.MLX_RING, 1
             )
         # On the nodes it offers, the answer is the keeper's placement.
-        offered = h.bridge._place(  # pyright: ignore[reportPrivateUsage]
-            state, card, Sharding.PIPELINE, InstanceMeta.MLX_RING, 1
-        )
+        offered = answers.place(state, card, Sharding.PIPELINE, InstanceMeta.MLX_RING, 1)
         assert offered == answer.instance
 
 

@@ -37,7 +37,6 @@ from keeper.runtime.model_cards import ModelCardError
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 52416  # exo's API port + 1, so both fit on exo's master machine
-DEFAULT_EXO_URL = "http://127.0.0.1:52415"
 
 
 async def serve_bridge(

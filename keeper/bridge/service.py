@@ -10,8 +10,8 @@ narrow interface:
   on: the keeper is not stepped and the deployments say why; the next good read brings
   everything back by itself;
 - ``keeper.bridge.placing``: exo places, not the bridge. Before each step the bridge asks exo
-  where it would place what the step will try; the keeper's placement function returns that
-  answer (docs/bridge.md, "Placement");
+  where it would place what the keeper's timers say the step will try, and steps the keeper
+  with those answers, as one value for that step only (docs/bridge.md, "Placement");
 - ``keeper.bridge.creating``: the keeper's ``InstanceCreated`` posted to exo as exo gave it, kept
   in flight through elections, its ``DeploymentPlaced`` recorded once exo's State shows it;
 - ``keeper.bridge.exo_models``: exo's model list and the full model cards exo showed;
@@ -61,8 +61,7 @@ from keeper.bridge.following import (
     Outage,
 )
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S
-from keeper.bridge.placement_choice import ExoPlacement
-from keeper.bridge.placing import Placer
+from keeper.bridge.placing import PlacementAnswers, StepPlacement, ask_exo, due_for_placement
 from keeper.bridge.vanished import VanishedInstances
 from keeper.model.api_models import (
     CommandResponse,
@@ -180,9 +179,8 @@ class Bridge:
             card_files=self.config.exo_card_files,
             models_max_age_s=self.config.models_max_age_s,
         )
-        self._placer = Placer(lambda: self.exo, self._cards, lambda: self.state)
-        # The keeper's placement function: the answer asked of exo before the step.
-        self._place = self._placer.place
+        # The keeper's placement function: the answers asked of exo before the step under way.
+        self._placement = StepPlacement()
         self._creations = Creations(
             exo=lambda: self.exo,
             deployments=lambda: self._own.deployments,
@@ -418,7 +416,9 @@ class Bridge:
         now = clock.monotonic()
         self._doomed.load(now)
         self._started.keeper_or_none = _PausedWhileUnwritable(
-            start_keeper(self._keeper_factory, now, self.config.startup_grace_s, self._place),
+            start_keeper(
+                self._keeper_factory, now, self.config.startup_grace_s, self._placement.place
+            ),
             self._store,
         )
         self._running = True
@@ -461,16 +461,20 @@ class Bridge:
             if self._follow.outage is not None:
                 return  # exo stopped answering meanwhile: this State may already be stale
             await self._creations.resend(exo, now)
+            # The step's plan: what it will try to place, exo's answers for exactly those, then
+            # the step placing from those answers only (keeper.bridge.placing).
             state = self.state
+            due = due_for_placement(state, self.keeper.timers(state, now))
             try:
-                await self._placer.ask(state, self.keeper.timers(state, now))
+                answers = await ask_exo(self.exo, self._cards, state, due)
             except ExoUnavailableError as exc:
                 self._follow.unavailable(str(exc))
+                return
             if self._follow.outage is not None:
                 return
-            events = self.keeper.step(self.state, now)
+            events = self._placement.step(self.keeper, answers, state, now)
             self._last_error = None
-            await self._act(events, now)
+            await self._act(events, answers, now)
 
     def _report_error(self, exc: Exception) -> None:
         # Each distinct error is logged once, with its trace, not once a second.
@@ -520,8 +524,9 @@ class Bridge:
                 log.info("instance %s: deletion sent to exo", instance_id)
             self._doomed.accepted(instance_id, now)
 
-    async def _act(self, events: Sequence[AnyEvent], now: float) -> None:
-        """Turn the keeper's events into exo calls and the bridge's own records."""
+    async def _act(self, events: Sequence[AnyEvent], answers: PlacementAnswers, now: float) -> None:
+        """Turn the keeper's events into exo calls and the bridge's own records; an instance
+        the keeper placed is posted as exo gave it in the step's ``answers``."""
         placed_for = {
             event.instance_id: event.deployment_id
             for event in events
@@ -532,7 +537,7 @@ class Bridge:
                 instance_id = event.instance.instance_id
                 deployment_id = placed_for.get(instance_id)
                 if deployment_id is not None and not self._creations.held_back(deployment_id):
-                    raw = self._placer.posted(instance_id)
+                    raw = answers.raw(instance_id)
                     await self._creations.create(instance_id, deployment_id, raw, now)
             elif isinstance(event, InstanceDeleted):
                 self._doomed.add(event.instance_id, now)
@@ -541,17 +546,6 @@ class Bridge:
                     # our placement's own reason
                     self._creations.forget_refusal(event.deployment_id)
                 self._record([event])
-
-    # --- placement (keeper.bridge.placing) -------------------------------------------------
-
-    async def where_to_place(self, deployment: Deployment, state: State) -> ExoPlacement | str:
-        """Where exo would place a new instance of the deployment on ``state`` (exo's), or why
-        not (``keeper.bridge.placing.Placer.where_to_place``)."""
-        return await self._placer.where_to_place(deployment, state)
-
-    @property
-    def _answers(self) -> dict[str, ExoPlacement | str]:
-        return self._placer.answers
 
     # --- the bridge's own log --------------------------------------------------------------
 

@@ -202,7 +202,7 @@ class Master:
         self._fanout = Fanout()
         self._chats = ChatRouter(self.config.chat_chunk_timeout_s, new_id)
         self._membership = Membership(
-            lambda: self._state,
+            lambda: self.state,
             self.emit,
             self._fanout,
             self._chats,
@@ -210,23 +210,19 @@ class Master:
             check_interval_s=self.config.membership_check_s,
             outbox_size=self.config.subscriber_buffer,
         )
-        self._chat_routing = ChatRouting(self._chats, self._membership, lambda: self._state)
+        self._chat_routing = ChatRouting(self._chats, self._membership, lambda: self.state)
         self._view_cache = LastBuilt[bytes]()
         self._stepping = KeeperLoop(
             lock=self._lock,
             store=self._store,
             router=self._router,
             started=self._started,
-            state=lambda: self._state,
+            state=lambda: self.state,
             interval_s=self.config.keeper_interval_s,
             grace_s=self.config.startup_grace_s,
         )
 
     # --- read side -----------------------------------------------------------------------
-
-    @property
-    def _state(self) -> State:
-        return self._store.state
 
     @property
     def state(self) -> State:
@@ -272,7 +268,7 @@ class Master:
 
     def deployments_view(self) -> DeploymentsResponse:
         views = deployment_views(
-            self._state, self._started.keeper_or_none, self._started.clock_or_none
+            self.state, self._started.keeper_or_none, self._started.clock_or_none
         )
         return DeploymentsResponse(deployments=views)
 
@@ -284,7 +280,7 @@ class Master:
         """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""
         clock = self._started.clock_or_none
         return self._view_cache.get(
-            (self._state, self._stepping.version),
+            (self.state, self._stepping.version),
             lambda: self.deployments_view().model_dump_json().encode(),
             now=clock.monotonic() if clock is not None else 0.0,
             max_age=DEPLOYMENTS_VIEW_MAX_AGE_S,
@@ -292,9 +288,7 @@ class Master:
 
     def subscribe(self) -> Subscription:
         """The current State and every event after it, for a dashboard stream."""
-        return self._fanout.subscribe(
-            self._state, self.config.subscriber_buffer, open_=self.running
-        )
+        return self._fanout.subscribe(self.state, self.config.subscriber_buffer, open_=self.running)
 
     def end_streams(self) -> None:
         """End every dashboard subscription (a server shutting down); node sessions stay."""
@@ -322,7 +316,7 @@ class Master:
         card = self._card(model_id)
         async with self._lock:
             deployment = new_deployment(
-                self._state.deployments,
+                self.state.deployments,
                 card,
                 sharding,
                 instance_meta,
@@ -336,8 +330,8 @@ class Master:
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
         async with self._lock:
-            deployment = existing_deployment(self._state.deployments, deployment_id)
-            events = self.keeper.delete(deployment_id, self._state)
+            deployment = existing_deployment(self.state.deployments, deployment_id)
+            events = self.keeper.delete(deployment_id, self.state)
             self._stepping.keeper_changed()
             await self._emit_and_wait(events)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
@@ -348,8 +342,8 @@ class Master:
         keeper's DeploymentScaled, and the InstanceDeleted of its own instances beyond them,
         under the lock the steps and deletion take; answered once they are durable."""
         async with self._lock:
-            deployment = existing_deployment(self._state.deployments, deployment_id)
-            events = scale_events(self.keeper, deployment_id, replicas, self._state)
+            deployment = existing_deployment(self.state.deployments, deployment_id)
+            events = scale_events(self.keeper, deployment_id, replicas, self.state)
             self._stepping.keeper_changed()
             await self._emit_and_wait(events)
         log.info(
@@ -372,7 +366,7 @@ class Master:
         sharding_, meta = placement_enums(sharding, instance_meta)
         async with self._lock:
             try:
-                instance = self._place(self._state, card, sharding_, meta, min_nodes)
+                instance = self._place(self.state, card, sharding_, meta, min_nodes)
             except ValueError as exc:
                 raise BadRequestError(str(exc)) from None
             await self._emit_and_wait([InstanceCreated(instance=instance)])
@@ -384,7 +378,7 @@ class Master:
 
     async def delete_instance(self, instance_id: str) -> CommandResponse:
         async with self._lock:
-            if instance_id not in self._state.instances:
+            if instance_id not in self.state.instances:
                 raise NotFoundError(f"Instance {shown(instance_id)} not found", param="instance_id")
             await self._emit_and_wait([InstanceDeleted(instance_id=instance_id)])
         return CommandResponse(
@@ -474,7 +468,7 @@ class Master:
         while True:
             await clock.sleep(self.config.sweep_interval_s)
             async with self._lock:
-                state = self._state
+                state = self.state
                 nodes = set(state.topology.nodes)
                 events: list[AnyEvent] = []
                 for instance_id, instance in sorted(state.instances.items()):
