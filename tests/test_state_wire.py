@@ -30,6 +30,9 @@ from keeper.model.events import (
     DeploymentPlacementFailed,
     DeploymentScaled,
     DeploymentServingChanged,
+    DeploymentStandbyChanged,
+    DownloadDeletionRequested,
+    DownloadRequested,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -243,6 +246,13 @@ def _every_event(state: State) -> list[AnyEvent]:
             deployment_id="d", error="No cycles found with sufficient memory"
         ),
         DeploymentScaled(deployment_id="d", replicas=3),
+        DeploymentStandbyChanged(deployment_id="d", standby=2),
+        DownloadRequested(
+            deployment_id="d",
+            node_id="a",
+            shard_metadata=next(iter(ring.shard_assignments.runner_to_shard.values())),
+        ),
+        DownloadDeletionRequested(deployment_id="d", node_id="a", model_id="m"),
         DeploymentServingChanged(
             deployment_id="d",
             record=ServingRecord(

@@ -28,7 +28,7 @@ as the steps; they remove only the keeper's own instances, which the State recor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from keeper.core.memo import (
@@ -43,7 +43,8 @@ from keeper.core.memo import (
     waiting,
     wanted,
 )
-from keeper.core.placement import place_instance
+from keeper.core.placement import PlaceFn, place_instance
+from keeper.core.staging import StagingPlan, downloading_nodes, staging_plan, staging_requests
 from keeper.core.view import (
     AT_REST,
     ClusterSignature,
@@ -62,6 +63,7 @@ from keeper.model.events import (
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentScaled,
+    DownloadDeletionRequested,
     InstanceCreated,
     InstanceDeleted,
     NodeGatheredInfo,
@@ -72,15 +74,12 @@ from keeper.model.events import (
 )
 from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.state import (
-    AnyInstance,
     Deployment,
     DeploymentId,
     InstanceId,
-    InstanceMeta,
-    ModelCard,
+    NodeId,
     RunnerFailed,
     RunnerReady,
-    Sharding,
     State,
 )
 
@@ -96,7 +95,22 @@ __all__ = [
     "ready_replicas",
 ]
 
-PlaceFn = Callable[[State, ModelCard, Sharding, InstanceMeta, int], AnyInstance]
+
+# Staging asks at most this often: downloads take minutes, and a plan costs placements.
+STAGING_INTERVAL = 5.0
+# Staging plans computed again in one step at most (each is up to ``standby`` placements).
+MAX_STAGING_PLANS_PER_STEP = 4
+
+
+@dataclass
+class _Staging:
+    """A deployment's staging plan, the inputs it was computed on, and when each copy was
+    asked for (node -> keeper time)."""
+
+    key: tuple[ClusterSignature, frozenset[NodeId], int]
+    plan: StagingPlan
+    requested: dict[NodeId, float]
+
 
 # Placement attempts per step. An attempt walks the topology's cycles (around a millisecond on
 # a large cluster), and the master holds its lock while stepping, so a step stays in the
@@ -121,12 +135,20 @@ class Keeper:
         place: PlaceFn = place_instance,
         *,
         startup_grace: float = STARTUP_GRACE,
+        preview: PlaceFn = place_instance,
     ) -> None:
         """A keeper that places nothing before ``started_at + startup_grace`` (a new master
-        first waits for its nodes to report the instances they already run)."""
+        first waits for its nodes to report the instances they already run). ``preview`` is the
+        placement staging asks where a replica would fail over to (the bridge places through
+        exo's answers but previews with our placement and exo's cards)."""
         self.started_at = started_at
         self.startup_grace = startup_grace
         self._place = place
+        self._preview = preview
+        # Per deployment: its staging plan, what it was computed on, and the copies asked for.
+        self._staging: dict[DeploymentId, _Staging] = {}
+        # Staging runs at rest, at most once per STAGING_INTERVAL of the keeper's clock.
+        self._next_staging_at = 0.0
         self._memos: dict[DeploymentId, DeploymentMemo] = {}
         # Deployments whose DeploymentDeleted was emitted but is not yet in the state.
         self._deleting: set[DeploymentId] = set()
@@ -162,7 +184,47 @@ class Keeper:
         # when none is short changes no answer, only the time.)
         signature = cluster_signature(state) if short else AT_REST  # pragma: no mutate
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
-        return self._attempt(self._in_turn(due), state, signature, now)
+        events = self._attempt(self._in_turn(due), state, signature, now)
+        # Staging only at rest: while a deployment is short, placing it comes first, and the
+        # State a plan would read is about to change.
+        if not short and now >= self._next_staging_at:
+            events = self._stage(state, now)
+        return events
+
+    def _stage(self, state: State, now: float) -> list[AnyEvent]:
+        """Ask for the standby copies the deployments' plans call for (``keeper.core.staging``).
+        A plan is computed again only when what it reads changed (the cluster's signature, the
+        nodes serving the model, the standby count), for at most
+        ``MAX_STAGING_PLANS_PER_STEP`` deployments per step."""
+        self._next_staging_at = now + STAGING_INTERVAL
+        signature = cluster_signature(state)
+        busy = downloading_nodes(state)
+        planned = 0
+        events: list[AnyEvent] = []
+        for deployment_id, deployment in sorted(state.deployments.items()):
+            if deployment_id in self._deleting:
+                continue
+            serving = nodes_serving(state, deployment.model_card.model_id)
+            key = (signature, serving, deployment.standby)
+            staging = self._staging.get(deployment_id)
+            if staging is None or staging.key != key:
+                if planned == MAX_STAGING_PLANS_PER_STEP:
+                    continue
+                planned += 1
+                plan = staging_plan(state, deployment, self._preview)
+                requested = {} if staging is None else staging.requested
+                staging = _Staging(key, plan, requested)
+                self._staging[deployment_id] = staging
+            asks = staging_requests(state, deployment, staging.plan, staging.requested, busy, now)
+            for ask in asks:
+                staging.requested[ask.node_id] = now
+            events.extend(asks)
+        return events
+
+    def staging_note(self, deployment_id: str) -> str | None:
+        """Why the deployment has fewer standby sets planned than it asks for, or None."""
+        staging = self._staging.get(deployment_id)
+        return None if staging is None else staging.plan.shortfall
 
     def _in_turn(self, due: list[Deployment]) -> list[Deployment]:
         """The due deployments in id order, starting after the one the last step stopped at."""
@@ -244,6 +306,8 @@ class Keeper:
         # (Rebuilt only when one departed: at rest, every step would copy every memo.)
         if not self._memos.keys() <= live.keys():
             self._memos = {d: memo for d, memo in self._memos.items() if d in live}
+        if not self._staging.keys() <= live.keys():
+            self._staging = {d: plan for d, plan in self._staging.items() if d in live}
         self._deleting = {d for d in self._deleting if d in live}
         self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}
 
@@ -268,6 +332,20 @@ class Keeper:
             InstanceDeleted(instance_id=instance_id)
             for instance_id in _own_instances(deployment, memo or FRESH, state)
         )
+        # The copies it staged go with it (those it recorded, and those asked for whose record
+        # is still on its way); never a copy it did not make.
+        staging = self._staging.get(deployment_id)
+        staged = dict.fromkeys(deployment.staged_on if deployment is not None else ())
+        staged.update(dict.fromkeys(staging.requested if staging is not None else ()))
+        if deployment is not None:
+            events.extend(
+                DownloadDeletionRequested(
+                    deployment_id=deployment_id,
+                    node_id=node_id,
+                    model_id=deployment.model_card.model_id,
+                )
+                for node_id in staged
+            )
         return events
 
     # --- scaling --------------------------------------------------------------------------

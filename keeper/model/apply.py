@@ -18,6 +18,9 @@ from keeper.model.events import (
     DeploymentPlacementFailed,
     DeploymentScaled,
     DeploymentServingChanged,
+    DeploymentStandbyChanged,
+    DownloadDeletionRequested,
+    DownloadRequested,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -126,6 +129,20 @@ def apply(state: State, event: AnyEvent) -> State:
             # attempt reports it again.
             scaled = deployment.model_copy(update={"replicas": replicas, "placement_error": None})
             return _changed(state, deployments=_with(state.deployments, deployment_id, scaled))
+        case DeploymentStandbyChanged(deployment_id=deployment_id, standby=standby):
+            return _with_deployment(state, deployment_id, standby=standby)
+        case DownloadRequested(deployment_id=deployment_id, node_id=node_id):
+            deployment = state.deployments.get(deployment_id) if deployment_id else None
+            if deployment is None or node_id in deployment.staged_on:
+                return state
+            staged = (*deployment.staged_on, node_id)
+            return _with_deployment(state, deployment.deployment_id, staged_on=staged)
+        case DownloadDeletionRequested(deployment_id=deployment_id, node_id=node_id):
+            deployment = state.deployments.get(deployment_id) if deployment_id else None
+            if deployment is None or node_id not in deployment.staged_on:
+                return state
+            staged = tuple(n for n in deployment.staged_on if n != node_id)
+            return _with_deployment(state, deployment.deployment_id, staged_on=staged)
         case InstanceCreated(instance=instance):
             return _changed(state, instances=_with(state.instances, instance.instance_id, instance))
         case InstanceDeleted(instance_id=instance_id):
@@ -225,6 +242,15 @@ def _apply_node_info(state: State, info: NodeGatheredInfo) -> State:
     if info.system is not None:
         update["node_system"] = _with(state.node_system, node, info.system)
     return _changed(state, **update)
+
+
+def _with_deployment(state: State, deployment_id: DeploymentId, **update: Any) -> State:
+    """The State with one deployment's fields changed; an unknown deployment changes nothing."""
+    deployment = state.deployments.get(deployment_id)
+    if deployment is None:
+        return state
+    changed = deployment.model_copy(update=update)
+    return _changed(state, deployments=_with(state.deployments, deployment_id, changed))
 
 
 def _apply_download(state: State, entry: AnyDownload) -> State:

@@ -15,6 +15,7 @@ from pydantic import Field, Tag, TypeAdapter
 
 from keeper.model.state import (
     MAX_REPLICAS,
+    MAX_STANDBY,
     Backend,
     Connection,
     Deployment,
@@ -24,6 +25,7 @@ from keeper.model.state import (
     Instance,
     InstanceId,
     MemoryUsage,
+    ModelId,
     NodeId,
     NodeIdentity,
     NodeNetwork,
@@ -31,6 +33,7 @@ from keeper.model.state import (
     RunnerId,
     RunnerStatus,
     ServingRecord,
+    Shard,
     SystemVitals,
 )
 from keeper.model.wire import TAGGED, TaggedModel, WireModel
@@ -60,6 +63,32 @@ class DeploymentScaled(TaggedModel):
 
     deployment_id: DeploymentId
     replicas: int = Field(ge=1, le=MAX_REPLICAS)
+
+
+class DeploymentStandbyChanged(TaggedModel):
+    """The deployment now keeps ``standby`` node sets with its model downloaded."""
+
+    deployment_id: DeploymentId
+    standby: int = Field(ge=0, le=MAX_STANDBY)
+
+
+class DownloadRequested(TaggedModel):
+    """A node is asked to hold a model's files without running it: the keeper staging a standby
+    copy for ``deployment_id``, or (None) exo's ``POST /download/start``. The node downloads the
+    whole model (exo fetches every file for any shard)."""
+
+    deployment_id: DeploymentId | None = None
+    node_id: NodeId
+    shard_metadata: Shard
+
+
+class DownloadDeletionRequested(TaggedModel):
+    """A node is asked to delete a model's files (the keeper removing a copy it staged, when its
+    deployment goes; or exo's ``DELETE /download/...``)."""
+
+    deployment_id: DeploymentId | None = None
+    node_id: NodeId
+    model_id: ModelId
 
 
 class DeploymentServingChanged(TaggedModel):
@@ -126,7 +155,10 @@ Event = Annotated[
     | Annotated[DeploymentPlaced, Tag("DeploymentPlaced")]
     | Annotated[DeploymentPlacementFailed, Tag("DeploymentPlacementFailed")]
     | Annotated[DeploymentScaled, Tag("DeploymentScaled")]
+    | Annotated[DeploymentStandbyChanged, Tag("DeploymentStandbyChanged")]
     | Annotated[DeploymentServingChanged, Tag("DeploymentServingChanged")]
+    | Annotated[DownloadRequested, Tag("DownloadRequested")]
+    | Annotated[DownloadDeletionRequested, Tag("DownloadDeletionRequested")]
     | Annotated[InstanceCreated, Tag("InstanceCreated")]
     | Annotated[InstanceDeleted, Tag("InstanceDeleted")]
     | Annotated[RunnerStatusUpdated, Tag("RunnerStatusUpdated")]
@@ -145,7 +177,10 @@ AnyEvent = (
     | DeploymentPlaced
     | DeploymentPlacementFailed
     | DeploymentScaled
+    | DeploymentStandbyChanged
     | DeploymentServingChanged
+    | DownloadRequested
+    | DownloadDeletionRequested
     | InstanceCreated
     | InstanceDeleted
     | RunnerStatusUpdated

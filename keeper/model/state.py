@@ -289,6 +289,9 @@ class RdmaCtl(WireModel):
 # a model, and each replica needs nodes of its own (anti-affinity): 16 is already more nodes than
 # the clusters exo runs on, and the cap keeps a typo from asking the keeper for thousands.
 MAX_REPLICAS = 16
+# The most standby node sets a deployment may keep: each is a full copy of the model on disk, and
+# beyond a few the copies cost more disk than the faults they shorten.
+MAX_STANDBY = 4
 
 
 class Deployment(WireModel):
@@ -308,6 +311,13 @@ class Deployment(WireModel):
     # DeploymentPlaced, removed by InstanceDeleted. Durable, so that a new master (whose keeper
     # remembers nothing) still knows which instances scaling down and deletion may remove.
     placed_instance_ids: tuple[InstanceId, ...] = ()
+    # Standby node sets beyond the serving ones that keep the model downloaded, where its
+    # replicas would fail over to, so a fault costs detection and load but no download
+    # (docs/design.md §5.12). A deployment written before standby reads as 1.
+    standby: int = Field(default=1, ge=0, le=MAX_STANDBY)
+    # The nodes the keeper asked to hold the model for this deployment and has not asked to
+    # delete it: the copies it made, and the only ones it may delete.
+    staged_on: tuple[NodeId, ...] = ()
 
 
 # --- downloads ----------------------------------------------------------------------------

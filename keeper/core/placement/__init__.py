@@ -28,6 +28,8 @@ placement fails with that reason (every remaining candidate has the same size).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from keeper.core.placement.build import build_instance
 from keeper.core.placement.graph import ClusterGraph, cluster_graph
 from keeper.core.placement.search import CycleSearch
@@ -59,6 +61,12 @@ def no_backend(allowed: frozenset[Backend], model_id: str) -> str:
     the allowed backends' values, sorted, written as a Python list."""
     names = sorted(backend.value for backend in allowed)
     return f"No cycle where every node supports a backend in {names} for {model_id}"
+
+
+# What the keeper calls to place (``place_instance``, or the bridge's through exo's answers):
+# the State to place on, the model, its sharding and engine, the fewest nodes; ValueError(reason)
+# when nothing fits.
+PlaceFn = Callable[[State, ModelCard, Sharding, InstanceMeta, int], AnyInstance]
 
 
 def place_instance(
