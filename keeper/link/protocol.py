@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, Tag, TypeAdapter
+from pydantic import Field, TypeAdapter
 
 from keeper.model.events import IndexedEvent
 from keeper.model.state import (
@@ -95,18 +95,8 @@ class ChatError(TaggedModel):
     message: str
 
 
-NodeMessage = Annotated[
-    Annotated[Hello, Tag("Hello")]
-    | Annotated[NodeInfo, Tag("NodeInfo")]
-    | Annotated[Heartbeat, Tag("Heartbeat")]
-    | Annotated[RunnerStatusReport, Tag("RunnerStatusReport")]
-    | Annotated[LinkUp, Tag("LinkUp")]
-    | Annotated[LinkDown, Tag("LinkDown")]
-    | Annotated[RequestInstanceDeletion, Tag("RequestInstanceDeletion")]
-    | Annotated[ChatChunk, Tag("ChatChunk")]
-    | Annotated[ChatError, Tag("ChatError")],
-    TAGGED,
-]
+# Each message union once: the plain union is the type for isinstance and match, the Annotated
+# one the same union for pydantic, each member read under its class name (``keeper.model.wire``).
 AnyNodeMessage = (
     Hello
     | NodeInfo
@@ -118,6 +108,7 @@ AnyNodeMessage = (
     | ChatChunk
     | ChatError
 )
+NodeMessage = Annotated[AnyNodeMessage, TAGGED]
 NODE_MESSAGE: TypeAdapter[AnyNodeMessage] = TypeAdapter(NodeMessage)
 
 
@@ -148,12 +139,6 @@ class CancelChat(TaggedModel):
     request_id: str
 
 
-MasterMessage = Annotated[
-    Annotated[Welcome, Tag("Welcome")]
-    | Annotated[EventMessage, Tag("EventMessage")]
-    | Annotated[ChatRequest, Tag("ChatRequest")]
-    | Annotated[CancelChat, Tag("CancelChat")],
-    TAGGED,
-]
 AnyMasterMessage = Welcome | EventMessage | ChatRequest | CancelChat
+MasterMessage = Annotated[AnyMasterMessage, TAGGED]
 MASTER_MESSAGE: TypeAdapter[AnyMasterMessage] = TypeAdapter(MasterMessage)

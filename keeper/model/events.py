@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, Tag, TypeAdapter
+from pydantic import Field, TypeAdapter
 
 from keeper.model.state import (
     MAX_REPLICAS,
@@ -149,28 +149,8 @@ class NodeTimedOut(TaggedModel):
     node_id: NodeId
 
 
-Event = Annotated[
-    Annotated[DeploymentCreated, Tag("DeploymentCreated")]
-    | Annotated[DeploymentDeleted, Tag("DeploymentDeleted")]
-    | Annotated[DeploymentPlaced, Tag("DeploymentPlaced")]
-    | Annotated[DeploymentPlacementFailed, Tag("DeploymentPlacementFailed")]
-    | Annotated[DeploymentScaled, Tag("DeploymentScaled")]
-    | Annotated[DeploymentStandbyChanged, Tag("DeploymentStandbyChanged")]
-    | Annotated[DeploymentServingChanged, Tag("DeploymentServingChanged")]
-    | Annotated[DownloadRequested, Tag("DownloadRequested")]
-    | Annotated[DownloadDeletionRequested, Tag("DownloadDeletionRequested")]
-    | Annotated[InstanceCreated, Tag("InstanceCreated")]
-    | Annotated[InstanceDeleted, Tag("InstanceDeleted")]
-    | Annotated[RunnerStatusUpdated, Tag("RunnerStatusUpdated")]
-    | Annotated[NodeGatheredInfo, Tag("NodeGatheredInfo")]
-    | Annotated[NodeDownloadProgress, Tag("NodeDownloadProgress")]
-    | Annotated[TopologyEdgeCreated, Tag("TopologyEdgeCreated")]
-    | Annotated[TopologyEdgeDeleted, Tag("TopologyEdgeDeleted")]
-    | Annotated[NodeTimedOut, Tag("NodeTimedOut")],
-    TAGGED,
-]
-
-# Plain union for isinstance checks and match statements.
+# Every event, once: the plain union is the type for isinstance checks and match statements, and
+# ``Event`` is the same union for pydantic, each member read under its class name.
 AnyEvent = (
     DeploymentCreated
     | DeploymentDeleted
@@ -190,6 +170,7 @@ AnyEvent = (
     | TopologyEdgeDeleted
     | NodeTimedOut
 )
+Event = Annotated[AnyEvent, TAGGED]
 
 EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(Event)
 

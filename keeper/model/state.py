@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, Tag, computed_field
+from pydantic import Field, computed_field
 
 from keeper.model.wire import TAGGED, TaggedModel, WireModel
 
@@ -84,11 +84,10 @@ class TensorShardMetadata(BaseShardMetadata):
     pass
 
 
-Shard = Annotated[
-    Annotated[PipelineShardMetadata, Tag("PipelineShardMetadata")]
-    | Annotated[TensorShardMetadata, Tag("TensorShardMetadata")],
-    TAGGED,
-]
+# Each tagged union once: the plain union is the type for isinstance and match, the Annotated one
+# the same union for pydantic, each member read under its class name (``keeper.model.wire``).
+AnyShard = PipelineShardMetadata | TensorShardMetadata
+Shard = Annotated[AnyShard, TAGGED]
 
 
 # --- instances ----------------------------------------------------------------------------
@@ -120,11 +119,8 @@ class MlxJacclInstance(TaggedModel):
     jaccl_coordinators: dict[NodeId, str] = Field(default_factory=dict)
 
 
-Instance = Annotated[
-    Annotated[MlxRingInstance, Tag("MlxRingInstance")]
-    | Annotated[MlxJacclInstance, Tag("MlxJacclInstance")],
-    TAGGED,
-]
+AnyInstance = MlxRingInstance | MlxJacclInstance
+Instance = Annotated[AnyInstance, TAGGED]
 
 
 # --- runners ------------------------------------------------------------------------------
@@ -175,20 +171,20 @@ class RunnerFailed(TaggedModel):
     error_message: str | None = None
 
 
-RunnerStatus = Annotated[
-    Annotated[RunnerIdle, Tag("RunnerIdle")]
-    | Annotated[RunnerConnecting, Tag("RunnerConnecting")]
-    | Annotated[RunnerConnected, Tag("RunnerConnected")]
-    | Annotated[RunnerLoading, Tag("RunnerLoading")]
-    | Annotated[RunnerLoaded, Tag("RunnerLoaded")]
-    | Annotated[RunnerWarmingUp, Tag("RunnerWarmingUp")]
-    | Annotated[RunnerReady, Tag("RunnerReady")]
-    | Annotated[RunnerRunning, Tag("RunnerRunning")]
-    | Annotated[RunnerShuttingDown, Tag("RunnerShuttingDown")]
-    | Annotated[RunnerShutdown, Tag("RunnerShutdown")]
-    | Annotated[RunnerFailed, Tag("RunnerFailed")],
-    TAGGED,
-]
+AnyRunnerStatus = (
+    RunnerIdle
+    | RunnerConnecting
+    | RunnerConnected
+    | RunnerLoading
+    | RunnerLoaded
+    | RunnerWarmingUp
+    | RunnerReady
+    | RunnerRunning
+    | RunnerShuttingDown
+    | RunnerShutdown
+    | RunnerFailed
+)
+RunnerStatus = Annotated[AnyRunnerStatus, TAGGED]
 
 # A runner in one of these states can serve requests; an instance whose every runner is in one
 # of them is ready (the keeper's backoff rule and the `serving` status both read this).
@@ -370,14 +366,8 @@ class DownloadFailed(TaggedModel):
     error_message: str
 
 
-DownloadEntry = Annotated[
-    Annotated[DownloadPending, Tag("DownloadPending")]
-    | Annotated[DownloadOngoing, Tag("DownloadOngoing")]
-    | Annotated[DownloadCompleted, Tag("DownloadCompleted")]
-    | Annotated[DownloadFailed, Tag("DownloadFailed")],
-    TAGGED,
-]
 AnyDownload = DownloadPending | DownloadOngoing | DownloadCompleted | DownloadFailed
+DownloadEntry = Annotated[AnyDownload, TAGGED]
 
 
 def download_model_id(entry: AnyDownload) -> ModelId:
@@ -455,20 +445,3 @@ class State(WireModel):
     deployments: dict[DeploymentId, Deployment] = Field(default_factory=dict)
     # Per deployment, its serving records, oldest first (ServingRecord).
     serving_history: dict[DeploymentId, tuple[ServingRecord, ...]] = Field(default_factory=dict)
-
-
-AnyInstance = MlxRingInstance | MlxJacclInstance
-AnyShard = PipelineShardMetadata | TensorShardMetadata
-AnyRunnerStatus = (
-    RunnerIdle
-    | RunnerConnecting
-    | RunnerConnected
-    | RunnerLoading
-    | RunnerLoaded
-    | RunnerWarmingUp
-    | RunnerReady
-    | RunnerRunning
-    | RunnerShuttingDown
-    | RunnerShutdown
-    | RunnerFailed
-)
