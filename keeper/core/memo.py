@@ -124,10 +124,9 @@ def observe(
             break
     # 3. Adopt the keeper's instances the deployment records (a new master starts with empty
     # memory, and the record is how it knows them).
-    for i in recorded(deployment):
-        if i in instances and i != memo.in_flight and not _knows(memo, i):
-            memo = _adopting(memo, deployment, instances)
-            break
+    adopted = _unknown_recorded(memo, deployment, instances)
+    if adopted:
+        memo = replace(memo, watched=(*memo.watched, *adopted))
     # 4. Readiness of the watched instances; once one is ready, the failures in a row are over.
     for w in memo.watched:
         if not w.ready and instance_is_ready(instances[w.instance_id], state):
@@ -168,15 +167,16 @@ def _knows(memo: DeploymentMemo, instance_id: InstanceId) -> bool:
     return False
 
 
-def _adopting(
+def _unknown_recorded(
     memo: DeploymentMemo, deployment: Deployment, instances: Mapping[InstanceId, object]
-) -> DeploymentMemo:
-    adopted = tuple(
-        Watched(i)
-        for i in recorded(deployment)
-        if i in instances and i != memo.in_flight and not _knows(memo, i)
-    )
-    return replace(memo, watched=(*memo.watched, *adopted))
+) -> tuple[Watched, ...]:
+    """The recorded instances the state shows that the memo neither watches, removes nor has
+    on its way; a loop that builds nothing in the usual case, where there are none."""
+    found: tuple[Watched, ...] = ()
+    for i in recorded(deployment):
+        if i in instances and i != memo.in_flight and not _knows(memo, i):
+            found = (*found, Watched(i))
+    return found
 
 
 def _with_readiness(memo: DeploymentMemo, state: State) -> DeploymentMemo:
