@@ -16,15 +16,16 @@ from typing import Any, TypeVar
 import pytest
 from textual.pilot import Pilot
 from textual.screen import Screen
-from textual.widgets import Button, Input, OptionList
+from textual.widgets import Button, Input, OptionList, Static
 
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import ApiError
+from exo_deploy_tui.commands import ACTIONS, visible_actions
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.describe import DescribeScreen
-from exo_deploy_tui.screens.help import HelpScreen
+from exo_deploy_tui.screens.help import KEY_COLUMN, KEY_WIDTH, HelpScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
@@ -464,6 +465,40 @@ async def test_the_command_line_is_refused_what_check_action_refuses(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(("readonly", "demo"), [(False, True), (True, False), (True, True)])
+async def test_every_key_of_the_table_runs_its_action_unless_the_mode_refuses_it(
+    readonly: bool, demo: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each key of the table, pressed on the dashboard, calls the action the table gives it
+    with the table's arguments; read-only refuses exactly the mutating ones, and without --demo
+    the demo's. (The actions only record that they were called.)"""
+    app, _ = make_app(readonly=readonly, faults=Faults() if demo else None)
+    calls: list[tuple[str, tuple[object, ...]]] = []
+
+    def recorder(method: str) -> Callable[[object, object, object], None]:
+        # Textual passes an action as many of its arguments as the method takes: three at most.
+        def record(a: object = None, b: object = None, c: object = None) -> None:
+            calls.append((method, tuple(arg for arg in (a, b, c) if arg is not None)))
+
+        return record
+
+    keys = [(key, spec) for spec in ACTIONS for key in spec.binding_keys.split(",")]
+    assert keys[-1][1].method == "back"  # never refused: once it ran, every key was handled
+    async with running(app) as pilot:
+        for method in {spec.method for spec in ACTIONS}:
+            monkeypatch.setattr(app.dashboard, f"action_{method}", recorder(method))
+        await pilot.press(*(key for key, _ in keys))
+        await until(pilot, lambda: ("back", ()) in calls)
+        expected = [
+            (spec.method, spec.params)
+            for _, spec in keys
+            if not (readonly and spec.mutating) and not (spec.demo_only and not demo)
+        ]
+        assert sorted(calls) == sorted(expected)
+        assert isinstance(app.screen, DashboardScreen)
+
+
+@pytest.mark.anyio
 async def test_a_hole_in_the_events_asks_the_client_for_a_snapshot() -> None:
     builder = cluster()
     app, client = make_app(builder)
@@ -580,11 +615,42 @@ async def test_countdowns_tick_without_refetching() -> None:
 
 
 @pytest.mark.anyio
-async def test_help_lists_keys() -> None:
-    app, _ = make_app()
+@pytest.mark.parametrize(("readonly", "demo"), [(False, False), (True, False), (False, True)])
+async def test_help_lists_keys(readonly: bool, demo: bool) -> None:
+    """The help on screen lists the table's keys with their lines and the commands, those that
+    read-only and demo mode allow, in the table's order (down the left column, then the right)."""
+    app, _ = make_app(readonly=readonly, faults=Faults() if demo else None)
     async with running(app) as pilot:
-        await press_to(pilot, "question_mark", screen=HelpScreen)
+        help_screen = await press_to(pilot, "question_mark", screen=HelpScreen)
+        shown = str(help_screen.query_one("#dialog Static", Static).render())
+        keys, commands = read_help(shown)
+        offered = visible_actions(readonly=readonly, demo=demo)
+        assert keys == [(spec.key, spec.help) for spec in offered] + [
+            ("ctrl+p", "palette: every action by name")
+        ]
+        assert commands == [f":{s.command} {s.args}".rstrip() for s in offered if s.command]
+        refused = [spec for spec in ACTIONS if spec not in offered]
+        assert bool(refused) == (readonly or not demo)
+        assert not {spec.key for spec in refused} & {key for key, _ in keys}
         await press_to(pilot, "escape", screen=DashboardScreen)
+
+
+def read_help(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """The keys the help shows, each with its line, in order (its two columns one after the
+    other), and its ``:`` commands."""
+    key_block, _, rest = text.partition("\n\n")
+    rows = key_block.splitlines()
+    columns = [[row[:KEY_COLUMN] for row in rows], [row[KEY_COLUMN + 1 :] for row in rows]]
+    keys = [
+        (entry[:KEY_WIDTH].strip(), entry[KEY_WIDTH + 1 :].strip())
+        for column in columns
+        for entry in column
+        if entry.strip()
+    ]
+    commands = rest.removeprefix("Commands").partition("\nStatus")[0]
+    return keys, [
+        c.strip() for line in commands.splitlines() for c in line.split("  ") if c.strip()
+    ]
 
 
 @pytest.mark.anyio
