@@ -138,6 +138,18 @@ def selected(app: DashboardApp) -> str | None:
     return app.dashboard.query_one(DeploymentsTable).selected_key
 
 
+def sort_name_ran_or_a_screen_opened(app: DashboardApp) -> bool:
+    """After keys and then N: whether N sorted by name on the dashboard (so the keys before it
+    were handled), or a screen opened that took N instead."""
+    return app.dashboard.sort_key == "name" or not isinstance(app.screen, DashboardScreen)
+
+
+async def until_notified(pilot: Pilot[None], *words: str) -> None:
+    """Wait until, for each of ``words``, a notification holds them."""
+    app = pilot.app
+    await until(pilot, lambda: all(any(w in n.message for n in app._notifications) for w in words))
+
+
 @asynccontextmanager
 async def running(
     app: DashboardApp, size: tuple[int, int] = (80, 24), deployments: int = 4
@@ -418,14 +430,19 @@ async def test_the_timeline_panel_wraps_long_lines_at_its_own_width() -> None:
 async def test_readonly_hides_and_blocks_create_and_delete() -> None:
     app, client = make_app(readonly=True)
     async with running(app) as pilot:
-        await pilot.press("n", "ctrl+d")
-        await pilot.pause()
+        await pilot.press("n", "ctrl+d", "N")
+        # N ran, so n and ctrl+d were handled before it (or one opened a screen N went to).
+        await until(pilot, lambda: sort_name_ran_or_a_screen_opened(app))
         assert isinstance(app.screen, DashboardScreen)
         shown_keys = {b.binding.key for b in app.active_bindings.values() if b.binding.show}
         assert "n" not in shown_keys and "ctrl+d" not in shown_keys
         app.dashboard.run_command("new")
         app.dashboard.run_command("delete")
-        await pilot.pause()
+        await until_notified(
+            pilot,
+            "'new' is not available: the dashboard is read-only",
+            "'delete' is not available: the dashboard is read-only",
+        )
         assert isinstance(app.screen, DashboardScreen)
         assert client.created == [] and client.deleted == []
         assert "read-only" in str(app.dashboard.query_one(HeaderBar).render())
@@ -437,11 +454,11 @@ async def test_readonly_blocks_create_and_delete_typed_as_commands_and_from_the_
     async with running(app) as pilot:
         for command in ("new", "delete"):
             await pilot.press("colon", *command, "enter")
-            await pilot.pause()
+            await until_notified(pilot, f"'{command}' is not available: the dashboard is read-only")
             assert isinstance(app.screen, DashboardScreen)
-            # The palette's way in: App.run_action, refused by the screen's check_action.
+            # The palette's way in: App.run_action, refused by the screen's check_action (it
+            # answers whether the action ran: a screen it opened would be on top already).
             assert await app.run_action(command, app.dashboard) is False
-            await pilot.pause()
             assert isinstance(app.screen, DashboardScreen)
         assert client.created == [] and client.deleted == []
 
@@ -675,9 +692,12 @@ async def test_demo_fault_keys_pick_a_node_and_inject() -> None:
 async def test_without_demo_fault_keys_do_nothing() -> None:
     app, _ = make_app()
     async with running(app) as pilot:
-        await pilot.press("k")
-        await pilot.pause()
+        await pilot.press("k", "f", "x", "r", "M", "N")
+        # N ran, so the fault keys were handled before it: refused by check_action, not even
+        # run to say "only with --demo".
+        await until(pilot, lambda: sort_name_ran_or_a_screen_opened(app))
         assert isinstance(app.screen, DashboardScreen)
+        assert not app._notifications
 
 
 @pytest.mark.anyio
