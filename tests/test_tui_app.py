@@ -527,10 +527,16 @@ async def test_a_hole_in_the_events_asks_the_client_for_a_snapshot() -> None:
         client.push(EventUpdate(gone))
         await until(pilot, lambda: client.resyncs == 1)
         assert QWEN in shown_models(app)  # not applied on top of the hole
-        client.push(EventUpdate(gone))  # the same hole is asked about once
-        await pilot.pause(0.1)
+        # The same hole is asked about once. The connection's change after it shows when the
+        # app has taken the event in (in order, with the resync decided for it).
+        client.push(EventUpdate(gone), ConnectionUpdate("down", "cannot connect", 4))
+        await until(pilot, lambda: app.model.connection.mode == "down")
         assert client.resyncs == 1
-        client.push(cluster().snapshot(), EventUpdate(gone.model_copy(update={"idx": last + 1})))
+        client.push(
+            cluster().snapshot(),
+            ConnectionUpdate("live"),
+            EventUpdate(gone.model_copy(update={"idx": last + 1})),
+        )
         await until(pilot, lambda: QWEN not in shown_models(app))
         assert not app.model.needs_snapshot and client.resyncs == 1
 
