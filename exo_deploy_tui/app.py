@@ -330,8 +330,8 @@ class DashboardApp(App[None]):
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         dashboard = self.dashboard
         for spec in visible_actions(readonly=self.view.readonly, demo=self.view.demo):
-            if spec.action == "command_line":
-                continue
+            if not spec.command:
+                continue  # a key only (the command line itself, back)
             title = spec.command.capitalize() if spec.command else spec.help
             yield SystemCommand(
                 f"{title} ({spec.key})",

@@ -1,81 +1,244 @@
-"""Every dashboard action, once: its key, its ``:`` command, its help line.
+"""Every dashboard action, once: its key, its footer word, its help line, its ``:`` command,
+and whether read-only or demo mode decides for it.
 
-The help screen, the ``:`` command line and the command palette all read this table, so an
-action reachable by a key is reachable the two other ways too, and the help never drifts from
-the bindings. Parsing a command line is pure and returns the action's method name and
-arguments, or a message saying what was wrong.
+Everything else is made from this table: the dashboard's key bindings (and which show in the
+footer), its ``check_action`` (read-only refuses the mutating actions, and the demo's actions
+need --demo), the help screen, the command palette and the ``:`` command line. A command runs
+the action its key runs, with what was typed after it appended to the action's arguments, so
+``:sort name`` is ``N`` and ``:scale 3`` is ``s`` with the form filled in. Parsing a command
+line is pure and returns the action's method name and arguments, or a message saying what was
+wrong.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
+
+# What a command takes after its words, and how the help writes it.
+Arguments = Literal["none", "replicas", "text", "node", "node_seconds"]
+USAGE: Final[dict[Arguments, str]] = {
+    "none": "",
+    "replicas": "[N]",
+    "text": "[TEXT]",
+    "node": "[NODE]",
+    "node_seconds": "[NODE [SECONDS]]",
+}
+
+# Keys the help writes as the character typed, bound under Textual's name for it.
+_KEY_NAMES: Final = {"/": "slash", "?": "question_mark", ":": "colon", "esc": "escape"}
 
 
 @dataclass(frozen=True)
 class ActionSpec:
-    action: str  # the dashboard's ``action_<name>`` method
-    key: str  # as shown in help and the footer
-    command: str  # what to type after ":"
-    help: str
-    args: str = ""  # the command's arguments, for help
+    key: str  # as help and the palette write it; a capital is also bound as shift+letter
+    method: str  # the dashboard's ``action_<method>``
+    title: str  # the binding's description: the footer's word for it
+    help: str  # the help screen's line
+    params: tuple[str, ...] = ()  # the action's own arguments: ``sort('name')``
+    command: str = ""  # what to type after ":"; "" for a key only (not in the palette either)
+    aliases: tuple[str, ...] = ()  # other words for the command
+    arguments: Arguments = "none"  # what the command takes after its words
+    footer: bool = False  # shown in the footer
     mutating: bool = False  # hidden and refused with --readonly
-    demo_only: bool = False  # shown only with --demo
+    demo_only: bool = False  # hidden and refused without --demo
+
+    @property
+    def action(self) -> str:
+        """The Textual action the key runs: ``new``, ``sort('name')``."""
+        if not self.params:
+            return self.method
+        return f"{self.method}({', '.join(repr(p) for p in self.params)})"
+
+    @property
+    def binding_keys(self) -> str:
+        """The key as Textual names it, for a ``Binding``: ``slash``, ``S,shift+s``."""
+        if len(self.key) == 1 and self.key.isupper():
+            return f"{self.key},shift+{self.key.lower()}"
+        return _KEY_NAMES.get(self.key, self.key)
+
+    @property
+    def args(self) -> str:
+        """The command's arguments, for help."""
+        return USAGE[self.arguments]
 
 
 ACTIONS: Final[tuple[ActionSpec, ...]] = (
-    ActionSpec("new", "n", "new", "create a deployment (catalog)", mutating=True),
-    ActionSpec("delete", "ctrl+d", "delete", "delete the selected deployment", mutating=True),
-    ActionSpec("scale", "s", "scale", "set the selection's replicas", args="[N]", mutating=True),
     ActionSpec(
-        "delete_instance",
-        "ctrl+k",
-        "delete-instance",
-        "delete an instance (re-placed)",
+        "n",
+        "new",
+        "New",
+        "create a deployment (catalog)",
+        command="new",
+        aliases=("create",),
+        footer=True,
         mutating=True,
     ),
-    ActionSpec("describe", "enter", "describe", "why, history and raw JSON"),
-    ActionSpec("filter", "/", "filter", "rows with TEXT (esc clears)", args="[TEXT]"),
-    ActionSpec("sort('status')", "S", "sort status", "sort by status, broken first"),
-    ActionSpec("sort('name')", "N", "sort name", "sort by model name"),
-    ActionSpec("sort('age')", "A", "sort age", "sort by time in status"),
-    ActionSpec("broken", "ctrl+z", "broken", "only deployments not serving"),
-    ActionSpec("pause", "p", "pause", "freeze the screen, data flows"),
-    ActionSpec("show_tab('deployments')", "1", "deployments", "the deployments table"),
-    ActionSpec("show_tab('nodes')", "2", "nodes", "nodes: memory, links, runners"),
-    ActionSpec("show_tab('instances')", "3", "instances", "instances and their runners"),
-    ActionSpec("show_tab('timeline')", "4", "timeline", "what happened, in order"),
-    ActionSpec("command_line", ":", "", "type a command"),
-    ActionSpec("help", "?", "help", "this help"),
-    ActionSpec("quit", "q", "quit", "leave (also ctrl+c)"),
-    ActionSpec("fault('kill')", "k", "kill", "kill a node (demo)", args="[NODE]", demo_only=True),
     ActionSpec(
-        "fault('freeze')", "f", "freeze", "freeze a node (demo)", "[NODE [SECONDS]]", demo_only=True
+        "ctrl+d",
+        "delete",
+        "Delete",
+        "delete the selected deployment",
+        command="delete",
+        footer=True,
+        mutating=True,
     ),
     ActionSpec(
-        "fault('partition')",
+        "s",
+        "scale",
+        "Scale",
+        "set the selection's replicas",
+        command="scale",
+        arguments="replicas",
+        footer=True,
+        mutating=True,
+    ),
+    ActionSpec(
+        "ctrl+k",
+        "delete_instance",
+        "Del instance",
+        "delete an instance (re-placed)",
+        command="delete-instance",
+        mutating=True,
+    ),
+    ActionSpec(
+        "enter",
+        "describe",
+        "Describe",
+        "why, history and raw JSON",
+        command="describe",
+        footer=True,
+    ),
+    ActionSpec(
+        "/",
+        "filter",
+        "Filter",
+        "rows with TEXT (esc clears)",
+        command="filter",
+        arguments="text",
+        footer=True,
+    ),
+    ActionSpec(
+        "S",
+        "sort",
+        "Sort status",
+        "sort by status, broken first",
+        params=("status",),
+        command="sort status",
+    ),
+    ActionSpec(
+        "N", "sort", "Sort name", "sort by model name", params=("name",), command="sort name"
+    ),
+    ActionSpec(
+        "A", "sort", "Sort age", "sort by time in status", params=("age",), command="sort age"
+    ),
+    ActionSpec(
+        "ctrl+z", "broken", "Broken", "only deployments not serving", command="broken", footer=True
+    ),
+    ActionSpec(
+        "p", "pause", "Pause", "freeze the screen, data flows", command="pause", footer=True
+    ),
+    ActionSpec(
+        "1",
+        "show_tab",
+        "Deployments",
+        "the deployments table",
+        params=("deployments",),
+        command="deployments",
+    ),
+    ActionSpec(
+        "2",
+        "show_tab",
+        "Nodes",
+        "nodes: memory, links, runners",
+        params=("nodes",),
+        command="nodes",
+    ),
+    ActionSpec(
+        "3",
+        "show_tab",
+        "Instances",
+        "instances and their runners",
+        params=("instances",),
+        command="instances",
+    ),
+    ActionSpec(
+        "4",
+        "show_tab",
+        "Timeline",
+        "what happened, in order",
+        params=("timeline",),
+        command="timeline",
+    ),
+    ActionSpec(":", "command_line", "Command", "type a command"),
+    ActionSpec("?", "help", "Help", "this help", command="help", footer=True),
+    ActionSpec(
+        "q", "quit", "Quit", "leave (also ctrl+c)", command="quit", aliases=("q",), footer=True
+    ),
+    ActionSpec(
+        "k",
+        "fault",
+        "Kill node",
+        "kill a node (demo)",
+        params=("kill",),
+        command="kill",
+        arguments="node",
+        demo_only=True,
+    ),
+    ActionSpec(
+        "f",
+        "fault",
+        "Freeze node",
+        "freeze a node (demo)",
+        params=("freeze",),
+        command="freeze",
+        arguments="node_seconds",
+        demo_only=True,
+    ),
+    ActionSpec(
         "x",
-        "partition",
+        "fault",
+        "Partition node",
         "cut a node off (demo)",
-        "[NODE [SECONDS]]",
+        params=("partition",),
+        command="partition",
+        arguments="node_seconds",
         demo_only=True,
     ),
     ActionSpec(
-        "fault('kill_runner')",
         "r",
-        "killrunner",
+        "fault",
+        "Kill runner",
         "kill a runner (demo)",
-        "[NODE]",
+        params=("kill_runner",),
+        command="killrunner",
+        aliases=("kill-runner",),
+        arguments="node",
         demo_only=True,
     ),
     ActionSpec(
-        "restart_master", "M", "restart-master", "restart the master (demo)", demo_only=True
+        "M",
+        "restart_master",
+        "Restart master",
+        "restart the master (demo)",
+        command="restart-master",
+        demo_only=True,
     ),
+    ActionSpec("esc", "back", "Back", "back: close, unfilter, leave"),
 )
+
+# ``check_action`` is asked by method name: every entry of a method shares its rules.
+_MUTATING: Final = frozenset(a.method for a in ACTIONS if a.mutating)
+_DEMO_ONLY: Final = frozenset(a.method for a in ACTIONS if a.demo_only)
+
+
+def allowed(method: str, *, readonly: bool, demo: bool) -> bool:
+    """Whether the dashboard's ``action_<method>`` may run: for keys, ``:`` and the palette."""
+    return not (readonly and method in _MUTATING) and not (method in _DEMO_ONLY and not demo)
 
 
 def visible_actions(*, readonly: bool, demo: bool) -> list[ActionSpec]:
-    return [a for a in ACTIONS if not (readonly and a.mutating) and not (a.demo_only and not demo)]
+    return [a for a in ACTIONS if allowed(a.method, readonly=readonly, demo=demo)]
 
 
 @dataclass(frozen=True)
@@ -89,78 +252,65 @@ class ParseError:
     message: str
 
 
-_SORTS: Final = ("status", "name", "age")
-_FAULTS: Final = {
-    "kill": "kill",
-    "freeze": "freeze",
-    "partition": "partition",
-    "killrunner": "kill_runner",
-    "kill-runner": "kill_runner",
+# Each command's words (and each alias's), lower case, to its entry.
+_BY_WORDS: Final = {
+    tuple(name.split()): spec for spec in ACTIONS for name in (spec.command, *spec.aliases) if name
 }
-_SIMPLE: Final = {
-    "new": "new",
-    "create": "new",
-    "delete": "delete",
-    "describe": "describe",
-    "broken": "broken",
-    "pause": "pause",
-    "help": "help",
-    "quit": "quit",
-    "q": "quit",
-    "restart-master": "restart_master",
-    "delete-instance": "delete_instance",
-}
-_TABS: Final = ("deployments", "nodes", "instances", "timeline")
+_MOST_WORDS: Final = max(len(words) for words in _BY_WORDS)
 
 
 def parse_command(line: str, *, readonly: bool, demo: bool) -> Parsed | ParseError:
     words = line.strip().removeprefix(":").split()
     if not words:
         return ParseError("type a command, e.g. 'sort name' or 'help'")
-    head, rest = words[0].lower(), words[1:]
-    mutating = {"new", "delete", "scale", "delete_instance"}
-    if head in _SIMPLE:
-        method = _SIMPLE[head]
-        if readonly and method in mutating:
-            return ParseError(f"'{head}' is not available: the dashboard is read-only")
-        if method == "restart_master" and not demo:
-            return ParseError("'restart-master' works only with --demo")
-        if rest:
-            return ParseError(f"'{head}' takes no arguments")
-        return Parsed(method)
-    if head == "scale":
-        if readonly:
-            return ParseError("'scale' is not available: the dashboard is read-only")
-        if not rest:
-            return Parsed("scale")
+    lowered = tuple(w.lower() for w in words)
+    for count in range(min(_MOST_WORDS, len(words)), 0, -1):
+        spec = _BY_WORDS.get(lowered[:count])
+        if spec is not None:
+            break
+    else:
+        return _unknown(lowered[0])
+    name, rest = " ".join(lowered[:count]), words[count:]
+    if readonly and spec.mutating:
+        return ParseError(f"'{name}' is not available: the dashboard is read-only")
+    if spec.demo_only and not demo:
+        return ParseError(f"'{name}' works only with --demo")
+    args = _arguments(spec.arguments, name, rest)
+    if isinstance(args, ParseError):
+        return args
+    return Parsed(spec.method, spec.params + args)
+
+
+def _unknown(head: str) -> ParseError:
+    """A word no command is, or the first word of commands of more words (``sort``)."""
+    longer = [f"'{words}'" for spec in ACTIONS if (words := spec.command).split()[:1] == [head]]
+    if not longer:
+        return ParseError(f"unknown command '{head}' (type 'help' for the list)")
+    choices = ", ".join(longer[:-1]) + f" or {longer[-1]}" if len(longer) > 1 else longer[0]
+    return ParseError(f"{head} by what? {choices}")
+
+
+def _arguments(kind: Arguments, name: str, rest: list[str]) -> tuple[str | float, ...] | ParseError:
+    """What was typed after command ``name``, as the action's further arguments."""
+    if kind == "text":
+        return (" ".join(rest),)
+    if not rest:
+        return ()
+    if kind == "none":
+        return ParseError(f"'{name}' takes no arguments")
+    if kind == "replicas":
         if len(rest) > 1 or not rest[0].isdecimal():
-            return ParseError("usage: scale [N], N the replicas to keep")
-        return Parsed("scale", (int(rest[0]),))
-    if head in _TABS:
-        return Parsed("show_tab", (head,))
-    if head == "filter":
-        return Parsed("set_filter", (" ".join(rest),))
-    if head == "sort":
-        if len(rest) != 1 or rest[0].lower() not in _SORTS:
-            return ParseError("sort by what? 'sort status', 'sort name' or 'sort age'")
-        return Parsed("sort", (rest[0].lower(),))
-    if head in _FAULTS:
-        if not demo:
-            return ParseError(f"'{head}' works only with --demo")
-        kind = _FAULTS[head]
-        if not rest:
-            return Parsed("fault", (kind,))
-        if len(rest) > 2 or (len(rest) == 2 and kind not in ("freeze", "partition")):
-            return ParseError(
-                f"usage: {head} NODE" + (" [SECONDS]" if kind in ("freeze", "partition") else "")
-            )
-        if len(rest) == 2:
-            try:
-                seconds = float(rest[1])
-            except ValueError:
-                return ParseError(f"'{rest[1]}' is not a number of seconds")
-            if not 0 < seconds <= 3600:
-                return ParseError("seconds must be between 0 and 3600")
-            return Parsed("fault", (kind, rest[0], seconds))
-        return Parsed("fault", (kind, rest[0]))
-    return ParseError(f"unknown command '{head}' (type 'help' for the list)")
+            return ParseError(f"usage: {name} [N], N the replicas to keep")
+        return (int(rest[0]),)
+    with_seconds = kind == "node_seconds"
+    if len(rest) > (2 if with_seconds else 1):
+        return ParseError(f"usage: {name} NODE" + (" [SECONDS]" if with_seconds else ""))
+    if len(rest) == 1:
+        return (rest[0],)
+    try:
+        seconds = float(rest[1])
+    except ValueError:
+        return ParseError(f"'{rest[1]}' is not a number of seconds")
+    if not 0 < seconds <= 3600:
+        return ParseError("seconds must be between 0 and 3600")
+    return (rest[0], seconds)

@@ -16,15 +16,16 @@ from typing import Any, TypeVar
 import pytest
 from textual.pilot import Pilot
 from textual.screen import Screen
-from textual.widgets import Button, Input, OptionList
+from textual.widgets import Button, Input, OptionList, Static
 
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import ApiError
+from exo_deploy_tui.commands import ACTIONS, visible_actions
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.describe import DescribeScreen
-from exo_deploy_tui.screens.help import HelpScreen
+from exo_deploy_tui.screens.help import KEY_COLUMN, KEY_WIDTH, HelpScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
@@ -135,6 +136,18 @@ def shown_models(app: DashboardApp) -> list[str]:
 
 def selected(app: DashboardApp) -> str | None:
     return app.dashboard.query_one(DeploymentsTable).selected_key
+
+
+def sort_name_ran_or_a_screen_opened(app: DashboardApp) -> bool:
+    """After keys and then N: whether N sorted by name on the dashboard (so the keys before it
+    were handled), or a screen opened that took N instead."""
+    return app.dashboard.sort_key == "name" or not isinstance(app.screen, DashboardScreen)
+
+
+async def until_notified(pilot: Pilot[None], *words: str) -> None:
+    """Wait until, for each of ``words``, a notification holds them."""
+    app = pilot.app
+    await until(pilot, lambda: all(any(w in n.message for n in app._notifications) for w in words))
 
 
 @asynccontextmanager
@@ -417,14 +430,19 @@ async def test_the_timeline_panel_wraps_long_lines_at_its_own_width() -> None:
 async def test_readonly_hides_and_blocks_create_and_delete() -> None:
     app, client = make_app(readonly=True)
     async with running(app) as pilot:
-        await pilot.press("n", "ctrl+d")
-        await pilot.pause()
+        await pilot.press("n", "ctrl+d", "N")
+        # N ran, so n and ctrl+d were handled before it (or one opened a screen N went to).
+        await until(pilot, lambda: sort_name_ran_or_a_screen_opened(app))
         assert isinstance(app.screen, DashboardScreen)
         shown_keys = {b.binding.key for b in app.active_bindings.values() if b.binding.show}
         assert "n" not in shown_keys and "ctrl+d" not in shown_keys
         app.dashboard.run_command("new")
         app.dashboard.run_command("delete")
-        await pilot.pause()
+        await until_notified(
+            pilot,
+            "'new' is not available: the dashboard is read-only",
+            "'delete' is not available: the dashboard is read-only",
+        )
         assert isinstance(app.screen, DashboardScreen)
         assert client.created == [] and client.deleted == []
         assert "read-only" in str(app.dashboard.query_one(HeaderBar).render())
@@ -436,11 +454,11 @@ async def test_readonly_blocks_create_and_delete_typed_as_commands_and_from_the_
     async with running(app) as pilot:
         for command in ("new", "delete"):
             await pilot.press("colon", *command, "enter")
-            await pilot.pause()
+            await until_notified(pilot, f"'{command}' is not available: the dashboard is read-only")
             assert isinstance(app.screen, DashboardScreen)
-            # The palette's way in: App.run_action, refused by the screen's check_action.
+            # The palette's way in: App.run_action, refused by the screen's check_action (it
+            # answers whether the action ran: a screen it opened would be on top already).
             assert await app.run_action(command, app.dashboard) is False
-            await pilot.pause()
             assert isinstance(app.screen, DashboardScreen)
         assert client.created == [] and client.deleted == []
 
@@ -464,6 +482,40 @@ async def test_the_command_line_is_refused_what_check_action_refuses(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(("readonly", "demo"), [(False, True), (True, False), (True, True)])
+async def test_every_key_of_the_table_runs_its_action_unless_the_mode_refuses_it(
+    readonly: bool, demo: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each key of the table, pressed on the dashboard, calls the action the table gives it
+    with the table's arguments; read-only refuses exactly the mutating ones, and without --demo
+    the demo's. (The actions only record that they were called.)"""
+    app, _ = make_app(readonly=readonly, faults=Faults() if demo else None)
+    calls: list[tuple[str, tuple[object, ...]]] = []
+
+    def recorder(method: str) -> Callable[[object, object, object], None]:
+        # Textual passes an action as many of its arguments as the method takes: three at most.
+        def record(a: object = None, b: object = None, c: object = None) -> None:
+            calls.append((method, tuple(arg for arg in (a, b, c) if arg is not None)))
+
+        return record
+
+    keys = [(key, spec) for spec in ACTIONS for key in spec.binding_keys.split(",")]
+    assert keys[-1][1].method == "back"  # never refused: once it ran, every key was handled
+    async with running(app) as pilot:
+        for method in {spec.method for spec in ACTIONS}:
+            monkeypatch.setattr(app.dashboard, f"action_{method}", recorder(method))
+        await pilot.press(*(key for key, _ in keys))
+        await until(pilot, lambda: ("back", ()) in calls)
+        expected = [
+            (spec.method, spec.params)
+            for _, spec in keys
+            if not (readonly and spec.mutating) and not (spec.demo_only and not demo)
+        ]
+        assert sorted(calls) == sorted(expected)
+        assert isinstance(app.screen, DashboardScreen)
+
+
+@pytest.mark.anyio
 async def test_a_hole_in_the_events_asks_the_client_for_a_snapshot() -> None:
     builder = cluster()
     app, client = make_app(builder)
@@ -475,10 +527,16 @@ async def test_a_hole_in_the_events_asks_the_client_for_a_snapshot() -> None:
         client.push(EventUpdate(gone))
         await until(pilot, lambda: client.resyncs == 1)
         assert QWEN in shown_models(app)  # not applied on top of the hole
-        client.push(EventUpdate(gone))  # the same hole is asked about once
-        await pilot.pause(0.1)
+        # The same hole is asked about once. The connection's change after it shows when the
+        # app has taken the event in (in order, with the resync decided for it).
+        client.push(EventUpdate(gone), ConnectionUpdate("down", "cannot connect", 4))
+        await until(pilot, lambda: app.model.connection.mode == "down")
         assert client.resyncs == 1
-        client.push(cluster().snapshot(), EventUpdate(gone.model_copy(update={"idx": last + 1})))
+        client.push(
+            cluster().snapshot(),
+            ConnectionUpdate("live"),
+            EventUpdate(gone.model_copy(update={"idx": last + 1})),
+        )
         await until(pilot, lambda: QWEN not in shown_models(app))
         assert not app.model.needs_snapshot and client.resyncs == 1
 
@@ -580,11 +638,42 @@ async def test_countdowns_tick_without_refetching() -> None:
 
 
 @pytest.mark.anyio
-async def test_help_lists_keys() -> None:
-    app, _ = make_app()
+@pytest.mark.parametrize(("readonly", "demo"), [(False, False), (True, False), (False, True)])
+async def test_help_lists_keys(readonly: bool, demo: bool) -> None:
+    """The help on screen lists the table's keys with their lines and the commands, those that
+    read-only and demo mode allow, in the table's order (down the left column, then the right)."""
+    app, _ = make_app(readonly=readonly, faults=Faults() if demo else None)
     async with running(app) as pilot:
-        await press_to(pilot, "question_mark", screen=HelpScreen)
+        help_screen = await press_to(pilot, "question_mark", screen=HelpScreen)
+        shown = str(help_screen.query_one("#dialog Static", Static).render())
+        keys, commands = read_help(shown)
+        offered = visible_actions(readonly=readonly, demo=demo)
+        assert keys == [(spec.key, spec.help) for spec in offered] + [
+            ("ctrl+p", "palette: every action by name")
+        ]
+        assert commands == [f":{s.command} {s.args}".rstrip() for s in offered if s.command]
+        refused = [spec for spec in ACTIONS if spec not in offered]
+        assert bool(refused) == (readonly or not demo)
+        assert not {spec.key for spec in refused} & {key for key, _ in keys}
         await press_to(pilot, "escape", screen=DashboardScreen)
+
+
+def read_help(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """The keys the help shows, each with its line, in order (its two columns one after the
+    other), and its ``:`` commands."""
+    key_block, _, rest = text.partition("\n\n")
+    rows = key_block.splitlines()
+    columns = [[row[:KEY_COLUMN] for row in rows], [row[KEY_COLUMN + 1 :] for row in rows]]
+    keys = [
+        (entry[:KEY_WIDTH].strip(), entry[KEY_WIDTH + 1 :].strip())
+        for column in columns
+        for entry in column
+        if entry.strip()
+    ]
+    commands = rest.removeprefix("Commands").partition("\nStatus")[0]
+    return keys, [
+        c.strip() for line in commands.splitlines() for c in line.split("  ") if c.strip()
+    ]
 
 
 @pytest.mark.anyio
@@ -609,9 +698,12 @@ async def test_demo_fault_keys_pick_a_node_and_inject() -> None:
 async def test_without_demo_fault_keys_do_nothing() -> None:
     app, _ = make_app()
     async with running(app) as pilot:
-        await pilot.press("k")
-        await pilot.pause()
+        await pilot.press("k", "f", "x", "r", "M", "N")
+        # N ran, so the fault keys were handled before it: refused by check_action, not even
+        # run to say "only with --demo".
+        await until(pilot, lambda: sort_name_ran_or_a_screen_opened(app))
         assert isinstance(app.screen, DashboardScreen)
+        assert not app._notifications
 
 
 @pytest.mark.anyio

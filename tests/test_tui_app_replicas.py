@@ -25,6 +25,7 @@ from tests.test_tui_app import (
     open_create_form,
     press_to,
     until,
+    until_notified,
 )
 from tests.test_tui_app import running as running_app
 from tests.test_tui_replicas import three_nodes
@@ -168,21 +169,28 @@ async def test_readonly_hides_and_refuses_scale_and_instance_deletion() -> None:
     async with running(app) as pilot:
         shown = {b.binding.key for b in app.active_bindings.values() if b.binding.show}
         assert "s" not in shown
-        await pilot.press("s")
+        await pilot.press("s")  # had it opened the form, the 3 below would not reach the tabs
         await select_failed_replica(pilot, app)
-        await pilot.press("ctrl+k")
-        await pilot.pause()
+        await pilot.press("ctrl+k", "1")
+        # 1 went back to the deployments, so ctrl+k was handled before it.
+        await until(
+            pilot,
+            lambda: (
+                app.dashboard.active_tab == "deployments"
+                or not isinstance(app.screen, DashboardScreen)
+            ),
+        )
         assert isinstance(app.screen, DashboardScreen)
         keys = {b.binding.key for b in app.active_bindings.values()}
         assert "s" not in keys and "ctrl+k" not in keys  # check_action hides them
-        for command in ("scale 3", "delete-instance"):
+        for command, name in (("scale 3", "scale"), ("delete-instance", "delete-instance")):
             await pilot.press("colon", *command, "enter")
-            await pilot.pause()
+            await until_notified(pilot, f"'{name}' is not available: the dashboard is read-only")
             assert isinstance(app.screen, DashboardScreen)
         for action in ("scale", "delete_instance"):
-            # The palette's way in: App.run_action, refused by the screen's check_action.
+            # The palette's way in: App.run_action, refused by the screen's check_action (it
+            # answers whether the action ran: a screen it opened would be on top already).
             assert await app.run_action(action, app.dashboard) is False
-        await pilot.pause()
         assert isinstance(app.screen, DashboardScreen)
         assert client.scaled == [] and client.deleted_instances == []
         titles = [c.title for c in app.get_system_commands(app.screen)]

@@ -1,10 +1,12 @@
-"""The dashboard's pure parts: command line, form rules, cell text, URL checks."""
+"""The dashboard's pure parts: its key table, command line, form rules, cell text, URL checks."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
+from textual.binding import Binding
 
 from exo_deploy_tui.cells import (
     deployment_cells,
@@ -16,11 +18,20 @@ from exo_deploy_tui.cells import (
     node_columns,
 )
 from exo_deploy_tui.cli import check_url, main
-from exo_deploy_tui.commands import ACTIONS, Parsed, ParseError, parse_command, visible_actions
+from exo_deploy_tui.commands import (
+    ACTIONS,
+    Arguments,
+    Parsed,
+    ParseError,
+    allowed,
+    parse_command,
+    visible_actions,
+)
 from exo_deploy_tui.failure_log import failure_log_path, record_failure
 from exo_deploy_tui.format import duration, precise_duration, short_id, short_model
 from exo_deploy_tui.forms import fit_hint, search_models, validate_create
 from exo_deploy_tui.model import ClusterModel, Connection, DeploymentRow, Summary
+from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.help import HELP_WIDTH, help_text
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
 from keeper.model.api_models import CreateDeploymentRequest, ModelListEntry, model_entry
@@ -44,8 +55,8 @@ DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
     [
         ("sort name", Parsed("sort", ("name",))),
         (":sort AGE", Parsed("sort", ("age",))),
-        ("filter qwen 30b", Parsed("set_filter", ("qwen 30b",))),
-        ("filter", Parsed("set_filter", ("",))),
+        ("filter qwen 30b", Parsed("filter", ("qwen 30b",))),
+        ("filter", Parsed("filter", ("",))),  # clears it
         ("nodes", Parsed("show_tab", ("nodes",))),
         ("new", Parsed("new")),
         ("q", Parsed("quit")),
@@ -83,12 +94,79 @@ def test_bad_commands_say_what_is_wrong(
     assert message in parsed.message
 
 
-def test_every_keyed_action_has_a_command_or_is_the_command_line() -> None:
+# --- the dashboard's keys: one table ------------------------------------------------------------
+
+# Per kind of command argument, the most a command takes: as typed, and as the action gets it.
+MOST_ARGUMENTS: dict[Arguments, tuple[str, tuple[str | float, ...]]] = {
+    "none": ("", ()),
+    "replicas": ("3", (3,)),
+    "text": ("qwen 30b", ("qwen 30b",)),
+    "node": ("studio", ("studio",)),
+    "node_seconds": ("studio 5", ("studio", 5.0)),
+}
+MODES = [(False, False), (True, False), (False, True), (True, True)]  # (readonly, demo)
+
+
+def test_every_dashboard_binding_is_an_entry_of_the_table() -> None:
+    bound = list(Binding.make_bindings(DashboardScreen.BINDINGS))  # one per key
+    table = {key: spec for spec in ACTIONS for key in spec.binding_keys.split(",")}
+    assert len(table) == sum(len(s.binding_keys.split(",")) for s in ACTIONS)  # no key twice
+    assert sorted(b.key for b in bound) == sorted(table)
+    for binding in bound:
+        spec = table[binding.key]
+        assert (binding.action, binding.description, binding.show) == (
+            spec.action,
+            spec.title,
+            spec.footer,
+        )
+    # The footer lists its keys in the table's order.
+    assert [b.key for b in bound if b.show] == [
+        key for spec in ACTIONS if spec.footer for key in spec.binding_keys.split(",")
+    ]
+
+
+def test_every_entry_is_a_dashboard_action_that_takes_what_its_command_adds() -> None:
+    defined = {n.removeprefix("action_") for n in vars(DashboardScreen) if n.startswith("action_")}
+    assert defined == {spec.method for spec in ACTIONS}
     for spec in ACTIONS:
-        if spec.action == "command_line":
+        method = getattr(DashboardScreen, f"action_{spec.method}")
+        inspect.signature(method).bind(None, *spec.params)  # as its key calls it
+        if not spec.command:
+            assert spec.method in ("command_line", "back"), spec  # keys only
             continue
-        assert spec.command, spec
-        assert not isinstance(parse_command(spec.command, readonly=False, demo=True), ParseError)
+        typed, parsed = MOST_ARGUMENTS[spec.arguments]
+        for name in (spec.command, *spec.aliases):
+            line = f"{name} {typed}"
+            assert parse_command(line, readonly=False, demo=True) == Parsed(
+                spec.method, spec.params + parsed
+            ), line
+        inspect.signature(method).bind(None, *spec.params, *parsed)  # as its command calls it
+
+
+def test_the_actions_that_change_the_cluster_are_the_mutating_ones() -> None:
+    # A new action that changes the cluster (or the app) must be marked so in the table.
+    assert {s.method for s in ACTIONS if s.mutating} == {
+        "new",
+        "delete",
+        "scale",
+        "delete_instance",
+    }
+    assert {s.method for s in ACTIONS if s.demo_only} == {"fault", "restart_master"}
+
+
+@pytest.mark.parametrize(("readonly", "demo"), MODES)
+def test_readonly_refuses_exactly_the_mutating_entries_and_demo_the_demos(
+    readonly: bool, demo: bool
+) -> None:
+    offered = visible_actions(readonly=readonly, demo=demo)
+    for spec in ACTIONS:
+        refused = (readonly and spec.mutating) or (spec.demo_only and not demo)
+        # check_action decides by method name: for keys, ``:`` and the palette alike.
+        assert allowed(spec.method, readonly=readonly, demo=demo) is not refused, spec
+        assert (spec in offered) is not refused, spec  # help and palette
+        if spec.command:
+            parsed = parse_command(spec.command, readonly=readonly, demo=demo)
+            assert isinstance(parsed, ParseError) is refused, spec
 
 
 def test_readonly_and_demo_decide_what_is_offered() -> None:

@@ -174,4 +174,4 @@ def test_sighup_ends_the_dashboard() -> None:
 def test_a_vanished_terminal_ends_the_dashboard() -> None:
     process, primary = _spawn_in_a_pty()
     os.close(primary)  # the SSH session is gone: reads now fail or return nothing
-    _exits(process, None)
+    assert _exits(process, None) == 0  # as if q was pressed: a clean exit, not a crash

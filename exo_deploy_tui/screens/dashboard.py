@@ -1,14 +1,15 @@
 """The main screen: deployments first, with nodes, instances and the timeline beside them.
 
 At 80x24 one panel shows at a time (tabs 1-4, the deployments table by default) with the
-selected deployment's details under it; from 120x36 all four show at once. Every key here is an
-action also listed in ``exo_deploy_tui.commands``, so ``:`` and the command palette reach it.
+selected deployment's details under it; from 120x36 all four show at once. The keys, and which
+actions read-only and demo mode allow, are made from the table in ``exo_deploy_tui.commands``,
+which the help, ``:`` and the command palette read too.
 The screen keeps its own view state (tab, sort, filter, selection); the data is the app's
 model, read through the ``ClusterSource`` it was given, and the app's view state (paused,
 read-only, demo) arrives in ``view``, bound to the app's. Whatever changes the cluster or the
 app is asked for with a message (``screens.contract``); the screen never imports the app.
 
-About 450 lines because it is the one screen with the four panels, their key bindings and their
+About 430 lines because it is the one screen with the four panels, their actions and their
 shared view state (tab, sort, filter, selection); the panels' drawing is in ``widgets``.
 """
 
@@ -24,7 +25,7 @@ from textual.reactive import var
 from textual.widgets import Footer, Input
 
 from exo_deploy_tui.cells import no_deployments_api
-from exo_deploy_tui.commands import ParseError, parse_command, visible_actions
+from exo_deploy_tui.commands import ACTIONS, ParseError, allowed, parse_command, visible_actions
 from exo_deploy_tui.model import DeploymentRow, SortKey, sort_rows
 from exo_deploy_tui.screens.confirm import (
     ConfirmDeleteScreen,
@@ -60,36 +61,11 @@ from exo_deploy_tui.widgets.table import KeyedTable
 WIDE_MIN_WIDTH = 120
 WIDE_MIN_HEIGHT = 36
 
-_MUTATING = frozenset({"new", "delete", "scale", "delete_instance"})
-_DEMO_ONLY = frozenset({"fault", "restart_master"})
-
 
 class DashboardScreen(ModelScreen):
+    # Made from the table in ``exo_deploy_tui.commands``, in its order (the footer's).
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("n", "new", "New"),
-        Binding("ctrl+d", "delete", "Delete"),
-        Binding("s", "scale", "Scale"),
-        Binding("ctrl+k", "delete_instance", "Del instance", show=False),
-        Binding("enter", "describe", "Describe", key_display="⏎"),
-        Binding("slash", "filter", "Filter", key_display="/"),
-        Binding("ctrl+z", "broken", "Broken"),
-        Binding("p", "pause", "Pause"),
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("q", "quit", "Quit"),
-        Binding("escape", "back", "Back", show=False),
-        Binding("S,shift+s", "sort('status')", "Sort status", show=False),
-        Binding("N,shift+n", "sort('name')", "Sort name", show=False),
-        Binding("A,shift+a", "sort('age')", "Sort age", show=False),
-        Binding("1", "show_tab('deployments')", "Deployments", show=False),
-        Binding("2", "show_tab('nodes')", "Nodes", show=False),
-        Binding("3", "show_tab('instances')", "Instances", show=False),
-        Binding("4", "show_tab('timeline')", "Timeline", show=False),
-        Binding("colon", "command_line", "Command", show=False, key_display=":"),
-        Binding("k", "fault('kill')", "Kill node", show=False),
-        Binding("f", "fault('freeze')", "Freeze node", show=False),
-        Binding("x", "fault('partition')", "Partition node", show=False),
-        Binding("r", "fault('kill_runner')", "Kill runner", show=False),
-        Binding("M,shift+m", "restart_master", "Restart master", show=False),
+        Binding(spec.binding_keys, spec.action, spec.title, show=spec.footer) for spec in ACTIONS
     ]
 
     # The app's view state, bound to the app's own (``data_bind``): read here, changed there.
@@ -233,14 +209,13 @@ class DashboardScreen(ModelScreen):
     # -- permissions ------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in _MUTATING and self.view.readonly:
-            return False
-        return not (action in _DEMO_ONLY and not self.view.demo)
+        return allowed(action, readonly=self.view.readonly, demo=self.view.demo)
 
     # -- actions ----------------------------------------------------------------------------------
 
-    # Create and delete are refused with --readonly by ``check_action``, which Textual applies
-    # to keys, and the command line and the palette apply through ``App.run_action``.
+    # What read-only and demo mode refuse, ``check_action`` refuses (the table says which):
+    # Textual asks it for keys, and the command line and the palette go through
+    # ``App.run_action``, which asks it too.
 
     def action_new(self) -> None:
         if self._refuse_without_api():
@@ -305,14 +280,18 @@ class DashboardScreen(ModelScreen):
             )
         )
 
-    def action_filter(self) -> None:
+    def action_filter(self, text: str | None = None) -> None:
+        """Open the filter box (the key), or filter by ``text`` (``:filter``; "" clears)."""
+        if text is not None:
+            self.set_filter(text)
+            return
         self.show_tab("deployments")
         box = self.query_one("#filter", Input)
         box.display = True
         box.value = self.filter_text
         box.focus()
 
-    def action_set_filter(self, text: str) -> None:
+    def set_filter(self, text: str) -> None:
         self.filter_text = text.strip()
         box = self.query_one("#filter", Input)
         box.display = bool(self.filter_text)
@@ -398,7 +377,7 @@ class DashboardScreen(ModelScreen):
         if command.display:
             command.display = False
         elif filter_box.display or self.filter_text:
-            self.action_set_filter("")
+            self.set_filter("")
         elif self.broken_only:
             self.action_broken()
         elif self.active_tab != "deployments":

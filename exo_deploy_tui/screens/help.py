@@ -27,10 +27,7 @@ KEY_COLUMN = (HELP_WIDTH - 1) // 2
 KEY_WIDTH = 6
 
 # Keys the table does not hold: Textual's own, the same on every screen.
-_BUILTIN_KEYS = (
-    ("esc", "back: close, unfilter, leave"),
-    ("ctrl+p", "palette: every action by name"),
-)
+_BUILTIN_KEYS = (("ctrl+p", "palette: every action by name"),)
 
 
 def _entry(key: str, words: str) -> Text:
