@@ -219,6 +219,38 @@ BAD_INPUTS = [
         {"model_id": QWEN, "replicas": 17},
     ),
     Bad(
+        "standby over 4",
+        "POST",
+        "/deployments",
+        422,
+        ("standby: Input should be less than or equal to 4",),
+        {"model_id": QWEN, "standby": 5},
+    ),
+    Bad(
+        "standby negative",
+        "POST",
+        "/deployments",
+        422,
+        ("standby: Input should be greater than or equal to 0",),
+        {"model_id": QWEN, "standby": -1},
+    ),
+    Bad(
+        "standby not a number",
+        "POST",
+        "/deployments",
+        422,
+        ("standby: Input should be a valid integer",),
+        {"model_id": QWEN, "standby": "1"},
+    ),
+    Bad(
+        "patch standby over 4",
+        "PATCH",
+        EXISTING,
+        422,
+        ("standby: Input should be less than or equal to 4",),
+        {"standby": 9},
+    ),
+    Bad(
         "replicas zero",
         "POST",
         "/deployments",
@@ -311,7 +343,7 @@ BAD_INPUTS = [
         ("replicas", "integer"),
         {"replicas": True},
     ),
-    Bad("scale without replicas", "PATCH", EXISTING, 422, ("replicas: Field required",), {}),
+    Bad("scale without replicas", "PATCH", EXISTING, 422, ("give replicas, standby or both",), {}),
     Bad(
         "scale with an extra key",
         "PATCH",
@@ -915,4 +947,30 @@ async def test_patch_scales_a_deployment_durably_and_the_same_count_is_a_no_op()
             listed = DeploymentsResponse.model_validate((await client.get("/deployments")).json())
             (view,) = listed.deployments
             assert view.replicas == 1
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_standby_is_set_on_create_and_by_patch_and_listed() -> None:
+    master = Master(None, config=MasterConfig(startup_grace_s=0, keeper_interval_s=0.05))
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        async with api_client(master) as client:
+            created = await client.post("/deployments", json={"model_id": QWEN, "standby": 0})
+            assert created.status_code == 200, created.text
+            deployment_id = created.json()["deployment_id"]
+            assert master.state.deployments[deployment_id].standby == 0
+            listed = DeploymentsResponse.model_validate((await client.get("/deployments")).json())
+            assert listed.deployments[0].staging is None  # no standby, nothing to say
+
+            changed = await client.patch(f"/deployments/{deployment_id}", json={"standby": 2})
+            assert changed.status_code == 200, changed.text
+            assert "keeps 2 standby set(s), was 0" in changed.json()["message"]
+            assert master.state.deployments[deployment_id].standby == 2
+            again = await client.patch(f"/deployments/{deployment_id}", json={"standby": 2})
+            assert "already keeps 2 standby" in again.json()["message"]
+            listed = DeploymentsResponse.model_validate((await client.get("/deployments")).json())
+            (view,) = listed.deployments
+            assert view.deployment.standby == 2 and view.staged == []
+            assert view.staging is not None and view.staging.startswith("standby")
         group.cancel_scope.cancel()

@@ -103,7 +103,7 @@ async def test_bad_requests_get_clear_4xx_answers_in_exo_s_error_shape() -> None
             ({"replicas": 17}, 422, "replicas: Input should be less than or equal to 16"),
             ({"replicas": 2.5}, 422, "replicas"),
             ({"replicas": "2"}, 422, "replicas"),
-            ({}, 422, "replicas: Field required"),
+            ({}, 422, "give replicas, standby or both"),
             ({"replicas": 2, "colour": 1}, 422, "colour: Extra inputs are not permitted"),
         ]:
             assert_error(await api.patch(scale, json=body), status, fragment)

@@ -147,6 +147,26 @@ def test_deploy_with_replicas_then_scale(
     assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
 
 
+def test_deploy_with_standby_and_its_refusal(
+    master_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = "mlx-community/Llama-3.2-3B-Instruct-4bit"
+    code, out, err = run_cli(capsys, "deploy", model, "--standby", "5", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "standby: Input should be less than or equal to 4" in err
+    code, out, err = run_cli(capsys, "deploy", model, "--standby", "2", "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    deployment_id = out.strip().rsplit(" ", 1)[1]
+    code, out, _ = run_cli(capsys, "list", "--url", master_url, "--json")
+    (view,) = [
+        v
+        for v in json.loads(out)["deployments"]
+        if v["deployment"]["deploymentId"] == deployment_id
+    ]
+    assert view["deployment"]["standby"] == 2
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
+
+
 def test_history_prints_the_figures_and_refusals_exit_1(
     master_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

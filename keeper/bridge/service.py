@@ -93,6 +93,8 @@ from keeper.runtime.deployments import (
     new_deployment,
     scale_events,
     scaled_response,
+    standby_events,
+    standby_response,
 )
 from keeper.runtime.event_log import FileOps
 from keeper.runtime.event_store import EventStore, LogNotWritableError
@@ -341,11 +343,18 @@ class Bridge:
         instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
         replicas: int = 1,
+        standby: int = 1,
     ) -> CommandResponse:
         card = await self._cards.deployment_card(model_id)
         async with self._lock:
             deployment = new_deployment(
-                self._own.deployments, card, sharding, instance_meta, min_nodes, replicas=replicas
+                self._own.deployments,
+                card,
+                sharding,
+                instance_meta,
+                min_nodes,
+                replicas=replicas,
+                standby=standby,
             )
             self._record([DeploymentCreated(deployment=deployment)])
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)
@@ -368,6 +377,14 @@ class Bridge:
             # State, and not while the caller waits (exo may hold commands for seconds).
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment)
+
+    async def set_standby(self, deployment_id: str, standby: int) -> CommandResponse:
+        """Keep ``standby`` node sets with the deployment's model downloaded, in the bridge's
+        log; the keeper's next staging acts on it."""
+        async with self._lock:
+            deployment = existing_deployment(self._own.deployments, deployment_id)
+            self._record(standby_events(deployment, standby))
+        return standby_response(deployment, standby)
 
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
         """Keep ``replicas`` instances of the deployment's model: DeploymentScaled in the

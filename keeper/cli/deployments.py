@@ -153,6 +153,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         instance_meta=InstanceMeta(args.instance_meta),
         min_nodes=args.min_nodes,
         replicas=args.replicas,
+        standby=args.standby,
     )
     _print_answer(args, _call(args, lambda client: client.create(request)))
     return EXIT_OK
@@ -254,6 +255,13 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
         type=positive_int,
         default=1,
         help="keep N instances of the model, each on nodes apart (1-16, default 1)",
+    )
+    deploy.add_argument(
+        "--standby",
+        type=int,
+        default=1,
+        help="keep the model downloaded on N more node sets, where it would fail over to "
+        "(0-4, default 1)",
     )
     _client_options(deploy)
     deploy.set_defaults(handler=cmd_deploy)

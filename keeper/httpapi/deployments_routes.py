@@ -39,11 +39,14 @@ class DeploymentsService(Protocol):
         instance_meta: InstanceMeta,
         min_nodes: int,
         replicas: int,
+        standby: int = 1,
     ) -> CommandResponse: ...
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
 
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse: ...
+
+    async def set_standby(self, deployment_id: str, standby: int) -> CommandResponse: ...
 
     def deployments_json(self) -> bytes:
         """The ``GET /deployments`` body (a ``DeploymentsResponse``)."""
@@ -77,6 +80,7 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
                 request.instance_meta,
                 request.min_nodes,
                 request.replicas,
+                request.standby,
             )
         )
 
@@ -117,7 +121,13 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
         },
     )
     async def scale_deployment(deployment_id: str, request: ScaleDeploymentRequest) -> Response:
-        return command_json(await service.scale_deployment(deployment_id, request.replicas))
+        answer: CommandResponse | None = None
+        if request.standby is not None:
+            answer = await service.set_standby(deployment_id, request.standby)
+        if request.replicas is not None:
+            answer = await service.scale_deployment(deployment_id, request.replicas)
+        assert answer is not None  # the request holds one at least
+        return command_json(answer)
 
     @router.delete(
         "/deployments/{deployment_id}",

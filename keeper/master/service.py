@@ -100,6 +100,8 @@ from keeper.runtime.deployments import (
     scale_events,
     scaled_response,
     shown,
+    standby_events,
+    standby_response,
 )
 from keeper.runtime.event_log import FileOps, Recovery
 from keeper.runtime.event_store import EventStore
@@ -312,6 +314,7 @@ class Master:
         instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
         replicas: int = 1,
+        standby: int = 1,
     ) -> CommandResponse:
         card = self._card(model_id)
         async with self._lock:
@@ -322,6 +325,7 @@ class Master:
                 instance_meta,
                 min_nodes,
                 replicas=replicas,
+                standby=standby,
                 new_id=self.new_id,
             )
             await self._emit_and_wait([DeploymentCreated(deployment=deployment)])
@@ -354,6 +358,14 @@ class Master:
             replicas,
         )
         return scaled_response(deployment, replicas, self.new_id)
+
+    async def set_standby(self, deployment_id: str, standby: int) -> CommandResponse:
+        """Keep ``standby`` node sets with the deployment's model downloaded (docs/design.md
+        §5.12); answered once the change is durable."""
+        async with self._lock:
+            deployment = existing_deployment(self.state.deployments, deployment_id)
+            await self._emit_and_wait(standby_events(deployment, standby))
+        return standby_response(deployment, standby, self.new_id)
 
     async def place_instance(
         self,

@@ -14,10 +14,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from keeper.model.state import (
     MAX_REPLICAS,
+    MAX_STANDBY,
     Deployment,
     InstanceMeta,
     ModelCard,
@@ -63,13 +74,63 @@ class CreateDeploymentRequest(ApiModel):
     min_nodes: WholeNumber = Field(default=1, ge=1, le=MAX_MIN_NODES)
     # How many instances of the model to keep, each on nodes apart (docs/design.md §5.11).
     replicas: WholeNumber = Field(default=1, ge=1, le=MAX_REPLICAS)
+    # Standby node sets that keep the model downloaded for a failover (docs/design.md §5.12).
+    standby: WholeNumber = Field(default=1, ge=0, le=MAX_STANDBY)
+
+
+def _optional_count(low: int, high: int) -> dict[str, Any]:
+    return {"anyOf": [{"type": "integer", "minimum": low, "maximum": high}, {"type": "null"}]}
+
+
+def _within(value: int | None, low: int, high: int) -> int | None:
+    """``value`` if it is None or within the bounds; refused in pydantic's own words else."""
+    if value is not None and value < low:
+        raise PydanticCustomError(
+            "greater_than_equal", "Input should be greater than or equal to {ge}", {"ge": low}
+        )
+    if value is not None and value > high:
+        raise PydanticCustomError(
+            "less_than_equal", "Input should be less than or equal to {le}", {"le": high}
+        )
+    return value
 
 
 class ScaleDeploymentRequest(ApiModel):
-    """``PATCH /deployments/{id}``: the one setting a deployment may change in place (its
-    placement settings are its identity: delete it and create it again to change them)."""
+    """``PATCH /deployments/{id}``: the settings a deployment may change in place, one or both
+    (its placement settings are its identity: delete it and create it again to change them)."""
 
-    replicas: WholeNumber = Field(ge=1, le=MAX_REPLICAS)
+    # The document says what the validator below requires: one of the two, as a number.
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"type": "integer"}}}
+                for name in ("replicas", "standby")
+            ]
+        },
+    )
+
+    # Bounds checked below and written into the OpenAPI document by hand: pydantic cannot put
+    # them inside an optional whole number's schema.
+    replicas: Annotated[WholeNumber | None, WithJsonSchema(_optional_count(1, MAX_REPLICAS))] = None
+    standby: Annotated[WholeNumber | None, WithJsonSchema(_optional_count(0, MAX_STANDBY))] = None
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas_bounded(cls, value: int | None) -> int | None:
+        return _within(value, 1, MAX_REPLICAS)
+
+    @field_validator("standby")
+    @classmethod
+    def _standby_bounded(cls, value: int | None) -> int | None:
+        return _within(value, 0, MAX_STANDBY)
+
+    @model_validator(mode="after")
+    def _one_at_least(self) -> ScaleDeploymentRequest:
+        if self.replicas is None and self.standby is None:
+            raise ValueError("give replicas, standby or both")
+        return self
 
 
 class ModelFacts(Protocol):
@@ -129,6 +190,18 @@ class CommandResponse(ApiModel):
     instance_id: str | None = None
 
 
+class StagedCopyView(BaseModel):
+    """A standby copy of a deployment's model on one node."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    node_id: str
+    # "completed", "downloading", "pending", "failed", or "missing" (asked for, not yet shown)
+    state: str
+    fraction: float = 0.0  # of the model's bytes on the node's disk
+    error: str | None = None
+
+
 class DeploymentView(BaseModel):
     """One deployment as ``GET /deployments`` reports it, with the keeper's timers."""
 
@@ -145,6 +218,11 @@ class DeploymentView(BaseModel):
         validation_alias=AliasChoices("readyReplicas", "ready_replicas"),
         serialization_alias="readyReplicas",
     )
+    # Standby copies: each node the keeper staged the model on, and how far it is.
+    staged: list[StagedCopyView] = Field(default_factory=list[StagedCopyView])
+    # The staging in words: "standby 1 of 1 staged", or why fewer ("standby 0 of 1: no node
+    # apart has disk for 17.0 GB"); None when the deployment keeps no standby.
+    staging: str | None = None
     # Placements lost before they were ready, in a row (drives the backoff).
     failures: int = 0
     # When the keeper will next try to place, if it is waiting for something.

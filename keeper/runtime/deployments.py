@@ -14,21 +14,33 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from keeper.core.keeper import DeploymentTimer
+from keeper.core.staging import download_of
 from keeper.model.api_models import (
     CommandResponse,
     DeploymentHistoryResponse,
     DeploymentView,
     IncidentView,
+    StagedCopyView,
     create_problems,
 )
-from keeper.model.events import AnyEvent
+from keeper.model.events import AnyEvent, DeploymentStandbyChanged
 from keeper.model.history import summarize
 from keeper.model.ids import IdFactory, new_id
 from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.refusals import BadRequestError, ConflictError, NotFoundError
-from keeper.model.state import Deployment, InstanceMeta, ModelCard, Sharding, State
+from keeper.model.state import (
+    Deployment,
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadPending,
+    InstanceMeta,
+    ModelCard,
+    Sharding,
+    State,
+)
 from keeper.runtime.clock import Clock, iso_utc
-from keeper.runtime.hosted_keeper import KeeperLike
+from keeper.runtime.hosted_keeper import KeeperLike, ReportsStaging
 
 # Errors quote what the client sent, cut to this many characters: a megabyte-long id need not
 # come back in full.
@@ -70,6 +82,7 @@ def new_deployment(
     min_nodes: int,
     *,
     replicas: int = 1,
+    standby: int = 1,
     new_id: IdFactory = new_id,
 ) -> Deployment:
     """A new deployment of ``card`` as the request asks, if the request can work and none of
@@ -96,6 +109,7 @@ def new_deployment(
         instance_meta=meta,
         min_nodes=min_nodes,
         replicas=replicas,
+        standby=standby,
     )
 
 
@@ -151,6 +165,66 @@ def scale_events(
         raise BadRequestError(str(exc), param="replicas") from None
 
 
+def standby_events(deployment: Deployment, standby: int) -> list[AnyEvent]:
+    """The event that sets the deployment's standby count; none when it already is."""
+    if standby == deployment.standby:
+        return []
+    return [DeploymentStandbyChanged(deployment_id=deployment.deployment_id, standby=standby)]
+
+
+def standby_response(
+    deployment: Deployment, standby: int, new_id: IdFactory = new_id
+) -> CommandResponse:
+    model_id = deployment.model_card.model_id
+    message = (
+        f"Deployment of {model_id} already keeps {standby} standby set(s)"
+        if standby == deployment.standby
+        else f"Deployment of {model_id} keeps {standby} standby set(s), was {deployment.standby}"
+    )
+    return CommandResponse(
+        message=message, command_id=new_id(), deployment_id=deployment.deployment_id
+    )
+
+
+def staged_copies(deployment: Deployment, state: State) -> list[StagedCopyView]:
+    """Each copy the deployment staged, read from the node's download entry."""
+    model_id = deployment.model_card.model_id
+    copies: list[StagedCopyView] = []
+    for node_id in deployment.staged_on:
+        entry = download_of(state, node_id, model_id)
+        match entry:
+            case DownloadCompleted():
+                copies.append(StagedCopyView(node_id=node_id, state="completed", fraction=1.0))
+            case DownloadOngoing(download_progress=progress):
+                total = progress.total.in_bytes
+                done = progress.downloaded.in_bytes / total if total > 0 else 0.0
+                copies.append(StagedCopyView(node_id=node_id, state="downloading", fraction=done))
+            case DownloadPending():
+                copies.append(StagedCopyView(node_id=node_id, state="pending"))
+            case DownloadFailed(error_message=error):
+                copies.append(StagedCopyView(node_id=node_id, state="failed", error=error))
+            case None:
+                copies.append(StagedCopyView(node_id=node_id, state="missing"))
+    return copies
+
+
+def staging_summary(deployment: Deployment, state: State, note: str | None) -> str | None:
+    """The staging in words: the keeper's note when it planned fewer sets than asked for, else
+    how many of the planned copies are on disk."""
+    if deployment.standby == 0:
+        return None
+    if note is not None:
+        return note
+    done = sum(
+        1
+        for node_id in deployment.staged_on
+        if isinstance(
+            download_of(state, node_id, deployment.model_card.model_id), DownloadCompleted
+        )
+    )
+    return f"standby {deployment.standby}: {done} of {len(deployment.staged_on)} copies staged"
+
+
 def created_response(deployment: Deployment, new_id: IdFactory = new_id) -> CommandResponse:
     return CommandResponse(
         message=f"Deployment of {deployment.model_card.model_id} created",
@@ -191,6 +265,7 @@ def _deployment_view(
     wall: datetime | None,
     *,
     detail: str | None = None,
+    note: str | None = None,
 ) -> DeploymentView:
     """``deployment`` as ``GET /deployments`` shows it: its status in ``state`` and the keeper's
     timer for it (``now`` on the keeper's monotonic clock, ``wall`` the same moment in UTC)."""
@@ -200,6 +275,8 @@ def _deployment_view(
         status=deployment_status(deployment, state),
         replicas=deployment.replicas,
         ready_replicas=ready_replicas(deployment, state),
+        staged=staged_copies(deployment, state),
+        staging=staging_summary(deployment, state, note),
         failures=timer.failures if timer is not None else 0,
         next_attempt_at=(
             iso_utc(wall + timedelta(seconds=next_at - now))
@@ -234,6 +311,7 @@ def deployment_views(
             now,
             wall,
             detail=detail(deployment_id) if detail is not None else None,
+            note=keeper.staging_note(deployment_id) if isinstance(keeper, ReportsStaging) else None,
         )
         for deployment_id in sorted(state.deployments)
     ]

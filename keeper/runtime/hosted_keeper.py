@@ -45,6 +45,13 @@ class KeepsPlacementCrashes(Protocol):
     def placement_crashes(self) -> Mapping[DeploymentId, Exception]: ...
 
 
+@runtime_checkable
+class ReportsStaging(Protocol):
+    """A keeper that says why a deployment has fewer standby sets than it asks for."""
+
+    def staging_note(self, deployment_id: str) -> str | None: ...
+
+
 def describe(crash: BaseException) -> str:
     """An exception as the keeper records it on the deployment."""
     return f"{type(crash).__name__}: {crash}"
@@ -68,6 +75,10 @@ class KeeperWrapper:
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
         return self.inner.timers(state, now)
+
+    def staging_note(self, deployment_id: str) -> str | None:
+        inner = self.inner
+        return inner.staging_note(deployment_id) if isinstance(inner, ReportsStaging) else None
 
 
 class HostedKeeper(KeeperWrapper):
