@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from keeper_harness import Cluster, RecordingPlace, card
+from keeper_harness import Cluster, RecordingPlace, build_instance, card
 
 from keeper.core.keeper import MAX_STAGING_PLANS_PER_STEP, STAGING_INTERVAL, Keeper
 from keeper.core.placement import place_instance
@@ -22,6 +22,7 @@ from keeper.model.events import (
     DeploymentStandbyChanged,
     DownloadDeletionRequested,
     DownloadRequested,
+    InstanceCreated,
     NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
@@ -325,3 +326,143 @@ def test_a_plan_with_nothing_serving_is_empty() -> None:
     deployment_id = cluster.deploy(card("m"))
     plan = staging_plan(cluster.state, cluster.deployment(deployment_id), place_instance)
     assert plan.targets == () and plan.shortfall is None
+
+
+# --- what each rule's edge must do (each pins a condition mutation testing showed open) -------
+
+
+def test_a_node_already_holding_the_model_is_planned_even_with_a_full_disk() -> None:
+    cluster = cluster_of("a", "b")
+    deployment_id = serving(cluster)
+    other = next(n for n in "ab" if n not in _serving_nodes(cluster))
+    cluster.apply(disk(other, free_gb=1.0), progress(other, shard_of(cluster, "m"), "completed"))
+    plan = staging_plan(cluster.state, cluster.deployment(deployment_id), place_instance)
+    assert [t.node_id for t in plan.targets] == [other]
+    assert plan.shortfall is None
+
+
+def test_the_shortfall_names_placements_reason_and_the_size_exactly() -> None:
+    cluster = cluster_of("a", "b", free_gb=30.0)
+    deployment_id = serving(cluster, size_gb=17.3)
+    cluster.step(T0 + 1)
+    assert cluster.keeper.staging_note(deployment_id) == (
+        "standby 0 of 1: no node apart has disk for 17.3 GB"
+    )
+    lone = cluster_of("a")
+    alone = serving(lone)
+    lone.step(T0 + 1)
+    assert lone.keeper.staging_note(alone) == (
+        "standby 0 of 1: no placement apart from the serving nodes: "
+        "No cycles found with sufficient memory"
+    )
+    assert lone.keeper.staging_note("nope") is None
+
+
+def test_a_held_or_busy_first_target_does_not_stop_the_next() -> None:
+    for first_kind in ("completed", "busy"):
+        cluster = cluster_of("a", "b", "c")
+        deployment_id = serving(cluster)
+        cluster.apply(DeploymentStandbyChanged(deployment_id=deployment_id, standby=2))
+        plan = staging_plan(cluster.state, cluster.deployment(deployment_id), place_instance)
+        first, second = (t.node_id for t in plan.targets)
+        if first_kind == "completed":
+            cluster.apply(progress(first, shard_of(cluster, "m"), "completed"))
+        else:
+            other_model = shard_of(cluster, "m").model_copy(update={"model_card": card("x")})
+            cluster.apply(progress(first, other_model, "ongoing"))
+        assert asks(cluster.step(T0 + 1)) == [(deployment_id, second)]
+
+
+def test_a_deployment_being_deleted_does_not_stop_the_others_staging() -> None:
+    cluster = cluster_of("a", "b", "c")
+    first = serving(cluster, "m")
+    second = serving(cluster, "n")
+    pending = cluster.keeper.delete(first, cluster.state)  # not yet applied
+    assert pending
+    assert [dep for dep, _ in asks(cluster.step(T0 + 1))] == [second]
+
+
+def test_a_failover_replans_even_when_the_cluster_looks_the_same() -> None:
+    cluster = cluster_of("a", "b", "c")
+    deployment_id = serving(cluster)
+    ((_, staged),) = asks(cluster.step(T0 + 1))
+    cluster.apply(progress(staged, shard_of(cluster, "m"), "completed"))
+    # The model moves to the staged node (any instance of it counts): the nodes serving it
+    # changed while the cluster's signature did not.
+    (instance,) = cluster.instances_of_model("m")
+    moved = build_instance(card("m"), [staged], "moved")
+    cluster.apply(InstanceCreated(instance=moved))
+    cluster.delete_instance(instance.instance_id)
+    cluster.make_ready("moved")
+    later = asks(cluster.step(T0 + 1 + STAGING_INTERVAL))
+    assert len(later) == 1
+    ((dep, node),) = later
+    assert dep == deployment_id and node != staged
+
+
+def test_a_replan_keeps_when_each_copy_was_asked_for() -> None:
+    cluster = cluster_of("a", "b", "c", "d")
+    deployment_id = serving(cluster)
+    ((_, staged),) = asks(cluster.step(T0 + 1))
+    # The cluster changes (a node leaves that is not the staged one): the plan is computed again
+    # and still names the staged node, which was asked for moments ago.
+    leaving = next(n for n in "abcd" if n not in (staged, *_serving_nodes(cluster)))
+    cluster.apply(NodeTimedOut(node_id=leaving))
+    assert asks(cluster.step(T0 + 1 + STAGING_INTERVAL)) == []
+    assert asks(cluster.step(T0 + 1 + STAGE_RETRY)) == [(deployment_id, staged)]
+
+
+def test_a_deployment_past_the_plan_cap_with_a_plan_still_asks() -> None:
+    nodes = [f"n{i}" for i in range(MAX_STAGING_PLANS_PER_STEP + 3)]
+    cluster = cluster_of(*nodes)
+    late = cluster.deploy(card("zz"), deployment_id="z-last")
+    cluster.step(T0)
+    for instance in cluster.instances_of_model("zz"):
+        cluster.make_ready(instance.instance_id)
+    ((_, staged),) = asks(cluster.step(T0 + 1))
+    # New deployments that sort before it (and keep no standby, so they ask for nothing) take
+    # this step's plans; its retry comes due.
+    for i in range(MAX_STAGING_PLANS_PER_STEP + 1):
+        cluster.deploy(card(f"m{i}"), deployment_id=f"a-{i}")
+        cluster.apply(DeploymentStandbyChanged(deployment_id=f"a-{i}", standby=0))
+        cluster.step(T0 + 2 + i)
+        for instance in cluster.instances_of_model(f"m{i}"):
+            cluster.make_ready(instance.instance_id)
+    events = cluster.step(T0 + 1 + STAGE_RETRY)
+    assert (late, staged) in asks(events)
+
+
+def test_deletion_by_a_new_keeper_removes_the_recorded_copies() -> None:
+    cluster = cluster_of("a", "b")
+    deployment_id = serving(cluster)
+    ((_, staged),) = asks(cluster.step(T0 + 1))
+    cluster.keeper = Keeper(0.0)  # a new master: it asked for nothing itself
+    events = cluster.delete(deployment_id)
+    deletions = [e for e in events if isinstance(e, DownloadDeletionRequested)]
+    assert [(e.deployment_id, e.node_id, e.model_id) for e in deletions] == [
+        (deployment_id, staged, "m")
+    ]
+
+
+def test_a_deployment_created_again_under_the_same_id_starts_staging_afresh() -> None:
+    cluster = cluster_of("a", "b", "c")
+    kept = serving(cluster, "k")
+    counting = RecordingPlace(place_instance)
+    cluster.keeper = Keeper(0.0, preview=counting)
+    gone = cluster.deploy(card("m"), deployment_id="again")
+    cluster.step(T0)
+    for instance in cluster.instances_of_model("m"):
+        cluster.make_ready(instance.instance_id)
+    first = asks(cluster.step(T0 + 1))
+    assert {dep for dep, _ in first} >= {gone}
+    plans_of_kept = counting.models_tried().count("k")
+    cluster.delete(gone)
+    cluster.step(T0 + 2)  # the keeper forgets the departed deployment
+    cluster.deploy(card("m"), deployment_id="again")
+    cluster.step(T0 + 3)
+    for instance in cluster.instances_of_model("m"):
+        cluster.make_ready(instance.instance_id)
+    again = asks(cluster.step(T0 + 1 + STAGING_INTERVAL))
+    assert gone in {dep for dep, _ in again}  # not held back by the old request's retry
+    assert counting.models_tried().count("k") == plans_of_kept  # the kept plan was kept
+    assert kept in cluster.state.deployments

@@ -148,7 +148,7 @@ class Keeper:
         # Per deployment: its staging plan, what it was computed on, and the copies asked for.
         self._staging: dict[DeploymentId, _Staging] = {}
         # Staging runs at rest, at most once per STAGING_INTERVAL of the keeper's clock.
-        self._next_staging_at = 0.0
+        self._next_staging_at = float("-inf")
         self._memos: dict[DeploymentId, DeploymentMemo] = {}
         # Deployments whose DeploymentDeleted was emitted but is not yet in the state.
         self._deleting: set[DeploymentId] = set()
@@ -207,14 +207,15 @@ class Keeper:
             serving = nodes_serving(state, deployment.model_card.model_id)
             key = (signature, serving, deployment.standby)
             staging = self._staging.get(deployment_id)
-            if staging is None or staging.key != key:
-                if planned == MAX_STAGING_PLANS_PER_STEP:
-                    continue
+            if (staging is None or staging.key != key) and planned < MAX_STAGING_PLANS_PER_STEP:
                 planned += 1
                 plan = staging_plan(state, deployment, self._preview)
                 requested = {} if staging is None else staging.requested
                 staging = _Staging(key, plan, requested)
                 self._staging[deployment_id] = staging
+            if staging is None:
+                continue  # planned at a later step: this one has planned its share
+            # (A plan left stale by the cap still asks: what it asks for was right a step ago.)
             asks = staging_requests(state, deployment, staging.plan, staging.requested, busy, now)
             for ask in asks:
                 staging.requested[ask.node_id] = now
@@ -307,7 +308,7 @@ class Keeper:
         # mutation: rebuilding also when none departed gives the same memos, only slower.)
         if not self._memos.keys() <= live.keys():  # pragma: no mutate
             self._memos = {d: memo for d, memo in self._memos.items() if d in live}
-        if not self._staging.keys() <= live.keys():
+        if not self._staging.keys() <= live.keys():  # pragma: no mutate (as for the memos)
             self._staging = {d: plan for d, plan in self._staging.items() if d in live}
         self._deleting = {d for d in self._deleting if d in live}
         self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}

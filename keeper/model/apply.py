@@ -132,13 +132,13 @@ def apply(state: State, event: AnyEvent) -> State:
         case DeploymentStandbyChanged(deployment_id=deployment_id, standby=standby):
             return _with_deployment(state, deployment_id, standby=standby)
         case DownloadRequested(deployment_id=deployment_id, node_id=node_id):
-            deployment = state.deployments.get(deployment_id) if deployment_id else None
+            deployment = _staging_deployment(state, deployment_id)
             if deployment is None or node_id in deployment.staged_on:
                 return state
             staged = (*deployment.staged_on, node_id)
             return _with_deployment(state, deployment.deployment_id, staged_on=staged)
         case DownloadDeletionRequested(deployment_id=deployment_id, node_id=node_id):
-            deployment = state.deployments.get(deployment_id) if deployment_id else None
+            deployment = _staging_deployment(state, deployment_id)
             if deployment is None or node_id not in deployment.staged_on:
                 return state
             staged = tuple(n for n in deployment.staged_on if n != node_id)
@@ -242,6 +242,14 @@ def _apply_node_info(state: State, info: NodeGatheredInfo) -> State:
     if info.system is not None:
         update["node_system"] = _with(state.node_system, node, info.system)
     return _changed(state, **update)
+
+
+def _staging_deployment(state: State, deployment_id: DeploymentId | None) -> Deployment | None:
+    """The deployment a download request is for; None for exo's own requests (no deployment)
+    and for one that is gone."""
+    if deployment_id is None:
+        return None
+    return state.deployments.get(deployment_id)
 
 
 def _with_deployment(state: State, deployment_id: DeploymentId, **update: Any) -> State:
