@@ -98,6 +98,8 @@ class ExoApi(Protocol):
         self, model_id: str, sharding: str, instance_meta: str, min_nodes: int
     ) -> Any: ...
     async def previews(self, model_id: str) -> Any: ...
+    async def start_download(self, node_id: str, shard: JsonObject) -> None: ...
+    async def delete_download(self, node_id: str, model_id: str) -> None: ...
 
 
 class ExoClient:
@@ -155,6 +157,18 @@ class ExoClient:
                 return False
             raise
         return True
+
+    async def start_download(self, node_id: str, shard: JsonObject) -> None:
+        """Ask exo to download a model onto a node without running it (exo's
+        ``POST /download/start``; ``shard`` as in an instance, with exo's card)."""
+        await self._call(
+            "POST", "/download/start", {"target_node_id": node_id, "shard_metadata": shard}
+        )
+
+    async def delete_download(self, node_id: str, model_id: str) -> None:
+        """Ask exo to delete a model's files on a node (``DELETE /download/{node}/{model}``;
+        the model id goes in the path as is, slashes and all, as exo's route reads it)."""
+        await self._call("DELETE", f"/download/{node_id}/{model_id}")
 
     async def _get(self, path: str) -> httpx.Response:
         # A read exo refuses (a 4xx to a plain GET) means this is not an exo the bridge can

@@ -158,7 +158,7 @@ def camel_keys(value: Any) -> Any:
     return value
 
 
-def _shard_json(shard: AnyShard, card: JsonObject) -> JsonObject:
+def shard_json(shard: AnyShard, card: JsonObject) -> JsonObject:
     return {
         shard.tag: {
             "modelCard": card,
@@ -179,8 +179,7 @@ def instance_json(instance: AnyInstance, card: JsonObject) -> JsonObject:
     shard_assignments: JsonObject = {
         "modelId": assignments.model_id,
         "runnerToShard": {
-            runner: _shard_json(shard, card)
-            for runner, shard in assignments.runner_to_shard.items()
+            runner: shard_json(shard, card) for runner, shard in assignments.runner_to_shard.items()
         },
         "nodeToRunner": dict(assignments.node_to_runner),
     }

@@ -62,6 +62,7 @@ from keeper.bridge.following import (
 )
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S
 from keeper.bridge.placing import PlacementAnswers, StepPlacement, ask_exo, due_for_placement
+from keeper.bridge.staging_calls import StagingCalls
 from keeper.bridge.vanished import VanishedInstances
 from keeper.model.api_models import (
     CommandResponse,
@@ -76,6 +77,8 @@ from keeper.model.events import (
     DeploymentCreated,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DownloadDeletionRequested,
+    DownloadRequested,
     InstanceCreated,
     InstanceDeleted,
 )
@@ -183,6 +186,7 @@ class Bridge:
         )
         # The keeper's placement function: the answers asked of exo before the step under way.
         self._placement = StepPlacement()
+        self._staging = StagingCalls(self._cards.full)
         self._creations = Creations(
             exo=lambda: self.exo,
             deployments=lambda: self._own.deployments,
@@ -366,7 +370,17 @@ class Bridge:
             now = self.clock.monotonic()
             events = self.keeper.delete(deployment_id, self.state)
             # Recorded first: if the log refuses it (503), no instance is doomed either.
-            self._record([event for event in events if not isinstance(event, InstanceDeleted)])
+            self._record(
+                [
+                    event
+                    for event in events
+                    if not isinstance(event, InstanceDeleted | DownloadDeletionRequested)
+                ]
+            )
+            # Its staged copies are deleted through exo at the next tick (recorded then).
+            self._staging.owe(
+                [event for event in events if isinstance(event, DownloadDeletionRequested)]
+            )
             # Instances sent to exo for it that exo may still apply are deleted too, whenever
             # they land (an unanswered POST may be applied after an election).
             self._creations.drop_deployment(deployment_id, now)
@@ -549,7 +563,12 @@ class Bridge:
             for event in events
             if isinstance(event, DeploymentPlaced)
         }
+        staged = await self._staging.carry(self.exo, events)
+        if staged:
+            self._record(staged)
         for event in events:
+            if isinstance(event, DownloadRequested | DownloadDeletionRequested):
+                continue  # carried to exo above, recorded once exo took them
             if isinstance(event, InstanceCreated):
                 instance_id = event.instance.instance_id
                 deployment_id = placed_for.get(instance_id)
