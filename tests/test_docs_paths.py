@@ -167,7 +167,7 @@ def test_a_dotted_name_is_checked_down_to_its_attribute() -> None:
     assert resolves("keeper.core.view")
     assert resolves("keeper.model.history.summarize")
     assert resolves("keeper.Keeper.step")  # re-exported by keeper/__init__.py, then a method
-    assert not resolves("keeper.core.keeper.calls_for_step")  # the package does not bind it
+    assert not resolves("keeper.core.calls_for_step")  # the package does not bind it
     assert not resolves("keeper.cluster_view")
 
 
