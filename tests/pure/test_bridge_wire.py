@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from recorded_exo import FIXTURES
 
 from keeper.bridge.exo_wire import (
     cards_in_state,
@@ -40,7 +40,6 @@ from keeper.model.state import (
     State,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures"
 QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
 LLAMA_1B = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 CATALOG = catalog_by_id()

@@ -14,6 +14,7 @@ from itertools import pairwise
 import anyio
 import httpx
 import pytest
+from recorded_exo import recorded, recorded_content_type
 from trio.testing import MockClock
 
 from exo_deploy_tui.client import (
@@ -35,7 +36,6 @@ from exo_deploy_tui.updates import (
 )
 from keeper.model.api_models import CreateDeploymentRequest, DeploymentsResponse, StreamSnapshot
 from keeper.model.events import IndexedEvent, NodeTimedOut
-from tests.recorded_exo import recorded, recorded_content_type
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 

@@ -8,15 +8,16 @@ dashboard reads them as exo means them.
 
 from __future__ import annotations
 
-from exo_deploy_tui.model import ClusterModel, departed_nodes, parse_iso
-from exo_deploy_tui.updates import SnapshotUpdate
-from keeper.model.state import State
-from tests.recorded_exo import (
+from recorded_exo import (
     TIMED_OUT_INSTANCE,
     TIMED_OUT_NODE,
     before_the_timeout,
     recorded_state,
 )
+
+from exo_deploy_tui.model import ClusterModel, departed_nodes, parse_iso
+from exo_deploy_tui.updates import SnapshotUpdate
+from keeper.model.state import State
 
 NODE1 = TIMED_OUT_NODE
 QWEN_INSTANCE = TIMED_OUT_INSTANCE

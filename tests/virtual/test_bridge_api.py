@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
 from bridge_harness import QWEN, ExoWithBridge, exo_with_bridge, new_bridge, wait_until
+from recorded_exo import FIXTURES
 from trio.testing import MockClock
 
 from exo_deploy_tui.client import MasterClient
@@ -29,7 +29,6 @@ from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import DeploymentCreated
 from keeper.model.state import Deployment
 
-FIXTURES = Path(__file__).parent / "fixtures"
 TOKEN = "s3cret-token"
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from recorded_exo import FIXTURES
 
 from keeper.link.protocol import (
     MASTER_MESSAGE,
@@ -65,7 +65,6 @@ from keeper.model.state import (
 )
 from keeper.model.wire import first_validation_error
 
-FIXTURES = Path(__file__).parent / "fixtures"
 STUDIO = "12D3KooWstudioxxxx"
 ULTRA2 = "12D3KooWultra2xxxx"
 

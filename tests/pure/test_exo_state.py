@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from recorded_exo import RECORDINGS
 
 from keeper.model.exo_state import DECIDING_KEYS, Unreadable, read_exo_state
 from keeper.model.state import State
 
-RECORDINGS = Path(__file__).parent / "fixtures" / "exo_recordings"
 STATES = sorted(RECORDINGS.glob("state-*.json"))
 STATES = [path for path in STATES if path.name != "state-path-nodeMemory.json"]
 WITH_INSTANCE = RECORDINGS / "state-instance-ready.json"

@@ -5,6 +5,7 @@ per-instance progress the model keeps, the replicas check and fit hint of the fo
 from __future__ import annotations
 
 import pytest
+from tui_clusters import three_nodes
 
 from exo_deploy_tui.cells import deployment_cells, deployment_columns, nodes_text, ready_cell
 from exo_deploy_tui.commands import Parsed, ParseError, parse_command
@@ -23,16 +24,6 @@ QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 LLAMA70 = "mlx-community/Llama-3.3-70B-Instruct-4bit"
 BY_ID = {c.model_id: model_entry(c) for c in BUILTIN_MODEL_CARDS}
-
-
-def three_nodes() -> ClusterBuilder:
-    return (
-        ClusterBuilder()
-        .node("studio", ram_gb=96, free_gb=60)
-        .node("mini-a", ram_gb=24, free_gb=20)
-        .node("mini-b", ram_gb=24, free_gb=14)
-        .link_all()
-    )
 
 
 def connected(builder: ClusterBuilder, now: float = FROZEN_NOW) -> ClusterModel:

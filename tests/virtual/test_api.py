@@ -21,6 +21,7 @@ import anyio
 import httpx
 import pytest
 from anyio.abc import TaskGroup
+from recorded_exo import FIXTURES
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -769,8 +770,6 @@ async def test_the_node_websocket_needs_the_token_when_one_is_set() -> None:
 
 
 # --- model cards and the process entry ---------------------------------------------------
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_model_card_files_extend_the_catalog(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from process_helpers import free_port, get_json, start_cli, stop, wait_for
 from textual.pilot import Pilot
 
 from exo_deploy_tui.app import DashboardApp
@@ -22,7 +23,6 @@ from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar
 from keeper.cluster.demo import EmbeddedCluster
-from tests.process_helpers import free_port, get_json, start_cli, stop, wait_for
 
 # The keeper's startup grace (15 s), the nodes' loading, and slack for a loaded CI machine.
 SERVING_DEADLINE_S = 90.0

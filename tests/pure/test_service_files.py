@@ -19,7 +19,7 @@ from typing import Any
 
 from keeper.cli import build_parser, cmd_bridge
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 PLIST = ROOT / "deploy" / "launchd" / "com.exo-deploy.bridge.plist"
 UNIT = ROOT / "deploy" / "systemd" / "exo-deploy-bridge.service"
 EXO_ON_THIS_MACHINE = "http://127.0.0.1:52415"

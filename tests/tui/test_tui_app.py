@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from recorded_exo import recorded_state
 from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.widgets import Button, Input, OptionList
@@ -32,7 +33,6 @@ from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar, TimelineV
 from keeper.model.api_models import CreateDeploymentRequest
 from keeper.model.events import DeploymentDeleted, IndexedEvent
 from keeper.model.state import InstanceMeta, RunnerLoading, Sharding
-from tests.recorded_exo import recorded_state
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"

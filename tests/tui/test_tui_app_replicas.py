@@ -7,8 +7,17 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 
 import pytest
+from test_tui_app import (
+    cancel_then_confirm,
+    make_app,
+    open_create_form,
+    press_to,
+    until,
+)
+from test_tui_app import running as running_app
 from textual.pilot import Pilot
 from textual.widgets import Input
+from tui_clusters import three_nodes
 
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import ApiError
@@ -19,15 +28,6 @@ from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, InstancesTable
 from keeper.model.state import RunnerFailed
-from tests.test_tui_app import (
-    cancel_then_confirm,
-    make_app,
-    open_create_form,
-    press_to,
-    until,
-)
-from tests.test_tui_app import running as running_app
-from tests.test_tui_replicas import three_nodes
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
