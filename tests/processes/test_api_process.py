@@ -54,11 +54,6 @@ QWEN = "mlx-community/Qwen3-0.6B-4bit"
 TOKEN = "s3cret-token"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # uvicorn runs on asyncio only
-
-
 # --- a real server: SSE, WebSocket nodes, chat ------------------------------------------
 
 

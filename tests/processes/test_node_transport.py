@@ -28,11 +28,6 @@ from keeper.runtime.clock import AnyioClock
 TOKEN = "node-token"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def until(condition: Callable[[], bool], within: float, what: str) -> None:
     await wait_until(condition, within, what, poll_s=0.02)
 

@@ -37,11 +37,6 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def cluster() -> Iterator[EmbeddedCluster]:
     with EmbeddedCluster() as running:
         yield running

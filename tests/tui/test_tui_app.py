@@ -44,11 +44,6 @@ NO_FIT = "No cycles found with sufficient memory"
 ScreenT = TypeVar("ScreenT", bound=Screen[Any])
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # Textual runs on asyncio
-
-
 class Clock:
     def __init__(self, now: float = FROZEN_NOW) -> None:
         self.now = now

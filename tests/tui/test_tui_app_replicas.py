@@ -35,11 +35,6 @@ QWEN_ID = "dep-qwen3-0.6b-4bit"
 FAILED_REPLICA = "inst-qwen3-0.6b-4bit-b"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # Textual runs on asyncio
-
-
 def replicated() -> ClusterBuilder:
     """Qwen3-0.6B keeps 2: ready on mini-a, failed on mini-b; Llama keeps 1 on studio."""
     return (

@@ -34,7 +34,7 @@ TOKEN = "s3cret-token"
 
 @pytest.fixture
 def anyio_backend() -> str:
-    return "asyncio"  # as under uvicorn, which runs on asyncio only
+    return "asyncio"  # real time, as under uvicorn (asyncio only), not tests/virtual's MockClock
 
 
 @asynccontextmanager

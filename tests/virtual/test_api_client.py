@@ -25,7 +25,7 @@ QWEN = "mlx-community/Qwen3-0.6B-4bit"
 
 @pytest.fixture
 def anyio_backend() -> str:
-    return "asyncio"
+    return "asyncio"  # real time, not the MockClock of tests/virtual
 
 
 def answer(status: int, body: Any = None, content: bytes | None = None) -> httpx.Response:

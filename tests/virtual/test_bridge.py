@@ -14,7 +14,6 @@ from typing import Any
 import anyio
 import pytest
 from bridge_harness import EXO_URL, QWEN, exo_with_bridge, wait_until
-from trio.testing import MockClock
 
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.in_flight import RESEND_S
@@ -26,11 +25,6 @@ from keeper.model.events import AnyEvent
 from keeper.model.state import State
 
 REFUSAL = "Insufficient memory to create instance. Required: 0.3GB, Available: 0.1GB"
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 @pytest.mark.anyio

@@ -17,7 +17,6 @@ import httpx
 import pytest
 from bridge_harness import QWEN, ExoWithBridge, exo_with_bridge, new_bridge, wait_until
 from recorded_exo import FIXTURES
-from trio.testing import MockClock
 
 from exo_deploy_tui.client import MasterClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
@@ -30,11 +29,6 @@ from keeper.model.events import DeploymentCreated
 from keeper.model.state import Deployment
 
 TOKEN = "s3cret-token"
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 @asynccontextmanager

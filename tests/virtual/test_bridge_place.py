@@ -21,7 +21,6 @@ from bridge_harness import (
     recorded_card,
     wait_until,
 )
-from trio.testing import MockClock
 
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.placement_choice import (
@@ -40,11 +39,6 @@ from keeper.model.state import Deployment, State
 GEMMA = "mlx-community/gemma-4-26b-a4b-it-4bit"
 DEEPSEEK_V4 = "mlx-community/DeepSeek-V4-Flash"
 PLACEMENT = "/instance/placement"
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 def posted(h: ExoWithBridge) -> list[Any]:

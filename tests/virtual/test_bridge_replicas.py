@@ -12,7 +12,6 @@ from typing import Any
 import anyio
 import pytest
 from bridge_harness import QWEN, ExoWithBridge, exo_with_bridge, wait_until
-from trio.testing import MockClock
 
 from keeper.bridge.placement_choice import ExoPlacement
 from keeper.bridge.service import ExoDownError
@@ -22,11 +21,6 @@ from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
 from keeper.model.state import Deployment, InstanceMeta, Sharding, State
 
 THREE_NODES = (("a", 32.0), ("b", 32.0), ("c", 32.0))
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 def deployment(h: ExoWithBridge) -> Deployment:

@@ -17,7 +17,6 @@ import anyio
 import httpx
 import pytest
 from bridge_harness import EXO_URL, QWEN, ExoLink, exo_with_bridge, wait_until
-from trio.testing import MockClock
 
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import COMMAND_TIMEOUT_S, ExoClient
@@ -28,11 +27,6 @@ from keeper.model.constants import PLACEMENT_TIMEOUT, STARTUP_GRACE
 
 SECOND_URL = "http://exo-2.test"
 Edit = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 def without(key: str) -> Edit:

@@ -9,21 +9,13 @@ replica, while one that already had text ends with an error.
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import pytest
 from anyio.abc import TaskGroup
 from test_master import QWEN, FakeNode, connect, say_hi, wait_until
-from trio.testing import MockClock
 
 from keeper.master.service import Master, MasterConfig
 from keeper.model.refusals import ChatFailedError
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 async def two_replicas(group: TaskGroup, nodes: list[FakeNode]) -> tuple[Master, list[str]]:

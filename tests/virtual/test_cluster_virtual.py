@@ -12,12 +12,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 from anyio.abc import TaskGroup
-from trio.testing import MockClock
 from waiting import wait_until
 
 from keeper import STARTUP_GRACE, deployment_status
@@ -34,11 +32,6 @@ NODES = [
     NodeConfig(name="mid", memory_gb=32, load_gb_per_s=2.0),
     NodeConfig(name="small", memory_gb=16, load_gb_per_s=2.0),
 ]
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 def instances_of(state: State, model_id: str = MODEL) -> list[AnyInstance]:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-from trio.testing import MockClock
 
 from keeper.core.placement import place_instance
 from keeper.master.service import Master, MasterConfig
@@ -47,11 +45,6 @@ from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog, EventLog
 CATALOG = catalog_by_id()
 QWEN = CATALOG["mlx-community/Qwen3-0.6B-4bit"]
 LLAMA = CATALOG["mlx-community/Llama-3.2-1B-Instruct-4bit"]
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 def story(rounds: int = 3) -> list[AnyEvent]:

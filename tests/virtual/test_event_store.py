@@ -21,7 +21,6 @@ import pytest
 from bridge_harness import EXO_URL, _run_cancellable, exo_with_bridge, wait_until
 from bridge_harness import QWEN as BRIDGE_MODEL
 from test_event_log import LLAMA, QWEN, story
-from trio.testing import MockClock
 
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.service import Bridge
@@ -46,11 +45,6 @@ from keeper.runtime.event_log import (
     iter_events,
 )
 from keeper.runtime.event_store import EventStore, LogNotWritableError
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 def churn(count: int) -> list[AnyEvent]:

@@ -24,7 +24,6 @@ import httpx
 import pytest
 from bridge_harness import exo_with_bridge, wait_until
 from recorded_exo import RECORDINGS
-from trio.testing import MockClock
 
 from keeper.exo_standin.app import create_exo_compat_app
 from keeper.exo_standin.model_list import CARD_SOURCES, MEBIBYTE, exo_catalog, exo_full_cards
@@ -61,11 +60,6 @@ RECORDED_STATES = (
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Shape = dict[str, "Shape"]
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 def recorded(name: str) -> Any:

@@ -23,6 +23,13 @@ SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 TAG = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 
 
+@pytest.fixture(scope="module", params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Both of anyio's backends on their real clocks (anyio's own default), not the MockClock
+    of tests/virtual."""
+    return request.param
+
+
 def exo_shaped(event: Any) -> bool:
     """One tag naming the event's class, over an object whose keys are all snake_case, as far
     down as objects go (tags of nested unions, like ``NodeBackends``, are class names too)."""

@@ -36,7 +36,7 @@ QUIET = MasterConfig(startup_grace_s=3600)
 
 @pytest.fixture
 def anyio_backend() -> str:
-    return "asyncio"
+    return "asyncio"  # real time, not the MockClock of tests/virtual
 
 
 @asynccontextmanager

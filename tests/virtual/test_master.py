@@ -17,7 +17,6 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import TaskGroup, TaskStatus
-from trio.testing import MockClock
 
 from keeper.core.keeper import Keeper, PlaceFn
 from keeper.core.placement import place_instance
@@ -58,11 +57,6 @@ from keeper.runtime.hosted_keeper import HostedKeeper, KeeperLike, default_keepe
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA_70B = "mlx-community/Llama-3.3-70B-Instruct-4bit"
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 class FakeNode:

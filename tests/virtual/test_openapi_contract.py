@@ -41,6 +41,13 @@ TWO_NODES = [NodeConfig("a", 32.0), NodeConfig("b", 32.0)]
 TOKEN = "s3cret-token"
 
 
+@pytest.fixture(scope="module", params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Both of anyio's backends on their real clocks (anyio's own default), not the MockClock
+    of tests/virtual."""
+    return request.param
+
+
 class Served:
     """An ASGI app that, each time its lifespan starts, starts a new service and the app in
     front of it, and stops both when the lifespan ends.

@@ -17,7 +17,6 @@ import pytest
 from anyio.abc import TaskGroup
 from test_event_store import FaultyDisk
 from test_master import QWEN, FakeNode, connect, instances_of, wait_until
-from trio.testing import MockClock
 
 from keeper.core.keeper import Keeper, PlaceFn
 from keeper.master.service import Master, MasterConfig
@@ -33,11 +32,6 @@ from keeper.model.state import (
 from keeper.runtime.hosted_keeper import KeeperLike
 
 LLAMA_1B = "mlx-community/Llama-3.2-1B-Instruct-4bit"
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 class RecordingKeeper:

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import anyio
 import pytest
-from trio.testing import MockClock
 
 from keeper.link.channel import MasterSide, memory_channel_pair
 from keeper.link.protocol import (
@@ -90,11 +89,6 @@ CARD = ModelCard(
 LOAD_S = 4.0
 NODE = NodeConfig(name="alpha", memory_gb=16, load_gb_per_s=1.0)
 PEER = "12D3KooWpeer"
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 def instance_on(

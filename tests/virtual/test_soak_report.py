@@ -11,7 +11,6 @@ from typing import Any
 
 import anyio
 import pytest
-from trio.testing import MockClock
 
 from keeper.model.catalog import catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
@@ -73,11 +72,6 @@ from keeper.soak.watch import ClusterWatch, ExclusionReason, check_log
 SMALL = "mlx-community/Qwen3-0.6B-4bit"
 BIG = "mlx-community/Qwen3-30B-A3B-4bit"
 NODES = ["node-1", "node-2", "node-3", "node-4"]
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 # --- the fault plan ------------------------------------------------------------------------------

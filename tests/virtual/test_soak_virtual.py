@@ -16,7 +16,6 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import TaskGroup, TaskStatus
-from trio.testing import MockClock
 
 from keeper.model.apply import apply_indexed
 from keeper.model.catalog import catalog_by_id
@@ -53,11 +52,6 @@ from keeper.soak.virtual import deterministic, run_virtual, seeded_ids, virtual_
 
 HOURS = 2.0
 SEED = 11
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 async def _soak(hours: float, seed: int, data_dir: Path) -> SoakReport:

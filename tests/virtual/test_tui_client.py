@@ -15,7 +15,6 @@ import anyio
 import httpx
 import pytest
 from recorded_exo import recorded, recorded_content_type
-from trio.testing import MockClock
 
 from exo_deploy_tui.client import (
     RECONNECT_FIRST_S,
@@ -38,11 +37,6 @@ from keeper.model.api_models import CreateDeploymentRequest, DeploymentsResponse
 from keeper.model.events import IndexedEvent, NodeTimedOut
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, object]]:
-    return ("trio", {"clock": MockClock(autojump_threshold=0)})
 
 
 def cluster() -> ClusterBuilder:
