@@ -1,4 +1,5 @@
-"""What every test shares: the marker of its kind, from the folder it lives in.
+"""What every test shares: the marker of its kind, from the folder it lives in, and the
+fixtures more than one folder uses.
 
 - ``tests/pure``: plain functions; no event loop, no sockets, no processes. Seconds.
 - ``tests/virtual``: in-process on an event loop (trio's MockClock, httpx's ASGITransport,
@@ -13,6 +14,8 @@ beside this file (``keeper_harness``, ``bridge_harness``, ...) import by plain n
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,3 +34,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.path}: a test module lives in one of tests/{{{','.join(KINDS)}}}/"
             )
         item.add_marker(kind)
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The TUI's times are local times: a module that compares them pins the zone to UTC with
+    ``pytestmark = pytest.mark.usefixtures("utc")``."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-from local_time import utc  # noqa: F401  (autouse: times in UTC)
 
 from exo_deploy_tui.availability import AVAILABILITY_WINDOW_S
 from exo_deploy_tui.cells import (
@@ -28,6 +27,8 @@ from keeper.model.events import (
     NodeTimedOut,
 )
 from keeper.model.state import ServingRecord
+
+pytestmark = pytest.mark.usefixtures("utc")  # the TUI shows local times: UTC here
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"

@@ -11,7 +11,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
-from local_time import utc  # noqa: F401  (autouse: times in UTC)
 from recorded_exo import before_the_timeout, recorded_state
 from textual.pilot import Pilot
 from textual.widgets import Input
@@ -24,6 +23,8 @@ from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable
 from keeper.model.state import RunnerFailed, RunnerLoading, RunnerReady
+
+pytestmark = pytest.mark.usefixtures("utc")  # the TUI shows local times: UTC here
 
 QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
