@@ -21,6 +21,7 @@ import httpx
 import pytest
 from anyio.abc import TaskGroup
 from exo_errors import assert_exo_error
+from model_ids import QWEN
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -50,7 +51,6 @@ from keeper.model.state import (
 )
 from keeper.runtime.event_log import EventLog
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
 TOKEN = "s3cret-token"
 
 

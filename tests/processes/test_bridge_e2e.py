@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_ids import QWEN as MODEL
 from process_helpers import (
     alive,
     chat_reply,
@@ -36,8 +37,6 @@ from process_helpers import (
 )
 
 pytestmark = pytest.mark.e2e
-
-MODEL = "mlx-community/Qwen3-0.6B-4bit"
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from anyio.abc import TaskStatus
 from anyio.from_thread import start_blocking_portal
+from model_ids import LLAMA, QWEN
 
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, main
 from keeper.cli.deployments import format_history
@@ -25,8 +26,6 @@ from keeper.master.server import serve
 from keeper.master.service import Master
 from keeper.model.api_models import DeploymentHistoryResponse, IncidentView
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
-LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 TOKEN = "s3cret-token"
 
 

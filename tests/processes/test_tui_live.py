@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from model_ids import QWEN as QWEN_06B  # the demo keeps it at two replicas
 from process_helpers import free_port, get_json, start_cli, stop, wait_for
 from textual.pilot import Pilot
 
@@ -31,7 +32,6 @@ STEP_DEADLINE_S = 15.0
 STAND_IN_DEADLINE_S = 60.0
 LLAMA_3B = "mlx-community/Llama-3.2-3B-Instruct-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
-QWEN_06B = "mlx-community/Qwen3-0.6B-4bit"  # the demo keeps it at two replicas
 
 pytestmark = pytest.mark.e2e
 

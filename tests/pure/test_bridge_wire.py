@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import pytest
+from model_ids import LLAMA as LLAMA_1B
 from pydantic import ValidationError
 from recorded_exo import FIXTURES
 
@@ -41,7 +42,6 @@ from keeper.model.state import (
 )
 
 QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
-LLAMA_1B = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 CATALOG = catalog_by_id()
 
 

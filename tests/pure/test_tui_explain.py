@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from model_ids import QWEN
+
 from exo_deploy_tui.explain import LINK, explain_placement
 from exo_deploy_tui.testing import ClusterBuilder, node_id_for
 from keeper.model.state import Backend, Deployment, InstanceMeta, NodeId, RDMAConnection, State
 
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
 NO_MEMORY = "No cycles found with sufficient memory"
 NO_RDMA = "Requested RDMA (MlxJaccl) but no RDMA-connected cycles available"
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from model_ids import LLAMA, QWEN
 
 from exo_deploy_tui.availability import AVAILABILITY_WINDOW_S
 from exo_deploy_tui.cells import (
@@ -30,8 +31,6 @@ from keeper.model.state import ServingRecord
 
 pytestmark = pytest.mark.usefixtures("utc")  # the TUI shows local times: UTC here
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
-LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 QWEN_ID = "dep-qwen3-0.6b-4bit"
 H = 3600.0
 NODE_LOST = "node mini-a timed out"

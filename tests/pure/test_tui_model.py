@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from model_ids import LLAMA, QWEN
+
 from exo_deploy_tui.model import (
     GONE_NODES_KEPT,
     SILENT_AFTER_S,
@@ -24,8 +26,6 @@ from keeper.model.events import (
 from keeper.model.readiness import deployment_statuses
 from keeper.model.state import RunnerLoading, RunnerReady
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
-LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 NO_FIT = "No cycles found with sufficient memory"
 

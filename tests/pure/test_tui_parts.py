@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from model_ids import LLAMA as LLAMA_1B
+from model_ids import QWEN
 
 from exo_deploy_tui.cells import (
     deployment_cells,
@@ -31,8 +33,6 @@ from keeper.runtime.deployments import new_deployment
 
 ENTRIES = [model_entry(c) for c in BUILTIN_MODEL_CARDS]
 BY_ID = {e.id: e for e in ENTRIES}
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
-LLAMA_1B = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 
 

@@ -5,6 +5,7 @@ per-instance progress the model keeps, the replicas check and fit hint of the fo
 from __future__ import annotations
 
 import pytest
+from model_ids import LLAMA, QWEN
 from tui_clusters import three_nodes
 
 from exo_deploy_tui.cells import deployment_cells, deployment_columns, nodes_text, ready_cell
@@ -20,8 +21,6 @@ from keeper.model.events import DeploymentScaled, IndexedEvent, RunnerStatusUpda
 from keeper.model.readiness import ready_replicas
 from keeper.model.state import MAX_REPLICAS, RunnerFailed, RunnerLoading, State
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
-LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 LLAMA70 = "mlx-community/Llama-3.3-70B-Instruct-4bit"
 BY_ID = {c.model_id: model_entry(c) for c in BUILTIN_MODEL_CARDS}
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from model_ids import LLAMA, QWEN
 from recorded_exo import recorded_state
 from textual.pilot import Pilot
 from textual.screen import Screen
@@ -34,8 +35,6 @@ from keeper.model.api_models import CreateDeploymentRequest
 from keeper.model.events import DeploymentDeleted, IndexedEvent
 from keeper.model.state import InstanceMeta, RunnerLoading, Sharding
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
-LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 QWEN30 = "mlx-community/Qwen3-30B-A3B-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 LLAMA70 = "mlx-community/Llama-3.3-70B-Instruct-4bit"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 
 import pytest
+from model_ids import LLAMA, QWEN
 from test_tui_app import (
     cancel_then_confirm,
     make_app,
@@ -29,8 +30,6 @@ from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, InstancesTable
 from keeper.model.state import RunnerFailed
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
-LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 QWEN_ID = "dep-qwen3-0.6b-4bit"
 FAILED_REPLICA = "inst-qwen3-0.6b-4bit-b"
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+from model_ids import LLAMA, QWEN
 from recorded_exo import before_the_timeout, recorded_state
 from textual.pilot import Pilot
 from textual.widgets import Input
@@ -26,8 +27,6 @@ from keeper.model.state import RunnerFailed, RunnerLoading, RunnerReady
 
 pytestmark = pytest.mark.usefixtures("utc")  # the TUI shows local times: UTC here
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
-LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 QWEN30 = "mlx-community/Qwen3-30B-A3B-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 NO_FIT = "No cycles found with sufficient memory"

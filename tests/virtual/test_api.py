@@ -16,6 +16,7 @@ import anyio
 import httpx
 import pytest
 from exo_errors import assert_exo_error
+from model_ids import LLAMA, QWEN
 from recorded_exo import FIXTURES
 
 from keeper.httpapi.auth import InsecureBindError, check_bind
@@ -27,8 +28,6 @@ from keeper.model.events import NodeGatheredInfo
 from keeper.model.state import Backend, Memory, MemoryUsage, State
 from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
-LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 TOKEN = "s3cret-token"
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from model_ids import QWEN
 
 from keeper.client.deployments import (
     NO_DEPLOYMENTS_API,
@@ -19,8 +20,6 @@ from keeper.client.deployments import (
     validation_summary,
 )
 from keeper.model.api_models import CreateDeploymentRequest
-
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
 
 
 @pytest.fixture

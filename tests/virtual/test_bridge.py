@@ -13,7 +13,8 @@ from typing import Any
 
 import anyio
 import pytest
-from bridge_harness import EXO_URL, QWEN, exo_with_bridge, wait_until
+from bridge_harness import EXO_URL, exo_with_bridge, wait_until
+from model_ids import QWEN
 
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.in_flight import RESEND_S

@@ -15,7 +15,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from bridge_harness import QWEN, ExoWithBridge, exo_with_bridge, new_bridge, wait_until
+from bridge_harness import ExoWithBridge, exo_with_bridge, new_bridge, wait_until
+from model_ids import QWEN
 from recorded_exo import FIXTURES
 
 from exo_deploy_tui.client import MasterClient

@@ -13,7 +13,6 @@ import anyio
 import httpx
 import pytest
 from bridge_harness import (
-    QWEN,
     ExoWithBridge,
     exo_with_bridge,
     new_bridge,
@@ -21,6 +20,7 @@ from bridge_harness import (
     recorded_card,
     wait_until,
 )
+from model_ids import QWEN
 
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.placement_choice import (

@@ -11,7 +11,8 @@ from typing import Any
 
 import anyio
 import pytest
-from bridge_harness import QWEN, ExoWithBridge, exo_with_bridge, wait_until
+from bridge_harness import ExoWithBridge, exo_with_bridge, wait_until
+from model_ids import QWEN
 
 from keeper.bridge.placement_choice import ExoPlacement
 from keeper.bridge.service import ExoDownError

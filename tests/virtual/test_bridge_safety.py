@@ -16,7 +16,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from bridge_harness import EXO_URL, QWEN, ExoLink, exo_with_bridge, wait_until
+from bridge_harness import EXO_URL, ExoLink, exo_with_bridge, wait_until
+from model_ids import QWEN
 
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import COMMAND_TIMEOUT_S, ExoClient

@@ -12,7 +12,8 @@ from __future__ import annotations
 import anyio
 import pytest
 from anyio.abc import TaskGroup
-from test_master import QWEN, FakeNode, connect, say_hi, wait_until
+from model_ids import QWEN
+from test_master import FakeNode, connect, say_hi, wait_until
 
 from keeper.master.service import Master, MasterConfig
 from keeper.model.refusals import ChatFailedError

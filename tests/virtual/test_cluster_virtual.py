@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 from anyio.abc import TaskGroup
+from model_ids import QWEN as MODEL
 from waiting import wait_until
 
 from keeper import STARTUP_GRACE, deployment_status
@@ -26,7 +27,6 @@ from keeper.model.events import InstanceCreated
 from keeper.model.state import SERVING_RUNNER_TYPES, AnyInstance, State
 from keeper.node.sim_node import NodeConfig
 
-MODEL = "mlx-community/Qwen3-0.6B-4bit"
 NODES = [
     NodeConfig(name="big", memory_gb=64, load_gb_per_s=2.0),
     NodeConfig(name="mid", memory_gb=32, load_gb_per_s=2.0),

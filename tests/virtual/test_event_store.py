@@ -19,7 +19,7 @@ import anyio
 import httpx
 import pytest
 from bridge_harness import EXO_URL, _run_cancellable, exo_with_bridge, wait_until
-from bridge_harness import QWEN as BRIDGE_MODEL
+from model_ids import QWEN as BRIDGE_MODEL
 from test_event_log import LLAMA, QWEN, story
 
 from keeper.bridge.exo_client import ExoClient

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from bridge_harness import exo_with_bridge, wait_until
+from model_ids import QWEN
 from recorded_exo import RECORDINGS
 
 from keeper.exo_standin.app import create_exo_compat_app
@@ -31,7 +32,6 @@ from keeper.exo_standin.placement_answers import exo_place, exo_previews, memory
 from keeper.master.service import Master
 from keeper.model.state import InstanceMeta, Sharding, State
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
 GEMMA_4 = "mlx-community/gemma-4-26b-a4b-it-4bit"
 PLACEMENT_QUERY = {"sharding": "Pipeline", "instance_meta": "MlxRing", "min_nodes": "1"}
 # The State's keys someone reads: the keeper and the bridge (instances, runners, topology,

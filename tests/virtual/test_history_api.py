@@ -14,6 +14,7 @@ import anyio
 import httpx
 import pytest
 from keeper_harness import build_instance, node_info
+from model_ids import QWEN
 
 from keeper.master.api import create_app
 from keeper.master.service import Master, MasterConfig
@@ -29,7 +30,6 @@ from keeper.model.events import (
 from keeper.model.state import Deployment, NodeIdentity, RunnerReady
 from keeper.runtime.event_store import EventStore
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
 # The keeper stays out of the way: these tests place instances themselves.
 QUIET = MasterConfig(startup_grace_s=3600)
 

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import TaskGroup, TaskStatus
+from model_ids import QWEN
 
 from keeper.core.keeper import Keeper, PlaceFn
 from keeper.core.placement import place_instance
@@ -55,7 +56,6 @@ from keeper.model.state import (
 )
 from keeper.runtime.hosted_keeper import HostedKeeper, KeeperLike, default_keeper, start_keeper
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
 LLAMA_70B = "mlx-community/Llama-3.3-70B-Instruct-4bit"
 
 

@@ -15,8 +15,10 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import TaskGroup
+from model_ids import LLAMA as LLAMA_1B
+from model_ids import QWEN
 from test_event_store import FaultyDisk
-from test_master import QWEN, FakeNode, connect, instances_of, wait_until
+from test_master import FakeNode, connect, instances_of, wait_until
 
 from keeper.core.keeper import Keeper, PlaceFn
 from keeper.master.service import Master, MasterConfig
@@ -30,8 +32,6 @@ from keeper.model.state import (
     State,
 )
 from keeper.runtime.hosted_keeper import KeeperLike
-
-LLAMA_1B = "mlx-community/Llama-3.2-1B-Instruct-4bit"
 
 
 class RecordingKeeper:

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from model_ids import QWEN as SMALL
 
 from keeper.model.catalog import catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
@@ -69,7 +70,6 @@ from keeper.soak.report import (
 )
 from keeper.soak.watch import ClusterWatch, ExclusionReason, check_log
 
-SMALL = "mlx-community/Qwen3-0.6B-4bit"
 BIG = "mlx-community/Qwen3-30B-A3B-4bit"
 NODES = ["node-1", "node-2", "node-3", "node-4"]
 

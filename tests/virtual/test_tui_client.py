@@ -14,6 +14,7 @@ from itertools import pairwise
 import anyio
 import httpx
 import pytest
+from model_ids import QWEN
 from recorded_exo import recorded, recorded_content_type
 
 from exo_deploy_tui.client import (
@@ -35,8 +36,6 @@ from exo_deploy_tui.updates import (
 )
 from keeper.model.api_models import CreateDeploymentRequest, DeploymentsResponse, StreamSnapshot
 from keeper.model.events import IndexedEvent, NodeTimedOut
-
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
 
 
 def cluster() -> ClusterBuilder:
