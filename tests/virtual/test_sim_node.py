@@ -91,6 +91,18 @@ NODE = NodeConfig(name="alpha", memory_gb=16, load_gb_per_s=1.0)
 PEER = "12D3KooWpeer"
 
 
+def break_runner(node: SimNode, instance_id: str | None = None) -> int:
+    """Make a runner fail now and on every retry (a corrupt shard), so after exo's 5 tries the
+    node asks the master to delete the instance. Returns how many runners broke."""
+    now = node._clock.monotonic()
+    selected = list(node._selected(instance_id))
+    for runner in selected:
+        runner.kill(now, "runner crashed while loading its shard")
+        runner.broken = True  # from now on: set after the kill so it is not back-dated
+    node._poke()
+    return len(selected)
+
+
 def instance_on(
     nodes: list[str], card: ModelCard = CARD, instance_id: str = "inst-1"
 ) -> MlxRingInstance:
@@ -291,7 +303,7 @@ async def test_a_runner_that_keeps_failing_backs_off_then_asks_for_deletion() ->
     async with running() as (node, master):
         await master.emit(InstanceCreated(instance=instance_on([node.node_id])))
         await master.expect(RunnerStatusReport, lambda m: m.runner_status == RunnerReady())
-        assert node.break_runner("inst-1") == 1
+        assert break_runner(node, "inst-1") == 1
         failures: list[float] = []
         retries: list[float] = []
         while len(failures) < 5:

@@ -23,6 +23,7 @@ from keeper.model.events import (
     InstanceDeleted,
     RunnerStatusUpdated,
 )
+from keeper.model.readiness import instance_is_ready
 from keeper.model.state import (
     Deployment,
     MlxRingInstance,
@@ -68,7 +69,7 @@ from keeper.soak.report import (
     percentile,
     summarize,
 )
-from keeper.soak.watch import ClusterWatch, ExclusionReason, check_log
+from keeper.soak.watch import ClusterWatch, ExclusionReason, check_log, model_of
 
 BIG = "mlx-community/Qwen3-30B-A3B-4bit"
 NODES = ["node-1", "node-2", "node-3", "node-4"]
@@ -213,18 +214,27 @@ def _ready(feed: _Feed, instance: MlxRingInstance, at: float) -> None:
         feed(RunnerStatusUpdated(runner_id=runner, runner_status=RunnerReady()), at)
 
 
+def serving_models(watch: ClusterWatch) -> set[str]:
+    """The models with a ready instance in the State the watch holds."""
+    return {
+        model_of(instance)
+        for instance in watch.state.instances.values()
+        if instance_is_ready(instance, watch.state)
+    }
+
+
 def test_the_watch_times_the_keeper_from_deletion_to_the_new_instance() -> None:
     watch = ClusterWatch()
     feed = _Feed(watch)
     _deployed(feed, SMALL)
     first = _instance("i1", SMALL, {"n1": "r1"})
     _ready(feed, first, at=20.0)
-    assert watch.serving_models() == {SMALL}
+    assert serving_models(watch) == {SMALL}
     assert watch.nodes_holding_runners() == {"n1"}
     assert watch.instances_on("n1") == ["i1"] and watch.instances_on("n2") == []
     feed(InstanceDeleted(instance_id="i1"), 50.0)
     assert watch.deleted_at == {"i1": 50.0}
-    assert watch.serving_models() == set()
+    assert serving_models(watch) == set()
     feed(InstanceCreated(instance=_instance("i2", SMALL, {"n2": "r2"})), 50.4)
     assert watch.latencies == pytest.approx([0.4])
     assert watch.latencies_alone == pytest.approx([0.4])
@@ -285,7 +295,7 @@ def test_a_lost_replica_is_timed_to_its_replacement_and_two_replicas_are_no_dupl
     assert watch.duplicates.episodes == 0  # two instances is what replicas 2 asks for
     # One replica lost while the other serves: a gap all the same, closed by the replacement.
     feed(InstanceDeleted(instance_id="a"), 50.0)
-    assert watch.serving_models() == {SMALL}
+    assert serving_models(watch) == {SMALL}
     feed(InstanceCreated(instance=_instance("c", SMALL, {"n3": "r3"})), 50.6)
     assert watch.latencies == pytest.approx([0.6])
     # Both lost at once: two gaps, closed oldest first, the second queued behind the first.
