@@ -2,7 +2,7 @@
 
 Every scenario freezes the clock (``FROZEN_NOW``, shown in UTC) and feeds a scripted master, so
 an image changes only when the dashboard's rendering does. Update after a deliberate change
-with ``pytest tests/test_tui_snapshots.py --snapshot-update`` and look at the new SVGs.
+with ``pytest tests/tui/test_tui_snapshots.py --snapshot-update`` and look at the new SVGs.
 """
 
 from __future__ import annotations

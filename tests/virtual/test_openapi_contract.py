@@ -156,7 +156,8 @@ FUZZ = settings(
 
 
 # GET /events is the dashboard's endless stream: a request to it would never end. Its stream is
-# tested in tests/test_api.py; the stand-in's GET /events (one JSON array, as exo's) is fuzzed.
+# tested in tests/processes/test_api_process.py; the stand-in's GET /events (one JSON array, as
+# exo's) is fuzzed.
 @master_schema.exclude(path="/events").parametrize()
 @FUZZ
 def test_the_master_answers_as_its_document_says(case: schemathesis.Case) -> None:
