@@ -3,7 +3,8 @@ fixtures more than one folder uses.
 
 - ``tests/pure``: plain functions; no event loop, no sockets, no processes. Seconds.
 - ``tests/virtual``: in-process on an event loop (trio's MockClock, httpx's ASGITransport,
-  in-memory channels); no real sockets or subprocesses.
+  in-memory channels); no real sockets or subprocesses (but for one test that mounts a real
+  tmpfs, marked ``processes`` as well).
 - ``tests/tui``: the Textual app run headless (Pilot, snapshots).
 - ``tests/processes``: real processes, sockets, signals and ptys.
 

@@ -316,6 +316,7 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.processes  # mount(8) runs for real: out of -m "not processes" too
 @pytest.mark.anyio
 async def test_a_really_full_filesystem(tiny_fs: Path) -> None:
     # Read-only is covered by the injected EROFS above: a tmpfs with the log open for writing
