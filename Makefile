@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The stamp records that the venv holds this pyproject's dependencies; editing pyproject reinstalls.
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench mutation fmt soak-sim clean
+.PHONY: demo test test-fast lint typecheck pytest bench mutation fmt soak-sim clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "exo-deploy needs Python 3.11 or newer (found " + sys.version.split()[0] + ")")'
@@ -28,9 +28,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/pyright
 
-# The layering check lives in tests/test_layering.py and runs with the rest of pytest.
+# The layering check lives in tests/pure/test_layering.py and runs with the rest of pytest.
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The pure tests alone (plain functions: no event loop, sockets or processes). The suite's other
+# folders, tests/virtual, tests/tui and tests/processes, run with make test; each folder is also a
+# marker (pytest -m "not processes").
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests/pure
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -6,10 +6,10 @@ the model needs against the most a connected group of nodes offers, which links 
 which nodes lack a backend. It is a pure function of the deployment, the State and the friendly
 names, so it is tested without a terminal.
 
-The TUI may not import ``keeper.core.placement`` (tests/test_layering.py), so the memory figure is
-the bound placement cannot beat rather than placement's own search: the free memory of the largest
-strongly connected group of nodes reporting memory (every cycle lies inside one such group). On
-the fully connected clusters exo runs on, that group is a cycle and the bound is exact.
+The TUI may not import ``keeper.core.placement`` (tests/pure/test_layering.py), so the memory
+figure is the bound placement cannot beat rather than placement's own search: the free memory of
+the largest strongly connected group of nodes reporting memory (every cycle lies inside one such
+group). On the fully connected clusters exo runs on, that group is a cycle and the bound is exact.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ without a process left behind spinning a core:
 
 The copy keeps the rest of Textual's loop, its final drain included: once the app exits, one
 last round with a final decode and a tick, so input already parsed (a lone ESC waiting to see
-whether a sequence follows) is still delivered. tests/test_tui_terminal.py holds a canary that
-fails when Textual's ``LinuxDriver.run_input_thread`` changes, so the copy is re-checked.
+whether a sequence follows) is still delivered. tests/processes/test_tui_terminal.py holds a
+canary that fails when Textual's ``LinuxDriver.run_input_thread`` changes, so the copy is
+re-checked.
 """
 
 from __future__ import annotations

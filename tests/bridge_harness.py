@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import httpx
 from anyio.abc import TaskGroup
+from model_ids import QWEN
 from waiting import wait_until
 
 from keeper.bridge.exo_client import ExoClient
@@ -37,7 +38,6 @@ from keeper.model.constants import STARTUP_GRACE
 from keeper.model.state import Deployment, State
 from keeper.node.sim_node import NodeConfig
 
-QWEN = "mlx-community/Qwen3-0.6B-4bit"
 EXO_URL = "http://exo.test"
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from keeper.model.state import State
 
-RECORDINGS = Path(__file__).parent / "fixtures" / "exo_recordings"
+FIXTURES = Path(__file__).parent / "fixtures"
+RECORDINGS = FIXTURES / "exo_recordings"
 
 
 def recorded(name: str) -> bytes:

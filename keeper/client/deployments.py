@@ -9,7 +9,7 @@ or it refused or answered something unreadable), so the CLI maps it to an exit c
 shows its message.
 
 It sits beside the data model, importing only it and httpx/anyio, so that the TUI, which may
-import nothing of the cluster side, can use it (tests/test_layering.py). It is async, with
+import nothing of the cluster side, can use it (tests/pure/test_layering.py). It is async, with
 deadlines on anyio's clock, because the TUI runs on an event loop (trio's virtual clock in its
 tests); the CLI drives it with ``anyio.run``.
 """

@@ -1,8 +1,8 @@
 """What the OpenAPI document says about errors: every status a route can answer, with its body.
 
 The document (``GET /openapi.json``) is the API's contract, and tests fuzz each app against it
-(``tests/test_openapi_contract.py``), so it must list every code a route answers, not only 200
-and FastAPI's 422. Codes come from two places, declared in two ways:
+(``tests/virtual/test_openapi_contract.py``), so it must list every code a route answers, not
+only 200 and FastAPI's 422. Codes come from two places, declared in two ways:
 
 - a route's own refusals (an unknown id, a conflict, the service not running), declared on the
   route with ``refusals(...)``, each with the description that says when;

@@ -346,17 +346,6 @@ class SimNode:
         self._poke()
         return killed
 
-    def break_runner(self, instance_id: str | None = None) -> int:
-        """Make a runner fail now and on every retry (a corrupt shard), so after exo's 5 tries
-        the node asks the master to delete the instance. Returns how many runners broke."""
-        now = self._clock.monotonic()
-        selected = list(self._selected(instance_id))
-        for runner in selected:
-            runner.kill(now, "runner crashed while loading its shard")
-            runner.broken = True  # from now on: set after the kill so it is not back-dated
-        self._poke()
-        return len(selected)
-
     def _selected(self, instance_id: str | None) -> Iterable[_Runner]:
         if instance_id is None:
             return list(self._runners.values())

@@ -109,7 +109,8 @@ def deterministic(seed: int) -> Generator[None]:
 
     Both names are private: trio has no public way to ask for this yet
     (https://github.com/python-trio/trio/issues/2675). Hence the upper bound on trio in
-    pyproject.toml and the canary tests/test_trio_canary.py, which fails when either moves."""
+    pyproject.toml and the canary tests/virtual/test_trio_canary.py, which fails when either
+    moves."""
     try:
         run_module: Any = importlib.import_module("trio._core._run")
     except ImportError:  # not running on trio: nothing to seed

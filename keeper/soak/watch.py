@@ -200,13 +200,6 @@ class ClusterWatch:
 
     # --- reading --------------------------------------------------------------------------
 
-    def serving_models(self) -> set[str]:
-        return {
-            model_of(instance)
-            for instance in self.state.instances.values()
-            if instance_is_ready(instance, self.state)
-        }
-
     def nodes_holding_runners(self) -> set[str]:
         return {
             node

@@ -1,0 +1,310 @@
+"""``exo-deploy list / deploy / scale / undeploy / history`` against a real master: output,
+messages and exit codes.
+
+Scripts rely on the exit codes (0 done, 1 refused with the master's message on stderr, 2 bad
+usage, 3 master unreachable), so each is pinned here against a master serving its real API on
+a loopback port (in a background thread), with and without a token.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from anyio.abc import TaskStatus
+from anyio.from_thread import start_blocking_portal
+from model_ids import LLAMA, QWEN
+
+from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, main
+from keeper.cli.deployments import format_history
+from keeper.master.server import serve
+from keeper.master.service import Master
+from keeper.model.api_models import DeploymentHistoryResponse, IncidentView
+
+TOKEN = "s3cret-token"
+
+
+def _serve_in_thread(token: str | None) -> Iterator[str]:
+    with start_blocking_portal(backend="asyncio") as portal:
+
+        async def run(*, task_status: TaskStatus[int]) -> None:
+            await serve(Master(None), "127.0.0.1", 0, token, task_status=task_status)
+
+        future, port = portal.start_task(run)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            future.cancel()
+
+
+@pytest.fixture(scope="module")
+def master_url() -> Iterator[str]:
+    yield from _serve_in_thread(None)
+
+
+@pytest.fixture(scope="module")
+def guarded_url() -> Iterator[str]:
+    yield from _serve_in_thread(TOKEN)
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXO_DEPLOY_TOKEN", raising=False)
+    monkeypatch.delenv("EXO_DEPLOY_URL", raising=False)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    code = exited.value.code
+    assert isinstance(code, int)
+    return code, out, err
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_master_exits_3_and_says_where(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    for argv in (["list"], ["deploy", QWEN], ["scale", "some-id", "2"], ["undeploy", "some-id"]):
+        code, out, err = run_cli(capsys, *argv, "--url", url)
+        assert code == EXIT_UNREACHABLE
+        assert out == ""
+        assert f"cannot reach the master at {url}" in err
+
+
+def test_deploy_list_undeploy_round_trip(
+    master_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(capsys, "deploy", QWEN, "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    assert out.startswith(f"Deployment of {QWEN} created: ")
+    deployment_id = out.strip().rsplit(" ", 1)[1]
+
+    code, out, _ = run_cli(capsys, "list", "--url", master_url)
+    assert code == EXIT_OK
+    header, row = out.strip().splitlines()
+    assert header.split()[:5] == ["DEPLOYMENT", "MODEL", "STATUS", "READY", "INSTANCE"]
+    assert row.split()[:4] == [deployment_id, QWEN, "placing", "0/1"]
+    assert "grace" in row  # a new master waits before placing, and the list says why
+
+    code, out, _ = run_cli(capsys, "list", "--url", master_url, "--json")
+    assert code == EXIT_OK
+    (view,) = json.loads(out)["deployments"]
+    assert view["deployment"]["deploymentId"] == deployment_id
+    assert view["status"] == "placing"
+
+    code, out, err = run_cli(capsys, "undeploy", deployment_id, "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    assert deployment_id in out
+    code, out, _ = run_cli(capsys, "list", "--url", master_url)
+    assert (code, out.strip()) == (EXIT_OK, "no deployments")
+
+
+def test_deploy_with_replicas_then_scale(
+    master_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = "mlx-community/Llama-3.2-3B-Instruct-4bit"
+    code, out, err = run_cli(capsys, "deploy", model, "--replicas", "3", "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    deployment_id = out.strip().rsplit(" ", 1)[1]
+    code, out, _ = run_cli(capsys, "list", "--url", master_url)
+    row = next(line for line in out.splitlines() if line.startswith(deployment_id))
+    assert row.split()[3] == "0/3"
+
+    code, out, err = run_cli(capsys, "scale", deployment_id, "2", "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    assert out.strip() == f"Deployment of {model} scaled from 3 to 2 replica(s): {deployment_id}"
+    code, out, _ = run_cli(capsys, "scale", deployment_id, "2", "--url", master_url, "--json")
+    assert code == EXIT_OK
+    answer = json.loads(out)
+    assert answer["deployment_id"] == deployment_id
+    assert "already keeps 2" in answer["message"]
+    code, out, _ = run_cli(capsys, "list", "--url", master_url, "--json")
+    (view,) = [
+        v
+        for v in json.loads(out)["deployments"]
+        if v["deployment"]["deploymentId"] == deployment_id
+    ]
+    assert (view["replicas"], view["readyReplicas"]) == (2, 0)
+
+    code, out, err = run_cli(capsys, "scale", deployment_id, "17", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "replicas: Input should be less than or equal to 16" in err
+    code, out, err = run_cli(capsys, "scale", "nope", "2", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "Deployment 'nope' not found" in err
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
+
+
+def test_deploy_with_standby_and_its_refusal(
+    master_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = "mlx-community/Llama-3.2-3B-Instruct-4bit"
+    code, out, err = run_cli(capsys, "deploy", model, "--standby", "5", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "standby: Input should be less than or equal to 4" in err
+    code, out, err = run_cli(capsys, "deploy", model, "--standby", "2", "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    deployment_id = out.strip().rsplit(" ", 1)[1]
+    code, out, _ = run_cli(capsys, "list", "--url", master_url, "--json")
+    (view,) = [
+        v
+        for v in json.loads(out)["deployments"]
+        if v["deployment"]["deploymentId"] == deployment_id
+    ]
+    assert view["deployment"]["standby"] == 2
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
+
+
+def test_history_prints_the_figures_and_refusals_exit_1(
+    master_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = "mlx-community/Llama-3.2-3B-Instruct-4bit"
+    code, out, _ = run_cli(capsys, "deploy", model, "--url", master_url)
+    deployment_id = out.strip().rsplit(" ", 1)[1]
+    code, out, err = run_cli(capsys, "history", deployment_id, "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    # Created, never served yet: a start-up is no incident, and no availability yet.
+    assert out.strip() == f"{deployment_id}: has not served in the last 24 h"
+    code, out, _ = run_cli(
+        capsys, "history", deployment_id, "--hours", "2.5", "--url", master_url, "--json"
+    )
+    assert code == EXIT_OK
+    assert json.loads(out)["windowHours"] == 2.5
+    code, out, err = run_cli(capsys, "history", deployment_id, "--hours", "0", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "hours" in err
+    code, out, err = run_cli(capsys, "history", "nope", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "Deployment 'nope' not found" in err
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
+
+
+def test_history_lists_incidents_newest_first_with_their_cause() -> None:
+    history = DeploymentHistoryResponse(
+        deployment_id="d1",
+        window_hours=24,
+        availability=0.991,
+        incidents=[
+            IncidentView(
+                start="2026-11-30T01:00:00.000Z",
+                end="2026-11-30T01:00:33.200Z",
+                downtime_s=33.2,
+                cause="node studio timed out",
+            ),
+            IncidentView(
+                start="2026-11-30T02:00:00.000Z", end=None, downtime_s=5.0, cause="unplaceable: x"
+            ),
+        ],
+        mttr_s=33.2,
+    )
+    assert format_history(history).splitlines() == [
+        "d1: last 24 h, available 99.10%, 2 incident(s), MTTR 33.2 s",
+        "START                     END                       DOWN    CAUSE",
+        "2026-11-30T02:00:00.000Z  ongoing                   5.0 s   unplaceable: x",
+        "2026-11-30T01:00:00.000Z  2026-11-30T01:00:33.200Z  33.2 s  node studio timed out",
+    ]
+
+
+def test_refusals_exit_1_with_the_masters_message(
+    master_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(capsys, "deploy", "no-such/model", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "exo-deploy deploy: Unknown model 'no-such/model'" in err
+
+    code, out, _ = run_cli(capsys, "deploy", LLAMA, "--url", master_url, "--json")
+    assert code == EXIT_OK
+    deployment_id = json.loads(out)["deployment_id"]
+    code, out, err = run_cli(capsys, "deploy", LLAMA, "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert f"already has deployment {deployment_id}" in err
+
+    code, _, err = run_cli(capsys, "deploy", LLAMA, "--min-nodes", "999", "--url", master_url)
+    assert code == EXIT_REFUSED
+    assert "min_nodes" in err
+
+    code, _, err = run_cli(capsys, "undeploy", "nope", "--url", master_url, "--json")
+    assert code == EXIT_REFUSED
+    assert "Deployment 'nope' not found" in err
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    cases = [
+        (["deploy"], "MODEL"),
+        (["deploy", QWEN, "--min-nodes", "0"], "must be at least 1"),
+        (["deploy", QWEN, "--sharding", "Diagonal"], "invalid choice"),
+        (["deploy", QWEN, "--replicas", "0"], "must be at least 1"),
+        (["deploy", QWEN, "--replicas", "two"], "not a whole number"),
+        (["scale", "some-id"], "N"),
+        (["scale", "some-id", "0"], "must be at least 1"),
+        (["scale", "some-id", "-1"], "must be at least 1"),
+        (["scale", "some-id", "1.5"], "not a whole number"),
+        (["node"], "--master"),
+        (["node", "--master", "http://x", "--backends", "MlxQuantum"], "unknown backend"),
+        (["cluster", "--nodes", "0"], "must be at least 1"),
+        (["frobnicate"], "invalid choice"),
+        (["list", "--url", "ftp://example.invalid"], "not a master URL"),
+    ]
+    for argv, message in cases:
+        code, _, err = run_cli(capsys, *argv)
+        assert code == EXIT_USAGE, argv
+        assert message in err, (argv, err)
+
+
+def test_soak_commands_take_their_own_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("soak", "soak-sim"):
+        code, _, err = run_cli(capsys, name, "--minutes" if name == "soak" else "--hours", "1")
+        assert code == EXIT_USAGE, name
+        assert "--report" in err, (name, err)
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == EXIT_OK
+    assert "soak-sim" in out
+
+
+def test_soak_sim_without_trio_says_how_to_get_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "trio.testing", None)  # as if trio were not installed
+    report = tmp_path / "report.json"
+    code, _, err = run_cli(capsys, "soak-sim", "--hours", "1", "--report", str(report))
+    assert code == EXIT_USAGE
+    assert "exo-deploy soak-sim needs trio: pip install 'exo-deploy[sim]'" in err
+    assert not report.exists()
+
+
+def test_a_token_is_sent_when_given(
+    guarded_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = run_cli(capsys, "deploy", QWEN, "--url", guarded_url)
+    assert code == EXIT_REFUSED
+    assert "token" in err.lower()
+    code, out, _ = run_cli(capsys, "deploy", QWEN, "--url", guarded_url, "--token", TOKEN)
+    assert code == EXIT_OK
+    deployment_id = out.strip().rsplit(" ", 1)[1]
+    monkeypatch.setenv("EXO_DEPLOY_TOKEN", TOKEN)  # read when the parser is built
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", guarded_url)[0] == EXIT_OK
+
+
+def test_help_names_the_exit_codes_and_module_entry_works() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "keeper.cli", "deploy", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert "3  the master could not be reached" in done.stdout
+    assert "1  refused by the master" in done.stdout

@@ -1,0 +1,262 @@
+"""The architecture, checked: each floor imports only what sits below it.
+
+The floors are packages, so a module's floor is its prefix and a new module is checked the moment
+it exists (``test_every_module_has_a_floor``). Lowest first:
+
+- ``keeper.model``: the data model (State, events, apply, wire shapes, the shared rules and the
+  refusals), pure;
+- ``keeper.core``: the keeper, its memo, its view of the cluster and placement, pure;
+- ``keeper.client``: the deployments API's HTTP client, the data model plus httpx;
+- ``keeper.runtime``, ``keeper.link``, ``keeper.httpapi``: the shell every service shares;
+- ``keeper.master``, ``keeper.node``, ``keeper.bridge``: the services, siblings that never
+  import each other;
+- ``keeper.exo_standin``: a stock exo's API, served over a master;
+- ``keeper.cluster``: a master with its nodes on one machine, and the demo facade;
+- ``keeper.soak``, then ``keeper.cli``.
+
+The TUI talks to a master over HTTP and reads the answers with the data model; besides it, it may
+import only the client and the ``keeper.cluster.demo`` facade behind ``--demo``. docs/design.md
+draws the floors.
+
+This is a plain AST walk over every import statement (including those inside functions), rather
+than import-linter, because the rules name standard-library modules (asyncio, time, socket...)
+that import-linter's contracts cannot see without treating the whole stdlib as a package.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DATA_MODEL = "keeper.model"
+KEEPER_CORE = "keeper.core"
+CLIENT = "keeper.client"
+SERVICES = ("keeper.master", "keeper.node", "keeper.bridge")
+# Lowest first; a floor may import its own and any lower floor's modules (and the ``keeper``
+# package, whose __init__ re-exports the pinned names).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    (DATA_MODEL,),
+    (KEEPER_CORE,),
+    (CLIENT,),
+    ("keeper.runtime", "keeper.link", "keeper.httpapi"),
+    SERVICES,
+    ("keeper.exo_standin",),
+    ("keeper.cluster",),
+    ("keeper.soak",),
+    ("keeper.cli",),
+)
+# Pairs on one floor or across floors that must still stay apart: the services are siblings; the
+# shell runtime does not use the CLI's client; the cluster, the soak and the stand-in never need
+# the bridge (it runs as its own process beside them).
+APART: tuple[tuple[str, str], ...] = (
+    *[(a, b) for a in SERVICES for b in SERVICES if a != b],
+    *[(floor, CLIENT) for floor in ("keeper.runtime", "keeper.link", "keeper.httpapi")],
+    *[(floor, CLIENT) for floor in SERVICES],
+    ("keeper.exo_standin", "keeper.bridge"),
+    ("keeper.cluster", "keeper.bridge"),
+    ("keeper.soak", "keeper.bridge"),
+)
+PURE = (DATA_MODEL, KEEPER_CORE)
+# What a pure function of State must not reach for: clocks, event loops, files, sockets,
+# processes, randomness with hidden state, HTTP and UI libraries.
+IMPURE_MODULES = {
+    "asyncio",
+    "anyio",
+    "trio",
+    "time",
+    "datetime",
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "socket",
+    "select",
+    "selectors",
+    "subprocess",
+    "threading",
+    "multiprocessing",
+    "signal",
+    "logging",
+    "random",
+    "tempfile",
+    "httpx",
+    "fastapi",
+    "starlette",
+    "sse_starlette",
+    "httpx_sse",
+    "uvicorn",
+    "websockets",
+    "textual",
+    "rich",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    imported: str
+    line: int
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_our_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _imports_of(path: Path) -> list[Import]:
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[Import] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [Import(module, alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            found.append(Import(module, target, node.lineno))
+            # `from keeper import master` imports the module keeper.master.
+            found += [
+                Import(module, f"{target}.{alias.name}", node.lineno)
+                for alias in node.names
+                if _is_our_module(f"{target}.{alias.name}")
+            ]
+    return found
+
+
+def _all_imports(package: str) -> list[Import]:
+    return [imp for path in sorted((ROOT / package).rglob("*.py")) for imp in _imports_of(path)]
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def floor_of(module: str) -> int | None:
+    for level, floor in enumerate(FLOORS):
+        if any(_within(module, prefix) for prefix in floor):
+            return level
+    return None
+
+
+def _fmt(imp: Import) -> str:
+    return f"{imp.importer} (line {imp.line}) imports {imp.imported}"
+
+
+KEEPER_IMPORTS = _all_imports("keeper")
+TUI_IMPORTS = _all_imports("exo_deploy_tui")
+
+
+def test_the_walk_sees_imports() -> None:
+    # Guard against a silently empty check.
+    assert any(
+        i.importer == "keeper.model.apply" and i.imported == "keeper.model.events"
+        for i in KEEPER_IMPORTS
+    )
+
+
+def test_every_module_has_a_floor() -> None:
+    """No flat modules beside the floors: each module of ``keeper`` lives in one of them."""
+    modules = {_module_name(path) for path in (ROOT / "keeper").rglob("*.py")}
+    assert sorted(m for m in modules if m != "keeper" and floor_of(m) is None) == []
+
+
+def test_no_floor_imports_a_higher_one() -> None:
+    bad: list[str] = []
+    for imp in KEEPER_IMPORTS:
+        importer, imported = floor_of(imp.importer), floor_of(imp.imported)
+        if importer is not None and imported is not None and imported > importer:
+            bad.append(_fmt(imp))
+    assert bad == []
+
+
+@pytest.mark.parametrize(("layer", "forbidden"), APART)
+def test_floors_that_stay_apart(layer: str, forbidden: str) -> None:
+    bad = [
+        _fmt(i)
+        for i in KEEPER_IMPORTS
+        if _within(i.importer, layer) and _within(i.imported, forbidden)
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize("layer", PURE)
+def test_the_pure_floors_import_no_io(layer: str) -> None:
+    bad = [
+        _fmt(i)
+        for i in KEEPER_IMPORTS
+        if _within(i.importer, layer) and i.imported.split(".")[0] in IMPURE_MODULES
+    ]
+    assert bad == []
+
+
+def test_the_pure_floors_open_no_files() -> None:
+    bad = [
+        f"{path.name} line {node.lineno}"
+        for path in sorted((ROOT / "keeper").rglob("*.py"))
+        if any(_within(_module_name(path), layer) for layer in PURE)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in {"open", "print", "input"}
+    ]
+    assert bad == []
+
+
+def test_keeper_never_imports_the_tui() -> None:
+    assert [_fmt(i) for i in KEEPER_IMPORTS if _within(i.imported, "exo_deploy_tui")] == []
+
+
+def test_tui_reads_the_master_only_through_http() -> None:
+    allowed = (DATA_MODEL, CLIENT, "keeper.cluster.demo")
+    bad = [
+        _fmt(i)
+        for i in TUI_IMPORTS
+        if _within(i.imported, "keeper")
+        and i.imported != "keeper"
+        and not any(_within(i.imported, a) for a in allowed)
+    ]
+    assert bad == []
+
+
+def test_tui_screens_and_widgets_never_import_the_app() -> None:
+    """Attributes down, messages up: a screen reads what it is given and posts messages, so
+    nothing under it needs the app's module."""
+    lower = ("exo_deploy_tui.screens", "exo_deploy_tui.widgets")
+    bad = [
+        _fmt(i)
+        for i in TUI_IMPORTS
+        if any(_within(i.importer, layer) for layer in lower)
+        and _within(i.imported, "exo_deploy_tui.app")
+    ]
+    assert bad == []
+
+
+def test_tui_modules_do_not_import_each_other_in_a_circle() -> None:
+    """A cycle (even one under TYPE_CHECKING) means two modules are one: the lower one's names
+    belong in it."""
+    edges: dict[str, set[str]] = {}
+    for imp in TUI_IMPORTS:
+        if _within(imp.imported, "exo_deploy_tui") and imp.imported != imp.importer:
+            edges.setdefault(imp.importer, set()).add(imp.imported)
+    cycles = sorted(
+        f"{a} <-> {b}"
+        for a, targets in edges.items()
+        for b in targets
+        if a in edges.get(b, ()) and a < b
+    )
+    assert cycles == []

@@ -1,0 +1,10 @@
+"""tests/tui runs the Textual app headless; Textual runs on asyncio."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

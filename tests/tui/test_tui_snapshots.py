@@ -1,0 +1,326 @@
+"""Screenshots of the key screens at 80x24 and 120x40, compared with accepted SVGs.
+
+Every scenario freezes the clock (``FROZEN_NOW``, shown in UTC) and feeds a scripted master, so
+an image changes only when the dashboard's rendering does. Update after a deliberate change
+with ``pytest tests/tui/test_tui_snapshots.py --snapshot-update`` and look at the new SVGs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from model_ids import LLAMA, QWEN
+from recorded_exo import before_the_timeout, recorded_state
+from textual.pilot import Pilot
+from textual.widgets import Input
+
+from exo_deploy_tui.app import DashboardApp
+from exo_deploy_tui.client import STOCK_EXO
+from exo_deploy_tui.model import parse_iso
+from exo_deploy_tui.screens.create import CreateScreen
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
+from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
+from exo_deploy_tui.widgets.panels import DeploymentsTable
+from keeper.model.state import RunnerFailed, RunnerLoading, RunnerReady
+
+pytestmark = pytest.mark.usefixtures("utc")  # the TUI shows local times: UTC here
+
+QWEN30 = "mlx-community/Qwen3-30B-A3B-4bit"
+DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
+NO_FIT = "No cycles found with sufficient memory"
+SIZES = [(80, 24), (120, 40)]
+
+Compare = Callable[..., bool]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = FROZEN_NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def nodes(builder: ClusterBuilder, *, silent: str | None = None) -> ClusterBuilder:
+    for name, ram, free in (("studio", 96, 60), ("mini-a", 24, 20), ("mini-b", 24, 14)):
+        builder.node(name, ram_gb=ram, free_gb=free, seen_ago_s=20 if name == silent else 2)
+    return builder.link_all()
+
+
+def healthy() -> ClusterBuilder:
+    return (
+        nodes(ClusterBuilder())
+        .deployment(QWEN, on=["mini-a"])
+        .deployment(LLAMA, on=["mini-b"])
+        .deployment(QWEN30, on=["studio", "mini-b"])
+    )
+
+
+def scenario(builder: ClusterBuilder, clock: Clock | None = None) -> DashboardApp:
+    client = ScriptedClient(initial=[builder.snapshot(), ConnectionUpdate("live")])
+    return DashboardApp(client, clock=clock or Clock(), tick=False)
+
+
+async def settled(pilot: Pilot[None]) -> None:
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+
+
+def pressing(*keys: str) -> Callable[[Pilot[None]], Awaitable[None]]:
+    async def run(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        await pilot.press(*keys)
+        await settled(pilot)
+
+    return run
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_empty_cluster(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(nodes(ClusterBuilder())), terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_healthy(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(healthy()), terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_cant_place_with_its_error(snap_compare: Compare, size: tuple[int, int]) -> None:
+    builder = healthy().deployment(
+        DEEPSEEK,
+        error=NO_FIT,
+        next_attempt_in_s=30,
+        waiting="unplaceable_retry",
+    )
+    assert snap_compare(scenario(builder), terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_cant_place_described(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """Describe under exo's error says why in numbers: what the model needs, what nodes offer."""
+    builder = healthy().deployment(DEEPSEEK, error=NO_FIT, waiting="unplaceable_retry")
+    assert snap_compare(scenario(builder), terminal_size=size, run_before=pressing("enter"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_backoff_counting_down(snap_compare: Compare, size: tuple[int, int]) -> None:
+    clock = Clock()
+    builder = (
+        nodes(ClusterBuilder())
+        .deployment(QWEN, on=["mini-a"])
+        .deployment(LLAMA, failures=2, next_attempt_in_s=40, waiting="backoff")
+    )
+    app = scenario(builder, clock)
+
+    async def three_seconds_later(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        clock.now += 3
+        app.tick()
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=three_seconds_later)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_node_silent(snap_compare: Compare, size: tuple[int, int]) -> None:
+    builder = (
+        nodes(ClusterBuilder(), silent="mini-b")
+        .deployment(QWEN, on=["mini-a"])
+        .deployment(
+            QWEN30,
+            on=["studio", "mini-b"],
+            runners=[RunnerReady(), RunnerLoading(layers_loaded=9, total_layers=24)],
+        )
+    )
+    run = pressing() if size[0] >= 120 else pressing("2")  # the nodes tab when compact
+    assert snap_compare(scenario(builder), terminal_size=size, run_before=run)
+
+
+async def open_create_form(pilot: Pilot[None], app: DashboardApp) -> None:
+    """Settle, press ``n`` and wait until the create form shows the loaded catalog."""
+    await settled(pilot)
+    await pilot.press("n")
+    deadline = time.monotonic() + 5
+    while not (isinstance(app.screen, CreateScreen) and app.screen.shown):
+        assert time.monotonic() < deadline, "the catalog did not load"
+        await pilot.pause(0.02)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_create_form(snap_compare: Compare, size: tuple[int, int]) -> None:
+    app = scenario(healthy())
+
+    async def open_form(pilot: Pilot[None]) -> None:
+        await open_create_form(pilot, app)
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=open_form)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_create_form_with_no_match(snap_compare: Compare, size: tuple[int, int]) -> None:
+    app = scenario(healthy())
+
+    async def search_gemma(pilot: Pilot[None]) -> None:
+        await open_create_form(pilot, app)
+        await pilot.press(*"gemma")
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=search_gemma)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_delete_confirm(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(
+        scenario(healthy()), terminal_size=size, run_before=pressing("down", "ctrl+d")
+    )
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_help(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(healthy()), terminal_size=size, run_before=pressing("?"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_stock_exo_after_a_node_timed_out(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """exo's own States, polled: node1 reporting, then (two seconds later) exo's State after it
+    timed out, its instance still listed with a runner on the node that left; shown 3 s on."""
+    before = before_the_timeout()
+    clock = Clock()
+    clock.now = max(parse_iso(t) or 0.0 for t in before.last_seen.values()) + 1
+    client = ScriptedClient(
+        initial=[SnapshotUpdate(before, None), ConnectionUpdate("polling", STOCK_EXO)]
+    )
+    app = DashboardApp(client, clock=clock, tick=False)
+
+    async def node1_times_out(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        clock.now += 2
+        client.push(SnapshotUpdate(recorded_state("state-node-timed-out"), None))
+        await settled(pilot)
+        clock.now += 3  # node1 gone for 3 s; the others last reported 6 s ago: still alive
+        app.tick()
+        await settled(pilot)
+        if size[0] < 120:
+            await pilot.press("2")  # the nodes tab when compact
+            await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=node1_times_out)
+
+
+def replicated() -> ClusterBuilder:
+    """Qwen3-0.6B keeps 2: one ready on mini-a, the other failed on mini-b (short, 1/2); Llama
+    keeps 2, both ready."""
+    return (
+        nodes(ClusterBuilder())
+        .deployment(QWEN, on=["mini-a"], replicas=2)
+        .instance(
+            QWEN,
+            on=["mini-b"],
+            runners=[RunnerFailed(error_message="Metal OOM while loading layer 14")],
+            suffix="-b",
+        )
+        .deployment(LLAMA, on=["studio"], replicas=2)
+        .instance(LLAMA, on=["mini-a"], suffix="-b")
+    )
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_replicas_short(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(replicated()), terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_scale_form(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(replicated()), terminal_size=size, run_before=pressing("s"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_create_form_with_replicas(snap_compare: Compare, size: tuple[int, int]) -> None:
+    app = scenario(healthy())
+
+    async def open_form(pilot: Pilot[None]) -> None:
+        await open_create_form(pilot, app)
+        await pilot.press(*"llama 70")
+        await settled(pilot)
+        replicas = app.screen.query_one("#create-replicas", Input)
+        replicas.value = "2"
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=open_form)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_instances_with_an_unhealthy_one(snap_compare: Compare, size: tuple[int, int]) -> None:
+    assert snap_compare(scenario(replicated()), terminal_size=size, run_before=pressing("3"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_delete_instance_confirm(snap_compare: Compare, size: tuple[int, int]) -> None:
+    # Llama's two instances (two rows each) and Qwen's ready one come first: the seventh row
+    # is the failed replica's head.
+    run = pressing("3", *["down"] * 6, "ctrl+k")
+    assert snap_compare(scenario(replicated()), terminal_size=size, run_before=run)
+
+
+H = 3600.0
+NODE_LOST = "node studio timed out"
+
+
+def with_history() -> ClusterBuilder:
+    """The healthy cluster with the master's serving records: Qwen3-0.6B recovered six times in
+    the last day (99.8 %, plain), Qwen3-30B lost mini-b for half an hour (97.9 %, amber),
+    DeepSeek unplaceable since it was created (0.0 %, red); Llama has no records (—)."""
+    flaps: list[tuple[float, bool, str | None]] = [(26 * H, True, None)]
+    causes = [
+        (20 * H, NODE_LOST, 40.2),
+        (9 * H, "runner failed on mini-a: Metal OOM while loading layer 14", 95.0),
+        (5 * H, "node mini-a timed out", 37.9),
+        (3 * H, "instance deleted by a user", 12.5),
+        (2 * H, "runner on mini-a went RunnerShutdown", 41.0),
+        (40 * 60, NODE_LOST, 38.4),
+    ]
+    for ago, cause, lasted in causes:
+        flaps += [(ago, False, cause), (ago - lasted, True, None)]
+    return (
+        healthy()
+        .deployment(DEEPSEEK, error=NO_FIT, waiting="unplaceable_retry")
+        .served(QWEN, *flaps)
+        .served(
+            QWEN30,
+            (30 * H, True, None),
+            (2 * H, False, "node mini-b timed out"),
+            (1.5 * H, True, None),
+        )
+        .served(DEEPSEEK, (5 * H, False, f"unplaceable: {NO_FIT}"))
+    )
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_history_on_the_dashboard(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """AVAIL from 100 columns (not at 80x24), the timeline seeded with the day's incidents."""
+    app = scenario(with_history())
+
+    async def run(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        avail = "avail" in [c.key for c in app.dashboard.query_one(DeploymentsTable).columns]
+        assert avail == (size[0] >= 100)
+
+    assert snap_compare(app, terminal_size=size, run_before=run)
+
+
+def test_seeded_timeline_compact(snap_compare: Compare) -> None:
+    """At 80x24 the timeline tab: the day's incidents marked as history, then the connection."""
+    assert snap_compare(scenario(with_history()), terminal_size=(80, 24), run_before=pressing("4"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_incidents_described(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """Describe on Qwen3-0.6B (DeepSeek, then Llama, come first): its day's availability, MTTR
+    and the newest five incidents with their cause and recovery, above the fold at 80x24."""
+    run = pressing("down", "down", "enter")
+    assert snap_compare(scenario(with_history()), terminal_size=size, run_before=run)
