@@ -24,11 +24,25 @@ from keeper import STARTUP_GRACE, deployment_status
 from keeper.cluster.in_process import InProcessCluster
 from keeper.master.service import Master
 from keeper.model.apply import apply_indexed
+from keeper.model.catalog import catalog_by_id
 from keeper.model.events import InstanceCreated
-from keeper.model.state import SERVING_RUNNER_TYPES, AnyInstance, State
-from keeper.node.sim_node import NodeConfig
+from keeper.model.refusals import NotFoundError
+from keeper.model.state import (
+    SERVING_RUNNER_TYPES,
+    AnyDownload,
+    AnyInstance,
+    DownloadCompleted,
+    DownloadOngoing,
+    DownloadPending,
+    Memory,
+    State,
+    download_model_id,
+)
+from keeper.node.downloads import whole_model_shard
+from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 
 MODEL = "mlx-community/Qwen3-0.6B-4bit"
+QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
 NODES = [
     NodeConfig(name="big", memory_gb=64, load_gb_per_s=2.0),
     NodeConfig(name="mid", memory_gb=32, load_gb_per_s=2.0),
@@ -277,5 +291,77 @@ async def test_a_crashed_node_comes_back_empty_and_a_partitioned_one_reconnects(
         assert cluster.node("small").running_instances() == []
         with pytest.raises(KeyError, match="no node named 'nope'"):
             cluster.kill_runner("nope")
+        group.cancel_scope.cancel()
+    assert watch.violations == []
+
+
+@pytest.mark.anyio
+async def test_download_commands_reach_the_node_and_its_entries_reach_the_state() -> None:
+    qwen_30b = catalog_by_id()[QWEN_30B]
+    shard = whole_model_shard(qwen_30b)
+    size = qwen_30b.storage_size.in_bytes
+    disk = Memory.from_gb(DEFAULT_DISK_GB).in_bytes
+    async with cluster_running(Watch()) as (group, master, cluster):
+        await until(lambda: len(master.state.topology.nodes) == 3, 10, "joined")
+        small = cluster.node("small").node_id
+
+        def entry() -> AnyDownload | None:
+            found = master.state.downloads.get(small, [])
+            return next((e for e in found if download_model_id(e) == QWEN_30B), None)
+
+        def available() -> int:
+            return master.state.node_disk[small].available.in_bytes
+
+        assert master.state.node_system[small].gpu_usage == 0.03
+        assert available() == disk
+        asked = anyio.current_time()
+        answer = await master.start_download(small, shard)
+        assert answer.command_id
+        await until(lambda: isinstance(entry(), DownloadOngoing), 5, "downloading")
+        done_at = await until(lambda: isinstance(entry(), DownloadCompleted), 20, "downloaded")
+        rate = DEFAULT_DOWNLOAD_MB_PER_S * 1024**2
+        assert done_at - asked == pytest.approx(size / rate, abs=0.1)  # 8.4 s, polled
+        await until(lambda: available() == disk - size, 5, "the disk reported fuller")
+
+        await master.delete_download(small, QWEN_30B)
+        await until(lambda: isinstance(entry(), DownloadPending), 5, "deleted")
+        await until(lambda: available() == disk, 5, "the disk reported freed")
+
+        await master.start_download(small, shard)
+        await until(lambda: isinstance(entry(), DownloadOngoing), 5, "downloading again")
+        await anyio.sleep(3)
+        await master.cancel_download(small, QWEN_30B)
+        await until(lambda: isinstance(entry(), DownloadPending), 5, "cancelled")
+        pending = entry()
+        assert isinstance(pending, DownloadPending)
+        assert 0 < pending.downloaded.in_bytes < size
+
+        # A crashed node comes back with its files.
+        cluster.crash("small", 1)
+        await until(lambda: small not in master.connected_nodes(), 5, "crashed")
+        await until(lambda: small in master.connected_nodes(), 10, "restarted")
+        assert cluster.node("small").disk.entries(anyio.current_time())[QWEN_30B] == pending
+
+        for refused in (
+            master.start_download("nobody", shard),
+            master.delete_download("nobody", QWEN_30B),
+            master.cancel_download("nobody", QWEN_30B),
+        ):
+            with pytest.raises(NotFoundError, match="Node 'nobody' cannot be sent"):
+                await refused
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_placed_runner_s_node_downloads_its_model_first() -> None:
+    watch = Watch()
+    async with cluster_running(watch) as (group, master, _):
+        await master.create_deployment(MODEL)
+        await until(lambda: serving(master.state) is not None, 40, "serving")
+        instance = serving(master.state)
+        assert instance is not None
+        for node in instance.shard_assignments.node_to_runner:
+            entries = [e for e in master.state.downloads[node] if download_model_id(e) == MODEL]
+            assert [type(e) for e in entries] == [DownloadCompleted]
         group.cancel_scope.cancel()
     assert watch.violations == []
