@@ -710,14 +710,16 @@ async def test_cancel_download_stops_it_keeping_what_it_downloaded() -> None:
 @pytest.mark.anyio
 async def test_system_vitals_follow_what_the_runners_do() -> None:
     async with running() as (node, master):
-        _, idle = await master.expect(NodeInfo)
-        assert idle.system == SystemVitals(
+        _, idle_info = await master.expect(NodeInfo)
+        idle = idle_info.system
+        assert idle == SystemVitals(
             gpu_usage=0.03, temp=41.0, sys_power=12.0, pcpu_usage=0.2, ecpu_usage=0.1
         )  # exo's recorded idle node
         await master.emit(InstanceCreated(instance=instance_on([node.node_id])))
         await master.expect(RunnerStatusReport, lambda m: m.runner_status == RunnerReady())
-        _, loaded = await master.expect(NodeInfo)  # the next refresh samples them
-        assert loaded.system is not None
-        assert loaded.system.gpu_usage == 0.12
-        assert idle.system.temp < loaded.system.temp < 58.0  # below a node serving a chat
-        assert idle.system.sys_power < loaded.system.sys_power < 95.0
+        _, loaded_info = await master.expect(NodeInfo)  # the next refresh samples them
+        loaded = loaded_info.system
+        assert idle is not None and loaded is not None
+        assert loaded.gpu_usage == 0.12
+        assert idle.temp < loaded.temp < 58.0  # below a node serving a chat
+        assert idle.sys_power < loaded.sys_power < 95.0
