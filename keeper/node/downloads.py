@@ -212,7 +212,7 @@ class ModelsDisk:
         model_id = shard.model_card.model_id
         model = self._models.get(model_id)
         if model is None:
-            model = _Model(shard, shard.model_card.storage_size.in_bytes)
+            model = _Model(shard, max(shard.model_card.storage_size.in_bytes, 0))
             self._models[model_id] = model
         if model.completed_at is not None or model_id == self._active or model_id in self._queue:
             return None
