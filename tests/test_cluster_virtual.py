@@ -21,8 +21,14 @@ from trio.testing import MockClock
 from waiting import wait_until
 
 from keeper import STARTUP_GRACE, deployment_status
+from keeper.cluster.demo import (
+    DEMO_MODELS,
+    DEMO_NODE_TIMEOUT_S,
+    DEMO_NODES,
+    DEMO_SWEEP_INTERVAL_S,
+)
 from keeper.cluster.in_process import InProcessCluster
-from keeper.master.service import Master
+from keeper.master.service import Master, MasterConfig
 from keeper.model.apply import apply_indexed
 from keeper.model.catalog import catalog_by_id
 from keeper.model.events import InstanceCreated
@@ -365,3 +371,43 @@ async def test_a_placed_runner_s_node_downloads_its_model_first() -> None:
             assert [type(e) for e in entries] == [DownloadCompleted]
         group.cancel_scope.cancel()
     assert watch.violations == []
+
+
+@pytest.mark.anyio
+async def test_the_demo_starts_from_its_disks_and_a_killed_node_s_models_download_elsewhere() -> (
+    None
+):
+    config = MasterConfig(
+        node_timeout_s=DEMO_NODE_TIMEOUT_S, sweep_interval_s=DEMO_SWEEP_INTERVAL_S
+    )
+    master = Master(None, config=config)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        cluster = InProcessCluster(master, DEMO_NODES)
+        await group.start(cluster.run)
+        for model_id, replicas in DEMO_MODELS:
+            await master.create_deployment(model_id, replicas=replicas)
+
+        def downloading(node: str, model_id: str) -> bool:
+            entries = master.state.downloads.get(node, [])
+            return any(
+                isinstance(e, DownloadOngoing) and download_model_id(e) == model_id for e in entries
+            )
+
+        def all_serving() -> bool:
+            return all(serving(master.state, model_id) for model_id, _ in DEMO_MODELS[:3])
+
+        await until(all_serving, STARTUP_GRACE + 10, "the demo serving")
+        # What the keeper placed first was on its nodes' disks: nothing was downloaded.
+        assert not any(
+            not isinstance(entry, DownloadCompleted)
+            for entries in master.state.downloads.values()
+            for entry in entries
+        )
+        mini_b = cluster.node("mini-b").node_id
+        cluster.crash("studio", 60)
+        started = await until(lambda: downloading(mini_b, QWEN_30B), 30, "mini-b downloading")
+        ended = await until(lambda: not downloading(mini_b, QWEN_30B), 30, "downloaded")
+        assert 10 < ended - started < 20  # seen downloading for a while
+        await until(all_serving, 30, "serving again")
+        group.cancel_scope.cancel()
