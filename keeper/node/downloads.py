@@ -139,6 +139,10 @@ class ModelsDisk:
         self._queue: list[ModelId] = []  # waiting their turn, first first
         self._active: ModelId | None = None
         self._idle_since = -math.inf  # when the last download ended (the next starts no sooner)
+        # Bumped by every change but a download's progress; with the progress tick it keys the
+        # entries last built (a node reads them at every wake-up).
+        self._version = 0
+        self._built: tuple[tuple[int, int | None], dict[ModelId, AnyDownload]] | None = None
         for card in has:
             size = card.storage_size.in_bytes
             self._models[card.model_id] = _Model(
@@ -160,8 +164,14 @@ class ModelsDisk:
 
     def entries(self, now: float) -> dict[ModelId, AnyDownload]:
         """Every model's entry as exo would report it at ``now`` (progress as of the last
-        ``REPORT_S`` tick of its download)."""
-        return {model_id: self._entry(model, now) for model_id, model in self._models.items()}
+        ``REPORT_S`` tick of its download). The caller must not change the mapping."""
+        key = (self._version, self._tick(now))
+        if self._built is None or self._built[0] != key:
+            entries = {
+                model_id: self._entry(model, now) for model_id, model in self._models.items()
+            }
+            self._built = (key, entries)
+        return self._built[1]
 
     def usage(self, now: float) -> DiskUsage:
         """The disk as ``df`` would show it at the last progress tick."""
@@ -200,6 +210,7 @@ class ModelsDisk:
             model.on_disk = model.total
             model.started_at = None
             model.completed_at = done_at
+            self._version += 1
             self._active = None
             self._idle_since = done_at
             self._start_next(done_at)
@@ -210,6 +221,7 @@ class ModelsDisk:
         DownloadFailed with that message."""
         self.advance(at)
         model_id = shard.model_card.model_id
+        self._version += 1
         model = self._models.get(model_id)
         if model is None:
             model = _Model(shard, max(shard.model_card.storage_size.in_bytes, 0))
@@ -232,6 +244,7 @@ class ModelsDisk:
         """Stop the model's download, keeping its bytes (or take it out of the queue). Returns
         whether there was one to stop."""
         self.advance(now)
+        self._version += 1
         if model_id in self._queue:
             self._queue.remove(model_id)
             return True
@@ -251,6 +264,7 @@ class ModelsDisk:
         if model_id not in self._models:
             return False
         self.cancel(model_id, now)
+        self._version += 1
         model = self._models[model_id]
         model.on_disk = 0
         model.completed_at = None
@@ -276,6 +290,13 @@ class ModelsDisk:
     def _active_model(self) -> _Model | None:
         return self._models[self._active] if self._active is not None else None
 
+    def _tick(self, now: float) -> int | None:
+        """How many progress ticks the download under way has had by ``now`` (None: none)."""
+        model = self._active_model()
+        if model is None or model.started_at is None:
+            return None
+        return max(math.floor((now - model.started_at) / REPORT_S + _EPSILON), 0)
+
     def _start_next(self, at: float) -> None:
         if self._active is not None or not self._queue:
             return
@@ -292,8 +313,8 @@ class ModelsDisk:
     def _reported_bytes(self, model: _Model, now: float) -> int:
         if model.started_at is None:
             return model.on_disk
-        ticks = math.floor((now - model.started_at) / REPORT_S + _EPSILON)
-        return self._exact_bytes(model, model.started_at + max(ticks, 0) * REPORT_S)
+        ticks = max(math.floor((now - model.started_at) / REPORT_S + _EPSILON), 0)
+        return self._exact_bytes(model, model.started_at + ticks * REPORT_S)
 
     def _free_after_queue(self, now: float) -> int:
         """What is free once the download under way and those queued have their bytes."""
