@@ -411,3 +411,25 @@ async def test_the_demo_starts_from_its_disks_and_a_killed_node_s_models_downloa
         assert 10 < ended - started < 20  # seen downloading for a while
         await until(all_serving, 30, "serving again")
         group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_node_back_from_a_timeout_reports_its_downloads_again() -> None:
+    shard = whole_model_shard(catalog_by_id()[MODEL])
+    async with cluster_running(Watch()) as (group, master, cluster):
+        await until(lambda: len(master.state.topology.nodes) == 3, 10, "joined")
+        small = cluster.node("small").node_id
+
+        def completed() -> bool:
+            entries = master.state.downloads.get(small, [])
+            return any(isinstance(e, DownloadCompleted) for e in entries)
+
+        await master.start_download(small, shard)
+        await until(completed, 5, "downloaded")
+        cluster.freeze("small", 40)  # past the 30 s timeout: its entries go with it
+        await until(lambda: small not in master.state.topology.nodes, 40, "timed out")
+        assert small not in master.state.downloads
+        back = await until(lambda: small in master.state.topology.nodes, 30, "back")
+        reported = await until(completed, 10, "its download reported again")
+        assert reported - back <= 5.0 + 1.0  # within one resend period
+        group.cancel_scope.cancel()
