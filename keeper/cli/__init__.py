@@ -34,9 +34,11 @@ from keeper.cluster.local import exit_with_parent, run_cluster
 from keeper.exo_standin.app import STANDIN_API
 from keeper.httpapi.serving import MasterStartError
 from keeper.master.server import OUR_API, run_master
-from keeper.model.state import Backend
+from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.model.state import Backend, Memory, ModelCard
+from keeper.node.downloads import disk_refusal
 from keeper.node.node_process import run_node_process
-from keeper.node.sim_node import NodeConfig
+from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 from keeper.runtime.arguments import UsageParser, positive_float, positive_int
 
 # The command's interface; the exit codes, its contract for scripts, are importable from here.
@@ -88,6 +90,8 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    if (refused := _disk_refused(args)) is not None:
+        return refused
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
     config = NodeConfig(
@@ -95,11 +99,16 @@ def cmd_node(args: argparse.Namespace) -> int:
         memory_gb=args.memory_gb,
         backends=tuple(args.backends),
         load_gb_per_s=args.load_gbps,
+        disk_gb=args.disk_gb,
+        download_mb_per_s=args.download_mb_s,
+        has_models=tuple(args.has),
     )
     return run_node_process(config, args.master, args.token)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    if (refused := _disk_refused(args)) is not None:
+        return refused
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="exo-deploy-cluster-"))
     return run_cluster(
         args.nodes,
@@ -109,7 +118,19 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         sweep_interval_s=args.sweep_interval,
         node_restart_s=None if args.no_node_restart else args.node_restart_delay,
         exo_compat=args.exo_compat,
+        disk_gb=args.disk_gb,
+        download_mb_per_s=args.download_mb_s,
+        has_models=tuple(card.model_id for card in args.has),
     )
+
+
+def _disk_refused(args: argparse.Namespace) -> int | None:
+    """EXIT_USAGE, said on stderr, when the models of ``--has`` do not fit ``--disk-gb``."""
+    refusal = disk_refusal(Memory.from_gb(args.disk_gb).in_bytes, args.has)
+    if refusal is None:
+        return None
+    print(f"exo-deploy {args.command}: error: --has: {refusal}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def cmd_bridge(args: argparse.Namespace) -> int:
@@ -148,6 +169,43 @@ def _backends(text: str) -> list[Backend]:
         raise argparse.ArgumentTypeError(
             f"unknown backend {bad!r} (choose from {choices})"
         ) from None
+
+
+def _models(text: str) -> list[ModelCard]:
+    """``--has``: catalog model ids, comma-separated."""
+    catalog = catalog_by_id(BUILTIN_MODEL_CARDS)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in catalog]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown model {unknown[0]!r} (the catalog's: {', '.join(catalog)})"
+        )
+    return [catalog[name] for name in dict.fromkeys(names)]
+
+
+def _disk_options(parser: argparse.ArgumentParser, every: str) -> None:
+    """A simulated node's models directory (``keeper.node.downloads``), for ``every`` node."""
+    parser.add_argument(
+        "--disk-gb",
+        type=positive_float,
+        default=DEFAULT_DISK_GB,
+        help=f"the disk {every} keeps models on, GB (default {DEFAULT_DISK_GB:g})",
+    )
+    parser.add_argument(
+        "--download-mb-s",
+        type=positive_float,
+        default=DEFAULT_DOWNLOAD_MB_PER_S,
+        metavar="MB_S",
+        help=f"how fast {every} downloads a model it lacks, MB/s (default "
+        f"{DEFAULT_DOWNLOAD_MB_PER_S:g}: about as long as loading it; a real one gets ~100)",
+    )
+    parser.add_argument(
+        "--has",
+        type=_models,
+        default=[],
+        metavar="MODEL[,MODEL...]",
+        help=f"catalog models on the disk of {every} from the start: never downloaded",
+    )
 
 
 def _serving_options(
@@ -227,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="how fast its runners load weights, GB/s (default 2)",
     )
+    _disk_options(node, "it")
     token_option(node, "the master's bearer token, if it has one")
     node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     node.set_defaults(handler=cmd_node)
@@ -247,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _membership_options(cluster)
     _exo_compat_option(cluster)
+    _disk_options(cluster, "each node")
     restart = cluster.add_mutually_exclusive_group()
     restart.add_argument(
         "--node-restart-delay",

@@ -9,10 +9,17 @@ talks to it over HTTP like to any master, so the demo exercises the real client 
 methods are thread-safe (they hop onto the cluster's loop) and take node names, so the TUI can
 offer "kill this node" without knowing anything about how nodes are run.
 
-Timings are the real ones except two, chosen so a fault's whole story plays out in about a
-minute on screen: nodes load at a few seconds per model, and a silent node is declared gone
-after ``DEMO_NODE_TIMEOUT_S`` instead of exo's 30 s. The keeper's constants (the 15 s startup
-grace included) are untouched.
+Timings are the real ones except three, chosen so a fault's whole story plays out in about a
+minute on screen: nodes load at a few seconds per model, download at ``DEMO_DOWNLOAD_MB_PER_S``
+(a model a node lacks arrives in seconds, the 16 GiB Qwen3-30B in about 17 s), and a silent
+node is declared gone after ``DEMO_NODE_TIMEOUT_S`` instead of exo's 30 s. The keeper's
+constants (the 15 s startup grace included) are untouched.
+
+Each node starts with the models the keeper first places on it already on its disk
+(``DEMO_NODES``), so the dashboard is serving soon after the grace; mini-b starts empty. Kill the
+studio and its models move to mini-b, which must download them first: Qwen3-30B is seen
+downloading for about 17 s before it loads (and the small ones queued behind it, one download at
+a time). A killed node comes back with its files.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from keeper.cluster.in_process import InProcessCluster
 from keeper.master.server import serve
 from keeper.master.service import Master, MasterConfig
+from keeper.model.catalog import catalog_by_id
 from keeper.model.state import Backend
 from keeper.node.sim_node import NodeConfig
 
@@ -40,12 +48,29 @@ T = TypeVar("T")
 
 # Every demo load takes at least this long, so even a tiny model is seen loading on screen.
 DEMO_LOAD_FLOOR_S = 3.0
+# How fast the demo's nodes download (MB/s; a fast local mirror, ten times Hugging Face's usual):
+# slow enough that the 16 GiB Qwen3-30B is seen downloading for about 17 s on the node it moves
+# to, fast enough that its whole story (download, load, serving) still fits in the minute.
+DEMO_DOWNLOAD_MB_PER_S = 1000.0
+
+QWEN_06B = "mlx-community/Qwen3-0.6B-4bit"
+LLAMA_1B = "mlx-community/Llama-3.2-1B-Instruct-4bit"
+QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
+DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 
 
 def _demo_mac(
-    name: str, memory_gb: float, load_gb_per_s: float, machine_model: str, chip_id: str, ip: str
+    name: str,
+    memory_gb: float,
+    load_gb_per_s: float,
+    machine_model: str,
+    chip_id: str,
+    ip: str,
+    has: tuple[str, ...],
 ) -> NodeConfig:
-    """A simulated Apple-silicon Mac of the demo: MLX only, each load seen for a few seconds."""
+    """A simulated Apple-silicon Mac of the demo: MLX only, each load seen for a few seconds,
+    ``has`` on its disk from the start."""
+    catalog = catalog_by_id()
     return NodeConfig(
         name=name,
         memory_gb=memory_gb,
@@ -55,24 +80,36 @@ def _demo_mac(
         machine_model=machine_model,
         chip_id=chip_id,
         ip=ip,
+        download_mb_per_s=DEMO_DOWNLOAD_MB_PER_S,
+        has_models=tuple(catalog[model_id] for model_id in has),
     )
 
 
 DEMO_NODES = (
-    # name, RAM in GB, load speed in GB/s, machine, chip, address
-    _demo_mac("studio", 96, 10.0, "Mac Studio", "Apple M3 Ultra", "127.0.0.1"),
-    _demo_mac("mini-a", 24, 4.0, "Mac mini", "Apple M4 Pro", "127.0.0.2"),
-    _demo_mac("mini-b", 24, 4.0, "Mac mini", "Apple M4 Pro", "127.0.0.3"),
+    # name, RAM in GB, load speed in GB/s, machine, chip, address, what the keeper first places
+    # there (on its disk already: the start is quick; mini-b, empty, is where the studio's
+    # models go when it dies, and downloads them)
+    _demo_mac(
+        "studio",
+        96,
+        10.0,
+        "Mac Studio",
+        "Apple M3 Ultra",
+        "127.0.0.1",
+        (QWEN_06B, LLAMA_1B, QWEN_30B),
+    ),
+    _demo_mac("mini-a", 24, 4.0, "Mac mini", "Apple M4 Pro", "127.0.0.2", (QWEN_06B,)),
+    _demo_mac("mini-b", 24, 4.0, "Mac mini", "Apple M4 Pro", "127.0.0.3", ()),
 )
 # Real catalog models with their replicas: three that fit somewhere, the smallest kept twice so
 # a node's loss shows serving carried on by the other replica, and one (DeepSeek V3.1, ~406 GB)
 # that no demo node set can hold, so the dashboard shows a deployment that cannot be placed and
 # why.
 DEMO_MODELS: tuple[tuple[str, int], ...] = (
-    ("mlx-community/Qwen3-0.6B-4bit", 2),
-    ("mlx-community/Llama-3.2-1B-Instruct-4bit", 1),
-    ("mlx-community/Qwen3-30B-A3B-4bit", 1),
-    ("mlx-community/DeepSeek-V3.1-4bit", 1),
+    (QWEN_06B, 2),
+    (LLAMA_1B, 1),
+    (QWEN_30B, 1),
+    (DEEPSEEK, 1),
 )
 # A killed or frozen node is declared gone after this long (exo: 30 s), so recovery is seen soon.
 DEMO_NODE_TIMEOUT_S = 10.0

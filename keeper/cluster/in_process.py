@@ -10,7 +10,8 @@ closed it (silence, restart), or a fault cut it. Faults are plain methods, calla
 event loop at any moment, and each models a real fault in-process:
 
 - ``crash``: the node dies; after ``down_s`` a new node with the same id and no runners starts
-  (a process restart: the master sees the same node come back empty-handed);
+  (a process restart: the master sees the same node come back empty-handed), with the files its
+  disk held (a download cut short reads DownloadPending with its bytes);
 - ``freeze``: the node stops reading and writing for N s, then carries on (SIGSTOP/SIGCONT as the
   master sees it; its runners' clocks keep running);
 - ``partition``: the link is cut and cannot be re-established for N s (the node keeps running);
@@ -150,9 +151,11 @@ class InProcessCluster:
             handle.wake.set()
 
     def crash(self, name: str, down_s: float) -> None:
-        """The node dies now and restarts after ``down_s`` with the same id and no runners."""
+        """The node dies now and restarts after ``down_s`` with the same id and no runners (its
+        disk keeps its files)."""
         handle = self._handle(name)
-        handle.node = SimNode(handle.config, self.clock)
+        disk = handle.node.disk.survivor(self.clock.monotonic())
+        handle.node = SimNode(handle.config, self.clock, disk)
         handle.down_until = self.clock.monotonic() + down_s
         handle.frozen_until = -1.0
         handle.cut()

@@ -120,7 +120,13 @@ class LocalCluster:
         load_gb_per_s: float = DEFAULT_LOAD_GB_PER_S,
         out: TextIO | None = None,
         exo_compat: bool = False,
+        disk_gb: float | None = None,
+        download_mb_per_s: float | None = None,
+        has_models: tuple[str, ...] = (),
     ) -> None:
+        """``disk_gb``, ``download_mb_per_s`` and ``has_models`` are every node's (``exo-deploy
+        node --disk-gb --download-mb-s --has``; None: the node's default). A node that dies
+        restarts with only ``has_models`` on its disk: its process kept the rest in memory."""
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
         self.port = port
@@ -143,6 +149,13 @@ class LocalCluster:
             f"node-{i + 1}": NODE_SIZES_GB[i % len(NODE_SIZES_GB)] for i in range(nodes)
         }
         self._load_gb_per_s = load_gb_per_s
+        self._disk_args: list[str] = []
+        if disk_gb is not None:
+            self._disk_args += ["--disk-gb", str(disk_gb)]
+        if download_mb_per_s is not None:
+            self._disk_args += ["--download-mb-s", str(download_mb_per_s)]
+        if has_models:
+            self._disk_args += ["--has", ",".join(has_models)]
         self._nodes: dict[str, _Child] = {}
         self._proxies: dict[str, TcpProxy] = {}
         self._group: TaskGroup | None = None
@@ -201,6 +214,7 @@ class LocalCluster:
             str(size_gb),
             "--load-gbps",
             str(self._load_gb_per_s),
+            *self._disk_args,
             "--parent-pid",
             str(os.getpid()),
         )
@@ -427,6 +441,9 @@ def run_cluster(
     sweep_interval_s: float | None = None,
     node_restart_s: float | None = DEFAULT_NODE_RESTART_S,
     exo_compat: bool = False,
+    disk_gb: float | None = None,
+    download_mb_per_s: float | None = None,
+    has_models: tuple[str, ...] = (),
 ) -> int:
     """``exo-deploy cluster``: run in the foreground until SIGINT/SIGTERM; the exit code."""
     cluster = LocalCluster(
@@ -437,6 +454,9 @@ def run_cluster(
         sweep_interval_s=sweep_interval_s,
         node_restart_s=node_restart_s,
         exo_compat=exo_compat,
+        disk_gb=disk_gb,
+        download_mb_per_s=download_mb_per_s,
+        has_models=has_models,
     )
 
     async def main() -> None:

@@ -18,6 +18,12 @@ every answer below against those recordings):
   Required: ...GB, Available: ...GB"), then *accepted*: the answer (with that card) comes before
   the instance is applied, and it shows in ``GET /state`` shortly after;
 - ``DELETE /instance/{id}`` likewise accepted, and applied shortly after (404 if unknown);
+- ``POST /download/start`` ``{"target_node_id", "shard_metadata"}``, ``DELETE
+  /download/{node_id}/{model_id}`` and ``POST /download/cancel`` ``{"target_node_id",
+  "model_id"}``: the command passed to the node (``Master.start_download`` and friends), answered
+  ``{"commandId"}`` at once, as exo does; the node's entry in ``downloads`` moves after. exo
+  publishes the command for whichever node it names and answers 200 even when none does, so a
+  command for a node not connected is dropped (logged), not refused;
 - ``GET /models``: exo's own list (``keeper.exo_standin.model_list``);
 - ``GET /events`` as exo answers it: not a stream but one ``application/json`` array of the
   whole event log from the beginning, each event ``{"EventTag": {snake_case fields}}``
@@ -33,24 +39,30 @@ stand-in has no network and never answers 500, so both answer that 400.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from keeper.exo_standin.model_list import ExoModel, exo_catalog, exo_models_payload
 from keeper.exo_standin.placement_answers import (
     exo_instance_json,
     exo_place,
     exo_previews,
+    exo_shard_json,
     state_at,
 )
 from keeper.exo_standin.requests import (
+    ExoCancelDownload,
+    ExoCommandAccepted,
     ExoCreateInstance,
+    ExoStartDownload,
     insufficient_memory,
     total_available,
 )
@@ -64,11 +76,16 @@ from keeper.model.api_models import CommandResponse
 from keeper.model.events import IndexedEvent, InstanceCreated, InstanceDeleted
 from keeper.model.ids import new_id
 from keeper.model.refusals import BadRequestError, NotFoundError, NotRunningError
-from keeper.model.state import InstanceMeta, Sharding
+from keeper.model.state import AnyShard, InstanceMeta, Shard, Sharding
 from keeper.model.wire import JsonObject
 from keeper.runtime.event_log import LOG_FILE
 
 __all__ = ["STANDIN_API", "ExoCreateInstance", "create_exo_compat_app", "insufficient_memory"]
+
+log = logging.getLogger(__name__)
+B = TypeVar("B", bound=BaseModel)
+# Our tolerant reading of a shard exo's strict parser accepted.
+SHARD: TypeAdapter[AnyShard] = TypeAdapter(Shard)
 
 # exo's own answer to an accepted command.
 ACCEPTED = "Command received."
@@ -121,6 +138,15 @@ def create_exo_compat_app(
             model = catalog.get(instance.shard_assignments.model_id)
             if model is not None and model.full_card is not None:
                 instances[instance_id] = exo_instance_json(instance, model.full_card)
+        # A download entry's shard carries exo's full card too.
+        for entries in cast(dict[str, list[JsonObject]], state["downloads"]).values():
+            for entry in entries:
+                fields = cast(JsonObject, next(iter(entry.values())))
+                shard = cast(JsonObject, fields["shardMetadata"])
+                model_id = cast(JsonObject, next(iter(shard.values())))["modelCard"]["modelId"]
+                model = catalog.get(model_id)
+                if model is not None and model.full_card is not None:
+                    fields["shardMetadata"] = exo_shard_json(shard, model.full_card)
         return {key: value for key, value in state.items() if key not in NOT_EXO_STATE_KEYS}
 
     @app.get("/state")
@@ -179,10 +205,7 @@ def create_exo_compat_app(
     )
     async def create_instance(request: Request) -> JSONResponse:
         raw = await request.body()
-        try:
-            body = ExoCreateInstance.model_validate_json(raw)
-        except ValidationError as exc:
-            raise RequestValidationError(_in_body(exc)) from None
+        body = _parsed(ExoCreateInstance, raw)
         model_id = body.instance.body.shard_assignments.model_id
         model = known_model(model_id)
         refusal = insufficient_memory(model.storage_size, total_available(master.state))
@@ -210,6 +233,45 @@ def create_exo_compat_app(
             CommandResponse(message=ACCEPTED, command_id=new_id(), instance_id=instance_id)
         )
 
+    # exo's download commands: accepted at once, and passed to the node if it is connected.
+    accepted = {**ok_body(ExoCommandAccepted), **refusals(503)}
+
+    async def to_node(command: str, node_id: str, sent: Awaitable[CommandResponse]) -> JSONResponse:
+        try:
+            command_id = (await sent).command_id  # NotRunningError: a 503
+        except NotFoundError as exc:  # exo answers as if someone heard it
+            log.info("%s for node %s dropped: %s", command, node_id, exc.message)
+            command_id = new_id()
+        return JSONResponse(ExoCommandAccepted(command_id=command_id).model_dump(mode="json"))
+
+    @app.post(
+        "/download/start",
+        openapi_extra={"requestBody": app.body_ref(ExoStartDownload)},
+        responses=accepted,
+    )
+    async def start_download(request: Request) -> JSONResponse:
+        body = _parsed(ExoStartDownload, await request.body())
+        tagged = body.shard_metadata.model_dump(mode="json", by_alias=True, exclude_none=True)
+        shard = SHARD.validate_python(tagged)
+        node_id = body.target_node_id
+        return await to_node("StartDownload", node_id, master.start_download(node_id, shard))
+
+    @app.delete("/download/{node_id}/{model_id:path}", responses=accepted)
+    async def delete_download(node_id: str, model_id: str) -> JSONResponse:
+        return await to_node("DeleteDownload", node_id, master.delete_download(node_id, model_id))
+
+    @app.post(
+        "/download/cancel",
+        openapi_extra={"requestBody": app.body_ref(ExoCancelDownload)},
+        responses=accepted,
+    )
+    async def cancel_download(request: Request) -> JSONResponse:
+        body = _parsed(ExoCancelDownload, await request.body())
+        node_id = body.target_node_id
+        return await to_node(
+            "CancelDownload", node_id, master.cancel_download(node_id, body.model_id)
+        )
+
     @app.get("/healthz", responses=refusals(503))
     async def healthz() -> JSONResponse:
         if not master.running:
@@ -229,6 +291,15 @@ def _card_of(model: ExoModel, body: ExoCreateInstance) -> JsonObject:
     if shard is None:
         raise BadRequestError("instance.shardAssignments.runnerToShard: no shard")
     return shard.model_card.model_dump(mode="json", by_alias=True)
+
+
+def _parsed(model: type[B], raw: bytes) -> B:
+    """The request body read by one of exo's strict request models; FastAPI's 422 if it does
+    not read."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(_in_body(exc)) from None
 
 
 def _in_body(exc: ValidationError) -> list[Any]:

@@ -115,20 +115,26 @@ def exo_instance_json(instance: AnyInstance, full_card: JsonObject) -> JsonObjec
     tagged: JsonObject = instance.model_dump(mode="json")
     body: JsonObject = next(iter(tagged.values()))
     for runner, shard in body["shardAssignments"]["runnerToShard"].items():
-        ((tag, fields),) = shard.items()
-        body["shardAssignments"]["runnerToShard"][runner] = {
-            tag: {
-                "modelCard": full_card,
-                "deviceRank": fields["deviceRank"],
-                "worldSize": fields["worldSize"],
-                "immediateException": False,
-                "shouldTimeout": None,
-                "startLayer": fields["startLayer"],
-                "endLayer": fields["endLayer"],
-                "nLayers": fields["nLayers"],
-            }
-        }
+        body["shardAssignments"]["runnerToShard"][runner] = exo_shard_json(shard, full_card)
     return tagged
+
+
+def exo_shard_json(shard: JsonObject, full_card: JsonObject) -> JsonObject:
+    """A shard of our State's JSON (``{"PipelineShardMetadata": {...}}``) as exo writes it:
+    with exo's full card and exo's extra fields."""
+    ((tag, fields),) = shard.items()
+    return {
+        tag: {
+            "modelCard": full_card,
+            "deviceRank": fields["deviceRank"],
+            "worldSize": fields["worldSize"],
+            "immediateException": False,
+            "shouldTimeout": None,
+            "startLayer": fields["startLayer"],
+            "endLayer": fields["endLayer"],
+            "nLayers": fields["nLayers"],
+        }
+    }
 
 
 def memory_delta_by_node(node_ids: list[str], storage_bytes: int) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""exo's request models, as strict as exo's own, for the stand-in's ``POST /instance``.
+"""exo's request models, as strict as exo's own, for the stand-in's ``POST /instance`` and
+``POST /download/start`` and ``/download/cancel``.
 
 exo's ``CamelCaseModel`` refuses unknown keys and loose types; a body the bridge gets wrong must
 fail here as it would on exo, naming the field, not be read leniently. These models are written
@@ -164,6 +165,31 @@ class ExoCreateInstance(_Strict):
     one (``2``, not ``2.0``, which JSON Schema also calls an integer), a string as a string."""
 
     instance: ExoTaggedInstance
+
+
+class ExoStartDownload(_Strict):
+    """The body of exo's ``POST /download/start`` (its ``StartDownloadParams``): the node, and
+    a shard naming the model (exo downloads the whole model for any shard)."""
+
+    target_node_id: str
+    shard_metadata: ExoTaggedShard
+
+
+class ExoCancelDownload(_Strict):
+    """The body of exo's ``POST /download/cancel`` (its ``CancelDownloadParams``)."""
+
+    target_node_id: str
+    model_id: str
+
+
+class ExoCommandAccepted(BaseModel):
+    """exo's answer to a download command (``StartDownloadResponse`` and its siblings)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True, frozen=True
+    )
+
+    command_id: str
 
 
 def insufficient_memory(required: Memory, available: Memory) -> str | None:

@@ -8,9 +8,11 @@ A session: the node sends ``Hello``; the master answers ``Welcome`` with a full 
 and then streams every ``IndexedEvent`` as ``EventMessage``. The node sends ``NodeInfo`` when
 what it knows about itself changes (and at least every ``INFO_REFRESH_S``), ``Heartbeat`` every
 ``HEARTBEAT_S``, ``RunnerStatusReport`` as its runners move through exo's lifecycle, ``LinkUp`` /
-``LinkDown`` for its links to other nodes, and ``RequestInstanceDeletion`` when a runner keeps
-failing. The master forwards chat requests for an instance to the node holding its rank-0
-runner with ``ChatRequest`` and the node streams ``ChatChunk`` back (``ChatError`` on failure).
+``LinkDown`` for its links to other nodes, ``DownloadReport`` as a model's download on it moves
+(exo's entries), and ``RequestInstanceDeletion`` when a runner keeps failing. The master
+forwards chat requests for an instance to the node holding its rank-0 runner with
+``ChatRequest`` and the node streams ``ChatChunk`` back (``ChatError`` on failure); it passes on
+exo's download commands as ``StartDownload``, ``DeleteDownload`` and ``CancelDownload``.
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ from pydantic import Field, TypeAdapter
 from keeper.model.events import IndexedEvent
 from keeper.model.state import (
     Backend,
+    DiskUsage,
+    DownloadEntry,
     Edge,
     MemoryUsage,
+    ModelId,
     NodeId,
     NodeIdentity,
     NodeNetwork,
     RdmaCtl,
     RunnerId,
     RunnerStatus,
+    Shard,
     State,
+    SystemVitals,
 )
 from keeper.model.wire import TAGGED, TaggedModel, WireModel
 
@@ -58,6 +65,8 @@ class NodeInfo(TaggedModel):
     identity: NodeIdentity
     network: NodeNetwork
     rdma_ctl: RdmaCtl | None = None
+    disk: DiskUsage | None = None  # its models directory
+    system: SystemVitals | None = None
 
 
 class Heartbeat(TaggedModel):
@@ -84,6 +93,12 @@ class RequestInstanceDeletion(TaggedModel):
     reason: str
 
 
+class DownloadReport(TaggedModel):
+    """The node's entry for one model moved (the master logs it as NodeDownloadProgress)."""
+
+    download_progress: DownloadEntry
+
+
 class ChatChunk(TaggedModel):
     request_id: str
     text: str = ""
@@ -105,6 +120,7 @@ AnyNodeMessage = (
     | LinkUp
     | LinkDown
     | RequestInstanceDeletion
+    | DownloadReport
     | ChatChunk
     | ChatError
 )
@@ -139,6 +155,32 @@ class CancelChat(TaggedModel):
     request_id: str
 
 
-AnyMasterMessage = Welcome | EventMessage | ChatRequest | CancelChat
+class StartDownload(TaggedModel):
+    """Download the shard's whole model unless it is on disk (exo's StartDownload command)."""
+
+    shard_metadata: Shard
+
+
+class DeleteDownload(TaggedModel):
+    """Delete the model's files (exo's DeleteDownload command)."""
+
+    model_id: ModelId
+
+
+class CancelDownload(TaggedModel):
+    """Stop the model's download, keeping what it has (exo's CancelDownload command)."""
+
+    model_id: ModelId
+
+
+AnyMasterMessage = (
+    Welcome
+    | EventMessage
+    | ChatRequest
+    | CancelChat
+    | StartDownload
+    | DeleteDownload
+    | CancelDownload
+)
 MasterMessage = Annotated[AnyMasterMessage, TAGGED]
 MASTER_MESSAGE: TypeAdapter[AnyMasterMessage] = TypeAdapter(MasterMessage)

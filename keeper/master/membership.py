@@ -6,8 +6,10 @@ closed, so when it wakes it reconnects and reports everything afresh instead of 
 itself (its links) missing. A node that connects again is the same node (same node id): its new
 session replaces the old one. Each session turns the node's reports into events (NodeInfo ->
 NodeGatheredInfo, RunnerStatusReport -> RunnerStatusUpdated, LinkUp/Down ->
-TopologyEdgeCreated/Deleted, RequestInstanceDeletion -> InstanceDeleted) and hands chat replies
-to the chat router; what it sends the node is a Welcome with the State, then every event.
+TopologyEdgeCreated/Deleted, DownloadReport -> NodeDownloadProgress, RequestInstanceDeletion ->
+InstanceDeleted) and hands chat replies to the chat router; what it sends the node is a Welcome
+with the State, then every event, and the commands meant for it (``send``: exo's download
+commands).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from keeper.link.protocol import (
     AnyNodeMessage,
     ChatChunk,
     ChatError,
+    DownloadReport,
     Heartbeat,
     Hello,
     LinkDown,
@@ -39,14 +42,17 @@ from keeper.master.subscriptions import Fanout
 from keeper.model.events import (
     AnyEvent,
     InstanceDeleted,
+    NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
     RunnerStatusUpdated,
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
+from keeper.model.refusals import NotFoundError
 from keeper.model.state import Connection, NodeId, State
 from keeper.runtime.clock import Clock, iso_utc
+from keeper.runtime.deployments import shown
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +95,23 @@ class Membership:
         self._clock = clock
         # Nodes the log remembers must report back in time like any other, or time out.
         self._last_heard = dict.fromkeys(self._state().topology.nodes, clock.monotonic())
+
+    def send(self, node_id: NodeId, message: AnyMasterMessage) -> None:
+        """Queue a command for a connected node; NotFoundError naming a node with no session
+        (unknown, gone, or not reconnected yet)."""
+        session = self.sessions.get(node_id)
+        if session is None:
+            known = (
+                "it is not connected"
+                if node_id in self._state().topology.nodes
+                else ("no such node is in the cluster")
+            )
+            raise NotFoundError(
+                f"Node {shown(node_id)} cannot be sent {message.tag}: {known} (GET /state "
+                "lists the nodes)",
+                param="node_id",
+            )
+        session.offer(message)
 
     def close_all(self, reason: str) -> None:
         for session in list(self.sessions.values()):
@@ -191,9 +214,18 @@ class Membership:
                                 identity=message.identity,
                                 network=message.network,
                                 rdma_ctl=message.rdma_ctl,
+                                disk=message.disk,
+                                system=message.system,
                             )
                         ]
                     )
+                case DownloadReport(download_progress=entry):
+                    if entry.node_id != node_id:
+                        log.warning(
+                            "node %s reported node %s's download; dropped", node_id, entry.node_id
+                        )
+                    else:
+                        await self.emit([NodeDownloadProgress(download_progress=entry)])
                 case RunnerStatusReport(runner_id=runner_id, runner_status=status):
                     await self.emit(
                         [RunnerStatusUpdated(runner_id=runner_id, runner_status=status)]

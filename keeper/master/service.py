@@ -56,7 +56,11 @@ from keeper.core.keeper import PlaceFn, calls_for_step
 from keeper.core.placement import place_instance
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
+    AnyMasterMessage,
+    CancelDownload,
     ChatMessage,
+    DeleteDownload,
+    StartDownload,
 )
 from keeper.master.chat import ChatRouter, ChatStream
 from keeper.master.chat_routing import ChatRouting
@@ -81,8 +85,10 @@ from keeper.model.refusals import (
     NotRunningError,
 )
 from keeper.model.state import (
+    AnyShard,
     InstanceMeta,
     ModelCard,
+    ModelId,
     NodeId,
     Sharding,
     State,
@@ -398,6 +404,40 @@ class Master:
             command_id=self.new_id(),
             instance_id=instance_id,
         )
+
+    # --- downloads: exo's commands, passed on to the node ---------------------------------
+
+    async def start_download(self, node_id: NodeId, shard: AnyShard) -> CommandResponse:
+        """The node downloads the shard's whole model unless it is on disk (one download at a
+        time; later ones wait their turn); its entry in ``downloads`` follows."""
+        model_id = shard.model_card.model_id
+        return self._to_node(
+            node_id,
+            StartDownload(shard_metadata=shard),
+            f"Download of {model_id} on {node_id} asked for",
+        )
+
+    async def delete_download(self, node_id: NodeId, model_id: ModelId) -> CommandResponse:
+        """The node deletes the model's files (unless a runner of it uses them)."""
+        return self._to_node(
+            node_id,
+            DeleteDownload(model_id=model_id),
+            f"Deletion of {model_id} on {node_id} asked for",
+        )
+
+    async def cancel_download(self, node_id: NodeId, model_id: ModelId) -> CommandResponse:
+        """The node stops downloading the model, keeping what it has."""
+        return self._to_node(
+            node_id,
+            CancelDownload(model_id=model_id),
+            f"Cancellation of the download of {model_id} on {node_id} asked for",
+        )
+
+    def _to_node(self, node_id: NodeId, message: AnyMasterMessage, said: str) -> CommandResponse:
+        if not self.running:
+            raise NotRunningError("the master is not running")
+        self._membership.send(node_id, message)  # NotFoundError naming a node not connected
+        return CommandResponse(message=said, command_id=self.new_id())
 
     # --- chat ----------------------------------------------------------------------------
 

@@ -41,12 +41,16 @@ def run_node_process(config: NodeConfig, master_url: str, token: str | None) -> 
         clock = AnyioClock()
         node = SimNode(config, clock)
         log.info(
-            "node %s (%s): %g GB, %s, loading at %g GB/s; master %s",
+            "node %s (%s): %g GB, %s, loading at %g GB/s; a %g GB disk downloading at %g MB/s, "
+            "holding %s; master %s",
             config.name,
             node.node_id,
             config.memory_gb,
             ",".join(b.value for b in config.backends),
             config.load_gb_per_s,
+            config.disk_gb,
+            config.download_mb_per_s,
+            ", ".join(card.model_id for card in config.has_models) or "no model",
             master_url,
         )
         async with anyio.create_task_group() as group:

@@ -12,14 +12,21 @@ everything (a new master learns the truth from it).
 Only the injected ``Clock`` is read, never the system's, so a whole cluster of these runs in
 virtual time beside the master.
 
-It is one module (about 600 lines) on purpose: the runners' lifecycle, the session and the loop
+A runner whose model is not on the node's disk first waits, RunnerIdle as on exo, for its
+download (``keeper.node.downloads``, the node's models directory: one download at a time at the
+node's MB/s, its progress reported as exo's download entries); a model that does not fit on the
+disk fails the runner with exo's message, and exo's retries follow.
+
+It is one module (about 700 lines) on purpose: the runners' lifecycle, the session and the loop
 that reconciles them read and write the same few fields at the same wake-up; split apart, they
-would need an interface between them that exists only for the split.
+would need an interface between them that exists only for the split. The disk is the exception:
+it only answers when a model is whole on disk, so it stands alone.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -34,9 +41,12 @@ from keeper.link.protocol import (
     INFO_REFRESH_S,
     AnyNodeMessage,
     CancelChat,
+    CancelDownload,
     ChatChunk,
     ChatError,
     ChatRequest,
+    DeleteDownload,
+    DownloadReport,
     EventMessage,
     Heartbeat,
     Hello,
@@ -45,22 +55,28 @@ from keeper.link.protocol import (
     NodeInfo,
     RequestInstanceDeletion,
     RunnerStatusReport,
+    StartDownload,
     Welcome,
 )
 from keeper.model.apply import apply_indexed
 from keeper.model.state import (
+    AnyDownload,
     AnyInstance,
     AnyRunnerStatus,
+    AnyShard,
     Backend,
     Edge,
     Memory,
     MemoryUsage,
+    ModelCard,
+    ModelId,
     Multiaddr,
     NetworkInterface,
     NodeIdentity,
     NodeNetwork,
     RunnerConnecting,
     RunnerFailed,
+    RunnerIdle,
     RunnerLoading,
     RunnerReady,
     RunnerRunning,
@@ -68,8 +84,13 @@ from keeper.model.state import (
     RunnerShuttingDown,
     SocketConnection,
     State,
+    SystemVitals,
+    download_model_id,
 )
+from keeper.node.downloads import MIB, ModelsDisk
 from keeper.runtime.clock import Clock
+
+log = logging.getLogger(__name__)
 
 GIB = 1024**3
 
@@ -95,6 +116,25 @@ LINK_RESEND_S = INFO_REFRESH_S
 _EPSILON = 1e-9
 # The node's fake model writes this many tokens per second for each chat request.
 DEFAULT_TOKENS_PER_S = 20.0
+# A simulated node's disk unless told otherwise: room for every catalog model at once, DeepSeek
+# V3.1 (378 GiB) and Llama 3.3 70B included, with room to spare, so only a test that asks for a
+# small disk ever sees one fill.
+DEFAULT_DISK_GB = 1000.0
+# How fast a simulated node downloads unless told otherwise, in MB/s (MiB, as GB are GiB here).
+# A real node fetches from Hugging Face at about 100 MB/s; at that rate every test and demo
+# would wait minutes for models. At 2000 MB/s a download takes about as long as the default
+# load at 2 GB/s: the small models most tests and the demo place arrive in a fraction of a
+# second, and the largest a test places (Qwen3-30B, 16.4 GiB) in about 8 s.
+DEFAULT_DOWNLOAD_MB_PER_S = 2000.0
+# What a node's GPU and power read (exo's system profile). exo's recorded nodes show two points,
+# an idle node and one answering a chat; a runner loading its weights or holding them idle sits
+# in between. Temperature and power follow the GPU on the line through the two recorded points,
+# and the CPU figures stay as recorded. Sampled: sent with each NodeInfo, never a reason for one.
+IDLE_GPU, IDLE_TEMP_C, IDLE_POWER_W = 0.03, 41.0, 12.0
+SERVING_GPU, SERVING_TEMP_C, SERVING_POWER_W = 0.62, 58.0, 95.0
+LOADING_GPU = 0.35
+LOADED_GPU = 0.12
+PCPU_USAGE, ECPU_USAGE = 0.2, 0.1
 
 # libp2p peer ids are base58 multihashes beginning "12D3KooW"; ours are derived from the name so
 # a node that restarts under the same name is the same node to the master.
@@ -159,6 +199,11 @@ class NodeConfig:
     machine_model: str = "Mac (simulated)"
     chip_id: str = "Apple M4 (simulated)"
     os_version: str = "26.1"
+    # Its models directory: the disk's size, how fast it downloads, and the models on it at
+    # start (reported DownloadCompleted from the start; ValueError if they do not fit).
+    disk_gb: float = DEFAULT_DISK_GB
+    download_mb_per_s: float = DEFAULT_DOWNLOAD_MB_PER_S
+    has_models: tuple[ModelCard, ...] = ()
 
     @property
     def resolved_id(self) -> str:
@@ -180,6 +225,9 @@ class _Runner:
     shard_bytes: int
     load_s: float
     attempt_started_at: float
+    shard: AnyShard | None = None
+    # Since when its model is whole on the node's disk; None: not yet (the runner waits, idle).
+    disk_ready_at: float | None = -math.inf
     attempt: int = 0  # bumps whenever the runner dies, so a chat can tell its runner went away
     failures: int = 0  # in a row; reset when an attempt reaches Ready
     failed_at: float | None = None
@@ -189,8 +237,25 @@ class _Runner:
     shutdown_started_at: float | None = None
 
     @property
+    def _connect_at(self) -> float:
+        """When this attempt starts connecting: once it began and its model is on disk."""
+        if self.disk_ready_at is None:
+            return math.inf
+        return max(self.attempt_started_at, self.disk_ready_at)
+
+    @property
     def _load_started_at(self) -> float:
-        return self.attempt_started_at + RUNNER_CONNECT_S
+        return self._connect_at + RUNNER_CONNECT_S
+
+    @property
+    def waiting_for_disk(self) -> bool:
+        """An attempt under way whose model is not on disk yet."""
+        return (
+            self.disk_ready_at is None
+            and not self.shutting_down
+            and not self.gave_up
+            and self.failed_at is None
+        )
 
     @property
     def ready_at(self) -> float:
@@ -227,6 +292,10 @@ class _Runner:
         self._fail(now, message)
         return True
 
+    def fail_attempt(self, at: float, message: str) -> None:
+        """This attempt fails at ``at`` (its model cannot be downloaded); retried as any."""
+        self._fail(at, message)
+
     def _fail(self, at: float, message: str) -> None:
         self.failures += 1
         self.attempt += 1
@@ -255,6 +324,8 @@ class _Runner:
             return RunnerShutdown()
         if self.gave_up or self.failed_at is not None:
             return RunnerFailed(error_message=self.error)
+        if now < self._connect_at:
+            return RunnerIdle()  # exo's runner waits idle for its model's download
         if now < self._load_started_at:
             return RunnerConnecting()
         if now < self.ready_at:
@@ -279,6 +350,8 @@ class _Runner:
             return None
         if self.failed_at is not None:
             return self.failed_at + retry_delay(self.failures)
+        if self.disk_ready_at is None:
+            return None  # the download's end says when (the node's disk)
         if now < self._load_started_at:
             return self._load_started_at
         if now < self.ready_at:
@@ -303,7 +376,14 @@ class _Session:
     linked: dict[str, Edge] = field(default_factory=dict[str, Edge])  # peers we reported a link to
     deletion_requested: set[str] = field(default_factory=set[str])
     info_sent: NodeInfo | None = None
+    # What a change of which sends NodeInfo at once: all of it but its sampled figures (system
+    # vitals, and the disk while a download fills it), and the disk's settled bytes.
+    info_key: tuple[NodeInfo, int] | None = None
     info_sent_at: float = -math.inf
+    # Per model, the download entry last reported and when.
+    downloads_sent: dict[ModelId, tuple[AnyDownload, float]] = field(
+        default_factory=dict[ModelId, tuple[AnyDownload, float]]
+    )
     heartbeat_at: float = -math.inf
     chats: dict[str, anyio.CancelScope] = field(default_factory=dict[str, anyio.CancelScope])
 
@@ -311,10 +391,22 @@ class _Session:
 class SimNode:
     """A simulated exo worker. ``run(channel)`` serves one connection to the master."""
 
-    def __init__(self, config: NodeConfig, clock: Clock) -> None:
+    def __init__(self, config: NodeConfig, clock: Clock, disk: ModelsDisk | None = None) -> None:
+        """``disk``: the models directory it starts with (a restarted node keeps its files);
+        by default the config's, holding ``has_models``."""
         self.config = config
         self.node_id = config.resolved_id
         self._clock = clock
+        self.disk = (
+            disk
+            if disk is not None
+            else ModelsDisk(
+                self.node_id,
+                Memory.from_gb(config.disk_gb).in_bytes,
+                config.download_mb_per_s * MIB,
+                config.has_models,
+            )
+        )
         self._runners: dict[str, _Runner] = {}  # by instance id
         self._chatting: Counter[str] = Counter()  # instance id -> requests being answered
         self._wake: anyio.Event | None = None
@@ -406,7 +498,30 @@ class SimNode:
                     scope = session.chats.pop(request_id, None)
                     if scope is not None:
                         scope.cancel()
+                case StartDownload(shard_metadata=shard):
+                    refusal = self.disk.request(shard, self._clock.monotonic())
+                    if refusal is not None:
+                        log.info("node %s cannot download: %s", self.name, refusal)
+                case DeleteDownload(model_id=model_id):
+                    self._delete_download(model_id)
+                case CancelDownload(model_id=model_id):
+                    # A runner still waiting for it asks for it again at once, as exo's worker
+                    # does: cancelling only stops a download nothing here needs.
+                    self.disk.cancel(model_id, self._clock.monotonic())
             self._poke()
+
+    def _delete_download(self, model_id: ModelId) -> None:
+        users = sorted(
+            iid
+            for iid, runner in self._runners.items()
+            if not runner.shutting_down
+            and runner.shard is not None
+            and runner.shard.model_card.model_id == model_id
+        )
+        if users:
+            log.info("node %s keeps %s: runners of it (%s) use it", self.name, model_id, users)
+            return
+        self.disk.delete(model_id, self._clock.monotonic())
 
     async def _tick_loop(self, session: _Session) -> None:
         while True:
@@ -428,21 +543,27 @@ class SimNode:
             if (change := runner.next_change(now)) is not None
         ]
         deadlines += [sent + LINK_RESEND_S for sent in session.link_sent_at.values()]
+        if (download_change := self.disk.next_change(now)) is not None:
+            deadlines.append(download_change)
+        if session.state is not None:
+            deadlines += [
+                sent_at + LINK_RESEND_S for sent_at in self._unconfirmed(session, session.state)
+            ]
         # Never a deadline in the past: floating-point edges must not spin the loop in place.
         return max(min(deadlines), now + 1e-3)
 
     # --- reconciling the node with the State ----------------------------------------------
 
     async def _reconcile(self, session: _Session, now: float) -> None:
-        for runner in self._runners.values():
-            runner.advance(now)
+        self._advance(now)
         state = session.state
         if state is not None:  # before the Welcome, the node knows nothing to compare with
             self._follow_instances(state, now)
             await self._report_runners(session, now)
             await self._request_deletions(session, state)
         await self._report_info(session, state, now)
-        if state is not None:
+        if state is not None:  # after NodeInfo: an entry of a node not in the topology is lost
+            await self._report_downloads(session, state, now)
             await self._report_links(session, state, now)
         if now >= session.heartbeat_at + self.config.heartbeat_s:
             await self._send(session, Heartbeat())
@@ -465,7 +586,35 @@ class SimNode:
                 runner.shut_down(now)
         for iid, instance in assigned.items():
             if iid not in self._runners:
-                self._runners[iid] = self._new_runner(instance, now)
+                self._runners[iid] = runner = self._new_runner(instance, now)
+                if runner.waiting_for_disk:
+                    self._fetch_for(runner, now)
+
+    def _advance(self, now: float) -> None:
+        """Carry the disk and every runner to ``now``: downloads end, runners waiting for one
+        go on from the moment it ended."""
+        self.disk.advance(now)
+        for runner in self._runners.values():
+            runner.advance(now)
+            if runner.waiting_for_disk:
+                self._fetch_for(runner, now)
+
+    def _fetch_for(self, runner: _Runner, now: float) -> None:
+        """A runner whose model is not on disk: its attempt asks for the download (nothing new
+        if it is under way or queued) and waits for it; a model the disk cannot hold fails the
+        attempt, with exo's message, and exo's retries follow."""
+        assert runner.shard is not None
+        model_id = runner.shard.model_card.model_id
+        if self.disk.completed_at(model_id) is None:
+            refusal = self.disk.request(runner.shard, runner.attempt_started_at)
+            if refusal is not None:
+                runner.fail_attempt(runner.attempt_started_at, refusal)
+                return
+            self.disk.advance(now)
+        ready = self.disk.completed_at(model_id)
+        if ready is not None:
+            runner.disk_ready_at = ready
+            runner.advance(now)
 
     def _new_runner(self, instance: AnyInstance, now: float) -> _Runner:
         assignments = instance.shard_assignments
@@ -479,7 +628,16 @@ class SimNode:
         model_bytes = shard.model_card.storage_size.in_bytes
         shard_bytes = model_bytes * layers // max(shard.n_layers, 1)
         load_s = max(self.config.load_floor_s, shard_bytes / (self.config.load_gb_per_s * GIB))
-        return _Runner(instance.instance_id, runner_id, layers, shard_bytes, load_s, now)
+        return _Runner(
+            instance.instance_id,
+            runner_id,
+            layers,
+            shard_bytes,
+            load_s,
+            now,
+            shard=shard,
+            disk_ready_at=self.disk.completed_at(shard.model_card.model_id),
+        )
 
     async def _request_deletions(self, session: _Session, state: State) -> None:
         for iid, runner in self._runners.items():
@@ -500,7 +658,7 @@ class SimNode:
                 del self._runners[iid]
                 session.sent_status.pop(runner.runner_id, None)
 
-    def _info(self) -> NodeInfo:
+    def _info(self, now: float) -> NodeInfo:
         total = Memory.from_gb(self.config.memory_gb)
         held = sum(runner.shard_bytes for runner in self._runners.values())
         available = Memory(in_bytes=max(total.in_bytes - held, 0))
@@ -516,10 +674,33 @@ class SimNode:
             network=NodeNetwork(
                 interfaces=[NetworkInterface(name="en0", ip_address=self.config.ip)]
             ),
+            disk=self.disk.usage(now),
+            system=self._vitals(now),
+        )
+
+    def _vitals(self, now: float) -> SystemVitals:
+        """The GPU's load (see ``IDLE_GPU``), from what the runners do at ``now``."""
+        statuses = [runner.status(now, False) for runner in self._runners.values()]
+        if self._chatting:
+            gpu = SERVING_GPU
+        elif any(isinstance(status, RunnerLoading) for status in statuses):
+            gpu = LOADING_GPU
+        elif any(isinstance(status, RunnerReady) for status in statuses):
+            gpu = LOADED_GPU
+        else:
+            gpu = IDLE_GPU
+        share = (gpu - IDLE_GPU) / (SERVING_GPU - IDLE_GPU)
+        return SystemVitals(
+            gpu_usage=gpu,
+            temp=round(IDLE_TEMP_C + share * (SERVING_TEMP_C - IDLE_TEMP_C), 1),
+            sys_power=round(IDLE_POWER_W + share * (SERVING_POWER_W - IDLE_POWER_W), 1),
+            pcpu_usage=PCPU_USAGE,
+            ecpu_usage=ECPU_USAGE,
         )
 
     async def _report_info(self, session: _Session, state: State | None, now: float) -> None:
-        info = self._info()
+        info = self._info(now)
+        key = (info.model_copy(update={"disk": None, "system": None}), self.disk.settled_bytes())
         due = now >= session.info_sent_at + self.config.info_refresh_s
         # Timed out while the channel stayed open (a freeze): announce ourselves again.
         forgotten = (
@@ -527,10 +708,42 @@ class SimNode:
             and self.node_id not in state.topology.nodes
             and now >= session.info_sent_at + self.config.heartbeat_s
         )
-        if due or forgotten or info != session.info_sent:
+        if due or forgotten or key != session.info_key:
             await self._send(session, info)
             session.info_sent = info
+            session.info_key = key
             session.info_sent_at = now
+
+    async def _report_downloads(self, session: _Session, state: State, now: float) -> None:
+        """Each model's entry when it moved, and again when the State has not shown it after
+        ``LINK_RESEND_S`` (a report that raced the node's timeout, or a master restarted)."""
+        shown = self._shown_downloads(state)
+        present = self.node_id in state.topology.nodes
+        for model_id, entry in self.disk.entries(now).items():
+            sent = session.downloads_sent.get(model_id)
+            confirmed = not present or shown.get(model_id) == entry
+            if (
+                sent is not None
+                and sent[0] == entry
+                and (confirmed or now < sent[1] + LINK_RESEND_S)
+            ):
+                continue
+            await self._send(session, DownloadReport(download_progress=entry))
+            session.downloads_sent[model_id] = (entry, now)
+
+    def _shown_downloads(self, state: State) -> dict[ModelId, AnyDownload]:
+        return {download_model_id(e): e for e in state.downloads.get(self.node_id, [])}
+
+    def _unconfirmed(self, session: _Session, state: State) -> list[float]:
+        """When each reported entry the State does not show was sent."""
+        if self.node_id not in state.topology.nodes:
+            return []
+        shown = self._shown_downloads(state)
+        return [
+            sent_at
+            for model_id, (entry, sent_at) in session.downloads_sent.items()
+            if shown.get(model_id) != entry
+        ]
 
     async def _report_links(self, session: _Session, state: State, now: float) -> None:
         nodes = set(state.topology.nodes)

@@ -14,19 +14,26 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from anyio.abc import TaskStatus
 from anyio.from_thread import start_blocking_portal
 from model_ids import LLAMA, QWEN
 
-from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, main
+from keeper import cli
+from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, build_parser, main
 from keeper.cli.deployments import format_history
+from keeper.cluster.local import LocalCluster
 from keeper.master.server import serve
 from keeper.master.service import Master
 from keeper.model.api_models import DeploymentHistoryResponse, IncidentView
+from keeper.model.catalog import catalog_by_id
+from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 
+QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
 TOKEN = "s3cret-token"
+DISK_OPTIONS = ("disk_gb", "download_mb_per_s", "has_models")
 
 
 def _serve_in_thread(token: str | None) -> Iterator[str]:
@@ -254,6 +261,11 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         (["node"], "--master"),
         (["node", "--master", "http://x", "--backends", "MlxQuantum"], "unknown backend"),
         (["cluster", "--nodes", "0"], "must be at least 1"),
+        (["node", "--master", "http://x", "--has", "nobody/nothing"], "unknown model"),
+        (["cluster", "--download-mb-s", "0"], "must be more than 0"),
+        (["node", "--master", "http://x", "--disk-gb", "-5"], "must be more than 0"),
+        (["node", "--master", "http://x", "--disk-gb", "10", "--has", QWEN_30B], "10.0 GiB disk"),
+        (["cluster", "--disk-gb", "10", "--has", f"{QWEN},{QWEN_30B}"], "take 16.7 GiB, more"),
         (["frobnicate"], "invalid choice"),
         (["list", "--url", "ftp://example.invalid"], "not a master URL"),
     ]
@@ -261,6 +273,57 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         code, _, err = run_cli(capsys, *argv)
         assert code == EXIT_USAGE, argv
         assert message in err, (argv, err)
+
+
+def test_node_disk_flags_reach_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    configs: list[NodeConfig] = []
+
+    def run_node(config: NodeConfig, master: str, token: str | None) -> int:
+        configs.append(config)
+        return EXIT_OK
+
+    monkeypatch.setattr(cli, "run_node_process", run_node)
+    argv = ["node", "--master", "http://x", "--name", "n"]
+    disk = ["--disk-gb", "50", "--download-mb-s", "300", "--has", f"{QWEN}, {LLAMA},{QWEN}"]
+    for given in (argv, argv + disk):
+        args = build_parser().parse_args(given)
+        assert args.handler(args) == EXIT_OK
+    default, told = configs
+    assert (default.disk_gb, default.download_mb_per_s, default.has_models) == (
+        DEFAULT_DISK_GB,
+        DEFAULT_DOWNLOAD_MB_PER_S,
+        (),
+    )
+    assert (told.disk_gb, told.download_mb_per_s) == (50.0, 300.0)
+    assert [card.model_id for card in told.has_models] == [QWEN, LLAMA]  # once each
+    assert told.has_models[0] == catalog_by_id()[QWEN]
+
+
+def test_cluster_passes_the_disk_flags_to_every_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    runs: list[dict[str, Any]] = []
+
+    def run(nodes: int, port: int, data_dir: Path, **options: Any) -> int:
+        runs.append(options)
+        return EXIT_OK
+
+    monkeypatch.setattr(cli, "run_cluster", run)
+    given = ["--data-dir", str(tmp_path), "--disk-gb", "64", "--download-mb-s", "150"]
+    args = build_parser().parse_args(["cluster", *given, "--has", QWEN])
+    assert args.handler(args) == EXIT_OK
+    (options,) = runs
+    assert (options["disk_gb"], options["download_mb_per_s"]) == (64.0, 150.0)
+    assert options["has_models"] == (QWEN,)
+    # Each node process is started with them, and reads them back as given.
+    cluster = LocalCluster(3, 1, tmp_path, **{k: options[k] for k in DISK_OPTIONS})
+    for name in cluster.node_names():
+        argv = cluster._node_argv(name, 16, 4242)  # pyright: ignore[reportPrivateUsage]
+        node = build_parser().parse_args(argv[argv.index("node") :])
+        assert (node.disk_gb, node.download_mb_s) == (64.0, 150.0)
+        assert [card.model_id for card in node.has] == [QWEN]
+    plain = LocalCluster(1, 1, tmp_path)._node_argv("node-1", 16, 4242)  # pyright: ignore[reportPrivateUsage]
+    assert not {"--disk-gb", "--download-mb-s", "--has"} & set(plain)  # the node's defaults
 
 
 def test_soak_commands_take_their_own_arguments(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,10 +22,13 @@ from test_state_wire import _every_event  # pyright: ignore[reportPrivateUsage]
 import keeper
 from keeper.link.protocol import (
     CancelChat,
+    CancelDownload,
     ChatChunk,
     ChatError,
     ChatMessage,
     ChatRequest,
+    DeleteDownload,
+    DownloadReport,
     EventMessage,
     Heartbeat,
     Hello,
@@ -34,6 +37,7 @@ from keeper.link.protocol import (
     NodeInfo,
     RequestInstanceDeletion,
     RunnerStatusReport,
+    StartDownload,
     Welcome,
 )
 from keeper.model.events import IndexedEvent
@@ -130,6 +134,10 @@ def samples() -> dict[type[TaggedModel], list[TaggedModel]]:
             request_id="q", instance_id="i", messages=[ChatMessage(role="user", content="hi")]
         ),
         CancelChat(request_id="q"),
+        StartDownload(shard_metadata=downloads[0].shard_metadata),
+        DeleteDownload(model_id="m"),
+        CancelDownload(model_id="m"),
+        DownloadReport(download_progress=downloads[0]),
     ]
     by_class: dict[type[TaggedModel], list[TaggedModel]] = {}
     for value in values:

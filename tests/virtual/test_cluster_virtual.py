@@ -20,13 +20,33 @@ from model_ids import QWEN as MODEL
 from waiting import wait_until
 
 from keeper import STARTUP_GRACE, deployment_status
+from keeper.cluster.demo import (
+    DEMO_MODELS,
+    DEMO_NODE_TIMEOUT_S,
+    DEMO_NODES,
+    DEMO_SWEEP_INTERVAL_S,
+)
 from keeper.cluster.in_process import InProcessCluster
-from keeper.master.service import Master
+from keeper.master.service import Master, MasterConfig
 from keeper.model.apply import apply_indexed
+from keeper.model.catalog import catalog_by_id
 from keeper.model.events import InstanceCreated
-from keeper.model.state import SERVING_RUNNER_TYPES, AnyInstance, State
-from keeper.node.sim_node import NodeConfig
+from keeper.model.refusals import NotFoundError
+from keeper.model.state import (
+    SERVING_RUNNER_TYPES,
+    AnyDownload,
+    AnyInstance,
+    DownloadCompleted,
+    DownloadOngoing,
+    DownloadPending,
+    Memory,
+    State,
+    download_model_id,
+)
+from keeper.node.downloads import whole_model_shard
+from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 
+QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
 NODES = [
     NodeConfig(name="big", memory_gb=64, load_gb_per_s=2.0),
     NodeConfig(name="mid", memory_gb=32, load_gb_per_s=2.0),
@@ -272,3 +292,137 @@ async def test_a_crashed_node_comes_back_empty_and_a_partitioned_one_reconnects(
             cluster.kill_runner("nope")
         group.cancel_scope.cancel()
     assert watch.violations == []
+
+
+@pytest.mark.anyio
+async def test_download_commands_reach_the_node_and_its_entries_reach_the_state() -> None:
+    qwen_30b = catalog_by_id()[QWEN_30B]
+    shard = whole_model_shard(qwen_30b)
+    size = qwen_30b.storage_size.in_bytes
+    disk = Memory.from_gb(DEFAULT_DISK_GB).in_bytes
+    async with cluster_running(Watch()) as (group, master, cluster):
+        await until(lambda: len(master.state.topology.nodes) == 3, 10, "joined")
+        small = cluster.node("small").node_id
+
+        def entry() -> AnyDownload | None:
+            found = master.state.downloads.get(small, [])
+            return next((e for e in found if download_model_id(e) == QWEN_30B), None)
+
+        def available() -> int:
+            return master.state.node_disk[small].available.in_bytes
+
+        assert master.state.node_system[small].gpu_usage == 0.03
+        assert available() == disk
+        asked = anyio.current_time()
+        answer = await master.start_download(small, shard)
+        assert answer.command_id
+        await until(lambda: isinstance(entry(), DownloadOngoing), 5, "downloading")
+        done_at = await until(lambda: isinstance(entry(), DownloadCompleted), 20, "downloaded")
+        rate = DEFAULT_DOWNLOAD_MB_PER_S * 1024**2
+        assert done_at - asked == pytest.approx(size / rate, abs=0.1)  # 8.4 s, polled
+        await until(lambda: available() == disk - size, 5, "the disk reported fuller")
+
+        await master.delete_download(small, QWEN_30B)
+        await until(lambda: isinstance(entry(), DownloadPending), 5, "deleted")
+        await until(lambda: available() == disk, 5, "the disk reported freed")
+
+        await master.start_download(small, shard)
+        await until(lambda: isinstance(entry(), DownloadOngoing), 5, "downloading again")
+        await anyio.sleep(3)
+        await master.cancel_download(small, QWEN_30B)
+        await until(lambda: isinstance(entry(), DownloadPending), 5, "cancelled")
+        pending = entry()
+        assert isinstance(pending, DownloadPending)
+        assert 0 < pending.downloaded.in_bytes < size
+
+        # A crashed node comes back with its files.
+        cluster.crash("small", 1)
+        await until(lambda: small not in master.connected_nodes(), 5, "crashed")
+        await until(lambda: small in master.connected_nodes(), 10, "restarted")
+        assert cluster.node("small").disk.entries(anyio.current_time())[QWEN_30B] == pending
+
+        for refused in (
+            master.start_download("nobody", shard),
+            master.delete_download("nobody", QWEN_30B),
+            master.cancel_download("nobody", QWEN_30B),
+        ):
+            with pytest.raises(NotFoundError, match="Node 'nobody' cannot be sent"):
+                await refused
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_placed_runner_s_node_downloads_its_model_first() -> None:
+    watch = Watch()
+    async with cluster_running(watch) as (group, master, _):
+        await master.create_deployment(MODEL)
+        await until(lambda: serving(master.state) is not None, 40, "serving")
+        instance = serving(master.state)
+        assert instance is not None
+        for node in instance.shard_assignments.node_to_runner:
+            entries = [e for e in master.state.downloads[node] if download_model_id(e) == MODEL]
+            assert [type(e) for e in entries] == [DownloadCompleted]
+        group.cancel_scope.cancel()
+    assert watch.violations == []
+
+
+@pytest.mark.anyio
+async def test_the_demo_starts_from_its_disks_and_a_killed_node_s_models_download_elsewhere() -> (
+    None
+):
+    config = MasterConfig(
+        node_timeout_s=DEMO_NODE_TIMEOUT_S, sweep_interval_s=DEMO_SWEEP_INTERVAL_S
+    )
+    master = Master(None, config=config)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        cluster = InProcessCluster(master, DEMO_NODES)
+        await group.start(cluster.run)
+        for model_id, replicas in DEMO_MODELS:
+            await master.create_deployment(model_id, replicas=replicas)
+
+        def downloading(node: str, model_id: str) -> bool:
+            entries = master.state.downloads.get(node, [])
+            return any(
+                isinstance(e, DownloadOngoing) and download_model_id(e) == model_id for e in entries
+            )
+
+        def all_serving() -> bool:
+            return all(serving(master.state, model_id) for model_id, _ in DEMO_MODELS[:3])
+
+        await until(all_serving, STARTUP_GRACE + 10, "the demo serving")
+        # What the keeper placed first was on its nodes' disks: nothing was downloaded.
+        assert not any(
+            not isinstance(entry, DownloadCompleted)
+            for entries in master.state.downloads.values()
+            for entry in entries
+        )
+        mini_b = cluster.node("mini-b").node_id
+        cluster.crash("studio", 60)
+        started = await until(lambda: downloading(mini_b, QWEN_30B), 30, "mini-b downloading")
+        ended = await until(lambda: not downloading(mini_b, QWEN_30B), 30, "downloaded")
+        assert 10 < ended - started < 20  # seen downloading for a while
+        await until(all_serving, 30, "serving again")
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_node_back_from_a_timeout_reports_its_downloads_again() -> None:
+    shard = whole_model_shard(catalog_by_id()[MODEL])
+    async with cluster_running(Watch()) as (group, master, cluster):
+        await until(lambda: len(master.state.topology.nodes) == 3, 10, "joined")
+        small = cluster.node("small").node_id
+
+        def completed() -> bool:
+            entries = master.state.downloads.get(small, [])
+            return any(isinstance(e, DownloadCompleted) for e in entries)
+
+        await master.start_download(small, shard)
+        await until(completed, 5, "downloaded")
+        cluster.freeze("small", 40)  # past the 30 s timeout: its entries go with it
+        await until(lambda: small not in master.state.topology.nodes, 40, "timed out")
+        assert small not in master.state.downloads
+        back = await until(lambda: small in master.state.topology.nodes, 30, "back")
+        reported = await until(completed, 10, "its download reported again")
+        assert reported - back <= 5.0 + 1.0  # within one resend period
+        group.cancel_scope.cancel()

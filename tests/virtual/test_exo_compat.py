@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from bridge_harness import exo_with_bridge, wait_until
@@ -30,7 +31,15 @@ from keeper.exo_standin.app import create_exo_compat_app
 from keeper.exo_standin.model_list import CARD_SOURCES, MEBIBYTE, exo_catalog, exo_full_cards
 from keeper.exo_standin.placement_answers import exo_place, exo_previews, memory_delta_by_node
 from keeper.master.service import Master
-from keeper.model.state import InstanceMeta, Sharding, State
+from keeper.model.state import (
+    DownloadCompleted,
+    DownloadOngoing,
+    DownloadPending,
+    InstanceMeta,
+    Sharding,
+    State,
+    download_model_id,
+)
 
 GEMMA_4 = "mlx-community/gemma-4-26b-a4b-it-4bit"
 PLACEMENT_QUERY = {"sharding": "Pipeline", "instance_meta": "MlxRing", "min_nodes": "1"}
@@ -56,6 +65,8 @@ RECORDED_STATES = (
     "state-two-node-pipeline-ready.json",
     "state-node-timed-out.json",
     "state-node-timed-out-instance-deleted.json",
+    "state-downloading.json",
+    "state-staged.json",
 )
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -329,3 +340,131 @@ async def test_previews_and_models_answer_exo_s_shapes() -> None:
         assert previews.status_code == 200
         assert_same_keys(previews.json(), recorded("instance-previews.json"))
         assert (await exo.get("/models")).json() == recorded("models.json")
+
+
+# --- downloads ---------------------------------------------------------------------------------
+
+
+def download_entries(state: Any, node_id: str) -> dict[str, tuple[str, Any]]:
+    """A node's entries in a ``GET /state`` body: model id -> (exo's tag, fields)."""
+    found: dict[str, tuple[str, Any]] = {}
+    for entry in state["downloads"].get(node_id, []):
+        ((tag, fields),) = entry.items()
+        ((_, shard),) = fields["shardMetadata"].items()
+        found[shard["modelCard"]["modelId"]] = (tag, fields)
+    return found
+
+
+@pytest.mark.anyio
+async def test_download_routes_answer_with_exo_s_shapes_and_the_entries_follow() -> None:
+    async with stand_in() as (master, exo):
+        serving = await place_qwen(exo)
+        (serving_node,) = serving["MlxRingInstance"]["shardAssignments"]["nodeToRunner"]
+        assert (await exo.post("/instance", json={"instance": serving})).status_code == 200
+        other = next(node for node in master.state.topology.nodes if node != serving_node)
+        request = {**recorded("download-start-request.json"), "target_node_id": other}
+
+        async def state() -> Any:
+            return (await exo.get("/state")).json()
+
+        async def tag_on(node: str) -> str | None:
+            entry = download_entries(await state(), node).get(QWEN)
+            return entry[0] if entry is not None else None
+
+        await wait_until(
+            lambda: any(
+                isinstance(entry, DownloadCompleted)
+                for entry in master.state.downloads.get(serving_node, [])
+            ),
+            30,
+            "the serving node downloaded its model",
+        )
+        started = await exo.post("/download/start", json=request)
+        assert started.status_code == 200, started.text
+        assert_same_keys(started.json(), recorded("download-start-response.json"))
+        ongoing_state: list[Any] = []
+
+        def caught_ongoing() -> bool:
+            entry = next(
+                (e for e in master.state.downloads.get(other, []) if download_model_id(e) == QWEN),
+                None,
+            )
+            return isinstance(entry, DownloadOngoing)
+
+        await wait_until(caught_ongoing, 10, "the other node downloading")
+        ongoing_state.append(await state())
+        # exo's State 2 s into that download: the same keys, entries and disks and vitals.
+        downloading = recorded("state-downloading.json")
+        assert_same_keys(ongoing_state[0]["downloads"], downloading["downloads"])
+        assert_same_keys(ongoing_state[0]["nodeDisk"], downloading["nodeDisk"])
+        assert_same_keys(ongoing_state[0]["nodeSystem"], downloading["nodeSystem"])
+        (_, fields) = download_entries(ongoing_state[0], other)[QWEN]
+        their_ongoing = next(
+            e["DownloadOngoing"]
+            for entries in downloading["downloads"].values()
+            for e in entries
+            if "DownloadOngoing" in e
+        )
+        assert fields["shardMetadata"] == their_ongoing["shardMetadata"]  # exo's card and all
+        assert fields["downloadProgress"]["totalFiles"] == 8
+        assert fields["modelDirectory"] == their_ongoing["modelDirectory"]
+
+        await wait_until(lambda: tag_done(master, other), 10, "downloaded")
+        staged = recorded("state-staged.json")
+        assert_same_keys((await state())["downloads"], staged["downloads"])
+
+        # camelCase keys are read too, as exo's do; a model on disk: nothing to download.
+        camel = {"targetNodeId": other, "shardMetadata": request["shard_metadata"]}
+        assert (await exo.post("/download/start", json=camel)).status_code == 200
+
+        cancelled = await exo.post(
+            "/download/cancel", json={"target_node_id": other, "model_id": QWEN}
+        )
+        assert cancelled.status_code == 200
+        assert_same_keys(cancelled.json(), recorded("download-start-response.json"))
+
+        deleted = await exo.delete(f"/download/{other}/{QWEN}")
+        assert deleted.status_code == 200
+        assert_same_keys(deleted.json(), recorded("download-delete-response.json"))
+        assert deleted.json()["commandId"] != started.json()["commandId"]
+        await wait_until(lambda: tag_is(master, other, DownloadPending), 10, "deleted")
+        assert await tag_on(other) == "DownloadPending"  # exo's entry after a deletion
+        # A runner's files are kept: exo's worker would reload them at once.
+        await exo.delete(f"/download/{serving_node}/{QWEN}")
+        await anyio.sleep(2)
+        assert await tag_on(serving_node) == "DownloadCompleted"
+
+        # exo publishes a command for any node id and answers it; so does the stand-in.
+        for answer in (
+            await exo.post("/download/start", json={**request, "target_node_id": "nobody"}),
+            await exo.delete(f"/download/nobody/{QWEN}"),
+            await exo.post("/download/cancel", json={"target_node_id": "x", "model_id": QWEN}),
+        ):
+            assert answer.status_code == 200
+            assert_same_keys(answer.json(), recorded("download-start-response.json"))
+
+
+def tag_is(master: Master, node_id: str, kind: type[Any]) -> bool:
+    entries = master.state.downloads.get(node_id, [])
+    return any(isinstance(e, kind) for e in entries if download_model_id(e) == QWEN)
+
+
+def tag_done(master: Master, node_id: str) -> bool:
+    return tag_is(master, node_id, DownloadCompleted)
+
+
+@pytest.mark.anyio
+async def test_a_download_body_exo_would_refuse_gets_fastapi_s_422_as_exo_s() -> None:
+    bad = recorded("download-start-bad.json")
+    async with stand_in() as (_, exo):
+        answer = await exo.post("/download/start", json={"target_node_id": "x"})
+        assert (answer.status_code, answer.json()) == (bad["status"], bad["body"])
+        # As strict as exo's: a number is not a string, and unknown keys are refused.
+        for body in (
+            {"target_node_id": 1, "model_id": QWEN},
+            {"target_node_id": "x", "model_id": QWEN, "extra": True},
+            {"model_id": QWEN},
+        ):
+            refused = await exo.post("/download/cancel", json=body)
+            assert refused.status_code == 422, body
+            assert refused.json()["detail"][0]["loc"][0] == "body"

@@ -175,10 +175,11 @@ def test_the_master_with_a_token_answers_as_its_document_says(case: schemathesis
 @exo_schema.parametrize()
 @FUZZ
 def test_exo_s_stand_in_answers_as_its_document_says(case: schemathesis.Case) -> None:
-    # exo's POST /instance is strict: it refuses 2.0 where its schema says integer, which JSON
-    # Schema cannot tell from 2 (its description says so). The stand-in must refuse it too, as
-    # it is there to catch what exo would refuse, so only there a schema-valid body may get 422.
-    strict_exo = (case.method, case.path) == ("POST", "/instance")
+    # exo's POST /instance and POST /download/start are strict: they refuse 2.0 where their
+    # schema says integer (in a shard), which JSON Schema cannot tell from 2 (its description
+    # says so). The stand-in must refuse it too, as it is there to catch what exo would refuse,
+    # so only there a schema-valid body may get 422.
+    strict_exo = (case.method, case.path) in {("POST", "/instance"), ("POST", "/download/start")}
     case.call_and_validate(
         app=EXO, excluded_checks=[positive_data_acceptance] if strict_exo else []
     )
@@ -238,6 +239,21 @@ def test_exo_s_stand_in_declares_fastapi_s_422_as_it_sends_it() -> None:
     }
     assert posted["responses"]["422"]["content"]["application/json"]["schema"] == fastapi_422
     assert set(posted["responses"]) == {"200", "400", "413", "415", "422", "503"}
+    # exo's download commands: its bodies, its {"commandId"} answer, FastAPI's 422.
+    accepted = {"$ref": "#/components/schemas/ExoCommandAccepted"}
+    for (method, path), body in {
+        ("POST", "/download/start"): "ExoStartDownload",
+        ("POST", "/download/cancel"): "ExoCancelDownload",
+        ("DELETE", "/download/{node_id}/{model_id}"): None,
+    }.items():
+        operation = operations(document.openapi())[(method, path)]
+        answers = operation["responses"]
+        assert answers["200"]["content"]["application/json"]["schema"] == accepted
+        assert answers["422"]["content"]["application/json"]["schema"] == fastapi_422
+        assert "503" in answers
+        if body is not None:
+            schema = operation["requestBody"]["content"]["application/json"]["schema"]
+            assert schema == {"$ref": f"#/components/schemas/{body}"}
 
 
 @pytest.mark.anyio

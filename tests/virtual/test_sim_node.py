@@ -8,6 +8,7 @@ the retry backoff, the deletion request after 5 failures, the chat token rate.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,9 +20,12 @@ import pytest
 from keeper.link.channel import MasterSide, memory_channel_pair
 from keeper.link.protocol import (
     AnyNodeMessage,
+    CancelDownload,
     ChatChunk,
     ChatError,
     ChatRequest,
+    DeleteDownload,
+    DownloadReport,
     EventMessage,
     Heartbeat,
     Hello,
@@ -30,9 +34,11 @@ from keeper.link.protocol import (
     NodeInfo,
     RequestInstanceDeletion,
     RunnerStatusReport,
+    StartDownload,
     Welcome,
 )
 from keeper.model.apply import apply_indexed
+from keeper.model.catalog import catalog_by_id
 from keeper.model.events import (
     AnyEvent,
     IndexedEvent,
@@ -44,8 +50,13 @@ from keeper.model.events import (
     TopologyEdgeCreated,
 )
 from keeper.model.state import (
+    AnyDownload,
     AnyRunnerStatus,
     Connection,
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadPending,
     Memory,
     MlxRingInstance,
     ModelCard,
@@ -54,6 +65,7 @@ from keeper.model.state import (
     PipelineShardMetadata,
     RunnerConnecting,
     RunnerFailed,
+    RunnerIdle,
     RunnerLoading,
     RunnerReady,
     RunnerRunning,
@@ -62,6 +74,8 @@ from keeper.model.state import (
     ShardAssignments,
     SocketConnection,
     State,
+    SystemVitals,
+    download_model_id,
 )
 from keeper.node.sim_node import (
     GIB,
@@ -87,7 +101,9 @@ CARD = ModelCard(
     supports_tensor=True,
 )
 LOAD_S = 4.0
-NODE = NodeConfig(name="alpha", memory_gb=16, load_gb_per_s=1.0)
+# The model is on the node's disk from the start: these tests time loading alone (downloads have
+# tests/test_sim_downloads.py).
+NODE = NodeConfig(name="alpha", memory_gb=16, load_gb_per_s=1.0, has_models=(CARD,))
 PEER = "12D3KooWpeer"
 
 
@@ -247,7 +263,8 @@ async def test_runner_lifecycle_follows_the_load_speed() -> None:
 
 @pytest.mark.anyio
 async def test_loading_reports_are_throttled_for_fast_loads() -> None:
-    fast = NodeConfig(name="fast", memory_gb=16, load_gb_per_s=8.0)  # 0.5 s for 8 layers
+    # 0.5 s for 8 layers, the model on disk
+    fast = NodeConfig(name="fast", memory_gb=16, load_gb_per_s=8.0, has_models=(CARD,))
     async with running(fast) as (node, master):
         await master.emit(InstanceCreated(instance=instance_on([node.node_id])))
         seen = await master.statuses(4)
@@ -488,3 +505,227 @@ async def test_status_reports_apply_cleanly_to_the_state() -> None:
             if report.runner_status == RunnerReady():
                 break
         assert master.state.runners == {"inst-1-runner-0": RunnerReady()}
+
+
+# --- downloads ------------------------------------------------------------------------------
+
+# The same node without the model on its disk: 4 GiB at 1024 MB/s is 4 s of downloading.
+LACKING = NodeConfig(name="alpha", memory_gb=16, load_gb_per_s=1.0, download_mb_per_s=1024.0)
+DOWNLOAD_S = 4.0
+OTHER = CARD.model_copy(update={"model_id": "test/model-1g", "storage_size": Memory.from_gb(1)})
+
+
+def whole(card: ModelCard) -> PipelineShardMetadata:
+    return PipelineShardMetadata(
+        model_card=card,
+        device_rank=0,
+        world_size=1,
+        start_layer=0,
+        end_layer=card.n_layers,
+        n_layers=card.n_layers,
+    )
+
+
+async def downloads_until(
+    master: FakeMaster, last: Callable[[AnyDownload], bool], model_id: str = CARD.model_id
+) -> list[tuple[float, AnyDownload]]:
+    """The node's download reports for ``model_id`` up to the first ``last`` one, with when each
+    arrived (the fake master never shows them in its State, so the node re-sends the last one
+    every few seconds: later ones are not read)."""
+    found: list[tuple[float, AnyDownload]] = []
+    while True:
+        at, report = await master.expect(
+            DownloadReport, lambda m: download_model_id(m.download_progress) == model_id
+        )
+        found.append((at, report.download_progress))
+        if last(report.download_progress):
+            return found
+
+
+def completed(entry: AnyDownload) -> bool:
+    return isinstance(entry, DownloadCompleted)
+
+
+@pytest.mark.anyio
+async def test_a_runner_waits_idle_for_its_model_s_download_then_loads() -> None:
+    async with running(LACKING) as (node, master):
+        t0 = anyio.current_time()
+        await master.emit(InstanceCreated(instance=instance_on([node.node_id])))
+        reports = await downloads_until(master, completed)
+        times = [round(at - t0, 6) for at, _ in reports]
+        # exo's progress once a second from the download's start, then complete at size / rate.
+        assert times == [0.0, 1.0, 2.0, 3.0, DOWNLOAD_S]
+        ongoing = [entry for _, entry in reports[:-1]]
+        assert all(isinstance(entry, DownloadOngoing) for entry in ongoing)
+        progress = [
+            entry.download_progress for entry in ongoing if isinstance(entry, DownloadOngoing)
+        ]
+        assert [p.downloaded.in_bytes for p in progress] == [k * GIB for k in range(4)]
+        assert {(p.total.in_bytes, p.speed, p.total_files) for p in progress} == {
+            (4 * GIB, float(GIB), 8)
+        }
+        assert [p.eta_ms for p in progress] == [4000, 3000, 2000, 1000]
+        done = reports[-1][1]
+        assert isinstance(done, DownloadCompleted) and done.total == CARD.storage_size
+        assert (
+            done.shard_metadata
+            == instance_on([node.node_id]).shard_assignments.runner_to_shard["inst-1-runner-0"]
+        )
+        # Meanwhile the runner waited idle, as exo's does, then went on as ever.
+        ready_at, _ = await master.expect(
+            RunnerStatusReport, lambda m: m.runner_status == RunnerReady()
+        )
+        statuses = [
+            (round(at - t0, 6), m.runner_status)
+            for at, m in master.log
+            if isinstance(m, RunnerStatusReport)
+        ]
+        assert statuses[0] == (0.0, RunnerIdle())
+        assert statuses[1] == (DOWNLOAD_S, RunnerConnecting())
+        assert round(ready_at - t0, 6) == DOWNLOAD_S + RUNNER_CONNECT_S + LOAD_S
+
+
+@pytest.mark.anyio
+async def test_a_model_on_disk_from_the_start_is_reported_complete_and_never_downloaded() -> None:
+    async with running(NODE) as (node, master):
+        welcomed = anyio.current_time()
+        at, report = await master.expect(DownloadReport)
+        assert at == welcomed  # the first thing it says of its disk once it knows the State
+        assert isinstance(report.download_progress, DownloadCompleted)
+        assert report.download_progress.shard_metadata == whole(CARD)
+        await master.emit(InstanceCreated(instance=instance_on([node.node_id])))
+        await master.expect(RunnerStatusReport, lambda m: m.runner_status == RunnerReady())
+        assert not any(
+            isinstance(m, DownloadReport) and not completed(m.download_progress)
+            for _, m in master.log
+        )
+
+
+@pytest.mark.anyio
+async def test_a_17_gb_model_asked_for_without_a_runner_downloads_at_the_node_s_rate() -> None:
+    qwen_30b = catalog_by_id()["mlx-community/Qwen3-30B-A3B-4bit"]
+    size = qwen_30b.storage_size.in_bytes
+    config = NodeConfig(name="alpha", memory_gb=16, download_mb_per_s=500.0)
+    rate = 500.0 * 1024**2
+    async with running(config) as (node, master):
+        await master.expect(NodeInfo)
+        asked = anyio.current_time()
+        await master.side.send(StartDownload(shard_metadata=whole(qwen_30b)))
+        reports = await downloads_until(master, completed, qwen_30b.model_id)
+        times = [at - asked for at, _ in reports]
+        assert times[-1] == pytest.approx(size / rate)  # 33.6 s
+        assert max(b - a for a, b in itertools.pairwise(times)) <= 1.0 + 1e-9
+        downloaded = [
+            entry.download_progress.downloaded.in_bytes
+            for _, entry in reports
+            if isinstance(entry, DownloadOngoing)
+        ]
+        assert len(downloaded) == 34 and downloaded == sorted(downloaded)
+        # The disk is reported at once when the download ends (just before the entry is).
+        at, info = [(at, m) for at, m in master.log if isinstance(m, NodeInfo)][-1]
+        assert at - asked == pytest.approx(size / rate)
+        assert info.disk is not None
+        assert info.disk.available.in_bytes == Memory.from_gb(1000).in_bytes - size
+        assert node.running_instances() == []
+
+
+@pytest.mark.anyio
+async def test_one_download_at_a_time_the_next_waits_pending() -> None:
+    async with running(LACKING) as (_, master):
+        asked = anyio.current_time()
+        await master.side.send(StartDownload(shard_metadata=whole(CARD)))
+        await master.side.send(StartDownload(shard_metadata=whole(OTHER)))
+        _, first = await master.expect(
+            DownloadReport, lambda m: download_model_id(m.download_progress) == OTHER.model_id
+        )
+        assert isinstance(first.download_progress, DownloadPending)
+        assert first.download_progress.total == OTHER.storage_size
+        reports = await downloads_until(master, completed, OTHER.model_id)
+        started_at, started = reports[0]
+        assert isinstance(started, DownloadOngoing)
+        assert started_at - asked == pytest.approx(DOWNLOAD_S)  # when the first one ended
+        assert reports[-1][0] - asked == pytest.approx(DOWNLOAD_S + 1.0)
+
+
+@pytest.mark.anyio
+async def test_a_model_the_disk_cannot_hold_fails_its_runner_with_exo_s_backoff() -> None:
+    small_disk = NodeConfig(name="alpha", memory_gb=16, disk_gb=3.0)
+    async with running(small_disk) as (node, master):
+        t0 = anyio.current_time()
+        await master.emit(InstanceCreated(instance=instance_on([node.node_id])))
+        _, report = await master.expect(DownloadReport)
+        failed = report.download_progress
+        assert isinstance(failed, DownloadFailed)
+        assert failed.error_message.startswith("No writable model directory has 4.0 GiB free.")
+        assert "needs 4.0 GiB; 3.0 GiB of 3.0 GiB free" in failed.error_message
+        reported = [m for _, m in master.log if isinstance(m, RunnerStatusReport)]
+        assert [m.runner_status for m in reported] == [
+            RunnerFailed(error_message=failed.error_message)
+        ]
+        # Each of exo's retries (after 0.5, 1, 2 and 4 s) finds the disk still too small, so the
+        # runner never leaves Failed, and after the fifth failure the node asks for deletion.
+        asked_at, ask = await master.expect(RequestInstanceDeletion)
+        assert asked_at - t0 == pytest.approx(0.5 + 1 + 2 + 4)
+        assert "failed 5 times" in ask.reason and failed.error_message in ask.reason
+
+
+@pytest.mark.anyio
+async def test_delete_download_frees_the_disk_unless_a_runner_uses_the_model() -> None:
+    async with running(NODE) as (node, master):
+        _, info = await master.expect(NodeInfo)
+        assert info.disk is not None
+        full = Memory.from_gb(1000).in_bytes
+        assert info.disk.available.in_bytes == full - CARD.storage_size.in_bytes
+        await master.emit(InstanceCreated(instance=instance_on([node.node_id])))
+        await master.expect(RunnerStatusReport, lambda m: m.runner_status == RunnerReady())
+        await master.side.send(DeleteDownload(model_id=CARD.model_id))
+        with anyio.move_on_after(10):
+            await master.expect(
+                DownloadReport, lambda m: isinstance(m.download_progress, DownloadPending)
+            )
+            pytest.fail("the files of a model a runner uses were deleted")
+        await master.emit(InstanceDeleted(instance_id="inst-1"))
+        await master.expect(RunnerStatusReport, lambda m: m.runner_status == RunnerShutdown())
+        asked = anyio.current_time()
+        await master.side.send(DeleteDownload(model_id=CARD.model_id))
+        at, report = await master.expect(DownloadReport)
+        assert at == pytest.approx(asked)
+        assert report.download_progress == DownloadPending(
+            node_id=node.node_id,
+            shard_metadata=whole(CARD),
+            model_directory=f"/fake/models/{CARD.model_id}",
+        )
+        _, info = await master.expect(NodeInfo)
+        assert info.disk is not None and info.disk.available.in_bytes == full
+
+
+@pytest.mark.anyio
+async def test_cancel_download_stops_it_keeping_what_it_downloaded() -> None:
+    async with running(LACKING) as (_, master):
+        await master.side.send(StartDownload(shard_metadata=whole(CARD)))
+        await master.expect(DownloadReport)
+        await anyio.sleep(2.5)
+        await master.side.send(CancelDownload(model_id=CARD.model_id))
+        reports = await downloads_until(master, lambda entry: isinstance(entry, DownloadPending))
+        pending = reports[-1][1]
+        assert isinstance(pending, DownloadPending)
+        assert pending.downloaded.in_bytes == pytest.approx(2.5 * GIB, abs=1)
+        assert pending.total == CARD.storage_size
+
+
+@pytest.mark.anyio
+async def test_system_vitals_follow_what_the_runners_do() -> None:
+    async with running() as (node, master):
+        _, idle_info = await master.expect(NodeInfo)
+        idle = idle_info.system
+        assert idle == SystemVitals(
+            gpu_usage=0.03, temp=41.0, sys_power=12.0, pcpu_usage=0.2, ecpu_usage=0.1
+        )  # exo's recorded idle node
+        await master.emit(InstanceCreated(instance=instance_on([node.node_id])))
+        await master.expect(RunnerStatusReport, lambda m: m.runner_status == RunnerReady())
+        _, loaded_info = await master.expect(NodeInfo)  # the next refresh samples them
+        loaded = loaded_info.system
+        assert idle is not None and loaded is not None
+        assert loaded.gpu_usage == 0.12
+        assert idle.temp < loaded.temp < 58.0  # below a node serving a chat
+        assert idle.sys_power < loaded.sys_power < 95.0

@@ -314,6 +314,7 @@ async def test_create_sends_the_token_and_returns_the_answer() -> None:
         "instance_meta": "MlxRing",
         "min_nodes": 2,
         "replicas": 1,
+        "standby": 1,
     }
 
 
