@@ -10,12 +10,14 @@ every simple cycle as exo does.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from fractions import Fraction
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from placement_reference import ReferencePlacement, reference_place
+from recorded_exo import recorded_state
 
 from keeper.core.placement import choose_cycle, place_instance
 from keeper.core.placement.build import (
@@ -29,9 +31,15 @@ from keeper.core.placement.search import SEARCH_STEP_LIMIT, CycleSearch, SearchB
 from keeper.model.apply import apply
 from keeper.model.events import NodeGatheredInfo, TopologyEdgeCreated
 from keeper.model.state import (
+    AnyDownload,
     AnyInstance,
     Backend,
     Connection,
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadPending,
+    DownloadProgressData,
     Edge,
     InstanceMeta,
     Memory,
@@ -49,6 +57,7 @@ from keeper.model.state import (
     State,
     TensorShardMetadata,
     Topology,
+    download_fraction,
 )
 
 GB = 1024**3
@@ -74,6 +83,39 @@ def card(
         backends=backends,
         num_key_value_heads=kv_heads,
     )
+
+
+DownloadKind = Literal["completed", "ongoing", "pending", "failed"]
+
+
+def download(
+    node: str,
+    kind: DownloadKind,
+    downloaded: int = 0,
+    total: int = 0,
+    model_id: str = "test/model",
+) -> AnyDownload:
+    """A download entry of ``model_id`` on ``node``, as exo reports it; ``downloaded`` and
+    ``total`` (bytes) are the progress of an ongoing or pending one."""
+    shard = PipelineShardMetadata(
+        model_card=card(model_id=model_id),
+        device_rank=0,
+        world_size=1,
+        start_layer=0,
+        end_layer=32,
+        n_layers=32,
+    )
+    done, size = Memory(in_bytes=downloaded), Memory(in_bytes=total)
+    match kind:
+        case "completed":
+            return DownloadCompleted(node_id=node, shard_metadata=shard, total=size)
+        case "ongoing":
+            progress = DownloadProgressData(downloaded=done, total=size)
+            return DownloadOngoing(node_id=node, shard_metadata=shard, download_progress=progress)
+        case "pending":
+            return DownloadPending(node_id=node, shard_metadata=shard, downloaded=done, total=size)
+        case "failed":
+            return DownloadFailed(node_id=node, shard_metadata=shard, error_message="disk full")
 
 
 # exo's words when no cycle has RDMA on every hop, passed on to the user as they are.
@@ -456,6 +498,39 @@ def test_without_a_leaf_the_most_memory_wins() -> None:
     assert ranked(place(state, card(size_gb=111))) == ["a", "hub"]
     # A leaf is never on a cycle of three; this one starts at its smallest id.
     assert ranked(place(state, card(size_gb=151))) == ["a", "b", "hub"]
+
+
+# --- how much of the model a node holds ---------------------------------------------------
+
+
+def test_a_node_s_download_fraction_is_exo_s() -> None:
+    def fraction(*entries: AnyDownload) -> Fraction:
+        return download_fraction(entries, "test/model")
+
+    assert fraction(download("a", "completed", total=GB)) == 1
+    assert fraction(download("a", "ongoing", 1, 4)) == Fraction(1, 4)
+    assert fraction(download("a", "pending", 3, 4)) == Fraction(3, 4)
+    assert fraction(download("a", "ongoing", 5, 0)) == 0  # no total: nothing counted
+    assert fraction(download("a", "pending", 5, 0)) == 0
+    assert fraction(download("a", "failed")) == 0
+    assert fraction() == 0
+    # Another model's entry is passed over; the first entry for the model decides.
+    other = download("a", "completed", model_id="org/other")
+    assert fraction(other, download("a", "ongoing", 1, 2)) == Fraction(1, 2)
+    assert fraction(download("a", "failed"), download("a", "completed")) == 0
+    assert type(fraction(download("a", "ongoing", 1, 3))) is Fraction  # exact, never a float
+
+
+def test_a_recorded_download_counts_its_bytes() -> None:
+    state = recorded_state("state-downloading")
+    model_id = "mlx-community/Qwen3-0.6B-4bit"
+    fractions = {
+        node: download_fraction(entries, model_id) for node, entries in state.downloads.items()
+    }
+    assert fractions == {
+        "5763eeb9-da3e-4a1b-8b43-ed46f68c9532": 1,  # serving it: completed
+        "d2f80960-d20d-4473-b970-8318b488d614": Fraction(210_031_775, 342_884_352),
+    }
 
 
 # --- rule 7: most free memory, then the smallest ids --------------------------------------
