@@ -9,6 +9,7 @@ every simple cycle as exo does.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from fractions import Fraction
 from typing import Any, Literal
@@ -27,9 +28,14 @@ from keeper.core.placement.build import (
     split_layers,
 )
 from keeper.core.placement.graph import cluster_graph
-from keeper.core.placement.search import SEARCH_STEP_LIMIT, CycleSearch, SearchBudget
+from keeper.core.placement.search import (
+    SEARCH_STEP_LIMIT,
+    CycleSearch,
+    SearchBudget,
+    count_groups,
+)
 from keeper.model.apply import apply
-from keeper.model.events import NodeGatheredInfo, TopologyEdgeCreated
+from keeper.model.events import NodeDownloadProgress, NodeGatheredInfo, TopologyEdgeCreated
 from keeper.model.state import (
     AnyDownload,
     AnyInstance,
@@ -157,6 +163,18 @@ class ClusterBuilder:
         self.state = apply(
             self.state, TopologyEdgeCreated(conn=Connection(source=source, sink=sink, edge=edge))
         )
+        return self
+
+    def download(
+        self,
+        node: str,
+        kind: DownloadKind,
+        downloaded: int = 0,
+        total: int = 0,
+        model_id: str = "test/model",
+    ) -> ClusterBuilder:
+        entry = download(node, kind, downloaded, total, model_id)
+        self.state = apply(self.state, NodeDownloadProgress(download_progress=entry))
         return self
 
     def socket(self, source: str, sink: str, ip: str = "192.0.2.1") -> ClusterBuilder:
@@ -533,7 +551,158 @@ def test_a_recorded_download_counts_its_bytes() -> None:
     }
 
 
-# --- rule 7: most free memory, then the smallest ids --------------------------------------
+# --- rule 7: the most of the model already on the nodes -----------------------------------
+
+
+def test_a_completed_copy_beats_more_free_memory() -> None:
+    builder = ClusterBuilder().node("a", 64).node("b", 16).link("a", "b")
+    assert ranked(place(builder.build(), card(size_gb=10))) == ["a"]
+    state = builder.download("b", "completed", total=10 * GB).build()
+    assert ranked(place(state, card(size_gb=10))) == ["b"]
+
+
+@pytest.mark.parametrize("kind", ["ongoing", "pending"])
+def test_half_a_download_beats_none(kind: DownloadKind) -> None:
+    state = ClusterBuilder().node("a", 64).node("b", 32).link("a", "b").download("b", kind, 1, 2)
+    assert ranked(place(state.build(), card(size_gb=10))) == ["b"]
+
+
+def test_more_of_the_model_beats_less() -> None:
+    state = (
+        ClusterBuilder()
+        .node("a", 8)
+        .node("b", 64)
+        .link("a", "b")
+        .download("a", "completed", total=4)
+        .download("b", "ongoing", 3, 4)
+        .build()
+    )
+    assert ranked(place(state, card(size_gb=5))) == ["a"]
+
+
+def test_a_download_of_another_model_counts_nothing() -> None:
+    state = (
+        ClusterBuilder()
+        .node("a", 64)
+        .node("b", 16)
+        .link("a", "b")
+        .download("b", "completed", total=GB, model_id="org/other")
+        .build()
+    )
+    assert ranked(place(state, card(size_gb=10))) == ["a"]
+
+
+def test_a_failed_download_counts_nothing() -> None:
+    state = ClusterBuilder().node("a", 64).node("b", 16).link("a", "b").download("b", "failed")
+    assert ranked(place(state.build(), card(size_gb=10))) == ["a"]
+
+
+def test_equal_scores_fall_back_to_memory_then_to_the_smallest_ids() -> None:
+    builder = ClusterBuilder().node("c", 64).node("b", 32).node("a", 16).mesh("a", "b", "c")
+    builder.download("a", "completed", total=4).download("b", "completed", total=4)
+    assert ranked(place(builder.build(), card(size_gb=10))) == ["b"]
+    level = ClusterBuilder().node("b", 32).node("a", 32).node("c", 64).mesh("a", "b", "c")
+    level.download("a", "ongoing", 1, 2).download("b", "pending", 2, 4)
+    assert ranked(place(level.build(), card(size_gb=10))) == ["a"]
+
+
+@pytest.mark.parametrize(("more_on", "chosen"), [("halves", ["a", "b"]), ("ends", ["c", "d"])])
+def test_a_score_sums_its_nodes_and_equal_sums_fall_back_to_memory(
+    more_on: str, chosen: list[str]
+) -> None:
+    # A path a - b - c - d: the pairs {a, b}, {b, c} and {c, d} are cycles. Two halves on a
+    # and b tie one completed copy on d (the pair with c): memory decides between the two ways
+    # to score 1, however the search meets them.
+    halves, ends = (14, 12) if more_on == "halves" else (12, 14)
+    state = (
+        ClusterBuilder()
+        .node("a", halves)
+        .node("b", 12)
+        .node("c", ends)
+        .node("d", 12)
+        .link("a", "b")
+        .link("b", "c")
+        .link("c", "d")
+        .download("a", "ongoing", 1, 2)
+        .download("b", "pending", 1, 2)
+        .download("d", "completed", total=2)
+        .build()
+    )
+    assert ranked(place(state, card(size_gb=20))) == chosen
+
+
+def test_scores_are_summed_exactly() -> None:
+    # 1/10 + 2/10 ties 3/10 + 0, so memory decides: {c, d}. (exo sums floats, where
+    # 0.1 + 0.2 is 0.30000000000000004 and would win.)
+    state = (
+        ClusterBuilder()
+        .node("a", 8)
+        .node("b", 8)
+        .node("c", 10)
+        .node("d", 10)
+        .link("a", "b")
+        .link("c", "d")
+        .download("a", "ongoing", 1, 10)
+        .download("b", "ongoing", 2, 10)
+        .download("c", "ongoing", 3, 10)
+        .build()
+    )
+    assert ranked(place(state, card(size_gb=15))) == ["c", "d"]
+
+
+def test_leaves_and_the_smallest_size_come_before_downloads() -> None:
+    leafy = leafy_cluster()
+    held = leafy.model_copy(
+        update={"downloads": {node: [download(node, "completed")] for node in ("hub", "a", "b")}}
+    )
+    assert ranked(place(held, card(size_gb=5))) == ["leaf"]
+    assert ranked(place(held, card(size_gb=55), "Pipeline", "MlxRing", 2)) == ["hub", "leaf"]
+    # A pair holding two copies does not beat one node that holds none.
+    pair = ClusterBuilder().node("a", 8).node("b", 8).node("c", 100).mesh("a", "b", "c")
+    pair.download("a", "completed").download("b", "completed")
+    assert ranked(place(pair.build(), card(size_gb=10))) == ["c"]
+
+
+def test_nodes_holding_the_model_but_short_of_memory_are_passed_over_cheaply() -> None:
+    # A set of 8 with either small holder has 71 GB; only the 8 large nodes hold 75 GB.
+    names = [f"n{i}" for i in range(8)]
+    builder = ClusterBuilder().node("h0", 1).node("h1", 1)
+    for name in names:
+        builder.node(name, 10)
+    builder.mesh("h0", "h1", *names).download("h0", "completed").download("h1", "completed")
+    state = builder.build()
+    model = card(size_gb=75, n_layers=80)
+    # (Listing every cycle of 10 fully connected nodes, the third mode, runs out of steps.)
+    for mode in ("default", "walk sets only"):
+        placed = place_with_mode(mode, state, model, "Pipeline", "MlxRing", 1)
+        assert isinstance(placed, ReferencePlacement), placed
+        assert placed.ranked_nodes == tuple(names)
+    graph = cluster_graph(state)
+    search = CycleSearch(graph)
+    choose_cycle(graph, card(size_gb=75), Sharding.PIPELINE, InstanceMeta.MLX_RING, 1, search)
+    assert search.budget.spent < 100
+
+
+def test_many_partial_downloads_on_a_large_dense_cluster_are_cheap() -> None:
+    # 16 nodes, each a different share of the model along: Tensor on 8 (7 do not divide
+    # hidden_size), the 8 furthest along.
+    names = [f"n{i:02d}" for i in range(16)]
+    builder = ClusterBuilder()
+    for name in names:
+        builder.node(name, 16)
+    builder.mesh(*names, rdma=True)
+    for i, name in enumerate(names):
+        builder.download(name, "ongoing", i, 16)
+    graph = cluster_graph(builder.build())
+    search = CycleSearch(graph)
+    cycle = choose_cycle(
+        graph, card(size_gb=100), Sharding.TENSOR, InstanceMeta.MLX_JACCL, 1, search
+    )
+    assert graph.ids_of(cycle) == tuple(names[8:])
+    assert search.budget.spent < 200
+
+
+# --- rule 8: most free memory, then the smallest ids --------------------------------------
 
 
 def test_the_most_free_memory_wins() -> None:
@@ -770,6 +939,30 @@ def test_an_adversarial_topology_stops_at_the_step_limit() -> None:
             CycleSearch(graph, budget),
         )
     assert budget.spent == SEARCH_STEP_LIMIT + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    classes=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=3), min_size=2, max_size=4),
+    weights=st.lists(st.integers(0, 6), min_size=4, max_size=4, unique=True),
+    size=st.integers(1, 6),
+    required=st.integers(0, 20),
+)
+def test_the_ways_to_take_members_from_classes_come_grouped_by_score(
+    classes: list[list[int]], weights: list[int], size: int, required: int
+) -> None:
+    rams = [sorted(members, reverse=True) for members in classes]
+    weights = sorted(weights[: len(rams)], reverse=True)
+    expected: dict[int, list[tuple[int, ...]]] = {}
+    for taken in itertools.product(*(range(len(members) + 1) for members in rams)):
+        memory = sum(sum(members[:number]) for members, number in zip(rams, taken, strict=True))
+        if sum(taken) == size and memory >= required:
+            score = sum(number * weight for number, weight in zip(taken, weights, strict=True))
+            expected.setdefault(score, []).append(taken)
+    found = list(count_groups(rams, weights, size, required, SearchBudget()))
+    assert [(score, sorted(group)) for score, group in found] == [
+        (score, sorted(expected[score])) for score in sorted(expected, reverse=True)
+    ]
 
 
 # --- agreement with the brute force -------------------------------------------------------
