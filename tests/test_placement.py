@@ -971,7 +971,9 @@ NODE_NAMES = ("n0", "n1", "n2", "n3", "n4", "n5", "x", "y")
 
 
 @st.composite
-def clusters(draw: st.DrawFn) -> State:
+def clusters(draw: st.DrawFn, usable: bool = False) -> State:
+    """A random State. ``usable``: every node reports memory and Metal, and most hold some of
+    the model, so placements succeed more often and the download score decides more of them."""
     names = draw(st.permutations(NODE_NAMES))[: draw(st.integers(2, 7))]
     # Up to one name is a node that has left: it keeps its memory, backends and edges.
     gone = names[-1] if len(names) > 2 and draw(st.integers(0, 3)) == 0 else None
@@ -979,10 +981,12 @@ def clusters(draw: st.DrawFn) -> State:
     memory: dict[str, MemoryUsage] = {}
     backends: dict[str, list[Backend]] = {}
     for name in names:
-        if draw(st.integers(0, 11)) > 0:
+        if usable or draw(st.integers(0, 11)) > 0:
             ram = draw(st.sampled_from([0, 2, 3, 3, 4, 4, 5, 6, 8]))
             memory[name] = MemoryUsage(ram_available=Memory(in_bytes=ram))
-        if draw(st.integers(0, 11)) > 0:
+        if usable:
+            backends[name] = [Backend.MLX_METAL]
+        elif draw(st.integers(0, 11)) > 0:
             backends[name] = draw(
                 st.one_of(
                     st.just([Backend.MLX_METAL]),
@@ -1002,31 +1006,54 @@ def clusters(draw: st.DrawFn) -> State:
             if kind in ("rdma", "both"):
                 edges.append(rdma_edge(source, sink))
             connections.setdefault(source, {})[sink] = edges
+    downloads = {name: draw(download_lists(name, often=usable)) for name in names}
     return State(
         topology=Topology(nodes=live, connections=connections),
         node_memory=memory,
         node_backends=backends,
+        downloads={name: entries for name, entries in downloads.items() if entries},
     )
 
 
+RANDOM_MODEL = "test/random"
+
+
 @st.composite
-def clusters_and_models(draw: st.DrawFn) -> tuple[State, ModelCard]:
+def download_lists(draw: st.DrawFn, node: str, often: bool = False) -> list[AnyDownload]:
+    """A node's download entries: none, one or two (``often``: seldom none), of the placed model
+    or another, completed, failed, or ongoing or pending with a fraction of small numbers (so
+    that sums of fractions tie often: 1/2 + 1/2 is a completed copy), sometimes over a total of
+    0. When two are for the placed model, the first decides."""
+    entries: list[AnyDownload] = []
+    for _ in range(draw(st.sampled_from([0, 1, 1, 2] if often else [0, 0, 0, 1, 1, 2]))):
+        model_id = draw(st.sampled_from([RANDOM_MODEL, RANDOM_MODEL, "test/other"]))
+        kinds: list[DownloadKind] = ["completed", "ongoing", "ongoing", "pending", "failed"]
+        kind = draw(st.sampled_from(kinds))
+        total = draw(st.sampled_from([0, 2, 3, 4, 6]))
+        downloaded = draw(st.integers(0, total))
+        entries.append(download(node, kind, downloaded, total, model_id))
+    return entries
+
+
+@st.composite
+def clusters_and_models(draw: st.DrawFn, usable: bool = False) -> tuple[State, ModelCard]:
     """A cluster and a model sized as a share of the cluster's free memory, so that every size
-    of cycle, and sometimes none, can hold it."""
-    state = draw(clusters())
+    of cycle, and sometimes none, can hold it (``usable``: most often some can)."""
+    state = draw(clusters(usable))
     live_ram = sum(
         usage.ram_available.in_bytes
         for node, usage in state.node_memory.items()
         if node in state.topology.nodes
     )
-    share = draw(st.sampled_from([0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1, 1.2]))
+    shares = [0, 0.1, 0.2, 0.3, 0.45, 0.6, *([] if usable else [0.75, 0.9, 1, 1.2])]
+    share = draw(st.sampled_from(shares))
     return state, draw(model_cards(int(live_ram * share)))
 
 
 @st.composite
 def model_cards(draw: st.DrawFn, size: int) -> ModelCard:
     return ModelCard(
-        model_id="test/random",
+        model_id=RANDOM_MODEL,
         storage_size=Memory(in_bytes=size),
         n_layers=draw(st.integers(1, 8)),
         hidden_size=draw(st.sampled_from([1, 2, 3, 4, 5, 6, 12, 60])),
@@ -1051,7 +1078,26 @@ def model_cards(draw: st.DrawFn, size: int) -> ModelCard:
 def test_agrees_with_listing_every_cycle(
     cluster_and_model: tuple[State, ModelCard], sharding: str, meta: str, min_nodes: int
 ) -> None:
-    state, model = cluster_and_model
+    agrees_with_the_reference(*cluster_and_model, sharding, meta, min_nodes)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cluster_and_model=clusters_and_models(usable=True),
+    meta=st.sampled_from(["MlxRing", "MlxJaccl"]),
+    min_nodes=st.sampled_from([1, 2, 2, 3]),
+)
+def test_agrees_with_listing_every_cycle_where_nodes_hold_the_model(
+    cluster_and_model: tuple[State, ModelCard], meta: str, min_nodes: int
+) -> None:
+    agrees_with_the_reference(*cluster_and_model, "Pipeline", meta, min_nodes)
+
+
+def agrees_with_the_reference(
+    state: State, model: ModelCard, sharding: str, meta: str, min_nodes: int
+) -> None:
+    """Every search mode answers as the brute force does; records whether the model's
+    downloads changed which nodes the brute force chose."""
     try:
         expected: ReferencePlacement | str = reference_place(
             state, model, sharding, meta, min_nodes
@@ -1063,5 +1109,18 @@ def test_agrees_with_listing_every_cycle(
         if isinstance(expected, str)
         else f"{expected.kind} on {len(expected.ranked_nodes)}"
     )
+    if not isinstance(expected, str):
+        try:
+            by_memory = reference_place(
+                state.model_copy(update={"downloads": {}}), model, sharding, meta, min_nodes
+            )
+        except ValueError as error:
+            by_memory = str(error)
+        event(
+            "downloads: decided the nodes"
+            if isinstance(by_memory, ReferencePlacement)
+            and by_memory.ranked_nodes != expected.ranked_nodes
+            else "downloads: nodes as by memory alone"
+        )
     for mode in SEARCH_MODES:
         assert place_with_mode(mode, state, model, sharding, meta, min_nodes) == expected, mode
