@@ -329,3 +329,28 @@ async def test_with_no_preview_apart_ours_places_on_the_other_nodes_with_exo_s_c
         f"exo offers no Pipeline/MlxRing placement of {QWEN} apart from its other instances, "
         "nor does ours: "
     )
+
+
+def downloaded_on(state: State, node: str) -> State:
+    """``state`` with exo's recorded completed download of Qwen3-0.6B on ``node``."""
+    staged = State.model_validate(recorded("state-staged.json"))
+    (entry, *_) = next(iter(staged.downloads.values()))
+    return state.model_copy(
+        update={"downloads": {node: [entry.model_copy(update={"node_id": node})]}}
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("holder", [NODE_2, NODE_3])
+async def test_ours_places_apart_on_the_node_that_holds_the_model(holder: str) -> None:
+    def exo(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=recorded("instance-previews.json"))
+
+    bridge = Bridge(ExoClient("http://exo.test", transport=httpx.MockTransport(exo)), None)
+    deployment = Deployment(deployment_id="d", model_card=bridge.catalog[QWEN])
+    # No preview of exo's is apart from NODE_1, so ours places: on the node with the download.
+    ours = await bridge.where_to_place(
+        deployment, downloaded_on(state_with_qwen_on(NODE_1), holder)
+    )
+    assert isinstance(ours, ExoPlacement)
+    assert nodes_of(ours) == {holder}
