@@ -8,7 +8,8 @@ printed, never asserted; the targets are printed beside them:
 
 The baseline runs in a child process that is stopped after ``BASELINE_CUTOFF_S``; once one size
 hits the cutoff, larger sizes are not run (a larger complete graph holds every cycle of the
-smaller one, so it can only be slower). A second table times the inputs the search bound is for.
+smaller one, so it can only be slower). A second table times the inputs the search bound is for,
+and clusters where nodes hold some of the model (the download score ranks first).
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from keeper.core.placement.graph import ClusterGraph, cluster_graph
 from keeper.core.placement.search import SEARCH_STEP_LIMIT, CycleSearch
 from keeper.model.state import (
     Backend,
+    DownloadCompleted,
+    DownloadOngoing,
+    DownloadProgressData,
     Edge,
     InstanceMeta,
     Memory,
     MemoryUsage,
     ModelCard,
     Multiaddr,
+    PipelineShardMetadata,
     RDMAConnection,
     Sharding,
     SocketConnection,
@@ -50,9 +55,9 @@ TARGET_RATIO_AT_10 = 100.0
 GB = 1024**3
 
 
-def fully_connected(nodes: int) -> State:
+def fully_connected(nodes: int, ram_gb: float | None = None) -> State:
     """``nodes`` Macs, every ordered pair linked by a socket and an RDMA edge; free memory
-    varies (16 to 32 GB) so memory, not only the ids, decides."""
+    varies (16 to 32 GB) so memory, not only the ids, decides, unless ``ram_gb`` sets it."""
     names = [f"node-{i:02d}" for i in range(nodes)]
 
     def edges(source: int, sink: int) -> list[Edge]:
@@ -70,7 +75,9 @@ def fully_connected(nodes: int) -> State:
             },
         ),
         node_memory={
-            name: MemoryUsage(ram_available=Memory.from_gb(16 + 4 * (i % 5)))
+            name: MemoryUsage(
+                ram_available=Memory.from_gb(16 + 4 * (i % 5) if ram_gb is None else ram_gb)
+            )
             for i, name in enumerate(names)
         },
         node_backends={name: [Backend.MLX_METAL] for name in names},
@@ -115,6 +122,27 @@ def two_cliques(size: int) -> State:
         for source, sinks in state.topology.connections.items()
     }
     return state.model_copy(update={"topology": Topology(nodes=names, connections=connections)})
+
+
+def holding(state: State, done: range, along: dict[int, tuple[int, int]]) -> State:
+    """``state`` with the bench model downloaded on the nodes ``done`` and ``(downloaded,
+    total)`` bytes of it on each node of ``along``, by position in ``topology.nodes``."""
+    names = state.topology.nodes
+    shard = PipelineShardMetadata(
+        model_card=model(1), device_rank=0, world_size=1, start_layer=0, end_layer=80, n_layers=80
+    )
+    downloads: dict[str, list[DownloadCompleted | DownloadOngoing]] = {
+        names[i]: [DownloadCompleted(node_id=names[i], shard_metadata=shard, total=Memory())]
+        for i in done
+    }
+    for i, (downloaded, total) in along.items():
+        progress = DownloadProgressData(
+            downloaded=Memory(in_bytes=downloaded), total=Memory(in_bytes=total)
+        )
+        downloads[names[i]] = [
+            DownloadOngoing(node_id=names[i], shard_metadata=shard, download_progress=progress)
+        ]
+    return state.model_copy(update={"downloads": downloads})
 
 
 def free_gb(state: State) -> float:
@@ -239,6 +267,18 @@ def run() -> None:
             8,
         ),
         ("16 nodes, two cliques of 8, needs 9", two_cliques(8), InstanceMeta.MLX_RING, 9),
+        (
+            "16 fully connected, 4 hold it, 4 half, needs 8",
+            holding(fully_connected(16, ram_gb=16), range(4), {i: (1, 2) for i in range(4, 8)}),
+            InstanceMeta.MLX_RING,
+            8,
+        ),
+        (
+            "16 fully connected, 16 partly, Jaccl, needs 8",
+            holding(fully_connected(16, ram_gb=16), range(0), {i: (i, 16) for i in range(16)}),
+            InstanceMeta.MLX_JACCL,
+            8,
+        ),
     )
     for name, state, meta, nodes_needed in cases:
         graph = cluster_graph(state)

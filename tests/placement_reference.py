@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from keeper.model.state import Backend, ModelCard, RDMAConnection, State
+from keeper.model.state import (
+    Backend,
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadPending,
+    ModelCard,
+    RDMAConnection,
+    State,
+)
 
 ENGINE_BACKENDS = {
     "MlxRing": {Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU},
@@ -82,6 +91,33 @@ def is_rdma_cycle(state: State, cycle: tuple[str, ...]) -> bool:
 
 def free_memory(state: State, cycle: tuple[str, ...]) -> int:
     return sum(state.node_memory[node].ram_available.in_bytes for node in cycle)
+
+
+def node_download_fraction(state: State, node: str, model_id: str) -> Fraction:
+    """What exo counts of a node's download of the model: the first of its entries for the
+    model decides."""
+    for entry in state.downloads.get(node, []):
+        if entry.shard_metadata.model_card.model_id != model_id:
+            continue
+        match entry:
+            case DownloadCompleted():
+                return Fraction(1)
+            case DownloadOngoing():
+                progress = entry.download_progress
+                if progress.total.in_bytes > 0:
+                    return Fraction(progress.downloaded.in_bytes, progress.total.in_bytes)
+                return Fraction(0)
+            case DownloadPending():
+                if entry.total.in_bytes > 0:
+                    return Fraction(entry.downloaded.in_bytes, entry.total.in_bytes)
+                return Fraction(0)
+            case DownloadFailed():
+                return Fraction(0)
+    return Fraction(0)
+
+
+def download_score(state: State, cycle: tuple[str, ...], model_id: str) -> Fraction:
+    return sum((node_download_fraction(state, node, model_id) for node in cycle), start=Fraction(0))
 
 
 def proportional_layers(n_layers: int, ram: list[int]) -> list[tuple[int, int]]:
@@ -166,9 +202,15 @@ def reference_place(
     if with_leaf:
         cycles = with_leaf
 
+    # exo: max(cycles, key=(download score, free memory)), the first of equal keys in its list.
     chosen = min(
         cycles,
-        key=lambda cycle: (-free_memory(state, cycle), tuple(sorted(cycle)), cycle),
+        key=lambda cycle: (
+            -download_score(state, cycle, card.model_id),
+            -free_memory(state, cycle),
+            tuple(sorted(cycle)),
+            cycle,
+        ),
     )
 
     if len(chosen) == 1:

@@ -8,7 +8,9 @@ import of anything else of ours, so every other layer can depend on it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
+from fractions import Fraction
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, computed_field
@@ -373,6 +375,30 @@ DownloadEntry = Annotated[AnyDownload, TAGGED]
 def download_model_id(entry: AnyDownload) -> ModelId:
     """The model an entry is for (exo keys a node's entries by it)."""
     return entry.shard_metadata.model_card.model_id
+
+
+def download_fraction(entries: Iterable[AnyDownload], model_id: ModelId) -> Fraction:
+    """How much of ``model_id`` a node holds by its download entries, as exo's placement counts
+    it (docs/design.md §4.1): its first entry for the model decides; completed is 1, ongoing and
+    pending are downloaded / total bytes (0 when the total is 0), failed is 0, and no entry is 0.
+    Exact, where exo divides floats, so that sums of it compare without rounding."""
+    for entry in entries:
+        if download_model_id(entry) != model_id:
+            continue
+        if isinstance(entry, DownloadCompleted):
+            return Fraction(1)
+        if isinstance(entry, DownloadOngoing):
+            return _share(entry.download_progress.downloaded, entry.download_progress.total)
+        if isinstance(entry, DownloadPending):
+            return _share(entry.downloaded, entry.total)
+        return Fraction(0)  # DownloadFailed
+    return Fraction(0)
+
+
+def _share(downloaded: Memory, total: Memory) -> Fraction:
+    if total.in_bytes <= 0:
+        return Fraction(0)
+    return Fraction(downloaded.in_bytes, total.in_bytes)
 
 
 class DiskUsage(WireModel):

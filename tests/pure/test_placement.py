@@ -9,13 +9,16 @@ every simple cycle as exo does.
 
 from __future__ import annotations
 
+import itertools
 import uuid
-from typing import Any
+from fractions import Fraction
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from placement_reference import ReferencePlacement, reference_place
+from recorded_exo import recorded_state
 
 from keeper.core.placement import choose_cycle, place_instance
 from keeper.core.placement.build import (
@@ -25,13 +28,24 @@ from keeper.core.placement.build import (
     split_layers,
 )
 from keeper.core.placement.graph import cluster_graph
-from keeper.core.placement.search import SEARCH_STEP_LIMIT, CycleSearch, SearchBudget
+from keeper.core.placement.search import (
+    SEARCH_STEP_LIMIT,
+    CycleSearch,
+    SearchBudget,
+    count_groups,
+)
 from keeper.model.apply import apply
-from keeper.model.events import NodeGatheredInfo, TopologyEdgeCreated
+from keeper.model.events import NodeDownloadProgress, NodeGatheredInfo, TopologyEdgeCreated
 from keeper.model.state import (
+    AnyDownload,
     AnyInstance,
     Backend,
     Connection,
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadPending,
+    DownloadProgressData,
     Edge,
     InstanceMeta,
     Memory,
@@ -49,6 +63,7 @@ from keeper.model.state import (
     State,
     TensorShardMetadata,
     Topology,
+    download_fraction,
 )
 
 GB = 1024**3
@@ -74,6 +89,39 @@ def card(
         backends=backends,
         num_key_value_heads=kv_heads,
     )
+
+
+DownloadKind = Literal["completed", "ongoing", "pending", "failed"]
+
+
+def download(
+    node: str,
+    kind: DownloadKind,
+    downloaded: int = 0,
+    total: int = 0,
+    model_id: str = "test/model",
+) -> AnyDownload:
+    """A download entry of ``model_id`` on ``node``, as exo reports it; ``downloaded`` and
+    ``total`` (bytes) are the progress of an ongoing or pending one."""
+    shard = PipelineShardMetadata(
+        model_card=card(model_id=model_id),
+        device_rank=0,
+        world_size=1,
+        start_layer=0,
+        end_layer=32,
+        n_layers=32,
+    )
+    done, size = Memory(in_bytes=downloaded), Memory(in_bytes=total)
+    match kind:
+        case "completed":
+            return DownloadCompleted(node_id=node, shard_metadata=shard, total=size)
+        case "ongoing":
+            progress = DownloadProgressData(downloaded=done, total=size)
+            return DownloadOngoing(node_id=node, shard_metadata=shard, download_progress=progress)
+        case "pending":
+            return DownloadPending(node_id=node, shard_metadata=shard, downloaded=done, total=size)
+        case "failed":
+            return DownloadFailed(node_id=node, shard_metadata=shard, error_message="disk full")
 
 
 # exo's words when no cycle has RDMA on every hop, passed on to the user as they are.
@@ -115,6 +163,18 @@ class ClusterBuilder:
         self.state = apply(
             self.state, TopologyEdgeCreated(conn=Connection(source=source, sink=sink, edge=edge))
         )
+        return self
+
+    def download(
+        self,
+        node: str,
+        kind: DownloadKind,
+        downloaded: int = 0,
+        total: int = 0,
+        model_id: str = "test/model",
+    ) -> ClusterBuilder:
+        entry = download(node, kind, downloaded, total, model_id)
+        self.state = apply(self.state, NodeDownloadProgress(download_progress=entry))
         return self
 
     def socket(self, source: str, sink: str, ip: str = "192.0.2.1") -> ClusterBuilder:
@@ -458,7 +518,191 @@ def test_without_a_leaf_the_most_memory_wins() -> None:
     assert ranked(place(state, card(size_gb=151))) == ["a", "b", "hub"]
 
 
-# --- rule 7: most free memory, then the smallest ids --------------------------------------
+# --- how much of the model a node holds ---------------------------------------------------
+
+
+def test_a_node_s_download_fraction_is_exo_s() -> None:
+    def fraction(*entries: AnyDownload) -> Fraction:
+        return download_fraction(entries, "test/model")
+
+    assert fraction(download("a", "completed", total=GB)) == 1
+    assert fraction(download("a", "ongoing", 1, 4)) == Fraction(1, 4)
+    assert fraction(download("a", "pending", 3, 4)) == Fraction(3, 4)
+    assert fraction(download("a", "ongoing", 5, 0)) == 0  # no total: nothing counted
+    assert fraction(download("a", "pending", 5, 0)) == 0
+    assert fraction(download("a", "failed")) == 0
+    assert fraction() == 0
+    # Another model's entry is passed over; the first entry for the model decides.
+    other = download("a", "completed", model_id="org/other")
+    assert fraction(other, download("a", "ongoing", 1, 2)) == Fraction(1, 2)
+    assert fraction(download("a", "failed"), download("a", "completed")) == 0
+    assert type(fraction(download("a", "ongoing", 1, 3))) is Fraction  # exact, never a float
+
+
+def test_a_recorded_download_counts_its_bytes() -> None:
+    state = recorded_state("state-downloading")
+    model_id = "mlx-community/Qwen3-0.6B-4bit"
+    fractions = {
+        node: download_fraction(entries, model_id) for node, entries in state.downloads.items()
+    }
+    assert fractions == {
+        "5763eeb9-da3e-4a1b-8b43-ed46f68c9532": 1,  # serving it: completed
+        "d2f80960-d20d-4473-b970-8318b488d614": Fraction(210_031_775, 342_884_352),
+    }
+
+
+# --- rule 7: the most of the model already on the nodes -----------------------------------
+
+
+def test_a_completed_copy_beats_more_free_memory() -> None:
+    builder = ClusterBuilder().node("a", 64).node("b", 16).link("a", "b")
+    assert ranked(place(builder.build(), card(size_gb=10))) == ["a"]
+    state = builder.download("b", "completed", total=10 * GB).build()
+    assert ranked(place(state, card(size_gb=10))) == ["b"]
+
+
+@pytest.mark.parametrize("kind", ["ongoing", "pending"])
+def test_half_a_download_beats_none(kind: DownloadKind) -> None:
+    state = ClusterBuilder().node("a", 64).node("b", 32).link("a", "b").download("b", kind, 1, 2)
+    assert ranked(place(state.build(), card(size_gb=10))) == ["b"]
+
+
+def test_more_of_the_model_beats_less() -> None:
+    state = (
+        ClusterBuilder()
+        .node("a", 8)
+        .node("b", 64)
+        .link("a", "b")
+        .download("a", "completed", total=4)
+        .download("b", "ongoing", 3, 4)
+        .build()
+    )
+    assert ranked(place(state, card(size_gb=5))) == ["a"]
+
+
+def test_a_download_of_another_model_counts_nothing() -> None:
+    state = (
+        ClusterBuilder()
+        .node("a", 64)
+        .node("b", 16)
+        .link("a", "b")
+        .download("b", "completed", total=GB, model_id="org/other")
+        .build()
+    )
+    assert ranked(place(state, card(size_gb=10))) == ["a"]
+
+
+def test_a_failed_download_counts_nothing() -> None:
+    state = ClusterBuilder().node("a", 64).node("b", 16).link("a", "b").download("b", "failed")
+    assert ranked(place(state.build(), card(size_gb=10))) == ["a"]
+
+
+def test_equal_scores_fall_back_to_memory_then_to_the_smallest_ids() -> None:
+    builder = ClusterBuilder().node("c", 64).node("b", 32).node("a", 16).mesh("a", "b", "c")
+    builder.download("a", "completed", total=4).download("b", "completed", total=4)
+    assert ranked(place(builder.build(), card(size_gb=10))) == ["b"]
+    level = ClusterBuilder().node("b", 32).node("a", 32).node("c", 64).mesh("a", "b", "c")
+    level.download("a", "ongoing", 1, 2).download("b", "pending", 2, 4)
+    assert ranked(place(level.build(), card(size_gb=10))) == ["a"]
+
+
+@pytest.mark.parametrize(("more_on", "chosen"), [("halves", ["a", "b"]), ("ends", ["c", "d"])])
+def test_a_score_sums_its_nodes_and_equal_sums_fall_back_to_memory(
+    more_on: str, chosen: list[str]
+) -> None:
+    # A path a - b - c - d: the pairs {a, b}, {b, c} and {c, d} are cycles. Two halves on a
+    # and b tie one completed copy on d (the pair with c): memory decides between the two ways
+    # to score 1, however the search meets them.
+    halves, ends = (14, 12) if more_on == "halves" else (12, 14)
+    state = (
+        ClusterBuilder()
+        .node("a", halves)
+        .node("b", 12)
+        .node("c", ends)
+        .node("d", 12)
+        .link("a", "b")
+        .link("b", "c")
+        .link("c", "d")
+        .download("a", "ongoing", 1, 2)
+        .download("b", "pending", 1, 2)
+        .download("d", "completed", total=2)
+        .build()
+    )
+    assert ranked(place(state, card(size_gb=20))) == chosen
+
+
+def test_scores_are_summed_exactly() -> None:
+    # 1/10 + 2/10 ties 3/10 + 0, so memory decides: {c, d}. (exo sums floats, where
+    # 0.1 + 0.2 is 0.30000000000000004 and would win.)
+    state = (
+        ClusterBuilder()
+        .node("a", 8)
+        .node("b", 8)
+        .node("c", 10)
+        .node("d", 10)
+        .link("a", "b")
+        .link("c", "d")
+        .download("a", "ongoing", 1, 10)
+        .download("b", "ongoing", 2, 10)
+        .download("c", "ongoing", 3, 10)
+        .build()
+    )
+    assert ranked(place(state, card(size_gb=15))) == ["c", "d"]
+
+
+def test_leaves_and_the_smallest_size_come_before_downloads() -> None:
+    leafy = leafy_cluster()
+    held = leafy.model_copy(
+        update={"downloads": {node: [download(node, "completed")] for node in ("hub", "a", "b")}}
+    )
+    assert ranked(place(held, card(size_gb=5))) == ["leaf"]
+    assert ranked(place(held, card(size_gb=55), "Pipeline", "MlxRing", 2)) == ["hub", "leaf"]
+    # A pair holding two copies does not beat one node that holds none.
+    pair = ClusterBuilder().node("a", 8).node("b", 8).node("c", 100).mesh("a", "b", "c")
+    pair.download("a", "completed").download("b", "completed")
+    assert ranked(place(pair.build(), card(size_gb=10))) == ["c"]
+
+
+def test_nodes_holding_the_model_but_short_of_memory_are_passed_over_cheaply() -> None:
+    # A set of 8 with either small holder has 71 GB; only the 8 large nodes hold 75 GB.
+    names = [f"n{i}" for i in range(8)]
+    builder = ClusterBuilder().node("h0", 1).node("h1", 1)
+    for name in names:
+        builder.node(name, 10)
+    builder.mesh("h0", "h1", *names).download("h0", "completed").download("h1", "completed")
+    state = builder.build()
+    model = card(size_gb=75, n_layers=80)
+    # (Listing every cycle of 10 fully connected nodes, the third mode, runs out of steps.)
+    for mode in ("default", "walk sets only"):
+        placed = place_with_mode(mode, state, model, "Pipeline", "MlxRing", 1)
+        assert isinstance(placed, ReferencePlacement), placed
+        assert placed.ranked_nodes == tuple(names)
+    graph = cluster_graph(state)
+    search = CycleSearch(graph)
+    choose_cycle(graph, card(size_gb=75), Sharding.PIPELINE, InstanceMeta.MLX_RING, 1, search)
+    assert search.budget.spent < 100
+
+
+def test_many_partial_downloads_on_a_large_dense_cluster_are_cheap() -> None:
+    # 16 nodes, each a different share of the model along: Tensor on 8 (7 do not divide
+    # hidden_size), the 8 furthest along.
+    names = [f"n{i:02d}" for i in range(16)]
+    builder = ClusterBuilder()
+    for name in names:
+        builder.node(name, 16)
+    builder.mesh(*names, rdma=True)
+    for i, name in enumerate(names):
+        builder.download(name, "ongoing", i, 16)
+    graph = cluster_graph(builder.build())
+    search = CycleSearch(graph)
+    cycle = choose_cycle(
+        graph, card(size_gb=100), Sharding.TENSOR, InstanceMeta.MLX_JACCL, 1, search
+    )
+    assert graph.ids_of(cycle) == tuple(names[8:])
+    assert search.budget.spent < 200
+
+
+# --- rule 8: most free memory, then the smallest ids --------------------------------------
 
 
 def test_the_most_free_memory_wins() -> None:
@@ -697,13 +941,39 @@ def test_an_adversarial_topology_stops_at_the_step_limit() -> None:
     assert budget.spent == SEARCH_STEP_LIMIT + 1
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    classes=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=3), min_size=2, max_size=4),
+    weights=st.lists(st.integers(0, 6), min_size=4, max_size=4, unique=True),
+    size=st.integers(1, 6),
+    required=st.integers(0, 20),
+)
+def test_the_ways_to_take_members_from_classes_come_grouped_by_score(
+    classes: list[list[int]], weights: list[int], size: int, required: int
+) -> None:
+    rams = [sorted(members, reverse=True) for members in classes]
+    weights = sorted(weights[: len(rams)], reverse=True)
+    expected: dict[int, list[tuple[int, ...]]] = {}
+    for taken in itertools.product(*(range(len(members) + 1) for members in rams)):
+        memory = sum(sum(members[:number]) for members, number in zip(rams, taken, strict=True))
+        if sum(taken) == size and memory >= required:
+            score = sum(number * weight for number, weight in zip(taken, weights, strict=True))
+            expected.setdefault(score, []).append(taken)
+    found = list(count_groups(rams, weights, size, required, SearchBudget()))
+    assert [(score, sorted(group)) for score, group in found] == [
+        (score, sorted(expected[score])) for score in sorted(expected, reverse=True)
+    ]
+
+
 # --- agreement with the brute force -------------------------------------------------------
 
 NODE_NAMES = ("n0", "n1", "n2", "n3", "n4", "n5", "x", "y")
 
 
 @st.composite
-def clusters(draw: st.DrawFn) -> State:
+def clusters(draw: st.DrawFn, usable: bool = False) -> State:
+    """A random State. ``usable``: every node reports memory and Metal, and most hold some of
+    the model, so placements succeed more often and the download score decides more of them."""
     names = draw(st.permutations(NODE_NAMES))[: draw(st.integers(2, 7))]
     # Up to one name is a node that has left: it keeps its memory, backends and edges.
     gone = names[-1] if len(names) > 2 and draw(st.integers(0, 3)) == 0 else None
@@ -711,10 +981,12 @@ def clusters(draw: st.DrawFn) -> State:
     memory: dict[str, MemoryUsage] = {}
     backends: dict[str, list[Backend]] = {}
     for name in names:
-        if draw(st.integers(0, 11)) > 0:
+        if usable or draw(st.integers(0, 11)) > 0:
             ram = draw(st.sampled_from([0, 2, 3, 3, 4, 4, 5, 6, 8]))
             memory[name] = MemoryUsage(ram_available=Memory(in_bytes=ram))
-        if draw(st.integers(0, 11)) > 0:
+        if usable:
+            backends[name] = [Backend.MLX_METAL]
+        elif draw(st.integers(0, 11)) > 0:
             backends[name] = draw(
                 st.one_of(
                     st.just([Backend.MLX_METAL]),
@@ -734,31 +1006,54 @@ def clusters(draw: st.DrawFn) -> State:
             if kind in ("rdma", "both"):
                 edges.append(rdma_edge(source, sink))
             connections.setdefault(source, {})[sink] = edges
+    downloads = {name: draw(download_lists(name, often=usable)) for name in names}
     return State(
         topology=Topology(nodes=live, connections=connections),
         node_memory=memory,
         node_backends=backends,
+        downloads={name: entries for name, entries in downloads.items() if entries},
     )
 
 
+RANDOM_MODEL = "test/random"
+
+
 @st.composite
-def clusters_and_models(draw: st.DrawFn) -> tuple[State, ModelCard]:
+def download_lists(draw: st.DrawFn, node: str, often: bool = False) -> list[AnyDownload]:
+    """A node's download entries: none, one or two (``often``: seldom none), of the placed model
+    or another, completed, failed, or ongoing or pending with a fraction of small numbers (so
+    that sums of fractions tie often: 1/2 + 1/2 is a completed copy), sometimes over a total of
+    0. When two are for the placed model, the first decides."""
+    entries: list[AnyDownload] = []
+    for _ in range(draw(st.sampled_from([0, 1, 1, 2] if often else [0, 0, 0, 1, 1, 2]))):
+        model_id = draw(st.sampled_from([RANDOM_MODEL, RANDOM_MODEL, "test/other"]))
+        kinds: list[DownloadKind] = ["completed", "ongoing", "ongoing", "pending", "failed"]
+        kind = draw(st.sampled_from(kinds))
+        total = draw(st.sampled_from([0, 2, 3, 4, 6]))
+        downloaded = draw(st.integers(0, total))
+        entries.append(download(node, kind, downloaded, total, model_id))
+    return entries
+
+
+@st.composite
+def clusters_and_models(draw: st.DrawFn, usable: bool = False) -> tuple[State, ModelCard]:
     """A cluster and a model sized as a share of the cluster's free memory, so that every size
-    of cycle, and sometimes none, can hold it."""
-    state = draw(clusters())
+    of cycle, and sometimes none, can hold it (``usable``: most often some can)."""
+    state = draw(clusters(usable))
     live_ram = sum(
         usage.ram_available.in_bytes
         for node, usage in state.node_memory.items()
         if node in state.topology.nodes
     )
-    share = draw(st.sampled_from([0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1, 1.2]))
+    shares = [0, 0.1, 0.2, 0.3, 0.45, 0.6, *([] if usable else [0.75, 0.9, 1, 1.2])]
+    share = draw(st.sampled_from(shares))
     return state, draw(model_cards(int(live_ram * share)))
 
 
 @st.composite
 def model_cards(draw: st.DrawFn, size: int) -> ModelCard:
     return ModelCard(
-        model_id="test/random",
+        model_id=RANDOM_MODEL,
         storage_size=Memory(in_bytes=size),
         n_layers=draw(st.integers(1, 8)),
         hidden_size=draw(st.sampled_from([1, 2, 3, 4, 5, 6, 12, 60])),
@@ -783,7 +1078,26 @@ def model_cards(draw: st.DrawFn, size: int) -> ModelCard:
 def test_agrees_with_listing_every_cycle(
     cluster_and_model: tuple[State, ModelCard], sharding: str, meta: str, min_nodes: int
 ) -> None:
-    state, model = cluster_and_model
+    agrees_with_the_reference(*cluster_and_model, sharding, meta, min_nodes)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cluster_and_model=clusters_and_models(usable=True),
+    meta=st.sampled_from(["MlxRing", "MlxJaccl"]),
+    min_nodes=st.sampled_from([1, 2, 2, 3]),
+)
+def test_agrees_with_listing_every_cycle_where_nodes_hold_the_model(
+    cluster_and_model: tuple[State, ModelCard], meta: str, min_nodes: int
+) -> None:
+    agrees_with_the_reference(*cluster_and_model, "Pipeline", meta, min_nodes)
+
+
+def agrees_with_the_reference(
+    state: State, model: ModelCard, sharding: str, meta: str, min_nodes: int
+) -> None:
+    """Every search mode answers as the brute force does; records whether the model's
+    downloads changed which nodes the brute force chose."""
     try:
         expected: ReferencePlacement | str = reference_place(
             state, model, sharding, meta, min_nodes
@@ -795,5 +1109,18 @@ def test_agrees_with_listing_every_cycle(
         if isinstance(expected, str)
         else f"{expected.kind} on {len(expected.ranked_nodes)}"
     )
+    if not isinstance(expected, str):
+        try:
+            by_memory = reference_place(
+                state.model_copy(update={"downloads": {}}), model, sharding, meta, min_nodes
+            )
+        except ValueError as error:
+            by_memory = str(error)
+        event(
+            "downloads: decided the nodes"
+            if isinstance(by_memory, ReferencePlacement)
+            and by_memory.ranked_nodes != expected.ranked_nodes
+            else "downloads: nodes as by memory alone"
+        )
     for mode in SEARCH_MODES:
         assert place_with_mode(mode, state, model, sharding, meta, min_nodes) == expected, mode

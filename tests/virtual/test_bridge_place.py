@@ -369,3 +369,28 @@ def test_a_step_places_from_its_own_answers_only_and_a_missing_one_is_a_reason()
     again = Keeper(0.0, place=NO_ANSWERS.place, startup_grace=0.0)
     assert again.step(state, 1.0) == [DeploymentPlacementFailed(deployment_id="d", error=no_answer)]
     assert again.placement_crashes() == {}
+
+
+def downloaded_on(state: State, node: str) -> State:
+    """``state`` with exo's recorded completed download of Qwen3-0.6B on ``node``."""
+    staged = State.model_validate(recorded("state-staged.json"))
+    (entry, *_) = next(iter(staged.downloads.values()))
+    return state.model_copy(
+        update={"downloads": {node: [entry.model_copy(update={"node_id": node})]}}
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("holder", [NODE_2, NODE_3])
+async def test_ours_places_apart_on_the_node_that_holds_the_model(holder: str) -> None:
+    def exo(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=recorded("instance-previews.json"))
+
+    bridge = Bridge(ExoClient("http://exo.test", transport=httpx.MockTransport(exo)), None)
+    deployment = Deployment(deployment_id="d", model_card=bridge.catalog[QWEN])
+    # No preview of exo's is apart from NODE_1, so ours places: on the node with the download.
+    ours = await where_exo_places(
+        bridge, deployment, downloaded_on(state_with_qwen_on(NODE_1), holder)
+    )
+    assert isinstance(ours, ExoPlacement)
+    assert nodes_of(ours) == {holder}

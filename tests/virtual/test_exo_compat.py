@@ -154,6 +154,28 @@ def test_previews_list_what_exo_lists_in_exo_s_order() -> None:
     assert summary(ours) == summary(theirs["previews"])
 
 
+def test_a_placement_prefers_the_nodes_that_hold_the_model() -> None:
+    # Recorded 2 s into a download of Qwen3-0.6B to a second node: completed on the node serving
+    # it, 61% along on the second, nothing on the third; all three have 64 GiB free.
+    state = State.model_validate(recorded("state-downloading.json"))
+    completed, ongoing, bare = (
+        "5763eeb9-da3e-4a1b-8b43-ed46f68c9532",
+        "d2f80960-d20d-4473-b970-8318b488d614",
+        "afe8d40b-b548-479a-bc21-3907aecfb5d1",
+    )
+
+    def nodes(state: State, min_nodes: int) -> set[str]:
+        model = exo_catalog()[QWEN]
+        placed = exo_place(state, model, Sharding.PIPELINE, InstanceMeta.MLX_RING, min_nodes)
+        return set(placed["MlxRingInstance"]["shardAssignments"]["nodeToRunner"])
+
+    assert nodes(state, 2) == {completed, ongoing}
+    # Without the downloads, equal memory: the smallest ids.
+    assert nodes(state.model_copy(update={"downloads": {}}), 2) == {completed, bare}
+    only_ongoing = state.model_copy(update={"downloads": {ongoing: state.downloads[ongoing]}})
+    assert nodes(only_ongoing, 1) == {ongoing}
+
+
 def test_the_memory_delta_splits_the_size_and_gives_the_remainder_to_the_first_ids() -> None:
     assert memory_delta_by_node(["b", "a", "c"], 10) == {"a": 4, "b": 3, "c": 3}
 

@@ -13,10 +13,14 @@ decides which reason a failed placement reports. Over the candidate cycles of th
 5. MlxJaccl only: every hop of the cycle is an RDMA edge (a single node qualifies);
 6. cycles holding a leaf node (at most one distinct neighbour, edges in either direction)
    are preferred when there are any;
-7. the most total ramAvailable; ties go to the lexicographically smallest sorted node-id tuple,
+7. the most of the model already on the cycle's nodes: the highest download score, the sum over
+   its nodes of each node's download fraction of the model (``download_fraction``: its first
+   download entry for the model; completed 1, ongoing or pending downloaded / total bytes,
+   failed or none 0), summed exactly, where exo sums floats;
+8. the most total ramAvailable; ties go to the lexicographically smallest sorted node-id tuple,
    and then to the lexicographically smallest cycle order starting at its smallest id.
 
-Rules 1-4 and 6-7 depend on a cycle's node set only, so the search works on sets by increasing
+Rules 1-4 and 6-8 depend on a cycle's node set only, so the search works on sets by increasing
 size and asks "is there a cycle (of RDMA edges) through this set?" only for the sets it ranks
 (see ``keeper.core.placement.search``). It lists cycles, as exo does, only where a graph is sparse
 enough for that to be cheap: listing them all explodes past about eight fully connected nodes.
@@ -132,14 +136,16 @@ def choose_cycle(
     usable = with_memory & sum(
         1 << i for i, backends in enumerate(graph.backends) if backends & allowed
     )
-    # Rules 5-7. A leaf has at most one neighbour, so it can only sit on a cycle of one or two
+    # Rules 5-8. A leaf has at most one neighbour, so it can only sit on a cycle of one or two
     # nodes: for larger sizes no candidate holds a leaf and the preference changes nothing.
+    # When no node holds any of the model, rule 7 ranks every candidate alike: it is left out.
+    held = graph.held(model_card.model_id)
     rdma_only = instance_meta == InstanceMeta.MLX_JACCL
     best: tuple[int, ...] | None = None
     if size <= 2 and usable & graph.leaves:
-        best = search.best(usable, size, required, rdma_only, touching=graph.leaves)
+        best = search.best(usable, size, required, rdma_only, touching=graph.leaves, held=held)
     if best is None:
-        best = search.best(usable, size, required, rdma_only)
+        best = search.best(usable, size, required, rdma_only, held=held)
     if best is not None:
         return best
     if rdma_only and search.best(usable, size, required, rdma_only=False) is not None:

@@ -14,8 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 
-from keeper.model.state import Backend, NodeId, RDMAConnection, State
+from keeper.model.state import (
+    AnyDownload,
+    Backend,
+    ModelId,
+    NodeId,
+    RDMAConnection,
+    State,
+    download_fraction,
+)
+
+NOTHING = Fraction(0)
 
 
 def bits(mask: int) -> Iterator[int]:
@@ -45,12 +56,26 @@ class ClusterGraph:
     # Nodes with at most one distinct neighbour, counting edges in either direction (an isolated
     # node is a leaf too).
     leaves: int
+    # The download entries of every node that has any, as the State lists them, by node index.
+    downloads: dict[int, tuple[AnyDownload, ...]]
 
     def ram_of(self, node: int) -> int:
         return self.ram_available[node] or 0
 
     def ids_of(self, nodes: tuple[int, ...]) -> tuple[NodeId, ...]:
         return tuple(self.ids[i] for i in nodes)
+
+    def held(self, model_id: ModelId) -> tuple[Fraction, ...] | None:
+        """How much of ``model_id`` each node holds (``download_fraction``), by node index;
+        None when no node holds any of it."""
+        if not self.downloads:
+            return None
+        entries = self.downloads
+        held = tuple(
+            download_fraction(entries[node], model_id) if node in entries else NOTHING
+            for node in range(len(self.ids))
+        )
+        return held if any(share != 0 for share in held) else None
 
 
 def cluster_graph(state: State) -> ClusterGraph:
@@ -76,6 +101,11 @@ def cluster_graph(state: State) -> ClusterGraph:
     ram = tuple(memory[node].ram_available.in_bytes if node in memory else None for node in ids)
     backends = tuple(frozenset(state.node_backends.get(node, ())) for node in ids)
     leaves = sum(1 << i for i in range(size) if (any_succ[i] | any_pred[i]).bit_count() <= 1)
+    downloads = {
+        index[node]: tuple(entries)
+        for node, entries in state.downloads.items()
+        if node in index and entries
+    }
     return ClusterGraph(
         ids=ids,
         ram_available=ram,
@@ -83,6 +113,7 @@ def cluster_graph(state: State) -> ClusterGraph:
         any_edge=Adjacency(tuple(any_succ), tuple(any_pred)),
         rdma_edge=Adjacency(tuple(rdma_succ), tuple(rdma_pred)),
         leaves=leaves,
+        downloads=downloads,
     )
 
 
