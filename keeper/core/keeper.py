@@ -28,6 +28,7 @@ as the steps; they remove only the keeper's own instances, which the State recor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -148,7 +149,7 @@ class Keeper:
         # Per deployment: its staging plan, what it was computed on, and the copies asked for.
         self._staging: dict[DeploymentId, _Staging] = {}
         # Staging runs at rest, at most once per STAGING_INTERVAL of the keeper's clock.
-        self._next_staging_at = float("-inf")
+        self._next_staging_at = -math.inf
         self._memos: dict[DeploymentId, DeploymentMemo] = {}
         # Deployments whose DeploymentDeleted was emitted but is not yet in the state.
         self._deleting: set[DeploymentId] = set()

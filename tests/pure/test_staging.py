@@ -466,3 +466,14 @@ def test_a_deployment_created_again_under_the_same_id_starts_staging_afresh() ->
     assert gone in {dep for dep, _ in again}  # not held back by the old request's retry
     assert counting.models_tried().count("k") == plans_of_kept  # the kept plan was kept
     assert kept in cluster.state.deployments
+
+
+def test_a_copy_asked_moments_ago_does_not_hold_back_the_next_sets() -> None:
+    cluster = cluster_of("a", "b", "c", "d")
+    deployment_id = serving(cluster)
+    ((_, first),) = asks(cluster.step(T0 + 1))
+    cluster.apply(DeploymentStandbyChanged(deployment_id=deployment_id, standby=2))
+    later = asks(cluster.step(T0 + 1 + STAGING_INTERVAL))  # first was asked 5 s ago
+    assert len(later) == 1
+    ((dep, second),) = later
+    assert dep == deployment_id and second not in (first, *_serving_nodes(cluster))
