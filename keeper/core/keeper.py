@@ -186,9 +186,10 @@ class Keeper:
         signature = cluster_signature(state) if short else AT_REST  # pragma: no mutate
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         events = self._attempt(self._in_turn(due), state, signature, now)
-        # Staging only at rest: while a deployment is short, placing it comes first, and the
-        # State a plan would read is about to change.
-        if not short and now >= self._next_staging_at:
+        # Staging only when no placement is due: placing comes first. A deployment short but
+        # waiting (its backoff, a cluster nothing fits, a placement on its way) does not hold
+        # the others' staging back: one model too big for the cluster would stop it for good.
+        if not due and now >= self._next_staging_at:
             events = self._stage(state, now)
         return events
 

@@ -74,6 +74,8 @@ from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
+    DownloadDeletionRequested,
+    DownloadRequested,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -476,6 +478,23 @@ class Master:
                     f"instance {entry.event.instance_id} was deleted during the request",
                     instance_id=entry.event.instance_id,
                 )
+            self._carry_staging(entry.event)
+
+    def _carry_staging(self, event: AnyEvent) -> None:
+        """The keeper's staging, once durable, carried to its node as the node's own download
+        commands (docs/design.md §5.12). A node not connected misses it; the keeper asks again
+        after its retry, and a deletion the node missed leaves a copy its next report shows."""
+        match event:
+            case DownloadRequested(deployment_id=str(), node_id=node_id, shard_metadata=shard):
+                message: AnyMasterMessage = StartDownload(shard_metadata=shard)
+            case DownloadDeletionRequested(deployment_id=str(), node_id=node_id, model_id=model):
+                message = DeleteDownload(model_id=model)
+            case _:
+                return
+        try:
+            self._membership.send(node_id, message)
+        except NotFoundError:
+            log.info("staging: node %s is not connected; the keeper asks again", node_id)
 
     # --- running -------------------------------------------------------------------------
 
