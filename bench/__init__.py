@@ -15,4 +15,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("tui", "bench.tui_bench"),
     ("store", "bench.store_bench"),
     ("history", "bench.history_bench"),
+    ("staging", "bench.staging_bench"),
 )
