@@ -16,14 +16,17 @@ node that timed out leaves the topology but keeps its identity and backends (``d
 shown as gone, never alive), and a deleted instance's runners stay in ``runners`` with their last
 status (only the runners of live instances are counted or shown).
 
-A runner waiting for its node's download of its model shows the download instead of a bare
-status. Each node's GPU readings are kept, a few of them, for the nodes view's sparkline.
+Downloads are seen the same way: a runner waiting for its node's download of its model shows
+the download instead of a bare status, the timeline tells each download's start and end, and
+the moments of a recovery (deletion, placement, downloads, ready) are kept so that "serving
+again after" can say where the time went (``recovery.py``). Each node's GPU readings are kept,
+a few of them, for the nodes view's sparkline.
 
 It is the TUI's largest module (about 1000 lines) because applying a batch and deriving the
 rows from it happen together: the memory above is updated from the same before-and-after States
 the rows are built from. The instance health rule (``health.py``), the timeline's wording
-(``timeline.py``) and the downloads' words (``downloads.py``) are already apart; the row
-derivations are the next seam if it grows.
+(``timeline.py``), the downloads' words (``downloads.py``) and the recovery's parts
+(``recovery.py``) are already apart; the row derivations are the next seam if it grows.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from exo_deploy_tui.downloads import (
 from exo_deploy_tui.explain import explain_placement
 from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_id, short_model
 from exo_deploy_tui.health import progress_signature, unhealthy_reason
+from exo_deploy_tui.recovery import NodeDownload, parts_text, recovery_parts
 from exo_deploy_tui.timeline import (
     Timeline,
     TimelineEntry,
@@ -65,6 +69,9 @@ from keeper.model.api_models import DeploymentStatus, DeploymentView, WaitReason
 from keeper.model.apply import apply_indexed
 from keeper.model.events import (
     DeploymentServingChanged,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
 )
@@ -81,6 +88,7 @@ from keeper.model.state import (
     Deployment,
     DeploymentId,
     DownloadCompleted,
+    DownloadOngoing,
     InstanceId,
     MlxJacclInstance,
     ModelId,
@@ -115,6 +123,13 @@ CLOCK_SKEW_IGNORED_S = 2.0
 # with the past and push out what happens next.
 HISTORY_SEEDED_MAX = 200
 
+# A State that arrives more than this long after the last one we saw (a poll after a gap, a
+# reconnection) happened some time in between: the moments its differences tell are not noted
+# for a recovery's parts. Polls come every second.
+MOMENTS_WINDOW_S = 2.5
+# The instance deletions and creations kept per model for a recovery's parts: every attempt of
+# a recovery that took a few, while a model that flaps all day keeps a handful.
+MOMENTS_KEPT = 8
 # GPU readings kept per node: the nodes view's sparkline, the last half-minute or so of reports.
 GPU_READINGS_KEPT = 8
 
@@ -275,6 +290,16 @@ class _Tracked:
     # outage can be dated from when those nodes were last heard of, not from when the master
     # noticed.
     serving_on: tuple[NodeId, ...] = ()
+    # When it was seen to stop serving (None when that was not seen as it happened).
+    stopped_at: float | None = None
+
+
+@dataclass
+class _Moments:
+    """When a model's instances were seen deleted and created (our clock), newest last."""
+
+    deleted: deque[float] = field(default_factory=lambda: deque(maxlen=MOMENTS_KEPT))
+    created: deque[float] = field(default_factory=lambda: deque(maxlen=MOMENTS_KEPT))
 
 
 @dataclass
@@ -384,6 +409,16 @@ class ClusterModel:
     _days: dict[DeploymentId, tuple[tuple[ServingRecord, ...], float, History]] = field(
         default_factory=dict
     )
+    # When each (node, model) download was seen to start and to complete (our clock): how long
+    # it took, for the timeline and a recovery's parts. Dropped with the node.
+    _download_started: dict[tuple[NodeId, ModelId], float] = field(default_factory=dict)
+    _download_done: dict[tuple[NodeId, ModelId], float] = field(default_factory=dict)
+    # Per model with a deployment: when its instances were deleted and created.
+    _moments: dict[ModelId, _Moments] = field(default_factory=dict)
+    # When the last State arrived (snapshot or event), and whether this batch's snapshot came
+    # after a gap (``MOMENTS_WINDOW_S``): then what changed is not dated.
+    _observed_at: float | None = None
+    _blind: bool = False
     # Per node: its last GPU readings.
     _gpu: dict[NodeId, deque[float]] = field(default_factory=dict)
 
@@ -392,6 +427,7 @@ class ClusterModel:
     def handle(self, updates: Update | Sequence[Update], now: float) -> None:
         """Take in what the client said, in order; derived facts are settled once at the end."""
         batch = [updates] if not isinstance(updates, Sequence) else updates
+        self._blind = False
         for update in batch:
             match update:
                 case SnapshotUpdate():
@@ -427,14 +463,19 @@ class ClusterModel:
             self._note_readings(None, update.state)
         else:
             before, after = self.state, update.state
+            observed = self._observed_at
+            self._blind = self._blind or observed is None or now - observed > MOMENTS_WINDOW_S
             self.timeline.extend(self._seed_history(before, after, now))
+            names = self.remembered_names()
             for event in events_between(before, after):
+                self._note_moments(event, before, now)
                 self.timeline.extend(
-                    entries_for_event(event, before, after, now, self.remembered_names())
+                    entries_for_event(event, before, after, now, names, self._starts())
                 )
                 self._note_membership(event, before, now)
             self._note_readings(before, after)
             self.state = after
+        self._observed_at = now
         if update.deployments is None:
             self.has_timers = False
             self._timers = {}
@@ -455,13 +496,17 @@ class ClusterModel:
             return
         before = self.state
         self.state = apply_indexed(before, indexed)
+        self._observed_at = now
         event = indexed.event
         if isinstance(event, DeploymentServingChanged):
             # Seen live: the status change it records is told by ``_settle`` as it happens.
             self._told[event.deployment_id] = event.record.at
+        self._note_moments(event, before, now)
         self._note_membership(event, before, now)
         self.timeline.extend(
-            entries_for_event(event, before, self.state, now, self.remembered_names())
+            entries_for_event(
+                event, before, self.state, now, self.remembered_names(), self._starts()
+            )
         )
         if (
             isinstance(event, NodeGatheredInfo)
@@ -480,8 +525,59 @@ class ClusterModel:
             while len(self._gone) > GONE_NODES_KEPT:
                 del self._gone[next(iter(self._gone))]
             self._gpu.pop(node, None)
+            for kept in (self._download_started, self._download_done):
+                for key in [k for k in kept if k[0] == node]:
+                    del kept[key]
         elif isinstance(event, NodeGatheredInfo):
             self._gone.pop(event.node_id, None)
+
+    def _starts(self) -> dict[tuple[NodeId, ModelId], float]:
+        """When downloads were seen to start, for the timeline; none after a gap (how long a
+        download took that completed while we were away cannot be told)."""
+        return {} if self._blind else self._download_started
+
+    def _note_moments(self, event: object, before: State, now: float) -> None:
+        """Date what a recovery's parts are made of: instances deleted and created, downloads
+        started and completed. Not after a gap: then we know only that they happened."""
+        if isinstance(event, NodeDownloadProgress):
+            entry = event.download_progress
+            key = (entry.node_id, download_model_id(entry))
+            previous = download_entry(before, *key)
+            if type(entry) is type(previous):
+                return  # progress, or a report of the same: no moment
+            if self._blind or entry.node_id not in before.topology.nodes:
+                # It moved while we were away (or for a node the State does not hold).
+                self._download_started.pop(key, None)
+                self._download_done.pop(key, None)
+            elif isinstance(entry, DownloadOngoing):
+                self._download_started[key] = now
+                self._download_done.pop(key, None)
+            elif isinstance(entry, DownloadCompleted):
+                if not isinstance(previous, DownloadOngoing):
+                    self._download_started.pop(key, None)  # it never showed as downloading
+                if previous is not None:
+                    self._download_done[key] = now
+            else:  # queued again, or failed
+                self._download_started.pop(key, None)
+                self._download_done.pop(key, None)
+            return
+        if self._blind:
+            return
+        if isinstance(event, InstanceDeleted):
+            instance = before.instances.get(event.instance_id)
+            if instance is not None:
+                self._moments_of(instance.shard_assignments.model_id).deleted.append(now)
+        elif (
+            isinstance(event, InstanceCreated)
+            and event.instance.instance_id not in before.instances
+        ):
+            self._moments_of(event.instance.shard_assignments.model_id).created.append(now)
+
+    def _moments_of(self, model: ModelId) -> _Moments:
+        moments = self._moments.get(model)
+        if moments is None:
+            moments = self._moments[model] = _Moments()
+        return moments
 
     def _note_readings(self, before: State | None, after: State) -> None:
         """A snapshot's GPU readings: a node's counts as new when it differs from the last one
@@ -637,6 +733,10 @@ class ClusterModel:
         for kept in (self._told, self._days):
             for d_id in [d for d in kept if d not in statuses]:
                 del kept[d_id]
+        if self._moments:
+            deployed = {d.model_card.model_id for d in self.state.deployments.values()}
+            for model_id in [m for m in self._moments if m not in deployed]:
+                del self._moments[model_id]
         entries: list[TimelineEntry] = []
         for d_id, status in statuses.items():
             tracked = self._tracked.get(d_id)
@@ -650,15 +750,19 @@ class ClusterModel:
                 name = short_model(model)
                 if tracked.status == "serving":
                     tracked.outage_since = self._outage_start(tracked.serving_on, now)
+                    tracked.stopped_at = None if self._blind else now
                     entries.append(TimelineEntry(now, "warn", f"{name} stopped serving", model))
                 elif status == "serving":
                     if tracked.outage_since is not None:
                         after = precise_duration(now - tracked.outage_since)
-                        text = f"{name} serving again after {after}"
+                        parts = parts_text(self._recovery_parts(tracked, model, now))
+                        text = f"{name} serving again after {after}" + (
+                            f": {parts}" if parts else ""
+                        )
                     else:
                         text = f"{name} serving"
                     entries.append(TimelineEntry(now, "good", text, model))
-                    tracked.outage_since = None
+                    tracked.outage_since = tracked.stopped_at = None
                 tracked.status, tracked.since, tracked.known = status, now, True
             if status == "serving":
                 tracked.serving_on = derived.ready_nodes.get(model, ())
@@ -666,6 +770,27 @@ class ClusterModel:
         self._watching = self._watching or self.has_data
         self._check_silence(now)
         self._note_progress(now)
+
+    def _recovery_parts(
+        self, tracked: _Tracked, model: ModelId, now: float
+    ) -> list[tuple[str, float]]:
+        """Where the outage ``tracked`` just ended went, from what we saw of it."""
+        assert tracked.outage_since is not None
+        moments = self._moments.get(model) or _Moments()
+        serving_on = self.derived().ready_nodes.get(model, ())
+        return recovery_parts(
+            outage_since=tracked.outage_since,
+            stopped_at=tracked.stopped_at,
+            deletions=moments.deleted,
+            placements=moments.created,
+            downloads=[
+                NodeDownload(
+                    self._download_started.get((n, model)), self._download_done.get((n, model))
+                )
+                for n in serving_on
+            ],
+            ready_at=None if self._blind else now,
+        )
 
     def _note_progress(self, now: float) -> None:
         """Date each not-ready instance's last progress. An instance first seen is dated now:

@@ -1,6 +1,6 @@
-"""Downloads, disks and vitals in the dashboard's model and cells: the rows and the GPU
-readings, from built States, events, polls and exo's recorded States. The words alone are in
-test_tui_download_words."""
+"""Downloads, disks and vitals in the dashboard's model and cells: the rows, the GPU readings,
+the timeline's lines and a recovery's parts, from built States, events, polls and exo's
+recorded States. The words alone are in test_tui_download_words."""
 
 from __future__ import annotations
 
@@ -20,16 +20,21 @@ from exo_deploy_tui.cells import (
     timer_words,
 )
 from exo_deploy_tui.client import STOCK_EXO
-from exo_deploy_tui.model import GPU_READINGS_KEPT, ClusterModel, parse_iso
+from exo_deploy_tui.model import GPU_READINGS_KEPT, MOMENTS_WINDOW_S, ClusterModel, parse_iso
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
 from keeper.model.events import (
     AnyEvent,
     IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
+    RunnerStatusUpdated,
 )
 from keeper.model.state import (
+    AnyDownload,
     RunnerIdle,
     RunnerLoading,
     RunnerReady,
@@ -216,3 +221,138 @@ def test_polls_count_a_reading_when_the_node_reported() -> None:
     model.handle(SnapshotUpdate(staged, None), now + 2)
     histories = {r.name: r.gpu_history for r in model.node_rows(now + 2)}
     assert histories == {"node1": (0.62, 0.62), "node2": (0.03, 0.03), "node3": (0.03, 0.03)}
+
+
+# --- the timeline -------------------------------------------------------------------------
+
+
+def texts(model: ClusterModel) -> list[str]:
+    """The timeline's lines, but for nodes going silent (the clock jumps between events)."""
+    return [e.text for e in model.timeline if "silent" not in e.text]
+
+
+def progress(builder: ClusterBuilder, name: str, model_id: str, **how: object) -> AnyDownload:
+    """The node's entry after ``ClusterBuilder.download(name, model_id, **how)``."""
+    state = builder.download(name, model_id, **how).state  # type: ignore[arg-type]
+    node = node_id_for(name)
+    return next(
+        e for e in state.downloads[node] if e.shard_metadata.model_card.model_id == model_id
+    )
+
+
+def test_the_timeline_tells_a_download_start_and_completion_with_its_time() -> None:
+    builder = downloading()
+    model = connected(builder.download("mini-b", QWEN30, queued=True))
+    feed = Feed(model)
+    start = progress(builder, "mini-b", QWEN30, done_gb=0.1, speed_mb=300)
+    feed(FROZEN_NOW + 1, NodeDownloadProgress(download_progress=start))
+    more = progress(builder, "mini-b", QWEN30, done_gb=8, speed_mb=300)
+    feed(FROZEN_NOW + 20, NodeDownloadProgress(download_progress=more))  # progress: no line
+    done = progress(builder, "mini-b", QWEN30)
+    feed(FROZEN_NOW + 53, NodeDownloadProgress(download_progress=done))
+    assert texts(model)[-2:] == [
+        "mini-b: downloading Qwen3-30B-A3B-4bit (16.4 GB)",
+        "mini-b: downloaded Qwen3-30B-A3B-4bit 16.4 GB in 52s",
+    ]
+    assert model.history("dep-qwen3-30b-a3b-4bit")[-1].level == "good"
+
+
+def test_a_download_that_started_before_we_connected_completes_without_a_time() -> None:
+    builder = downloading()
+    model = connected(builder)
+    Feed(model)(
+        FROZEN_NOW + 9, NodeDownloadProgress(download_progress=progress(builder, "mini-b", QWEN30))
+    )
+    assert texts(model)[-1] == "mini-b: downloaded Qwen3-30B-A3B-4bit 16.4 GB"
+
+
+def test_a_failed_download_is_an_error_line_and_a_disk_report_is_no_news() -> None:
+    builder = downloading()
+    model = connected(builder)
+    feed = Feed(model)
+    failed = progress(builder, "mini-b", QWEN30, failed="No space left on device")
+    feed(FROZEN_NOW + 3, NodeDownloadProgress(download_progress=failed))
+    entry = model.timeline.since(model.timeline.appended - 1)[0]
+    assert (entry.level, entry.text) == (
+        "error",
+        "mini-b: download of Qwen3-30B-A3B-4bit failed: No space left on device",
+    )
+    told = len(model.timeline)
+    # A node reporting a model its disk already holds (exo does, as it starts) is not a download.
+    feed(FROZEN_NOW + 4, NodeDownloadProgress(download_progress=progress(builder, "studio", QWEN)))
+    assert len(model.timeline) == told
+
+
+def test_polls_tell_the_same_download_story() -> None:
+    """exo's recorded States, polled: node2 downloading, then staged."""
+    first = recorded_state("state-downloading")
+    now = max(parse_iso(t) or 0.0 for t in first.last_seen.values()) + 1
+    model = ClusterModel()
+    queued = first.model_copy(
+        update={"downloads": {k: v for k, v in first.downloads.items() if k.startswith("5763")}}
+    )
+    model.handle([SnapshotUpdate(queued, None), ConnectionUpdate("polling", STOCK_EXO)], now)
+    model.handle(SnapshotUpdate(first, None), now + 1)
+    model.handle(SnapshotUpdate(recorded_state("state-staged"), None), now + 2)
+    assert texts(model)[1:] == [
+        "node2: downloading Qwen3-0.6B-4bit (0.3 GB)",
+        "node2: downloaded Qwen3-0.6B-4bit 0.3 GB in 1s",
+    ]
+    node2 = next(r for r in model.node_rows(now + 2) if r.name == "node2")
+    assert node2.models == ("Qwen3-0.6B-4bit on disk",)
+    assert node2.disk_free == 536528027648
+
+
+def test_a_poll_after_a_gap_does_not_time_what_happened_in_it() -> None:
+    first = recorded_state("state-downloading")
+    now = max(parse_iso(t) or 0.0 for t in first.last_seen.values()) + 1
+    model = ClusterModel()
+    queued = first.model_copy(
+        update={"downloads": {k: v for k, v in first.downloads.items() if k.startswith("5763")}}
+    )
+    model.handle([SnapshotUpdate(queued, None), ConnectionUpdate("polling", STOCK_EXO)], now)
+    model.handle(SnapshotUpdate(first, None), now + 1)
+    away = now + 1 + MOMENTS_WINDOW_S + 5
+    model.handle(SnapshotUpdate(recorded_state("state-staged"), None), away)
+    assert texts(model)[-1] == "node2: downloaded Qwen3-0.6B-4bit 0.3 GB"
+
+
+# --- a recovery's parts -------------------------------------------------------------------
+
+
+def test_serving_again_says_where_the_time_went() -> None:
+    """Qwen3-30B loses mini-b (last heard 2 s before), is placed on mini-a, which downloads the
+    model for 52 s, and its runners are ready 11 s later."""
+    builder = downloading()
+    builder.deployment(QWEN30, on=["studio", "mini-b"])  # both ready, serving
+    model = connected(builder)
+    feed = Feed(model)
+    feed(FROZEN_NOW + 29, NodeTimedOut(node_id=node_id_for("mini-b")))
+    feed(FROZEN_NOW + 29, InstanceDeleted(instance_id="inst-qwen3-30b-a3b-4bit"))
+    placed = (
+        ClusterBuilder()
+        .node("studio")
+        .node("mini-a")
+        .instance(
+            QWEN30, on=["studio", "mini-a"], runners=[RunnerIdle(), RunnerIdle()], suffix="-2"
+        )
+    )
+    instance = placed.state.instances["inst-qwen3-30b-a3b-4bit-2"]
+    feed(FROZEN_NOW + 29.01, InstanceCreated(instance=instance))
+    start = progress(builder, "mini-a", QWEN30, done_gb=0.2, speed_mb=300)
+    feed(FROZEN_NOW + 29.5, NodeDownloadProgress(download_progress=start))
+    feed(
+        FROZEN_NOW + 81.5,
+        NodeDownloadProgress(download_progress=progress(builder, "mini-a", QWEN30)),
+    )
+    feed(
+        FROZEN_NOW + 92.5,
+        *[
+            RunnerStatusUpdated(runner_id=r, runner_status=RunnerReady())
+            for r in instance.shard_assignments.node_to_runner.values()
+        ],
+    )
+    assert texts(model)[-1] == (
+        "Qwen3-30B-A3B-4bit serving again after 1m34s: "
+        "detected 31 s, placed 0.01 s, downloaded 52 s, loaded 11 s"
+    )
