@@ -22,7 +22,7 @@ the moments of a recovery (deletion, placement, downloads, ready) are kept so th
 again after" can say where the time went (``recovery.py``). Each node's GPU readings are kept,
 a few of them, for the nodes view's sparkline.
 
-It is the TUI's largest module (about 1000 lines) because applying a batch and deriving the
+It is the TUI's largest module (about 1150 lines) because applying a batch and deriving the
 rows from it happen together: the memory above is updated from the same before-and-after States
 the rows are built from. The instance health rule (``health.py``), the timeline's wording
 (``timeline.py``), the downloads' words (``downloads.py``) and the recovery's parts
