@@ -8,10 +8,12 @@ cluster, and what an idle dashboard costs. Figures are printed, never asserted.
    request's own round trip is included, so the figure is an upper bound.
 2. **Frames at 64 nodes x 500 deployments** (target: none over 100 ms): the app, headless at
    120x40 (every panel shown), fed by a scripted master: a second of loading-progress events
-   at 200/s, keeper timers for all 500 every second, then 8 nodes lost with their instances at
-   once and the recovery burst. A frame is one batch applied and rendered (our code), and the
-   event loop's lag (everything that blocks the loop, Textual's compositing included). The
-   first screen (app start, the 500-deployment snapshot drawn) is a one-off, reported apart.
+   at 200/s with a node's vitals report beside each and a download's progress every tenth,
+   keeper timers for all 500 every second, then 8 nodes lost with their instances at once and
+   the recovery burst. Every node reports its disk, vitals and the models on it, as exo's do.
+   A frame is one batch applied and rendered (our code), and the event loop's lag (everything
+   that blocks the loop, Textual's compositing included). The first screen (app start, the
+   500-deployment snapshot drawn) is a one-off, reported apart.
 3. **Events through the stream**: a real master under uvicorn on loopback and the real
    ``MasterClient`` following its ``GET /events``, in one process: a burst of churn events (node
    reports and runner progress) from the master's router to the client's ``EventUpdate``s,
@@ -60,10 +62,12 @@ from keeper.model.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    NodeDownloadProgress,
+    NodeGatheredInfo,
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.model.state import Memory, ModelCard, RunnerLoading, RunnerReady
+from keeper.model.state import Memory, ModelCard, RunnerLoading, RunnerReady, SystemVitals
 
 LATENCY_SAMPLES = 60
 # Enough events that connecting and the snapshot are noise beside them; sent in batches, never
@@ -138,7 +142,9 @@ async def _latency() -> tuple[list[float], list[float]]:
 def _big_cluster() -> ClusterBuilder:
     builder = ClusterBuilder()
     for i in range(BIG_NODES):
-        builder.node(f"node-{i:02d}", ram_gb=128, free_gb=96, seen_ago_s=1)
+        name = f"node-{i:02d}"
+        builder.node(name, ram_gb=128, free_gb=96, seen_ago_s=1)
+        builder.disk(name, 2000, 1200).vitals(name, gpu=0.4, temp=52, power=60)
     builder.link_all()
     for i in range(BIG_DEPLOYMENTS):
         card = ModelCard(
@@ -159,6 +165,8 @@ def _big_cluster() -> ClusterBuilder:
         else:
             on = [f"node-{i % BIG_NODES:02d}", f"node-{(i + 1) % BIG_NODES:02d}"]
             builder.deployment(card.model_id, card=card, on=on)
+            for name in on:  # its model on the disks of its nodes, as exo reports them
+                builder.download(name, card.model_id, card=card)
     return builder
 
 
@@ -215,12 +223,27 @@ async def _frames() -> tuple[list[float], list[float], float]:
         app._apply_pending = timed  # type: ignore[method-assign]
         views = list(snapshot.deployments or ())
         runners = list(builder.state.runners)
+        fetching = builder.state.deployments["dep-model-009"].model_card  # placed nowhere
         with _LoopLag() as lag:
-            # A second of loading progress at 200 events/s, with the keeper's timers each second.
+            # A second of loading progress at 200 events/s, each beside a node's vitals report,
+            # a download's progress every tenth, and the keeper's timers each second.
             for tick in range(200):
                 runner = runners[(tick * 7) % len(runners)]
                 status = RunnerLoading(layers_loaded=tick % 16, total_layers=16)
-                client.push(*indexed(RunnerStatusUpdated(runner_id=runner, runner_status=status)))
+                node = f"node-{tick % BIG_NODES:02d}"
+                vitals = SystemVitals(gpu_usage=(tick % 10) / 10, temp=52, sys_power=60)
+                when = builder.state.last_seen[node_id_for(node)]
+                events: list[AnyEvent] = [
+                    RunnerStatusUpdated(runner_id=runner, runner_status=status),
+                    NodeGatheredInfo(node_id=node_id_for(node), when=when, system=vitals),
+                ]
+                if tick % 10 == 0:
+                    moved = ClusterBuilder(state=builder.state).download(
+                        node, fetching.model_id, done_gb=tick / 50, speed_mb=200, card=fetching
+                    )
+                    entry = moved.state.downloads[node_id_for(node)][-1]
+                    events.append(NodeDownloadProgress(download_progress=entry))
+                client.push(*indexed(*events))
                 if tick % 100 == 0:
                     client.push(DeploymentsUpdate(tuple(_timers(views))))
                 await asyncio.sleep(0.005)

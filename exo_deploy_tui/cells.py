@@ -5,15 +5,18 @@ the terminal width: at 80 columns every column the operator needs fits, and wide
 room for the model name and the placement error. Colours are named ANSI colours so 16-colour
 terminals show them as meant, and every status also has a word and a symbol.
 
-One module (about 430 lines) on purpose: the column widths of every table are decided together,
+One module (about 610 lines) on purpose: the column widths of every table are decided together,
 from one terminal width, so that the tables line up with the header and the detail strip.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rich.console import Console
 from rich.text import Text
 
+from exo_deploy_tui.downloads import DownloadFacts, download_mark, download_words
 from exo_deploy_tui.format import (
     STATUS_COLOR,
     STATUS_SYMBOL,
@@ -23,6 +26,7 @@ from exo_deploy_tui.format import (
     percent_available,
     short_id,
     short_model,
+    sparkline,
     status_label,
     truncate,
 )
@@ -134,6 +138,8 @@ def status_text(row: DeploymentRow) -> str:
 
 def next_text(row: DeploymentRow) -> str:
     if row.next_attempt_in_s is None:
+        if row.download is not None:
+            return download_next(row.download)
         if row.status == "starting" and row.load_progress is not None:
             return f"load {row.load_progress:.0%}"
         return ""
@@ -145,6 +151,18 @@ def nodes_text(row: DeploymentRow) -> str:
     """Where it runs: each instance's nodes, commas within one, ``|`` between replicas."""
     groups = row.replica_nodes or ((row.nodes,) if row.nodes else ())
     return "|".join(",".join(nodes) for nodes in groups) or "-"
+
+
+def download_next(download: DownloadFacts) -> str:
+    """What a starting deployment waits for, in the NEXT column: ``↓43% 46s``."""
+    mark = download_mark(download)
+    if download.phase == "downloading" and download.eta_s is not None:
+        return f"{mark} {duration(download.eta_s)}"
+    return mark
+
+
+def download_style(download: DownloadFacts) -> str:
+    return "red" if download.phase == "failed" else "yellow"
 
 
 def ready_cell(row: DeploymentRow) -> tuple[str, str]:
@@ -177,11 +195,19 @@ def deployment_cells(row: DeploymentRow, columns: tuple[Column, ...]) -> Cells:
         "instance": (short_id(row.instance_id) if row.instance_id else "-", DIM),
         "nodes": (nodes_text(row), ""),
         "age": (age_text(row), ""),
-        "next": (next_text(row), "yellow" if row.waiting == "backoff" else ""),
+        "next": (next_text(row), _next_style(row)),
         "fail": (str(row.failures) if row.failures else "", "red" if row.failures else ""),
         "error": (row.placement_error or "", "red"),
     }
     return tuple(_cell(*values[c.key], c.width) for c in columns)
+
+
+def _next_style(row: DeploymentRow) -> str:
+    if row.waiting == "backoff":
+        return "yellow"
+    if row.next_attempt_in_s is None and row.download is not None:
+        return "red" if row.download.phase == "failed" else ""
+    return ""
 
 
 _WAIT_REASON: dict[WaitReason, str] = {
@@ -200,7 +226,9 @@ def timer_words(row: DeploymentRow) -> str:
         parts.append(f"next attempt in {duration(row.next_attempt_in_s)} (waiting for {why})")
     if row.failures:
         parts.append(f"{row.failures} lost before ready in a row")
-    if row.load_progress is not None:
+    if row.download is not None:
+        parts.append(f"{row.download_on}: {download_words(row.download)}")
+    elif row.load_progress is not None:
         parts.append(f"loading {row.load_progress:.0%}")
     return " · ".join(parts)
 
@@ -249,7 +277,8 @@ def detail_text(
             text.append(f": {row.placement_why}")
     timer = timer_words(row)
     if timer:
-        text.append("\n" + timer, style="yellow" if row.failures else "")
+        failed = row.download is not None and row.download.phase == "failed"
+        text.append("\n" + timer, style="red" if failed else "yellow" if row.failures else "")
     return fit_lines(text, width, lines)
 
 
@@ -268,17 +297,71 @@ def fit_lines(text: Text, width: int, lines: int) -> Text:
 # --- nodes --------------------------------------------------------------------------------
 
 
-def node_columns(width: int) -> tuple[Column, ...]:
-    narrow = width < 90
-    fixed = [
+# With what exo reports of disks, downloads and vitals, the nodes table's last column lists the
+# node's models (its runners, then what its disk holds or fetches) and keeps at least this much
+# room: the longest catalog name with a download's mark. The optional columns fit around it.
+MODELS_MIN = 28
+# The GPU column: its percentage and a sparkline of this many readings.
+GPU_SPARK_WIDTH = 8
+# The widest the LINKS column grows beside the models: four node names.
+LINKS_MAX = 28
+
+
+def node_columns(
+    width: int, *, disk: bool = False, vitals: bool = False, models: bool = False
+) -> tuple[Column, ...]:
+    """The nodes table's columns; ``disk``, ``vitals``, ``models``: whether any node reports
+    its disk, its vitals, or holds (or fetches) a model other than its runners'. Without any of
+    those, the table is as it always was; with them, DISK is always shown, then the vitals (GPU
+    with its history, temperature and power), LINKS and BACKENDS as the room allows."""
+    if not (disk or vitals or models):
+        narrow = width < 90
+        fixed = [
+            Column("name", "NODE", 12),
+            Column("state", "STATE", 14),
+            Column("memory", "MEM USED", 12),
+            Column("backends", "BACKENDS", 9 if narrow else 16),
+        ]
+        room = max(12, width - sum(c.width for c in fixed) - 1)
+        links_w = max(6, room * 2 // 5)
+        return (
+            *fixed,
+            Column("links", "LINKS", links_w),
+            Column("runners", "RUNNERS", room - links_w),
+        )
+    wide = width >= WIDE_TABLE_FROM
+    columns = [
         Column("name", "NODE", 12),
         Column("state", "STATE", 14),
         Column("memory", "MEM USED", 12),
-        Column("backends", "BACKENDS", 9 if narrow else 16),
     ]
-    room = max(12, width - sum(c.width for c in fixed) - 1)
-    links_w = max(6, room * 2 // 5)
-    return (*fixed, Column("links", "LINKS", links_w), Column("runners", "RUNNERS", room - links_w))
+    if disk:
+        # "48.5G free/500G" where there is room for the whole, "48.5G free" otherwise.
+        columns.append(Column("disk", "DISK", 16 if wide else 11))
+    room = width - sum(c.width for c in columns) - 1  # 1: the scrollbar
+    optional: list[tuple[Column, ...]] = []
+    if vitals:
+        gpu = Column("gpu", "GPU", 6 + GPU_SPARK_WIDTH)  # "100% " and the sparkline
+        optional.append((gpu, Column("heat", "TEMP PWR", 11)))
+    optional += [(Column("links", "LINKS", 10),), (Column("backends", "BACKENDS", 9),)]
+    for unit in optional:
+        needs = sum(c.width for c in unit)
+        if room - needs >= MODELS_MIN:
+            columns += unit
+            room -= needs
+    # What is left beyond the models' minimum is shared as the old table shares it: two
+    # fifths to the links (up to what a few names need), the rest to the models.
+    extra = max(0, room - MODELS_MIN)
+    links_extra = min(extra * 2 // 5, LINKS_MAX - 10)
+    if links_extra > 0 and any(c.key == "links" for c in columns):
+        columns = [
+            replace(c, width=c.width + links_extra) if c.key == "links" else c for c in columns
+        ]
+        room -= links_extra
+    columns.append(Column("models", "MODELS", max(MODELS_MIN, room)))
+    order = ("name", "state", "memory", "disk", "gpu", "heat", "backends", "links", "models")
+    by_key = {c.key: c for c in columns}
+    return tuple(by_key[k] for k in order if k in by_key)
 
 
 def liveness_text(row: NodeRow) -> tuple[str, str]:
@@ -305,7 +388,49 @@ def node_cells(row: NodeRow, columns: tuple[Column, ...]) -> Cells:
         "links": (",".join(row.links) if row.links else "-", ""),
         "runners": (", ".join(row.runners) if row.runners else "-", DIM if not row.runners else ""),
     }
+    keys = {c.key for c in columns}
+    if "disk" in keys:
+        values["disk"] = disk_cell(row, whole=_width_of(columns, "disk") >= 16)
+    if "gpu" in keys:
+        values["gpu"] = gpu_cell(row)
+        values["heat"] = heat_cell(row)
+    if "models" in keys:
+        values["models"] = (", ".join(row.models), "") if row.models else ("-", DIM)
     return tuple(_cell(*values[c.key], c.width) for c in columns)
+
+
+def _width_of(columns: tuple[Column, ...], key: str) -> int:
+    return next((c.width for c in columns if c.key == key), 0)
+
+
+# A disk with less than this much free is amber: less than the largest common model.
+DISK_LOW_BELOW = 20 * 1024**3
+
+
+def disk_cell(row: NodeRow, *, whole: bool) -> tuple[str, str]:
+    """``320G free`` (``320G free/500G`` when ``whole``), amber when low; ``-`` unknown."""
+    if row.disk_free is None or row.disk_total is None:
+        return "-", DIM
+    text = f"{gigabytes(row.disk_free)} free"
+    if whole:
+        text += f"/{gigabytes(row.disk_total)}"
+    return text, "bold yellow" if row.disk_free < DISK_LOW_BELOW else ""
+
+
+def gpu_cell(row: NodeRow) -> tuple[str, str]:
+    """``62% ▂▃▅▇▆▅▃▅``: the GPU now, and its last readings."""
+    if row.vitals is None:
+        return "-", DIM
+    now = f"{round(row.vitals.gpu_usage * 100)}%"
+    return f"{now:<4} {sparkline(row.gpu_history[-GPU_SPARK_WIDTH:])}", ""
+
+
+def heat_cell(row: NodeRow) -> tuple[str, str]:
+    """``58°C 95W``: temperature and the system's power draw."""
+    vitals = row.vitals
+    if vitals is None:
+        return "-", DIM
+    return f"{vitals.temp:.0f}°C {vitals.sys_power:.0f}W", ""
 
 
 # --- instances ----------------------------------------------------------------------------
@@ -327,7 +452,11 @@ def _bar(fraction: float, width: int = 8) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
-def runner_status_text(runner: RunnerRow) -> tuple[str, str]:
+def runner_status_text(runner: RunnerRow, width: int | None = None) -> tuple[str, str]:
+    """What a runner shows: its download while it waits for one (in ``width`` when given), its
+    loading progress, its failure, or its status."""
+    if runner.download is not None:
+        return download_words(runner.download, width), download_style(runner.download)
     if runner.progress is not None:
         return f"Loading {_bar(runner.progress)} {runner.progress:.0%}", "yellow"
     if runner.error:
@@ -351,6 +480,7 @@ def instance_table_rows(
     is (one cell spanning the table), then a row per runner (keyed by the runner id)."""
     rows: list[tuple[str, Cells]] = []
     span = sum(c.width for c in columns)
+    status_w = max(1, _width_of(columns, "status") - 1)
     for instance in instances:
         # A runner whose node left serves nothing, whatever status it last reported.
         ready = sum(
@@ -380,7 +510,7 @@ def instance_table_rows(
                     "" if runner.node_present else "red",
                 ),
                 "layers": (f"{runner.start_layer}-{runner.end_layer - 1}", ""),
-                "status": runner_status_text(runner),
+                "status": runner_status_text(runner, status_w),
             }
             rows.append((runner.runner_id, tuple(_cell(*cells[c.key], c.width) for c in columns)))
     return rows

@@ -1,4 +1,4 @@
-"""How values read on screen: durations, sizes, short ids, times of day, status labels.
+"""How values read on screen: durations, sizes, rates, short ids, times of day, status labels.
 
 Pure functions with no Textual import, shared by the model (timeline text), the widgets (cells)
 and the describe screen, so one deployment reads the same everywhere and tests can pin the text.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from keeper.model.api_models import DeploymentStatus
@@ -83,6 +84,51 @@ def precise_duration(seconds: float) -> str:
 def gigabytes(in_bytes: int) -> str:
     gb = in_bytes / 1024**3
     return f"{gb:.0f}G" if gb >= 100 else f"{gb:.1f}G"
+
+
+# Sizes and rates count as the rest of the dashboard does (and as exo's Memory does): a GB is
+# 1024**3 bytes, a MB 1024**2, so a download's total reads as the model's size in describe.
+_GB: Final = 1024**3
+_MB: Final = 1024**2
+
+
+def size_gb(in_bytes: int) -> str:
+    """A download's size, to a tenth of a GB: ``17.0 GB``."""
+    return f"{in_bytes / _GB:.1f} GB"
+
+
+def sizes_gb(part: int, whole: int) -> str:
+    """How much of a whole, in one unit: ``7.3/17.0 GB``."""
+    return f"{part / _GB:.1f}/{whole / _GB:.1f} GB"
+
+
+def rate(bytes_per_s: float) -> str:
+    """A download's speed in whole MB per second: ``210 MB/s``."""
+    return f"{max(0.0, bytes_per_s) / _MB:.0f} MB/s"
+
+
+def part_duration(seconds: float) -> str:
+    """One part of a measured interval, as precise as its size warrants: ``0.01 s`` under a
+    second, ``3.2 s`` under ten, ``31 s`` under a minute, then as ``duration``."""
+    s = max(0.0, seconds)
+    if s < 1:
+        return f"{s:.2f} s"
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    return duration(s)
+
+
+_SPARKS: Final = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(fractions: Sequence[float]) -> str:
+    """One block per reading, its height the fraction (0-1) of the whole it was: a GPU busy
+    62 % of the time draws ``▅``. Absolute, not scaled to the readings, so an idle node's line
+    stays flat and low rather than magnifying noise."""
+    top = len(_SPARKS) - 1
+    return "".join(_SPARKS[round(max(0.0, min(1.0, f)) * top)] for f in fractions)
 
 
 def clock_time(epoch_s: float) -> str:

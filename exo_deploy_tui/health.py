@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from exo_deploy_tui.downloads import DownloadFacts
 from exo_deploy_tui.format import duration
 from keeper.model.state import AnyInstance, NodeId, State, download_model_id
 
@@ -41,6 +42,8 @@ class RunnerFacts(Protocol):
     def error(self) -> str | None: ...
     @property
     def node_present(self) -> bool: ...
+    @property
+    def download(self) -> DownloadFacts | None: ...
 
 
 def unhealthy_reason(
@@ -51,7 +54,8 @@ def unhealthy_reason(
     last_progress_at: float | None,
     now: float,
 ) -> str | None:
-    """Why an instance looks unhealthy, in words, or None: a runner failed; a node it runs on
+    """Why an instance looks unhealthy, in words, or None: a runner, or the download of the model
+    a runner waits for, failed; a node it runs on
     left the cluster or has been silent for more than ``UNHEALTHY_SILENT_S`` (``quiet_s``: how
     long each node has been quiet); or it is not ready and nothing of it (runners, downloads) has
     moved since ``last_progress_at`` for ``NO_PROGRESS_AFTER_S``. The first of these that holds
@@ -59,6 +63,10 @@ def unhealthy_reason(
     for runner in runners:
         if runner.status == "Failed":
             return f"runner failed on {runner.node_name}: {runner.error or 'no message'}"
+    for runner in runners:
+        download = runner.download
+        if download is not None and download.phase == "failed":
+            return f"download failed on {runner.node_name}: {download.error or 'no message'}"
     for runner in runners:
         if not runner.node_present:
             return f"node {runner.node_name} left the cluster"

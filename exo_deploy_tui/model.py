@@ -16,23 +16,39 @@ node that timed out leaves the topology but keeps its identity and backends (``d
 shown as gone, never alive), and a deleted instance's runners stay in ``runners`` with their last
 status (only the runners of live instances are counted or shown).
 
-It is the TUI's largest module (about 800 lines) because applying a batch and deriving the rows
-from it happen together: the memory above is updated from the same before-and-after States the
-rows are built from. The instance health rule (``health.py``) and the timeline's wording
-(``timeline.py``) are already apart; the row derivations are the next seam if it grows.
+Downloads are seen the same way: a runner waiting for its node's download of its model shows
+the download instead of a bare status, the timeline tells each download's start and end, and
+the moments of a recovery (deletion, placement, downloads, ready) are kept so that "serving
+again after" can say where the time went (``recovery.py``). Each node's GPU readings are kept,
+a few of them, for the nodes view's sparkline.
+
+It is the TUI's largest module (about 1150 lines) because applying a batch and deriving the
+rows from it happen together: the memory above is updated from the same before-and-after States
+the rows are built from. The instance health rule (``health.py``), the timeline's wording
+(``timeline.py``), the downloads' words (``downloads.py``) and the recovery's parts
+(``recovery.py``) are already apart; the row derivations are the next seam if it grows.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
 from exo_deploy_tui.availability import on_our_clock, summarize_day, window_end
+from exo_deploy_tui.downloads import (
+    DownloadFacts,
+    download_entry,
+    download_facts,
+    download_mark,
+    gating_download,
+)
 from exo_deploy_tui.explain import explain_placement
 from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_id, short_model
 from exo_deploy_tui.health import progress_signature, unhealthy_reason
+from exo_deploy_tui.recovery import NodeDownload, parts_text, recovery_parts
 from exo_deploy_tui.timeline import (
     Timeline,
     TimelineEntry,
@@ -51,7 +67,14 @@ from exo_deploy_tui.updates import (
 )
 from keeper.model.api_models import DeploymentStatus, DeploymentView, WaitReason
 from keeper.model.apply import apply_indexed
-from keeper.model.events import DeploymentServingChanged, NodeGatheredInfo, NodeTimedOut
+from keeper.model.events import (
+    DeploymentServingChanged,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeDownloadProgress,
+    NodeGatheredInfo,
+    NodeTimedOut,
+)
 from keeper.model.history import History
 from keeper.model.readiness import (
     deployment_statuses,
@@ -64,10 +87,16 @@ from keeper.model.state import (
     AnyRunnerStatus,
     Deployment,
     DeploymentId,
+    DownloadCompleted,
+    DownloadOngoing,
     InstanceId,
     MlxJacclInstance,
+    ModelId,
     NodeId,
+    RunnerConnected,
+    RunnerConnecting,
     RunnerFailed,
+    RunnerIdle,
     RunnerLoaded,
     RunnerLoading,
     RunnerReady,
@@ -75,6 +104,8 @@ from keeper.model.state import (
     RunnerWarmingUp,
     ServingRecord,
     State,
+    SystemVitals,
+    download_model_id,
 )
 
 # Nodes report their info at least every 5 s (keeper.link.protocol.INFO_REFRESH_S), and each
@@ -92,8 +123,21 @@ CLOCK_SKEW_IGNORED_S = 2.0
 # with the past and push out what happens next.
 HISTORY_SEEDED_MAX = 200
 
+# A State that arrives more than this long after the last one we saw (a poll after a gap, a
+# reconnection) happened some time in between: the moments its differences tell are not noted
+# for a recovery's parts. Polls come every second.
+MOMENTS_WINDOW_S = 2.5
+# The instance deletions and creations kept per model for a recovery's parts: every attempt of
+# a recovery that took a few, while a model that flaps all day keeps a handful.
+MOMENTS_KEPT = 8
+# GPU readings kept per node: the nodes view's sparkline, the last half-minute or so of reports.
+GPU_READINGS_KEPT = 8
+
 # A runner in one of these has all its layers in memory.
 _LOADED_RUNNER_TYPES = (RunnerLoaded, RunnerWarmingUp, RunnerReady, RunnerRunning)
+# A runner in one of these (or with no status yet) has not started loading: if its node is
+# downloading its model, that download is what it waits for.
+_BEFORE_LOADING_TYPES = (RunnerIdle, RunnerConnecting, RunnerConnected)
 
 Liveness = Literal["alive", "silent", "gone"]
 SortKey = Literal["status", "name", "age"]
@@ -127,6 +171,9 @@ class DeploymentRow:
     placement_why: str | None = None
     # The fraction of the last 24 h it served (keeper.model.history), None without serving records.
     availability: float | None = None
+    # While starting: the download its instance waits for (``gating_download``) and its node.
+    download: DownloadFacts | None = None
+    download_on: str | None = None
 
     @property
     def short(self) -> bool:
@@ -164,6 +211,13 @@ class NodeRow:
     links: tuple[str, ...]  # names of the nodes it has an edge to
     runners: tuple[str, ...]  # "Qwen3-0.6B-4bit Ready" per runner it holds
     chip: str
+    disk_free: int | None = None  # bytes free in its models directory, as it last reported
+    disk_total: int | None = None
+    # Its runners, then what else its disk holds or fetches: "Qwen3-0.6B-4bit Ready",
+    # "Qwen3-30B-A3B-4bit ↓43%" (a download, also for a runner waiting for it), "… on disk".
+    models: tuple[str, ...] = ()
+    vitals: SystemVitals | None = None  # GPU, temperature and power, as it last reported
+    gpu_history: tuple[float, ...] = ()  # its last GPU readings (0-1), oldest first
 
 
 @dataclass(frozen=True)
@@ -178,6 +232,8 @@ class RunnerRow:
     progress: float | None  # while loading
     error: str | None
     node_present: bool
+    # The node's download of the model, while the runner waits for it (not yet loading).
+    download: DownloadFacts | None = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +290,16 @@ class _Tracked:
     # outage can be dated from when those nodes were last heard of, not from when the master
     # noticed.
     serving_on: tuple[NodeId, ...] = ()
+    # When it was seen to stop serving (None when that was not seen as it happened).
+    stopped_at: float | None = None
+
+
+@dataclass
+class _Moments:
+    """When a model's instances were seen deleted and created (our clock), newest last."""
+
+    deleted: deque[float] = field(default_factory=lambda: deque(maxlen=MOMENTS_KEPT))
+    created: deque[float] = field(default_factory=lambda: deque(maxlen=MOMENTS_KEPT))
 
 
 @dataclass
@@ -343,12 +409,25 @@ class ClusterModel:
     _days: dict[DeploymentId, tuple[tuple[ServingRecord, ...], float, History]] = field(
         default_factory=dict
     )
+    # When each (node, model) download was seen to start and to complete (our clock): how long
+    # it took, for the timeline and a recovery's parts. Dropped with the node.
+    _download_started: dict[tuple[NodeId, ModelId], float] = field(default_factory=dict)
+    _download_done: dict[tuple[NodeId, ModelId], float] = field(default_factory=dict)
+    # Per model with a deployment: when its instances were deleted and created.
+    _moments: dict[ModelId, _Moments] = field(default_factory=dict)
+    # When the last State arrived (snapshot or event), and whether this batch's snapshot came
+    # after a gap (``MOMENTS_WINDOW_S``): then what changed is not dated.
+    _observed_at: float | None = None
+    _blind: bool = False
+    # Per node: its last GPU readings.
+    _gpu: dict[NodeId, deque[float]] = field(default_factory=dict)
 
     # -- input ------------------------------------------------------------------------------
 
     def handle(self, updates: Update | Sequence[Update], now: float) -> None:
         """Take in what the client said, in order; derived facts are settled once at the end."""
         batch = [updates] if not isinstance(updates, Sequence) else updates
+        self._blind = False
         for update in batch:
             match update:
                 case SnapshotUpdate():
@@ -381,15 +460,22 @@ class ClusterModel:
             self.has_data = True
             self.timeline.extend(self._seed_history(None, update.state, now))
             self.timeline.extend(_connected_entries(update, now))
+            self._note_readings(None, update.state)
         else:
             before, after = self.state, update.state
+            observed = self._observed_at
+            self._blind = self._blind or observed is None or now - observed > MOMENTS_WINDOW_S
             self.timeline.extend(self._seed_history(before, after, now))
+            names = self.remembered_names()
             for event in events_between(before, after):
+                self._note_moments(event, before, now)
                 self.timeline.extend(
-                    entries_for_event(event, before, after, now, self.remembered_names())
+                    entries_for_event(event, before, after, now, names, self._starts())
                 )
                 self._note_membership(event, before, now)
+            self._note_readings(before, after)
             self.state = after
+        self._observed_at = now
         if update.deployments is None:
             self.has_timers = False
             self._timers = {}
@@ -410,24 +496,108 @@ class ClusterModel:
             return
         before = self.state
         self.state = apply_indexed(before, indexed)
-        if isinstance(indexed.event, DeploymentServingChanged):
+        self._observed_at = now
+        event = indexed.event
+        if isinstance(event, DeploymentServingChanged):
             # Seen live: the status change it records is told by ``_settle`` as it happens.
-            self._told[indexed.event.deployment_id] = indexed.event.record.at
-        self._note_membership(indexed.event, before, now)
+            self._told[event.deployment_id] = event.record.at
+        self._note_moments(event, before, now)
+        self._note_membership(event, before, now)
         self.timeline.extend(
-            entries_for_event(indexed.event, before, self.state, now, self.remembered_names())
+            entries_for_event(
+                event, before, self.state, now, self.remembered_names(), self._starts()
+            )
         )
+        if (
+            isinstance(event, NodeGatheredInfo)
+            and event.system is not None
+            and event.node_id in self.state.node_system
+        ):
+            self._reading(event.node_id, event.system)
 
     def _note_membership(self, event: object, before: State, now: float) -> None:
         if isinstance(event, NodeTimedOut) and event.node_id in before.topology.nodes:
-            seen = parse_iso(before.last_seen.get(event.node_id))
+            node = event.node_id
+            seen = parse_iso(before.last_seen.get(node))
             last_seen = None if seen is None else seen - self.master_clock_offset_s
-            self._gone[event.node_id] = _Gone(node_name(event.node_id, before), now, last_seen)
-            self._silent.discard(event.node_id)
+            self._gone[node] = _Gone(node_name(node, before), now, last_seen)
+            self._silent.discard(node)
             while len(self._gone) > GONE_NODES_KEPT:
                 del self._gone[next(iter(self._gone))]
+            self._gpu.pop(node, None)
+            for kept in (self._download_started, self._download_done):
+                for key in [k for k in kept if k[0] == node]:
+                    del kept[key]
         elif isinstance(event, NodeGatheredInfo):
             self._gone.pop(event.node_id, None)
+
+    def _starts(self) -> dict[tuple[NodeId, ModelId], float]:
+        """When downloads were seen to start, for the timeline; none after a gap (how long a
+        download took that completed while we were away cannot be told)."""
+        return {} if self._blind else self._download_started
+
+    def _note_moments(self, event: object, before: State, now: float) -> None:
+        """Date what a recovery's parts are made of: instances deleted and created, downloads
+        started and completed. Not after a gap: then we know only that they happened."""
+        if isinstance(event, NodeDownloadProgress):
+            entry = event.download_progress
+            key = (entry.node_id, download_model_id(entry))
+            previous = download_entry(before, *key)
+            if type(entry) is type(previous):
+                return  # progress, or a report of the same: no moment
+            if self._blind or entry.node_id not in before.topology.nodes:
+                # It moved while we were away (or for a node the State does not hold).
+                self._download_started.pop(key, None)
+                self._download_done.pop(key, None)
+            elif isinstance(entry, DownloadOngoing):
+                self._download_started[key] = now
+                self._download_done.pop(key, None)
+            elif isinstance(entry, DownloadCompleted):
+                if not isinstance(previous, DownloadOngoing):
+                    self._download_started.pop(key, None)  # it never showed as downloading
+                if previous is not None:
+                    self._download_done[key] = now
+            else:  # queued again, or failed
+                self._download_started.pop(key, None)
+                self._download_done.pop(key, None)
+            return
+        if self._blind:
+            return
+        if isinstance(event, InstanceDeleted):
+            instance = before.instances.get(event.instance_id)
+            if instance is not None:
+                self._moments_of(instance.shard_assignments.model_id).deleted.append(now)
+        elif (
+            isinstance(event, InstanceCreated)
+            and event.instance.instance_id not in before.instances
+        ):
+            self._moments_of(event.instance.shard_assignments.model_id).created.append(now)
+
+    def _moments_of(self, model: ModelId) -> _Moments:
+        moments = self._moments.get(model)
+        if moments is None:
+            moments = self._moments[model] = _Moments()
+        return moments
+
+    def _note_readings(self, before: State | None, after: State) -> None:
+        """A snapshot's GPU readings: a node's counts as new when it differs from the last one
+        or the node reported since (a poll sees each report once)."""
+        gpu = self._gpu
+        for node_id in [n for n in gpu if n not in after.node_system]:
+            del gpu[node_id]
+        for node_id, vitals in after.node_system.items():
+            if before is not None and (
+                before.node_system.get(node_id) == vitals
+                and before.last_seen.get(node_id) == after.last_seen.get(node_id)
+            ):
+                continue
+            self._reading(node_id, vitals)
+
+    def _reading(self, node_id: NodeId, vitals: SystemVitals) -> None:
+        history = self._gpu.get(node_id)
+        if history is None:
+            history = self._gpu[node_id] = deque(maxlen=GPU_READINGS_KEPT)
+        history.append(vitals.gpu_usage)
 
     def _seed_history(self, before: State | None, after: State, now: float) -> list[TimelineEntry]:
         """History entries for the incidents of the last 24 h in ``after``'s serving records
@@ -563,6 +733,10 @@ class ClusterModel:
         for kept in (self._told, self._days):
             for d_id in [d for d in kept if d not in statuses]:
                 del kept[d_id]
+        if self._moments:
+            deployed = {d.model_card.model_id for d in self.state.deployments.values()}
+            for model_id in [m for m in self._moments if m not in deployed]:
+                del self._moments[model_id]
         entries: list[TimelineEntry] = []
         for d_id, status in statuses.items():
             tracked = self._tracked.get(d_id)
@@ -576,15 +750,19 @@ class ClusterModel:
                 name = short_model(model)
                 if tracked.status == "serving":
                     tracked.outage_since = self._outage_start(tracked.serving_on, now)
+                    tracked.stopped_at = None if self._blind else now
                     entries.append(TimelineEntry(now, "warn", f"{name} stopped serving", model))
                 elif status == "serving":
                     if tracked.outage_since is not None:
                         after = precise_duration(now - tracked.outage_since)
-                        text = f"{name} serving again after {after}"
+                        parts = parts_text(self._recovery_parts(tracked, model, now))
+                        text = f"{name} serving again after {after}" + (
+                            f": {parts}" if parts else ""
+                        )
                     else:
                         text = f"{name} serving"
                     entries.append(TimelineEntry(now, "good", text, model))
-                    tracked.outage_since = None
+                    tracked.outage_since = tracked.stopped_at = None
                 tracked.status, tracked.since, tracked.known = status, now, True
             if status == "serving":
                 tracked.serving_on = derived.ready_nodes.get(model, ())
@@ -592,6 +770,27 @@ class ClusterModel:
         self._watching = self._watching or self.has_data
         self._check_silence(now)
         self._note_progress(now)
+
+    def _recovery_parts(
+        self, tracked: _Tracked, model: ModelId, now: float
+    ) -> list[tuple[str, float]]:
+        """Where the outage ``tracked`` just ended went, from what we saw of it."""
+        assert tracked.outage_since is not None
+        moments = self._moments.get(model) or _Moments()
+        serving_on = self.derived().ready_nodes.get(model, ())
+        return recovery_parts(
+            outage_since=tracked.outage_since,
+            stopped_at=tracked.stopped_at,
+            deletions=moments.deleted,
+            placements=moments.created,
+            downloads=[
+                NodeDownload(
+                    self._download_started.get((n, model)), self._download_done.get((n, model))
+                )
+                for n in serving_on
+            ],
+            ready_at=None if self._blind else now,
+        )
 
     def _note_progress(self, now: float) -> None:
         """Date each not-ready instance's last progress. An instance first seen is dated now:
@@ -682,6 +881,12 @@ class ClusterModel:
             due_in = None
             if timer is not None and timer.due_at is not None and status != "serving":
                 due_in = max(0.0, timer.due_at - now)
+            gating = None
+            if status == "starting" and instance is not None and state.downloads:
+                gating = gating_download(
+                    (names.get(n) or short_id(n), facts)
+                    for n, facts in _waiting_downloads(instance, state)
+                )
             rows.append(
                 DeploymentRow(
                     deployment_id=d_id,
@@ -709,6 +914,8 @@ class ClusterModel:
                     availability=self._day(
                         d_id, state.serving_history.get(d_id, ()), end
                     ).availability,
+                    download=gating[1] if gating else None,
+                    download_on=gating[0] if gating else None,
                 )
             )
         return rows
@@ -721,17 +928,44 @@ class ClusterModel:
     def node_rows(self, now: float) -> list[NodeRow]:
         state = self.state
         runners_on: dict[NodeId, list[str]] = {}
+        # Per node: each runner's model, and what it shows (its status, or the download it
+        # waits for). Without downloads in the State, that is what its runners show.
+        downloads = state.downloads
+        held_on: dict[NodeId, dict[ModelId, str]] = {}
         for instance in state.instances.values():
-            model = short_model(instance.shard_assignments.model_id)
+            model_id = instance.shard_assignments.model_id
+            model = short_model(model_id)
             for node_id, runner_id in instance.shard_assignments.node_to_runner.items():
-                word = runner_status_word(state.runners.get(runner_id))
-                runners_on.setdefault(node_id, []).append(f"{model} {word}")
+                status = state.runners.get(runner_id)
+                text = f"{model} {runner_status_word(status)}"
+                runners_on.setdefault(node_id, []).append(text)
+                if node_id not in downloads:
+                    continue
+                waiting = _waiting_download(state, node_id, model_id, status)
+                if waiting is not None:
+                    text = f"{model} {download_mark(waiting)}"
+                held_on.setdefault(node_id, {}).setdefault(model_id, text)
         rows: list[NodeRow] = []
         for node_id in state.topology.nodes:
             quiet = self._quiet_for(node_id, now)
             memory = state.node_memory.get(node_id)
             identity = state.node_identities.get(node_id)
             sinks = state.topology.connections.get(node_id, {})
+            disk = state.node_disk.get(node_id)
+            runners = tuple(runners_on.get(node_id, ()))
+            models = runners
+            if node_id in downloads:
+                held = held_on.get(node_id, {})
+                listed = list(held.values())
+                for entry in sorted(
+                    downloads[node_id], key=lambda e: isinstance(e, DownloadCompleted)
+                ):
+                    model_id = download_model_id(entry)
+                    if model_id not in held:
+                        mark = download_mark(download_facts(entry))
+                        listed.append(f"{short_model(model_id)} {mark}")
+                models = tuple(listed)
+            gpu = self._gpu.get(node_id)
             rows.append(
                 NodeRow(
                     node_id=node_id,
@@ -746,8 +980,13 @@ class ClusterModel:
                     ram_total=memory.ram_total.in_bytes if memory else None,
                     backends=tuple(str(b) for b in state.node_backends.get(node_id, [])),
                     links=tuple(self.name_of(s) for s, edges in sinks.items() if edges),
-                    runners=tuple(runners_on.get(node_id, [])),
+                    runners=runners,
                     chip=identity.chip_id if identity else "",
+                    disk_free=disk.available.in_bytes if disk else None,
+                    disk_total=disk.total.in_bytes if disk else None,
+                    models=models,
+                    vitals=state.node_system.get(node_id),
+                    gpu_history=tuple(gpu) if gpu else (),
                 )
             )
         rows.sort(key=lambda r: (r.name, r.node_id))
@@ -784,6 +1023,11 @@ class ClusterModel:
                 progress = None
                 if isinstance(status, RunnerLoading) and status.total_layers > 0:
                     progress = status.layers_loaded / status.total_layers
+                waiting = (
+                    _waiting_download(state, node_id, assignments.model_id, status)
+                    if node_id in state.downloads
+                    else None
+                )
                 runners.append(
                     RunnerRow(
                         runner_id=runner_id,
@@ -796,6 +1040,7 @@ class ClusterModel:
                         progress=progress,
                         error=status.error_message if isinstance(status, RunnerFailed) else None,
                         node_present=node_id in present,
+                        download=waiting,
                     )
                 )
             runners.sort(key=lambda r: r.rank)
@@ -887,6 +1132,32 @@ def _instance_for(deployment: Deployment, instances: list[AnyInstance]) -> AnyIn
 
 def _node_names(instance: AnyInstance, names: dict[NodeId, str]) -> tuple[str, ...]:
     return tuple(names.get(n) or short_id(n) for n in instance.shard_assignments.node_to_runner)
+
+
+def _waiting_download(
+    state: State, node_id: NodeId, model_id: ModelId, status: AnyRunnerStatus | None
+) -> DownloadFacts | None:
+    """The node's download of the model, if a runner in ``status`` waits for it: the runner has
+    not started loading and the download is not complete."""
+    if (status is not None and not isinstance(status, _BEFORE_LOADING_TYPES)) or (
+        node_id not in state.downloads
+    ):
+        return None
+    entry = download_entry(state, node_id, model_id)
+    if entry is None or isinstance(entry, DownloadCompleted):
+        return None
+    return download_facts(entry)
+
+
+def _waiting_downloads(
+    instance: AnyInstance, state: State
+) -> Iterable[tuple[NodeId, DownloadFacts]]:
+    """The downloads the instance's runners wait for, each with its node."""
+    model_id = instance.shard_assignments.model_id
+    for node_id, runner_id in instance.shard_assignments.node_to_runner.items():
+        waiting = _waiting_download(state, node_id, model_id, state.runners.get(runner_id))
+        if waiting is not None:
+            yield node_id, waiting
 
 
 def _progress(instance: AnyInstance | None, state: State) -> float | None:

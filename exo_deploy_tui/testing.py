@@ -29,9 +29,16 @@ from keeper.model.api_models import (
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.readiness import deployment_statuses, ready_replicas
 from keeper.model.state import (
+    AnyDownload,
     AnyRunnerStatus,
     Backend,
     Deployment,
+    DiskUsage,
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadPending,
+    DownloadProgressData,
     Edge,
     Memory,
     MemoryUsage,
@@ -45,7 +52,9 @@ from keeper.model.state import (
     ShardAssignments,
     SocketConnection,
     State,
+    SystemVitals,
     Topology,
+    download_model_id,
 )
 
 # Frozen "now" for screenshots and tests: 2026-11-30 12:00:00 UTC.
@@ -220,6 +229,75 @@ class ClusterBuilder:
                 },
             }
         )
+        return self
+
+    def disk(self, name: str, total_gb: float = 500, free_gb: float = 320) -> ClusterBuilder:
+        """The node's models directory, as its NodeGatheredInfo reports it."""
+        usage = DiskUsage(total=Memory.from_gb(total_gb), available=Memory.from_gb(free_gb))
+        s = self.state
+        self.state = s.model_copy(update={"node_disk": {**s.node_disk, node_id_for(name): usage}})
+        return self
+
+    def vitals(
+        self, name: str, gpu: float = 0.0, temp: float = 40.0, power: float = 12.0
+    ) -> ClusterBuilder:
+        """The node's GPU use (0-1), temperature (°C) and power (W)."""
+        vitals = SystemVitals(gpu_usage=gpu, temp=temp, sys_power=power)
+        s = self.state
+        self.state = s.model_copy(
+            update={"node_system": {**s.node_system, node_id_for(name): vitals}}
+        )
+        return self
+
+    def download(
+        self,
+        name: str,
+        model_id: str,
+        *,
+        done_gb: float | None = None,
+        speed_mb: float = 0.0,
+        eta_s: float | None = None,
+        failed: str | None = None,
+        queued: bool = False,
+        card: ModelCard | None = None,
+    ) -> ClusterBuilder:
+        """The node's download of the model, as exo reports it: ongoing with ``done_gb`` of the
+        model's size at ``speed_mb`` MB/s, or ``queued``, or ``failed`` with that message, else
+        completed. It replaces the node's entry for the model, as exo's does."""
+        card = card or catalog_by_id()[model_id]
+        node = node_id_for(name)
+        shard = PipelineShardMetadata(
+            model_card=card,
+            device_rank=0,
+            world_size=1,
+            start_layer=0,
+            end_layer=card.n_layers,
+            n_layers=card.n_layers,
+        )
+        total = card.storage_size
+        entry: AnyDownload
+        if failed is not None:
+            entry = DownloadFailed(node_id=node, shard_metadata=shard, error_message=failed)
+        elif queued:
+            entry = DownloadPending(node_id=node, shard_metadata=shard, total=total)
+        elif done_gb is not None:
+            progress = DownloadProgressData(
+                total=total,
+                downloaded=Memory.from_gb(done_gb),
+                downloaded_this_session=Memory.from_gb(done_gb),
+                speed=speed_mb * 1024**2,
+                eta_ms=int(eta_s * 1000) if eta_s is not None else 0,
+            )
+            entry = DownloadOngoing(node_id=node, shard_metadata=shard, download_progress=progress)
+        else:
+            entry = DownloadCompleted(node_id=node, shard_metadata=shard, total=total)
+        s = self.state
+        entries = s.downloads.get(node, [])
+        if any(download_model_id(e) == model_id for e in entries):
+            entries = [entry if download_model_id(e) == model_id else e for e in entries]
+        else:
+            entries = [*entries, entry]
+        self.state = s.model_copy(update={"downloads": {**s.downloads, node: entries}})
         return self
 
     def served(self, model_id: str, *changes: tuple[float, bool, str | None]) -> ClusterBuilder:

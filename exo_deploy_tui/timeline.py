@@ -5,7 +5,9 @@ entry is worded from the event together with the State just before and just afte
 and nodes of a deleted instance are found in the State before, those of a new one in the State
 after. When the dashboard only polls (a stock exo master), or reconnects after missing events,
 ``events_between`` turns the difference of two States into the events that explain it, and the
-same wording applies, so both paths tell the same story.
+same wording applies, so both paths tell the same story. Downloads are told the same way: a
+node's entry for a model that turned ongoing, completed or failed between two States is a line
+(``_download_entries``), with the time it took when the model saw it start (``started``).
 
 What happened before the dashboard connected (or while it was away) comes from the master's
 serving records instead: ``incident_entries`` words each incident of ``keeper.model.history`` in the
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from exo_deploy_tui.format import precise_duration, short_id, short_model
+from exo_deploy_tui.downloads import download_entry, download_facts
+from exo_deploy_tui.format import duration, precise_duration, short_id, short_model, size_gb
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
@@ -31,6 +34,7 @@ from keeper.model.events import (
     DeploymentScaled,
     InstanceCreated,
     InstanceDeleted,
+    NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
     RunnerStatusUpdated,
@@ -40,6 +44,10 @@ from keeper.model.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
     DeploymentId,
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadPending,
     ModelId,
     NodeId,
     RunnerFailed,
@@ -47,6 +55,7 @@ from keeper.model.state import (
     RunnerReady,
     RunnerShutdown,
     State,
+    download_model_id,
 )
 
 Level = Literal["info", "good", "warn", "error"]
@@ -99,6 +108,7 @@ class Timeline:
 
 
 _NO_NAMES: Mapping[NodeId, str] = MappingProxyType({})
+_NO_STARTS: Mapping[tuple[NodeId, ModelId], float] = MappingProxyType({})
 
 
 def node_name(node_id: NodeId, *states: State, remembered: Mapping[NodeId, str] = _NO_NAMES) -> str:
@@ -152,11 +162,13 @@ def entries_for_event(
     after: State,
     at: float,
     remembered: Mapping[NodeId, str] = _NO_NAMES,
+    started: Mapping[tuple[NodeId, ModelId], float] = _NO_STARTS,
 ) -> list[TimelineEntry]:
     """What an operator should read about ``event``, which turned ``before`` into ``after``.
 
-    Events that change nothing worth telling (memory refreshes, links, loading progress) and
-    events that changed nothing at all yield no entry.
+    Events that change nothing worth telling (memory refreshes, links, loading and download
+    progress) and events that changed nothing at all yield no entry. ``started``: when each
+    (node, model) download was seen to start, for how long a completed one took.
     """
     match event:
         case DeploymentCreated(deployment=deployment):
@@ -227,8 +239,46 @@ def entries_for_event(
                 return []
             text = f"node {node_name(node_id, before)} timed out and left the cluster"
             return [TimelineEntry(at, "error", text, node_id=node_id)]
+        case NodeDownloadProgress(download_progress=entry):
+            key = (entry.node_id, download_model_id(entry))
+            return _download_entries(key, before, after, at, remembered, started.get(key))
         case _:
             return []
+
+
+def _download_entries(
+    key: tuple[NodeId, ModelId],
+    before: State,
+    after: State,
+    at: float,
+    remembered: Mapping[NodeId, str],
+    started_at: float | None,
+) -> list[TimelineEntry]:
+    """A node's download of a model that started, completed or failed between the States. A
+    completed entry that was not downloading before (a node reporting what its disk already
+    holds) is no news."""
+    node_id, model = key
+    previous = download_entry(before, node_id, model)
+    entry = download_entry(after, node_id, model)
+    if entry is None or type(entry) is type(previous):
+        return []
+    facts = download_facts(entry)
+    who = f"{node_name(node_id, after, before, remembered=remembered)}:"
+    name = short_model(model)
+    if isinstance(entry, DownloadOngoing):
+        size = f" ({size_gb(facts.total)})" if facts.total > 0 else ""
+        return [TimelineEntry(at, "info", f"{who} downloading {name}{size}", model, node_id)]
+    if isinstance(entry, DownloadCompleted) and isinstance(
+        previous, (DownloadOngoing, DownloadPending)
+    ):
+        took = f" in {duration(at - started_at)}" if started_at is not None else ""
+        text = f"{who} downloaded {name} {size_gb(facts.total)}{took}"
+        return [TimelineEntry(at, "good", text, model, node_id)]
+    if isinstance(entry, DownloadFailed):
+        reason = f": {entry.error_message}" if entry.error_message else ""
+        text = f"{who} download of {name} failed{reason}"
+        return [TimelineEntry(at, "error", text, model, node_id)]
+    return []
 
 
 def _runner_entries(
@@ -316,6 +366,11 @@ def events_between(before: State, after: State) -> list[AnyEvent]:
             events.append(DeploymentPlaced(deployment_id=d_id, instance_id=d.instance_id))
         if d.placement_error is not None and d.placement_error != old.placement_error:
             events.append(DeploymentPlacementFailed(deployment_id=d_id, error=d.placement_error))
+    for node_id, entries in after.downloads.items():
+        old = before.downloads.get(node_id, ())
+        if entries is old or entries == old:
+            continue
+        events += [NodeDownloadProgress(download_progress=e) for e in entries if e not in old]
     for r_id, status in after.runners.items():
         if before.runners.get(r_id) != status:
             events.append(RunnerStatusUpdated(runner_id=r_id, runner_status=status))

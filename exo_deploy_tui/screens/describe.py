@@ -43,7 +43,11 @@ from keeper.model.history import History, Incident
 INCIDENTS_SHOWN = 5
 
 
-def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: float) -> Text:
+def describe_text(
+    model: ClusterModel, deployment_id: str, model_id: str, now: float, width: int | None = None
+) -> Text:
+    """The deployment in full, as of ``now``; ``width``: the lines' room, which a runner's
+    download fits its line to (the keeper's line above says it whole)."""
     rows = {r.deployment_id: r for r in model.deployment_rows(now)}
     row = rows.get(deployment_id)
     deployment = model.deployment(deployment_id)
@@ -91,12 +95,14 @@ def describe_text(model: ClusterModel, deployment_id: str, model_id: str, now: f
     if instance is not None:
         text.append("\nRunners\n", style="bold")
         for runner in instance.runners:
-            words, style = runner_status_text(runner)
             gone = "" if runner.node_present else " (node gone)"
-            text.append(
+            line = (
                 f"  rank {runner.rank}  {runner.node_name + gone:<18} "
                 f"layers {runner.start_layer}-{runner.end_layer - 1:<6} "
             )
+            room = None if width is None else max(1, width - len(line))
+            words, style = runner_status_text(runner, room)
+            text.append(line)
             text.append(f"{words}\n", style=style)
     text.append("\nTimeline", style="bold")
     text.append(" (its lines, seen by this dashboard or from the master's records)\n", style="dim")
@@ -199,10 +205,13 @@ class DescribeScreen(ModelScreen):
 
     def render_model(self) -> None:
         source = self.source
-        text = describe_text(source.model, self.deployment_id, self.model_id, source.now())
+        body = self.query_one("#describe-body", Static)
+        # The body's width once laid out; before, the screen's less the border and padding.
+        width = body.size.width or max(20, self.app.size.width - 5)
+        text = describe_text(source.model, self.deployment_id, self.model_id, source.now(), width)
         if text != self._shown:
             self._shown = text
-            self.query_one("#describe-body", Static).update(text)
+            body.update(text)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not (action == "delete" and self.readonly)

@@ -150,10 +150,26 @@ class SecondaryTable(SizedTable):
 
 
 class NodesTable(SecondaryTable):
+    """The nodes; its columns follow what the nodes report (disk, vitals, models on disk)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        self._reports = (False, False, False)  # disk, vitals, models beyond the runners
+        super().__init__(id=id)
+
     def columns_for(self, width: int) -> tuple[Column, ...]:
-        return node_columns(width)
+        disk, vitals, models = self._reports
+        return node_columns(width, disk=disk, vitals=vitals, models=models)
 
     def show(self, rows: Sequence[NodeRow]) -> None:
+        reports = (
+            any(r.disk_total is not None for r in rows),
+            any(r.vitals is not None for r in rows),
+            any(r.models != r.runners for r in rows),
+        )
+        if reports != self._reports:
+            self._reports = reports
+            if self.size.width:
+                self.relayout()
         columns = self.columns_now
         self.sync([(f"{r.liveness}:{r.node_id}", node_cells(r, columns)) for r in rows])
 

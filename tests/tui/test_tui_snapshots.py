@@ -20,10 +20,20 @@ from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import STOCK_EXO
 from exo_deploy_tui.model import parse_iso
 from exo_deploy_tui.screens.create import CreateScreen
-from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
-from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient, iso, node_id_for
+from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
 from exo_deploy_tui.widgets.panels import DeploymentsTable
-from keeper.model.state import RunnerFailed, RunnerLoading, RunnerReady
+from keeper.model.events import (
+    AnyEvent,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeDownloadProgress,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+)
+from keeper.model.state import RunnerFailed, RunnerIdle, RunnerLoading, RunnerReady
 
 pytestmark = pytest.mark.usefixtures("utc")  # the TUI shows local times: UTC here
 
@@ -324,3 +334,161 @@ def test_incidents_described(snap_compare: Compare, size: tuple[int, int]) -> No
     and the newest five incidents with their cause and recovery, above the fold at 80x24."""
     run = pressing("down", "down", "enter")
     assert snap_compare(scenario(with_history()), terminal_size=size, run_before=run)
+
+
+# --- downloads, disks and vitals ------------------------------------------------------------
+
+# Each node's GPU over its last eight reports: studio serving steadily, mini-a idle, mini-b
+# idle while it downloads.
+GPU_READINGS = {
+    "studio": (0.35, 0.52, 0.61, 0.74, 0.88, 0.93, 0.71, 0.62),
+    "mini-a": (0.05, 0.12, 0.30, 0.08, 0.04, 0.15, 0.06, 0.03),
+    "mini-b": (0.02, 0.02, 0.03, 0.02, 0.04, 0.02, 0.03, 0.03),
+}
+
+
+def downloading() -> ClusterBuilder:
+    """Qwen3-30B placed on studio (ready) and mini-b, whose runner waits for mini-b's download
+    of the model (43 %, 210 MB/s); Qwen3-0.6B serving on mini-a, whose disk queues Qwen3-30B.
+    Every node reports its disk and vitals."""
+    builder = nodes(ClusterBuilder())
+    for name, free in (("studio", 320), ("mini-a", 410), ("mini-b", 12)):
+        temp, power = (61, 95) if name == "studio" else (41, 12)
+        builder.disk(name, 500, free).vitals(name, GPU_READINGS[name][-1], temp, power)
+    return (
+        builder.deployment(QWEN, on=["mini-a"])
+        .deployment(QWEN30, on=["studio", "mini-b"], runners=[RunnerReady(), RunnerIdle()])
+        .download("studio", QWEN30)
+        .download("mini-a", QWEN)
+        .download("mini-a", QWEN30, queued=True)
+        .download("mini-b", QWEN30, done_gb=7.1, speed_mb=210, eta_s=46)
+    )
+
+
+def reporting(builder: ClusterBuilder) -> DashboardApp:
+    """The scenario, its nodes then reporting their vitals eight times (the sparklines)."""
+    state = builder.state
+    updates: list[Update] = [builder.snapshot(), ConnectionUpdate("live")]
+    idx = state.last_event_applied_idx
+    for reading in range(8):
+        for name, readings in GPU_READINGS.items():
+            idx += 1
+            node = node_id_for(name)
+            vitals = state.node_system[node].model_copy(update={"gpu_usage": readings[reading]})
+            info = NodeGatheredInfo(node_id=node, when=state.last_seen[node], system=vitals)
+            updates.append(EventUpdate(IndexedEvent(idx=idx, event=info)))
+    return DashboardApp(ScriptedClient(initial=updates), clock=Clock(), tick=False)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_downloading(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """NEXT and the detail strip say what Qwen3-30B waits for; at 120x40 the nodes show their
+    disks, models, GPU history and heat, and mini-b's runner its download."""
+    assert snap_compare(reporting(downloading()), terminal_size=size, run_before=settled)
+
+
+def test_downloading_nodes_compact(snap_compare: Compare) -> None:
+    """At 80x24 the nodes tab: disk free and models (the vitals need more room)."""
+    app = reporting(downloading())
+    assert snap_compare(app, terminal_size=(80, 24), run_before=pressing("2"))
+
+
+def test_downloading_instances_compact(snap_compare: Compare) -> None:
+    assert snap_compare(reporting(downloading()), terminal_size=(80, 24), run_before=pressing("3"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_downloading_described(snap_compare: Compare, size: tuple[int, int]) -> None:
+    app = reporting(downloading())
+    assert snap_compare(app, terminal_size=size, run_before=pressing("enter"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_stock_exo_downloading(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """exo's own States, polled: node2 not yet downloading, then a second later 61 % into its
+    download of Qwen3-0.6B (exo's recording), every node with its disk and vitals."""
+    recording = recorded_state("state-downloading")
+    before = recording.model_copy(
+        update={"downloads": {n: e for n, e in recording.downloads.items() if n.startswith("5763")}}
+    )
+    clock = Clock()
+    clock.now = max(parse_iso(t) or 0.0 for t in recording.last_seen.values()) + 1
+    client = ScriptedClient(
+        initial=[SnapshotUpdate(before, None), ConnectionUpdate("polling", STOCK_EXO)]
+    )
+    app = DashboardApp(client, clock=clock, tick=False)
+
+    async def node2_downloads(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        clock.now += 1
+        client.push(SnapshotUpdate(recording, None))
+        await settled(pilot)
+        if size[0] < 120:
+            await pilot.press("2")  # the nodes tab when compact
+            await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=node2_downloads)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_recovery_with_a_download(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """Qwen3-30B loses mini-b (last heard 2 s before), is placed on studio and mini-a at once,
+    mini-a downloads the model in 52 s, the runners are ready 11 s later: the timeline tells
+    each step and where the 94 s went."""
+    builder = nodes(ClusterBuilder()).deployment(QWEN, on=["mini-a"])
+    builder.deployment(QWEN30, on=["studio", "mini-b"])
+    for name in ("studio", "mini-a", "mini-b"):
+        builder.disk(name, 500, 320)
+    builder.download("studio", QWEN30).download("mini-b", QWEN30).download("mini-a", QWEN)
+    clock = Clock()
+    app = scenario(builder, clock)
+    client = app.client
+    assert isinstance(client, ScriptedClient)
+    placed = (
+        ClusterBuilder()
+        .node("studio")
+        .node("mini-a")
+        .instance(QWEN30, on=["studio", "mini-a"], runners=[RunnerIdle()] * 2, suffix="-2")
+    )
+    instance = placed.state.instances["inst-qwen3-30b-a3b-4bit-2"]
+
+    def entry(**how: object) -> NodeDownloadProgress:
+        state = ClusterBuilder().download("mini-a", QWEN30, **how).state  # type: ignore[arg-type]
+        return NodeDownloadProgress(download_progress=state.downloads[node_id_for("mini-a")][0])
+
+    steps: list[tuple[float, list[AnyEvent]]] = [
+        (10, []),  # mini-b silent since 2 s before
+        (29, [NodeTimedOut(node_id=node_id_for("mini-b"))]),
+        (29, [InstanceDeleted(instance_id="inst-qwen3-30b-a3b-4bit")]),
+        (29.01, [InstanceCreated(instance=instance)]),
+        (29.5, [entry(done_gb=0.1, speed_mb=320)]),
+        (60, [entry(done_gb=9.4, speed_mb=320, eta_s=21)]),
+        (81.5, [entry()]),
+        (
+            92.5,
+            [
+                RunnerStatusUpdated(runner_id=r, runner_status=RunnerReady())
+                for r in instance.shard_assignments.node_to_runner.values()
+            ],
+        ),
+    ]
+
+    async def recover(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        idx = builder.state.last_event_applied_idx
+        for at, events in steps:
+            clock.now = FROZEN_NOW + at
+            # studio and mini-a keep reporting.
+            beats = [
+                NodeGatheredInfo(node_id=node_id_for(n), when=iso(clock.now - 1))
+                for n in ("studio", "mini-a")
+            ]
+            for event in [*beats, *events]:
+                idx += 1
+                client.push(EventUpdate(IndexedEvent(idx=idx, event=event)))
+            await settled(pilot)
+        if size[0] < 120:
+            await pilot.press("4")  # the timeline tab when compact
+            await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=recover)
