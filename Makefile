@@ -35,8 +35,9 @@ pytest: $(STAMP)
 # The pure tests alone (plain functions: no event loop, sockets or processes). The suite's other
 # folders, tests/virtual, tests/tui and tests/processes, run with make test; each folder is also a
 # marker (pytest -m "not processes").
+# The pure tests without the long randomized ones (still run by `make test`): seconds.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests/pure
+	$(BIN)/python -m pytest tests/pure -m 'not slow'
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

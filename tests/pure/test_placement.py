@@ -1068,6 +1068,7 @@ def model_cards(draw: st.DrawFn, size: int) -> ModelCard:
     )
 
 
+@pytest.mark.slow  # 800 examples against listing every cycle: seconds, not milliseconds
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     cluster_and_model=clusters_and_models(),
