@@ -40,6 +40,7 @@ from keeper.node.downloads import disk_refusal
 from keeper.node.node_process import run_node_process
 from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 from keeper.runtime.arguments import UsageParser, positive_float, positive_int
+from keeper.runtime.dir_lock import DataDirInUseError
 
 # The command's interface; the exit codes, its contract for scripts, are importable from here.
 __all__ = [
@@ -79,11 +80,15 @@ def cmd_master(args: argparse.Namespace) -> int:
 def cmd_log(args: argparse.Namespace) -> int:
     from keeper.runtime import log_repair  # noqa: PLC0415 (only this command needs it)
 
-    report = (
-        log_repair.check(args.data_dir)
-        if args.action == "check"
-        else log_repair.repair(args.data_dir)
-    )
+    try:
+        report = (
+            log_repair.check(args.data_dir)
+            if args.action == "check"
+            else log_repair.repair(args.data_dir)
+        )
+    except DataDirInUseError as exc:
+        print(f"exo-deploy log repair: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     for line in report.lines:
         print(line, file=sys.stdout if report.ok else sys.stderr)
     return report.exit_code

@@ -25,6 +25,7 @@ from keeper.httpapi.auth import TOKEN_ENV, InsecureBindError, check_bind
 from keeper.httpapi.serving import MasterStartError
 from keeper.model.catalog import BUILTIN_MODEL_CARDS
 from keeper.model.state import ModelCard
+from keeper.runtime.dir_lock import DataDirInUseError
 from keeper.runtime.event_log import EventLogCorruptError
 from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
 from keeper.runtime.process_exit import EXIT_FAILED, EXIT_STOPPED
@@ -83,6 +84,10 @@ def run_service(command: str, prepare: Callable[[], Serve]) -> int:
     try:
         run_until_signal(serve, on_signal, backend="asyncio")
     except Exception as exc:
+        in_use = expected_failure(exc, (DataDirInUseError,))
+        if in_use is not None:  # another process owns the data dir: the arguments cannot work
+            print(f"exo-deploy {command}: {in_use}", file=sys.stderr)
+            return EXIT_USAGE
         failure = expected_failure(exc, RUN_FAILURES)
         if failure is None:
             raise

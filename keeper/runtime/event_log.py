@@ -41,6 +41,7 @@ from pathlib import Path
 
 from keeper.model.events import IndexedEvent
 from keeper.model.state import State
+from keeper.runtime.dir_lock import DataDirLock, lock_data_dir
 from keeper.runtime.log_scan import (
     HISTORY_KINDS,
     LOG_FILE,
@@ -110,6 +111,7 @@ class EventLog:
         self.data_dir = data_dir
         self._ops = file_ops if file_ops is not None else FileOps()
         self._fd: int | None = None
+        self._owner: DataDirLock | None = None
         self._dirty = False  # a failed write may have left bytes past _offset
         self._offset = 0  # bytes in the log file, all of them whole lines
         self._last_idx = -1
@@ -140,10 +142,16 @@ class EventLog:
         if self.data_dir is None:
             return Recovery(State(), None, 0, 0)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # One owner per data dir (keeper.runtime.dir_lock): before anything is read or cut.
+        self._owner = lock_data_dir(self.data_dir)
         log_path = self.data_dir / LOG_FILE
         log_path.touch(exist_ok=True)
         (self.data_dir / COMPACT_TEMP).unlink(missing_ok=True)  # a compaction cut short
-        recovery = self._recover(log_path)
+        try:
+            recovery = self._recover(log_path)
+        except BaseException:
+            self._release_owner()  # a start that fails holds nothing
+            raise
         self._fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
         self._offset = log_path.stat().st_size
         self._last_idx = recovery.state.last_event_applied_idx
@@ -282,13 +290,21 @@ class EventLog:
         return before, after
 
     def close(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                if not self._dirty:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+        try:
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                try:
+                    if not self._dirty:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+        finally:
+            self._release_owner()
+
+    def _release_owner(self) -> None:
+        if self._owner is not None:
+            self._owner.release()
+            self._owner = None
 
 
 def _no_step(_step: str) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from keeper.model.events import IndexedEvent
+from keeper.runtime.dir_lock import lock_data_dir
 from keeper.runtime.log_scan import LOG_FILE, Scan, read_snapshot, scan_dir
 
 
@@ -66,7 +67,17 @@ def _summary(data_dir: Path, found: Scan) -> str:
 
 
 def repair(data_dir: Path) -> LogReport:
-    """Back the log up, cut it at the last good record, and check the result."""
+    """Back the log up, cut it at the last good record, and check the result. Holds the data
+    dir while it does (``DataDirInUseError`` if a master or bridge has it)."""
+    owner = lock_data_dir(data_dir) if data_dir.is_dir() else None
+    try:
+        return _repair(data_dir)
+    finally:
+        if owner is not None:
+            owner.release()
+
+
+def _repair(data_dir: Path) -> LogReport:
     checked = check(data_dir)
     if checked.ok:
         return LogReport(True, [*checked.lines, "nothing to repair"])

@@ -40,6 +40,7 @@ from keeper.model.state import (
     State,
 )
 from keeper.runtime import event_log as event_log_module
+from keeper.runtime.dir_lock import LOCK_FILE
 from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog, EventLogCorruptError
 
 CATALOG = catalog_by_id()
@@ -221,7 +222,7 @@ def test_a_snapshot_that_disagrees_with_the_log_is_ignored(tmp_path: Path) -> No
 
 def test_snapshots_are_replaced_atomically(tmp_path: Path) -> None:
     write_log(tmp_path, story(rounds=2), snapshot_every=5)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LOG_FILE, SNAPSHOT_FILE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOG_FILE, LOCK_FILE, SNAPSHOT_FILE]
 
 
 def test_in_memory_log_keeps_nothing() -> None:
