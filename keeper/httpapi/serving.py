@@ -31,6 +31,11 @@ from keeper.httpapi.auth import check_bind
 DEFAULT_HOST = "127.0.0.1"
 # Long enough for in-flight requests to finish, short enough that Ctrl-C feels immediate.
 GRACEFUL_SHUTDOWN_S = 3.0
+# The largest WebSocket message a peer (a node, on /node/ws) may send; a larger one closes its
+# connection with 1009 before it is held in memory. A node's largest message is its NodeInfo
+# (a few kB: memory, backends, interfaces, disk, vitals); 1 MiB leaves room for a node with
+# hundreds of interfaces and none for a 16 MB frame that would cost the master 600 MB.
+MAX_WS_FRAME_BYTES = 1024 * 1024
 # uvicorn starts in milliseconds; this only bounds a wait that should never be long.
 STARTUP_DEADLINE_S = 30.0
 # How many connections the kernel queues before the server accepts them (uvicorn's default).
@@ -98,6 +103,7 @@ async def serve_service(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
+        ws_max_size=MAX_WS_FRAME_BYTES,
     )
     server = _Server(config)
     server_done = anyio.Event()

@@ -25,6 +25,7 @@ from model_ids import QWEN
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from keeper.httpapi.serving import MAX_WS_FRAME_BYTES
 from keeper.link.protocol import (
     MASTER_MESSAGE,
     NODE_MESSAGE,
@@ -307,3 +308,16 @@ def test_run_master_serves_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None
     log = EventLog(tmp_path)
     assert created.json()["deployment_id"] in log.open().state.deployments
     log.close()
+
+
+@pytest.mark.anyio
+async def test_an_oversized_node_frame_closes_that_connection_with_1009() -> None:
+    async with real_server() as (master, address):
+        async with connect(f"ws://{address}/node/ws", max_size=None) as ws:
+            await ws.send("x" * (MAX_WS_FRAME_BYTES + 1))
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+        async with httpx.AsyncClient() as client:  # the master goes on serving
+            assert (await client.get(f"http://{address}/healthz")).status_code == 200
+        assert master.state.topology.nodes == []  # and took nothing from it
