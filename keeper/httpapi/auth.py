@@ -48,11 +48,15 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def bearer_matches(headers: Iterable[tuple[bytes, bytes]], token: str) -> bool:
-    """Whether the raw ASGI headers carry ``Authorization: Bearer <token>``."""
-    expected = f"Bearer {token}".encode()
+    """Whether the raw ASGI headers carry ``Authorization: Bearer <token>``; the scheme's name
+    is case-insensitive (RFC 7235: ``bearer`` and ``BEARER`` are the same scheme), the token
+    is not, and it is compared in constant time."""
     for name, value in headers:
         if name.lower() == b"authorization":
-            return hmac.compare_digest(value.strip(), expected)
+            scheme, _, credentials = value.strip().partition(b" ")
+            return scheme.lower() == b"bearer" and hmac.compare_digest(
+                credentials.strip(), token.encode()
+            )
     return False
 
 
@@ -71,8 +75,8 @@ class BearerTokenMiddleware:
         ):
             body = json.dumps(
                 error_body(
-                    "Missing or wrong bearer token: this master requires "
-                    "'Authorization: Bearer <token>' for changes",
+                    "Missing or wrong bearer token: changes here need "
+                    "'Authorization: Bearer <token>' (the --token this service was started with)",
                     401,
                     "Unauthorized",
                 )

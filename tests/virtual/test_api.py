@@ -522,7 +522,9 @@ async def test_state_models_healthz_and_instances() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("header", [None, "Bearer wrong", f"Basic {TOKEN}", TOKEN])
+@pytest.mark.parametrize(
+    "header", [None, "Bearer wrong", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN.upper()}", "Bearer"]
+)
 async def test_changes_need_the_token(header: str | None) -> None:
     headers = {"authorization": header} if header is not None else None
     async with running_master() as master, api_client(master, TOKEN, headers) as client:
@@ -678,3 +680,13 @@ async def test_standby_is_set_on_create_and_by_patch_and_listed() -> None:
             assert view.deployment.standby == 2 and view.staged == []
             assert view.staging is not None and view.staging.startswith("standby")
         group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer"])
+async def test_the_scheme_s_name_is_case_insensitive(scheme: str) -> None:
+    """RFC 7235: the scheme's name is case-insensitive; the token itself is not."""
+    header = {"authorization": f"{scheme} {TOKEN}"}
+    async with running_master() as master, api_client(master, TOKEN, header) as client:
+        created = await client.post("/deployments", json={"model_id": QWEN})
+        assert created.status_code == 200, created.text
