@@ -22,8 +22,6 @@ from keeper.model.state import (
     DownloadOngoing,
     DownloadPending,
     ModelId,
-    NodeId,
-    State,
     download_model_id,
 )
 
@@ -70,14 +68,6 @@ def download_facts(entry: AnyDownload) -> DownloadFacts:
             return DownloadFacts(model, "downloaded", total, total)
         case DownloadFailed():
             return DownloadFacts(model, "failed", 0, card_size, error=entry.error_message)
-
-
-def download_entry(state: State, node_id: NodeId, model_id: ModelId) -> AnyDownload | None:
-    """The node's entry for the model, if exo reported one."""
-    for entry in state.downloads.get(node_id, ()):
-        if download_model_id(entry) == model_id:
-            return entry
-    return None
 
 
 def _percent(facts: DownloadFacts) -> str:

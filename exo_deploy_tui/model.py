@@ -40,7 +40,6 @@ from typing import Literal
 from exo_deploy_tui.availability import on_our_clock, summarize_day, window_end
 from exo_deploy_tui.downloads import (
     DownloadFacts,
-    download_entry,
     download_facts,
     download_mark,
     gating_download,
@@ -105,6 +104,7 @@ from keeper.model.state import (
     ServingRecord,
     State,
     SystemVitals,
+    download_entry,
     download_model_id,
 )
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from exo_deploy_tui.downloads import download_entry, download_facts
+from exo_deploy_tui.downloads import download_facts
 from exo_deploy_tui.format import duration, precise_duration, short_id, short_model, size_gb
 from keeper.model.events import (
     AnyEvent,
@@ -55,6 +55,7 @@ from keeper.model.state import (
     RunnerReady,
     RunnerShutdown,
     State,
+    download_entry,
     download_model_id,
 )
 

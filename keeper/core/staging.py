@@ -29,7 +29,6 @@ from keeper.core.placement import PlaceFn
 from keeper.core.view import nodes_serving, without_nodes
 from keeper.model.events import DownloadRequested
 from keeper.model.state import (
-    AnyDownload,
     Deployment,
     DownloadCompleted,
     DownloadOngoing,
@@ -37,7 +36,7 @@ from keeper.model.state import (
     NodeId,
     Shard,
     State,
-    download_model_id,
+    download_entry,
 )
 
 # A staged copy never leaves a node's disk with less than this free, nor less than
@@ -67,17 +66,9 @@ class StagingPlan:
 NOTHING_TO_STAGE = StagingPlan(())
 
 
-def download_of(state: State, node_id: NodeId, model_id: ModelId) -> AnyDownload | None:
-    """The node's download entry for the model, if it has one."""
-    for entry in state.downloads.get(node_id, ()):
-        if download_model_id(entry) == model_id:
-            return entry
-    return None
-
-
 def holds_or_fetches(state: State, node_id: NodeId, model_id: ModelId) -> bool:
     """Whether the node has the model on disk or is downloading it now."""
-    return isinstance(download_of(state, node_id, model_id), DownloadCompleted | DownloadOngoing)
+    return isinstance(download_entry(state, node_id, model_id), DownloadCompleted | DownloadOngoing)
 
 
 def has_room(state: State, node_id: NodeId, size_bytes: int) -> bool:

@@ -116,19 +116,11 @@ def apply(state: State, event: AnyEvent) -> State:
             )
             return _changed(state, deployments=_with(state.deployments, deployment_id, placed))
         case DeploymentPlacementFailed(deployment_id=deployment_id, error=error):
-            deployment = state.deployments.get(deployment_id)
-            if deployment is None:
-                return state
-            failed = deployment.model_copy(update={"placement_error": error})
-            return _changed(state, deployments=_with(state.deployments, deployment_id, failed))
+            return _with_deployment(state, deployment_id, placement_error=error)
         case DeploymentScaled(deployment_id=deployment_id, replicas=replicas):
-            deployment = state.deployments.get(deployment_id)
-            if deployment is None:
-                return state
             # The error was about the count wanted before; if it still holds, the keeper's next
             # attempt reports it again.
-            scaled = deployment.model_copy(update={"replicas": replicas, "placement_error": None})
-            return _changed(state, deployments=_with(state.deployments, deployment_id, scaled))
+            return _with_deployment(state, deployment_id, replicas=replicas, placement_error=None)
         case DeploymentStandbyChanged(deployment_id=deployment_id, standby=standby):
             return _with_deployment(state, deployment_id, standby=standby)
         case DownloadRequested(deployment_id=deployment_id, node_id=node_id):

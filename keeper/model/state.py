@@ -377,22 +377,32 @@ def download_model_id(entry: AnyDownload) -> ModelId:
     return entry.shard_metadata.model_card.model_id
 
 
+def entry_for(entries: Iterable[AnyDownload], model_id: ModelId) -> AnyDownload | None:
+    """A node's entry for the model: the first that names it (exo keeps one per model)."""
+    for entry in entries:
+        if download_model_id(entry) == model_id:
+            return entry
+    return None
+
+
+def download_entry(state: State, node_id: NodeId, model_id: ModelId) -> AnyDownload | None:
+    """The node's entry for the model in ``state``, if it reported one."""
+    return entry_for(state.downloads.get(node_id, ()), model_id)
+
+
 def download_fraction(entries: Iterable[AnyDownload], model_id: ModelId) -> Fraction:
     """How much of ``model_id`` a node holds by its download entries, as exo's placement counts
     it (docs/design.md §4.1): its first entry for the model decides; completed is 1, ongoing and
     pending are downloaded / total bytes (0 when the total is 0), failed is 0, and no entry is 0.
     Exact, where exo divides floats, so that sums of it compare without rounding."""
-    for entry in entries:
-        if download_model_id(entry) != model_id:
-            continue
-        if isinstance(entry, DownloadCompleted):
-            return Fraction(1)
-        if isinstance(entry, DownloadOngoing):
-            return _share(entry.download_progress.downloaded, entry.download_progress.total)
-        if isinstance(entry, DownloadPending):
-            return _share(entry.downloaded, entry.total)
-        return Fraction(0)  # DownloadFailed
-    return Fraction(0)
+    entry = entry_for(entries, model_id)
+    if isinstance(entry, DownloadCompleted):
+        return Fraction(1)
+    if isinstance(entry, DownloadOngoing):
+        return _share(entry.download_progress.downloaded, entry.download_progress.total)
+    if isinstance(entry, DownloadPending):
+        return _share(entry.downloaded, entry.total)
+    return Fraction(0)  # DownloadFailed, or no entry
 
 
 def _share(downloaded: Memory, total: Memory) -> Fraction:

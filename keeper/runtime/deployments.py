@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from keeper.core.keeper import DeploymentTimer
-from keeper.core.staging import download_of
 from keeper.model.api_models import (
     CommandResponse,
     DeploymentHistoryResponse,
@@ -38,6 +37,8 @@ from keeper.model.state import (
     ModelCard,
     Sharding,
     State,
+    download_entry,
+    download_fraction,
 )
 from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.hosted_keeper import KeeperLike, ReportsStaging
@@ -191,13 +192,12 @@ def staged_copies(deployment: Deployment, state: State) -> list[StagedCopyView]:
     model_id = deployment.model_card.model_id
     copies: list[StagedCopyView] = []
     for node_id in deployment.staged_on:
-        entry = download_of(state, node_id, model_id)
+        entry = download_entry(state, node_id, model_id)
         match entry:
             case DownloadCompleted():
                 copies.append(StagedCopyView(node_id=node_id, state="completed", fraction=1.0))
-            case DownloadOngoing(download_progress=progress):
-                total = progress.total.in_bytes
-                done = progress.downloaded.in_bytes / total if total > 0 else 0.0
+            case DownloadOngoing():
+                done = float(download_fraction([entry], model_id))
                 copies.append(StagedCopyView(node_id=node_id, state="downloading", fraction=done))
             case DownloadPending():
                 copies.append(StagedCopyView(node_id=node_id, state="pending"))
@@ -215,12 +215,11 @@ def staging_summary(deployment: Deployment, state: State, note: str | None) -> s
         return None
     if note is not None:
         return note
+    model_id = deployment.model_card.model_id
     done = sum(
         1
         for node_id in deployment.staged_on
-        if isinstance(
-            download_of(state, node_id, deployment.model_card.model_id), DownloadCompleted
-        )
+        if isinstance(download_entry(state, node_id, model_id), DownloadCompleted)
     )
     return f"standby {deployment.standby}: {done} of {len(deployment.staged_on)} copies staged"
 
