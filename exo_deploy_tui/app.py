@@ -203,6 +203,10 @@ class DashboardApp(App[None]):
             self._settle_heap()
 
     def render_model(self) -> None:
+        if not self.screen_stack:
+            # The app is closing: a frame or tick that came due while its screens were being
+            # taken down has nothing left to draw on.
+            return
         self.dashboard.render_model()
         top = self.screen
         if top is not self.dashboard and isinstance(top, ModelScreen):

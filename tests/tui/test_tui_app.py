@@ -535,6 +535,19 @@ async def test_a_hole_in_the_events_asks_the_client_for_a_snapshot() -> None:
         assert not app.model.needs_snapshot and client.resyncs == 1
 
 
+@pytest.mark.anyio
+async def test_a_frame_that_comes_due_while_the_app_closes_is_dropped() -> None:
+    app, _ = make_app()
+    async with running(app) as pilot:
+        await pilot.pause()
+    # Closed: the screens are gone, as when an update's frame or a tick fires during shutdown.
+    assert not app.screen_stack
+    app.render_model()
+    app._pending_updates.append(ConnectionUpdate("down", "cannot connect", 4))
+    app._apply_pending()
+    assert app.model.connection.mode == "down"
+
+
 class FailingClient(ScriptedClient):
     async def run(self, emit: Callable[[Update], None]) -> None:
         raise RuntimeError("a bug in the feed")
