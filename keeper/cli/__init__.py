@@ -33,6 +33,7 @@ from keeper.cli.deployments import (
 from keeper.cluster.local import exit_with_parent, run_cluster
 from keeper.exo_standin.app import STANDIN_API
 from keeper.httpapi.serving import MasterStartError
+from keeper.link.identity import KeyFileError, default_key_file, load_or_create_key
 from keeper.master.server import OUR_API, run_master
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.state import Backend, Memory, ModelCard
@@ -99,8 +100,14 @@ def cmd_node(args: argparse.Namespace) -> int:
         return refused
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
+    try:
+        key = load_or_create_key(args.key_file or default_key_file(args.name))
+    except KeyFileError as exc:
+        print(f"exo-deploy node: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     config = NodeConfig(
         name=args.name,
+        key=key,
         memory_gb=args.memory_gb,
         backends=tuple(args.backends),
         load_gb_per_s=args.load_gbps,
@@ -291,6 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how fast its runners load weights, GB/s (default 2)",
     )
     _disk_options(node, "it")
+    node.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="its identity: an ed25519 key, created there if absent; its node id is made of it "
+        "(default: $XDG_STATE_HOME/exo-deploy/nodes/NAME.key, or ~/.local/state/...)",
+    )
     token_option(node, "the master's bearer token, if it has one")
     node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     node.set_defaults(handler=cmd_node)

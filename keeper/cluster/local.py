@@ -48,8 +48,8 @@ import httpx
 from anyio.abc import TaskGroup, TaskStatus
 
 from keeper.cluster.proxy import TcpProxy
+from keeper.link.identity import NodeKey, load_or_create_key
 from keeper.node.node_process import RUNNER_KILL_SIGNAL
-from keeper.node.sim_node import node_id_for
 from keeper.runtime.process_exit import EXIT_STOPPED, run_reporting
 
 # Node sizes cycle through these, so a cluster mixes big and small machines (placement then
@@ -156,6 +156,10 @@ class LocalCluster:
             self._disk_args += ["--download-mb-s", str(download_mb_per_s)]
         if has_models:
             self._disk_args += ["--has", ",".join(has_models)]
+        # Each node's key, kept in the data dir so a node restarted here is the same node.
+        self._node_keys: dict[str, NodeKey] = {
+            name: load_or_create_key(self._key_path(name)) for name in self._node_sizes
+        }
         self._nodes: dict[str, _Child] = {}
         self._proxies: dict[str, TcpProxy] = {}
         self._group: TaskGroup | None = None
@@ -168,7 +172,10 @@ class LocalCluster:
         return list(self._node_sizes)
 
     def node_id(self, name: str) -> str:
-        return node_id_for(name)
+        return self._node_keys[name].node_id
+
+    def _key_path(self, name: str) -> Path:
+        return self.data_dir / "nodes" / f"{name}.key"
 
     def pid(self, role: str) -> int | None:
         """The current pid of ``"master"`` or of a node, None while it is down."""
@@ -214,6 +221,8 @@ class LocalCluster:
             str(size_gb),
             "--load-gbps",
             str(self._load_gb_per_s),
+            "--key-file",
+            str(self._key_path(name)),
             *self._disk_args,
             "--parent-pid",
             str(os.getpid()),
@@ -359,7 +368,7 @@ class LocalCluster:
             "nodes": [
                 {
                     "name": name,
-                    "node_id": node_id_for(name),
+                    "node_id": self.node_id(name),
                     "pid": self.pid(name),
                     "memory_gb": self._node_sizes[name],
                     "proxy_port": self._proxies[name].port if name in self._proxies else None,
@@ -384,7 +393,7 @@ class LocalCluster:
         for name, child in self._nodes.items():
             lines.append(
                 f"  {name:<8} {self._node_sizes[name]:>3} GB  pid {child.pid}  "
-                f"via proxy :{self._proxies[name].port}  id {node_id_for(name)[:16]}..."
+                f"via proxy :{self._proxies[name].port}  id {self.node_id(name)[:16]}..."
             )
         restart = "never" if self.node_restart_s is None else f"after {self.node_restart_s:g} s"
         lines.append(f"  dead nodes restart {restart}; the master after {MASTER_RESTART_S:g} s")

@@ -28,6 +28,9 @@ class MasterSide(Protocol):
     async def send(self, message: AnyMasterMessage) -> None: ...
     async def receive(self) -> AnyNodeMessage: ...
     async def aclose(self) -> None: ...
+    # Close because the peer may not take part (not proven, not allowed): a node told so does
+    # not retry.
+    async def refuse(self, reason: str) -> None: ...
 
 
 class NodeSide(Protocol):
@@ -45,6 +48,7 @@ _MEMORY_BUFFER = 10_000
 class _MemoryEnd(Generic[SendT, RecvT]):
     _send: ObjectSendStream[SendT]
     _recv: ObjectReceiveStream[RecvT]
+    refused_because: str | None = None
 
     async def send(self, message: SendT) -> None:
         try:
@@ -61,6 +65,10 @@ class _MemoryEnd(Generic[SendT, RecvT]):
     async def aclose(self) -> None:
         await self._send.aclose()
         await self._recv.aclose()
+
+    async def refuse(self, reason: str) -> None:
+        self.refused_because = reason
+        await self.aclose()
 
 
 def memory_channel_pair() -> tuple[MasterSide, NodeSide]:

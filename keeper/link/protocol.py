@@ -4,8 +4,10 @@ Shared by the master (``keeper.master``) and the simulated node (``keeper.node``
 by either a real WebSocket (``/node/ws``) or an in-memory channel for virtual-time tests, so the
 node logic never knows which. Messages are tagged unions like everything else on our wire.
 
-A session: the node sends ``Hello``; the master answers ``Welcome`` with a full State snapshot
-and then streams every ``IndexedEvent`` as ``EventMessage``. The node sends ``NodeInfo`` when
+A session: the master sends a fresh ``Challenge``; the node answers ``Hello`` with its id and the
+challenge signed by the key that id is made of (``keeper.link.identity``); the master answers
+``Welcome`` with a full State snapshot and then streams every ``IndexedEvent`` as
+``EventMessage``. The node sends ``NodeInfo`` when
 what it knows about itself changes (and at least every ``INFO_REFRESH_S``), ``Heartbeat`` every
 ``HEARTBEAT_S``, ``RunnerStatusReport`` as its runners move through exo's lifecycle, ``LinkUp`` /
 ``LinkDown`` for its links to other nodes, ``DownloadReport`` as a model's download on it moves
@@ -55,6 +57,8 @@ INFO_REFRESH_S = 5.0
 class Hello(TaggedModel):
     node_id: NodeId
     name: str
+    # The master's challenge signed with the node's key, hex (``keeper.link.identity``).
+    signature: str = Field(max_length=256)
     # Instance ids this node currently runs a runner for (so a new master hears about them).
     running_instances: list[str] = []
 
@@ -131,6 +135,12 @@ NODE_MESSAGE: TypeAdapter[AnyNodeMessage] = TypeAdapter(NodeMessage)
 # --- master -> node -----------------------------------------------------------------------
 
 
+class Challenge(TaggedModel):
+    """The master's first message: what the node signs to prove its id (hex, fresh each time)."""
+
+    nonce: str
+
+
 class Welcome(TaggedModel):
     state: State
 
@@ -174,7 +184,8 @@ class CancelDownload(TaggedModel):
 
 
 AnyMasterMessage = (
-    Welcome
+    Challenge
+    | Welcome
     | EventMessage
     | ChatRequest
     | CancelChat

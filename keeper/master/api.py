@@ -91,6 +91,9 @@ def create_app(
                 "status": "ok" if write_error is None else "degraded",
                 "last_event_applied_idx": master.state.last_event_applied_idx,
                 "nodes_connected": len(master.connected_nodes()),
+                # Node messages refused since start, by kind (unproven Hellos, reports about
+                # another node's runners or instances): nonzero means a misbehaving peer.
+                "node_messages_refused": master.membership_refusals(),
                 "deployments": len(master.state.deployments),
                 "event_log": {
                     "writable": write_error is None,

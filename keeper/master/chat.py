@@ -184,6 +184,11 @@ class ChatRouter:
         if pending is not None:
             pending.replies.close()
 
+    def sent_to(self, request_id: str) -> NodeId | None:
+        """The node a request in progress was sent to (None: no such request, or it ended)."""
+        pending = self._pending.get(request_id)
+        return None if pending is None else pending.node_id
+
     def deliver(self, node_id: NodeId, reply: ChatChunk | ChatError) -> None:
         """A node's reply to its waiter; replies to unknown or ended requests are dropped."""
         pending = self._pending.get(reply.request_id)

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
 from keeper.link.channel import ChannelClosedError, MasterSide
+from keeper.link.identity import hello_refusal, new_challenge
 from keeper.link.protocol import (
     AnyMasterMessage,
     AnyNodeMessage,
+    Challenge,
     ChatChunk,
     ChatError,
     DownloadReport,
@@ -38,7 +41,9 @@ from keeper.link.protocol import (
 )
 from keeper.master.chat import ChatRouter
 from keeper.master.node_session import NodeSession, forward
+from keeper.master.report_buffer import REPORT_INTERVAL_S, ReportBuffer, ReportKey
 from keeper.master.subscriptions import Fanout
+from keeper.model.claims import Refusal, deletion_request_refusal, runner_report_refusal
 from keeper.model.events import (
     AnyEvent,
     InstanceDeleted,
@@ -49,8 +54,8 @@ from keeper.model.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.model.refusals import NotFoundError
-from keeper.model.state import Connection, NodeId, State
+from keeper.model.refusals import NotFoundError, NotRunningError
+from keeper.model.state import Connection, NodeId, RunnerShutdown, State, download_model_id
 from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.deployments import shown
 
@@ -82,6 +87,8 @@ class Membership:
         self.check_interval_s = check_interval_s
         self.outbox_size = outbox_size
         self.sessions: dict[NodeId, NodeSession] = {}
+        # Node messages refused, by kind: an unproven Hello, reports about what is not theirs.
+        self.refused: Counter[str] = Counter()
         self._last_heard: dict[NodeId, float] = {}
         self._clock: Clock | None = None
 
@@ -146,6 +153,8 @@ class Membership:
     async def serve(self, channel: MasterSide) -> None:
         """Serve one node connection until it closes; the channel is closed on return."""
         try:
+            challenge = new_challenge()
+            await channel.send(Challenge(nonce=challenge))
             hello: AnyNodeMessage | None = None
             with anyio.move_on_after(HELLO_TIMEOUT_S):
                 hello = await channel.receive()
@@ -154,6 +163,16 @@ class Membership:
                     "a node connection sent %s instead of Hello; closing it",
                     "nothing" if hello is None else type(hello).__name__,
                 )
+                return
+            refusal = hello_refusal(hello.node_id, challenge, hello.signature)
+            if refusal is not None:
+                # Nothing of an unproven Hello is taken: a connected node of that id keeps its
+                # session, and nothing the peer claims reaches the State.
+                self.refused["hello not proven"] += 1
+                log.warning(
+                    "refused a Hello as node %s (%s): %s", hello.node_id, hello.name, refusal
+                )
+                await channel.refuse(f"node identity not proven: {refusal}")
                 return
             await self._session(hello, channel)
         except ChannelClosedError:
@@ -180,11 +199,13 @@ class Membership:
         self.sessions[node_id] = session
         self._last_heard[node_id] = self.clock.monotonic()
         log.info("node %s (%s) connected", node_id, hello.name)
+        reports = _SessionReports(self, node_id)
         try:
             with session.scope:
                 async with anyio.create_task_group() as group:
                     group.start_soon(forward, outbox_receive, channel, group.cancel_scope)
-                    await self._receive(node_id, channel)
+                    group.start_soon(reports.write)
+                    await self._receive(node_id, channel, reports)
                     group.cancel_scope.cancel()
         finally:
             self._fanout.remove(key)
@@ -192,9 +213,35 @@ class Membership:
             if self.sessions.get(node_id) is session:
                 del self.sessions[node_id]
             self._chats.fail(f"node {node_id} disconnected during the request", node_id=node_id)
+            # What the node said last is logged even though it left (its runner's failure, say).
+            with anyio.CancelScope(shield=True):
+                await reports.flush()
             log.info("node %s disconnected", node_id)
 
-    async def _receive(self, node_id: NodeId, channel: MasterSide) -> None:
+    def _refuse(
+        self, node_id: NodeId, kind: str, refusal: Refusal, reports: _SessionReports
+    ) -> None:
+        """Count a report not taken; say so once per session and kind. A late one (about what
+        is gone) is routine; a claim on another node's is not."""
+        kind = f"stale {kind}" if refusal.stale else kind
+        self.refused[kind] += 1
+        if kind in reports.refusals_said:
+            return
+        reports.refusals_said.add(kind)
+        if refusal.stale:
+            log.info("node %s: dropped a late %s (%s)", node_id, kind, refusal.reason)
+        else:
+            log.warning(
+                "node %s sent a report it may not make (%s: %s); refused, and further ones of "
+                "this kind from this session are refused without a word",
+                node_id,
+                kind,
+                refusal.reason,
+            )
+
+    async def _receive(
+        self, node_id: NodeId, channel: MasterSide, reports: _SessionReports
+    ) -> None:
         clock = self.clock
         while True:
             try:
@@ -204,43 +251,99 @@ class Membership:
             self._last_heard[node_id] = clock.monotonic()
             match message:
                 case NodeInfo():
-                    await self.emit(
-                        [
-                            NodeGatheredInfo(
-                                node_id=node_id,
-                                when=iso_utc(clock.wall()),
-                                memory=message.memory,
-                                backends=message.backends,
-                                identity=message.identity,
-                                network=message.network,
-                                rdma_ctl=message.rdma_ctl,
-                                disk=message.disk,
-                                system=message.system,
-                            )
-                        ]
+                    event = NodeGatheredInfo(
+                        node_id=node_id,
+                        when=iso_utc(clock.wall()),
+                        memory=message.memory,
+                        backends=message.backends,
+                        identity=message.identity,
+                        network=message.network,
+                        rdma_ctl=message.rdma_ctl,
+                        disk=message.disk,
+                        system=message.system,
                     )
+                    await reports.file(("info",), event)
                 case DownloadReport(download_progress=entry):
                     if entry.node_id != node_id:
-                        log.warning(
-                            "node %s reported node %s's download; dropped", node_id, entry.node_id
-                        )
+                        refusal = Refusal(f"a download on node {entry.node_id}")
+                        self._refuse(node_id, "download report", refusal, reports)
                     else:
-                        await self.emit([NodeDownloadProgress(download_progress=entry)])
+                        event = NodeDownloadProgress(download_progress=entry)
+                        await reports.file(("download", download_model_id(entry)), event)
                 case RunnerStatusReport(runner_id=runner_id, runner_status=status):
-                    await self.emit(
-                        [RunnerStatusUpdated(runner_id=runner_id, runner_status=status)]
+                    refusal = runner_report_refusal(
+                        self._state(),
+                        node_id,
+                        runner_id,
+                        shutdown=isinstance(status, RunnerShutdown),
                     )
+                    if refusal is not None:
+                        self._refuse(node_id, "runner status", refusal, reports)
+                    else:
+                        event = RunnerStatusUpdated(runner_id=runner_id, runner_status=status)
+                        await reports.file(("runner", runner_id), event)
                 case LinkUp(sink=sink, edge=edge):
                     conn = Connection(source=node_id, sink=sink, edge=edge)
-                    await self.emit([TopologyEdgeCreated(conn=conn)])
+                    await reports.file(_link_key(conn), TopologyEdgeCreated(conn=conn))
                 case LinkDown(sink=sink, edge=edge):
                     conn = Connection(source=node_id, sink=sink, edge=edge)
-                    await self.emit([TopologyEdgeDeleted(conn=conn)])
+                    await reports.file(_link_key(conn), TopologyEdgeDeleted(conn=conn))
                 case RequestInstanceDeletion(instance_id=instance_id, reason=reason):
-                    if instance_id in self._state().instances:
+                    refusal = deletion_request_refusal(self._state(), node_id, instance_id)
+                    if refusal is None:
                         log.info("node %s gave up on instance %s: %s", node_id, instance_id, reason)
-                        await self.emit([InstanceDeleted(instance_id=instance_id)])
+                        await reports.file(
+                            ("deletion", instance_id), InstanceDeleted(instance_id=instance_id)
+                        )
+                    else:
+                        self._refuse(node_id, "instance deletion", refusal, reports)
                 case ChatChunk() | ChatError():
-                    self._chats.deliver(node_id, message)
+                    sent_to = self._chats.sent_to(message.request_id)
+                    if sent_to is not None and sent_to != node_id:
+                        refusal = Refusal(f"request {message.request_id} went to node {sent_to}")
+                        self._refuse(node_id, "chat reply", refusal, reports)
+                    else:
+                        self._chats.deliver(node_id, message)
                 case Heartbeat() | Hello():
                     pass
+
+
+def _link_key(conn: Connection) -> tuple[str, ...]:
+    # A link is one sink over one edge; a later up or down of it replaces an earlier one.
+    return ("link", conn.sink, conn.edge.model_dump_json())
+
+
+class _SessionReports:
+    """One session's coalesced reports and the writer that logs them (``report_buffer``)."""
+
+    def __init__(self, membership: Membership, node_id: NodeId) -> None:
+        self._membership = membership
+        self._node_id = node_id
+        self._buffer = ReportBuffer()
+        self._filed = anyio.Event()
+        self.refusals_said: set[str] = set()
+
+    async def file(self, key: ReportKey, event: AnyEvent) -> None:
+        self._buffer.file(key, event)
+        if self._buffer.full:
+            # A node with this much unwritten waits for it, rather than growing the buffer.
+            await self.flush()
+        self._filed.set()
+
+    async def flush(self) -> None:
+        events = self._buffer.take()
+        if events:
+            # A master stopping takes no more (what is lost is a report the node repeats).
+            with contextlib.suppress(
+                NotRunningError, anyio.ClosedResourceError, anyio.BrokenResourceError
+            ):
+                await self._membership.emit(events)
+
+    async def write(self) -> None:
+        """Log what was filed, at most every REPORT_INTERVAL_S, until cancelled."""
+        clock = self._membership.clock
+        while True:
+            await self._filed.wait()
+            self._filed = anyio.Event()
+            await self.flush()
+            await clock.sleep(REPORT_INTERVAL_S)

@@ -276,6 +276,10 @@ class Master:
     def connected_nodes(self) -> list[NodeId]:
         return sorted(self._membership.sessions)
 
+    def membership_refusals(self) -> dict[str, int]:
+        """Node messages refused since start, by kind (``keeper.master.membership``)."""
+        return dict(sorted(self._membership.refused.items()))
+
     def deployments_view(self) -> DeploymentsResponse:
         views = deployment_views(
             self.state, self._started.keeper_or_none, self._started.clock_or_none

@@ -4,9 +4,10 @@ One JSON text frame per protocol message (``keeper.link.protocol``), so the mast
 logic is the same over a socket as over the in-memory channel the virtual-time tests use. A
 frame that is not a protocol message ends that session with close code 1007 and a reason that
 names the problem; it never reaches the master as an exception. With a token configured the
-connection must carry ``Authorization: Bearer <token>`` in its upgrade request headers (header,
-not a first message, so an unauthenticated peer never gets to send the master anything); a
-missing or wrong token is closed with code 1008 and a reason.
+upgrade request must carry ``Authorization: Bearer <token>`` (a header, not a first message): a
+missing or wrong one is answered 401 with the error envelope instead of the upgrade, so an
+unauthenticated peer never gets a WebSocket at all. Who the node is, is proven after the upgrade
+(``keeper.link.identity``); a Hello that does not prove it is closed with 1008 and the reason.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from pydantic import ValidationError
+from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from keeper.httpapi.auth import bearer_matches
@@ -27,6 +29,7 @@ from keeper.link.protocol import (
     AnyNodeMessage,
 )
 from keeper.master.service import Master
+from keeper.model.api_models import error_body
 from keeper.model.wire import first_validation_error
 
 NODE_WS_PATH = "/node/ws"
@@ -74,6 +77,9 @@ class WebSocketChannel:
     async def aclose(self) -> None:
         await self.close_with(CLOSE_NORMAL, "session ended")
 
+    async def refuse(self, reason: str) -> None:
+        await self.close_with(CLOSE_POLICY, reason)
+
     async def close_with(self, code: int, reason: str) -> None:
         if self._ws.application_state == WebSocketState.DISCONNECTED:
             return
@@ -85,14 +91,22 @@ class WebSocketChannel:
 
 async def serve_node_websocket(master: Master, websocket: WebSocket, token: str | None) -> None:
     """The ``/node/ws`` endpoint body: authenticate, accept, then serve the node's session."""
-    await websocket.accept()
-    channel = WebSocketChannel(websocket)
     if token is not None and not bearer_matches(websocket.scope["headers"], token):
-        await channel.close_with(
-            CLOSE_POLICY, "missing or wrong bearer token (Authorization: Bearer <token>)"
+        # Refused before the upgrade: the peer never gets a WebSocket to send anything on.
+        await websocket.send_denial_response(
+            JSONResponse(
+                error_body(
+                    "Missing or wrong bearer token: nodes need 'Authorization: Bearer <token>' "
+                    "(the --token this master was started with)",
+                    401,
+                    "Unauthorized",
+                ),
+                status_code=401,
+            )
         )
         return
-    await master.serve_node(channel)
+    await websocket.accept()
+    await master.serve_node(WebSocketChannel(websocket))
 
 
 def _truncate(reason: str) -> str:

@@ -25,7 +25,6 @@ it only answers when a model is whole on disk, so it stands alone.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections import Counter
@@ -36,12 +35,14 @@ import anyio
 from anyio.abc import TaskGroup
 
 from keeper.link.channel import ChannelClosedError, NodeSide
+from keeper.link.identity import NodeKey
 from keeper.link.protocol import (
     HEARTBEAT_S,
     INFO_REFRESH_S,
     AnyNodeMessage,
     CancelChat,
     CancelDownload,
+    Challenge,
     ChatChunk,
     ChatError,
     ChatRequest,
@@ -136,9 +137,6 @@ LOADING_GPU = 0.35
 LOADED_GPU = 0.12
 PCPU_USAGE, ECPU_USAGE = 0.2, 0.1
 
-# libp2p peer ids are base58 multihashes beginning "12D3KooW"; ours are derived from the name so
-# a node that restarts under the same name is the same node to the master.
-_BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _REPLY_TEXT = (
     "This is a simulated reply from an exo-deploy test node. The tokens are fake, but they "
     "travel the same way real ones do: from the runner holding the first shard, through the "
@@ -147,13 +145,9 @@ _REPLY_TEXT = (
 
 
 def node_id_for(name: str) -> str:
-    """A stable libp2p-style peer id for a node name."""
-    number = int.from_bytes(hashlib.sha256(name.encode()).digest(), "big")
-    digits: list[str] = []
-    while number and len(digits) < 44:
-        number, rest = divmod(number, 58)
-        digits.append(_BASE58[rest])
-    return "12D3KooW" + "".join(digits)
+    """A simulated node's id: the peer id of the key derived from its name, so the same name is
+    the same node in every run (``keeper.link.identity``)."""
+    return NodeKey.for_name(name).node_id
 
 
 def reply_tokens() -> list[str]:
@@ -186,7 +180,9 @@ class NodeConfig:
     memory_gb: float
     backends: tuple[Backend, ...] = (Backend.MLX_METAL,)
     load_gb_per_s: float = 2.0
-    node_id: str | None = None  # None: derived stably from the name
+    # Its identity (the id is made of the key); None: derived from the name, for simulations in
+    # one process. A node process passes the key it keeps in a file.
+    key: NodeKey | None = None
     ip: str = "127.0.0.1"
     # The least time a load takes whatever the shard's size (process start, warm-up), so even a
     # tiny model is seen loading.
@@ -206,8 +202,12 @@ class NodeConfig:
     has_models: tuple[ModelCard, ...] = ()
 
     @property
+    def resolved_key(self) -> NodeKey:
+        return self.key if self.key is not None else NodeKey.for_name(self.name)
+
+    @property
     def resolved_id(self) -> str:
-        return self.node_id or node_id_for(self.name)
+        return self.resolved_key.node_id
 
 
 def retry_delay(failures: int) -> float:
@@ -395,7 +395,8 @@ class SimNode:
         """``disk``: the models directory it starts with (a restarted node keeps its files);
         by default the config's, holding ``has_models``."""
         self.config = config
-        self.node_id = config.resolved_id
+        self._key = config.resolved_key
+        self.node_id = self._key.node_id
         self._clock = clock
         self.disk = (
             disk
@@ -457,11 +458,20 @@ class SimNode:
         self._wake = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
+                challenge = await channel.receive()
+                if not isinstance(challenge, Challenge):
+                    log.error(
+                        "the master sent %s before its challenge; not a master this node knows",
+                        type(challenge).__name__,
+                    )
+                    await channel.aclose()
+                    return
                 await self._send(
                     session,
                     Hello(
                         node_id=self.node_id,
                         name=self.name,
+                        signature=self._key.sign_hello(challenge.nonce),
                         running_instances=self.running_instances(),
                     ),
                 )
@@ -508,6 +518,8 @@ class SimNode:
                     # A runner still waiting for it asks for it again at once, as exo's worker
                     # does: cancelling only stops a download nothing here needs.
                     self.disk.cancel(model_id, self._clock.monotonic())
+                case Challenge():
+                    pass  # only the first message of a session is one; answered in ``run``
             self._poke()
 
     def _delete_download(self, model_id: ModelId) -> None:

@@ -3,8 +3,9 @@
 The node logic (``SimNode.run``) serves one channel and returns when it closes; this module is
 the loop around it that a node process runs forever: connect, serve, and after the link drops
 or the master restarts, reconnect with backoff (0.5 s doubling to 5 s, reset once a session got
-as far as the master's Welcome). A master that refuses the node's token (close code 1008) is not
-retried: that is a configuration error, reported as ``NodeRejectedError``.
+as far as the master's Welcome). A master that refuses the node's token (401 instead of the upgrade)
+or its identity (close code 1008) is not retried: that is a configuration error, reported as
+``NodeRejectedError``.
 
 WebSocket pings (every ``PING_INTERVAL_S``) notice a master that vanished without closing the
 connection (a frozen process, a dead host) long before TCP would.
@@ -17,10 +18,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from keeper.link.channel import ChannelClosedError
 from keeper.link.protocol import MASTER_MESSAGE, NODE_MESSAGE, AnyMasterMessage, AnyNodeMessage
+from keeper.model.api_models import ErrorResponse
 from keeper.node.sim_node import SimNode
 from keeper.runtime.clock import Clock
 
@@ -38,12 +40,25 @@ PING_TIMEOUT_S = 10.0
 OPEN_TIMEOUT_S = 5.0
 # A Welcome carries the whole State; exo's states run to megabytes, ours stay well under this.
 MAX_FRAME_BYTES = 64 * 1024 * 1024
-# RFC 6455 policy-violation close code: the master's answer to a missing or wrong token.
+# RFC 6455 policy-violation close code: the master's answer to a Hello that does not prove
+# the node's identity.
 CLOSE_POLICY = 1008
+# The master's answer, instead of the upgrade, to a missing or wrong token.
+REFUSED_STATUSES = frozenset({401, 403})
 
 
 class NodeRejectedError(Exception):
-    """The master refused this node (wrong or missing token); retrying cannot help."""
+    """The master refused this node (wrong or missing token, unproven identity); retrying
+    cannot help."""
+
+
+def _refusal_message(body: bytes | bytearray | None) -> str:
+    """The master's error message from a refusal's body (its error envelope), else nothing."""
+    try:
+        envelope = ErrorResponse.model_validate_json(body or b"")
+    except ValidationError:
+        return ""
+    return envelope.error.message
 
 
 def node_ws_url(master_url: str) -> str:
@@ -119,6 +134,13 @@ async def run_node_forever(
                 )
         except InvalidURI as exc:
             raise ValueError(f"not a master URL: {master_url!r}: {exc}") from None
+        except InvalidStatus as exc:
+            if exc.response.status_code in REFUSED_STATUSES:
+                raise NodeRejectedError(
+                    f"the master at {master_url} refused node {node.name}: "
+                    f"HTTP {exc.response.status_code} {_refusal_message(exc.response.body)}"
+                ) from None
+            log.info("node %s: the master at %s answered %s", node.name, url, exc)
         except (OSError, InvalidHandshake, TimeoutError, ConnectionClosed) as exc:
             log.info("node %s cannot reach the master at %s (%s)", node.name, url, exc or type(exc))
         if node.welcomed_sessions > welcomed_before:

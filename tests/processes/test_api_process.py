@@ -23,13 +23,15 @@ from anyio.abc import TaskGroup
 from exo_errors import assert_exo_error
 from model_ids import QWEN
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from keeper.httpapi.serving import MAX_WS_FRAME_BYTES
+from keeper.link.identity import NodeKey
 from keeper.link.protocol import (
     MASTER_MESSAGE,
     NODE_MESSAGE,
     AnyNodeMessage,
+    Challenge,
     ChatChunk,
     ChatRequest,
     EventMessage,
@@ -67,18 +69,25 @@ async def real_server(token: str | None = None) -> AsyncIterator[tuple[Master, s
         group.cancel_scope.cancel()
 
 
+WS_NODE_ID = NodeKey.for_name("ws-node").node_id
+
+
 class WsNode:
     """A node over the real WebSocket: joins, marks its runners Ready, answers chats."""
 
-    def __init__(self, ws: ClientConnection, node_id: str = "ws-node") -> None:
+    def __init__(self, ws: ClientConnection, name: str = "ws-node") -> None:
         self.ws = ws
-        self.node_id = node_id
+        self.key = NodeKey.for_name(name)
+        self.node_id = self.key.node_id
 
     async def send(self, message: AnyNodeMessage) -> None:
         await self.ws.send(NODE_MESSAGE.dump_json(message).decode())
 
     async def join(self) -> None:
-        await self.send(Hello(node_id=self.node_id, name="ws"))
+        challenge = MASTER_MESSAGE.validate_json(await self.ws.recv())
+        assert isinstance(challenge, Challenge)
+        signature = self.key.sign_hello(challenge.nonce)
+        await self.send(Hello(node_id=self.node_id, name="ws", signature=signature))
         memory = Memory.from_gb(64)
         await self.send(
             NodeInfo(
@@ -121,7 +130,7 @@ async def start_ws_node(
 
     group.start_soon(run)
     with anyio.fail_after(5):
-        while "ws-node" not in master.state.node_memory:
+        while WS_NODE_ID not in master.state.node_memory:
             await anyio.sleep(0.01)
 
 
@@ -222,7 +231,7 @@ async def test_a_node_dying_mid_chat_ends_the_reply_with_an_error() -> None:
 async def test_a_malformed_node_frame_closes_only_that_session() -> None:
     async with real_server() as (_master, address):
         async with connect(f"ws://{address}/node/ws") as ws:
-            await ws.send(json.dumps({"Hello": {"nodeId": "n", "name": "n"}}))
+            await WsNode(ws).join()
             welcome = MASTER_MESSAGE.validate_json(await ws.recv())
             assert isinstance(welcome, Welcome)
             await ws.send('{"NodeInfo": {"memory": "lots"}}')
@@ -237,18 +246,43 @@ async def test_a_malformed_node_frame_closes_only_that_session() -> None:
 
 
 @pytest.mark.anyio
-async def test_the_node_websocket_needs_the_token_when_one_is_set() -> None:
+async def test_the_node_websocket_needs_the_token_before_the_upgrade() -> None:
     async with real_server(TOKEN) as (master, address):
-        async with connect(f"ws://{address}/node/ws") as ws:
-            with pytest.raises(ConnectionClosed) as closed:
-                await ws.send(json.dumps({"Hello": {"nodeId": "n", "name": "n"}}))
-                await ws.recv()
-        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(f"ws://{address}/node/ws"):
+                pass
+        assert refused.value.response.status_code == 401
+        assert "bearer token" in json.loads(refused.value.response.body)["error"]["message"]
+        headers = {"Authorization": "Bearer wrong"}
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(f"ws://{address}/node/ws", additional_headers=headers):
+                pass
+        assert refused.value.response.status_code == 401
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with connect(f"ws://{address}/node/ws", additional_headers=headers) as ws:
-            await ws.send(json.dumps({"Hello": {"nodeId": "n", "name": "n"}}))
+            node = WsNode(ws)
+            await node.join()
             assert isinstance(MASTER_MESSAGE.validate_json(await ws.recv()), Welcome)
         assert master.running
+
+
+@pytest.mark.anyio
+async def test_a_hello_that_does_not_prove_its_id_is_closed_with_the_reason() -> None:
+    async with real_server() as (master, address):
+        async with connect(f"ws://{address}/node/ws") as ws:
+            challenge = MASTER_MESSAGE.validate_json(await ws.recv())
+            assert isinstance(challenge, Challenge)
+            someone = NodeKey.for_name("someone")
+            # Signed, but by another key than the one the claimed id is made of.
+            forged = NodeKey.for_name("forger").sign_hello(challenge.nonce)
+            hello = Hello(node_id=someone.node_id, name="someone", signature=forged)
+            await ws.send(NODE_MESSAGE.dump_json(hello).decode())
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        assert "node identity not proven" in closed.value.rcvd.reason
+        assert master.connected_nodes() == []
+        assert master.membership_refusals() == {"hello not proven": 1}
 
 
 # --- the process entry ------------------------------------------------------------------
@@ -316,7 +350,8 @@ async def test_an_oversized_node_frame_closes_that_connection_with_1009() -> Non
         async with connect(f"ws://{address}/node/ws", max_size=None) as ws:
             await ws.send("x" * (MAX_WS_FRAME_BYTES + 1))
             with pytest.raises(ConnectionClosed) as closed:
-                await ws.recv()
+                while True:  # the master's challenge, then the close
+                    await ws.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
         async with httpx.AsyncClient() as client:  # the master goes on serving
             assert (await client.get(f"http://{address}/healthz")).status_code == 200

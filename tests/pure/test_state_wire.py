@@ -332,7 +332,7 @@ def test_a_deployment_written_before_replicas_reads_as_one_replica_and_no_record
 
 def test_protocol_messages_round_trip(state: State) -> None:
     for message in [
-        Hello(node_id="n", name="studio", running_instances=["i"]),
+        Hello(node_id="n", name="studio", signature="ab", running_instances=["i"]),
         RunnerStatusReport(runner_id="r", runner_status=RunnerReady()),
         LinkUp(sink="m", edge=RDMAConnection(source_rdma_iface="a", sink_rdma_iface="b")),
         ChatChunk(request_id="q", text="hi", finish_reason="stop"),

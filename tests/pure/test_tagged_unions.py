@@ -23,6 +23,7 @@ import keeper
 from keeper.link.protocol import (
     CancelChat,
     CancelDownload,
+    Challenge,
     ChatChunk,
     ChatError,
     ChatMessage,
@@ -114,7 +115,7 @@ def samples() -> dict[type[TaggedModel], list[TaggedModel]]:
         DownloadFailed(
             node_id="n", shard_metadata=downloads[0].shard_metadata, error_message="disk full"
         ),
-        Hello(node_id="n", name="studio", running_instances=["i"]),
+        Hello(node_id="n", name="studio", signature="ab", running_instances=["i"]),
         NodeInfo(
             memory=MemoryUsage(),
             backends=[Backend.MLX_METAL],
@@ -128,6 +129,7 @@ def samples() -> dict[type[TaggedModel], list[TaggedModel]]:
         RequestInstanceDeletion(instance_id="i", reason="runner keeps failing"),
         ChatChunk(request_id="q", text="hi", finish_reason="stop"),
         ChatError(request_id="q", message="no runner"),
+        Challenge(nonce="00ff"),
         Welcome(state=state),
         EventMessage(indexed=IndexedEvent(idx=7, event=_every_event(state)[0])),
         ChatRequest(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,10 @@ from model_ids import QWEN
 from keeper.core.keeper import Keeper, PlaceFn
 from keeper.core.placement import place_instance
 from keeper.link.channel import ChannelClosedError, NodeSide, memory_channel_pair
+from keeper.link.identity import NodeKey
 from keeper.link.protocol import (
+    AnyNodeMessage,
+    Challenge,
     ChatChunk,
     ChatError,
     ChatMessage,
@@ -32,15 +36,17 @@ from keeper.link.protocol import (
     Hello,
     LinkUp,
     NodeInfo,
+    RequestInstanceDeletion,
     RunnerStatusReport,
     Welcome,
 )
 from keeper.master.chat import ChatStream
+from keeper.master.report_buffer import REPORT_INTERVAL_S
 from keeper.master.service import Master, MasterConfig
 from keeper.master.subscriptions import SubscriptionLaggedError
 from keeper.model.api_models import CommandResponse
 from keeper.model.constants import STARTUP_GRACE
-from keeper.model.events import InstanceCreated, InstanceDeleted, NodeTimedOut
+from keeper.model.events import InstanceCreated, InstanceDeleted, NodeGatheredInfo, NodeTimedOut
 from keeper.model.refusals import ChatFailedError, NoInstanceError, NotFoundError
 from keeper.model.state import (
     AnyInstance,
@@ -50,7 +56,9 @@ from keeper.model.state import (
     Multiaddr,
     NodeIdentity,
     NodeNetwork,
+    RunnerFailed,
     RunnerReady,
+    RunnerShutdown,
     SocketConnection,
     State,
 )
@@ -63,7 +71,8 @@ class FakeNode:
     """Says Hello, reports its memory, marks its runners Ready, heartbeats, answers chats."""
 
     def __init__(self, name: str, memory_gb: float = 64.0, chat: str = "reply") -> None:
-        self.node_id = f"node-{name}"
+        self.key = NodeKey.for_name(f"node-{name}")
+        self.node_id = self.key.node_id
         self.name = name
         self.memory_gb = memory_gb
         # "reply" | "die" (one chunk, then the connection drops) | "drop" (the connection drops
@@ -85,7 +94,10 @@ class FakeNode:
 
     async def run(self, channel: NodeSide, *, task_status: TaskStatus[None]) -> None:
         self._channel = channel
-        await channel.send(Hello(node_id=self.node_id, name=self.name))
+        challenge = await channel.receive()
+        assert isinstance(challenge, Challenge)
+        signature = self.key.sign_hello(challenge.nonce)
+        await channel.send(Hello(node_id=self.node_id, name=self.name, signature=signature))
         await channel.send(self.info())
         task_status.started()
         try:
@@ -584,10 +596,158 @@ async def test_a_node_that_stops_reading_is_disconnected() -> None:
         await group.start(master.run)
         master_side, node_side = memory_channel_pair()
         group.start_soon(master.serve_node, master_side)
-        await node_side.send(Hello(node_id="deaf", name="deaf"))
-        await wait_until(lambda: master.connected_nodes() == ["deaf"], 1, "connected")
+        deaf = NodeKey.for_name("deaf")
+        challenge = await node_side.receive()
+        assert isinstance(challenge, Challenge)
+        signature = deaf.sign_hello(challenge.nonce)
+        await node_side.send(Hello(node_id=deaf.node_id, name="deaf", signature=signature))
+        await wait_until(lambda: master.connected_nodes() == [deaf.node_id], 1, "connected")
         # The in-memory channel buffers plenty; the session's own outbox (5) is what fills
         # while its forwarder is blocked, so block it: never read, and flood events.
         await master.emit([NodeTimedOut(node_id=f"n{i}") for i in range(20_000)])
         await wait_until(lambda: master.connected_nodes() == [], 5, "the deaf node dropped")
+        group.cancel_scope.cancel()
+
+
+# --- no node speaks for another ----------------------------------------------------------
+
+
+async def sent_and_taken(master: Master, node: FakeNode, *messages: AnyNodeMessage) -> None:
+    """Send ``messages`` as ``node``, then a change of its memory, and wait until the memory is
+    in the State: the master's session has handled what came before it, in order."""
+    assert node._channel is not None
+    for message in messages:
+        await node._channel.send(message)
+    node.memory_gb += 1
+    await node._channel.send(node.info())
+    expected = Memory.from_gb(node.memory_gb)
+    await wait_until(
+        lambda: master.state.node_memory[node.node_id].ram_total == expected, 1, "info taken"
+    )
+
+
+def runner_of(master: Master, instance_id: str, node: FakeNode) -> str:
+    return master.state.instances[instance_id].shard_assignments.node_to_runner[node.node_id]
+
+
+@pytest.mark.anyio
+async def test_a_node_cannot_fail_another_nodes_runner_or_delete_its_instance() -> None:
+    master = Master(None)
+    a, b = FakeNode("a"), FakeNode("b")
+    async with anyio.create_task_group() as group:
+        placed = await serve_qwen(master, group, a)
+        await connect(master, group, b)
+        assert placed.instance_id is not None
+        runner = runner_of(master, placed.instance_id, a)
+        failed = RunnerFailed(error_message="forged")
+        await sent_and_taken(
+            master,
+            b,
+            RunnerStatusReport(runner_id=runner, runner_status=failed),
+            RunnerStatusReport(runner_id=runner, runner_status=failed),
+            RequestInstanceDeletion(instance_id=placed.instance_id, reason="forged"),
+        )
+        assert isinstance(master.state.runners[runner], RunnerReady)
+        assert placed.instance_id in master.state.instances
+        assert master.ready_instances(QWEN)
+        assert master.membership_refusals() == {"runner status": 2, "instance deletion": 1}
+        # The node that holds them may.
+        await sent_and_taken(
+            master, a, RequestInstanceDeletion(instance_id=placed.instance_id, reason="gave up")
+        )
+        assert placed.instance_id not in master.state.instances
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_hello_that_does_not_prove_a_connected_id_changes_nothing() -> None:
+    master = Master(None)
+    a = FakeNode("a")
+    async with anyio.create_task_group() as group:
+        await serve_qwen(master, group, a)
+        before = master.state
+        session = master._membership.sessions[a.node_id]
+        master_side, impostor = memory_channel_pair()
+        group.start_soon(master.serve_node, master_side)
+        challenge = await impostor.receive()
+        assert isinstance(challenge, Challenge)
+        # Without a.'s key: a signature by another key, then one over another challenge.
+        for signature in (
+            NodeKey.for_name("impostor").sign_hello(challenge.nonce),
+            a.key.sign_hello("0" * 64),
+        ):
+            await impostor.send(Hello(node_id=a.node_id, name="a", signature=signature))
+            with suppress(ChannelClosedError):  # what it says next is not taken either
+                await impostor.send(
+                    RunnerStatusReport(runner_id="r", runner_status=RunnerShutdown())
+                )
+            with pytest.raises(ChannelClosedError):
+                while True:
+                    await impostor.receive()
+            assert master_side.refused_because is not None  # type: ignore[attr-defined]
+            assert "not proven" in master_side.refused_because  # type: ignore[attr-defined]
+            master_side, impostor = memory_channel_pair()
+            group.start_soon(master.serve_node, master_side)
+            challenge = await impostor.receive()
+            assert isinstance(challenge, Challenge)
+        assert master._membership.sessions[a.node_id] is session
+        assert master.state == before
+        assert master.membership_refusals() == {"hello not proven": 2}
+        # With the key, it is the node itself reconnecting: the new session replaces the old.
+        signature = a.key.sign_hello(challenge.nonce)
+        await impostor.send(Hello(node_id=a.node_id, name="a", signature=signature))
+        await wait_until(lambda: master._membership.sessions[a.node_id] is not session, 1, "new")
+        assert session.closed_because == "the node connected again"
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_node_cannot_answer_a_chat_sent_to_another() -> None:
+    master = Master(None)
+    a, b = FakeNode("a", chat="hang"), FakeNode("b")
+    async with anyio.create_task_group() as group:
+        await serve_qwen(master, group, a)
+        await connect(master, group, b)
+        stream = await say_hi(master)
+        await wait_until(lambda: bool(a.chat_requests), 1, "the request reached a")
+        request_id = a.chat_requests[0].request_id
+        await sent_and_taken(
+            master,
+            b,
+            ChatChunk(request_id=request_id, text="forged"),
+            ChatChunk(request_id=request_id, finish_reason="stop"),
+        )
+        assert master.membership_refusals() == {"chat reply": 2}
+        assert a._channel is not None
+        await a._channel.send(ChatChunk(request_id=request_id, text="real"))
+        await a._channel.send(ChatChunk(request_id=request_id, finish_reason="stop"))
+        assert [piece async for piece in stream] == ["real"]
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_node_flooding_reports_is_logged_at_a_bounded_rate() -> None:
+    master = Master(None)
+    a = FakeNode("a")
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        await connect(master, group, a)
+        subscription = master.subscribe()
+        logged: list[NodeGatheredInfo] = []
+
+        async def watch() -> None:
+            async for indexed in subscription:
+                if isinstance(indexed.event, NodeGatheredInfo):
+                    logged.append(indexed.event)
+
+        group.start_soon(watch)
+        started = anyio.current_time()
+        assert a._channel is not None
+        for _ in range(880):  # a second's worth from a node reporting as fast as it can
+            await a._channel.send(a.info())
+        await sent_and_taken(master, a)
+        # Each write carries the latest info; at most one write per REPORT_INTERVAL_S.
+        elapsed = anyio.current_time() - started
+        assert len(logged) <= 2 + elapsed / REPORT_INTERVAL_S
+        assert len(logged) <= 5
         group.cancel_scope.cancel()

@@ -18,9 +18,11 @@ import anyio
 import pytest
 
 from keeper.link.channel import MasterSide, memory_channel_pair
+from keeper.link.identity import NodeKey, hello_refusal, new_challenge
 from keeper.link.protocol import (
     AnyNodeMessage,
     CancelDownload,
+    Challenge,
     ChatChunk,
     ChatError,
     ChatRequest,
@@ -154,6 +156,14 @@ class FakeMaster:
     state: State = field(default_factory=State)
     log: list[tuple[float, AnyNodeMessage]] = field(default_factory=list[tuple[float, Any]])
 
+    async def hello(self) -> tuple[float, Hello]:
+        """Challenge the node as a master does; its Hello, checked to prove its id."""
+        challenge = new_challenge()
+        await self.side.send(Challenge(nonce=challenge))
+        at, hello = await self.expect(Hello)
+        assert hello_refusal(hello.node_id, challenge, hello.signature) is None
+        return at, hello
+
     async def welcome(self) -> None:
         await self.side.send(Welcome(state=self.state))
 
@@ -201,7 +211,7 @@ async def running(
     master = FakeMaster(master_side)
     async with anyio.create_task_group() as tg:
         tg.start_soon(sim.run, node_side)
-        await master.expect(Hello)
+        await master.hello()
         master.state = apply_indexed(
             master.state, IndexedEvent(idx=0, event=joined(sim.node_id, sim.config.ip))
         )
@@ -214,7 +224,8 @@ def test_node_ids_are_stable_and_distinct() -> None:
     assert node_id_for("alpha") == node_id_for("alpha")
     assert node_id_for("alpha") != node_id_for("beta")
     assert node_id_for("alpha").startswith("12D3KooW")
-    assert NodeConfig(name="x", memory_gb=1, node_id="fixed").resolved_id == "fixed"
+    key = NodeKey.generate()
+    assert NodeConfig(name="x", memory_gb=1, key=key).resolved_id == key.node_id
 
 
 @pytest.mark.anyio
@@ -224,7 +235,7 @@ async def test_hello_then_info_then_heartbeats() -> None:
     master = FakeMaster(master_side)
     async with anyio.create_task_group() as tg:
         tg.start_soon(node.run, node_side)
-        _, hello = await master.expect(Hello)
+        _, hello = await master.hello()
         assert hello.node_id == node_id_for("alpha")
         assert hello.name == "alpha"
         assert hello.running_instances == []
@@ -460,7 +471,7 @@ async def test_the_node_keeps_its_runners_across_a_lost_channel() -> None:
     master = FakeMaster(master_side, state=kept)
     async with anyio.create_task_group() as tg:
         tg.start_soon(node.run, node_side)
-        _, hello = await master.expect(Hello)
+        _, hello = await master.hello()
         assert hello.running_instances == ["inst-1"]
         await master.welcome()
         _, report = await master.expect(RunnerStatusReport)
@@ -483,7 +494,7 @@ async def test_an_instance_deleted_while_away_is_shut_down_on_return() -> None:
     master = FakeMaster(master_side, state=gone)
     async with anyio.create_task_group() as tg:
         tg.start_soon(node.run, node_side)
-        await master.expect(Hello)
+        await master.hello()
         await master.welcome()
         _, report = await master.expect(RunnerStatusReport)
         assert report.runner_status in (RunnerShuttingDown(), RunnerShutdown())
