@@ -194,7 +194,7 @@ def events_kind(status: int, content_type: str | None) -> EventsKind | str:
         return "stream"
     if media == "application/json":
         return "exo-log"
-    return f"GET /events: {media or 'no Content-Type'}, neither a stream nor exo's log"
+    return f"GET /events: {media or 'no Content-Type'}, not a stream or exo's log"
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -473,8 +473,8 @@ def test_the_kind_of_master_is_told_from_the_events_headers(
 @pytest.mark.parametrize(
     ("status", "content_type", "reason"),
     [
-        (200, "text/html", "GET /events: text/html, neither a stream nor exo's log"),
-        (200, None, "GET /events: no Content-Type, neither a stream nor exo's log"),
+        (200, "text/html", "GET /events: text/html, not a stream or exo's log"),
+        (200, None, "GET /events: no Content-Type, not a stream or exo's log"),
         (500, "application/json", "GET /events: HTTP 500"),
     ],
 )
