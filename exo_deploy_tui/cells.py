@@ -538,6 +538,10 @@ def connection_text(connection: Connection, now: float, url: str) -> Text:
         text.append(
             f" ✖ stale since {clock_time(connection.stale_since)} ", style="bold reverse red"
         )
+        if connection.mode == "unreadable":
+            # Why is what matters here: no retry countdown after it, so a long why still fits.
+            text.append(f" unreadable: {connection.detail}", style="bold red")
+            return text
         detail = f" {connection.detail}" if connection.detail else ""
         retry = (
             f", retrying in {connection.retry_in_s:.0f}s"
@@ -553,6 +557,8 @@ def connection_text(connection: Connection, now: float, url: str) -> Text:
         text.append("◐ polling 1s", style="bold yellow")
         if connection.detail:
             text.append(f" · {connection.detail}", style="yellow")
+    elif mode == "unreadable":
+        text.append(f"✖ unreadable: {connection.detail}", style="bold red")
     elif mode == "down":
         text.append(f"✖ cannot reach {host}", style="bold red")
         if connection.detail:

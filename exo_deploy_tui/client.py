@@ -17,7 +17,10 @@ While polling, ``/deployments`` is read beside ``/state`` until it answers 404 (
 API: a stock exo); from then on the connection polls ``/state`` alone. Every read has a deadline,
 and a failure never escapes: it becomes a ``ConnectionUpdate("down")`` and a retry with backoff
 (which detects the master afresh), so a master that is down, slow or restarting can neither
-crash nor freeze the UI, and an answer we cannot read is reported, not shown as an empty cluster.
+crash nor freeze the UI. An answer we cannot read (``reading``: an error status, not JSON, not a
+State, too large, nested too deep) becomes ``ConnectionUpdate("unreadable", why)`` and the same
+retry, every time it comes, never an empty cluster: an unchanged poll is skipped only when it
+equals the last one that was read.
 
 The stream is read with httpx-sse, which frames events and keeps ``id`` and ``retry``; the
 master's ``retry`` sets where the reconnect backoff starts. Deadlines use anyio's clock rather
@@ -35,6 +38,7 @@ import email.utils
 import math
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import anyio
@@ -42,6 +46,14 @@ import httpx
 from httpx_sse import EventSource, ServerSentEvent, aconnect_sse
 from pydantic import ValidationError
 
+from exo_deploy_tui.reading import (
+    UnreadableAnswerError,
+    media_type,
+    read_capped,
+    read_deployments,
+    read_message,
+    read_state,
+)
 from exo_deploy_tui.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
@@ -60,7 +72,6 @@ from keeper.model.api_models import (
     StreamSnapshot,
 )
 from keeper.model.events import IndexedEvent
-from keeper.model.state import State
 
 DEFAULT_URL = "http://127.0.0.1:52415"
 
@@ -114,7 +125,33 @@ class _StockExoError(Exception):
 
 
 class _BadResponseError(Exception):
-    """The master answered something we cannot use; reconnect and start from a snapshot."""
+    """The connection cannot go on (the master ended the stream, events were missed); reconnect
+    and start from a snapshot. An answer we cannot read is an ``UnreadableAnswerError`` instead."""
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One polled answer: its status, headers and (for a 200) its body, read within the cap."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+    @property
+    def content_type(self) -> str | None:
+        return self.headers.get("content-type")
+
+
+@dataclass(frozen=True)
+class _Poll:
+    """One poll's answers: /state, and /deployments unless the master has none."""
+
+    state: _Answer
+    deployments: _Answer | None
+
+    @property
+    def bodies(self) -> tuple[bytes, bytes | None]:
+        return self.state.body, None if self.deployments is None else self.deployments.body
 
 
 class _SilenceDeadline(httpx.AsyncByteStream):
@@ -151,13 +188,13 @@ def events_kind(status: int, content_type: str | None) -> EventsKind | str:
     if status in (404, 405):
         return "none"
     if status != 200:
-        return f"GET /events answered {status}"
-    media = (content_type or "").split(";", 1)[0].strip().casefold()
+        return f"GET /events: HTTP {status}"
+    media = media_type(content_type)
     if media == "text/event-stream":
         return "stream"
     if media == "application/json":
         return "exo-log"
-    return f"GET /events answered {media or 'no Content-Type'}: neither a stream nor exo's log"
+    return f"GET /events: {media or 'no Content-Type'}, not a stream or exo's log"
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -190,7 +227,8 @@ class MasterClient:
         # Where the reconnect backoff starts: ours, until the master's stream says (``retry``).
         self._reconnect_first = RECONNECT_FIRST_S
         self._backoff = RECONNECT_FIRST_S
-        # The last answers polled, so an unchanged cluster costs no parsing and no redraw.
+        # The last answers polled and read, so an unchanged cluster costs no parsing and no
+        # redraw. Only answers that were read: an unreadable one is read (and reported) again.
         self._last_poll: tuple[bytes, bytes | None] | None = None
         # False once the master answered 404 to /deployments, until it is detected afresh.
         self._deployments_api = True
@@ -221,11 +259,15 @@ class MasterClient:
                         await self._poll_until(emit, math.inf, STOCK_EXO)
                 else:
                     await self._poll_until(emit, stream_after)
+                continue
+            except UnreadableAnswerError as exc:
+                # The master answered: not "down", but nothing it said can be shown.
+                emit(ConnectionUpdate("unreadable", str(exc), self._backoff))
             except (httpx.HTTPError, _BadResponseError, TimeoutError, OSError) as exc:
                 emit(ConnectionUpdate("down", describe_failure(exc), self._backoff))
-                stream_after = 0.0  # whatever answers next is detected afresh
-                await anyio.sleep(self._backoff)
-                self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
+            stream_after = 0.0  # whatever answers next is detected afresh
+            await anyio.sleep(self._backoff)
+            self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
 
     def resync(self) -> None:
         """End the stream being followed, so the next connection starts from a snapshot.
@@ -260,8 +302,8 @@ class MasterClient:
             if kind == "exo-log":
                 raise _StockExoError  # closed on leaving, without reading a byte of the log
             if kind != "stream":
-                raise _BadResponseError(kind)
-            offset = self._clock_offset(response)
+                raise UnreadableAnswerError(kind)
+            offset = self._clock_offset(response.headers)
             if not isinstance(response.stream, httpx.AsyncByteStream):
                 raise _BadResponseError("the event stream is not readable asynchronously")
             response.stream = _SilenceDeadline(response.stream, STREAM_SILENCE_S)
@@ -275,25 +317,24 @@ class MasterClient:
         if message.retry is not None:
             # The master says how soon to come back; the backoff still doubles from there.
             self._reconnect_first = min(max(message.retry / 1000, 0.0), RECONNECT_MAX_S)
-        try:
-            if name == "snapshot":
-                snapshot = StreamSnapshot.model_validate_json(data)
-                emit(SnapshotUpdate(snapshot.state, tuple(snapshot.deployments), offset))
-                self._last_poll = None  # the stream moved the model on from any earlier poll
-                emit(ConnectionUpdate("live"))
-                self._backoff = self._reconnect_first
-            elif name == "event":
-                emit(EventUpdate(IndexedEvent.model_validate_json(data)))
-            elif name == "deployments":
-                response = DeploymentsResponse.model_validate_json(data)
-                emit(DeploymentsUpdate(tuple(response.deployments)))
-            elif name == "error":
-                # The master drops a follower that fell too far behind; start over.
-                error = ErrorResponse.model_validate_json(data).error.message
-                raise _BadResponseError(f"the master ended the stream: {error}")
-        except ValidationError as exc:
-            # One event lost would leave our State wrong for good: start again from a snapshot.
-            raise _BadResponseError(f"unreadable {name} message: {exc.errors()[0]['msg']}") from exc
+        # A message we cannot read raises UnreadableAnswerError: one event lost would leave our
+        # State wrong for good, so the connection starts again from a snapshot. A message of a
+        # kind we do not know is a newer master's, and skipped.
+        if name == "snapshot":
+            snapshot = read_message(StreamSnapshot, data, name)
+            emit(SnapshotUpdate(snapshot.state, tuple(snapshot.deployments), offset))
+            self._last_poll = None  # the stream moved the model on from any earlier poll
+            emit(ConnectionUpdate("live"))
+            self._backoff = self._reconnect_first
+        elif name == "event":
+            emit(EventUpdate(read_message(IndexedEvent, data, name)))
+        elif name == "deployments":
+            response = read_message(DeploymentsResponse, data, name)
+            emit(DeploymentsUpdate(tuple(response.deployments)))
+        elif name == "error":
+            # The master drops a follower that fell too far behind; start over.
+            error = read_message(ErrorResponse, data, name).error.message
+            raise _BadResponseError(f"the master ended the stream: {error}")
 
     async def _poll_until(
         self, emit: Callable[[Update], None], until: float, detail: str = ""
@@ -301,70 +342,66 @@ class MasterClient:
         announced = False
         while anyio.current_time() < until:
             started = anyio.current_time()
-            state_body, deployments_body, offset = await self._fetch_once()
-            if (state_body, deployments_body) != self._last_poll:
-                self._last_poll = (state_body, deployments_body)
-                emit(self._parse_poll(state_body, deployments_body, offset))
+            poll = await self._fetch_once()
+            if poll.bodies != self._last_poll:
+                emit(self._parse_poll(poll))  # raises UnreadableAnswerError before anything is kept
+                self._last_poll = poll.bodies
             if not announced:
                 emit(ConnectionUpdate("polling", detail))
                 announced = True
             self._backoff = self._reconnect_first
             await anyio.sleep(max(0.0, POLL_INTERVAL_S - (anyio.current_time() - started)))
 
-    async def _fetch_once(self) -> tuple[bytes, bytes | None, float | None]:
-        results: dict[str, httpx.Response] = {}
-        failures: list[httpx.HTTPError] = []
+    async def _fetch_once(self) -> _Poll:
+        results: dict[str, _Answer] = {}
+        failures: list[httpx.HTTPError | UnreadableAnswerError] = []
 
-        async def fetch(path: str) -> None:
+        async def fetch(path: str, what: str) -> None:
             # Caught here, not around the task group: a failure would come out of the group
             # wrapped in an ExceptionGroup, which the reconnect loop does not take for a lost
             # connection.
             try:
-                results[path] = await self._http.get(path)
+                async with self._http.stream("GET", path) as response:
+                    ok = response.status_code == 200
+                    body = await read_capped(response) if ok else b""
+                    results[path] = _Answer(response.status_code, response.headers, body)
             except httpx.HTTPError as exc:
                 failures.append(exc)
+            except UnreadableAnswerError as exc:
+                failures.append(UnreadableAnswerError(f"{what}{exc}"))
 
         with anyio.fail_after(REQUEST_TIMEOUT_S):
             async with anyio.create_task_group() as group:
-                group.start_soon(fetch, "/state")
+                group.start_soon(fetch, "/state", "")
                 if self._deployments_api:
-                    group.start_soon(fetch, "/deployments")
+                    group.start_soon(fetch, "/deployments", "/deployments: ")
         if failures:
             raise failures[0]
         state = results["/state"]
-        if state.status_code != 200:
-            raise _BadResponseError(f"GET /state answered {state.status_code}")
+        if state.status != 200:
+            raise UnreadableAnswerError(f"HTTP {state.status}")
         deployments = results.get("/deployments")
-        if deployments is None:
-            deployments_body: bytes | None = None
-        elif deployments.status_code == 200:
-            deployments_body = deployments.content
-        elif deployments.status_code in (404, 405):
+        if deployments is not None and deployments.status in (404, 405):
             # A master without deployments (a stock exo): show the State alone, and stop asking
             # until the master is detected afresh.
             self._deployments_api = False
-            deployments_body = None
-        else:
-            raise _BadResponseError(f"GET /deployments answered {deployments.status_code}")
-        return state.content, deployments_body, self._clock_offset(state)
+            deployments = None
+        elif deployments is not None and deployments.status != 200:
+            raise UnreadableAnswerError(f"/deployments: HTTP {deployments.status}")
+        return _Poll(state, deployments)
 
-    @staticmethod
-    def _parse_poll(
-        state_body: bytes, deployments_body: bytes | None, offset: float | None
-    ) -> SnapshotUpdate:
-        try:
-            state = State.model_validate_json(state_body)
-            views = (
-                None
-                if deployments_body is None
-                else tuple(DeploymentsResponse.model_validate_json(deployments_body).deployments)
-            )
-        except ValidationError as exc:
-            raise _BadResponseError(f"unreadable state: {exc.errors()[0]['msg']}") from exc
-        return SnapshotUpdate(state, views, offset)
+    def _parse_poll(self, poll: _Poll) -> SnapshotUpdate:
+        state = read_state(poll.state.body, poll.state.content_type)
+        deployments = poll.deployments
+        views = (
+            None
+            if deployments is None
+            else tuple(read_deployments(deployments.body, deployments.content_type).deployments)
+        )
+        return SnapshotUpdate(state, views, self._clock_offset(poll.state.headers))
 
-    def _clock_offset(self, response: httpx.Response) -> float | None:
-        date = response.headers.get("date")
+    def _clock_offset(self, headers: httpx.Headers) -> float | None:
+        date = headers.get("date")
         if not date:
             return None
         try:

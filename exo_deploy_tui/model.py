@@ -713,8 +713,9 @@ class ClusterModel:
             if old.stale_since is not None and self.has_data:
                 lost_for = precise_duration(now - old.stale_since)
                 how = "live" if update.mode == "live" else "polling"
+                again = "readable" if old.mode == "unreadable" else "reachable"
                 self.timeline.extend(
-                    [TimelineEntry(now, "good", f"master reachable again after {lost_for} ({how})")]
+                    [TimelineEntry(now, "good", f"master {again} again after {lost_for} ({how})")]
                 )
             self.connection = Connection(update.mode, update.detail)
             return
@@ -722,7 +723,8 @@ class ClusterModel:
         if stale_since is None and self.has_data:
             stale_since = now
             detail = f": {update.detail}" if update.detail else ""
-            self.timeline.extend([TimelineEntry(now, "error", f"lost the master{detail}")])
+            lost = "cannot read the master" if update.mode == "unreadable" else "lost the master"
+            self.timeline.extend([TimelineEntry(now, "error", f"{lost}{detail}")])
         self.connection = Connection(update.mode, update.detail, update.retry_in_s, stale_since)
 
     def _settle(self, now: float) -> None:

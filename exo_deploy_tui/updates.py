@@ -15,8 +15,10 @@ from keeper.model.events import IndexedEvent
 from keeper.model.state import State
 
 # connecting: nothing received yet; live: the event stream is open; polling: reading /state and
-# /deployments every second; down: the last attempt failed and a retry is scheduled.
-ConnectionMode = Literal["connecting", "live", "polling", "down"]
+# /deployments every second; down: the last attempt failed and a retry is scheduled; unreadable:
+# the master answered, but with nothing we can read (the detail says why), and a retry is
+# scheduled.
+ConnectionMode = Literal["connecting", "live", "polling", "down", "unreadable"]
 
 
 @dataclass(frozen=True)

@@ -333,6 +333,22 @@ def test_connection_loss_is_stale_since_it_happened_and_recovery_is_told() -> No
     ]
 
 
+def test_an_unreadable_master_keeps_the_data_stale_and_its_return_is_told() -> None:
+    model = connected(healthy())
+    model.handle(ConnectionUpdate("unreadable", "not JSON (text/html)", 0.5), FROZEN_NOW + 5)
+    model.handle(ConnectionUpdate("unreadable", "not JSON (text/html)", 1.0), FROZEN_NOW + 6)
+    assert model.connection.mode == "unreadable"
+    assert model.connection.stale_since == FROZEN_NOW + 5
+    assert model.state == healthy().state  # what was read last, not an empty cluster
+    fresh = healthy(now=FROZEN_NOW + 8).snapshot()
+    model.handle([fresh, ConnectionUpdate("polling")], FROZEN_NOW + 8)
+    assert not model.connection.stale
+    assert texts(model)[-2:] == [
+        "cannot read the master: not JSON (text/html)",
+        "master readable again after 3.0 s (polling)",
+    ]
+
+
 def test_statuses_follow_spec_rule() -> None:
     state = healthy().state
     statuses = deployment_statuses(state)

@@ -222,6 +222,28 @@ def test_stock_exo_after_a_node_timed_out(snap_compare: Compare, size: tuple[int
     assert snap_compare(app, terminal_size=size, run_before=node1_times_out)
 
 
+def test_stock_exo_answering_html_after_its_state(snap_compare: Compare) -> None:
+    """exo's State polled, then 3 s later an HTML page where the State was: the header says
+    unreadable and why, the nodes read before stay on screen marked stale since then."""
+    state = recorded_state("state-instance-ready")
+    clock = Clock()
+    clock.now = max(parse_iso(t) or 0.0 for t in state.last_seen.values()) + 1
+    client = ScriptedClient(
+        initial=[SnapshotUpdate(state, None), ConnectionUpdate("polling", STOCK_EXO)]
+    )
+    app = DashboardApp(client, clock=clock, tick=False)
+
+    async def html_instead(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        clock.now += 3  # the nodes last reported 4 s before: alive when the data went stale
+        client.push(ConnectionUpdate("unreadable", "not JSON (text/html)", 0.5))
+        await settled(pilot)
+        await pilot.press("2")  # the nodes tab, which 80 columns show alone
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=html_instead)
+
+
 def replicated() -> ClusterBuilder:
     """Qwen3-0.6B keeps 2: one ready on mini-a, the other failed on mini-b (short, 1/2); Llama
     keeps 2, both ready."""

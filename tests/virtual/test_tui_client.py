@@ -252,8 +252,8 @@ async def test_an_unreadable_event_forces_a_fresh_snapshot() -> None:
 
     client = MasterClient("http://master", transport=httpx.MockTransport(master))
     seen = await watch(client, lambda s: sum(isinstance(u, SnapshotUpdate) for u in s) == 2)
-    (down,) = [u for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "down"]
-    assert down.detail.startswith("unreadable event message")
+    (unreadable,) = [u for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "unreadable"]
+    assert unreadable.detail == "event message: event: unknown tag Bogus"
     assert not any(isinstance(u, EventUpdate) for u in seen)
 
 
@@ -284,10 +284,11 @@ async def test_a_master_answering_500_is_retried_not_fatal() -> None:
         return httpx.Response(500, text="boom")
 
     client = MasterClient("http://master", transport=httpx.MockTransport(master))
-    seen = await watch(client, lambda s: modes(s).count("down") >= 2)
-    assert [u.detail for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "down"] == [
-        "GET /events answered 500",
-        "GET /events answered 500",
+    seen = await watch(client, lambda s: modes(s).count("unreadable") >= 2)
+    assert modes(seen) == ["connecting", "unreadable", "unreadable"]
+    assert [u.detail for u in seen if isinstance(u, ConnectionUpdate)][1:] == [
+        "GET /events: HTTP 500",
+        "GET /events: HTTP 500",
     ]
 
 
@@ -472,9 +473,9 @@ def test_the_kind_of_master_is_told_from_the_events_headers(
 @pytest.mark.parametrize(
     ("status", "content_type", "reason"),
     [
-        (200, "text/html", "GET /events answered text/html: neither a stream nor exo's log"),
-        (200, None, "GET /events answered no Content-Type: neither a stream nor exo's log"),
-        (500, "application/json", "GET /events answered 500"),
+        (200, "text/html", "GET /events: text/html, not a stream or exo's log"),
+        (200, None, "GET /events: no Content-Type, not a stream or exo's log"),
+        (500, "application/json", "GET /events: HTTP 500"),
     ],
 )
 def test_an_events_answer_of_no_known_kind_is_a_reason_not_a_guess(
@@ -559,7 +560,153 @@ async def test_an_exo_state_we_cannot_read_is_reported_not_shown_empty() -> None
         return httpx.Response(404, json={"detail": "Not Found"})
 
     client = MasterClient("http://exo", transport=httpx.MockTransport(exo))
-    seen = await watch(client, lambda s: "down" in modes(s))
+    seen = await watch(client, lambda s: "unreadable" in modes(s))
     assert not any(isinstance(u, SnapshotUpdate) for u in seen)
-    (down,) = [u for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "down"]
-    assert down.detail.startswith("unreadable state")
+    (unreadable,) = [u for u in seen if isinstance(u, ConnectionUpdate) and u.mode == "unreadable"]
+    assert unreadable.detail == "not exo's State: topology.nodes: expected an array"
+
+
+# --- answers we cannot read --------------------------------------------------------------
+
+HTML = {"content-type": "text/html; charset=utf-8"}
+JSON = {"content-type": "application/json"}
+
+
+class Huge(httpx.AsyncByteStream):
+    """A 64 MiB body in 1 MiB chunks, as a wrong URL streaming a huge file would send; it ends,
+    so a client without a cap fails a test rather than the machine."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while self.sent < 64 << 20:
+            self.sent += 1 << 20
+            yield b" " * (1 << 20)
+
+
+def stock_exo(state: Callable[[], httpx.Response]) -> httpx.MockTransport:
+    """A stock exo whose /state answers what ``state`` makes, and with no deployments API."""
+
+    def exo(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/events":
+            return httpx.Response(200, headers=JSON, content=b"[]")
+        if request.url.path == "/state":
+            return state()
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    return httpx.MockTransport(exo)
+
+
+def unreadable_details(updates: list[Update]) -> list[str]:
+    return [u.detail for u in updates if isinstance(u, ConnectionUpdate) and u.mode == "unreadable"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (
+            lambda: httpx.Response(200, headers=HTML, content=b"<html>exo?</html>"),
+            "not JSON (text/html)",
+        ),
+        (lambda: httpx.Response(200, content=b"<html>"), "not JSON"),
+        (lambda: httpx.Response(502, headers=HTML, content=b"<h1>Bad Gateway</h1>"), "HTTP 502"),
+        (
+            lambda: httpx.Response(200, headers=JSON, content=b"[]"),
+            "not exo's State: expected an object",
+        ),
+        (
+            lambda: httpx.Response(200, headers=JSON, content=b'{"nodeProfiles": {}}'),
+            'not exo\'s State: no "topology"',
+        ),
+        (
+            lambda: httpx.Response(
+                200, headers=JSON, content=b'{"topology": {}, "instances": {}, "nodeMemory": []}'
+            ),
+            "not exo's State: nodeMemory: expected an object",
+        ),
+        (lambda: httpx.Response(200, headers=JSON, content=b"[" * 100_000), "nested too deep"),
+        (lambda: httpx.Response(200, headers=JSON, stream=Huge()), "larger than 32 MiB"),
+    ],
+    ids=["html", "untyped", "502", "array", "no-topology", "wrong-field", "deep", "huge"],
+)
+async def test_an_unreadable_state_says_why_on_every_poll_and_never_polling(
+    answer: Callable[[], httpx.Response], why: str
+) -> None:
+    client = MasterClient("http://exo", transport=stock_exo(answer))
+    seen = await watch(client, lambda s: len(unreadable_details(s)) >= 3)
+    assert modes(seen) == ["connecting", "unreadable", "unreadable", "unreadable"]
+    assert unreadable_details(seen) == [why] * 3
+    assert not any(isinstance(u, SnapshotUpdate) for u in seen)
+
+
+@pytest.mark.anyio
+async def test_a_huge_state_is_read_no_further_than_the_cap() -> None:
+    huge = Huge()
+    client = MasterClient(
+        "http://exo",
+        transport=stock_exo(lambda: httpx.Response(200, headers=JSON, stream=huge)),
+    )
+    seen = await watch(client, lambda s: len(unreadable_details(s)) >= 1)
+    assert unreadable_details(seen) == ["larger than 32 MiB"]
+    assert huge.sent <= 33 << 20  # stopped at the first chunk past 32 MiB
+
+
+@pytest.mark.anyio
+async def test_a_good_state_then_html_then_the_good_state_again() -> None:
+    """The HTML is reported each time it comes, though it is the same page; the good State
+    after it is polling again, and (unchanged) not sent again."""
+    good = cluster().state.model_dump_json(by_alias=True).encode()
+    answers = [good, b"<html>", b"<html>", good, good]
+
+    def state() -> httpx.Response:
+        body = answers.pop(0) if len(answers) > 1 else answers[0]
+        return httpx.Response(200, headers=HTML if body == b"<html>" else JSON, content=body)
+
+    client = MasterClient("http://exo", transport=stock_exo(state))
+    seen = await watch(client, lambda s: not answers[1:] and modes(s)[-1] == "polling")
+    assert modes(seen) == ["connecting", "polling", "unreadable", "unreadable", "polling"]
+    assert unreadable_details(seen) == ["not JSON (text/html)"] * 2
+    snapshots = [u for u in seen if isinstance(u, SnapshotUpdate)]
+    assert len(snapshots) == 1 and snapshots[0].state == cluster().state
+
+
+@pytest.mark.anyio
+async def test_unreadable_deployments_are_named() -> None:
+    state_json = cluster().state.model_dump_json(by_alias=True)
+
+    def master(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/state":
+            return httpx.Response(200, headers=JSON, content=state_json)
+        if request.url.path == "/deployments":
+            return httpx.Response(200, headers=HTML, content=b"<html>")
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master))
+    seen = await watch(client, lambda s: len(unreadable_details(s)) >= 2)
+    assert unreadable_details(seen) == ["/deployments: not JSON (text/html)"] * 2
+    assert not any(isinstance(u, SnapshotUpdate) for u in seen)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("message", "why"),
+    [
+        (sse("snapshot", "<html>"), "snapshot message: not JSON"),
+        (sse("snapshot", "[" * 100_000), "snapshot message: nested too deep"),
+        (
+            sse("deployments", '{"deployments": {}}'),
+            "deployments message: deployments: expected an array",
+        ),
+    ],
+    ids=["html", "deep", "wrong-field"],
+)
+async def test_an_unreadable_stream_message_is_reported(message: bytes, why: str) -> None:
+    def master(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers=SSE_HEADERS, stream=Stream([message], hang=True))
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master))
+    seen = await watch(client, lambda s: len(unreadable_details(s)) >= 2)
+    assert unreadable_details(seen)[:2] == [why] * 2
+    assert "live" not in modes(seen)
