@@ -67,7 +67,7 @@ from keeper.master.chat_routing import ChatRouting
 from keeper.master.membership import Membership
 from keeper.master.router import Router
 from keeper.master.stepping import KeeperLoop
-from keeper.master.subscriptions import Fanout, Subscription
+from keeper.master.subscriptions import MAX_DASHBOARD_STREAMS, Fanout, Subscription
 from keeper.model.api_models import CommandResponse, DeploymentHistoryResponse, DeploymentsResponse
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
@@ -157,6 +157,8 @@ class MasterConfig:
     # too slow; it reconnects and gets a fresh snapshot. A burst of a few thousand events (a
     # restart's worth of reports) must fit.
     subscriber_buffer: int = 10_000
+    # Dashboard streams open at once (keeper.master.subscriptions); one more is refused.
+    max_dashboard_streams: int = MAX_DASHBOARD_STREAMS
     # Emits waiting for the router before producers block (backpressure, not loss).
     router_queue: int = 10_000
     model_cards: tuple[ModelCard, ...] = BUILTIN_MODEL_CARDS
@@ -297,8 +299,14 @@ class Master:
         )
 
     def subscribe(self) -> Subscription:
-        """The current State and every event after it, for a dashboard stream."""
-        return self._fanout.subscribe(self.state, self.config.subscriber_buffer, open_=self.running)
+        """The current State and every event after it, for a dashboard stream;
+        TooManySubscriptionsError past ``max_dashboard_streams``."""
+        return self._fanout.subscribe(
+            self.state,
+            self.config.subscriber_buffer,
+            open_=self.running,
+            limit=self.config.max_dashboard_streams,
+        )
 
     def end_streams(self) -> None:
         """End every dashboard subscription (a server shutting down); node sessions stay."""
