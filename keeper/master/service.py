@@ -98,6 +98,7 @@ from keeper.model.state import (
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import Clock
 from keeper.runtime.deployments import (
+    DEFAULT_MAX_DEPLOYMENTS,
     created_response,
     deleted_response,
     deployment_views,
@@ -167,6 +168,8 @@ class MasterConfig:
     # under a virtual clock the loop would see every task idle during the real disk wait and
     # jump time ahead, so virtual-time runs keep log I/O in the loop; ``run_master`` turns it on.
     log_io_in_thread: bool = False
+    # Deployments kept at most (``--max-deployments``; keeper.runtime.deployments).
+    max_deployments: int = DEFAULT_MAX_DEPLOYMENTS
     # Off for ``master --exo-compat``, a stand-in for a stock exo master, which has no keeper
     # (deployments are then kept by ``exo-deploy bridge``, beside it).
     keeper_enabled: bool = True
@@ -342,6 +345,7 @@ class Master:
                 min_nodes,
                 replicas=replicas,
                 standby=standby,
+                max_deployments=self.config.max_deployments,
                 new_id=self.new_id,
             )
             await self._emit_and_wait([DeploymentCreated(deployment=deployment)])
