@@ -1,6 +1,6 @@
 """``exo-deploy-tui``: the operator dashboard's command line.
 
-    exo-deploy-tui [--url URL] [--token T] [--demo] [--readonly] [--no-mouse]
+    exo-deploy-tui [--url URL] [--token-file PATH | --token T] [--demo] [--readonly] [--no-mouse]
 
 Bad arguments get one clear line and exit status 2, never a traceback. ``--demo`` starts an
 embedded cluster (``keeper.cluster.demo``) in this process and connects to it over HTTP, as to any
@@ -11,7 +11,6 @@ terminal's own ANSI palette; NO_COLOR turns colour off altogether (Textual honou
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from urllib.parse import urlparse
@@ -21,8 +20,7 @@ from rich.console import Console
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import DEFAULT_URL, MasterClient
 from exo_deploy_tui.faults import FaultInjector
-
-TOKEN_ENV = "EXO_DEPLOY_TOKEN"
+from keeper.client.token_options import add_token_options
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,11 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--url", default=None, help=f"the master's HTTP address (default {DEFAULT_URL})"
     )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV),
-        help=f"bearer token for create and delete (default: ${TOKEN_ENV})",
-    )
+    add_token_options(parser, "bearer token for create and delete")
     parser.add_argument(
         "--demo",
         action="store_true",

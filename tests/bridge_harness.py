@@ -215,6 +215,7 @@ async def _run_cancellable(bridge: Bridge, *, task_status: Any) -> None:
 async def exo_with_bridge(
     data_dir: Path | None = None,
     nodes: tuple[tuple[str, float], ...] = (("a", 32.0), ("b", 32.0)),
+    bridge_config: BridgeConfig | None = None,
 ) -> AsyncIterator[ExoWithBridge]:
     config = MasterConfig(keeper_enabled=False)
     master = Master(None, config=config)
@@ -227,7 +228,7 @@ async def exo_with_bridge(
         await wait_until(
             lambda: len(master.state.node_memory) == len(nodes), 10, "the nodes joined exo"
         )
-        bridge = new_bridge(link, data_dir)
+        bridge = new_bridge(link, data_dir, bridge_config)
         scope = await group.start(_run_cancellable, bridge)
         yield ExoWithBridge(master, cluster, link, bridge, group, scope)
         group.cancel_scope.cancel()

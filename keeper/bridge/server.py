@@ -31,6 +31,7 @@ from keeper.bridge.exo_wire import camel_keys, file_card
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.httpapi.serving import DEFAULT_HOST, MasterStartError, serve_service, shown_host
 from keeper.model.wire import JsonObject
+from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 from keeper.runtime.model_cards import ModelCardError
 
@@ -124,6 +125,8 @@ def run_bridge(
     data_dir: Path | None = None,
     token: str | None = None,
     model_cards_dir: Path | None = None,
+    *,
+    max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
 ) -> int:
     """``exo-deploy bridge``: serve until SIGINT/SIGTERM. Returns the process exit code.
 
@@ -139,7 +142,9 @@ def run_bridge(
         card_files = exo_card_files(model_cards_dir) if model_cards_dir is not None else {}
         if data_dir is None:
             log.warning("no --data-dir: deployments are kept in memory and lost when it stops")
-        config = BridgeConfig(model_cards=cards, exo_card_files=card_files)
+        config = BridgeConfig(
+            model_cards=cards, exo_card_files=card_files, max_deployments=max_deployments
+        )
 
         async def serve() -> None:
             clients = [ExoClient(url) for url in urls]

@@ -88,6 +88,7 @@ from keeper.model.wire import JsonObject
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.deployments import (
+    DEFAULT_MAX_DEPLOYMENTS,
     created_response,
     deleted_response,
     deployment_views,
@@ -137,6 +138,8 @@ class BridgeConfig:
     # The bridge logs only deployment events (a few a minute): a snapshot, and the compaction
     # after it, every thousand keep restart instant and the log small.
     snapshot_every_events: int = 1_000
+    # Deployments kept at most (``--max-deployments``; keeper.runtime.deployments).
+    max_deployments: int = DEFAULT_MAX_DEPLOYMENTS
 
 
 # What the bridge's own State adds to exo's: its deployments and their serving records.
@@ -359,6 +362,7 @@ class Bridge:
                 min_nodes,
                 replicas=replicas,
                 standby=standby,
+                max_deployments=self.config.max_deployments,
             )
             self._record([DeploymentCreated(deployment=deployment)])
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)

@@ -41,6 +41,7 @@ from keeper.node.downloads import disk_refusal
 from keeper.node.node_process import run_node_process
 from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 from keeper.runtime.arguments import UsageParser, positive_float, positive_int
+from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.dir_lock import DataDirInUseError
 
 # The command's interface; the exit codes, its contract for scripts, are importable from here.
@@ -74,6 +75,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         args.model_cards,
         node_timeout_s=args.node_timeout,
         sweep_interval_s=args.sweep_interval,
+        max_deployments=args.max_deployments,
         app=STANDIN_API if args.exo_compat else OUR_API,
     )
 
@@ -146,7 +148,15 @@ def _disk_refused(args: argparse.Namespace) -> int | None:
 
 
 def cmd_bridge(args: argparse.Namespace) -> int:
-    return run_bridge(args.exo, args.host, args.port, args.data_dir, args.token, args.model_cards)
+    return run_bridge(
+        args.exo,
+        args.host,
+        args.port,
+        args.data_dir,
+        args.token,
+        args.model_cards,
+        max_deployments=args.max_deployments,
+    )
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
@@ -230,6 +240,14 @@ def _serving_options(
     parser.add_argument("--data-dir", type=Path, default=None, help=data_dir)
     token_option(parser, token)
     parser.add_argument("--model-cards", type=Path, default=None, help=model_cards)
+    parser.add_argument(
+        "--max-deployments",
+        type=positive_int,
+        default=DEFAULT_MAX_DEPLOYMENTS,
+        metavar="N",
+        help=f"keep at most N deployments: one more is refused (default "
+        f"{DEFAULT_MAX_DEPLOYMENTS}; those already kept stay if N is lowered)",
+    )
 
 
 # Commands with parsers of their own (keeper.soak): listed here for --help only.

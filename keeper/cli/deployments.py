@@ -21,6 +21,7 @@ import anyio
 from pydantic import BaseModel
 
 from keeper.client.deployments import Answer, ApiError, DeploymentsClient, FailureKind, master_http
+from keeper.client.token_options import add_token_options
 from keeper.model.api_models import (
     DEFAULT_HISTORY_HOURS,
     CommandResponse,
@@ -34,7 +35,6 @@ from keeper.runtime.arguments import positive_int
 
 DEFAULT_URL = "http://127.0.0.1:52415"
 URL_ENV = "EXO_DEPLOY_URL"
-TOKEN_ENV = "EXO_DEPLOY_TOKEN"  # the same variable the master reads
 # A deployments call is one small request to a master on the LAN; longer means it is not there.
 CLIENT_TIMEOUT_S = 10.0
 
@@ -210,10 +210,9 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def token_option(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--token``, from $EXO_DEPLOY_TOKEN unless given: the one variable every command reads."""
-    parser.add_argument(
-        "--token", default=os.environ.get(TOKEN_ENV) or None, help=f"{what} (default: ${TOKEN_ENV})"
-    )
+    """``--token-file`` or ``--token``, from $EXO_DEPLOY_TOKEN unless given: the one variable
+    every command reads (``keeper.client.token_options``)."""
+    add_token_options(parser, what)
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:

@@ -43,7 +43,7 @@ def check_bind(host: str, token: str | None) -> None:
     if not is_loopback(host):
         raise InsecureBindError(
             f"Refusing to listen on {host} without a token: anyone who can reach it could change "
-            f"the cluster. Pass --token TOKEN or set {TOKEN_ENV}, or bind 127.0.0.1."
+            f"the cluster. Pass --token-file PATH or set {TOKEN_ENV}, or bind 127.0.0.1."
         )
 
 
@@ -76,7 +76,7 @@ class BearerTokenMiddleware:
             body = json.dumps(
                 error_body(
                     "Missing or wrong bearer token: changes here need "
-                    "'Authorization: Bearer <token>' (the --token this service was started with)",
+                    "'Authorization: Bearer <token>' (the token this service was started with)",
                     401,
                     "Unauthorized",
                 )

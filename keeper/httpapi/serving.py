@@ -10,6 +10,9 @@ close connections, with ``GRACEFUL_SHUTDOWN_S`` to do it), then the service is c
 writes its snapshot. Signals are the process entry's (``keeper.runtime.entry``): uvicorn's own
 handlers are disabled, because they would re-raise a signal after shutdown and kill the process
 mid-cleanup.
+
+Every connection has a deadline for its request head and one for a client that stops reading
+(``keeper.httpapi.connection_deadlines``): uvicorn sets neither.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ from anyio.abc import TaskStatus
 from fastapi import FastAPI
 
 from keeper.httpapi.auth import check_bind
+from keeper.httpapi.connection_deadlines import (
+    DEFAULT_DEADLINES,
+    ConnectionDeadlines,
+    protocol_with,
+)
 
 # Loopback unless told otherwise (docs/design.md §6.7): anything wider needs a token
 # (keeper.httpapi.auth).
@@ -87,13 +95,14 @@ async def serve_service(
     *,
     announce: Callable[[int], None],
     before_stop: Callable[[], None] | None = None,
+    deadlines: ConnectionDeadlines = DEFAULT_DEADLINES,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``service`` and ``app`` on ``host:port`` until cancelled.
 
     ``announce`` gets the bound port once the server listens (the caller logs it as its own);
     ``before_stop`` runs as shutdown begins (the master ends its dashboard streams there, so
-    they do not hold uvicorn's graceful shutdown up)."""
+    they do not hold uvicorn's graceful shutdown up); ``deadlines`` are every connection's."""
     check_bind(host, token)
     sock = bind_socket(host, port)
     bound_port: int = sock.getsockname()[1]
@@ -104,6 +113,7 @@ async def serve_service(
         access_log=False,
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
         ws_max_size=MAX_WS_FRAME_BYTES,
+        http=protocol_with(deadlines),
     )
     server = _Server(config)
     server_done = anyio.Event()

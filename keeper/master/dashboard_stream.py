@@ -14,6 +14,11 @@ from closing a quiet stream) and noticing a client that went away are sse-starle
 its ``id`` (the snapshot the index of the last event applied to it), and the snapshot carries
 ``retry``, the reconnect delay a client should start from. A reconnecting client is served a
 new snapshot, not a resumption from ``Last-Event-ID``: see docs/design.md §7.4.
+
+A master streams to at most ``MasterConfig.max_dashboard_streams`` dashboards at once; one more
+is a 503 naming the limit (``StreamLimitError``). A stream's slot is freed when its response ends,
+whatever ended it: the client leaving, the master stopping, or the client not reading, which the
+server's send deadline (``keeper.httpapi.connection_deadlines``) turns into a disconnect.
 """
 
 from __future__ import annotations
@@ -23,10 +28,16 @@ from collections.abc import AsyncIterator
 
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from keeper.master.service import Master
-from keeper.master.subscriptions import Subscription, SubscriptionLaggedError
+from keeper.master.subscriptions import (
+    Subscription,
+    SubscriptionLaggedError,
+    TooManySubscriptionsError,
+)
 from keeper.model.api_models import DeploymentsResponse, StreamSnapshot, error_body
+from keeper.model.refusals import RefusalError
 
 # Often enough for the TUI's countdowns to stay right, rarely enough to cost nothing.
 DEPLOYMENTS_CHECK_S = 1.0
@@ -37,6 +48,33 @@ KEEPALIVE_S = 15.0
 RECONNECT_MS = 500
 # Lines end in "\n" alone, as they always have on this stream (sse-starlette's default is CRLF).
 LINE_END = "\n"
+
+
+class StreamLimitError(RefusalError):
+    """The master streams to as many dashboards as it may; a 503, as the client may retry."""
+
+    status_code = 503
+
+
+class _DashboardResponse(EventSourceResponse):
+    """The stream, with its subscription closed (its slot freed) as the response ends."""
+
+    def __init__(self, master: Master, subscription: Subscription) -> None:
+        # sse-starlette types its content with a bare dict: partially unknown to pyright.
+        super().__init__(  # pyright: ignore[reportUnknownMemberType]
+            dashboard_events(master, subscription),
+            ping=KEEPALIVE_S,
+            sep=LINE_END,
+            ping_message_factory=lambda: ServerSentEvent(comment="keepalive", sep=LINE_END),
+            headers={"Cache-Control": "no-cache"},
+        )
+        self._subscription = subscription
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._subscription.close()
 
 
 def _comparable(view: DeploymentsResponse) -> str:
@@ -54,14 +92,16 @@ def _message(
 
 
 def dashboard_response(master: Master) -> EventSourceResponse:
-    """The stream for one dashboard, from the State current at this moment."""
-    return EventSourceResponse(
-        dashboard_events(master, master.subscribe()),
-        ping=KEEPALIVE_S,
-        sep=LINE_END,
-        ping_message_factory=lambda: ServerSentEvent(comment="keepalive", sep=LINE_END),
-        headers={"Cache-Control": "no-cache"},
-    )
+    """The stream for one dashboard, from the State current at this moment; StreamLimitError
+    when the master streams to as many as it may already."""
+    try:
+        subscription = master.subscribe()
+    except TooManySubscriptionsError as exc:
+        raise StreamLimitError(
+            f"This master already streams to {exc.limit} dashboards, as many as it serves at "
+            "once (GET /events); try again when one has closed"
+        ) from None
+    return _DashboardResponse(master, subscription)
 
 
 async def dashboard_events(

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from keeper.httpapi.serving import DEFAULT_HOST, serve_service, shown_host
 from keeper.master.api import create_app
 from keeper.master.service import Master, MasterConfig
+from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ def run_master(
     *,
     node_timeout_s: float | None = None,
     sweep_interval_s: float | None = None,
+    max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     app: MasterApp = OUR_API,
 ) -> int:
     """``exo-deploy master``: serve until SIGINT/SIGTERM. Returns the process exit code.
@@ -99,6 +101,7 @@ def run_master(
             model_cards=load_catalog(model_cards_dir),
             log_io_in_thread=True,
             keeper_enabled=app.keeper_enabled,
+            max_deployments=max_deployments,
         )
         if node_timeout_s is not None:
             config = replace(config, node_timeout_s=node_timeout_s)

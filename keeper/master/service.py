@@ -67,7 +67,7 @@ from keeper.master.chat_routing import ChatRouting
 from keeper.master.membership import Membership
 from keeper.master.router import Router
 from keeper.master.stepping import KeeperLoop
-from keeper.master.subscriptions import Fanout, Subscription
+from keeper.master.subscriptions import MAX_DASHBOARD_STREAMS, Fanout, Subscription
 from keeper.model.api_models import CommandResponse, DeploymentHistoryResponse, DeploymentsResponse
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
@@ -98,6 +98,7 @@ from keeper.model.state import (
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import Clock
 from keeper.runtime.deployments import (
+    DEFAULT_MAX_DEPLOYMENTS,
     created_response,
     deleted_response,
     deployment_views,
@@ -157,6 +158,8 @@ class MasterConfig:
     # too slow; it reconnects and gets a fresh snapshot. A burst of a few thousand events (a
     # restart's worth of reports) must fit.
     subscriber_buffer: int = 10_000
+    # Dashboard streams open at once (keeper.master.subscriptions); one more is refused.
+    max_dashboard_streams: int = MAX_DASHBOARD_STREAMS
     # Emits waiting for the router before producers block (backpressure, not loss).
     router_queue: int = 10_000
     model_cards: tuple[ModelCard, ...] = BUILTIN_MODEL_CARDS
@@ -165,6 +168,8 @@ class MasterConfig:
     # under a virtual clock the loop would see every task idle during the real disk wait and
     # jump time ahead, so virtual-time runs keep log I/O in the loop; ``run_master`` turns it on.
     log_io_in_thread: bool = False
+    # Deployments kept at most (``--max-deployments``; keeper.runtime.deployments).
+    max_deployments: int = DEFAULT_MAX_DEPLOYMENTS
     # Off for ``master --exo-compat``, a stand-in for a stock exo master, which has no keeper
     # (deployments are then kept by ``exo-deploy bridge``, beside it).
     keeper_enabled: bool = True
@@ -301,8 +306,14 @@ class Master:
         )
 
     def subscribe(self) -> Subscription:
-        """The current State and every event after it, for a dashboard stream."""
-        return self._fanout.subscribe(self.state, self.config.subscriber_buffer, open_=self.running)
+        """The current State and every event after it, for a dashboard stream;
+        TooManySubscriptionsError past ``max_dashboard_streams``."""
+        return self._fanout.subscribe(
+            self.state,
+            self.config.subscriber_buffer,
+            open_=self.running,
+            limit=self.config.max_dashboard_streams,
+        )
 
     def end_streams(self) -> None:
         """End every dashboard subscription (a server shutting down); node sessions stay."""
@@ -338,6 +349,7 @@ class Master:
                 min_nodes,
                 replicas=replicas,
                 standby=standby,
+                max_deployments=self.config.max_deployments,
                 new_id=self.new_id,
             )
             await self._emit_and_wait([DeploymentCreated(deployment=deployment)])

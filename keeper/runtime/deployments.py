@@ -6,6 +6,10 @@ where a deployment's events go (the master's router, the bridge's own log). What
 ask, when it conflicts, what a new deployment holds, what the answer says and how a deployment
 is shown with the keeper's timers are the same, so a client cannot tell them apart. Refusals
 raise a ``keeper.model.refusals`` type with a message for the operator (the API's 4xx).
+
+How many deployments a service keeps is bounded too (``DEFAULT_MAX_DEPLOYMENTS``, or its
+``--max-deployments``): every one is in every ``GET /deployments`` answer, every dashboard's
+snapshot and every keeper step, so their number is the operator's to choose, not any client's.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from keeper.model.events import AnyEvent, DeploymentStandbyChanged
 from keeper.model.history import summarize
 from keeper.model.ids import IdFactory, new_id
 from keeper.model.readiness import deployment_status, ready_replicas
-from keeper.model.refusals import BadRequestError, ConflictError, NotFoundError
+from keeper.model.refusals import BadRequestError, ConflictError, NotFoundError, RefusalError
 from keeper.model.state import (
     Deployment,
     DownloadCompleted,
@@ -46,6 +50,19 @@ from keeper.runtime.hosted_keeper import KeeperLike, ReportsStaging
 # Errors quote what the client sent, cut to this many characters: a megabyte-long id need not
 # come back in full.
 SHOWN_MAX_CHARS = 120
+# The deployments a master or a bridge keeps at most unless started with --max-deployments. Each
+# is a model kept running, with memory of its own: a cluster holds a few dozen at the most, so a
+# thousand is room for any cluster and for scripts, while GET /deployments stays about half a
+# megabyte (about half a kilobyte each) and the keeper's step, which looks at each every second,
+# stays cheap.
+DEFAULT_MAX_DEPLOYMENTS = 1000
+
+
+class DeploymentLimitError(RefusalError):
+    """The service keeps as many deployments as it is allowed to; the request itself was fine,
+    hence 422 rather than 400."""
+
+    status_code = 422
 
 
 def shown(value: str) -> str:
@@ -84,10 +101,11 @@ def new_deployment(
     *,
     replicas: int = 1,
     standby: int = 1,
+    max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     new_id: IdFactory = new_id,
 ) -> Deployment:
-    """A new deployment of ``card`` as the request asks, if the request can work and none of
-    ``deployments`` already keeps that model.
+    """A new deployment of ``card`` as the request asks, if the request can work, none of
+    ``deployments`` already keeps that model and there are fewer than ``max_deployments``.
 
     Call it under the lock the deployment's event is recorded under, so two requests cannot
     both pass the check."""
@@ -103,6 +121,7 @@ def new_deployment(
                 "delete it first to change its settings",
                 param="model_id",
             )
+    check_room(deployments, max_deployments)
     return Deployment(
         deployment_id=new_id(),
         model_card=card,
@@ -112,6 +131,16 @@ def new_deployment(
         replicas=replicas,
         standby=standby,
     )
+
+
+def check_room(deployments: Mapping[str, Deployment], max_deployments: int) -> None:
+    """DeploymentLimitError unless one more deployment fits under ``max_deployments``."""
+    if len(deployments) >= max_deployments:
+        raise DeploymentLimitError(
+            f"This service keeps at most {max_deployments} deployments and has "
+            f"{len(deployments)}: delete one first, or raise the limit by restarting it with "
+            "--max-deployments N"
+        )
 
 
 def history_response(
