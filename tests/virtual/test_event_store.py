@@ -295,6 +295,103 @@ async def test_a_full_disk_refuses_changes_keeps_reads_and_recovers_by_itself(
     assert reopen(tmp_path) == live
 
 
+class NearlyFullDisk(FileOps):
+    """A disk on which the log may grow to ``capacity`` bytes (None: no limit). A write past it
+    writes what fits and returns the count, as a real nearly full disk does, and the next one
+    fails with ENOSPC; a cut-off frees the room again. Other files (the probe) always fit: the
+    case of a disk with a little room left that a whole backlog does not fit in."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.capacity: int | None = None
+
+    def size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def write(self, fd: int, data: memoryview) -> int:
+        if self.capacity is None or os.fstat(fd).st_ino != self.log_path.stat().st_ino:
+            return super().write(fd, data)
+        room = self.capacity - os.fstat(fd).st_size
+        if room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(fd, data[:room])
+
+
+def counting_keeper(started_at: float, place: Any, *, startup_grace: float) -> CountingKeeper:
+    return CountingKeeper(started_at, place)
+
+
+def timed_reports(count: int) -> list[NodeGatheredInfo]:
+    """Node reports each with its own time, so their order on disk can be checked."""
+    return [
+        NodeGatheredInfo(
+            node_id=f"n0-{i % 3}",
+            when=f"2026-01-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}.000Z",
+        )
+        for i in range(count)
+    ]
+
+
+def report_times(data_dir: Path) -> list[str]:
+    times: list[str] = []
+    for indexed in iter_events(data_dir):
+        if isinstance(indexed.event, NodeGatheredInfo):
+            times.append(indexed.event.when)
+    return times
+
+
+@pytest.mark.anyio
+async def test_a_backlog_larger_than_the_room_left_is_written_a_batch_at_a_time(
+    tmp_path: Path,
+) -> None:
+    disk = NearlyFullDisk(tmp_path / LOG_FILE)
+    master = Master(
+        tmp_path,
+        config=MasterConfig(startup_grace_s=0, node_timeout_s=10**6, compact_log=False),
+        keeper_factory=counting_keeper,
+        file_ops=disk,
+    )
+    reports = timed_reports(3_000)
+    backlog = sum(
+        len(IndexedEvent(idx=10**4, event=event).model_dump_json()) + 1 for event in reports
+    )
+    live, deployments = State(), list[str | None]()
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        first = await master.create_deployment(QWEN.model_id)
+        disk.capacity = disk.size()  # the disk is full
+        await master.emit(reports)
+        await wait_for(lambda: master.events_held_unwritable == len(reports))
+        with pytest.raises(LogNotWritableError):
+            await master.create_deployment(LLAMA.model_id)
+        # Room for a third of the backlog: the held reports go out a batch at a time, each one
+        # durable, until what is left no longer fits.
+        disk.capacity += backlog // 3
+        await wait_for(lambda: master.events_held_unwritable < len(reports))
+        await wait_for(lambda: disk.capacity is not None and disk.capacity - disk.size() < 400)
+        written = report_times(tmp_path)
+        assert len(reports) // 4 < len(written) < len(reports) // 2
+        assert master.events_held_unwritable == len(reports) - len(written)
+        assert written == [event.when for event in reports[: len(written)]]  # in order, a prefix
+        with pytest.raises(LogNotWritableError):  # the rest, ahead of it, still does not fit
+            await master.create_deployment(LLAMA.model_id)
+        # Room for the rest: the next command is admitted once the backlog ahead of it is in.
+        disk.capacity = None
+        second = await master.create_deployment(LLAMA.model_id)
+        assert master.events_held_unwritable == 0
+        assert master.events_dropped_unwritable == 0
+        deployments = [first.deployment_id, second.deployment_id]
+        live = master.state
+        group.cancel_scope.cancel()
+    assert reopen(tmp_path) == live
+    assert sorted(live.deployments) == sorted(d for d in deployments if d)
+    assert report_times(tmp_path) == [event.when for event in reports]
+    kinds = [type(indexed.event).__name__ for indexed in iter_events(tmp_path)]
+    created = [at for at, kind in enumerate(kinds) if kind == "DeploymentCreated"]
+    reported = [at for at, kind in enumerate(kinds) if kind == "NodeGatheredInfo"]
+    assert created[0] < reported[0] and reported[-1] < created[1]  # the log's order is emit's
+
+
 # --- the real thing: a tiny filesystem ----------------------------------------------------------
 
 
