@@ -101,7 +101,8 @@ def test_compaction_keeps_history_and_the_state(tmp_path: Path) -> None:
     store.close()  # a clean stop snapshots and compacts too
     assert reopen(tmp_path) == live
     kinds = [type(indexed.event).__name__ for indexed in iter_events(tmp_path)]
-    assert kinds == history_of(before) + history_of(after)
+    # Every event after the previous snapshot stays, so that it too rebuilds the State.
+    assert kinds == history_of(before) + [type(event).__name__ for event in after]
 
 
 def test_history_older_than_the_keep_period_is_dropped_by_a_later_compaction(
@@ -117,12 +118,13 @@ def test_history_older_than_the_keep_period_is_dropped_by_a_later_compaction(
     second_day = story(rounds=2)[len(first_day) :]
     store.commit_now(second_day)
     store.snapshot_now_if_due()  # within the keep period: everything kept
-    assert len(list(store.iter_events())) == len(history_of(first_day + second_day))
+    # The first day's history, and the whole second day: it follows the previous snapshot.
+    assert len(list(store.iter_events())) == len(history_of(first_day)) + len(second_day)
     now[0] = 120.0
     store.commit_now(churn(5))
     store.snapshot_now_if_due()  # the first mark is older than 100 s: its history goes
     kept = [indexed.idx for indexed in store.iter_events()]
-    assert len(kept) == len(history_of(second_day))
+    assert len(kept) == len(history_of(second_day)) + 5
     assert min(kept) >= len(first_day)
     live = store.state
     store.close()
@@ -131,10 +133,15 @@ def test_history_older_than_the_keep_period_is_dropped_by_a_later_compaction(
 
 @pytest.mark.parametrize("step", STEPS)
 def test_a_crash_at_any_step_of_compaction_loses_nothing(tmp_path: Path, step: str) -> None:
-    events = story(rounds=2) + churn(200)
+    earlier = story(rounds=1) + churn(100)
+    events = earlier + story(rounds=2)[len(story(rounds=1)) :] + churn(200)
     store = EventStore(tmp_path, snapshot_every=10**9)
     store.open()
-    store.commit_now(events)
+    store.commit_now(earlier)
+    store.snapshot_every = 1
+    store.snapshot_now_if_due()  # a first compaction: the crash is in the second
+    store.snapshot_every = 10**9
+    store.commit_now(events[len(earlier) :])
     live = store.state
 
     def crash(at: str) -> None:
@@ -145,7 +152,13 @@ def test_a_crash_at_any_step_of_compaction_loses_nothing(tmp_path: Path, step: s
     store.snapshot_every = 1
     with pytest.raises(_Crash):
         store.snapshot_now_if_due()
-    # The process is gone: no close. A new one starts from what is on disk.
+    # The process is gone: no close. A new one starts from what is on disk, and so it would
+    # from the previous snapshot alone.
+    alone = tmp_path / "previous-alone"
+    alone.mkdir()
+    for name in (LOG_FILE, "snapshot.prev.json"):
+        (alone / name).write_bytes((tmp_path / name).read_bytes())
+    assert reopen(alone) == live
     restarted = EventStore(tmp_path, snapshot_every=10**9)
     assert restarted.open().state == live
     assert history_of([i.event for i in restarted.iter_events()]) == history_of(events)
@@ -158,13 +171,14 @@ def test_a_crash_at_any_step_of_compaction_loses_nothing(tmp_path: Path, step: s
     assert not (tmp_path / "events.jsonl.compacting").exists()
 
 
-def test_a_compacted_log_without_its_snapshot_refuses_to_start(tmp_path: Path) -> None:
+def test_a_compacted_log_without_its_snapshots_refuses_to_start(tmp_path: Path) -> None:
     store = EventStore(tmp_path, snapshot_every=1)
     store.open()
     store.commit_now(story(rounds=1))
     store.snapshot_now_if_due()
     store.close()
     (tmp_path / "snapshot.json").unlink()
+    (tmp_path / "snapshot.prev.json").unlink()
     with pytest.raises(EventLogCorruptError, match="gap"):
         EventLog(tmp_path).open()
 
@@ -512,6 +526,7 @@ def test_log_repair_keeps_a_backup_cuts_at_the_last_good_record_and_counts(
 def test_log_repair_without_a_snapshot_starts_from_the_good_records(tmp_path: Path) -> None:
     damaged(tmp_path)
     (tmp_path / "snapshot.json").unlink()
+    (tmp_path / "snapshot.prev.json").unlink()
     report = log_repair.repair(tmp_path)
     assert report.ok, report.lines
     assert reopen(tmp_path).last_event_applied_idx == 3
