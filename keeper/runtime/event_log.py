@@ -371,8 +371,11 @@ def _no_step(_step: str) -> None:
 def _refusal(data_dir: Path, found: Scan, corrupt: EventLogCorruptError) -> EventLogCorruptError:
     """The start's error: the damage, the snapshots passed over, and what a repair would drop
     (the figures ``exo-deploy log repair`` then reports, from ``log_choices``)."""
-    best = assess(data_dir).best
     message = str(corrupt)
+    try:
+        best = assess(data_dir).best
+    except OSError:
+        return corrupt  # what there is to read cannot be read: the damage alone, then
     if found.passed_over:
         message += "; not used: " + "; ".join(found.passed_over)
     message += (

@@ -131,12 +131,15 @@ def _plan(found: Assessment) -> _Plan:
     data_dir = found.data_dir
     corrupt = best.scan.corrupt
     snapshots_kept = any((data_dir / name).exists() for name in SNAPSHOTS)
-    usable = {choice.source for choice in found.choices}
+    previous = next((c for c in found.choices if c.source == PREVIOUS_SNAPSHOT_FILE), None)
+    # The previous snapshot must stay a whole second way to start: one that is damaged, or
+    # that would lose what the way taken keeps (damage only it reads), is replaced.
+    stale = previous is None or previous.lost_events > best.lost_events
     return _Plan(
         best,
         corrupt.offset if corrupt is not None else None,
         best.source != SNAPSHOT_FILE and snapshots_kept,
-        (data_dir / PREVIOUS_SNAPSHOT_FILE).exists() and PREVIOUS_SNAPSHOT_FILE not in usable,
+        (data_dir / PREVIOUS_SNAPSHOT_FILE).exists() and stale,
     )
 
 

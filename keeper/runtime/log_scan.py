@@ -153,22 +153,21 @@ def read_snapshot(data_dir: Path) -> tuple[int, int, State] | None:
     return (found.last_idx, found.offset, found.state) if isinstance(found, Snapshot) else None
 
 
-def candidates(data_dir: Path) -> list[Candidate]:
-    """Both snapshot files, newest first, as read. A missing one is trouble only beside the
-    other: the newest is never removed once written, and the previous one exists from the
-    second snapshot on."""
-    read = {file: read_snapshot_file(data_dir, file) for file in SNAPSHOTS}
-    found: list[Candidate] = []
-    for file, snapshot in read.items():
+def candidates(data_dir: Path) -> Iterator[Candidate]:
+    """Both snapshot files, newest first, each read only when asked for (a start that takes
+    the newest never parses the other). A missing one is trouble only beside the other: the
+    newest is never removed once written; the previous one is written with the first snapshot,
+    but a dir from before there were two lacks it."""
+    for file in SNAPSHOTS:
+        snapshot = read_snapshot_file(data_dir, file)
         if isinstance(snapshot, Snapshot):
-            found.append(Candidate(file, snapshot, None))
+            yield Candidate(file, snapshot, None)
         elif isinstance(snapshot, str):
-            found.append(Candidate(file, None, snapshot))
-        elif file == SNAPSHOT_FILE and read[PREVIOUS_SNAPSHOT_FILE] is not None:
-            found.append(Candidate(file, None, f"missing (but {PREVIOUS_SNAPSHOT_FILE} is there)"))
+            yield Candidate(file, None, snapshot)
+        elif file == SNAPSHOT_FILE and (data_dir / PREVIOUS_SNAPSHOT_FILE).exists():
+            yield Candidate(file, None, f"missing (but {PREVIOUS_SNAPSHOT_FILE} is there)")
         else:
-            found.append(Candidate(file, None, None))
-    return found
+            yield Candidate(file, None, None)
 
 
 def scan_from(data_dir: Path, snapshot: Snapshot | None) -> Scan | str:

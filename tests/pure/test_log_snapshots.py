@@ -204,6 +204,31 @@ def test_the_previous_snapshot_is_found_in_the_log_whatever_its_offset_says(
     assert reopen(tmp_path) == live
 
 
+def test_damage_only_the_previous_snapshot_reads_is_reported_and_the_previous_one_renewed(
+    tmp_path: Path,
+) -> None:
+    live = compacted_master_dir(tmp_path)
+    path = tmp_path / LOG_FILE
+    lines = path.read_bytes().splitlines(keepends=True)
+    newest = log_repair.check(tmp_path)  # healthy: learn where each snapshot ends
+    assert newest.ok, newest.lines
+    # A line between the two snapshots: the newest covers it, only the previous one replays it.
+    at = next(n for n, line in enumerate(lines) if b'"idx":120,' in line)
+    lines[at] = b"x" * (len(lines[at]) - 1) + b"\n"
+    path.write_bytes(b"".join(lines))
+    assert reopen(tmp_path) == live  # a start from the newest does not read it
+    report = log_repair.check(tmp_path)
+    assert not report.ok
+    assert any(line.startswith(f"damaged: {path}: the line at byte") for line in report.lines)
+    repaired = log_repair.repair(tmp_path)
+    assert repaired.ok, repaired.lines
+    assert "this drops nothing" in " ".join(repaired.lines)
+    assert (tmp_path / PREVIOUS_SNAPSHOT_FILE).read_bytes() == (
+        tmp_path / SNAPSHOT_FILE
+    ).read_bytes()
+    assert reopen(tmp_path) == live
+
+
 def stated_loss(text: str) -> tuple[int, int, int, str]:
     found = re.search(
         r"drops (\d+) events \(indices (\d+)\.\.(\d+)\), losing deployments ([\w, -]+)", text
