@@ -101,15 +101,13 @@ def bench_soak_size() -> list[Row]:
         return count
 
     def measured_compact(self: EventLog, state: State, keep_from: int = 0) -> tuple[int, int]:
-        # The dir is at its largest just before a compaction (plus the temp file it writes).
+        # The dir is at its largest just before compaction swaps the log in: the old log and the
+        # temp copy (the compacted log's size) side by side.
         assert self.data_dir is not None
-        history = sum(
-            len(line)
-            for line in (self.data_dir / LOG_FILE).read_bytes().splitlines(keepends=True)
-            if is_history_line(line)
-        )
-        peak[0] = max(peak[0], sum(_dir_bytes(self.data_dir).values()) + history)
-        return real_compact(self, state, keep_from)
+        before = sum(_dir_bytes(self.data_dir).values())
+        sizes = real_compact(self, state, keep_from)
+        peak[0] = max(peak[0], before + sizes[1])
+        return sizes
 
     with (
         tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp,
@@ -137,9 +135,12 @@ def bench_soak_size() -> list[Row]:
     total = sum(sizes.values())
     line_bytes = written[0] / max(1, events)
     per_day = 24 / SOAK_HOURS
-    # At its largest, a day's dir holds: the day's history, a full snapshot interval of other
-    # events, the snapshot, and compaction's temp copy of the history.
-    projected = sizes.get(SNAPSHOT_FILE, 0) + 2 * history * per_day + SNAPSHOT_EVERY * line_bytes
+    # At its largest, a day's dir holds: the day's history, two snapshot intervals of other
+    # events (the log keeps every event after the previous snapshot), the two snapshots, and
+    # compaction's temp copy of the history and of the interval it keeps.
+    projected = (
+        2 * sizes.get(SNAPSHOT_FILE, 0) + 2 * history * per_day + 3 * SNAPSHOT_EVERY * line_bytes
+    )
     return [
         (
             f"soak-sim {SOAK_HOURS:g} h ({wall:.0f} s wall), {events:,} events: data dir",

@@ -83,17 +83,19 @@ def cmd_master(args: argparse.Namespace) -> int:
 def cmd_log(args: argparse.Namespace) -> int:
     from keeper.runtime import log_repair  # noqa: PLC0415 (only this command needs it)
 
+    if args.action == "check":
+        report = log_repair.check(args.data_dir)
+        for line in report.lines:
+            print(line, file=sys.stdout if report.ok else sys.stderr)
+        return report.exit_code
     try:
-        report = (
-            log_repair.check(args.data_dir)
-            if args.action == "check"
-            else log_repair.repair(args.data_dir)
-        )
+        # Each line as it comes: what the repair will drop is out before it changes a file.
+        report = log_repair.repair(args.data_dir, say=lambda line: print(line, flush=True))
     except DataDirInUseError as exc:
         print(f"exo-deploy log repair: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    for line in report.lines:
-        print(line, file=sys.stdout if report.ok else sys.stderr)
+    if not report.ok:
+        print(f"exo-deploy log repair: {args.data_dir} is not repaired", file=sys.stderr)
     return report.exit_code
 
 
@@ -289,8 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     log_.add_argument(
         "action",
         choices=("check", "repair"),
-        help="check: read it as a start would (exit 0 ok, 1 damaged); repair: back the log up "
-        "and cut it at the last good record",
+        help="check: read it every way a start could and say what each way drops (exit 0 ok, "
+        "1 damaged); repair: say what it will drop, back up, then cut the log at the last good "
+        "record and rebuild a damaged snapshot, the way that drops least",
     )
     log_.add_argument("data_dir", type=Path, metavar="DIR", help="the --data-dir to look at")
     log_.set_defaults(handler=cmd_log)

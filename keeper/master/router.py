@@ -9,7 +9,12 @@ the router, as in exo, and every subscriber sees the same events in the same ord
 When the log cannot be written (disk full, read-only), a batch is neither applied nor published:
 commands waiting on it (``emit_and_wait``) get the 503 naming the cause and do not happen;
 events nobody waits for (node reports, the sweep's deletions) are held in order and logged first
-once the log takes writes (``flush_held``), up to ``MAX_HELD_EVENTS``.
+once the log takes writes (``flush_held``), up to ``MAX_HELD_EVENTS``. What is held goes out in
+bounded batches (``HELD_BATCH_EVENTS``, halved after each refusal down to one event), ahead of
+anything newer: so a disk with little room left still takes the backlog a batch at a time, each
+batch durable and applied once written, and a command is admitted as soon as the backlog ahead
+of it is written, rather than one write of the whole backlog failing for as long as the disk
+cannot hold all of it at once.
 
 It stands apart from the master's service because it owns the queue, the waiters and the held
 events and needs nothing else of the master than the store and ``publish``.
@@ -38,6 +43,12 @@ ROUTER_MAX_BATCH_EVENTS = 2_048
 # Node reports and sweep deletions held while the log cannot be written: minutes of reports
 # from a large cluster; past it the oldest go (memory reports repeat, and each is counted).
 MAX_HELD_EVENTS = 10_000
+# The most held events written at once. A node report is about 0.4 KiB a line, so this is about
+# 100 KiB: a write a nearly full disk can still take, where 10,000 held reports (4.4 MB) in one
+# write would fail until the disk had room for all of them. After a refused write the next one
+# takes half as many (down to one event, so any room for a line is used), and each success
+# doubles it again.
+HELD_BATCH_EVENTS = 256
 
 
 @dataclass
@@ -64,7 +75,10 @@ class Router:
         self._waiters: dict[int, Emit] = {}
         self.dropped_while_unwritable = 0
         self._held: list[AnyEvent] = []  # node reports the log refused, to log when it can
-        self._held_applied: list[anyio.Event] = []  # set once what was held is applied
+        # Keeper steps among the held events: (how many held events up to the step's end, set
+        # once those are applied).
+        self._held_applied: list[tuple[int, anyio.Event]] = []
+        self._held_batch = HELD_BATCH_EVENTS  # events of the next write of held events
 
     @property
     def running(self) -> bool:
@@ -90,7 +104,7 @@ class Router:
             item.failed = True
             if item.done is not None:
                 item.done.set()
-        for applied in self._held_applied:
+        for _, applied in self._held_applied:
             applied.set()
 
     async def emit(self, events: Sequence[AnyEvent]) -> None:
@@ -144,25 +158,48 @@ class Router:
                     except anyio.WouldBlock:
                         break
                     size += len(batch[-1].events)
-                events = [*self._held, *(e for item in batch for e in item.events)]
                 try:
+                    await self._write_held()
                     # The fsync runs in a worker thread (``log_io_in_thread``) so the event
                     # loop keeps serving meanwhile; what arrives during it forms the next batch.
-                    indexed = await self._store.commit(events)
+                    indexed = await self._store.commit([e for item in batch for e in item.events])
                 except LogNotWritableError as exc:
                     self._refuse(batch, exc)
                     continue
-                self._held = []
-                self._publish(indexed)
+                if indexed:
+                    self._publish(indexed)
                 for item in batch:
                     if item.done is not None:
                         item.done.set()
                     if item.applied is not None:
                         item.applied.set()
-                for applied in self._held_applied:
-                    applied.set()
-                self._held_applied = []
                 await self._store.snapshot_if_due()
+
+    async def _write_held(self) -> None:
+        """Log what was held, oldest first, in bounded batches; each one written is applied,
+        published and no longer held. Raises ``LogNotWritableError`` at the first refused one
+        (with what is still held unchanged)."""
+        while self._held:
+            chunk = self._held[: self._held_batch]
+            try:
+                indexed = await self._store.commit(chunk)
+            except LogNotWritableError:
+                self._held_batch = max(1, self._held_batch // 2)
+                raise
+            self._held_batch = min(HELD_BATCH_EVENTS, self._held_batch * 2)
+            del self._held[: len(chunk)]
+            self._publish(indexed)
+            self._release_held(len(chunk))
+
+    def _release_held(self, written: int) -> None:
+        # Steps whose events are now all written (or were dropped as overflow) are applied.
+        waiting: list[tuple[int, anyio.Event]] = []
+        for end, applied in self._held_applied:
+            if end <= written:
+                applied.set()
+            else:
+                waiting.append((end - written, applied))
+        self._held_applied = waiting
 
     def _refuse(self, batch: list[Emit], exc: LogNotWritableError) -> None:
         # Nothing of the batch was applied. A command learns why and did not happen; events
@@ -172,7 +209,7 @@ class Router:
             if item.done is None:
                 self._held.extend(item.events)
                 if item.applied is not None:
-                    self._held_applied.append(item.applied)
+                    self._held_applied.append((len(self._held), item.applied))
             else:
                 item.refused = exc
                 item.done.set()
@@ -180,3 +217,7 @@ class Router:
         if overflow > 0:
             self.dropped_while_unwritable += overflow
             del self._held[:overflow]
+            # A step whose events were all dropped is released at the next write that succeeds.
+            self._held_applied = [
+                (max(1, end - overflow), applied) for end, applied in self._held_applied
+            ]

@@ -41,7 +41,13 @@ from keeper.model.state import (
 )
 from keeper.runtime import event_log as event_log_module
 from keeper.runtime.dir_lock import LOCK_FILE
-from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog, EventLogCorruptError
+from keeper.runtime.event_log import (
+    LOG_FILE,
+    PREVIOUS_SNAPSHOT_FILE,
+    SNAPSHOT_FILE,
+    EventLog,
+    EventLogCorruptError,
+)
 
 CATALOG = catalog_by_id()
 QWEN = CATALOG["mlx-community/Qwen3-0.6B-4bit"]
@@ -145,10 +151,16 @@ def test_snapshot_plus_tail_equals_full_replay(tmp_path: Path) -> None:
     assert from_snapshot.snapshot_idx is not None
     assert from_snapshot.events_replayed < 10 + 3  # only the tail
     (tmp_path / SNAPSHOT_FILE).unlink()
+    log = EventLog(tmp_path)
+    from_previous = log.open()  # the snapshot before it, and a longer tail
+    log.close()
+    assert from_previous.snapshot_file == PREVIOUS_SNAPSHOT_FILE
+    assert from_previous.events_replayed > from_snapshot.events_replayed
+    (tmp_path / PREVIOUS_SNAPSHOT_FILE).unlink()
     full = EventLog(tmp_path).open()
     assert full.snapshot_idx is None
     assert full.events_replayed == len(events)
-    assert from_snapshot.state == full.state == live
+    assert from_snapshot.state == from_previous.state == full.state == live
 
 
 def test_torn_last_line_is_truncated_with_a_warning(
@@ -202,11 +214,19 @@ def test_a_gap_in_the_indices_is_refused(tmp_path: Path) -> None:
         EventLog(tmp_path).open()
 
 
-def test_an_unreadable_snapshot_falls_back_to_full_replay(tmp_path: Path) -> None:
+def test_unreadable_snapshots_fall_back_to_the_previous_one_then_to_full_replay(
+    tmp_path: Path,
+) -> None:
     events = story(rounds=2)
     live = write_log(tmp_path, events, snapshot_every=8)
     (tmp_path / SNAPSHOT_FILE).write_text("{not json")
-    recovery = EventLog(tmp_path).open()
+    log = EventLog(tmp_path)
+    recovery = log.open()
+    log.close()
+    assert recovery.snapshot_file == PREVIOUS_SNAPSHOT_FILE
+    assert recovery.state == live
+    (tmp_path / PREVIOUS_SNAPSHOT_FILE).write_text("{not json")
+    recovery = EventLog(tmp_path).open()  # the log was never compacted: it holds everything
     assert recovery.snapshot_idx is None
     assert recovery.state == live
 
@@ -222,7 +242,12 @@ def test_a_snapshot_that_disagrees_with_the_log_is_ignored(tmp_path: Path) -> No
 
 def test_snapshots_are_replaced_atomically(tmp_path: Path) -> None:
     write_log(tmp_path, story(rounds=2), snapshot_every=5)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LOG_FILE, LOCK_FILE, SNAPSHOT_FILE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        LOG_FILE,
+        LOCK_FILE,
+        SNAPSHOT_FILE,
+        PREVIOUS_SNAPSHOT_FILE,
+    ]
 
 
 def test_in_memory_log_keeps_nothing() -> None:

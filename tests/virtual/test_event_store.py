@@ -101,7 +101,8 @@ def test_compaction_keeps_history_and_the_state(tmp_path: Path) -> None:
     store.close()  # a clean stop snapshots and compacts too
     assert reopen(tmp_path) == live
     kinds = [type(indexed.event).__name__ for indexed in iter_events(tmp_path)]
-    assert kinds == history_of(before) + history_of(after)
+    # Every event after the previous snapshot stays, so that it too rebuilds the State.
+    assert kinds == history_of(before) + [type(event).__name__ for event in after]
 
 
 def test_history_older_than_the_keep_period_is_dropped_by_a_later_compaction(
@@ -117,12 +118,13 @@ def test_history_older_than_the_keep_period_is_dropped_by_a_later_compaction(
     second_day = story(rounds=2)[len(first_day) :]
     store.commit_now(second_day)
     store.snapshot_now_if_due()  # within the keep period: everything kept
-    assert len(list(store.iter_events())) == len(history_of(first_day + second_day))
+    # The first day's history, and the whole second day: it follows the previous snapshot.
+    assert len(list(store.iter_events())) == len(history_of(first_day)) + len(second_day)
     now[0] = 120.0
     store.commit_now(churn(5))
     store.snapshot_now_if_due()  # the first mark is older than 100 s: its history goes
     kept = [indexed.idx for indexed in store.iter_events()]
-    assert len(kept) == len(history_of(second_day))
+    assert len(kept) == len(history_of(second_day)) + 5
     assert min(kept) >= len(first_day)
     live = store.state
     store.close()
@@ -131,10 +133,15 @@ def test_history_older_than_the_keep_period_is_dropped_by_a_later_compaction(
 
 @pytest.mark.parametrize("step", STEPS)
 def test_a_crash_at_any_step_of_compaction_loses_nothing(tmp_path: Path, step: str) -> None:
-    events = story(rounds=2) + churn(200)
+    earlier = story(rounds=1) + churn(100)
+    events = earlier + story(rounds=2)[len(story(rounds=1)) :] + churn(200)
     store = EventStore(tmp_path, snapshot_every=10**9)
     store.open()
-    store.commit_now(events)
+    store.commit_now(earlier)
+    store.snapshot_every = 1
+    store.snapshot_now_if_due()  # a first compaction: the crash is in the second
+    store.snapshot_every = 10**9
+    store.commit_now(events[len(earlier) :])
     live = store.state
 
     def crash(at: str) -> None:
@@ -145,7 +152,13 @@ def test_a_crash_at_any_step_of_compaction_loses_nothing(tmp_path: Path, step: s
     store.snapshot_every = 1
     with pytest.raises(_Crash):
         store.snapshot_now_if_due()
-    # The process is gone: no close. A new one starts from what is on disk.
+    # The process is gone: no close. A new one starts from what is on disk, and so it would
+    # from the previous snapshot alone.
+    alone = tmp_path / "previous-alone"
+    alone.mkdir()
+    for name in (LOG_FILE, "snapshot.prev.json"):
+        (alone / name).write_bytes((tmp_path / name).read_bytes())
+    assert reopen(alone) == live
     restarted = EventStore(tmp_path, snapshot_every=10**9)
     assert restarted.open().state == live
     assert history_of([i.event for i in restarted.iter_events()]) == history_of(events)
@@ -158,13 +171,14 @@ def test_a_crash_at_any_step_of_compaction_loses_nothing(tmp_path: Path, step: s
     assert not (tmp_path / "events.jsonl.compacting").exists()
 
 
-def test_a_compacted_log_without_its_snapshot_refuses_to_start(tmp_path: Path) -> None:
+def test_a_compacted_log_without_its_snapshots_refuses_to_start(tmp_path: Path) -> None:
     store = EventStore(tmp_path, snapshot_every=1)
     store.open()
     store.commit_now(story(rounds=1))
     store.snapshot_now_if_due()
     store.close()
     (tmp_path / "snapshot.json").unlink()
+    (tmp_path / "snapshot.prev.json").unlink()
     with pytest.raises(EventLogCorruptError, match="gap"):
         EventLog(tmp_path).open()
 
@@ -295,6 +309,103 @@ async def test_a_full_disk_refuses_changes_keeps_reads_and_recovers_by_itself(
     assert reopen(tmp_path) == live
 
 
+class NearlyFullDisk(FileOps):
+    """A disk on which the log may grow to ``capacity`` bytes (None: no limit). A write past it
+    writes what fits and returns the count, as a real nearly full disk does, and the next one
+    fails with ENOSPC; a cut-off frees the room again. Other files (the probe) always fit: the
+    case of a disk with a little room left that a whole backlog does not fit in."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.capacity: int | None = None
+
+    def size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def write(self, fd: int, data: memoryview) -> int:
+        if self.capacity is None or os.fstat(fd).st_ino != self.log_path.stat().st_ino:
+            return super().write(fd, data)
+        room = self.capacity - os.fstat(fd).st_size
+        if room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(fd, data[:room])
+
+
+def counting_keeper(started_at: float, place: Any, *, startup_grace: float) -> CountingKeeper:
+    return CountingKeeper(started_at, place)
+
+
+def timed_reports(count: int) -> list[NodeGatheredInfo]:
+    """Node reports each with its own time, so their order on disk can be checked."""
+    return [
+        NodeGatheredInfo(
+            node_id=f"n0-{i % 3}",
+            when=f"2026-01-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}.000Z",
+        )
+        for i in range(count)
+    ]
+
+
+def report_times(data_dir: Path) -> list[str]:
+    times: list[str] = []
+    for indexed in iter_events(data_dir):
+        if isinstance(indexed.event, NodeGatheredInfo):
+            times.append(indexed.event.when)
+    return times
+
+
+@pytest.mark.anyio
+async def test_a_backlog_larger_than_the_room_left_is_written_a_batch_at_a_time(
+    tmp_path: Path,
+) -> None:
+    disk = NearlyFullDisk(tmp_path / LOG_FILE)
+    master = Master(
+        tmp_path,
+        config=MasterConfig(startup_grace_s=0, node_timeout_s=10**6, compact_log=False),
+        keeper_factory=counting_keeper,
+        file_ops=disk,
+    )
+    reports = timed_reports(3_000)
+    backlog = sum(
+        len(IndexedEvent(idx=10**4, event=event).model_dump_json()) + 1 for event in reports
+    )
+    live, deployments = State(), list[str | None]()
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        first = await master.create_deployment(QWEN.model_id)
+        disk.capacity = disk.size()  # the disk is full
+        await master.emit(reports)
+        await wait_for(lambda: master.events_held_unwritable == len(reports))
+        with pytest.raises(LogNotWritableError):
+            await master.create_deployment(LLAMA.model_id)
+        # Room for a third of the backlog: the held reports go out a batch at a time, each one
+        # durable, until what is left no longer fits.
+        disk.capacity += backlog // 3
+        await wait_for(lambda: master.events_held_unwritable < len(reports))
+        await wait_for(lambda: disk.capacity is not None and disk.capacity - disk.size() < 400)
+        written = report_times(tmp_path)
+        assert len(reports) // 4 < len(written) < len(reports) // 2
+        assert master.events_held_unwritable == len(reports) - len(written)
+        assert written == [event.when for event in reports[: len(written)]]  # in order, a prefix
+        with pytest.raises(LogNotWritableError):  # the rest, ahead of it, still does not fit
+            await master.create_deployment(LLAMA.model_id)
+        # Room for the rest: the next command is admitted once the backlog ahead of it is in.
+        disk.capacity = None
+        second = await master.create_deployment(LLAMA.model_id)
+        assert master.events_held_unwritable == 0
+        assert master.events_dropped_unwritable == 0
+        deployments = [first.deployment_id, second.deployment_id]
+        live = master.state
+        group.cancel_scope.cancel()
+    assert reopen(tmp_path) == live
+    assert sorted(live.deployments) == sorted(d for d in deployments if d)
+    assert report_times(tmp_path) == [event.when for event in reports]
+    kinds = [type(indexed.event).__name__ for indexed in iter_events(tmp_path)]
+    created = [at for at, kind in enumerate(kinds) if kind == "DeploymentCreated"]
+    reported = [at for at, kind in enumerate(kinds) if kind == "NodeGatheredInfo"]
+    assert created[0] < reported[0] and reported[-1] < created[1]  # the log's order is emit's
+
+
 # --- the real thing: a tiny filesystem ----------------------------------------------------------
 
 
@@ -415,6 +526,7 @@ def test_log_repair_keeps_a_backup_cuts_at_the_last_good_record_and_counts(
 def test_log_repair_without_a_snapshot_starts_from_the_good_records(tmp_path: Path) -> None:
     damaged(tmp_path)
     (tmp_path / "snapshot.json").unlink()
+    (tmp_path / "snapshot.prev.json").unlink()
     report = log_repair.repair(tmp_path)
     assert report.ok, report.lines
     assert reopen(tmp_path).last_event_applied_idx == 3
