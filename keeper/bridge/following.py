@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Final, Literal
 
 from keeper.bridge.exo_client import ExoApi, ExoState, ExoStateUnreadableError, ExoUnavailableError
 from keeper.model.refusals import RefusalError
@@ -29,8 +30,11 @@ from keeper.runtime.clock import iso_utc
 
 log = logging.getLogger(__name__)
 
-UNREACHABLE = "unreachable"
-STATE_UNREADABLE = "state unreadable"
+# UNREACHABLE: no usable answer; STATE_UNREADABLE: exo answers, with a State the bridge does
+# not act on (one lacking what the keeper decides on).
+OutageKind = Literal["unreachable", "state unreadable"]
+UNREACHABLE: Final = "unreachable"
+STATE_UNREADABLE: Final = "state unreadable"
 
 
 class ExoDownError(RefusalError):
@@ -43,8 +47,7 @@ class ExoDownError(RefusalError):
 class Outage:
     since: datetime  # wall clock, UTC
     reason: str
-    # UNREACHABLE: no usable answer; STATE_UNREADABLE: a State lacking what the keeper decides on.
-    kind: str = UNREACHABLE
+    kind: OutageKind = UNREACHABLE
 
 
 class ExoFollower:
@@ -120,7 +123,7 @@ class ExoFollower:
             self.outage = None
         self.last = exo
 
-    def unavailable(self, reason: str, kind: str = UNREACHABLE) -> None:
+    def unavailable(self, reason: str, kind: OutageKind = UNREACHABLE) -> None:
         outage = self.outage
         if outage is None or outage.kind != kind:
             log.warning("exo %s, placing and deleting nothing: %s", kind, reason)
