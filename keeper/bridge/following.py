@@ -8,7 +8,8 @@ Nothing is decided on a stale State: if the read fails (no answer, a 5xx, unread
 follower records an ``Outage`` and the bridge steps nothing; the deployments say why ("exo
 unreachable since 12:03:04: ..."), and the next good read clears it. A State that lacks what the
 keeper decides on (``keeper.model.exo_state``: no ``instances``, ``runners``, ``topology`` or
-``nodeMemory``, or an instance that does not parse) is an outage of its own kind
+``nodeMemory``, or an instance that does not parse), or that is larger or nested more deeply
+than the bridge reads (``keeper.bridge.exo_bounds``), is an outage of its own kind
 ("exo state unreadable since ..."): exo answers, so the follower stays on that URL.
 
 It stands apart from the bridge's service because it owns one thing, the URL in use and the
@@ -31,7 +32,7 @@ from keeper.runtime.clock import iso_utc
 log = logging.getLogger(__name__)
 
 # UNREACHABLE: no usable answer; STATE_UNREADABLE: exo answers, with a State the bridge does
-# not act on (one lacking what the keeper decides on).
+# not act on (one lacking what the keeper decides on, or over the bounds it reads).
 OutageKind = Literal["unreachable", "state unreadable"]
 UNREACHABLE: Final = "unreachable"
 STATE_UNREADABLE: Final = "state unreadable"
