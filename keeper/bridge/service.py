@@ -20,6 +20,9 @@ narrow interface:
 - a recorded instance (``placedInstanceIds``) that exo's readable States stop showing, for a
   while and not on an older State, gets ``InstanceDeleted`` in the bridge's log
   (``keeper.bridge.vanished``), so the record follows exo's own deletions;
+- ``keeper.bridge.health``: whether the steps go through. A step that raises is retried the
+  next second and never stops the bridge, but ``/healthz`` and every deployment say so
+  (``step failing since 12:03:04: ...``) until a step goes through;
 - deployment events are the bridge's own: committed to the same event store the master uses
   (``keeper.runtime.event_store``: numbered, logged durably, applied, snapshotted, compacted)
   for a State that holds only deployments. While that log cannot be written (disk full,
@@ -29,7 +32,7 @@ The keeper's startup grace runs from the bridge's own start, so after a restart 
 (which still holds the instances) is read before anything is placed; deployments come back from
 the log.
 
-The module runs to about 570 lines because what stays needs the lock and every piece at once:
+The module runs to about 640 lines because what stays needs the lock and every piece at once:
 the tick's order (settle, record what exo deleted, delete the doomed, resend, ask, step, act),
 the deployment commands (each touches the log, the keeper, the creations and the doomed
 instances under the lock), and the read side (exo's State with our deployments, the
