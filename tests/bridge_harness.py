@@ -6,8 +6,9 @@ httpx transport into the ASGI app that can also fail the way a network and exo d
 refuse instances with exo's 400, accept an instance and apply it only later (exo answers a
 command before it applies it), hold commands through an election (answering and applying them
 only when it ends, even if the caller gave up waiting), or answer ``GET /state`` with a State
-changed on the way. Routes can be scripted with exo's recorded answers (``ExoLink.answers``).
-Everything runs under trio's MockClock.
+changed on the way, or with any response the test makes (one streaming its body, say). Routes
+can be scripted with exo's recorded answers (``ExoLink.answers``). Everything runs under trio's
+MockClock.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from anyio.abc import TaskGroup
 from model_ids import QWEN
 from waiting import wait_until
 
+from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.exo_models import ExoCards
 from keeper.bridge.placement_choice import ExoPlacement
@@ -50,6 +52,8 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.refuse_instances: str | None = None  # exo's 400 message for POST /instance
         self.hold_instances = False  # answer POST /instance at once, apply on release()
         self.state_answer: tuple[int, Any] | None = None  # what GET /state answers instead
+        # Or a whole response, made anew for each GET /state (e.g. one streaming its body).
+        self.state_response: Callable[[], httpx.Response] | None = None
         self.state_edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         # exo holds commands until its election ends (anyio time; None: ended), then applies them,
         # whether or not the caller still waits for the answer (needs ``group``).
@@ -66,6 +70,8 @@ class ExoLink(httpx.AsyncBaseTransport):
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
         method, path = request.method, request.url.path
+        if (method, path) == ("GET", "/state") and self.state_response is not None:
+            return self.state_response()
         if (method, path) == ("GET", "/state") and self.state_answer is not None:
             status, body = self.state_answer
             content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -183,6 +189,14 @@ class ExoWithBridge:
         self.bridge = new_bridge(self.link, data_dir)
         self.bridge_scope = await self.group.start(_run_cancellable, self.bridge)
         return self.bridge
+
+
+@asynccontextmanager
+async def bridge_api(bridge: Bridge) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``bridge``'s HTTP API, in process."""
+    transport = httpx.ASGITransport(app=create_bridge_app(bridge))
+    async with httpx.AsyncClient(transport=transport, base_url="http://bridge") as client:
+        yield client
 
 
 def new_bridge(link: ExoLink, data_dir: Path | None, config: BridgeConfig | None = None) -> Bridge:

@@ -11,9 +11,12 @@ master.
 - ``exo_wire``: exo's JSON formats (instances, model cards, the model list) read and written
   without losing what exo's cards carry beyond ours (pure);
 - ``exo_placement``: exo's placement and preview answers read and chosen from (pure);
+- ``exo_bounds``: how much of an answer of exo's is read, and how deeply nested it may be
+  (pure);
 - ``exo_client``: the HTTP calls to exo, each with a deadline and one error type per outcome
-  (exo's State read strictly by ``keeper.model.exo_state``);
+  (exo's State read strictly by ``keeper.model.exo_state``), each answer read within bounds;
 - ``service``: the loop, the deployments and what the keeper's events become;
+- ``health``: ``GET /healthz``'s body, and whether the steps are failing;
 - ``in_flight``: instances sent to exo and not shown yet: resent as themselves, given up only
   when exo clearly dropped them (pure);
 - ``doomed``: instances to delete in exo until exo's State shows them gone;

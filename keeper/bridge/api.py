@@ -12,7 +12,8 @@ same deployments routes (``keeper.httpapi.deployments_routes``), so ``exo-deploy
 - ``GET /state``: exo's State as exo sent it, with ``deployments`` merged in (503 until exo has
   answered once);
 - ``GET /models``: exo's model list, passed on;
-- ``GET /healthz``: the bridge's own health, and whether it can reach exo.
+- ``GET /healthz``: the bridge's own health (``keeper.bridge.health``): whether it can reach
+  exo and read its State, write its log, and step; a 503 while it cannot write or step.
 
 There is no event stream (``GET /events`` is a 404): the TUI then polls ``/state`` and
 ``/deployments`` once a second, which is what the bridge itself does with exo.
@@ -23,9 +24,10 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from keeper.bridge.health import BridgeHealth
 from keeper.bridge.service import Bridge
 from keeper.httpapi.app import JSON, new_app
-from keeper.httpapi.contract import refusals
+from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
 
@@ -49,9 +51,15 @@ def create_bridge_app(
     async def models() -> Response:
         return Response(await bridge.models_body(), media_type=JSON)
 
-    @app.get("/healthz")
+    degraded = {
+        "model": BridgeHealth,
+        "description": "Degraded: the bridge's log cannot be written (it accepts no change) "
+        "or its steps fail (it keeps nothing); the body says which",
+    }
+
+    @app.get("/healthz", responses={**ok_body(BridgeHealth), 503: degraded})
     async def healthz() -> JSONResponse:
-        # 503 while the bridge's log cannot be written: it reads, but accepts no change.
-        return JSONResponse(bridge.health(), status_code=200 if bridge.write_error is None else 503)
+        health = bridge.health().model_dump(mode="json")
+        return JSONResponse(health, status_code=503 if bridge.degraded else 200)
 
     return app

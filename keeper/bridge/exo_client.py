@@ -19,6 +19,13 @@ refusal is about the request; unavailability is about exo, and means nothing may
 what the bridge last saw. ``ExoStateUnreadableError`` is the unavailability of a State that came
 back whole as JSON but lacks, or garbles, what the keeper decides on.
 
+Every answer is read within bounds (``keeper.bridge.exo_bounds``): its body streamed and read no
+further than a cap for what it is (exo's State 16 MiB, listings 4 MiB, the rest 1 MiB), and
+parsed only if nested no deeper than 64 levels. A State over either is unreadable
+(``ExoStateUnreadableError``, saying which); any other answer over them is unreadable as that
+answer's own rule says (exo's model list unavailable, a placement answer refused, a command's
+answer taken as empty). The deadline covers reading the body too.
+
 Reads and commands have different deadlines. exo answers ``GET /state`` from its API's own copy
 of the State, at once, even during an election; but it holds every command (``POST /instance``,
 ``DELETE /instance``) until an election is over, which takes seconds. A command that outlives
@@ -35,6 +42,14 @@ from urllib.parse import urlencode
 import anyio
 import httpx
 
+from keeper.bridge.exo_bounds import (
+    COMMAND_MAX_BYTES,
+    LISTING_MAX_BYTES,
+    STATE_MAX_BYTES,
+    OverBoundsError,
+    parse_json,
+    too_large,
+)
 from keeper.bridge.exo_wire import ExoListedModel, cards_in_state, listed_models
 from keeper.model.exo_state import Unreadable, read_exo_state
 from keeper.model.state import State
@@ -56,7 +71,7 @@ class ExoUnavailableError(Exception):
 
 class ExoStateUnreadableError(ExoUnavailableError):
     """exo answered ``GET /state`` with a State the keeper cannot act on
-    (``keeper.model.exo_state``)."""
+    (``keeper.model.exo_state``), or one larger or deeper than the bridge reads."""
 
 
 class ExoRefusedError(Exception):
@@ -66,6 +81,24 @@ class ExoRefusedError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+@dataclass(frozen=True)
+class ExoAnswer:
+    """One of exo's answers, its body read no further than its cap."""
+
+    status_code: int
+    reason_phrase: str
+    what: str  # "exo's /state": the answer, as its reasons name it
+    content: bytes  # the body; only its start when ``over`` is set
+    over: str | None = None  # why the body was not read to its end (too large), in words
+
+    def json(self) -> Any:
+        """The body as JSON; ``OverBoundsError`` if it was too large or is nested too deeply,
+        ``ValueError`` if it is not JSON."""
+        if self.over is not None:
+            raise OverBoundsError(self.over)
+        return parse_json(self.content, self.what)
 
 
 @dataclass(frozen=True)
@@ -121,30 +154,41 @@ class ExoClient:
             transport=transport,
             timeout=httpx.Timeout(max(timeout_s, command_timeout_s)),
             trust_env=False,  # exo is on the LAN: never through an HTTP proxy from the env
+            # Bodies as sent: a compressed one would be inflated a chunk at a time, each chunk
+            # whole, before its size could be counted against the cap.
+            headers={"Accept-Encoding": "identity"},
         )
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def state(self) -> ExoState:
-        response = await self._get("/state")
-        raw = _json_object(response, "GET /state")
+        answer = await self._get("/state", STATE_MAX_BYTES)
+        try:
+            raw = _json_object(answer, "GET /state")
+        except OverBoundsError as exc:
+            # exo answers, with a State the bridge will not read: unreadable, as one that lacks
+            # what the keeper decides on.
+            raise ExoStateUnreadableError(str(exc)) from None
         state = read_exo_state(raw)
         if isinstance(state, Unreadable):
             raise ExoStateUnreadableError(state.reason)
         return ExoState(state=state, raw=raw, cards=cards_in_state(raw))
 
     async def models(self) -> ExoModels:
-        response = await self._get("/models")
-        payload = _json_object(response, "GET /models")
-        return ExoModels(listed=listed_models(payload), body=response.content)
+        answer = await self._get("/models", LISTING_MAX_BYTES)
+        try:
+            payload = _json_object(answer, "GET /models")
+        except OverBoundsError as exc:
+            raise ExoUnavailableError(f"GET /models: {exc}") from None
+        return ExoModels(listed=listed_models(payload), body=answer.content)
 
     async def create_instance(self, body: JsonObject) -> JsonObject:
         """exo's answer (``model_card`` in it is exo's full card); {} if it is not an object."""
         response = await self._call("POST", "/instance", body)
         try:
             answer: Any = response.json()
-        except ValueError:
+        except ValueError:  # not JSON, too large or too deep: exo took it, its card unknown
             return {}
         return cast(JsonObject, answer) if isinstance(answer, dict) else {}
 
@@ -170,22 +214,32 @@ class ExoClient:
         the model id goes in the path as is, slashes and all, as exo's route reads it)."""
         await self._call("DELETE", f"/download/{node_id}/{model_id}")
 
-    async def _get(self, path: str) -> httpx.Response:
+    async def _get(self, path: str, max_bytes: int) -> ExoAnswer:
         # A read exo refuses (a 4xx to a plain GET) means this is not an exo the bridge can
         # follow (a wrong URL, a proxy in the way): unavailable, not a refusal of a request.
         try:
-            return await self._call("GET", path)
+            return await self._call("GET", path, max_bytes=max_bytes)
         except ExoRefusedError as exc:
             raise ExoUnavailableError(
                 f"GET {path}: exo at {self.url} answered HTTP {exc.status}: {exc.message}"
             ) from None
 
-    async def _call(self, method: str, path: str, body: JsonObject | None = None) -> httpx.Response:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: JsonObject | None = None,
+        *,
+        max_bytes: int = COMMAND_MAX_BYTES,
+    ) -> ExoAnswer:
         what = f"{method} {path}"
         timeout_s = self._timeout_s if method == "GET" else self._command_timeout_s
         try:
             with anyio.fail_after(timeout_s):
-                response = await self._http.request(method, path, json=body)
+                async with self._http.stream(method, path, json=body) as streamed:
+                    # An error's reason is in its first words: no error needs a listing's room.
+                    cap = max_bytes if streamed.status_code < 400 else COMMAND_MAX_BYTES
+                    response = await _read(streamed, cap, f"exo's {path.partition('?')[0]}")
         except TimeoutError:
             raise ExoUnavailableError(
                 f"{what}: no answer from exo at {self.url} within {timeout_s:g} s"
@@ -217,20 +271,43 @@ class ExoClient:
                 "min_nodes": min_nodes,
             }
         )
-        return _json_answer(await self._call("GET", f"/instance/placement?{query}"))
+        answer = await self._call(
+            "GET", f"/instance/placement?{query}", max_bytes=LISTING_MAX_BYTES
+        )
+        return _json_answer(answer)
 
     async def previews(self, model_id: str) -> Any:
         """exo's ``GET /instance/previews``: every placement exo would make of the model, as
         JSON; refusals and unreadable answers as for ``placement``."""
         query = urlencode({"model_id": model_id})
-        return _json_answer(await self._call("GET", f"/instance/previews?{query}"))
+        answer = await self._call("GET", f"/instance/previews?{query}", max_bytes=LISTING_MAX_BYTES)
+        return _json_answer(answer)
 
 
-def error_message(response: httpx.Response) -> str:
+async def _read(response: httpx.Response, cap: int, what: str) -> ExoAnswer:
+    """``response`` with its body read no further than ``cap`` bytes (a chunk at a time, so no
+    more than the cap is ever held); over it, only the start is kept and ``over`` says why."""
+
+    def answer(content: bytes, over: str | None = None) -> ExoAnswer:
+        return ExoAnswer(response.status_code, response.reason_phrase, what, content, over)
+
+    length = response.headers.get("Content-Length", "")
+    if length.isdigit() and int(length) > cap:
+        return answer(b"", too_large(what, cap, int(length)))  # said up front: nothing read
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        if len(body) + len(chunk) > cap:
+            body += chunk[: cap - len(body)]
+            return answer(bytes(body), too_large(what, cap))
+        body += chunk
+    return answer(bytes(body))
+
+
+def error_message(response: ExoAnswer) -> str:
     """exo's reason from an error answer: ``{"error": {"message"}}`` (exo's handler), FastAPI's
     ``{"detail": ...}``, or the start of the text."""
     try:
-        payload: Any = response.json()
+        payload: Any = parse_json(response.content, response.what)
     except ValueError:
         payload = None
     if isinstance(payload, dict):
@@ -245,12 +322,17 @@ def error_message(response: httpx.Response) -> str:
             return detail
         if detail is not None:
             return json.dumps(detail)[:300]
-    return response.text.strip()[:300] or response.reason_phrase
+    text = response.content.decode("utf-8", errors="replace")
+    return text.strip()[:300] or response.reason_phrase
 
 
-def _json_object(response: httpx.Response, what: str) -> JsonObject:
+def _json_object(response: ExoAnswer, what: str) -> JsonObject:
+    """The answer's JSON object; ``OverBoundsError`` as it is, for the caller to say what it
+    means; ``ExoUnavailableError`` if it is not a JSON object."""
     try:
         payload: Any = response.json()
+    except OverBoundsError:
+        raise
     except ValueError:
         raise ExoUnavailableError(f"{what}: exo's answer is not JSON") from None
     if not isinstance(payload, dict):
@@ -258,9 +340,11 @@ def _json_object(response: httpx.Response, what: str) -> JsonObject:
     return cast(JsonObject, payload)
 
 
-def _json_answer(response: httpx.Response) -> Any:
+def _json_answer(response: ExoAnswer) -> Any:
     try:
         return response.json()
+    except OverBoundsError:
+        raise
     except ValueError:
         raise ValueError("exo's answer is not JSON") from None
 

@@ -8,7 +8,8 @@ Nothing is decided on a stale State: if the read fails (no answer, a 5xx, unread
 follower records an ``Outage`` and the bridge steps nothing; the deployments say why ("exo
 unreachable since 12:03:04: ..."), and the next good read clears it. A State that lacks what the
 keeper decides on (``keeper.model.exo_state``: no ``instances``, ``runners``, ``topology`` or
-``nodeMemory``, or an instance that does not parse) is an outage of its own kind
+``nodeMemory``, or an instance that does not parse), or that is larger or nested more deeply
+than the bridge reads (``keeper.bridge.exo_bounds``), is an outage of its own kind
 ("exo state unreadable since ..."): exo answers, so the follower stays on that URL.
 
 It stands apart from the bridge's service because it owns one thing, the URL in use and the
@@ -22,6 +23,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Final, Literal
 
 from keeper.bridge.exo_client import ExoApi, ExoState, ExoStateUnreadableError, ExoUnavailableError
 from keeper.model.refusals import RefusalError
@@ -29,8 +31,11 @@ from keeper.runtime.clock import iso_utc
 
 log = logging.getLogger(__name__)
 
-UNREACHABLE = "unreachable"
-STATE_UNREADABLE = "state unreadable"
+# UNREACHABLE: no usable answer; STATE_UNREADABLE: exo answers, with a State the bridge does
+# not act on (one lacking what the keeper decides on, or over the bounds it reads).
+OutageKind = Literal["unreachable", "state unreadable"]
+UNREACHABLE: Final = "unreachable"
+STATE_UNREADABLE: Final = "state unreadable"
 
 
 class ExoDownError(RefusalError):
@@ -43,8 +48,7 @@ class ExoDownError(RefusalError):
 class Outage:
     since: datetime  # wall clock, UTC
     reason: str
-    # UNREACHABLE: no usable answer; STATE_UNREADABLE: a State lacking what the keeper decides on.
-    kind: str = UNREACHABLE
+    kind: OutageKind = UNREACHABLE
 
 
 class ExoFollower:
@@ -120,7 +124,7 @@ class ExoFollower:
             self.outage = None
         self.last = exo
 
-    def unavailable(self, reason: str, kind: str = UNREACHABLE) -> None:
+    def unavailable(self, reason: str, kind: OutageKind = UNREACHABLE) -> None:
         outage = self.outage
         if outage is None or outage.kind != kind:
             log.warning("exo %s, placing and deleting nothing: %s", kind, reason)

@@ -20,6 +20,9 @@ narrow interface:
 - a recorded instance (``placedInstanceIds``) that exo's readable States stop showing, for a
   while and not on an older State, gets ``InstanceDeleted`` in the bridge's log
   (``keeper.bridge.vanished``), so the record follows exo's own deletions;
+- ``keeper.bridge.health``: whether the steps go through. A step that raises is retried the
+  next second and never stops the bridge, but ``/healthz`` and every deployment say so
+  (``step failing since 12:03:04: ...``) until a step goes through;
 - deployment events are the bridge's own: committed to the same event store the master uses
   (``keeper.runtime.event_store``: numbered, logged durably, applied, snapshotted, compacted)
   for a State that holds only deployments. While that log cannot be written (disk full,
@@ -29,7 +32,7 @@ The keeper's startup grace runs from the bridge's own start, so after a restart 
 (which still holds the instances) is read before anything is placed; deployments come back from
 the log.
 
-The module runs to about 570 lines because what stays needs the lock and every piece at once:
+The module runs to about 640 lines because what stays needs the lock and every piece at once:
 the tick's order (settle, record what exo deleted, delete the doomed, resend, ask, step, act),
 the deployment commands (each touches the log, the keeper, the creations and the doomed
 instances under the lock), and the read side (exo's State with our deployments, the
@@ -59,6 +62,14 @@ from keeper.bridge.following import (
     ExoDownError,
     ExoFollower,
     Outage,
+)
+from keeper.bridge.health import (
+    BridgeHealth,
+    EventLogHealth,
+    ExoHealth,
+    HealthStatus,
+    StepFailures,
+    StepHealth,
 )
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S
 from keeper.bridge.placing import PlacementAnswers, StepPlacement, ask_exo, due_for_placement
@@ -164,7 +175,7 @@ class Bridge:
         self.catalog = catalog_by_id(self.config.model_cards)
         self._started = Started("bridge", clock)
         self._keeper_factory = keeper_factory
-        self._last_error: str | None = None
+        self._steps = StepFailures()  # whether the steps go through (``/healthz``)
         self._served: State | None = None  # the merged State serving was last judged on
         # The bridge's deployments: the log's State (``_own``).
         self._store = EventStore(
@@ -301,6 +312,9 @@ class Bridge:
         return view
 
     def _detail(self, deployment_id: str) -> str | None:
+        failing = self._steps.detail()
+        if failing is not None:
+            return failing  # the last step raised: nothing below it is being kept up to date
         outage = self._follow.outage
         if outage is not None:
             since = outage.since.astimezone().strftime("%H:%M:%S")
@@ -314,28 +328,39 @@ class Bridge:
             return "exo refused the last placement (see the placement error)"
         return None
 
-    def health(self) -> dict[str, Any]:
+    @property
+    def degraded(self) -> bool:
+        """Whether the bridge cannot do its job now: its log refuses writes (so it accepts no
+        change) or its steps fail (so it keeps nothing). ``/healthz`` is a 503 then."""
+        return self._store.write_error is not None or self._steps.failing
+
+    def health(self) -> BridgeHealth:
         outage = self._follow.outage
         read = self._follow.last is not None
-        status = "degraded" if self._store.write_error is not None else "ok"
-        return {
-            "status": status if self._running else "stopped",
-            "exo": {
-                "url": self.exo.url,  # the one in use
-                "urls": [api.url for api in self.exo_apis],
-                "reachable": read and (outage is None or outage.kind != UNREACHABLE),
-                "state_readable": read and outage is None,
-                "unreachable_since": iso_utc(outage.since) if outage is not None else None,
-                "reason": outage.reason if outage is not None else None,
-                "outage": outage.kind if outage is not None else None,
-            },
-            "deployments": len(self._own.deployments),
-            "instances_to_delete": len(self._doomed),
-            "event_log": {
-                "writable": self._store.write_error is None,
-                "error": self._store.write_error,
-            },
-        }
+        status: HealthStatus = "degraded" if self.degraded else "ok"
+        since = self._steps.since
+        return BridgeHealth(
+            status=status if self._running else "stopped",
+            exo=ExoHealth(
+                url=self.exo.url,
+                urls=[api.url for api in self.exo_apis],
+                reachable=read and (outage is None or outage.kind != UNREACHABLE),
+                state_readable=read and outage is None,
+                unreachable_since=iso_utc(outage.since) if outage is not None else None,
+                reason=outage.reason if outage is not None else None,
+                outage=outage.kind if outage is not None else None,
+            ),
+            deployments=len(self._own.deployments),
+            instances_to_delete=len(self._doomed),
+            event_log=EventLogHealth(
+                writable=self._store.write_error is None, error=self._store.write_error
+            ),
+            step=StepHealth(
+                ok=since is None,
+                failing_since=iso_utc(since) if since is not None else None,
+                error=self._steps.error,
+            ),
+        )
 
     # --- commands --------------------------------------------------------------------------
 
@@ -471,7 +496,9 @@ class Bridge:
                 try:
                     await self.tick()
                 except Exception as exc:  # a bug must not stop the deployments being kept
-                    self._report_error(exc)
+                    self._step_failed(exc)
+                else:
+                    self._steps.succeeded()
                 await clock.sleep(
                     max(0.0, self.config.poll_interval_s - (clock.monotonic() - started))
                 )
@@ -508,15 +535,16 @@ class Bridge:
             if self._follow.outage is not None:
                 return
             events = self._placement.step(self.keeper, answers, state, now)
-            self._last_error = None
             await self._act(events, answers, now)
 
-    def _report_error(self, exc: Exception) -> None:
-        # Each distinct error is logged once, with its trace, not once a second.
-        described = f"{type(exc).__name__}: {exc}"
-        if described != self._last_error:
-            log.error("a step of the bridge failed; retrying every poll", exc_info=exc)
-            self._last_error = described
+    def _step_failed(self, exc: Exception) -> None:
+        # /healthz and every deployment say so until a step goes through; each distinct error
+        # is logged once, with its traceback, not once a second.
+        if self._steps.failed(exc, self._wall()):
+            log.error(
+                "a step of the bridge failed (every deployment says so); retrying every poll",
+                exc_info=exc,
+            )
 
     def _record_vanished(self, exo: ExoState, now: float) -> None:
         """InstanceDeleted in the bridge's log for each recorded instance exo deleted (only

@@ -82,9 +82,9 @@ async def test_a_state_without_what_the_keeper_decides_on_places_nothing(
         assert re.match(rf"exo state unreadable since \d\d:\d\d:\d\d: {expected}", view.detail), (
             view.detail
         )
-        health = h.bridge.health()["exo"]
-        assert health["outage"] == STATE_UNREADABLE
-        assert health["reachable"] is True and health["state_readable"] is False
+        health = h.bridge.health().exo
+        assert health.outage == STATE_UNREADABLE
+        assert health.reachable is True and health.state_readable is False
 
         # The next good read brings everything back, with nothing placed meanwhile.
         h.link.state_edit = None

@@ -578,7 +578,7 @@ async def test_the_bridge_refuses_changes_and_places_nothing_while_its_log_is_fu
         with pytest.raises(LogNotWritableError, match="No space left on device"):
             await bridge.create_deployment(BRIDGE_MODEL)
         assert bridge.state.deployments == {}
-        assert bridge.health()["event_log"] == {
+        assert bridge.health().model_dump(mode="json")["event_log"] == {
             "writable": False,
             "error": "event log not writable: No space left on device",
         }

@@ -105,7 +105,7 @@ async def exo_api() -> AsyncIterator[ASGIApp]:
 async def bridge_api() -> AsyncIterator[ASGIApp]:
     async with exo_with_bridge() as h:
         with anyio.fail_after(10):
-            while not h.bridge.health()["exo"]["state_readable"]:
+            while not h.bridge.health().exo.state_readable:
                 await anyio.sleep(0.01)
         yield create_bridge_app(h.bridge)
 
