@@ -32,6 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from keeper.core.draining import drain_picture, replacement_view, stuck_note
 from keeper.core.memo import (
     FRESH,
     DeploymentMemo,
@@ -56,7 +57,7 @@ from keeper.core.view import (
     without_nodes,
 )
 from keeper.model.api_models import WaitReason
-from keeper.model.constants import STARTUP_GRACE
+from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
@@ -65,23 +66,31 @@ from keeper.model.events import (
     DeploymentPlacementFailed,
     DeploymentScaled,
     DownloadDeletionRequested,
+    DrainReplacementPlaced,
     InstanceCreated,
     InstanceDeleted,
+    NodeCordoned,
+    NodeDrainEnded,
+    NodeDrainStarted,
     NodeGatheredInfo,
     NodeTimedOut,
+    NodeUncordoned,
     RunnerStatusUpdated,
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.model.readiness import deployment_status, ready_replicas
+from keeper.model.readiness import deployment_status, instance_is_ready, ready_replicas
 from keeper.model.state import (
     Deployment,
     DeploymentId,
+    DrainMove,
     InstanceId,
+    NodeDrain,
     NodeId,
     RunnerFailed,
     RunnerReady,
     State,
+    cordoned_nodes,
 )
 
 # The status rule lives with the data model (``keeper.model.readiness``) so that the TUI shares it;
@@ -159,6 +168,12 @@ class Keeper:
         # so that deployments past the attempts cap get their turn instead of starving.
         # (No mutation: starting after "" would be the same, as every id sorts after it.)
         self._resume_after: DeploymentId | None = None  # pragma: no mutate
+        # Drains: old instances whose InstanceDeleted was sent (until the state drops them),
+        # drains whose end was sent, and per (drain, deployment) a move that could not be placed:
+        # the cluster it failed on, when to try anyway, and why (the drain's note).
+        self._drain_deleted: set[InstanceId] = set()
+        self._drain_ended: set[str] = set()
+        self._drain_stuck: dict[tuple[str, DeploymentId], tuple[ClusterSignature, float, str]] = {}
 
     # --- stepping -------------------------------------------------------------------------
 
@@ -167,7 +182,7 @@ class Keeper:
         self._forget_departed(state)
         if now < self.started_at + self.startup_grace:
             return []
-        if not state.deployments:
+        if not state.deployments and not state.drains:
             return []
         counts = models_instance_counts(state)
         short: list[tuple[Deployment, DeploymentMemo]] = []
@@ -186,12 +201,139 @@ class Keeper:
         signature = cluster_signature(state) if short else AT_REST  # pragma: no mutate
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         events = self._attempt(self._in_turn(due), state, signature, now)
+        if state.drains or self._drain_deleted or self._drain_ended:
+            # Recovery first: a drain places only in a step that placed nothing else.
+            placed_now = any(isinstance(e, InstanceCreated) for e in events)
+            events = [*events, *self._drain(state, cluster_signature(state), now, placed_now)]
         # Staging only when no placement is due: placing comes first. A deployment short but
         # waiting (its backoff, a cluster nothing fits, a placement on its way) does not hold
         # the others' staging back: one model too big for the cluster would stop it for good.
-        if not due and now >= self._next_staging_at:
+        if not due and not events and now >= self._next_staging_at:
             events = self._stage(state, now)
         return events
+
+    def _drain(
+        self, state: State, signature: ClusterSignature, now: float, placed_now: bool
+    ) -> list[AnyEvent]:
+        """Move the keeper's instances off draining nodes, make-before-break: delete an old
+        instance once its replacement is ready; place the next replacement (one per step, and
+        none in a step that placed for recovery); end a drain when its node is empty."""
+        self._drain_deleted &= set(state.instances)
+        self._drain_ended &= set(state.drains)
+        events: list[AnyEvent] = []
+        may_place = not placed_now
+        for name, drain in sorted(state.drains.items()):
+            picture = drain_picture(state, drain)
+            for move in picture.moving:
+                replacement = state.instances.get(move.new_instance_id)
+                old = move.old_instance_id
+                if (
+                    replacement is not None
+                    and instance_is_ready(replacement, state)
+                    and old in state.instances
+                    and old not in self._drain_deleted
+                ):
+                    self._drain_deleted.add(old)
+                    events.append(InstanceDeleted(instance_id=old))
+            if picture.empty:
+                if name not in self._drain_ended:
+                    self._drain_ended.add(name)
+                    events.append(NodeDrainEnded(name=name))
+                continue
+            for deployment_id, old in picture.to_move:
+                if old in self._drain_deleted:
+                    continue
+                outcome, may_place = self._move(
+                    drain, deployment_id, old, state, signature, now, may_place
+                )
+                events.extend(outcome)
+            if drain.force:
+                for instance_id in picture.unmanaged:
+                    if instance_id not in self._drain_deleted:
+                        self._drain_deleted.add(instance_id)
+                        events.append(InstanceDeleted(instance_id=instance_id))
+        return events
+
+    def _move(
+        self,
+        drain: NodeDrain,
+        deployment_id: DeploymentId,
+        old: InstanceId,
+        state: State,
+        signature: ClusterSignature,
+        now: float,
+        may_place: bool,
+    ) -> tuple[list[AnyEvent], bool]:
+        """Place a replacement for ``old`` if the deployment may place now: its events, and
+        whether the step may still place."""
+        deployment = state.deployments[deployment_id]
+        memo = self._memos.get(deployment_id, FRESH)
+        key = (drain.node, deployment_id)
+        stuck = self._drain_stuck.get(key)
+        if stuck is not None and stuck[0] == signature and now < stuck[1] and not drain.force:
+            return [], may_place
+        if not may_place or waiting(memo, signature, now) is not None:
+            return [], may_place
+        try:
+            instance = self._place(
+                replacement_view(state, old),
+                deployment.model_card,
+                deployment.sharding,
+                deployment.instance_meta,
+                deployment.min_nodes,
+            )
+        except ValueError as reason:
+            note = stuck_note(state, drain, deployment.model_card.model_id, str(reason))
+            self._drain_stuck[key] = (signature, now + UNPLACEABLE_RETRY, note)
+            if drain.force:  # break-before-make: the keeper places it again as for any fault
+                self._drain_deleted.add(old)
+                return [InstanceDeleted(instance_id=old)], may_place
+            return [], may_place
+        self._drain_stuck.pop(key, None)
+        self._memos[deployment_id] = placed(memo, instance.instance_id, now)
+        move = DrainMove(
+            deployment_id=deployment_id, old_instance_id=old, new_instance_id=instance.instance_id
+        )
+        return [
+            InstanceCreated(instance=instance),
+            DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id),
+            DrainReplacementPlaced(name=drain.node, move=move),
+        ], False
+
+    def drain_note(self, name: str) -> str | None:
+        """Why the drain of ``name`` cannot move an instance now, or None."""
+        notes = [
+            note for (node, _), (_, _, note) in sorted(self._drain_stuck.items()) if node == name
+        ]
+        return "; ".join(notes) if notes else None
+
+    # --- cordons and drains (commands) ------------------------------------------------------
+
+    def cordon(self, name: str, state: State) -> list[AnyEvent]:
+        """No new placement on ``name``; nothing if it is cordoned already."""
+        return [] if name in state.cordoned else [NodeCordoned(name=name)]
+
+    def uncordon(self, name: str, state: State) -> list[AnyEvent]:
+        """Placements on ``name`` again; a drain of it ends, and the replacement of a move
+        under way (the extra instance) is deleted."""
+        drain = state.drains.get(name)
+        if name not in state.cordoned and drain is None:
+            return []
+        self._drain_stuck = {k: v for k, v in self._drain_stuck.items() if k[0] != name}
+        surge = [] if drain is None else [m.new_instance_id for m in drain.moves]
+        return [
+            NodeUncordoned(name=name),
+            *(InstanceDeleted(instance_id=i) for i in surge if i in state.instances),
+        ]
+
+    def drain(self, name: str, force: bool, when: str, state: State) -> list[AnyEvent]:
+        """Cordon ``name`` and move the keeper's instances off it; nothing if it drains
+        already as asked."""
+        drain = state.drains.get(name)
+        if drain is not None and (drain.force or not force):
+            return []
+        self._drain_ended.discard(name)
+        return [NodeDrainStarted(name=name, force=force, when=when)]
 
     def _stage(self, state: State, now: float) -> list[AnyEvent]:
         """Ask for the standby copies the deployments' plans call for (``keeper.core.staging``).
@@ -268,9 +410,10 @@ class Keeper:
         # so that one node fault costs at most one replica. (With no such node, the view equals
         # the state.)
         serving = nodes_serving(state, model_id)
+        cordoned = cordoned_nodes(state)
         try:
             instance = self._place(
-                without_nodes(state, serving),
+                without_nodes(state, serving | cordoned),
                 deployment.model_card,
                 deployment.sharding,
                 deployment.instance_meta,
@@ -281,6 +424,8 @@ class Keeper:
             if serving:
                 names = node_names(state, serving)
                 error = f"no placement apart from the nodes serving {model_id} ({names}): {error}"
+            if cordoned:
+                error = f"{error} (cordoned, left out: {node_names(state, cordoned)})"
             self._forget_crash(deployment_id)
         except Exception as crash:  # a bug in placement must not stop the other deployments
             error = f"{type(crash).__name__}: {crash}"

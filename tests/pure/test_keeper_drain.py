@@ -1,0 +1,202 @@
+"""Cordons and drains (docs/design.md §5.15): no new placement on a cordoned node, and a drain
+moves the keeper's instances off its node make-before-break, one per deployment at a time,
+never more than replicas + 1 instances of a model."""
+
+from __future__ import annotations
+
+from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, simple_place, unplaceable
+
+from keeper.model.events import (
+    AnyEvent,
+    DeploymentPlaced,
+    DrainReplacementPlaced,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeCordoned,
+    NodeDrainEnded,
+    NodeDrainStarted,
+    NodeUncordoned,
+)
+from keeper.model.state import AnyInstance
+
+T = AFTER_GRACE
+
+
+def kinds(events: list[AnyEvent]) -> list[str]:
+    return [type(event).__name__ for event in events]
+
+
+def serving_on(
+    *nodes: str, replicas: int = 1, first: str = "node-a"
+) -> tuple[Cluster, str, list[str]]:
+    """``m`` deployed on ``nodes`` (its first instance on ``first``, the freest), every instance
+    ready: (the cluster, the deployment id, its instance ids)."""
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes(*nodes)
+    cluster.add_node(first, available_gb=32.0)
+    deployment_id = cluster.deploy("m", replicas=replicas)
+    for k in range(replicas):
+        cluster.step(T + k)
+        cluster.make_ready(cluster.instance_of(deployment_id).instance_id)
+    instances = sorted(cluster.state.instances)
+    return cluster, deployment_id, instances
+
+
+def model_instances(cluster: Cluster) -> list[AnyInstance]:
+    return cluster.instances_of_model("m")
+
+
+def test_a_cordoned_node_gets_no_new_placement_and_keeps_what_runs() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a", "node-b")
+    cluster.add_node("node-a", available_gb=32.0)  # the freest: placement would take it
+    assert cluster.cordon("node-a") == [NodeCordoned(name="node-a")]
+    assert cluster.cordon("node-a") == []  # cordoned already: no new event
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    assert cluster.nodes_of(cluster.instance_of(deployment_id).instance_id) == ["node-b"]
+    # Cordoning the node that serves it changes nothing that runs.
+    cluster.cordon("node-b")
+    cluster.step(T + 1)
+    assert len(model_instances(cluster)) == 1
+
+
+def test_the_placement_error_names_the_cordoned_nodes_left_out() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a")
+    cluster.cordon("node-a")
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    error = cluster.deployment(deployment_id).placement_error
+    assert error is not None and "cordoned, left out: node-a" in error
+
+
+def test_a_drain_moves_an_instance_make_before_break() -> None:
+    cluster, deployment_id, (old,) = serving_on("node-a", "node-b")
+    assert cluster.nodes_of(old) == ["node-a"]
+    assert kinds(cluster.drain("node-a")) == ["NodeDrainStarted"]
+    assert cluster.state.cordoned == ("node-a",)
+    placed = cluster.step(T + 10)
+    assert kinds(placed) == ["InstanceCreated", "DeploymentPlaced", "DrainReplacementPlaced"]
+    created = placed[0]
+    assert isinstance(created, InstanceCreated)
+    new = created.instance.instance_id
+    assert cluster.nodes_of(new) == ["node-b"]
+    # Until the replacement is ready, the old one stays (two instances: replicas + 1).
+    assert cluster.step(T + 11) == []
+    assert len(model_instances(cluster)) == 2
+    cluster.make_ready(new)
+    assert cluster.step(T + 12) == [InstanceDeleted(instance_id=old)]
+    assert cluster.step(T + 13) == [NodeDrainEnded(name="node-a")]
+    assert cluster.state.drains == {} and cluster.state.cordoned == ("node-a",)
+    assert [i.instance_id for i in model_instances(cluster)] == [new]
+    assert cluster.deployment(deployment_id).placed_instance_ids == (new,)
+    assert cluster.step(T + 14) == []
+
+
+def test_one_instance_moves_at_a_time_and_never_more_than_replicas_plus_one() -> None:
+    cluster, _, instances = serving_on("node-a", "node-b", "node-c", replicas=2)
+    on_a = [i for i in instances if "node-a" in cluster.nodes_of(i)]
+    assert len(on_a) == 1
+    cluster.drain("node-a")
+    most = 0
+    for k in range(20):
+        events = cluster.step(T + 10 + k)
+        most = max(most, len(model_instances(cluster)))
+        for event in events:
+            if isinstance(event, InstanceCreated):
+                cluster.make_ready(event.instance.instance_id)
+    assert most == 3  # replicas + 1, and only while the move ran
+    assert len(model_instances(cluster)) == 2
+    assert all("node-a" not in cluster.nodes_of(i.instance_id) for i in model_instances(cluster))
+    assert on_a[0] not in cluster.state.instances
+    assert cluster.state.drains == {}
+
+
+def test_a_drain_that_cannot_place_a_replacement_says_why_and_leaves_it_running() -> None:
+    cluster, _, (old,) = serving_on("node-a")
+    cluster.drain("node-a")
+    assert cluster.step(T + 10) == []
+    note = cluster.keeper.drain_note("node-a")
+    assert note is not None
+    assert "cannot move m off node-a" in note and "No cycles found with sufficient memory" in note
+    assert old in cluster.state.instances and "node-a" in cluster.state.drains
+    # Forced, it goes anyway: the keeper then places it again as after any fault.
+    cluster.drain("node-a", force=True)
+    assert cluster.step(T + 11) == [InstanceDeleted(instance_id=old)]
+    after = cluster.step(T + 12)
+    assert NodeDrainEnded(name="node-a") in after
+    assert "DeploymentPlacementFailed" in kinds(after)  # nowhere else to go: said, as ever
+
+
+def test_an_instance_the_keeper_did_not_place_is_left_alone_unless_forced() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a", "node-b")
+    by_hand = build_instance(card("other"), ["node-a"], "by-hand")
+    cluster.apply(InstanceCreated(instance=by_hand))
+    cluster.drain("node-a")
+    assert cluster.step(T) == []
+    assert "by-hand" in cluster.state.instances
+    cluster.drain("node-a", force=True)
+    assert cluster.step(T + 1) == [InstanceDeleted(instance_id="by-hand")]
+    assert cluster.step(T + 2) == [NodeDrainEnded(name="node-a")]
+
+
+def test_uncordon_mid_move_deletes_the_surge_instance_and_ends_the_drain() -> None:
+    cluster, _, (old,) = serving_on("node-a", "node-b")
+    cluster.drain("node-a")
+    created = cluster.step(T + 10)[0]
+    assert isinstance(created, InstanceCreated)
+    new = created.instance.instance_id
+    assert cluster.uncordon("node-a") == [
+        NodeUncordoned(name="node-a"),
+        InstanceDeleted(instance_id=new),
+    ]
+    assert cluster.state.drains == {} and cluster.state.cordoned == ()
+    assert list(cluster.state.instances) == [old]
+    assert cluster.uncordon("node-a") == []
+    assert cluster.step(T + 11) == []
+
+
+def test_a_replacement_lost_before_ready_backs_off_and_the_old_one_stays() -> None:
+    cluster, _, (old,) = serving_on("node-a", "node-b")
+    cluster.drain("node-a")
+    created = cluster.step(T + 10)[0]
+    assert isinstance(created, InstanceCreated)
+    cluster.delete_instance(created.instance.instance_id)  # its runner failed for good
+    assert cluster.state.drains["node-a"].moves == ()
+    assert cluster.step(T + 11) == []  # the keeper's backoff after a loss before ready
+    assert old in cluster.state.instances
+    again = [kinds(cluster.step(T + 11 + k)) for k in range(1, 40)]
+    assert ["InstanceCreated", "DeploymentPlaced", "DrainReplacementPlaced"] in again
+
+
+def test_a_state_that_trails_the_drains_events_gets_no_second_replacement() -> None:
+    cluster, _, _ = serving_on("node-a", "node-b")
+    cluster.drain("node-a")
+    first = cluster.step_keep(T + 10)
+    assert any(isinstance(e, DrainReplacementPlaced) for e in first)
+    # The state does not show the replacement yet: the next step places nothing more.
+    assert cluster.step_keep(T + 11) == []
+    cluster.apply(*first)
+    assert cluster.step(T + 12) == []
+
+
+def test_a_drain_places_only_in_a_step_that_placed_nothing_for_recovery() -> None:
+    cluster, _, _ = serving_on("node-a", "node-b", "node-c")
+    other = cluster.deploy("other")
+    cluster.drain("node-a")
+    first = cluster.step(T + 10)
+    assert [e.deployment_id for e in first if isinstance(e, DeploymentPlaced)] == [other]
+    assert not any(isinstance(e, DrainReplacementPlaced) for e in first)
+    second = cluster.step(T + 11)
+    assert any(isinstance(e, DrainReplacementPlaced) for e in second)
+
+
+def test_a_drain_of_a_node_that_runs_nothing_is_done_at_once() -> None:
+    cluster = Cluster(place=unplaceable())
+    cluster.add_nodes("node-a")
+    (started,) = cluster.drain("node-a")
+    assert isinstance(started, NodeDrainStarted) and not started.force
+    assert cluster.step(T) == [NodeDrainEnded(name="node-a")]
+    assert cluster.drain("node-a") != []  # a new drain of a drained node starts again
