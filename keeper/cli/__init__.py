@@ -30,6 +30,7 @@ from keeper.cli.deployments import (
     add_deployments_commands,
     token_option,
 )
+from keeper.cli.nodes import add_node_commands
 from keeper.cluster.local import exit_with_parent, run_cluster
 from keeper.exo_standin.app import STANDIN_API
 from keeper.httpapi.serving import MasterStartError
@@ -362,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.set_defaults(handler=cmd_cluster)
 
     add_deployments_commands(command)
+    add_node_commands(command)
 
     bridge = command(
         "bridge",

@@ -22,6 +22,7 @@ from keeper.httpapi.app import JSON, command_json, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
+from keeper.httpapi.nodes_routes import nodes_router
 from keeper.master.dashboard_stream import dashboard_response
 from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.master.service import Master
@@ -49,6 +50,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
     )
     app.include_router(deployments_router(master))
+    app.include_router(nodes_router(master))
     app.include_router(exo_routes(master, token))
 
     @app.get("/state")

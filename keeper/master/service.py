@@ -68,7 +68,12 @@ from keeper.master.membership import Membership
 from keeper.master.router import Router
 from keeper.master.stepping import KeeperLoop
 from keeper.master.subscriptions import MAX_DASHBOARD_STREAMS, Fanout, Subscription
-from keeper.model.api_models import CommandResponse, DeploymentHistoryResponse, DeploymentsResponse
+from keeper.model.api_models import (
+    CommandResponse,
+    DeploymentHistoryResponse,
+    DeploymentsResponse,
+    NodesResponse,
+)
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
@@ -96,7 +101,7 @@ from keeper.model.state import (
     State,
 )
 from keeper.runtime.built import LastBuilt
-from keeper.runtime.clock import Clock
+from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.deployments import (
     DEFAULT_MAX_DEPLOYMENTS,
     created_response,
@@ -121,6 +126,7 @@ from keeper.runtime.hosted_keeper import (
     default_keeper,
     start_keeper,
 )
+from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +396,44 @@ class Master:
             deployment = existing_deployment(self.state.deployments, deployment_id)
             await self._emit_and_wait(standby_events(deployment, standby))
         return standby_response(deployment, standby, self.new_id)
+
+    # --- cordons and drains (docs/design.md §5.15) ----------------------------------------
+
+    def nodes_view(self) -> NodesResponse:
+        return nodes_response(self.state, self._drains_keeper())
+
+    async def cordon_node(self, node: str) -> CommandResponse:
+        """No new placement on the node; answered once that is durable."""
+        async with self._lock:
+            name = node_name_for(self.state, node)
+            events = self._drains_keeper().cordon(name, self.state)
+            await self._emit_and_wait(events)
+        return node_command_response(name, "cordoned", "is cordoned already", events, self.new_id)
+
+    async def uncordon_node(self, node: str) -> CommandResponse:
+        async with self._lock:
+            name = node_name_for(self.state, node)
+            events = self._drains_keeper().uncordon(name, self.state)
+            self._stepping.keeper_changed()
+            await self._emit_and_wait(events)
+        return node_command_response(name, "uncordoned", "is not cordoned", events, self.new_id)
+
+    async def drain_node(self, node: str, force: bool) -> CommandResponse:
+        """Cordon the node and move the keeper's instances off it (the steps do the moving)."""
+        async with self._lock:
+            name = node_name_for(self.state, node)
+            when = iso_utc(self.clock.wall())
+            events = self._drains_keeper().drain(name, force, when, self.state)
+            self._stepping.keeper_changed()
+            await self._emit_and_wait(events)
+        log.info("node %s: drain%s started", name, " (forced)" if force else "")
+        return node_command_response(name, "draining", "is draining already", events, self.new_id)
+
+    def _drains_keeper(self) -> KeeperLike:
+        keeper = self._started.keeper_or_none
+        if keeper is None:
+            raise NotRunningError("the master is not running")
+        return keeper
 
     async def place_instance(
         self,

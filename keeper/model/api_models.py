@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -30,6 +31,7 @@ from keeper.model.state import (
     MAX_REPLICAS,
     MAX_STANDBY,
     Deployment,
+    DrainMove,
     InstanceMeta,
     ModelCard,
     ModelId,
@@ -341,3 +343,37 @@ def error_body(message: str, code: int, type_: str, param: str | None = None) ->
     return ErrorResponse(
         error=ErrorBody(message=message, type=type_, param=param, code=code)
     ).model_dump()
+
+
+# --- nodes: cordons and drains (docs/design.md §5.15) ---------------------------------------
+
+
+class DrainView(ApiModel):
+    """A drain under way: what moves, what is left, and why it is stuck, if it is."""
+
+    force: bool
+    started: str
+    moving: list[DrainMove]
+    # Instances still on the node: the keeper's to move, and those it did not place (left
+    # alone unless forced).
+    to_move: list[str]
+    unmanaged: list[str]
+    stuck: str | None = None
+
+
+class NodeView(ApiModel):
+    name: str  # the friendly name (cordons and drains are keyed by it)
+    node_ids: list[str]  # the cluster's nodes of that name; none while it is away
+    cordoned: bool
+    drain: DrainView | None = None
+
+
+class NodesResponse(ApiModel):
+    nodes: list[NodeView]
+
+
+class DrainRequest(ApiModel):
+    """``POST /nodes/{node}/drain``: ``force`` deletes what cannot be moved and what the keeper
+    did not place."""
+
+    force: StrictBool = False
