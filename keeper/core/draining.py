@@ -85,7 +85,15 @@ def replacement_view(state: State, old_instance_id: InstanceId) -> State:
     return without_nodes(state, others | cordoned_nodes(state))
 
 
-def stuck_note(state: State, drain: NodeDrain, model_id: str, reason: str) -> str:
-    """Why a drain cannot move an instance, in the placement's own numbers."""
-    away = node_names(state, cordoned_nodes(state))
-    return f"cannot move {model_id} off {drain.node} (nodes left out: {away}): {reason}"
+def stuck_note(state: State, drain: NodeDrain, old_instance_id: InstanceId, reason: str) -> str:
+    """Why a drain cannot move an instance, in the placement's own numbers, naming the nodes
+    left out and why."""
+    model_id = state.instances[old_instance_id].shard_assignments.model_id
+    cordoned = cordoned_nodes(state)
+    serving = frozenset(without_nodes(state, cordoned).topology.nodes) - frozenset(
+        replacement_view(state, old_instance_id).topology.nodes
+    )
+    left_out = [f"cordoned: {node_names(state, cordoned)}"]
+    if serving:
+        left_out.append(f"serving it already: {node_names(state, serving)}")
+    return f"cannot move {model_id} off {drain.node} ({'; '.join(left_out)}): {reason}"

@@ -283,7 +283,7 @@ class Keeper:
                 deployment.min_nodes,
             )
         except ValueError as reason:
-            note = stuck_note(state, drain, deployment.model_card.model_id, str(reason))
+            note = stuck_note(state, drain, old, str(reason))
             self._drain_stuck[key] = (signature, now + UNPLACEABLE_RETRY, note)
             if drain.force:  # break-before-make: the keeper places it again as for any fault
                 self._drain_deleted.add(old)

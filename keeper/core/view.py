@@ -38,9 +38,10 @@ LinkKey = tuple[NodeId, NodeId, str, str, str]
 class ClusterSignature:
     """The parts of a State that can turn an unplaceable deployment into a placeable one.
 
-    Per topology node: whether it reports memory and which backends it reports; and every
-    link. So each piece of a node rejoining changes it (showing up, reporting memory, reporting
-    backends, each link), while the memory figures themselves do not.
+    Per topology node: whether it reports memory and which backends it reports; every link;
+    and the cordoned names. So each piece of a node rejoining changes it (showing up,
+    reporting memory, reporting backends, each link), and so does an uncordon, while the memory
+    figures themselves do not.
 
     ``digest`` comes first so that comparing two different signatures usually stops there: a
     step compares the current one with every unplaceable deployment's, and a State read afresh
@@ -50,6 +51,8 @@ class ClusterSignature:
     digest: int
     nodes: frozenset[tuple[NodeId, bool, frozenset[Backend]]]
     links: frozenset[LinkKey]
+    # The cordoned names: an uncordon can make a placement fit at once.
+    cordoned: tuple[str, ...] = ()
 
 
 def cluster_signature(state: State) -> ClusterSignature:
@@ -62,8 +65,8 @@ def cluster_signature(state: State) -> ClusterSignature:
     )
     # (No mutation: the digest alone tells apart all but colliding signatures, which the fields
     # settle, and without a digest the fields alone would; either way the answers are the same.)
-    digest = hash((nodes, links))  # pragma: no mutate
-    return ClusterSignature(digest, nodes, links)  # pragma: no mutate
+    digest = hash((nodes, links, state.cordoned))  # pragma: no mutate
+    return ClusterSignature(digest, nodes, links, state.cordoned)  # pragma: no mutate
 
 
 # Stands in for the signature in a step where no deployment is short of instances: that step

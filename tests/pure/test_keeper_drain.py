@@ -200,3 +200,26 @@ def test_a_drain_of_a_node_that_runs_nothing_is_done_at_once() -> None:
     assert isinstance(started, NodeDrainStarted) and not started.force
     assert cluster.step(T) == [NodeDrainEnded(name="node-a")]
     assert cluster.drain("node-a") != []  # a new drain of a drained node starts again
+
+
+def test_an_uncordon_lets_a_stuck_move_try_again_at_once() -> None:
+    cluster, _, (old,) = serving_on("node-a", "node-b")
+    cluster.cordon("node-b")
+    cluster.drain("node-a")
+    assert cluster.step(T + 10) == []
+    note = cluster.keeper.drain_note("node-a")
+    assert note is not None and "cordoned: node-a, node-b" in note
+    cluster.uncordon("node-b")
+    placed = cluster.step(T + 11)  # well inside the 30 s retry: the cordons changed
+    assert any(isinstance(e, DrainReplacementPlaced) for e in placed)
+    assert cluster.keeper.drain_note("node-a") is None
+    assert old in cluster.state.instances
+
+
+def test_a_stuck_note_names_the_nodes_left_out_for_anti_affinity() -> None:
+    cluster, _, instances = serving_on("node-a", "node-b", replicas=2)
+    cluster.drain("node-a")
+    assert cluster.step(T + 10) == []
+    note = cluster.keeper.drain_note("node-a")
+    assert note is not None and "serving it already: node-b" in note
+    assert len(instances) == 2
