@@ -106,6 +106,10 @@ __all__ = [
 ]
 
 
+# How long an instance a drain moves away keeps answering the chats it has after its
+# replacement is ready (new chats already go to the replacement): a few seconds covers the
+# short chats of most clients; a longer reply is cut, as on any deletion.
+DRAIN_SETTLE = 5.0
 # Staging asks at most this often: downloads take minutes, and a plan costs placements.
 STAGING_INTERVAL = 5.0
 # Staging plans computed again in one step at most (each is up to ``standby`` placements).
@@ -172,6 +176,7 @@ class Keeper:
         # drains whose end was sent, and per (drain, deployment) a move that could not be placed:
         # the cluster it failed on, when to try anyway, and why (the drain's note).
         self._drain_deleted: set[InstanceId] = set()
+        self._drain_ready_at: dict[InstanceId, float] = {}  # old instance -> replacement ready
         self._drain_ended: set[str] = set()
         self._drain_stuck: dict[tuple[str, DeploymentId], tuple[ClusterSignature, float, str]] = {}
 
@@ -219,6 +224,9 @@ class Keeper:
         instance once its replacement is ready; place the next replacement (one per step, and
         none in a step that placed for recovery); end a drain when its node is empty."""
         self._drain_deleted &= set(state.instances)
+        self._drain_ready_at = {
+            i: t for i, t in self._drain_ready_at.items() if i in state.instances
+        }
         self._drain_ended &= set(state.drains)
         events: list[AnyEvent] = []
         may_place = not placed_now
@@ -227,12 +235,13 @@ class Keeper:
             for move in picture.moving:
                 replacement = state.instances.get(move.new_instance_id)
                 old = move.old_instance_id
-                if (
-                    replacement is not None
-                    and instance_is_ready(replacement, state)
-                    and old in state.instances
-                    and old not in self._drain_deleted
-                ):
+                if replacement is None or not instance_is_ready(replacement, state):
+                    continue
+                # From the replacement's readiness on, chats go to it (``chat_targets``); the
+                # old instance keeps DRAIN_SETTLE for the chats it is answering, then goes.
+                ready_at = self._drain_ready_at.setdefault(old, now)
+                settled = now >= ready_at + DRAIN_SETTLE
+                if settled and old in state.instances and old not in self._drain_deleted:
                     self._drain_deleted.add(old)
                     events.append(InstanceDeleted(instance_id=old))
             if picture.empty:

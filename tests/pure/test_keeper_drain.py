@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, simple_place, unplaceable
 
+from keeper.core.keeper import DRAIN_SETTLE
 from keeper.model.events import (
     AnyEvent,
     DeploymentPlaced,
@@ -17,7 +18,10 @@ from keeper.model.events import (
     NodeDrainStarted,
     NodeUncordoned,
 )
+from keeper.model.readiness import chat_targets
 from keeper.model.state import AnyInstance
+
+ALL = frozenset({"node-a", "node-b", "node-c"})  # connected nodes
 
 T = AFTER_GRACE
 
@@ -85,13 +89,18 @@ def test_a_drain_moves_an_instance_make_before_break() -> None:
     # Until the replacement is ready, the old one stays (two instances: replicas + 1).
     assert cluster.step(T + 11) == []
     assert len(model_instances(cluster)) == 2
+    assert chat_targets(cluster.state, "m", ALL) == [(old, "node-a")]
     cluster.make_ready(new)
-    assert cluster.step(T + 12) == [InstanceDeleted(instance_id=old)]
-    assert cluster.step(T + 13) == [NodeDrainEnded(name="node-a")]
+    # Ready: new chats go to the replacement; the old one finishes its own for DRAIN_SETTLE.
+    assert chat_targets(cluster.state, "m", ALL) == [(new, "node-b")]
+    assert cluster.step(T + 12) == []
+    assert cluster.step(T + 12 + DRAIN_SETTLE - 0.5) == []
+    assert cluster.step(T + 12 + DRAIN_SETTLE) == [InstanceDeleted(instance_id=old)]
+    assert cluster.step(T + 13 + DRAIN_SETTLE) == [NodeDrainEnded(name="node-a")]
     assert cluster.state.drains == {} and cluster.state.cordoned == ("node-a",)
     assert [i.instance_id for i in model_instances(cluster)] == [new]
     assert cluster.deployment(deployment_id).placed_instance_ids == (new,)
-    assert cluster.step(T + 14) == []
+    assert cluster.step(T + 14 + DRAIN_SETTLE) == []
 
 
 def test_one_instance_moves_at_a_time_and_never_more_than_replicas_plus_one() -> None:
@@ -100,7 +109,7 @@ def test_one_instance_moves_at_a_time_and_never_more_than_replicas_plus_one() ->
     assert len(on_a) == 1
     cluster.drain("node-a")
     most = 0
-    for k in range(20):
+    for k in range(30):
         events = cluster.step(T + 10 + k)
         most = max(most, len(model_instances(cluster)))
         for event in events:
