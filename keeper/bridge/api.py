@@ -30,6 +30,7 @@ from keeper.httpapi.app import JSON, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
+from keeper.httpapi.nodes_routes import nodes_router
 
 
 def create_bridge_app(
@@ -42,6 +43,7 @@ def create_bridge_app(
         max_body_bytes=max_body_bytes,
     )
     app.include_router(deployments_router(bridge))
+    app.include_router(nodes_router(bridge))
 
     @app.get("/state", responses=refusals((503, "exo has not answered yet")))
     async def state() -> Response:
