@@ -23,7 +23,6 @@ from keeper.model.state import (
     DrainMove,
     InstanceId,
     NodeDrain,
-    NodeId,
     State,
     cordoned_nodes,
     nodes_named,
@@ -34,7 +33,6 @@ from keeper.model.state import (
 class DrainPicture:
     """A draining node as the State shows it."""
 
-    node_ids: frozenset[NodeId]  # the cluster's nodes of that name (none: it left)
     moving: tuple[DrainMove, ...]  # moves under way
     # The keeper's instances on the node with no move under way, by deployment, in id order.
     to_move: tuple[tuple[DeploymentId, InstanceId], ...]
@@ -68,7 +66,7 @@ def drain_picture(state: State, drain: NodeDrain) -> DrainPicture:
         and owner[instance_id] not in moving_deployments
     )
     unmanaged = tuple(i for i in on_node if i not in owner)
-    return DrainPicture(node_ids, drain.moves, tuple(to_move), unmanaged)
+    return DrainPicture(drain.moves, tuple(to_move), unmanaged)
 
 
 def replacement_view(state: State, old_instance_id: InstanceId) -> State:

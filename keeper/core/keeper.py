@@ -36,6 +36,7 @@ from keeper.core.draining import drain_picture, replacement_view, stuck_note
 from keeper.core.memo import (
     FRESH,
     DeploymentMemo,
+    busy,
     observe,
     placed,
     recorded,
@@ -206,10 +207,12 @@ class Keeper:
         signature = cluster_signature(state) if short else AT_REST  # pragma: no mutate
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         events = self._attempt(self._in_turn(due), state, signature, now)
-        if state.drains or self._drain_deleted or self._drain_ended:
+        if state.drains:
             # Recovery first: a drain places only in a step that placed nothing else.
             placed_now = any(isinstance(e, InstanceCreated) for e in events)
             events = [*events, *self._drain(state, cluster_signature(state), now, placed_now)]
+        else:
+            self._forget_drains()
         # Staging only when no placement is due: placing comes first. A deployment short but
         # waiting (its backoff, a cluster nothing fits, a placement on its way) does not hold
         # the others' staging back: one model too big for the cluster would stop it for good.
@@ -249,9 +252,13 @@ class Keeper:
                     self._drain_ended.add(name)
                     events.append(NodeDrainEnded(name=name))
                 continue
-            for deployment_id, old in picture.to_move:
-                if old in self._drain_deleted:
-                    continue
+            # Not one whose deletion was sent (forced) and not one of a deployment being deleted.
+            movable = [
+                (deployment_id, old)
+                for deployment_id, old in picture.to_move
+                if old not in self._drain_deleted and deployment_id not in self._deleting
+            ]
+            for deployment_id, old in movable:
                 outcome, may_place = self._move(
                     drain, deployment_id, old, state, signature, now, may_place
                 )
@@ -276,12 +283,12 @@ class Keeper:
         """Place a replacement for ``old`` if the deployment may place now: its events, and
         whether the step may still place."""
         deployment = state.deployments[deployment_id]
-        memo = self._memos.get(deployment_id, FRESH)
+        memo = self._memos[deployment_id]  # observed at the start of this step
         key = (drain.node, deployment_id)
         stuck = self._drain_stuck.get(key)
         if stuck is not None and stuck[0] == signature and now < stuck[1] and not drain.force:
             return [], may_place
-        if not may_place or waiting(memo, signature, now) is not None:
+        if not may_place or busy(memo, now) is not None:
             return [], may_place
         try:
             instance = self._place(
@@ -308,6 +315,13 @@ class Keeper:
             DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id),
             DrainReplacementPlaced(name=drain.node, move=move),
         ], False
+
+    def _forget_drains(self) -> None:
+        """No drain in the State: nothing of one to remember (the memory stays bounded)."""
+        self._drain_deleted = set()
+        self._drain_ended = set()
+        self._drain_ready_at = {}
+        self._drain_stuck = {}
 
     def drain_note(self, name: str) -> str | None:
         """Why the drain of ``name`` cannot move an instance now, or None."""

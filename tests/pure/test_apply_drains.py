@@ -122,3 +122,10 @@ def test_nodes_are_named_by_friendly_name_else_id() -> None:
     assert cordoned_nodes(cluster.apply(NodeCordoned(name="n3"))) == {"n1", "n2", "n3"}
     assert cordoned_nodes(State().model_copy(update={"cordoned": ("gone",)})) == set()
     assert node_info("x").node_id == "x"
+
+
+def test_a_forced_drain_of_a_cordoned_node_is_forced_and_cordons_it_once() -> None:
+    state = apply(State(), NodeCordoned(name="studio"))
+    state = apply(state, NodeDrainStarted(name="studio", force=True, when="t"))
+    assert state.cordoned == ("studio",)
+    assert state.drains["studio"] == NodeDrain(node="studio", force=True, started="t")

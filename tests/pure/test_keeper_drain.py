@@ -4,9 +4,19 @@ never more than replicas + 1 instances of a model."""
 
 from __future__ import annotations
 
-from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, simple_place, unplaceable
+from keeper_harness import (
+    AFTER_GRACE,
+    WHEN,
+    Cluster,
+    RecordingPlace,
+    build_instance,
+    card,
+    simple_place,
+    unplaceable,
+)
 
 from keeper.core.keeper import DRAIN_SETTLE
+from keeper.model.constants import UNPLACEABLE_RETRY
 from keeper.model.events import (
     AnyEvent,
     DeploymentPlaced,
@@ -19,7 +29,7 @@ from keeper.model.events import (
     NodeUncordoned,
 )
 from keeper.model.readiness import chat_targets
-from keeper.model.state import AnyInstance
+from keeper.model.state import AnyInstance, InstanceMeta, Sharding
 
 ALL = frozenset({"node-a", "node-b", "node-c"})  # connected nodes
 
@@ -232,3 +242,168 @@ def test_a_stuck_note_names_the_nodes_left_out_for_anti_affinity() -> None:
     note = cluster.keeper.drain_note("node-a")
     assert note is not None and "serving it already: node-b" in note
     assert len(instances) == 2
+
+
+def two_models_on(node: str, *others: str) -> tuple[Cluster, list[str]]:
+    """``m`` and ``n`` each placed (and ready) on ``node``, the freest, with ``others`` beside:
+    (the cluster, their instance ids)."""
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes(node, *others)
+    cluster.add_node(node, available_gb=64.0)
+    for k, model in enumerate(("m", "n")):
+        deployment_id = cluster.deploy(model)
+        cluster.step(T + k)
+        cluster.make_ready(cluster.instance_of(deployment_id).instance_id)
+    instances = [cluster.instances_of_model(m)[0].instance_id for m in ("m", "n")]
+    assert all(cluster.nodes_of(i) == [node] for i in instances)
+    return cluster, instances
+
+
+def test_one_replacement_per_step_though_two_deployments_move() -> None:
+    cluster, _ = two_models_on("node-a", "node-b")
+    cluster.drain("node-a")
+    first = cluster.step(T + 10)
+    assert kinds(first) == ["InstanceCreated", "DeploymentPlaced", "DrainReplacementPlaced"]
+    second = cluster.step(T + 11)
+    assert kinds(second) == ["InstanceCreated", "DeploymentPlaced", "DrainReplacementPlaced"]
+    assert len(cluster.state.drains["node-a"].moves) == 2
+
+
+def test_each_move_finishes_on_its_own_when_its_replacement_is_ready() -> None:
+    cluster, (old_m, old_n) = two_models_on("node-a", "node-b")
+    cluster.drain("node-a")
+    cluster.step(T + 10)
+    cluster.step(T + 11)
+    (move_m, move_n) = sorted(
+        cluster.state.drains["node-a"].moves, key=lambda move: move.old_instance_id != old_m
+    )
+    cluster.make_ready(move_n.new_instance_id)  # the second move's only
+    cluster.step(T + 12)
+    assert cluster.step(T + 12 + DRAIN_SETTLE) == [InstanceDeleted(instance_id=old_n)]
+    assert old_m in cluster.state.instances and move_m.old_instance_id == old_m
+
+
+def test_what_the_drain_sent_is_not_sent_again_while_the_state_trails() -> None:
+    cluster, _, (old,) = serving_on("node-a", "node-b")
+    cluster.drain("node-a")
+    created = cluster.step(T + 10)[0]
+    assert isinstance(created, InstanceCreated)
+    cluster.make_ready(created.instance.instance_id)
+    cluster.step(T + 11)
+    deleted = cluster.step_keep(T + 11 + DRAIN_SETTLE)
+    assert deleted == [InstanceDeleted(instance_id=old)]
+    assert cluster.step_keep(T + 12 + DRAIN_SETTLE) == []  # not applied yet: not sent again
+    cluster.apply(*deleted)
+    ended = cluster.step_keep(T + 13 + DRAIN_SETTLE)
+    assert ended == [NodeDrainEnded(name="node-a")]
+    assert cluster.step_keep(T + 14 + DRAIN_SETTLE) == []
+    cluster.apply(*ended)
+    assert cluster.step(T + 15 + DRAIN_SETTLE) == []
+
+
+def test_a_forced_deletion_is_not_sent_again_while_the_state_trails() -> None:
+    cluster, _, (old,) = serving_on("node-a")
+    by_hand = build_instance(card("other"), ["node-a"], "by-hand")
+    cluster.apply(InstanceCreated(instance=by_hand))
+    cluster.drain("node-a", force=True)
+    sent = cluster.step_keep(T + 10)
+    assert sorted(kinds(sent)) == ["InstanceDeleted", "InstanceDeleted"]
+    assert {e.instance_id for e in sent if isinstance(e, InstanceDeleted)} == {old, "by-hand"}
+    assert cluster.step_keep(T + 11) == []
+
+
+def test_a_drain_of_an_empty_node_does_not_hold_up_the_next_drain() -> None:
+    cluster, _, _ = serving_on("node-b", "node-a", "node-c", first="node-b")
+    cluster.drain("node-a")  # runs nothing
+    cluster.drain("node-b")
+    events = cluster.step(T + 10)
+    assert NodeDrainEnded(name="node-a") in events
+    assert any(isinstance(e, DrainReplacementPlaced) for e in events)
+
+
+def test_a_stuck_move_is_tried_again_when_the_retry_is_due_not_before() -> None:
+    recorder = RecordingPlace(inner=simple_place)
+    cluster = Cluster(place=recorder)
+    cluster.add_nodes("node-a")
+    deployment_id = cluster.deploy(
+        "m", sharding=Sharding.TENSOR, instance_meta=InstanceMeta.MLX_JACCL
+    )
+    cluster.step(T)
+    cluster.make_ready(cluster.instance_of(deployment_id).instance_id)
+    cluster.drain("node-a")
+    before = len(recorder.calls)
+    cluster.step(T + 10)
+    assert recorder.calls[before:] == [("m", "Tensor", "MlxJaccl", 1)]
+    cluster.step(T + 11)
+    cluster.step(T + 10 + UNPLACEABLE_RETRY - 0.5)
+    assert len(recorder.calls) == before + 1  # the same cluster: not asked again yet
+    cluster.step(T + 10 + UNPLACEABLE_RETRY)
+    assert len(recorder.calls) == before + 2
+
+
+def test_notes_of_two_stuck_moves_are_joined_in_deployment_order() -> None:
+    cluster, _ = two_models_on("node-a")
+    cluster.drain("node-a")
+    cluster.step(T + 10)
+    left_out = "(cordoned: node-a): No cycles found with sufficient memory"
+    assert cluster.keeper.drain_note("node-a") == (
+        f"cannot move m off node-a {left_out}; cannot move n off node-a {left_out}"
+    )
+
+
+def test_an_uncordon_forgets_its_own_stuck_moves_only() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a", "node-b")
+    for model, node in (("m", "node-a"), ("n", "node-b")):
+        cluster.cordon("node-b" if node == "node-a" else "node-a")
+        deployment_id = cluster.deploy(model)
+        cluster.step(T)
+        cluster.make_ready(cluster.instance_of(deployment_id).instance_id)
+        cluster.uncordon("node-b" if node == "node-a" else "node-a")
+        assert cluster.nodes_of(cluster.instance_of(deployment_id).instance_id) == [node]
+    cluster.drain("node-a")
+    cluster.drain("node-b")
+    cluster.step(T + 10)
+    assert cluster.keeper.drain_note("node-a") and cluster.keeper.drain_note("node-b")
+    cluster.uncordon("node-a")
+    assert cluster.keeper.drain_note("node-a") is None
+    assert cluster.keeper.drain_note("node-b") is not None
+
+
+def test_a_drain_started_twice_is_started_once_and_again_once_it_ended() -> None:
+    cluster = Cluster(place=unplaceable())
+    cluster.add_nodes("node-a")
+    assert cluster.drain("node-a") == [NodeDrainStarted(name="node-a", when=WHEN)]
+    assert cluster.drain("node-a") == []
+    assert cluster.drain("node-a", force=True) == [
+        NodeDrainStarted(name="node-a", force=True, when=WHEN)
+    ]
+    assert cluster.state.drains["node-a"].force
+    assert cluster.drain("node-a", force=True) == []
+    assert cluster.step(T) == [NodeDrainEnded(name="node-a")]
+    assert cluster.state.cordoned == ("node-a",)  # cordoned once, however many drains
+    cluster.drain("node-a")  # at once, before any step prunes what the keeper remembers
+    assert cluster.step(T + 1) == [NodeDrainEnded(name="node-a")]
+
+
+def test_a_replacement_may_share_a_node_with_another_models_instance() -> None:
+    cluster, _, _ = serving_on("node-a", "node-b")
+    other = build_instance(card("other"), ["node-b"], "other-on-b")
+    cluster.apply(InstanceCreated(instance=other))
+    cluster.drain("node-a")
+    placed = cluster.step(T + 10)
+    created = placed[0]
+    assert isinstance(created, InstanceCreated)
+    assert cluster.nodes_of(created.instance.instance_id) == ["node-b"]
+
+
+def test_the_keeper_remembers_nothing_of_drains_once_there_are_none() -> None:
+    cluster, _, _ = serving_on("node-a")
+    cluster.drain("node-a", force=True)
+    cluster.step(T + 10)
+    cluster.step(T + 11)
+    assert cluster.state.drains == {}
+    cluster.step(T + 12)
+    keeper = cluster.keeper
+    assert keeper._drain_deleted == set() and keeper._drain_ended == set()  # pyright: ignore[reportPrivateUsage]
+    assert keeper._drain_stuck == {} and keeper._drain_ready_at == {}  # pyright: ignore[reportPrivateUsage]
