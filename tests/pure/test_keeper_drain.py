@@ -15,7 +15,7 @@ from keeper_harness import (
     unplaceable,
 )
 
-from keeper.core.keeper import DRAIN_SETTLE
+from keeper.core.keeper import DRAIN_SETTLE, Keeper
 from keeper.model.constants import UNPLACEABLE_RETRY
 from keeper.model.events import (
     AnyEvent,
@@ -239,8 +239,10 @@ def test_a_stuck_note_names_the_nodes_left_out_for_anti_affinity() -> None:
     cluster, _, instances = serving_on("node-a", "node-b", replicas=2)
     cluster.drain("node-a")
     assert cluster.step(T + 10) == []
-    note = cluster.keeper.drain_note("node-a")
-    assert note is not None and "serving it already: node-b" in note
+    assert cluster.keeper.drain_note("node-a") == (
+        "cannot move m off node-a (cordoned: node-a; serving it already: node-b): "
+        "No cycles found with sufficient memory"
+    )
     assert len(instances) == 2
 
 
@@ -407,3 +409,16 @@ def test_the_keeper_remembers_nothing_of_drains_once_there_are_none() -> None:
     keeper = cluster.keeper
     assert keeper._drain_deleted == set() and keeper._drain_ended == set()  # pyright: ignore[reportPrivateUsage]
     assert keeper._drain_stuck == {} and keeper._drain_ready_at == {}  # pyright: ignore[reportPrivateUsage]
+
+
+def test_a_new_keeper_resumes_a_drain_from_the_state() -> None:
+    cluster, _, (old,) = serving_on("node-a", "node-b")
+    cluster.drain("node-a")
+    created = cluster.step(T + 10)[0]
+    assert isinstance(created, InstanceCreated)
+    # A restart: a keeper with no memory, the drain and its move in the State (the log).
+    cluster.keeper = Keeper(0.0, place=simple_place)
+    cluster.make_ready(created.instance.instance_id)
+    assert cluster.step(T + 20) == []
+    assert cluster.step(T + 20 + DRAIN_SETTLE) == [InstanceDeleted(instance_id=old)]
+    assert cluster.step(T + 21 + DRAIN_SETTLE) == [NodeDrainEnded(name="node-a")]
