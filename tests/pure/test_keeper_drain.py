@@ -422,3 +422,14 @@ def test_a_new_keeper_resumes_a_drain_from_the_state() -> None:
     assert cluster.step(T + 20) == []
     assert cluster.step(T + 20 + DRAIN_SETTLE) == [InstanceDeleted(instance_id=old)]
     assert cluster.step(T + 21 + DRAIN_SETTLE) == [NodeDrainEnded(name="node-a")]
+
+
+def test_a_new_keeper_starts_the_moves_of_a_drain_it_finds() -> None:
+    cluster, _, _ = serving_on("node-a", "node-b")
+    cluster.drain("node-a")
+    cluster.keeper = Keeper(0.0, place=simple_place)  # a restart before any move was placed
+    assert kinds(cluster.step(T + 20)) == [
+        "InstanceCreated",
+        "DeploymentPlaced",
+        "DrainReplacementPlaced",
+    ]
