@@ -75,14 +75,12 @@ from keeper.bridge.in_flight import LATE_LANDING_WATCH_S
 from keeper.bridge.placing import PlacementAnswers, StepPlacement, ask_exo, due_for_placement
 from keeper.bridge.staging_calls import StagingCalls
 from keeper.bridge.vanished import VanishedInstances
-from keeper.core.whatif import what_if_named
 from keeper.model.api_models import (
     CommandResponse,
     DeploymentHistoryResponse,
     DeploymentsResponse,
     DeploymentView,
     NodesResponse,
-    WhatIfResponse,
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
@@ -305,15 +303,15 @@ class Bridge:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
         return history_response(self.state, deployment_id, hours, self._wall())
 
-    def what_if(self, nodes: Sequence[str]) -> WhatIfResponse:
-        """``GET /whatif``: what losing ``nodes`` now would do, on exo's State with the bridge's
-        deployments, placed as the keeper previews (our placement, exo's cards); a 503 while
-        exo's State is not followed, as an answer on a stale one would mislead."""
+    def what_if_state(self) -> State:
+        """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): exo's with the
+        bridge's deployments, placed as the keeper previews (our placement, exo's cards); a 503
+        while exo's State is not followed, as an answer on a stale one would mislead."""
         if not self._follow.following:
             outage = self._follow.outage
             why = outage.reason if outage is not None else "no answer yet"
             raise ExoDownError(f"exo's State is not followed now ({why}): what-if reads it")
-        return what_if_named(self.state, nodes)
+        return self.state
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, the ``GET /deployments`` body."""

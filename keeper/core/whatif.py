@@ -1,8 +1,8 @@
 """What-if: what losing some nodes now would do to each deployment (docs/design.md §5.14).
 
-An operator about to reboot a machine, or wondering which one he cannot afford to lose, wants
-the answer the cluster itself would give, not a guess. So the answer is computed the way a real
-loss unfolds, from the State alone:
+An operator about to reboot a machine, or asking which one the cluster cannot afford to lose,
+wants the answer the cluster itself would give, not a guess. So the answer is computed the way a
+real loss unfolds, from the State alone:
 
 1. the loss: ``NodeTimedOut`` for each node, then the sweep's ``InstanceDeleted`` for every
    instance left on a node missing from the topology (``instances_off_topology``, the rule the
@@ -36,7 +36,6 @@ from keeper.core.view import (
     instances_off_topology,
     models_instance_counts,
     node_names,
-    nodes_serving,
     without_nodes,
 )
 from keeper.model.api_models import (
@@ -158,8 +157,12 @@ def what_if(state: State, nodes: Sequence[NodeId], place: PlaceFn | None = None)
     lost_state = without_lost_nodes(state, nodes)
     order = placement_order(lost_state.deployments.values())
     placed, reasons = _replace(lost_state, order, place)
-    # Named from the State before the loss: a node's identity goes with it.
-    lost = [i for i in state.instances.values() if i.instance_id not in lost_state.instances]
+    # The instances the loss deletes, by model (named from the State before it: a node's
+    # identity goes with the node).
+    lost: dict[ModelId, list[AnyInstance]] = {}
+    for instance_id in sorted(state.instances.keys() - lost_state.instances.keys()):
+        instance = state.instances[instance_id]
+        lost.setdefault(instance.shard_assignments.model_id, []).append(instance)
     before = models_instance_counts(state)
     return WhatIfResponse(
         nodes=[_node(state, node) for node in nodes],
@@ -169,7 +172,7 @@ def what_if(state: State, nodes: Sequence[NodeId], place: PlaceFn | None = None)
                 state,
                 lost_state,
                 before.get(deployment.model_card.model_id, 0),
-                [i for i in lost if i.shard_assignments.model_id == deployment.model_card.model_id],
+                lost.get(deployment.model_card.model_id, []),
                 placed.get(deployment.deployment_id, []),
                 reasons.get(deployment.deployment_id),
             )
@@ -196,17 +199,28 @@ def _replace(
     no deployment needs more."""
     placed: dict[DeploymentId, list[AnyInstance]] = {}
     reasons: dict[DeploymentId, str] = {}
+    # Kept up to date as instances are added: reading them afresh from the State for each
+    # attempt (``models_instance_counts``, ``nodes_serving``) would walk every instance each time.
+    counts = models_instance_counts(state)
+    serving: dict[ModelId, set[NodeId]] = {}
+    for instance in state.instances.values():
+        nodes = instance.shard_assignments.node_to_runner
+        serving.setdefault(instance.shard_assignments.model_id, set()).update(nodes)
     active = list(order)
     for _ in range(MAX_REPLICAS):
         still: list[Deployment] = []
         for deployment in active:
-            model_id = deployment.model_card.model_id
-            if models_instance_counts(state).get(model_id, 0) >= deployment.replicas:
+            if counts.get(deployment.model_card.model_id, 0) >= deployment.replicas:
                 continue
-            outcome = _place_one(state, deployment, place)
+            apart = frozenset(serving.get(deployment.model_card.model_id, ()))
+            outcome = _place_one(state, deployment, apart, place)
             if isinstance(outcome, str):
                 reasons[deployment.deployment_id] = outcome
                 continue
+            model_id = outcome.shard_assignments.model_id
+            if outcome.instance_id not in state.instances:
+                counts[model_id] = counts.get(model_id, 0) + 1
+            serving.setdefault(model_id, set()).update(outcome.shard_assignments.node_to_runner)
             state = apply(state, InstanceCreated(instance=outcome))
             state = apply(
                 state,
@@ -222,11 +236,13 @@ def _replace(
     return placed, reasons
 
 
-def _place_one(state: State, deployment: Deployment, place: PlaceFn) -> AnyInstance | str:
-    """One more instance of the deployment's model, apart from the nodes serving it, or the
-    refusal as the keeper records it in the deployment's ``placementError``."""
+def _place_one(
+    state: State, deployment: Deployment, serving: frozenset[NodeId], place: PlaceFn
+) -> AnyInstance | str:
+    """One more instance of the deployment's model, apart from the nodes serving it
+    (``serving``: ``nodes_serving`` of the model on ``state``), or the refusal as the keeper
+    records it in the deployment's ``placementError``."""
     model_id = deployment.model_card.model_id
-    serving = nodes_serving(state, model_id)
     try:
         return place(
             without_nodes(state, serving),

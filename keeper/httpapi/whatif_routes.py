@@ -2,39 +2,51 @@
 
 What losing those nodes now would do to each deployment: the answer is the pure
 ``keeper.core.whatif``'s, on the State the service holds. The route is written once, over the
-one function each service provides (``WhatIfService.what_if``: the master on its State, the
-bridge on exo's with its deployments in it), so a client cannot tell the two apart; and so is
+one function each service provides (``WhatIfService.what_if_state``: the master's State, or
+exo's with the bridge's deployments in it), so a client cannot tell the two apart; and so is
 its contract: a node no one has is a 404 naming it, no node at all (or a friendly name several
 share) a 422, a service that cannot answer now a 503.
+
+The State is read on the event loop and the answer computed in a worker thread, one at a time:
+a what-if is up to a placement per deployment (over a second for a thousand deployments that
+all move, ``bench.whatif_bench``), and the loop it would otherwise hold is the one that
+heartbeats, steps the keeper and serves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Annotated, Protocol
 
+import anyio
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from keeper.core.whatif import node_list
+from keeper.core.whatif import node_list, what_if_named
 from keeper.httpapi.app import JSON
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.model.api_models import WhatIfResponse
+from keeper.model.state import State
 
 # What the document says a node list is: at least one name that is not all commas and spaces.
 # The route checks it itself (``node_list``), so that the refusal says it in words.
 NODE_LIST_PATTERN = r"[^,\s]"
 
 
+# What-ifs computed at once: each is CPU the event loop shares, so more at once only slow each
+# other and the loop; the next waits its turn.
+CONCURRENT_WHATIFS = 1
+
+
 class WhatIfService(Protocol):
-    def what_if(self, nodes: Sequence[str]) -> WhatIfResponse:
-        """What losing ``nodes`` (friendly names or ids) now would do; refusals raise
-        ``keeper.model.refusals`` types (``keeper.core.whatif.resolve_nodes``)."""
+    def what_if_state(self) -> State:
+        """The State a what-if reads now; a refusal (``keeper.model.refusals``) if there is
+        none to trust."""
         ...
 
 
 def whatif_router(service: WhatIfService) -> APIRouter:
     router = APIRouter()
+    limiter = anyio.CapacityLimiter(CONCURRENT_WHATIFS)
 
     @router.get(
         "/whatif",
@@ -61,7 +73,10 @@ def whatif_router(service: WhatIfService) -> APIRouter:
             ),
         ],
     ) -> Response:
-        answer = service.what_if(node_list(nodes))
+        state = service.what_if_state()
+        answer = await anyio.to_thread.run_sync(
+            what_if_named, state, node_list(nodes), limiter=limiter
+        )
         return Response(answer.model_dump_json().encode(), media_type=JSON)
 
     return router

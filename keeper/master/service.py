@@ -55,7 +55,6 @@ from anyio.abc import TaskStatus
 from keeper.core.keeper import PlaceFn, calls_for_step
 from keeper.core.placement import place_instance
 from keeper.core.view import instances_off_topology
-from keeper.core.whatif import what_if_named
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
     AnyMasterMessage,
@@ -75,7 +74,6 @@ from keeper.model.api_models import (
     DeploymentHistoryResponse,
     DeploymentsResponse,
     NodesResponse,
-    WhatIfResponse,
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
@@ -304,9 +302,9 @@ class Master:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
         return history_response(self.state, deployment_id, hours, self.clock.wall())
 
-    def what_if(self, nodes: Sequence[str]) -> WhatIfResponse:
-        """``GET /whatif``: what losing ``nodes`` now would do (``keeper.core.whatif``)."""
-        return what_if_named(self.state, nodes)
+    def what_if_state(self) -> State:
+        """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): the master's."""
+        return self.state
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""
