@@ -10,14 +10,15 @@ real loss unfolds, from the State alone:
    leaves;
 2. the keeper's placement decisions on it: a deployment with fewer instances of its model than
    its replicas gets one more, placed on the State without the nodes already serving the model
-   (anti-affinity, §5.11), its refusal worded as the keeper words the deployment's
-   ``placementError``; one placement at a time, each applied to the State before the next is
-   decided (§5.2), the deployments taking turns in ``placement_order``, until none can have
-   more. Placement prefers the nodes holding the model (§4.1 rule 7), so staged copies (§5.12)
-   are where the replacements go, as they would be.
+   (anti-affinity, §5.11) and without the cordoned ones (§5.15), its refusal worded as the
+   keeper words the deployment's ``placementError``; one placement at a time, each applied to
+   the State before the next is decided (§5.2), the deployments taking turns in
+   ``placement_order``, until none can have more. Placement prefers the nodes holding the model
+   (§4.1 rule 7), so staged copies (§5.12) are where the replacements go, as they would be.
 
 What it leaves out is what the State does not hold: the keeper's memory (a backoff, a placement
-on its way) delays a placement but does not change where it goes; and, as the keeper, it does not
+on its way) delays a placement but does not change where it goes; a drain under way moves its
+instances after the recovery (a fault comes first, §5.15); and, as the keeper, it does not
 subtract the memory a placed instance will take: placement reads the memory nodes report, and
 they report an instance's memory only once it has loaded.
 
@@ -58,7 +59,10 @@ from keeper.model.state import (
     ModelId,
     NodeId,
     State,
+    cordoned_nodes,
     download_entry,
+    node_name,
+    nodes_named,
 )
 
 # Node names quoted in a refusal are cut to this many characters: a megabyte-long query need not
@@ -90,39 +94,27 @@ def node_list(text: str) -> list[str]:
 
 
 def resolve_nodes(state: State, names: Sequence[str]) -> list[NodeId]:
-    """The nodes ``names`` mean (each a node id, else a friendly name), in the order given,
-    each once. A name no node has is a NotFoundError naming it; none given, or a friendly name
-    several nodes share, an UnprocessableError saying so."""
+    """The nodes ``names`` mean, in the order given, each once: a node id is that node; a
+    friendly name is every node that goes by it (one Mac, whose old id may linger until it times
+    out: exo gives a node a new id when it restarts). A name no node has is a NotFoundError
+    naming it and the names the cluster knows; none given, an UnprocessableError."""
     if not names:
         raise UnprocessableError(
             "nodes: name at least one node (its friendly name or its id), comma-separated",
             param="nodes",
         )
     known = _known_nodes(state)
-    by_name: dict[str, list[NodeId]] = {}
-    for node in known:
-        identity = state.node_identities.get(node)
-        if identity is not None and identity.friendly_name:
-            by_name.setdefault(identity.friendly_name, []).append(node)
     resolved: dict[NodeId, None] = {}
     for name in names:
-        if name in known:
-            resolved[name] = None
-            continue
-        matches = by_name.get(name, [])
+        matches = [name] if name in known else sorted(nodes_named(state, name))
         if not matches:
+            names_known = sorted({node_name(state, node) for node in state.topology.nodes})
             raise NotFoundError(
-                f"Unknown node {_quoted(name)}: no node of the cluster has this id or friendly "
-                "name (GET /state lists them)",
+                f"No node {_quoted(name)} in the cluster (known: "
+                f"{', '.join(names_known) or 'none'}); name a node by its friendly name or its id",
                 param="nodes",
             )
-        if len(matches) > 1:
-            raise UnprocessableError(
-                f"{len(matches)} nodes are named {_quoted(name)} ({', '.join(sorted(matches))}): "
-                "give its node id",
-                param="nodes",
-            )
-        resolved[matches[0]] = None
+        resolved.update(dict.fromkeys(matches))
     return list(resolved)
 
 
@@ -206,6 +198,8 @@ def _replace(
     for instance in state.instances.values():
         nodes = instance.shard_assignments.node_to_runner
         serving.setdefault(instance.shard_assignments.model_id, set()).update(nodes)
+    # No placement goes to a cordoned or draining node (§5.15); nothing here changes which.
+    cordoned = cordoned_nodes(state)
     active = list(order)
     for _ in range(MAX_REPLICAS):
         still: list[Deployment] = []
@@ -213,7 +207,7 @@ def _replace(
             if counts.get(deployment.model_card.model_id, 0) >= deployment.replicas:
                 continue
             apart = frozenset(serving.get(deployment.model_card.model_id, ()))
-            outcome = _place_one(state, deployment, apart, place)
+            outcome = _place_one(state, deployment, apart, cordoned, place)
             if isinstance(outcome, str):
                 reasons[deployment.deployment_id] = outcome
                 continue
@@ -237,25 +231,32 @@ def _replace(
 
 
 def _place_one(
-    state: State, deployment: Deployment, serving: frozenset[NodeId], place: PlaceFn
+    state: State,
+    deployment: Deployment,
+    serving: frozenset[NodeId],
+    cordoned: frozenset[NodeId],
+    place: PlaceFn,
 ) -> AnyInstance | str:
     """One more instance of the deployment's model, apart from the nodes serving it
-    (``serving``: ``nodes_serving`` of the model on ``state``), or the refusal as the keeper
-    records it in the deployment's ``placementError``."""
+    (``serving``: ``nodes_serving`` of the model on ``state``) and off the cordoned ones, or
+    the refusal as the keeper records it in the deployment's ``placementError``."""
     model_id = deployment.model_card.model_id
     try:
         return place(
-            without_nodes(state, serving),
+            without_nodes(state, serving | cordoned),
             deployment.model_card,
             deployment.sharding,
             deployment.instance_meta,
             deployment.min_nodes,
         )
     except ValueError as reason:
+        error = str(reason)
         if serving:
             names = node_names(state, serving)
-            return f"no placement apart from the nodes serving {model_id} ({names}): {reason}"
-        return str(reason)
+            error = f"no placement apart from the nodes serving {model_id} ({names}): {error}"
+        if cordoned:
+            error = f"{error} (cordoned, left out: {node_names(state, cordoned)})"
+        return error
     except Exception as crash:  # a bug in placement is said, as the keeper says it, not raised
         return f"{type(crash).__name__}: {crash}"
 
@@ -306,9 +307,7 @@ def _outcome(
 
 
 def _node(state: State, node: NodeId) -> WhatIfNode:
-    identity = state.node_identities.get(node)
-    name = identity.friendly_name if identity is not None and identity.friendly_name else node
-    return WhatIfNode(node_id=node, name=name)
+    return WhatIfNode(node_id=node, name=node_name(state, node))
 
 
 def _nodes(state: State, instance: AnyInstance) -> list[WhatIfNode]:

@@ -4,8 +4,8 @@ What losing those nodes now would do to each deployment: the answer is the pure
 ``keeper.core.whatif``'s, on the State the service holds. The route is written once, over the
 one function each service provides (``WhatIfService.what_if_state``: the master's State, or
 exo's with the bridge's deployments in it), so a client cannot tell the two apart; and so is
-its contract: a node no one has is a 404 naming it, no node at all (or a friendly name several
-share) a 422, a service that cannot answer now a 503.
+its contract: a node no one has is a 404 naming it, no node at all a 422, a service that cannot
+answer now a 503.
 
 The State is read on the event loop and the answer computed in a worker thread, one at a time:
 a what-if is up to a placement per deployment (over a second for a thousand deployments that
@@ -54,11 +54,7 @@ def whatif_router(service: WhatIfService) -> APIRouter:
             **ok_body(WhatIfResponse),
             **refusals(
                 (404, "No node has this friendly name or id (the message names it)"),
-                (
-                    422,
-                    "No node named (none given, or only commas), or a friendly name several "
-                    "nodes share",
-                ),
+                (422, "No node named: none given, or only commas"),
                 (503, "The service cannot read the cluster now"),
             ),
         },

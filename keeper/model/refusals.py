@@ -52,6 +52,6 @@ class NotRunningError(RefusalError):
 
 class UnprocessableError(RefusalError):
     """A request whose form is right but whose content cannot be acted on as given (an empty
-    list of nodes, a name that several nodes share), hence 422, naming what was wrong."""
+    list of nodes), hence 422, naming what was wrong."""
 
     status_code = 422

@@ -88,7 +88,7 @@ def test_whatif_refusals_and_usage_have_their_exit_codes(
 ) -> None:
     code, out, err = run_cli(capsys, "whatif", "a,zeta", "--url", serving_url)
     assert (code, out) == (EXIT_REFUSED, "")
-    assert "exo-deploy whatif: Unknown node 'zeta'" in err
+    assert "exo-deploy whatif: No node 'zeta' in the cluster" in err
     code, _, err = run_cli(capsys, "whatif", " , ")
     assert code == EXIT_USAGE
     assert "name at least one node" in err

@@ -1,17 +1,17 @@
 """What-if says what a real node loss then does (docs/design.md §5.14), on generated clusters.
 
-Each example is a small cluster (two to six nodes of assorted memory, some pairs linked, some
-nodes holding a model already) with one to three deployments (assorted sizes, replicas, node
-counts, sharding and engine), placed by a real ``Keeper`` with the real placement until it is
-at rest, every instance then ready. What-if is asked about one or two of its nodes; then those
-nodes really go (``NodeTimedOut``, then the harness's sweep: ``InstanceDeleted`` for each
+Each example is a small cluster (two to six nodes of assorted memory, some pairs linked, some nodes
+holding a model already, now and then one cordoned) with one to three deployments (assorted sizes,
+replicas, node counts, sharding and engine), placed by a real ``Keeper`` with the real placement
+until it is at rest, every instance then ready. What-if is asked about one or two of its nodes; then
+those nodes really go (``NodeTimedOut``, then the harness's sweep: ``InstanceDeleted`` for each
 instance that used one) and the same keeper is stepped on, in virtual time, its events applied,
-until it is at rest again. Where each deployment's instances are then (their node sets), how
-many there are, and the deployment's placementError are what what-if said.
+until it is at rest again. Where each deployment's instances are then (their node sets), how many
+there are, and the deployment's placementError are what what-if said.
 
-At rest: every deployment has its replicas, or the keeper waits to retry it as unplaceable
-(nothing joins the cluster, so the retry changes nothing). The bound on the steps is there to
-fail a keeper that never comes to rest, not to wait for one.
+At rest: every deployment has its replicas, or the keeper waits to retry it as unplaceable (nothing
+joins the cluster, so the retry changes nothing). The bound on the steps is there to fail a keeper
+that never comes to rest, not to wait for one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from keeper_harness import AFTER_GRACE, Cluster, card, link_events, node_info
 from keeper.core.placement import place_instance
 from keeper.core.view import models_instance_counts
 from keeper.core.whatif import what_if
-from keeper.model.events import NodeDownloadProgress, NodeGatheredInfo
+from keeper.model.events import NodeCordoned, NodeDownloadProgress, NodeGatheredInfo
 from keeper.model.state import (
     DownloadCompleted,
     InstanceMeta,
@@ -57,6 +57,7 @@ class Example:
     links: frozenset[tuple[int, int]]  # pairs linked both ways
     deployments: tuple[Spec, ...]
     on_disk: frozenset[tuple[int, int]]  # (node, deployment) whose model the node holds
+    cordoned: frozenset[int]  # nodes no placement may use (by friendly name, §5.15)
     lost: frozenset[int]
 
 
@@ -76,10 +77,11 @@ def examples(draw: st.DrawFn) -> Example:
     deployments = tuple(draw(st.lists(specs, min_size=1, max_size=3)))
     cells = [(n, d) for n in range(len(memory)) for d in range(len(deployments))]
     on_disk = frozenset(draw(st.lists(st.sampled_from(cells), unique=True, max_size=3)))
+    cordoned = frozenset(draw(st.lists(st.integers(0, len(memory) - 1), max_size=1)))
     lost = frozenset(
         draw(st.lists(st.integers(0, len(memory) - 1), min_size=1, max_size=2, unique=True))
     )
-    return Example(memory, links, deployments, on_disk, lost)
+    return Example(memory, links, deployments, on_disk, cordoned, lost)
 
 
 def node(index: int) -> str:
@@ -122,6 +124,8 @@ def build(example: Example) -> Cluster:
             node_id=node(node_index), shard_metadata=shard, total=model.storage_size
         )
         cluster.apply(NodeDownloadProgress(download_progress=entry))
+    for index in sorted(example.cordoned):
+        cluster.apply(NodeCordoned(name=f"mac-{index}"))
     return cluster
 
 
