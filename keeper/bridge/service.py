@@ -303,6 +303,16 @@ class Bridge:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
         return history_response(self.state, deployment_id, hours, self._wall())
 
+    def what_if_state(self) -> State:
+        """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): exo's with the
+        bridge's deployments, placed as the keeper previews (our placement, exo's cards); a 503
+        while exo's State is not followed, as an answer on a stale one would mislead."""
+        if not self._follow.following:
+            outage = self._follow.outage
+            why = outage.reason if outage is not None else "no answer yet"
+            raise ExoDownError(f"exo's State is not followed now ({why}): what-if reads it")
+        return self.state
+
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, the ``GET /deployments`` body."""
         return self.deployments_view().model_dump_json().encode()

@@ -21,6 +21,7 @@ from typing import TypeVar
 from keeper.model.state import (
     Backend,
     Edge,
+    InstanceId,
     ModelId,
     NodeId,
     RDMAConnection,
@@ -144,3 +145,16 @@ def without_nodes(state: State, nodes: frozenset[NodeId]) -> State:
 
 def _without_keys(mapping: dict[NodeId, V], nodes: frozenset[NodeId]) -> dict[NodeId, V]:
     return {node: value for node, value in mapping.items() if node not in nodes}
+
+
+def instances_off_topology(state: State) -> dict[InstanceId, list[NodeId]]:
+    """Each instance with a runner on a node missing from the topology, in id order, with those
+    nodes (sorted): what exo's sweep deletes (the master's, docs/design.md §6.3; and what-if's
+    simulated node loss, ``keeper.core.whatif``)."""
+    present = set(state.topology.nodes)
+    found: dict[InstanceId, list[NodeId]] = {}
+    for instance_id, instance in sorted(state.instances.items()):
+        missing = sorted(n for n in instance.shard_assignments.node_to_runner if n not in present)
+        if missing:
+            found[instance_id] = missing
+    return found

@@ -54,6 +54,7 @@ from anyio.abc import TaskStatus
 
 from keeper.core.keeper import PlaceFn, calls_for_step
 from keeper.core.placement import place_instance
+from keeper.core.view import instances_off_topology
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
     AnyMasterMessage,
@@ -300,6 +301,10 @@ class Master:
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
         return history_response(self.state, deployment_id, hours, self.clock.wall())
+
+    def what_if_state(self) -> State:
+        """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): the master's."""
+        return self.state
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""
@@ -599,22 +604,14 @@ class Master:
         while True:
             await clock.sleep(self.config.sweep_interval_s)
             async with self._lock:
-                state = self.state
-                nodes = set(state.topology.nodes)
                 events: list[AnyEvent] = []
-                for instance_id, instance in sorted(state.instances.items()):
-                    missing = sorted(
-                        node
-                        for node in instance.shard_assignments.node_to_runner
-                        if node not in nodes
+                for instance_id, missing in instances_off_topology(self.state).items():
+                    log.info(
+                        "deleting instance %s: node(s) %s left the topology",
+                        instance_id,
+                        ", ".join(missing),
                     )
-                    if missing:
-                        log.info(
-                            "deleting instance %s: node(s) %s left the topology",
-                            instance_id,
-                            ", ".join(missing),
-                        )
-                        events.append(InstanceDeleted(instance_id=instance_id))
+                    events.append(InstanceDeleted(instance_id=instance_id))
                 await self.emit(events)
 
     # --- node sessions -------------------------------------------------------------------

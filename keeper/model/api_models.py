@@ -377,3 +377,61 @@ class DrainRequest(ApiModel):
     did not place."""
 
     force: StrictBool = False
+
+
+# --- what-if (GET /whatif, docs/design.md §5.14) ---------------------------------------------
+
+# What happens to a deployment if some nodes go now: none of its instances uses them; every
+# instance it keeps is there again (those that used them re-placed); fewer are (some could not
+# be re-placed); or none is.
+WhatIfOutcome = Literal["stays", "moves", "loses_replica", "cannot_place"]
+
+
+class WhatIfAnswer(BaseModel):
+    """What-if answers: snake_case like the other bodies; keys a newer service adds are ignored
+    by a client reading them."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class WhatIfNode(WhatIfAnswer):
+    node_id: str
+    name: str  # its friendly name when it reports one, else its id
+
+
+class WhatIfInstance(WhatIfAnswer):
+    """An instance of the model that uses the nodes asked about, and would be deleted."""
+
+    instance_id: str
+    nodes: list[WhatIfNode]  # sorted by name
+
+
+class WhatIfPlacement(WhatIfAnswer):
+    """An instance the keeper would place in its stead (hypothetical: it has no id)."""
+
+    nodes: list[WhatIfNode]  # sorted by name
+    # Every one of its nodes holds the whole model already (a staged copy, or an old one), so
+    # the replacement loads without downloading first.
+    model_on_disk: bool
+
+
+class WhatIfDeployment(WhatIfAnswer):
+    deployment_id: str
+    model_id: str
+    outcome: WhatIfOutcome
+    replicas: int  # how many instances the deployment keeps
+    before: int  # instances of its model now
+    after: int  # instances of its model once the keeper has re-placed what it can
+    lost: list[WhatIfInstance]
+    placed: list[WhatIfPlacement]
+    # Why the keeper could not place one more, in placement's own words as the deployment's
+    # placementError would say it; None when nothing it tried failed.
+    reason: str | None = None
+
+
+class WhatIfResponse(WhatIfAnswer):
+    """``GET /whatif?nodes=...``: per deployment, in placement order, what losing ``nodes`` now
+    would do (``keeper.core.whatif``)."""
+
+    nodes: list[WhatIfNode]
+    deployments: list[WhatIfDeployment]
