@@ -5,7 +5,7 @@ the terminal width: at 80 columns every column the operator needs fits, and wide
 room for the model name and the placement error. Colours are named ANSI colours so 16-colour
 terminals show them as meant, and every status also has a word and a symbol.
 
-One module (about 610 lines) on purpose: the column widths of every table are decided together,
+One module (about 680 lines) on purpose: the column widths of every table are decided together,
 from one terminal width, so that the tables line up with the header and the detail strip.
 """
 

@@ -22,11 +22,18 @@ the moments of a recovery (deletion, placement, downloads, ready) are kept so th
 again after" can say where the time went (``recovery.py``). Each node's GPU readings are kept,
 a few of them, for the nodes view's sparkline.
 
-It is the TUI's largest module (about 1150 lines) because applying a batch and deriving the
+Cordons and drains are the State's (by friendly name): a node row says whether it is cordoned
+or draining, a name cordoned while its machine is away gets a row of its own, and a deployment a
+drain is moving reads ``draining``. What a drain has left and why it is stuck come from the
+master's ``GET /nodes`` (a ``NodesUpdate``), for the drain that answer is about
+(``draining.py``).
+
+It is the TUI's largest module (about 1250 lines) because applying a batch and deriving the
 rows from it happen together: the memory above is updated from the same before-and-after States
 the rows are built from. The instance health rule (``health.py``), the timeline's wording
-(``timeline.py``), the downloads' words (``downloads.py``) and the recovery's parts
-(``recovery.py``) are already apart; the row derivations are the next seam if it grows.
+(``timeline.py``), the downloads' words (``downloads.py``), the recovery's parts
+(``recovery.py``) and the drains' rules (``draining.py``) are already apart; the row
+derivations are the next seam if it grows.
 """
 
 from __future__ import annotations
@@ -1028,73 +1035,48 @@ class ClusterModel:
                 )
             )
         rows.sort(key=lambda r: (r.name, r.node_id))
+        # A cordon is by name: a row of a node not in the cluster shows it only while no node
+        # of that name is back.
         present = {r.handle for r in rows}
         for node_id, gone in self._gone.items():
-            if node_id in state.topology.nodes:
-                continue
-            # A cordon is by name: it is this row's only while no node of the name is back.
-            mine = gone.name not in present
-            rows.append(
-                NodeRow(
-                    node_id,
-                    gone.name,
-                    "gone",
-                    now - gone.at,
-                    None,
-                    None,
-                    (),
-                    (),
-                    (),
-                    "",
-                    handle=gone.name,
-                    cordoned=mine and gone.name in state.cordoned,
-                    drain=self._drain_of(gone.name) if mine else None,
-                )
-            )
+            if node_id not in state.topology.nodes:
+                rows.append(self._absent(node_id, gone.name, "gone", now - gone.at, present))
         departed: list[NodeRow] = []
         for node_id in self._departed_unseen():
             identity = state.node_identities.get(node_id)
-            backends = tuple(str(b) for b in state.node_backends.get(node_id, []))
-            chip = identity.chip_id if identity else ""
-            name = self.name_of(node_id)
-            mine = name not in present
+            row = self._absent(node_id, self.name_of(node_id), "gone", None, present)
             departed.append(
-                NodeRow(
-                    node_id,
-                    name,
-                    "gone",
-                    None,
-                    None,
-                    None,
-                    backends,
-                    (),
-                    (),
-                    chip,
-                    handle=name,
-                    cordoned=mine and name in state.cordoned,
-                    drain=self._drain_of(name) if mine else None,
+                replace(
+                    row,
+                    backends=tuple(str(b) for b in state.node_backends.get(node_id, [])),
+                    chip=identity.chip_id if identity else "",
                 )
             )
         departed.sort(key=lambda r: (r.name, r.node_id))
-        away = [
-            NodeRow(
-                name,
-                name,
-                "away",
-                None,
-                None,
-                None,
-                (),
-                (),
-                (),
-                "",
-                handle=name,
-                cordoned=True,
-                drain=self._drain_of(name),
-            )
-            for name in self._away_names()
-        ]
+        away = [self._absent(n, n, "away", None, present) for n in self._away_names()]
         return rows + departed + away
+
+    def _absent(
+        self, node_id: NodeId, name: str, liveness: Liveness, quiet: float | None, present: set[str]
+    ) -> NodeRow:
+        """The row of a node not in the cluster, with its cordon and drain if no node of its
+        name (``present``) is back."""
+        mine = name not in present
+        return NodeRow(
+            node_id,
+            name,
+            liveness,
+            quiet,
+            None,
+            None,
+            (),
+            (),
+            (),
+            "",
+            handle=name,
+            cordoned=mine and name in self.state.cordoned,
+            drain=self._drain_of(name) if mine else None,
+        )
 
     def _drain_of(self, name: str) -> DrainProgress | None:
         drain = self.state.drains.get(name)

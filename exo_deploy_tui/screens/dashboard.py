@@ -9,7 +9,7 @@ model, read through the ``ClusterSource`` it was given, and the app's view state
 read-only, demo) arrives in ``view``, bound to the app's. Whatever changes the cluster or the
 app is asked for with a message (``screens.contract``); the screen never imports the app.
 
-About 430 lines because it is the one screen with the four panels, their actions and their
+About 470 lines because it is the one screen with the four panels, their actions and their
 shared view state (tab, sort, filter, selection); the panels' drawing is in ``widgets``.
 """
 
