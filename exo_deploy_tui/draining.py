@@ -5,8 +5,9 @@ The State says which nodes are cordoned and which drain (both by friendly name, 
 keys them) and the moves under way, and it says so at once, through the event stream. What a
 drain has left, and above all why a move is stuck, the keeper says only in ``GET /nodes``
 (``NodesResponse``), which the app reads while a drain is under way: the progress here takes an
-answer for a drain only if it is about *that* drain (the same start), so an answer from before
-the drain began never speaks for it.
+answer for a drain only if it is about the drain the State holds now (the same start and the
+same moves), so an answer from before the drain began, or from before its latest move (it is
+asked again at once, one round trip behind), never speaks for it.
 
 Who placed an instance decides whether a drain moves it: the keeper moves the instances it
 placed (``Deployment.placed_instance_ids``) and leaves the others alone unless forced, so the
@@ -63,9 +64,9 @@ def moving_deployments(state: State) -> dict[DeploymentId, str]:
 
 def drain_progress(drain: NodeDrain, answer: NodeView | None) -> DrainProgress:
     """The drain as the State says it, with what ``answer`` (the node in ``GET /nodes``) adds
-    when it is about this drain."""
+    when it is about this drain as it stands."""
     view = answer.drain if answer is not None else None
-    if view is None or view.started != drain.started:
+    if view is None or view.started != drain.started or tuple(view.moving) != drain.moves:
         return DrainProgress(len(drain.moves), None, None, None, drain.force)
     return DrainProgress(
         moving=len(view.moving),

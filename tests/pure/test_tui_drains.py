@@ -103,10 +103,23 @@ def test_get_nodes_speaks_only_for_the_drain_it_is_about() -> None:
     earlier = on_mini_a().drain("mini-a", started_ago_s=600).nodes_answer(stuck={"mini-a": "x"})
     model.handle(NodesUpdate(tuple(earlier.nodes)), FROZEN_NOW)
     assert node(model, "mini-a").drain == DrainProgress(0, None, None, None)
+    # Nor one from before the drain's latest move: until the next read, the State's word.
+    moved = DrainMove(
+        deployment_id=QWEN_DEPLOYMENT,
+        old_instance_id="inst-qwen3-0.6b-4bit",
+        new_instance_id="inst-qwen3-0.6b-4bit-new",
+    )
+    feed(model, DrainReplacementPlaced(name="mini-a", move=moved))
+    assert node(model, "mini-a").drain == DrainProgress(1, None, None, None)
+    model.handle(NodesUpdate(tuple(answer.nodes)), FROZEN_NOW)  # the answer before the move
+    assert node(model, "mini-a").drain == DrainProgress(1, None, None, None)
+    builder.state = model.state
+    after = builder.nodes_answer(stuck={"mini-a": STUCK})
+    model.handle(NodesUpdate(tuple(after.nodes)), FROZEN_NOW)
+    assert node(model, "mini-a").drain == DrainProgress(1, 1, 0, STUCK)
     # Nor does a read that failed: the State's word stands alone.
-    model.handle(NodesUpdate(tuple(answer.nodes)), FROZEN_NOW)
     model.handle(NodesUpdate(None, "cannot connect"), FROZEN_NOW)
-    assert node(model, "mini-a").drain == DrainProgress(0, None, None, None)
+    assert node(model, "mini-a").drain == DrainProgress(1, None, None, None)
 
 
 def test_a_name_cordoned_while_away_is_listed_and_a_node_seen_leaving_keeps_its_cordon() -> None:
