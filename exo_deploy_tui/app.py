@@ -10,8 +10,8 @@ notifications, so a slow master never blocks a key press.
 While a drain is under way another worker reads ``GET /nodes`` (``_poll_nodes``): the State
 says at once which nodes are cordoned and draining and the moves under way, but what a drain has
 left and why a move is stuck only the keeper's answer there says, and the stuck reason changes
-with no event. It asks again every ``DRAIN_POLL_S`` and at once whenever the State's drains
-change, and stops when the last drain ends.
+with no event. It asks again every ``DRAIN_POLL_S`` and at once whenever the State's drains or
+cordons change, and stops when the last drain ends.
 
 Attributes down, messages up: the app hands its screens itself as their ``ClusterSource`` and
 its view state (``view``, bound to the dashboard's with ``data_bind``); the screens ask for
@@ -134,9 +134,9 @@ class DashboardApp(App[None]):
         # The hole in the events (its first index) the client was last asked to resync for.
         self._resync_asked_for: int | None = None
         # While GET /nodes is being polled: set to ask again at once. And the State's drains
-        # the last read was made for.
+        # and cordons the last read was made for (an uncordon can unstick a move).
         self._nodes_wanted: anyio.Event | None = None
-        self._drains_read: dict[str, NodeDrain] | None = None
+        self._drains_read: tuple[dict[str, NodeDrain], tuple[str, ...]] | None = None
         self.dashboard = DashboardScreen(self, self.view)
 
     def now(self) -> float:
@@ -199,10 +199,10 @@ class DashboardApp(App[None]):
                 self._settle_heap()
 
     def _follow_drains(self) -> None:
-        """Read GET /nodes now if the State's drains changed since the last read, polling it
-        from here on while a drain is under way."""
-        drains = self.model.state.drains
-        if not drains or drains == self._drains_read:
+        """Read GET /nodes now if the State's drains or cordons changed since the last read,
+        polling it from here on while a drain is under way."""
+        state = self.model.state
+        if not state.drains or (state.drains, state.cordoned) == self._drains_read:
             return
         if self._nodes_wanted is not None:
             self._nodes_wanted.set()
@@ -213,7 +213,7 @@ class DashboardApp(App[None]):
     async def _poll_nodes(self) -> None:
         try:
             while self.model.state.drains and self._nodes_wanted is not None:
-                self._drains_read = self.model.state.drains
+                self._drains_read = (self.model.state.drains, self.model.state.cordoned)
                 try:
                     answer = await self.client.nodes()
                 except ApiError as exc:

@@ -23,6 +23,7 @@ from textual.pilot import Pilot
 from textual.widgets import Button
 from tui_clusters import three_nodes
 
+from exo_deploy_tui import app as app_module
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import ApiError
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
@@ -223,3 +224,27 @@ async def test_a_deployment_a_drain_is_moving_shows_draining() -> None:
         await until(pilot, lambda: table.keys)
         assert table.row("dep-qwen3-0.6b-4bit")[0][0].strip() == "⇢ draining"
         assert table.row("dep-qwen3-30b-a3b-4bit")[0][0].strip() == "● serving"
+
+
+@pytest.mark.anyio
+async def test_a_change_to_the_drains_or_cordons_reads_get_nodes_again_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No waiting for the next poll (set far off here): a move placed, or an uncordon that may
+    unstick one, asks GET /nodes again as the State shows it."""
+    monkeypatch.setattr(app_module, "DRAIN_POLL_S", 600.0)
+    client = draining_client()
+    app, _ = make_app(client=client)
+    async with running(app) as pilot:
+        await pilot.press("2")
+        await until(pilot, lambda: "stuck:" in nodes_text(app))
+        assert client.nodes_asked == 1
+        uncordoned = draining()
+        uncordoned.state = uncordoned.state.model_copy(update={"cordoned": ("mini-a", "mini-c")})
+        client.nodes_answer = uncordoned.nodes_answer(stuck={"mini-a": "waiting for studio"})
+        client.push(uncordoned.snapshot())
+        await until(pilot, lambda: "stuck: waiting for studio" in nodes_text(app))
+        assert client.nodes_asked == 2
+        lines = nodes_text(app).splitlines()
+        studio = next(i for i, line in enumerate(lines) if line.startswith("studio "))
+        assert not lines[studio + 1].startswith(" └")  # uncordoned: no line under it
