@@ -7,6 +7,12 @@ timer moves the countdowns and ages. Widgets are touched only from the app's
 own handlers, never from the worker. Mutations run in their own workers and report through
 notifications, so a slow master never blocks a key press.
 
+While a drain is under way another worker reads ``GET /nodes`` (``_poll_nodes``): the State
+says at once which nodes are cordoned and draining and the moves under way, but what a drain has
+left and why a move is stuck only the keeper's answer there says, and the stuck reason changes
+with no event. It asks again every ``DRAIN_POLL_S`` and at once whenever the State's drains or
+cordons change, and stops when the last drain ends.
+
 Attributes down, messages up: the app hands its screens itself as their ``ClusterSource`` and
 its view state (``view``, bound to the dashboard's with ``data_bind``); the screens ask for
 mutations, faults and pausing with the messages of ``screens.contract``, handled here. The app
@@ -39,9 +45,11 @@ from exo_deploy_tui.faults import FaultInjector, inject
 from exo_deploy_tui.format import short_id, short_model
 from exo_deploy_tui.model import ClusterModel
 from exo_deploy_tui.screens.contract import (
+    CordonRequested,
     CreateRequested,
     DashboardView,
     DeleteRequested,
+    DrainRequested,
     FaultRequested,
     InstanceDeleteRequested,
     ModelScreen,
@@ -51,8 +59,9 @@ from exo_deploy_tui.screens.contract import (
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.terminal import EndOfInputDriver, exit_on_hangup
-from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
-from keeper.model.api_models import CreateDeploymentRequest, ModelListEntry
+from exo_deploy_tui.updates import ConnectionUpdate, NodesUpdate, SnapshotUpdate, Update
+from keeper.model.api_models import CommandResponse, CreateDeploymentRequest, ModelListEntry
+from keeper.model.state import NodeDrain
 
 # The countdowns and "silent for" ages move once a second, as a clock does.
 TICK_S = 1.0
@@ -65,6 +74,10 @@ MIN_FRAME_INTERVAL_S = 0.05
 HEAP_SETTLE_EVERY_S = 600.0
 # If following the master ever fails unexpectedly, try again after this long, not in a loop.
 FEED_RESTART_S = 5.0
+# While a drain is under way, GET /nodes is read again after this long even if the State did
+# not change: a stuck move's reason changes with no event, and a model loads in seconds, so
+# this shows a drain as it goes at one small request every two seconds.
+DRAIN_POLL_S = 2.0
 
 
 def _driver_class() -> type[Driver] | None:
@@ -120,6 +133,10 @@ class DashboardApp(App[None]):
         self._heap_settled = time.monotonic()
         # The hole in the events (its first index) the client was last asked to resync for.
         self._resync_asked_for: int | None = None
+        # While GET /nodes is being polled: set to ask again at once. And the State's drains
+        # and cordons the last read was made for (an uncordon can unstick a move).
+        self._nodes_wanted: anyio.Event | None = None
+        self._drains_read: tuple[dict[str, NodeDrain], tuple[str, ...]] | None = None
         self.dashboard = DashboardScreen(self, self.view)
 
     def now(self) -> float:
@@ -176,9 +193,39 @@ class DashboardApp(App[None]):
             if missing is not None and missing != self._resync_asked_for:
                 self.client.resync()  # a hole in the events: start again from a snapshot
             self._resync_asked_for = missing
+            self._follow_drains()
             self.render_model()
             if any(isinstance(u, SnapshotUpdate) for u in pending):
                 self._settle_heap()
+
+    def _follow_drains(self) -> None:
+        """Read GET /nodes now if the State's drains or cordons changed since the last read,
+        polling it from here on while a drain is under way."""
+        state = self.model.state
+        if not state.drains or (state.drains, state.cordoned) == self._drains_read:
+            return
+        if self._nodes_wanted is not None:
+            self._nodes_wanted.set()
+            return
+        self._nodes_wanted = anyio.Event()
+        self.run_worker(self._poll_nodes(), name="nodes", group="nodes", exit_on_error=False)
+
+    async def _poll_nodes(self) -> None:
+        try:
+            while self.model.state.drains and self._nodes_wanted is not None:
+                self._drains_read = (self.model.state.drains, self.model.state.cordoned)
+                try:
+                    answer = await self.client.nodes()
+                except ApiError as exc:
+                    self._emit(NodesUpdate(None, exc.message))
+                else:
+                    self._emit(NodesUpdate(tuple(answer.nodes)))
+                with anyio.move_on_after(DRAIN_POLL_S):
+                    await self._nodes_wanted.wait()
+                self._nodes_wanted = anyio.Event()
+        finally:
+            self._nodes_wanted = None
+            self._drains_read = None
 
     def _settle_heap(self) -> None:
         """Collect once, then move everything alive out of the garbage collector's reach.
@@ -238,6 +285,16 @@ class DashboardApp(App[None]):
 
     def on_instance_delete_requested(self, message: InstanceDeleteRequested) -> None:
         self.delete_instance(message.instance_id, message.model_id)
+
+    def on_cordon_requested(self, message: CordonRequested) -> None:
+        if message.cordon:
+            send, title = partial(self.client.cordon, message.node), "Cordon"
+        else:
+            send, title = partial(self.client.uncordon, message.node), "Uncordon"
+        self._node_command(send, title)
+
+    def on_drain_requested(self, message: DrainRequested) -> None:
+        self._node_command(partial(self.client.drain, message.node, False), "Drain")
 
     def on_fault_requested(self, message: FaultRequested) -> None:
         faults = self.faults
@@ -313,6 +370,23 @@ class DashboardApp(App[None]):
             self.notify(deleted, title="Deleted")
 
         self.run_worker(delete(), group="mutations", exit_on_error=False)
+
+    def _node_command(self, send: Callable[[], Awaitable[CommandResponse]], title: str) -> None:
+        """Send a cordon, uncordon or drain in the background; the master's answer (what it
+        did, or that it already was so) or its refusal is notified."""
+        if self.view.readonly:
+            self.notify("Read-only: cannot cordon or drain nodes.", severity="warning")
+            return
+
+        async def run() -> None:
+            try:
+                answer = await send()
+            except ApiError as exc:
+                self.notify(exc.message, title=f"{title} refused", severity="error", timeout=8)
+                return
+            self.notify(answer.message, title=title)
+
+        self.run_worker(run(), group="mutations", exit_on_error=False)
 
     def inject_fault(self, kind: str, node: str | None, seconds: float | None) -> None:
         faults = self.faults

@@ -5,18 +5,20 @@ the terminal width: at 80 columns every column the operator needs fits, and wide
 room for the model name and the placement error. Colours are named ANSI colours so 16-colour
 terminals show them as meant, and every status also has a word and a symbol.
 
-One module (about 610 lines) on purpose: the column widths of every table are decided together,
+One module (about 680 lines) on purpose: the column widths of every table are decided together,
 from one terminal width, so that the tables line up with the header and the detail strip.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from rich.console import Console
 from rich.text import Text
 
 from exo_deploy_tui.downloads import DownloadFacts, download_mark, download_words
+from exo_deploy_tui.draining import progress_words
 from exo_deploy_tui.format import (
     STATUS_COLOR,
     STATUS_SYMBOL,
@@ -132,8 +134,20 @@ def deployment_columns(
     return tuple(by_key[k] for k in order if k in by_key)
 
 
+# A deployment a drain is moving, and a draining node: a planned change under way, neither
+# healthy nor broken, in a colour no status uses. A cordon alone is a caution.
+DRAINING_SYMBOL = "⇢"
+DRAINING_STYLE = "magenta"
+CORDONED_SYMBOL = "⊘"
+CORDONED_STYLE = "yellow"
+
+
 def status_text(row: DeploymentRow) -> str:
-    return status_label(row.status)
+    return f"{DRAINING_SYMBOL} draining" if row.draining else status_label(row.status)
+
+
+def status_style(row: DeploymentRow) -> str:
+    return f"bold {DRAINING_STYLE if row.draining else STATUS_COLOR[row.status]}"
 
 
 def next_text(row: DeploymentRow) -> str:
@@ -188,7 +202,7 @@ def age_text(row: DeploymentRow) -> str:
 
 def deployment_cells(row: DeploymentRow, columns: tuple[Column, ...]) -> Cells:
     values: dict[str, tuple[str, str]] = {
-        "status": (status_text(row), f"bold {STATUS_COLOR[row.status]}"),
+        "status": (status_text(row), status_style(row)),
         "model": (short_model(row.model_id), "bold" if row.broken else ""),
         "ready": ready_cell(row),
         "avail": availability_cell(row),
@@ -268,6 +282,10 @@ def detail_text(
         text.append(f"  {row.ready_replicas}/{row.replicas} replicas ready", style=style)
     if row.instance_id:
         text.append(f"  instance {short_id(row.instance_id)} on {', '.join(row.nodes)}")
+    if row.moving_off is not None:
+        text.append(
+            f"  {DRAINING_SYMBOL} moving off {row.moving_off} (drain)", style=DRAINING_STYLE
+        )
     # The error and why come before the timer: the NEXT column already shows when the keeper
     # tries again, so on a narrow strip the timer's words are what may be cut.
     if row.placement_error:
@@ -371,6 +389,8 @@ def liveness_text(row: NodeRow) -> tuple[str, str]:
         return ("✖ gone" if quiet is None else f"✖ gone {duration(quiet)}"), "bold red"
     if row.liveness == "silent":
         return f"◌ silent {duration(quiet or 0)}", "bold yellow"
+    if row.liveness == "away":
+        return "○ away", DIM
     return "● alive", "green"
 
 
@@ -397,6 +417,50 @@ def node_cells(row: NodeRow, columns: tuple[Column, ...]) -> Cells:
     if "models" in keys:
         values["models"] = (", ".join(row.models), "") if row.models else ("-", DIM)
     return tuple(_cell(*values[c.key], c.width) for c in columns)
+
+
+# The most lines a drain's stuck reason takes under its node: the keeper's reason names the
+# model, the nodes left out and the placement's error, two lines at 80 columns, rarely three.
+STUCK_LINES_MAX = 3
+
+
+def node_key(row: NodeRow) -> str:
+    """A node's row key: its liveness with it, so a node that left and came back (a new id, the
+    same name) never takes the row of the one that left."""
+    return f"{row.liveness}:{row.node_id}"
+
+
+def cordon_lines(row: NodeRow, width: int) -> list[Cell]:
+    """The lines under a cordoned or draining node, ``width`` wide: ``cordoned``, or the
+    drain's progress and the keeper's reason it is stuck, wrapped rather than cut."""
+    room = width - 4  # the branch (" └ ") and the cell's padding
+    if row.drain is not None:
+        said = [(f"{DRAINING_SYMBOL} {progress_words(row.drain)}", DRAINING_STYLE, 2)]
+        if row.drain.stuck:
+            said.append((f"stuck: {row.drain.stuck}", "red", STUCK_LINES_MAX))
+    elif row.cordoned:
+        said = [(f"{CORDONED_SYMBOL} cordoned: nothing new is placed here", CORDONED_STYLE, 2)]
+    else:
+        return []
+    lines: list[Cell] = []
+    for text, style, most in said:
+        for line in fit_lines(Text(text), room, most).plain.splitlines():
+            lines.append(_cell(("   " if lines else " └ ") + line, style, width))
+    return lines
+
+
+def node_table_rows(
+    rows: Sequence[NodeRow], columns: tuple[Column, ...]
+) -> list[tuple[str, Cells]]:
+    """Per node: its row (``node_key``), then its cordon's or drain's lines, each one cell
+    spanning the table (keyed ``<node key> cordon <n>``)."""
+    span = sum(c.width for c in columns)
+    table: list[tuple[str, Cells]] = []
+    for row in rows:
+        key = node_key(row)
+        table.append((key, node_cells(row, columns)))
+        table += [(f"{key} cordon {n}", (cell,)) for n, cell in enumerate(cordon_lines(row, span))]
+    return table
 
 
 def _width_of(columns: tuple[Column, ...], key: str) -> int:

@@ -26,8 +26,9 @@ The stream is read with httpx-sse, which frames events and keeps ``id`` and ``re
 master's ``retry`` sets where the reconnect backoff starts. Deadlines use anyio's clock rather
 than httpx's socket timeouts so the same code runs under trio's virtual clock in tests; the
 stream's silence deadline watches bytes, since the keepalive is a comment no event shows.
-Mutations (create, scale, delete, and deleting an instance with exo's own
-``DELETE /instance/{id}``) go through the deployments client the CLI uses too
+Mutations (create, scale, delete, deleting an instance with exo's own ``DELETE /instance/{id}``,
+cordon, uncordon and drain) and the read of ``GET /nodes`` (a drain's progress, read by the app
+while one is under way) go through the deployments client the CLI uses too
 (``keeper.client.deployments``), which raises ``ApiError`` carrying the master's own message.
 """
 
@@ -69,6 +70,7 @@ from keeper.model.api_models import (
     ErrorResponse,
     ModelList,
     ModelListEntry,
+    NodesResponse,
     StreamSnapshot,
 )
 from keeper.model.events import IndexedEvent
@@ -113,6 +115,10 @@ class ClusterClient(Protocol):
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse: ...
     async def delete_instance(self, instance_id: str) -> None: ...
+    async def nodes(self) -> NodesResponse: ...
+    async def cordon(self, node: str) -> CommandResponse: ...
+    async def uncordon(self, node: str) -> CommandResponse: ...
+    async def drain(self, node: str, force: bool) -> CommandResponse: ...
     async def aclose(self) -> None: ...
 
 
@@ -431,3 +437,17 @@ class MasterClient:
         """exo's route, answered alike by our master, the bridge and a stock exo; the answer's
         body says nothing the dashboard needs (the State shows the instance go)."""
         await self._deployments.request("DELETE", f"/instance/{instance_id}")
+
+    async def nodes(self) -> NodesResponse:
+        """Every node by name with its cordon and drain (``GET /nodes``): only there does the
+        keeper say why a drain's move is stuck."""
+        return (await self._deployments.nodes()).value
+
+    async def cordon(self, node: str) -> CommandResponse:
+        return (await self._deployments.cordon(node)).value
+
+    async def uncordon(self, node: str) -> CommandResponse:
+        return (await self._deployments.uncordon(node)).value
+
+    async def drain(self, node: str, force: bool) -> CommandResponse:
+        return (await self._deployments.drain(node, force)).value

@@ -22,11 +22,18 @@ the moments of a recovery (deletion, placement, downloads, ready) are kept so th
 again after" can say where the time went (``recovery.py``). Each node's GPU readings are kept,
 a few of them, for the nodes view's sparkline.
 
-It is the TUI's largest module (about 1150 lines) because applying a batch and deriving the
+Cordons and drains are the State's (by friendly name): a node row says whether it is cordoned
+or draining, a name cordoned while its machine is away gets a row of its own, and a deployment a
+drain is moving reads ``draining``. What a drain has left and why it is stuck come from the
+master's ``GET /nodes`` (a ``NodesUpdate``), for the drain that answer is about
+(``draining.py``).
+
+It is the TUI's largest module (about 1250 lines) because applying a batch and deriving the
 rows from it happen together: the memory above is updated from the same before-and-after States
 the rows are built from. The instance health rule (``health.py``), the timeline's wording
-(``timeline.py``), the downloads' words (``downloads.py``) and the recovery's parts
-(``recovery.py``) are already apart; the row derivations are the next seam if it grows.
+(``timeline.py``), the downloads' words (``downloads.py``), the recovery's parts
+(``recovery.py``) and the drains' rules (``draining.py``) are already apart; the row
+derivations are the next seam if it grows.
 """
 
 from __future__ import annotations
@@ -43,6 +50,14 @@ from exo_deploy_tui.downloads import (
     download_facts,
     download_mark,
     gating_download,
+)
+from exo_deploy_tui.draining import (
+    DrainPlan,
+    DrainProgress,
+    drain_plan,
+    drain_progress,
+    handle_of,
+    moving_deployments,
 )
 from exo_deploy_tui.explain import explain_placement
 from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_id, short_model
@@ -61,10 +76,11 @@ from exo_deploy_tui.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
+    NodesUpdate,
     SnapshotUpdate,
     Update,
 )
-from keeper.model.api_models import DeploymentStatus, DeploymentView, WaitReason
+from keeper.model.api_models import DeploymentStatus, DeploymentView, NodeView, WaitReason
 from keeper.model.apply import apply_indexed
 from keeper.model.events import (
     DeploymentServingChanged,
@@ -139,7 +155,8 @@ _LOADED_RUNNER_TYPES = (RunnerLoaded, RunnerWarmingUp, RunnerReady, RunnerRunnin
 # downloading its model, that download is what it waits for.
 _BEFORE_LOADING_TYPES = (RunnerIdle, RunnerConnecting, RunnerConnected)
 
-Liveness = Literal["alive", "silent", "gone"]
+# away: a name cordoned while no node of that name is in the cluster (a Mac being updated).
+Liveness = Literal["alive", "silent", "gone", "away"]
 SortKey = Literal["status", "name", "age"]
 
 
@@ -174,6 +191,14 @@ class DeploymentRow:
     # While starting: the download its instance waits for (``gating_download``) and its node.
     download: DownloadFacts | None = None
     download_on: str | None = None
+    # The node a drain is moving it off (a move under way for it), or None.
+    moving_off: str | None = None
+
+    @property
+    def draining(self) -> bool:
+        """A drain is moving it: STATUS says ``draining`` whatever its status underneath (the
+        old instance serves until its replacement is ready)."""
+        return self.moving_off is not None
 
     @property
     def short(self) -> bool:
@@ -190,6 +215,7 @@ class DeploymentRow:
             (
                 self.model_id,
                 self.status,
+                "draining" if self.draining else "",
                 self.deployment_id,
                 self.instance_id or "",
                 " ".join(" ".join(nodes) for nodes in self.replica_nodes or (self.nodes,)),
@@ -218,6 +244,10 @@ class NodeRow:
     models: tuple[str, ...] = ()
     vitals: SystemVitals | None = None  # GPU, temperature and power, as it last reported
     gpu_history: tuple[float, ...] = ()  # its last GPU readings (0-1), oldest first
+    # What the master calls it in cordons and drains: its friendly name, else its id.
+    handle: str = ""
+    cordoned: bool = False  # no new placement on it (a draining node is cordoned too)
+    drain: DrainProgress | None = None  # its drain, while one is under way
 
 
 @dataclass(frozen=True)
@@ -256,6 +286,8 @@ class Summary:
     by_status: dict[DeploymentStatus, int]
     deployments: int
     instances: int
+    # Names cordoned with no node of that name in the cluster (listed as ``away``).
+    nodes_away: int = 0
     # False against a master without the deployments API (a stock exo): there, the header
     # counts instances, since "0 deployments" would read as an empty cluster.
     deployments_api: bool = True
@@ -421,6 +453,9 @@ class ClusterModel:
     _blind: bool = False
     # Per node: its last GPU readings.
     _gpu: dict[NodeId, deque[float]] = field(default_factory=dict)
+    # The master's GET /nodes as last read, by name (read while a drain is under way); None
+    # when the last read failed or none was made.
+    _nodes_view: dict[str, NodeView] | None = None
 
     # -- input ------------------------------------------------------------------------------
 
@@ -438,6 +473,8 @@ class ClusterModel:
                     self._set_timers(views, now)
                 case ConnectionUpdate():
                     self._on_connection(update, now)
+                case NodesUpdate(nodes=nodes):
+                    self._nodes_view = None if nodes is None else {n.name: n for n in nodes}
         self._settle(now)
 
     def tick(self, now: float) -> bool:
@@ -872,6 +909,7 @@ class ClusterModel:
         by_model = derived.instances_of
         names = derived.names
         end = window_end(now, self.master_clock_offset_s)
+        moving = moving_deployments(state) if state.drains else {}
         rows: list[DeploymentRow] = []
         for d_id, deployment in state.deployments.items():
             model = deployment.model_card.model_id
@@ -918,6 +956,7 @@ class ClusterModel:
                     ).availability,
                     download=gating[1] if gating else None,
                     download_on=gating[0] if gating else None,
+                    moving_off=moving.get(d_id),
                 )
             )
         return rows
@@ -968,6 +1007,7 @@ class ClusterModel:
                         listed.append(f"{short_model(model_id)} {mark}")
                 models = tuple(listed)
             gpu = self._gpu.get(node_id)
+            handle = handle_of(state, node_id)
             rows.append(
                 NodeRow(
                     node_id=node_id,
@@ -989,27 +1029,76 @@ class ClusterModel:
                     models=models,
                     vitals=state.node_system.get(node_id),
                     gpu_history=tuple(gpu) if gpu else (),
+                    handle=handle,
+                    cordoned=handle in state.cordoned,
+                    drain=self._drain_of(handle),
                 )
             )
         rows.sort(key=lambda r: (r.name, r.node_id))
+        # A cordon is by name: a row of a node not in the cluster shows it only while no node
+        # of that name is back.
+        present = {r.handle for r in rows}
         for node_id, gone in self._gone.items():
-            if node_id in state.topology.nodes:
-                continue
-            rows.append(
-                NodeRow(node_id, gone.name, "gone", now - gone.at, None, None, (), (), (), "")
-            )
+            if node_id not in state.topology.nodes:
+                rows.append(self._absent(node_id, gone.name, "gone", now - gone.at, present))
         departed: list[NodeRow] = []
         for node_id in self._departed_unseen():
             identity = state.node_identities.get(node_id)
-            backends = tuple(str(b) for b in state.node_backends.get(node_id, []))
-            chip = identity.chip_id if identity else ""
+            row = self._absent(node_id, self.name_of(node_id), "gone", None, present)
             departed.append(
-                NodeRow(
-                    node_id, self.name_of(node_id), "gone", None, None, None, backends, (), (), chip
+                replace(
+                    row,
+                    backends=tuple(str(b) for b in state.node_backends.get(node_id, [])),
+                    chip=identity.chip_id if identity else "",
                 )
             )
         departed.sort(key=lambda r: (r.name, r.node_id))
-        return rows + departed
+        away = [self._absent(n, n, "away", None, present) for n in self._away_names()]
+        return rows + departed + away
+
+    def _absent(
+        self, node_id: NodeId, name: str, liveness: Liveness, quiet: float | None, present: set[str]
+    ) -> NodeRow:
+        """The row of a node not in the cluster, with its cordon and drain if no node of its
+        name (``present``) is back."""
+        mine = name not in present
+        return NodeRow(
+            node_id,
+            name,
+            liveness,
+            quiet,
+            None,
+            None,
+            (),
+            (),
+            (),
+            "",
+            handle=name,
+            cordoned=mine and name in self.state.cordoned,
+            drain=self._drain_of(name) if mine else None,
+        )
+
+    def _drain_of(self, name: str) -> DrainProgress | None:
+        drain = self.state.drains.get(name)
+        if drain is None:
+            return None
+        answer = self._nodes_view.get(name) if self._nodes_view is not None else None
+        return drain_progress(drain, answer)
+
+    def _away_names(self) -> list[str]:
+        """Cordoned names no node row goes by: their machines are away (cordoned before an
+        update, say); the cordon waits for them by name."""
+        state = self.state
+        if not state.cordoned:
+            return []
+        listed = {handle_of(state, n) for n in state.topology.nodes}
+        listed.update(gone.name for n, gone in self._gone.items() if n not in state.topology.nodes)
+        listed.update(self.name_of(n) for n in self._departed_unseen())
+        return [name for name in state.cordoned if name not in listed]
+
+    def drain_plan(self, name: str) -> DrainPlan:
+        """What draining the node called ``name`` would move, and leave alone, now."""
+        return drain_plan(self.state, name, self.name_of)
 
     def instance_rows(self, now: float) -> list[InstanceRow]:
         state = self.state
@@ -1089,6 +1178,7 @@ class ClusterModel:
             by_status=by_status,
             deployments=len(self.state.deployments),
             instances=len(self.state.instances),
+            nodes_away=len(self._away_names()),
             deployments_api=self.has_timers or not self.has_data,
         )
 

@@ -1,8 +1,9 @@
 """A scripted master for the dashboard's tests, benchmarks and screenshots.
 
 ``ScriptedClient`` implements the client protocol in memory: it hands the app whatever updates a
-test pushes, answers ``/models`` from the built-in catalog and records create/delete requests
-(or refuses them with a chosen error). ``ClusterBuilder`` writes States the way a master would
+test pushes, answers ``/models`` from the built-in catalog and ``/nodes`` with what the test
+scripts, and records create/delete/scale and cordon/uncordon/drain requests (or refuses them
+with a chosen error). ``ClusterBuilder`` writes States the way a master would
 hold them, with deterministic ids so screenshots are stable. Both live in the package, not in
 tests/, because the benchmarks drive the real app with them too.
 """
@@ -22,7 +23,10 @@ from keeper.model.api_models import (
     CommandResponse,
     CreateDeploymentRequest,
     DeploymentView,
+    DrainView,
     ModelListEntry,
+    NodesResponse,
+    NodeView,
     WaitReason,
     model_entry,
 )
@@ -39,12 +43,14 @@ from keeper.model.state import (
     DownloadOngoing,
     DownloadPending,
     DownloadProgressData,
+    DrainMove,
     Edge,
     Memory,
     MemoryUsage,
     MlxRingInstance,
     ModelCard,
     Multiaddr,
+    NodeDrain,
     NodeIdentity,
     PipelineShardMetadata,
     RunnerReady,
@@ -55,6 +61,7 @@ from keeper.model.state import (
     SystemVitals,
     Topology,
     download_model_id,
+    node_name,
 )
 
 # Frozen "now" for screenshots and tests: 2026-11-30 12:00:00 UTC.
@@ -70,6 +77,11 @@ def iso(epoch_s: float) -> str:
 
 def node_id_for(name: str) -> str:
     return f"12D3KooW{name}"
+
+
+def _slug(model_id: str) -> str:
+    """How the builder names a model's deployment and instances: ``dep-<slug>``."""
+    return model_id.rsplit("/", 1)[-1].lower()
 
 
 @dataclass
@@ -146,9 +158,12 @@ class ClusterBuilder:
         waiting: WaitReason | None = None,
         card: ModelCard | None = None,
         replicas: int = 1,
+        by_keeper: bool = False,
     ) -> ClusterBuilder:
         """A deployment of a catalog model (or of ``card``) keeping ``replicas``; ``on`` places
-        an instance on those nodes (``instance`` adds more)."""
+        an instance on those nodes (``instance`` adds more). ``by_keeper`` records that
+        instance as the keeper's placement (``placed_instance_ids``, what a drain moves), as a
+        master does; without it the instance reads as placed some other way."""
         card = card or catalog_by_id()[model_id]
         slug = model_id.rsplit("/", 1)[-1].lower()
         deployment_id = f"dep-{slug}"
@@ -160,6 +175,7 @@ class ClusterBuilder:
             instance_id=instance_id,
             placement_error=error,
             replicas=replicas,
+            placed_instance_ids=(instance_id,) if instance_id and by_keeper else (),
         )
         s = self.state
         self.state = s.model_copy(
@@ -318,6 +334,65 @@ class ClusterBuilder:
         self.state = s.model_copy(update={"serving_history": history})
         return self
 
+    def cordon(self, name: str) -> ClusterBuilder:
+        """The node called ``name`` gets no new placement (it need not be in the cluster)."""
+        s = self.state
+        self.state = s.model_copy(update={"cordoned": tuple(sorted({*s.cordoned, name}))})
+        return self
+
+    def drain(
+        self, name: str, *moves: tuple[str, str], started_ago_s: float = 30.0
+    ) -> ClusterBuilder:
+        """A drain of the node called ``name`` (cordoned too), with a move under way for each
+        ``(model_id, suffix)``: the model's deployment's instance being replaced by the
+        instance ``inst-<model><suffix>`` (which ``instance`` adds)."""
+        drain_moves = tuple(
+            DrainMove(
+                deployment_id=f"dep-{_slug(model_id)}",
+                old_instance_id=f"inst-{_slug(model_id)}",
+                new_instance_id=f"inst-{_slug(model_id)}{suffix}",
+            )
+            for model_id, suffix in moves
+        )
+        drain = NodeDrain(node=name, started=iso(self.now - started_ago_s), moves=drain_moves)
+        self.cordon(name)
+        s = self.state
+        self.state = s.model_copy(update={"drains": {**s.drains, name: drain}})
+        return self
+
+    def nodes_answer(self, stuck: dict[str, str] | None = None) -> NodesResponse:
+        """What GET /nodes answers for this State, as the master builds it: each drain's moves,
+        the keeper's instances still to move and the others left alone, and ``stuck``'s
+        reason for a node, by name."""
+        s = self.state
+        names = {node_name(s, n) for n in s.topology.nodes} | set(s.cordoned)
+        owner = {i: d for d, dep in s.deployments.items() for i in dep.placed_instance_ids}
+        views: list[NodeView] = []
+        for name in sorted(names):
+            ids = sorted(n for n in s.topology.nodes if node_name(s, n) == name)
+            drain = s.drains.get(name)
+            view = None
+            if drain is not None:
+                moving = {m.deployment_id for m in drain.moves}
+                on = sorted(
+                    i
+                    for i, inst in s.instances.items()
+                    if set(ids) & set(inst.shard_assignments.node_to_runner)
+                )
+                old = {m.old_instance_id for m in drain.moves}
+                view = DrainView(
+                    force=drain.force,
+                    started=drain.started,
+                    moving=list(drain.moves),
+                    to_move=[
+                        i for i in on if i in owner and i not in old and owner[i] not in moving
+                    ],
+                    unmanaged=[i for i in on if i not in owner],
+                    stuck=(stuck or {}).get(name),
+                )
+            views.append(NodeView(name=name, node_ids=ids, cordoned=name in s.cordoned, drain=view))
+        return NodesResponse(nodes=views)
+
     def snapshot(self) -> SnapshotUpdate:
         deployments = self.state.deployments
         views = tuple(
@@ -347,6 +422,11 @@ class ScriptedClient:
     deleted: list[str] = field(default_factory=list)
     scaled: list[tuple[str, int]] = field(default_factory=list)
     deleted_instances: list[str] = field(default_factory=list)
+    # Node commands in the order sent: ("cordon", name), ("uncordon", name), ("drain", name).
+    node_commands: list[tuple[str, str]] = field(default_factory=list)
+    drained_forced: list[bool] = field(default_factory=list)  # each drain's force
+    nodes_answer: NodesResponse = field(default_factory=lambda: NodesResponse(nodes=[]))
+    nodes_asked: int = 0  # how often GET /nodes was read
     refuse_with: ApiError | None = None
     on_create: Callable[[CreateDeploymentRequest], None] | None = None
     resyncs: int = 0  # how often the app asked to start again from a snapshot
@@ -406,6 +486,29 @@ class ScriptedClient:
         if self.refuse_with is not None:
             raise self.refuse_with
         self.deleted_instances.append(instance_id)
+
+    async def nodes(self) -> NodesResponse:
+        self.nodes_asked += 1
+        if self.refuse_with is not None:
+            raise self.refuse_with
+        return self.nodes_answer
+
+    async def cordon(self, node: str) -> CommandResponse:
+        return self._node_command("cordon", node, "cordoned")
+
+    async def uncordon(self, node: str) -> CommandResponse:
+        return self._node_command("uncordon", node, "uncordoned")
+
+    async def drain(self, node: str, force: bool) -> CommandResponse:
+        self.drained_forced.append(force)
+        return self._node_command("drain", node, "draining")
+
+    def _node_command(self, command: str, node: str, done: str) -> CommandResponse:
+        """Record the command, then answer as the master does (or refuse)."""
+        if self.refuse_with is not None:
+            raise self.refuse_with
+        self.node_commands.append((command, node))
+        return CommandResponse(message=f"Node {node} {done}", command_id="cmd-4")
 
     async def aclose(self) -> None:
         return None

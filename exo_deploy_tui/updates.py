@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from keeper.model.api_models import DeploymentView
+from keeper.model.api_models import DeploymentView, NodeView
 from keeper.model.events import IndexedEvent
 from keeper.model.state import State
 
@@ -58,4 +58,14 @@ class ConnectionUpdate:
     retry_in_s: float | None = None
 
 
-Update = SnapshotUpdate | EventUpdate | DeploymentsUpdate | ConnectionUpdate
+@dataclass(frozen=True)
+class NodesUpdate:
+    """The master's ``GET /nodes`` answer, read while a drain is under way: what each drain has
+    left to move and, only there, the keeper's reason a move cannot be placed. ``nodes`` is None
+    when it could not be read (``detail`` says why); the drains then show what the State says."""
+
+    nodes: tuple[NodeView, ...] | None
+    detail: str = ""
+
+
+Update = SnapshotUpdate | EventUpdate | DeploymentsUpdate | ConnectionUpdate | NodesUpdate

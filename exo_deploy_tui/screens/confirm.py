@@ -1,8 +1,9 @@
-"""The delete confirmation, for a deployment (``ctrl+d``) or an instance (``ctrl+k``): says
-exactly what will go, with Cancel focused.
+"""The confirmation of what takes something away: deleting a deployment (``ctrl+d``) or an
+instance (``ctrl+k``), and draining a node (``D``). It says exactly what will go (or move, and
+what stays), with Cancel focused.
 
-As in k9s, a destructive key never acts alone: enter on the default button cancels, and
-deleting takes a deliberate move to "Delete" (tab, or the arrow keys) first.
+As in k9s, a destructive key never acts alone: enter on the default button cancels, and going
+ahead takes a deliberate move to "Delete" or "Drain" (tab, or the arrow keys) first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Static
 
+from exo_deploy_tui.draining import DrainPlan, PlannedInstance
 from exo_deploy_tui.format import short_id, short_model
 from exo_deploy_tui.model import DeploymentRow, InstanceRow
 
@@ -59,6 +61,38 @@ def delete_instance_question(instance: InstanceRow, replicas: int | None) -> Tex
     return text
 
 
+def drain_question(node: str, plan: DrainPlan) -> Text:
+    """What draining ``node`` does with the instances on it (``plan``)."""
+    text = Text()
+    text.append("Drain node ")
+    text.append(node, style="bold")
+    text.append("\n\nNothing new is placed on it (it stays cordoned until uncordoned, c).\n")
+    if plan.moved:
+        text.append(
+            "The keeper moves its instances off it, one per deployment at a time, each "
+            "replacement ready before the old one goes:\n"
+        )
+        for instance in plan.moved:
+            _planned(text, instance)
+    else:
+        text.append("No instance of the keeper's runs there: nothing moves.\n")
+    if plan.left_alone:
+        text.append("Left alone, running there (not placed by the keeper):\n")
+        for instance in plan.left_alone:
+            _planned(text, instance)
+    text.append(
+        "\nA move that fits nowhere waits (the nodes tab says why it is stuck) and its "
+        "instance keeps serving here.",
+        style="dim",
+    )
+    return text
+
+
+def _planned(text: Text, instance: PlannedInstance) -> None:
+    text.append(f"  {short_model(instance.model_id)}", style="bold")
+    text.append(f" {short_id(instance.instance_id)} on {', '.join(instance.nodes)}\n")
+
+
 class ConfirmDeleteScreen(ModalScreen[bool]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel"),
@@ -66,10 +100,13 @@ class ConfirmDeleteScreen(ModalScreen[bool]):
         Binding("right", "app.focus_next", "Next", show=False),
     ]
 
-    def __init__(self, question: Text, title: str = "Delete deployment?") -> None:
+    def __init__(
+        self, question: Text, title: str = "Delete deployment?", going_ahead: str = "Delete"
+    ) -> None:
         super().__init__()
         self.question = question
         self.title_text = title
+        self.going_ahead = going_ahead  # the label of the button that does it
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="confirm") as dialog:
@@ -77,7 +114,7 @@ class ConfirmDeleteScreen(ModalScreen[bool]):
             yield Static(self.question, id="question")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", variant="primary", compact=True)
-                yield Button("Delete", id="delete", variant="error", compact=True)
+                yield Button(self.going_ahead, id="delete", variant="error", compact=True)
         yield Footer(compact=True)
 
     def on_mount(self) -> None:

@@ -105,6 +105,25 @@ class InstanceDeleteRequested(Message):
         self.model_id = model_id
 
 
+class CordonRequested(Message):
+    """Cordon the node the master calls ``node`` (``cordon``), or uncordon it, which ends its
+    drain too."""
+
+    def __init__(self, node: str, *, cordon: bool) -> None:
+        super().__init__()
+        self.node = node
+        self.cordon = cordon
+
+
+class DrainRequested(Message):
+    """Drain the node the master calls ``node`` (the operator has confirmed): cordon it and
+    move the keeper's instances off it, each replacement ready before the old one goes."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+
 class PauseToggled(Message):
     """Freeze the screen, or let it move again; the data keeps arriving either way."""
 

@@ -9,7 +9,7 @@ model, read through the ``ClusterSource`` it was given, and the app's view state
 read-only, demo) arrives in ``view``, bound to the app's. Whatever changes the cluster or the
 app is asked for with a message (``screens.contract``); the screen never imports the app.
 
-About 430 lines because it is the one screen with the four panels, their actions and their
+About 470 lines because it is the one screen with the four panels, their actions and their
 shared view state (tab, sort, filter, selection); the panels' drawing is in ``widgets``.
 """
 
@@ -31,11 +31,14 @@ from exo_deploy_tui.screens.confirm import (
     ConfirmDeleteScreen,
     delete_instance_question,
     delete_question,
+    drain_question,
 )
 from exo_deploy_tui.screens.contract import (
     ClusterSource,
+    CordonRequested,
     DashboardView,
     DeleteRequested,
+    DrainRequested,
     FaultRequested,
     InstanceDeleteRequested,
     ModelScreen,
@@ -151,7 +154,7 @@ class DashboardScreen(ModelScreen):
             self.query_one(InstancesTable).show(model.instance_rows(now))
         if self._visible("timeline"):
             self.query_one(TimelineView).show(model.timeline)
-        nodes = summary.nodes_alive + summary.nodes_silent + summary.nodes_gone
+        nodes = summary.nodes_alive + summary.nodes_silent + summary.nodes_gone + summary.nodes_away
         self._show_titles(len(rows), len(shown), nodes, summary.instances)
 
     def _visible(self, panel: str) -> bool:
@@ -269,6 +272,27 @@ class DashboardScreen(ModelScreen):
                 self.post_message(InstanceDeleteRequested(instance.instance_id, instance.model_id))
 
         self.app.push_screen(ConfirmDeleteScreen(question, "Delete instance?"), confirmed)
+
+    def action_cordon(self, node: str | None = None) -> None:
+        """Cordon the node (``node``, else the one selected in the nodes view), or uncordon it
+        if the State says it is cordoned (or draining: uncordoning ends the drain)."""
+        name = node or self._chosen_node("c cordons or uncordons")
+        if name is None:
+            return
+        cordoned = name in self.source.model.state.cordoned
+        self.post_message(CordonRequested(name, cordon=not cordoned))
+
+    def action_drain(self, node: str | None = None) -> None:
+        name = node or self._chosen_node("D drains")
+        if name is None:
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.post_message(DrainRequested(name))
+
+        question = drain_question(name, self.source.model.drain_plan(name))
+        self.app.push_screen(ConfirmDeleteScreen(question, "Drain node?", "Drain"), confirmed)
 
     def action_describe(self) -> None:
         row = self._chosen_row()
@@ -423,6 +447,20 @@ class DashboardScreen(ModelScreen):
         if row is None:
             self.notify("No deployment selected.", severity="warning")
         return row
+
+    def _chosen_node(self, what: str) -> str | None:
+        """The name of the node selected in the nodes view, as the master calls it; or None
+        after saying where to choose one (``what``: the key and what it does)."""
+        table = self.query_one(NodesTable)
+        chosen = table.has_focus or (not self.wide and self.active_tab == "nodes")
+        row = table.selected_node() if chosen else None
+        if row is None or not row.handle:
+            self.notify(
+                f"{what} the node selected in the nodes view: press 2 and choose one.",
+                severity="warning",
+            )
+            return None
+        return row.handle
 
     def _focus_active(self) -> None:
         self.query_one(f"#{self.active_tab}").focus()

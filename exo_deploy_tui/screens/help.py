@@ -17,6 +17,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
+from exo_deploy_tui.cells import DRAINING_STYLE, DRAINING_SYMBOL
 from exo_deploy_tui.commands import ActionSpec
 
 # The text's width: an 80-column terminal less the dialog's border and padding.
@@ -51,7 +52,9 @@ def help_text(actions: list[ActionSpec]) -> Text:
         text.rstrip()
         text.append("\n")
     commands = [f":{spec.command} {spec.args}".rstrip() for spec in actions if spec.command]
-    text.append("\nCommands", style="bold")
+    # Straight under the keys, no blank line between: with the demo's keys the help has no
+    # line to spare at 80x24, and the bold heading sets the commands apart.
+    text.append("Commands", style="bold")
     column = len("Commands")
     for command in commands:  # wrapped by hand: a command and its arguments stay on one line
         if column + 2 + len(command) > HELP_WIDTH:
@@ -64,6 +67,7 @@ def help_text(actions: list[ActionSpec]) -> Text:
     text.append("  ◐ starting", style="yellow")
     text.append("  ○ placing", style="cyan")
     text.append("  ✖ cant_place", style="red")
+    text.append(f"  {DRAINING_SYMBOL} draining", style=DRAINING_STYLE)
     text.append("\nAGE", style="bold")
     text.append(" time in status (+: at least, it was so when we connected)")
     return text

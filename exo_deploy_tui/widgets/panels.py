@@ -23,8 +23,9 @@ from exo_deploy_tui.cells import (
     header_text,
     instance_columns,
     instance_table_rows,
-    node_cells,
     node_columns,
+    node_key,
+    node_table_rows,
     nodes_text,
     timeline_line,
 )
@@ -150,10 +151,12 @@ class SecondaryTable(SizedTable):
 
 
 class NodesTable(SecondaryTable):
-    """The nodes; its columns follow what the nodes report (disk, vitals, models on disk)."""
+    """The nodes, each with its cordon's or drain's lines under it; its columns follow what the
+    nodes report (disk, vitals, models on disk)."""
 
     def __init__(self, *, id: str | None = None) -> None:
         self._reports = (False, False, False)  # disk, vitals, models beyond the runners
+        self._node_rows: dict[str, NodeRow] = {}
         super().__init__(id=id)
 
     def columns_for(self, width: int) -> tuple[Column, ...]:
@@ -170,8 +173,17 @@ class NodesTable(SecondaryTable):
             self._reports = reports
             if self.size.width:
                 self.relayout()
-        columns = self.columns_now
-        self.sync([(f"{r.liveness}:{r.node_id}", node_cells(r, columns)) for r in rows])
+        self._node_rows = {node_key(r): r for r in rows}
+        self.sync(node_table_rows(rows, self.columns_now))
+
+    def selected_node(self) -> NodeRow | None:
+        """The node the cursor is on: its row or one of the lines under it."""
+        keys = self.keys
+        for index in range(min(self.cursor_row, len(keys) - 1), -1, -1):
+            node = self._node_rows.get(keys[index])
+            if node is not None:
+                return node
+        return None
 
 
 class InstancesTable(SecondaryTable):

@@ -64,6 +64,8 @@ DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
         ("freeze mini-a 12", Parsed("fault", ("freeze", "mini-a", 12.0))),
         ("killrunner mini-b", Parsed("fault", ("kill_runner", "mini-b"))),
         ("kill", Parsed("fault", ("kill",))),
+        ("cordon mini-a", Parsed("cordon", ("mini-a",))),
+        ("drain", Parsed("drain")),
     ],
 )
 def test_commands_parse(line: str, expected: Parsed) -> None:
@@ -78,6 +80,8 @@ def test_commands_parse(line: str, expected: Parsed) -> None:
         ("frob", False, False, "unknown command 'frob'"),
         ("new", True, False, "read-only"),
         ("delete", True, False, "read-only"),
+        ("cordon studio", True, False, "read-only"),
+        ("drain", True, False, "read-only"),
         ("kill studio", False, False, "only with --demo"),
         ("restart-master", False, False, "only with --demo"),
         ("freeze studio soon", False, True, "'soon' is not a number of seconds"),
@@ -150,6 +154,8 @@ def test_the_actions_that_change_the_cluster_are_the_mutating_ones() -> None:
         "delete",
         "scale",
         "delete_instance",
+        "cordon",
+        "drain",
     }
     assert {s.method for s in ACTIONS if s.demo_only} == {"fault", "restart_master"}
 

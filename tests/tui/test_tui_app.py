@@ -7,7 +7,7 @@ tests wait, with a deadline, for the screen to show them.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,17 +177,17 @@ async def select_llama(pilot: Pilot[None], app: DashboardApp) -> None:
 
 
 async def cancel_then_confirm(
-    pilot: Pilot[None], key: str, deleted: Callable[[], list[str]]
+    pilot: Pilot[None], key: str, deleted: Callable[[], Sequence[object]]
 ) -> None:
-    """On a delete confirm: Cancel has focus and ``enter`` keeps everything (back on the
-    dashboard, ``deleted()`` still empty); then ``key`` again and Delete, until ``deleted()``
-    holds what was deleted."""
+    """On a confirm (a delete's, a drain's): Cancel has focus and ``enter`` keeps everything
+    (back on the dashboard, ``deleted()`` still empty); then ``key`` again and the button that
+    goes ahead, until ``deleted()`` holds what was sent."""
     app = pilot.app
     focused = app.focused
     assert isinstance(focused, Button) and focused.id == "cancel"
     await pilot.press("enter")  # the default answer keeps it
     await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
-    assert deleted() == []
+    assert list(deleted()) == []
 
     await press_to(pilot, key, screen=ConfirmDeleteScreen)
     await pilot.press("right", "enter")
@@ -668,7 +668,7 @@ async def test_help_lists_keys(readonly: bool, demo: bool) -> None:
 def read_help(text: str) -> tuple[list[tuple[str, str]], list[str]]:
     """The keys the help shows, each with its line, in order (its two columns one after the
     other), and its ``:`` commands."""
-    key_block, _, rest = text.partition("\n\n")
+    key_block, _, rest = text.partition("\nCommands")
     rows = key_block.splitlines()
     columns = [[row[:KEY_COLUMN] for row in rows], [row[KEY_COLUMN + 1 :] for row in rows]]
     keys = [
@@ -677,7 +677,7 @@ def read_help(text: str) -> tuple[list[tuple[str, str]], list[str]]:
         for entry in column
         if entry.strip()
     ]
-    commands = rest.removeprefix("Commands").partition("\nStatus")[0]
+    commands = rest.partition("\nStatus")[0]
     return keys, [
         c.strip() for line in commands.splitlines() for c in line.split("  ") if c.strip()
     ]

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from model_ids import LLAMA, QWEN
 from recorded_exo import before_the_timeout, recorded_state
+from test_tui_app_nodes import draining_client, serving_on_mini_a
 from textual.pilot import Pilot
 from textual.widgets import Input
 
@@ -22,7 +23,7 @@ from exo_deploy_tui.model import parse_iso
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient, iso, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
-from exo_deploy_tui.widgets.panels import DeploymentsTable
+from exo_deploy_tui.widgets.panels import DeploymentsTable, NodesTable
 from keeper.model.events import (
     AnyEvent,
     IndexedEvent,
@@ -514,3 +515,29 @@ def test_recovery_with_a_download(snap_compare: Compare, size: tuple[int, int]) 
             await settled(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=recover)
+
+
+def test_nodes_cordoned_and_draining(snap_compare: Compare) -> None:
+    """The nodes tab at 80x24: mini-a draining (one move, one waiting for room, one instance
+    left alone, and the keeper's reason wrapped under it), studio cordoned, mini-c cordoned while
+    away."""
+    app = DashboardApp(draining_client(), clock=Clock(), tick=False)
+
+    async def show(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        await pilot.press("2")
+        table = app.dashboard.query_one(NodesTable)
+        deadline = time.monotonic() + 5
+        # GET /nodes is read once the drain shows in the State: its answer, then the frame.
+        while not any("stuck:" in cells[0][0] for cells in map(table.row, table.keys)):
+            assert time.monotonic() < deadline, "GET /nodes never showed"
+            await pilot.pause(0.02)
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=show)
+
+
+def test_drain_confirm(snap_compare: Compare) -> None:
+    """D on mini-a (the nodes tab's first row): what moves and what is left alone."""
+    run = pressing("2", "D")
+    assert snap_compare(scenario(serving_on_mini_a()), terminal_size=(80, 24), run_before=run)
