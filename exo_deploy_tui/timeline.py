@@ -32,11 +32,16 @@ from keeper.model.events import (
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentScaled,
+    DrainReplacementPlaced,
     InstanceCreated,
     InstanceDeleted,
+    NodeCordoned,
     NodeDownloadProgress,
+    NodeDrainEnded,
+    NodeDrainStarted,
     NodeGatheredInfo,
     NodeTimedOut,
+    NodeUncordoned,
     RunnerStatusUpdated,
 )
 from keeper.model.history import Incident
@@ -243,6 +248,17 @@ def entries_for_event(
         case NodeDownloadProgress(download_progress=entry):
             key = (entry.node_id, download_model_id(entry))
             return _download_entries(key, before, after, at, remembered, started.get(key))
+        case NodeCordoned() | NodeUncordoned() | NodeDrainStarted() | NodeDrainEnded():
+            return _cordon_entries(event, before, after, at)
+        case DrainReplacementPlaced(name=name, move=move):
+            if move.deployment_id not in after.deployments or name not in after.drains:
+                return []
+            model = after.deployments[move.deployment_id].model_card.model_id
+            text = (
+                f"draining {name}: moving {short_model(model)} "
+                f"(instance {short_id(move.old_instance_id)} -> {short_id(move.new_instance_id)})"
+            )
+            return [TimelineEntry(at, "info", text, model)]
         case _:
             return []
 
@@ -381,3 +397,32 @@ def events_between(before: State, after: State) -> list[AnyEvent]:
         if r not in after.runners
     ]
     return events
+
+
+def _cordon_entries(
+    event: NodeCordoned | NodeUncordoned | NodeDrainStarted | NodeDrainEnded,
+    before: State,
+    after: State,
+    at: float,
+) -> list[TimelineEntry]:
+    """A cordon, an uncordon, a drain's start and its end, once each (a repeat says nothing)."""
+    name = event.name
+    match event:
+        case NodeCordoned():
+            if name in before.cordoned:
+                return []
+            return [TimelineEntry(at, "warn", f"node {name} cordoned: nothing new goes there")]
+        case NodeUncordoned():
+            if name not in before.cordoned and name not in before.drains:
+                return []
+            ended = " (its drain ended)" if name in before.drains else ""
+            return [TimelineEntry(at, "info", f"node {name} uncordoned{ended}")]
+        case NodeDrainStarted():
+            if before.drains.get(name) == after.drains.get(name):
+                return []
+            forced = " (forced)" if event.force else ""
+            return [TimelineEntry(at, "warn", f"node {name} draining{forced}")]
+        case NodeDrainEnded():
+            if name not in before.drains:
+                return []
+            return [TimelineEntry(at, "info", f"node {name} drained: nothing runs there")]

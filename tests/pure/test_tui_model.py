@@ -16,15 +16,20 @@ from keeper.model.api_models import DeploymentView
 from keeper.model.events import (
     AnyEvent,
     DeploymentPlaced,
+    DrainReplacementPlaced,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    NodeCordoned,
+    NodeDrainEnded,
+    NodeDrainStarted,
     NodeGatheredInfo,
     NodeTimedOut,
+    NodeUncordoned,
     RunnerStatusUpdated,
 )
 from keeper.model.readiness import deployment_statuses
-from keeper.model.state import RunnerLoading, RunnerReady
+from keeper.model.state import DrainMove, RunnerLoading, RunnerReady
 
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 NO_FIT = "No cycles found with sufficient memory"
@@ -410,3 +415,27 @@ def test_summary_counts() -> None:
     assert summary.nodes_alive == 3
     assert summary.by_status == {"serving": 2, "cant_place": 1}
     assert summary.instances == 2
+
+
+def test_cordons_and_drains_are_told_once_each() -> None:
+    builder = healthy()
+    model = connected(builder)
+    feed = Feed(model)
+    start = len(texts(model))
+    move = DrainMove(
+        deployment_id="dep-qwen3-0.6b-4bit",
+        old_instance_id="inst-qwen3-0.6b-4bit",
+        new_instance_id="inst-new-0001",
+    )
+    feed(FROZEN_NOW + 1, NodeCordoned(name="mini-a"), NodeCordoned(name="mini-a"))
+    feed(FROZEN_NOW + 2, NodeDrainStarted(name="mini-a", when="t"))
+    feed(FROZEN_NOW + 3, DrainReplacementPlaced(name="mini-a", move=move))
+    feed(FROZEN_NOW + 4, NodeDrainEnded(name="mini-a"), NodeDrainEnded(name="mini-a"))
+    feed(FROZEN_NOW + 5, NodeUncordoned(name="mini-a"), NodeUncordoned(name="mini-a"))
+    assert texts(model)[start:] == [
+        "node mini-a cordoned: nothing new goes there",
+        "node mini-a draining",
+        "draining mini-a: moving Qwen3-0.6B-4bit (instance inst-qwe -> inst-new)",
+        "node mini-a drained: nothing runs there",
+        "node mini-a uncordoned",
+    ]
