@@ -63,6 +63,7 @@ from keeper.model.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentPriorityChanged,
     DeploymentScaled,
     DownloadDeletionRequested,
     InstanceCreated,
@@ -447,20 +448,23 @@ def calls_for_step(event: AnyEvent) -> bool:
     """Whether an applied event may call for a placement, so the host steps now rather than at
     the next tick (docs/design.md §6.6, prompt stepping).
 
-    A deployment created or scaled wants instances; an instance deleted may leave one short; an
-    instance created is the previous placement now visible, so the next one (another replica,
-    another deployment) can be decided against it; a node's report may be a node joining or
-    carry the memory and backends placement reads; a node timing out or a link changing alters
-    the cluster placement sees. A runner turning Ready or Failed changes what the keeper must
-    remember of its instance: whether it was ever ready decides whether its loss is placed
-    again at once or backs off (docs/design.md §5.4), so a step must see it ready before a loss
-    can follow. The rest (the keeper's own bookkeeping, a deployment deleted, a runner loading
-    or busy with a chat) never make a placement possible that was not possible before.
+    A deployment created or scaled wants instances; one given a new priority or leave to preempt
+    may now go first, or displace a lower one (docs/design.md §5.13); an instance deleted may
+    leave one short; an instance created is the previous placement now visible, so the next one
+    (another replica, another deployment) can be decided against it; a node's report may be a
+    node joining or carry the memory and backends placement reads; a node timing out or a link
+    changing alters the cluster placement sees. A runner turning Ready or Failed changes what
+    the keeper must remember of its instance: whether it was ever ready decides whether its loss
+    is placed again at once or backs off (docs/design.md §5.4), so a step must see it ready
+    before a loss can follow. The rest (the keeper's own bookkeeping, a deployment deleted, a
+    runner loading or busy with a chat) never make a placement possible that was not possible
+    before.
     """
     match event:
         case (
             DeploymentCreated()
             | DeploymentScaled()
+            | DeploymentPriorityChanged()
             | InstanceCreated()
             | InstanceDeleted()
             | NodeGatheredInfo()
