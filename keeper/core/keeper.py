@@ -37,6 +37,7 @@ from keeper.core.memo import (
     DeploymentMemo,
     observe,
     placed,
+    preempted,
     recorded,
     reported_error,
     scaled,
@@ -45,6 +46,7 @@ from keeper.core.memo import (
     wanted,
 )
 from keeper.core.placement import PlaceFn, place_instance
+from keeper.core.preemption import Preemption, TrialBudget, by_priority, candidates, find
 from keeper.core.staging import StagingPlan, downloading_nodes, staging_plan, staging_requests
 from keeper.core.view import (
     AT_REST,
@@ -76,6 +78,7 @@ from keeper.model.events import (
 )
 from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.state import (
+    AnyInstance,
     Deployment,
     DeploymentId,
     InstanceId,
@@ -83,6 +86,7 @@ from keeper.model.state import (
     RunnerFailed,
     RunnerReady,
     State,
+    preempted_by,
 )
 
 # The status rule lives with the data model (``keeper.model.readiness``) so that the TUI shares it;
@@ -186,7 +190,8 @@ class Keeper:
         # when none is short changes no answer, only the time.)
         signature = cluster_signature(state) if short else AT_REST  # pragma: no mutate
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
-        events = self._attempt(self._in_turn(due), state, signature, now)
+        # Higher priorities first; equal ones in id order, resumed where the last step stopped.
+        events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
         # Staging only when no placement is due: placing comes first. A deployment short but
         # waiting (its backoff, a cluster nothing fits, a placement on its way) does not hold
         # the others' staging back: one model too big for the cluster would stop it for good.
@@ -247,11 +252,12 @@ class Keeper:
     ) -> list[AnyEvent]:
         events: list[AnyEvent] = []
         tried = 0
+        budget = TrialBudget()  # preemption's placement trials, for the whole step
         for deployment in due:
             if tried == MAX_PLACEMENT_ATTEMPTS_PER_STEP:
                 break
             tried += 1
-            outcome, succeeded = self._place_one(deployment, state, signature, now)
+            outcome, succeeded = self._place_one(deployment, state, signature, now, budget)
             events.extend(outcome)
             if succeeded:
                 break  # one placement per step: the next sees this one in the state
@@ -259,7 +265,12 @@ class Keeper:
         return events
 
     def _place_one(
-        self, deployment: Deployment, state: State, signature: ClusterSignature, now: float
+        self,
+        deployment: Deployment,
+        state: State,
+        signature: ClusterSignature,
+        now: float,
+        budget: TrialBudget,
     ) -> tuple[list[AnyEvent], bool]:
         """Try to place one deployment: its events, and whether an instance was placed."""
         deployment_id = deployment.deployment_id
@@ -283,6 +294,10 @@ class Keeper:
                 names = node_names(state, serving)
                 error = f"no placement apart from the nodes serving {model_id} ({names}): {error}"
             self._forget_crash(deployment_id)
+            if deployment.preempt:  # docs/design.md §5.13
+                preemption = self._preemption(deployment, state, serving, budget)
+                if preemption is not None:
+                    return self._preempting(deployment, preemption, state, signature, now), True
         except Exception as crash:  # a bug in placement must not stop the other deployments
             error = f"{type(crash).__name__}: {crash}"
             self._crashes[deployment_id] = crash
@@ -294,11 +309,63 @@ class Keeper:
                 deployment_id=deployment_id, instance_id=instance.instance_id
             )
             return [created, assigned], True
+        if memo.preempted is not None:  # it lost an instance to a higher priority: say so first
+            error = f"{memo.preempted}: {error}"
         already_reported = error == reported_error(memo, deployment)
-        self._memos[deployment_id] = unplaceable(memo, signature, error, now)
+        self._memos[deployment_id] = unplaceable(memo, deployment, signature, error, now)
         if already_reported:
             return [], False
         return [DeploymentPlacementFailed(deployment_id=deployment_id, error=error)], False
+
+    def _preemption(
+        self,
+        deployment: Deployment,
+        state: State,
+        serving: frozenset[NodeId],
+        budget: TrialBudget,
+    ) -> Preemption | None:
+        """The keeper's instances of lower priorities whose deletion lets ``deployment`` be
+        placed, and its instance placed without them (``keeper.core.preemption``); never one of a
+        deployment being deleted nor one already being removed."""
+        leaving = frozenset[InstanceId]().union(*(m.retiring for m in self._memos.values()))
+        victims = candidates(state, deployment, spared=self._deleting, leaving=leaving)
+
+        def place(view: State) -> AnyInstance:
+            return self._place(
+                without_nodes(view, serving),
+                deployment.model_card,
+                deployment.sharding,
+                deployment.instance_meta,
+                deployment.min_nodes,
+            )
+
+        return find(place, state, victims, budget)
+
+    def _preempting(
+        self,
+        deployment: Deployment,
+        preemption: Preemption,
+        state: State,
+        signature: ClusterSignature,
+        now: float,
+    ) -> list[AnyEvent]:
+        """The events of a preemption: each victim's deployment told why (first, so that any
+        State that shows an instance gone also shows the reason), the instances deleted, then
+        the placement made without them."""
+        error = preempted_by(deployment.model_card.model_id)
+        events: list[AnyEvent] = []
+        for victim_id, instance_ids in preemption.by_deployment().items():
+            victim = state.deployments[victim_id]
+            memo = self._memos.get(victim_id, FRESH)
+            if error != reported_error(memo, victim):
+                events.append(DeploymentPlacementFailed(deployment_id=victim_id, error=error))
+            self._memos[victim_id] = preempted(memo, victim, instance_ids, signature, error, now)
+        events.extend(InstanceDeleted(instance_id=v.instance_id) for v in preemption.victims)
+        instance = preemption.instance
+        deployment_id = deployment.deployment_id
+        self._memos[deployment_id] = placed(self._memos[deployment_id], instance.instance_id, now)
+        assigned = DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id)
+        return [*events, InstanceCreated(instance=instance), assigned]
 
     def _forget_crash(self, deployment_id: DeploymentId) -> None:
         if deployment_id in self._crashes:
