@@ -138,8 +138,10 @@ def observe(
         if not w.ready and instance_is_ready(instances[w.instance_id], state):
             memo = _with_readiness(memo, state)
             break
-    # 5. A new priority or preempt flag is a reason to try again, like a changed cluster.
-    if memo.unplaceable_on is not None and memo.ranked != (deployment.priority, deployment.preempt):
+    # 5. A new priority or preempt flag is a reason to try again, like a changed cluster. (No
+    # mutation of the guard: without it the replace leaves a memo that was never refused as it
+    # is, only slower.)
+    if memo.unplaceable_on is not None and _reranked(memo, deployment):  # pragma: no mutate
         memo = replace(memo, unplaceable_on=None)
     # 6. Removed instances are forgotten once the state no longer shows them.
     if memo.retiring:
@@ -186,6 +188,11 @@ def _unknown_recorded(
         if i in instances and i != memo.in_flight and not _knows(memo, i):
             found = (*found, Watched(i))
     return found
+
+
+def _reranked(memo: DeploymentMemo, deployment: Deployment) -> bool:
+    """Whether the deployment's priority or preempt flag changed since its placement failed."""
+    return memo.ranked != (deployment.priority, deployment.preempt)
 
 
 def _with_readiness(memo: DeploymentMemo, state: State) -> DeploymentMemo:

@@ -113,13 +113,13 @@ def candidates(
     as the keeper's, but not of a deployment in ``spared`` (being deleted) nor one ``leaving``
     already (being removed). Lowest-ranked: lowest priority, then deployment id, then newest
     first (the oldest replicas are the ones most likely serving)."""
+    lower = [
+        deployment
+        for deployment in state.deployments.values()
+        if deployment.priority < preemptor.priority and deployment.deployment_id not in spared
+    ]
     found: list[Victim] = []
-    ranked = sorted(state.deployments.values(), key=lambda d: (d.priority, d.deployment_id))
-    for deployment in ranked:
-        if deployment.priority >= preemptor.priority:
-            break
-        if deployment.deployment_id in spared:
-            continue
+    for deployment in sorted(lower, key=lambda d: (d.priority, d.deployment_id)):
         for instance_id in reversed(recorded(deployment)):
             if instance_id in state.instances and instance_id not in leaving:
                 found.append(Victim(deployment.deployment_id, instance_id, deployment.priority))

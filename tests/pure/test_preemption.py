@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from itertools import combinations
+from typing import Any
 
 from hypothesis import given, settings, target
 from hypothesis import strategies as st
@@ -52,6 +53,7 @@ from keeper.model.state import (
     MemoryUsage,
     MlxRingInstance,
     ModelCard,
+    PipelineShardMetadata,
     RunnerReady,
     ShardAssignments,
     State,
@@ -214,6 +216,45 @@ def test_a_preempting_deployment_deletes_the_lowest_priority_instance_that_makes
     assert cluster.deployment("dep-l1").placed_instance_ids == ()
     assert cluster.deployment("dep-l2").placed_instance_ids != ()  # the higher one is spared
     assert cluster.deployment(high).placement_error is None
+
+
+def test_a_preemption_is_the_step_s_one_placement() -> None:
+    cluster, high = crowded()
+    # A tiny model, lower and due in the same step, fits in what is left: it waits for the next.
+    cluster.deploy(card("tiny", size_gb=1), "dep-t", priority=50)
+    events = cluster.step(T + 2)
+    assert [e.deployment_id for e in events if isinstance(e, DeploymentPlaced)] == [high]
+    events = cluster.step(T + 3)
+    assert [e.deployment_id for e in events if isinstance(e, DeploymentPlaced)] == ["dep-t"]
+
+
+def test_a_victim_is_told_once_and_its_instances_are_deleted_once() -> None:
+    cluster = MemoryCluster({"node-a": 16, "node-b": 16})
+    cluster.deploy(card("low", size_gb=12), "dep-l", replicas=2, priority=100)
+    cluster.step(T)
+    cluster.step(T + 1)
+    older, newer = cluster.deployment("dep-l").placed_instance_ids
+    cluster.deploy(card("high", size_gb=12), "dep-h", replicas=2, priority=900, preempt=True)
+    first = cluster.step(T + 2)
+    assert (deleted(first), failures_of(first)) == ([newer], [("dep-l", "preempted by high")])
+    second = cluster.step_keep(T + 3)  # the second replica takes the other: already said why
+    assert (deleted(second), failures_of(second)) == ([older], [])
+    # Deleting the victim before the State shows that does not delete its instance again.
+    assert older not in deleted(cluster.keeper.delete("dep-l", cluster.state))
+
+
+def test_an_instance_lost_to_preemption_before_it_was_ready_is_no_failure() -> None:
+    cluster = MemoryCluster({"node-a": 16})
+    cluster.deploy(card("low", size_gb=12), "dep-l", priority=100)
+    events = cluster.step(T)
+    (created,) = [e for e in events if isinstance(e, InstanceCreated)]
+    cluster.make_loading(created.instance.instance_id)  # still loading
+    cluster.step(T + 1)
+    cluster.deploy(card("high", size_gb=12), "dep-h", priority=900, preempt=True)
+    assert deleted(cluster.step(T + 2)) == [created.instance.instance_id]
+    cluster.step(T + 3)
+    timers = cluster.keeper.timers(cluster.state, T + 3)
+    assert (timers["dep-l"].failures, timers["dep-l"].waiting) == (0, "unplaceable_retry")
 
 
 def test_without_opt_in_nothing_is_preempted() -> None:
@@ -538,6 +579,57 @@ def test_a_tensor_shard_frees_an_even_share_of_the_model() -> None:
     assert view.node_memory["node-a"].ram_available.in_bytes == 12 * GIB
 
 
+def test_degenerate_shards_free_what_they_hold_and_never_divide_by_zero() -> None:
+    model = card("odd", size_gb=8, n_layers=1)
+
+    def shard(kind: type[TensorShardMetadata] | type[PipelineShardMetadata], **fields: int) -> Any:
+        base = {"device_rank": 0, "world_size": 1, "start_layer": 0, "end_layer": 1, "n_layers": 1}
+        return kind(model_card=model, **(base | fields))
+
+    shards = {
+        "tensor-alone": shard(TensorShardMetadata, world_size=1),  # 8 GB
+        "tensor-none": shard(TensorShardMetadata, world_size=0),  # 8 GB, as for one
+        "one-layer": shard(PipelineShardMetadata, n_layers=1),  # 8 GB
+        "no-layers": shard(PipelineShardMetadata, n_layers=0, end_layer=0),  # nothing
+        "backwards": shard(PipelineShardMetadata, start_layer=1, end_layer=0),  # nothing
+    }
+    runner_to_shard = dict(shards)
+    node_to_runner = {f"node-{name}": name for name in shards}
+    odd = MlxRingInstance(
+        instance_id="odd",
+        shard_assignments=ShardAssignments(
+            model_id="odd",
+            runner_to_shard=runner_to_shard,
+            node_to_runner={**node_to_runner, "node-shardless": "no-shard"},
+        ),
+    )
+    memory = MemoryUsage(ram_total=Memory.from_gb(64), ram_available=Memory.from_gb(10))
+    nodes = [*node_to_runner, "node-shardless"]
+    state = State(instances={"odd": odd}, node_memory=dict.fromkeys(nodes, memory))
+    freed = {
+        node: view_memory.ram_available.in_bytes // GIB - 10
+        for node, view_memory in without_instances(state, frozenset({"odd"})).node_memory.items()
+    }
+    assert freed == {
+        "node-tensor-alone": 8,
+        "node-tensor-none": 8,
+        "node-one-layer": 8,
+        "node-no-layers": 0,
+        "node-backwards": 0,
+        "node-shardless": 0,
+    }
+
+
+def test_freed_memory_adds_up_below_the_node_s_total() -> None:
+    kept = build_instance(card("kept", size_gb=8), ["node-a"], "kept")
+    gone = [build_instance(card(f"g{n}", size_gb=2), ["node-a"], f"g{n}") for n in range(2)]
+    state = state_with(kept, *gone, totals={"node-a": 24})
+    assert state.node_memory["node-a"].ram_available.in_bytes == 12 * GIB
+    view = without_instances(state, frozenset({"g0", "g1"}))
+    assert view.node_memory["node-a"].ram_available.in_bytes == 16 * GIB
+    assert set(view.instances) == {"kept"}
+
+
 def test_candidates_are_the_keeper_s_own_of_strictly_lower_priorities_lowest_first() -> None:
     instances = [ring(f"i{n}", card(f"m{n}"), "node-a") for n in range(6)]
     state = state_with(*instances)
@@ -590,6 +682,11 @@ def test_candidates_are_capped_at_the_lowest_ranked() -> None:
     preemptor = Deployment(deployment_id="me", model_card=card("me"), priority=1000)
     found = candidates(state, preemptor)
     assert [v.priority for v in found] == list(range(MAX_CANDIDATES))
+
+
+def test_the_documented_bounds() -> None:
+    # docs/design.md §5.13 gives their reasons; a change there is a change here.
+    assert (MAX_PREEMPTION_TRIALS_PER_STEP, MAX_CANDIDATES) == (32, 15)
 
 
 def _fits_when_freed(need: int, weights: Mapping[str, int]) -> Callable[[State], AnyInstance]:
@@ -676,7 +773,8 @@ def test_no_trial_left_means_no_preemption_this_step() -> None:
     budget = TrialBudget(0)
     assert find(_fits_when_freed(1, {"i0": 5, "i1": 5}), state, victims, budget) is None
     assert budget.left == 0 and not budget.spend()
-    assert find(_fits_when_freed(1, {}), state, [], TrialBudget()) is None
+    # No candidate: no preemption, even where placement would fit anyway.
+    assert find(_fits_when_freed(0, {}), state, [], TrialBudget()) is None
 
 
 def test_a_search_cut_short_keeps_an_answer_that_fits() -> None:
