@@ -24,6 +24,11 @@ no runner of another instance of the model (anti-affinity), by handing placement
 without those nodes. ``scale`` and ``delete`` are commands, run by the host under the same lock
 as the steps; they remove only the keeper's own instances, which the State records durably
 (``Deployment.placed_instance_ids``) so that a new master can still find them.
+
+Priorities (docs/design.md §5.13): the due deployments are tried highest priority first. A
+deployment that may ``preempt`` and cannot be placed has ``keeper.core.preemption`` find the
+fewest of the keeper's own instances of strictly lower priorities whose deletion lets it be
+placed; that preemption is the step's one placement, and its victims wait like refused ones.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ what its next step would decide (``Keeper.timers``) by observing a copy: looking
 what the keeper does. The memo holds only what the State cannot tell: the placement still on its
 way, whether each of its own instances was ever ready, failures in a row and the waits they
 imply, and what its own events will change once applied (the placement error it last sent, the
-replica count it last set, the instances it is removing).
+replica count it last set, the instances it is removing), the priority it was refused on, and
+whether it lost an instance to a higher priority (its later errors say so).
 
 Its size is bounded by the deployment's own instances in the State (at most ``MAX_REPLICAS``
 plus the ones on their way out), never by history: ids leave the memo as soon as the State no
