@@ -361,7 +361,7 @@ class Keeper:
         events: list[AnyEvent] = []
         for victim_id, instance_ids in preemption.by_deployment().items():
             victim = state.deployments[victim_id]
-            memo = self._memos.get(victim_id, FRESH)
+            memo = self._memos[victim_id]  # observed in this step: it is not being deleted
             if error != reported_error(memo, victim):
                 events.append(DeploymentPlacementFailed(deployment_id=victim_id, error=error))
             self._memos[victim_id] = preempted(memo, victim, instance_ids, signature, error, now)

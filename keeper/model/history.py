@@ -170,8 +170,7 @@ def _deleted_by(after: State, deployment_id: DeploymentId) -> str:
     """Who deleted a serving instance whose nodes are still there: the keeper, to make room for
     a higher priority, when the deployment says it was preempted (docs/design.md §5.13, it is
     told before its instance goes); else a user."""
-    deployment = after.deployments.get(deployment_id)
-    error = deployment.placement_error if deployment is not None else None
+    error = after.deployments[deployment_id].placement_error  # it serves in ``before``: it exists
     if error is not None and error.startswith(PREEMPTED_BY):
         return error
     return "instance deleted by a user"

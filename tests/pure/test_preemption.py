@@ -29,6 +29,7 @@ from keeper.core.placement import place_instance
 from keeper.core.preemption import (
     MAX_CANDIDATES,
     MAX_PREEMPTION_TRIALS_PER_STEP,
+    Preemption,
     TrialBudget,
     Victim,
     by_priority,
@@ -255,6 +256,31 @@ def test_an_instance_lost_to_preemption_before_it_was_ready_is_no_failure() -> N
     cluster.step(T + 3)
     timers = cluster.keeper.timers(cluster.state, T + 3)
     assert (timers["dep-l"].failures, timers["dep-l"].waiting) == (0, "unplaceable_retry")
+
+
+def test_a_preemption_on_its_way_is_waited_for_like_any_placement() -> None:
+    cluster, high = crowded()
+    events = cluster.step_keep(T + 2)  # not applied yet: the State lags
+    assert [e.deployment_id for e in events if isinstance(e, DeploymentPlaced)] == [high]
+    # The next step, on the same State, neither places it again nor takes another victim for it.
+    assert cluster.step_keep(T + 3) == []
+    assert cluster.keeper.timers(cluster.state, T + 3)[high].waiting == "placement_in_flight"
+
+
+def test_a_victim_keeps_the_failures_it_had() -> None:
+    cluster = MemoryCluster({"node-a": 16})
+    cluster.deploy(card("low", size_gb=12), "dep-l", priority=100)
+    cluster.step(T)
+    cluster.delete_instance(cluster.only_instance("dep-l"))  # lost before it was ready
+    cluster.report()
+    cluster.step(T + 1)
+    assert cluster.keeper.timers(cluster.state, T + 1)["dep-l"].failures == 1
+    (created,) = [e for e in cluster.step(T + 12) if isinstance(e, InstanceCreated)]
+    cluster.make_loading(created.instance.instance_id)
+    cluster.step(T + 13)
+    cluster.deploy(card("high", size_gb=12), "dep-h", priority=900, preempt=True)
+    assert deleted(cluster.step(T + 14)) == [created.instance.instance_id]
+    assert cluster.keeper.timers(cluster.state, T + 14)["dep-l"].failures == 1
 
 
 def test_without_opt_in_nothing_is_preempted() -> None:
@@ -600,7 +626,8 @@ def test_degenerate_shards_free_what_they_hold_and_never_divide_by_zero() -> Non
         shard_assignments=ShardAssignments(
             model_id="odd",
             runner_to_shard=runner_to_shard,
-            node_to_runner={**node_to_runner, "node-shardless": "no-shard"},
+            # The shardless runner first: the runners after it still count.
+            node_to_runner={"node-shardless": "no-shard", **node_to_runner},
         ),
     )
     memory = MemoryUsage(ram_total=Memory.from_gb(64), ram_available=Memory.from_gb(10))
@@ -618,6 +645,37 @@ def test_degenerate_shards_free_what_they_hold_and_never_divide_by_zero() -> Non
         "node-backwards": 0,
         "node-shardless": 0,
     }
+
+
+def test_freed_memory_is_whole_bytes() -> None:
+    model = card("odd").model_copy(update={"storage_size": Memory(in_bytes=7), "n_layers": 2})
+    pipeline = build_instance(model, ["node-a", "node-b"], "pipe")  # a layer each: 3 bytes
+    tensor = MlxRingInstance(
+        instance_id="tens",
+        shard_assignments=ShardAssignments(
+            model_id="odd",
+            runner_to_shard={
+                "t0": TensorShardMetadata(
+                    model_card=model,
+                    device_rank=0,
+                    world_size=2,
+                    start_layer=0,
+                    end_layer=2,
+                    n_layers=2,
+                )
+            },
+            node_to_runner={"node-c": "t0"},
+        ),
+    )
+    memory = MemoryUsage(ram_total=Memory.from_gb(1), ram_available=Memory(in_bytes=10))
+    state = State(
+        instances={"pipe": pipeline, "tens": tensor},
+        node_memory=dict.fromkeys(["node-a", "node-b", "node-c"], memory),
+    )
+    view = without_instances(state, frozenset({"pipe", "tens"}))
+    freed = {node: usage.ram_available.in_bytes for node, usage in view.node_memory.items()}
+    assert freed == {"node-a": 13, "node-b": 13, "node-c": 13}
+    assert all(type(value) is int for value in freed.values())
 
 
 def test_freed_memory_adds_up_below_the_node_s_total() -> None:
@@ -682,6 +740,36 @@ def test_candidates_are_capped_at_the_lowest_ranked() -> None:
     preemptor = Deployment(deployment_id="me", model_card=card("me"), priority=1000)
     found = candidates(state, preemptor)
     assert [v.priority for v in found] == list(range(MAX_CANDIDATES))
+
+
+def test_the_search_spends_what_it_must_and_no_more() -> None:
+    def trials(weights: list[int], need: int, budget: int = 1000) -> tuple[int, list[str] | None]:
+        state, victims = _victims(weights)
+        by_id = {v.instance_id: w for v, w in zip(victims, weights, strict=True)}
+        inner = _fits_when_freed(need, by_id)
+        calls: list[int] = []
+
+        def place(view: State) -> AnyInstance:
+            calls.append(1)
+            return inner(view)
+
+        found = find(place, state, victims, TrialBudget(budget))
+        return len(calls), None if found is None else [v.instance_id for v in found.victims]
+
+    # A lone candidate: its one trial says all there is.
+    assert trials([5], 5) == (1, ["i0"])
+    # All (1), spare i2 (no), spare i1 (yes), spare i0 (yes): i2 alone, no smaller set to seek.
+    assert trials([1, 1, 10], 10) == (4, ["i2"])
+    # All (1), sparing each of four (4, only i3 is spared), then sets of one: i0, i1, i2, i3.
+    assert trials([3, 3, 3, 8], 8) == (9, ["i3"])
+    # With one trial less, the search stops at the set it had: it fits, it is not the fewest.
+    assert trials([3, 3, 3, 8], 8, budget=8) == (8, ["i0", "i1", "i2"])
+
+
+def test_victims_are_grouped_by_deployment_in_their_order() -> None:
+    victims = (Victim("d1", "i1", 1), Victim("d2", "i2", 1), Victim("d1", "i3", 1))
+    preemption = Preemption(victims, ring("new", card("new"), "node-a"))
+    assert preemption.by_deployment() == {"d1": ("i1", "i3"), "d2": ("i2",)}
 
 
 def test_the_documented_bounds() -> None:
