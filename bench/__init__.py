@@ -16,4 +16,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("store", "bench.store_bench"),
     ("history", "bench.history_bench"),
     ("staging", "bench.staging_bench"),
+    ("whatif", "bench.whatif_bench"),
 )

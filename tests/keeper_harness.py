@@ -200,6 +200,21 @@ class Cluster:
         self.apply(*events)
         return events
 
+    def cordon(self, name: str) -> list[AnyEvent]:
+        events = self.keeper.cordon(name, self.state)
+        self.apply(*events)
+        return events
+
+    def uncordon(self, name: str) -> list[AnyEvent]:
+        events = self.keeper.uncordon(name, self.state)
+        self.apply(*events)
+        return events
+
+    def drain(self, name: str, force: bool = False) -> list[AnyEvent]:
+        events = self.keeper.drain(name, force, WHEN, self.state)
+        self.apply(*events)
+        return events
+
     # --- what runners and nodes do --------------------------------------------------------
 
     def deployment(self, deployment_id: str) -> Deployment:

@@ -10,7 +10,7 @@ master.
 
 - ``exo_wire``: exo's JSON formats (instances, model cards, the model list) read and written
   without losing what exo's cards carry beyond ours (pure);
-- ``exo_placement``: exo's placement and preview answers read and chosen from (pure);
+- ``placement_choice``: exo's placement and preview answers read and chosen from (pure);
 - ``exo_bounds``: how much of an answer of exo's is read, and how deeply nested it may be
   (pure);
 - ``exo_client``: the HTTP calls to exo, each with a deadline and one error type per outcome

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 from keeper.bridge.exo_wire import instance_cards, read_instance
 from keeper.core.view import nodes_serving
-from keeper.model.state import AnyInstance, State
+from keeper.model.state import AnyInstance, NodeId, State
 from keeper.model.wire import JsonObject
 
 
@@ -111,15 +111,17 @@ def choose_apart(
     sharding: str,
     instance_meta: str,
     min_nodes: int,
+    cordoned: frozenset[NodeId] = frozenset(),
 ) -> ExoPlacement | None:
     """The placement among exo's ``previews`` for the deployment's sharding, instance type and
-    ``min_nodes`` whose nodes hold no runner of another instance of ``model_id``, or None.
+    ``min_nodes`` whose nodes hold no runner of another instance of ``model_id`` and are not
+    ``cordoned``, or None.
 
     Of those, the one on the fewest nodes (fewer nodes to lose, less traffic between them), and
     among equals the first in exo's order, which is exo's own preference. A preview that cannot
     be read is never chosen.
     """
-    taken = nodes_serving(state, model_id)
+    taken = nodes_serving(state, model_id) | cordoned
     best: tuple[int, ExoPlacement] | None = None
     for preview in previews:
         if preview.instance is None or (preview.sharding, preview.instance_meta) != (

@@ -42,11 +42,20 @@ from keeper.bridge.placement_choice import (
     read_placement,
     read_previews,
 )
+from keeper.core.draining import drain_picture
 from keeper.core.keeper import DeploymentTimer
 from keeper.core.placement import place_instance
 from keeper.core.view import models_instance_counts, node_names, nodes_serving, without_nodes
 from keeper.model.events import AnyEvent
-from keeper.model.state import AnyInstance, Deployment, InstanceMeta, ModelCard, Sharding, State
+from keeper.model.state import (
+    AnyInstance,
+    Deployment,
+    InstanceMeta,
+    ModelCard,
+    Sharding,
+    State,
+    cordoned_nodes,
+)
 from keeper.model.wire import JsonObject
 from keeper.runtime.hosted_keeper import KeeperLike
 
@@ -56,14 +65,18 @@ def due_for_placement(state: State, timers: Mapping[str, DeploymentTimer]) -> li
     with fewer instances of their model than replicas and nothing to wait for (``timers``, the
     keeper's, on the same State and time)."""
     counts = models_instance_counts(state)
+    # A drain's next moves place too: a deployment with an instance on a draining node and no
+    # move under way (``keeper.core.draining``).
+    moving = {
+        deployment_id
+        for drain in state.drains.values()
+        for deployment_id, _ in drain_picture(state, drain).to_move
+    }
     due: list[Deployment] = []
     for deployment_id, deployment in sorted(state.deployments.items()):
         timer = timers.get(deployment_id)
-        if (
-            timer is not None
-            and timer.waiting is None
-            and counts.get(deployment.model_card.model_id, 0) < deployment.replicas
-        ):
+        short = counts.get(deployment.model_card.model_id, 0) < deployment.replicas
+        if timer is not None and timer.waiting is None and (short or deployment_id in moving):
             due.append(deployment)
     return due
 
@@ -140,12 +153,13 @@ async def where_to_place(
     model_id = deployment.model_card.model_id
     sharding, meta = deployment.sharding.value, deployment.instance_meta.value
     serving = nodes_serving(state, model_id)
-    apart = without_nodes(state, serving)
+    cordoned = cordoned_nodes(state)  # exo knows no cordons: its own placement may use them
+    apart = without_nodes(state, serving | cordoned)
     try:
-        if serving:
+        if serving or cordoned:
             previews = read_previews(await exo.previews(model_id))
             placement = choose_apart(
-                previews, state, model_id, sharding, meta, deployment.min_nodes
+                previews, state, model_id, sharding, meta, deployment.min_nodes, cordoned
             )
             if placement is None:
                 # exo places by its own preference, which knows nothing of replicas: ours,
@@ -155,9 +169,10 @@ async def where_to_place(
                     cards.saw(model_id, card)
                 ours = _place_ourselves(exo, cards, deployment, apart)
                 if isinstance(ours, str):
+                    besides = " and the cordoned nodes" if cordoned else ""
                     return (
                         f"exo offers no {sharding}/{meta} placement of {model_id} apart "
-                        f"from its other instances, nor does ours: {ours}"
+                        f"from its other instances{besides}, nor does ours: {ours}"
                     )
                 return ours
         else:

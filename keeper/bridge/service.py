@@ -80,6 +80,7 @@ from keeper.model.api_models import (
     DeploymentHistoryResponse,
     DeploymentsResponse,
     DeploymentView,
+    NodesResponse,
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
@@ -130,6 +131,7 @@ from keeper.runtime.hosted_keeper import (
     default_keeper,
     start_keeper,
 )
+from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
 
 # Named here too: the bridge's callers and tests import them from the bridge's service.
 __all__ = ["STATE_UNREADABLE", "UNREACHABLE", "Bridge", "BridgeConfig", "ExoDownError", "Outage"]
@@ -279,6 +281,8 @@ class Bridge:
                 update={
                     "deployments": self._own.deployments,
                     "serving_history": self._own.serving_history,
+                    "cordoned": self._own.cordoned,
+                    "drains": self._own.drains,
                 }
             ),
         )
@@ -307,6 +311,16 @@ class Bridge:
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
         return history_response(self.state, deployment_id, hours, self._wall())
+
+    def what_if_state(self) -> State:
+        """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): exo's with the
+        bridge's deployments, placed as the keeper previews (our placement, exo's cards); a 503
+        while exo's State is not followed, as an answer on a stale one would mislead."""
+        if not self._follow.following:
+            outage = self._follow.outage
+            why = outage.reason if outage is not None else "no answer yet"
+            raise ExoDownError(f"exo's State is not followed now ({why}): what-if reads it")
+        return self.state
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, the ``GET /deployments`` body."""
@@ -467,17 +481,10 @@ class Bridge:
                     f"not followed ({why}): the instances to delete are chosen on it",
                     param="replicas",
                 )
-            now = self.clock.monotonic()
             events = scale_events(self.keeper, deployment_id, replicas, self.state)
             # Recorded first: if the log refuses it (503), no instance is doomed either.
             self._record([event for event in events if not isinstance(event, InstanceDeleted)])
-            for event in events:
-                if isinstance(event, InstanceDeleted):
-                    # One still in flight to exo may land later: watched, and deleted if it does.
-                    if self._creations.drop(event.instance_id):
-                        self._doomed.add(event.instance_id, now, LATE_LANDING_WATCH_S)
-                    else:
-                        self._doomed.add(event.instance_id, now)
+            self._doom([event for event in events if isinstance(event, InstanceDeleted)])
             self._creations.forget_refusal(deployment_id)
         log.info(
             "deployment %s of %s scaled from %d to %d replica(s)",
@@ -487,6 +494,46 @@ class Bridge:
             replicas,
         )
         return scaled_response(deployment, replicas)
+
+    # --- cordons and drains (docs/design.md §5.15) ----------------------------------------
+
+    def nodes_view(self) -> NodesResponse:
+        return nodes_response(self.state, self.keeper)
+
+    async def cordon_node(self, node: str) -> CommandResponse:
+        """No new placement on the node: NodeCordoned in the bridge's log."""
+        async with self._lock:
+            name = node_name_for(self.state, node)
+            events = self.keeper.cordon(name, self.state)
+            self._record(events)
+        return node_command_response(name, "cordoned", "is cordoned already", events)
+
+    async def uncordon_node(self, node: str) -> CommandResponse:
+        """NodeUncordoned in the log; a move under way is abandoned, its replacement doomed."""
+        async with self._lock:
+            name = node_name_for(self.state, node)
+            events = self.keeper.uncordon(name, self.state)
+            self._record([e for e in events if not isinstance(e, InstanceDeleted)])
+            self._doom([e for e in events if isinstance(e, InstanceDeleted)])
+        return node_command_response(name, "uncordoned", "is not cordoned", events)
+
+    async def drain_node(self, node: str, force: bool) -> CommandResponse:
+        """NodeDrainStarted in the log; the ticks do the moving, through exo."""
+        async with self._lock:
+            name = node_name_for(self.state, node)
+            events = self.keeper.drain(name, force, iso_utc(self._wall()), self.state)
+            self._record(events)
+        log.info("node %s: drain%s started", name, " (forced)" if force else "")
+        return node_command_response(name, "draining", "is draining already", events)
+
+    def _doom(self, deletions: Sequence[InstanceDeleted]) -> None:
+        now = self.clock.monotonic()
+        for event in deletions:
+            # One still in flight to exo may land later: watched, and deleted if it does.
+            if self._creations.drop(event.instance_id):
+                self._doomed.add(event.instance_id, now, LATE_LANDING_WATCH_S)
+            else:
+                self._doomed.add(event.instance_id, now)
 
     # --- running ---------------------------------------------------------------------------
 

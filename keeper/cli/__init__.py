@@ -4,8 +4,9 @@ deployments API from a shell.
 Each subcommand parses its arguments here and hands over to the module that does the work
 (``keeper.master.server``, ``keeper.node.*``, ``keeper.bridge.server``); ``list``, ``deploy``,
 ``scale`` and ``undeploy``, which talk to a running master instead of starting a process, live in
-``keeper.cli.deployments`` with the exit codes every subcommand shares: 0 done, 1 refused by the
-master (its message on stderr), 2 bad usage, 3 master unreachable.
+``keeper.cli.deployments`` (``whatif`` in ``keeper.cli.whatif``) with the exit codes every
+subcommand shares: 0 done, 1 refused by the master (its message on stderr), 2 bad usage, 3 master
+unreachable.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from keeper.cli.deployments import (
     add_deployments_commands,
     token_option,
 )
+from keeper.cli.nodes import add_node_commands
+from keeper.cli.whatif import add_whatif_command
 from keeper.cluster.local import exit_with_parent, run_cluster
 from keeper.exo_standin.app import STANDIN_API
 from keeper.httpapi.serving import MasterStartError
@@ -362,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.set_defaults(handler=cmd_cluster)
 
     add_deployments_commands(command)
+    add_node_commands(command)
+    add_whatif_command(command)
 
     bridge = command(
         "bridge",

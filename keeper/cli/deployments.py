@@ -72,7 +72,7 @@ EXIT_FOR_FAILURE: dict[FailureKind, int] = {
 Parsed = TypeVar("Parsed", bound=BaseModel)
 
 
-def _call(
+def call_master(
     args: argparse.Namespace, call: Callable[[DeploymentsClient], Awaitable[Answer[Parsed]]]
 ) -> Answer[Parsed]:
     """One deployments request to the master ``args`` name; ClientError with its exit code if
@@ -144,7 +144,7 @@ def format_deployments(response: DeploymentsResponse) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    answer = _call(args, lambda client: client.list())
+    answer = call_master(args, lambda client: client.list())
     if args.json:
         print(json.dumps(answer.payload, indent=2))
     else:
@@ -165,7 +165,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         priority=args.priority,
         preempt=args.preempt,
     )
-    _print_answer(args, _call(args, lambda client: client.create(request)))
+    _print_answer(args, call_master(args, lambda client: client.create(request)))
     return EXIT_OK
 
 
@@ -185,19 +185,21 @@ def cmd_set(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    _print_answer(args, _call(args, lambda client: client.update(args.deployment_id, settings)))
+    _print_answer(
+        args, call_master(args, lambda client: client.update(args.deployment_id, settings))
+    )
     return EXIT_OK
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
     # As with deploy, the master judges the count (1 to 16): over it is its refusal, exit 1.
-    answer = _call(args, lambda client: client.scale(args.deployment_id, args.replicas))
+    answer = call_master(args, lambda client: client.scale(args.deployment_id, args.replicas))
     _print_answer(args, answer)
     return EXIT_OK
 
 
 def cmd_undeploy(args: argparse.Namespace) -> int:
-    _print_answer(args, _call(args, lambda client: client.delete(args.deployment_id)))
+    _print_answer(args, call_master(args, lambda client: client.delete(args.deployment_id)))
     return EXIT_OK
 
 
@@ -231,7 +233,7 @@ def format_history(history: DeploymentHistoryResponse) -> str:
 
 def cmd_history(args: argparse.Namespace) -> int:
     # The master judges the hours (0 < H <= 720): outside them is its refusal, exit 1.
-    answer = _call(args, lambda client: client.history(args.deployment_id, args.hours))
+    answer = call_master(args, lambda client: client.history(args.deployment_id, args.hours))
     if args.json:
         print(json.dumps(answer.payload, indent=2))
     else:
@@ -245,7 +247,7 @@ def token_option(parser: argparse.ArgumentParser, what: str) -> None:
     add_token_options(parser, what)
 
 
-def _client_options(parser: argparse.ArgumentParser) -> None:
+def client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         default=os.environ.get(URL_ENV, DEFAULT_URL),
@@ -287,7 +289,7 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
     """``list``, ``deploy``, ``scale``, ``set``, ``undeploy`` and ``history``, each made by
     ``command(name, help)``."""
     list_ = command("list", "list deployments with their status", epilog=EXIT_CODES_HELP)
-    _client_options(list_)
+    client_options(list_)
     list_.set_defaults(handler=cmd_list)
 
     deploy = command("deploy", "create a deployment of MODEL", epilog=EXIT_CODES_HELP)
@@ -321,7 +323,7 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
         "(0-4, default 1)",
     )
     _priority_options(deploy, default=DEFAULT_PRIORITY)
-    _client_options(deploy)
+    client_options(deploy)
     deploy.set_defaults(handler=cmd_deploy)
 
     scale = command(
@@ -331,7 +333,7 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
     scale.add_argument(
         "replicas", metavar="N", type=positive_int, help="how many instances to keep, apart"
     )
-    _client_options(scale)
+    client_options(scale)
     scale.set_defaults(handler=cmd_scale)
 
     set_ = command(
@@ -347,12 +349,12 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
         "--standby", type=whole_number, help="keep the model on N more node sets (0-4)"
     )
     _priority_options(set_, default=None)
-    _client_options(set_)
+    client_options(set_)
     set_.set_defaults(handler=cmd_set)
 
     undeploy = command("undeploy", "delete the deployment ID", epilog=EXIT_CODES_HELP)
     undeploy.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")
-    _client_options(undeploy)
+    client_options(undeploy)
     undeploy.set_defaults(handler=cmd_undeploy)
 
     history = command(
@@ -367,5 +369,5 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
         default=DEFAULT_HISTORY_HOURS,
         help=f"how far back (at most 720; default {DEFAULT_HISTORY_HOURS:g})",
     )
-    _client_options(history)
+    client_options(history)
     history.set_defaults(handler=cmd_history)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast
+from urllib.parse import quote
 
 import anyio
 import httpx
@@ -31,6 +32,7 @@ from keeper.model.api_models import (
     DeploymentHistoryResponse,
     DeploymentsResponse,
     ErrorResponse,
+    NodesResponse,
 )
 
 # Bodies quoted in a message are cut to this many characters: an HTML error page is not news.
@@ -205,6 +207,25 @@ class DeploymentsClient:
     async def delete(self, deployment_id: str) -> Answer[CommandResponse]:
         path = f"/deployments/{deployment_id}"
         return await self._call("DELETE", path, CommandResponse, what="DELETE /deployments")
+
+    # --- nodes: cordons and drains -------------------------------------------------------
+
+    async def nodes(self) -> Answer[NodesResponse]:
+        return await self._call("GET", "/nodes", NodesResponse)
+
+    async def cordon(self, node: str) -> Answer[CommandResponse]:
+        path = f"/nodes/{quote(node, safe='')}/cordon"
+        return await self._call("POST", path, CommandResponse, what="POST /nodes/{node}/cordon")
+
+    async def uncordon(self, node: str) -> Answer[CommandResponse]:
+        path = f"/nodes/{quote(node, safe='')}/cordon"
+        return await self._call("DELETE", path, CommandResponse, what="DELETE /nodes/{node}/cordon")
+
+    async def drain(self, node: str, force: bool) -> Answer[CommandResponse]:
+        path = f"/nodes/{quote(node, safe='')}/drain"
+        return await self._call(
+            "POST", path, CommandResponse, body={"force": force}, what="POST /nodes/{node}/drain"
+        )
 
     async def _call(
         self,

@@ -37,9 +37,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from keeper.core.draining import drain_picture, replacement_view, stuck_note
 from keeper.core.memo import (
     FRESH,
     DeploymentMemo,
+    busy,
     observe,
     placed,
     preempted,
@@ -63,7 +65,7 @@ from keeper.core.view import (
     without_nodes,
 )
 from keeper.model.api_models import WaitReason
-from keeper.model.constants import STARTUP_GRACE
+from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
@@ -73,24 +75,32 @@ from keeper.model.events import (
     DeploymentPriorityChanged,
     DeploymentScaled,
     DownloadDeletionRequested,
+    DrainReplacementPlaced,
     InstanceCreated,
     InstanceDeleted,
+    NodeCordoned,
+    NodeDrainEnded,
+    NodeDrainStarted,
     NodeGatheredInfo,
     NodeTimedOut,
+    NodeUncordoned,
     RunnerStatusUpdated,
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.model.readiness import deployment_status, ready_replicas
+from keeper.model.readiness import deployment_status, instance_is_ready, ready_replicas
 from keeper.model.state import (
     AnyInstance,
     Deployment,
     DeploymentId,
+    DrainMove,
     InstanceId,
+    NodeDrain,
     NodeId,
     RunnerFailed,
     RunnerReady,
     State,
+    cordoned_nodes,
     preempted_by,
 )
 
@@ -107,6 +117,10 @@ __all__ = [
 ]
 
 
+# How long an instance a drain moves away keeps answering the chats it has after its
+# replacement is ready (new chats already go to the replacement): a few seconds covers the
+# short chats of most clients; a longer reply is cut, as on any deletion.
+DRAIN_SETTLE = 5.0
 # Staging asks at most this often: downloads take minutes, and a plan costs placements.
 STAGING_INTERVAL = 5.0
 # Staging plans computed again in one step at most (each is up to ``standby`` placements).
@@ -169,6 +183,13 @@ class Keeper:
         # so that deployments past the attempts cap get their turn instead of starving.
         # (No mutation: starting after "" would be the same, as every id sorts after it.)
         self._resume_after: DeploymentId | None = None  # pragma: no mutate
+        # Drains: old instances whose InstanceDeleted was sent (until the state drops them),
+        # drains whose end was sent, and per (drain, deployment) a move that could not be placed:
+        # the cluster it failed on, when to try anyway, and why (the drain's note).
+        self._drain_deleted: set[InstanceId] = set()
+        self._drain_ready_at: dict[InstanceId, float] = {}  # old instance -> replacement ready
+        self._drain_ended: set[str] = set()
+        self._drain_stuck: dict[tuple[str, DeploymentId], tuple[ClusterSignature, float, str]] = {}
 
     # --- stepping -------------------------------------------------------------------------
 
@@ -177,7 +198,7 @@ class Keeper:
         self._forget_departed(state)
         if now < self.started_at + self.startup_grace:
             return []
-        if not state.deployments:
+        if not state.deployments and not state.drains:
             return []
         counts = models_instance_counts(state)
         short: list[tuple[Deployment, DeploymentMemo]] = []
@@ -197,12 +218,156 @@ class Keeper:
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         # Higher priorities first; equal ones in id order, resumed where the last step stopped.
         events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
+        if state.drains:
+            # Recovery first: a drain places only in a step that placed nothing else.
+            placed_now = any(isinstance(e, InstanceCreated) for e in events)
+            events = [*events, *self._drain(state, cluster_signature(state), now, placed_now)]
+        else:
+            self._forget_drains()
         # Staging only when no placement is due: placing comes first. A deployment short but
         # waiting (its backoff, a cluster nothing fits, a placement on its way) does not hold
         # the others' staging back: one model too big for the cluster would stop it for good.
-        if not due and now >= self._next_staging_at:
+        if not due and not events and now >= self._next_staging_at:
             events = self._stage(state, now)
         return events
+
+    def _drain(
+        self, state: State, signature: ClusterSignature, now: float, placed_now: bool
+    ) -> list[AnyEvent]:
+        """Move the keeper's instances off draining nodes, make-before-break: delete an old
+        instance once its replacement is ready; place the next replacement (one per step, and
+        none in a step that placed for recovery); end a drain when its node is empty."""
+        self._drain_deleted &= set(state.instances)
+        self._drain_ready_at = {
+            i: t for i, t in self._drain_ready_at.items() if i in state.instances
+        }
+        self._drain_ended &= set(state.drains)
+        events: list[AnyEvent] = []
+        may_place = not placed_now
+        for name, drain in sorted(state.drains.items()):
+            picture = drain_picture(state, drain)
+            for move in picture.moving:
+                replacement = state.instances.get(move.new_instance_id)
+                old = move.old_instance_id
+                if replacement is None or not instance_is_ready(replacement, state):
+                    continue
+                # From the replacement's readiness on, chats go to it (``chat_targets``); the
+                # old instance keeps DRAIN_SETTLE for the chats it is answering, then goes.
+                ready_at = self._drain_ready_at.setdefault(old, now)
+                settled = now >= ready_at + DRAIN_SETTLE
+                if settled and old in state.instances and old not in self._drain_deleted:
+                    self._drain_deleted.add(old)
+                    events.append(InstanceDeleted(instance_id=old))
+            if picture.empty:
+                if name not in self._drain_ended:
+                    self._drain_ended.add(name)
+                    events.append(NodeDrainEnded(name=name))
+                continue
+            # Not one whose deletion was sent (forced) and not one of a deployment being deleted.
+            movable = [
+                (deployment_id, old)
+                for deployment_id, old in picture.to_move
+                if old not in self._drain_deleted and deployment_id not in self._deleting
+            ]
+            for deployment_id, old in movable:
+                outcome, may_place = self._move(
+                    drain, deployment_id, old, state, signature, now, may_place
+                )
+                events.extend(outcome)
+            if drain.force:
+                for instance_id in picture.unmanaged:
+                    if instance_id not in self._drain_deleted:
+                        self._drain_deleted.add(instance_id)
+                        events.append(InstanceDeleted(instance_id=instance_id))
+        return events
+
+    def _move(
+        self,
+        drain: NodeDrain,
+        deployment_id: DeploymentId,
+        old: InstanceId,
+        state: State,
+        signature: ClusterSignature,
+        now: float,
+        may_place: bool,
+    ) -> tuple[list[AnyEvent], bool]:
+        """Place a replacement for ``old`` if the deployment may place now: its events, and
+        whether the step may still place."""
+        deployment = state.deployments[deployment_id]
+        memo = self._memos[deployment_id]  # observed at the start of this step
+        key = (drain.node, deployment_id)
+        stuck = self._drain_stuck.get(key)
+        if stuck is not None and stuck[0] == signature and now < stuck[1] and not drain.force:
+            return [], may_place
+        if not may_place or busy(memo, now) is not None:
+            return [], may_place
+        try:
+            instance = self._place(
+                replacement_view(state, old),
+                deployment.model_card,
+                deployment.sharding,
+                deployment.instance_meta,
+                deployment.min_nodes,
+            )
+        except ValueError as reason:
+            note = stuck_note(state, drain, old, str(reason))
+            self._drain_stuck[key] = (signature, now + UNPLACEABLE_RETRY, note)
+            if drain.force:  # break-before-make: the keeper places it again as for any fault
+                self._drain_deleted.add(old)
+                return [InstanceDeleted(instance_id=old)], may_place
+            return [], may_place
+        self._drain_stuck.pop(key, None)
+        self._memos[deployment_id] = placed(memo, instance.instance_id, now)
+        move = DrainMove(
+            deployment_id=deployment_id, old_instance_id=old, new_instance_id=instance.instance_id
+        )
+        return [
+            InstanceCreated(instance=instance),
+            DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id),
+            DrainReplacementPlaced(name=drain.node, move=move),
+        ], False
+
+    def _forget_drains(self) -> None:
+        """No drain in the State: nothing of one to remember (the memory stays bounded)."""
+        self._drain_deleted = set()
+        self._drain_ended = set()
+        self._drain_ready_at = {}
+        self._drain_stuck = {}
+
+    def drain_note(self, name: str) -> str | None:
+        """Why the drain of ``name`` cannot move an instance now, or None."""
+        notes = [
+            note for (node, _), (_, _, note) in sorted(self._drain_stuck.items()) if node == name
+        ]
+        return "; ".join(notes) if notes else None
+
+    # --- cordons and drains (commands) ------------------------------------------------------
+
+    def cordon(self, name: str, state: State) -> list[AnyEvent]:
+        """No new placement on ``name``; nothing if it is cordoned already."""
+        return [] if name in state.cordoned else [NodeCordoned(name=name)]
+
+    def uncordon(self, name: str, state: State) -> list[AnyEvent]:
+        """Placements on ``name`` again; a drain of it ends, and the replacement of a move
+        under way (the extra instance) is deleted."""
+        drain = state.drains.get(name)
+        if name not in state.cordoned and drain is None:
+            return []
+        self._drain_stuck = {k: v for k, v in self._drain_stuck.items() if k[0] != name}
+        surge = [] if drain is None else [m.new_instance_id for m in drain.moves]
+        return [
+            NodeUncordoned(name=name),
+            *(InstanceDeleted(instance_id=i) for i in surge if i in state.instances),
+        ]
+
+    def drain(self, name: str, force: bool, when: str, state: State) -> list[AnyEvent]:
+        """Cordon ``name`` and move the keeper's instances off it; nothing if it drains
+        already as asked."""
+        drain = state.drains.get(name)
+        if drain is not None and (drain.force or not force):
+            return []
+        self._drain_ended.discard(name)
+        return [NodeDrainStarted(name=name, force=force, when=when)]
 
     def _stage(self, state: State, now: float) -> list[AnyEvent]:
         """Ask for the standby copies the deployments' plans call for (``keeper.core.staging``).
@@ -285,9 +450,10 @@ class Keeper:
         # so that one node fault costs at most one replica. (With no such node, the view equals
         # the state.)
         serving = nodes_serving(state, model_id)
+        cordoned = cordoned_nodes(state)
         try:
             instance = self._place(
-                without_nodes(state, serving),
+                without_nodes(state, serving | cordoned),
                 deployment.model_card,
                 deployment.sharding,
                 deployment.instance_meta,
@@ -298,9 +464,11 @@ class Keeper:
             if serving:
                 names = node_names(state, serving)
                 error = f"no placement apart from the nodes serving {model_id} ({names}): {error}"
+            if cordoned:
+                error = f"{error} (cordoned, left out: {node_names(state, cordoned)})"
             self._forget_crash(deployment_id)
             if deployment.preempt:  # docs/design.md §5.13
-                preemption = self._preemption(deployment, state, serving, budget)
+                preemption = self._preemption(deployment, state, serving | cordoned, budget)
                 if preemption is not None:
                     return self._preempting(deployment, preemption, state, signature, now), True
         except Exception as crash:  # a bug in placement must not stop the other deployments
@@ -326,18 +494,19 @@ class Keeper:
         self,
         deployment: Deployment,
         state: State,
-        serving: frozenset[NodeId],
+        left_out: frozenset[NodeId],
         budget: TrialBudget,
     ) -> Preemption | None:
         """The keeper's instances of lower priorities whose deletion lets ``deployment`` be
-        placed, and its instance placed without them (``keeper.core.preemption``); never one of a
-        deployment being deleted nor one already being removed."""
+        placed, and its instance placed without them (``keeper.core.preemption``) and without the
+        nodes its own placement leaves out (``left_out``: those serving its model, the cordoned
+        ones); never one of a deployment being deleted nor one already being removed."""
         leaving = frozenset[InstanceId]().union(*(m.retiring for m in self._memos.values()))
         victims = candidates(state, deployment, spared=self._deleting, leaving=leaving)
 
         def place(view: State) -> AnyInstance:
             return self._place(
-                without_nodes(view, serving),
+                without_nodes(view, left_out),
                 deployment.model_card,
                 deployment.sharding,
                 deployment.instance_meta,

@@ -220,12 +220,22 @@ def waiting(
     memo: DeploymentMemo, signature: ClusterSignature, now: float
 ) -> tuple[WaitReason, float] | None:
     """Why an observed deployment with no instance must not be placed yet, and until when."""
+    busy_until = busy(memo, now)
+    if busy_until is not None:
+        return busy_until
+    if memo.unplaceable_on == signature and now < memo.retry_at:
+        return "unplaceable_retry", memo.retry_at
+    return None
+
+
+def busy(memo: DeploymentMemo, now: float) -> tuple[WaitReason, float] | None:
+    """Why the deployment may place nothing at all now, whatever the cluster: its placement on
+    its way (one at a time), or the backoff after losing one before it was ready. A drain's
+    move waits on these only: it is not short of instances, so no refusal of its own holds it."""
     if memo.in_flight is not None:
         return "placement_in_flight", memo.placed_at + PLACEMENT_TIMEOUT
     if memo.backoff_until is not None and now < memo.backoff_until:
         return "backoff", memo.backoff_until
-    if memo.unplaceable_on == signature and now < memo.retry_at:
-        return "unplaceable_retry", memo.retry_at
     return None
 
 

@@ -36,6 +36,7 @@ from keeper.model.state import (
     NodeId,
     Shard,
     State,
+    cordoned_nodes,
     download_entry,
 )
 
@@ -85,9 +86,10 @@ def staging_plan(state: State, deployment: Deployment, place: PlaceFn) -> Stagin
     """The node sets the deployment's replicas would fail over to, ``standby`` of them."""
     card = deployment.model_card
     model_id = card.model_id
-    excluded = set(nodes_serving(state, model_id))
-    if deployment.standby == 0 or not excluded:
+    serving = nodes_serving(state, model_id)
+    if deployment.standby == 0 or not serving:
         return NOTHING_TO_STAGE  # nothing serves yet: placing comes before staging
+    excluded = set(serving | cordoned_nodes(state))  # cordoned nodes get no new copy either
     size = card.storage_size.in_bytes
     no_room = {
         node

@@ -21,6 +21,7 @@ from typing import TypeVar
 from keeper.model.state import (
     Backend,
     Edge,
+    InstanceId,
     ModelId,
     NodeId,
     RDMAConnection,
@@ -38,9 +39,10 @@ LinkKey = tuple[NodeId, NodeId, str, str, str]
 class ClusterSignature:
     """The parts of a State that can turn an unplaceable deployment into a placeable one.
 
-    Per topology node: whether it reports memory and which backends it reports; and every
-    link. So each piece of a node rejoining changes it (showing up, reporting memory, reporting
-    backends, each link), while the memory figures themselves do not.
+    Per topology node: whether it reports memory and which backends it reports; every link;
+    and the cordoned names. So each piece of a node rejoining changes it (showing up,
+    reporting memory, reporting backends, each link), and so does an uncordon, while the memory
+    figures themselves do not.
 
     ``digest`` comes first so that comparing two different signatures usually stops there: a
     step compares the current one with every unplaceable deployment's, and a State read afresh
@@ -50,6 +52,8 @@ class ClusterSignature:
     digest: int
     nodes: frozenset[tuple[NodeId, bool, frozenset[Backend]]]
     links: frozenset[LinkKey]
+    # The cordoned names: an uncordon can make a placement fit at once.
+    cordoned: tuple[str, ...] = ()
 
 
 def cluster_signature(state: State) -> ClusterSignature:
@@ -62,8 +66,8 @@ def cluster_signature(state: State) -> ClusterSignature:
     )
     # (No mutation: the digest alone tells apart all but colliding signatures, which the fields
     # settle, and without a digest the fields alone would; either way the answers are the same.)
-    digest = hash((nodes, links))  # pragma: no mutate
-    return ClusterSignature(digest, nodes, links)  # pragma: no mutate
+    digest = hash((nodes, links, state.cordoned))  # pragma: no mutate
+    return ClusterSignature(digest, nodes, links, state.cordoned)  # pragma: no mutate
 
 
 # Stands in for the signature in a step where no deployment is short of instances: that step
@@ -141,3 +145,16 @@ def without_nodes(state: State, nodes: frozenset[NodeId]) -> State:
 
 def _without_keys(mapping: dict[NodeId, V], nodes: frozenset[NodeId]) -> dict[NodeId, V]:
     return {node: value for node, value in mapping.items() if node not in nodes}
+
+
+def instances_off_topology(state: State) -> dict[InstanceId, list[NodeId]]:
+    """Each instance with a runner on a node missing from the topology, in id order, with those
+    nodes (sorted): what exo's sweep deletes (the master's, docs/design.md §6.3; and what-if's
+    simulated node loss, ``keeper.core.whatif``)."""
+    present = set(state.topology.nodes)
+    found: dict[InstanceId, list[NodeId]] = {}
+    for instance_id, instance in sorted(state.instances.items()):
+        missing = sorted(n for n in instance.shard_assignments.node_to_runner if n not in present)
+        if missing:
+            found[instance_id] = missing
+    return found

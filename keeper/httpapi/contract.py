@@ -98,8 +98,9 @@ def declare_app_answers(document: dict[str, Any], *, token: bool, exo_validation
             responses: dict[str, Any] = operation.setdefault("responses", {})
             takes_input = has_body or bool(operation.get("parameters"))
             if takes_input and not exo_validation:
-                responses.pop("422", None)  # FastAPI's {"detail": [...]}: not what is sent
-                codes.append(422)
+                if responses.get("422", {}).get("description") == fastapi_422["description"]:
+                    del responses["422"]  # FastAPI's {"detail": [...]}: not what is sent
+                codes.append(422)  # (a route's own 422, declared with its reason, is kept)
             elif takes_input:
                 # A route that parses its raw body itself has no 422 from FastAPI to show.
                 responses.setdefault("422", fastapi_422)

@@ -113,7 +113,7 @@ def install_error_handlers(app: FastAPI, *, exo_validation: bool = False) -> Non
 
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(500, "Internal error in the master; the details are in its log")
+        return error_response(500, "Internal error; the details are in this service's log")
 
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
@@ -168,7 +168,7 @@ class RequestGuardMiddleware:
         await self.app(scope, limited_receive, send)
 
     def _too_large(self) -> str:
-        return f"Request body is larger than the {self.max_body_bytes} bytes this master accepts"
+        return f"Request body is larger than the {self.max_body_bytes} bytes accepted here"
 
 
 async def _send_error(send: Send, status: int, message: str, param: str | None = None) -> None:

@@ -4,9 +4,10 @@ Handlers are thin: parse with the shared wire models (``keeper.model.api_models`
 ``Master`` command, return its result. Every way a request can be wrong is answered with exo's
 error body and a 4xx (see ``keeper.httpapi.errors``), and a refused request changes
 nothing, because the master validates before it emits. ``create_app`` builds the app for one
-master (from ``keeper.httpapi.app``, with the deployments routes the bridge serves too,
-``keeper.httpapi.deployments_routes``); ``keeper.master.server`` runs it under uvicorn, and tests
-drive it in-process with ``httpx.ASGITransport``. Each route declares its 200 body and its
+master (from ``keeper.httpapi.app``, with the deployments and what-if routes the bridge serves
+too, ``keeper.httpapi.deployments_routes`` and ``keeper.httpapi.whatif_routes``);
+``keeper.master.server`` runs it under uvicorn, and tests drive it in-process with
+``httpx.ASGITransport``. Each route declares its 200 body and its
 refusals (``keeper.httpapi.contract``): the OpenAPI document is the contract the tests fuzz.
 """
 
@@ -22,6 +23,8 @@ from keeper.httpapi.app import JSON, command_json, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
+from keeper.httpapi.nodes_routes import nodes_router
+from keeper.httpapi.whatif_routes import whatif_router
 from keeper.master.dashboard_stream import dashboard_response
 from keeper.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.master.service import Master
@@ -49,6 +52,8 @@ def create_app(
         max_body_bytes=max_body_bytes,
     )
     app.include_router(deployments_router(master))
+    app.include_router(nodes_router(master))
+    app.include_router(whatif_router(master))
     app.include_router(exo_routes(master, token))
 
     @app.get("/state")

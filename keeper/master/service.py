@@ -54,6 +54,7 @@ from anyio.abc import TaskStatus
 
 from keeper.core.keeper import PlaceFn, calls_for_step
 from keeper.core.placement import place_instance
+from keeper.core.view import instances_off_topology
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
     AnyMasterMessage,
@@ -68,7 +69,12 @@ from keeper.master.membership import Membership
 from keeper.master.router import Router
 from keeper.master.stepping import KeeperLoop
 from keeper.master.subscriptions import MAX_DASHBOARD_STREAMS, Fanout, Subscription
-from keeper.model.api_models import CommandResponse, DeploymentHistoryResponse, DeploymentsResponse
+from keeper.model.api_models import (
+    CommandResponse,
+    DeploymentHistoryResponse,
+    DeploymentsResponse,
+    NodesResponse,
+)
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
@@ -97,7 +103,7 @@ from keeper.model.state import (
     State,
 )
 from keeper.runtime.built import LastBuilt
-from keeper.runtime.clock import Clock
+from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.deployments import (
     DEFAULT_MAX_DEPLOYMENTS,
     created_response,
@@ -124,6 +130,7 @@ from keeper.runtime.hosted_keeper import (
     default_keeper,
     start_keeper,
 )
+from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +305,10 @@ class Master:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
         return history_response(self.state, deployment_id, hours, self.clock.wall())
 
+    def what_if_state(self) -> State:
+        """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): the master's."""
+        return self.state
+
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""
         clock = self._started.clock_or_none
@@ -407,6 +418,44 @@ class Master:
             deployment = existing_deployment(self.state.deployments, deployment_id)
             await self._emit_and_wait(priority_events(deployment, priority, preempt))
         return priority_response(deployment, priority, preempt, self.new_id)
+
+    # --- cordons and drains (docs/design.md §5.15) ----------------------------------------
+
+    def nodes_view(self) -> NodesResponse:
+        return nodes_response(self.state, self._drains_keeper())
+
+    async def cordon_node(self, node: str) -> CommandResponse:
+        """No new placement on the node; answered once that is durable."""
+        async with self._lock:
+            name = node_name_for(self.state, node)
+            events = self._drains_keeper().cordon(name, self.state)
+            await self._emit_and_wait(events)
+        return node_command_response(name, "cordoned", "is cordoned already", events, self.new_id)
+
+    async def uncordon_node(self, node: str) -> CommandResponse:
+        async with self._lock:
+            name = node_name_for(self.state, node)
+            events = self._drains_keeper().uncordon(name, self.state)
+            self._stepping.keeper_changed()
+            await self._emit_and_wait(events)
+        return node_command_response(name, "uncordoned", "is not cordoned", events, self.new_id)
+
+    async def drain_node(self, node: str, force: bool) -> CommandResponse:
+        """Cordon the node and move the keeper's instances off it (the steps do the moving)."""
+        async with self._lock:
+            name = node_name_for(self.state, node)
+            when = iso_utc(self.clock.wall())
+            events = self._drains_keeper().drain(name, force, when, self.state)
+            self._stepping.keeper_changed()
+            await self._emit_and_wait(events)
+        log.info("node %s: drain%s started", name, " (forced)" if force else "")
+        return node_command_response(name, "draining", "is draining already", events, self.new_id)
+
+    def _drains_keeper(self) -> KeeperLike:
+        keeper = self._started.keeper_or_none
+        if keeper is None:
+            raise NotRunningError("the master is not running")
+        return keeper
 
     async def place_instance(
         self,
@@ -572,22 +621,14 @@ class Master:
         while True:
             await clock.sleep(self.config.sweep_interval_s)
             async with self._lock:
-                state = self.state
-                nodes = set(state.topology.nodes)
                 events: list[AnyEvent] = []
-                for instance_id, instance in sorted(state.instances.items()):
-                    missing = sorted(
-                        node
-                        for node in instance.shard_assignments.node_to_runner
-                        if node not in nodes
+                for instance_id, missing in instances_off_topology(self.state).items():
+                    log.info(
+                        "deleting instance %s: node(s) %s left the topology",
+                        instance_id,
+                        ", ".join(missing),
                     )
-                    if missing:
-                        log.info(
-                            "deleting instance %s: node(s) %s left the topology",
-                            instance_id,
-                            ", ".join(missing),
-                        )
-                        events.append(InstanceDeleted(instance_id=instance_id))
+                    events.append(InstanceDeleted(instance_id=instance_id))
                 await self.emit(events)
 
     # --- node sessions -------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -33,6 +34,7 @@ from keeper.model.state import (
     MAX_STANDBY,
     MIN_PRIORITY,
     Deployment,
+    DrainMove,
     InstanceMeta,
     ModelCard,
     ModelId,
@@ -370,3 +372,95 @@ def error_body(message: str, code: int, type_: str, param: str | None = None) ->
     return ErrorResponse(
         error=ErrorBody(message=message, type=type_, param=param, code=code)
     ).model_dump()
+
+
+# --- nodes: cordons and drains (docs/design.md §5.15) ---------------------------------------
+
+
+class DrainView(ApiModel):
+    """A drain under way: what moves, what is left, and why it is stuck, if it is."""
+
+    force: bool
+    started: str
+    moving: list[DrainMove]
+    # Instances still on the node: the keeper's to move, and those it did not place (left
+    # alone unless forced).
+    to_move: list[str]
+    unmanaged: list[str]
+    stuck: str | None = None
+
+
+class NodeView(ApiModel):
+    name: str  # the friendly name (cordons and drains are keyed by it)
+    node_ids: list[str]  # the cluster's nodes of that name; none while it is away
+    cordoned: bool
+    drain: DrainView | None = None
+
+
+class NodesResponse(ApiModel):
+    nodes: list[NodeView]
+
+
+class DrainRequest(ApiModel):
+    """``POST /nodes/{node}/drain``: ``force`` deletes what cannot be moved and what the keeper
+    did not place."""
+
+    force: StrictBool = False
+
+
+# --- what-if (GET /whatif, docs/design.md §5.14) ---------------------------------------------
+
+# What happens to a deployment if some nodes go now: none of its instances uses them; every
+# instance it keeps is there again (those that used them re-placed); fewer are (some could not
+# be re-placed); or none is.
+WhatIfOutcome = Literal["stays", "moves", "loses_replica", "cannot_place"]
+
+
+class WhatIfAnswer(BaseModel):
+    """What-if answers: snake_case like the other bodies; keys a newer service adds are ignored
+    by a client reading them."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class WhatIfNode(WhatIfAnswer):
+    node_id: str
+    name: str  # its friendly name when it reports one, else its id
+
+
+class WhatIfInstance(WhatIfAnswer):
+    """An instance of the model that uses the nodes asked about, and would be deleted."""
+
+    instance_id: str
+    nodes: list[WhatIfNode]  # sorted by name
+
+
+class WhatIfPlacement(WhatIfAnswer):
+    """An instance the keeper would place in its stead (hypothetical: it has no id)."""
+
+    nodes: list[WhatIfNode]  # sorted by name
+    # Every one of its nodes holds the whole model already (a staged copy, or an old one), so
+    # the replacement loads without downloading first.
+    model_on_disk: bool
+
+
+class WhatIfDeployment(WhatIfAnswer):
+    deployment_id: str
+    model_id: str
+    outcome: WhatIfOutcome
+    replicas: int  # how many instances the deployment keeps
+    before: int  # instances of its model now
+    after: int  # instances of its model once the keeper has re-placed what it can
+    lost: list[WhatIfInstance]
+    placed: list[WhatIfPlacement]
+    # Why the keeper could not place one more, in placement's own words as the deployment's
+    # placementError would say it; None when nothing it tried failed.
+    reason: str | None = None
+
+
+class WhatIfResponse(WhatIfAnswer):
+    """``GET /whatif?nodes=...``: per deployment, in placement order, what losing ``nodes`` now
+    would do (``keeper.core.whatif``)."""
+
+    nodes: list[WhatIfNode]
+    deployments: list[WhatIfDeployment]

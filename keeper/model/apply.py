@@ -7,7 +7,7 @@ because in a distributed log an event may legitimately arrive after what it name
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from keeper.model.events import (
@@ -22,12 +22,17 @@ from keeper.model.events import (
     DeploymentStandbyChanged,
     DownloadDeletionRequested,
     DownloadRequested,
+    DrainReplacementPlaced,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    NodeCordoned,
     NodeDownloadProgress,
+    NodeDrainEnded,
+    NodeDrainStarted,
     NodeGatheredInfo,
     NodeTimedOut,
+    NodeUncordoned,
     RunnerStatusUpdated,
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
@@ -38,8 +43,10 @@ from keeper.model.state import (
     AnyDownload,
     Deployment,
     DeploymentId,
+    DrainMove,
     Edge,
     InstanceId,
+    NodeDrain,
     RunnerShutdown,
     ServingRecord,
     State,
@@ -92,6 +99,7 @@ def apply(state: State, event: AnyEvent) -> State:
                 state,
                 deployments=_without(state.deployments, deployment_id),
                 serving_history=_without(state.serving_history, deployment_id),
+                drains=_without_moves(state.drains, lambda m: m.deployment_id == deployment_id),
             )
         case DeploymentServingChanged(deployment_id=deployment_id, record=record):
             if deployment_id not in state.deployments:
@@ -144,11 +152,14 @@ def apply(state: State, event: AnyEvent) -> State:
             return _changed(state, instances=_with(state.instances, instance.instance_id, instance))
         case InstanceDeleted(instance_id=instance_id):
             deployments = _without_placement(state.deployments, instance_id)
+            # A move ends with either of its instances: the old one deleted (done) or the
+            # replacement lost (the drain places another, under the keeper's backoff).
+            drains = _without_moves(state.drains, lambda m: instance_id in _move_instances(m))
             instance = state.instances.get(instance_id)
             if instance is None:
-                if deployments is state.deployments:
+                if deployments is state.deployments and drains is state.drains:
                     return state
-                return _changed(state, deployments=deployments)
+                return _changed(state, deployments=deployments, drains=drains)
             # Its runners go with it: a node that died will never report their shutdown, and
             # a live node's later RunnerShuttingDown/RunnerShutdown reports add and remove an
             # entry of their own. Without this, every lost instance would leave runners behind.
@@ -158,6 +169,7 @@ def apply(state: State, event: AnyEvent) -> State:
                 instances=_without(state.instances, instance_id),
                 runners={r: s for r, s in state.runners.items() if r not in gone},
                 deployments=deployments,
+                drains=drains,
             )
         case RunnerStatusUpdated(runner_id=runner_id, runner_status=status):
             if isinstance(status, RunnerShutdown):
@@ -181,6 +193,40 @@ def apply(state: State, event: AnyEvent) -> State:
             )
         case NodeTimedOut(node_id=node_id):
             return _remove_node(state, node_id)
+        case NodeCordoned(name=name):
+            if name in state.cordoned:
+                return state
+            return _changed(state, cordoned=tuple(sorted((*state.cordoned, name))))
+        case NodeUncordoned(name=name):
+            if name not in state.cordoned and name not in state.drains:
+                return state
+            return _changed(
+                state,
+                cordoned=tuple(n for n in state.cordoned if n != name),
+                drains=_without(state.drains, name),
+            )
+        case NodeDrainStarted(name=name, force=force, when=when):
+            drain = state.drains.get(name)
+            if drain is None:
+                drain = NodeDrain(node=name, force=force, started=when)
+            elif force and not drain.force:
+                drain = drain.model_copy(update={"force": True})  # a forced drain over a drain
+            cordoned = state.cordoned if name in state.cordoned else (*state.cordoned, name)
+            return _changed(
+                state,
+                cordoned=tuple(sorted(cordoned)),
+                drains=_with(state.drains, name, drain),
+            )
+        case DrainReplacementPlaced(name=name, move=move):
+            drain = state.drains.get(name)
+            if drain is None or any(m.deployment_id == move.deployment_id for m in drain.moves):
+                return state  # one move per deployment at a time
+            moved = drain.model_copy(update={"moves": (*drain.moves, move)})
+            return _changed(state, drains=_with(state.drains, name, moved))
+        case NodeDrainEnded(name=name):
+            if name not in state.drains:
+                return state
+            return _changed(state, drains=_without(state.drains, name))
 
 
 def apply_all(state: State, batch: Sequence[IndexedEvent]) -> State:
@@ -210,6 +256,22 @@ def _without_placement(
             update={"placed_instance_ids": kept}
         )
     return updated
+
+
+def _move_instances(move: DrainMove) -> tuple[InstanceId, InstanceId]:
+    return move.old_instance_id, move.new_instance_id
+
+
+def _without_moves(
+    drains: dict[str, NodeDrain], ends: Callable[[DrainMove], bool]
+) -> dict[str, NodeDrain]:
+    """The drains without the moves ``ends`` picks (the same mapping when none does)."""
+    if not any(ends(move) for drain in drains.values() for move in drain.moves):
+        return drains
+    return {
+        name: drain.model_copy(update={"moves": tuple(m for m in drain.moves if not ends(m))})
+        for name, drain in drains.items()
+    }
 
 
 def apply_indexed(state: State, indexed: IndexedEvent) -> State:

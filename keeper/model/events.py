@@ -24,6 +24,7 @@ from keeper.model.state import (
     DeploymentId,
     DiskUsage,
     DownloadEntry,
+    DrainMove,
     Instance,
     InstanceId,
     MemoryUsage,
@@ -161,6 +162,39 @@ class NodeTimedOut(TaggedModel):
     node_id: NodeId
 
 
+class NodeCordoned(TaggedModel):
+    """The node (by friendly name) gets no new placement; what runs there keeps running."""
+
+    name: str
+
+
+class NodeUncordoned(TaggedModel):
+    """The node may be placed on again; a drain of it ends (a move under way is abandoned)."""
+
+    name: str
+
+
+class NodeDrainStarted(TaggedModel):
+    """Cordon the node and move the keeper's instances off it, make-before-break."""
+
+    name: str
+    force: bool = False
+    when: str = ""  # ISO-8601 UTC
+
+
+class DrainReplacementPlaced(TaggedModel):
+    """A replacement for ``old_instance_id`` was placed off the draining node."""
+
+    name: str
+    move: DrainMove
+
+
+class NodeDrainEnded(TaggedModel):
+    """Nothing runs on the node any more: the drain is done (the node stays cordoned)."""
+
+    name: str
+
+
 # Every event, once: the plain union is the type for isinstance checks and match statements, and
 # ``Event`` is the same union for pydantic, each member read under its class name.
 AnyEvent = (
@@ -182,6 +216,11 @@ AnyEvent = (
     | TopologyEdgeCreated
     | TopologyEdgeDeleted
     | NodeTimedOut
+    | NodeCordoned
+    | NodeUncordoned
+    | NodeDrainStarted
+    | DrainReplacementPlaced
+    | NodeDrainEnded
 )
 Event = Annotated[AnyEvent, TAGGED]
 

@@ -39,10 +39,15 @@ def chat_targets(
 ) -> list[tuple[InstanceId, NodeId]]:
     """(instance id, rank-0 node) of each instance of the model a chat may go to now, in the
     State's order: ready, and with every one of its nodes in ``connected`` (a node whose
-    connection closed can answer nothing, though the State shows it until it times out)."""
+    connection closed can answer nothing, though the State shows it until it times out), and
+    not an instance a drain is moving away whose replacement is ready: new chats go to the
+    replacement, so the old one has only its chats in progress to finish before it goes."""
     targets: list[tuple[InstanceId, NodeId]] = []
+    leaving = instances_leaving(state)
     for instance in ready_instances_of(state, model_id):
         assignments = instance.shard_assignments
+        if instance.instance_id in leaving:
+            continue
         if not all(node in connected for node in assignments.node_to_runner):
             continue
         rank0 = next(
@@ -57,6 +62,19 @@ def chat_targets(
         if rank0 is not None:
             targets.append((instance.instance_id, rank0))
     return targets
+
+
+def instances_leaving(state: State) -> frozenset[InstanceId]:
+    """The old instances of drain moves whose replacement is ready: about to be deleted."""
+    if not state.drains:
+        return frozenset()
+    leaving: set[InstanceId] = set()
+    for drain in state.drains.values():
+        for move in drain.moves:
+            replacement = state.instances.get(move.new_instance_id)
+            if replacement is not None and instance_is_ready(replacement, state):
+                leaving.add(move.old_instance_id)
+    return frozenset(leaving)
 
 
 def ready_on_present_nodes(instance: AnyInstance, state: State) -> bool:

@@ -48,3 +48,10 @@ class NotRunningError(RefusalError):
     """The master's loops are not running (before ``run`` or after it ended)."""
 
     status_code = 503
+
+
+class UnprocessableError(RefusalError):
+    """A request whose form is right but whose content cannot be acted on as given (an empty
+    list of nodes), hence 422, naming what was wrong."""
+
+    status_code = 422

@@ -481,6 +481,28 @@ class ServingRecord(WireModel):
     begins: HistoryBegins | None = None  # set on the first record of a deployment
 
 
+# --- planned change: cordons and drains -----------------------------------------------------
+# Keyed by a node's friendly name, not its id: exo gives a node a new id on every restart, and
+# an operator who cordons a Mac before its update means that Mac when it comes back
+# (docs/design.md §5.15).
+
+
+class DrainMove(WireModel):
+    """One instance being moved off a draining node: its replacement is placed, and the old
+    one is deleted once the replacement is ready (make-before-break)."""
+
+    deployment_id: DeploymentId
+    old_instance_id: InstanceId
+    new_instance_id: InstanceId
+
+
+class NodeDrain(WireModel):
+    node: str  # the friendly name
+    force: bool = False  # delete what cannot be moved (and what the keeper did not place)
+    started: str = ""  # ISO-8601 UTC
+    moves: tuple[DrainMove, ...] = ()
+
+
 # --- the state ----------------------------------------------------------------------------
 
 
@@ -501,3 +523,25 @@ class State(WireModel):
     deployments: dict[DeploymentId, Deployment] = Field(default_factory=dict)
     # Per deployment, its serving records, oldest first (ServingRecord).
     serving_history: dict[DeploymentId, tuple[ServingRecord, ...]] = Field(default_factory=dict)
+    # Nodes that get no new placement, by friendly name, sorted; and the drains under way.
+    cordoned: tuple[str, ...] = ()
+    drains: dict[str, NodeDrain] = Field(default_factory=dict)
+
+
+def node_name(state: State, node_id: NodeId) -> str:
+    """A node as an operator knows it: its friendly name when it reported one, else its id."""
+    identity = state.node_identities.get(node_id)
+    return identity.friendly_name if identity is not None and identity.friendly_name else node_id
+
+
+def nodes_named(state: State, name: str) -> frozenset[NodeId]:
+    """The cluster's nodes that go by ``name`` (a friendly name, or an id)."""
+    return frozenset(node for node in state.topology.nodes if node_name(state, node) == name)
+
+
+def cordoned_nodes(state: State) -> frozenset[NodeId]:
+    """The cluster's nodes that get no new placement: cordoned, or draining."""
+    if not state.cordoned:
+        return frozenset()
+    names = set(state.cordoned)
+    return frozenset(node for node in state.topology.nodes if node_name(state, node) in names)

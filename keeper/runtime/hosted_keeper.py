@@ -36,6 +36,11 @@ class KeeperLike(Protocol):
     def delete(self, deployment_id: str, state: State) -> list[AnyEvent]: ...
     def scale(self, deployment_id: str, replicas: int, state: State) -> list[AnyEvent]: ...
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]: ...
+    # Cordons and drains (docs/design.md §5.15).
+    def cordon(self, name: str, state: State) -> list[AnyEvent]: ...
+    def uncordon(self, name: str, state: State) -> list[AnyEvent]: ...
+    def drain(self, name: str, force: bool, when: str, state: State) -> list[AnyEvent]: ...
+    def drain_note(self, name: str) -> str | None: ...
 
 
 @runtime_checkable
@@ -75,6 +80,18 @@ class KeeperWrapper:
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
         return self.inner.timers(state, now)
+
+    def cordon(self, name: str, state: State) -> list[AnyEvent]:
+        return self.inner.cordon(name, state)
+
+    def uncordon(self, name: str, state: State) -> list[AnyEvent]:
+        return self.inner.uncordon(name, state)
+
+    def drain(self, name: str, force: bool, when: str, state: State) -> list[AnyEvent]:
+        return self.inner.drain(name, force, when, state)
+
+    def drain_note(self, name: str) -> str | None:
+        return self.inner.drain_note(name)
 
     def staging_note(self, deployment_id: str) -> str | None:
         inner = self.inner

@@ -42,13 +42,18 @@ class Chats:
     """Clients sending one-token chats back to back until ``stop`` is set."""
 
     url: str
+    model: str = MODEL
     stop: threading.Event = field(default_factory=threading.Event)
     answered: int = 0
     failures: list[str] = field(default_factory=list[str])
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def client(self) -> None:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+        }
         with httpx.Client(trust_env=False, timeout=CHAT_TIMEOUT_S) as http:
             for _ in range(MAX_CHATS_PER_CLIENT):
                 if self.stop.is_set():

@@ -45,6 +45,7 @@ from keeper.model.events import (
     DeploymentPriorityChanged,
     InstanceCreated,
     InstanceDeleted,
+    NodeCordoned,
     NodeGatheredInfo,
 )
 from keeper.model.state import (
@@ -281,6 +282,19 @@ def test_a_victim_keeps_the_failures_it_had() -> None:
     cluster.deploy(card("high", size_gb=12), "dep-h", priority=900, preempt=True)
     assert deleted(cluster.step(T + 14)) == [created.instance.instance_id]
     assert cluster.keeper.timers(cluster.state, T + 14)["dep-l"].failures == 1
+
+
+def test_a_preemption_never_places_on_a_cordoned_node() -> None:
+    cluster, high = crowded()
+    cluster.apply(NodeCordoned(name="node-a"))  # dep-l1's node: the lowest victim's room
+    events = cluster.step(T + 2)
+    # Room is made on node-b instead, at the cost of the higher of the two.
+    assert failures_of(events) == [("dep-l2", "preempted by high")]
+    assert cluster.nodes_of(cluster.only_instance(high)) == ["node-b"]
+    cluster.apply(NodeCordoned(name="node-b"))
+    cluster.deploy(card("top", size_gb=12), "dep-t", priority=1000, preempt=True)
+    events = cluster.step(T + 3)
+    assert deleted(events) == []  # every node with room to make is cordoned
 
 
 def test_without_opt_in_nothing_is_preempted() -> None:

@@ -19,6 +19,7 @@ import anyio
 import httpx
 import pytest
 from bridge_harness import EXO_URL, _run_cancellable, exo_with_bridge, wait_until
+from keeper_fakes import NoDrains
 from model_ids import QWEN as BRIDGE_MODEL
 from test_event_log import LLAMA, QWEN, story
 
@@ -223,7 +224,7 @@ def test_a_failed_append_leaves_no_half_line_and_applies_nothing(tmp_path: Path)
     assert reopen(tmp_path) == live
 
 
-class CountingKeeper:
+class CountingKeeper(NoDrains):
     def __init__(self, _started_at: float, _place: Any) -> None:
         self.steps = 0
 

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import TaskGroup, TaskStatus
+from keeper_fakes import NoDrains
 from model_ids import QWEN
 
 from keeper.core.keeper import Keeper, PlaceFn
@@ -543,7 +544,7 @@ async def test_a_crashing_placement_is_logged_once_with_its_traceback(
 
 @pytest.mark.anyio
 async def test_a_keeper_that_raises_does_not_stop_the_master() -> None:
-    class BrokenKeeper:
+    class BrokenKeeper(NoDrains):
         steps = 0
 
         def step(self, state: State, now: float) -> list[Any]:

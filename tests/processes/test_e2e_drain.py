@@ -1,0 +1,121 @@
+"""Drains for real: ``exo-deploy cluster`` as processes, a model at replicas 1 and one at
+replicas 2 on 3 nodes, chats to both without pause, and ``exo-deploy drain --wait`` of the node
+serving them (docs/design.md §5.15).
+
+What it shows: no chat fails, because each replacement is ready before the old instance goes
+and new chats go to it from then on; the drained node ends empty; and a model never has more
+than its replicas + 1 instances, the extra one only while its move runs (watched from a thread
+reading the State every 50 ms for the whole drain).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from model_ids import LLAMA, QWEN
+from process_helpers import model_instances, wait_for
+from test_e2e_cluster import Cluster, _all_up, running_cluster
+from test_e2e_replicas import CHAT_TIMEOUT_S, Chats
+
+pytestmark = pytest.mark.e2e
+
+REPLICAS = {QWEN: 1, LLAMA: 2}
+CLIENTS_PER_MODEL = 2
+WATCH_EVERY_S = 0.05
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with running_cluster(tmp_path) as running:
+        yield running
+
+
+def _ready(cluster: Cluster) -> bool | None:
+    listed = cluster.get("/deployments")
+    if listed is None or len(listed["deployments"]) != len(REPLICAS):
+        return None
+    return all(d["readyReplicas"] == d["replicas"] for d in listed["deployments"]) or None
+
+
+def _nodes_of(cluster: Cluster, model: str) -> dict[str, str]:
+    """Instance id -> node id of the model's instances."""
+    return dict(model_instances(cluster.get("/state") or {}, model))
+
+
+class Watch:
+    """The most instances of each model seen, read from the State until stopped."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.most: Counter[str] = Counter()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for model in REPLICAS:
+                count = len(_nodes_of(self.cluster, model))
+                self.most[model] = max(self.most[model], count)
+            time.sleep(WATCH_EVERY_S)
+
+
+def test_a_drain_under_load_fails_no_chat_and_keeps_replicas_plus_one(cluster: Cluster) -> None:
+    wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
+    for model, replicas in REPLICAS.items():
+        created = httpx.post(
+            f"{cluster.url}/deployments",
+            json={"model_id": model, "replicas": replicas},
+            trust_env=False,
+        )
+        assert created.status_code == 200, created.text
+    wait_for("every replica ready", 60, lambda: _ready(cluster))
+    # The node of the replicas-1 model; if no replica of the other is there, one of its nodes
+    # is drained next, so both kinds of move run.
+    (qwen_node,) = _nodes_of(cluster, QWEN).values()
+    targets = [qwen_node]
+    if qwen_node not in _nodes_of(cluster, LLAMA).values():
+        targets.append(next(iter(_nodes_of(cluster, LLAMA).values())))
+
+    chats = [Chats(cluster.url, model) for model in REPLICAS for _ in range(CLIENTS_PER_MODEL)]
+    threads = [threading.Thread(target=c.client) for c in chats]
+    watch = Watch(cluster)
+    watcher = threading.Thread(target=watch.run)
+    for thread in [*threads, watcher]:
+        thread.start()
+    timings: list[float] = []
+    try:
+        wait_for("chats answered", 10, lambda: sum(c.answered for c in chats) >= 40 or None)
+        for node in targets:
+            started = time.monotonic()
+            drained = cluster.cli("drain", node, "--wait")
+            timings.append(time.monotonic() - started)
+            assert drained.returncode == 0, drained.stderr
+            assert all(node not in _nodes_of(cluster, m).values() for m in REPLICAS)
+            assert cluster.cli("uncordon", node).returncode == 0
+        answered = sum(c.answered for c in chats)
+        wait_for(
+            "chats answered after the drains",
+            10,
+            lambda: sum(c.answered for c in chats) >= answered + 40 or None,
+        )
+    finally:
+        for c in chats:
+            c.stop.set()
+        watch.stop.set()
+        for thread in [*threads, watcher]:
+            thread.join(timeout=CHAT_TIMEOUT_S + 5)
+    failures = [f for c in chats for f in c.failures]
+    assert failures == []
+    assert all(watch.most[m] <= REPLICAS[m] + 1 for m in REPLICAS), watch.most
+    assert all(watch.most[m] == REPLICAS[m] + 1 for m in REPLICAS), watch.most  # each moved
+    assert _ready(cluster)
+    print(
+        f"\n{sum(c.answered for c in chats)} chats answered, none failed; drains "
+        + ", ".join(f"{t:.1f} s" for t in timings)
+        + f"; most instances seen {dict(watch.most)}"
+    )

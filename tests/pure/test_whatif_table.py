@@ -1,0 +1,90 @@
+"""The table ``exo-deploy whatif`` prints (``keeper.cli.whatif.format_whatif``): every outcome
+said, where each lost instance goes or why it cannot, and no line past 80 columns, on a made-up
+answer (the command against a real master is tests/processes/test_cli_whatif.py's)."""
+
+from __future__ import annotations
+
+from keeper.cli.whatif import WIDTH, format_whatif
+from keeper.model.api_models import (
+    WhatIfDeployment,
+    WhatIfInstance,
+    WhatIfNode,
+    WhatIfPlacement,
+    WhatIfResponse,
+)
+
+
+def node(name: str) -> WhatIfNode:
+    return WhatIfNode(node_id=f"12D3KooW{name}", name=name)
+
+
+def test_the_table_says_every_outcome_within_80_columns() -> None:
+    long_model = "mlx-community/Llama-3.3-70B-Instruct-4bit-with-a-very-long-suffix"
+    reason = (
+        "no placement apart from the nodes serving m (studio-1, studio-2, studio-3): "
+        "No cycles found with sufficient memory"
+    )
+    answer = WhatIfResponse(
+        nodes=[node("studio-0"), node("mini")],
+        deployments=[
+            WhatIfDeployment(
+                deployment_id="d1",
+                model_id="m/stays",
+                outcome="stays",
+                replicas=1,
+                before=1,
+                after=1,
+                lost=[],
+                placed=[],
+            ),
+            WhatIfDeployment(
+                deployment_id="d2",
+                model_id=long_model,
+                outcome="moves",
+                replicas=2,
+                before=2,
+                after=2,
+                lost=[WhatIfInstance(instance_id="i", nodes=[node("mini"), node("studio-0")])],
+                placed=[WhatIfPlacement(nodes=[node("studio-5")], model_on_disk=True)],
+            ),
+            WhatIfDeployment(
+                deployment_id="d3",
+                model_id="m/loses",
+                outcome="loses_replica",
+                replicas=3,
+                before=3,
+                after=2,
+                lost=[WhatIfInstance(instance_id="j", nodes=[node("mini")])],
+                placed=[],
+                reason=reason,
+            ),
+            WhatIfDeployment(
+                deployment_id="d4",
+                model_id="m/cannot",
+                outcome="cannot_place",
+                replicas=1,
+                before=1,
+                after=0,
+                lost=[WhatIfInstance(instance_id="k", nodes=[node("studio-0")])],
+                placed=[],
+                reason="No cycles found with sufficient memory",
+            ),
+        ],
+    )
+    lines = format_whatif(answer).splitlines()
+    assert all(len(line) <= WIDTH for line in lines), lines
+    assert lines[:2] == [
+        "If studio-0, mini went now:",
+        "MODEL                                     OUTCOME        LEFT",
+    ]
+    assert lines[2] == "m/stays                                   stays          1 of 1"
+    assert lines[3].startswith("mlx-community/Llama-3.3-70B-Instruct-...  moves")
+    assert lines[4:6] == ["  was on: mini+studio-0", "  goes to: studio-5 (on disk)"]
+    assert lines[6].split() == ["m/loses", "loses", "replica", "2", "of", "3"]
+    assert lines[7] == "  was on: mini"
+    why = " ".join(line.strip() for line in lines[8:10])
+    assert why == f"why: {reason}"
+    assert lines[10].split() == ["m/cannot", "cannot", "place", "0", "of", "1"]
+    assert lines[-1] == "  why: No cycles found with sufficient memory"
+    empty = WhatIfResponse(nodes=[node("mini")], deployments=[])
+    assert format_whatif(empty) == "If mini went now:\nno deployments: nothing to move"
