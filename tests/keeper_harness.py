@@ -26,6 +26,7 @@ from keeper.model.events import (
     TopologyEdgeDeleted,
 )
 from keeper.model.state import (
+    DEFAULT_PRIORITY,
     AnyInstance,
     Backend,
     Connection,
@@ -156,6 +157,8 @@ class Cluster:
         instance_meta: InstanceMeta = InstanceMeta.MLX_RING,
         min_nodes: int = 1,
         replicas: int = 1,
+        priority: int = DEFAULT_PRIORITY,
+        preempt: bool = False,
     ) -> str:
         model_card = card(model) if isinstance(model, str) else model
         deployment_id = deployment_id or f"dep-{next(self._ids):04d}"
@@ -168,6 +171,8 @@ class Cluster:
                     instance_meta=instance_meta,
                     min_nodes=min_nodes,
                     replicas=replicas,
+                    priority=priority,
+                    preempt=preempt,
                 )
             )
         )

@@ -95,7 +95,14 @@ from keeper.model.events import (
     InstanceDeleted,
 )
 from keeper.model.history import serving_changes
-from keeper.model.state import Deployment, InstanceMeta, ModelCard, Sharding, State
+from keeper.model.state import (
+    DEFAULT_PRIORITY,
+    Deployment,
+    InstanceMeta,
+    ModelCard,
+    Sharding,
+    State,
+)
 from keeper.model.wire import JsonObject
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import Clock, iso_utc
@@ -107,6 +114,8 @@ from keeper.runtime.deployments import (
     existing_deployment,
     history_response,
     new_deployment,
+    priority_events,
+    priority_response,
     scale_events,
     scaled_response,
     standby_events,
@@ -390,6 +399,8 @@ class Bridge:
         min_nodes: int = 1,
         replicas: int = 1,
         standby: int = 1,
+        priority: int = DEFAULT_PRIORITY,
+        preempt: bool = False,
     ) -> CommandResponse:
         card = await self._cards.deployment_card(model_id)
         async with self._lock:
@@ -401,6 +412,8 @@ class Bridge:
                 min_nodes,
                 replicas=replicas,
                 standby=standby,
+                priority=priority,
+                preempt=preempt,
                 max_deployments=self.config.max_deployments,
             )
             self._record([DeploymentCreated(deployment=deployment)])
@@ -442,6 +455,16 @@ class Bridge:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             self._record(standby_events(deployment, standby))
         return standby_response(deployment, standby)
+
+    async def set_priority(
+        self, deployment_id: str, priority: int | None = None, preempt: bool | None = None
+    ) -> CommandResponse:
+        """Set the deployment's priority and whether it may preempt, in the bridge's log; the
+        keeper's next steps order and preempt by it (docs/design.md §5.13)."""
+        async with self._lock:
+            deployment = existing_deployment(self._own.deployments, deployment_id)
+            self._record(priority_events(deployment, priority, preempt))
+        return priority_response(deployment, priority, preempt)
 
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
         """Keep ``replicas`` instances of the deployment's model: DeploymentScaled in the

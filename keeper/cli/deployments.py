@@ -1,5 +1,9 @@
-"""The deployments commands of ``exo-deploy``: ``list``, ``deploy``, ``scale``, ``undeploy`` and
-``history``.
+"""The deployments commands of ``exo-deploy``: ``list``, ``deploy``, ``scale``, ``set``,
+``undeploy`` and ``history``.
+
+``scale ID N`` is the one setting an operator changes most, so it keeps its short form; ``set ID``
+changes any of a deployment's settings in place (``--replicas``, ``--standby``, ``--priority``,
+``--preempt``/``--no-preempt``) in one ``PATCH /deployments/{id}``.
 
 They are the part of the CLI that talks to a running master (or bridge) rather than starting a
 process: each is one request through the deployments client the TUI uses too
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -30,8 +35,8 @@ from keeper.model.api_models import (
     DeploymentsResponse,
     DeploymentView,
 )
-from keeper.model.state import InstanceMeta, Sharding
-from keeper.runtime.arguments import positive_int
+from keeper.model.state import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, InstanceMeta, Sharding
+from keeper.runtime.arguments import positive_int, whole_number
 
 DEFAULT_URL = "http://127.0.0.1:52415"
 URL_ENV = "EXO_DEPLOY_URL"
@@ -119,9 +124,11 @@ def format_deployments(response: DeploymentsResponse) -> str:
     if not response.deployments:
         return "no deployments"
     # READY: how many of the deployment's replicas can serve now, of how many it keeps.
-    rows = [("DEPLOYMENT", "MODEL", "STATUS", "READY", "INSTANCE", "NOTE")]
+    # PRIORITY: placed before lower ones; "preempts": may delete their instances to be placed.
+    rows = [("DEPLOYMENT", "MODEL", "STATUS", "READY", "INSTANCE", "PRIORITY", "NOTE")]
     for view in response.deployments:
         deployment = view.deployment
+        preempts = " preempts" if deployment.preempt else ""
         rows.append(
             (
                 deployment.deployment_id,
@@ -129,6 +136,7 @@ def format_deployments(response: DeploymentsResponse) -> str:
                 view.status,
                 f"{view.ready_replicas}/{view.replicas}",
                 (deployment.instance_id or "-")[:8],
+                f"{deployment.priority}{preempts}",
                 _note(view),
             )
         )
@@ -154,8 +162,32 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         min_nodes=args.min_nodes,
         replicas=args.replicas,
         standby=args.standby,
+        priority=args.priority,
+        preempt=args.preempt,
     )
     _print_answer(args, call_master(args, lambda client: client.create(request)))
+    return EXIT_OK
+
+
+# The settings ``set`` changes, by option, in the order the request names them.
+SETTINGS = ("replicas", "standby", "priority", "preempt")
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    # The master judges each value (its bounds, its type): outside them is its refusal, exit 1.
+    settings: dict[str, int | bool] = {
+        name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None
+    }
+    if not settings:
+        print(
+            "exo-deploy set: give one at least of --replicas, --standby, --priority and "
+            "--preempt/--no-preempt",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    _print_answer(
+        args, call_master(args, lambda client: client.update(args.deployment_id, settings))
+    )
     return EXIT_OK
 
 
@@ -225,8 +257,36 @@ def client_options(parser: argparse.ArgumentParser) -> None:
     token_option(parser, "bearer token for a master that requires one")
 
 
+def _priority_options(parser: argparse.ArgumentParser, *, default: int | None) -> None:
+    """``--priority N`` and ``--preempt``/``--no-preempt`` (docs/design.md §5.13); unset, each
+    is ``default`` (deploy: the API's default; set: left as it is)."""
+    shown = f", default {default}" if default is not None else ""
+    parser.add_argument(
+        "--priority",
+        type=whole_number,
+        default=default,
+        help=f"placed before lower priorities ({MIN_PRIORITY}-{MAX_PRIORITY}{shown})",
+    )
+    flag = parser.add_mutually_exclusive_group()
+    flag.add_argument(
+        "--preempt",
+        dest="preempt",
+        action="store_const",
+        const=True,
+        default=False if default is not None else None,
+        help="when it cannot be placed, delete instances of lower priorities to make room",
+    )
+    flag.add_argument(
+        "--no-preempt",
+        dest="preempt",
+        action="store_const",
+        const=False,
+        help="never delete another deployment's instances (the default)",
+    )
+
+
 def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
-    """``list``, ``deploy``, ``scale``, ``undeploy`` and ``history``, each made by
+    """``list``, ``deploy``, ``scale``, ``set``, ``undeploy`` and ``history``, each made by
     ``command(name, help)``."""
     list_ = command("list", "list deployments with their status", epilog=EXIT_CODES_HELP)
     client_options(list_)
@@ -262,6 +322,7 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
         help="keep the model downloaded on N more node sets, where it would fail over to "
         "(0-4, default 1)",
     )
+    _priority_options(deploy, default=DEFAULT_PRIORITY)
     client_options(deploy)
     deploy.set_defaults(handler=cmd_deploy)
 
@@ -274,6 +335,22 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
     )
     client_options(scale)
     scale.set_defaults(handler=cmd_scale)
+
+    set_ = command(
+        "set",
+        "change deployment ID's replicas, standby, priority or preemption in place",
+        epilog=EXIT_CODES_HELP,
+    )
+    set_.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")
+    set_.add_argument(
+        "--replicas", type=whole_number, help="keep N instances of the model, apart (1-16)"
+    )
+    set_.add_argument(
+        "--standby", type=whole_number, help="keep the model on N more node sets (0-4)"
+    )
+    _priority_options(set_, default=None)
+    client_options(set_)
+    set_.set_defaults(handler=cmd_set)
 
     undeploy = command("undeploy", "delete the deployment ID", epilog=EXIT_CODES_HELP)
     undeploy.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")

@@ -1,5 +1,5 @@
 """The deployments API from the outside: one client for every program that drives it over HTTP,
-the ``exo-deploy list/deploy/scale/undeploy`` commands and the TUI's create and delete.
+the ``exo-deploy list/deploy/scale/set/undeploy`` commands and the TUI's create and delete.
 
 Both read a refusal the same way: exo's error envelope (``{"error": {"message", ...}}``, what
 our master and the bridge send), else FastAPI's ``{"detail": ...}`` (a string, or the list of
@@ -16,7 +16,7 @@ tests); the CLI drives it with ``anyio.run``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast
 from urllib.parse import quote
@@ -45,6 +45,11 @@ NO_DEPLOYMENTS_API = (
 NO_SCALING_API = (
     "this master cannot scale deployments (no PATCH /deployments/{id}): it runs an older "
     "exo-deploy; delete the deployment and create it again with the replicas wanted"
+)
+
+NO_SETTINGS_API = (
+    "this master cannot change a deployment's settings (no PATCH /deployments/{id}): it runs an "
+    "older exo-deploy; delete the deployment and create it again with the settings wanted"
 )
 
 # usage: the request could not even be made (a URL that is not a master's); unreachable: no
@@ -169,18 +174,25 @@ class DeploymentsClient:
     async def scale(self, deployment_id: str, replicas: int) -> Answer[CommandResponse]:
         """Keep ``replicas`` instances of the deployment's model (``PATCH /deployments/{id}``);
         the master judges the count (1 to 16), so its refusal is the message."""
+        return await self.update(deployment_id, {"replicas": replicas}, NO_SCALING_API)
+
+    async def update(
+        self,
+        deployment_id: str,
+        settings: Mapping[str, int | bool],
+        no_api: str = NO_SETTINGS_API,
+    ) -> Answer[CommandResponse]:
+        """Change the deployment's ``settings`` in place (``PATCH /deployments/{id}``: replicas,
+        standby, priority, preempt); the master judges them, so its refusal is the message, and
+        ``no_api`` is what a master from before the route says."""
         path = f"/deployments/{deployment_id}"
         try:
             return await self._call(
-                "PATCH",
-                path,
-                CommandResponse,
-                body={"replicas": replicas},
-                what="PATCH /deployments",
+                "PATCH", path, CommandResponse, body=dict(settings), what="PATCH /deployments"
             )
         except ApiError as exc:
             if exc.status == 405:  # the path exists, for DELETE only: a master from before
-                raise ApiError(NO_SCALING_API, 405) from exc
+                raise ApiError(no_api, 405) from exc
             raise
 
     async def history(

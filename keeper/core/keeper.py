@@ -24,6 +24,11 @@ no runner of another instance of the model (anti-affinity), by handing placement
 without those nodes. ``scale`` and ``delete`` are commands, run by the host under the same lock
 as the steps; they remove only the keeper's own instances, which the State records durably
 (``Deployment.placed_instance_ids``) so that a new master can still find them.
+
+Priorities (docs/design.md §5.13): the due deployments are tried highest priority first. A
+deployment that may ``preempt`` and cannot be placed has ``keeper.core.preemption`` find the
+fewest of the keeper's own instances of strictly lower priorities whose deletion lets it be
+placed; that preemption is the step's one placement, and its victims wait like refused ones.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from keeper.core.memo import (
     busy,
     observe,
     placed,
+    preempted,
     recorded,
     reported_error,
     scaled,
@@ -47,6 +53,7 @@ from keeper.core.memo import (
     wanted,
 )
 from keeper.core.placement import PlaceFn, place_instance
+from keeper.core.preemption import Preemption, TrialBudget, by_priority, candidates, find
 from keeper.core.staging import StagingPlan, downloading_nodes, staging_plan, staging_requests
 from keeper.core.view import (
     AT_REST,
@@ -65,6 +72,7 @@ from keeper.model.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentPriorityChanged,
     DeploymentScaled,
     DownloadDeletionRequested,
     DrainReplacementPlaced,
@@ -82,6 +90,7 @@ from keeper.model.events import (
 )
 from keeper.model.readiness import deployment_status, instance_is_ready, ready_replicas
 from keeper.model.state import (
+    AnyInstance,
     Deployment,
     DeploymentId,
     DrainMove,
@@ -92,6 +101,7 @@ from keeper.model.state import (
     RunnerReady,
     State,
     cordoned_nodes,
+    preempted_by,
 )
 
 # The status rule lives with the data model (``keeper.model.readiness``) so that the TUI shares it;
@@ -206,7 +216,8 @@ class Keeper:
         # when none is short changes no answer, only the time.)
         signature = cluster_signature(state) if short else AT_REST  # pragma: no mutate
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
-        events = self._attempt(self._in_turn(due), state, signature, now)
+        # Higher priorities first; equal ones in id order, resumed where the last step stopped.
+        events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
         if state.drains:
             # Recovery first: a drain places only in a step that placed nothing else.
             placed_now = any(isinstance(e, InstanceCreated) for e in events)
@@ -411,11 +422,12 @@ class Keeper:
     ) -> list[AnyEvent]:
         events: list[AnyEvent] = []
         tried = 0
+        budget = TrialBudget()  # preemption's placement trials, for the whole step
         for deployment in due:
             if tried == MAX_PLACEMENT_ATTEMPTS_PER_STEP:
                 break
             tried += 1
-            outcome, succeeded = self._place_one(deployment, state, signature, now)
+            outcome, succeeded = self._place_one(deployment, state, signature, now, budget)
             events.extend(outcome)
             if succeeded:
                 break  # one placement per step: the next sees this one in the state
@@ -423,7 +435,12 @@ class Keeper:
         return events
 
     def _place_one(
-        self, deployment: Deployment, state: State, signature: ClusterSignature, now: float
+        self,
+        deployment: Deployment,
+        state: State,
+        signature: ClusterSignature,
+        now: float,
+        budget: TrialBudget,
     ) -> tuple[list[AnyEvent], bool]:
         """Try to place one deployment: its events, and whether an instance was placed."""
         deployment_id = deployment.deployment_id
@@ -450,6 +467,10 @@ class Keeper:
             if cordoned:
                 error = f"{error} (cordoned, left out: {node_names(state, cordoned)})"
             self._forget_crash(deployment_id)
+            if deployment.preempt:  # docs/design.md §5.13
+                preemption = self._preemption(deployment, state, serving | cordoned, budget)
+                if preemption is not None:
+                    return self._preempting(deployment, preemption, state, signature, now), True
         except Exception as crash:  # a bug in placement must not stop the other deployments
             error = f"{type(crash).__name__}: {crash}"
             self._crashes[deployment_id] = crash
@@ -461,11 +482,64 @@ class Keeper:
                 deployment_id=deployment_id, instance_id=instance.instance_id
             )
             return [created, assigned], True
+        if memo.preempted is not None:  # it lost an instance to a higher priority: say so first
+            error = f"{memo.preempted}: {error}"
         already_reported = error == reported_error(memo, deployment)
-        self._memos[deployment_id] = unplaceable(memo, signature, error, now)
+        self._memos[deployment_id] = unplaceable(memo, deployment, signature, error, now)
         if already_reported:
             return [], False
         return [DeploymentPlacementFailed(deployment_id=deployment_id, error=error)], False
+
+    def _preemption(
+        self,
+        deployment: Deployment,
+        state: State,
+        left_out: frozenset[NodeId],
+        budget: TrialBudget,
+    ) -> Preemption | None:
+        """The keeper's instances of lower priorities whose deletion lets ``deployment`` be
+        placed, and its instance placed without them (``keeper.core.preemption``) and without the
+        nodes its own placement leaves out (``left_out``: those serving its model, the cordoned
+        ones); never one of a deployment being deleted nor one already being removed."""
+        leaving = frozenset[InstanceId]().union(*(m.retiring for m in self._memos.values()))
+        victims = candidates(state, deployment, spared=self._deleting, leaving=leaving)
+
+        def place(view: State) -> AnyInstance:
+            return self._place(
+                without_nodes(view, left_out),
+                deployment.model_card,
+                deployment.sharding,
+                deployment.instance_meta,
+                deployment.min_nodes,
+            )
+
+        return find(place, state, victims, budget)
+
+    def _preempting(
+        self,
+        deployment: Deployment,
+        preemption: Preemption,
+        state: State,
+        signature: ClusterSignature,
+        now: float,
+    ) -> list[AnyEvent]:
+        """The events of a preemption: each victim's deployment told why (first, so that any
+        State that shows an instance gone also shows the reason), the instances deleted, then
+        the placement made without them."""
+        error = preempted_by(deployment.model_card.model_id)
+        events: list[AnyEvent] = []
+        for victim_id, instance_ids in preemption.by_deployment().items():
+            victim = state.deployments[victim_id]
+            memo = self._memos[victim_id]  # observed in this step: it is not being deleted
+            if error != reported_error(memo, victim):
+                events.append(DeploymentPlacementFailed(deployment_id=victim_id, error=error))
+            self._memos[victim_id] = preempted(memo, victim, instance_ids, signature, error, now)
+        events.extend(InstanceDeleted(instance_id=v.instance_id) for v in preemption.victims)
+        instance = preemption.instance
+        deployment_id = deployment.deployment_id
+        self._memos[deployment_id] = placed(self._memos[deployment_id], instance.instance_id, now)
+        assigned = DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id)
+        return [*events, InstanceCreated(instance=instance), assigned]
 
     def _forget_crash(self, deployment_id: DeploymentId) -> None:
         if deployment_id in self._crashes:
@@ -615,20 +689,23 @@ def calls_for_step(event: AnyEvent) -> bool:
     """Whether an applied event may call for a placement, so the host steps now rather than at
     the next tick (docs/design.md §6.6, prompt stepping).
 
-    A deployment created or scaled wants instances; an instance deleted may leave one short; an
-    instance created is the previous placement now visible, so the next one (another replica,
-    another deployment) can be decided against it; a node's report may be a node joining or
-    carry the memory and backends placement reads; a node timing out or a link changing alters
-    the cluster placement sees. A runner turning Ready or Failed changes what the keeper must
-    remember of its instance: whether it was ever ready decides whether its loss is placed
-    again at once or backs off (docs/design.md §5.4), so a step must see it ready before a loss
-    can follow. The rest (the keeper's own bookkeeping, a deployment deleted, a runner loading
-    or busy with a chat) never make a placement possible that was not possible before.
+    A deployment created or scaled wants instances; one given a new priority or leave to preempt
+    may now go first, or displace a lower one (docs/design.md §5.13); an instance deleted may
+    leave one short; an instance created is the previous placement now visible, so the next one
+    (another replica, another deployment) can be decided against it; a node's report may be a
+    node joining or carry the memory and backends placement reads; a node timing out or a link
+    changing alters the cluster placement sees. A runner turning Ready or Failed changes what
+    the keeper must remember of its instance: whether it was ever ready decides whether its loss
+    is placed again at once or backs off (docs/design.md §5.4), so a step must see it ready
+    before a loss can follow. The rest (the keeper's own bookkeeping, a deployment deleted, a
+    runner loading or busy with a chat) never make a placement possible that was not possible
+    before.
     """
     match event:
         case (
             DeploymentCreated()
             | DeploymentScaled()
+            | DeploymentPriorityChanged()
             | InstanceCreated()
             | InstanceDeleted()
             | NodeGatheredInfo()

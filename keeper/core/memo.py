@@ -5,7 +5,8 @@ what its next step would decide (``Keeper.timers``) by observing a copy: looking
 what the keeper does. The memo holds only what the State cannot tell: the placement still on its
 way, whether each of its own instances was ever ready, failures in a row and the waits they
 imply, and what its own events will change once applied (the placement error it last sent, the
-replica count it last set, the instances it is removing).
+replica count it last set, the instances it is removing), the priority it was refused on, and
+whether it lost an instance to a higher priority (its later errors say so).
 
 Its size is bounded by the deployment's own instances in the State (at most ``MAX_REPLICAS``
 plus the ones on their way out), never by history: ids leave the memo as soon as the State no
@@ -67,6 +68,12 @@ class DeploymentMemo:
     # (or, for one still in flight, until it has come and gone): losing them is no failure, and
     # they are neither watched again nor removed twice.
     retiring: frozenset[InstanceId] = frozenset()
+    # The priority and preempt flag the deployment had when its placement last failed: either
+    # changed is a reason to try again at once (docs/design.md §5.13).
+    ranked: tuple[int, bool] | None = None
+    # Why the deployment lost an instance to a higher priority ("preempted by <model>"), until it
+    # is placed again: its later placement errors say so first.
+    preempted: str | None = None
 
 
 FRESH = DeploymentMemo()
@@ -132,7 +139,12 @@ def observe(
         if not w.ready and instance_is_ready(instances[w.instance_id], state):
             memo = _with_readiness(memo, state)
             break
-    # 5. Removed instances are forgotten once the state no longer shows them.
+    # 5. A new priority or preempt flag is a reason to try again, like a changed cluster. (No
+    # mutation of the guard: without it the replace leaves a memo that was never refused as it
+    # is, only slower.)
+    if memo.unplaceable_on is not None and _reranked(memo, deployment):  # pragma: no mutate
+        memo = replace(memo, unplaceable_on=None)
+    # 6. Removed instances are forgotten once the state no longer shows them.
     if memo.retiring:
         retiring = frozenset(i for i in memo.retiring if i in instances or i == memo.in_flight)
         memo = replace(memo, retiring=retiring)
@@ -177,6 +189,11 @@ def _unknown_recorded(
         if i in instances and i != memo.in_flight and not _knows(memo, i):
             found = (*found, Watched(i))
     return found
+
+
+def _reranked(memo: DeploymentMemo, deployment: Deployment) -> bool:
+    """Whether the deployment's priority or preempt flag changed since its placement failed."""
+    return memo.ranked != (deployment.priority, deployment.preempt)
 
 
 def _with_readiness(memo: DeploymentMemo, state: State) -> DeploymentMemo:
@@ -226,7 +243,12 @@ def placed(memo: DeploymentMemo, instance_id: InstanceId, now: float) -> Deploym
     # DeploymentPlaced clears the placement error; the cluster that failed before is forgotten
     # (its retry time means nothing without it).
     return replace(
-        memo, in_flight=instance_id, placed_at=now, unplaceable_on=None, sent=SentError(None)
+        memo,
+        in_flight=instance_id,
+        placed_at=now,
+        unplaceable_on=None,
+        sent=SentError(None),
+        preempted=None,
     )
 
 
@@ -244,11 +266,37 @@ def scaled(memo: DeploymentMemo, replicas: int, removed: tuple[InstanceId, ...])
 
 
 def unplaceable(
-    memo: DeploymentMemo, signature: ClusterSignature, error: str, now: float
+    memo: DeploymentMemo,
+    deployment: Deployment,
+    signature: ClusterSignature,
+    error: str,
+    now: float,
 ) -> DeploymentMemo:
+    """After a failed placement, reported as ``error``: tried again when the cluster, the
+    deployment's priority or its preempt flag changes, or after UNPLACEABLE_RETRY."""
     return replace(
         memo,
         unplaceable_on=signature,
         retry_at=now + UNPLACEABLE_RETRY,
         sent=SentError(error),
+        ranked=(deployment.priority, deployment.preempt),
+    )
+
+
+def preempted(
+    memo: DeploymentMemo,
+    deployment: Deployment,
+    removed: tuple[InstanceId, ...],
+    signature: ClusterSignature,
+    error: str,
+    now: float,
+) -> DeploymentMemo:
+    """After the keeper deleted ``removed`` to place a higher priority, reported as ``error``:
+    their loss is no failure (they are removed, like instances scaled away), and the deployment
+    waits as an unplaceable one does, so it does not at once take back the room just made."""
+    return replace(
+        unplaceable(memo, deployment, signature, error, now),
+        watched=tuple(w for w in memo.watched if w.instance_id not in removed),
+        retiring=memo.retiring | frozenset(removed),
+        preempted=error,
     )

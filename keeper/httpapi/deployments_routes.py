@@ -1,9 +1,10 @@
 """The deployments routes (docs/design.md §7.2), for any service that keeps deployments: the master
 (``keeper.master.service``) and the bridge (``keeper.bridge.service``).
 
-Both answer ``POST /deployments``, ``GET /deployments``, ``PATCH /deployments/{id}`` (scale),
-``DELETE /deployments/{id}`` and ``GET /deployments/{id}/history`` with the same shapes
-(``keeper.model.api_models``), so the TUI and ``exo-deploy list/deploy/scale/undeploy`` work against
+Both answer ``POST /deployments``, ``GET /deployments``, ``PATCH /deployments/{id}`` (replicas,
+standby, priority, preempt), ``DELETE /deployments/{id}`` and ``GET /deployments/{id}/history``
+with the same shapes (``keeper.model.api_models``), so the TUI and
+``exo-deploy list/deploy/scale/set/undeploy`` work against
 either unchanged; the routes are written once, over the small Protocol both satisfy, and so is
 their contract: each declares its body and every refusal either service answers.
 """
@@ -26,7 +27,7 @@ from keeper.model.api_models import (
     DeploymentsResponse,
     ScaleDeploymentRequest,
 )
-from keeper.model.state import InstanceMeta, Sharding
+from keeper.model.state import DEFAULT_PRIORITY, InstanceMeta, Sharding
 
 
 class DeploymentsService(Protocol):
@@ -40,6 +41,8 @@ class DeploymentsService(Protocol):
         min_nodes: int,
         replicas: int,
         standby: int = 1,
+        priority: int = DEFAULT_PRIORITY,
+        preempt: bool = False,
     ) -> CommandResponse: ...
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
@@ -47,6 +50,12 @@ class DeploymentsService(Protocol):
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse: ...
 
     async def set_standby(self, deployment_id: str, standby: int) -> CommandResponse: ...
+
+    async def set_priority(
+        self, deployment_id: str, priority: int | None, preempt: bool | None
+    ) -> CommandResponse:
+        """Set the deployment's priority and preempt flag (each left as it is when None)."""
+        ...
 
     def deployments_json(self) -> bytes:
         """The ``GET /deployments`` body (a ``DeploymentsResponse``)."""
@@ -81,6 +90,8 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
                 request.min_nodes,
                 request.replicas,
                 request.standby,
+                request.priority,
+                request.preempt,
             )
         )
 
@@ -121,13 +132,19 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
         },
     )
     async def scale_deployment(deployment_id: str, request: ScaleDeploymentRequest) -> Response:
-        answer: CommandResponse | None = None
+        answers: list[CommandResponse] = []
         if request.standby is not None:
-            answer = await service.set_standby(deployment_id, request.standby)
+            answers.append(await service.set_standby(deployment_id, request.standby))
+        if request.priority is not None or request.preempt is not None:
+            answers.append(
+                await service.set_priority(deployment_id, request.priority, request.preempt)
+            )
         if request.replicas is not None:
-            answer = await service.scale_deployment(deployment_id, request.replicas)
-        assert answer is not None  # the request holds one at least
-        return command_json(answer)
+            answers.append(await service.scale_deployment(deployment_id, request.replicas))
+        # The request holds one setting at least; the answer says what each one did.
+        last = answers[-1]
+        message = "; ".join(answer.message for answer in answers)
+        return command_json(last.model_copy(update={"message": message}))
 
     @router.delete(
         "/deployments/{deployment_id}",

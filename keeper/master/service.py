@@ -93,6 +93,7 @@ from keeper.model.refusals import (
     NotRunningError,
 )
 from keeper.model.state import (
+    DEFAULT_PRIORITY,
     AnyShard,
     InstanceMeta,
     ModelCard,
@@ -112,6 +113,8 @@ from keeper.runtime.deployments import (
     history_response,
     new_deployment,
     placement_enums,
+    priority_events,
+    priority_response,
     scale_events,
     scaled_response,
     shown,
@@ -349,6 +352,8 @@ class Master:
         min_nodes: int = 1,
         replicas: int = 1,
         standby: int = 1,
+        priority: int = DEFAULT_PRIORITY,
+        preempt: bool = False,
     ) -> CommandResponse:
         card = self._card(model_id)
         async with self._lock:
@@ -360,6 +365,8 @@ class Master:
                 min_nodes,
                 replicas=replicas,
                 standby=standby,
+                priority=priority,
+                preempt=preempt,
                 max_deployments=self.config.max_deployments,
                 new_id=self.new_id,
             )
@@ -401,6 +408,16 @@ class Master:
             deployment = existing_deployment(self.state.deployments, deployment_id)
             await self._emit_and_wait(standby_events(deployment, standby))
         return standby_response(deployment, standby, self.new_id)
+
+    async def set_priority(
+        self, deployment_id: str, priority: int | None = None, preempt: bool | None = None
+    ) -> CommandResponse:
+        """Set the deployment's priority and whether it may preempt (docs/design.md §5.13), each
+        left as it is when None; answered once the change is durable."""
+        async with self._lock:
+            deployment = existing_deployment(self.state.deployments, deployment_id)
+            await self._emit_and_wait(priority_events(deployment, priority, preempt))
+        return priority_response(deployment, priority, preempt, self.new_id)
 
     # --- cordons and drains (docs/design.md §5.15) ----------------------------------------
 

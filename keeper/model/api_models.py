@@ -28,8 +28,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from keeper.model.state import (
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
     MAX_REPLICAS,
     MAX_STANDBY,
+    MIN_PRIORITY,
     Deployment,
     DrainMove,
     InstanceMeta,
@@ -55,6 +58,9 @@ def _whole_float_as_int(value: object) -> object:
 # any number with no fractional part, so ``2.0`` is one and is read as 2; anything else that is
 # not a JSON integer (``true``, ``"2"``, ``2.5``) is named as the wrong type, not coerced.
 WholeNumber = Annotated[int, BeforeValidator(_whole_float_as_int), Field(strict=True)]
+# A flag in a request body: JSON's true or false only (``1``, ``"yes"`` and ``"true"`` are named
+# as the wrong type, not read as a wish).
+Flag = Annotated[bool, Field(strict=True)]
 
 
 class ApiModel(BaseModel):
@@ -78,6 +84,9 @@ class CreateDeploymentRequest(ApiModel):
     replicas: WholeNumber = Field(default=1, ge=1, le=MAX_REPLICAS)
     # Standby node sets that keep the model downloaded for a failover (docs/design.md §5.12).
     standby: WholeNumber = Field(default=1, ge=0, le=MAX_STANDBY)
+    # Placed before lower priorities; with preempt, may displace them (docs/design.md §5.13).
+    priority: WholeNumber = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY)
+    preempt: Flag = False
 
 
 def _optional_count(low: int, high: int) -> dict[str, Any]:
@@ -97,18 +106,27 @@ def _within(value: int | None, low: int, high: int) -> int | None:
     return value
 
 
+# The settings ``PATCH /deployments/{id}`` changes in place, and the JSON type of each.
+PATCHABLE = {
+    "replicas": "integer",
+    "standby": "integer",
+    "priority": "integer",
+    "preempt": "boolean",
+}
+
+
 class ScaleDeploymentRequest(ApiModel):
-    """``PATCH /deployments/{id}``: the settings a deployment may change in place, one or both
+    """``PATCH /deployments/{id}``: the settings a deployment may change in place, any of them
     (its placement settings are its identity: delete it and create it again to change them)."""
 
-    # The document says what the validator below requires: one of the two, as a number.
+    # The document says what the validator below requires: one of them at least, of its type.
     model_config = ConfigDict(
         extra="forbid",
         frozen=True,
         json_schema_extra={
             "anyOf": [
-                {"required": [name], "properties": {name: {"type": "integer"}}}
-                for name in ("replicas", "standby")
+                {"required": [name], "properties": {name: {"type": kind}}}
+                for name, kind in PATCHABLE.items()
             ]
         },
     )
@@ -117,6 +135,12 @@ class ScaleDeploymentRequest(ApiModel):
     # them inside an optional whole number's schema.
     replicas: Annotated[WholeNumber | None, WithJsonSchema(_optional_count(1, MAX_REPLICAS))] = None
     standby: Annotated[WholeNumber | None, WithJsonSchema(_optional_count(0, MAX_STANDBY))] = None
+    priority: Annotated[
+        WholeNumber | None, WithJsonSchema(_optional_count(MIN_PRIORITY, MAX_PRIORITY))
+    ] = None
+    preempt: Annotated[
+        Flag | None, WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "null"}]})
+    ] = None
 
     @field_validator("replicas")
     @classmethod
@@ -128,10 +152,15 @@ class ScaleDeploymentRequest(ApiModel):
     def _standby_bounded(cls, value: int | None) -> int | None:
         return _within(value, 0, MAX_STANDBY)
 
+    @field_validator("priority")
+    @classmethod
+    def _priority_bounded(cls, value: int | None) -> int | None:
+        return _within(value, MIN_PRIORITY, MAX_PRIORITY)
+
     @model_validator(mode="after")
     def _one_at_least(self) -> ScaleDeploymentRequest:
-        if self.replicas is None and self.standby is None:
-            raise ValueError("give replicas, standby or both")
+        if all(getattr(self, name) is None for name in PATCHABLE):
+            raise ValueError("give one at least of replicas, standby, priority and preempt")
         return self
 
 

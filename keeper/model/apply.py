@@ -16,6 +16,7 @@ from keeper.model.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentPriorityChanged,
     DeploymentScaled,
     DeploymentServingChanged,
     DeploymentStandbyChanged,
@@ -131,6 +132,10 @@ def apply(state: State, event: AnyEvent) -> State:
             return _with_deployment(state, deployment_id, replicas=replicas, placement_error=None)
         case DeploymentStandbyChanged(deployment_id=deployment_id, standby=standby):
             return _with_deployment(state, deployment_id, standby=standby)
+        case DeploymentPriorityChanged(
+            deployment_id=deployment_id, priority=priority, preempt=preempt
+        ):
+            return _with_deployment(state, deployment_id, priority=priority, preempt=preempt)
         case DownloadRequested(deployment_id=deployment_id, node_id=node_id):
             deployment = _staging_deployment(state, deployment_id)
             if deployment is None or node_id in deployment.staged_on:

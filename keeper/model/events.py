@@ -14,8 +14,10 @@ from typing import Annotated
 from pydantic import Field, TypeAdapter
 
 from keeper.model.state import (
+    MAX_PRIORITY,
     MAX_REPLICAS,
     MAX_STANDBY,
+    MIN_PRIORITY,
     Backend,
     Connection,
     Deployment,
@@ -71,6 +73,16 @@ class DeploymentStandbyChanged(TaggedModel):
 
     deployment_id: DeploymentId
     standby: int = Field(ge=0, le=MAX_STANDBY)
+
+
+class DeploymentPriorityChanged(TaggedModel):
+    """The deployment now has ``priority`` and may (``preempt``) or may not have lower-priority
+    deployments' instances deleted to place its own; both are carried, so one event is the whole
+    setting."""
+
+    deployment_id: DeploymentId
+    priority: int = Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)
+    preempt: bool
 
 
 class DownloadRequested(TaggedModel):
@@ -192,6 +204,7 @@ AnyEvent = (
     | DeploymentPlacementFailed
     | DeploymentScaled
     | DeploymentStandbyChanged
+    | DeploymentPriorityChanged
     | DeploymentServingChanged
     | DownloadRequested
     | DownloadDeletionRequested

@@ -46,6 +46,7 @@ from keeper.model.events import (
 )
 from keeper.model.readiness import instances_of, ready_on_present_nodes
 from keeper.model.state import (
+    PREEMPTED_BY,
     SERVING_RUNNER_TYPES,
     AnyInstance,
     Deployment,
@@ -152,7 +153,7 @@ def _why_stopped(before: State, after: State, deployment_id: DeploymentId) -> st
         if gone:
             return f"node {', '.join(_node_name(before, node) for node in gone)} timed out"
         if instance.instance_id not in after.instances:
-            return "instance deleted by a user"
+            return _deleted_by(after, deployment_id)
         statuses = [(node, after.runners.get(runner)) for node, runner in nodes.items()]
         for node, status in statuses:
             if isinstance(status, RunnerFailed):
@@ -163,6 +164,16 @@ def _why_stopped(before: State, after: State, deployment_id: DeploymentId) -> st
                 went = type(status).__name__ if status is not None else "away"
                 return f"runner on {_node_name(before, node)} went {went}"
     return UNKNOWN_CAUSE
+
+
+def _deleted_by(after: State, deployment_id: DeploymentId) -> str:
+    """Who deleted a serving instance whose nodes are still there: the keeper, to make room for
+    a higher priority, when the deployment says it was preempted (docs/design.md §5.13, it is
+    told before its instance goes); else a user."""
+    error = after.deployments[deployment_id].placement_error  # it serves in ``before``: it exists
+    if error is not None and error.startswith(PREEMPTED_BY):
+        return error
+    return "instance deleted by a user"
 
 
 # --- the summary: what GET /deployments/{id}/history answers ------------------------------

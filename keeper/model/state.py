@@ -290,6 +290,20 @@ MAX_REPLICAS = 16
 # The most standby node sets a deployment may keep: each is a full copy of the model on disk, and
 # beyond a few the copies cost more disk than the faults they shorten.
 MAX_STANDBY = 4
+# A deployment's priority, highest first when several wait for a placement and the only ground
+# on which one may preempt another (docs/design.md §5.13). A thousand levels leave room between
+# any two an operator picks; the default sits in the middle so either side can be chosen later.
+MIN_PRIORITY = 0
+MAX_PRIORITY = 1000
+DEFAULT_PRIORITY = 500
+# What a deployment whose instance was deleted to make room for a higher-priority model says
+# (its placementError), followed by that model's id; the serving history reads it as the cause.
+PREEMPTED_BY = "preempted by "
+
+
+def preempted_by(model_id: ModelId) -> str:
+    """The placement error of a deployment preempted by a deployment of ``model_id``."""
+    return f"{PREEMPTED_BY}{model_id}"
 
 
 class Deployment(WireModel):
@@ -316,6 +330,12 @@ class Deployment(WireModel):
     # The nodes the keeper asked to hold the model for this deployment and has not asked to
     # delete it: the copies it made, and the only ones it may delete.
     staged_on: tuple[NodeId, ...] = ()
+    # Placed before lower priorities when several are due; with ``preempt``, a deployment that
+    # cannot be placed may have the keeper delete instances of strictly lower-priority ones
+    # (docs/design.md §5.13). A deployment written before either reads as 500 and false, so
+    # older logs and snapshots replay unchanged.
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY)
+    preempt: bool = False
 
 
 # --- downloads ----------------------------------------------------------------------------

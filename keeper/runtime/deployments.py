@@ -26,12 +26,13 @@ from keeper.model.api_models import (
     StagedCopyView,
     create_problems,
 )
-from keeper.model.events import AnyEvent, DeploymentStandbyChanged
+from keeper.model.events import AnyEvent, DeploymentPriorityChanged, DeploymentStandbyChanged
 from keeper.model.history import summarize
 from keeper.model.ids import IdFactory, new_id
 from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.refusals import BadRequestError, ConflictError, NotFoundError, RefusalError
 from keeper.model.state import (
+    DEFAULT_PRIORITY,
     Deployment,
     DownloadCompleted,
     DownloadFailed,
@@ -101,6 +102,8 @@ def new_deployment(
     *,
     replicas: int = 1,
     standby: int = 1,
+    priority: int = DEFAULT_PRIORITY,
+    preempt: bool = False,
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     new_id: IdFactory = new_id,
 ) -> Deployment:
@@ -130,6 +133,8 @@ def new_deployment(
         min_nodes=min_nodes,
         replicas=replicas,
         standby=standby,
+        priority=priority,
+        preempt=preempt,
     )
 
 
@@ -210,6 +215,50 @@ def standby_response(
         f"Deployment of {model_id} already keeps {standby} standby set(s)"
         if standby == deployment.standby
         else f"Deployment of {model_id} keeps {standby} standby set(s), was {deployment.standby}"
+    )
+    return CommandResponse(
+        message=message, command_id=new_id(), deployment_id=deployment.deployment_id
+    )
+
+
+def priority_events(
+    deployment: Deployment, priority: int | None, preempt: bool | None
+) -> list[AnyEvent]:
+    """The event that sets the deployment's priority and preempt flag (each as it is when not
+    given); none when neither changes."""
+    new_priority = deployment.priority if priority is None else priority
+    new_preempt = deployment.preempt if preempt is None else preempt
+    if (new_priority, new_preempt) == (deployment.priority, deployment.preempt):
+        return []
+    return [
+        DeploymentPriorityChanged(
+            deployment_id=deployment.deployment_id, priority=new_priority, preempt=new_preempt
+        )
+    ]
+
+
+def _ranking(priority: int, preempt: bool) -> str:
+    return f"priority {priority}, {'preempting' if preempt else 'not preempting'}"
+
+
+def priority_response(
+    deployment: Deployment,
+    priority: int | None,
+    preempt: bool | None,
+    new_id: IdFactory = new_id,
+) -> CommandResponse:
+    """The answer to setting ``deployment`` (as it was) to ``priority`` and ``preempt`` (each
+    unchanged when None); the same settings again are said to change nothing."""
+    model_id = deployment.model_card.model_id
+    was = _ranking(deployment.priority, deployment.preempt)
+    now = _ranking(
+        deployment.priority if priority is None else priority,
+        deployment.preempt if preempt is None else preempt,
+    )
+    message = (
+        f"Deployment of {model_id} already has {now}"
+        if now == was
+        else f"Deployment of {model_id} now has {now}, was {was}"
     )
     return CommandResponse(
         message=message, command_id=new_id(), deployment_id=deployment.deployment_id

@@ -153,6 +153,63 @@ def test_deploy_with_replicas_then_scale(
     assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
 
 
+def test_deploy_with_a_priority_then_set_it_and_its_refusals(
+    master_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = "mlx-community/Qwen3-8B-4bit"
+    argv = ("deploy", model, "--priority", "900", "--preempt", "--url", master_url)
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, err) == (EXIT_OK, "")
+    deployment_id = out.strip().rsplit(" ", 1)[1]
+
+    def shown() -> tuple[int, bool, str]:
+        code, out, _ = run_cli(capsys, "list", "--url", master_url, "--json")
+        assert code == EXIT_OK
+        (view,) = [
+            v
+            for v in json.loads(out)["deployments"]
+            if v["deployment"]["deploymentId"] == deployment_id
+        ]
+        code, table, _ = run_cli(capsys, "list", "--url", master_url)
+        header, *rows = table.strip().splitlines()
+        assert header.split()[5] == "PRIORITY"
+        (row,) = [r for r in rows if r.startswith(deployment_id)]
+        return view["deployment"]["priority"], view["deployment"]["preempt"], row
+
+    priority, preempt, row = shown()
+    assert (priority, preempt) == (900, True)
+    assert "900 preempts" in row
+
+    code, out, err = run_cli(capsys, "set", deployment_id, "--priority", "200", "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    assert "now has priority 200, preempting, was priority 900, preempting" in out
+    code, out, err = run_cli(capsys, "set", deployment_id, "--no-preempt", "--url", master_url)
+    assert (code, err) == (EXIT_OK, "")
+    priority, preempt, row = shown()
+    assert (priority, preempt) == (200, False)
+    assert "preempts" not in row
+    code, out, err = run_cli(
+        capsys, "set", deployment_id, "--preempt", "--standby", "0", "--url", master_url
+    )
+    assert (code, err) == (EXIT_OK, "")
+    assert "standby" in out and "priority 200, preempting" in out
+    assert shown()[:2] == (200, True)
+
+    code, out, err = run_cli(
+        capsys, "set", deployment_id, "--priority", "1001", "--url", master_url
+    )
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "priority: Input should be less than or equal to 1000" in err
+    code, out, err = run_cli(capsys, "deploy", LLAMA, "--priority", "-1", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "priority: Input should be greater than or equal to 0" in err
+    code, out, err = run_cli(capsys, "set", "nope", "--priority", "3", "--url", master_url)
+    assert (code, out) == (EXIT_REFUSED, "")
+    assert "Deployment 'nope' not found" in err
+    assert shown()[:2] == (200, True)  # refused: nothing changed
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
+
+
 def test_deploy_with_standby_and_its_refusal(
     master_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -258,6 +315,10 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         (["scale", "some-id", "0"], "must be at least 1"),
         (["scale", "some-id", "-1"], "must be at least 1"),
         (["scale", "some-id", "1.5"], "not a whole number"),
+        (["deploy", QWEN, "--priority", "high"], "not a whole number"),
+        (["set", "some-id"], "give one at least of --replicas, --standby, --priority"),
+        (["set", "some-id", "--preempt", "--no-preempt"], "not allowed with argument"),
+        (["set", "some-id", "--priority", "1.5"], "not a whole number"),
         (["node"], "--master"),
         (["node", "--master", "http://x", "--backends", "MlxQuantum"], "unknown backend"),
         (["cluster", "--nodes", "0"], "must be at least 1"),

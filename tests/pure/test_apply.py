@@ -20,6 +20,7 @@ from keeper.model.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentPriorityChanged,
     DeploymentScaled,
     DeploymentServingChanged,
     IndexedEvent,
@@ -154,6 +155,7 @@ def test_serving_records_are_capped_oldest_first() -> None:
         DeploymentPlaced(deployment_id="nope", instance_id="i1"),
         DeploymentPlacementFailed(deployment_id="nope", error="reason"),
         DeploymentScaled(deployment_id="nope", replicas=2),
+        DeploymentPriorityChanged(deployment_id="nope", priority=900, preempt=True),
         DeploymentServingChanged(deployment_id="nope", record=ServingRecord(at=1.0, serving=True)),
     ],
     ids=lambda event: type(event).__name__,
@@ -217,6 +219,25 @@ def test_deployment_scaled_sets_replicas_and_clears_the_error() -> None:
         .replicas
         == 1
     )
+
+
+def test_deployment_priority_changed_sets_both_and_keeps_the_rest() -> None:
+    state = applied(
+        created("d1", "m"),
+        created("d2", "n"),
+        DeploymentPlaced(deployment_id="d1", instance_id="i1"),
+        DeploymentPlacementFailed(deployment_id="d1", error="reason"),
+        DeploymentPriorityChanged(deployment_id="d1", priority=900, preempt=True),
+    )
+    changed = state.deployments["d1"]
+    assert (changed.priority, changed.preempt) == (900, True)
+    # The error still holds: a new priority places nothing by itself.
+    assert (changed.placement_error, changed.placed_instance_ids) == ("reason", ("i1",))
+    assert state.deployments["d2"] == deployment("d2", "n")
+    lowered = applied(
+        DeploymentPriorityChanged(deployment_id="d1", priority=0, preempt=False), state=state
+    ).deployments["d1"]
+    assert (lowered.priority, lowered.preempt) == (0, False)
 
 
 # --- instances and runners -----------------------------------------------------------------
@@ -470,6 +491,12 @@ EVENTS: st.SearchStrategy[AnyEvent] = st.one_of(
         lambda d, n: DeploymentScaled(deployment_id=d, replicas=n),
         st.sampled_from(["d1", "d2"]),
         st.integers(1, 3),
+    ),
+    st.builds(
+        lambda d, p, flag: DeploymentPriorityChanged(deployment_id=d, priority=p, preempt=flag),
+        st.sampled_from(["d1", "d2"]),
+        st.integers(0, 1000),
+        st.booleans(),
     ),
     st.builds(
         lambda i, n: InstanceCreated(instance=build_instance(card("m"), [n], i)),

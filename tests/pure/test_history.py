@@ -120,6 +120,22 @@ def test_an_instance_deleted_with_its_nodes_present_was_deleted_by_a_user() -> N
     assert incident.downtime_s == 5.0
 
 
+def test_an_instance_the_keeper_deleted_for_a_higher_priority_says_who_took_it() -> None:
+    log = serving_from(0.0, 10.0)
+    # The keeper tells the deployment first, then deletes its instance.
+    log.at(40.0, DeploymentPlacementFailed(deployment_id="d1", error="preempted by big/model"))
+    log.at(40.0, InstanceDeleted(instance_id="i1"))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=50.0).incidents
+    assert incident.cause == "preempted by big/model"
+    assert incident.end is None
+    # Any other error is no reason for a deletion: a user did it.
+    log = serving_from(0.0, 10.0)
+    log.at(40.0, DeploymentPlacementFailed(deployment_id="d1", error="not enough memory"))
+    log.at(40.0, InstanceDeleted(instance_id="i1"))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=50.0).incidents
+    assert incident.cause == "instance deleted by a user"
+
+
 def test_a_failed_runner_names_its_node_and_message() -> None:
     log = serving_from(0.0, 10.0)
     failed = RunnerFailed(error_message="out of memory")

@@ -28,6 +28,7 @@ from keeper.model.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentPriorityChanged,
     DeploymentScaled,
     DeploymentServingChanged,
     DeploymentStandbyChanged,
@@ -49,6 +50,8 @@ from keeper.model.events import (
     TopologyEdgeDeleted,
 )
 from keeper.model.state import (
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
     MAX_REPLICAS,
     Backend,
     Connection,
@@ -252,6 +255,7 @@ def _every_event(state: State) -> list[AnyEvent]:
         ),
         DeploymentScaled(deployment_id="d", replicas=3),
         DeploymentStandbyChanged(deployment_id="d", standby=2),
+        DeploymentPriorityChanged(deployment_id="d", priority=900, preempt=True),
         DownloadRequested(
             deployment_id="d",
             node_id="a",
@@ -332,6 +336,29 @@ def test_deployment_scaled_is_camel_case_on_the_wire_and_bounded() -> None:
         {"DeploymentScaled": {"deploymentId": "d", "replicas": MAX_REPLICAS}}
     )
     assert isinstance(top, DeploymentScaled) and top.replicas == MAX_REPLICAS
+
+
+def test_deployment_priority_changed_is_camel_case_on_the_wire_and_bounded() -> None:
+    event = DeploymentPriorityChanged(deployment_id="d", priority=900, preempt=True)
+    raw = json.loads(EVENT_ADAPTER.dump_json(event))
+    fields = {"deploymentId": "d", "priority": 900, "preempt": True}
+    assert raw == {"DeploymentPriorityChanged": fields}
+    for bad in (-1, MAX_PRIORITY + 1):
+        with pytest.raises(ValidationError):
+            EVENT_ADAPTER.validate_python(
+                {"DeploymentPriorityChanged": {**fields, "priority": bad}}
+            )
+
+
+def test_a_deployment_written_before_priorities_reads_as_500_and_no_preemption() -> None:
+    old = {"deploymentId": "d", "modelCard": BUILTIN_MODEL_CARDS[0].model_dump(), "replicas": 2}
+    deployment = Deployment.model_validate_json(json.dumps(old))
+    assert (deployment.priority, deployment.preempt) == (DEFAULT_PRIORITY, False) == (500, False)
+    raw = json.loads(deployment.model_dump_json(by_alias=True))
+    assert (raw["priority"], raw["preempt"]) == (500, False)
+    for bad in (-1, MAX_PRIORITY + 1):
+        with pytest.raises(ValidationError):
+            Deployment.model_validate_json(json.dumps({**old, "priority": bad}))
 
 
 def test_a_deployment_written_before_replicas_reads_as_one_replica_and_no_record() -> None:

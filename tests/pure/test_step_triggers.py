@@ -13,6 +13,7 @@ from keeper.model.events import (
     DeploymentDeleted,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentPriorityChanged,
     DeploymentScaled,
     InstanceCreated,
     InstanceDeleted,
@@ -28,6 +29,7 @@ from keeper.model.state import RunnerFailed, RunnerLoading, RunnerReady, RunnerR
 CALLS_FOR_STEP: list[AnyEvent] = [
     DeploymentCreated.model_construct(),
     DeploymentScaled.model_construct(),
+    DeploymentPriorityChanged.model_construct(),
     InstanceCreated.model_construct(),
     InstanceDeleted.model_construct(),
     NodeGatheredInfo.model_construct(),

@@ -165,8 +165,8 @@ BAD_INPUTS = [
         "POST",
         "/deployments",
         422,
-        ("priority: Extra inputs are not permitted",),
-        {"model_id": QWEN, "priority": 3},
+        ("colour: Extra inputs are not permitted",),
+        {"model_id": QWEN, "colour": 3},
     ),
     Bad(
         "replicas over 16",
@@ -301,7 +301,110 @@ BAD_INPUTS = [
         ("replicas", "integer"),
         {"replicas": True},
     ),
-    Bad("scale without replicas", "PATCH", EXISTING, 422, ("give replicas, standby or both",), {}),
+    Bad(
+        "patch with no setting",
+        "PATCH",
+        EXISTING,
+        422,
+        ("give one at least of replicas, standby, priority and preempt",),
+        {},
+    ),
+    Bad(
+        "priority over 1000",
+        "POST",
+        "/deployments",
+        422,
+        ("priority: Input should be less than or equal to 1000",),
+        {"model_id": QWEN, "priority": 1001},
+    ),
+    Bad(
+        "priority negative",
+        "POST",
+        "/deployments",
+        422,
+        ("priority: Input should be greater than or equal to 0",),
+        {"model_id": QWEN, "priority": -1},
+    ),
+    Bad(
+        "priority a fraction",
+        "POST",
+        "/deployments",
+        422,
+        ("priority", "integer"),
+        {"model_id": QWEN, "priority": 2.5},
+    ),
+    Bad(
+        "priority a string",
+        "POST",
+        "/deployments",
+        422,
+        ("priority", "integer"),
+        {"model_id": QWEN, "priority": "700"},
+    ),
+    Bad(
+        "preempt a number",
+        "POST",
+        "/deployments",
+        422,
+        ("preempt", "boolean"),
+        {"model_id": QWEN, "preempt": 1},
+    ),
+    Bad(
+        "preempt a string",
+        "POST",
+        "/deployments",
+        422,
+        ("preempt", "boolean"),
+        {"model_id": QWEN, "preempt": "true"},
+    ),
+    Bad(
+        "patch priority over 1000",
+        "PATCH",
+        EXISTING,
+        422,
+        ("priority: Input should be less than or equal to 1000",),
+        {"priority": 5000},
+    ),
+    Bad(
+        "patch priority negative",
+        "PATCH",
+        EXISTING,
+        422,
+        ("priority: Input should be greater than or equal to 0",),
+        {"priority": -3},
+    ),
+    Bad(
+        "patch priority a boolean",
+        "PATCH",
+        EXISTING,
+        422,
+        ("priority", "integer"),
+        {"priority": True},
+    ),
+    Bad(
+        "patch preempt a string",
+        "PATCH",
+        EXISTING,
+        422,
+        ("preempt", "boolean"),
+        {"preempt": "yes"},
+    ),
+    Bad(
+        "patch preempt null alone",
+        "PATCH",
+        EXISTING,
+        422,
+        ("give one at least of replicas, standby, priority and preempt",),
+        {"preempt": None},
+    ),
+    Bad(
+        "patch a good priority beside a bad preempt",
+        "PATCH",
+        EXISTING,
+        422,
+        ("preempt", "boolean"),
+        {"priority": 900, "preempt": 0},
+    ),
     Bad(
         "scale with an extra key",
         "PATCH",
@@ -680,6 +783,56 @@ async def test_standby_is_set_on_create_and_by_patch_and_listed() -> None:
             assert view.deployment.standby == 2 and view.staged == []
             assert view.staging is not None and view.staging.startswith("standby")
         group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_priority_and_preempt_are_set_on_create_and_by_patch_and_listed() -> None:
+    async with running_master() as master, api_client(master) as client:
+        plain = await client.post("/deployments", json={"model_id": LLAMA})
+        assert plain.status_code == 200, plain.text
+        created = await client.post(
+            "/deployments", json={"model_id": QWEN, "priority": 900, "preempt": True}
+        )
+        assert created.status_code == 200, created.text
+        deployment_id = created.json()["deployment_id"]
+        listed = (await client.get("/deployments")).json()["deployments"]
+        by_model = {item["deployment"]["modelCard"]["modelId"]: item for item in listed}
+        assert (
+            by_model[QWEN]["deployment"]["priority"],
+            by_model[QWEN]["deployment"]["preempt"],
+        ) == (
+            900,
+            True,
+        )
+        # Not given: the default, which is also what a deployment from before priorities reads as.
+        assert (
+            by_model[LLAMA]["deployment"]["priority"],
+            by_model[LLAMA]["deployment"]["preempt"],
+        ) == (
+            500,
+            False,
+        )
+
+        path = f"/deployments/{deployment_id}"
+        lowered = await client.patch(path, json={"priority": 100})
+        assert lowered.status_code == 200, lowered.text
+        message = lowered.json()["message"]
+        assert "now has priority 100, preempting, was priority 900, preempting" in message
+        deployment = master.state.deployments[deployment_id]
+        assert (deployment.priority, deployment.preempt) == (100, True)
+        off = await client.patch(path, json={"preempt": False})
+        assert "not preempting" in off.json()["message"]
+        assert master.state.deployments[deployment_id].preempt is False
+        before = master.state.last_event_applied_idx
+        again = await client.patch(path, json={"priority": 100, "preempt": False})
+        assert "already has priority 100, not preempting" in again.json()["message"]
+        assert master.state.last_event_applied_idx == before  # the same again: no event
+        # With the replicas in the same request, the answer says what each setting did.
+        both = await client.patch(path, json={"priority": 700, "replicas": 2})
+        assert both.status_code == 200, both.text
+        assert "now has priority 700" in both.json()["message"]
+        assert "scaled from 1 to 2" in both.json()["message"]
+        assert master.state.deployments[deployment_id].replicas == 2
 
 
 @pytest.mark.anyio

@@ -316,6 +316,8 @@ async def test_create_sends_the_token_and_returns_the_answer() -> None:
         "min_nodes": 2,
         "replicas": 1,
         "standby": 1,
+        "priority": 500,
+        "preempt": False,
     }
 
 
