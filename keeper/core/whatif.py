@@ -33,6 +33,7 @@ from functools import partial
 from itertools import count
 
 from keeper.core.placement import PlaceFn, place_instance
+from keeper.core.preemption import by_priority
 from keeper.core.view import (
     instances_off_topology,
     models_instance_counts,
@@ -74,9 +75,9 @@ PREVIEW_ID_FORMAT = "00000000-0000-0000-0000-{:012x}"
 
 
 def placement_order(deployments: Iterable[Deployment]) -> list[Deployment]:
-    """The order the keeper considers deployments in: by id (§5.2). (Were deployments to gain a
-    priority, higher placed first, this is the one line to change.)"""
-    return sorted(deployments, key=lambda deployment: deployment.deployment_id)
+    """The order the keeper considers deployments in: highest priority first, then by id
+    (§5.2, §5.13)."""
+    return by_priority(sorted(deployments, key=lambda deployment: deployment.deployment_id))
 
 
 def preview_placement() -> PlaceFn:
