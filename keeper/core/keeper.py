@@ -37,6 +37,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from keeper.core.apart import place_apart
 from keeper.core.draining import drain_picture, replacement_view, stuck_note
 from keeper.core.memo import (
     FRESH,
@@ -60,7 +61,6 @@ from keeper.core.view import (
     ClusterSignature,
     cluster_signature,
     models_instance_counts,
-    node_names,
     nodes_serving,
     without_nodes,
 )
@@ -452,20 +452,9 @@ class Keeper:
         serving = nodes_serving(state, model_id)
         cordoned = cordoned_nodes(state)
         try:
-            instance = self._place(
-                without_nodes(state, serving | cordoned),
-                deployment.model_card,
-                deployment.sharding,
-                deployment.instance_meta,
-                deployment.min_nodes,
-            )
+            instance = place_apart(self._place, state, deployment, serving, cordoned)
         except ValueError as reason:
             error = str(reason)
-            if serving:
-                names = node_names(state, serving)
-                error = f"no placement apart from the nodes serving {model_id} ({names}): {error}"
-            if cordoned:
-                error = f"{error} (cordoned, left out: {node_names(state, cordoned)})"
             self._forget_crash(deployment_id)
             if deployment.preempt:  # docs/design.md §5.13
                 preemption = self._preemption(deployment, state, serving | cordoned, budget)

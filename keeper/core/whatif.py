@@ -32,13 +32,12 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from itertools import count
 
+from keeper.core.apart import place_apart
 from keeper.core.placement import PlaceFn, place_instance
 from keeper.core.preemption import by_priority
 from keeper.core.view import (
     instances_off_topology,
     models_instance_counts,
-    node_names,
-    without_nodes,
 )
 from keeper.model.api_models import (
     WhatIfDeployment,
@@ -241,23 +240,10 @@ def _place_one(
     """One more instance of the deployment's model, apart from the nodes serving it
     (``serving``: ``nodes_serving`` of the model on ``state``) and off the cordoned ones, or
     the refusal as the keeper records it in the deployment's ``placementError``."""
-    model_id = deployment.model_card.model_id
     try:
-        return place(
-            without_nodes(state, serving | cordoned),
-            deployment.model_card,
-            deployment.sharding,
-            deployment.instance_meta,
-            deployment.min_nodes,
-        )
+        return place_apart(place, state, deployment, serving, cordoned)
     except ValueError as reason:
-        error = str(reason)
-        if serving:
-            names = node_names(state, serving)
-            error = f"no placement apart from the nodes serving {model_id} ({names}): {error}"
-        if cordoned:
-            error = f"{error} (cordoned, left out: {node_names(state, cordoned)})"
-        return error
+        return str(reason)
     except Exception as crash:  # a bug in placement is said, as the keeper says it, not raised
         return f"{type(crash).__name__}: {crash}"
 
