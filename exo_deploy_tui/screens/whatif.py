@@ -120,33 +120,36 @@ def _summary(answer: WhatIfResponse) -> str:
 
 
 def whatif_text(answer: WhatIfResponse, width: int = WHATIF_WIDTH) -> Text:
-    """The answer as the screen shows it, every line within ``width``."""
-    text = Text()
+    """The answer as the screen shows it, every line within ``width``. Built a line at a time,
+    no style running across a line's end, so each line's leading spaces draw as written."""
+    lines: list[Text] = []
     lost = ", ".join(node.name for node in answer.nodes) or "these nodes"
     deployments = answer.deployments
     summary = _summary(answer) if deployments else "no deployments, nothing moves"
-    text.append("\n".join(textwrap.wrap(f"If {lost} went now: {summary}", width)), style="bold")
-    text.append("\n")
+    lines += [
+        Text(line, style="bold") for line in textwrap.wrap(f"If {lost} went now: {summary}", width)
+    ]
     count = _plural(len(deployments), "deployment")
-    text.append(f"{count}, highest priority first; asking changes nothing.\n", style="dim")
+    lines.append(Text(f"{count}, highest priority first; asking changes nothing.", style="dim"))
+    lines.append(Text())
     for deployment in deployments:
         symbol, style = OUTCOME_MARK[deployment.outcome]
         model = truncate(short_model(deployment.model_id), MODEL_WIDTH)
-        text.append("\n")
-        text.append(f"{symbol} ", style=f"bold {style}")
-        text.append(model, style="bold")
-        lines = _hanging(len(model) + 4, outcome_words(deployment), width, INDENT)
-        text.append(f"  {lines[0]}", style=style if deployment.outcome != "stays" else "dim")
-        for line in lines[1:]:
-            text.append(f"\n{line}", style=style)
-        for label, words in _details(deployment, width):
+        words = _hanging(len(model) + 4, outcome_words(deployment), width, INDENT)
+        first = Text()
+        first.append(f"{symbol} ", style=f"bold {style}")
+        first.append(model, style="bold")
+        first.append(f"  {words[0]}", style="dim" if deployment.outcome == "stays" else style)
+        lines.append(first)
+        lines += [Text(line, style=style) for line in words[1:]]
+        for label, detail in _details(deployment, width):
             head = f"{INDENT}{label} "
-            wrapped = _hanging(len(head), words, width, INDENT * 2)
-            text.append(f"\n{head}", style="dim")
-            text.append(wrapped[0])
-            for line in wrapped[1:]:
-                text.append(f"\n{line}")
-    return text
+            wrapped = _hanging(len(head), detail, width, INDENT * 2)
+            line = Text(head, style="dim")
+            line.append(wrapped[0])
+            lines.append(line)
+            lines += [Text(line) for line in wrapped[1:]]
+    return Text("\n").join(lines)
 
 
 class WhatIfScreen(ModalScreen[None]):
