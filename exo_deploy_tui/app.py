@@ -15,8 +15,8 @@ cordons change, and stops when the last drain ends.
 
 Attributes down, messages up: the app hands its screens itself as their ``ClusterSource`` and
 its view state (``view``, bound to the dashboard's with ``data_bind``); the screens ask for
-mutations, faults and pausing with the messages of ``screens.contract``, handled here. The app
-is the one place that owns the client, the demo's faults and the view state.
+mutations, what-ifs, faults and pausing with the messages of ``screens.contract``, handled
+here. The app is the one place that owns the client, the demo's faults and the view state.
 """
 
 from __future__ import annotations
@@ -55,9 +55,11 @@ from exo_deploy_tui.screens.contract import (
     ModelScreen,
     PauseToggled,
     ScaleRequested,
+    WhatIfRequested,
 )
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
+from exo_deploy_tui.screens.whatif import WhatIfScreen
 from exo_deploy_tui.terminal import EndOfInputDriver, exit_on_hangup
 from exo_deploy_tui.updates import ConnectionUpdate, NodesUpdate, SnapshotUpdate, Update
 from keeper.model.api_models import CommandResponse, CreateDeploymentRequest, ModelListEntry
@@ -295,6 +297,21 @@ class DashboardApp(App[None]):
 
     def on_drain_requested(self, message: DrainRequested) -> None:
         self._node_command(partial(self.client.drain, message.node, False), "Drain")
+
+    def on_what_if_requested(self, message: WhatIfRequested) -> None:
+        """Ask in the background and show the answer; a read, so read-only asks too. A second
+        ``w`` before the answer replaces the first question."""
+        node = message.node
+
+        async def ask() -> None:
+            try:
+                answer = await self.client.what_if(node)
+            except ApiError as exc:
+                self.notify(exc.message, title="What-if failed", severity="error", timeout=8)
+                return
+            self.push_screen(WhatIfScreen(node, answer))
+
+        self.run_worker(ask(), group="whatif", exclusive=True, exit_on_error=False)
 
     def on_fault_requested(self, message: FaultRequested) -> None:
         faults = self.faults

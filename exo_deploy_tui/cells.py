@@ -43,6 +43,7 @@ from exo_deploy_tui.model import (
 from exo_deploy_tui.timeline import Level, TimelineEntry
 from exo_deploy_tui.widgets.table import Cell, Cells, Column
 from keeper.model.api_models import DeploymentStatus, WaitReason
+from keeper.model.state import DEFAULT_PRIORITY
 
 # Only measures and wraps text for fit_lines; it never prints.
 _MEASURE = Console(width=200, legacy_windows=False, color_system=None)
@@ -82,6 +83,10 @@ INSTANCE_COLUMN_FROM = 100
 # From here the table has room for the last 24 h's availability beside READY; on a narrower
 # terminal describe shows it, with the incidents behind it.
 AVAIL_COLUMN_FROM = 100
+# From here PRIO, each deployment's priority (0-1000, which waits for a placement first and
+# what may preempt what), shows beside them; the default (500) dim, so one set apart stands out.
+# On a narrower terminal describe's raw JSON says it.
+PRIO_COLUMN_FROM = 100
 # AVAIL turns amber below 99 % of a day (14 minutes down: more than a dozen ordinary recoveries,
 # so something keeps failing) and red below 90 % (over two hours: it mostly does not serve).
 AVAIL_AMBER_BELOW = 0.99
@@ -103,6 +108,8 @@ def deployment_columns(
         fixed.append(Column("ready", "READY", 6))  # "16/16" and its padding
     if replicas and width >= AVAIL_COLUMN_FROM:
         fixed.append(Column("avail", "AVAIL", 6))  # "99.2%" and its padding
+    if replicas and width >= PRIO_COLUMN_FROM:
+        fixed.append(Column("prio", "PRIO", 5))  # "1000" and its padding
     if width >= INSTANCE_COLUMN_FROM:
         fixed.append(Column("fail", "FAIL", 5))
         fixed.append(Column("instance", "INSTANCE", 9))
@@ -124,6 +131,7 @@ def deployment_columns(
         "model",
         "ready",
         "avail",
+        "prio",
         "instance",
         "nodes",
         "age",
@@ -206,6 +214,7 @@ def deployment_cells(row: DeploymentRow, columns: tuple[Column, ...]) -> Cells:
         "model": (short_model(row.model_id), "bold" if row.broken else ""),
         "ready": ready_cell(row),
         "avail": availability_cell(row),
+        "prio": (str(row.priority), DIM if row.priority == DEFAULT_PRIORITY else "bold"),
         "instance": (short_id(row.instance_id) if row.instance_id else "-", DIM),
         "nodes": (nodes_text(row), ""),
         "age": (age_text(row), ""),

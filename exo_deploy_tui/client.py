@@ -27,9 +27,10 @@ master's ``retry`` sets where the reconnect backoff starts. Deadlines use anyio'
 than httpx's socket timeouts so the same code runs under trio's virtual clock in tests; the
 stream's silence deadline watches bytes, since the keepalive is a comment no event shows.
 Mutations (create, scale, delete, deleting an instance with exo's own ``DELETE /instance/{id}``,
-cordon, uncordon and drain) and the read of ``GET /nodes`` (a drain's progress, read by the app
-while one is under way) go through the deployments client the CLI uses too
-(``keeper.client.deployments``), which raises ``ApiError`` carrying the master's own message.
+cordon, uncordon and drain) and the reads of ``GET /nodes`` (a drain's progress, read by the app
+while one is under way) and ``GET /whatif`` (what losing a node would do, asked with ``w``) go
+through the clients the CLI uses too (``keeper.client.deployments``, ``keeper.client.whatif``),
+which raise ``ApiError`` carrying the master's own message.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from exo_deploy_tui.updates import (
     Update,
 )
 from keeper.client.deployments import ApiError, DeploymentsClient, master_http, validation_summary
+from keeper.client.whatif import what_if
 from keeper.model.api_models import (
     CommandResponse,
     CreateDeploymentRequest,
@@ -72,6 +74,7 @@ from keeper.model.api_models import (
     ModelListEntry,
     NodesResponse,
     StreamSnapshot,
+    WhatIfResponse,
 )
 from keeper.model.events import IndexedEvent
 
@@ -119,6 +122,7 @@ class ClusterClient(Protocol):
     async def cordon(self, node: str) -> CommandResponse: ...
     async def uncordon(self, node: str) -> CommandResponse: ...
     async def drain(self, node: str, force: bool) -> CommandResponse: ...
+    async def what_if(self, node: str) -> WhatIfResponse: ...
     async def aclose(self) -> None: ...
 
 
@@ -451,3 +455,7 @@ class MasterClient:
 
     async def drain(self, node: str, force: bool) -> CommandResponse:
         return (await self._deployments.drain(node, force)).value
+
+    async def what_if(self, node: str) -> WhatIfResponse:
+        """What losing ``node`` now would do (``GET /whatif``), changing nothing."""
+        return (await what_if(self._deployments, [node])).value

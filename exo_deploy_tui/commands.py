@@ -120,6 +120,15 @@ ACTIONS: Final[tuple[ActionSpec, ...]] = (
         mutating=True,
     ),
     ActionSpec(
+        "w",
+        "whatif",
+        "What if",
+        "what if a node went now",
+        command="whatif",
+        aliases=("what-if",),
+        arguments="node",
+    ),
+    ActionSpec(
         "enter",
         "describe",
         "Describe",

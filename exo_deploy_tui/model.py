@@ -98,6 +98,7 @@ from keeper.model.readiness import (
     status_of,
 )
 from keeper.model.state import (
+    DEFAULT_PRIORITY,
     AnyInstance,
     AnyRunnerStatus,
     Deployment,
@@ -193,6 +194,7 @@ class DeploymentRow:
     download_on: str | None = None
     # The node a drain is moving it off (a move under way for it), or None.
     moving_off: str | None = None
+    priority: int = DEFAULT_PRIORITY  # which the keeper places first, and what may preempt
 
     @property
     def draining(self) -> bool:
@@ -957,6 +959,7 @@ class ClusterModel:
                     download=gating[1] if gating else None,
                     download_on=gating[0] if gating else None,
                     moving_off=moving.get(d_id),
+                    priority=deployment.priority,
                 )
             )
         return rows

@@ -1,10 +1,10 @@
 """A scripted master for the dashboard's tests, benchmarks and screenshots.
 
 ``ScriptedClient`` implements the client protocol in memory: it hands the app whatever updates a
-test pushes, answers ``/models`` from the built-in catalog and ``/nodes`` with what the test
-scripts, and records create/delete/scale and cordon/uncordon/drain requests (or refuses them
-with a chosen error). ``ClusterBuilder`` writes States the way a master would
-hold them, with deterministic ids so screenshots are stable. Both live in the package, not in
+test pushes, answers ``/models`` from the built-in catalog and ``/nodes`` and ``/whatif`` with
+what the test scripts, and records create/delete/scale and cordon/uncordon/drain requests (or
+refuses them with a chosen error). ``ClusterBuilder`` writes States the way a master would hold
+them, with deterministic ids so screenshots are stable. Both live in the package, not in
 tests/, because the benchmarks drive the real app with them too.
 """
 
@@ -28,6 +28,7 @@ from keeper.model.api_models import (
     NodesResponse,
     NodeView,
     WaitReason,
+    WhatIfResponse,
     model_entry,
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
@@ -427,6 +428,10 @@ class ScriptedClient:
     drained_forced: list[bool] = field(default_factory=list)  # each drain's force
     nodes_answer: NodesResponse = field(default_factory=lambda: NodesResponse(nodes=[]))
     nodes_asked: int = 0  # how often GET /nodes was read
+    whatif_answer: WhatIfResponse = field(
+        default_factory=lambda: WhatIfResponse(nodes=[], deployments=[])
+    )
+    whatif_asked: list[str] = field(default_factory=list)  # the node of each GET /whatif
     refuse_with: ApiError | None = None
     on_create: Callable[[CreateDeploymentRequest], None] | None = None
     resyncs: int = 0  # how often the app asked to start again from a snapshot
@@ -492,6 +497,12 @@ class ScriptedClient:
         if self.refuse_with is not None:
             raise self.refuse_with
         return self.nodes_answer
+
+    async def what_if(self, node: str) -> WhatIfResponse:
+        self.whatif_asked.append(node)
+        if self.refuse_with is not None:
+            raise self.refuse_with
+        return self.whatif_answer
 
     async def cordon(self, node: str) -> CommandResponse:
         return self._node_command("cordon", node, "cordoned")

@@ -124,6 +124,15 @@ class DrainRequested(Message):
         self.node = node
 
 
+class WhatIfRequested(Message):
+    """Ask the master what losing the node it calls ``node`` now would do, and show its answer
+    (a read: it changes nothing, so read-only allows it)."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+
 class PauseToggled(Message):
     """Freeze the screen, or let it move again; the data keeps arriving either way."""
 

@@ -43,6 +43,7 @@ from exo_deploy_tui.screens.contract import (
     InstanceDeleteRequested,
     ModelScreen,
     PauseToggled,
+    WhatIfRequested,
 )
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.describe import DescribeScreen
@@ -293,6 +294,13 @@ class DashboardScreen(ModelScreen):
 
         question = drain_question(name, self.source.model.drain_plan(name))
         self.app.push_screen(ConfirmDeleteScreen(question, "Drain node?", "Drain"), confirmed)
+
+    def action_whatif(self, node: str | None = None) -> None:
+        """Ask what losing the node (``node``, else the one selected in the nodes view) now
+        would do; the app shows the master's answer."""
+        name = node or self._chosen_node("w asks what if we lost")
+        if name is not None:
+            self.post_message(WhatIfRequested(name))
 
     def action_describe(self) -> None:
         row = self._chosen_row()

@@ -14,6 +14,7 @@ import pytest
 from model_ids import LLAMA, QWEN
 from recorded_exo import before_the_timeout, recorded_state
 from test_tui_app_nodes import draining_client, serving_on_mini_a
+from test_tui_app_whatif import whatif_mini_a
 from textual.pilot import Pilot
 from textual.widgets import Input
 
@@ -541,3 +542,14 @@ def test_drain_confirm(snap_compare: Compare) -> None:
     """D on mini-a (the nodes tab's first row): what moves and what is left alone."""
     run = pressing("2", "D")
     assert snap_compare(scenario(serving_on_mini_a()), terminal_size=(80, 24), run_before=run)
+
+
+def test_whatif(snap_compare: Compare) -> None:
+    """w on mini-a (the nodes tab's first row): one deployment of each outcome, the keeper's
+    long reason wrapped under the one left short."""
+    client = ScriptedClient(
+        initial=[serving_on_mini_a().snapshot(), ConnectionUpdate("live")],
+        whatif_answer=whatif_mini_a(),
+    )
+    app = DashboardApp(client, clock=Clock(), tick=False)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=pressing("2", "w"))
