@@ -12,7 +12,15 @@ against what the keeper then really does.
 from __future__ import annotations
 
 import pytest
-from keeper_harness import AFTER_GRACE, Cluster, card, link_events, node_info
+from keeper_harness import (
+    AFTER_GRACE,
+    Cluster,
+    build_instance,
+    card,
+    link_events,
+    node_info,
+    simple_place,
+)
 
 from keeper.core.placement import NO_MEMORY, place_instance
 from keeper.core.view import instances_off_topology
@@ -28,6 +36,7 @@ from keeper.core.whatif import (
 from keeper.model.api_models import WhatIfDeployment, WhatIfResponse
 from keeper.model.apply import apply
 from keeper.model.events import (
+    InstanceCreated,
     NodeCordoned,
     NodeDownloadProgress,
     NodeGatheredInfo,
@@ -314,3 +323,16 @@ def test_a_friendly_name_is_every_node_that_goes_by_it() -> None:
 def test_the_node_list_is_split_at_commas_and_stripped() -> None:
     assert node_list("a, b,,c ,") == ["a", "b", "c"]
     assert node_list("") == []
+
+
+def test_the_sweeps_rule_names_each_instance_off_the_topology_with_its_missing_nodes() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("n1", "n2", "n3")
+    for instance in (
+        build_instance(card("m"), ["n1", "n2"], "i-a"),
+        build_instance(card("n"), ["n3"], "i-b"),
+        build_instance(card("o"), ["n2"], "i-c"),
+    ):
+        cluster.apply(InstanceCreated(instance=instance))
+    cluster.apply(NodeTimedOut(node_id="n2"), NodeTimedOut(node_id="n1"))
+    assert instances_off_topology(cluster.state) == {"i-a": ["n1", "n2"], "i-c": ["n2"]}
