@@ -165,11 +165,11 @@ class DeploymentsClient:
         return str(self._http.base_url).rstrip("/")
 
     async def list(self) -> Answer[DeploymentsResponse]:
-        return await self._call("GET", "/deployments", DeploymentsResponse)
+        return await self.call("GET", "/deployments", DeploymentsResponse)
 
     async def create(self, request: CreateDeploymentRequest) -> Answer[CommandResponse]:
         body = request.model_dump(mode="json")
-        return await self._call("POST", "/deployments", CommandResponse, body=body)
+        return await self.call("POST", "/deployments", CommandResponse, body=body)
 
     async def scale(self, deployment_id: str, replicas: int) -> Answer[CommandResponse]:
         """Keep ``replicas`` instances of the deployment's model (``PATCH /deployments/{id}``);
@@ -187,7 +187,7 @@ class DeploymentsClient:
         ``no_api`` is what a master from before the route says."""
         path = f"/deployments/{deployment_id}"
         try:
-            return await self._call(
+            return await self.call(
                 "PATCH", path, CommandResponse, body=dict(settings), what="PATCH /deployments"
             )
         except ApiError as exc:
@@ -200,34 +200,34 @@ class DeploymentsClient:
     ) -> Answer[DeploymentHistoryResponse]:
         """The deployment's last ``hours`` (``GET /deployments/{id}/history``)."""
         path = f"/deployments/{deployment_id}/history?hours={hours:g}"
-        return await self._call(
+        return await self.call(
             "GET", path, DeploymentHistoryResponse, what="GET /deployments/{id}/history"
         )
 
     async def delete(self, deployment_id: str) -> Answer[CommandResponse]:
         path = f"/deployments/{deployment_id}"
-        return await self._call("DELETE", path, CommandResponse, what="DELETE /deployments")
+        return await self.call("DELETE", path, CommandResponse, what="DELETE /deployments")
 
     # --- nodes: cordons and drains -------------------------------------------------------
 
     async def nodes(self) -> Answer[NodesResponse]:
-        return await self._call("GET", "/nodes", NodesResponse)
+        return await self.call("GET", "/nodes", NodesResponse)
 
     async def cordon(self, node: str) -> Answer[CommandResponse]:
         path = f"/nodes/{quote(node, safe='')}/cordon"
-        return await self._call("POST", path, CommandResponse, what="POST /nodes/{node}/cordon")
+        return await self.call("POST", path, CommandResponse, what="POST /nodes/{node}/cordon")
 
     async def uncordon(self, node: str) -> Answer[CommandResponse]:
         path = f"/nodes/{quote(node, safe='')}/cordon"
-        return await self._call("DELETE", path, CommandResponse, what="DELETE /nodes/{node}/cordon")
+        return await self.call("DELETE", path, CommandResponse, what="DELETE /nodes/{node}/cordon")
 
     async def drain(self, node: str, force: bool) -> Answer[CommandResponse]:
         path = f"/nodes/{quote(node, safe='')}/drain"
-        return await self._call(
+        return await self.call(
             "POST", path, CommandResponse, body={"force": force}, what="POST /nodes/{node}/drain"
         )
 
-    async def _call(
+    async def call(
         self,
         method: str,
         path: str,
@@ -235,14 +235,17 @@ class DeploymentsClient:
         *,
         body: object = None,
         what: str | None = None,
+        no_route: str = NO_DEPLOYMENTS_API,
     ) -> Answer[Parsed]:
+        """One call and its answer read as ``model``; ``no_route``: what a service without the
+        route is told as."""
         try:
             response = await self.request(method, path, body)
         except ApiError as exc:
             # A route that does not exist answers a bare "Not Found"; our master's own 404s
             # (an unknown model or deployment) say what was not found.
             if exc.status == 404 and exc.message == "Not Found":
-                raise ApiError(NO_DEPLOYMENTS_API, 404) from exc
+                raise ApiError(no_route, 404) from exc
             raise
         try:
             payload: Any = response.json()

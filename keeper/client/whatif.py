@@ -9,12 +9,9 @@ stock exo) answers a bare 404, said here in words rather than as an unknown node
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from urllib.parse import urlencode
 
-from pydantic import ValidationError
-
-from keeper.client.deployments import Answer, ApiError, DeploymentsClient, validation_summary
+from keeper.client.deployments import Answer, DeploymentsClient
 from keeper.model.api_models import WhatIfResponse
 
 NO_WHATIF_API = (
@@ -26,20 +23,6 @@ NO_WHATIF_API = (
 async def what_if(client: DeploymentsClient, nodes: Sequence[str]) -> Answer[WhatIfResponse]:
     """What losing ``nodes`` (friendly names or ids) now would do, as the master answers it."""
     path = "/whatif?" + urlencode({"nodes": ",".join(nodes)})
-    try:
-        response = await client.request("GET", path)
-    except ApiError as exc:
-        if exc.status == 404 and exc.message == "Not Found":
-            raise ApiError(NO_WHATIF_API, 404) from exc
-        raise
-    try:
-        payload: Any = response.json()
-    except ValueError:
-        raise ApiError(
-            f"the master at {client.url} answered GET /whatif with something that is not JSON"
-        ) from None
-    try:
-        return Answer(WhatIfResponse.model_validate(payload), payload)
-    except ValidationError as exc:
-        summary = validation_summary(exc.errors())
-        raise ApiError(f"unexpected answer to GET /whatif: {summary}") from None
+    return await client.call(
+        "GET", path, WhatIfResponse, what="GET /whatif", no_route=NO_WHATIF_API
+    )
