@@ -16,11 +16,20 @@ drain confirm (``drain_plan``) reads the same field the keeper does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from keeper.model.api_models import NodeView
-from keeper.model.state import DeploymentId, InstanceId, NodeDrain, NodeId, State, nodes_named
+from keeper.model.state import (
+    DeploymentId,
+    InstanceId,
+    NodeDrain,
+    NodeId,
+    State,
+    instances_on,
+    keeper_placements,
+    nodes_named,
+)
 from keeper.model.state import node_name as master_name
 
 
@@ -90,18 +99,12 @@ def progress_words(progress: DrainProgress) -> str:
 
 def drain_plan(state: State, name: str, name_of: Callable[[NodeId], str]) -> DrainPlan:
     """What a drain of the node called ``name`` would move and leave alone, as of ``state``."""
-    node_ids = nodes_named(state, name)
-    owned: Mapping[InstanceId, DeploymentId] = {
-        instance_id: deployment_id
-        for deployment_id, deployment in state.deployments.items()
-        for instance_id in deployment.placed_instance_ids
-    }
+    owned = keeper_placements(state)
     moved: list[PlannedInstance] = []
     left_alone: list[PlannedInstance] = []
-    for instance_id, instance in sorted(state.instances.items()):
+    for instance_id in instances_on(state, nodes_named(state, name)):
+        instance = state.instances[instance_id]
         on = instance.shard_assignments.node_to_runner
-        if node_ids.isdisjoint(on):
-            continue
         planned = PlannedInstance(
             instance_id, instance.shard_assignments.model_id, tuple(name_of(n) for n in on)
         )

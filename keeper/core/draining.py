@@ -25,6 +25,8 @@ from keeper.model.state import (
     NodeDrain,
     State,
     cordoned_nodes,
+    instances_on,
+    keeper_placements,
     nodes_named,
 )
 
@@ -45,17 +47,8 @@ class DrainPicture:
 
 
 def drain_picture(state: State, drain: NodeDrain) -> DrainPicture:
-    node_ids = nodes_named(state, drain.node)
-    on_node = sorted(
-        instance_id
-        for instance_id, instance in state.instances.items()
-        if not node_ids.isdisjoint(instance.shard_assignments.node_to_runner)
-    )
-    owner = {
-        instance_id: deployment_id
-        for deployment_id, deployment in state.deployments.items()
-        for instance_id in deployment.placed_instance_ids
-    }
+    on_node = instances_on(state, nodes_named(state, drain.node))
+    owner = keeper_placements(state)
     moving_old = {move.old_instance_id for move in drain.moves}
     moving_deployments = {move.deployment_id for move in drain.moves}
     to_move = sorted(

@@ -221,7 +221,10 @@ class Keeper:
         if state.drains:
             # Recovery first: a drain places only in a step that placed nothing else.
             placed_now = any(isinstance(e, InstanceCreated) for e in events)
-            events = [*events, *self._drain(state, cluster_signature(state), now, placed_now)]
+            # The signature read above when a deployment was short, else read now. (No
+            # mutation: reading it again when short gives the same signature, only later.)
+            drain_signature = signature if short else cluster_signature(state)  # pragma: no mutate
+            events = [*events, *self._drain(state, drain_signature, now, placed_now)]
         else:
             self._forget_drains()
         # Staging only when no placement is due: placing comes first. A deployment short but

@@ -27,6 +27,7 @@ from keeper.model.state import (
     RDMAConnection,
     State,
     Topology,
+    node_name,
 )
 
 V = TypeVar("V")
@@ -110,11 +111,7 @@ def nodes_serving(state: State, model_id: ModelId) -> frozenset[NodeId]:
 
 def node_names(state: State, nodes: frozenset[NodeId]) -> str:
     """The nodes as an operator knows them: friendly name when reported, else id; sorted."""
-    names: list[str] = []
-    for node in nodes:
-        identity = state.node_identities.get(node)
-        names.append(identity.friendly_name if identity and identity.friendly_name else node)
-    return ", ".join(sorted(names))
+    return ", ".join(sorted(node_name(state, node) for node in nodes))
 
 
 def without_nodes(state: State, nodes: frozenset[NodeId]) -> State:

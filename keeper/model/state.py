@@ -545,3 +545,22 @@ def cordoned_nodes(state: State) -> frozenset[NodeId]:
         return frozenset()
     names = set(state.cordoned)
     return frozenset(node for node in state.topology.nodes if node_name(state, node) in names)
+
+
+def keeper_placements(state: State) -> dict[InstanceId, DeploymentId]:
+    """Each instance the keeper placed and its deployment still records, with that deployment:
+    the ones a drain moves (the others it leaves alone unless forced)."""
+    return {
+        instance_id: deployment_id
+        for deployment_id, deployment in state.deployments.items()
+        for instance_id in deployment.placed_instance_ids
+    }
+
+
+def instances_on(state: State, node_ids: frozenset[NodeId]) -> list[InstanceId]:
+    """The instances with a runner on any of ``node_ids``, in id order."""
+    return sorted(
+        instance_id
+        for instance_id, instance in state.instances.items()
+        if not node_ids.isdisjoint(instance.shard_assignments.node_to_runner)
+    )
