@@ -19,8 +19,8 @@ import argparse
 import os
 from pathlib import Path
 
-# The variable every command reads its token from (keeper.httpapi.auth reads the same one).
-TOKEN_ENV = "EXO_DEPLOY_TOKEN"
+from keeper.model.constants import TOKEN_ENV
+
 # A token is a line of a few dozen characters. A file much larger is not a token file (another
 # path given by mistake), and is not read whole.
 MAX_TOKEN_FILE_BYTES = 4096

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keeper.model.api_models import error_body
+from keeper.model.constants import TOKEN_ENV
 
-TOKEN_ENV = "EXO_DEPLOY_TOKEN"
 MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 

@@ -15,3 +15,6 @@ UNPLACEABLE_RETRY: Final = 30.0
 FIRST_BACKOFF: Final = 10.0
 # The cap on that doubling, so a flapping deployment is still retried once a minute.
 MAX_BACKOFF: Final = 60.0
+# The environment variable every service and command reads its bearer token from (the services
+# in keeper.runtime.entry, the clients in keeper.client.token_options): one name, here, below both.
+TOKEN_ENV: Final = "EXO_DEPLOY_TOKEN"
