@@ -95,7 +95,16 @@ async def test_a_node_follows_a_restarted_master(tmp_path: Path) -> None:
         master, port, stop = await start_master(group, tmp_path)
         node = SimNode(NodeConfig(name="steady", memory_gb=8), AnyioClock())
         group.start_soon(run_node_forever, node, f"http://127.0.0.1:{port}", AnyioClock())
-        await until(lambda: node.node_id in master.connected_nodes(), 10, "joined")
+        # Joined: connected, and its first report logged (reports are written a moment after
+        # they arrive, coalesced; the restarted master can only remember what was written).
+        await until(
+            lambda: (
+                node.node_id in master.connected_nodes()
+                and node.node_id in master.state.topology.nodes
+            ),
+            10,
+            "joined",
+        )
         sessions = node.welcomed_sessions
         with anyio.fail_after(10):
             await stop()
