@@ -44,8 +44,8 @@ from keeper.model.state import (
     DownloadOngoing,
     DownloadPending,
     DownloadProgressData,
-    DrainMove,
     Edge,
+    InstanceMove,
     Memory,
     MemoryUsage,
     MlxRingInstance,
@@ -348,7 +348,7 @@ class ClusterBuilder:
         ``(model_id, suffix)``: the model's deployment's instance being replaced by the
         instance ``inst-<model><suffix>`` (which ``instance`` adds)."""
         drain_moves = tuple(
-            DrainMove(
+            InstanceMove(
                 deployment_id=f"dep-{_slug(model_id)}",
                 old_instance_id=f"inst-{_slug(model_id)}",
                 new_instance_id=f"inst-{_slug(model_id)}{suffix}",

@@ -18,6 +18,7 @@ from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
+    DeploymentOptionsChanged,
     InstanceDeleted,
     NodeGatheredInfo,
     NodeTimedOut,
@@ -25,6 +26,7 @@ from keeper.model.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
+from keeper.model.rollout import outdated_instances
 from keeper.model.state import (
     DEFAULT_PRIORITY,
     AnyInstance,
@@ -34,6 +36,7 @@ from keeper.model.state import (
     InstanceMeta,
     Memory,
     MemoryUsage,
+    MlxJacclInstance,
     MlxRingInstance,
     ModelCard,
     Multiaddr,
@@ -45,6 +48,7 @@ from keeper.model.state import (
     Sharding,
     SocketConnection,
     State,
+    TensorShardMetadata,
 )
 
 WHEN = "2026-01-01T00:00:00Z"
@@ -215,6 +219,32 @@ class Cluster:
         self.apply(*events)
         return events
 
+    def change_options(
+        self,
+        deployment_id: str,
+        sharding: Sharding | None = None,
+        instance_meta: InstanceMeta | None = None,
+        min_nodes: int | None = None,
+    ) -> DeploymentOptionsChanged:
+        """A rolling change as the services make it: the instances to replace judged now."""
+        deployment = self.deployment(deployment_id)
+        changed = deployment.model_copy(
+            update={
+                "sharding": sharding or deployment.sharding,
+                "instance_meta": instance_meta or deployment.instance_meta,
+                "min_nodes": min_nodes or deployment.min_nodes,
+            }
+        )
+        event = DeploymentOptionsChanged(
+            deployment_id=deployment_id,
+            sharding=changed.sharding,
+            instance_meta=changed.instance_meta,
+            min_nodes=changed.min_nodes,
+            replace=outdated_instances(self.state, changed),
+        )
+        self.apply(event)
+        return event
+
     # --- what runners and nodes do --------------------------------------------------------
 
     def deployment(self, deployment_id: str) -> Deployment:
@@ -321,6 +351,34 @@ def simple_place(
 ) -> AnyInstance:
     """Placement reduced to what keeper rules need: the freest usable nodes that hold the model."""
     return build_instance(model_card, _freest_fitting_nodes(state, model_card, min_nodes))
+
+
+def shaped_place(
+    state: State,
+    model_card: ModelCard,
+    sharding: Sharding | str,
+    instance_meta: InstanceMeta | str,
+    min_nodes: int,
+) -> AnyInstance:
+    """``simple_place`` that gives the instance the kind and the shards its options ask for."""
+    ring = simple_place(state, model_card, sharding, instance_meta, min_nodes)
+    assignments = ring.shard_assignments
+    if Sharding(sharding) is Sharding.TENSOR:
+        shards = {
+            runner: TensorShardMetadata(
+                model_card=shard.model_card,
+                device_rank=shard.device_rank,
+                world_size=shard.world_size,
+                start_layer=shard.start_layer,
+                end_layer=shard.end_layer,
+                n_layers=shard.n_layers,
+            )
+            for runner, shard in assignments.runner_to_shard.items()
+        }
+        assignments = assignments.model_copy(update={"runner_to_shard": shards})
+    if InstanceMeta(instance_meta) is InstanceMeta.MLX_JACCL:
+        return MlxJacclInstance(instance_id=ring.instance_id, shard_assignments=assignments)
+    return ring.model_copy(update={"shard_assignments": assignments})
 
 
 def numbered_place() -> PlaceFn:

@@ -72,6 +72,13 @@ def due_for_placement(state: State, timers: Mapping[str, DeploymentTimer]) -> li
         for drain in state.drains.values()
         for deployment_id, _ in drain_picture(state, drain).to_move
     }
+    # So does a rolling change's next replacement: an instance still to replace, none under
+    # way (``keeper.model.rollout``).
+    moving |= {
+        deployment_id
+        for deployment_id, deployment in state.deployments.items()
+        if deployment.replacing and deployment.moving is None
+    }
     due: list[Deployment] = []
     for deployment_id, deployment in sorted(state.deployments.items()):
         timer = timers.get(deployment_id)

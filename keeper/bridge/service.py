@@ -114,6 +114,8 @@ from keeper.runtime.deployments import (
     existing_deployment,
     history_response,
     new_deployment,
+    options_events,
+    options_response,
     priority_events,
     priority_response,
     scale_events,
@@ -465,6 +467,31 @@ class Bridge:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             self._record(priority_events(deployment, priority, preempt))
         return priority_response(deployment, priority, preempt)
+
+    async def set_options(
+        self,
+        deployment_id: str,
+        sharding: Sharding | None = None,
+        instance_meta: InstanceMeta | None = None,
+        min_nodes: int | None = None,
+    ) -> CommandResponse:
+        """A rolling change of the deployment's placement options, in the bridge's log
+        (docs/design.md §5.16); the keeper's steps replace the instances it names, through
+        exo, one at a time."""
+        async with self._lock:
+            deployment = existing_deployment(self._own.deployments, deployment_id)
+            if not self._follow.following:
+                # Which instances are replaced is read from exo's State: not from a stale one.
+                outage = self._follow.outage
+                why = outage.reason if outage is not None else "no answer yet"
+                raise ExoDownError(
+                    f"Cannot change the options of {deployment.model_card.model_id} while exo's "
+                    f"State is not followed ({why}): the instances to replace are chosen on it",
+                    param="sharding",
+                )
+            events = options_events(deployment, sharding, instance_meta, min_nodes, self.state)
+            self._record(events)
+        return options_response(deployment, events)
 
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
         """Keep ``replicas`` instances of the deployment's model: DeploymentScaled in the

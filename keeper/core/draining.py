@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from keeper.core.view import node_names, without_nodes
 from keeper.model.state import (
+    Deployment,
     DeploymentId,
-    DrainMove,
     InstanceId,
+    InstanceMove,
     NodeDrain,
     State,
     cordoned_nodes,
@@ -35,7 +36,7 @@ from keeper.model.state import (
 class DrainPicture:
     """A draining node as the State shows it."""
 
-    moving: tuple[DrainMove, ...]  # moves under way
+    moving: tuple[InstanceMove, ...]  # moves under way
     # The keeper's instances on the node with no move under way, by deployment, in id order.
     to_move: tuple[tuple[DeploymentId, InstanceId], ...]
     unmanaged: tuple[InstanceId, ...]  # instances on the node the keeper did not place
@@ -88,3 +89,20 @@ def stuck_note(state: State, drain: NodeDrain, old_instance_id: InstanceId, reas
     if serving:
         left_out.append(f"serving it already: {node_names(state, serving)}")
     return f"cannot move {model_id} off {drain.node} ({'; '.join(left_out)}): {reason}"
+
+
+def update_stuck_note(
+    state: State, deployment: Deployment, old_instance_id: InstanceId, reason: str
+) -> str:
+    """Why a rolling change cannot replace an instance, in the placement's own numbers, naming
+    the nodes left out and why (as for a drain)."""
+    cordoned = cordoned_nodes(state)
+    serving = frozenset(without_nodes(state, cordoned).topology.nodes) - frozenset(
+        replacement_view(state, old_instance_id).topology.nodes
+    )
+    left_out = [f"cordoned: {node_names(state, cordoned)}"] if cordoned else []
+    if serving:
+        left_out.append(f"serving it already: {node_names(state, serving)}")
+    options = f"{deployment.sharding}/{deployment.instance_meta}, min_nodes {deployment.min_nodes}"
+    where = f" ({'; '.join(left_out)})" if left_out else ""
+    return f"cannot replace instance {old_instance_id} with {options}{where}: {reason}"

@@ -38,7 +38,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from keeper.core.apart import place_apart
-from keeper.core.draining import drain_picture, replacement_view, stuck_note
+from keeper.core.draining import (
+    drain_picture,
+    replacement_view,
+    stuck_note,
+    update_stuck_note,
+)
 from keeper.core.memo import (
     FRESH,
     DeploymentMemo,
@@ -70,9 +75,11 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
+    DeploymentOptionsChanged,
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentPriorityChanged,
+    DeploymentReplacementPlaced,
     DeploymentScaled,
     DownloadDeletionRequested,
     DrainReplacementPlaced,
@@ -93,8 +100,8 @@ from keeper.model.state import (
     AnyInstance,
     Deployment,
     DeploymentId,
-    DrainMove,
     InstanceId,
+    InstanceMove,
     NodeDrain,
     NodeId,
     RunnerFailed,
@@ -117,10 +124,10 @@ __all__ = [
 ]
 
 
-# How long an instance a drain moves away keeps answering the chats it has after its
-# replacement is ready (new chats already go to the replacement): a few seconds covers the
-# short chats of most clients; a longer reply is cut, as on any deletion.
-DRAIN_SETTLE = 5.0
+# How long an instance a drain or a rolling change moves away keeps answering the chats it has
+# after its replacement is ready (new chats already go to the replacement): a few seconds covers
+# the short chats of most clients; a longer reply is cut, as on any deletion.
+MOVE_SETTLE = 5.0
 # Staging asks at most this often: downloads take minutes, and a plan costs placements.
 STAGING_INTERVAL = 5.0
 # Staging plans computed again in one step at most (each is up to ``standby`` placements).
@@ -183,13 +190,17 @@ class Keeper:
         # so that deployments past the attempts cap get their turn instead of starving.
         # (No mutation: starting after "" would be the same, as every id sorts after it.)
         self._resume_after: DeploymentId | None = None  # pragma: no mutate
-        # Drains: old instances whose InstanceDeleted was sent (until the state drops them),
-        # drains whose end was sent, and per (drain, deployment) a move that could not be placed:
-        # the cluster it failed on, when to try anyway, and why (the drain's note).
-        self._drain_deleted: set[InstanceId] = set()
-        self._drain_ready_at: dict[InstanceId, float] = {}  # old instance -> replacement ready
+        # Moves (drains, rolling changes): old instances whose InstanceDeleted was sent (until
+        # the state drops them) and when each one's replacement was first seen ready. Drains
+        # whose end was sent, and per (drain, deployment) a move that could not be placed: the
+        # cluster it failed on, when to try anyway, and why (the drain's note).
+        self._move_deleted: set[InstanceId] = set()
+        self._move_ready_at: dict[InstanceId, float] = {}  # old instance -> replacement ready
         self._drain_ended: set[str] = set()
         self._drain_stuck: dict[tuple[str, DeploymentId], tuple[ClusterSignature, float, str]] = {}
+        # Rolling changes: per deployment, a replacement that could not be placed (as for
+        # drains): the cluster it failed on, when to try anyway, and why.
+        self._update_stuck: dict[DeploymentId, tuple[ClusterSignature, float, str]] = {}
 
     # --- stepping -------------------------------------------------------------------------
 
@@ -202,6 +213,7 @@ class Keeper:
             return []
         counts = models_instance_counts(state)
         short: list[tuple[Deployment, DeploymentMemo]] = []
+        rolling: list[DeploymentId] = []
         memos = self._memos
         deleting = self._deleting
         for deployment_id, deployment in sorted(state.deployments.items()):
@@ -211,6 +223,8 @@ class Keeper:
             memos[deployment_id] = memo
             if counts.get(deployment.model_card.model_id, 0) < wanted(memo, deployment):
                 short.append((deployment, memo))
+            if deployment.replacing or deployment.moving is not None:
+                rolling.append(deployment_id)
         # The signature is read only when a deployment is short of instances: on a cluster at
         # rest it would be most of the step (docs/design.md §5.9). (No mutation: computing it
         # when none is short changes no answer, only the time.)
@@ -218,15 +232,25 @@ class Keeper:
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         # Higher priorities first; equal ones in id order, resumed where the last step stopped.
         events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
-        if state.drains:
-            # Recovery first: a drain places only in a step that placed nothing else.
+        if state.drains or rolling:
+            # Recovery first: a move places only in a step that placed nothing else, and at
+            # most one move places per step (drains first, then rolling changes).
             placed_now = any(isinstance(e, InstanceCreated) for e in events)
             # The signature read above when a deployment was short, else read now. (No
             # mutation: reading it again when short gives the same signature, only later.)
-            drain_signature = signature if short else cluster_signature(state)  # pragma: no mutate
-            events = [*events, *self._drain(state, drain_signature, now, placed_now)]
+            move_signature = signature if short else cluster_signature(state)  # pragma: no mutate
+            self._forget_moved(state)
+            moved = self._drain(state, move_signature, now, placed_now)
+            placed_now = placed_now or any(isinstance(e, InstanceCreated) for e in moved)
+            moved += self._roll(state, rolling, counts, move_signature, now, placed_now)
+            events = [*events, *moved]
         else:
+            self._move_deleted = set()
+            self._move_ready_at = {}
+        if not state.drains:
             self._forget_drains()
+        if not rolling:
+            self._update_stuck = {}
         # Staging only when no placement is due: placing comes first. A deployment short but
         # waiting (its backoff, a cluster nothing fits, a placement on its way) does not hold
         # the others' staging back: one model too big for the cluster would stop it for good.
@@ -240,37 +264,27 @@ class Keeper:
         """Move the keeper's instances off draining nodes, make-before-break: delete an old
         instance once its replacement is ready; place the next replacement (one per step, and
         none in a step that placed for recovery); end a drain when its node is empty."""
-        self._drain_deleted &= set(state.instances)
-        self._drain_ready_at = {
-            i: t for i, t in self._drain_ready_at.items() if i in state.instances
-        }
         self._drain_ended &= set(state.drains)
         events: list[AnyEvent] = []
         may_place = not placed_now
         for name, drain in sorted(state.drains.items()):
             picture = drain_picture(state, drain)
             for move in picture.moving:
-                replacement = state.instances.get(move.new_instance_id)
-                old = move.old_instance_id
-                if replacement is None or not instance_is_ready(replacement, state):
-                    continue
-                # From the replacement's readiness on, chats go to it (``chat_targets``); the
-                # old instance keeps DRAIN_SETTLE for the chats it is answering, then goes.
-                ready_at = self._drain_ready_at.setdefault(old, now)
-                settled = now >= ready_at + DRAIN_SETTLE
-                if settled and old in state.instances and old not in self._drain_deleted:
-                    self._drain_deleted.add(old)
-                    events.append(InstanceDeleted(instance_id=old))
+                events.extend(self._settle(move, state, now))
             if picture.empty:
                 if name not in self._drain_ended:
                     self._drain_ended.add(name)
                     events.append(NodeDrainEnded(name=name))
                 continue
-            # Not one whose deletion was sent (forced) and not one of a deployment being deleted.
+            # Not one whose deletion was sent (forced), not one of a deployment being deleted,
+            # and not one of a deployment whose rolling change has a replacement under way (one
+            # extra instance per deployment at most).
             movable = [
                 (deployment_id, old)
                 for deployment_id, old in picture.to_move
-                if old not in self._drain_deleted and deployment_id not in self._deleting
+                if old not in self._move_deleted
+                and deployment_id not in self._deleting
+                and state.deployments[deployment_id].moving is None
             ]
             for deployment_id, old in movable:
                 outcome, may_place = self._move(
@@ -279,8 +293,8 @@ class Keeper:
                 events.extend(outcome)
             if drain.force:
                 for instance_id in picture.unmanaged:
-                    if instance_id not in self._drain_deleted:
-                        self._drain_deleted.add(instance_id)
+                    if instance_id not in self._move_deleted:
+                        self._move_deleted.add(instance_id)
                         events.append(InstanceDeleted(instance_id=instance_id))
         return events
 
@@ -316,12 +330,12 @@ class Keeper:
             note = stuck_note(state, drain, old, str(reason))
             self._drain_stuck[key] = (signature, now + UNPLACEABLE_RETRY, note)
             if drain.force:  # break-before-make: the keeper places it again as for any fault
-                self._drain_deleted.add(old)
+                self._move_deleted.add(old)
                 return [InstanceDeleted(instance_id=old)], may_place
             return [], may_place
         self._drain_stuck.pop(key, None)
         self._memos[deployment_id] = placed(memo, instance.instance_id, now)
-        move = DrainMove(
+        move = InstanceMove(
             deployment_id=deployment_id, old_instance_id=old, new_instance_id=instance.instance_id
         )
         return [
@@ -330,12 +344,112 @@ class Keeper:
             DrainReplacementPlaced(name=drain.node, move=move),
         ], False
 
+    def _settle(self, move: InstanceMove, state: State, now: float) -> list[AnyEvent]:
+        """The old instance's deletion once its replacement has been ready MOVE_SETTLE: from
+        the replacement's readiness on, new chats go to it (``chat_targets``), and the old
+        instance finishes the chats it is answering."""
+        replacement = state.instances.get(move.new_instance_id)
+        old = move.old_instance_id
+        if replacement is None or not instance_is_ready(replacement, state):
+            return []
+        ready_at = self._move_ready_at.setdefault(old, now)
+        settled = now >= ready_at + MOVE_SETTLE
+        if settled and old in state.instances and old not in self._move_deleted:
+            self._move_deleted.add(old)
+            return [InstanceDeleted(instance_id=old)]
+        return []
+
+    def _forget_moved(self, state: State) -> None:
+        """The moves' memory of instances the State no longer holds goes (it stays bounded)."""
+        self._move_deleted &= set(state.instances)
+        self._move_ready_at = {i: t for i, t in self._move_ready_at.items() if i in state.instances}
+
     def _forget_drains(self) -> None:
         """No drain in the State: nothing of one to remember (the memory stays bounded)."""
-        self._drain_deleted = set()
         self._drain_ended = set()
-        self._drain_ready_at = {}
         self._drain_stuck = {}
+
+    # --- rolling changes ----------------------------------------------------------------
+
+    def _roll(
+        self,
+        state: State,
+        rolling: Sequence[DeploymentId],
+        counts: Mapping[str, int],
+        signature: ClusterSignature,
+        now: float,
+        placed_now: bool,
+    ) -> list[AnyEvent]:
+        """Replace, make-before-break, each instance a deployment placed with options it no
+        longer has: one replacement per deployment at a time, the old instance deleted once
+        the replacement has settled; the next placement only in a step that placed nothing
+        else, for a deployment that is not short of instances (recovery comes first) and has
+        no drain move under way."""
+        events: list[AnyEvent] = []
+        may_place = not placed_now
+        draining = {move.deployment_id for d in state.drains.values() for move in d.moves}
+        for deployment_id in rolling:
+            deployment = state.deployments.get(deployment_id)
+            if deployment is None or deployment_id in self._deleting:
+                continue
+            if deployment.moving is not None:
+                events.extend(self._settle(deployment.moving, state, now))
+                continue
+            if not may_place or deployment_id in draining:
+                continue
+            memo = self._memos[deployment_id]  # observed at the start of this step
+            short = counts.get(deployment.model_card.model_id, 0) < wanted(memo, deployment)
+            if short or busy(memo, now) is not None:
+                continue
+            stuck = self._update_stuck.get(deployment_id)
+            if stuck is not None and stuck[0] == signature and now < stuck[1]:
+                continue
+            old = next((i for i in deployment.replacing if i in state.instances), None)
+            if old is None:
+                continue
+            replaced = self._replace(deployment, old, state, signature, now)
+            events.extend(replaced)
+            may_place = not replaced
+        return events
+
+    def _replace(
+        self,
+        deployment: Deployment,
+        old: InstanceId,
+        state: State,
+        signature: ClusterSignature,
+        now: float,
+    ) -> list[AnyEvent]:
+        """The replacement of ``old`` with the deployment's options, placed apart from its
+        other instances and off cordoned nodes; nothing, and a note, when it does not fit."""
+        deployment_id = deployment.deployment_id
+        try:
+            instance = self._place(
+                replacement_view(state, old),
+                deployment.model_card,
+                deployment.sharding,
+                deployment.instance_meta,
+                deployment.min_nodes,
+            )
+        except ValueError as reason:
+            note = update_stuck_note(state, deployment, old, str(reason))
+            self._update_stuck[deployment_id] = (signature, now + UNPLACEABLE_RETRY, note)
+            return []
+        self._update_stuck.pop(deployment_id, None)
+        self._memos[deployment_id] = placed(self._memos[deployment_id], instance.instance_id, now)
+        move = InstanceMove(
+            deployment_id=deployment_id, old_instance_id=old, new_instance_id=instance.instance_id
+        )
+        return [
+            InstanceCreated(instance=instance),
+            DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id),
+            DeploymentReplacementPlaced(deployment_id=deployment_id, move=move),
+        ]
+
+    def update_note(self, deployment_id: str) -> str | None:
+        """Why the rolling change of ``deployment_id`` cannot place its next replacement now."""
+        stuck = self._update_stuck.get(deployment_id)
+        return None if stuck is None else stuck[2]
 
     def drain_note(self, name: str) -> str | None:
         """Why the drain of ``name`` cannot move an instance now, or None."""
@@ -698,6 +812,7 @@ def calls_for_step(event: AnyEvent) -> bool:
             DeploymentCreated()
             | DeploymentScaled()
             | DeploymentPriorityChanged()
+            | DeploymentOptionsChanged()
             | InstanceCreated()
             | InstanceDeleted()
             | NodeGatheredInfo()

@@ -57,6 +57,16 @@ class DeploymentsService(Protocol):
         """Set the deployment's priority and preempt flag (each left as it is when None)."""
         ...
 
+    async def set_options(
+        self,
+        deployment_id: str,
+        sharding: Sharding | None,
+        instance_meta: InstanceMeta | None,
+        min_nodes: int | None,
+    ) -> CommandResponse:
+        """A rolling change of the deployment's placement options (each as it is when None)."""
+        ...
+
     def deployments_json(self) -> bytes:
         """The ``GET /deployments`` body (a ``DeploymentsResponse``)."""
         ...
@@ -128,11 +138,23 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
         "/deployments/{deployment_id}",
         responses={
             **ok_body(CommandResponse),
-            **refusals((404, "No deployment with this id"), 503),
+            **refusals(
+                (404, "No deployment with this id"),
+                (422, "Options the model cannot take (the field named)"),
+                503,
+            ),
         },
     )
     async def scale_deployment(deployment_id: str, request: ScaleDeploymentRequest) -> Response:
         answers: list[CommandResponse] = []
+        # The options first: the one setting the model may refuse (422), before any other
+        # setting of the request has changed anything.
+        if (request.sharding, request.instance_meta, request.min_nodes) != (None, None, None):
+            answers.append(
+                await service.set_options(
+                    deployment_id, request.sharding, request.instance_meta, request.min_nodes
+                )
+            )
         if request.standby is not None:
             answers.append(await service.set_standby(deployment_id, request.standby))
         if request.priority is not None or request.preempt is not None:

@@ -112,6 +112,8 @@ from keeper.runtime.deployments import (
     existing_deployment,
     history_response,
     new_deployment,
+    options_events,
+    options_response,
     placement_enums,
     priority_events,
     priority_response,
@@ -418,6 +420,29 @@ class Master:
             deployment = existing_deployment(self.state.deployments, deployment_id)
             await self._emit_and_wait(priority_events(deployment, priority, preempt))
         return priority_response(deployment, priority, preempt, self.new_id)
+
+    async def set_options(
+        self,
+        deployment_id: str,
+        sharding: Sharding | None = None,
+        instance_meta: InstanceMeta | None = None,
+        min_nodes: int | None = None,
+    ) -> CommandResponse:
+        """A rolling change of the deployment's placement options (docs/design.md §5.16): the
+        instances placed with other options are named now, on the State, and the keeper's
+        steps replace them one at a time; answered once the change is durable."""
+        async with self._lock:
+            deployment = existing_deployment(self.state.deployments, deployment_id)
+            events = options_events(deployment, sharding, instance_meta, min_nodes, self.state)
+            self._stepping.keeper_changed()
+            await self._emit_and_wait(events)
+        if events:
+            log.info(
+                "deployment %s of %s: options changed",
+                deployment_id,
+                deployment.model_card.model_id,
+            )
+        return options_response(deployment, events, self.new_id)
 
     # --- cordons and drains (docs/design.md §5.15) ----------------------------------------
 

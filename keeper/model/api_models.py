@@ -34,8 +34,8 @@ from keeper.model.state import (
     MAX_STANDBY,
     MIN_PRIORITY,
     Deployment,
-    DrainMove,
     InstanceMeta,
+    InstanceMove,
     ModelCard,
     ModelId,
     Sharding,
@@ -112,6 +112,9 @@ PATCHABLE = {
     "standby": "integer",
     "priority": "integer",
     "preempt": "boolean",
+    "sharding": "string",
+    "instance_meta": "string",
+    "min_nodes": "integer",
 }
 
 
@@ -142,6 +145,19 @@ class ScaleDeploymentRequest(ApiModel):
         Flag | None, WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "null"}]})
     ] = None
 
+    # A rolling change (docs/design.md §5.16): each instance placed with other options is
+    # replaced, make-before-break, one at a time.
+    sharding: Sharding | None = None
+    instance_meta: InstanceMeta | None = None
+    min_nodes: Annotated[WholeNumber | None, WithJsonSchema(_optional_count(1, MAX_MIN_NODES))] = (
+        None
+    )
+
+    @field_validator("min_nodes")
+    @classmethod
+    def _min_nodes_bounded(cls, value: int | None) -> int | None:
+        return _within(value, 1, MAX_MIN_NODES)
+
     @field_validator("replicas")
     @classmethod
     def _replicas_bounded(cls, value: int | None) -> int | None:
@@ -160,7 +176,10 @@ class ScaleDeploymentRequest(ApiModel):
     @model_validator(mode="after")
     def _one_at_least(self) -> ScaleDeploymentRequest:
         if all(getattr(self, name) is None for name in PATCHABLE):
-            raise ValueError("give one at least of replicas, standby, priority and preempt")
+            raise ValueError(
+                "give one at least of replicas, standby, priority, preempt, sharding,"
+                " instance_meta and min_nodes"
+            )
         return self
 
 
@@ -233,6 +252,18 @@ class StagedCopyView(BaseModel):
     error: str | None = None
 
 
+class UpdateView(BaseModel):
+    """A rolling change under way (docs/design.md §5.16): ``replaced`` of ``replicas``
+    instances are as the options ask; ``note`` says why the next replacement cannot be placed
+    now, in the placement's numbers."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    replaced: int
+    replicas: int
+    note: str | None = None
+
+
 class DeploymentView(BaseModel):
     """One deployment as ``GET /deployments`` reports it, with the keeper's timers."""
 
@@ -263,6 +294,8 @@ class DeploymentView(BaseModel):
     # Anything else the operator should know about this deployment right now, in words (the
     # bridge: "exo unreachable since 12:03:04: ..."); None from a master, which has nothing to add.
     detail: str | None = None
+    # A rolling change under way, or None.
+    updating: UpdateView | None = None
 
 
 # The longest history ``GET /deployments/{id}/history`` answers: 30 days. Serving records are
@@ -382,7 +415,7 @@ class DrainView(ApiModel):
 
     force: bool
     started: str
-    moving: list[DrainMove]
+    moving: list[InstanceMove]
     # Instances still on the node: the keeper's to move, and those it did not place (left
     # alone unless forced).
     to_move: list[str]

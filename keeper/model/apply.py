@@ -14,9 +14,11 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
+    DeploymentOptionsChanged,
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentPriorityChanged,
+    DeploymentReplacementPlaced,
     DeploymentScaled,
     DeploymentServingChanged,
     DeploymentStandbyChanged,
@@ -43,9 +45,9 @@ from keeper.model.state import (
     AnyDownload,
     Deployment,
     DeploymentId,
-    DrainMove,
     Edge,
     InstanceId,
+    InstanceMove,
     NodeDrain,
     RunnerShutdown,
     ServingRecord,
@@ -136,6 +138,39 @@ def apply(state: State, event: AnyEvent) -> State:
             deployment_id=deployment_id, priority=priority, preempt=preempt
         ):
             return _with_deployment(state, deployment_id, priority=priority, preempt=preempt)
+        case DeploymentOptionsChanged(
+            deployment_id=deployment_id,
+            sharding=sharding,
+            instance_meta=instance_meta,
+            min_nodes=min_nodes,
+            replace=replace,
+        ):
+            # The error was about the options asked before (as for a scale). Only instances
+            # that exist are replaced; one already being moved is replaced by its move.
+            deployment = state.deployments.get(deployment_id)
+            moving = (
+                ()
+                if deployment is None or deployment.moving is None
+                else (deployment.moving.old_instance_id,)
+            )
+            replacing = tuple(i for i in replace if i in state.instances and i not in moving)
+            return _with_deployment(
+                state,
+                deployment_id,
+                sharding=sharding,
+                instance_meta=instance_meta,
+                min_nodes=min_nodes,
+                placement_error=None,
+                replacing=replacing,
+            )
+        case DeploymentReplacementPlaced(deployment_id=deployment_id, move=move):
+            deployment = state.deployments.get(deployment_id)
+            if deployment is None or deployment.moving is not None:
+                return state  # one replacement per deployment at a time
+            if move.old_instance_id not in deployment.replacing:
+                return state  # not one this change replaces (deleted meanwhile)
+            replacing = tuple(i for i in deployment.replacing if i != move.old_instance_id)
+            return _with_deployment(state, deployment_id, moving=move, replacing=replacing)
         case DownloadRequested(deployment_id=deployment_id, node_id=node_id):
             deployment = _staging_deployment(state, deployment_id)
             if deployment is None or node_id in deployment.staged_on:
@@ -245,25 +280,40 @@ def _without_placement(
     deployments: dict[DeploymentId, Deployment], instance_id: InstanceId
 ) -> dict[DeploymentId, Deployment]:
     """The deployments with ``instance_id`` gone from every keeper record (the same mapping
-    when no record holds it, so an unrelated deletion copies nothing)."""
-    holding = [d for d in deployments.values() if instance_id in d.placed_instance_ids]
+    when no record holds it, so an unrelated deletion copies nothing). A rolling change's move
+    ends with either of its instances, as a drain's does."""
+    holding = [
+        d
+        for d in deployments.values()
+        if instance_id in d.placed_instance_ids
+        or instance_id in d.replacing
+        or (d.moving is not None and instance_id in _move_instances(d.moving))
+    ]
     if not holding:
         return deployments
     updated = dict(deployments)
     for deployment in holding:
         kept = tuple(i for i in deployment.placed_instance_ids if i != instance_id)
+        replacing = tuple(i for i in deployment.replacing if i != instance_id)
+        moving = deployment.moving
+        if moving is not None and instance_id == moving.new_instance_id:
+            # The replacement was lost: the old instance is still to replace (first).
+            replacing = (moving.old_instance_id, *replacing)
+            moving = None
+        elif moving is not None and instance_id == moving.old_instance_id:
+            moving = None
         updated[deployment.deployment_id] = deployment.model_copy(
-            update={"placed_instance_ids": kept}
+            update={"placed_instance_ids": kept, "replacing": replacing, "moving": moving}
         )
     return updated
 
 
-def _move_instances(move: DrainMove) -> tuple[InstanceId, InstanceId]:
+def _move_instances(move: InstanceMove) -> tuple[InstanceId, InstanceId]:
     return move.old_instance_id, move.new_instance_id
 
 
 def _without_moves(
-    drains: dict[str, NodeDrain], ends: Callable[[DrainMove], bool]
+    drains: dict[str, NodeDrain], ends: Callable[[InstanceMove], bool]
 ) -> dict[str, NodeDrain]:
     """The drains without the moves ``ends`` picks (the same mapping when none does)."""
     if not any(ends(move) for drain in drains.values() for move in drain.moves):

@@ -24,9 +24,10 @@ from keeper.model.state import (
     DeploymentId,
     DiskUsage,
     DownloadEntry,
-    DrainMove,
     Instance,
     InstanceId,
+    InstanceMeta,
+    InstanceMove,
     MemoryUsage,
     ModelId,
     NodeId,
@@ -37,6 +38,7 @@ from keeper.model.state import (
     RunnerStatus,
     ServingRecord,
     Shard,
+    Sharding,
     SystemVitals,
 )
 from keeper.model.wire import TAGGED, TaggedModel, WireModel
@@ -186,7 +188,27 @@ class DrainReplacementPlaced(TaggedModel):
     """A replacement for ``old_instance_id`` was placed off the draining node."""
 
     name: str
-    move: DrainMove
+    move: InstanceMove
+
+
+class DeploymentOptionsChanged(TaggedModel):
+    """A deployment's placement options changed: ``replace``, its instances placed with
+    options it no longer has, are replaced one at a time, make-before-break (a rolling change).
+    The list is judged when the change is made, on the State then, so that an instance placed
+    afterwards is never replaced by this change, whatever its shape."""
+
+    deployment_id: DeploymentId
+    sharding: Sharding
+    instance_meta: InstanceMeta
+    min_nodes: int = Field(ge=1)
+    replace: tuple[InstanceId, ...] = ()
+
+
+class DeploymentReplacementPlaced(TaggedModel):
+    """A rolling change placed the replacement of one of the deployment's instances."""
+
+    deployment_id: DeploymentId
+    move: InstanceMove
 
 
 class NodeDrainEnded(TaggedModel):
@@ -220,6 +242,8 @@ AnyEvent = (
     | NodeUncordoned
     | NodeDrainStarted
     | DrainReplacementPlaced
+    | DeploymentOptionsChanged
+    | DeploymentReplacementPlaced
     | NodeDrainEnded
 )
 Event = Annotated[AnyEvent, TAGGED]

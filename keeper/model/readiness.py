@@ -65,15 +65,15 @@ def chat_targets(
 
 
 def instances_leaving(state: State) -> frozenset[InstanceId]:
-    """The old instances of drain moves whose replacement is ready: about to be deleted."""
-    if not state.drains:
-        return frozenset()
+    """The old instances of moves (a drain's, a rolling change's) whose replacement is ready:
+    about to be deleted."""
+    moves = [move for drain in state.drains.values() for move in drain.moves]
+    moves += [d.moving for d in state.deployments.values() if d.moving is not None]
     leaving: set[InstanceId] = set()
-    for drain in state.drains.values():
-        for move in drain.moves:
-            replacement = state.instances.get(move.new_instance_id)
-            if replacement is not None and instance_is_ready(replacement, state):
-                leaving.add(move.old_instance_id)
+    for move in moves:
+        replacement = state.instances.get(move.new_instance_id)
+        if replacement is not None and instance_is_ready(replacement, state):
+            leaving.add(move.old_instance_id)
     return frozenset(leaving)
 
 

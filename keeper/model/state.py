@@ -336,6 +336,13 @@ class Deployment(WireModel):
     # older logs and snapshots replay unchanged.
     priority: int = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     preempt: bool = False
+    # A rolling change (docs/design.md §5.16): after a change of sharding, instance_meta or
+    # min_nodes, the instances placed with the old options that it still has to replace, and
+    # the replacement under way (make-before-break, one at a time). Durable, so a new keeper
+    # carries on where the last stopped: it deletes the old instance of a move it finds ready,
+    # and never places a second replacement for one.
+    replacing: tuple[InstanceId, ...] = ()
+    moving: InstanceMove | None = None
 
 
 # --- downloads ----------------------------------------------------------------------------
@@ -487,9 +494,10 @@ class ServingRecord(WireModel):
 # (docs/design.md §5.15).
 
 
-class DrainMove(WireModel):
-    """One instance being moved off a draining node: its replacement is placed, and the old
-    one is deleted once the replacement is ready (make-before-break)."""
+class InstanceMove(WireModel):
+    """One instance being moved (off a draining node, or replaced by a rolling change): its
+    replacement is placed, and the old one is deleted once the replacement is ready
+    (make-before-break)."""
 
     deployment_id: DeploymentId
     old_instance_id: InstanceId
@@ -500,7 +508,7 @@ class NodeDrain(WireModel):
     node: str  # the friendly name
     force: bool = False  # delete what cannot be moved (and what the keeper did not place)
     started: str = ""  # ISO-8601 UTC
-    moves: tuple[DrainMove, ...] = ()
+    moves: tuple[InstanceMove, ...] = ()
 
 
 # --- the state ----------------------------------------------------------------------------

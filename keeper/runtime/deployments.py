@@ -14,7 +14,7 @@ snapshot and every keeper step, so their number is the operator's to choose, not
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from keeper.core.keeper import DeploymentTimer
@@ -24,13 +24,26 @@ from keeper.model.api_models import (
     DeploymentView,
     IncidentView,
     StagedCopyView,
+    UpdateView,
     create_problems,
 )
-from keeper.model.events import AnyEvent, DeploymentPriorityChanged, DeploymentStandbyChanged
+from keeper.model.events import (
+    AnyEvent,
+    DeploymentOptionsChanged,
+    DeploymentPriorityChanged,
+    DeploymentStandbyChanged,
+)
 from keeper.model.history import summarize
 from keeper.model.ids import IdFactory, new_id
 from keeper.model.readiness import deployment_status, ready_replicas
-from keeper.model.refusals import BadRequestError, ConflictError, NotFoundError, RefusalError
+from keeper.model.refusals import (
+    BadRequestError,
+    ConflictError,
+    NotFoundError,
+    RefusalError,
+    UnprocessableError,
+)
+from keeper.model.rollout import outdated_instances, update_progress
 from keeper.model.state import (
     DEFAULT_PRIORITY,
     Deployment,
@@ -46,7 +59,7 @@ from keeper.model.state import (
     download_fraction,
 )
 from keeper.runtime.clock import Clock, iso_utc
-from keeper.runtime.hosted_keeper import KeeperLike, ReportsStaging
+from keeper.runtime.hosted_keeper import KeeperLike, ReportsStaging, ReportsUpdates
 
 # Errors quote what the client sent, cut to this many characters: a megabyte-long id need not
 # come back in full.
@@ -237,6 +250,76 @@ def priority_events(
     ]
 
 
+def options_events(
+    deployment: Deployment,
+    sharding: Sharding | None,
+    instance_meta: InstanceMeta | None,
+    min_nodes: int | None,
+    state: State,
+) -> list[AnyEvent]:
+    """The rolling change to the options asked (each as it is when None): the event that sets
+    them and names the instances placed with other options, judged on ``state``
+    (docs/design.md §5.16); none when nothing changes. Options the model cannot take are a
+    400 naming the field, as on create, and change nothing."""
+    changed = deployment.model_copy(
+        update={
+            "sharding": deployment.sharding if sharding is None else sharding,
+            "instance_meta": deployment.instance_meta if instance_meta is None else instance_meta,
+            "min_nodes": deployment.min_nodes if min_nodes is None else min_nodes,
+        }
+    )
+    problems = create_problems(
+        deployment.model_card.model_id, deployment.model_card, changed.sharding, changed.min_nodes
+    )
+    if problems:
+        raise UnprocessableError(problems[0].message, param=problems[0].field)
+    if _options(changed) == _options(deployment):
+        return []
+    return [
+        DeploymentOptionsChanged(
+            deployment_id=deployment.deployment_id,
+            sharding=changed.sharding,
+            instance_meta=changed.instance_meta,
+            min_nodes=changed.min_nodes,
+            replace=outdated_instances(state, changed),
+        )
+    ]
+
+
+def _options(deployment: Deployment) -> str:
+    return f"{deployment.sharding}/{deployment.instance_meta}, min_nodes {deployment.min_nodes}"
+
+
+def options_response(
+    deployment: Deployment, events: Sequence[AnyEvent], new_id: IdFactory = new_id
+) -> CommandResponse:
+    """The answer to a change of ``deployment``'s (as it was) options: what it changed to and
+    how many instances it replaces, one at a time."""
+    model_id = deployment.model_card.model_id
+    change = next((e for e in events if isinstance(e, DeploymentOptionsChanged)), None)
+    if change is None:
+        message = f"Deployment of {model_id} already has {_options(deployment)}"
+    else:
+        after = deployment.model_copy(
+            update={
+                "sharding": change.sharding,
+                "instance_meta": change.instance_meta,
+                "min_nodes": change.min_nodes,
+            }
+        )
+        count = len(change.replace)
+        replaced = (
+            f"replacing {count} instance(s), one at a time" if count else "no instance to replace"
+        )
+        message = (
+            f"Deployment of {model_id} now has {_options(after)}, was {_options(deployment)}: "
+            f"{replaced}"
+        )
+    return CommandResponse(
+        message=message, command_id=new_id(), deployment_id=deployment.deployment_id
+    )
+
+
 def _ranking(priority: int, preempt: bool) -> str:
     return f"priority {priority}, {'preempting' if preempt else 'not preempting'}"
 
@@ -343,6 +426,7 @@ def _deployment_view(
     *,
     detail: str | None = None,
     note: str | None = None,
+    update_note: str | None = None,
 ) -> DeploymentView:
     """``deployment`` as ``GET /deployments`` shows it: its status in ``state`` and the keeper's
     timer for it (``now`` on the keeper's monotonic clock, ``wall`` the same moment in UTC)."""
@@ -363,7 +447,16 @@ def _deployment_view(
         next_attempt_in_s=round(max(0.0, next_at - now), 3) if next_at is not None else None,
         waiting=timer.waiting if timer is not None else None,
         detail=detail,
+        updating=_update_view(deployment, update_note),
     )
+
+
+def _update_view(deployment: Deployment, note: str | None) -> UpdateView | None:
+    progress = update_progress(deployment)
+    if progress is None:
+        return None
+    replaced, replicas = progress
+    return UpdateView(replaced=replaced, replicas=replicas, note=note)
 
 
 def deployment_views(
@@ -389,6 +482,9 @@ def deployment_views(
             wall,
             detail=detail(deployment_id) if detail is not None else None,
             note=keeper.staging_note(deployment_id) if isinstance(keeper, ReportsStaging) else None,
+            update_note=(
+                keeper.update_note(deployment_id) if isinstance(keeper, ReportsUpdates) else None
+            ),
         )
         for deployment_id in sorted(state.deployments)
     ]

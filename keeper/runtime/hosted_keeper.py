@@ -57,6 +57,13 @@ class ReportsStaging(Protocol):
     def staging_note(self, deployment_id: str) -> str | None: ...
 
 
+@runtime_checkable
+class ReportsUpdates(Protocol):
+    """A keeper that says why a rolling change cannot place its next replacement."""
+
+    def update_note(self, deployment_id: str) -> str | None: ...
+
+
 def describe(crash: BaseException) -> str:
     """An exception as the keeper records it on the deployment."""
     return f"{type(crash).__name__}: {crash}"
@@ -96,6 +103,10 @@ class KeeperWrapper:
     def staging_note(self, deployment_id: str) -> str | None:
         inner = self.inner
         return inner.staging_note(deployment_id) if isinstance(inner, ReportsStaging) else None
+
+    def update_note(self, deployment_id: str) -> str | None:
+        inner = self.inner
+        return inner.update_note(deployment_id) if isinstance(inner, ReportsUpdates) else None
 
 
 class HostedKeeper(KeeperWrapper):

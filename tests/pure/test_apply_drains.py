@@ -20,7 +20,7 @@ from keeper.model.events import (
 )
 from keeper.model.state import (
     Deployment,
-    DrainMove,
+    InstanceMove,
     NodeDrain,
     NodeIdentity,
     State,
@@ -29,7 +29,7 @@ from keeper.model.state import (
     nodes_named,
 )
 
-MOVE = DrainMove(deployment_id="d", old_instance_id="old", new_instance_id="new")
+MOVE = InstanceMove(deployment_id="d", old_instance_id="old", new_instance_id="new")
 
 
 def draining(*events: object) -> State:
@@ -64,7 +64,7 @@ def test_a_drain_cordons_and_a_forced_one_over_it_keeps_its_moves() -> None:
 
 
 def test_one_move_per_deployment_and_none_without_a_drain() -> None:
-    other = DrainMove(deployment_id="d", old_instance_id="o2", new_instance_id="n2")
+    other = InstanceMove(deployment_id="d", old_instance_id="o2", new_instance_id="n2")
     state = draining(
         DrainReplacementPlaced(name="studio", move=MOVE),
         DrainReplacementPlaced(name="studio", move=other),

@@ -15,7 +15,7 @@ from keeper_harness import (
     unplaceable,
 )
 
-from keeper.core.keeper import DRAIN_SETTLE, Keeper
+from keeper.core.keeper import MOVE_SETTLE, Keeper
 from keeper.model.constants import UNPLACEABLE_RETRY
 from keeper.model.events import (
     AnyEvent,
@@ -101,16 +101,16 @@ def test_a_drain_moves_an_instance_make_before_break() -> None:
     assert len(model_instances(cluster)) == 2
     assert chat_targets(cluster.state, "m", ALL) == [(old, "node-a")]
     cluster.make_ready(new)
-    # Ready: new chats go to the replacement; the old one finishes its own for DRAIN_SETTLE.
+    # Ready: new chats go to the replacement; the old one finishes its own for MOVE_SETTLE.
     assert chat_targets(cluster.state, "m", ALL) == [(new, "node-b")]
     assert cluster.step(T + 12) == []
-    assert cluster.step(T + 12 + DRAIN_SETTLE - 0.5) == []
-    assert cluster.step(T + 12 + DRAIN_SETTLE) == [InstanceDeleted(instance_id=old)]
-    assert cluster.step(T + 13 + DRAIN_SETTLE) == [NodeDrainEnded(name="node-a")]
+    assert cluster.step(T + 12 + MOVE_SETTLE - 0.5) == []
+    assert cluster.step(T + 12 + MOVE_SETTLE) == [InstanceDeleted(instance_id=old)]
+    assert cluster.step(T + 13 + MOVE_SETTLE) == [NodeDrainEnded(name="node-a")]
     assert cluster.state.drains == {} and cluster.state.cordoned == ("node-a",)
     assert [i.instance_id for i in model_instances(cluster)] == [new]
     assert cluster.deployment(deployment_id).placed_instance_ids == (new,)
-    assert cluster.step(T + 14 + DRAIN_SETTLE) == []
+    assert cluster.step(T + 14 + MOVE_SETTLE) == []
 
 
 def test_one_instance_moves_at_a_time_and_never_more_than_replicas_plus_one() -> None:
@@ -281,7 +281,7 @@ def test_each_move_finishes_on_its_own_when_its_replacement_is_ready() -> None:
     )
     cluster.make_ready(move_n.new_instance_id)  # the second move's only
     cluster.step(T + 12)
-    assert cluster.step(T + 12 + DRAIN_SETTLE) == [InstanceDeleted(instance_id=old_n)]
+    assert cluster.step(T + 12 + MOVE_SETTLE) == [InstanceDeleted(instance_id=old_n)]
     assert old_m in cluster.state.instances and move_m.old_instance_id == old_m
 
 
@@ -292,15 +292,15 @@ def test_what_the_drain_sent_is_not_sent_again_while_the_state_trails() -> None:
     assert isinstance(created, InstanceCreated)
     cluster.make_ready(created.instance.instance_id)
     cluster.step(T + 11)
-    deleted = cluster.step_keep(T + 11 + DRAIN_SETTLE)
+    deleted = cluster.step_keep(T + 11 + MOVE_SETTLE)
     assert deleted == [InstanceDeleted(instance_id=old)]
-    assert cluster.step_keep(T + 12 + DRAIN_SETTLE) == []  # not applied yet: not sent again
+    assert cluster.step_keep(T + 12 + MOVE_SETTLE) == []  # not applied yet: not sent again
     cluster.apply(*deleted)
-    ended = cluster.step_keep(T + 13 + DRAIN_SETTLE)
+    ended = cluster.step_keep(T + 13 + MOVE_SETTLE)
     assert ended == [NodeDrainEnded(name="node-a")]
-    assert cluster.step_keep(T + 14 + DRAIN_SETTLE) == []
+    assert cluster.step_keep(T + 14 + MOVE_SETTLE) == []
     cluster.apply(*ended)
-    assert cluster.step(T + 15 + DRAIN_SETTLE) == []
+    assert cluster.step(T + 15 + MOVE_SETTLE) == []
 
 
 def test_a_forced_deletion_is_not_sent_again_while_the_state_trails() -> None:
@@ -407,8 +407,8 @@ def test_the_keeper_remembers_nothing_of_drains_once_there_are_none() -> None:
     assert cluster.state.drains == {}
     cluster.step(T + 12)
     keeper = cluster.keeper
-    assert keeper._drain_deleted == set() and keeper._drain_ended == set()  # pyright: ignore[reportPrivateUsage]
-    assert keeper._drain_stuck == {} and keeper._drain_ready_at == {}  # pyright: ignore[reportPrivateUsage]
+    assert keeper._move_deleted == set() and keeper._drain_ended == set()  # pyright: ignore[reportPrivateUsage]
+    assert keeper._drain_stuck == {} and keeper._move_ready_at == {}  # pyright: ignore[reportPrivateUsage]
 
 
 def test_a_new_keeper_resumes_a_drain_from_the_state() -> None:
@@ -420,8 +420,8 @@ def test_a_new_keeper_resumes_a_drain_from_the_state() -> None:
     cluster.keeper = Keeper(0.0, place=simple_place)
     cluster.make_ready(created.instance.instance_id)
     assert cluster.step(T + 20) == []
-    assert cluster.step(T + 20 + DRAIN_SETTLE) == [InstanceDeleted(instance_id=old)]
-    assert cluster.step(T + 21 + DRAIN_SETTLE) == [NodeDrainEnded(name="node-a")]
+    assert cluster.step(T + 20 + MOVE_SETTLE) == [InstanceDeleted(instance_id=old)]
+    assert cluster.step(T + 21 + MOVE_SETTLE) == [NodeDrainEnded(name="node-a")]
 
 
 def test_a_new_keeper_starts_the_moves_of_a_drain_it_finds() -> None:

@@ -26,9 +26,11 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
+    DeploymentOptionsChanged,
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentPriorityChanged,
+    DeploymentReplacementPlaced,
     DeploymentScaled,
     DeploymentServingChanged,
     DeploymentStandbyChanged,
@@ -57,8 +59,8 @@ from keeper.model.state import (
     Connection,
     Deployment,
     DiskUsage,
-    DrainMove,
     InstanceMeta,
+    InstanceMove,
     Memory,
     MemoryUsage,
     MlxJacclInstance,
@@ -302,9 +304,20 @@ def _every_event(state: State) -> list[AnyEvent]:
         NodeDrainStarted(name="studio", force=True, when="2026-12-01T12:00:00.000Z"),
         DrainReplacementPlaced(
             name="studio",
-            move=DrainMove(deployment_id="d", old_instance_id="i", new_instance_id="j"),
+            move=InstanceMove(deployment_id="d", old_instance_id="i", new_instance_id="j"),
         ),
         NodeDrainEnded(name="studio"),
+        DeploymentOptionsChanged(
+            deployment_id="d",
+            sharding=Sharding.TENSOR,
+            instance_meta=InstanceMeta.MLX_JACCL,
+            min_nodes=2,
+            replace=("i",),
+        ),
+        DeploymentReplacementPlaced(
+            deployment_id="d",
+            move=InstanceMove(deployment_id="d", old_instance_id="i", new_instance_id="j"),
+        ),
     ]
 
 

@@ -21,7 +21,7 @@ from keeper.model.events import (
     NodeTimedOut,
     NodeUncordoned,
 )
-from keeper.model.state import DrainMove
+from keeper.model.state import InstanceMove
 
 QWEN_DEPLOYMENT = "dep-qwen3-0.6b-4bit"
 STUCK = (
@@ -72,7 +72,7 @@ def test_a_drain_and_its_moves_show_as_the_events_come() -> None:
     assert mini_a.drain == DrainProgress(moving=0, to_move=None, left_alone=None, stuck=None)
     assert not draining(model, QWEN)
 
-    move = DrainMove(
+    move = InstanceMove(
         deployment_id=QWEN_DEPLOYMENT,
         old_instance_id="inst-qwen3-0.6b-4bit",
         new_instance_id="inst-qwen3-0.6b-4bit-new",
@@ -104,7 +104,7 @@ def test_get_nodes_speaks_only_for_the_drain_it_is_about() -> None:
     model.handle(NodesUpdate(tuple(earlier.nodes)), FROZEN_NOW)
     assert node(model, "mini-a").drain == DrainProgress(0, None, None, None)
     # Nor one from before the drain's latest move: until the next read, the State's word.
-    moved = DrainMove(
+    moved = InstanceMove(
         deployment_id=QWEN_DEPLOYMENT,
         old_instance_id="inst-qwen3-0.6b-4bit",
         new_instance_id="inst-qwen3-0.6b-4bit-new",

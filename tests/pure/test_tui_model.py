@@ -29,7 +29,7 @@ from keeper.model.events import (
     RunnerStatusUpdated,
 )
 from keeper.model.readiness import deployment_statuses
-from keeper.model.state import DrainMove, RunnerLoading, RunnerReady
+from keeper.model.state import InstanceMove, RunnerLoading, RunnerReady
 
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 NO_FIT = "No cycles found with sufficient memory"
@@ -422,7 +422,7 @@ def test_cordons_and_drains_are_told_once_each() -> None:
     model = connected(builder)
     feed = Feed(model)
     start = len(texts(model))
-    move = DrainMove(
+    move = InstanceMove(
         deployment_id="dep-qwen3-0.6b-4bit",
         old_instance_id="inst-qwen3-0.6b-4bit",
         new_instance_id="inst-new-0001",

@@ -306,7 +306,9 @@ BAD_INPUTS = [
         "PATCH",
         EXISTING,
         422,
-        ("give one at least of replicas, standby, priority and preempt",),
+        (
+            "give one at least of replicas, standby, priority, preempt, sharding, instance_meta and min_nodes",
+        ),
         {},
     ),
     Bad(
@@ -394,7 +396,9 @@ BAD_INPUTS = [
         "PATCH",
         EXISTING,
         422,
-        ("give one at least of replicas, standby, priority and preempt",),
+        (
+            "give one at least of replicas, standby, priority, preempt, sharding, instance_meta and min_nodes",
+        ),
         {"preempt": None},
     ),
     Bad(
@@ -410,8 +414,24 @@ BAD_INPUTS = [
         "PATCH",
         EXISTING,
         422,
-        ("min_nodes: Extra inputs are not permitted",),
-        {"replicas": 2, "min_nodes": 2},
+        ("model_id: Extra inputs are not permitted",),
+        {"replicas": 2, "model_id": "x"},
+    ),
+    Bad(
+        "options the model cannot take",
+        "PATCH",
+        EXISTING,
+        422,
+        ("is more than", "has layers", "no cluster could place it"),
+        {"replicas": 2, "min_nodes": 1000},
+    ),
+    Bad(
+        "an unknown sharding",
+        "PATCH",
+        EXISTING,
+        422,
+        ("sharding: Input should be 'Pipeline' or 'Tensor'",),
+        {"sharding": "Diagonal"},
     ),
     Bad("scale with malformed JSON", "PATCH", EXISTING, 400, ("Malformed JSON",), raw=b"{"),
     Bad("unknown instance", "DELETE", "/instance/no-such-instance", 404, ("no-such-instance",)),

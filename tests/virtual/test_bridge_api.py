@@ -97,7 +97,11 @@ async def test_bad_requests_get_clear_4xx_answers_in_exo_s_error_shape() -> None
             ({"replicas": 17}, 422, "replicas: Input should be less than or equal to 16"),
             ({"replicas": 2.5}, 422, "replicas"),
             ({"replicas": "2"}, 422, "replicas"),
-            ({}, 422, "give one at least of replicas, standby, priority and preempt"),
+            (
+                {},
+                422,
+                "give one at least of replicas, standby, priority, preempt, sharding, instance_meta and min_nodes",
+            ),
             ({"priority": 1001}, 422, "priority: Input should be less than or equal to 1000"),
             ({"priority": -1}, 422, "priority: Input should be greater than or equal to 0"),
             ({"priority": "9"}, 422, "priority"),
