@@ -3,7 +3,9 @@
 
 ``scale ID N`` is the one setting an operator changes most, so it keeps its short form; ``set ID``
 changes any of a deployment's settings in place (``--replicas``, ``--standby``, ``--priority``,
-``--preempt``/``--no-preempt``) in one ``PATCH /deployments/{id}``.
+``--preempt``/``--no-preempt``, and the placement options ``--sharding``, ``--instance-meta``,
+``--min-nodes``: a rolling change, each instance replaced make-before-break) in one
+``PATCH /deployments/{id}``.
 
 They are the part of the CLI that talks to a running master (or bridge) rather than starting a
 process: each is one request through the deployments client the TUI uses too
@@ -101,6 +103,10 @@ def _note(view: DeploymentView) -> str:
         return f"{view.detail}; {error}" if error else view.detail
     if error:
         return error
+    update = view.updating
+    if update is not None:
+        note = f": {update.note}" if update.note else ""
+        return f"updating {update.replaced}/{update.replicas}{note}"
     if view.waiting is not None and view.next_attempt_in_s is not None:
         return f"{view.waiting}: next attempt in {view.next_attempt_in_s:.0f} s"
     if view.waiting is not None:
@@ -170,18 +176,18 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 # The settings ``set`` changes, by option, in the order the request names them.
-SETTINGS = ("replicas", "standby", "priority", "preempt")
+SETTINGS = ("replicas", "standby", "priority", "preempt", "sharding", "instance_meta", "min_nodes")
 
 
 def cmd_set(args: argparse.Namespace) -> int:
     # The master judges each value (its bounds, its type): outside them is its refusal, exit 1.
-    settings: dict[str, int | bool] = {
+    settings: dict[str, int | bool | str] = {
         name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None
     }
     if not settings:
         print(
-            "exo-deploy set: give one at least of --replicas, --standby, --priority and "
-            "--preempt/--no-preempt",
+            "exo-deploy set: give one at least of --replicas, --standby, --priority, "
+            "--preempt/--no-preempt, --sharding, --instance-meta and --min-nodes",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -338,7 +344,7 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
 
     set_ = command(
         "set",
-        "change deployment ID's replicas, standby, priority or preemption in place",
+        "change deployment ID's replicas, standby, priority, preemption or placement options",
         epilog=EXIT_CODES_HELP,
     )
     set_.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")
@@ -349,6 +355,15 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
         "--standby", type=whole_number, help="keep the model on N more node sets (0-4)"
     )
     _priority_options(set_, default=None)
+    set_.add_argument(
+        "--sharding",
+        choices=[s.value for s in Sharding],
+        help="a rolling change: each instance replaced, one at a time, make-before-break",
+    )
+    set_.add_argument(
+        "--instance-meta", choices=[m.value for m in InstanceMeta], help="a rolling change too"
+    )
+    set_.add_argument("--min-nodes", type=whole_number, help="a rolling change too (at least 1)")
     client_options(set_)
     set_.set_defaults(handler=cmd_set)
 

@@ -316,7 +316,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         (["scale", "some-id", "-1"], "must be at least 1"),
         (["scale", "some-id", "1.5"], "not a whole number"),
         (["deploy", QWEN, "--priority", "high"], "not a whole number"),
-        (["set", "some-id"], "give one at least of --replicas, --standby, --priority"),
+        (["set", "some-id"], "give one at least of --replicas, --standby, --priority,"),
         (["set", "some-id", "--preempt", "--no-preempt"], "not allowed with argument"),
         (["set", "some-id", "--priority", "1.5"], "not a whole number"),
         (["node"], "--master"),

@@ -119,3 +119,82 @@ def test_a_drain_under_load_fails_no_chat_and_keeps_replicas_plus_one(cluster: C
         + ", ".join(f"{t:.1f} s" for t in timings)
         + f"; most instances seen {dict(watch.most)}"
     )
+
+
+# The rolling change each model gets: Llama (replicas 2) sharded by tensor; Qwen (which
+# supports no tensor sharding) placed on 2 nodes at least.
+CHANGES = {LLAMA: ("--sharding", "Tensor"), QWEN: ("--min-nodes", "2")}
+
+
+def _changed(cluster: Cluster, model: str) -> bool | None:
+    """The model's deployment done updating, with as many instances as its replicas, each as
+    its change asks."""
+    state = cluster.get("/state") or {}
+    listed = cluster.get("/deployments") or {"deployments": []}
+    view = next(
+        (d for d in listed["deployments"] if d["deployment"]["modelCard"]["modelId"] == model), None
+    )
+    if view is None or view.get("updating") is not None:
+        return None
+    instances = [
+        next(iter(raw.values()))["shardAssignments"]
+        for raw in state.get("instances", {}).values()
+        if next(iter(raw.values()))["shardAssignments"]["modelId"] == model
+    ]
+    if model == LLAMA:
+        kinds = {kind for i in instances for shard in i["runnerToShard"].values() for kind in shard}
+        as_asked = kinds == {"TensorShardMetadata"}
+    else:
+        as_asked = all(len(i["nodeToRunner"]) >= 2 for i in instances)
+    return (len(instances) == REPLICAS[model] and as_asked) or None
+
+
+def test_a_rolling_change_of_sharding_under_load_fails_no_chat(cluster: Cluster) -> None:
+    wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
+    ids: dict[str, str] = {}
+    for model, replicas in REPLICAS.items():
+        created = httpx.post(
+            f"{cluster.url}/deployments",
+            json={"model_id": model, "replicas": replicas},
+            trust_env=False,
+        )
+        assert created.status_code == 200, created.text
+        ids[model] = created.json()["deployment_id"]
+    wait_for("every replica ready", 60, lambda: _ready(cluster))
+    chats = [Chats(cluster.url, model) for model in REPLICAS for _ in range(CLIENTS_PER_MODEL)]
+    threads = [threading.Thread(target=c.client) for c in chats]
+    watch = Watch(cluster)
+    watcher = threading.Thread(target=watch.run)
+    for thread in [*threads, watcher]:
+        thread.start()
+    timings: dict[str, float] = {}
+    try:
+        wait_for("chats answered", 10, lambda: sum(c.answered for c in chats) >= 40 or None)
+        for model, change in CHANGES.items():
+            started = time.monotonic()
+            changed = cluster.cli("set", ids[model], *change)
+            assert changed.returncode == 0, changed.stderr
+            assert "one at a time" in changed.stdout
+            wait_for(f"{model} replaced", 90, lambda m=model: _changed(cluster, m))
+            timings[model] = time.monotonic() - started
+        answered = sum(c.answered for c in chats)
+        wait_for(
+            "chats answered after the changes",
+            10,
+            lambda: sum(c.answered for c in chats) >= answered + 40 or None,
+        )
+    finally:
+        for c in chats:
+            c.stop.set()
+        watch.stop.set()
+        for thread in [*threads, watcher]:
+            thread.join(timeout=CHAT_TIMEOUT_S + 5)
+    failures = [f for c in chats for f in c.failures]
+    assert failures == []
+    assert all(watch.most[m] == REPLICAS[m] + 1 for m in REPLICAS), watch.most
+    assert _ready(cluster)
+    print(
+        f"\n{sum(c.answered for c in chats)} chats answered, none failed; rolling changes "
+        + ", ".join(f"{m.split('/')[-1]} {t:.1f} s" for m, t in timings.items())
+        + f"; most instances seen {dict(watch.most)}"
+    )

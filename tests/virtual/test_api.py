@@ -306,9 +306,7 @@ BAD_INPUTS = [
         "PATCH",
         EXISTING,
         422,
-        (
-            "give one at least of replicas, standby, priority, preempt, sharding, instance_meta and min_nodes",
-        ),
+        ("give one at least of replicas, standby, priority, preempt, sharding",),
         {},
     ),
     Bad(
@@ -396,9 +394,7 @@ BAD_INPUTS = [
         "PATCH",
         EXISTING,
         422,
-        (
-            "give one at least of replicas, standby, priority, preempt, sharding, instance_meta and min_nodes",
-        ),
+        ("give one at least of replicas, standby, priority, preempt, sharding",),
         {"preempt": None},
     ),
     Bad(

@@ -100,7 +100,7 @@ async def test_bad_requests_get_clear_4xx_answers_in_exo_s_error_shape() -> None
             (
                 {},
                 422,
-                "give one at least of replicas, standby, priority, preempt, sharding, instance_meta and min_nodes",
+                "give one at least of replicas, standby, priority, preempt, sharding",
             ),
             ({"priority": 1001}, 422, "priority: Input should be less than or equal to 1000"),
             ({"priority": -1}, 422, "priority: Input should be greater than or equal to 0"),
