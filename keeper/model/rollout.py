@@ -26,24 +26,26 @@ from keeper.model.state import (
 
 
 def matches_options(instance: AnyInstance, deployment: Deployment) -> bool:
-    """Whether ``instance`` is one the deployment's options could have placed: its kind is the
-    deployment's instance_meta, its shards the deployment's sharding, and it spans at least
-    min_nodes nodes (more is what placement picks when fewer cannot hold the model)."""
+    """Whether ``instance`` is one the deployment's options could have placed: it spans at
+    least min_nodes nodes (more is what placement picks when fewer cannot hold the model), and
+    over several nodes its kind is the deployment's instance_meta and its shards the
+    deployment's sharding. One node is always MlxRing + Pipeline whatever was asked (exo's
+    placement rule, ours too): any sharding matches it."""
+    assignments = instance.shard_assignments
+    if len(assignments.node_to_runner) < deployment.min_nodes:
+        return False
+    if len(assignments.node_to_runner) == 1:
+        return True
     meta = (
         InstanceMeta.MLX_JACCL if isinstance(instance, MlxJacclInstance) else InstanceMeta.MLX_RING
     )
-    assignments = instance.shard_assignments
     shards = assignments.runner_to_shard.values()
     sharding = (
         Sharding.PIPELINE
         if all(isinstance(shard, PipelineShardMetadata) for shard in shards)
         else Sharding.TENSOR
     )
-    return (
-        meta == deployment.instance_meta
-        and sharding == deployment.sharding
-        and len(assignments.node_to_runner) >= deployment.min_nodes
-    )
+    return meta == deployment.instance_meta and sharding == deployment.sharding
 
 
 def outdated_instances(state: State, deployment: Deployment) -> tuple[InstanceId, ...]:

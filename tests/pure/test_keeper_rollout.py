@@ -19,7 +19,8 @@ from keeper.model.readiness import chat_targets
 from keeper.model.rollout import matches_options, update_progress
 from keeper.model.state import InstanceMeta, MlxJacclInstance, Sharding, TensorShardMetadata
 
-ALL = frozenset({"node-a", "node-b", "node-c", "node-d"})  # connected nodes
+FOUR = ("node-a", "node-b", "node-c", "node-d")
+ALL = frozenset({*FOUR, "node-e", "node-f"})  # connected nodes
 T = AFTER_GRACE
 
 
@@ -27,11 +28,12 @@ def kinds(events: list[AnyEvent]) -> list[str]:
     return [type(event).__name__ for event in events]
 
 
-def serving(*nodes: str, replicas: int = 1) -> tuple[Cluster, str, list[str]]:
-    """``m`` deployed at ``replicas`` on ``nodes``, every instance ready, placed as asked."""
+def serving(*nodes: str, replicas: int = 1, min_nodes: int = 2) -> tuple[Cluster, str, list[str]]:
+    """``m`` deployed at ``replicas`` on ``nodes``, every instance ready, placed as asked (on
+    two nodes each by default: a one-node instance is a pipeline ring whatever was asked)."""
     cluster = Cluster(place=shaped_place)
     cluster.add_nodes(*nodes)
-    deployment_id = cluster.deploy("m", replicas=replicas)
+    deployment_id = cluster.deploy("m", replicas=replicas, min_nodes=min_nodes)
     for k in range(replicas):
         cluster.step(T + k)
         cluster.make_ready(cluster.instance_of(deployment_id).instance_id)
@@ -74,7 +76,7 @@ def test_a_change_of_sharding_replaces_the_instance_make_before_break() -> None:
 
 
 def test_replicas_are_replaced_one_at_a_time_never_more_than_replicas_plus_one() -> None:
-    cluster, deployment_id, instances = serving("node-a", "node-b", "node-c", "node-d", replicas=2)
+    cluster, deployment_id, instances = serving(*FOUR, replicas=2)
     cluster.change_options(deployment_id, instance_meta=InstanceMeta.MLX_JACCL)
     progress: list[tuple[int, int] | None] = []
     most = 0
@@ -103,7 +105,7 @@ def test_an_instance_placed_after_the_change_is_never_replaced_by_it() -> None:
     # replaces the instance it named once, then stops, instead of replacing for ever.
     cluster = Cluster(place=simple_place)
     cluster.add_nodes("node-a", "node-b", "node-c")
-    deployment_id = cluster.deploy("m")
+    deployment_id = cluster.deploy("m", min_nodes=2)
     cluster.step(T)
     old = cluster.instance_of(deployment_id).instance_id
     cluster.make_ready(old)
@@ -118,7 +120,7 @@ def test_an_instance_placed_after_the_change_is_never_replaced_by_it() -> None:
 
 
 def test_recovery_comes_first_and_the_change_waits_while_the_deployment_is_short() -> None:
-    cluster, deployment_id, instances = serving("node-a", "node-b", "node-c", replicas=2)
+    cluster, deployment_id, instances = serving(*FOUR, replicas=2)
     cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
     cluster.delete_instance(instances[0])  # a fault: one replica short
     recovered = cluster.step(T + 10)
@@ -139,7 +141,7 @@ def test_a_replacement_that_cannot_be_placed_leaves_the_instance_and_says_why() 
     assert cluster.step(T + 10) == []
     note = cluster.keeper.update_note(deployment_id)
     assert note is not None
-    assert note.startswith(f"cannot replace instance {old} with Tensor/MlxRing, min_nodes 1")
+    assert note.startswith(f"cannot replace instance {old} with Tensor/MlxRing, min_nodes 2")
     assert note.endswith(": No cycles found with sufficient memory")
     assert "serving it already" not in note  # the only instance is the one being replaced
     assert list(cluster.state.instances) == [old]
@@ -152,17 +154,17 @@ def test_a_replacement_that_cannot_be_placed_leaves_the_instance_and_says_why() 
 
 
 def test_a_cluster_change_retries_a_refused_replacement_at_once() -> None:
-    cluster, deployment_id, instances = serving("node-a", "node-b", "node-c", replicas=2)
+    cluster, deployment_id, instances = serving(*FOUR, replicas=2)
     cluster.keeper = Keeper(0.0, place=unplaceable())
     cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
     assert cluster.step(T + 10) == []
     note = cluster.keeper.update_note(deployment_id)
-    other = cluster.nodes_of(instances[1])[0]
+    other = ", ".join(sorted(cluster.nodes_of(instances[1])))
     assert note is not None and f"(serving it already: {other})" in note
     cluster.keeper._place = shaped_place  # pyright: ignore[reportPrivateUsage]
     assert cluster.step(T + 11) == []  # the same cluster: not before the retry
-    cluster.add_nodes("node-d")
-    cluster.link("node-a", "node-d")
+    cluster.add_nodes("node-e")
+    cluster.link("node-a", "node-e")
     assert kinds(cluster.step(T + 12))[-1] == "DeploymentReplacementPlaced"
 
 
@@ -195,7 +197,7 @@ def test_a_new_keeper_finishes_the_move_it_finds_in_the_state() -> None:
 
 
 def test_a_drain_and_a_change_never_surge_one_deployment_twice() -> None:
-    cluster, deployment_id, instances = serving("node-a", "node-b", "node-c", "node-d", replicas=2)
+    cluster, deployment_id, instances = serving(*FOUR, "node-e", "node-f", replicas=2)
     cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
     on = cluster.nodes_of(instances[1])[0]
     cluster.drain(on)
@@ -224,8 +226,20 @@ def test_the_same_options_again_and_options_the_instances_already_have_replace_n
     assert update_progress(cluster.deployment(deployment_id)) is None
 
 
+def test_a_one_node_instance_is_as_any_sharding_asks() -> None:
+    # One node is always a pipeline ring, whatever was asked: replacing it would place the same.
+    cluster, deployment_id, (only,) = serving("node-a", "node-b", min_nodes=1)
+    assert len(cluster.nodes_of(only)) == 1
+    change = cluster.change_options(
+        deployment_id, sharding=Sharding.TENSOR, instance_meta=InstanceMeta.MLX_JACCL
+    )
+    assert change.replace == ()
+    # Asking for two nodes does replace it.
+    assert cluster.change_options(deployment_id, min_nodes=2).replace == (only,)
+
+
 def test_a_deleted_deployment_replaces_nothing_more() -> None:
-    cluster, deployment_id, _ = serving("node-a", "node-b", "node-c", replicas=2)
+    cluster, deployment_id, _ = serving(*FOUR, replicas=2)
     cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
     cluster.step(T + 10)
     deleted = cluster.delete(deployment_id)
