@@ -145,15 +145,16 @@ def apply(state: State, event: AnyEvent) -> State:
             min_nodes=min_nodes,
             replace=replace,
         ):
-            # The error was about the options asked before (as for a scale). Only instances
-            # that exist are replaced; one already being moved is replaced by its move.
+            # The error was about the options asked before (as for a scale). The instances to
+            # replace were judged on the State the command read (the bridge's own log holds no
+            # instances: exo's State does); one already being moved is replaced by its move.
             deployment = state.deployments.get(deployment_id)
             moving = (
                 ()
                 if deployment is None or deployment.moving is None
                 else (deployment.moving.old_instance_id,)
             )
-            replacing = tuple(i for i in replace if i in state.instances and i not in moving)
+            replacing = tuple(i for i in replace if i not in moving)
             return _with_deployment(
                 state,
                 deployment_id,

@@ -78,3 +78,41 @@ async def test_the_bridge_places_around_a_cordoned_node_and_says_so() -> None:
         await h.bridge.uncordon_node("b")
         await wait_until(h.serving, 10, "placed once b is uncordoned")
         assert serving_names(h) == {"b"}
+
+
+@pytest.mark.anyio
+async def test_the_bridge_replaces_an_instance_for_a_rolling_change_through_exo() -> None:
+    async with exo_with_bridge(nodes=THREE_NODES) as h:
+        deployment_id, first = await h.serve_qwen()
+        assert deployment_id is not None
+        assert len(names_of(h, first)) == 1
+        most = 0
+
+        async def watch() -> None:
+            nonlocal most
+            while True:
+                most = max(most, len(h.exo_instances()))
+                await anyio.sleep(0.1)
+
+        h.group.start_soon(watch)
+        async with bridge_api(h.bridge) as api:
+            answer = await api.patch(f"/deployments/{deployment_id}", json={"min_nodes": 2})
+            assert answer.status_code == 200, answer.text
+            assert "replacing 1 instance(s), one at a time" in answer.json()["message"]
+            listed = (await api.get("/deployments")).json()["deployments"]
+            assert listed[0]["updating"] == {"replaced": 0, "replicas": 1, "note": None}
+        await wait_until(
+            lambda: first not in h.exo_instances() and len(h.exo_instances()) == 1 and h.serving(),
+            30,
+            "the instance replaced",
+        )
+        (second,) = h.exo_instances()
+        assert len(names_of(h, second)) == 2  # as min_nodes now asks
+        assert most == 2  # replicas + 1, while the replacement ran
+        # The bridge's log records the old instance's deletion once exo's States stop showing
+        # it for a while; the move ends with it.
+        await wait_until(
+            lambda: h.bridge.state.deployments[deployment_id].moving is None, 10, "the move ended"
+        )
+        assert h.bridge.state.deployments[deployment_id].replacing == ()
+        assert h.bridge.deployments_view().deployments[0].updating is None
