@@ -185,7 +185,7 @@ def plan_counts(plan: Plan) -> str:
         f"{plan.count(Delete)} to delete, {plan.count(Unchanged)} unchanged"
     )
     unlisted = plan.count(Unlisted)
-    return f"plan: {counts}" + (f", {unlisted} not in the file (kept)" if unlisted else "")
+    return f"plan: {counts}" + (f", {unlisted} unlisted (kept)" if unlisted else "")
 
 
 def action_words(step: Action) -> str:
