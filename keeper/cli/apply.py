@@ -326,21 +326,38 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 async def _apply(args: argparse.Namespace, plan: Plan) -> int:
     async with master_http(args.url, args.token, CLIENT_TIMEOUT_S) as http:
-        client = DeploymentsClient(http, CLIENT_TIMEOUT_S)
-        refusal = await unchangeable(client, plan)
-        if refusal is not None:
-            print(f"exo-deploy apply: {refusal}", file=sys.stderr)
-            return EXIT_REFUSED
-        done: list[Action] = []
-        for step in plan.actions:
-            try:
-                answer = await _carry_out(client, step)
-            except ApiError as exc:
-                for line in refusal_report(plan, done, step, exc).splitlines():
-                    print(f"exo-deploy apply: {line}", file=sys.stderr)
-                return EXIT_FOR_FAILURE[exc.kind]
-            done.append(step)
-            print(f"{answer.message}: {answer.deployment_id}", flush=True)
+        return await carry_out_plan(
+            DeploymentsClient(http, CLIENT_TIMEOUT_S),
+            plan,
+            say=lambda line: print(line, flush=True),
+            complain=lambda line: print(f"exo-deploy apply: {line}", file=sys.stderr),
+        )
+
+
+async def carry_out_plan(
+    client: DeploymentsClient,
+    plan: Plan,
+    *,
+    say: Callable[[str], None],
+    complain: Callable[[str], None],
+) -> int:
+    """Carry out ``plan``'s actions in order, each service answer said as it comes; stop at the
+    first refusal, complain of it (and of what was and was not applied) and return its exit code.
+    A change the service's document says it cannot make refuses the plan before any step."""
+    refusal = await unchangeable(client, plan)
+    if refusal is not None:
+        complain(refusal)
+        return EXIT_REFUSED
+    done: list[Action] = []
+    for step in plan.actions:
+        try:
+            answer = await _carry_out(client, step)
+        except ApiError as exc:
+            for line in refusal_report(plan, done, step, exc).splitlines():
+                complain(line)
+            return EXIT_FOR_FAILURE[exc.kind]
+        done.append(step)
+        say(f"{answer.message}: {answer.deployment_id}")
     return EXIT_OK
 
 

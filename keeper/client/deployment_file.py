@@ -168,7 +168,13 @@ def parse_deployment_file(text: str, source: str) -> list[CreateDeploymentReques
         mark = exc.problem_mark or exc.context_mark
         what = exc.problem or "unreadable"
         if exc.context:  # "while parsing a flow node", "while scanning a quoted scalar"
-            what += f" ({exc.context})"
+            started = exc.context_mark
+            begun = (
+                f" begun at line {started.line + 1}, column {started.column + 1}"
+                if started is not None and mark is not None and started.line != mark.line
+                else ""
+            )
+            what += f" ({exc.context}{begun})"
         if mark is None:
             raise DeploymentFileError(source, [FileProblem(f"YAML syntax error: {what}")]) from None
         problem = FileProblem(f"YAML syntax error: {what}", mark.line + 1, mark.column + 1)

@@ -252,6 +252,14 @@ def test_a_refusal_says_what_was_applied_and_what_was_not() -> None:
             id="syntax",
         ),
         pytest.param(
+            "deployments:\n  - model: 'm/x\n",
+            [
+                "f.yaml:3:1: YAML syntax error: found unexpected end of stream (while scanning a "
+                "quoted scalar begun at line 2, column 12)"
+            ],
+            id="unclosed-quote",
+        ),
+        pytest.param(
             "deployments:\n  - model: m/x\n    replica: 2\n",
             [
                 "f.yaml:3:5: unknown key 'replica' in deployment 1 (known: model, sharding, "
