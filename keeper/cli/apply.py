@@ -283,7 +283,8 @@ def refusal_report(plan: Plan, done: Sequence[Action], refused: Action, error: A
     what = action_words(refused)
     if isinstance(refused, Change):
         what += f" ({', '.join(step_detail(refused))})"
-    lines = [f"{what} refused: {error.message}"]
+    verb = "refused" if error.kind == "refused" else "failed"  # no answer: it may have been done
+    lines = [f"{what} {verb}: {error.message}"]
     newer = (
         [c.name for c in refused.changes if c.name not in ALWAYS_PATCHABLE]
         if isinstance(refused, Change)
@@ -363,7 +364,11 @@ async def carry_out_plan(
 
 def cmd_export(args: argparse.Namespace) -> int:
     current: DeploymentsResponse = call_master(args, lambda client: client.list()).value
-    requests = [settings_of(view.deployment) for view in current.deployments]
+    # By model, not in the service's (id) order: the same deployments export as the same file on
+    # any cluster, and a file kept in version control changes only where they do.
+    requests = sorted(
+        (settings_of(view.deployment) for view in current.deployments), key=lambda r: r.model_id
+    )
     sys.stdout.write(export_text(requests))
     return EXIT_OK
 

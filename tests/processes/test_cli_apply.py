@@ -194,6 +194,7 @@ def test_export_then_apply_from_stdin_changes_nothing(
     assert f"- model: {QWEN_30B}\n" in exported
     assert "  replicas: 3\n" in exported
     assert "  sharding: Pipeline\n" in exported  # every field written, defaults too
+    assert exported.index(LLAMA) < exported.index(QWEN_30B)  # by model, whatever the ids
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(exported))
     code, out, err = run_cli(capsys, "apply", "-f", "-", "--prune", "--url", served.url)

@@ -235,6 +235,11 @@ def test_a_refusal_says_what_was_applied_and_what_was_not() -> None:
         "applied before it: nothing",
         f"not applied: change of {MODELS[0]} (deployment d0)",
     ]
+    # No answer: the step may have been done, so it is not said to be refused.
+    unanswered = ApiError("cannot reach the master", kind="unreachable")
+    assert refusal_report(plan, [], create, unanswered).splitlines()[0] == (
+        f"create of {MODELS[1]} failed: cannot reach the master"
+    )
 
 
 # --- bad files: each names what is wrong and where ------------------------------------------
