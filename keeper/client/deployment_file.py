@@ -87,7 +87,10 @@ def _kind(node: yaml.Node) -> str:
         return "a list"
     if node.tag == _NULL_TAG:
         return "nothing (null)"
-    return f"the value {shown_value(_value(node))}"
+    try:
+        return f"the value {shown_value(_value(node))}"
+    except UnreadableValueError:
+        return f"the value {node.value!r}"
 
 
 def shown_value(value: object) -> str:
@@ -99,10 +102,28 @@ def shown_value(value: object) -> str:
     return repr(value)
 
 
+class UnreadableValueError(Exception):
+    """A value yaml's safe loader will not make (a tag it does not know, ``!!int abc``)."""
+
+    def __init__(self, node: yaml.Node, reason: str) -> None:
+        super().__init__(reason)
+        self.problem = _at(node, f"cannot read this value: {reason}")
+
+
 def _value(node: yaml.Node) -> Any:
-    """The Python value of ``node`` as ``yaml.safe_load`` would read it."""
+    """The Python value of ``node`` as ``yaml.safe_load`` would read it; UnreadableValueError
+    if it would refuse it."""
     loader = yaml.SafeLoader("")
-    return loader.construct_object(node, deep=True)  # pyright: ignore[reportUnknownMemberType]
+    try:
+        return loader.construct_object(node, deep=True)  # pyright: ignore[reportUnknownMemberType]
+    except yaml.MarkedYAMLError as exc:  # a tag the safe loader has no constructor for
+        raise UnreadableValueError(node, exc.problem or str(exc)) from None
+    # A known tag on text it cannot be (!!int abc, !!bool '', !!timestamp x): the safe
+    # constructors raise whatever their parsing does (ValueError, KeyError, IndexError,
+    # AttributeError, found by tests/pure/test_apply_plan.py's fuzzing), so any error is that.
+    except Exception:
+        tag = node.tag.rsplit(":", 1)[-1]
+        raise UnreadableValueError(node, f"not a valid !!{tag}: {node.value!r}") from None
 
 
 def _pairs(
@@ -141,14 +162,23 @@ def _entry(node: yaml.Node, index: int, problems: list[FileProblem]) -> _Entry:
         )
         return _Entry(None, None)
     values = _pairs(node, list(FILE_KEYS), where, problems)
-    fields = {FILE_KEYS[key]: _value(value) for key, value in values.items()}
+    fields: dict[str, Any] = {}
+    unreadable: set[str] = set()
+    for key, value in values.items():
+        try:
+            fields[FILE_KEYS[key]] = _value(value)
+        except UnreadableValueError as exc:
+            problems.append(exc.problem)
+            unreadable.add(key)
     model = fields.get("model_id")
     try:
-        return _Entry(CreateDeploymentRequest.model_validate(fields), model)
+        request = CreateDeploymentRequest.model_validate(fields)
     except ValidationError as exc:
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else "model_id"
             key = REQUEST_KEYS.get(field, field)
+            if key in unreadable:  # said already: not "required" as well
+                continue
             if error["type"] == "missing":
                 problems.append(_at(node, f"{key}: required {where} (the model to deploy)"))
                 continue
@@ -157,6 +187,7 @@ def _entry(node: yaml.Node, index: int, problems: list[FileProblem]) -> _Entry:
             got = "" if long else f" (got {shown_value(error['input'])})"
             problems.append(_at(values[key], f"{key}: {error['msg']}{got}"))
         return _Entry(None, model)
+    return _Entry(None if unreadable else request, model)
 
 
 def parse_deployment_file(text: str, source: str) -> list[CreateDeploymentRequest]:
@@ -174,7 +205,9 @@ def parse_deployment_file(text: str, source: str) -> list[CreateDeploymentReques
                 if started is not None and mark is not None and started.line != mark.line
                 else ""
             )
-            what += f" ({exc.context}{begun})"
+            # "expected a single document in the stream ..., but found another document"
+            joined = what.startswith("but ")
+            what = f"{exc.context}{begun}, {what}" if joined else f"{what} ({exc.context}{begun})"
         if mark is None:
             raise DeploymentFileError(source, [FileProblem(f"YAML syntax error: {what}")]) from None
         problem = FileProblem(f"YAML syntax error: {what}", mark.line + 1, mark.column + 1)
@@ -190,7 +223,11 @@ def parse_deployment_file(text: str, source: str) -> list[CreateDeploymentReques
     top = _pairs(root, TOP_KEYS, "at the top", problems)
     if "version" in top:
         version = top["version"]
-        value = _value(version)
+        try:
+            value = _value(version)
+        except UnreadableValueError as exc:
+            problems.append(exc.problem)
+            value = FILE_VERSION
         if type(value) is not int or value != FILE_VERSION:  # true is no version
             got = _kind(version).removeprefix("the value ")
             problems.append(

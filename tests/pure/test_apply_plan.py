@@ -349,6 +349,77 @@ def test_a_bad_file_names_each_problem_with_its_line(text: str, problems: list[s
     assert raised.value.lines() == problems
 
 
+@settings(max_examples=500)
+@given(
+    st.one_of(
+        st.text(),
+        # YAML-shaped: the file's keys and values, tags and indentation run together.
+        st.lists(
+            st.sampled_from(
+                [
+                    "deployments:",
+                    "version: 1",
+                    "  - ",
+                    "model: m/x",
+                    "replicas: 2",
+                    "    ",
+                    "\n",
+                    "[",
+                    "]",
+                    "{",
+                    "}",
+                    "!!int ",
+                    "!!bool ",
+                    "!!timestamp ",
+                    "!!binary ",
+                    "!!set ",
+                    "%YAML 1.1\n",
+                    "\x00",
+                    "!!python/object:x ",
+                    "!foo ",
+                    "*a",
+                    "&a ",
+                    "<<: ",
+                    "'",
+                    '"',
+                    "- ",
+                    ": ",
+                    "---",
+                    "\t",
+                    "~",
+                    "2.5",
+                    "true",
+                ]
+            ),
+            max_size=30,
+        ).map("".join),
+    )
+)
+def test_any_text_is_read_or_refused_with_problems_never_a_crash(text: str) -> None:
+    try:
+        requests = parse_deployment_file(text, "f")
+    except DeploymentFileError as exc:
+        assert exc.lines()
+        assert all(line.startswith("f:") for line in exc.lines())
+    else:
+        assert all(isinstance(request, CreateDeploymentRequest) for request in requests)
+
+
+def test_a_value_yaml_will_not_make_is_named() -> None:
+    with pytest.raises(DeploymentFileError) as raised:
+        parse_deployment_file(
+            "version: !!int abc\ndeployments:\n  - model: !!python/object:os.system x\n"
+            "    replicas: 99\n",
+            "f",
+        )
+    assert raised.value.lines() == [
+        "f:1:10: cannot read this value: not a valid !!int: 'abc'",
+        "f:3:12: cannot read this value: could not determine a constructor for the tag "
+        "'tag:yaml.org,2002:python/object:os.system'",
+        "f:4:15: replicas: Input should be less than or equal to 16 (got 99)",
+    ]
+
+
 def test_the_file_takes_what_the_api_takes() -> None:
     text = (
         "version: 1\n"
