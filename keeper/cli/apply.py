@@ -73,15 +73,17 @@ ACTION_WORDS: dict[type[Step], str] = {
     Unchanged: "unchanged",
     Unlisted: "unlisted",
 }
-# What every service with ``PATCH /deployments/{id}`` takes; a change of any other setting is
-# looked for in the service's OpenAPI document before the plan is carried out.
 # Room a continuation line needs for a setting's change (``instance_meta MlxRing -> MlxJaccl``
 # is 30), so that the column under WHAT is used only while it is wide enough.
 MIN_WHAT_WIDTH = 30
 # A deployment id in the plan: its first 8 characters, as `list` shows an instance's.
 SHORT_ID = 8
+# What every service with ``PATCH /deployments/{id}`` takes; a change of any other setting is
+# looked for in the service's OpenAPI document before the plan is carried out.
 ALWAYS_PATCHABLE = frozenset({"replicas", "standby", "priority", "preempt"})
+# The route's path as the OpenAPI document writes it.
 PATCH_PATH = "/deployments/{deployment_id}"
+# The API's defaults, as JSON: a create shows only the settings the file gives otherwise.
 DEFAULTS = CreateDeploymentRequest(model_id="-").model_dump(mode="json")
 
 APPLY_HELP = f"""the file (version: {FILE_VERSION}):
@@ -290,7 +292,8 @@ def refusal_report(plan: Plan, done: Sequence[Action], refused: Action, error: A
         if isinstance(refused, Change)
         else []
     )
-    if newer and error.status == 422:
+    # pydantic's words for a key the body does not take: the service's PATCH predates them.
+    if newer and error.status == 422 and "Extra inputs are not permitted" in error.message:
         lines.append(
             f"this service cannot change {', '.join(newer)} in place (an older exo-deploy): "
             "delete the deployment and apply again to recreate it"

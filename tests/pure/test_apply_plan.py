@@ -235,6 +235,9 @@ def test_a_refusal_says_what_was_applied_and_what_was_not() -> None:
         "applied before it: nothing",
         f"not applied: change of {MODELS[0]} (deployment d0)",
     ]
+    # A refusal of the value, not of the key, is the service's message alone.
+    tensor = ApiError(f"{MODELS[0]} does not support tensor sharding; use Pipeline", 400)
+    assert len(refusal_report(plan, [create], change, tensor).splitlines()) == 2
     # No answer: the step may have been done, so it is not said to be refused.
     unanswered = ApiError("cannot reach the master", kind="unreachable")
     assert refusal_report(plan, [], create, unanswered).splitlines()[0] == (
