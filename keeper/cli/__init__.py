@@ -4,7 +4,8 @@ deployments API from a shell.
 Each subcommand parses its arguments here and hands over to the module that does the work
 (``keeper.master.server``, ``keeper.node.*``, ``keeper.bridge.server``); ``list``, ``deploy``,
 ``scale`` and ``undeploy``, which talk to a running master instead of starting a process, live in
-``keeper.cli.deployments`` (``whatif`` in ``keeper.cli.whatif``) with the exit codes every
+``keeper.cli.deployments`` (``whatif`` in ``keeper.cli.whatif``, ``apply`` and ``export`` in
+``keeper.cli.apply``) with the exit codes every
 subcommand shares: 0 done, 1 refused by the master (its message on stderr), 2 bad usage, 3 master
 unreachable.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from keeper.bridge.server import check_exo_urls, run_bridge
+from keeper.cli.apply import add_apply_commands
 from keeper.cli.deployments import (
     EXIT_CODES_HELP,
     EXIT_OK,
@@ -365,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.set_defaults(handler=cmd_cluster)
 
     add_deployments_commands(command)
+    add_apply_commands(command)
     add_node_commands(command)
     add_whatif_command(command)
 

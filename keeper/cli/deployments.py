@@ -253,13 +253,15 @@ def token_option(parser: argparse.ArgumentParser, what: str) -> None:
     add_token_options(parser, what)
 
 
-def client_options(parser: argparse.ArgumentParser) -> None:
+def client_options(parser: argparse.ArgumentParser, *, json_option: bool = True) -> None:
+    """``--url`` and the token options, and ``--json`` for a command that prints an answer."""
     parser.add_argument(
         "--url",
         default=os.environ.get(URL_ENV, DEFAULT_URL),
         help=f"the master's API (default: ${URL_ENV} or {DEFAULT_URL})",
     )
-    parser.add_argument("--json", action="store_true", help="print the master's JSON answer")
+    if json_option:
+        parser.add_argument("--json", action="store_true", help="print the master's JSON answer")
     token_option(parser, "bearer token for a master that requires one")
 
 
