@@ -150,15 +150,27 @@ CORDONED_SYMBOL = "⊘"
 CORDONED_STYLE = "yellow"
 
 
+# A rolling change: the deployment's instances replaced one by one, as planned as a drain.
+UPDATING_SYMBOL = "⟳"
+
+
 def status_text(row: DeploymentRow) -> str:
-    return f"{DRAINING_SYMBOL} draining" if row.draining else status_label(row.status)
+    if row.draining:
+        return f"{DRAINING_SYMBOL} draining"
+    if row.updating is not None:  # how far: in NEXT (``next_text``), as STATUS has no room
+        return f"{UPDATING_SYMBOL} updating"
+    return status_label(row.status)
 
 
 def status_style(row: DeploymentRow) -> str:
-    return f"bold {DRAINING_STYLE if row.draining else STATUS_COLOR[row.status]}"
+    planned = row.draining or row.updating is not None
+    return f"bold {DRAINING_STYLE if planned else STATUS_COLOR[row.status]}"
 
 
 def next_text(row: DeploymentRow) -> str:
+    if row.updating is not None and row.next_attempt_in_s is None:
+        replaced, replicas = row.updating
+        return f"updated {replaced}/{replicas}"
     if row.next_attempt_in_s is None:
         if row.download is not None:
             return download_next(row.download)

@@ -97,6 +97,7 @@ from keeper.model.readiness import (
     ready_on_present_nodes,
     status_of,
 )
+from keeper.model.rollout import update_progress
 from keeper.model.state import (
     DEFAULT_PRIORITY,
     AnyInstance,
@@ -195,6 +196,8 @@ class DeploymentRow:
     # The node a drain is moving it off (a move under way for it), or None.
     moving_off: str | None = None
     priority: int = DEFAULT_PRIORITY  # which the keeper places first, and what may preempt
+    # A rolling change under way: (instances as the options ask, replicas), or None.
+    updating: tuple[int, int] | None = None
 
     @property
     def draining(self) -> bool:
@@ -218,6 +221,7 @@ class DeploymentRow:
                 self.model_id,
                 self.status,
                 "draining" if self.draining else "",
+                "updating" if self.updating else "",
                 self.deployment_id,
                 self.instance_id or "",
                 " ".join(" ".join(nodes) for nodes in self.replica_nodes or (self.nodes,)),
@@ -958,6 +962,7 @@ class ClusterModel:
                     ).availability,
                     download=gating[1] if gating else None,
                     download_on=gating[0] if gating else None,
+                    updating=update_progress(deployment),
                     moving_off=moving.get(d_id),
                     priority=deployment.priority,
                 )
