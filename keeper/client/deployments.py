@@ -179,11 +179,12 @@ class DeploymentsClient:
     async def update(
         self,
         deployment_id: str,
-        settings: Mapping[str, int | bool],
+        settings: Mapping[str, int | bool | str],
         no_api: str = NO_SETTINGS_API,
     ) -> Answer[CommandResponse]:
         """Change the deployment's ``settings`` in place (``PATCH /deployments/{id}``: replicas,
-        standby, priority, preempt); the master judges them, so its refusal is the message, and
+        standby, priority, preempt, and on a newer service sharding, instance_meta and min_nodes
+        by their enum values); the master judges them, so its refusal is the message, and
         ``no_api`` is what a master from before the route says."""
         path = f"/deployments/{deployment_id}"
         try:
