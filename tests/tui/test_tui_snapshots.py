@@ -556,6 +556,12 @@ def test_whatif(snap_compare: Compare) -> None:
     assert snap_compare(app, terminal_size=(80, 24), run_before=pressing("2", "w"))
 
 
+def steady_cursors(app: DashboardApp) -> None:
+    """The form's cursors drawn, not blinking: a shot taken either side of a blink is the same."""
+    for box in app.screen.query(Input):
+        box.cursor_blink = False
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_edit_form(snap_compare: Compare, size: tuple[int, int]) -> None:
     """e on Llama (keeps 2): its settings filled in, then replicas and min_nodes changed: the
@@ -566,6 +572,7 @@ def test_edit_form(snap_compare: Compare, size: tuple[int, int]) -> None:
         await settled(pilot)
         await pilot.press("e")
         await settled(pilot)
+        steady_cursors(app)
         app.screen.query_one("#edit-replicas", Input).value = "3"
         app.screen.query_one("#edit-min_nodes", Input).value = "2"
         await settled(pilot)
@@ -589,6 +596,7 @@ def test_edit_form_refused(snap_compare: Compare, size: tuple[int, int]) -> None
         await settled(pilot)
         await pilot.press("e")
         await settled(pilot)
+        steady_cursors(app)
         app.screen.query_one("#edit-sharding", Select).value = "Tensor"
         await pilot.press("ctrl+s")
         await settled(pilot)
