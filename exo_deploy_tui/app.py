@@ -13,6 +13,10 @@ left and why a move is stuck only the keeper's answer there says, and the stuck 
 with no event. It asks again every ``DRAIN_POLL_S`` and at once whenever the State's drains or
 cordons change, and stops when the last drain ends.
 
+A third worker reads ``GET /healthz`` at start and every ``HEALTH_POLL_S`` for what the
+service says of itself (a bridge's name and role when bridges share a store) and puts it in the
+view state, which the header shows.
+
 Attributes down, messages up: the app hands its screens itself as their ``ClusterSource`` and
 its view state (``view``, bound to the dashboard's with ``data_bind``); the screens ask for
 mutations, what-ifs, faults and pausing with the messages of ``screens.contract``, handled
@@ -40,6 +44,7 @@ from textual.screen import Screen
 
 from exo_deploy_tui.client import ApiError, ClusterClient
 from exo_deploy_tui.commands import visible_actions
+from exo_deploy_tui.edits import Setting, changes_text
 from exo_deploy_tui.failure_log import record_failure
 from exo_deploy_tui.faults import FaultInjector, inject
 from exo_deploy_tui.format import short_id, short_model
@@ -50,6 +55,7 @@ from exo_deploy_tui.screens.contract import (
     DashboardView,
     DeleteRequested,
     DrainRequested,
+    EditRequested,
     FaultRequested,
     InstanceDeleteRequested,
     ModelScreen,
@@ -80,6 +86,9 @@ FEED_RESTART_S = 5.0
 # not change: a stuck move's reason changes with no event, and a model loads in seconds, so
 # this shows a drain as it goes at one small request every two seconds.
 DRAIN_POLL_S = 2.0
+# How often /healthz is read for the service's role: a standby bridge takes over within seconds
+# of the acting one going, and the header should say so about as soon; one small read each time.
+HEALTH_POLL_S = 5.0
 
 
 def _driver_class() -> type[Driver] | None:
@@ -155,6 +164,7 @@ class DashboardApp(App[None]):
         self.dashboard.data_bind(DashboardApp.view)
         self.push_screen(self.dashboard)
         self.run_worker(self._follow_master(), name="feed", group="feed", exit_on_error=False)
+        self.run_worker(self._follow_health(), name="health", group="health", exit_on_error=False)
         if self._ticking:
             self.set_interval(TICK_S, self.tick)
 
@@ -170,6 +180,15 @@ class DashboardApp(App[None]):
                     record_failure, exc, "the feed from the master failed unexpectedly"
                 )
                 await anyio.sleep(FEED_RESTART_S)
+
+    async def _follow_health(self) -> None:
+        """Read what the service says of itself (a bridge's name and role) now and every
+        ``HEALTH_POLL_S``; the header shows it. Never raises: an unreadable answer is None."""
+        while True:
+            service = await self.client.service_health()
+            if service != self.view.service:
+                self.view = replace(self.view, service=service)
+            await anyio.sleep(HEALTH_POLL_S)
 
     def _emit(self, update: Update) -> None:
         self.post_message(ClusterUpdated(update))
@@ -285,6 +304,14 @@ class DashboardApp(App[None]):
 
         self.run_worker(scale(), group="mutations", exit_on_error=False)
 
+    def on_edit_requested(self, message: EditRequested) -> None:
+        async def edit() -> None:
+            message.answer(
+                await self.edit_deployment(message.deployment_id, message.model_id, message.changes)
+            )
+
+        self.run_worker(edit(), group="mutations", exit_on_error=False)
+
     def on_instance_delete_requested(self, message: InstanceDeleteRequested) -> None:
         self.delete_instance(message.instance_id, message.model_id)
 
@@ -296,7 +323,8 @@ class DashboardApp(App[None]):
         self._node_command(send, title)
 
     def on_drain_requested(self, message: DrainRequested) -> None:
-        self._node_command(partial(self.client.drain, message.node, False), "Drain")
+        title = "Force drain" if message.force else "Drain"
+        self._node_command(partial(self.client.drain, message.node, message.force), title)
 
     def on_what_if_requested(self, message: WhatIfRequested) -> None:
         """Ask in the background and show the answer; a read, so read-only asks too. A second
@@ -363,6 +391,19 @@ class DashboardApp(App[None]):
         except ApiError as exc:
             return exc.message
         self.notify(f"{short_model(model_id)} scaled to {replicas}.", title="Scaled")
+        return None
+
+    async def edit_deployment(
+        self, deployment_id: str, model_id: str, changes: dict[str, Setting]
+    ) -> str | None:
+        """Ask the service to change ``changes`` only; None on success, else its refusal."""
+        if self.view.readonly:
+            return "read-only: cannot edit deployments"
+        try:
+            await self.client.update_deployment(deployment_id, changes)
+        except ApiError as exc:
+            return exc.message
+        self.notify(f"{short_model(model_id)}: {changes_text(changes)}.", title="Changed")
         return None
 
     def delete_instance(self, instance_id: str, model_id: str) -> None:

@@ -42,7 +42,7 @@ from exo_deploy_tui.model import (
 )
 from exo_deploy_tui.timeline import Level, TimelineEntry
 from exo_deploy_tui.widgets.table import Cell, Cells, Column
-from keeper.model.api_models import DeploymentStatus, WaitReason
+from keeper.model.api_models import DeploymentStatus, ServiceHealthView, WaitReason
 from keeper.model.state import DEFAULT_PRIORITY
 
 # Only measures and wraps text for fit_lines; it never prints.
@@ -675,6 +675,22 @@ def summary_text(summary: Summary, *, wide: bool) -> Text:
     return text
 
 
+def service_text(service: ServiceHealthView | None) -> Text | None:
+    """Which bridge answers and its part, ``bridge b2 · standby (acting: b1)``, when its
+    /healthz says (bridges sharing a store); None when it says nothing of a role."""
+    if service is None or service.role is None:
+        return None
+    text = Text()
+    text.append(f"bridge {service.name}" if service.name else "bridge")
+    if service.role == "acting":
+        text.append(" · acting", style="bold green")
+        return text
+    text.append(" · standby", style="bold yellow")
+    if service.leader and service.leader != service.name:
+        text.append(f" (acting: {service.leader})", style="yellow")
+    return text
+
+
 def header_text(
     connection: Connection,
     summary: Summary,
@@ -684,11 +700,16 @@ def header_text(
     width: int,
     paused: bool,
     readonly: bool,
+    service: ServiceHealthView | None = None,
 ) -> Text:
     left = Text()
     left.append(" exo-deploy ", style="bold reverse")
     left.append(" ")
     left.append_text(connection_text(connection, now, url))
+    role = service_text(service)
+    if role is not None:
+        left.append(" · ", style="dim")
+        left.append_text(role)
     if paused:
         left.append("  ❚❚ PAUSED", style="bold reverse yellow")
     if readonly:

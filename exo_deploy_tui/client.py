@@ -30,7 +30,10 @@ Mutations (create, scale, delete, deleting an instance with exo's own ``DELETE /
 cordon, uncordon and drain) and the reads of ``GET /nodes`` (a drain's progress, read by the app
 while one is under way) and ``GET /whatif`` (what losing a node would do, asked with ``w``) go
 through the clients the CLI uses too (``keeper.client.deployments``, ``keeper.client.whatif``),
-which raise ``ApiError`` carrying the master's own message.
+which raise ``ApiError`` carrying the master's own message. Editing a deployment sends only
+the settings that changed (``PATCH /deployments/{id}``). ``GET /healthz`` is read for what the
+service says of itself (``service_health``: a bridge's name and role), never raising: what
+cannot be read is None.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import contextlib
 import email.utils
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -73,6 +76,7 @@ from keeper.model.api_models import (
     ModelList,
     ModelListEntry,
     NodesResponse,
+    ServiceHealthView,
     StreamSnapshot,
     WhatIfResponse,
 )
@@ -98,6 +102,8 @@ RECONNECT_MAX_S = 8.0
 # After a master says it has no event stream, poll this long before asking again, so a master
 # upgraded in place is eventually followed live.
 STREAM_RETRY_S = 60.0
+# A /healthz body is a few hundred bytes; more than this is not a health answer, and is not read.
+HEALTH_MAX_BYTES = 64 * 1024
 # What the connection says while it polls a stock exo master, so the header can tell the kinds
 # of master apart.
 STOCK_EXO = "stock exo"
@@ -117,12 +123,20 @@ class ClusterClient(Protocol):
     async def create_deployment(self, request: CreateDeploymentRequest) -> CommandResponse: ...
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse: ...
+    async def update_deployment(
+        self, deployment_id: str, changes: Mapping[str, int | bool | str]
+    ) -> CommandResponse: ...
     async def delete_instance(self, instance_id: str) -> None: ...
     async def nodes(self) -> NodesResponse: ...
     async def cordon(self, node: str) -> CommandResponse: ...
     async def uncordon(self, node: str) -> CommandResponse: ...
     async def drain(self, node: str, force: bool) -> CommandResponse: ...
     async def what_if(self, node: str) -> WhatIfResponse: ...
+    async def service_health(self) -> ServiceHealthView | None:
+        """What ``GET /healthz`` says of the service (a bridge's name and role); None when it
+        cannot be read or says nothing of the kind."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -437,6 +451,12 @@ class MasterClient:
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
         return (await self._deployments.scale(deployment_id, replicas)).value
 
+    async def update_deployment(
+        self, deployment_id: str, changes: Mapping[str, int | bool | str]
+    ) -> CommandResponse:
+        """Change only ``changes`` of the deployment (``PATCH /deployments/{id}``)."""
+        return (await self._deployments.update(deployment_id, changes)).value
+
     async def delete_instance(self, instance_id: str) -> None:
         """exo's route, answered alike by our master, the bridge and a stock exo; the answer's
         body says nothing the dashboard needs (the State shows the instance go)."""
@@ -459,3 +479,17 @@ class MasterClient:
     async def what_if(self, node: str) -> WhatIfResponse:
         """What losing ``node`` now would do (``GET /whatif``), changing nothing."""
         return (await what_if(self._deployments, [node])).value
+
+    async def service_health(self) -> ServiceHealthView | None:
+        """``GET /healthz`` read for what it says of the service: a bridge answers 503 with the
+        same body while degraded, so any status with a JSON object is read. An answer with
+        none of the fields, or any it cannot read (not JSON, a bad type, no such route, no
+        answer), is None: the header then shows nothing of it."""
+        try:
+            with anyio.fail_after(REQUEST_TIMEOUT_S):
+                async with self._http.stream("GET", "/healthz") as response:
+                    body = await read_capped(response, HEALTH_MAX_BYTES)
+            health = ServiceHealthView.model_validate_json(body)
+        except (httpx.HTTPError, UnreadableAnswerError, ValidationError, TimeoutError, OSError):
+            return None
+        return health if health.role is not None else None

@@ -94,6 +94,14 @@ ACTIONS: Final[tuple[ActionSpec, ...]] = (
         mutating=True,
     ),
     ActionSpec(
+        "e",
+        "edit",
+        "Edit",
+        "edit the selection's settings",
+        command="edit",
+        mutating=True,
+    ),
+    ActionSpec(
         "ctrl+k",
         "delete_instance",
         "Del instance",

@@ -1,16 +1,16 @@
 """A scripted master for the dashboard's tests, benchmarks and screenshots.
 
 ``ScriptedClient`` implements the client protocol in memory: it hands the app whatever updates a
-test pushes, answers ``/models`` from the built-in catalog and ``/nodes`` and ``/whatif`` with
-what the test scripts, and records create/delete/scale and cordon/uncordon/drain requests (or
-refuses them with a chosen error). ``ClusterBuilder`` writes States the way a master would hold
-them, with deterministic ids so screenshots are stable. Both live in the package, not in
-tests/, because the benchmarks drive the real app with them too.
+test pushes, answers ``/models`` from the built-in catalog and ``/nodes``, ``/whatif`` and
+``/healthz`` with what the test scripts, and records create/delete/scale/edit and
+cordon/uncordon/drain requests (or refuses them with a chosen error). ``ClusterBuilder`` writes
+States the way a master would hold them, with deterministic ids so screenshots are stable. Both
+live in the package, not in tests/, because the benchmarks drive the real app with them too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -27,6 +27,7 @@ from keeper.model.api_models import (
     ModelListEntry,
     NodesResponse,
     NodeView,
+    ServiceHealthView,
     WaitReason,
     WhatIfResponse,
     model_entry,
@@ -422,6 +423,8 @@ class ScriptedClient:
     created: list[CreateDeploymentRequest] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     scaled: list[tuple[str, int]] = field(default_factory=list)
+    # Each PATCH of settings: the deployment and the body as sent.
+    updated: list[tuple[str, dict[str, int | bool | str]]] = field(default_factory=list)
     deleted_instances: list[str] = field(default_factory=list)
     # Node commands in the order sent: ("cordon", name), ("uncordon", name), ("drain", name).
     node_commands: list[tuple[str, str]] = field(default_factory=list)
@@ -433,6 +436,8 @@ class ScriptedClient:
     )
     whatif_asked: list[str] = field(default_factory=list)  # the node of each GET /whatif
     refuse_with: ApiError | None = None
+    # What GET /healthz says of the service (a bridge's role); None: nothing of the kind.
+    health_answer: ServiceHealthView | None = None
     on_create: Callable[[CreateDeploymentRequest], None] | None = None
     resyncs: int = 0  # how often the app asked to start again from a snapshot
     _send: MemoryObjectSendStream[Update] | None = None
@@ -486,6 +491,17 @@ class ScriptedClient:
             raise self.refuse_with
         self.scaled.append((deployment_id, replicas))
         return CommandResponse(message="scaled", command_id="cmd-3", deployment_id=deployment_id)
+
+    async def update_deployment(
+        self, deployment_id: str, changes: Mapping[str, int | bool | str]
+    ) -> CommandResponse:
+        if self.refuse_with is not None:
+            raise self.refuse_with
+        self.updated.append((deployment_id, dict(changes)))
+        return CommandResponse(message="updated", command_id="cmd-5", deployment_id=deployment_id)
+
+    async def service_health(self) -> ServiceHealthView | None:
+        return self.health_answer
 
     async def delete_instance(self, instance_id: str) -> None:
         if self.refuse_with is not None:

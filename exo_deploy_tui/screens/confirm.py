@@ -3,12 +3,14 @@ instance (``ctrl+k``), and draining a node (``D``). It says exactly what will go
 what stays), with Cancel focused.
 
 As in k9s, a destructive key never acts alone: enter on the default button cancels, and going
-ahead takes a deliberate move to "Delete" or "Drain" (tab, or the arrow keys) first.
+ahead takes a deliberate move to "Delete" or "Drain" (tab, or the arrow keys) first. The drain's
+confirm has a third button, "Force drain", after "Drain", so it is two moves away from Cancel
+and never the one focused; the question says what forcing deletes.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from rich.text import Text
 from textual import on
@@ -85,6 +87,10 @@ def drain_question(node: str, plan: DrainPlan) -> Text:
         "instance keeps serving here.",
         style="dim",
     )
+    text.append("\nForce drain", style="bold red")
+    text.append(
+        " deletes at once what cannot be moved and what the keeper did not place.", style="dim"
+    )
     return text
 
 
@@ -127,3 +133,42 @@ class ConfirmDeleteScreen(ModalScreen[bool]):
     @on(Button.Pressed, "#delete")
     def _delete(self) -> None:
         self.dismiss(True)
+
+
+# What the drain's confirm answers: drain, drain by force, or None for cancel.
+DrainChoice = Literal["drain", "force"]
+
+
+class ConfirmDrainScreen(ModalScreen[DrainChoice | None]):
+    """The drain's confirm: Cancel (focused), Drain, Force drain; escape cancels."""
+
+    BINDINGS: ClassVar[list[BindingType]] = ConfirmDeleteScreen.BINDINGS
+
+    def __init__(self, question: Text) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="confirm drain") as dialog:
+            dialog.border_title = "Drain node?"
+            yield Static(self.question, id="question")
+            with Horizontal(id="buttons"):
+                yield Button("Cancel", id="cancel", variant="primary", compact=True)
+                yield Button("Drain", id="drain", variant="warning", compact=True)
+                yield Button("Force drain", id="force", variant="error", compact=True)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#drain")
+    def _drain(self) -> None:
+        self.dismiss("drain")
+
+    @on(Button.Pressed, "#force")
+    def _force(self) -> None:
+        self.dismiss("force")

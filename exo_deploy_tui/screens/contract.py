@@ -16,8 +16,9 @@ from typing import Protocol
 from textual.message import Message
 from textual.screen import Screen
 
+from exo_deploy_tui.edits import Setting
 from exo_deploy_tui.model import ClusterModel
-from keeper.model.api_models import CreateDeploymentRequest, ModelListEntry
+from keeper.model.api_models import CreateDeploymentRequest, ModelListEntry, ServiceHealthView
 
 
 class ClusterSource(Protocol):
@@ -41,6 +42,9 @@ class DashboardView:
     readonly: bool = False
     demo: bool = False
     paused: bool = False
+    # What the service's /healthz says of itself (a bridge's name and role), None until read
+    # or when it says nothing of the kind.
+    service: ServiceHealthView | None = None
 
 
 class ModelScreen(Screen[None]):
@@ -95,6 +99,25 @@ class ScaleRequested(Message):
         self.answer = answer
 
 
+class EditRequested(Message):
+    """Change these settings of this deployment (``PATCH /deployments/{id}``, only what
+    changed); ``answer`` gets None once the service accepted, else its refusal (the form
+    stays open and shows it beside the fields it names)."""
+
+    def __init__(
+        self,
+        deployment_id: str,
+        model_id: str,
+        changes: dict[str, Setting],
+        answer: Callable[[str | None], None],
+    ) -> None:
+        super().__init__()
+        self.deployment_id = deployment_id
+        self.model_id = model_id
+        self.changes = changes
+        self.answer = answer
+
+
 class InstanceDeleteRequested(Message):
     """Delete this instance (the operator has confirmed); a deployment of its model places
     another by the keeper's rules."""
@@ -117,11 +140,13 @@ class CordonRequested(Message):
 
 class DrainRequested(Message):
     """Drain the node the master calls ``node`` (the operator has confirmed): cordon it and
-    move the keeper's instances off it, each replacement ready before the old one goes."""
+    move the keeper's instances off it, each replacement ready before the old one goes; with
+    ``force``, also delete what cannot be moved and what the keeper did not place."""
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, *, force: bool = False) -> None:
         super().__init__()
         self.node = node
+        self.force = force
 
 
 class WhatIfRequested(Message):

@@ -29,6 +29,8 @@ from exo_deploy_tui.commands import ACTIONS, ParseError, allowed, parse_command,
 from exo_deploy_tui.model import DeploymentRow, SortKey, sort_rows
 from exo_deploy_tui.screens.confirm import (
     ConfirmDeleteScreen,
+    ConfirmDrainScreen,
+    DrainChoice,
     delete_instance_question,
     delete_question,
     drain_question,
@@ -47,6 +49,7 @@ from exo_deploy_tui.screens.contract import (
 )
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.describe import DescribeScreen
+from exo_deploy_tui.screens.edit import EditScreen
 from exo_deploy_tui.screens.help import HelpScreen
 from exo_deploy_tui.screens.scale import ScaleScreen
 from exo_deploy_tui.widgets.panels import (
@@ -135,7 +138,13 @@ class DashboardScreen(ModelScreen):
         model, now, view = self.source.model, self.source.now(), self.view
         summary = model.summary(now)
         self.query_one(HeaderBar).show(
-            model.connection, summary, now, view.url, paused=view.paused, readonly=view.readonly
+            model.connection,
+            summary,
+            now,
+            view.url,
+            paused=view.paused,
+            readonly=view.readonly,
+            service=view.service,
         )
         if view.paused:
             return
@@ -247,6 +256,18 @@ class DashboardScreen(ModelScreen):
             return
         self.app.push_screen(ScaleScreen(row, replicas))
 
+    def action_edit(self) -> None:
+        if self._refuse_without_api():
+            return
+        row = self._chosen_row()
+        if row is None:
+            return
+        deployment = self.source.model.state.deployments.get(row.deployment_id)
+        if deployment is None:
+            self.notify("The selected deployment is gone.", severity="warning")
+            return
+        self.app.push_screen(EditScreen(deployment))
+
     def action_delete_instance(self) -> None:
         table = self.query_one(InstancesTable)
         chosen = table.has_focus or (not self.wide and self.active_tab == "instances")
@@ -288,12 +309,12 @@ class DashboardScreen(ModelScreen):
         if name is None:
             return
 
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.post_message(DrainRequested(name))
+        def confirmed(choice: DrainChoice | None) -> None:
+            if choice is not None:
+                self.post_message(DrainRequested(name, force=choice == "force"))
 
         question = drain_question(name, self.source.model.drain_plan(name))
-        self.app.push_screen(ConfirmDeleteScreen(question, "Drain node?", "Drain"), confirmed)
+        self.app.push_screen(ConfirmDrainScreen(question), confirmed)
 
     def action_whatif(self, node: str | None = None) -> None:
         """Ask what losing the node (``node``, else the one selected in the nodes view) now

@@ -3,7 +3,7 @@
 The opener says which actions to list (read-only and demo decide), so the screen needs nothing
 from the app. It fits an 80x24 terminal without scrolling: the keys sit in two columns and the
 ``:`` commands (with their arguments) follow as one wrapped paragraph, so a key's line never has
-to hold its command too.
+to hold its command too; one line of legend (the statuses, AGE's "+") ends it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ KEY_COLUMN = (HELP_WIDTH - 1) // 2
 # Right-aligned key names ("ctrl+d", "ctrl+p") so the descriptions start in one column.
 KEY_WIDTH = 6
 
+# What "+" after an AGE means: it was so already when the dashboard connected.
+LEGEND_AGE = "3m or more"
 # Keys the table does not hold: Textual's own, the same on every screen.
 _BUILTIN_KEYS = (("ctrl+p", "palette: every action by name"),)
 
@@ -62,14 +64,16 @@ def help_text(actions: list[ActionSpec]) -> Text:
             column = -2
         text.append(f"  {command}" if column >= 0 else command, style="dim")
         column += 2 + len(command)
-    text.append("\nStatus ", style="bold")
-    text.append("● serving", style="green")
-    text.append("  ◐ starting", style="yellow")
-    text.append("  ○ placing", style="cyan")
-    text.append("  ✖ cant_place", style="red")
-    text.append(f"  {DRAINING_SYMBOL} draining", style=DRAINING_STYLE)
-    text.append("\nAGE", style="bold")
-    text.append(" time in status (+: at least, it was so when we connected)")
+    # The statuses and what AGE's "+" means share one line: with the demo's keys the help has
+    # no line to spare at 80x24.
+    text.append("\n● serving", style="green")
+    text.append(" ◐ starting", style="yellow")
+    text.append(" ○ placing", style="cyan")
+    text.append(" ✖ cant_place", style="red")
+    text.append(f" {DRAINING_SYMBOL} draining", style=DRAINING_STYLE)
+    text.append(" · ", style="dim")
+    text.append("AGE", style="bold")
+    text.append(f" 3m+: {LEGEND_AGE}")
     return text
 
 

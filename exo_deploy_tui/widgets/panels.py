@@ -33,6 +33,7 @@ from exo_deploy_tui.format import short_model
 from exo_deploy_tui.model import Connection, DeploymentRow, InstanceRow, NodeRow, Summary
 from exo_deploy_tui.timeline import Timeline
 from exo_deploy_tui.widgets.table import Column, KeyedTable
+from keeper.model.api_models import ServiceHealthView
 
 
 class TextLine(Static):
@@ -58,11 +59,19 @@ class HeaderBar(TextLine):
         *,
         paused: bool,
         readonly: bool,
+        service: ServiceHealthView | None = None,
     ) -> None:
         width = self.size.width or self.app.size.width
         self.show_text(
             header_text(
-                connection, summary, now, url, width=width, paused=paused, readonly=readonly
+                connection,
+                summary,
+                now,
+                url,
+                width=width,
+                paused=paused,
+                readonly=readonly,
+                service=service,
             )
         )
 

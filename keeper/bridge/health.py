@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Literal
 
 from keeper.bridge.following import OutageKind
-from keeper.model.api_models import ApiModel
+from keeper.model.api_models import ApiModel, BridgeRole
 
 # How much of an error goes into ``/healthz`` and each deployment's detail: its first line's
 # worth. The whole of it, with its traceback, is in the log.
@@ -58,6 +58,11 @@ class BridgeHealth(ApiModel):
     instances_to_delete: int
     event_log: EventLogHealth
     step: StepHealth
+    # With a shared store: this bridge's name, its role, and the acting bridge's name (what the
+    # TUI's header shows, read with ``keeper.model.api_models.ServiceHealthView``).
+    name: str | None = None
+    role: BridgeRole | None = None
+    leader: str | None = None
 
 
 def described(error: BaseException) -> str:

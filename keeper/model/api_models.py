@@ -441,6 +441,25 @@ class DrainRequest(ApiModel):
     force: StrictBool = False
 
 
+# --- which service answers (GET /healthz) ----------------------------------------------------
+
+# A bridge's part when several share one store: the acting one keeps the deployments, a
+# standby waits to take over.
+BridgeRole = Literal["acting", "standby"]
+
+
+class ServiceHealthView(BaseModel):
+    """What the TUI reads of any service's ``GET /healthz``: the bridge's name, its role and the
+    name of the acting bridge, when bridges share a store. Each is optional (today's bridges
+    and the master send none) and every other key is the service's own, ignored here."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str | None = None
+    role: BridgeRole | None = None
+    leader: str | None = None  # the acting bridge's name
+
+
 # --- what-if (GET /whatif, docs/design.md §5.14) ---------------------------------------------
 
 # What happens to a deployment if some nodes go now: none of its instances uses them; every

@@ -153,6 +153,7 @@ def test_the_actions_that_change_the_cluster_are_the_mutating_ones() -> None:
         "new",
         "delete",
         "scale",
+        "edit",
         "delete_instance",
         "cordon",
         "drain",
@@ -390,6 +391,7 @@ def test_help_lists_every_key_and_command_inside_80x24() -> None:
         if spec.command:
             assert f":{spec.command} {spec.args}".rstrip() in plain, spec
     assert "ctrl+k delete an instance" in plain and "     s set the" in plain
+    assert "     e edit the selection's settings" in plain and ":edit" in plain
     # Two columns: the second's keys start in one column.
     assert len({line.index(" 4 what happened") for line in lines if "4 what" in line}) == 1
 

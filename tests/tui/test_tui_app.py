@@ -183,13 +183,14 @@ async def cancel_then_confirm(
     (back on the dashboard, ``deleted()`` still empty); then ``key`` again and the button that
     goes ahead, until ``deleted()`` holds what was sent."""
     app = pilot.app
+    confirm = type(app.screen)
     focused = app.focused
     assert isinstance(focused, Button) and focused.id == "cancel"
     await pilot.press("enter")  # the default answer keeps it
     await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
     assert list(deleted()) == []
 
-    await press_to(pilot, key, screen=ConfirmDeleteScreen)
+    await press_to(pilot, key, screen=confirm)
     await pilot.press("right", "enter")
     await until(pilot, deleted)
 
@@ -659,6 +660,8 @@ async def test_help_lists_keys(readonly: bool, demo: bool) -> None:
             ("ctrl+p", "palette: every action by name")
         ]
         assert commands == [f":{s.command} {s.args}".rstrip() for s in offered if s.command]
+        assert (("e", "edit the selection's settings") in keys) is not readonly
+        assert (":edit" in commands) is not readonly
         refused = [spec for spec in ACTIONS if spec not in offered]
         assert bool(refused) == (readonly or not demo)
         assert not {spec.key for spec in refused} & {key for key, _ in keys}
@@ -677,7 +680,7 @@ def read_help(text: str) -> tuple[list[tuple[str, str]], list[str]]:
         for entry in column
         if entry.strip()
     ]
-    commands = rest.partition("\nStatus")[0]
+    commands = rest.partition("\n● serving")[0]  # the legend line ends the commands
     return keys, [
         c.strip() for line in commands.splitlines() for c in line.split("  ") if c.strip()
     ]

@@ -26,7 +26,7 @@ from tui_clusters import three_nodes
 from exo_deploy_tui import app as app_module
 from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import ApiError
-from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
+from exo_deploy_tui.screens.confirm import ConfirmDrainScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient
 from exo_deploy_tui.updates import ConnectionUpdate
@@ -153,14 +153,14 @@ async def test_shift_d_asks_first_saying_what_moves_and_what_stays_then_drains()
     app, client = make_app(serving_on_mini_a())
     async with running(app) as pilot:
         await select_node(pilot, app, "mini-a")
-        confirm = await press_to(pilot, "D", screen=ConfirmDeleteScreen)
+        confirm = await press_to(pilot, "D", screen=ConfirmDrainScreen)
         question = str(confirm.query_one("#question").render())
         moved, _, stays = question.partition("Left alone")
         assert "Drain node mini-a" in moved
         assert "Qwen3-0.6B-4bit inst-qwe on mini-a" in moved
         assert "Qwen3-30B-A3B-4bit inst-qwe on mini-a" in moved
         assert "Llama-3.2-1B-Instruct-4bit inst-lla on mini-a" in stays
-        assert str(confirm.query_one("#delete", Button).label) == "Drain"
+        assert str(confirm.query_one("#drain", Button).label) == "Drain"
         await cancel_then_confirm(pilot, "D", lambda: client.node_commands)
         assert client.node_commands == [("drain", "mini-a")]
         assert client.drained_forced == [False]

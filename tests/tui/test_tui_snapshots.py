@@ -16,15 +16,16 @@ from recorded_exo import before_the_timeout, recorded_state
 from test_tui_app_nodes import draining_client, serving_on_mini_a
 from test_tui_app_whatif import whatif_mini_a
 from textual.pilot import Pilot
-from textual.widgets import Input
+from textual.widgets import Input, Select
 
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import STOCK_EXO
+from exo_deploy_tui.client import STOCK_EXO, ApiError
 from exo_deploy_tui.model import parse_iso
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient, iso, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
 from exo_deploy_tui.widgets.panels import DeploymentsTable, NodesTable
+from keeper.model.api_models import ServiceHealthView
 from keeper.model.events import (
     AnyEvent,
     IndexedEvent,
@@ -553,3 +554,80 @@ def test_whatif(snap_compare: Compare) -> None:
     )
     app = DashboardApp(client, clock=Clock(), tick=False)
     assert snap_compare(app, terminal_size=(80, 24), run_before=pressing("2", "w"))
+
+
+def steady_cursors(app: DashboardApp) -> None:
+    """The form's cursors drawn, not blinking: a shot taken either side of a blink is the same."""
+    for box in app.screen.query(Input):
+        box.cursor_blink = False
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_edit_form(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """e on Llama (keeps 2): its settings filled in, then replicas and min_nodes changed: the
+    line saying each instance is replaced in turn shows."""
+    app = scenario(replicated())
+
+    async def change(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        await pilot.press("e")
+        await settled(pilot)
+        steady_cursors(app)
+        app.screen.query_one("#edit-replicas", Input).value = "3"
+        app.screen.query_one("#edit-min_nodes", Input).value = "2"
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=change)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_edit_form_refused(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """A service from before placement settings could change refuses sharding (422, unknown
+    key): shown beside the field and under the fields, the form still open."""
+    client = ScriptedClient(
+        initial=[healthy().snapshot(), ConnectionUpdate("live")],
+        refuse_with=ApiError("sharding: Extra inputs are not permitted", 422),
+    )
+    app = DashboardApp(client, clock=Clock(), tick=False)
+
+    async def refused(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        app.dashboard.select_deployment("dep-llama-3.2-1b-instruct-4bit")  # it has tensor
+        await settled(pilot)
+        await pilot.press("e")
+        await settled(pilot)
+        steady_cursors(app)
+        app.screen.query_one("#edit-sharding", Select).value = "Tensor"
+        await pilot.press("ctrl+s")
+        await settled(pilot)
+        await pilot.pause(0.1)
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=refused)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize(
+    "health",
+    [
+        ServiceHealthView(name="b1", role="acting", leader="b1"),
+        ServiceHealthView(name="b2", role="standby", leader="b1"),
+    ],
+    ids=lambda h: h.role,
+)
+def test_header_bridge_role(
+    snap_compare: Compare, size: tuple[int, int], health: ServiceHealthView
+) -> None:
+    """Pointed at a bridge sharing a store: the header names it and its role (and, for a
+    standby, the acting one)."""
+    client = ScriptedClient(
+        initial=[healthy().snapshot(), ConnectionUpdate("polling")], health_answer=health
+    )
+    app = DashboardApp(client, clock=Clock(), tick=False)
+    assert snap_compare(app, terminal_size=size, run_before=settled)
+
+
+def test_drain_confirm_force_focused(snap_compare: Compare) -> None:
+    """D on mini-a, then two moves right: Force drain focused, never by default."""
+    run = pressing("2", "D", "right", "right")
+    assert snap_compare(scenario(serving_on_mini_a()), terminal_size=(80, 24), run_before=run)
