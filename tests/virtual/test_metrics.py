@@ -157,8 +157,7 @@ async def test_a_lost_node_is_counted_as_the_api_and_history_say() -> None:
         assert 1 <= recovered <= 10 + 5
         # The buckets say the same: none of those below its length, all from above it.
         assert (
-            value(samples, "exo_deploy_deployment_recovery_seconds_bucket", **labels, le="5.0")
-            == 0
+            value(samples, "exo_deploy_deployment_recovery_seconds_bucket", **labels, le="5.0") == 0
         )
         assert (
             value(samples, "exo_deploy_deployment_recovery_seconds_bucket", **labels, le="+Inf")
