@@ -225,7 +225,7 @@ class Bridge:
         )
         self._running = False
         # GET /metrics: the families every service exports, and the bridge's view of exo.
-        self.metrics = ServiceMetrics(self.metrics_snapshot)
+        self.metrics = ServiceMetrics(self.metrics_snapshot, self._monotonic)
         self.metrics.add(ExoCollector(self._exo_facts))
 
     # --- read side -------------------------------------------------------------------------

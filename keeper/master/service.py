@@ -251,7 +251,7 @@ class Master:
             grace_s=self.config.startup_grace_s,
         )
         # GET /metrics: the families every service exports, and the master's chats.
-        self.metrics = ServiceMetrics(self.metrics_snapshot)
+        self.metrics = ServiceMetrics(self.metrics_snapshot, self._monotonic)
         self.metrics.add(ChatCollector(self._chat_routing.counts))
 
     # --- read side -----------------------------------------------------------------------
@@ -290,6 +290,9 @@ class Master:
     @property
     def clock(self) -> Clock:
         return self._started.clock
+
+    def _monotonic(self) -> float:
+        return self.clock.monotonic()
 
     @property
     def running(self) -> bool:

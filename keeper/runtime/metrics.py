@@ -49,6 +49,7 @@ from keeper.model.events import AnyEvent, DeploymentPlaced, DeploymentPlacementF
 from keeper.model.history import History, serving_since, summarize
 from keeper.model.liveness import nodes_by_state
 from keeper.model.state import DeploymentId, NodeId, State
+from keeper.runtime.built import LastBuilt
 
 PREFIX = "exo_deploy_"
 # The classic text format (0.0.4): what every Prometheus version, and promtool, reads.
@@ -59,21 +60,8 @@ STATUSES: tuple[DeploymentStatus, ...] = ("serving", "starting", "placing", "can
 AVAILABILITY_WINDOW_S = 24 * 3600.0
 # Detection to serving again, seconds: exo's node timeout alone is 30 s, a staged failover
 # (detection + load) about 40 s, a recovery that downloads tens of GB minutes.
-RECOVERY_BUCKETS_S: tuple[float, ...] = (
-    5.0,
-    10.0,
-    20.0,
-    30.0,
-    45.0,
-    60.0,
-    90.0,
-    120.0,
-    180.0,
-    300.0,
-    600.0,
-    1800.0,
-    3600.0,
-)
+# Few buckets, because each is a series per deployment (a fifth of the body at 200 of them).
+RECOVERY_BUCKETS_S: tuple[float, ...] = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 # One keeper step, seconds: about 60 µs for 64 serving deployments, milliseconds when many are
 # due at once (README, Measured); a step near a second would delay every placement.
 STEP_BUCKETS_S: tuple[float, ...] = (
@@ -92,6 +80,11 @@ STEP_BUCKETS_S: tuple[float, ...] = (
     1.0,
 )
 PLACEMENT_RESULTS = ("placed", "failed")
+# A body is built at most once in this long (the service's clock): at 200 deployments it is
+# about 700 kB and tens of milliseconds of the event loop, the keeper steps once a second and
+# Prometheus scrapes every 15 s or so, so a second-old body says nothing stale, while 20
+# scrapers at once (several Prometheus servers, an operator's curl) cost one build, not twenty.
+METRICS_MAX_AGE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -359,12 +352,19 @@ def timed_step(metrics: StepMetrics | None, step: Callable[[], list[AnyEvent]]) 
 
 
 class ServiceMetrics:
-    """One service's registry: the snapshot's families, the step's, and any the service adds."""
+    """One service's registry: the snapshot's families, the step's, and any the service adds.
 
-    def __init__(self, snapshot: Callable[[], MetricsSnapshot]) -> None:
+    ``monotonic`` is the service's clock (read only when a body is asked for), by which a body
+    is kept ``METRICS_MAX_AGE_S``."""
+
+    def __init__(
+        self, snapshot: Callable[[], MetricsSnapshot], monotonic: Callable[[], float]
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(snapshot))
         self.step = StepMetrics(self.registry)
+        self._monotonic = monotonic
+        self._body = LastBuilt[bytes]()
 
     def add(self, collector: Collector) -> None:
         """More families in this service's ``GET /metrics``: ``collector.collect()`` is called
@@ -376,5 +376,11 @@ class ServiceMetrics:
             self.add(collector)
 
     def exposition(self) -> bytes:
-        """The ``GET /metrics`` body, in the text format of ``CONTENT_TYPE``."""
-        return generate_latest(self.registry)
+        """The ``GET /metrics`` body, in the text format of ``CONTENT_TYPE``: built from a new
+        snapshot, or the one built less than ``METRICS_MAX_AGE_S`` ago."""
+        return self._body.get(
+            (),
+            lambda: generate_latest(self.registry),
+            now=self._monotonic(),
+            max_age=METRICS_MAX_AGE_S,
+        )

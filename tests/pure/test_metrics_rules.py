@@ -116,7 +116,7 @@ def _every_family_exported() -> tuple[set[str], set[str]]:
     snapshot = MetricsSnapshot(
         state=state, deployments=deployment_views(state, None, None), now=30.0, started_at=0.0
     )
-    metrics = ServiceMetrics(lambda: snapshot)
+    metrics = ServiceMetrics(lambda: snapshot, lambda: 0.0)
     counts = ChatCounts()
     for counter in (
         counts.routed,
