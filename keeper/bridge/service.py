@@ -164,6 +164,9 @@ class BridgeConfig:
     snapshot_every_events: int = 1_000
     # Deployments kept at most (``--max-deployments``; keeper.runtime.deployments).
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS
+    # Build GET /metrics off the event loop (keeper.runtime.metrics.ServiceMetrics); off under
+    # a virtual clock, which would jump while the thread works; ``exo-deploy bridge`` turns it on.
+    metrics_in_thread: bool = False
 
 
 # What the bridge's own State adds to exo's: its deployments and their serving records.
@@ -225,7 +228,11 @@ class Bridge:
         )
         self._running = False
         # GET /metrics: the families every service exports, and the bridge's view of exo.
-        self.metrics = ServiceMetrics(self.metrics_snapshot, self._monotonic)
+        self.metrics = ServiceMetrics(
+            self.metrics_snapshot,
+            self._monotonic,
+            build_in_thread=self.config.metrics_in_thread,
+        )
         self.metrics.add(ExoCollector(self._exo_facts))
 
     # --- read side -------------------------------------------------------------------------

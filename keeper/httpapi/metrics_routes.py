@@ -3,8 +3,9 @@
 Prometheus' text format, built by the service's ``keeper.runtime.metrics.ServiceMetrics`` from
 the snapshot it already publishes. Open like every other read (``keeper.httpapi.auth``: only
 changes need the token), so a Prometheus server scrapes it with no credentials. The body is
-built on the event loop, where the snapshot lives: it reads immutable States and takes no lock,
-so it never waits on the keeper's step. A service that is not running yet answers 503, as
+built from immutable States and takes no lock, so it never waits on the keeper's step; a server
+builds it off the event loop (``ServiceMetrics``), and sends it gzipped to a scraper that asks
+(Prometheus does). A service that is not running yet answers 503, as
 ``GET /deployments`` does.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from keeper.httpapi.contract import refusals
@@ -40,7 +41,13 @@ def metrics_router(service: MetricsService) -> APIRouter:
         },
         response_class=Response,
     )
-    async def metrics() -> Response:
-        return Response(service.metrics.exposition(), media_type=CONTENT_TYPE)
+    async def metrics(request: Request) -> Response:
+        # Prometheus asks for gzip; the body is kept compressed too, so it costs no CPU per scrape.
+        gzipped = "gzip" in request.headers.get("accept-encoding", "").lower()
+        body = await service.metrics.exposition(gzipped=gzipped)
+        headers = {"Vary": "Accept-Encoding"}
+        if gzipped:
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, media_type=CONTENT_TYPE, headers=headers)
 
     return router

@@ -186,6 +186,10 @@ class MasterConfig:
     # Off for ``master --exo-compat``, a stand-in for a stock exo master, which has no keeper
     # (deployments are then kept by ``exo-deploy bridge``, beside it).
     keeper_enabled: bool = True
+    # Build GET /metrics off the event loop (keeper.runtime.metrics.ServiceMetrics). Off by
+    # default for the reason log I/O is: a virtual clock would jump while the thread works;
+    # ``run_master`` turns it on.
+    metrics_in_thread: bool = False
 
 
 class Master:
@@ -251,7 +255,11 @@ class Master:
             grace_s=self.config.startup_grace_s,
         )
         # GET /metrics: the families every service exports, and the master's chats.
-        self.metrics = ServiceMetrics(self.metrics_snapshot, self._monotonic)
+        self.metrics = ServiceMetrics(
+            self.metrics_snapshot,
+            self._monotonic,
+            build_in_thread=self.config.metrics_in_thread,
+        )
         self.metrics.add(ChatCollector(self._chat_routing.counts))
 
     # --- read side -----------------------------------------------------------------------

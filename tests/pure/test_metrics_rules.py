@@ -129,7 +129,7 @@ def _every_family_exported() -> tuple[set[str], set[str]]:
     metrics.add(ChatCollector(counts))
     facts = ExoFacts(True, True, 1.0, 1.0, now=2.0, started_at=0.0)
     metrics.add(ExoCollector(lambda: facts))
-    text = metrics.exposition().decode()
+    text = metrics.exposition_now().decode()
     families, samples = parse(text)
     histograms = {
         line.split()[2]
