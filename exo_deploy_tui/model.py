@@ -91,6 +91,9 @@ from keeper.model.events import (
     NodeTimedOut,
 )
 from keeper.model.history import History
+
+# Silence and departure are judged once, in the data model, for this model and GET /metrics.
+from keeper.model.liveness import SILENT_AFTER_S, departed_nodes
 from keeper.model.readiness import (
     deployment_statuses,
     instance_is_ready,
@@ -126,10 +129,6 @@ from keeper.model.state import (
     download_model_id,
 )
 
-# Nodes report their info at least every 5 s (keeper.link.protocol.INFO_REFRESH_S), and each
-# report moves lastSeen; 3 s of slack over that is silence, not jitter. exo's master gives up
-# on a node after 30 s (the demo after 10 s), so this leaves time to see it coming.
-SILENT_AFTER_S = 8.0
 # Gone nodes are remembered so the operator sees what left; this many is a whole rack's worth
 # while keeping memory flat when nodes churn for days.
 GONE_NODES_KEPT = 32
@@ -374,14 +373,6 @@ def runner_status_word(status: AnyRunnerStatus | None) -> str:
     if status is None:
         return "Unknown"
     return type(status).__name__.removeprefix("Runner")
-
-
-def departed_nodes(state: State) -> list[NodeId]:
-    """Nodes the State still describes (identity, backends, memory) but whose place in the
-    topology is gone: a stock exo keeps those entries after a node times out."""
-    present = state.topology.nodes
-    known = dict.fromkeys([*state.node_identities, *state.node_backends, *state.node_memory])
-    return [node_id for node_id in known if node_id not in present]
 
 
 def parse_iso(text: str | None) -> float | None:

@@ -14,6 +14,8 @@ same deployments routes (``keeper.httpapi.deployments_routes``), so ``exo-deploy
 - ``GET /models``: exo's model list, passed on;
 - ``GET /whatif?nodes=...``: what losing those nodes would do, as the master answers it
   (``keeper.httpapi.whatif_routes``), on exo's State; a 503 while it is not followed;
+- ``GET /metrics``: Prometheus' text format, as the master's (``keeper.httpapi.metrics_routes``),
+  with whether exo answers and gives a State to act on;
 - ``GET /healthz``: the bridge's own health (``keeper.bridge.health``): whether it can reach
   exo and read its State, write its log, and step; a 503 while it cannot write or step.
 
@@ -32,6 +34,7 @@ from keeper.httpapi.app import JSON, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
+from keeper.httpapi.metrics_routes import metrics_router
 from keeper.httpapi.nodes_routes import nodes_router
 from keeper.httpapi.whatif_routes import whatif_router
 
@@ -48,6 +51,7 @@ def create_bridge_app(
     app.include_router(deployments_router(bridge))
     app.include_router(nodes_router(bridge))
     app.include_router(whatif_router(bridge))
+    app.include_router(metrics_router(bridge))
 
     @app.get("/state", responses=refusals((503, "exo has not answered yet")))
     async def state() -> Response:

@@ -68,6 +68,10 @@ class ExoFollower:
         self._on_switch = on_switch  # another exo, another State: what was counted starts over
         self.last: ExoState | None = None  # the last good read of exo's State
         self.outage: Outage | None = None
+        # When exo last answered (whatever its State held), and last gave a State to act on
+        # (wall clock; None: not since the bridge started). ``GET /metrics`` says how long ago.
+        self.answered_at: datetime | None = None
+        self.readable_at: datetime | None = None
 
     @property
     def exo(self) -> ExoApi:
@@ -91,12 +95,14 @@ class ExoFollower:
                 exo = await api.state()
             except ExoStateUnreadableError as exc:
                 # exo answers, with a State the keeper cannot act on: no reason to leave it.
+                self.answered_at = self._wall()
                 self._switch_to(index)
                 self.unavailable(str(exc), STATE_UNREADABLE)
                 return None
             except ExoUnavailableError as exc:
                 failures.append(str(exc))
                 continue
+            self.answered_at = self._wall()
             self._switch_to(index)
             return exo
         self.unavailable("; ".join(failures))
@@ -123,6 +129,7 @@ class ExoFollower:
             )
             self.outage = None
         self.last = exo
+        self.readable_at = self._wall()
 
     def unavailable(self, reason: str, kind: OutageKind = UNREACHABLE) -> None:
         outage = self.outage

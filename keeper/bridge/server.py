@@ -143,7 +143,10 @@ def run_bridge(
         if data_dir is None:
             log.warning("no --data-dir: deployments are kept in memory and lost when it stops")
         config = BridgeConfig(
-            model_cards=cards, exo_card_files=card_files, max_deployments=max_deployments
+            model_cards=cards,
+            exo_card_files=card_files,
+            max_deployments=max_deployments,
+            metrics_in_thread=True,
         )
 
         async def serve() -> None:

@@ -72,6 +72,7 @@ from keeper.bridge.health import (
     StepHealth,
 )
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S
+from keeper.bridge.metrics import ExoCollector, ExoFacts
 from keeper.bridge.placing import PlacementAnswers, StepPlacement, ask_exo, due_for_placement
 from keeper.bridge.staging_calls import StagingCalls
 from keeper.bridge.vanished import VanishedInstances
@@ -133,6 +134,7 @@ from keeper.runtime.hosted_keeper import (
     default_keeper,
     start_keeper,
 )
+from keeper.runtime.metrics import MetricsSnapshot, ServiceMetrics
 from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
 
 # Named here too: the bridge's callers and tests import them from the bridge's service.
@@ -164,6 +166,9 @@ class BridgeConfig:
     snapshot_every_events: int = 1_000
     # Deployments kept at most (``--max-deployments``; keeper.runtime.deployments).
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS
+    # Build GET /metrics off the event loop (keeper.runtime.metrics.ServiceMetrics); off under
+    # a virtual clock, which would jump while the thread works; ``exo-deploy bridge`` turns it on.
+    metrics_in_thread: bool = False
 
 
 # What the bridge's own State adds to exo's: its deployments and their serving records.
@@ -224,6 +229,13 @@ class Bridge:
             monotonic=self._monotonic,
         )
         self._running = False
+        # GET /metrics: the families every service exports, and the bridge's view of exo.
+        self.metrics = ServiceMetrics(
+            self.metrics_snapshot,
+            self._monotonic,
+            build_in_thread=self.config.metrics_in_thread,
+        )
+        self.metrics.add(ExoCollector(self._exo_facts))
 
     # --- read side -------------------------------------------------------------------------
 
@@ -359,9 +371,42 @@ class Bridge:
         change) or its steps fail (so it keeps nothing). ``/healthz`` is a 503 then."""
         return self._store.write_error is not None or self._steps.failing
 
+    def _exo_reachable(self) -> bool:
+        """exo answered the last read, whatever its State held (``/healthz``, ``/metrics``)."""
+        outage = self._follow.outage
+        return self._follow.last is not None and (outage is None or outage.kind != UNREACHABLE)
+
+    def _exo_readable(self) -> bool:
+        """exo's last State can be acted on (``/healthz``, ``/metrics``)."""
+        return self._follow.last is not None and self._follow.outage is None
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """What ``GET /metrics`` reads: exo's State with the bridge's deployments and their
+        views, as ``GET /state`` and ``GET /deployments`` serve them (no lock)."""
+        now = self.clock.wall().timestamp()  # NotRunningError (a 503) before it runs
+        started_at = self._started.started_at
+        return MetricsSnapshot(
+            state=self.state,
+            deployments=self.deployments_view().deployments,
+            now=now,
+            started_at=started_at if started_at is not None else now,
+        )
+
+    def _exo_facts(self) -> ExoFacts:
+        now = self.clock.wall().timestamp()
+        started_at = self._started.started_at
+        answered, readable = self._follow.answered_at, self._follow.readable_at
+        return ExoFacts(
+            reachable=self._exo_reachable(),
+            state_readable=self._exo_readable(),
+            answered_at=answered.timestamp() if answered is not None else None,
+            readable_at=readable.timestamp() if readable is not None else None,
+            now=now,
+            started_at=started_at if started_at is not None else now,
+        )
+
     def health(self) -> BridgeHealth:
         outage = self._follow.outage
-        read = self._follow.last is not None
         status: HealthStatus = "degraded" if self.degraded else "ok"
         since = self._steps.since
         return BridgeHealth(
@@ -369,8 +414,8 @@ class Bridge:
             exo=ExoHealth(
                 url=self.exo.url,
                 urls=[api.url for api in self.exo_apis],
-                reachable=read and (outage is None or outage.kind != UNREACHABLE),
-                state_readable=read and outage is None,
+                reachable=self._exo_reachable(),
+                state_readable=self._exo_readable(),
                 unreachable_since=iso_utc(outage.since) if outage is not None else None,
                 reason=outage.reason if outage is not None else None,
                 outage=outage.kind if outage is not None else None,
@@ -574,7 +619,11 @@ class Bridge:
         self._doomed.load(now)
         self._started.keeper_or_none = _PausedWhileUnwritable(
             start_keeper(
-                self._keeper_factory, now, self.config.startup_grace_s, self._placement.place
+                self._keeper_factory,
+                now,
+                self.config.startup_grace_s,
+                self._placement.place,
+                self.metrics.step,
             ),
             self._store,
         )

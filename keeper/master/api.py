@@ -23,6 +23,7 @@ from keeper.httpapi.app import JSON, command_json, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
+from keeper.httpapi.metrics_routes import metrics_router
 from keeper.httpapi.nodes_routes import nodes_router
 from keeper.httpapi.whatif_routes import whatif_router
 from keeper.master.dashboard_stream import dashboard_response
@@ -54,6 +55,7 @@ def create_app(
     app.include_router(deployments_router(master))
     app.include_router(nodes_router(master))
     app.include_router(whatif_router(master))
+    app.include_router(metrics_router(master))
     app.include_router(exo_routes(master, token))
 
     @app.get("/state")

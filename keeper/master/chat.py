@@ -78,12 +78,18 @@ class ChatStream:
     """
 
     def __init__(
-        self, route: Route, chunk_timeout_s: float, reroute: Reroute | None = None
+        self,
+        route: Route,
+        chunk_timeout_s: float,
+        reroute: Reroute | None = None,
+        on_outcome: Callable[[bool], None] | None = None,
     ) -> None:
         self.finish_reason: str | None = None
         self._route = route
         self._timeout = chunk_timeout_s
         self._reroute = reroute  # used at most once, and only before the first text
+        # Told once, when the stream ends, whether the reply was answered to its end.
+        self._on_outcome = on_outcome
         self._ended = False
         self.rerouted_from: str | None = None  # the instance first tried, once rerouted
 
@@ -146,6 +152,9 @@ class ChatStream:
     async def aclose(self) -> None:
         unfinished = not self._ended
         self._ended = True
+        on_outcome, self._on_outcome = self._on_outcome, None
+        if on_outcome is not None:
+            on_outcome(self.finish_reason is not None)
         self._route.on_end(self._route.pending, unfinished)
         await self._route.replies.aclose()
 

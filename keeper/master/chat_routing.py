@@ -6,6 +6,10 @@ cannot take it (its session closing, its outbox gone) is passed over for the nex
 should that node or instance go, or the node fail the request, before the first text, it is sent
 once more to another ready instance, and ``keeper.master.chat`` follows it from there.
 
+What became of the chats is counted here (``ChatCounts``, read by ``GET /metrics``): each sent
+to a node, each sent once more, and each outcome (answered to its end, failed, or no ready
+instance to send it to).
+
 It stands apart from the master's service because it needs only the open chats
 (``ChatRouter``), the node sessions (``Membership``) and the State, never the lock or the router.
 """
@@ -13,7 +17,9 @@ It stands apart from the master's service because it needs only the open chats
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from keeper.link.protocol import ChatMessage, ChatRequest
 from keeper.master.chat import ChatRouter, ChatStream, Route
@@ -25,6 +31,18 @@ from keeper.model.state import NodeId, State
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class ChatCounts:
+    """Chats by model since the master started: sent to a node (``routed``, a reroute
+    included), sent once more (``rerouted``), and by outcome."""
+
+    routed: Counter[str] = field(default_factory=Counter[str])
+    rerouted: Counter[str] = field(default_factory=Counter[str])
+    answered: Counter[str] = field(default_factory=Counter[str])
+    failed: Counter[str] = field(default_factory=Counter[str])  # ended before its end
+    no_instance: Counter[str] = field(default_factory=Counter[str])  # nowhere to send it: 404
+
+
 class ChatRouting:
     """Picks the instance and node a chat goes to, and the next one if it is lost early."""
 
@@ -34,6 +52,7 @@ class ChatRouting:
         self._chats = chats
         self._membership = membership
         self._state = state
+        self.counts = ChatCounts()
 
     def ready_instances(self, model_id: str) -> list[tuple[str, NodeId]]:
         """(instance id, rank-0 node) of each instance of the model a chat may go to now, in
@@ -56,8 +75,13 @@ class ChatRouting:
         request = ChatRequest(
             request_id="", instance_id="", messages=list(messages), max_tokens=max_tokens
         )
-        route = self._route(model_id, request, lost=None)
+        try:
+            route = self._route(model_id, request, lost=None)
+        except ChatFailedError:
+            self.counts.failed[model_id] += 1
+            raise
         if route is None:
+            self.counts.no_instance[model_id] += 1
             raise NoInstanceError(
                 f"No instance of {model_id} is ready to serve; deploy it or wait until it is "
                 "serving",
@@ -73,11 +97,17 @@ class ChatRouting:
                 instance_id,
             )
             try:
-                return self._route(model_id, request, lost=instance_id)
+                rerouted = self._route(model_id, request, lost=instance_id)
             except ChatFailedError:
                 return None
+            if rerouted is not None:
+                self.counts.rerouted[model_id] += 1
+            return rerouted
 
-        return ChatStream(route, self._chats.chunk_timeout_s, reroute)
+        def outcome(answered: bool) -> None:
+            (self.counts.answered if answered else self.counts.failed)[model_id] += 1
+
+        return ChatStream(route, self._chats.chunk_timeout_s, reroute, outcome)
 
     def _route(self, model_id: str, request: ChatRequest, lost: str | None) -> Route | None:
         """Open and send the request to the least busy ready instance but ``lost`` whose node
@@ -95,6 +125,7 @@ class ChatRouting:
                 update={"request_id": route.pending.request_id, "instance_id": instance_id}
             )
             if session.offer(sent):
+                self.counts.routed[model_id] += 1
                 return route
             self._chats.forget(route.pending.request_id)
             refused.append(node_id)

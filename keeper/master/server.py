@@ -100,6 +100,7 @@ def run_master(
         config = MasterConfig(
             model_cards=load_catalog(model_cards_dir),
             log_io_in_thread=True,
+            metrics_in_thread=True,
             keeper_enabled=app.keeper_enabled,
             max_deployments=max_deployments,
         )

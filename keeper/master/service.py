@@ -66,6 +66,7 @@ from keeper.link.protocol import (
 from keeper.master.chat import ChatRouter, ChatStream
 from keeper.master.chat_routing import ChatRouting
 from keeper.master.membership import Membership
+from keeper.master.metrics import ChatCollector
 from keeper.master.router import Router
 from keeper.master.stepping import KeeperLoop
 from keeper.master.subscriptions import MAX_DASHBOARD_STREAMS, Fanout, Subscription
@@ -73,6 +74,7 @@ from keeper.model.api_models import (
     CommandResponse,
     DeploymentHistoryResponse,
     DeploymentsResponse,
+    DeploymentView,
     NodesResponse,
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
@@ -132,6 +134,7 @@ from keeper.runtime.hosted_keeper import (
     default_keeper,
     start_keeper,
 )
+from keeper.runtime.metrics import MetricsSnapshot, ServiceMetrics
 from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
 
 log = logging.getLogger(__name__)
@@ -185,6 +188,10 @@ class MasterConfig:
     # Off for ``master --exo-compat``, a stand-in for a stock exo master, which has no keeper
     # (deployments are then kept by ``exo-deploy bridge``, beside it).
     keeper_enabled: bool = True
+    # Build GET /metrics off the event loop (keeper.runtime.metrics.ServiceMetrics). Off by
+    # default for the reason log I/O is: a virtual clock would jump while the thread works;
+    # ``run_master`` turns it on.
+    metrics_in_thread: bool = False
 
 
 class Master:
@@ -239,6 +246,7 @@ class Master:
         )
         self._chat_routing = ChatRouting(self._chats, self._membership, lambda: self.state)
         self._view_cache = LastBuilt[bytes]()
+        self._views_for_metrics = LastBuilt[list[DeploymentView]]()
         self._stepping = KeeperLoop(
             lock=self._lock,
             store=self._store,
@@ -248,6 +256,13 @@ class Master:
             interval_s=self.config.keeper_interval_s,
             grace_s=self.config.startup_grace_s,
         )
+        # GET /metrics: the families every service exports, and the master's chats.
+        self.metrics = ServiceMetrics(
+            self.metrics_snapshot,
+            self._monotonic,
+            build_in_thread=self.config.metrics_in_thread,
+        )
+        self.metrics.add(ChatCollector(self._chat_routing.counts))
 
     # --- read side -----------------------------------------------------------------------
 
@@ -286,6 +301,9 @@ class Master:
     def clock(self) -> Clock:
         return self._started.clock
 
+    def _monotonic(self) -> float:
+        return self.clock.monotonic()
+
     @property
     def running(self) -> bool:
         return self._router.running
@@ -319,6 +337,27 @@ class Master:
             lambda: self.deployments_view().model_dump_json().encode(),
             now=clock.monotonic() if clock is not None else 0.0,
             max_age=DEPLOYMENTS_VIEW_MAX_AGE_S,
+        )
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """What ``GET /metrics`` reads: the State and its deployment views, as published (no
+        lock); the views are kept as ``GET /deployments`` keeps its body."""
+        clock = self.clock  # NotRunningError (a 503) before the master runs
+        state = self.state
+        keeper = self._started.keeper_or_none
+        views = self._views_for_metrics.get(
+            (state, self._stepping.version),
+            lambda: deployment_views(state, keeper, clock),
+            now=clock.monotonic(),
+            max_age=DEPLOYMENTS_VIEW_MAX_AGE_S,
+        )
+        now = clock.wall().timestamp()
+        started_at = self._started.started_at
+        return MetricsSnapshot(
+            state=state,
+            deployments=views,
+            now=now,
+            started_at=started_at if started_at is not None else now,
         )
 
     def subscribe(self) -> Subscription:
@@ -621,7 +660,11 @@ class Master:
             )
         now = clock.monotonic()
         self._started.keeper_or_none = start_keeper(
-            self._keeper_factory, now, self.config.startup_grace_s, self._place
+            self._keeper_factory,
+            now,
+            self.config.startup_grace_s,
+            self._place,
+            self.metrics.step,
         )
         self._membership.start(clock)
         receive = self._router.open()

@@ -123,6 +123,14 @@ def is_serving(state: State, deployment_id: DeploymentId) -> bool:
     return bool(_serving_instances(state, deployment_id))
 
 
+def serving_since(records: Sequence[ServingRecord]) -> float | None:
+    """When the deployment's current stretch of serving began (its newest record, when that
+    one says serving); None while it is not serving or has no record."""
+    if not records or not records[-1].serving:
+        return None
+    return records[-1].at
+
+
 def _serving_instances(state: State, deployment_id: DeploymentId) -> list[AnyInstance]:
     deployment = state.deployments.get(deployment_id)
     if deployment is None:

@@ -7,7 +7,9 @@ the same ``KeeperFactory``, so the seam is one Protocol here rather than a copy 
 
 ``start_keeper`` wraps whatever the factory makes in ``HostedKeeper``, the one place where the
 pure keeper's kept placement crashes meet a logger: each is logged with its traceback, once per
-deployment and distinct error, for the master and the bridge alike.
+deployment and distinct error, for the master and the bridge alike. It is also where each step
+is timed and its placements counted for ``GET /metrics`` (``keeper.runtime.metrics``), so both
+services measure them the same way.
 
 ``Started`` holds what a service has only once it runs, its clock and its keeper: read before,
 either is a ``NotRunningError`` (a 503) naming the service, for the master and the bridge alike.
@@ -24,6 +26,7 @@ from keeper.model.events import AnyEvent
 from keeper.model.refusals import NotRunningError
 from keeper.model.state import DeploymentId, State
 from keeper.runtime.clock import AnyioClock, Clock
+from keeper.runtime.metrics import StepMetrics, timed_step
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +115,17 @@ class KeeperWrapper:
 class HostedKeeper(KeeperWrapper):
     """A keeper as a service runs it: every call goes to ``inner``; after each step, each
     placement crash ``inner`` keeps is logged with its traceback, unless that deployment's
-    crash with the same description was logged already."""
+    crash with the same description was logged already; each step is timed into
+    ``step_metrics`` when given."""
 
-    def __init__(self, inner: KeeperLike) -> None:
+    def __init__(self, inner: KeeperLike, step_metrics: StepMetrics | None = None) -> None:
         super().__init__(inner)
         # What was logged per deployment that is still crashing (so it stays bounded).
         self._logged: dict[DeploymentId, str] = {}
+        self._step_metrics = step_metrics
 
     def step(self, state: State, now: float) -> list[AnyEvent]:
-        events = self.inner.step(state, now)
+        events = timed_step(self._step_metrics, lambda: self.inner.step(state, now))
         if isinstance(self.inner, KeepsPlacementCrashes):
             self._log_crashes(self.inner.placement_crashes())
         return events
@@ -153,11 +158,16 @@ def default_keeper(started_at: float, place: PlaceFn, *, startup_grace: float) -
 
 
 def start_keeper(
-    factory: KeeperFactory, now: float, startup_grace_s: float, place: PlaceFn
+    factory: KeeperFactory,
+    now: float,
+    startup_grace_s: float,
+    place: PlaceFn,
+    step_metrics: StepMetrics | None = None,
 ) -> KeeperLike:
     """A keeper started ``now`` whose grace (docs/design.md, "New master") lasts
-    ``startup_grace_s``, as its host runs it (``HostedKeeper``)."""
-    return HostedKeeper(factory(now, place, startup_grace=startup_grace_s))
+    ``startup_grace_s``, as its host runs it (``HostedKeeper``, its steps timed into
+    ``step_metrics``)."""
+    return HostedKeeper(factory(now, place, startup_grace=startup_grace_s), step_metrics)
 
 
 class Started:
@@ -167,6 +177,7 @@ class Started:
         self._service = service  # "master", "bridge": named in the NotRunningError
         self.clock_or_none = clock
         self.keeper_or_none: KeeperLike | None = None
+        self.started_at: float | None = None  # wall clock (Unix seconds) when it began to run
 
     @property
     def clock(self) -> Clock:
@@ -184,4 +195,5 @@ class Started:
         """The clock given, else the event loop's (made inside it, as the service runs)."""
         if self.clock_or_none is None:
             self.clock_or_none = AnyioClock()
+        self.started_at = self.clock_or_none.wall().timestamp()
         return self.clock_or_none

@@ -215,6 +215,10 @@ def test_every_refusal_is_declared_with_exo_s_envelope() -> None:
     assert declared[("DELETE", "/instance/{instance_id}")] >= {"401", "404", "503"}
     assert declared[("POST", "/place_instance")] >= {"400", "401", "404", "503"}
     assert declared[("GET", "/whatif")] == {"200", "404", "422", "503"}
+    # GET /metrics: Prometheus' text format, open like every read (no 401 even with a token).
+    assert declared[("GET", "/metrics")] == {"200", "503"}
+    metrics_ok = operations(document)[("GET", "/metrics")]["responses"]["200"]
+    assert list(metrics_ok["content"]) == ["text/plain"]
     # A route's own 422 keeps its reason; FastAPI's (not what is sent) gives way to the app's.
     what_if_422 = operations(document)[("GET", "/whatif")]["responses"]["422"]
     assert what_if_422["description"] == "No node named: none given, or only commas"
