@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Literal
 
 from keeper.bridge.following import OutageKind
-from keeper.model.api_models import ApiModel
+from keeper.model.api_models import ApiModel, WebhooksHealth
 
 # How much of an error goes into ``/healthz`` and each deployment's detail: its first line's
 # worth. The whole of it, with its traceback, is in the log.
@@ -58,6 +58,7 @@ class BridgeHealth(ApiModel):
     instances_to_delete: int
     event_log: EventLogHealth
     step: StepHealth
+    webhooks: WebhooksHealth  # alert webhooks' deliveries (keeper.runtime.webhooks)
 
 
 def described(error: BaseException) -> str:
