@@ -153,7 +153,8 @@ class Outbox:
         self._queued: deque[Queued] = deque()
         self._last_seq = 0
         self._dead_lines = 0  # delivered lines still in the file
-        self.endpoints: dict[str, EndpointCounters] = {}
+        # Each webhook's place and counters (its place is read from disk by ``open``).
+        self.endpoints = {url: EndpointCounters(endpoint_label(url), 0) for url in self.urls}
         self.write_failures_total = 0
         self._write_failing = False
         self._cursor_failing = False
@@ -171,9 +172,8 @@ class Outbox:
             for item in _read_notices(self.directory / NOTICES_FILE):
                 self._queued.append(item)
                 self._last_seq = max(self._last_seq, item.seq)
-        for url in self.urls:
-            cursor = cursors.get(_key(url), self._last_seq)
-            self.endpoints[url] = EndpointCounters(endpoint_label(url), min(cursor, self._last_seq))
+        for url, counters in self.endpoints.items():
+            counters.cursor = min(cursors.get(_key(url), self._last_seq), self._last_seq)
         self._forget_delivered()
         self._bound()
         if self.directory is not None:
@@ -487,12 +487,16 @@ class Webhooks:
         if found:
             for notice in found:
                 log.info("webhooks: %s", notice.text)
-            self.outbox.append(found)
-            for event in self._wake.values():
-                event.set()
+            self.queue(found)
         if memory is not self._memory and memory != self._memory:
             self._save_memory(memory)
         self._memory = memory
+
+    def queue(self, found: Sequence[AnyNotice]) -> None:
+        """Append ``found`` to the outbox and wake each webhook's delivery."""
+        self.outbox.append(found)
+        for event in self._wake.values():
+            event.set()
 
     def _save_memory(self, memory: AlertMemory) -> None:
         if self.outbox.directory is None:
