@@ -34,7 +34,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from keeper.model.api_models import DeploymentStatus
 from keeper.model.history import Incident, summarize
 from keeper.model.notices import (
     AnyNotice,
@@ -97,7 +96,7 @@ def first_memory(after: Observed, memory: AlertMemory | None) -> AlertMemory:
     cant = {d for d, status in statuses.items() if status == "cant_place"}
     return AlertMemory(
         cant_place=frozenset((kept.cant_place & set(statuses)) | cant),
-        records_seen_until=_records_seen(after.state, kept.records_seen_until),
+        records_seen_until=_records_seen(after.state),
     )
 
 
@@ -109,25 +108,29 @@ def notices(
     if before.state is after.state and before.drain_notes == after.drain_notes:
         return [], memory
     seen_at = iso_utc_of(at)
-    found: list[AnyNotice] = []
-    found += _incident_notices(before.state, after.state, seen_at)
-    status_notices, cant_place = _status_notices(before.state, after.state, seen_at, memory)
-    found += status_notices
-    found += _drain_notices(before, after, seen_at)
-    return found, AlertMemory(
-        cant_place=cant_place,
-        records_seen_until=_records_seen(after.state, memory.records_seen_until),
-    )
+    status_notices, cant_place = _status_notices(after.state, seen_at, memory)
+    found = [
+        *_incident_notices(before.state, after.state, seen_at),
+        *status_notices,
+        *_drain_notices(before, after, seen_at),
+    ]
+    return found, AlertMemory(cant_place=cant_place, records_seen_until=_records_seen(after.state))
 
 
 # --- incidents ------------------------------------------------------------------------------
 
 
-def incidents_of(deployment_id: DeploymentId, records: tuple[ServingRecord, ...]) -> list[Incident]:
-    """Every incident of the records (``keeper.model.history.summarize``, over all of them)."""
+def incidents_of(records: tuple[ServingRecord, ...] | None) -> list[Incident]:
+    """Every incident of a deployment's records (``keeper.model.history.summarize``, over all of
+    them); none for no records."""
     if not records:
         return []
-    summary = summarize(deployment_id, records, window_start=-math.inf, window_end=records[-1].at)
+    summary = summarize(
+        "",  # pragma: no mutate (the deployment id only labels a summary; not read here)
+        records,
+        window_start=-math.inf,
+        window_end=records[-1].at,
+    )
     return list(summary.incidents)
 
 
@@ -135,19 +138,26 @@ def _incident_notices(before: State, after: State, seen_at: str) -> list[AnyNoti
     if before.serving_history is after.serving_history:
         return []
     found: list[AnyNotice] = []
-    for deployment_id, deployment in after.deployments.items():
-        records = after.serving_history.get(deployment_id, ())
-        earlier = before.serving_history.get(deployment_id, ())
+    # ``apply`` keeps records only of deployments that exist.
+    for deployment_id, records in after.serving_history.items():
+        earlier = before.serving_history.get(deployment_id)
         if records == earlier:
             continue
-        known = {incident.start: incident for incident in incidents_of(deployment_id, earlier)}
-        for incident in incidents_of(deployment_id, records):
+        deployment = after.deployments[deployment_id]
+        known = {incident.start: incident for incident in incidents_of(earlier)}
+        for incident in incidents_of(records):
             old = known.get(incident.start)
             if old is None:
                 found.append(_opened(deployment, incident, seen_at))
             if incident.end is not None and (old is None or old.end is None):
                 found.append(_resolved(deployment, incident, incident.end, seen_at))
     return found
+
+
+def _open_incident(state: State, deployment_id: DeploymentId) -> Incident | None:
+    """The deployment's incident under way, if any."""
+    incidents = incidents_of(state.serving_history.get(deployment_id))
+    return incidents[-1] if incidents and incidents[-1].end is None else None
 
 
 def _opened(deployment: Deployment, incident: Incident, seen_at: str) -> IncidentOpened:
@@ -184,87 +194,62 @@ def _resolved(
     )
 
 
-def _records_seen(state: State, seen: Mapping[DeploymentId, float]) -> Mapping[DeploymentId, float]:
-    """The newest record's time per deployment of ``state`` (``seen``'s for one with none)."""
-    if not state.deployments:
-        return {}
-    updated: dict[DeploymentId, float] = {}
-    for deployment_id in state.deployments:
-        records = state.serving_history.get(deployment_id)
-        if records:
-            updated[deployment_id] = records[-1].at
-        elif deployment_id in seen:
-            updated[deployment_id] = seen[deployment_id]
-    return updated if updated != seen else seen
+def _records_seen(state: State) -> Mapping[DeploymentId, float]:
+    """The newest serving record's time of each deployment that has one."""
+    return {
+        deployment_id: records[-1].at
+        for deployment_id, records in state.serving_history.items()
+        if records
+    }
 
 
 # --- cant_place and serving again ------------------------------------------------------------
 
 
-def _statuses_may_differ(before: State, after: State) -> bool:
-    return not (
-        before.deployments is after.deployments
-        and before.instances is after.instances
-        and before.runners is after.runners
-    )
-
-
 def _status_notices(
-    before: State, after: State, seen_at: str, memory: AlertMemory
+    after: State, seen_at: str, memory: AlertMemory
 ) -> tuple[list[AnyNotice], frozenset[DeploymentId]]:
+    """``cant_place`` for each deployment taking that status not yet announced; ``serving_again``
+    for each announced one whose newest serving record says it serves."""
     announced = set(memory.cant_place & set(after.deployments))
-    if not _statuses_may_differ(before, after):
-        return [], frozenset(announced)
-    statuses: dict[DeploymentId, DeploymentStatus] = deployment_statuses(after)
     found: list[AnyNotice] = []
-    for deployment_id, status in statuses.items():
+    for deployment_id, status in deployment_statuses(after).items():
         deployment = after.deployments[deployment_id]
-        if status == "cant_place" and deployment_id not in announced:
+        records = after.serving_history.get(deployment_id)
+        if deployment_id in announced:
+            if records and records[-1].serving:
+                found.append(_serving_again(deployment, records[-1].at, seen_at))
+                announced.discard(deployment_id)
+        elif status == "cant_place":
             found.append(_cant_place(deployment, after, seen_at))
             announced.add(deployment_id)
-        elif status == "serving" and deployment_id in announced:
-            found.append(_serving_again(deployment, after, seen_at))
-            announced.discard(deployment_id)
     return found, frozenset(announced)
-
-
-def _down_since(records: tuple[ServingRecord, ...]) -> float | None:
-    """When the trailing stretch of not serving began, if the deployment served before it."""
-    start: float | None = None
-    for record in reversed(records):
-        if record.serving:
-            return start
-        start = record.at
-    return None  # never served: a start-up, not an outage
 
 
 def _cant_place(deployment: Deployment, state: State, seen_at: str) -> CantPlace:
     model_id = deployment.model_card.model_id
-    since = _down_since(state.serving_history.get(deployment.deployment_id, ()))
-    reason = deployment.placement_error or "placement failed"
-    since_iso = iso_utc_of(since) if since is not None else None
-    when = f" (not serving since {clock_utc_of(since)} UTC)" if since is not None else ""
+    incident = _open_incident(state, deployment.deployment_id)
+    reason = str(deployment.placement_error)  # set: the status is cant_place
+    since = iso_utc_of(incident.start) if incident is not None else None
+    when = f" (not serving since {clock_utc_of(incident.start)} UTC)" if incident else ""
     return CantPlace(
-        id=f"cant_place:{deployment.deployment_id}:{since_iso or _digest(reason)}",
+        id=f"cant_place:{deployment.deployment_id}:{since or _digest(reason)}",
         at=seen_at,
         text=f"{TEXT_PREFIX}{model_id} cannot be placed{when}: {reason}",
         deployment_id=deployment.deployment_id,
         model_id=model_id,
         reason=reason,
-        down_since=since_iso,
+        down_since=since,
     )
 
 
-def _serving_again(deployment: Deployment, state: State, seen_at: str) -> ServingAgain:
+def _serving_again(deployment: Deployment, served: float, seen_at: str) -> ServingAgain:
     model_id = deployment.model_card.model_id
-    records = state.serving_history.get(deployment.deployment_id, ())
-    served = next((r.at for r in reversed(records) if r.serving), None)
-    since = iso_utc_of(served) if served is not None else seen_at
-    shown = clock_utc_of(served) if served is not None else since
+    since = iso_utc_of(served)
     return ServingAgain(
         id=f"serving_again:{deployment.deployment_id}:{since}",
         at=seen_at,
-        text=f"{TEXT_PREFIX}{model_id} placed and serving again since {shown} UTC",
+        text=f"{TEXT_PREFIX}{model_id} placed and serving again since {clock_utc_of(served)} UTC",
         deployment_id=deployment.deployment_id,
         model_id=model_id,
         since=since,
@@ -290,18 +275,17 @@ def _drain_notices(before: Observed, after: Observed, seen_at: str) -> list[AnyN
                         started=drain.started,
                     )
                 )
-    for name, note in sorted(after.drain_notes.items()):
-        if name in before.drain_notes:
+    for name, drain in sorted(new.drains.items()):
+        note = after.drain_notes.get(name)
+        if note is None or name in before.drain_notes:
             continue
-        drain = new.drains.get(name)
-        started = drain.started if drain is not None else ""
         found.append(
             DrainStuck(
-                id=f"drain_stuck:{name}:{started}:{_digest(note)}",
+                id=f"drain_stuck:{name}:{drain.started}:{_digest(note)}",
                 at=seen_at,
                 text=f"{TEXT_PREFIX}drain of {name} stuck: {note}",
                 node=name,
-                started=started,
+                started=drain.started,
                 reason=note,
             )
         )

@@ -64,7 +64,9 @@ class CantPlace(NoticeBody):
     deployment_id: str
     model_id: str
     reason: str
-    down_since: str | None  # when it last stopped serving, if it ever served
+    # When its incident under way began (it stopped serving, or was created when placement
+    # explained why it cannot start); None while no record says so yet.
+    down_since: str | None
 
 
 class ServingAgain(NoticeBody):

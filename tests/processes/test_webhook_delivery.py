@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -65,9 +65,9 @@ def counters(webhooks: Webhooks, index: int = 0) -> WebhookEndpointHealth:
 
 
 @pytest.fixture
-def receiver() -> AsyncIterator[Receiver]:
+def receiver() -> Iterator[Receiver]:
     made = Receiver(free_port())
-    yield made  # pyright: ignore[reportReturnType]
+    yield made
     made.stop()
 
 

@@ -4,6 +4,8 @@ restart, and the wire shapes read back."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from keeper_harness import build_instance, card, node_info
 
@@ -42,7 +44,7 @@ from keeper.model.notices import (
     duration_words,
     iso_utc_of,
 )
-from keeper.model.state import Deployment, NodeIdentity, RunnerReady, State
+from keeper.model.state import Deployment, NodeIdentity, RunnerReady, ServingRecord, State
 
 MODEL = card("m")
 DEPLOYMENT = Deployment(deployment_id="d1", model_card=MODEL)
@@ -219,6 +221,9 @@ def test_cant_place_is_said_once_until_it_serves_again() -> None:
     assert isinstance(again, ServingAgain)
     assert again.since == iso_utc_of(T0 + 75)
     assert again.id == f"serving_again:d1:{iso_utc_of(T0 + 75)}"
+    # Said once: a later change says nothing more of it.
+    cluster.at(T0 + 90, named("n-other", "other"))
+    assert cluster.look(T0 + 90) == []
 
 
 def test_a_deployment_that_can_never_start_is_cant_place() -> None:
@@ -229,7 +234,25 @@ def test_a_deployment_that_can_never_start_is_cant_place() -> None:
     found = cluster.look(T0 + 1)
     # The start-up placement explained is an incident (history's rule), and cant_place.
     assert kinds(found) == ["incident_opened", "cant_place"]
-    assert found[1].model_dump()["down_since"] is None
+    assert found[1].model_dump()["down_since"] == iso_utc_of(T0)  # since its creation
+    assert (
+        found[1].text == "exo-deploy: m cannot be placed (not serving since 12:03:04 UTC): too big"
+    )
+
+
+def test_cant_place_before_a_record_explains_it_says_no_time_and_keys_on_the_reason() -> None:
+    """The bridge records serving from exo's State a tick before its step's look: a deployment
+    may read cant_place before its record says why."""
+    failed = DEPLOYMENT.model_copy(update={"placement_error": "too big"})
+    created = ServingRecord(at=T0, serving=False, begins="created")
+    before = Observed(State(deployments={"d1": DEPLOYMENT}, serving_history={"d1": (created,)}))
+    after = Observed(before.state.model_copy(update={"deployments": {"d1": failed}}))
+    (cant,), memory = notices(before, after, T0 + 1, AlertMemory())
+    assert isinstance(cant, CantPlace)
+    assert cant.down_since is None
+    assert cant.text == "exo-deploy: m cannot be placed: too big"
+    assert cant.id == f"cant_place:d1:{hashlib.sha256(b'too big').hexdigest()[:16]}"
+    assert memory.cant_place == {"d1"}
 
 
 def test_a_restart_while_cant_place_says_serving_again_later_but_not_cant_place() -> None:
@@ -239,6 +262,61 @@ def test_a_restart_while_cant_place_says_serving_again_later_but_not_cant_place(
     memory = first_memory(after, None)
     assert notices(first_look(after, None), after, T0 + 52, memory)[0] == []
     assert memory.cant_place == {"d1"}
+    assert memory.records_seen_until == {"d1": T0 + 50}  # the newest record: the timeout
+
+
+def test_a_restart_keeps_the_announced_cant_place_of_a_deployment_now_starting() -> None:
+    cluster = unplaceable()
+    cluster.at(T0 + 51, DeploymentPlacementFailed(deployment_id="d1", error="too big"))
+    cluster.look(T0 + 51)
+    kept = cluster.memory
+    assert kept.cant_place == {"d1"}
+    # Stopped; meanwhile placed (starting, not cant_place), then restarted with ``kept``.
+    cluster.at(T0 + 60, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    restarted = Cluster()
+    restarted.state = cluster.state
+    restarted.last = first_look(Observed(cluster.state), kept)
+    restarted.memory = first_memory(Observed(cluster.state), kept)
+    assert restarted.memory.cant_place == {"d1"}
+    assert restarted.look(T0 + 61) == []
+    restarted.at(T0 + 65, *ready("i2", 1))
+    assert kinds(restarted.look(T0 + 65)) == ["incident_resolved", "serving_again"]
+
+
+def test_a_restart_never_counts_a_serving_deployment_as_announced() -> None:
+    cluster = serving()
+    after = Observed(cluster.state)
+    memory = first_memory(after, AlertMemory(cant_place=frozenset({"d1", "gone"})))
+    assert memory.cant_place == {"d1"}  # kept, and the deleted one forgotten
+    fresh = first_memory(after, None)
+    assert fresh.cant_place == frozenset()
+    cluster.memory, cluster.last = fresh, first_look(after, None)
+    cluster.at(T0 + 20, named("n-other", "other"))
+    assert cluster.look(T0 + 20) == []
+
+
+def test_a_deployment_whose_records_were_all_pruned_has_no_time_looked_at() -> None:
+    state = State(deployments={"d1": DEPLOYMENT}, serving_history={"d1": ()})
+    assert first_memory(Observed(state), None).records_seen_until == {}
+
+
+def test_each_deployment_is_looked_at_whatever_the_others_did() -> None:
+    other = Deployment(deployment_id="d0", model_card=card("other"))
+    cluster = Cluster().at(T0, named("n-studio", "studio"), named("n-mini", "mini-a"))
+    cluster.at(T0, DeploymentCreated(deployment=other), DeploymentCreated(deployment=DEPLOYMENT))
+    cluster.at(T0 + 1, InstanceCreated(instance=build_instance(other.model_card, ["n-mini"], "o1")))
+    cluster.at(T0 + 1, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "i1")))
+    cluster.at(T0 + 2, *ready("o1", 1), *ready("i1", 1))
+    cluster.look(T0 + 2)
+    cluster.at(T0 + 50.25, NodeTimedOut(node_id="n-studio"))
+    (opened,) = cluster.look(T0 + 51)
+    assert opened.model_dump()["deployment_id"] == "d1"
+    cluster.at(T0 + 52, InstanceDeleted(instance_id="i1"))
+    cluster.at(T0 + 53, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    cluster.at(T0 + 80.1234, *ready("i2", 1))
+    (resolved,) = cluster.look(T0 + 81)
+    assert isinstance(resolved, IncidentResolved)
+    assert resolved.downtime_s == 29.873  # to the millisecond
 
 
 def drained() -> Cluster:
@@ -255,6 +333,10 @@ def test_a_drain_that_ends_is_finished_and_one_uncordoned_is_not() -> None:
     assert isinstance(finished, DrainFinished)
     assert (finished.node, finished.started) == ("studio", "2026-12-01T12:03:24.000Z")
     assert finished.id == "drain_finished:studio:2026-12-01T12:03:24.000Z"
+    assert (
+        finished.text
+        == "exo-deploy: drain of studio finished: nothing runs there (it stays cordoned)"
+    )
     other = drained()
     other.at(T0 + 30, NodeUncordoned(name="studio"))
     assert other.look(T0 + 30) == []
@@ -276,6 +358,19 @@ def test_a_drain_is_stuck_once_per_reason_from_the_keeper_notes() -> None:
     assert cluster.look(T0 + 24) == []  # moving again
     (again,) = cluster.look(T0 + 25, {"studio": note})
     assert again.id == stuck.id  # the same reason, the same id: a receiver drops it
+    assert stuck.id == (
+        f"drain_stuck:studio:2026-12-01T12:03:24.000Z:{hashlib.sha256(note.encode()).hexdigest()[:16]}"
+    )
+
+
+def test_a_drain_stuck_is_said_whatever_another_drain_was_already() -> None:
+    cluster = drained()
+    cluster.at(T0 + 21, NodeDrainStarted(name="mini-a", when="2026-12-01T12:03:25.000Z"))
+    cluster.look(T0 + 21, {"mini-a": "already"})
+    (stuck,) = cluster.look(T0 + 22, {"mini-a": "already", "studio": "no room"})
+    assert stuck.model_dump()["node"] == "studio"
+    # A note for a node with no drain is none of the drains' business.
+    assert cluster.look(T0 + 23, {"mini-a": "already", "studio": "no room", "x": "?"}) == []
 
 
 @pytest.mark.parametrize(
