@@ -108,7 +108,7 @@ def notices(
     if before.state is after.state and before.drain_notes == after.drain_notes:
         return [], memory
     seen_at = iso_utc_of(at)
-    status_notices, cant_place = _status_notices(after.state, seen_at, memory)
+    status_notices, cant_place = _status_notices(before.state, after.state, seen_at, memory)
     found = [
         *_incident_notices(before.state, after.state, seen_at),
         *status_notices,
@@ -207,21 +207,25 @@ def _records_seen(state: State) -> Mapping[DeploymentId, float]:
 
 
 def _status_notices(
-    after: State, seen_at: str, memory: AlertMemory
+    before: State, after: State, seen_at: str, memory: AlertMemory
 ) -> tuple[list[AnyNotice], frozenset[DeploymentId]]:
-    """``cant_place`` for each deployment taking that status not yet announced; ``serving_again``
-    for each announced one whose newest serving record says it serves."""
+    """``serving_again`` for each announced deployment whose newest serving record says it
+    serves; ``cant_place`` for each deployment taking that status not announced yet. Whether a
+    deployment is ``cant_place`` depends on its record and its model's instances only (not on
+    runners), so a look at a State where neither changed (a node's report, a runner's progress:
+    most of them) does not read the statuses."""
     announced = set(memory.cant_place & set(after.deployments))
     found: list[AnyNotice] = []
-    for deployment_id, status in deployment_statuses(after).items():
-        deployment = after.deployments[deployment_id]
+    for deployment_id in sorted(announced):
         records = after.serving_history.get(deployment_id)
-        if deployment_id in announced:
-            if records and records[-1].serving:
-                found.append(_serving_again(deployment, records[-1].at, seen_at))
-                announced.discard(deployment_id)
-        elif status == "cant_place":
-            found.append(_cant_place(deployment, after, seen_at))
+        if records and records[-1].serving:
+            found.append(_serving_again(after.deployments[deployment_id], records[-1].at, seen_at))
+            announced.discard(deployment_id)
+    if before.deployments is after.deployments and before.instances is after.instances:
+        return found, frozenset(announced)
+    for deployment_id, status in deployment_statuses(after).items():
+        if status == "cant_place" and deployment_id not in announced:
+            found.append(_cant_place(after.deployments[deployment_id], after, seen_at))
             announced.add(deployment_id)
     return found, frozenset(announced)
 

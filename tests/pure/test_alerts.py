@@ -255,6 +255,30 @@ def test_cant_place_before_a_record_explains_it_says_no_time_and_keys_on_the_rea
     assert memory.cant_place == {"d1"}
 
 
+def test_a_hand_placed_instance_deleted_under_a_failed_placement_is_cant_place() -> None:
+    """Placement failed, then an operator placed the model by hand (serving, the error still on
+    the deployment); that instance deleted, the deployment is cant_place at once."""
+    cluster = Cluster().at(T0, named("n-studio", "studio"))
+    cluster.at(T0, DeploymentCreated(deployment=DEPLOYMENT))
+    cluster.at(T0 + 1, DeploymentPlacementFailed(deployment_id="d1", error="too big"))
+    cluster.at(T0 + 2, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "by-hand")))
+    cluster.at(T0 + 3, *ready("by-hand", 1))
+    cluster.look(T0 + 3)
+    deployments = cluster.state.deployments
+    cluster.at(T0 + 10, InstanceDeleted(instance_id="by-hand"))
+    assert cluster.state.deployments is deployments  # only the instances changed
+    found = cluster.look(T0 + 10)
+    assert kinds(found) == ["incident_opened", "cant_place"]
+
+
+def test_a_runner_or_a_node_report_alone_reads_no_status() -> None:
+    cluster = unplaceable()
+    cluster.at(T0 + 51, DeploymentPlacementFailed(deployment_id="d1", error="too big"))
+    assert kinds(cluster.look(T0 + 51)) == ["cant_place"]
+    cluster.at(T0 + 52, named("n-other", "other"))
+    assert cluster.look(T0 + 52) == []
+
+
 def test_a_restart_while_cant_place_says_serving_again_later_but_not_cant_place() -> None:
     cluster = unplaceable()
     cluster.at(T0 + 51, DeploymentPlacementFailed(deployment_id="d1", error="too big"))
