@@ -18,13 +18,8 @@ import anyio
 
 from keeper.cli.deployments import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
 from keeper.runtime.arguments import webhook_option
-from keeper.runtime.webhooks import (
-    WEBHOOKS_ENV,
-    WebhookUrlError,
-    endpoint_label,
-    send_test,
-    webhook_urls,
-)
+from keeper.runtime.outbox import endpoint_label
+from keeper.runtime.webhooks import WEBHOOKS_ENV, WebhookUrlError, send_test, webhook_urls
 
 
 def cmd_webhooks_test(args: argparse.Namespace) -> int:

@@ -20,15 +20,8 @@ from webhook_receiver import Receiver
 
 from keeper.model.api_models import WebhookEndpointHealth
 from keeper.model.notices import DrainFinished
-from keeper.runtime.webhooks import (
-    MAX_QUEUED_NOTICES,
-    NOTICES_FILE,
-    OUTBOX_DIR,
-    Outbox,
-    WebhookConfig,
-    Webhooks,
-    endpoint_label,
-)
+from keeper.runtime.outbox import MAX_QUEUED_NOTICES, NOTICES_FILE, Outbox, endpoint_label
+from keeper.runtime.webhooks import OUTBOX_DIR, WebhookConfig, Webhooks
 
 WITHIN_S = 20.0
 

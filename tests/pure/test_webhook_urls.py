@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from keeper.cli import build_parser
-from keeper.runtime.webhooks import WebhookUrlError, endpoint_label, webhook_urls
+from keeper.runtime.outbox import endpoint_label
+from keeper.runtime.webhooks import WebhookUrlError, webhook_urls
 
 
 def test_the_environment_and_the_flags_list_webhooks_in_order_each_once() -> None:
