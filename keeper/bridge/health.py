@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Literal
 
 from keeper.bridge.following import OutageKind
-from keeper.model.api_models import ApiModel, BridgeRole
+from keeper.model.api_models import ApiModel, BridgeRole, WebhooksHealth
 
 # How much of an error goes into ``/healthz`` and each deployment's detail: its first line's
 # worth. The whole of it, with its traceback, is in the log.
@@ -63,6 +63,7 @@ class BridgeHealth(ApiModel):
     name: str | None = None
     role: BridgeRole | None = None
     leader: str | None = None
+    webhooks: WebhooksHealth  # alert webhooks' deliveries (keeper.runtime.webhooks)
 
 
 def described(error: BaseException) -> str:

@@ -34,6 +34,7 @@ from keeper.model.wire import JsonObject
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 from keeper.runtime.model_cards import ModelCardError
+from keeper.runtime.webhooks import WebhookConfig, webhook_urls
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ def run_bridge(
     model_cards_dir: Path | None = None,
     *,
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
+    webhooks: Sequence[str] = (),
 ) -> int:
     """``exo-deploy bridge``: serve until SIGINT/SIGTERM. Returns the process exit code.
 
@@ -147,6 +149,7 @@ def run_bridge(
             exo_card_files=card_files,
             max_deployments=max_deployments,
             metrics_in_thread=True,
+            webhooks=WebhookConfig(urls=webhook_urls(webhooks)),
         )
 
         async def serve() -> None:

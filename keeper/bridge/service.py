@@ -134,8 +134,9 @@ from keeper.runtime.hosted_keeper import (
     default_keeper,
     start_keeper,
 )
-from keeper.runtime.metrics import MetricsSnapshot, ServiceMetrics
+from keeper.runtime.metrics import MetricsSnapshot, ServiceMetrics, WebhookCollector
 from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
+from keeper.runtime.webhooks import WebhookConfig, Webhooks
 
 # Named here too: the bridge's callers and tests import them from the bridge's service.
 __all__ = ["STATE_UNREADABLE", "UNREACHABLE", "Bridge", "BridgeConfig", "ExoDownError", "Outage"]
@@ -169,6 +170,9 @@ class BridgeConfig:
     # Build GET /metrics off the event loop (keeper.runtime.metrics.ServiceMetrics); off under
     # a virtual clock, which would jump while the thread works; ``exo-deploy bridge`` turns it on.
     metrics_in_thread: bool = False
+    # Alert webhooks (``--webhook``), as on the master (keeper.runtime.webhooks): notices are
+    # computed from the merged State the keeper steps on.
+    webhooks: WebhookConfig = field(default_factory=WebhookConfig)
 
 
 # What the bridge's own State adds to exo's: its deployments and their serving records.
@@ -228,6 +232,12 @@ class Bridge:
             cards=self._cards,
             monotonic=self._monotonic,
         )
+        self.webhooks = Webhooks(
+            self.config.webhooks,
+            self.data_dir,
+            wall=lambda: self._wall().timestamp(),
+            sleep=self._sleep,  # the clock exists once the service runs
+        )
         self._running = False
         # GET /metrics: the families every service exports, and the bridge's view of exo.
         self.metrics = ServiceMetrics(
@@ -236,6 +246,7 @@ class Bridge:
             build_in_thread=self.config.metrics_in_thread,
         )
         self.metrics.add(ExoCollector(self._exo_facts))
+        self.metrics.add(WebhookCollector(self.webhooks.health))
 
     # --- read side -------------------------------------------------------------------------
 
@@ -264,6 +275,9 @@ class Bridge:
 
     def _monotonic(self) -> float:
         return self.clock.monotonic()
+
+    async def _sleep(self, seconds: float) -> None:
+        await self.clock.sleep(seconds)
 
     def _wall(self) -> datetime:
         return self.clock.wall()
@@ -430,6 +444,7 @@ class Bridge:
                 failing_since=iso_utc(since) if since is not None else None,
                 error=self._steps.error,
             ),
+            webhooks=self.webhooks.health(),
         )
 
     # --- commands --------------------------------------------------------------------------
@@ -617,6 +632,7 @@ class Bridge:
         self._store.open()
         now = clock.monotonic()
         self._doomed.load(now)
+        self.webhooks.open()
         self._started.keeper_or_none = _PausedWhileUnwritable(
             start_keeper(
                 self._keeper_factory,
@@ -624,6 +640,7 @@ class Bridge:
                 self.config.startup_grace_s,
                 self._placement.place,
                 self.metrics.step,
+                self.webhooks if self.webhooks.enabled else None,
             ),
             self._store,
         )
@@ -636,21 +653,24 @@ class Bridge:
             len(self._doomed),
         )
         try:
-            task_status.started()
-            while True:
-                started = clock.monotonic()
-                try:
-                    await self.tick()
-                except Exception as exc:  # a bug must not stop the deployments being kept
-                    self._step_failed(exc)
-                else:
-                    self._steps.succeeded()
-                await clock.sleep(
-                    max(0.0, self.config.poll_interval_s - (clock.monotonic() - started))
-                )
+            async with anyio.create_task_group() as group:
+                group.start_soon(self.webhooks.run)  # deliveries: never in the tick's way
+                task_status.started()
+                while True:
+                    started = clock.monotonic()
+                    try:
+                        await self.tick()
+                    except Exception as exc:  # a bug must not stop the deployments being kept
+                        self._step_failed(exc)
+                    else:
+                        self._steps.succeeded()
+                    await clock.sleep(
+                        max(0.0, self.config.poll_interval_s - (clock.monotonic() - started))
+                    )
         finally:
             self._running = False
             self._creations.drop_all(clock.monotonic())
+            self.webhooks.close()
             self._store.close()
 
     async def tick(self) -> None:

@@ -34,6 +34,7 @@ from keeper.cli.deployments import (
     token_option,
 )
 from keeper.cli.nodes import add_node_commands
+from keeper.cli.webhooks import add_webhooks_command
 from keeper.cli.whatif import add_whatif_command
 from keeper.cluster.local import exit_with_parent, run_cluster
 from keeper.exo_standin.app import STANDIN_API
@@ -45,9 +46,10 @@ from keeper.model.state import Backend, Memory, ModelCard
 from keeper.node.downloads import disk_refusal
 from keeper.node.node_process import run_node_process
 from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
-from keeper.runtime.arguments import UsageParser, positive_float, positive_int
+from keeper.runtime.arguments import UsageParser, positive_float, positive_int, webhook_option
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.dir_lock import DataDirInUseError
+from keeper.runtime.webhooks import WebhookUrlError, webhook_urls
 
 # The command's interface; the exit codes, its contract for scripts, are importable from here.
 __all__ = [
@@ -82,6 +84,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         sweep_interval_s=args.sweep_interval,
         max_deployments=args.max_deployments,
         app=STANDIN_API if args.exo_compat else OUR_API,
+        webhooks=args.webhook,
     )
 
 
@@ -130,6 +133,11 @@ def cmd_node(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     if (refused := _disk_refused(args)) is not None:
         return refused
+    try:
+        webhooks = webhook_urls(args.webhook)
+    except WebhookUrlError as exc:
+        print(f"exo-deploy cluster: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="exo-deploy-cluster-"))
     return run_cluster(
         args.nodes,
@@ -142,6 +150,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         disk_gb=args.disk_gb,
         download_mb_per_s=args.download_mb_s,
         has_models=tuple(card.model_id for card in args.has),
+        webhooks=webhooks,
     )
 
 
@@ -163,6 +172,7 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         args.token,
         args.model_cards,
         max_deployments=args.max_deployments,
+        webhooks=args.webhook,
     )
 
 
@@ -289,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _membership_options(master)
     _exo_compat_option(master)
+    webhook_option(master, "alert notices (incidents, cant_place, drains)")
     master.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     master.set_defaults(handler=cmd_master)
 
@@ -352,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _membership_options(cluster)
     _exo_compat_option(cluster)
+    webhook_option(cluster, "the master's alert notices")
     _disk_options(cluster, "each node")
     restart = cluster.add_mutually_exclusive_group()
     restart.add_argument(
@@ -392,7 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
         model_cards="a folder of exo model-card .toml files, for models exo lists without layer "
         "counts",
     )
+    webhook_option(bridge, "alert notices (incidents, cant_place, drains)")
     bridge.set_defaults(handler=cmd_bridge)
+    add_webhooks_command(command)
 
     for name, help_ in SOAK_COMMANDS.items():
         command(name, help_, add_help=False).set_defaults(handler=cmd_soak)

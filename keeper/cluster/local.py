@@ -123,8 +123,11 @@ class LocalCluster:
         disk_gb: float | None = None,
         download_mb_per_s: float | None = None,
         has_models: tuple[str, ...] = (),
+        webhooks: tuple[str, ...] = (),
     ) -> None:
-        """``disk_gb``, ``download_mb_per_s`` and ``has_models`` are every node's (``exo-deploy
+        """``webhooks`` go to the master (``--webhook``).
+
+        ``disk_gb``, ``download_mb_per_s`` and ``has_models`` are every node's (``exo-deploy
         node --disk-gb --download-mb-s --has``; None: the node's default). A node that dies
         restarts with only ``has_models`` on its disk: its process kept the rest in memory."""
         if nodes < 1:
@@ -140,6 +143,8 @@ class LocalCluster:
             master_args += ["--node-timeout", str(node_timeout_s)]
         if sweep_interval_s is not None:
             master_args += ["--sweep-interval", str(sweep_interval_s)]
+        for url in webhooks:
+            master_args += ["--webhook", url]
         # A stand-in for a stock exo master (no keeper): deployments then need exo-deploy bridge.
         self.exo_compat = exo_compat
         if exo_compat:
@@ -453,6 +458,7 @@ def run_cluster(
     disk_gb: float | None = None,
     download_mb_per_s: float | None = None,
     has_models: tuple[str, ...] = (),
+    webhooks: tuple[str, ...] = (),
 ) -> int:
     """``exo-deploy cluster``: run in the foreground until SIGINT/SIGTERM; the exit code."""
     cluster = LocalCluster(
@@ -466,6 +472,7 @@ def run_cluster(
         disk_gb=disk_gb,
         download_mb_per_s=download_mb_per_s,
         has_models=has_models,
+        webhooks=webhooks,
     )
 
     async def main() -> None:

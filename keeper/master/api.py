@@ -108,6 +108,9 @@ def create_app(
                     "events_held": master.events_held_unwritable,
                     "events_dropped": master.events_dropped_unwritable,
                 },
+                # Alert webhooks' deliveries (keeper.runtime.webhooks): pending, delivered,
+                # dropped and failed attempts per webhook.
+                "webhooks": master.webhooks.health().model_dump(),
             },
             status_code=200 if write_error is None else 503,
         )

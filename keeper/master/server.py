@@ -13,7 +13,7 @@ the master never imports the layer above it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from keeper.master.api import create_app
 from keeper.master.service import Master, MasterConfig
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
+from keeper.runtime.webhooks import WebhookConfig, webhook_urls
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +88,14 @@ def run_master(
     sweep_interval_s: float | None = None,
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     app: MasterApp = OUR_API,
+    webhooks: Sequence[str] = (),
 ) -> int:
     """``exo-deploy master``: serve until SIGINT/SIGTERM. Returns the process exit code.
 
     ``node_timeout_s`` and ``sweep_interval_s`` replace exo's 30 s / 10 s (a cluster on one
     machine wants a dead node noticed sooner; the keeper's own constants are untouched).
-    ``app`` is the API to serve: ours, or ``keeper.exo_standin.STANDIN_API``."""
+    ``app`` is the API to serve: ours, or ``keeper.exo_standin.STANDIN_API``. ``webhooks``
+    (``--webhook``) are joined by those of ``EXO_DEPLOY_WEBHOOKS``; a bad one exits 2."""
     token = service_token(token)
 
     def prepare() -> Serve:
@@ -103,6 +106,7 @@ def run_master(
             metrics_in_thread=True,
             keeper_enabled=app.keeper_enabled,
             max_deployments=max_deployments,
+            webhooks=WebhookConfig(urls=webhook_urls(webhooks)),
         )
         if node_timeout_s is not None:
             config = replace(config, node_timeout_s=node_timeout_s)

@@ -37,7 +37,8 @@ whole master (with in-process nodes on memory channels) under trio's MockClock.
 The module runs to about 500 lines because what stays needs the lock, the State and the router
 together: the commands, the sweep, the publish hooks, and the start and orderly stop of every
 part; the parts that stand alone live beside it (router, stepping, membership, chat routing,
-chat, subscriptions).
+chat, subscriptions). The alert webhooks (``keeper.runtime.webhooks``) are shown each State
+the keeper steps on, and deliver in a task of their own.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -134,8 +135,9 @@ from keeper.runtime.hosted_keeper import (
     default_keeper,
     start_keeper,
 )
-from keeper.runtime.metrics import MetricsSnapshot, ServiceMetrics
+from keeper.runtime.metrics import MetricsSnapshot, ServiceMetrics, WebhookCollector
 from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
+from keeper.runtime.webhooks import WebhookConfig, Webhooks
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +194,9 @@ class MasterConfig:
     # default for the reason log I/O is: a virtual clock would jump while the thread works;
     # ``run_master`` turns it on.
     metrics_in_thread: bool = False
+    # Alert webhooks (``--webhook``): the notices of the keeper's changes, POSTed at least once
+    # (keeper.runtime.webhooks). None given: no notice is computed at all.
+    webhooks: WebhookConfig = field(default_factory=WebhookConfig)
 
 
 class Master:
@@ -231,6 +236,12 @@ class Master:
             # written with the events that change them (keeper.model.history).
             track_serving=self.config.keeper_enabled,
         )
+        self.webhooks = Webhooks(
+            self.config.webhooks,
+            self.data_dir,
+            wall=lambda: self.clock.wall().timestamp(),
+            sleep=self._sleep,  # the clock exists once the service runs
+        )
         self._lock = anyio.Lock()
         self._router = Router(self._store, self._publish, self.config.router_queue)
         self._fanout = Fanout()
@@ -263,6 +274,7 @@ class Master:
             build_in_thread=self.config.metrics_in_thread,
         )
         self.metrics.add(ChatCollector(self._chat_routing.counts))
+        self.metrics.add(WebhookCollector(self.webhooks.health))
 
     # --- read side -----------------------------------------------------------------------
 
@@ -307,6 +319,9 @@ class Master:
     @property
     def running(self) -> bool:
         return self._router.running
+
+    async def _sleep(self, seconds: float) -> None:
+        await self.clock.sleep(seconds)
 
     def connected_nodes(self) -> list[NodeId]:
         return sorted(self._membership.sessions)
@@ -659,12 +674,14 @@ class Master:
                 recovery.events_replayed,
             )
         now = clock.monotonic()
+        self.webhooks.open()
         self._started.keeper_or_none = start_keeper(
             self._keeper_factory,
             now,
             self.config.startup_grace_s,
             self._place,
             self.metrics.step,
+            self.webhooks if self.webhooks.enabled else None,
         )
         self._membership.start(clock)
         receive = self._router.open()
@@ -675,6 +692,7 @@ class Master:
                     group.start_soon(self._stepping.run, now)
                 group.start_soon(self._membership.watch)
                 group.start_soon(self._sweep_loop)
+                group.start_soon(self.webhooks.run)
                 task_status.started()
         finally:
             self._router.close()
@@ -682,6 +700,7 @@ class Master:
             self._membership.close_all("the master is stopping")
             self._chats.fail_all("the master is stopping")
             self._fanout.clear()
+            self.webhooks.close()
             self._store.close()
 
     async def _sweep_loop(self) -> None:

@@ -516,3 +516,23 @@ class WhatIfResponse(WhatIfAnswer):
 
     nodes: list[WhatIfNode]
     deployments: list[WhatIfDeployment]
+
+
+# --- alert webhooks (``GET /healthz`` of the master and the bridge) ---------------------------
+
+
+class WebhookEndpointHealth(ApiModel):
+    """One webhook's deliveries since the service started (``keeper.runtime.webhooks``)."""
+
+    url: str  # scheme://host[:port] and "/…": a webhook's path often holds its secret
+    pending: int  # notices queued for it, not yet delivered
+    delivered_total: int
+    dropped_total: int  # the oldest, dropped past the outbox's bound
+    failed_attempts_total: int  # POSTs that got no 2xx (retried with backoff)
+    last_error: str | None  # the last failed attempt's error, None once one succeeds
+
+
+class WebhooksHealth(ApiModel):
+    endpoints: list[WebhookEndpointHealth]
+    durable: bool  # the outbox is on disk (a --data-dir), so a restart delivers what is queued
+    outbox_write_failures_total: int  # notices the outbox could not write (kept in memory)

@@ -12,6 +12,8 @@ import argparse
 import sys
 from typing import NoReturn
 
+from keeper.runtime.webhooks import WEBHOOKS_ENV, WebhookUrlError, check_webhook_url
+
 # The usage exit code of every ``exo-deploy`` command (argparse's own is also 2).
 EXIT_USAGE = 2
 
@@ -46,3 +48,23 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
     return value
+
+
+def webhook_url(text: str) -> str:
+    try:
+        return check_webhook_url(text)
+    except WebhookUrlError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def webhook_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--webhook URL``, repeatable: where ``what`` POSTs its alert notices."""
+    parser.add_argument(
+        "--webhook",
+        action="append",
+        type=webhook_url,
+        default=[],
+        metavar="URL",
+        help=f"POST {what} to URL (repeat for several; also those in ${WEBHOOKS_ENV}, "
+        "separated by commas or spaces)",
+    )

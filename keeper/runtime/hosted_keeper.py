@@ -11,6 +11,9 @@ deployment and distinct error, for the master and the bridge alike. It is also w
 is timed and its placements counted for ``GET /metrics`` (``keeper.runtime.metrics``), so both
 services measure them the same way.
 
+After each step ``HostedKeeper`` also shows the State stepped on to an observer, the alert
+webhooks' producer (``keeper.runtime.webhooks``): both services pass theirs to ``start_keeper``.
+
 ``Started`` holds what a service has only once it runs, its clock and its keeper: read before,
 either is a ``NotRunningError`` (a 503) naming the service, for the master and the bridge alike.
 """
@@ -112,22 +115,40 @@ class KeeperWrapper:
         return inner.update_note(deployment_id) if isinstance(inner, ReportsUpdates) else None
 
 
+class StepObserver(Protocol):
+    """Told, after each step, the State the keeper stepped on and why each drain is stuck (by
+    node, the stuck ones only): the alert webhooks' producer (``keeper.runtime.webhooks``)."""
+
+    def observe(self, state: State, drain_notes: Mapping[str, str]) -> None: ...
+
+
 class HostedKeeper(KeeperWrapper):
     """A keeper as a service runs it: every call goes to ``inner``; after each step, each
     placement crash ``inner`` keeps is logged with its traceback, unless that deployment's
     crash with the same description was logged already; each step is timed into
-    ``step_metrics`` when given."""
+    ``step_metrics`` when given, and the observer (if any) is shown the State stepped on: the
+    one place where the master (its whole State) and the bridge (exo's State with its
+    deployments merged in) both hand over the State they act on."""
 
-    def __init__(self, inner: KeeperLike, step_metrics: StepMetrics | None = None) -> None:
+    def __init__(
+        self,
+        inner: KeeperLike,
+        step_metrics: StepMetrics | None = None,
+        observer: StepObserver | None = None,
+    ) -> None:
         super().__init__(inner)
         # What was logged per deployment that is still crashing (so it stays bounded).
         self._logged: dict[DeploymentId, str] = {}
         self._step_metrics = step_metrics
+        self._observer = observer
 
     def step(self, state: State, now: float) -> list[AnyEvent]:
         events = timed_step(self._step_metrics, lambda: self.inner.step(state, now))
         if isinstance(self.inner, KeepsPlacementCrashes):
             self._log_crashes(self.inner.placement_crashes())
+        if self._observer is not None:
+            notes = {name: note for name in state.drains if (note := self.drain_note(name))}
+            self._observer.observe(state, notes)
         return events
 
     def _log_crashes(self, crashes: Mapping[DeploymentId, Exception]) -> None:
@@ -163,11 +184,12 @@ def start_keeper(
     startup_grace_s: float,
     place: PlaceFn,
     step_metrics: StepMetrics | None = None,
+    observer: StepObserver | None = None,
 ) -> KeeperLike:
     """A keeper started ``now`` whose grace (docs/design.md, "New master") lasts
     ``startup_grace_s``, as its host runs it (``HostedKeeper``, its steps timed into
-    ``step_metrics``)."""
-    return HostedKeeper(factory(now, place, startup_grace=startup_grace_s), step_metrics)
+    ``step_metrics``), showing ``observer`` each State it steps on."""
+    return HostedKeeper(factory(now, place, startup_grace=startup_grace_s), step_metrics, observer)
 
 
 class Started:

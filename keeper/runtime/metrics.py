@@ -47,7 +47,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from keeper.model.api_models import DeploymentStatus, DeploymentView
+from keeper.model.api_models import DeploymentStatus, DeploymentView, WebhooksHealth
 from keeper.model.events import AnyEvent, DeploymentPlaced, DeploymentPlacementFailed
 from keeper.model.history import History, serving_since, summarize
 from keeper.model.liveness import nodes_by_state
@@ -457,3 +457,43 @@ class ServiceMetrics:
                 await self._building.wait()
                 body = self._body if self._body is not None else self._build_here(at)
         return body.gzipped if gzipped else body.plain
+
+
+class WebhookCollector:
+    """The alert webhooks' deliveries (``keeper.runtime.webhooks``), per webhook (its URL
+    without the path, which often holds its secret): queued, delivered, dropped past the
+    outbox's bound (never silently), attempts that failed; and notices the outbox could not
+    write. Read from the counters ``/healthz`` shows too."""
+
+    def __init__(self, health: Callable[[], WebhooksHealth]) -> None:
+        self._health = health
+
+    def collect(self) -> Iterator[Metric]:
+        health = self._health()
+        pending = GaugeMetricFamily(
+            PREFIX + "webhook_pending", "Notices queued for the webhook", labels=["url"]
+        )
+        delivered = CounterMetricFamily(
+            PREFIX + "webhook_delivered", "Notices the webhook accepted (2xx)", labels=["url"]
+        )
+        dropped = CounterMetricFamily(
+            PREFIX + "webhook_dropped",
+            "Notices dropped undelivered, the oldest past the outbox's bound",
+            labels=["url"],
+        )
+        failed = CounterMetricFamily(
+            PREFIX + "webhook_failed_attempts",
+            "POSTs to the webhook that got no 2xx (retried with backoff)",
+            labels=["url"],
+        )
+        for endpoint in health.endpoints:
+            pending.add_metric([endpoint.url], endpoint.pending)
+            delivered.add_metric([endpoint.url], endpoint.delivered_total)
+            dropped.add_metric([endpoint.url], endpoint.dropped_total)
+            failed.add_metric([endpoint.url], endpoint.failed_attempts_total)
+        unwritten = CounterMetricFamily(
+            PREFIX + "webhook_outbox_write_failures",
+            "Notices the outbox could not write to disk (kept in memory)",
+            value=health.outbox_write_failures_total,
+        )
+        yield from (pending, delivered, dropped, failed, unwritten)

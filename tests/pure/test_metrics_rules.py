@@ -15,16 +15,24 @@ from typing import Any
 import pytest
 import yaml
 from keeper_harness import build_instance, card
-from metrics_scrape import parse
+from metrics_scrape import parse, value
+from prometheus_client import CollectorRegistry, generate_latest
 
 from keeper.bridge.metrics import ExoCollector, ExoFacts
 from keeper.master.chat_routing import ChatCounts
 from keeper.master.metrics import ChatCollector
+from keeper.model.api_models import WebhookEndpointHealth, WebhooksHealth
 from keeper.model.history import serving_since, summarize
 from keeper.model.liveness import SILENT_AFTER_S, node_liveness, nodes_by_state
 from keeper.model.state import Deployment, NodeIdentity, ServingRecord, State, Topology
 from keeper.runtime.deployments import deployment_views
-from keeper.runtime.metrics import MetricsSnapshot, RecoveryCounts, ServiceMetrics, tally
+from keeper.runtime.metrics import (
+    MetricsSnapshot,
+    RecoveryCounts,
+    ServiceMetrics,
+    WebhookCollector,
+    tally,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "exo-deploy.json"
@@ -107,6 +115,34 @@ def test_a_recovery_that_ends_after_the_start_is_observed() -> None:
 # --- the shipped dashboard and rules use only exported names -------------------------------
 
 
+WEBHOOKS = WebhooksHealth(
+    endpoints=[
+        WebhookEndpointHealth(
+            url="http://hooks.example:8080/…",
+            pending=3,
+            delivered_total=7,
+            dropped_total=2,
+            failed_attempts_total=5,
+            last_error="timed out",
+        )
+    ],
+    durable=True,
+    outbox_write_failures_total=1,
+)
+
+
+def test_the_webhooks_counters_are_exported_as_healthz_shows_them() -> None:
+    registry = CollectorRegistry()
+    registry.register(WebhookCollector(lambda: WEBHOOKS))
+    _, samples = parse(generate_latest(registry).decode())
+    url = {"url": "http://hooks.example:8080/…"}
+    assert value(samples, "exo_deploy_webhook_pending", **url) == 3
+    assert value(samples, "exo_deploy_webhook_delivered_total", **url) == 7
+    assert value(samples, "exo_deploy_webhook_dropped_total", **url) == 2  # never silently
+    assert value(samples, "exo_deploy_webhook_failed_attempts_total", **url) == 5
+    assert value(samples, "exo_deploy_webhook_outbox_write_failures_total") == 1
+
+
 def _every_family_exported() -> tuple[set[str], set[str]]:
     """(sample names, histogram family names) of a master's and a bridge's families together,
     from a snapshot with one deployment, a chat of each outcome and a bridge's exo facts."""
@@ -129,6 +165,7 @@ def _every_family_exported() -> tuple[set[str], set[str]]:
     metrics.add(ChatCollector(counts))
     facts = ExoFacts(True, True, 1.0, 1.0, now=2.0, started_at=0.0)
     metrics.add(ExoCollector(lambda: facts))
+    metrics.add(WebhookCollector(lambda: WEBHOOKS))
     text = metrics.exposition_now().decode()
     families, samples = parse(text)
     histograms = {

@@ -1,0 +1,164 @@
+"""Alert notices: the bodies the master and the bridge POST to their webhooks (docs/design.md,
+"Alert webhooks").
+
+One pydantic model per kind, told apart by ``kind`` (a plain string, so a receiver written in any
+language switches on one field). Every notice carries:
+
+- ``id``: an idempotency key made of the facts that make the notice (kind, deployment or node,
+  the time the State gives for it), never of the moment it was sent, so the same notice has the
+  same id across retries and restarts; it is also sent as the ``Idempotency-Key`` header, and a
+  receiver drops an id it has seen (delivery is at least once);
+- ``at``: when the service saw the change (ISO-8601 UTC);
+- ``text``: one readable line, which Slack-, Discord- and ntfy-style endpoints show as it is.
+
+snake_case keys: these are our own API's bodies, as the requests of ``keeper.model.api_models``,
+not exo's State. Times are written with ``iso_utc_of`` from plain seconds: the data model reads
+no clock and imports no date library, so the arithmetic is spelled out here once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class NoticeBody(BaseModel):
+    """What every notice has. Unknown keys are ignored when read back (the outbox, a newer
+    sender's receiver)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    at: str  # ISO-8601 UTC: when the service saw it
+    text: str  # one readable line
+
+
+class IncidentOpened(NoticeBody):
+    """A deployment stopped serving (``keeper.model.history``'s incidents, with their cause)."""
+
+    kind: Literal["incident_opened"] = "incident_opened"
+    deployment_id: str
+    model_id: str
+    cause: str
+    start: str  # ISO-8601 UTC
+
+
+class IncidentResolved(NoticeBody):
+    """The deployment serves again: the incident's whole length."""
+
+    kind: Literal["incident_resolved"] = "incident_resolved"
+    deployment_id: str
+    model_id: str
+    cause: str
+    start: str
+    end: str
+    downtime_s: float
+
+
+class CantPlace(NoticeBody):
+    """The deployment's status went ``cant_place`` (``keeper.model.readiness``): placement said
+    why nothing can hold it."""
+
+    kind: Literal["cant_place"] = "cant_place"
+    deployment_id: str
+    model_id: str
+    reason: str
+    # When its incident under way began (it stopped serving, or was created when placement
+    # explained why it cannot start); None while no record says so yet.
+    down_since: str | None
+
+
+class ServingAgain(NoticeBody):
+    """A deployment announced ``cant_place`` serves again."""
+
+    kind: Literal["serving_again"] = "serving_again"
+    deployment_id: str
+    model_id: str
+    since: str  # when it served again
+
+
+class DrainFinished(NoticeBody):
+    """Nothing runs on the drained node any more (``NodeDrainEnded``); it stays cordoned."""
+
+    kind: Literal["drain_finished"] = "drain_finished"
+    node: str
+    started: str  # when the drain began (ISO-8601 UTC), as the drain records it
+
+
+class DrainStuck(NoticeBody):
+    """The drain cannot move an instance off the node, in the placement's numbers
+    (``keeper.core.draining.stuck_note``)."""
+
+    kind: Literal["drain_stuck"] = "drain_stuck"
+    node: str
+    started: str
+    reason: str
+
+
+class TestNotice(NoticeBody):
+    """``exo-deploy webhooks test``: a sample, to see that an endpoint takes our notices."""
+
+    __test__ = False  # not a pytest test class, whatever its name says
+    kind: Literal["test"] = "test"
+
+
+AnyNotice = (
+    IncidentOpened | IncidentResolved | CantPlace | ServingAgain | DrainFinished | DrainStuck
+) | TestNotice
+Notice = Annotated[AnyNotice, Field(discriminator="kind")]
+NOTICE_ADAPTER: TypeAdapter[AnyNotice] = TypeAdapter(Notice)
+
+NoticeKind = Literal[
+    "incident_opened",
+    "incident_resolved",
+    "cant_place",
+    "serving_again",
+    "drain_finished",
+    "drain_stuck",
+    "test",
+]
+
+_DAY_S = 86_400
+
+
+def iso_utc_of(seconds: float) -> str:
+    """Unix seconds as ISO-8601 UTC to the millisecond (``2026-12-01T12:03:04.250Z``).
+
+    The civil date from the day count is Howard Hinnant's ``civil_from_days``, valid for every
+    date of the proleptic Gregorian calendar."""
+    millis = round(seconds * 1000)
+    days, in_day_ms = divmod(millis, _DAY_S * 1000)
+    in_day, ms = divmod(in_day_ms, 1000)
+    shifted = days + 719_468
+    era = shifted // 146_097
+    day_of_era = shifted - era * 146_097
+    year_of_era = (
+        day_of_era - day_of_era // 1460 + day_of_era // 36_524 - day_of_era // 146_096
+    ) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    month_index = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * month_index + 2) // 5 + 1
+    month = month_index + 3 if month_index < 10 else month_index - 9
+    year = year_of_era + era * 400 + (1 if month <= 2 else 0)
+    return f"{year:04d}-{month:02d}-{day:02d}T{clock_utc_of(in_day)}.{ms:03d}Z"
+
+
+def clock_utc_of(seconds: float) -> str:
+    """The time of day of Unix seconds, UTC, as ``12:03:04``: what a notice's text shows."""
+    in_day = int(seconds // 1) % _DAY_S
+    hours, rest = divmod(in_day, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def duration_words(seconds: float) -> str:
+    """A downtime as a person says it: ``42 s``, ``3 min 5 s``, ``2 h 10 min``."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"

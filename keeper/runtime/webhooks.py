@@ -1,0 +1,381 @@
+"""Alert webhooks: the notices of ``keeper.core.alerts``, written to an outbox and POSTed to each
+webhook at least once, for the master and the bridge alike (docs/design.md, "Alert webhooks").
+
+The shape, and why:
+
+- ``Webhooks.observe`` is the producer. Each service's hosted keeper calls it after every step
+  with the State the keeper stepped on (``keeper.runtime.hosted_keeper``); it asks the pure rule
+  which notices the change since the last look calls for and appends them to the outbox. It
+  never waits on a webhook: it writes a few lines and returns. A write that fails (disk full) is
+  counted and logged once, and the notices are still delivered from memory; a bug in the rule is
+  logged and never stops the step.
+- ``keeper.runtime.outbox``: the notices on disk in ``DATA_DIR/webhooks`` and each webhook's
+  place in them; a restart delivers what was queued, at most ``MAX_QUEUED_NOTICES`` are kept.
+  ``memory.json`` beside them keeps the rule's memory (``keeper.core.alerts.AlertMemory``).
+- ``Webhooks.run``: one task per webhook, so a dead one (hanging, answering 500, resetting the
+  connection) delays only its own queue. Its notices go in order, each retried with a backoff
+  from 1 s doubling to 5 min; each POST has ``REQUEST_TIMEOUT_S`` to get an answer.
+- ``Webhooks.health`` (shown in ``/healthz``) is the counters' one accessor: a ``/metrics``
+  exporter reads the same ``WebhooksHealth``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from keeper.core.alerts import AlertMemory, Observed, first_look, first_memory, notices
+from keeper.httpapi.serving import MasterStartError
+from keeper.model.api_models import WebhookEndpointHealth, WebhooksHealth
+from keeper.model.notices import AnyNotice, TestNotice, iso_utc_of
+from keeper.model.state import State
+from keeper.runtime.outbox import (
+    MAX_QUEUED_NOTICES,
+    Outbox,
+    endpoint_label,
+    notice_json,
+    write_atomically,
+)
+
+log = logging.getLogger(__name__)
+
+# The environment variable that lists webhooks beside (and before) ``--webhook URL``: several,
+# separated by commas or whitespace, so a unit file or a shell profile can hold them.
+WEBHOOKS_ENV = "EXO_DEPLOY_WEBHOOKS"
+# How long one POST may take to be answered. Chat services answer in well under a second; an
+# endpoint that takes longer is treated as down (and retried), never waited on for ever.
+REQUEST_TIMEOUT_S = 10.0
+# The first retry of a failed delivery, doubled per failure in a row up to the cap: an endpoint
+# that blips gets its notice a second later, one down for hours is asked every 5 min, not hammered.
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 300.0
+
+MEMORY_FILE = "memory.json"
+OUTBOX_DIR = "webhooks"
+
+
+class WebhookUrlError(MasterStartError):
+    """A webhook URL that cannot work: a usage error (exit 2) naming it."""
+
+
+def check_webhook_url(url: str) -> str:
+    """``url`` if it is an http(s) URL with a host; ``WebhookUrlError`` naming it otherwise."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise WebhookUrlError(f"webhook {url!r} is not a URL ({exc})") from None
+    if parsed.scheme not in {"http", "https"} or not parsed.host:
+        raise WebhookUrlError(
+            f"webhook {url!r} is not an http(s) URL (expected http(s)://HOST[:PORT]/PATH)"
+        )
+    return url
+
+
+def webhook_urls(given: Iterable[str], env: str | None = None) -> tuple[str, ...]:
+    """The webhooks of ``EXO_DEPLOY_WEBHOOKS`` (``env``: its value, None to read it) and then of
+    ``--webhook`` (``given``), each checked, in order, each once."""
+    listed = os.environ.get(WEBHOOKS_ENV, "") if env is None else env
+    items = [*listed.replace(",", " ").split(), *given]
+    urls: list[str] = []
+    for item in items:
+        url = check_webhook_url(item.strip())
+        if url not in urls:
+            urls.append(url)
+    return tuple(urls)
+
+
+def _read_memory(path: Path) -> AlertMemory | None:
+    try:
+        loaded: dict[str, Any] = json.loads(path.read_bytes())
+        cant_place: list[Any] = loaded["cant_place"]
+        seen: dict[str, Any] = loaded["records_seen_until"]
+        return AlertMemory(
+            cant_place=frozenset(str(d) for d in cant_place),
+            records_seen_until={str(k): float(v) for k, v in seen.items()},
+        )
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        log.warning("webhooks: %s is damaged; notices start from the State as it is", path)
+        return None
+
+
+def _memory_json(memory: AlertMemory) -> bytes:
+    return json.dumps(
+        {
+            "cant_place": sorted(memory.cant_place),
+            "records_seen_until": dict(memory.records_seen_until),
+        }
+    ).encode()
+
+
+# --- the service side -----------------------------------------------------------------------
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    urls: tuple[str, ...] = ()
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    backoff_start_s: float = BACKOFF_START_S
+    backoff_max_s: float = BACKOFF_MAX_S
+    max_queued: int = MAX_QUEUED_NOTICES
+    # Tests hand the deliveries a transport (an ASGI app, a mock); None: the network.
+    transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False)
+
+
+class Webhooks:
+    """A service's webhooks: the producer (``observe``), the deliveries (``run``), the counters
+    (``health``). With no URL it does nothing at all."""
+
+    def __init__(
+        self,
+        config: WebhookConfig,
+        data_dir: Path | None,
+        *,
+        wall: Callable[[], float],
+        sleep: Sleep = anyio.sleep,
+    ) -> None:
+        self.config = config
+        directory = data_dir / OUTBOX_DIR if data_dir is not None else None
+        self.outbox = Outbox(directory, config.urls, max_queued=config.max_queued)
+        self._wall = wall
+        self._sleep = sleep
+        self._last: Observed | None = None
+        self._memory = AlertMemory()
+        self._kept_memory: AlertMemory | None = None
+        self._wake: dict[str, anyio.Event] = {}
+        self._rule_failing = False
+        self._memory_failing = False
+        self._opened = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.config.urls)
+
+    def open(self) -> None:
+        """Read the outbox and the memory a previous run left (after the data dir is ours)."""
+        if not self.enabled or self._opened:
+            return
+        self._opened = True
+        self.outbox.open()
+        if self.outbox.directory is not None:
+            self._kept_memory = _read_memory(self.outbox.directory / MEMORY_FILE)
+        log.info(
+            "webhooks: notices go to %s",
+            ", ".join(endpoint_label(url) for url in self.config.urls),
+        )
+
+    def close(self) -> None:
+        self.outbox.close()
+
+    # --- producing -------------------------------------------------------------------------
+
+    def observe(self, state: State, drain_notes: Mapping[str, str]) -> None:
+        """The notices since the last look (``keeper.core.alerts``), queued for every webhook.
+        Never raises and never waits on a webhook."""
+        if not self.enabled:
+            return
+        if not self._opened:
+            self.open()
+        after = Observed(state, drain_notes)
+        try:
+            if self._last is None:
+                before = first_look(after, self._kept_memory)
+                memory = first_memory(after, self._kept_memory)
+            else:
+                before, memory = self._last, self._memory
+            found, memory = notices(before, after, self._wall(), memory)
+        except Exception:
+            if not self._rule_failing:
+                log.exception("webhooks: the notice rule failed; this change sends no notice")
+            self._rule_failing = True
+            self._last = after
+            return
+        self._rule_failing = False
+        self._last = after
+        if found:
+            for notice in found:
+                log.info("webhooks: %s", notice.text)
+            self.queue(found)
+        if memory is not self._memory and memory != self._memory:
+            self._save_memory(memory)
+        self._memory = memory
+
+    def queue(self, found: Sequence[AnyNotice]) -> None:
+        """Append ``found`` to the outbox and wake each webhook's delivery."""
+        self.outbox.append(found)
+        for event in self._wake.values():
+            event.set()
+
+    def _save_memory(self, memory: AlertMemory) -> None:
+        if self.outbox.directory is None:
+            return
+        try:
+            write_atomically(self.outbox.directory / MEMORY_FILE, _memory_json(memory))
+        except OSError as exc:
+            if not self._memory_failing:
+                log.error("webhooks: %s not written (%s)", MEMORY_FILE, exc)
+            self._memory_failing = True
+            return
+        self._memory_failing = False
+
+    # --- delivering ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Deliver until cancelled: one task per webhook."""
+        if not self.enabled:
+            return
+        if not self._opened:
+            self.open()
+        try:
+            async with (
+                httpx.AsyncClient(
+                    transport=self.config.transport,
+                    timeout=self.config.request_timeout_s,
+                    headers={"User-Agent": "exo-deploy"},
+                ) as client,
+                anyio.create_task_group() as group,
+            ):
+                for url in self.config.urls:
+                    self._wake[url] = anyio.Event()
+                    group.start_soon(self._deliver, client, url)
+        finally:
+            self.close()
+
+    async def _deliver(self, client: httpx.AsyncClient, url: str) -> None:
+        counters = self.outbox.endpoints[url]
+        backoff = self.config.backoff_start_s
+        failing_since_log = 0
+        while True:
+            item = self.outbox.next_for(url)
+            if item is None:
+                await self._wake[url].wait()
+                self._wake[url] = anyio.Event()
+                continue
+            error = await post_notice(client, url, item.body, item.notice_id, self.config)
+            if error is None:
+                self.outbox.delivered(url, item)
+                if failing_since_log:
+                    log.warning(
+                        "webhooks: %s delivers again (after %d failed attempts)",
+                        counters.label,
+                        failing_since_log,
+                    )
+                failing_since_log = 0
+                backoff = self.config.backoff_start_s
+                continue
+            counters.failed_attempts_total += 1
+            counters.last_error = error
+            if failing_since_log == 0:
+                log.warning(
+                    "webhooks: %s failed (%s); retrying from %g s, doubling up to %g s",
+                    counters.label,
+                    error,
+                    backoff,
+                    self.config.backoff_max_s,
+                )
+            failing_since_log += 1
+            await self._sleep(backoff)
+            backoff = min(backoff * 2, self.config.backoff_max_s)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def health(self) -> WebhooksHealth:
+        """The counters: what ``/healthz`` shows, and what a metrics exporter reads."""
+        return WebhooksHealth(
+            endpoints=[
+                WebhookEndpointHealth(
+                    url=counters.label,
+                    pending=self.outbox.pending(url),
+                    delivered_total=counters.delivered_total,
+                    dropped_total=counters.dropped_total,
+                    failed_attempts_total=counters.failed_attempts_total,
+                    last_error=counters.last_error,
+                )
+                for url, counters in self.outbox.endpoints.items()
+            ],
+            durable=self.outbox.directory is not None,
+            outbox_write_failures_total=self.outbox.write_failures_total,
+        )
+
+
+async def post_notice(
+    client: httpx.AsyncClient, url: str, body: bytes, notice_id: str, config: WebhookConfig
+) -> str | None:
+    """POST one notice; None when the webhook answered 2xx, else what went wrong, in words."""
+    try:
+        with anyio.fail_after(config.request_timeout_s):
+            response = await client.post(
+                url,
+                content=body,
+                headers={"Content-Type": "application/json", "Idempotency-Key": notice_id},
+            )
+    except TimeoutError:
+        return f"no answer within {config.request_timeout_s:g} s"
+    except (httpx.HTTPError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if 200 <= response.status_code < 300:
+        return None
+    return f"answered {response.status_code}"
+
+
+# --- exo-deploy webhooks test ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TestAnswer:
+    """What one webhook answered the sample notice."""
+
+    __test__ = False  # not a pytest test class, whatever its name says
+    url: str
+    status: int | None  # None: no answer (unreachable, timed out)
+    detail: str  # the answer's first line of body, or why there was none
+
+
+def sample_notice(at: float) -> TestNotice:
+    seen = iso_utc_of(at)
+    return TestNotice(
+        id=f"test:{seen}",
+        at=seen,
+        text="exo-deploy: a test notice; alerts from this cluster will arrive here",
+    )
+
+
+async def send_test(
+    urls: Sequence[str],
+    at: float,
+    *,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[TestAnswer]:
+    """POST the sample notice to each webhook, one after the other, and say what each answered."""
+    notice = sample_notice(at)
+    answers: list[TestAnswer] = []
+    async with httpx.AsyncClient(transport=transport, timeout=timeout_s) as client:
+        for url in urls:
+            try:
+                with anyio.fail_after(timeout_s):
+                    response = await client.post(
+                        url,
+                        content=notice_json(notice),
+                        headers={"Content-Type": "application/json", "Idempotency-Key": notice.id},
+                    )
+            except TimeoutError:
+                answers.append(TestAnswer(url, None, f"no answer within {timeout_s:g} s"))
+                continue
+            except (httpx.HTTPError, OSError) as exc:
+                answers.append(TestAnswer(url, None, f"{type(exc).__name__}: {exc}"))
+                continue
+            first = response.text.strip().splitlines()[:1]
+            answers.append(TestAnswer(url, response.status_code, first[0][:200] if first else ""))
+    return answers
