@@ -397,15 +397,18 @@ class Keeper:
                 continue
             if not may_place or deployment_id in draining:
                 continue
+            # The first still to replace that the State shows (on the bridge, exo's State may
+            # drop one a moment before the bridge's log records its deletion).
+            old = next((i for i in deployment.replacing if i in state.instances), None)
+            if old is None:
+                continue
             memo = self._memos[deployment_id]  # observed at the start of this step
-            short = counts.get(deployment.model_card.model_id, 0) < wanted(memo, deployment)
+            # (The model is counted: ``old`` is one of its instances.)
+            short = counts[deployment.model_card.model_id] < wanted(memo, deployment)
             if short or busy(memo, now) is not None:
                 continue
             stuck = self._update_stuck.get(deployment_id)
             if stuck is not None and stuck[0] == signature and now < stuck[1]:
-                continue
-            old = next((i for i in deployment.replacing if i in state.instances), None)
-            if old is None:
                 continue
             replaced = self._replace(deployment, old, state, signature, now)
             events.extend(replaced)

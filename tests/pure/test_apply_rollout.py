@@ -43,8 +43,18 @@ def placed_state() -> State:
 
 
 def test_the_change_sets_the_options_and_what_it_replaces_and_clears_the_error() -> None:
-    state = apply(placed_state(), DeploymentPlaced(deployment_id="d", instance_id="i2"))
+    state = placed_state()
     deployment = state.deployments["d"]
+    refused = deployment.model_copy(update={"placement_error": "no room"})
+    before = state.model_copy(update={"deployments": {"d": refused}})
+    change = DeploymentOptionsChanged(
+        deployment_id="d",
+        sharding=Sharding.TENSOR,
+        instance_meta=InstanceMeta.MLX_JACCL,
+        min_nodes=2,
+        replace=("i1", "i2"),
+    )
+    assert apply(before, change).deployments["d"].placement_error is None
     assert (deployment.sharding, deployment.instance_meta, deployment.min_nodes) == (
         Sharding.TENSOR,
         InstanceMeta.MLX_JACCL,

@@ -8,7 +8,8 @@ from __future__ import annotations
 from keeper_harness import AFTER_GRACE, Cluster, shaped_place, simple_place, unplaceable
 
 from keeper.core.keeper import MOVE_SETTLE, Keeper
-from keeper.model.constants import UNPLACEABLE_RETRY
+from keeper.core.placement import PlaceFn
+from keeper.model.constants import PLACEMENT_TIMEOUT, UNPLACEABLE_RETRY
 from keeper.model.events import (
     AnyEvent,
     DeploymentReplacementPlaced,
@@ -17,7 +18,15 @@ from keeper.model.events import (
 )
 from keeper.model.readiness import chat_targets
 from keeper.model.rollout import matches_options, update_progress
-from keeper.model.state import InstanceMeta, MlxJacclInstance, Sharding, TensorShardMetadata
+from keeper.model.state import (
+    AnyInstance,
+    InstanceMeta,
+    MlxJacclInstance,
+    ModelCard,
+    Sharding,
+    State,
+    TensorShardMetadata,
+)
 
 FOUR = ("node-a", "node-b", "node-c", "node-d")
 ALL = frozenset({*FOUR, "node-e", "node-f"})  # connected nodes
@@ -246,3 +255,168 @@ def test_a_deleted_deployment_replaces_nothing_more() -> None:
     assert kinds(deleted).count("InstanceDeleted") == 3  # both instances and the replacement
     assert cluster.step(T + 11) == []
     assert cluster.state.instances == {}
+
+
+# --- several deployments changing at once ----------------------------------------------------
+
+SIX = (*FOUR, "node-e", "node-f")
+
+
+def unplaceable_for_model(*models: str) -> PlaceFn:
+    """``shaped_place``, but ``models`` fit nowhere."""
+
+    def place(
+        state: State,
+        model_card: ModelCard,
+        sharding: Sharding | str,
+        instance_meta: InstanceMeta | str,
+        min_nodes: int,
+    ) -> AnyInstance:
+        if model_card.model_id in models:
+            raise ValueError("No cycles found with sufficient memory")
+        return shaped_place(state, model_card, sharding, instance_meta, min_nodes)
+
+    return place
+
+
+def two_changing(place: PlaceFn = shaped_place) -> tuple[Cluster, str, str]:
+    """``m1`` and ``m2`` at replicas 1 on two nodes each of six (apart), both changed to
+    tensor."""
+    cluster = Cluster(place=shaped_place)
+    cluster.add_nodes(*SIX)
+    first = cluster.deploy("m1", min_nodes=2)
+    second = cluster.deploy("m2", min_nodes=2)
+    for k, deployment_id in enumerate((first, second)):
+        cluster.step(T + k)
+        instance_id = cluster.instance_of(deployment_id).instance_id
+        cluster.make_ready(instance_id)
+        for node in cluster.nodes_of(instance_id):  # the next goes to other nodes
+            cluster.add_node(node, available_gb=15.0 - k)
+    for deployment_id in (first, second):
+        cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
+    cluster.keeper._place = place  # pyright: ignore[reportPrivateUsage]
+    return cluster, first, second
+
+
+def replaced_in(events: list[AnyEvent]) -> list[str]:
+    return [e.deployment_id for e in events if isinstance(e, DeploymentReplacementPlaced)]
+
+
+def test_one_replacement_per_step_across_deployments_the_next_while_one_settles() -> None:
+    cluster, first, second = two_changing()
+    assert replaced_in(cluster.step(T + 10)) == [first]  # one placement per step
+    # The first's move runs (not ready yet): the second is placed beside it.
+    assert replaced_in(cluster.step(T + 11)) == [second]
+
+
+def test_a_refused_replacement_lets_the_next_deployment_place_in_the_same_step() -> None:
+    refused = unplaceable_for_model("m1")
+    cluster, first, second = two_changing(refused)
+    assert replaced_in(cluster.step(T + 10)) == [second]
+    note = cluster.keeper.update_note(first)
+    assert note is not None and note.endswith(": No cycles found with sufficient memory")
+    assert cluster.keeper.update_note(second) is None
+
+
+def test_a_stuck_or_short_or_draining_deployment_does_not_hold_the_next_back() -> None:
+    # Stuck: the first refused on this cluster; the second, changed since, is placed.
+    cluster, first, second = two_changing(unplaceable_for_model("m1"))
+    cluster.apply(cluster.change_options(second).model_copy(update={"replace": ()}))
+    assert replaced_in(cluster.step(T + 10)) == []
+    assert cluster.keeper.update_note(first) is not None
+    cluster.change_options(second, sharding=Sharding.TENSOR, min_nodes=3)
+    assert replaced_in(cluster.step(T + 11)) == [second]
+    # Short and waiting for its own retry: no replacement for it, the second goes on.
+    cluster, first, second = two_changing()
+    lost = cluster.instance_of(first).instance_id
+    cluster.keeper._place = unplaceable_for_model("m1")  # pyright: ignore[reportPrivateUsage]
+    cluster.delete_instance(lost)
+    assert cluster.state.deployments[first].replacing == ()
+    # (m1 is short, refused, and retried only when the cluster changes or in 30 s.)
+    assert replaced_in(cluster.step(T + 10)) == [second]
+    # A drain moving the first: the second's change goes on.
+    cluster, first, second = two_changing()
+    cluster.drain(cluster.nodes_of(cluster.instance_of(first).instance_id)[0])
+    placed = cluster.step(T + 10)
+    assert kinds(placed)[-1] == "DrainReplacementPlaced"
+    assert replaced_in(placed) == []  # the drain's placement was the step's one
+    assert replaced_in(cluster.step(T + 11)) == [second]
+
+
+def test_a_short_deployment_waiting_for_its_retry_gets_no_replacement() -> None:
+    cluster, deployment_id, instances = serving(*SIX, replicas=2)
+    cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
+    cluster.keeper._place = unplaceable()  # pyright: ignore[reportPrivateUsage]
+    cluster.delete_instance(instances[0])
+    assert cluster.step(T + 10) == [] or cluster.deployment(deployment_id).placement_error
+    cluster.keeper._place = shaped_place  # pyright: ignore[reportPrivateUsage]
+    # The same cluster: the recovery waits for its retry, and no replacement goes before it.
+    assert replaced_in(cluster.step(T + 11)) == []
+    assert len(cluster.instances_of_model("m")) == 1
+
+
+def test_a_deployment_being_deleted_gets_no_replacement() -> None:
+    cluster, deployment_id, _ = serving("node-a", "node-b")
+    cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
+    assert cluster.keeper.delete(deployment_id, cluster.state)  # on its way, not applied yet
+    assert replaced_in(cluster.step_keep(T + 10)) == []
+
+
+def test_an_instance_to_replace_the_state_no_longer_shows_is_skipped() -> None:
+    # The bridge: exo's State drops an instance before the bridge's log records its deletion.
+    cluster, deployment_id, (only,) = serving("node-a", "node-b")
+    event = cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
+    cluster.apply(event.model_copy(update={"replace": ("gone", only)}))
+    assert cluster.deployment(deployment_id).replacing == ("gone", only)
+    assert replaced_in(cluster.step(T + 10)) == [deployment_id]
+    cluster.apply(event.model_copy(update={"replace": ("gone",)}))
+    assert cluster.step(T + 11) == []  # nothing it can replace: nothing, and no error
+
+
+def test_a_replacement_whose_events_were_lost_is_placed_again_after_the_timeout() -> None:
+    cluster, deployment_id, _ = serving("node-a", "node-b")
+    cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
+    assert replaced_in(cluster.step_keep(T + 10)) == [deployment_id]  # never applied
+    assert cluster.step_keep(T + 11) == []  # in flight
+    again = cluster.step_keep(T + 10 + PLACEMENT_TIMEOUT + 1)
+    assert replaced_in(again) == [deployment_id]
+
+
+def test_the_stuck_note_names_the_nodes_left_out_and_why() -> None:
+    cluster, deployment_id, instances = serving(*SIX, replicas=2)
+    cluster.keeper = Keeper(0.0, place=unplaceable())
+    cluster.cordon("node-f")
+    cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
+    cluster.step(T + 10)
+    old = cluster.deployment(deployment_id).replacing[0]
+    other = next(i for i in instances if i != old)
+    serving_nodes = ", ".join(sorted(cluster.nodes_of(other)))
+    assert cluster.keeper.update_note(deployment_id) == (
+        f"cannot replace instance {old} with Tensor/MlxRing, min_nodes 2 "
+        f"(cordoned: node-f; serving it already: {serving_nodes}): "
+        "No cycles found with sufficient memory"
+    )
+    # Nothing left out: no parenthesis.
+    cluster, deployment_id, (only,) = serving("node-a", "node-b")
+    cluster.keeper = Keeper(0.0, place=unplaceable())
+    cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
+    cluster.step(T + 10)
+    assert cluster.keeper.update_note(deployment_id) == (
+        f"cannot replace instance {only} with Tensor/MlxRing, min_nodes 2: "
+        "No cycles found with sufficient memory"
+    )
+
+
+def test_an_instance_matches_by_its_kind_its_shards_and_its_node_count() -> None:
+    cluster, deployment_id, (ring,) = serving("node-a", "node-b")
+    deployment = cluster.deployment(deployment_id)
+    instance = cluster.state.instances[ring]
+    assert matches_options(instance, deployment)
+    jaccl = shaped_place(cluster.state, deployment.model_card, "Pipeline", "MlxJaccl", 2)
+    assert not matches_options(jaccl, deployment)
+    as_jaccl = deployment.model_copy(update={"instance_meta": InstanceMeta.MLX_JACCL})
+    assert matches_options(jaccl, as_jaccl) and not matches_options(instance, as_jaccl)
+    tensor = shaped_place(cluster.state, deployment.model_card, "Tensor", "MlxRing", 2)
+    as_tensor = deployment.model_copy(update={"sharding": Sharding.TENSOR})
+    assert matches_options(tensor, as_tensor) and not matches_options(tensor, deployment)
+    assert not matches_options(instance, deployment.model_copy(update={"min_nodes": 3}))
