@@ -29,8 +29,10 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentDeleted,
+    DeploymentOptionsChanged,
     DeploymentPlaced,
     DeploymentPlacementFailed,
+    DeploymentReplacementPlaced,
     DeploymentScaled,
     DrainReplacementPlaced,
     InstanceCreated,
@@ -48,6 +50,7 @@ from keeper.model.history import Incident
 from keeper.model.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
+    Deployment,
     DeploymentId,
     DownloadCompleted,
     DownloadFailed,
@@ -250,6 +253,28 @@ def entries_for_event(
             return _download_entries(key, before, after, at, remembered, started.get(key))
         case NodeCordoned() | NodeUncordoned() | NodeDrainStarted() | NodeDrainEnded():
             return _cordon_entries(event, before, after, at)
+        case DeploymentOptionsChanged(deployment_id=deployment_id, replace=replace):
+            old = before.deployments.get(deployment_id)
+            new = after.deployments.get(deployment_id)
+            if old is None or new is None or _options(old) == _options(new):
+                return []
+            model = new.model_card.model_id
+            count = len(replace)
+            what = (
+                f"replacing {count} instance(s), one at a time" if count else "nothing to replace"
+            )
+            text = f"{short_model(model)} now {_options(new)} (was {_options(old)}): {what}"
+            return [TimelineEntry(at, "info", text, model)]
+        case DeploymentReplacementPlaced(deployment_id=deployment_id, move=move):
+            deployment = after.deployments.get(deployment_id)
+            if deployment is None or deployment.moving != move:
+                return []
+            model = deployment.model_card.model_id
+            text = (
+                f"updating {short_model(model)}: replacing instance "
+                f"{short_id(move.old_instance_id)} -> {short_id(move.new_instance_id)}"
+            )
+            return [TimelineEntry(at, "info", text, model)]
         case DrainReplacementPlaced(name=name, move=move):
             if move.deployment_id not in after.deployments or name not in after.drains:
                 return []
@@ -344,6 +369,11 @@ def incident_entries(
 # --- explaining a state diff --------------------------------------------------------------
 
 
+def _options(deployment: Deployment) -> str:
+    nodes = deployment.min_nodes
+    return f"{deployment.sharding}/{deployment.instance_meta}, min {nodes} node{'s' * (nodes != 1)}"
+
+
 def events_between(before: State, after: State) -> list[AnyEvent]:
     """Events that would turn ``before`` into ``after`` as far as the timeline tells it.
 
@@ -379,6 +409,18 @@ def events_between(before: State, after: State) -> list[AnyEvent]:
             continue
         if d.replicas != old.replicas:
             events.append(DeploymentScaled(deployment_id=d_id, replicas=d.replicas))
+        if _options(d) != _options(old):
+            events.append(
+                DeploymentOptionsChanged(
+                    deployment_id=d_id,
+                    sharding=d.sharding,
+                    instance_meta=d.instance_meta,
+                    min_nodes=d.min_nodes,
+                    replace=(*d.replacing, *((d.moving.old_instance_id,) if d.moving else ())),
+                )
+            )
+        if d.moving is not None and d.moving != old.moving:
+            events.append(DeploymentReplacementPlaced(deployment_id=d_id, move=d.moving))
         if d.instance_id is not None and d.instance_id != old.instance_id:
             events.append(DeploymentPlaced(deployment_id=d_id, instance_id=d.instance_id))
         if d.placement_error is not None and d.placement_error != old.placement_error:

@@ -7,13 +7,15 @@ from __future__ import annotations
 from model_ids import LLAMA, QWEN
 from tui_clusters import three_nodes
 
-from exo_deploy_tui.cells import node_columns, node_table_rows, status_text
+from exo_deploy_tui.cells import next_text, node_columns, node_table_rows, status_text
 from exo_deploy_tui.draining import DrainProgress, progress_words
 from exo_deploy_tui.model import ClusterModel, NodeRow
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, NodesUpdate
 from keeper.model.events import (
     AnyEvent,
+    DeploymentOptionsChanged,
+    DeploymentReplacementPlaced,
     DrainReplacementPlaced,
     IndexedEvent,
     InstanceDeleted,
@@ -21,7 +23,7 @@ from keeper.model.events import (
     NodeTimedOut,
     NodeUncordoned,
 )
-from keeper.model.state import InstanceMove
+from keeper.model.state import InstanceMeta, InstanceMove, Sharding
 
 QWEN_DEPLOYMENT = "dep-qwen3-0.6b-4bit"
 STUCK = (
@@ -175,3 +177,36 @@ def test_the_lines_under_a_node_wrap_inside_the_table() -> None:
         assert [t for k, t in lines.items() if k.startswith("alive:12D3KooWstudio cordon")] == [
             " └ ⊘ cordoned: nothing new is placed here"
         ]
+
+
+def test_a_rolling_change_shows_in_status_next_and_the_timeline() -> None:
+    model = connected(on_mini_a())
+    (qwen,) = [r for r in model.deployment_rows(FROZEN_NOW) if r.model_id == QWEN]
+    instance = "inst-qwen3-0.6b-4bit"
+    feed(
+        model,
+        DeploymentOptionsChanged(
+            deployment_id=QWEN_DEPLOYMENT,
+            sharding=Sharding.PIPELINE,
+            instance_meta=InstanceMeta.MLX_RING,
+            min_nodes=2,
+            replace=(instance,),
+        ),
+    )
+    (qwen,) = [r for r in model.deployment_rows(FROZEN_NOW) if r.model_id == QWEN]
+    assert qwen.updating == (0, 1)
+    assert (status_text(qwen), next_text(qwen)) == ("⟳ updating", "updated 0/1")
+    assert qwen.matches("updating")
+    move = InstanceMove(
+        deployment_id=QWEN_DEPLOYMENT, old_instance_id=instance, new_instance_id="inst-new"
+    )
+    feed(model, DeploymentReplacementPlaced(deployment_id=QWEN_DEPLOYMENT, move=move))
+    feed(model, InstanceDeleted(instance_id=instance))
+    (qwen,) = [r for r in model.deployment_rows(FROZEN_NOW) if r.model_id == QWEN]
+    assert qwen.updating is None and status_text(qwen) != "⟳ updating"
+    told = [e.text for e in model.timeline]
+    assert (
+        "Qwen3-0.6B-4bit now Pipeline/MlxRing, min 2 nodes (was Pipeline/MlxRing, min 1 node): "
+        "replacing 1 instance(s), one at a time"
+    ) in told
+    assert "updating Qwen3-0.6B-4bit: replacing instance inst-qwe -> inst-new" in told
