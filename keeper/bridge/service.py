@@ -43,17 +43,24 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
 
 from keeper.bridge.creating import Creations
 from keeper.bridge.doomed import DoomedInstances
+from keeper.bridge.etcd_store import (
+    COMMAND_TRIES,
+    EtcdStore,
+    NotActingError,
+    StoreError,
+    StoreMovedOnError,
+)
 from keeper.bridge.exo_client import ExoApi, ExoRefusedError, ExoState, ExoUnavailableError
 from keeper.bridge.exo_models import ExoCards
 from keeper.bridge.following import (
@@ -70,8 +77,9 @@ from keeper.bridge.health import (
     HealthStatus,
     StepFailures,
     StepHealth,
+    StoreHealth,
 )
-from keeper.bridge.in_flight import LATE_LANDING_WATCH_S
+from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
 from keeper.bridge.placing import PlacementAnswers, StepPlacement, ask_exo, due_for_placement
 from keeper.bridge.staging_calls import StagingCalls
 from keeper.bridge.vanished import VanishedInstances
@@ -138,6 +146,9 @@ __all__ = ["STATE_UNREADABLE", "UNREACHABLE", "Bridge", "BridgeConfig", "ExoDown
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+Role = Literal["acting", "standby"]
+
 
 @dataclass(frozen=True)
 class BridgeConfig:
@@ -180,7 +191,10 @@ class Bridge:
         *,
         keeper_factory: KeeperFactory = default_keeper,
         file_ops: FileOps | None = None,
+        store: EtcdStore | None = None,
+        name: str = "bridge",
     ) -> None:
+        self.name = name  # named in /healthz (with a store, the store's name for it)
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else BridgeConfig()
         self.catalog = catalog_by_id(self.config.model_cards)
@@ -188,14 +202,26 @@ class Bridge:
         self._keeper_factory = keeper_factory
         self._steps = StepFailures()  # whether the steps go through (``/healthz``)
         self._served: State | None = None  # the merged State serving was last judged on
-        # The bridge's deployments: the log's State (``_own``).
-        self._store = EventStore(
-            self.data_dir, snapshot_every=self.config.snapshot_every_events, file_ops=file_ops
+        # The bridge's deployments: the log's State (``_own``), local or shared (``_shared``:
+        # etcd, with one acting bridge among several; keeper.bridge.etcd_store).
+        self._shared = store
+        self._store: EventStore | EtcdStore = (
+            store
+            if store is not None
+            else EventStore(
+                self.data_dir, snapshot_every=self.config.snapshot_every_events, file_ops=file_ops
+            )
         )
         self._lock = anyio.Lock()
         self._merged = LastBuilt[State]()  # exo's State with our deployments
         self._state_body = LastBuilt[bytes]()  # exo's State JSON with our deployments
-        self._doomed = DoomedInstances(self.data_dir)
+        self._doomed = DoomedInstances(
+            self.data_dir, persist=self._persist_doomed if store is not None else None
+        )
+        self._doomed_in_store: set[str] = set()  # doomed ids the shared store holds
+        self._intents_in_store: set[str] = set()  # creations recorded in the shared store
+        self._was_acting = False  # acting at the last tick (a change means take over/stand by)
+        self._foreign: str | None = None  # why the store's prefix is another exo cluster's
         self._vanished = VanishedInstances()
         self._follow = ExoFollower(
             tuple(exo) if isinstance(exo, Sequence) else (exo,),
@@ -211,7 +237,7 @@ class Bridge:
         )
         # The keeper's placement function: the answers asked of exo before the step under way.
         self._placement = StepPlacement()
-        self._staging = StagingCalls(self._cards.full)
+        self._staging = StagingCalls(self._cards.full, guard=self._fence_call)
         self._creations = Creations(
             exo=lambda: self.exo,
             deployments=lambda: self._own.deployments,
@@ -220,8 +246,10 @@ class Bridge:
             doomed=self._doomed,
             cards=self._cards,
             monotonic=self._monotonic,
+            guard=self._fence_creation,
         )
         self._running = False
+        self._started_at = 0.0  # monotonic, when ``run`` began (the keeper's grace runs from it)
 
     # --- read side -------------------------------------------------------------------------
 
@@ -335,6 +363,12 @@ class Bridge:
         return view
 
     def _detail(self, deployment_id: str) -> str | None:
+        store = self._shared
+        if store is not None:
+            if store.write_error is not None:
+                return f"{store.write_error}: not acting; this view may be stale"
+            if self._foreign is not None:
+                return self._foreign
         failing = self._steps.detail()
         if failing is not None:
             return failing  # the last step raised: nothing below it is being kept up to date
@@ -355,15 +389,22 @@ class Bridge:
     def degraded(self) -> bool:
         """Whether the bridge cannot do its job now: its log refuses writes (so it accepts no
         change) or its steps fail (so it keeps nothing). ``/healthz`` is a 503 then."""
-        return self._store.write_error is not None or self._steps.failing
+        return (
+            self._store.write_error is not None or self._steps.failing or self._foreign is not None
+        )
 
     def health(self) -> BridgeHealth:
         outage = self._follow.outage
         read = self._follow.last is not None
         status: HealthStatus = "degraded" if self.degraded else "ok"
         since = self._steps.since
+        store = self._shared
         return BridgeHealth(
             status=status if self._running else "stopped",
+            role=self.role,
+            name=store.name if store is not None else self.name,
+            leader=(store.leader if store is not None else self.name) if self._running else None,
+            store=self._store_health(store) if store is not None else None,
             exo=ExoHealth(
                 url=self.exo.url,
                 urls=[api.url for api in self.exo_apis],
@@ -385,6 +426,21 @@ class Bridge:
             ),
         )
 
+    def _store_health(self, store: EtcdStore) -> StoreHealth:
+        since = store.unreachable_since
+        return StoreHealth(
+            url=store.address.url,
+            prefix=store.prefix,
+            reachable=since is None,
+            stale=store.stale,
+            unreachable_since=(
+                iso_utc(self._wall() - timedelta(seconds=self._monotonic() - since))
+                if since is not None
+                else None
+            ),
+            error=store.write_error if store.write_error is not None else self._foreign,
+        )
+
     # --- commands --------------------------------------------------------------------------
 
     async def models_body(self) -> bytes:
@@ -403,7 +459,8 @@ class Bridge:
         preempt: bool = False,
     ) -> CommandResponse:
         card = await self._cards.deployment_card(model_id)
-        async with self._lock:
+
+        def create() -> Deployment:
             deployment = new_deployment(
                 self._own.deployments,
                 card,
@@ -416,22 +473,27 @@ class Bridge:
                 preempt=preempt,
                 max_deployments=self.config.max_deployments,
             )
-            self._record([DeploymentCreated(deployment=deployment)])
+            self._record_change([DeploymentCreated(deployment=deployment)])
+            return deployment
+
+        deployment = await self._command(create)
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)
         return created_response(deployment)
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
-        async with self._lock:
+        def delete() -> Deployment:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             now = self.clock.monotonic()
             events = self.keeper.delete(deployment_id, self.state)
-            # Recorded first: if the log refuses it (503), no instance is doomed either.
-            self._record(
+            # Recorded first: if the log refuses it (503), no instance is doomed either. With a
+            # shared store the doomed ids go in the same write, for whichever bridge acts.
+            self._record_change(
                 [
                     event
                     for event in events
                     if not isinstance(event, InstanceDeleted | DownloadDeletionRequested)
-                ]
+                ],
+                doomed=[e.instance_id for e in events if isinstance(e, InstanceDeleted)],
             )
             # Its staged copies are deleted through exo at the next tick (recorded then).
             self._staging.owe(
@@ -445,32 +507,42 @@ class Bridge:
                     self._doomed.add(event.instance_id, now)
             # The DELETEs go out with the next tick, on the State it reads: not on an older
             # State, and not while the caller waits (exo may hold commands for seconds).
+            return deployment
+
+        deployment = await self._command(delete)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment)
 
     async def set_standby(self, deployment_id: str, standby: int) -> CommandResponse:
         """Keep ``standby`` node sets with the deployment's model downloaded, in the bridge's
         log; the keeper's next staging acts on it."""
-        async with self._lock:
+
+        def set_it() -> Deployment:
             deployment = existing_deployment(self._own.deployments, deployment_id)
-            self._record(standby_events(deployment, standby))
-        return standby_response(deployment, standby)
+            self._record_change(standby_events(deployment, standby))
+            return deployment
+
+        return standby_response(await self._command(set_it), standby)
 
     async def set_priority(
         self, deployment_id: str, priority: int | None = None, preempt: bool | None = None
     ) -> CommandResponse:
         """Set the deployment's priority and whether it may preempt, in the bridge's log; the
         keeper's next steps order and preempt by it (docs/design.md §5.13)."""
-        async with self._lock:
+
+        def set_it() -> Deployment:
             deployment = existing_deployment(self._own.deployments, deployment_id)
-            self._record(priority_events(deployment, priority, preempt))
-        return priority_response(deployment, priority, preempt)
+            self._record_change(priority_events(deployment, priority, preempt))
+            return deployment
+
+        return priority_response(await self._command(set_it), priority, preempt)
 
     async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
         """Keep ``replicas`` instances of the deployment's model: DeploymentScaled in the
         bridge's log, and the instances the keeper removes doomed (deleted through exo's
         ``DELETE /instance/{id}`` from the next tick), as deletion does."""
-        async with self._lock:
+
+        def scale() -> Deployment:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             if replicas < deployment.replicas and not self._follow.following:
                 # Which instances go is read from exo's State: not from one that may be stale.
@@ -482,10 +554,17 @@ class Bridge:
                     param="replicas",
                 )
             events = scale_events(self.keeper, deployment_id, replicas, self.state)
+            deletions = [event for event in events if isinstance(event, InstanceDeleted)]
             # Recorded first: if the log refuses it (503), no instance is doomed either.
-            self._record([event for event in events if not isinstance(event, InstanceDeleted)])
-            self._doom([event for event in events if isinstance(event, InstanceDeleted)])
+            self._record_change(
+                [event for event in events if not isinstance(event, InstanceDeleted)],
+                doomed=[event.instance_id for event in deletions],
+            )
+            self._doom(deletions)
             self._creations.forget_refusal(deployment_id)
+            return deployment
+
+        deployment = await self._command(scale)
         log.info(
             "deployment %s of %s scaled from %d to %d replica(s)",
             deployment_id,
@@ -502,27 +581,43 @@ class Bridge:
 
     async def cordon_node(self, node: str) -> CommandResponse:
         """No new placement on the node: NodeCordoned in the bridge's log."""
-        async with self._lock:
+
+        def cordon() -> tuple[str, list[AnyEvent]]:
             name = node_name_for(self.state, node)
             events = self.keeper.cordon(name, self.state)
-            self._record(events)
+            self._record_change(events)
+            return name, events
+
+        name, events = await self._command(cordon)
         return node_command_response(name, "cordoned", "is cordoned already", events)
 
     async def uncordon_node(self, node: str) -> CommandResponse:
         """NodeUncordoned in the log; a move under way is abandoned, its replacement doomed."""
-        async with self._lock:
+
+        def uncordon() -> tuple[str, list[AnyEvent]]:
             name = node_name_for(self.state, node)
             events = self.keeper.uncordon(name, self.state)
-            self._record([e for e in events if not isinstance(e, InstanceDeleted)])
-            self._doom([e for e in events if isinstance(e, InstanceDeleted)])
+            deletions = [e for e in events if isinstance(e, InstanceDeleted)]
+            self._record_change(
+                [e for e in events if not isinstance(e, InstanceDeleted)],
+                doomed=[e.instance_id for e in deletions],
+            )
+            self._doom(deletions)
+            return name, events
+
+        name, events = await self._command(uncordon)
         return node_command_response(name, "uncordoned", "is not cordoned", events)
 
     async def drain_node(self, node: str, force: bool) -> CommandResponse:
         """NodeDrainStarted in the log; the ticks do the moving, through exo."""
-        async with self._lock:
+
+        def drain() -> tuple[str, list[AnyEvent]]:
             name = node_name_for(self.state, node)
             events = self.keeper.drain(name, force, iso_utc(self._wall()), self.state)
-            self._record(events)
+            self._record_change(events)
+            return name, events
+
+        name, events = await self._command(drain)
         log.info("node %s: drain%s started", name, " (forced)" if force else "")
         return node_command_response(name, "draining", "is draining already", events)
 
@@ -544,6 +639,7 @@ class Bridge:
         clock = self._started.start_clock()
         self._store.open()
         now = clock.monotonic()
+        self._started_at = now
         self._doomed.load(now)
         self._started.keeper_or_none = _PausedWhileUnwritable(
             start_keeper(
@@ -560,22 +656,29 @@ class Bridge:
             len(self._doomed),
         )
         try:
-            task_status.started()
-            while True:
-                started = clock.monotonic()
-                try:
-                    await self.tick()
-                except Exception as exc:  # a bug must not stop the deployments being kept
-                    self._step_failed(exc)
-                else:
-                    self._steps.succeeded()
-                await clock.sleep(
-                    max(0.0, self.config.poll_interval_s - (clock.monotonic() - started))
-                )
+            async with anyio.create_task_group() as group:
+                if self._shared is not None:
+                    # The live view and the leadership run beside the ticks.
+                    group.start_soon(self._shared.watch)
+                    group.start_soon(self._shared.campaign)
+                task_status.started()
+                await self._ticks(clock)
         finally:
             self._running = False
-            self._creations.drop_all(clock.monotonic())
+            if self._shared is None or self._was_acting:
+                self._creations.drop_all(clock.monotonic())
             self._store.close()
+
+    async def _ticks(self, clock: Clock) -> None:
+        while True:
+            started = clock.monotonic()
+            try:
+                await self.tick()
+            except Exception as exc:  # a bug must not stop the deployments being kept
+                self._step_failed(exc)
+            else:
+                self._steps.succeeded()
+            await clock.sleep(max(0.0, self.config.poll_interval_s - (clock.monotonic() - started)))
 
     async def tick(self) -> None:
         """Read exo's State; if it answered, settle, delete what is doomed and step the keeper."""
@@ -584,6 +687,18 @@ class Bridge:
             return
         self._follow.available(exo)
         self._cards.saw_all(exo.cards)
+        if self._shared is not None:
+            try:
+                if not self._shared_tick_may_act(self._shared, exo):
+                    return
+                await self._acting_tick(exo)
+                self._forget_settled_intents(self._shared)
+            except (NotActingError, StoreError) as exc:
+                log.warning("step stopped: %s", exc)
+            return
+        await self._acting_tick(exo)
+
+    async def _acting_tick(self, exo: ExoState) -> None:
         async with self._lock:
             now = self.clock.monotonic()
             self._creations.settle(exo, now)
@@ -646,6 +761,10 @@ class Bridge:
 
     async def _delete_doomed(self, exo: ExoState, now: float) -> None:
         for instance_id in self._doomed.due(frozenset(exo.state.instances), now):
+            if self._shared is not None:
+                if not self._shared.fence({f"doomed/{instance_id}": ""}):
+                    return  # no longer acting: the next acting bridge deletes it
+                self._doomed_in_store.add(instance_id)
             try:
                 await self.exo.delete_instance(instance_id)
             except ExoUnavailableError as exc:
@@ -695,12 +814,134 @@ class Bridge:
             )
 
     def _record(self, events: Sequence[AnyEvent]) -> None:
-        """Number, log (durably) and apply the bridge's own events.
+        """Number, log (durably) and apply the bridge's own events: the tick's records.
 
         Raises ``LogNotWritableError`` (a 503) with nothing applied if the log cannot take them.
+        With a shared store they are fenced (written only while this bridge acts, else
+        ``NotActingError``) and written after whatever another bridge wrote first.
         """
+        if self._shared is not None:
+            self._shared.commit_retrying(events, fenced=True)
+            self._shared.snapshot_now_if_due()
+            return
         self._store.commit_now(events)
         self._store.snapshot_now_if_due()
+
+    def _record_change(self, events: Sequence[AnyEvent], doomed: Sequence[str] = ()) -> None:
+        """A command's events (and, with a shared store, the instances it dooms, in the same
+        write). Any bridge takes commands; with a shared store ``StoreMovedOnError`` means
+        another wrote first: ``_command`` validates again on the newer State."""
+        if self._shared is not None:
+            self._shared.commit_now(events, doomed=doomed)
+            return
+        self._store.commit_now(events)
+        self._store.snapshot_now_if_due()
+
+    async def _command(self, body: Callable[[], _T]) -> _T:
+        """Run a command's validate-and-record ``body`` under the lock, again on the newer
+        State each time another bridge wrote first (a shared store's optimistic concurrency)."""
+        async with self._lock:
+            for _ in range(COMMAND_TRIES):
+                try:
+                    return body()
+                except StoreMovedOnError:
+                    continue
+        raise StoreError("too many bridges wrote at once; nothing was changed, try again")
+
+    # --- one acting bridge among several (a shared store) ----------------------------------
+
+    @property
+    def role(self) -> Role:
+        if self._shared is None:
+            return "acting"
+        return "acting" if self._shared.acting and self._foreign is None else "standby"
+
+    def _shared_tick_may_act(self, store: EtcdStore, exo: ExoState) -> bool:
+        """Whether this tick acts: the store's leader key is this bridge's, exo is the cluster
+        the prefix belongs to. Taking over and standing by happen here."""
+        self._foreign = store.check_cluster(exo.state.topology.nodes)
+        acting = store.acting and self._foreign is None
+        if acting and not self._was_acting:
+            self._take_over(store)
+        elif not acting and self._was_acting:
+            self._stand_by()
+        self._was_acting = acting
+        if acting:
+            self._merge_doomed(store)
+        return acting
+
+    def _take_over(self, store: EtcdStore) -> None:
+        """Become the acting bridge: resume what the last one recorded (creations in flight,
+        instances to delete) and step a keeper of our own from here."""
+        now = self.clock.monotonic()
+        self._creations.forget_all()
+        self._doomed.clear()
+        self._doomed_in_store = set()
+        placed = {
+            instance_id
+            for deployment in self._own.deployments.values()
+            for instance_id in deployment.placed_instance_ids
+        }
+        intents = store.read_prefix("intent/")
+        self._intents_in_store = set(intents)
+        for instance_id, value in intents.items():
+            intent = json.loads(value)
+            if instance_id not in placed and intent["deploymentId"] in self._own.deployments:
+                self._creations.resume(instance_id, intent["deploymentId"], intent["body"], now)
+        grace = max(0.0, self._started_at + self.config.startup_grace_s - now)
+        self._started.keeper_or_none = _PausedWhileUnwritable(
+            start_keeper(self._keeper_factory, now, grace, self._placement.place), self._store
+        )
+        log.info(
+            "%s acts: %d creation(s) resumed from the store",
+            store.name,
+            len(self._creations.pending()),
+        )
+
+    def _stand_by(self) -> None:
+        log.warning("this bridge stands by: it no longer holds the leader key")
+        self._creations.forget_all()
+        self._doomed.clear()
+        self._doomed_in_store = set()
+
+    def _merge_doomed(self, store: EtcdStore) -> None:
+        now = self.clock.monotonic()
+        for instance_id in store.read_prefix("doomed/"):
+            self._doomed_in_store.add(instance_id)
+            if instance_id not in self._doomed:
+                self._doomed.add(instance_id, now)
+
+    def _persist_doomed(self, ids: list[str]) -> None:
+        store = self._shared
+        if store is None or not self._was_acting:
+            return
+        current = set(ids)
+        gone = self._doomed_in_store - current
+        new = current - self._doomed_in_store
+        if (gone or new) and store.fence(
+            {f"doomed/{instance_id}": "" for instance_id in new},
+            [f"doomed/{instance_id}" for instance_id in gone],
+        ):
+            self._doomed_in_store = current
+
+    def _forget_settled_intents(self, store: EtcdStore) -> None:
+        settled = self._intents_in_store - set(self._creations.pending())
+        if settled and store.fence({}, [f"intent/{instance_id}" for instance_id in settled]):
+            self._intents_in_store -= settled
+
+    def _fence_creation(self, instance_id: str, creation: Creation) -> bool:
+        store = self._shared
+        if store is None:
+            return True
+        intent = json.dumps({"deploymentId": creation.deployment_id, "body": creation.body})
+        if store.fence({f"intent/{instance_id}": intent}):
+            self._intents_in_store.add(instance_id)
+            return True
+        return False
+
+    def _fence_call(self, what: str) -> bool:
+        store = self._shared
+        return store is None or store.fence({"fence": f"{store.name}: {what}"})
 
 
 class _PausedWhileUnwritable(KeeperWrapper):
@@ -708,7 +949,7 @@ class _PausedWhileUnwritable(KeeperWrapper):
     exo BEFORE it records it, so every step first probes the disk (one small fsync a second),
     and stepping resumes by itself once a probe succeeds."""
 
-    def __init__(self, keeper: KeeperLike, store: EventStore) -> None:
+    def __init__(self, keeper: KeeperLike, store: EventStore | EtcdStore) -> None:
         super().__init__(keeper)
         self._store = store
 
