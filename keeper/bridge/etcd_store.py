@@ -529,7 +529,7 @@ class EtcdStore:
                 for endpoint in self.address.endpoints:
                     try:
                         await self._watch_from(http, endpoint)
-                    except (httpx.HTTPError, ValueError, KeyError) as exc:
+                    except (httpx.HTTPError, EtcdUnavailableError, ValueError, KeyError) as exc:
                         log.debug("watch on %s broke: %s", endpoint, exc)
                     self.watching = False
                     await anyio.sleep(WATCH_RETRY_S)
