@@ -17,4 +17,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("history", "bench.history_bench"),
     ("staging", "bench.staging_bench"),
     ("whatif", "bench.whatif_bench"),
+    ("takeover", "bench.takeover_bench"),
 )

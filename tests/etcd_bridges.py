@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,7 +47,8 @@ PREFIX = "/exo-deploy-test/"
 def health(url: str) -> dict[str, Any] | None:
     """``/healthz`` of a bridge, 200 or 503 alike; None when it does not answer."""
     try:
-        answer = httpx.get(f"{url}/healthz", timeout=2.0, trust_env=False)
+        # Short: a stopped (SIGSTOP) bridge must not hold up the probe of the others.
+        answer = httpx.get(f"{url}/healthz", timeout=0.5, trust_env=False)
     except httpx.HTTPError:
         return None
     if answer.status_code not in (200, 503):
@@ -181,3 +184,199 @@ def stack(root: Path, etcd_members: int = 1) -> Iterator[Stack]:
 
 def since(started: float) -> float:
     return time.monotonic() - started
+
+
+# --- the kill loop: the acting bridge killed again and again while writes go on -------------
+
+# The models the loop deploys, scales and deletes: two the stand-in's three nodes hold at once.
+LOOP_MODELS = ("mlx-community/Qwen3-0.6B-4bit", "mlx-community/Llama-3.2-1B-Instruct-4bit")
+# Deleting an instance takes exo a poll or two, resent every 5 s (keeper.bridge.doomed): for this
+# long after a write lowered a model's count, the higher count is still not a duplicate.
+SCALE_DOWN_WINDOW_S = 12.0
+# exo's State sampled this often for the duplicate check.
+SAMPLE_EVERY_S = 0.1
+
+
+@dataclass
+class LoopReport:
+    kills: int
+    takeovers_s: list[float]
+    duplicates: list[str]  # "t=12.3 s: 3 instances of M, at most 2 allowed"
+    acknowledged: int  # writes answered 2xx
+    lost: list[str]  # acknowledged writes not visible at the end
+    ambiguous_models: list[str]  # last write unanswered: its outcome is unknown, not checked
+    samples: int
+    duration_s: float
+
+
+@dataclass
+class _Targets:
+    """Per model, the instance counts writes asked for, with when (the duplicate check's bound)."""
+
+    history: dict[str, list[tuple[float, int]]] = field(
+        default_factory=dict[str, list[tuple[float, int]]]
+    )
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def asked(self, model: str, replicas: int) -> None:
+        with self.lock:
+            self.history.setdefault(model, []).append((time.monotonic(), replicas))
+
+    def allowed(self, model: str, now: float) -> int:
+        with self.lock:
+            history = list(self.history.get(model, []))
+        if not history:
+            return 0
+        recent = [count for at, count in history if at >= now - SCALE_DOWN_WINDOW_S]
+        before = [count for at, count in history if at < now - SCALE_DOWN_WINDOW_S]
+        return max([*recent, *(before[-1:] or [0])])
+
+
+def kill_loop(running: Stack, kills: int, *, seed: int = 7) -> LoopReport:
+    """Three bridges; ``kills`` times: kill -9 the acting one, time the takeover, restart it in
+    the background. Meanwhile a writer deploys, scales and deletes through random live bridges
+    and a sampler checks exo's State never holds more instances of a model than asked."""
+    rng = random.Random(seed)
+    started = time.monotonic()
+    for name in ("b1", "b2", "b3"):
+        running.start_bridge(name)
+    for bridge in running.bridges.values():
+        running.wait_answering(bridge)
+    running.wait_acting(15)
+    targets = _Targets()
+    duplicates: list[str] = []
+    samples = [0]
+    done = threading.Event()
+    # model -> (the last write's expectation: replicas, 0 for deleted; answered?)
+    last_write: dict[str, tuple[int, bool]] = {}
+    acknowledged = [0]
+
+    def sample() -> None:
+        while not done.is_set():
+            state = running.exo_state()
+            now = time.monotonic()
+            if state is not None:
+                samples[0] += 1
+                for model in LOOP_MODELS:
+                    count = len(list(model_instances(state, model)))
+                    allowed = targets.allowed(model, now)
+                    if count > allowed:
+                        duplicates.append(
+                            f"t={now - started:.1f} s: {count} instances of {model}, "
+                            f"at most {allowed} asked"
+                        )
+            done.wait(SAMPLE_EVERY_S)
+
+    def live_bridge() -> BridgeProcess:
+        return rng.choice(
+            [
+                b
+                for b in running.bridges.values()
+                if b.process is not None and b.process.poll() is None
+            ]
+        )
+
+    def current() -> dict[str, dict[str, Any]] | None:
+        listed = get_json(f"{live_bridge().url}/deployments")
+        if listed is None:
+            return None
+        return {v["deployment"]["modelCard"]["modelId"]: v for v in listed["deployments"]}
+
+    def write_once() -> None:
+        deployed = current()
+        if deployed is None:
+            return
+        model = rng.choice(LOOP_MODELS)
+        url = live_bridge().url
+        view = deployed.get(model)
+        try:
+            if view is None:
+                targets.asked(model, 1)
+                answer = httpx.post(
+                    f"{url}/deployments",
+                    json={"model_id": model, "standby": 0},
+                    timeout=5,
+                    trust_env=False,
+                )
+                expect = 1
+            elif rng.random() < 0.3:
+                answer = httpx.delete(
+                    f"{url}/deployments/{view['deployment']['deploymentId']}",
+                    timeout=5,
+                    trust_env=False,
+                )
+                expect = 0
+                targets.asked(model, 0)
+            else:
+                expect = rng.choice((1, 2))
+                targets.asked(model, expect)
+                answer = httpx.patch(
+                    f"{url}/deployments/{view['deployment']['deploymentId']}",
+                    json={"replicas": expect},
+                    timeout=5,
+                    trust_env=False,
+                )
+        except httpx.HTTPError:
+            last_write[model] = (-1, False)  # unanswered: it may or may not have happened
+            return
+        if 200 <= answer.status_code < 300:
+            acknowledged[0] += 1
+            last_write[model] = (expect, True)
+        elif answer.status_code >= 500:
+            last_write[model] = (-1, False)  # refused, or may have happened (a lost answer)
+
+    def write() -> None:
+        while not done.is_set():
+            write_once()
+            done.wait(0.3)
+
+    threads = [threading.Thread(target=sample), threading.Thread(target=write)]
+    for thread in threads:
+        thread.start()
+    takeovers: list[float] = []
+    try:
+        for _ in range(kills):
+            acting = running.wait_acting(LEASE_S + TAKEOVER_MARGIN_S + 15)
+            running.signal(acting, signal.SIGKILL)
+            killed = time.monotonic()
+            running.wait_acting(LEASE_S + TAKEOVER_MARGIN_S + 15, not_=acting.name)
+            takeovers.append(time.monotonic() - killed)
+            running.start_bridge(acting.name)  # back as a standby, in the background
+            time.sleep(rng.uniform(0.2, 1.0))  # the new leader acts a moment before its turn
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    # Every acknowledged write visible at the end, on every bridge (their views converged).
+    for bridge in running.bridges.values():
+        running.wait_answering(bridge)
+    lost: list[str] = []
+    ambiguous: list[str] = []
+    for bridge in running.bridges.values():
+        listed = wait_for(
+            f"{bridge.name}'s deployments", 10, lambda b=bridge: get_json(f"{b.url}/deployments")
+        )
+        seen = {
+            v["deployment"]["modelCard"]["modelId"]: v["deployment"]["replicas"]
+            for v in listed["deployments"]
+        }
+        for model, (expect, answered) in last_write.items():
+            if not answered:
+                if model not in ambiguous:
+                    ambiguous.append(model)
+                continue
+            if seen.get(model, 0) != expect:
+                lost.append(
+                    f"{bridge.name}: {model} has {seen.get(model, 0)} replica(s), the last "
+                    f"acknowledged write said {expect}"
+                )
+    return LoopReport(
+        kills=kills,
+        takeovers_s=takeovers,
+        duplicates=duplicates,
+        acknowledged=acknowledged[0],
+        lost=lost,
+        ambiguous_models=ambiguous,
+        samples=samples[0],
+        duration_s=time.monotonic() - started,
+    )

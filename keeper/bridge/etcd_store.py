@@ -460,20 +460,18 @@ class EtcdStore:
     def campaign_once(self) -> None:
         """One round: a lease if none, the leader key if free, a renewal if mine (sync)."""
         now = self._monotonic()
+        if self._lease is not None:
+            answer = self._gateway.call("/v3/lease/keepalive", {"ID": str(self._lease)})
+            if int(answer.get("result", {}).get("TTL", 0)) <= 0:  # expired: the key went with it
+                self._lease = None
+                self.leader = None
+                self._lost("its lease expired")
         if self._lease is None:
             answer = self._gateway.call(
                 "/v3/lease/grant", {"TTL": str(max(1, round(self.lease_s)))}
             )
             self._lease = int(answer["ID"])
-            lease_started = now
-        else:
-            answer = self._gateway.call("/v3/lease/keepalive", {"ID": str(self._lease)})
-            result = answer.get("result", {})
-            if int(result.get("TTL", 0)) <= 0:  # expired: the key went with it
-                self._lease = None
-                self._lost("its lease expired")
-                return
-            lease_started = now
+        lease_started = now
         key = self._key("leader")
         answer = self._gateway.txn(
             [created_is(key, 0)], [put_op(key, self.name, self._lease)], [range_op(key)]

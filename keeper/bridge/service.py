@@ -249,7 +249,6 @@ class Bridge:
             guard=self._fence_creation,
         )
         self._running = False
-        self._started_at = 0.0  # monotonic, when ``run`` began (the keeper's grace runs from it)
 
     # --- read side -------------------------------------------------------------------------
 
@@ -639,7 +638,6 @@ class Bridge:
         clock = self._started.start_clock()
         self._store.open()
         now = clock.monotonic()
-        self._started_at = now
         self._doomed.load(now)
         self._started.keeper_or_none = _PausedWhileUnwritable(
             start_keeper(
@@ -868,7 +866,40 @@ class Bridge:
         self._was_acting = acting
         if acting:
             self._merge_doomed(store)
+            self._trim_excess(exo)
         return acting
+
+    def _trim_excess(self, exo: ExoState) -> None:
+        """Doom what a deployment runs beyond its replicas. A scale-down through another bridge
+        chose its victims on that bridge's view, which lacks this one's creations in flight: one
+        of them may land after the write and leave a replica too many. The creations in flight
+        go first, then the newest recorded instances exo shows (one exo lost is being
+        replaced, not one too many); never while a drain moves instances (a
+        move holds one more than ``replicas`` on purpose)."""
+        own = self._own
+        if own.drains:
+            return
+        now = self.clock.monotonic()
+        pending = self._creations.pending()
+        for deployment_id, deployment in sorted(own.deployments.items()):
+            flying = [i for i, c in pending.items() if c.deployment_id == deployment_id]
+            placed = [
+                i
+                for i in deployment.placed_instance_ids
+                if i in exo.state.instances and i not in self._doomed
+            ]
+            excess = len(flying) + len(placed) - deployment.replicas
+            for instance_id in (flying + list(reversed(placed)))[: max(0, excess)]:
+                log.info(
+                    "deployment %s keeps %d replica(s): instance %s is one too many",
+                    deployment_id,
+                    deployment.replicas,
+                    instance_id,
+                )
+                if self._creations.drop(instance_id):
+                    self._doomed.add(instance_id, now, LATE_LANDING_WATCH_S)
+                else:
+                    self._doomed.add(instance_id, now)
 
     def _take_over(self, store: EtcdStore) -> None:
         """Become the acting bridge: resume what the last one recorded (creations in flight,
@@ -888,9 +919,11 @@ class Bridge:
             intent = json.loads(value)
             if instance_id not in placed and intent["deploymentId"] in self._own.deployments:
                 self._creations.resume(instance_id, intent["deploymentId"], intent["body"], now)
-        grace = max(0.0, self._started_at + self.config.startup_grace_s - now)
+        # No startup grace here: the grace exists so a restarted bridge reads exo's State before
+        # placing, and this tick has just read it; what the last leader had in flight is in the
+        # store (the intents resumed above), so nothing it placed is placed twice.
         self._started.keeper_or_none = _PausedWhileUnwritable(
-            start_keeper(self._keeper_factory, now, grace, self._placement.place), self._store
+            start_keeper(self._keeper_factory, now, 0.0, self._placement.place), self._store
         )
         log.info(
             "%s acts: %d creation(s) resumed from the store",

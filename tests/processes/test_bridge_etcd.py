@@ -169,9 +169,15 @@ def test_a_stopped_bridge_stands_by_once_continued_and_sends_nothing(two: Stack)
     seen = wait_for(
         "the continued bridge to stand by",
         5,
-        lambda: h if (h := acting.health()) is not None and h["role"] == "standby" else None,
+        lambda: (
+            h
+            if (h := acting.health()) is not None
+            and h["role"] == "standby"
+            and h["leader"] == standby.name
+            else None
+        ),
     )
-    assert seen["leader"] == standby.name
+    assert seen["store"]["reachable"]
     for _ in range(10):  # it sends nothing, and nothing is duplicated
         assert two.instances_of(MODEL) == 1
         assert two.instances_of("mlx-community/Llama-3.2-1B-Instruct-4bit") == 1
