@@ -57,6 +57,7 @@ from keeper.bridge.doomed import DoomedInstances
 from keeper.bridge.etcd_store import (
     COMMAND_TRIES,
     EtcdStore,
+    EtcdUnavailableError,
     NotActingError,
     StoreError,
     StoreMovedOnError,
@@ -693,6 +694,9 @@ class Bridge:
                 self._forget_settled_intents(self._shared)
             except (NotActingError, StoreError) as exc:
                 log.warning("step stopped: %s", exc)
+            except EtcdUnavailableError as exc:
+                # Not a failing step: the store's outage, which every deployment already names.
+                self._shared.unreachable(str(exc))
             return
         await self._acting_tick(exo)
 
