@@ -78,7 +78,9 @@ def kill_loop_figures() -> None:
     from etcd_bridges import LEASE_S, kill_loop, stack  # pyright: ignore[reportMissingImports]  # noqa: PLC0415
 
     kills = int(os.environ.get("BENCH_BRIDGE_KILLS", "100"))
-    with tempfile.TemporaryDirectory() as tmp, stack(Path(tmp)) as running:  # pyright: ignore[reportUnknownVariableType]
+    root = Path(tempfile.mkdtemp(prefix="exo-deploy-takeover-"))
+    print(f"logs in {root}", flush=True)  # kept: the bridges' logs explain any duplicate
+    with stack(root) as running:  # pyright: ignore[reportUnknownVariableType]
         report = kill_loop(running, kills)  # pyright: ignore[reportUnknownVariableType]
     takeovers: list[float] = report.takeovers_s  # pyright: ignore[reportUnknownMemberType]
     print(

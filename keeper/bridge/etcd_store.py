@@ -329,9 +329,15 @@ class EtcdStore:
     # --- writing ------------------------------------------------------------------------------
 
     def commit_now(
-        self, events: Sequence[AnyEvent], *, fenced: bool = False, doomed: Iterable[str] = ()
+        self,
+        events: Sequence[AnyEvent],
+        *,
+        fenced: bool = False,
+        doomed: Iterable[str] = (),
+        drop: Iterable[str] = (),
     ) -> list[IndexedEvent]:
-        """Append ``events`` after the view's last (and put ``doomed`` keys) in one transaction.
+        """Append ``events`` after the view's last, put ``doomed`` keys and delete the ``drop``
+        keys (under the prefix), in one transaction.
 
         ``StoreMovedOnError`` when another bridge wrote first (the view is caught up: validate
         again); ``StoreError`` (503) when the store does not answer; ``NotActingError`` for a
@@ -351,6 +357,7 @@ class EtcdStore:
             compare.append(self._fence_compare())
         success = [put_op(self._log_key(item.idx), item.model_dump_json()) for item in indexed]
         success += [put_op(self._key(f"doomed/{instance_id}"), "") for instance_id in doomed]
+        success += [delete_op(self._key(key)) for key in drop]
         try:
             answer = self._gateway.txn(compare, success)
         except EtcdUnavailableError as exc:
@@ -373,11 +380,14 @@ class EtcdStore:
             self.unreachable(str(exc))
             raise StoreError(f"{self.write_error}; nothing was changed") from None
 
-    def commit_retrying(self, events: Sequence[AnyEvent], *, fenced: bool) -> list[IndexedEvent]:
+    def commit_retrying(
+        self, events: Sequence[AnyEvent], *, fenced: bool, drop: Iterable[str] = ()
+    ) -> list[IndexedEvent]:
         """``commit_now`` of records that stay true whoever wrote before them (the tick's)."""
+        drop = list(drop)
         for _ in range(COMMAND_TRIES):
             try:
-                return self.commit_now(events, fenced=fenced)
+                return self.commit_now(events, fenced=fenced, drop=drop)
             except StoreMovedOnError:
                 continue
         raise StoreError(f"store {self.address.url}: too many concurrent writers; retrying")

@@ -23,6 +23,10 @@ narrow interface:
 - ``keeper.bridge.health``: whether the steps go through. A step that raises is retried the
   next second and never stops the bridge, but ``/healthz`` and every deployment say so
   (``step failing since 12:03:04: ...``) until a step goes through;
+- ``keeper.bridge.acting``: with a shared store (``--store``, ``keeper.bridge.etcd_store``),
+  whether this bridge acts or stands by (a standby reads exo and serves the API, the acting one
+  steps and calls exo, each call fenced by the store's leader key); commands go through
+  ``_command``, which validates again when another bridge wrote first;
 - deployment events are the bridge's own: committed to the same event store the master uses
   (``keeper.runtime.event_store``: numbered, logged durably, applied, snapshotted, compacted)
   for a State that holds only deployments. While that log cannot be written (disk full,
@@ -32,7 +36,7 @@ The keeper's startup grace runs from the bridge's own start, so after a restart 
 (which still holds the instances) is read before anything is placed; deployments come back from
 the log.
 
-The module runs to about 640 lines because what stays needs the lock and every piece at once:
+The module runs to about 900 lines because what stays needs the lock and every piece at once:
 the tick's order (settle, record what exo deleted, delete the doomed, resend, ask, step, act),
 the deployment commands (each touches the log, the keeper, the creations and the doomed
 instances under the lock), and the read side (exo's State with our deployments, the
@@ -52,6 +56,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
+from keeper.bridge.acting import SharedActing
 from keeper.bridge.creating import Creations
 from keeper.bridge.doomed import DoomedInstances
 from keeper.bridge.etcd_store import (
@@ -219,10 +224,6 @@ class Bridge:
         self._doomed = DoomedInstances(
             self.data_dir, persist=self._persist_doomed if store is not None else None
         )
-        self._doomed_in_store: set[str] = set()  # doomed ids the shared store holds
-        self._intents_in_store: set[str] = set()  # creations recorded in the shared store
-        self._was_acting = False  # acting at the last tick (a change means take over/stand by)
-        self._foreign: str | None = None  # why the store's prefix is another exo cluster's
         self._vanished = VanishedInstances()
         self._follow = ExoFollower(
             tuple(exo) if isinstance(exo, Sequence) else (exo,),
@@ -250,6 +251,19 @@ class Bridge:
             guard=self._fence_creation,
         )
         self._running = False
+        # With a shared store: whether this bridge acts, and what acting takes there.
+        self._acting = (
+            SharedActing(
+                store,
+                own=lambda: self._own,
+                creations=lambda: self._creations,
+                doomed=lambda: self._doomed,
+                monotonic=self._monotonic,
+                new_keeper=self._new_keeper,
+            )
+            if store is not None
+            else None
+        )
 
     # --- read side -------------------------------------------------------------------------
 
@@ -367,8 +381,8 @@ class Bridge:
         if store is not None:
             if store.write_error is not None:
                 return f"{store.write_error}: not acting; this view may be stale"
-            if self._foreign is not None:
-                return self._foreign
+            if self._acting is not None and self._acting.foreign is not None:
+                return self._acting.foreign
         failing = self._steps.detail()
         if failing is not None:
             return failing  # the last step raised: nothing below it is being kept up to date
@@ -390,7 +404,9 @@ class Bridge:
         """Whether the bridge cannot do its job now: its log refuses writes (so it accepts no
         change) or its steps fail (so it keeps nothing). ``/healthz`` is a 503 then."""
         return (
-            self._store.write_error is not None or self._steps.failing or self._foreign is not None
+            self._store.write_error is not None
+            or self._steps.failing
+            or (self._acting is not None and self._acting.foreign is not None)
         )
 
     def health(self) -> BridgeHealth:
@@ -438,7 +454,9 @@ class Bridge:
                 if since is not None
                 else None
             ),
-            error=store.write_error if store.write_error is not None else self._foreign,
+            error=store.write_error
+            if store.write_error is not None
+            else (self._acting.foreign if self._acting is not None else None),
         )
 
     # --- commands --------------------------------------------------------------------------
@@ -664,7 +682,7 @@ class Bridge:
                 await self._ticks(clock)
         finally:
             self._running = False
-            if self._shared is None or self._was_acting:
+            if self._acting is None or self._acting.was_acting:
                 self._creations.drop_all(clock.monotonic())
             self._store.close()
 
@@ -686,17 +704,17 @@ class Bridge:
             return
         self._follow.available(exo)
         self._cards.saw_all(exo.cards)
-        if self._shared is not None:
+        if self._acting is not None:
             try:
-                if not self._shared_tick_may_act(self._shared, exo):
+                if not self._acting.may_act(exo):
                     return
                 await self._acting_tick(exo)
-                self._forget_settled_intents(self._shared)
+                self._acting.forget_settled_intents()
             except (NotActingError, StoreError) as exc:
                 log.warning("step stopped: %s", exc)
             except EtcdUnavailableError as exc:
                 # Not a failing step: the store's outage, which every deployment already names.
-                self._shared.unreachable(str(exc))
+                self._acting.store.unreachable(str(exc))
             return
         await self._acting_tick(exo)
 
@@ -763,10 +781,8 @@ class Bridge:
 
     async def _delete_doomed(self, exo: ExoState, now: float) -> None:
         for instance_id in self._doomed.due(frozenset(exo.state.instances), now):
-            if self._shared is not None:
-                if not self._shared.fence({f"doomed/{instance_id}": ""}):
-                    return  # no longer acting: the next acting bridge deletes it
-                self._doomed_in_store.add(instance_id)
+            if self._acting is not None and not self._acting.fence_delete(instance_id):
+                return  # no longer acting: the next acting bridge deletes it
             try:
                 await self.exo.delete_instance(instance_id)
             except ExoUnavailableError as exc:
@@ -823,7 +839,10 @@ class Bridge:
         ``NotActingError``) and written after whatever another bridge wrote first.
         """
         if self._shared is not None:
-            self._shared.commit_retrying(events, fenced=True)
+            # A creation recorded as placed is no longer an intent: both in one write, so a
+            # takeover never resumes (re-creates) an instance that landed and went since.
+            placed = [f"intent/{e.instance_id}" for e in events if isinstance(e, DeploymentPlaced)]
+            self._shared.commit_retrying(events, fenced=True, drop=placed)
             self._shared.snapshot_now_if_due()
             return
         self._store.commit_now(events)
@@ -854,131 +873,26 @@ class Bridge:
 
     @property
     def role(self) -> Role:
-        if self._shared is None:
+        if self._acting is None:
             return "acting"
-        return "acting" if self._shared.acting and self._foreign is None else "standby"
+        return "acting" if self._acting.acting else "standby"
 
-    def _shared_tick_may_act(self, store: EtcdStore, exo: ExoState) -> bool:
-        """Whether this tick acts: the store's leader key is this bridge's, exo is the cluster
-        the prefix belongs to. Taking over and standing by happen here."""
-        self._foreign = store.check_cluster(exo.state.topology.nodes)
-        acting = store.acting and self._foreign is None
-        if acting and not self._was_acting:
-            self._take_over(store)
-        elif not acting and self._was_acting:
-            self._stand_by()
-        self._was_acting = acting
-        if acting:
-            self._merge_doomed(store)
-            self._trim_excess(exo)
-        return acting
-
-    def _trim_excess(self, exo: ExoState) -> None:
-        """Doom what a deployment runs beyond its replicas. A scale-down through another bridge
-        chose its victims on that bridge's view, which lacks this one's creations in flight: one
-        of them may land after the write and leave a replica too many. The creations in flight
-        go first, then the newest recorded instances exo shows (one exo lost is being
-        replaced, not one too many); never while a drain moves instances (a
-        move holds one more than ``replicas`` on purpose)."""
-        own = self._own
-        if own.drains:
-            return
-        now = self.clock.monotonic()
-        pending = self._creations.pending()
-        for deployment_id, deployment in sorted(own.deployments.items()):
-            flying = [i for i, c in pending.items() if c.deployment_id == deployment_id]
-            placed = [
-                i
-                for i in deployment.placed_instance_ids
-                if i in exo.state.instances and i not in self._doomed
-            ]
-            excess = len(flying) + len(placed) - deployment.replicas
-            for instance_id in (flying + list(reversed(placed)))[: max(0, excess)]:
-                log.info(
-                    "deployment %s keeps %d replica(s): instance %s is one too many",
-                    deployment_id,
-                    deployment.replicas,
-                    instance_id,
-                )
-                if self._creations.drop(instance_id):
-                    self._doomed.add(instance_id, now, LATE_LANDING_WATCH_S)
-                else:
-                    self._doomed.add(instance_id, now)
-
-    def _take_over(self, store: EtcdStore) -> None:
-        """Become the acting bridge: resume what the last one recorded (creations in flight,
-        instances to delete) and step a keeper of our own from here."""
-        now = self.clock.monotonic()
-        self._creations.forget_all()
-        self._doomed.clear()
-        self._doomed_in_store = set()
-        placed = {
-            instance_id
-            for deployment in self._own.deployments.values()
-            for instance_id in deployment.placed_instance_ids
-        }
-        intents = store.read_prefix("intent/")
-        self._intents_in_store = set(intents)
-        for instance_id, value in intents.items():
-            intent = json.loads(value)
-            if instance_id not in placed and intent["deploymentId"] in self._own.deployments:
-                self._creations.resume(instance_id, intent["deploymentId"], intent["body"], now)
-        # No startup grace here: the grace exists so a restarted bridge reads exo's State before
-        # placing, and this tick has just read it; what the last leader had in flight is in the
-        # store (the intents resumed above), so nothing it placed is placed twice.
+    def _new_keeper(self, now: float) -> None:
+        """A keeper of this bridge's own from ``now``, with no startup grace (a takeover:
+        ``keeper.bridge.acting``)."""
         self._started.keeper_or_none = _PausedWhileUnwritable(
             start_keeper(self._keeper_factory, now, 0.0, self._placement.place), self._store
         )
-        log.info(
-            "%s acts: %d creation(s) resumed from the store",
-            store.name,
-            len(self._creations.pending()),
-        )
-
-    def _stand_by(self) -> None:
-        log.warning("this bridge stands by: it no longer holds the leader key")
-        self._creations.forget_all()
-        self._doomed.clear()
-        self._doomed_in_store = set()
-
-    def _merge_doomed(self, store: EtcdStore) -> None:
-        now = self.clock.monotonic()
-        for instance_id in store.read_prefix("doomed/"):
-            self._doomed_in_store.add(instance_id)
-            if instance_id not in self._doomed:
-                self._doomed.add(instance_id, now)
-
-    def _persist_doomed(self, ids: list[str]) -> None:
-        store = self._shared
-        if store is None or not self._was_acting:
-            return
-        current = set(ids)
-        gone = self._doomed_in_store - current
-        new = current - self._doomed_in_store
-        if (gone or new) and store.fence(
-            {f"doomed/{instance_id}": "" for instance_id in new},
-            [f"doomed/{instance_id}" for instance_id in gone],
-        ):
-            self._doomed_in_store = current
-
-    def _forget_settled_intents(self, store: EtcdStore) -> None:
-        settled = self._intents_in_store - set(self._creations.pending())
-        if settled and store.fence({}, [f"intent/{instance_id}" for instance_id in settled]):
-            self._intents_in_store -= settled
 
     def _fence_creation(self, instance_id: str, creation: Creation) -> bool:
-        store = self._shared
-        if store is None:
-            return True
-        intent = json.dumps({"deploymentId": creation.deployment_id, "body": creation.body})
-        if store.fence({f"intent/{instance_id}": intent}):
-            self._intents_in_store.add(instance_id)
-            return True
-        return False
+        return self._acting is None or self._acting.fence_creation(instance_id, creation)
 
     def _fence_call(self, what: str) -> bool:
-        store = self._shared
-        return store is None or store.fence({"fence": f"{store.name}: {what}"})
+        return self._acting is None or self._acting.fence_call(what)
+
+    def _persist_doomed(self, ids: list[str]) -> None:
+        if self._acting is not None:
+            self._acting.persist_doomed(ids)
 
 
 class _PausedWhileUnwritable(KeeperWrapper):
