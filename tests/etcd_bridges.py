@@ -211,25 +211,32 @@ class LoopReport:
 
 @dataclass
 class _Targets:
-    """Per model, the instance counts writes asked for, with when (the duplicate check's bound)."""
+    """Per model, the instance counts writes asked for, with when (the duplicate check's bound).
 
-    history: dict[str, list[tuple[float, int]]] = field(
-        default_factory=dict[str, list[tuple[float, int]]]
+    A model may hold, at a moment, the most any recent write asked for (a write not answered may
+    have happened), plus what writes took away in the last ``SCALE_DOWN_WINDOW_S``: instances of
+    a deployment being deleted, or scaled down, are still in exo's State while a new deployment
+    of the same model is placed. Anything above that is a second instance placed for one."""
+
+    history: dict[str, list[tuple[float, int, int]]] = field(
+        default_factory=dict[str, list[tuple[float, int, int]]]
     )
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def asked(self, model: str, replicas: int) -> None:
+    def asked(self, model: str, replicas: int, taken: int = 0) -> None:
         with self.lock:
-            self.history.setdefault(model, []).append((time.monotonic(), replicas))
+            self.history.setdefault(model, []).append((time.monotonic(), replicas, taken))
 
     def allowed(self, model: str, now: float) -> int:
         with self.lock:
             history = list(self.history.get(model, []))
         if not history:
             return 0
-        recent = [count for at, count in history if at >= now - SCALE_DOWN_WINDOW_S]
-        before = [count for at, count in history if at < now - SCALE_DOWN_WINDOW_S]
-        return max([*recent, *(before[-1:] or [0])])
+        start = now - SCALE_DOWN_WINDOW_S
+        recent = [count for at, count, _ in history if at >= start]
+        before = [count for at, count, _ in history if at < start]
+        going = sum(taken for at, _, taken in history if at >= start)
+        return max([*recent, *(before[-1:] or [0])]) + going
 
 
 def kill_loop(running: Stack, kills: int, *, seed: int = 7) -> LoopReport:
@@ -306,10 +313,10 @@ def kill_loop(running: Stack, kills: int, *, seed: int = 7) -> LoopReport:
                     trust_env=False,
                 )
                 expect = 0
-                targets.asked(model, 0)
+                targets.asked(model, 0, taken=view["deployment"]["replicas"])
             else:
                 expect = rng.choice((1, 2))
-                targets.asked(model, expect)
+                targets.asked(model, expect, taken=max(0, view["deployment"]["replicas"] - expect))
                 answer = httpx.patch(
                     f"{url}/deployments/{view['deployment']['deploymentId']}",
                     json={"replicas": expect},
