@@ -580,7 +580,7 @@ class EtcdStore:
 
     def check_cluster(self, node_ids: Iterable[str]) -> str | None:
         """Why the prefix belongs to another exo cluster (no node in common), or None; records
-        the nodes seen (the first bridge's, and any that join) while this bridge acts."""
+        the nodes seen: the first bridge's, then any that join, written by the acting bridge."""
         seen = sorted(set(node_ids))
         if not seen:
             return None
@@ -593,7 +593,7 @@ class EtcdStore:
                 "another --store-prefix"
             )
         union = sorted(set(recorded) | set(seen))
-        if union != recorded:
+        if union != recorded and (self.acting or not recorded):
             key = self._key("cluster")
             if kvs:
                 compare = [
