@@ -18,4 +18,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("staging", "bench.staging_bench"),
     ("whatif", "bench.whatif_bench"),
     ("metrics", "bench.metrics_bench"),
+    ("takeover", "bench.takeover_bench"),
 )

@@ -53,6 +53,7 @@ class Creations:
         doomed: DoomedInstances,
         cards: ExoCards,
         monotonic: Callable[[], float],
+        guard: Callable[[str, Creation], bool] | None = None,
     ) -> None:
         self._exo = exo  # the exo API in use
         self._deployments = deployments  # the bridge's own, from its log
@@ -61,6 +62,9 @@ class Creations:
         self._doomed = doomed
         self._cards = cards
         self._monotonic = monotonic
+        # Asked before each POST, with the instance id and its creation: whether the call may go
+        # out (with a shared store: the intent recorded while this bridge still acts).
+        self._guard = guard if guard is not None else _always
         self._pending: dict[str, Creation] = {}  # instance id -> its creation, in flight
         self._refused: dict[str, str] = {}  # deployment id -> the instance exo refused last
 
@@ -90,6 +94,26 @@ class Creations:
                 )
                 return True
         return False
+
+    def pending(self) -> dict[str, Creation]:
+        """The creations in flight, by instance id (a copy)."""
+        return dict(self._pending)
+
+    def resume(
+        self, instance_id: str, deployment_id: str, body: Mapping[str, Any], now: float
+    ) -> None:
+        """A creation another bridge recorded before it stopped acting: in flight here, as one
+        exo has not answered (so it is resent with the same id, never given up unanswered, and
+        no other instance is sent for its deployment meanwhile)."""
+        if instance_id not in self._pending:
+            started = in_flight.first_send(deployment_id, body, now - in_flight.RESEND_S)
+            self._pending[instance_id] = in_flight.unanswered(started)
+
+    def forget_all(self) -> None:
+        """This bridge stops acting: what is in flight is the acting bridge's to follow (it
+        reads the recorded intents); nothing is doomed here."""
+        self._pending.clear()
+        self._refused.clear()
 
     # --- giving up on them -----------------------------------------------------------------
 
@@ -167,6 +191,11 @@ class Creations:
         creation = self._pending[instance_id]
         deployment = self._deployments().get(creation.deployment_id)
         model_id = deployment.model_card.model_id if deployment is not None else "?"
+        if not self._guard(instance_id, creation):
+            log.warning(
+                "instance %s of %s not sent: this bridge no longer acts", instance_id, model_id
+            )
+            return
         exo = self._exo()
         try:
             answer = await exo.create_instance(dict(creation.body))
@@ -212,3 +241,8 @@ class Creations:
         current = self._pending.get(instance_id)
         if current is not None:
             self._pending[instance_id] = in_flight.answered(current, self._monotonic())
+
+
+def _always(instance_id: str, creation: Creation) -> bool:
+    del instance_id, creation
+    return True

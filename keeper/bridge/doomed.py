@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -40,8 +41,12 @@ class _Doom:
 
 
 class DoomedInstances:
-    def __init__(self, data_dir: Path | None) -> None:
+    def __init__(
+        self, data_dir: Path | None, persist: Callable[[list[str]], None] | None = None
+    ) -> None:
         self._path = data_dir / DOOMED_FILE if data_dir is not None else None
+        # Where the ids go instead of the file (a shared store), called whenever they change.
+        self._persist = persist
         self._doomed: dict[str, _Doom] = {}
 
     def load(self, now: float) -> None:
@@ -101,7 +106,18 @@ class DoomedInstances:
         if doom is not None:
             doom.accepted_at = now
 
+    def clear(self) -> None:
+        """Forget every id here (not in the store): this bridge stops acting."""
+        self._doomed.clear()
+
+    def save(self) -> None:
+        """Write the ids again (a shared store that refused the last write)."""
+        self._save()
+
     def _save(self) -> None:
+        if self._persist is not None:
+            self._persist(sorted(self._doomed))
+            return
         if self._path is None:
             return
         temp = self._path.with_suffix(".tmp")

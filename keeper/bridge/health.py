@@ -48,21 +48,37 @@ class StepHealth(ApiModel):
     error: str | None  # the last step's error: "RecursionError: maximum recursion depth ..."
 
 
+class StoreHealth(ApiModel):
+    """The shared store (``--store etcd://...``): whether it answers, and whether the view the
+    reads come from may be stale (the store stopped answering, or the watch is down)."""
+
+    url: str
+    prefix: str
+    reachable: bool
+    stale: bool
+    unreachable_since: str | None  # ISO time the store stopped answering
+    error: str | None
+
+
 class BridgeHealth(ApiModel):
     """``GET /healthz``: ``status`` is ``degraded`` while the log cannot be written or the steps
-    fail (answered with a 503 then), ``stopped`` when the bridge is not running."""
+    fail (answered with a 503 then), ``stopped`` when the bridge is not running. ``role`` is
+    ``acting`` for the bridge that steps the keeper and calls exo, ``standby`` for the others
+    (with ``--store``; a bridge without one always acts), ``leader`` the acting one's name as
+    the store says (None while nobody holds the leader key)."""
 
     status: HealthStatus
+    # This bridge's role and name, and the acting bridge's name: what the TUI's header shows
+    # (read with ``keeper.model.api_models.ServiceHealthView``).
+    role: BridgeRole
+    name: str
+    leader: str | None
+    store: StoreHealth | None
     exo: ExoHealth
     deployments: int
     instances_to_delete: int
     event_log: EventLogHealth
     step: StepHealth
-    # With a shared store: this bridge's name, its role, and the acting bridge's name (what the
-    # TUI's header shows, read with ``keeper.model.api_models.ServiceHealthView``).
-    name: str | None = None
-    role: BridgeRole | None = None
-    leader: str | None = None
     webhooks: WebhooksHealth  # alert webhooks' deliveries (keeper.runtime.webhooks)
 
 

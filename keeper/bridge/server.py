@@ -16,16 +16,24 @@ before anything starts.
 from __future__ import annotations
 
 import logging
+import socket
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import httpx
 from anyio.abc import TaskStatus
 
 from keeper.bridge.api import create_bridge_app
+from keeper.bridge.etcd_store import (
+    DEFAULT_LEASE_S,
+    DEFAULT_PREFIX,
+    EtcdStore,
+    check_prefix,
+    parse_store_url,
+)
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.exo_wire import camel_keys, file_card
 from keeper.bridge.service import Bridge, BridgeConfig
@@ -129,10 +137,17 @@ def run_bridge(
     *,
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     webhooks: Sequence[str] = (),
+    store: str | None = None,
+    name: str | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
+    store_prefix: str = DEFAULT_PREFIX,
 ) -> int:
     """``exo-deploy bridge``: serve until SIGINT/SIGTERM. Returns the process exit code.
 
-    ``exo_url`` is one URL, several comma-separated, or a sequence of them (in order)."""
+    ``exo_url`` is one URL, several comma-separated, or a sequence of them (in order).
+    ``store`` (``etcd://HOST:PORT[,...]``) keeps the records in etcd instead of ``data_dir``,
+    shared by every bridge of the exo cluster, one of them acting (``keeper.bridge.etcd_store``);
+    ``name`` is this bridge's name there (default ``HOSTNAME:PORT``)."""
     token = service_token(token)
 
     def prepare() -> Serve:
@@ -142,7 +157,12 @@ def run_bridge(
         bound_port = check_listen(host, port, token)
         cards = load_catalog(model_cards_dir)
         card_files = exo_card_files(model_cards_dir) if model_cards_dir is not None else {}
-        if data_dir is None:
+        shared = (
+            _open_store(store, name, bound_port, lease_s, store_prefix, data_dir, urls)
+            if store is not None
+            else None
+        )
+        if data_dir is None and shared is None:
             log.warning("no --data-dir: deployments are kept in memory and lost when it stops")
         config = BridgeConfig(
             model_cards=cards,
@@ -155,7 +175,15 @@ def run_bridge(
         async def serve() -> None:
             clients = [ExoClient(url) for url in urls]
             try:
-                bridge = Bridge(clients, data_dir, config=config)
+                bridge = Bridge(
+                    clients,
+                    data_dir,
+                    config=config,
+                    store=shared,
+                    name=shared.name
+                    if shared is not None
+                    else f"{socket.gethostname()}:{bound_port}",
+                )
                 await serve_bridge(bridge, host, bound_port, token)
             finally:
                 with anyio.CancelScope(shield=True):
@@ -165,3 +193,52 @@ def run_bridge(
         return serve
 
     return run_service("bridge", prepare)
+
+
+# The shortest lease etcd grants with its default election timeout (1 s) is about 2 s; shorter
+# ones would also leave no room between renewals.
+MIN_LEASE_S = 1.0
+
+
+def _open_store(
+    url: str,
+    name: str | None,
+    port: int,
+    lease_s: float,
+    prefix: str,
+    data_dir: Path | None,
+    exo_urls: Sequence[str],
+) -> EtcdStore:
+    """The shared store, read up to date; MasterStartError (exit 2) for what cannot work: a bad
+    URL or prefix, ``--data-dir`` beside it, etcd unreachable, a prefix of another exo cluster."""
+    if data_dir is not None:
+        raise MasterStartError("--store and --data-dir: give one (--store keeps everything)")
+    if lease_s < MIN_LEASE_S:
+        raise MasterStartError(f"--lease-s {lease_s:g}: at least {MIN_LEASE_S:g} s")
+    address = parse_store_url(url)
+    store = EtcdStore(
+        address,
+        name or f"{socket.gethostname()}:{port}",
+        prefix=check_prefix(prefix),
+        lease_s=lease_s,
+    )
+    store.open()
+    nodes = _exo_nodes(exo_urls)
+    foreign = store.check_cluster(nodes) if nodes else None
+    if foreign is not None:
+        raise MasterStartError(f"--store {address.url}: {foreign}")
+    return store
+
+
+def _exo_nodes(exo_urls: Sequence[str]) -> list[str]:
+    """exo's node ids, from the first URL that answers ``GET /state`` now; none if none does
+    (then the bridge checks at its first read of exo's State)."""
+    for url in exo_urls:
+        try:
+            answer = httpx.get(f"{url}/state", timeout=2.0, trust_env=False)
+            nodes: Any = answer.json()["topology"]["nodes"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(nodes, list):
+            return [str(node) for node in cast(list[Any], nodes)]
+    return []

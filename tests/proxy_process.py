@@ -1,0 +1,35 @@
+"""A TCP proxy (``keeper.cluster.proxy``) as a process of its own, for the end-to-end tests:
+``python tests/proxy_process.py TARGET_PORT LISTEN_PORT``; SIGUSR1 cuts every link and refuses
+new ones, SIGUSR2 heals. A process, so a test can cut a bridge from etcd without an event loop
+of its own."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from keeper.cluster.proxy import TcpProxy
+
+
+async def main(target_port: int, listen_port: int) -> None:
+    proxy = TcpProxy("127.0.0.1", target_port, listen_port=listen_port)
+    async with anyio.create_task_group() as group:
+        group.start_soon(proxy.run)
+        with anyio.open_signal_receiver(signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM) as signals:
+            async for received in signals:
+                if received == signal.SIGUSR1:
+                    proxy.partition()
+                elif received == signal.SIGUSR2:
+                    proxy.heal()
+                else:
+                    group.cancel_scope.cancel()
+                    return
+
+
+if __name__ == "__main__":
+    anyio.run(main, int(sys.argv[1]), int(sys.argv[2]))
