@@ -388,10 +388,8 @@ class Keeper:
         events: list[AnyEvent] = []
         may_place = not placed_now
         draining = {move.deployment_id for d in state.drains.values() for move in d.moves}
-        for deployment_id in rolling:
-            deployment = state.deployments.get(deployment_id)
-            if deployment is None or deployment_id in self._deleting:
-                continue
+        for deployment_id in rolling:  # none being deleted (the step leaves them out)
+            deployment = state.deployments[deployment_id]
             if deployment.moving is not None:
                 events.extend(self._settle(deployment.moving, state, now))
                 continue

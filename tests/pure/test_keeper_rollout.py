@@ -343,15 +343,26 @@ def test_a_stuck_or_short_or_draining_deployment_does_not_hold_the_next_back() -
     assert replaced_in(cluster.step(T + 11)) == [second]
 
 
-def test_a_short_deployment_waiting_for_its_retry_gets_no_replacement() -> None:
+def test_a_short_deployment_gets_no_replacement_even_where_one_would_fit() -> None:
     cluster, deployment_id, instances = serving(*SIX, replicas=2)
     cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
-    cluster.keeper._place = unplaceable()  # pyright: ignore[reportPrivateUsage]
+
+    def only_on_the_whole_cluster(
+        state: State,
+        model_card: ModelCard,
+        sharding: Sharding | str,
+        instance_meta: InstanceMeta | str,
+        min_nodes: int,
+    ) -> AnyInstance:
+        # The recovery's view leaves out the other instance's nodes; a replacement's does not.
+        if len(state.topology.nodes) < len(SIX):
+            raise ValueError("No cycles found with sufficient memory")
+        return shaped_place(state, model_card, sharding, instance_meta, min_nodes)
+
+    cluster.keeper._place = only_on_the_whole_cluster  # pyright: ignore[reportPrivateUsage]
     cluster.delete_instance(instances[0])
-    assert cluster.step(T + 10) == [] or cluster.deployment(deployment_id).placement_error
-    cluster.keeper._place = shaped_place  # pyright: ignore[reportPrivateUsage]
-    # The same cluster: the recovery waits for its retry, and no replacement goes before it.
-    assert replaced_in(cluster.step(T + 11)) == []
+    assert replaced_in(cluster.step(T + 10)) == []  # recovery first, refused; no replacement
+    assert cluster.deployment(deployment_id).placement_error is not None
     assert len(cluster.instances_of_model("m")) == 1
 
 
@@ -369,8 +380,30 @@ def test_an_instance_to_replace_the_state_no_longer_shows_is_skipped() -> None:
     cluster.apply(event.model_copy(update={"replace": ("gone", only)}))
     assert cluster.deployment(deployment_id).replacing == ("gone", only)
     assert replaced_in(cluster.step(T + 10)) == [deployment_id]
-    cluster.apply(event.model_copy(update={"replace": ("gone",)}))
-    assert cluster.step(T + 11) == []  # nothing it can replace: nothing, and no error
+    # Nothing it can replace: nothing, no error, and the next deployment is not held back.
+    cluster, first, second = two_changing()
+    gone = cluster.change_options(first).model_copy(update={"replace": ("gone",)})
+    cluster.apply(gone)
+    assert replaced_in(cluster.step(T + 10)) == [second]
+
+
+def test_a_short_deployment_does_not_hold_the_next_back() -> None:
+    cluster = Cluster(place=shaped_place)
+    cluster.add_nodes(*SIX, "node-g", "node-h")
+    first = cluster.deploy("m1", min_nodes=2, replicas=2)
+    second = cluster.deploy("m2", min_nodes=2)
+    for k in range(3):
+        for event in cluster.step(T + k):
+            if isinstance(event, InstanceCreated):
+                cluster.make_ready(event.instance.instance_id)
+                for node in event.instance.shard_assignments.node_to_runner:
+                    cluster.add_node(node, available_gb=15.0 - k)  # the next goes elsewhere
+    assert len(cluster.instances_of_model("m1")) == 2 and cluster.instances_of_model("m2")
+    cluster.change_options(first, sharding=Sharding.TENSOR)
+    cluster.change_options(second, sharding=Sharding.TENSOR)
+    cluster.keeper._place = unplaceable_for_model("m1")  # pyright: ignore[reportPrivateUsage]
+    cluster.delete_instance(cluster.deployment(first).replacing[0])  # m1 short, refused
+    assert replaced_in(cluster.step(T + 10)) == [second]
 
 
 def test_a_replacement_whose_events_were_lost_is_placed_again_after_the_timeout() -> None:
