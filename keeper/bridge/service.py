@@ -746,17 +746,7 @@ class Bridge:
         now = clock.monotonic()
         self._doomed.load(now)
         self.webhooks.open()
-        self._started.keeper_or_none = _PausedWhileUnwritable(
-            start_keeper(
-                self._keeper_factory,
-                now,
-                self.config.startup_grace_s,
-                self._placement.place,
-                self.metrics.step,
-                self.webhooks if self.webhooks.enabled else None,
-            ),
-            self._store,
-        )
+        self._start_keeper(now, self.config.startup_grace_s)
         self._running = True
         log.info(
             "following exo at %s (of %s): %d deployment(s), %d instance(s) to delete",
@@ -975,11 +965,16 @@ class Bridge:
     def _new_keeper(self, now: float) -> None:
         """A keeper of this bridge's own from ``now``, with no startup grace (a takeover:
         ``keeper.bridge.acting``)."""
+        self._start_keeper(now, 0.0)
+
+    def _start_keeper(self, now: float, startup_grace_s: float) -> None:
+        """The bridge's keeper from ``now``: paused while the log is unwritable, its steps
+        timed for ``GET /metrics`` and shown to the webhooks."""
         self._started.keeper_or_none = _PausedWhileUnwritable(
             start_keeper(
                 self._keeper_factory,
                 now,
-                0.0,
+                startup_grace_s,
                 self._placement.place,
                 self.metrics.step,
                 self.webhooks if self.webhooks.enabled else None,

@@ -319,13 +319,7 @@ class Keeper:
         if not may_place or busy(memo, now) is not None:
             return [], may_place
         try:
-            instance = self._place(
-                replacement_view(state, old),
-                deployment.model_card,
-                deployment.sharding,
-                deployment.instance_meta,
-                deployment.min_nodes,
-            )
+            instance = self._place_replacement(deployment, old, state)
         except ValueError as reason:
             note = stuck_note(state, drain, old, str(reason))
             self._drain_stuck[key] = (signature, now + UNPLACEABLE_RETRY, note)
@@ -334,15 +328,36 @@ class Keeper:
                 return [InstanceDeleted(instance_id=old)], may_place
             return [], may_place
         self._drain_stuck.pop(key, None)
-        self._memos[deployment_id] = placed(memo, instance.instance_id, now)
+        events, move = self._replacement_placed(deployment_id, old, instance, now)
+        return [*events, DrainReplacementPlaced(name=drain.node, move=move)], False
+
+    def _place_replacement(
+        self, deployment: Deployment, old: InstanceId, state: State
+    ) -> AnyInstance:
+        """A replacement for ``old`` (a drain's move, a rolling change's) with the deployment's
+        options, apart from the model's other instances and off cordoned nodes; ValueError
+        when it does not fit."""
+        return self._place(
+            replacement_view(state, old),
+            deployment.model_card,
+            deployment.sharding,
+            deployment.instance_meta,
+            deployment.min_nodes,
+        )
+
+    def _replacement_placed(
+        self, deployment_id: DeploymentId, old: InstanceId, instance: AnyInstance, now: float
+    ) -> tuple[list[AnyEvent], InstanceMove]:
+        """The events of a replacement placed for ``old``, and its move; the deployment's
+        memory now watches it as its placement in flight (one at a time, backoff if lost)."""
+        self._memos[deployment_id] = placed(self._memos[deployment_id], instance.instance_id, now)
         move = InstanceMove(
             deployment_id=deployment_id, old_instance_id=old, new_instance_id=instance.instance_id
         )
         return [
             InstanceCreated(instance=instance),
             DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id),
-            DrainReplacementPlaced(name=drain.node, move=move),
-        ], False
+        ], move
 
     def _settle(self, move: InstanceMove, state: State, now: float) -> list[AnyEvent]:
         """The old instance's deletion once its replacement has been ready MOVE_SETTLE: from
@@ -425,27 +440,14 @@ class Keeper:
         other instances and off cordoned nodes; nothing, and a note, when it does not fit."""
         deployment_id = deployment.deployment_id
         try:
-            instance = self._place(
-                replacement_view(state, old),
-                deployment.model_card,
-                deployment.sharding,
-                deployment.instance_meta,
-                deployment.min_nodes,
-            )
+            instance = self._place_replacement(deployment, old, state)
         except ValueError as reason:
             note = update_stuck_note(state, deployment, old, str(reason))
             self._update_stuck[deployment_id] = (signature, now + UNPLACEABLE_RETRY, note)
             return []
         self._update_stuck.pop(deployment_id, None)
-        self._memos[deployment_id] = placed(self._memos[deployment_id], instance.instance_id, now)
-        move = InstanceMove(
-            deployment_id=deployment_id, old_instance_id=old, new_instance_id=instance.instance_id
-        )
-        return [
-            InstanceCreated(instance=instance),
-            DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id),
-            DeploymentReplacementPlaced(deployment_id=deployment_id, move=move),
-        ]
+        events, move = self._replacement_placed(deployment_id, old, instance, now)
+        return [*events, DeploymentReplacementPlaced(deployment_id=deployment_id, move=move)]
 
     def update_note(self, deployment_id: str) -> str | None:
         """Why the rolling change of ``deployment_id`` cannot place its next replacement now."""
