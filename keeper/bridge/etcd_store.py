@@ -443,7 +443,9 @@ class EtcdStore:
         if not answer.get("succeeded"):
             self._lost("a fenced write found another leader")
             return False
-        return True
+        # Still acting after the round trip: a bridge paused (SIGSTOP, a laptop's sleep) in the
+        # middle of the write wakes with its lease run out and sends nothing on its strength.
+        return self.acting
 
     # --- the store's health -------------------------------------------------------------------
 

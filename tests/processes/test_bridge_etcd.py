@@ -237,6 +237,18 @@ def test_the_store_fails_closed_and_carries_on_when_back(two: Stack) -> None:
     acting = two.wait_acting(10)
     created = deploy(acting.url)
     assert created.status_code == 200
+    # Every bridge's watched view has the deployment before the store goes.
+    wait_for(
+        "every bridge to list the deployment",
+        5,
+        lambda: (
+            all(
+                len(httpx.get(f"{b.url}/deployments", timeout=5).json()["deployments"]) == 1
+                for b in two.bridges.values()
+            )
+            or None
+        ),
+    )
     member = two.etcd.members[0]
     two.etcd.stop_member(member)
     stopped = time.monotonic()
@@ -354,6 +366,17 @@ def test_three_etcd_members_one_lost(tmp_path: Path) -> None:
         new = running.wait_acting(LEASE_S + TAKEOVER_MARGIN_S + 1, not_=acting.name)
         took = time.monotonic() - killed
         assert took <= LEASE_S + TAKEOVER_MARGIN_S, took
-        healths = [b.health() for b in running.bridges.values() if b is not acting]
-        assert all(h is not None and h["leader"] == new.name for h in healths)
+        # Every bridge left names the new leader, once its watch has seen the key change.
+        wait_for(
+            "every bridge to name the new leader",
+            5,
+            lambda: (
+                all(
+                    (h := b.health()) is not None and h["leader"] == new.name
+                    for b in running.bridges.values()
+                    if b is not acting
+                )
+                or None
+            ),
+        )
         print(f"\nthree members, one lost: takeover {took:.2f} s")
