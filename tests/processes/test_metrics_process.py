@@ -57,8 +57,8 @@ def test_a_killed_node_is_counted_in_a_real_scrape(tmp_path: Path) -> None:
         instance = wait_for("the instance's node", 10, cluster.serving_node)
         os.kill(cluster.pid_of(instance[1]), signal.SIGKILL)
 
-        wait_for("no ready replica in the scrape", 30, lambda: ready_is(0))
-
+        # The gap in ready replicas may fall between two scrapes (the failover onto the staged
+        # copy takes about a second, and a body is kept a second): the counters say it happened.
         def recovered() -> Samples | None:
             samples = ready_is(1)
             if samples is None:
