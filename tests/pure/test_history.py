@@ -28,6 +28,7 @@ from keeper.model.history import (
     may_change_serving,
     replay,
     serving_changes,
+    serving_since,
     summarize,
 )
 from keeper.model.state import (
@@ -430,3 +431,14 @@ def test_events_before_any_time_are_older_than_every_window() -> None:
     # The creation is known (untimed, so before the window): the history is complete.
     assert (history.complete_from, history.availability) == (None, 1.0)
     assert history.deployment_id == "d1"
+
+
+def test_serving_since_is_the_newest_record_when_it_serves() -> None:
+    # What GET /metrics exports as seconds serving (keeper.runtime.metrics).
+    assert serving_since(()) is None
+    up = ServingRecord(at=10.0, serving=True, begins="created")
+    down = ServingRecord(at=20.0, serving=False, cause="node a timed out")
+    again = ServingRecord(at=35.0, serving=True)
+    assert serving_since((up,)) == 10.0
+    assert serving_since((up, down)) is None
+    assert serving_since((up, down, again)) == 35.0

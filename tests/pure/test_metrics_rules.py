@@ -1,5 +1,5 @@
-"""``GET /metrics``'s pure parts and its shipped files: node liveness and ``serving_since`` (the
-rules the TUI and the metrics share), the incident tally (each incident and recovery counted
+"""``GET /metrics``'s pure parts and its shipped files: node liveness (the rule the TUI and
+the metrics share), the incident tally (each incident and recovery counted
 once, from the service's start), and every metric name the Grafana dashboard and the alerting
 rules use is one the exporter exports; ``promtool check rules`` passes where promtool is."""
 
@@ -22,7 +22,7 @@ from keeper.bridge.metrics import ExoCollector, ExoFacts
 from keeper.master.chat_routing import ChatCounts
 from keeper.master.metrics import ChatCollector
 from keeper.model.api_models import WebhookEndpointHealth, WebhooksHealth
-from keeper.model.history import serving_since, summarize
+from keeper.model.history import summarize
 from keeper.model.liveness import SILENT_AFTER_S, node_liveness, nodes_by_state
 from keeper.model.state import Deployment, NodeIdentity, ServingRecord, State, Topology
 from keeper.runtime.deployments import deployment_views
@@ -40,7 +40,7 @@ RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 MODEL = "org/model-a"
 
 
-# --- liveness and serving_since ------------------------------------------------------------
+# --- liveness ------------------------------------------------------------------------
 
 
 def test_nodes_alive_silent_gone_and_cordoned_names() -> None:
@@ -66,16 +66,6 @@ def test_nodes_alive_silent_gone_and_cordoned_names() -> None:
         "cordoned": 2,
     }
     assert nodes_by_state(State(), {}, 0.0) == {"alive": 0, "silent": 0, "gone": 0, "cordoned": 0}
-
-
-def test_serving_since_is_the_newest_record_when_it_serves() -> None:
-    assert serving_since(()) is None
-    up = ServingRecord(at=10.0, serving=True, begins="created")
-    down = ServingRecord(at=20.0, serving=False, cause="node a timed out")
-    again = ServingRecord(at=35.0, serving=True)
-    assert serving_since((up,)) == 10.0
-    assert serving_since((up, down)) is None
-    assert serving_since((up, down, again)) == 35.0
 
 
 # --- the tally ------------------------------------------------------------------------------
