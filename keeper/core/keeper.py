@@ -201,6 +201,14 @@ class Keeper:
         # Rolling changes: per deployment, a replacement that could not be placed (as for
         # drains): the cluster it failed on, when to try anyway, and why.
         self._update_stuck: dict[DeploymentId, tuple[ClusterSignature, float, str]] = {}
+        # Which deployments a rolling change is under way for (``_rolling_deployments``).
+        self._rolling: tuple[DeploymentId, ...] = ()  # pragma: no mutate (read before used)
+        # The last step's State, as references to its instances, runners and deployments (not
+        # copies, and not the keeper's memory: one State, whatever its size), and each
+        # deployment as observed with the memo observe gave (``step``: observed on the same
+        # objects again, a memo would not change).
+        self._state_read: tuple[object, object, object] = (None, None, None)
+        self._observed: dict[DeploymentId, tuple[Deployment, DeploymentMemo]] = {}
 
     # --- stepping -------------------------------------------------------------------------
 
@@ -213,18 +221,43 @@ class Keeper:
             return []
         counts = models_instance_counts(state)
         short: list[tuple[Deployment, DeploymentMemo]] = []
-        rolling: list[DeploymentId] = []
         memos = self._memos
         deleting = self._deleting
+        # observe is idempotent and reads the State's instances and runners, the deployment
+        # and the memo (and the time, only for a placement on its way): when none of them is
+        # another object than at the last step's observe (apply replaces what it changes; a
+        # command replaces the memo), observing again would give the same memo. (The lines of
+        # this cache are not mutated: a mutant observes, or reads again, when it need not, and
+        # gives the same memos only slower; docs/design.md §5.9. The memo's own identity is
+        # checked too though observe leaves a command's memo as it is on an unchanged State
+        # today: it keeps the skip right should observe ever read what a command writes.)
+        last_read = self._state_read
+        seen_i, seen_r, seen_deployments = last_read  # the instances, runners, deployments
+        # (The mutants of the next line that survive ignore the instances, and are equivalent:
+        # every instance change observe acts on comes with another it reads, a placement on its
+        # way, a deployment's record, or the runners removed with a deleted instance; those that
+        # ignore the runners are killed, by a runner turning ready at rest.)
+        same_state = state.instances is seen_i and state.runners is seen_r  # pragma: no mutate
+        observed = self._observed
         for deployment_id, deployment in sorted(state.deployments.items()):
             if deployment_id in deleting:
                 continue
-            memo = observe(memos.get(deployment_id, FRESH), deployment, state, now)
-            memos[deployment_id] = memo
+            memo = memos.get(deployment_id, FRESH)
+            last = observed.get(deployment_id)  # pragma: no mutate
+            if not (  # pragma: no mutate
+                same_state
+                and memo.in_flight is None
+                and last is not None
+                and last[0] is deployment  # pragma: no mutate
+                and last[1] is memo  # pragma: no mutate
+            ):
+                memo = observe(memo, deployment, state, now)
+                memos[deployment_id] = memo
+                observed[deployment_id] = (deployment, memo)  # pragma: no mutate
             if counts.get(deployment.model_card.model_id, 0) < wanted(memo, deployment):
                 short.append((deployment, memo))
-            if deployment.replacing or deployment.moving is not None:
-                rolling.append(deployment_id)
+        rolling = self._rolling_deployments(state, seen_deployments)  # pragma: no mutate
+        self._state_read = (state.instances, state.runners, state.deployments)
         # The signature is read only when a deployment is short of instances: on a cluster at
         # rest it would be most of the step (docs/design.md §5.9). (No mutation: computing it
         # when none is short changes no answer, only the time.)
@@ -385,6 +418,25 @@ class Keeper:
         self._drain_stuck = {}
 
     # --- rolling changes ----------------------------------------------------------------
+
+    def _rolling_deployments(self, state: State, last_read: object) -> tuple[DeploymentId, ...]:
+        """The deployments with an instance still to replace or a replacement under way, in id
+        order, none being deleted. Read again only when the State's deployments are another
+        mapping than at the last step: apply replaces it whenever a deployment changes, and on
+        a cluster at rest it does not (the steady step is the master's hot path, §5.9)."""
+        deployments = state.deployments
+        # (No mutation: reading again every step gives the same answer, only slower.)
+        if deployments is not last_read:  # pragma: no mutate
+            self._rolling = tuple(
+                deployment_id
+                for deployment_id, deployment in sorted(deployments.items())
+                if deployment.replacing or deployment.moving is not None
+            )
+        rolling = self._rolling
+        deleting = self._deleting
+        if not deleting:  # pragma: no mutate (filtering when none is deleted gives the same)
+            return rolling
+        return tuple(d for d in rolling if d not in deleting)
 
     def _roll(
         self,
@@ -661,6 +713,10 @@ class Keeper:
         # mutation: rebuilding also when none departed gives the same memos, only slower.)
         if not self._memos.keys() <= live.keys():  # pragma: no mutate
             self._memos = {d: memo for d, memo in self._memos.items() if d in live}
+        if not self._observed.keys() <= live.keys():  # pragma: no mutate (as for the memos)
+            # (An entry of a departed deployment is never read again, only kept: the memory
+            # tests count it.)
+            self._observed = {d: seen for d, seen in self._observed.items() if d in live}
         if not self._staging.keys() <= live.keys():  # pragma: no mutate (as for the memos)
             self._staging = {d: plan for d, plan in self._staging.items() if d in live}
         self._deleting = {d for d in self._deleting if d in live}

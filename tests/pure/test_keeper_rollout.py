@@ -46,6 +46,7 @@ def serving(*nodes: str, replicas: int = 1, min_nodes: int = 2) -> tuple[Cluster
     for k in range(replicas):
         cluster.step(T + k)
         cluster.make_ready(cluster.instance_of(deployment_id).instance_id)
+    assert cluster.step(T + replicas) == []  # the keeper sees the last one ready: at rest
     return cluster, deployment_id, sorted(cluster.state.instances)
 
 

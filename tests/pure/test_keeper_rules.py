@@ -1507,3 +1507,32 @@ def test_ready_replicas_counts_every_ready_instance_of_the_model() -> None:
     cluster.make_ready("manual")
     cluster.make_loading(placed[1])
     assert ready_replicas(cluster.deployment(deployment_id), cluster.state) == 2
+
+
+def test_a_runner_turning_ready_at_rest_is_seen_so_its_loss_is_placed_again_at_once() -> None:
+    # The step skips observing a deployment when nothing it reads changed since the last step:
+    # a runner's report changes only the State's runners, and must still be seen.
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a", "node-b")
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    instance_id = cluster.instance_of(deployment_id).instance_id
+    assert cluster.step(T + 1) == []  # the instance arrived: watched, not ready yet
+    assert cluster.step(T + 2) == []  # at rest
+    cluster.make_ready(instance_id)  # only the runners change
+    assert cluster.step(T + 3) == []
+    cluster.delete_instance(instance_id)
+    # It had been ready: placed again at once, no backoff.
+    replaced = cluster.step(T + 4)
+    assert [type(e).__name__ for e in replaced][:2] == ["InstanceCreated", "DeploymentPlaced"]
+
+
+def test_a_departed_deployment_leaves_nothing_observed_behind() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a")
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    cluster.step(T + 1)
+    cluster.delete(deployment_id)
+    cluster.step(T + 2)
+    assert cluster.keeper._observed == {}  # pyright: ignore[reportPrivateUsage]
