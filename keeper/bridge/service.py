@@ -361,8 +361,7 @@ class Bridge:
         """exo's State JSON as exo sent it (every key kept), with ``deployments`` set to ours."""
         exo = self._follow.last
         if exo is None:
-            outage = self._follow.outage
-            reason = outage.reason if outage is not None else "no answer yet"
+            reason = self._not_followed_why()
             raise ExoDownError(f"exo at {self.exo.url} has not answered yet: {reason}")
         return self._state_body.get((exo, self._own), lambda: self._exo_json_with_ours(exo))
 
@@ -387,10 +386,15 @@ class Bridge:
         bridge's deployments, placed as the keeper previews (our placement, exo's cards); a 503
         while exo's State is not followed, as an answer on a stale one would mislead."""
         if not self._follow.following:
-            outage = self._follow.outage
-            why = outage.reason if outage is not None else "no answer yet"
-            raise ExoDownError(f"exo's State is not followed now ({why}): what-if reads it")
+            raise ExoDownError(
+                f"exo's State is not followed now ({self._not_followed_why()}): what-if reads it"
+            )
         return self.state
+
+    def _not_followed_why(self) -> str:
+        """Why exo's State is not followed now, in the words refusals quote."""
+        outage = self._follow.outage
+        return outage.reason if outage is not None else "no answer yet"
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, the ``GET /deployments`` body."""
@@ -631,8 +635,7 @@ class Bridge:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             if not self._follow.following:
                 # Which instances are replaced is read from exo's State: not from a stale one.
-                outage = self._follow.outage
-                why = outage.reason if outage is not None else "no answer yet"
+                why = self._not_followed_why()
                 raise ExoDownError(
                     f"Cannot change the options of {deployment.model_card.model_id} while exo's "
                     f"State is not followed ({why}): the instances to replace are chosen on it",
@@ -651,8 +654,7 @@ class Bridge:
             deployment = existing_deployment(self._own.deployments, deployment_id)
             if replicas < deployment.replicas and not self._follow.following:
                 # Which instances go is read from exo's State: not from one that may be stale.
-                outage = self._follow.outage
-                why = outage.reason if outage is not None else "no answer yet"
+                why = self._not_followed_why()
                 raise ExoDownError(
                     f"Cannot scale {deployment.model_card.model_id} down while exo's State is "
                     f"not followed ({why}): the instances to delete are chosen on it",

@@ -48,6 +48,12 @@ def matches_options(instance: AnyInstance, deployment: Deployment) -> bool:
     return meta == deployment.instance_meta and sharding == deployment.sharding
 
 
+def options_words(deployment: Deployment) -> str:
+    """A deployment's placement options as the keeper's notes and the API's answers say them:
+    ``Tensor/MlxRing, min_nodes 2``."""
+    return f"{deployment.sharding}/{deployment.instance_meta}, min_nodes {deployment.min_nodes}"
+
+
 def outdated_instances(state: State, deployment: Deployment) -> tuple[InstanceId, ...]:
     """The deployment's instances (those the keeper placed for it and the State still has)
     placed with options it no longer has, in id order: what a rolling change replaces."""

@@ -43,7 +43,7 @@ from keeper.model.refusals import (
     RefusalError,
     UnprocessableError,
 )
-from keeper.model.rollout import outdated_instances, update_progress
+from keeper.model.rollout import options_words, outdated_instances, update_progress
 from keeper.model.state import (
     DEFAULT_PRIORITY,
     Deployment,
@@ -273,7 +273,7 @@ def options_events(
     )
     if problems:
         raise UnprocessableError(problems[0].message, param=problems[0].field)
-    if _options(changed) == _options(deployment):
+    if options_words(changed) == options_words(deployment):
         return []
     return [
         DeploymentOptionsChanged(
@@ -286,10 +286,6 @@ def options_events(
     ]
 
 
-def _options(deployment: Deployment) -> str:
-    return f"{deployment.sharding}/{deployment.instance_meta}, min_nodes {deployment.min_nodes}"
-
-
 def options_response(
     deployment: Deployment, events: Sequence[AnyEvent], new_id: IdFactory = new_id
 ) -> CommandResponse:
@@ -298,7 +294,7 @@ def options_response(
     model_id = deployment.model_card.model_id
     change = next((e for e in events if isinstance(e, DeploymentOptionsChanged)), None)
     if change is None:
-        message = f"Deployment of {model_id} already has {_options(deployment)}"
+        message = f"Deployment of {model_id} already has {options_words(deployment)}"
     else:
         after = deployment.model_copy(
             update={
@@ -312,8 +308,8 @@ def options_response(
             f"replacing {count} instance(s), one at a time" if count else "no instance to replace"
         )
         message = (
-            f"Deployment of {model_id} now has {_options(after)}, was {_options(deployment)}: "
-            f"{replaced}"
+            f"Deployment of {model_id} now has {options_words(after)}, "
+            f"was {options_words(deployment)}: {replaced}"
         )
     return CommandResponse(
         message=message, command_id=new_id(), deployment_id=deployment.deployment_id
