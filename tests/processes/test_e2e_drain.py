@@ -10,6 +10,7 @@ reading the State every 50 ms for the whole drain).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -67,6 +68,33 @@ class Watch:
             time.sleep(WATCH_EVERY_S)
 
 
+@contextlib.contextmanager
+def under_load(cluster: Cluster, models: tuple[str, ...]) -> Iterator[tuple[list[Chats], Watch]]:
+    """Chats to ``models`` without pause and the instance watch, for the body of the ``with``:
+    40 chats answered before it, 40 more after it, then everything stopped and joined."""
+    chats = [Chats(cluster.url, model) for model in models for _ in range(CLIENTS_PER_MODEL)]
+    threads = [threading.Thread(target=c.client) for c in chats]
+    watch = Watch(cluster, models)
+    watcher = threading.Thread(target=watch.run)
+    for thread in [*threads, watcher]:
+        thread.start()
+    try:
+        wait_for("chats answered", 10, lambda: sum(c.answered for c in chats) >= 40 or None)
+        yield chats, watch
+        answered = sum(c.answered for c in chats)
+        wait_for(
+            "chats answered after the change",
+            10,
+            lambda: sum(c.answered for c in chats) >= answered + 40 or None,
+        )
+    finally:
+        for c in chats:
+            c.stop.set()
+        watch.stop.set()
+        for thread in [*threads, watcher]:
+            thread.join(timeout=CHAT_TIMEOUT_S + 5)
+
+
 def test_a_drain_under_load_fails_no_chat_and_keeps_replicas_plus_one(cluster: Cluster) -> None:
     wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
     for model, replicas in REPLICAS.items():
@@ -84,15 +112,8 @@ def test_a_drain_under_load_fails_no_chat_and_keeps_replicas_plus_one(cluster: C
     if qwen_node not in _nodes_of(cluster, LLAMA).values():
         targets.append(next(iter(_nodes_of(cluster, LLAMA).values())))
 
-    chats = [Chats(cluster.url, model) for model in REPLICAS for _ in range(CLIENTS_PER_MODEL)]
-    threads = [threading.Thread(target=c.client) for c in chats]
-    watch = Watch(cluster)
-    watcher = threading.Thread(target=watch.run)
-    for thread in [*threads, watcher]:
-        thread.start()
     timings: list[float] = []
-    try:
-        wait_for("chats answered", 10, lambda: sum(c.answered for c in chats) >= 40 or None)
+    with under_load(cluster, tuple(REPLICAS)) as (chats, watch):
         for node in targets:
             started = time.monotonic()
             drained = cluster.cli("drain", node, "--wait")
@@ -100,18 +121,6 @@ def test_a_drain_under_load_fails_no_chat_and_keeps_replicas_plus_one(cluster: C
             assert drained.returncode == 0, drained.stderr
             assert all(node not in _nodes_of(cluster, m).values() for m in REPLICAS)
             assert cluster.cli("uncordon", node).returncode == 0
-        answered = sum(c.answered for c in chats)
-        wait_for(
-            "chats answered after the drains",
-            10,
-            lambda: sum(c.answered for c in chats) >= answered + 40 or None,
-        )
-    finally:
-        for c in chats:
-            c.stop.set()
-        watch.stop.set()
-        for thread in [*threads, watcher]:
-            thread.join(timeout=CHAT_TIMEOUT_S + 5)
     failures = [f for c in chats for f in c.failures]
     assert failures == []
     assert all(watch.most[m] <= REPLICAS[m] + 1 for m in REPLICAS), watch.most
@@ -169,15 +178,8 @@ def test_a_rolling_change_of_sharding_under_load_fails_no_chat(cluster: Cluster)
         assert created.status_code == 200, created.text
         ids[model] = created.json()["deployment_id"]
     wait_for("every replica ready", 60, lambda: _ready(cluster))
-    chats = [Chats(cluster.url, model) for model in CREATED for _ in range(CLIENTS_PER_MODEL)]
-    threads = [threading.Thread(target=c.client) for c in chats]
-    watch = Watch(cluster, tuple(CREATED))
-    watcher = threading.Thread(target=watch.run)
-    for thread in [*threads, watcher]:
-        thread.start()
     timings: dict[str, float] = {}
-    try:
-        wait_for("chats answered", 10, lambda: sum(c.answered for c in chats) >= 40 or None)
+    with under_load(cluster, tuple(CREATED)) as (chats, watch):
         for model, change in CHANGES.items():
             started = time.monotonic()
             changed = cluster.cli("set", ids[model], *change)
@@ -185,18 +187,6 @@ def test_a_rolling_change_of_sharding_under_load_fails_no_chat(cluster: Cluster)
             assert "one at a time" in changed.stdout
             wait_for(f"{model} replaced", 90, lambda m=model: _changed(cluster, m))
             timings[model] = time.monotonic() - started
-        answered = sum(c.answered for c in chats)
-        wait_for(
-            "chats answered after the changes",
-            10,
-            lambda: sum(c.answered for c in chats) >= answered + 40 or None,
-        )
-    finally:
-        for c in chats:
-            c.stop.set()
-        watch.stop.set()
-        for thread in [*threads, watcher]:
-            thread.join(timeout=CHAT_TIMEOUT_S + 5)
     failures = [f for c in chats for f in c.failures]
     assert failures == []
     assert all(watch.most[m] == 2 for m in CREATED), watch.most  # replicas + 1, once each
