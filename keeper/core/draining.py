@@ -82,7 +82,7 @@ def stuck_note(state: State, drain: NodeDrain, old_instance_id: InstanceId, reas
     """Why a drain cannot move an instance, in the placement's own numbers, naming the nodes
     left out and why."""
     model_id = state.instances[old_instance_id].shard_assignments.model_id
-    left_out = _left_out(state, old_instance_id, always_cordoned=True)
+    left_out = _left_out(state, old_instance_id)  # the draining node is one of the cordoned
     return f"cannot move {model_id} off {drain.node} ({'; '.join(left_out)}): {reason}"
 
 
@@ -91,21 +91,20 @@ def update_stuck_note(
 ) -> str:
     """Why a rolling change cannot replace an instance, in the placement's own numbers, naming
     the nodes left out and why (as for a drain)."""
-    left_out = _left_out(state, old_instance_id, always_cordoned=False)
+    left_out = _left_out(state, old_instance_id)
     where = f" ({'; '.join(left_out)})" if left_out else ""
     options = options_words(deployment)
     return f"cannot replace instance {old_instance_id} with {options}{where}: {reason}"
 
 
-def _left_out(state: State, old_instance_id: InstanceId, *, always_cordoned: bool) -> list[str]:
+def _left_out(state: State, old_instance_id: InstanceId) -> list[str]:
     """The nodes a replacement for ``old_instance_id`` may not use, and why, in words: the
-    cordoned ones (said even when none is, for a drain, whose own node is cordoned), and those
-    serving the model already (``replacement_view``)."""
+    cordoned ones, and those serving the model already (``replacement_view``)."""
     cordoned = cordoned_nodes(state)
     serving = frozenset(without_nodes(state, cordoned).topology.nodes) - frozenset(
         replacement_view(state, old_instance_id).topology.nodes
     )
-    left_out = [f"cordoned: {node_names(state, cordoned)}"] if cordoned or always_cordoned else []
+    left_out = [f"cordoned: {node_names(state, cordoned)}"] if cordoned else []
     if serving:
         left_out.append(f"serving it already: {node_names(state, serving)}")
     return left_out
