@@ -144,9 +144,9 @@ class EtcdCluster:
         scheme = "etcds://" if self.tls is not None else "etcd://"
         return scheme + ",".join(member.endpoint for member in self.members)
 
-    def etcdctl(self, *argv: str, user: str | None = None) -> str:
+    def etcdctl(self, *argv: str, user: str | None = None, stdin: str | None = None) -> str:
         """``etcdctl`` against the members (TLS flags given), its output; RuntimeError if it
-        fails. ``user`` is ``NAME:PASSWORD`` once auth is on."""
+        fails. ``user`` is ``NAME:PASSWORD`` once auth is on; ``stdin`` what it reads."""
         command = [etcdctl_binary(), "--endpoints", ",".join(m.url for m in self.members)]
         if self.tls is not None:
             command += [
@@ -157,7 +157,12 @@ class EtcdCluster:
         if user is not None:
             command.append(f"--user={user}")
         done = subprocess.run(
-            [*command, *argv], capture_output=True, text=True, timeout=30, check=False
+            [*command, *argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
         if done.returncode != 0:
             raise RuntimeError(f"etcdctl {argv[0]} failed: {done.stderr.strip()}")
