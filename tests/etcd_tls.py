@@ -144,7 +144,7 @@ def make_pki(folder: Path) -> Pki:
     for cert_path, key_path, made in (
         (files.server_cert, files.server_key, _leaf("etcd", "etcd", ca, server=True)),
         # No CommonName: with auth enabled, etcd's JSON gateway refuses a client certificate
-        # that has one (it would not be the user; docs/bridge.md, "etcd with TLS and users").
+        # that has one (it would not be the user; docs/design.md §8.5).
         (files.client_cert, files.client_key, _leaf("exo-deploy-bridge", "", ca, server=False)),
         (files.stranger_cert, files.stranger_key, _leaf("stranger", "", stranger_ca, server=False)),
         (files.named_cert, files.named_key, _leaf("named", "named", ca, server=False)),

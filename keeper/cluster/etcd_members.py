@@ -7,11 +7,11 @@ with election timings shortened so a lease of a second or two is allowed (etcd r
 below its election timeout) and a member's loss is noticed in well under a second, and waits for
 each to answer ``GET /health`` with a deadline, never a fixed sleep.
 
-With ``EtcdTls`` the members are what a production etcd is (docs/bridge.md, "etcd with TLS and
-users"): TLS to clients with ``--client-cert-auth`` (every client shows a certificate the CA
-signed), and ``enable_auth`` adds a user whose role reads and writes one prefix only, then turns
-etcd's auth on, with the ``etcdctl`` beside the binary (the same commands deploy/README.md
-gives). Peers stay plaintext on loopback: the tests are about the clients' side.
+With ``EtcdTls`` the members are what a production etcd is (docs/design.md §8.5): TLS to
+clients with ``--client-cert-auth`` (every client shows a certificate the CA signed), and
+``enable_auth`` adds a user whose role reads and writes one prefix only, then turns etcd's auth
+on, with the ``etcdctl`` beside the binary (the same commands deploy/README.md gives). Peers
+stay plaintext on loopback: the tests are about the clients' side.
 """
 
 from __future__ import annotations
