@@ -42,7 +42,6 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Literal
 
 from exo_deploy_tui.availability import on_our_clock, summarize_day, window_end
 from exo_deploy_tui.downloads import (
@@ -60,9 +59,21 @@ from exo_deploy_tui.draining import (
     moving_deployments,
 )
 from exo_deploy_tui.explain import explain_placement
-from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_id, short_model
+from exo_deploy_tui.format import precise_duration, short_id, short_model
 from exo_deploy_tui.health import progress_signature, unhealthy_reason
 from exo_deploy_tui.recovery import NodeDownload, parts_text, recovery_parts
+from exo_deploy_tui.rows import (
+    Connection,
+    DeploymentRow,
+    InstanceRow,
+    Liveness,
+    NodeRow,
+    RunnerRow,
+    SortKey,
+    Summary,
+    runner_status_word,
+    sort_rows,
+)
 from exo_deploy_tui.timeline import (
     Timeline,
     TimelineEntry,
@@ -72,7 +83,6 @@ from exo_deploy_tui.timeline import (
     node_name,
 )
 from exo_deploy_tui.updates import (
-    ConnectionMode,
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
@@ -102,7 +112,6 @@ from keeper.model.readiness import (
 )
 from keeper.model.rollout import update_progress
 from keeper.model.state import (
-    DEFAULT_PRIORITY,
     AnyInstance,
     AnyRunnerStatus,
     Deployment,
@@ -128,6 +137,31 @@ from keeper.model.state import (
     download_entry,
     download_model_id,
 )
+
+# What the TUI imports from here: the model, its rows (from ``rows.py``) and the constants and
+# helpers its tests read.
+__all__ = [
+    "CLOCK_SKEW_IGNORED_S",
+    "GONE_NODES_KEPT",
+    "GPU_READINGS_KEPT",
+    "HISTORY_SEEDED_MAX",
+    "MOMENTS_WINDOW_S",
+    "SILENT_AFTER_S",
+    "ClusterModel",
+    "Connection",
+    "DeploymentRow",
+    "InstanceRow",
+    "Liveness",
+    "NodeRow",
+    "RunnerRow",
+    "SortKey",
+    "Summary",
+    "Timer",
+    "departed_nodes",
+    "parse_iso",
+    "runner_status_word",
+    "sort_rows",
+]
 
 # Gone nodes are remembered so the operator sees what left; this many is a whole rack's worth
 # while keeping memory flat when nodes churn for days.
@@ -155,159 +189,6 @@ _LOADED_RUNNER_TYPES = (RunnerLoaded, RunnerWarmingUp, RunnerReady, RunnerRunnin
 # A runner in one of these (or with no status yet) has not started loading: if its node is
 # downloading its model, that download is what it waits for.
 _BEFORE_LOADING_TYPES = (RunnerIdle, RunnerConnecting, RunnerConnected)
-
-# away: a name cordoned while no node of that name is in the cluster (a Mac being updated).
-Liveness = Literal["alive", "silent", "gone", "away"]
-SortKey = Literal["status", "name", "age"]
-
-
-# --- rows the widgets render ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeploymentRow:
-    deployment_id: DeploymentId
-    model_id: str
-    status: DeploymentStatus
-    instance_id: InstanceId | None  # the model's instance in the cluster now, if any
-    nodes: tuple[str, ...]  # friendly names of that instance's nodes
-    in_status_s: float
-    in_status_known: bool  # False when it was already in this status as we connected
-    placement_error: str | None
-    waiting: WaitReason | None
-    next_attempt_in_s: float | None
-    failures: int
-    load_progress: float | None  # layers loaded / layers, while starting
-    sharding: str
-    instance_meta: str
-    min_nodes: int
-    replicas: int = 1
-    ready_replicas: int = 0  # instances of the model ready now (keeper.model.readiness's rule)
-    # The nodes of every instance of the model, that instance's first: where the replicas run.
-    replica_nodes: tuple[tuple[str, ...], ...] = ()
-    # The placement error explained in numbers from the State (exo_deploy_tui.explain), or None.
-    placement_why: str | None = None
-    # The fraction of the last 24 h it served (keeper.model.history), None without serving records.
-    availability: float | None = None
-    # While starting: the download its instance waits for (``gating_download``) and its node.
-    download: DownloadFacts | None = None
-    download_on: str | None = None
-    # The node a drain is moving it off (a move under way for it), or None.
-    moving_off: str | None = None
-    priority: int = DEFAULT_PRIORITY  # which the keeper places first, and what may preempt
-    # A rolling change under way: (instances as the options ask, replicas), or None.
-    updating: tuple[int, int] | None = None
-
-    @property
-    def draining(self) -> bool:
-        """A drain is moving it: STATUS says ``draining`` whatever its status underneath (the
-        old instance serves until its replacement is ready)."""
-        return self.moving_off is not None
-
-    @property
-    def short(self) -> bool:
-        """Fewer replicas ready than the deployment keeps."""
-        return self.ready_replicas < self.replicas
-
-    @property
-    def broken(self) -> bool:
-        return self.status != "serving"
-
-    def matches(self, text: str) -> bool:
-        needle = text.casefold()
-        haystack = " ".join(
-            (
-                self.model_id,
-                self.status,
-                "draining" if self.draining else "",
-                "updating" if self.updating else "",
-                self.deployment_id,
-                self.instance_id or "",
-                " ".join(" ".join(nodes) for nodes in self.replica_nodes or (self.nodes,)),
-                self.placement_error or "",
-            )
-        ).casefold()
-        return needle in haystack
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    node_id: NodeId
-    name: str
-    liveness: Liveness
-    quiet_for_s: float | None  # since lastSeen (alive/silent), or since it left (gone)
-    ram_used: int | None
-    ram_total: int | None
-    backends: tuple[str, ...]
-    links: tuple[str, ...]  # names of the nodes it has an edge to
-    runners: tuple[str, ...]  # "Qwen3-0.6B-4bit Ready" per runner it holds
-    chip: str
-    disk_free: int | None = None  # bytes free in its models directory, as it last reported
-    disk_total: int | None = None
-    # Its runners, then what else its disk holds or fetches: "Qwen3-0.6B-4bit Ready",
-    # "Qwen3-30B-A3B-4bit ↓43%" (a download, also for a runner waiting for it), "… on disk".
-    models: tuple[str, ...] = ()
-    vitals: SystemVitals | None = None  # GPU, temperature and power, as it last reported
-    gpu_history: tuple[float, ...] = ()  # its last GPU readings (0-1), oldest first
-    # What the master calls it in cordons and drains: its friendly name, else its id.
-    handle: str = ""
-    cordoned: bool = False  # no new placement on it (a draining node is cordoned too)
-    drain: DrainProgress | None = None  # its drain, while one is under way
-
-
-@dataclass(frozen=True)
-class RunnerRow:
-    runner_id: str
-    node_id: NodeId
-    node_name: str
-    rank: int
-    start_layer: int
-    end_layer: int  # exclusive
-    status: str  # "Ready", "Loading", ... ("Unknown" before the node reports)
-    progress: float | None  # while loading
-    error: str | None
-    node_present: bool
-    # The node's download of the model, while the runner waits for it (not yet loading).
-    download: DownloadFacts | None = None
-
-
-@dataclass(frozen=True)
-class InstanceRow:
-    instance_id: InstanceId
-    model_id: str
-    deployment_id: DeploymentId | None
-    kind: str
-    ready: bool
-    runners: tuple[RunnerRow, ...]
-    # Why the instance looks unhealthy (``unhealthy_reason``), or None.
-    unhealthy: str | None = None
-
-
-@dataclass(frozen=True)
-class Summary:
-    nodes_alive: int
-    nodes_silent: int
-    nodes_gone: int
-    by_status: dict[DeploymentStatus, int]
-    deployments: int
-    instances: int
-    # Names cordoned with no node of that name in the cluster (listed as ``away``).
-    nodes_away: int = 0
-    # False against a master without the deployments API (a stock exo): there, the header
-    # counts instances, since "0 deployments" would read as an empty cluster.
-    deployments_api: bool = True
-
-
-@dataclass(frozen=True)
-class Connection:
-    mode: ConnectionMode
-    detail: str = ""
-    retry_in_s: float | None = None
-    stale_since: float | None = None  # when data stopped arriving, while it is stale
-
-    @property
-    def stale(self) -> bool:
-        return self.stale_since is not None
 
 
 @dataclass(frozen=True)
@@ -369,12 +250,6 @@ class _Derived:
 # --- pure helpers ---------------------------------------------------------------------------
 
 
-def runner_status_word(status: AnyRunnerStatus | None) -> str:
-    if status is None:
-        return "Unknown"
-    return type(status).__name__.removeprefix("Runner")
-
-
 def parse_iso(text: str | None) -> float | None:
     if not text:
         return None
@@ -385,20 +260,6 @@ def parse_iso(text: str | None) -> float | None:
     if parsed.tzinfo is None:
         return None  # a time without a zone cannot be placed on our clock
     return parsed.timestamp()
-
-
-def sort_rows(
-    rows: Iterable[DeploymentRow], key: SortKey, reverse: bool = False
-) -> list[DeploymentRow]:
-    """Stable orders with the model id as tie-break, so rows never shuffle between frames."""
-    by_name = sorted(rows, key=lambda r: (r.model_id, r.deployment_id))
-    if key == "status":
-        ordered = sorted(by_name, key=lambda r: STATUS_ORDER[r.status])
-    elif key == "age":
-        ordered = sorted(by_name, key=lambda r: r.in_status_s)  # most recent change first
-    else:
-        ordered = by_name
-    return list(reversed(ordered)) if reverse else ordered
 
 
 # --- the model ----------------------------------------------------------------------------
