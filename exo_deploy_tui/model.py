@@ -41,7 +41,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 
 from exo_deploy_tui.availability import on_our_clock, summarize_day, window_end
 from exo_deploy_tui.downloads import (
@@ -61,6 +60,8 @@ from exo_deploy_tui.draining import (
 from exo_deploy_tui.explain import explain_placement
 from exo_deploy_tui.format import precise_duration, short_id, short_model
 from exo_deploy_tui.health import progress_signature, unhealthy_reason
+from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
+from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
 from exo_deploy_tui.recovery import NodeDownload, parts_text, recovery_parts
 from exo_deploy_tui.rows import (
     Connection,
@@ -163,12 +164,6 @@ __all__ = [
     "sort_rows",
 ]
 
-# Gone nodes are remembered so the operator sees what left; this many is a whole rack's worth
-# while keeping memory flat when nodes churn for days.
-GONE_NODES_KEPT = 32
-# A master whose clock differs from ours by less than this is taken as in step: the HTTP Date
-# header that measures the difference has a resolution of one second.
-CLOCK_SKEW_IGNORED_S = 2.0
 # The most history entries one snapshot seeds the timeline with (the newest): screens of a
 # night's incidents, while a cluster that flapped all day cannot fill the timeline's capacity
 # with the past and push out what happens next.
@@ -228,13 +223,6 @@ class _Progress:
     since: float
 
 
-@dataclass
-class _Gone:
-    name: str
-    at: float  # when it left
-    last_seen: float | None  # when it was last heard of, on our clock
-
-
 @dataclass(frozen=True)
 class _Derived:
     """What every view needs from one State, computed once per State (States are immutable,
@@ -248,18 +236,6 @@ class _Derived:
 
 
 # --- pure helpers ---------------------------------------------------------------------------
-
-
-def parse_iso(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        return None  # a time without a zone cannot be placed on our clock
-    return parsed.timestamp()
 
 
 # --- the model ----------------------------------------------------------------------------
@@ -280,8 +256,8 @@ class ClusterModel:
     # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
     _views: dict[DeploymentId, DeploymentView] = field(default_factory=dict)
     _tracked: dict[DeploymentId, _Tracked] = field(default_factory=dict)
-    _gone: dict[NodeId, _Gone] = field(default_factory=dict)
-    _silent: set[NodeId] = field(default_factory=set)
+    # The nodes seen leaving and those told silent (``liveness.py``).
+    _liveness: NodeLiveness = field(default_factory=NodeLiveness)
     # Per instance not yet ready: what its runners and downloads last showed, and since when.
     _progress: dict[InstanceId, _Progress] = field(default_factory=dict)
     # True once the first snapshot has been taken in: from then on we see statuses begin.
@@ -348,8 +324,7 @@ class ClusterModel:
     def _on_snapshot(self, update: SnapshotUpdate, now: float) -> None:
         self.missing_from = None
         if update.master_clock_offset_s is not None:
-            offset = update.master_clock_offset_s
-            self.master_clock_offset_s = offset if abs(offset) >= CLOCK_SKEW_IGNORED_S else 0.0
+            self.master_clock_offset_s = offset_taken(update.master_clock_offset_s)
         if not self.has_data:
             self.state = update.state
             self.has_data = True
@@ -411,20 +386,13 @@ class ClusterModel:
             self._reading(event.node_id, event.system)
 
     def _note_membership(self, event: object, before: State, now: float) -> None:
+        self._liveness.note(event, before, now, self.clock)
         if isinstance(event, NodeTimedOut) and event.node_id in before.topology.nodes:
             node = event.node_id
-            seen = parse_iso(before.last_seen.get(node))
-            last_seen = None if seen is None else seen - self.master_clock_offset_s
-            self._gone[node] = _Gone(node_name(node, before), now, last_seen)
-            self._silent.discard(node)
-            while len(self._gone) > GONE_NODES_KEPT:
-                del self._gone[next(iter(self._gone))]
             self._gpu.pop(node, None)
             for kept in (self._download_started, self._download_done):
                 for key in [k for k in kept if k[0] == node]:
                     del kept[key]
-        elif isinstance(event, NodeGatheredInfo):
-            self._gone.pop(event.node_id, None)
 
     def _starts(self) -> dict[tuple[NodeId, ModelId], float]:
         """When downloads were seen to start, for the timeline; none after a gap (how long a
@@ -588,7 +556,12 @@ class ClusterModel:
 
     def remembered_names(self) -> dict[NodeId, str]:
         """Names of nodes that have left, which the State no longer carries."""
-        return {node_id: gone.name for node_id, gone in self._gone.items()}
+        return self._liveness.remembered_names()
+
+    @property
+    def clock(self) -> MasterClock:
+        """The master's clock as we know it now (its offset, and whether it is out of reach)."""
+        return MasterClock(self.master_clock_offset_s, self.connection.stale_since)
 
     def _set_timers(self, views: Iterable[DeploymentView], now: float) -> None:
         timers: dict[DeploymentId, Timer] = {}
@@ -596,8 +569,7 @@ class ClusterModel:
             if view.next_attempt_in_s is not None:
                 due: float | None = now + view.next_attempt_in_s
             else:
-                master_due = parse_iso(view.next_attempt_at)
-                due = None if master_due is None else master_due - self.master_clock_offset_s
+                due = self.clock.ours(view.next_attempt_at)
             timers[view.deployment.deployment_id] = Timer(view.failures, due, view.waiting)
         self._timers = timers
         self._views = {view.deployment.deployment_id: view for view in views}
@@ -710,44 +682,16 @@ class ClusterModel:
         that node was heard of (the master only notices later); otherwise now."""
         start = now
         for node_id in nodes:
-            if node_id in self._gone:
-                heard = self._gone[node_id].last_seen
-            elif node_id in self._silent:
-                seen = parse_iso(self.state.last_seen.get(node_id))
-                heard = None if seen is None else seen - self.master_clock_offset_s
-            else:
-                continue
+            heard = self._liveness.last_heard(node_id, self.state, self.clock)
             if heard is not None:
                 start = min(start, heard)
         return start
 
     def _check_silence(self, now: float) -> None:
-        for node_id in self.state.topology.nodes:
-            quiet = self._quiet_for(node_id, now)
-            if quiet is None:
-                continue
-            name = node_name(node_id, self.state)
-            if quiet >= SILENT_AFTER_S and node_id not in self._silent:
-                self._silent.add(node_id)
-                text = f"node {name} went silent (nothing for {quiet:.0f} s)"
-                self.timeline.extend([TimelineEntry(now, "warn", text, node_id=node_id)])
-            elif quiet < SILENT_AFTER_S and node_id in self._silent:
-                self._silent.discard(node_id)
-                self.timeline.extend(
-                    [TimelineEntry(now, "good", f"node {name} is reporting again", node_id=node_id)]
-                )
-        for node_id in [n for n in self._silent if n not in self.state.topology.nodes]:
-            self._silent.discard(node_id)
+        self.timeline.extend(self._liveness.check(self.state, self.clock, now))
 
     def _quiet_for(self, node_id: NodeId, now: float) -> float | None:
-        seen = parse_iso(self.state.last_seen.get(node_id))
-        if seen is None:
-            return None
-        # While the master is out of reach we know nothing newer than the moment we lost it:
-        # judging nodes by our clock would call every one of them silent.
-        if self.connection.stale_since is not None:
-            now = min(now, self.connection.stale_since)
-        return max(0.0, now + self.master_clock_offset_s - seen)
+        return self.clock.quiet_for(self.state.last_seen.get(node_id), now)
 
     # -- output -----------------------------------------------------------------------------
 
@@ -822,9 +766,7 @@ class ClusterModel:
         return rows
 
     def _departed_unseen(self) -> list[NodeId]:
-        """Departed nodes the State still lists that we did not see leave (so ``_gone`` has no
-        time for them): they had left before we connected."""
-        return [n for n in departed_nodes(self.state) if n not in self._gone]
+        return self._liveness.departed_unseen(self.state)
 
     def node_rows(self, now: float) -> list[NodeRow]:
         state = self.state
@@ -847,8 +789,7 @@ class ClusterModel:
                     text = f"{model} {download_mark(waiting)}"
                 held_on.setdefault(node_id, {}).setdefault(model_id, text)
         rows: list[NodeRow] = []
-        for node_id in state.topology.nodes:
-            quiet = self._quiet_for(node_id, now)
+        for node_id, heard in self._liveness.heard(state, self.clock, now).items():
             memory = state.node_memory.get(node_id)
             identity = state.node_identities.get(node_id)
             sinks = state.topology.connections.get(node_id, {})
@@ -872,8 +813,8 @@ class ClusterModel:
                 NodeRow(
                     node_id=node_id,
                     name=self.name_of(node_id),
-                    liveness="silent" if quiet is not None and quiet >= SILENT_AFTER_S else "alive",
-                    quiet_for_s=quiet,
+                    liveness=heard.liveness,
+                    quiet_for_s=heard.quiet_for_s,
                     ram_used=(
                         memory.ram_total.in_bytes - memory.ram_available.in_bytes
                         if memory
@@ -898,9 +839,8 @@ class ClusterModel:
         # A cordon is by name: a row of a node not in the cluster shows it only while no node
         # of that name is back.
         present = {r.handle for r in rows}
-        for node_id, gone in self._gone.items():
-            if node_id not in state.topology.nodes:
-                rows.append(self._absent(node_id, gone.name, "gone", now - gone.at, present))
+        for node_id, gone in self._liveness.gone(state).items():
+            rows.append(self._absent(node_id, gone.name, "gone", now - gone.at, present))
         departed: list[NodeRow] = []
         for node_id in self._departed_unseen():
             identity = state.node_identities.get(node_id)
@@ -946,15 +886,7 @@ class ClusterModel:
         return drain_progress(drain, answer)
 
     def _away_names(self) -> list[str]:
-        """Cordoned names no node row goes by: their machines are away (cordoned before an
-        update, say); the cordon waits for them by name."""
-        state = self.state
-        if not state.cordoned:
-            return []
-        listed = {handle_of(state, n) for n in state.topology.nodes}
-        listed.update(gone.name for n, gone in self._gone.items() if n not in state.topology.nodes)
-        listed.update(self.name_of(n) for n in self._departed_unseen())
-        return [name for name in state.cordoned if name not in listed]
+        return self._liveness.away_names(self.state, self.name_of)
 
     def drain_plan(self, name: str) -> DrainPlan:
         """What draining the node called ``name`` would move, and leave alone, now."""
@@ -1021,11 +953,8 @@ class ClusterModel:
         return rows
 
     def summary(self, now: float) -> Summary:
-        silent = 0
-        for node_id in self.state.topology.nodes:
-            quiet = self._quiet_for(node_id, now)
-            if quiet is not None and quiet >= SILENT_AFTER_S:
-                silent += 1
+        heard = self._liveness.heard(self.state, self.clock, now).values()
+        silent = sum(1 for h in heard if h.liveness == "silent")
         present = set(self.state.topology.nodes)
         by_status: dict[DeploymentStatus, int] = {}
         for status in self.derived().statuses.values():
@@ -1033,8 +962,7 @@ class ClusterModel:
         return Summary(
             nodes_alive=len(present) - silent,
             nodes_silent=silent,
-            nodes_gone=sum(1 for n in self._gone if n not in present)
-            + len(self._departed_unseen()),
+            nodes_gone=self._liveness.gone_count(self.state),
             by_status=by_status,
             deployments=len(self.state.deployments),
             instances=len(self.state.instances),
