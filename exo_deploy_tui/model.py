@@ -39,10 +39,11 @@ derivations are the next seam if it grows.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from exo_deploy_tui.availability import on_our_clock, summarize_day, window_end
+from exo_deploy_tui.download_moments import DownloadMoments
 from exo_deploy_tui.downloads import (
     DownloadFacts,
     download_facts,
@@ -62,7 +63,8 @@ from exo_deploy_tui.format import precise_duration, short_id, short_model
 from exo_deploy_tui.health import progress_signature, unhealthy_reason
 from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
 from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
-from exo_deploy_tui.recovery import NodeDownload, parts_text, recovery_parts
+from exo_deploy_tui.readings import GPU_READINGS_KEPT, GpuReadings
+from exo_deploy_tui.recovery import parts_text, recovery_parts
 from exo_deploy_tui.rows import (
     Connection,
     DeploymentRow,
@@ -118,7 +120,6 @@ from keeper.model.state import (
     Deployment,
     DeploymentId,
     DownloadCompleted,
-    DownloadOngoing,
     InstanceId,
     MlxJacclInstance,
     ModelId,
@@ -134,7 +135,6 @@ from keeper.model.state import (
     RunnerWarmingUp,
     ServingRecord,
     State,
-    SystemVitals,
     download_entry,
     download_model_id,
 )
@@ -176,9 +176,6 @@ MOMENTS_WINDOW_S = 2.5
 # The instance deletions and creations kept per model for a recovery's parts: every attempt of
 # a recovery that took a few, while a model that flaps all day keeps a handful.
 MOMENTS_KEPT = 8
-# GPU readings kept per node: the nodes view's sparkline, the last half-minute or so of reports.
-GPU_READINGS_KEPT = 8
-
 # A runner in one of these has all its layers in memory.
 _LOADED_RUNNER_TYPES = (RunnerLoaded, RunnerWarmingUp, RunnerReady, RunnerRunning)
 # A runner in one of these (or with no status yet) has not started loading: if its node is
@@ -275,18 +272,16 @@ class ClusterModel:
     _days: dict[DeploymentId, tuple[tuple[ServingRecord, ...], float, History]] = field(
         default_factory=dict
     )
-    # When each (node, model) download was seen to start and to complete (our clock): how long
-    # it took, for the timeline and a recovery's parts. Dropped with the node.
-    _download_started: dict[tuple[NodeId, ModelId], float] = field(default_factory=dict)
-    _download_done: dict[tuple[NodeId, ModelId], float] = field(default_factory=dict)
+    # When each (node, model) download was seen to start and to complete (``download_moments.py``).
+    _downloads: DownloadMoments = field(default_factory=DownloadMoments)
     # Per model with a deployment: when its instances were deleted and created.
     _moments: dict[ModelId, _Moments] = field(default_factory=dict)
     # When the last State arrived (snapshot or event), and whether this batch's snapshot came
     # after a gap (``MOMENTS_WINDOW_S``): then what changed is not dated.
     _observed_at: float | None = None
     _blind: bool = False
-    # Per node: its last GPU readings.
-    _gpu: dict[NodeId, deque[float]] = field(default_factory=dict)
+    # Per node: its last GPU readings (``readings.py``).
+    _readings: GpuReadings = field(default_factory=GpuReadings)
     # The master's GET /nodes as last read, by name (read while a drain is under way); None
     # when the last read failed or none was made.
     _nodes_view: dict[str, NodeView] | None = None
@@ -330,7 +325,7 @@ class ClusterModel:
             self.has_data = True
             self.timeline.extend(self._seed_history(None, update.state, now))
             self.timeline.extend(_connected_entries(update, now))
-            self._note_readings(None, update.state)
+            self._readings.note_snapshot(None, update.state)
         else:
             before, after = self.state, update.state
             observed = self._observed_at
@@ -343,7 +338,7 @@ class ClusterModel:
                     entries_for_event(event, before, after, now, names, self._starts())
                 )
                 self._note_membership(event, before, now)
-            self._note_readings(before, after)
+            self._readings.note_snapshot(before, after)
             self.state = after
         self._observed_at = now
         if update.deployments is None:
@@ -383,46 +378,22 @@ class ClusterModel:
             and event.system is not None
             and event.node_id in self.state.node_system
         ):
-            self._reading(event.node_id, event.system)
+            self._readings.reading(event.node_id, event.system)
 
     def _note_membership(self, event: object, before: State, now: float) -> None:
         self._liveness.note(event, before, now, self.clock)
         if isinstance(event, NodeTimedOut) and event.node_id in before.topology.nodes:
-            node = event.node_id
-            self._gpu.pop(node, None)
-            for kept in (self._download_started, self._download_done):
-                for key in [k for k in kept if k[0] == node]:
-                    del kept[key]
+            self._readings.forget(event.node_id)
+            self._downloads.forget_node(event.node_id)
 
-    def _starts(self) -> dict[tuple[NodeId, ModelId], float]:
-        """When downloads were seen to start, for the timeline; none after a gap (how long a
-        download took that completed while we were away cannot be told)."""
-        return {} if self._blind else self._download_started
+    def _starts(self) -> Mapping[tuple[NodeId, ModelId], float]:
+        return self._downloads.starts(self._blind)
 
     def _note_moments(self, event: object, before: State, now: float) -> None:
         """Date what a recovery's parts are made of: instances deleted and created, downloads
         started and completed. Not after a gap: then we know only that they happened."""
         if isinstance(event, NodeDownloadProgress):
-            entry = event.download_progress
-            key = (entry.node_id, download_model_id(entry))
-            previous = download_entry(before, *key)
-            if type(entry) is type(previous):
-                return  # progress, or a report of the same: no moment
-            if self._blind or entry.node_id not in before.topology.nodes:
-                # It moved while we were away (or for a node the State does not hold).
-                self._download_started.pop(key, None)
-                self._download_done.pop(key, None)
-            elif isinstance(entry, DownloadOngoing):
-                self._download_started[key] = now
-                self._download_done.pop(key, None)
-            elif isinstance(entry, DownloadCompleted):
-                if not isinstance(previous, DownloadOngoing):
-                    self._download_started.pop(key, None)  # it never showed as downloading
-                if previous is not None:
-                    self._download_done[key] = now
-            else:  # queued again, or failed
-                self._download_started.pop(key, None)
-                self._download_done.pop(key, None)
+            self._downloads.note(event, before, now, self._blind)
             return
         if self._blind:
             return
@@ -441,26 +412,6 @@ class ClusterModel:
         if moments is None:
             moments = self._moments[model] = _Moments()
         return moments
-
-    def _note_readings(self, before: State | None, after: State) -> None:
-        """A snapshot's GPU readings: a node's counts as new when it differs from the last one
-        or the node reported since (a poll sees each report once)."""
-        gpu = self._gpu
-        for node_id in [n for n in gpu if n not in after.node_system]:
-            del gpu[node_id]
-        for node_id, vitals in after.node_system.items():
-            if before is not None and (
-                before.node_system.get(node_id) == vitals
-                and before.last_seen.get(node_id) == after.last_seen.get(node_id)
-            ):
-                continue
-            self._reading(node_id, vitals)
-
-    def _reading(self, node_id: NodeId, vitals: SystemVitals) -> None:
-        history = self._gpu.get(node_id)
-        if history is None:
-            history = self._gpu[node_id] = deque(maxlen=GPU_READINGS_KEPT)
-        history.append(vitals.gpu_usage)
 
     def _seed_history(self, before: State | None, after: State, now: float) -> list[TimelineEntry]:
         """History entries for the incidents of the last 24 h in ``after``'s serving records
@@ -652,12 +603,7 @@ class ClusterModel:
             stopped_at=tracked.stopped_at,
             deletions=moments.deleted,
             placements=moments.created,
-            downloads=[
-                NodeDownload(
-                    self._download_started.get((n, model)), self._download_done.get((n, model))
-                )
-                for n in serving_on
-            ],
+            downloads=[self._downloads.of(n, model) for n in serving_on],
             ready_at=None if self._blind else now,
         )
 
@@ -807,7 +753,6 @@ class ClusterModel:
                         mark = download_mark(download_facts(entry))
                         listed.append(f"{short_model(model_id)} {mark}")
                 models = tuple(listed)
-            gpu = self._gpu.get(node_id)
             handle = handle_of(state, node_id)
             rows.append(
                 NodeRow(
@@ -829,7 +774,7 @@ class ClusterModel:
                     disk_total=disk.total.in_bytes if disk else None,
                     models=models,
                     vitals=state.node_system.get(node_id),
-                    gpu_history=tuple(gpu) if gpu else (),
+                    gpu_history=self._readings.of(node_id),
                     handle=handle,
                     cordoned=handle in state.cordoned,
                     drain=self._drain_of(handle),
