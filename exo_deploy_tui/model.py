@@ -38,11 +38,10 @@ derivations are the next seam if it grows.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from exo_deploy_tui.availability import on_our_clock, summarize_day, window_end
+from exo_deploy_tui.availability import window_end
 from exo_deploy_tui.download_moments import DownloadMoments
 from exo_deploy_tui.downloads import (
     DownloadFacts,
@@ -63,8 +62,8 @@ from exo_deploy_tui.format import precise_duration, short_id, short_model
 from exo_deploy_tui.health import progress_signature, unhealthy_reason
 from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
 from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
+from exo_deploy_tui.outages import Outages, outage_start
 from exo_deploy_tui.readings import GPU_READINGS_KEPT, GpuReadings
-from exo_deploy_tui.recovery import parts_text, recovery_parts
 from exo_deploy_tui.rows import (
     Connection,
     DeploymentRow,
@@ -77,14 +76,15 @@ from exo_deploy_tui.rows import (
     runner_status_word,
     sort_rows,
 )
+from exo_deploy_tui.seeding import HISTORY_SEEDED_MAX, ServingHistory
 from exo_deploy_tui.timeline import (
     Timeline,
     TimelineEntry,
     entries_for_event,
     events_between,
-    incident_entries,
     node_name,
 )
+from exo_deploy_tui.tracking import StatusTracking
 from exo_deploy_tui.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
@@ -97,8 +97,6 @@ from keeper.model.api_models import DeploymentStatus, DeploymentView, NodeView, 
 from keeper.model.apply import apply_indexed
 from keeper.model.events import (
     DeploymentServingChanged,
-    InstanceCreated,
-    InstanceDeleted,
     NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
@@ -108,7 +106,6 @@ from keeper.model.history import History
 # Silence and departure are judged once, in the data model, for this model and GET /metrics.
 from keeper.model.liveness import SILENT_AFTER_S, departed_nodes
 from keeper.model.readiness import (
-    deployment_statuses,
     instance_is_ready,
     ready_on_present_nodes,
     status_of,
@@ -133,7 +130,6 @@ from keeper.model.state import (
     RunnerReady,
     RunnerRunning,
     RunnerWarmingUp,
-    ServingRecord,
     State,
     download_entry,
     download_model_id,
@@ -164,18 +160,10 @@ __all__ = [
     "sort_rows",
 ]
 
-# The most history entries one snapshot seeds the timeline with (the newest): screens of a
-# night's incidents, while a cluster that flapped all day cannot fill the timeline's capacity
-# with the past and push out what happens next.
-HISTORY_SEEDED_MAX = 200
-
 # A State that arrives more than this long after the last one we saw (a poll after a gap, a
 # reconnection) happened some time in between: the moments its differences tell are not noted
 # for a recovery's parts. Polls come every second.
 MOMENTS_WINDOW_S = 2.5
-# The instance deletions and creations kept per model for a recovery's parts: every attempt of
-# a recovery that took a few, while a model that flaps all day keeps a handful.
-MOMENTS_KEPT = 8
 # A runner in one of these has all its layers in memory.
 _LOADED_RUNNER_TYPES = (RunnerLoaded, RunnerWarmingUp, RunnerReady, RunnerRunning)
 # A runner in one of these (or with no status yet) has not started loading: if its node is
@@ -188,28 +176,6 @@ class Timer:
     failures: int
     due_at: float | None  # epoch seconds on our clock
     waiting: WaitReason | None
-
-
-@dataclass
-class _Tracked:
-    status: DeploymentStatus
-    since: float
-    known: bool
-    outage_since: float | None = None
-    # While serving: the nodes of the instance that serves it, so that when it stops, the
-    # outage can be dated from when those nodes were last heard of, not from when the master
-    # noticed.
-    serving_on: tuple[NodeId, ...] = ()
-    # When it was seen to stop serving (None when that was not seen as it happened).
-    stopped_at: float | None = None
-
-
-@dataclass
-class _Moments:
-    """When a model's instances were seen deleted and created (our clock), newest last."""
-
-    deleted: deque[float] = field(default_factory=lambda: deque(maxlen=MOMENTS_KEPT))
-    created: deque[float] = field(default_factory=lambda: deque(maxlen=MOMENTS_KEPT))
 
 
 @dataclass
@@ -252,30 +218,23 @@ class ClusterModel:
     _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
     # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
     _views: dict[DeploymentId, DeploymentView] = field(default_factory=dict)
-    _tracked: dict[DeploymentId, _Tracked] = field(default_factory=dict)
+    # Since when each deployment has been in its status (``tracking.py``).
+    _statuses: StatusTracking = field(default_factory=StatusTracking)
+    # Each deployment's outage and its recovery's moments (``outages.py``).
+    _outages: Outages = field(default_factory=Outages)
+    # What the master's serving records say, and what of them the timeline has told.
+    _history: ServingHistory = field(default_factory=ServingHistory)
     # The nodes seen leaving and those told silent (``liveness.py``).
     _liveness: NodeLiveness = field(default_factory=NodeLiveness)
     # Per instance not yet ready: what its runners and downloads last showed, and since when.
     _progress: dict[InstanceId, _Progress] = field(default_factory=dict)
-    # True once the first snapshot has been taken in: from then on we see statuses begin.
-    _watching: bool = False
     _derived: _Derived | None = None
     _derived_from: State | None = None
     # The index of the first event we are missing: an event came that was not the next one, so
     # nothing more is applied until a snapshot fills the hole (the app asks the client for one).
     missing_from: int | None = None
-    # Per deployment, the time (master's clock) of the newest serving record the timeline has
-    # told, seen live or seeded: later snapshots seed only what came after it.
-    _told: dict[DeploymentId, float] = field(default_factory=dict)
-    # Per deployment, its last day's summary (master's clock) and what it was made from: the
-    # records (compared by identity, the State's tuples are immutable) and the window's end.
-    _days: dict[DeploymentId, tuple[tuple[ServingRecord, ...], float, History]] = field(
-        default_factory=dict
-    )
     # When each (node, model) download was seen to start and to complete (``download_moments.py``).
     _downloads: DownloadMoments = field(default_factory=DownloadMoments)
-    # Per model with a deployment: when its instances were deleted and created.
-    _moments: dict[ModelId, _Moments] = field(default_factory=dict)
     # When the last State arrived (snapshot or event), and whether this batch's snapshot came
     # after a gap (``MOMENTS_WINDOW_S``): then what changed is not dated.
     _observed_at: float | None = None
@@ -323,14 +282,14 @@ class ClusterModel:
         if not self.has_data:
             self.state = update.state
             self.has_data = True
-            self.timeline.extend(self._seed_history(None, update.state, now))
+            self.timeline.extend(self._seed(None, update.state, now))
             self.timeline.extend(_connected_entries(update, now))
             self._readings.note_snapshot(None, update.state)
         else:
             before, after = self.state, update.state
             observed = self._observed_at
             self._blind = self._blind or observed is None or now - observed > MOMENTS_WINDOW_S
-            self.timeline.extend(self._seed_history(before, after, now))
+            self.timeline.extend(self._seed(before, after, now))
             names = self.remembered_names()
             for event in events_between(before, after):
                 self._note_moments(event, before, now)
@@ -365,7 +324,7 @@ class ClusterModel:
         event = indexed.event
         if isinstance(event, DeploymentServingChanged):
             # Seen live: the status change it records is told by ``_settle`` as it happens.
-            self._told[event.deployment_id] = event.record.at
+            self._history.told_live(event.deployment_id, event.record.at)
         self._note_moments(event, before, now)
         self._note_membership(event, before, now)
         self.timeline.extend(
@@ -395,83 +354,18 @@ class ClusterModel:
         if isinstance(event, NodeDownloadProgress):
             self._downloads.note(event, before, now, self._blind)
             return
-        if self._blind:
-            return
-        if isinstance(event, InstanceDeleted):
-            instance = before.instances.get(event.instance_id)
-            if instance is not None:
-                self._moments_of(instance.shard_assignments.model_id).deleted.append(now)
-        elif (
-            isinstance(event, InstanceCreated)
-            and event.instance.instance_id not in before.instances
-        ):
-            self._moments_of(event.instance.shard_assignments.model_id).created.append(now)
+        if not self._blind:
+            self._outages.note(event, before, now)
 
-    def _moments_of(self, model: ModelId) -> _Moments:
-        moments = self._moments.get(model)
-        if moments is None:
-            moments = self._moments[model] = _Moments()
-        return moments
-
-    def _seed_history(self, before: State | None, after: State, now: float) -> list[TimelineEntry]:
-        """History entries for the incidents of the last 24 h in ``after``'s serving records
-        that the timeline has not told, oldest first. On the first snapshot (``before`` None)
-        that is all of them. On a later one (a reconnection, a resync, or every poll of a
-        bridge), the live view tells at once what changed between ``before`` and ``after``, so
-        a deployment's newest record is left to it when its status changed across the two or
-        the deployment is new to us; what came in between is history."""
-        entries: list[TimelineEntry] = []
-        if not after.serving_history:
-            return entries
-        statuses = deployment_statuses(after) if before is not None else {}
-        end = window_end(now, self.master_clock_offset_s)
-        for d_id, records in after.serving_history.items():
-            deployment = after.deployments.get(d_id)
-            if deployment is None or not records:
-                continue
-            told = self._told.get(d_id)
-            newest = records[-1].at
-            self._told[d_id] = newest if told is None else max(told, newest)
-            if told is not None and newest <= told:
-                continue
-            live: float | None = None
-            if before is not None:
-                tracked = self._tracked.get(d_id)
-                serving = statuses.get(d_id) == "serving"
-                if tracked is None or (tracked.status == "serving") != serving:
-                    live = newest
-
-            began = records[0].at
-            for incident in self._day(d_id, records, end).incidents:
-                entries += incident_entries(
-                    deployment.model_card.model_id,
-                    incident,
-                    had_served=incident.start > began,
-                    start=_untold(incident.start, told, live),
-                    end=_untold(incident.end, told, live),
-                )
-        entries.sort(key=lambda e: e.at)
+    def _seed(self, before: State | None, after: State, now: float) -> list[TimelineEntry]:
         offset = self.master_clock_offset_s
-        return [replace(e, at=e.at - offset) for e in entries[-HISTORY_SEEDED_MAX:]]
-
-    def _day(
-        self, deployment_id: DeploymentId, records: tuple[ServingRecord, ...], end: float
-    ) -> History:
-        """``summarize_day``, kept while the records and the window's end are the same."""
-        kept = self._days.get(deployment_id)
-        if kept is not None and kept[0] is records and kept[1] == end:
-            return kept[2]
-        history = summarize_day(deployment_id, records, end)
-        self._days[deployment_id] = (records, end, history)
-        return history
+        return self._history.seed(before, after, now, offset, self._statuses)
 
     def day_history(self, deployment_id: DeploymentId, now: float) -> History:
         """The deployment's last 24 h from the master's serving records, on our clock
         (``availability`` None when the master keeps no records of it)."""
         offset = self.master_clock_offset_s
-        records = self.state.serving_history.get(deployment_id, ())
-        history = self._day(deployment_id, records, window_end(now, offset))
-        return on_our_clock(history, offset)
+        return self._history.day_on_our_clock(deployment_id, self.state, now, offset)
 
     def derived(self) -> _Derived:
         state = self.state
@@ -546,66 +440,33 @@ class ClusterModel:
         self.connection = Connection(update.mode, update.detail, update.retry_in_s, stale_since)
 
     def _settle(self, now: float) -> None:
+        """After a batch: date the status changes and tell the outages they begin or end, then
+        the nodes' silence and the instances' progress."""
         derived = self.derived()
-        statuses = derived.statuses
-        for d_id in [d for d in self._tracked if d not in statuses]:
-            del self._tracked[d_id]
-        for kept in (self._told, self._days):
-            for d_id in [d for d in kept if d not in statuses]:
-                del kept[d_id]
-        if self._moments:
-            deployed = {d.model_card.model_id for d in self.state.deployments.values()}
-            for model_id in [m for m in self._moments if m not in deployed]:
-                del self._moments[model_id]
+        statuses, ready_nodes = derived.statuses, derived.ready_nodes
+        deployments = self.state.deployments
+        model_of = {d_id: d.model_card.model_id for d_id, d in deployments.items()}
+        self._history.keep(statuses)
+        self._outages.keep(statuses, set(model_of.values()))
+        outages, blind = self._outages, self._blind
         entries: list[TimelineEntry] = []
+        for change in self._statuses.settle(statuses, now):
+            d_id = change.deployment_id
+            model = model_of[d_id]
+            if change.old == "serving":
+                start = self._outage_start(outages.serving_on(d_id), now)
+                entries.append(outages.stopped(d_id, model, start, now, blind))
+            elif change.new == "serving":
+                seen = [self._downloads.of(n, model) for n in ready_nodes.get(model, ())]
+                entries.append(outages.serving_again(d_id, model, now, seen, blind))
         for d_id, status in statuses.items():
-            tracked = self._tracked.get(d_id)
-            model = self.state.deployments[d_id].model_card.model_id
-            if tracked is None:
-                # Seen from the start of a watch we cannot know how long it has been so; one
-                # that appears later has just been created.
-                tracked = _Tracked(status, now, known=self._watching)
-                self._tracked[d_id] = tracked
-            elif tracked.status != status:
-                name = short_model(model)
-                if tracked.status == "serving":
-                    tracked.outage_since = self._outage_start(tracked.serving_on, now)
-                    tracked.stopped_at = None if self._blind else now
-                    entries.append(TimelineEntry(now, "warn", f"{name} stopped serving", model))
-                elif status == "serving":
-                    if tracked.outage_since is not None:
-                        after = precise_duration(now - tracked.outage_since)
-                        parts = parts_text(self._recovery_parts(tracked, model, now))
-                        text = f"{name} serving again after {after}" + (
-                            f": {parts}" if parts else ""
-                        )
-                    else:
-                        text = f"{name} serving"
-                    entries.append(TimelineEntry(now, "good", text, model))
-                    tracked.outage_since = tracked.stopped_at = None
-                tracked.status, tracked.since, tracked.known = status, now, True
             if status == "serving":
-                tracked.serving_on = derived.ready_nodes.get(model, ())
+                outages.serving(d_id, ready_nodes.get(model_of[d_id], ()))
         self.timeline.extend(entries)
-        self._watching = self._watching or self.has_data
+        if self.has_data:
+            self._statuses.watch()
         self._check_silence(now)
         self._note_progress(now)
-
-    def _recovery_parts(
-        self, tracked: _Tracked, model: ModelId, now: float
-    ) -> list[tuple[str, float]]:
-        """Where the outage ``tracked`` just ended went, from what we saw of it."""
-        assert tracked.outage_since is not None
-        moments = self._moments.get(model) or _Moments()
-        serving_on = self.derived().ready_nodes.get(model, ())
-        return recovery_parts(
-            outage_since=tracked.outage_since,
-            stopped_at=tracked.stopped_at,
-            deletions=moments.deleted,
-            placements=moments.created,
-            downloads=[self._downloads.of(n, model) for n in serving_on],
-            ready_at=None if self._blind else now,
-        )
 
     def _note_progress(self, now: float) -> None:
         """Date each not-ready instance's last progress. An instance first seen is dated now:
@@ -624,14 +485,8 @@ class ClusterModel:
                 progress[instance_id] = _Progress(signature, now)
 
     def _outage_start(self, nodes: tuple[NodeId, ...], now: float) -> float:
-        """When serving really stopped: if a node it ran on fell silent or left, the last time
-        that node was heard of (the master only notices later); otherwise now."""
-        start = now
-        for node_id in nodes:
-            heard = self._liveness.last_heard(node_id, self.state, self.clock)
-            if heard is not None:
-                start = min(start, heard)
-        return start
+        state, clock = self.state, self.clock
+        return outage_start(now, (self._liveness.last_heard(n, state, clock) for n in nodes))
 
     def _check_silence(self, now: float) -> None:
         self.timeline.extend(self._liveness.check(self.state, self.clock, now))
@@ -664,7 +519,7 @@ class ClusterModel:
             instances = by_model.get(model, [])
             instance = _instance_for(deployment, instances)
             status = statuses[d_id]
-            tracked = self._tracked.get(d_id)
+            tracked = self._statuses.get(d_id)
             timer = self._timers.get(d_id)
             due_in = None
             if timer is not None and timer.due_at is not None and status != "serving":
@@ -699,7 +554,7 @@ class ClusterModel:
                         _node_names(i, names)
                         for i in sorted(instances, key=lambda i: i is not instance)
                     ),
-                    availability=self._day(
+                    availability=self._history.day(
                         d_id, state.serving_history.get(d_id, ()), end
                     ).availability,
                     download=gating[1] if gating else None,
@@ -920,12 +775,6 @@ class ClusterModel:
         if deployment is None:
             return []
         return self.timeline.about_model(deployment.model_card.model_id)
-
-
-def _untold(moment: float | None, told: float | None, live: float | None) -> bool:
-    """Whether a record's ``moment`` is for the timeline to seed: after what it has told
-    (``told``) and not the change the live view tells (``live``)."""
-    return moment is not None and (told is None or moment > told) and moment != live
 
 
 def _connected_entries(update: SnapshotUpdate, now: float) -> list[TimelineEntry]:
