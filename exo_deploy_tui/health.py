@@ -5,17 +5,20 @@ minutes without a layer more, or that the node under it stopped talking a few se
 dashboard's model keeps what the rule needs across States (when each instance last moved, how
 long each node has been quiet) and hands it in, with the clock as a value, so the rule is
 tested without a clock or a terminal. It lives apart from ``model`` to keep that module about
-keeping the State.
+keeping the State; what it keeps of each instance's progress is ``InstanceProgress``, here with
+the signature it compares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from exo_deploy_tui.downloads import DownloadFacts
 from exo_deploy_tui.format import duration
-from keeper.model.state import AnyInstance, NodeId, State, download_model_id
+from keeper.model.readiness import instance_is_ready
+from keeper.model.state import AnyInstance, InstanceId, NodeId, State, download_model_id
 
 # An instance that is not ready and whose runners and downloads have not moved for this long is
 # stuck, not slow: a big model takes minutes to load, but every few seconds of a healthy load
@@ -95,3 +98,38 @@ def progress_signature(instance: AnyInstance, state: State) -> object:
         if download_model_id(entry) == model
     )
     return statuses, downloads
+
+
+@dataclass(frozen=True)
+class _Progress:
+    """What an instance's runners and downloads last showed, and since when (our clock)."""
+
+    signature: object
+    since: float
+
+
+class InstanceProgress:
+    """Per instance not yet ready: when its runners or downloads last moved."""
+
+    def __init__(self) -> None:
+        self._progress: dict[InstanceId, _Progress] = {}
+
+    def note(self, state: State, now: float) -> None:
+        """Date each not-ready instance's last progress. An instance first seen is dated now:
+        how long it stood still before we connected cannot be known."""
+        progress = self._progress
+        for instance_id in [i for i in progress if i not in state.instances]:
+            del progress[instance_id]
+        for instance_id, instance in state.instances.items():
+            if instance_is_ready(instance, state):
+                progress.pop(instance_id, None)
+                continue
+            signature = progress_signature(instance, state)
+            known = progress.get(instance_id)
+            if known is None or known.signature != signature:
+                progress[instance_id] = _Progress(signature, now)
+
+    def since(self, instance_id: InstanceId) -> float | None:
+        """When the instance last moved; None once it is ready (or never seen)."""
+        known = self._progress.get(instance_id)
+        return known.since if known is not None else None

@@ -5,74 +5,78 @@ connection's fate) and the widgets read rows from it. It reads no clock: every m
 needs the time takes ``now`` (epoch seconds), so tests and snapshots freeze it, and the
 countdowns tick by asking again with a later ``now`` rather than by refetching.
 
-It also remembers what the master no longer says: nodes that have gone, when each deployment
-entered its status, and when it stopped serving, which is how the timeline can say "serving
-again after 37.2 s". What happened before it connected, it reads from the master's serving
-records (``State.serving_history``): each deployment's last 24 hours (``availability``) and the
-incidents it seeds the timeline with, each told once (``_seed_history``).
+``ClusterModel`` is thin on purpose: it applies what arrives to the State it holds (snapshots
+replace it, events apply with ``keeper.model.apply``, a hole in the events waits for a snapshot)
+and hands each change, with the States before and after, to the parts that remember what the
+State does not say, each with one job and its own tests:
 
-A stock exo master's State keeps what ours drops, and the rules here read it as exo means it: a
-node that timed out leaves the topology but keeps its identity and backends (``departed_nodes``:
+- ``liveness.py``: nodes gone (remembered) and silent (told once), and the one judgement of a
+  node's liveness that the rows, the header and the outages read;
+- ``tracking.py``: since when each deployment is in its status (the changes the timeline tells);
+- ``outages.py``: each outage, from when serving really stopped, and the moments of its recovery
+  (deletion, placement), so that "serving again after 37.2 s" can say where the time went;
+- ``seeding.py``: what happened before it connected, from the master's serving records
+  (``State.serving_history``): each deployment's last 24 hours and the incidents it seeds the
+  timeline with, each told once;
+- ``download_moments.py``: when each node's download of a model started and completed;
+- ``readings.py``: each node's last GPU readings, for the nodes view's sparkline;
+- ``health.InstanceProgress``: when each instance not yet ready last moved;
+- ``moves.py``: the drains (with what ``GET /nodes`` says they have left, a ``NodesUpdate``)
+  and the rolling changes under way;
+- ``timers.py``: the keeper's timers from ``GET /deployments``.
+
+The rows are derived from the State and those parts by pure functions (``derive.py`` for the
+deployments and instances, ``node_rows.py`` for the nodes and the header's counts) into the
+frozen shapes of ``rows.py``, which this module re-exports: the widgets import from here. The
+per-State facts every view needs (statuses, ready nodes, names) are derived once per State,
+cached by the State object (they are immutable). The timeline's wording is ``timeline.py``'s.
+
+A stock exo master's State keeps what ours drops, and the rules read it as exo means it: a node
+that timed out leaves the topology but keeps its identity and backends (``departed_nodes``:
 shown as gone, never alive), and a deleted instance's runners stay in ``runners`` with their last
 status (only the runners of live instances are counted or shown).
-
-Downloads are seen the same way: a runner waiting for its node's download of its model shows
-the download instead of a bare status, the timeline tells each download's start and end, and
-the moments of a recovery (deletion, placement, downloads, ready) are kept so that "serving
-again after" can say where the time went (``recovery.py``). Each node's GPU readings are kept,
-a few of them, for the nodes view's sparkline.
-
-Cordons and drains are the State's (by friendly name): a node row says whether it is cordoned
-or draining, a name cordoned while its machine is away gets a row of its own, and a deployment a
-drain is moving reads ``draining``. What a drain has left and why it is stuck come from the
-master's ``GET /nodes`` (a ``NodesUpdate``), for the drain that answer is about
-(``draining.py``).
-
-It is the TUI's largest module (about 1250 lines) because applying a batch and deriving the
-rows from it happen together: the memory above is updated from the same before-and-after States
-the rows are built from. The instance health rule (``health.py``), the timeline's wording
-(``timeline.py``), the downloads' words (``downloads.py``), the recovery's parts
-(``recovery.py``) and the drains' rules (``draining.py``) are already apart; the row
-derivations are the next seam if it grows.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime
-from typing import Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from exo_deploy_tui.availability import on_our_clock, summarize_day, window_end
-from exo_deploy_tui.downloads import (
-    DownloadFacts,
-    download_facts,
-    download_mark,
-    gating_download,
+from exo_deploy_tui.availability import window_end
+from exo_deploy_tui.derive import Derived, deployment_rows, derive, instance_rows
+from exo_deploy_tui.download_moments import DownloadMoments
+from exo_deploy_tui.draining import DrainPlan
+from exo_deploy_tui.format import precise_duration
+from exo_deploy_tui.health import InstanceProgress
+from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
+from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
+from exo_deploy_tui.moves import Moves
+from exo_deploy_tui.node_rows import node_rows, summary
+from exo_deploy_tui.outages import Outages, outage_start
+from exo_deploy_tui.readings import GPU_READINGS_KEPT, GpuReadings
+from exo_deploy_tui.rows import (
+    Connection,
+    DeploymentRow,
+    InstanceRow,
+    Liveness,
+    NodeRow,
+    RunnerRow,
+    SortKey,
+    Summary,
+    runner_status_word,
+    sort_rows,
 )
-from exo_deploy_tui.draining import (
-    DrainPlan,
-    DrainProgress,
-    drain_plan,
-    drain_progress,
-    handle_of,
-    moving_deployments,
-)
-from exo_deploy_tui.explain import explain_placement
-from exo_deploy_tui.format import STATUS_ORDER, precise_duration, short_id, short_model
-from exo_deploy_tui.health import progress_signature, unhealthy_reason
-from exo_deploy_tui.recovery import NodeDownload, parts_text, recovery_parts
+from exo_deploy_tui.seeding import HISTORY_SEEDED_MAX, ServingHistory
 from exo_deploy_tui.timeline import (
     Timeline,
     TimelineEntry,
     entries_for_event,
     events_between,
-    incident_entries,
     node_name,
 )
+from exo_deploy_tui.timers import Timer, keeper_timers
+from exo_deploy_tui.tracking import StatusTracking
 from exo_deploy_tui.updates import (
-    ConnectionMode,
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
@@ -80,12 +84,10 @@ from exo_deploy_tui.updates import (
     SnapshotUpdate,
     Update,
 )
-from keeper.model.api_models import DeploymentStatus, DeploymentView, NodeView, WaitReason
+from keeper.model.api_models import DeploymentView
 from keeper.model.apply import apply_indexed
 from keeper.model.events import (
     DeploymentServingChanged,
-    InstanceCreated,
-    InstanceDeleted,
     NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
@@ -94,314 +96,37 @@ from keeper.model.history import History
 
 # Silence and departure are judged once, in the data model, for this model and GET /metrics.
 from keeper.model.liveness import SILENT_AFTER_S, departed_nodes
-from keeper.model.readiness import (
-    deployment_statuses,
-    instance_is_ready,
-    ready_on_present_nodes,
-    status_of,
-)
-from keeper.model.rollout import update_progress
-from keeper.model.state import (
-    DEFAULT_PRIORITY,
-    AnyInstance,
-    AnyRunnerStatus,
-    Deployment,
-    DeploymentId,
-    DownloadCompleted,
-    DownloadOngoing,
-    InstanceId,
-    MlxJacclInstance,
-    ModelId,
-    NodeId,
-    RunnerConnected,
-    RunnerConnecting,
-    RunnerFailed,
-    RunnerIdle,
-    RunnerLoaded,
-    RunnerLoading,
-    RunnerReady,
-    RunnerRunning,
-    RunnerWarmingUp,
-    ServingRecord,
-    State,
-    SystemVitals,
-    download_entry,
-    download_model_id,
-)
+from keeper.model.state import Deployment, DeploymentId, NodeId, State
 
-# Gone nodes are remembered so the operator sees what left; this many is a whole rack's worth
-# while keeping memory flat when nodes churn for days.
-GONE_NODES_KEPT = 32
-# A master whose clock differs from ours by less than this is taken as in step: the HTTP Date
-# header that measures the difference has a resolution of one second.
-CLOCK_SKEW_IGNORED_S = 2.0
-# The most history entries one snapshot seeds the timeline with (the newest): screens of a
-# night's incidents, while a cluster that flapped all day cannot fill the timeline's capacity
-# with the past and push out what happens next.
-HISTORY_SEEDED_MAX = 200
+# What the TUI imports from here: the model, its rows (from ``rows.py``) and the constants and
+# helpers its tests read.
+__all__ = [
+    "CLOCK_SKEW_IGNORED_S",
+    "GONE_NODES_KEPT",
+    "GPU_READINGS_KEPT",
+    "HISTORY_SEEDED_MAX",
+    "MOMENTS_WINDOW_S",
+    "SILENT_AFTER_S",
+    "ClusterModel",
+    "Connection",
+    "DeploymentRow",
+    "InstanceRow",
+    "Liveness",
+    "NodeRow",
+    "RunnerRow",
+    "SortKey",
+    "Summary",
+    "Timer",
+    "departed_nodes",
+    "parse_iso",
+    "runner_status_word",
+    "sort_rows",
+]
 
 # A State that arrives more than this long after the last one we saw (a poll after a gap, a
 # reconnection) happened some time in between: the moments its differences tell are not noted
 # for a recovery's parts. Polls come every second.
 MOMENTS_WINDOW_S = 2.5
-# The instance deletions and creations kept per model for a recovery's parts: every attempt of
-# a recovery that took a few, while a model that flaps all day keeps a handful.
-MOMENTS_KEPT = 8
-# GPU readings kept per node: the nodes view's sparkline, the last half-minute or so of reports.
-GPU_READINGS_KEPT = 8
-
-# A runner in one of these has all its layers in memory.
-_LOADED_RUNNER_TYPES = (RunnerLoaded, RunnerWarmingUp, RunnerReady, RunnerRunning)
-# A runner in one of these (or with no status yet) has not started loading: if its node is
-# downloading its model, that download is what it waits for.
-_BEFORE_LOADING_TYPES = (RunnerIdle, RunnerConnecting, RunnerConnected)
-
-# away: a name cordoned while no node of that name is in the cluster (a Mac being updated).
-Liveness = Literal["alive", "silent", "gone", "away"]
-SortKey = Literal["status", "name", "age"]
-
-
-# --- rows the widgets render ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeploymentRow:
-    deployment_id: DeploymentId
-    model_id: str
-    status: DeploymentStatus
-    instance_id: InstanceId | None  # the model's instance in the cluster now, if any
-    nodes: tuple[str, ...]  # friendly names of that instance's nodes
-    in_status_s: float
-    in_status_known: bool  # False when it was already in this status as we connected
-    placement_error: str | None
-    waiting: WaitReason | None
-    next_attempt_in_s: float | None
-    failures: int
-    load_progress: float | None  # layers loaded / layers, while starting
-    sharding: str
-    instance_meta: str
-    min_nodes: int
-    replicas: int = 1
-    ready_replicas: int = 0  # instances of the model ready now (keeper.model.readiness's rule)
-    # The nodes of every instance of the model, that instance's first: where the replicas run.
-    replica_nodes: tuple[tuple[str, ...], ...] = ()
-    # The placement error explained in numbers from the State (exo_deploy_tui.explain), or None.
-    placement_why: str | None = None
-    # The fraction of the last 24 h it served (keeper.model.history), None without serving records.
-    availability: float | None = None
-    # While starting: the download its instance waits for (``gating_download``) and its node.
-    download: DownloadFacts | None = None
-    download_on: str | None = None
-    # The node a drain is moving it off (a move under way for it), or None.
-    moving_off: str | None = None
-    priority: int = DEFAULT_PRIORITY  # which the keeper places first, and what may preempt
-    # A rolling change under way: (instances as the options ask, replicas), or None.
-    updating: tuple[int, int] | None = None
-
-    @property
-    def draining(self) -> bool:
-        """A drain is moving it: STATUS says ``draining`` whatever its status underneath (the
-        old instance serves until its replacement is ready)."""
-        return self.moving_off is not None
-
-    @property
-    def short(self) -> bool:
-        """Fewer replicas ready than the deployment keeps."""
-        return self.ready_replicas < self.replicas
-
-    @property
-    def broken(self) -> bool:
-        return self.status != "serving"
-
-    def matches(self, text: str) -> bool:
-        needle = text.casefold()
-        haystack = " ".join(
-            (
-                self.model_id,
-                self.status,
-                "draining" if self.draining else "",
-                "updating" if self.updating else "",
-                self.deployment_id,
-                self.instance_id or "",
-                " ".join(" ".join(nodes) for nodes in self.replica_nodes or (self.nodes,)),
-                self.placement_error or "",
-            )
-        ).casefold()
-        return needle in haystack
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    node_id: NodeId
-    name: str
-    liveness: Liveness
-    quiet_for_s: float | None  # since lastSeen (alive/silent), or since it left (gone)
-    ram_used: int | None
-    ram_total: int | None
-    backends: tuple[str, ...]
-    links: tuple[str, ...]  # names of the nodes it has an edge to
-    runners: tuple[str, ...]  # "Qwen3-0.6B-4bit Ready" per runner it holds
-    chip: str
-    disk_free: int | None = None  # bytes free in its models directory, as it last reported
-    disk_total: int | None = None
-    # Its runners, then what else its disk holds or fetches: "Qwen3-0.6B-4bit Ready",
-    # "Qwen3-30B-A3B-4bit ↓43%" (a download, also for a runner waiting for it), "… on disk".
-    models: tuple[str, ...] = ()
-    vitals: SystemVitals | None = None  # GPU, temperature and power, as it last reported
-    gpu_history: tuple[float, ...] = ()  # its last GPU readings (0-1), oldest first
-    # What the master calls it in cordons and drains: its friendly name, else its id.
-    handle: str = ""
-    cordoned: bool = False  # no new placement on it (a draining node is cordoned too)
-    drain: DrainProgress | None = None  # its drain, while one is under way
-
-
-@dataclass(frozen=True)
-class RunnerRow:
-    runner_id: str
-    node_id: NodeId
-    node_name: str
-    rank: int
-    start_layer: int
-    end_layer: int  # exclusive
-    status: str  # "Ready", "Loading", ... ("Unknown" before the node reports)
-    progress: float | None  # while loading
-    error: str | None
-    node_present: bool
-    # The node's download of the model, while the runner waits for it (not yet loading).
-    download: DownloadFacts | None = None
-
-
-@dataclass(frozen=True)
-class InstanceRow:
-    instance_id: InstanceId
-    model_id: str
-    deployment_id: DeploymentId | None
-    kind: str
-    ready: bool
-    runners: tuple[RunnerRow, ...]
-    # Why the instance looks unhealthy (``unhealthy_reason``), or None.
-    unhealthy: str | None = None
-
-
-@dataclass(frozen=True)
-class Summary:
-    nodes_alive: int
-    nodes_silent: int
-    nodes_gone: int
-    by_status: dict[DeploymentStatus, int]
-    deployments: int
-    instances: int
-    # Names cordoned with no node of that name in the cluster (listed as ``away``).
-    nodes_away: int = 0
-    # False against a master without the deployments API (a stock exo): there, the header
-    # counts instances, since "0 deployments" would read as an empty cluster.
-    deployments_api: bool = True
-
-
-@dataclass(frozen=True)
-class Connection:
-    mode: ConnectionMode
-    detail: str = ""
-    retry_in_s: float | None = None
-    stale_since: float | None = None  # when data stopped arriving, while it is stale
-
-    @property
-    def stale(self) -> bool:
-        return self.stale_since is not None
-
-
-@dataclass(frozen=True)
-class Timer:
-    failures: int
-    due_at: float | None  # epoch seconds on our clock
-    waiting: WaitReason | None
-
-
-@dataclass
-class _Tracked:
-    status: DeploymentStatus
-    since: float
-    known: bool
-    outage_since: float | None = None
-    # While serving: the nodes of the instance that serves it, so that when it stops, the
-    # outage can be dated from when those nodes were last heard of, not from when the master
-    # noticed.
-    serving_on: tuple[NodeId, ...] = ()
-    # When it was seen to stop serving (None when that was not seen as it happened).
-    stopped_at: float | None = None
-
-
-@dataclass
-class _Moments:
-    """When a model's instances were seen deleted and created (our clock), newest last."""
-
-    deleted: deque[float] = field(default_factory=lambda: deque(maxlen=MOMENTS_KEPT))
-    created: deque[float] = field(default_factory=lambda: deque(maxlen=MOMENTS_KEPT))
-
-
-@dataclass
-class _Progress:
-    """What an instance's runners and downloads last showed, and since when (our clock)."""
-
-    signature: object
-    since: float
-
-
-@dataclass
-class _Gone:
-    name: str
-    at: float  # when it left
-    last_seen: float | None  # when it was last heard of, on our clock
-
-
-@dataclass(frozen=True)
-class _Derived:
-    """What every view needs from one State, computed once per State (States are immutable,
-    so the object itself is the cache key)."""
-
-    statuses: dict[DeploymentId, DeploymentStatus]
-    ready_nodes: dict[str, tuple[NodeId, ...]]  # per model: the nodes of a ready instance
-    ready_count: dict[str, int]  # per model: its ready instances (``ready_replicas``)
-    instances_of: dict[str, list[AnyInstance]]  # per model
-    names: dict[NodeId, str]  # friendly names, gone nodes included
-
-
-# --- pure helpers ---------------------------------------------------------------------------
-
-
-def runner_status_word(status: AnyRunnerStatus | None) -> str:
-    if status is None:
-        return "Unknown"
-    return type(status).__name__.removeprefix("Runner")
-
-
-def parse_iso(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        return None  # a time without a zone cannot be placed on our clock
-    return parsed.timestamp()
-
-
-def sort_rows(
-    rows: Iterable[DeploymentRow], key: SortKey, reverse: bool = False
-) -> list[DeploymentRow]:
-    """Stable orders with the model id as tie-break, so rows never shuffle between frames."""
-    by_name = sorted(rows, key=lambda r: (r.model_id, r.deployment_id))
-    if key == "status":
-        ordered = sorted(by_name, key=lambda r: STATUS_ORDER[r.status])
-    elif key == "age":
-        ordered = sorted(by_name, key=lambda r: r.in_status_s)  # most recent change first
-    else:
-        ordered = by_name
-    return list(reversed(ordered)) if reverse else ordered
-
-
-# --- the model ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -415,44 +140,27 @@ class ClusterModel:
     # False against a master without the deployments API: no timers to show.
     has_timers: bool = True
     master_clock_offset_s: float = 0.0
-    _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
-    # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
-    _views: dict[DeploymentId, DeploymentView] = field(default_factory=dict)
-    _tracked: dict[DeploymentId, _Tracked] = field(default_factory=dict)
-    _gone: dict[NodeId, _Gone] = field(default_factory=dict)
-    _silent: set[NodeId] = field(default_factory=set)
-    # Per instance not yet ready: what its runners and downloads last showed, and since when.
-    _progress: dict[InstanceId, _Progress] = field(default_factory=dict)
-    # True once the first snapshot has been taken in: from then on we see statuses begin.
-    _watching: bool = False
-    _derived: _Derived | None = None
-    _derived_from: State | None = None
     # The index of the first event we are missing: an event came that was not the next one, so
     # nothing more is applied until a snapshot fills the hole (the app asks the client for one).
     missing_from: int | None = None
-    # Per deployment, the time (master's clock) of the newest serving record the timeline has
-    # told, seen live or seeded: later snapshots seed only what came after it.
-    _told: dict[DeploymentId, float] = field(default_factory=dict)
-    # Per deployment, its last day's summary (master's clock) and what it was made from: the
-    # records (compared by identity, the State's tuples are immutable) and the window's end.
-    _days: dict[DeploymentId, tuple[tuple[ServingRecord, ...], float, History]] = field(
-        default_factory=dict
-    )
-    # When each (node, model) download was seen to start and to complete (our clock): how long
-    # it took, for the timeline and a recovery's parts. Dropped with the node.
-    _download_started: dict[tuple[NodeId, ModelId], float] = field(default_factory=dict)
-    _download_done: dict[tuple[NodeId, ModelId], float] = field(default_factory=dict)
-    # Per model with a deployment: when its instances were deleted and created.
-    _moments: dict[ModelId, _Moments] = field(default_factory=dict)
+    # The parts (see the module's docstring), each remembering one thing the State does not say.
+    _liveness: NodeLiveness = field(default_factory=NodeLiveness)
+    _statuses: StatusTracking = field(default_factory=StatusTracking)
+    _outages: Outages = field(default_factory=Outages)
+    _history: ServingHistory = field(default_factory=ServingHistory)
+    _downloads: DownloadMoments = field(default_factory=DownloadMoments)
+    _readings: GpuReadings = field(default_factory=GpuReadings)
+    _progress: InstanceProgress = field(default_factory=InstanceProgress)
+    _moves: Moves = field(default_factory=Moves)
+    _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
+    # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
+    _views: dict[DeploymentId, DeploymentView] = field(default_factory=dict)
+    _derived: Derived | None = None
+    _derived_from: State | None = None
     # When the last State arrived (snapshot or event), and whether this batch's snapshot came
     # after a gap (``MOMENTS_WINDOW_S``): then what changed is not dated.
     _observed_at: float | None = None
     _blind: bool = False
-    # Per node: its last GPU readings.
-    _gpu: dict[NodeId, deque[float]] = field(default_factory=dict)
-    # The master's GET /nodes as last read, by name (read while a drain is under way); None
-    # when the last read failed or none was made.
-    _nodes_view: dict[str, NodeView] | None = None
 
     # -- input ------------------------------------------------------------------------------
 
@@ -471,7 +179,7 @@ class ClusterModel:
                 case ConnectionUpdate():
                     self._on_connection(update, now)
                 case NodesUpdate(nodes=nodes):
-                    self._nodes_view = None if nodes is None else {n.name: n for n in nodes}
+                    self._moves.answered(nodes)
         self._settle(now)
 
     def tick(self, now: float) -> bool:
@@ -484,30 +192,33 @@ class ClusterModel:
     def needs_snapshot(self) -> bool:
         return self.missing_from is not None
 
+    @property
+    def clock(self) -> MasterClock:
+        """The master's clock as we know it now (its offset, and whether it is out of reach)."""
+        return MasterClock(self.master_clock_offset_s, self.connection.stale_since)
+
     def _on_snapshot(self, update: SnapshotUpdate, now: float) -> None:
         self.missing_from = None
         if update.master_clock_offset_s is not None:
-            offset = update.master_clock_offset_s
-            self.master_clock_offset_s = offset if abs(offset) >= CLOCK_SKEW_IGNORED_S else 0.0
+            self.master_clock_offset_s = offset_taken(update.master_clock_offset_s)
         if not self.has_data:
             self.state = update.state
             self.has_data = True
-            self.timeline.extend(self._seed_history(None, update.state, now))
+            self.timeline.extend(self._seed(None, update.state, now))
             self.timeline.extend(_connected_entries(update, now))
-            self._note_readings(None, update.state)
+            self._readings.note_snapshot(None, update.state)
         else:
             before, after = self.state, update.state
             observed = self._observed_at
             self._blind = self._blind or observed is None or now - observed > MOMENTS_WINDOW_S
-            self.timeline.extend(self._seed_history(before, after, now))
+            self.timeline.extend(self._seed(before, after, now))
             names = self.remembered_names()
             for event in events_between(before, after):
                 self._note_moments(event, before, now)
-                self.timeline.extend(
-                    entries_for_event(event, before, after, now, names, self._starts())
-                )
+                starts = self._downloads.starts(self._blind)
+                self.timeline.extend(entries_for_event(event, before, after, now, names, starts))
                 self._note_membership(event, before, now)
-            self._note_readings(before, after)
+            self._readings.note_snapshot(before, after)
             self.state = after
         self._observed_at = now
         if update.deployments is None:
@@ -529,216 +240,44 @@ class ClusterModel:
                 self.missing_from = expected
             return
         before = self.state
-        self.state = apply_indexed(before, indexed)
+        after = self.state = apply_indexed(before, indexed)
         self._observed_at = now
         event = indexed.event
         if isinstance(event, DeploymentServingChanged):
             # Seen live: the status change it records is told by ``_settle`` as it happens.
-            self._told[event.deployment_id] = event.record.at
+            self._history.told_live(event.deployment_id, event.record.at)
         self._note_moments(event, before, now)
         self._note_membership(event, before, now)
-        self.timeline.extend(
-            entries_for_event(
-                event, before, self.state, now, self.remembered_names(), self._starts()
-            )
-        )
+        names, starts = self.remembered_names(), self._downloads.starts(self._blind)
+        self.timeline.extend(entries_for_event(event, before, after, now, names, starts))
         if (
             isinstance(event, NodeGatheredInfo)
             and event.system is not None
-            and event.node_id in self.state.node_system
+            and event.node_id in after.node_system
         ):
-            self._reading(event.node_id, event.system)
+            self._readings.reading(event.node_id, event.system)
 
     def _note_membership(self, event: object, before: State, now: float) -> None:
+        """A node left or joined: liveness remembers it, and what was kept of it goes."""
+        self._liveness.note(event, before, now, self.clock)
         if isinstance(event, NodeTimedOut) and event.node_id in before.topology.nodes:
-            node = event.node_id
-            seen = parse_iso(before.last_seen.get(node))
-            last_seen = None if seen is None else seen - self.master_clock_offset_s
-            self._gone[node] = _Gone(node_name(node, before), now, last_seen)
-            self._silent.discard(node)
-            while len(self._gone) > GONE_NODES_KEPT:
-                del self._gone[next(iter(self._gone))]
-            self._gpu.pop(node, None)
-            for kept in (self._download_started, self._download_done):
-                for key in [k for k in kept if k[0] == node]:
-                    del kept[key]
-        elif isinstance(event, NodeGatheredInfo):
-            self._gone.pop(event.node_id, None)
-
-    def _starts(self) -> dict[tuple[NodeId, ModelId], float]:
-        """When downloads were seen to start, for the timeline; none after a gap (how long a
-        download took that completed while we were away cannot be told)."""
-        return {} if self._blind else self._download_started
+            self._readings.forget(event.node_id)
+            self._downloads.forget_node(event.node_id)
 
     def _note_moments(self, event: object, before: State, now: float) -> None:
         """Date what a recovery's parts are made of: instances deleted and created, downloads
         started and completed. Not after a gap: then we know only that they happened."""
         if isinstance(event, NodeDownloadProgress):
-            entry = event.download_progress
-            key = (entry.node_id, download_model_id(entry))
-            previous = download_entry(before, *key)
-            if type(entry) is type(previous):
-                return  # progress, or a report of the same: no moment
-            if self._blind or entry.node_id not in before.topology.nodes:
-                # It moved while we were away (or for a node the State does not hold).
-                self._download_started.pop(key, None)
-                self._download_done.pop(key, None)
-            elif isinstance(entry, DownloadOngoing):
-                self._download_started[key] = now
-                self._download_done.pop(key, None)
-            elif isinstance(entry, DownloadCompleted):
-                if not isinstance(previous, DownloadOngoing):
-                    self._download_started.pop(key, None)  # it never showed as downloading
-                if previous is not None:
-                    self._download_done[key] = now
-            else:  # queued again, or failed
-                self._download_started.pop(key, None)
-                self._download_done.pop(key, None)
-            return
-        if self._blind:
-            return
-        if isinstance(event, InstanceDeleted):
-            instance = before.instances.get(event.instance_id)
-            if instance is not None:
-                self._moments_of(instance.shard_assignments.model_id).deleted.append(now)
-        elif (
-            isinstance(event, InstanceCreated)
-            and event.instance.instance_id not in before.instances
-        ):
-            self._moments_of(event.instance.shard_assignments.model_id).created.append(now)
+            self._downloads.note(event, before, now, self._blind)
+        elif not self._blind:
+            self._outages.note(event, before, now)
 
-    def _moments_of(self, model: ModelId) -> _Moments:
-        moments = self._moments.get(model)
-        if moments is None:
-            moments = self._moments[model] = _Moments()
-        return moments
-
-    def _note_readings(self, before: State | None, after: State) -> None:
-        """A snapshot's GPU readings: a node's counts as new when it differs from the last one
-        or the node reported since (a poll sees each report once)."""
-        gpu = self._gpu
-        for node_id in [n for n in gpu if n not in after.node_system]:
-            del gpu[node_id]
-        for node_id, vitals in after.node_system.items():
-            if before is not None and (
-                before.node_system.get(node_id) == vitals
-                and before.last_seen.get(node_id) == after.last_seen.get(node_id)
-            ):
-                continue
-            self._reading(node_id, vitals)
-
-    def _reading(self, node_id: NodeId, vitals: SystemVitals) -> None:
-        history = self._gpu.get(node_id)
-        if history is None:
-            history = self._gpu[node_id] = deque(maxlen=GPU_READINGS_KEPT)
-        history.append(vitals.gpu_usage)
-
-    def _seed_history(self, before: State | None, after: State, now: float) -> list[TimelineEntry]:
-        """History entries for the incidents of the last 24 h in ``after``'s serving records
-        that the timeline has not told, oldest first. On the first snapshot (``before`` None)
-        that is all of them. On a later one (a reconnection, a resync, or every poll of a
-        bridge), the live view tells at once what changed between ``before`` and ``after``, so
-        a deployment's newest record is left to it when its status changed across the two or
-        the deployment is new to us; what came in between is history."""
-        entries: list[TimelineEntry] = []
-        if not after.serving_history:
-            return entries
-        statuses = deployment_statuses(after) if before is not None else {}
-        end = window_end(now, self.master_clock_offset_s)
-        for d_id, records in after.serving_history.items():
-            deployment = after.deployments.get(d_id)
-            if deployment is None or not records:
-                continue
-            told = self._told.get(d_id)
-            newest = records[-1].at
-            self._told[d_id] = newest if told is None else max(told, newest)
-            if told is not None and newest <= told:
-                continue
-            live: float | None = None
-            if before is not None:
-                tracked = self._tracked.get(d_id)
-                serving = statuses.get(d_id) == "serving"
-                if tracked is None or (tracked.status == "serving") != serving:
-                    live = newest
-
-            began = records[0].at
-            for incident in self._day(d_id, records, end).incidents:
-                entries += incident_entries(
-                    deployment.model_card.model_id,
-                    incident,
-                    had_served=incident.start > began,
-                    start=_untold(incident.start, told, live),
-                    end=_untold(incident.end, told, live),
-                )
-        entries.sort(key=lambda e: e.at)
+    def _seed(self, before: State | None, after: State, now: float) -> list[TimelineEntry]:
         offset = self.master_clock_offset_s
-        return [replace(e, at=e.at - offset) for e in entries[-HISTORY_SEEDED_MAX:]]
+        return self._history.seed(before, after, now, offset, self._statuses)
 
-    def _day(
-        self, deployment_id: DeploymentId, records: tuple[ServingRecord, ...], end: float
-    ) -> History:
-        """``summarize_day``, kept while the records and the window's end are the same."""
-        kept = self._days.get(deployment_id)
-        if kept is not None and kept[0] is records and kept[1] == end:
-            return kept[2]
-        history = summarize_day(deployment_id, records, end)
-        self._days[deployment_id] = (records, end, history)
-        return history
-
-    def day_history(self, deployment_id: DeploymentId, now: float) -> History:
-        """The deployment's last 24 h from the master's serving records, on our clock
-        (``availability`` None when the master keeps no records of it)."""
-        offset = self.master_clock_offset_s
-        records = self.state.serving_history.get(deployment_id, ())
-        history = self._day(deployment_id, records, window_end(now, offset))
-        return on_our_clock(history, offset)
-
-    def derived(self) -> _Derived:
-        state = self.state
-        if self._derived is not None and self._derived_from is state:
-            return self._derived
-        instances_of: dict[str, list[AnyInstance]] = {}
-        ready_nodes: dict[str, tuple[NodeId, ...]] = {}
-        ready_count: dict[str, int] = {}
-        for instance in state.instances.values():
-            model = instance.shard_assignments.model_id
-            instances_of.setdefault(model, []).append(instance)
-            if instance_is_ready(instance, state):
-                # keeper.model.readiness.ready_replicas counts these: what GET /deployments shows as
-                # readyReplicas, here as fresh as the State (and as the status beside it).
-                ready_count[model] = ready_count.get(model, 0) + 1
-                if model not in ready_nodes:
-                    ready_nodes[model] = tuple(instance.shard_assignments.node_to_runner)
-        statuses: dict[DeploymentId, DeploymentStatus] = {
-            d_id: status_of(d, instances_of, ready_nodes) for d_id, d in state.deployments.items()
-        }
-        names = self.remembered_names()
-        names.update(
-            (node_id, identity.friendly_name)
-            for node_id, identity in state.node_identities.items()
-            if identity.friendly_name
-        )
-        self._derived = _Derived(statuses, ready_nodes, ready_count, instances_of, names)
-        self._derived_from = state
-        return self._derived
-
-    def name_of(self, node_id: NodeId) -> str:
-        return self.derived().names.get(node_id) or short_id(node_id)
-
-    def remembered_names(self) -> dict[NodeId, str]:
-        """Names of nodes that have left, which the State no longer carries."""
-        return {node_id: gone.name for node_id, gone in self._gone.items()}
-
-    def _set_timers(self, views: Iterable[DeploymentView], now: float) -> None:
-        timers: dict[DeploymentId, Timer] = {}
-        for view in views:
-            if view.next_attempt_in_s is not None:
-                due: float | None = now + view.next_attempt_in_s
-            else:
-                master_due = parse_iso(view.next_attempt_at)
-                due = None if master_due is None else master_due - self.master_clock_offset_s
-            timers[view.deployment.deployment_id] = Timer(view.failures, due, view.waiting)
-        self._timers = timers
+    def _set_timers(self, views: Sequence[DeploymentView], now: float) -> None:
+        self._timers = keeper_timers(views, now, self.clock)
         self._views = {view.deployment.deployment_id: view for view in views}
 
     def _on_connection(self, update: ConnectionUpdate, now: float) -> None:
@@ -762,133 +301,55 @@ class ClusterModel:
         self.connection = Connection(update.mode, update.detail, update.retry_in_s, stale_since)
 
     def _settle(self, now: float) -> None:
+        """After a batch: date the status changes and tell the outages they begin or end, then
+        the nodes' silence and the instances' progress."""
         derived = self.derived()
-        statuses = derived.statuses
-        for d_id in [d for d in self._tracked if d not in statuses]:
-            del self._tracked[d_id]
-        for kept in (self._told, self._days):
-            for d_id in [d for d in kept if d not in statuses]:
-                del kept[d_id]
-        if self._moments:
-            deployed = {d.model_card.model_id for d in self.state.deployments.values()}
-            for model_id in [m for m in self._moments if m not in deployed]:
-                del self._moments[model_id]
+        statuses, ready_nodes = derived.statuses, derived.ready_nodes
+        model_of = {d_id: d.model_card.model_id for d_id, d in self.state.deployments.items()}
+        self._history.keep(statuses)
+        self._outages.keep(statuses, set(model_of.values()))
+        outages, blind = self._outages, self._blind
         entries: list[TimelineEntry] = []
+        for change in self._statuses.settle(statuses, now):
+            d_id = change.deployment_id
+            model = model_of[d_id]
+            if change.old == "serving":
+                start = self._outage_start(outages.serving_on(d_id), now)
+                entries.append(outages.stopped(d_id, model, start, now, blind))
+            elif change.new == "serving":
+                seen = [self._downloads.of(n, model) for n in ready_nodes.get(model, ())]
+                entries.append(outages.serving_again(d_id, model, now, seen, blind))
         for d_id, status in statuses.items():
-            tracked = self._tracked.get(d_id)
-            model = self.state.deployments[d_id].model_card.model_id
-            if tracked is None:
-                # Seen from the start of a watch we cannot know how long it has been so; one
-                # that appears later has just been created.
-                tracked = _Tracked(status, now, known=self._watching)
-                self._tracked[d_id] = tracked
-            elif tracked.status != status:
-                name = short_model(model)
-                if tracked.status == "serving":
-                    tracked.outage_since = self._outage_start(tracked.serving_on, now)
-                    tracked.stopped_at = None if self._blind else now
-                    entries.append(TimelineEntry(now, "warn", f"{name} stopped serving", model))
-                elif status == "serving":
-                    if tracked.outage_since is not None:
-                        after = precise_duration(now - tracked.outage_since)
-                        parts = parts_text(self._recovery_parts(tracked, model, now))
-                        text = f"{name} serving again after {after}" + (
-                            f": {parts}" if parts else ""
-                        )
-                    else:
-                        text = f"{name} serving"
-                    entries.append(TimelineEntry(now, "good", text, model))
-                    tracked.outage_since = tracked.stopped_at = None
-                tracked.status, tracked.since, tracked.known = status, now, True
             if status == "serving":
-                tracked.serving_on = derived.ready_nodes.get(model, ())
+                outages.serving(d_id, ready_nodes.get(model_of[d_id], ()))
         self.timeline.extend(entries)
-        self._watching = self._watching or self.has_data
+        if self.has_data:
+            self._statuses.watch()
         self._check_silence(now)
-        self._note_progress(now)
-
-    def _recovery_parts(
-        self, tracked: _Tracked, model: ModelId, now: float
-    ) -> list[tuple[str, float]]:
-        """Where the outage ``tracked`` just ended went, from what we saw of it."""
-        assert tracked.outage_since is not None
-        moments = self._moments.get(model) or _Moments()
-        serving_on = self.derived().ready_nodes.get(model, ())
-        return recovery_parts(
-            outage_since=tracked.outage_since,
-            stopped_at=tracked.stopped_at,
-            deletions=moments.deleted,
-            placements=moments.created,
-            downloads=[
-                NodeDownload(
-                    self._download_started.get((n, model)), self._download_done.get((n, model))
-                )
-                for n in serving_on
-            ],
-            ready_at=None if self._blind else now,
-        )
-
-    def _note_progress(self, now: float) -> None:
-        """Date each not-ready instance's last progress. An instance first seen is dated now:
-        how long it stood still before we connected cannot be known."""
-        state = self.state
-        progress = self._progress
-        for instance_id in [i for i in progress if i not in state.instances]:
-            del progress[instance_id]
-        for instance_id, instance in state.instances.items():
-            if instance_is_ready(instance, state):
-                progress.pop(instance_id, None)
-                continue
-            signature = progress_signature(instance, state)
-            known = progress.get(instance_id)
-            if known is None or known.signature != signature:
-                progress[instance_id] = _Progress(signature, now)
+        self._progress.note(self.state, now)
 
     def _outage_start(self, nodes: tuple[NodeId, ...], now: float) -> float:
-        """When serving really stopped: if a node it ran on fell silent or left, the last time
-        that node was heard of (the master only notices later); otherwise now."""
-        start = now
-        for node_id in nodes:
-            if node_id in self._gone:
-                heard = self._gone[node_id].last_seen
-            elif node_id in self._silent:
-                seen = parse_iso(self.state.last_seen.get(node_id))
-                heard = None if seen is None else seen - self.master_clock_offset_s
-            else:
-                continue
-            if heard is not None:
-                start = min(start, heard)
-        return start
+        state, clock = self.state, self.clock
+        return outage_start(now, (self._liveness.last_heard(n, state, clock) for n in nodes))
 
     def _check_silence(self, now: float) -> None:
-        for node_id in self.state.topology.nodes:
-            quiet = self._quiet_for(node_id, now)
-            if quiet is None:
-                continue
-            name = node_name(node_id, self.state)
-            if quiet >= SILENT_AFTER_S and node_id not in self._silent:
-                self._silent.add(node_id)
-                text = f"node {name} went silent (nothing for {quiet:.0f} s)"
-                self.timeline.extend([TimelineEntry(now, "warn", text, node_id=node_id)])
-            elif quiet < SILENT_AFTER_S and node_id in self._silent:
-                self._silent.discard(node_id)
-                self.timeline.extend(
-                    [TimelineEntry(now, "good", f"node {name} is reporting again", node_id=node_id)]
-                )
-        for node_id in [n for n in self._silent if n not in self.state.topology.nodes]:
-            self._silent.discard(node_id)
-
-    def _quiet_for(self, node_id: NodeId, now: float) -> float | None:
-        seen = parse_iso(self.state.last_seen.get(node_id))
-        if seen is None:
-            return None
-        # While the master is out of reach we know nothing newer than the moment we lost it:
-        # judging nodes by our clock would call every one of them silent.
-        if self.connection.stale_since is not None:
-            now = min(now, self.connection.stale_since)
-        return max(0.0, now + self.master_clock_offset_s - seen)
+        self.timeline.extend(self._liveness.check(self.state, self.clock, now))
 
     # -- output -----------------------------------------------------------------------------
+
+    def derived(self) -> Derived:
+        """What every view needs of the State held now, derived once per State."""
+        if self._derived is None or self._derived_from is not self.state:
+            self._derived = derive(self.state, self.remembered_names())
+            self._derived_from = self.state
+        return self._derived
+
+    def name_of(self, node_id: NodeId) -> str:
+        return self.derived().name_of(node_id)
+
+    def remembered_names(self) -> dict[NodeId, str]:
+        """Names of nodes that have left, which the State no longer carries."""
+        return self._liveness.remembered_names()
 
     def deployment(self, deployment_id: DeploymentId) -> Deployment | None:
         return self.state.deployments.get(deployment_id)
@@ -901,285 +362,56 @@ class ClusterModel:
 
     def deployment_rows(self, now: float) -> list[DeploymentRow]:
         state = self.state
-        derived = self.derived()
-        statuses = derived.statuses
-        by_model = derived.instances_of
-        names = derived.names
         end = window_end(now, self.master_clock_offset_s)
-        moving = moving_deployments(state) if state.drains else {}
-        rows: list[DeploymentRow] = []
-        for d_id, deployment in state.deployments.items():
-            model = deployment.model_card.model_id
-            instances = by_model.get(model, [])
-            instance = _instance_for(deployment, instances)
-            status = statuses[d_id]
-            tracked = self._tracked.get(d_id)
-            timer = self._timers.get(d_id)
-            due_in = None
-            if timer is not None and timer.due_at is not None and status != "serving":
-                due_in = max(0.0, timer.due_at - now)
-            gating = None
-            if status == "starting" and instance is not None and state.downloads:
-                gating = gating_download(
-                    (names.get(n) or short_id(n), facts)
-                    for n, facts in _waiting_downloads(instance, state)
-                )
-            rows.append(
-                DeploymentRow(
-                    deployment_id=d_id,
-                    model_id=model,
-                    status=status,
-                    instance_id=instance.instance_id if instance else None,
-                    nodes=_node_names(instance, names) if instance else (),
-                    in_status_s=now - tracked.since if tracked else 0.0,
-                    in_status_known=tracked.known if tracked else False,
-                    placement_error=deployment.placement_error,
-                    placement_why=explain_placement(deployment, state, names),
-                    waiting=timer.waiting if timer and status != "serving" else None,
-                    next_attempt_in_s=due_in,
-                    failures=timer.failures if timer else 0,
-                    load_progress=_progress(instance, state) if status == "starting" else None,
-                    sharding=str(deployment.sharding),
-                    instance_meta=str(deployment.instance_meta),
-                    min_nodes=deployment.min_nodes,
-                    replicas=deployment.replicas,
-                    ready_replicas=derived.ready_count.get(model, 0),
-                    replica_nodes=tuple(
-                        _node_names(i, names)
-                        for i in sorted(instances, key=lambda i: i is not instance)
-                    ),
-                    availability=self._day(
-                        d_id, state.serving_history.get(d_id, ()), end
-                    ).availability,
-                    download=gating[1] if gating else None,
-                    download_on=gating[0] if gating else None,
-                    updating=update_progress(deployment),
-                    moving_off=moving.get(d_id),
-                    priority=deployment.priority,
-                )
-            )
-        return rows
 
-    def _departed_unseen(self) -> list[NodeId]:
-        """Departed nodes the State still lists that we did not see leave (so ``_gone`` has no
-        time for them): they had left before we connected."""
-        return [n for n in departed_nodes(self.state) if n not in self._gone]
+        def availability(d_id: DeploymentId) -> float | None:
+            records = state.serving_history.get(d_id, ())
+            return self._history.day(d_id, records, end).availability
 
-    def node_rows(self, now: float) -> list[NodeRow]:
-        state = self.state
-        runners_on: dict[NodeId, list[str]] = {}
-        # Per node: each runner's model, and what it shows (its status, or the download it
-        # waits for). Without downloads in the State, that is what its runners show.
-        downloads = state.downloads
-        held_on: dict[NodeId, dict[ModelId, str]] = {}
-        for instance in state.instances.values():
-            model_id = instance.shard_assignments.model_id
-            model = short_model(model_id)
-            for node_id, runner_id in instance.shard_assignments.node_to_runner.items():
-                status = state.runners.get(runner_id)
-                text = f"{model} {runner_status_word(status)}"
-                runners_on.setdefault(node_id, []).append(text)
-                if node_id not in downloads:
-                    continue
-                waiting = _waiting_download(state, node_id, model_id, status)
-                if waiting is not None:
-                    text = f"{model} {download_mark(waiting)}"
-                held_on.setdefault(node_id, {}).setdefault(model_id, text)
-        rows: list[NodeRow] = []
-        for node_id in state.topology.nodes:
-            quiet = self._quiet_for(node_id, now)
-            memory = state.node_memory.get(node_id)
-            identity = state.node_identities.get(node_id)
-            sinks = state.topology.connections.get(node_id, {})
-            disk = state.node_disk.get(node_id)
-            runners = tuple(runners_on.get(node_id, ()))
-            models = runners
-            if node_id in downloads:
-                held = held_on.get(node_id, {})
-                listed = list(held.values())
-                for entry in sorted(
-                    downloads[node_id], key=lambda e: isinstance(e, DownloadCompleted)
-                ):
-                    model_id = download_model_id(entry)
-                    if model_id not in held:
-                        mark = download_mark(download_facts(entry))
-                        listed.append(f"{short_model(model_id)} {mark}")
-                models = tuple(listed)
-            gpu = self._gpu.get(node_id)
-            handle = handle_of(state, node_id)
-            rows.append(
-                NodeRow(
-                    node_id=node_id,
-                    name=self.name_of(node_id),
-                    liveness="silent" if quiet is not None and quiet >= SILENT_AFTER_S else "alive",
-                    quiet_for_s=quiet,
-                    ram_used=(
-                        memory.ram_total.in_bytes - memory.ram_available.in_bytes
-                        if memory
-                        else None
-                    ),
-                    ram_total=memory.ram_total.in_bytes if memory else None,
-                    backends=tuple(str(b) for b in state.node_backends.get(node_id, [])),
-                    links=tuple(self.name_of(s) for s, edges in sinks.items() if edges),
-                    runners=runners,
-                    chip=identity.chip_id if identity else "",
-                    disk_free=disk.available.in_bytes if disk else None,
-                    disk_total=disk.total.in_bytes if disk else None,
-                    models=models,
-                    vitals=state.node_system.get(node_id),
-                    gpu_history=tuple(gpu) if gpu else (),
-                    handle=handle,
-                    cordoned=handle in state.cordoned,
-                    drain=self._drain_of(handle),
-                )
-            )
-        rows.sort(key=lambda r: (r.name, r.node_id))
-        # A cordon is by name: a row of a node not in the cluster shows it only while no node
-        # of that name is back.
-        present = {r.handle for r in rows}
-        for node_id, gone in self._gone.items():
-            if node_id not in state.topology.nodes:
-                rows.append(self._absent(node_id, gone.name, "gone", now - gone.at, present))
-        departed: list[NodeRow] = []
-        for node_id in self._departed_unseen():
-            identity = state.node_identities.get(node_id)
-            row = self._absent(node_id, self.name_of(node_id), "gone", None, present)
-            departed.append(
-                replace(
-                    row,
-                    backends=tuple(str(b) for b in state.node_backends.get(node_id, [])),
-                    chip=identity.chip_id if identity else "",
-                )
-            )
-        departed.sort(key=lambda r: (r.name, r.node_id))
-        away = [self._absent(n, n, "away", None, present) for n in self._away_names()]
-        return rows + departed + away
-
-    def _absent(
-        self, node_id: NodeId, name: str, liveness: Liveness, quiet: float | None, present: set[str]
-    ) -> NodeRow:
-        """The row of a node not in the cluster, with its cordon and drain if no node of its
-        name (``present``) is back."""
-        mine = name not in present
-        return NodeRow(
-            node_id,
-            name,
-            liveness,
-            quiet,
-            None,
-            None,
-            (),
-            (),
-            (),
-            "",
-            handle=name,
-            cordoned=mine and name in self.state.cordoned,
-            drain=self._drain_of(name) if mine else None,
+        return deployment_rows(
+            state,
+            self.derived(),
+            now,
+            tracked=self._statuses.get,
+            timer=self._timers.get,
+            availability=availability,
+            moves=self._moves,
         )
 
-    def _drain_of(self, name: str) -> DrainProgress | None:
-        drain = self.state.drains.get(name)
-        if drain is None:
-            return None
-        answer = self._nodes_view.get(name) if self._nodes_view is not None else None
-        return drain_progress(drain, answer)
+    def node_rows(self, now: float) -> list[NodeRow]:
+        return node_rows(
+            self.state,
+            self.derived(),
+            now,
+            liveness=self._liveness,
+            clock=self.clock,
+            readings=self._readings,
+            moves=self._moves,
+        )
 
-    def _away_names(self) -> list[str]:
-        """Cordoned names no node row goes by: their machines are away (cordoned before an
-        update, say); the cordon waits for them by name."""
-        state = self.state
-        if not state.cordoned:
-            return []
-        listed = {handle_of(state, n) for n in state.topology.nodes}
-        listed.update(gone.name for n, gone in self._gone.items() if n not in state.topology.nodes)
-        listed.update(self.name_of(n) for n in self._departed_unseen())
-        return [name for name in state.cordoned if name not in listed]
+    def instance_rows(self, now: float) -> list[InstanceRow]:
+        state, clock = self.state, self.clock
+        return instance_rows(
+            state,
+            self.derived(),
+            now,
+            quiet_for=lambda node_id: clock.quiet_for(state.last_seen.get(node_id), now),
+            last_progress=self._progress.since,
+        )
+
+    def summary(self, now: float) -> Summary:
+        return summary(
+            self.state,
+            self.derived(),
+            now,
+            liveness=self._liveness,
+            clock=self.clock,
+            deployments_api=self.has_timers or not self.has_data,
+        )
 
     def drain_plan(self, name: str) -> DrainPlan:
         """What draining the node called ``name`` would move, and leave alone, now."""
-        return drain_plan(self.state, name, self.name_of)
-
-    def instance_rows(self, now: float) -> list[InstanceRow]:
-        state = self.state
-        deployment_of = {d.model_card.model_id: d_id for d_id, d in state.deployments.items()}
-        present = set(state.topology.nodes)
-        rows: list[InstanceRow] = []
-        for instance in state.instances.values():
-            assignments = instance.shard_assignments
-            runners: list[RunnerRow] = []
-            for node_id, runner_id in assignments.node_to_runner.items():
-                shard = assignments.runner_to_shard.get(runner_id)
-                status = state.runners.get(runner_id)
-                progress = None
-                if isinstance(status, RunnerLoading) and status.total_layers > 0:
-                    progress = status.layers_loaded / status.total_layers
-                waiting = (
-                    _waiting_download(state, node_id, assignments.model_id, status)
-                    if node_id in state.downloads
-                    else None
-                )
-                runners.append(
-                    RunnerRow(
-                        runner_id=runner_id,
-                        node_id=node_id,
-                        node_name=self.name_of(node_id),
-                        rank=shard.device_rank if shard else 0,
-                        start_layer=shard.start_layer if shard else 0,
-                        end_layer=shard.end_layer if shard else 0,
-                        status=runner_status_word(status),
-                        progress=progress,
-                        error=status.error_message if isinstance(status, RunnerFailed) else None,
-                        node_present=node_id in present,
-                        download=waiting,
-                    )
-                )
-            runners.sort(key=lambda r: r.rank)
-            ready = ready_on_present_nodes(instance, state)
-            progress = self._progress.get(instance.instance_id)
-            quiet = {
-                node_id: self._quiet_for(node_id, now) for node_id in assignments.node_to_runner
-            }
-            rows.append(
-                InstanceRow(
-                    instance_id=instance.instance_id,
-                    model_id=assignments.model_id,
-                    deployment_id=deployment_of.get(assignments.model_id),
-                    kind="MlxJaccl" if isinstance(instance, MlxJacclInstance) else "MlxRing",
-                    ready=ready,
-                    runners=tuple(runners),
-                    unhealthy=unhealthy_reason(
-                        runners,
-                        ready=ready,
-                        quiet_s=quiet,
-                        last_progress_at=progress.since if progress else None,
-                        now=now,
-                    ),
-                )
-            )
-        rows.sort(key=lambda r: (r.model_id, r.instance_id))
-        return rows
-
-    def summary(self, now: float) -> Summary:
-        silent = 0
-        for node_id in self.state.topology.nodes:
-            quiet = self._quiet_for(node_id, now)
-            if quiet is not None and quiet >= SILENT_AFTER_S:
-                silent += 1
-        present = set(self.state.topology.nodes)
-        by_status: dict[DeploymentStatus, int] = {}
-        for status in self.derived().statuses.values():
-            by_status[status] = by_status.get(status, 0) + 1
-        return Summary(
-            nodes_alive=len(present) - silent,
-            nodes_silent=silent,
-            nodes_gone=sum(1 for n in self._gone if n not in present)
-            + len(self._departed_unseen()),
-            by_status=by_status,
-            deployments=len(self.state.deployments),
-            instances=len(self.state.instances),
-            nodes_away=len(self._away_names()),
-            deployments_api=self.has_timers or not self.has_data,
-        )
+        return self._moves.plan(self.state, name, self.name_of)
 
     def history(self, deployment_id: DeploymentId) -> list[TimelineEntry]:
         deployment = self.state.deployments.get(deployment_id)
@@ -1187,11 +419,11 @@ class ClusterModel:
             return []
         return self.timeline.about_model(deployment.model_card.model_id)
 
-
-def _untold(moment: float | None, told: float | None, live: float | None) -> bool:
-    """Whether a record's ``moment`` is for the timeline to seed: after what it has told
-    (``told``) and not the change the live view tells (``live``)."""
-    return moment is not None and (told is None or moment > told) and moment != live
+    def day_history(self, deployment_id: DeploymentId, now: float) -> History:
+        """The deployment's last 24 h from the master's serving records, on our clock
+        (``availability`` None when the master keeps no records of it)."""
+        offset = self.master_clock_offset_s
+        return self._history.day_on_our_clock(deployment_id, self.state, now, offset)
 
 
 def _connected_entries(update: SnapshotUpdate, now: float) -> list[TimelineEntry]:
@@ -1212,55 +444,3 @@ def _connected_entries(update: SnapshotUpdate, now: float) -> list[TimelineEntry
         for n in departed_nodes(state)
     ]
     return entries
-
-
-def _instance_for(deployment: Deployment, instances: list[AnyInstance]) -> AnyInstance | None:
-    for instance in instances:
-        if instance.instance_id == deployment.instance_id:
-            return instance
-    return instances[0] if instances else None
-
-
-def _node_names(instance: AnyInstance, names: dict[NodeId, str]) -> tuple[str, ...]:
-    return tuple(names.get(n) or short_id(n) for n in instance.shard_assignments.node_to_runner)
-
-
-def _waiting_download(
-    state: State, node_id: NodeId, model_id: ModelId, status: AnyRunnerStatus | None
-) -> DownloadFacts | None:
-    """The node's download of the model, if a runner in ``status`` waits for it: the runner has
-    not started loading and the download is not complete."""
-    if (status is not None and not isinstance(status, _BEFORE_LOADING_TYPES)) or (
-        node_id not in state.downloads
-    ):
-        return None
-    entry = download_entry(state, node_id, model_id)
-    if entry is None or isinstance(entry, DownloadCompleted):
-        return None
-    return download_facts(entry)
-
-
-def _waiting_downloads(
-    instance: AnyInstance, state: State
-) -> Iterable[tuple[NodeId, DownloadFacts]]:
-    """The downloads the instance's runners wait for, each with its node."""
-    model_id = instance.shard_assignments.model_id
-    for node_id, runner_id in instance.shard_assignments.node_to_runner.items():
-        waiting = _waiting_download(state, node_id, model_id, state.runners.get(runner_id))
-        if waiting is not None:
-            yield node_id, waiting
-
-
-def _progress(instance: AnyInstance | None, state: State) -> float | None:
-    if instance is None:
-        return None
-    loaded = total = 0
-    for runner_id, shard in instance.shard_assignments.runner_to_shard.items():
-        layers = shard.end_layer - shard.start_layer
-        total += layers
-        status = state.runners.get(runner_id)
-        if isinstance(status, RunnerLoading):
-            loaded += min(status.layers_loaded, layers)
-        elif isinstance(status, _LOADED_RUNNER_TYPES):
-            loaded += layers
-    return loaded / total if total else None

@@ -1,8 +1,9 @@
 """Where a recovery's time went: the parts of "serving again after 94 s".
 
-The dashboard's model notes the moments it sees (a deployment stop serving, its instances
-deleted and created, its model's downloads start and complete on each node) and, when the
-deployment serves again, ``recovery_parts`` splits the outage into what it saw:
+The dashboard's model notes the moments it sees (a deployment stop serving and its instances
+deleted and created, ``outages.py``; its model's downloads start and complete on each node,
+``download_moments.py``) and, when the deployment serves again, ``recovery_parts`` splits the
+outage into what it saw:
 
 - detected: from when serving really stopped (its node last heard of) to the broken instance's
   deletion, the cluster's reaction;

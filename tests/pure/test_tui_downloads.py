@@ -206,7 +206,7 @@ def test_each_node_keeps_its_last_gpu_readings_and_loses_them_with_the_node() ->
     studio = next(r for r in model.node_rows(FROZEN_NOW + 20) if r.name == "studio")
     assert studio.gpu_history == tuple(readings[-GPU_READINGS_KEPT:])  # a memory report: none
     feed(FROZEN_NOW + 21, NodeTimedOut(node_id=node_id_for("studio")))
-    assert node_id_for("studio") not in model._gpu  # pyright: ignore[reportPrivateUsage]
+    assert node_id_for("studio") not in model._readings  # pyright: ignore[reportPrivateUsage]
 
 
 def test_polls_count_a_reading_when_the_node_reported() -> None:

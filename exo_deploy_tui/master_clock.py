@@ -1,0 +1,61 @@
+"""The master's times on our clock: its ISO dates read, and the difference between the clocks.
+
+The master dates what it says (a node's ``lastSeen``, a timer's ``nextAttemptAt``, a serving
+record) on its own clock; the dashboard counts on its own. Every part of the model that turns one
+into the other goes through ``MasterClock``, a value the model rebuilds from what it knows now
+(the offset the HTTP Date header measured, and when the master was lost, if it is), so the
+parts hold no copy of either that could fall out of step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+# A master whose clock differs from ours by less than this is taken as in step: the HTTP Date
+# header that measures the difference has a resolution of one second.
+CLOCK_SKEW_IGNORED_S = 2.0
+
+
+def parse_iso(text: str | None) -> float | None:
+    """An ISO date with its zone as epoch seconds; None for none, or one that cannot be read."""
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None  # a time without a zone cannot be placed on our clock
+    return parsed.timestamp()
+
+
+def offset_taken(measured: float) -> float:
+    """The offset the model uses for one ``measured`` (master minus ours): none within the
+    header's resolution (``CLOCK_SKEW_IGNORED_S``)."""
+    return measured if abs(measured) >= CLOCK_SKEW_IGNORED_S else 0.0
+
+
+@dataclass(frozen=True)
+class MasterClock:
+    """The master's clock as seen from ours: ``offset_s`` (its clock minus ours) and, while it
+    is out of reach, ``stale_since`` (when we lost it, our clock)."""
+
+    offset_s: float = 0.0
+    stale_since: float | None = None
+
+    def ours(self, text: str | None) -> float | None:
+        """A date the master wrote, on our clock; None when it cannot be read."""
+        at = parse_iso(text)
+        return None if at is None else at - self.offset_s
+
+    def quiet_for(self, last_seen: str | None, now: float) -> float | None:
+        """How long since a node was last heard of (its ``lastSeen``), never negative. While
+        the master is out of reach we know nothing newer than the moment we lost it: judging
+        nodes by our clock would call every one of them silent."""
+        seen = parse_iso(last_seen)
+        if seen is None:
+            return None
+        if self.stale_since is not None:
+            now = min(now, self.stale_since)
+        return max(0.0, now + self.offset_s - seen)
