@@ -51,9 +51,9 @@ FILE_KEYS: dict[str, str] = {
 REQUEST_KEYS = {field: key for key, field in FILE_KEYS.items()}
 TOP_KEYS = ("version", "deployments")
 
-# The largest file read. A deployments file is about 100 bytes an entry, and a cluster has tens of
-# deployments at most (the services' own --max-deployments defaults to 100): 1 MiB is a hundred
-# times that, and parses in well under a second, where a 50 MB file took 32 s and 818 MB.
+# The largest file read. A deployments file is about 50 to 100 bytes an entry, and a service
+# keeps at most 1,000 deployments by default (--max-deployments): 1 MiB holds ten times that,
+# where a 50 MB file took 32 s and 818 MB to parse.
 MAX_FILE_BYTES = 1024 * 1024
 # The deepest nesting read. The file's own shape is three levels (the top mapping, the list, an
 # entry) and its values are scalars: 64 leaves room for anything a person writes, and stays far
