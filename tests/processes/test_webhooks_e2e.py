@@ -1,7 +1,8 @@
 """Alert webhooks of a real ``exo-deploy master`` process: while its webhook hangs, the API
 answers and the notices wait in the outbox; stopped and started again, the master delivers them
 to the webhook once it answers, each id once, and its log never names the webhook's secret path
-or query (httpx's request lines are held back, docs/design.md §6.9). And ``exo-deploy webhooks test``'s exit codes.
+or query (httpx's request lines are held back, docs/design.md §6.9). And ``exo-deploy webhooks
+test``'s exit codes.
 
 The notices come from a deployment no node can hold (there are none): after the master's real
 15 s startup grace the keeper tries, placement says why not, and the deployment is
