@@ -10,6 +10,13 @@ in a transaction that succeeds only while this bridge holds the leader key, so o
 sends nothing. The instances to delete and the creations in flight are kept in the store as
 they change (``persist_doomed``, ``forget_settled_intents``), so a takeover resumes them.
 
+A bridge acts only on an exo that lists nodes (``prefix_refusal``): the store's prefix is checked
+to be this exo cluster's by the nodes recorded there, and an exo in its cold start lists none, so
+any prefix would pass; a bridge pointed at cluster A's prefix during B's cold start would take
+A's records as its own and act on them. So it stands by, saying why (``/healthz`` 503, each
+deployment's detail), until exo lists its nodes and the check can be made
+(docs/design.md §8.5).
+
 ``trim_excess`` is the one rule a shared store adds: a scale-down taken by another bridge chose
 the instances to delete on that bridge's view, which lacks this one's creations in flight, so a
 creation landing after it would leave one replica too many; the acting bridge deletes it.
@@ -29,6 +36,14 @@ from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
 from keeper.model.state import State
 
 log = logging.getLogger(__name__)
+
+
+def no_nodes_refusal(prefix: str) -> str:
+    """Why a bridge does not act while exo lists no nodes (module doc)."""
+    return (
+        f"exo lists no nodes yet, so store prefix {prefix} cannot be told to be this exo "
+        "cluster's: not acting until exo lists its nodes"
+    )
 
 
 class SharedActing:
@@ -51,7 +66,9 @@ class SharedActing:
         self._monotonic = monotonic
         self._new_keeper = new_keeper  # start a keeper of this bridge's own, at this time
         self.was_acting = False  # acting at the last tick (a change: take over or stand by)
-        self.foreign: str | None = None  # why the prefix belongs to another exo cluster
+        # Why this bridge may not act on the prefix: it belongs to another exo cluster, or exo
+        # lists no nodes to tell (``prefix_refusal``); None when it may.
+        self.foreign: str | None = None
         self._doomed_in_store: set[str] = set()
         self._intents_in_store: set[str] = set()
 
@@ -62,7 +79,13 @@ class SharedActing:
     def may_act(self, exo: ExoState) -> bool:
         """Whether this tick acts: the leader key is this bridge's and exo is the cluster the
         prefix belongs to. Taking over and standing by happen here."""
-        self.foreign = self.store.check_cluster(exo.state.topology.nodes)
+        nodes = exo.state.topology.nodes
+        refusal = (
+            no_nodes_refusal(self.store.prefix) if not nodes else self.store.check_cluster(nodes)
+        )
+        if refusal is not None and refusal != self.foreign:
+            log.warning("%s: %s", self.store.name, refusal)  # once per reason, not per tick
+        self.foreign = refusal
         acting = self.acting
         if acting and not self.was_acting:
             self._take_over()

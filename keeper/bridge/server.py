@@ -154,8 +154,6 @@ def run_bridge(
     token = service_token(token)
 
     def prepare() -> Serve:
-        # httpx logs every request at INFO: once a second for ever, drowning what matters.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
         urls = check_exo_urls(exo_url)
         bound_port = check_listen(host, port, token)
         cards = load_catalog(model_cards_dir)

@@ -52,11 +52,13 @@ from keeper.client.apply_plan import (
 )
 from keeper.client.deployment_file import (
     FILE_VERSION,
+    MAX_FILE_BYTES,
     REQUEST_KEYS,
     DeploymentFileError,
     export_text,
     parse_deployment_file,
     shown_value,
+    size_problem,
 )
 from keeper.client.deployments import ApiError, DeploymentsClient, master_http
 from keeper.model.api_models import CommandResponse, CreateDeploymentRequest, DeploymentsResponse
@@ -202,17 +204,36 @@ def action_words(step: Action) -> str:
 
 def read_file(path: str) -> tuple[str, str]:
     """(the file's name for messages, its text); ``-`` is standard input. ClientError (usage)
-    if it cannot be read."""
+    if it cannot be read, or is larger than a deployments file may be: no more of it than that
+    is read (docs/design.md §7.7, "Bounds")."""
     source = "<stdin>" if path == "-" else path
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        if path == "-":
+            content = _read_stdin(MAX_FILE_BYTES + 1)
+        else:
+            with Path(path).open("rb") as file:
+                content = file.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ClientError(f"cannot read {source}: {exc.strerror or exc}", EXIT_USAGE) from None
+    too_large = size_problem(content)
+    if too_large is not None:
+        raise ClientError(f"{too_large.render(source)}: nothing applied", EXIT_USAGE)
+    try:
+        text = content.decode("utf-8") if isinstance(content, bytes) else content
     except UnicodeDecodeError as exc:
         raise ClientError(
             f"{source}: not UTF-8 text (byte {exc.start}): nothing applied", EXIT_USAGE
         ) from None
     return source, text
+
+
+def _read_stdin(limit: int) -> bytes | str:
+    """At most ``limit`` bytes of standard input (characters, when it is not a byte stream, as
+    under a test's capture)."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:
+        return sys.stdin.read(limit)
+    return cast(bytes, buffer.read(limit))
 
 
 # --- carrying the plan out ------------------------------------------------------------------

@@ -20,13 +20,21 @@ twenty deployments must not have to hunt for "replicas: Input should be less tha
 16". Every problem of the file is gathered before anything is refused, so one run names them
 all; nothing here raises anything but ``DeploymentFileError``, and it is pure (text in, settings
 out), so the CLI and its tests share it.
+
+The file is bounded before it is believed (docs/design.md §7.7, "Bounds"): at most
+``MAX_FILE_BYTES``, at most ``MAX_DEPTH`` levels of nesting, and no aliases. An alias is a
+pointer: ten levels of ten aliases in 539 bytes make 10^10 nodes once a value is built, and
+nothing a deployments file says needs one. Nesting is counted while composing
+(``_BoundedLoader``), so a file of ten thousand ``[`` is refused at the 65th, before the
+composer's recursion (a ``RecursionError``) or the scanner's cost, which grows with the depth,
+is reached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from pydantic import ValidationError
@@ -42,6 +50,16 @@ FILE_KEYS: dict[str, str] = {
 }
 REQUEST_KEYS = {field: key for key, field in FILE_KEYS.items()}
 TOP_KEYS = ("version", "deployments")
+
+# The largest file read. A deployments file is about 50 to 100 bytes an entry, and a service
+# keeps at most 1,000 deployments by default (--max-deployments): 1 MiB holds ten times that,
+# where a 50 MB file took 32 s and 818 MB to parse.
+MAX_FILE_BYTES = 1024 * 1024
+# The deepest nesting read. The file's own shape is three levels (the top mapping, the list, an
+# entry) and its values are scalars: 64 leaves room for anything a person writes, and stays far
+# below Python's recursion limit, which the composer (recursive) and the constructor reach.
+MAX_DEPTH = 64
+_MIB = 1024 * 1024
 
 _MAPPING_TAG = "tag:yaml.org,2002:map"
 _NULL_TAG = "tag:yaml.org,2002:null"
@@ -190,11 +208,79 @@ def _entry(node: yaml.Node, index: int, problems: list[FileProblem]) -> _Entry:
     return _Entry(None if unreadable else request, model)
 
 
+class _OverBoundsError(Exception):
+    """The file passes one of the module's bounds; ``problem`` says which, and where."""
+
+    def __init__(self, problem: FileProblem) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+
+
+def _at_mark(mark: yaml.Mark | None, message: str) -> FileProblem:
+    if mark is None:
+        return FileProblem(message)
+    return FileProblem(message, mark.line + 1, mark.column + 1)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml's safe loader, composing no alias and no node deeper than ``MAX_DEPTH``."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def _next_mark(self) -> yaml.Mark | None:
+        event: yaml.Event = self.peek_event()  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        # The stubs give an event's mark as the C extension's or the pure one's: it is the pure.
+        return cast(yaml.Mark | None, event.start_mark)  # pyright: ignore[reportUnknownMemberType]
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            raise _OverBoundsError(
+                _at_mark(
+                    self._next_mark(),
+                    "aliases (*name) are not read in a deployments file: write the value out",
+                )
+            )
+        if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+            return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise _OverBoundsError(
+                _at_mark(
+                    self._next_mark(),
+                    f"nested deeper than {MAX_DEPTH} levels, the most a deployments file may be",
+                )
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def size_problem(content: bytes | str) -> FileProblem | None:
+    """Why ``content`` is too large to read (naming the line the limit falls on), or None."""
+    # surrogatepass: a str from anywhere (a test, a fuzzer) is measured, never an error here.
+    data = content.encode("utf-8", "surrogatepass") if isinstance(content, str) else content
+    if len(data) <= MAX_FILE_BYTES:
+        return None
+    line = data[:MAX_FILE_BYTES].count(b"\n") + 1
+    return FileProblem(
+        f"larger than {MAX_FILE_BYTES // _MIB} MiB, the most a deployments file may be "
+        f"(the limit falls in line {line})"
+    )
+
+
 def parse_deployment_file(text: str, source: str) -> list[CreateDeploymentRequest]:
     """The deployments ``text`` asks for, in file order; DeploymentFileError naming every problem
     (``source`` is the file's name in the messages) if there is any."""
+    too_large = size_problem(text)
+    if too_large is not None:
+        raise DeploymentFileError(source, [too_large])
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_BoundedLoader)
+    except _OverBoundsError as exc:
+        raise DeploymentFileError(source, [exc.problem]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         what = exc.problem or "unreadable"
@@ -212,8 +298,16 @@ def parse_deployment_file(text: str, source: str) -> list[CreateDeploymentReques
             raise DeploymentFileError(source, [FileProblem(f"YAML syntax error: {what}")]) from None
         problem = FileProblem(f"YAML syntax error: {what}", mark.line + 1, mark.column + 1)
         raise DeploymentFileError(source, [problem]) from None
-    except yaml.YAMLError as exc:  # a stray byte: the reader's errors carry no mark
-        raise DeploymentFileError(source, [FileProblem(f"not readable as YAML: {exc}")]) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow: it has no mark
+        before = text[: exc.position]
+        line, column = before.count("\n") + 1, exc.position - before.rfind("\n")
+        problem = FileProblem(
+            f"not readable as YAML: {exc.reason} (#x{exc.character:04x})", line, column
+        )
+        raise DeploymentFileError(source, [problem]) from None
+    except yaml.YAMLError as exc:
+        what = " ".join(str(exc).split())  # one line, whatever yaml wrote
+        raise DeploymentFileError(source, [FileProblem(f"not readable as YAML: {what}")]) from None
     shape = "a mapping with 'deployments:', a list of {model: ...} (and 'version: 1')"
     if root is None:
         raise DeploymentFileError(source, [FileProblem(f"the file is empty: expected {shape}")])

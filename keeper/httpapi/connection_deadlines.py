@@ -18,17 +18,29 @@ which a peer that acknowledges and never reads does for ever. So each connection
   happen. The waiting ``send`` then returns, ``receive`` says the client disconnected, and the
   handler ends and frees what it held (a dashboard stream's slot, keeper.master.subscriptions).
 
-Both are a subclass of uvicorn's httptools protocol, the one uvicorn serves with when httptools
-is installed (it is a dependency). The asyncio ``Protocol`` methods it extends are public; two
-names are uvicorn's own, not documented: the protocol's ``on_response_complete`` (called as a
-response ends) and its ``cycle`` with ``response_complete`` (the request being served). They are
-unchanged from uvicorn 0.30 to 0.54; tests/processes/test_connection_deadlines.py fails if they
-move.
+And two bounds, which uvicorn's httptools protocol does not set either (h11's does: 16 KiB):
+
+- *a request head's size*: at most ``head_bytes`` (64 KiB) from a request's first byte to the end
+  of its head; past it the request is answered ``431 Request Header Fields Too Large`` (the error
+  envelope) and the connection closed, before the rest is held in memory. Four connections
+  streaming 200 MB heads took the master from 72 to 341 MB; now each holds at most 64 KiB and a
+  read's worth (asyncio reads up to 256 KiB at a time).
+- *open connections*: ``max_connections`` for the whole server, uvicorn's ``limit_concurrency``:
+  a request on a connection past it is answered ``503`` (``keeper.httpapi.serving``).
+
+Both deadlines and the head bound are a subclass of uvicorn's httptools protocol, the one uvicorn
+serves with when httptools is installed (it is a dependency). The asyncio ``Protocol`` methods it
+extends are public; four names are uvicorn's own, not documented: the protocol's
+``on_response_complete`` (called as a response ends), ``on_message_begin`` and
+``on_headers_complete`` (httptools' callbacks, as a request starts and as its head ends) and its
+``cycle`` with ``response_complete`` (the request being served). They are unchanged from uvicorn
+0.30 to 0.54; tests/processes/test_connection_deadlines.py fails if they move.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import struct
@@ -36,6 +48,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from keeper.model.api_models import error_body
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +62,26 @@ HEAD_TIMEOUT_S = 10.0
 # without that is a client that is gone or not reading (a frozen process, a closed laptop lid);
 # a dashboard dropped so reconnects and starts from a new snapshot.
 SEND_STALL_TIMEOUT_S = 30.0
+# The largest request head: our clients' are under 1 KiB (a bearer token, a few headers), and a
+# browser's with cookies a few KiB; 64 KiB is many times any head these services are sent, and
+# four times h11's default (16 KiB).
+MAX_HEAD_BYTES = 64 * 1024
+# The most connections a service holds open at once, WebSockets (nodes, which are tens) and
+# dashboard streams included. Each costs a file descriptor and at most a head and its buffers:
+# 512 keeps that to tens of MB and under the 1,024 descriptors a default ``ulimit -n`` allows,
+# where it was unbounded.
+MAX_CONNECTIONS = 512
+_HEAD_TOO_LARGE = 431
 
 
 @dataclass(frozen=True)
 class ConnectionDeadlines:
+    """Every connection's deadlines, and its bounds: a head's size, how many are open at once."""
+
     head_s: float = HEAD_TIMEOUT_S
     send_stall_s: float = SEND_STALL_TIMEOUT_S
+    head_bytes: int = MAX_HEAD_BYTES
+    max_connections: int = MAX_CONNECTIONS
 
 
 DEFAULT_DEADLINES = ConnectionDeadlines()
@@ -71,6 +99,10 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
         self._stall_timer: asyncio.TimerHandle | None = None
+        # A head is being received (from the connection's start, and from each request's first
+        # byte, to its blank line), and how many bytes of it so far.
+        self._in_head = True
+        self._head_received = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -79,6 +111,40 @@ class DeadlineProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._await_head()
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_received += len(data)
+            if self._head_received > self.deadlines.head_bytes:
+                self._refuse_head()
+                return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_received = 0
+        super().on_headers_complete()
+
+    def _refuse_head(self) -> None:
+        """Answer 431 with the error envelope and close: nothing more of this head is read."""
+        self._in_head = False
+        if self.transport.is_closing():
+            return
+        message = f"the request head is larger than {self.deadlines.head_bytes} bytes"
+        body = json.dumps(error_body(message, _HEAD_TOO_LARGE, "Request Header Fields Too Large"))
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"content-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n".encode()
+            + b"connection: close\r\n\r\n"
+            + body.encode()
+        )
+        self.transport.close()
+        log.info("refused a request head of over %d bytes (431)", self.deadlines.head_bytes)
 
     def pause_writing(self) -> None:
         super().pause_writing()

@@ -11,8 +11,9 @@ writes its snapshot. Signals are the process entry's (``keeper.runtime.entry``):
 handlers are disabled, because they would re-raise a signal after shutdown and kill the process
 mid-cleanup.
 
-Every connection has a deadline for its request head and one for a client that stops reading
-(``keeper.httpapi.connection_deadlines``): uvicorn sets neither.
+Every connection has a deadline for its request head and one for a client that stops reading, a
+bound on its head's size, and the server a bound on open connections
+(``keeper.httpapi.connection_deadlines``): uvicorn sets none of them.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ async def serve_service(
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
         ws_max_size=MAX_WS_FRAME_BYTES,
         http=protocol_with(deadlines),
+        # Past it, a request is answered 503 (keeper.httpapi.connection_deadlines).
+        limit_concurrency=deadlines.max_connections,
     )
     server = _Server(config)
     server_done = anyio.Event()

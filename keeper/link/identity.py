@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,9 @@ _PROTOBUF_ED25519 = bytes([0x08, 0x01, 0x12, 0x20])
 _IDENTITY_MULTIHASH = bytes([0x00, 0x24])
 _PEER_ID_PREFIX = _IDENTITY_MULTIHASH + _PROTOBUF_ED25519
 _KEY_BYTES = 32
+# The permission bits a node key file may not have: any for the group or others (ssh's rule for
+# a private key). Read or write, either lets another user be, or unmake, the node.
+_OTHERS_BITS = 0o077
 # What a node signs is tagged with what it is for, so a signature made here can never be
 # replayed as anything else, and carries the version of this handshake.
 _HELLO_CONTEXT = b"exo-deploy node hello v1\0"
@@ -161,4 +165,20 @@ def load_or_create_key(path: Path) -> NodeKey:
         raise KeyFileError(
             f"node key file {path} holds {len(raw)} bytes, not an ed25519 key's {_KEY_BYTES}"
         )
+    _check_private(path)
     return NodeKey.from_bytes(raw)
+
+
+def _check_private(path: Path) -> None:
+    """KeyFileError unless only the file's owner may read or write it, as ssh refuses a private
+    key others can read (docs/design.md §6.7): a key others could read is another's to prove the
+    node's id with, and one they could write lets them make the node someone else."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as exc:
+        raise KeyFileError(f"cannot read node key file {path}: {exc.strerror or exc}") from None
+    if mode & _OTHERS_BITS:
+        raise KeyFileError(
+            f"node key file {path} is open to group or others (mode {mode:04o}); it must be "
+            f"the owner's alone: chmod 600 {path}"
+        )

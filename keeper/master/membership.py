@@ -54,6 +54,7 @@ from keeper.model.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
+from keeper.model.node_strings import capped
 from keeper.model.refusals import NotFoundError, NotRunningError
 from keeper.model.state import Connection, NodeId, RunnerShutdown, State, download_model_id
 from keeper.runtime.clock import Clock, iso_utc
@@ -164,6 +165,7 @@ class Membership:
                     "nothing" if hello is None else type(hello).__name__,
                 )
                 return
+            hello = capped(hello)  # its name is logged (docs/design.md §6.7)
             refusal = hello_refusal(hello.node_id, challenge, hello.signature)
             if refusal is not None:
                 # Nothing of an unproven Hello is taken: a connected node of that id keeps its
@@ -249,6 +251,8 @@ class Membership:
             except ChannelClosedError:
                 return
             self._last_heard[node_id] = clock.monotonic()
+            if not isinstance(message, ChatChunk):  # a model's answer, for its client only
+                message = capped(message)  # docs/design.md §6.7: node strings are capped
             match message:
                 case NodeInfo():
                     event = NodeGatheredInfo(

@@ -18,6 +18,7 @@ from keeper.node.sim_node import NodeConfig, SimNode
 from keeper.node.ws_client import NodeRejectedError, node_ws_url, run_node_forever
 from keeper.runtime.clock import AnyioClock
 from keeper.runtime.process_exit import run_reporting
+from keeper.runtime.service_logging import configure_service_logging
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +29,7 @@ RUNNER_KILL_SIGNAL = signal.SIGUSR1
 
 def run_node_process(config: NodeConfig, master_url: str, token: str | None) -> int:
     """Run the node until SIGINT/SIGTERM. Returns the process exit code."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_service_logging()
     try:
         node_ws_url(master_url)
     except ValueError as exc:

@@ -65,6 +65,8 @@ def webhook_option(parser: argparse.ArgumentParser, what: str) -> None:
         type=webhook_url,
         default=[],
         metavar="URL",
-        help=f"POST {what} to URL (repeat for several; also those in ${WEBHOOKS_ENV}, "
-        "separated by commas or spaces)",
+        # Each webhook is sent every notice, on its own queue (docs/design.md §6.9): the help
+        # says so, lest "several" read as a list of fallbacks tried in order.
+        help=f"POST {what} to URL (repeat for several: each is sent every notice; also those "
+        f"in ${WEBHOOKS_ENV}, separated by commas or spaces)",
     )

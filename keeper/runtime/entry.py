@@ -29,14 +29,13 @@ from keeper.runtime.dir_lock import DataDirInUseError
 from keeper.runtime.event_log import EventLogCorruptError
 from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
 from keeper.runtime.process_exit import EXIT_FAILED, EXIT_STOPPED
+from keeper.runtime.service_logging import configure_service_logging
 
 log = logging.getLogger(__name__)
 
 # The usage exit code, beside 0 and 1 (``keeper.runtime.process_exit``): the same contract as the
 # rest of ``exo-deploy`` (see keeper.cli).
 EXIT_USAGE = 2  # the arguments cannot work (public address without a token, bad card file...)
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # Raised by ``prepare`` when the arguments cannot work: exit 2 before anything starts.
 USAGE_ERRORS = (InsecureBindError, ModelCardError, MasterStartError)
@@ -71,7 +70,7 @@ def run_service(command: str, prepare: Callable[[], Serve]) -> int:
 
     Returns the process exit code; ``command`` names the process in its messages
     (``exo-deploy master: ...``)."""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_service_logging()
     try:
         serve = prepare()
     except USAGE_ERRORS as exc:

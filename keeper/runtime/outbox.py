@@ -8,8 +8,10 @@ webhook's path is often its secret), rewritten through a temp file and a rename 
 delivery. A crash between a webhook's 2xx and that rewrite sends the notice again: hence the
 ids. Delivered lines are compacted away once they are as many as the live ones (and at least
 ``COMPACT_MIN_DEAD``), so the file holds at most twice the bound; past ``MAX_QUEUED_NOTICES``
-undelivered the oldest are dropped, per webhook, counted and logged. The delivering itself is
-``keeper.runtime.webhooks``; this module only keeps the queue.
+undelivered, or ``MAX_QUEUED_BYTES`` of them, the oldest are dropped, per webhook, counted and
+logged. The bytes are bounded as well as the count: what a notice holds comes from outside (a
+placement's reason, node names), and a count alone bounds nothing if each grew. The delivering
+itself is ``keeper.runtime.webhooks``; this module only keeps the queue.
 
 Nothing here raises for the disk: a write that fails is counted and logged once, and the
 notices stay in memory, to be delivered all the same.
@@ -39,11 +41,17 @@ log = logging.getLogger(__name__)
 # 10,000 is days of a cluster in trouble, and what is older than that is stale news: it is
 # dropped, oldest first, counted (``dropped_total``) and logged.
 MAX_QUEUED_NOTICES = 10_000
+# The most bytes of notices (their JSON bodies) kept undelivered: 10,000 notices of 1 KiB, the
+# size the count's bound was chosen for, so neither bound is reached long before the other.
+MAX_QUEUED_BYTES = 10 * 1024 * 1024
 # Delivered lines kept in the outbox before it is rewritten without them, at least: so a steady
 # trickle of notices does not rewrite the file on every delivery.
 COMPACT_MIN_DEAD = 1_000
 # How often a drop past the bound is logged again while drops go on (the first always is).
 DROP_LOG_EVERY = 1_000
+# The same in bytes: a few large notices delivered (or dropped) make the file worth rewriting
+# once they are as large as the live ones, but not for less than this.
+COMPACT_MIN_DEAD_BYTES = 1024 * 1024
 
 NOTICES_FILE = "notices.jsonl"
 CURSORS_FILE = "cursors.json"
@@ -91,14 +99,22 @@ class Outbox:
     only), and each webhook's place in them."""
 
     def __init__(
-        self, directory: Path | None, urls: Sequence[str], *, max_queued: int = MAX_QUEUED_NOTICES
+        self,
+        directory: Path | None,
+        urls: Sequence[str],
+        *,
+        max_queued: int = MAX_QUEUED_NOTICES,
+        max_bytes: int = MAX_QUEUED_BYTES,
     ) -> None:
         self.directory = directory
         self.urls = tuple(urls)
         self.max_queued = max_queued
+        self.max_bytes = max_bytes
         self._queued: deque[Queued] = deque()
+        self._queued_bytes = 0  # of the bodies in ``_queued``
         self._last_seq = 0
-        self._dead_lines = 0  # delivered lines still in the file
+        self._dead_lines = 0  # delivered (or dropped) lines still in the file
+        self._dead_bytes = 0  # their bodies' size
         # Each webhook's place and counters (its place is read from disk by ``open``).
         self.endpoints = {url: EndpointCounters(endpoint_label(url), 0) for url in self.urls}
         self.write_failures_total = 0
@@ -117,6 +133,7 @@ class Outbox:
             cursors = _read_cursors(self.directory / CURSORS_FILE)
             for item in _read_notices(self.directory / NOTICES_FILE):
                 self._queued.append(item)
+                self._queued_bytes += len(item.body)
                 self._last_seq = max(self._last_seq, item.seq)
         for url, counters in self.endpoints.items():
             counters.cursor = min(cursors.get(_key(url), self._last_seq), self._last_seq)
@@ -147,6 +164,7 @@ class Outbox:
             self._last_seq += 1
             items.append(Queued(self._last_seq, notice.id, notice_json(notice)))
         self._queued.extend(items)
+        self._queued_bytes += sum(len(item.body) for item in items)
         if self.directory is not None:
             self._write_lines(items)
         self._bound()
@@ -182,9 +200,21 @@ class Outbox:
             self._file = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         return self._file
 
+    def _byte_floor(self) -> int:
+        """The last seq to drop for the notices kept to be at most ``max_bytes``: 0 for none."""
+        excess = self._queued_bytes - self.max_bytes
+        floor = 0
+        for item in self._queued:  # the oldest first
+            if excess <= 0:
+                break
+            excess -= len(item.body)
+            floor = item.seq
+        return floor
+
     def _bound(self) -> None:
-        """Past ``max_queued`` notices undelivered to a webhook, its oldest are dropped."""
-        floor = self._last_seq - self.max_queued
+        """Past ``max_queued`` notices undelivered to a webhook, or ``max_bytes`` of them kept,
+        the oldest are dropped."""
+        floor = max(self._last_seq - self.max_queued, self._byte_floor())
         dropped = 0
         for counters in self.endpoints.values():
             if counters.cursor < floor:
@@ -194,14 +224,17 @@ class Outbox:
         if dropped:
             if self._dropped_since_log == 0 or self._dropped_since_log >= DROP_LOG_EVERY:
                 log.warning(
-                    "webhooks: outbox over %d undelivered notices: the oldest dropped "
-                    "(%d in all so far)",
+                    "webhooks: outbox over %d undelivered notices or %d bytes: the oldest "
+                    "dropped (%d in all so far)",
                     self.max_queued,
+                    self.max_bytes,
                     sum(c.dropped_total for c in self.endpoints.values()),
                 )
                 self._dropped_since_log = 0
             self._dropped_since_log += dropped
             self._forget_delivered()
+            if self.directory is not None and self._compact_due():
+                self._rewrite()
 
     # --- delivering ------------------------------------------------------------------------
 
@@ -227,7 +260,7 @@ class Outbox:
         self._forget_delivered()
         if self.directory is not None:
             self._write_cursors()
-            if self._dead_lines >= max(COMPACT_MIN_DEAD, len(self._queued)):
+            if self._compact_due():
                 self._rewrite()
 
     def pending(self, url: str) -> int:
@@ -237,11 +270,23 @@ class Outbox:
     def queued(self) -> int:
         return len(self._queued)
 
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
     def _forget_delivered(self) -> None:
         low = min((c.cursor for c in self.endpoints.values()), default=self._last_seq)
         while self._queued and self._queued[0].seq <= low:
-            self._queued.popleft()
+            size = len(self._queued.popleft().body)
+            self._queued_bytes -= size
             self._dead_lines += 1
+            self._dead_bytes += size
+
+    def _compact_due(self) -> bool:
+        """Whether the dead lines are as many, or as large, as the live ones (and not few)."""
+        lines = self._dead_lines >= max(COMPACT_MIN_DEAD, len(self._queued))
+        size = self._dead_bytes >= max(COMPACT_MIN_DEAD_BYTES, self._queued_bytes)
+        return lines or size
 
     def _rewrite(self) -> None:
         """The notices file with only the live lines (via a temp file and a rename)."""
@@ -254,6 +299,7 @@ class Outbox:
             return
         self.close()
         self._dead_lines = 0
+        self._dead_bytes = 0
 
     def _write_cursors(self) -> None:
         assert self.directory is not None

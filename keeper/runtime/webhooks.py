@@ -15,6 +15,10 @@ The shape, and why:
 - ``Webhooks.run``: one task per webhook, so a dead one (hanging, answering 500, resetting the
   connection) delays only its own queue. Its notices go in order, each retried with a backoff
   from 1 s doubling to 5 min; each POST has ``REQUEST_TIMEOUT_S`` to get an answer.
+- A webhook's answer is bounded (docs/design.md §6.9, "Bounded answers"): its status is what
+  counts, and at most ``MAX_ANSWER_BYTES`` of its body are read, as sent (``Accept-Encoding:
+  identity``, and never decoded), so a receiver answering gigabytes or a gzip bomb costs the
+  service 64 KiB. A redirect is not followed: it is the answer (a 3xx, so retried).
 - ``Webhooks.health`` (shown in ``/healthz``) is the counters' one accessor: a ``/metrics``
   exporter reads the same ``WebhooksHealth``.
 """
@@ -57,6 +61,14 @@ REQUEST_TIMEOUT_S = 10.0
 # that blips gets its notice a second later, one down for hours is asked every 5 min, not hammered.
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 300.0
+# The most of a webhook's answer that is read. Chat services answer a few bytes ("ok", a JSON
+# id); the body is read only so a small answer leaves the connection reusable and so
+# ``webhooks test`` can show its first line. A longer answer is cut there and the connection
+# closed: a receiver answering 1.5 GB must not cost the service 1.5 GB.
+MAX_ANSWER_BYTES = 64 * 1024
+# What every request to a webhook carries. ``identity``: the answer is sent as it is, never
+# compressed, so what is read is what arrived (a 1 MiB gzip body can inflate to 1 GiB).
+REQUEST_HEADERS = {"User-Agent": "exo-deploy", "Accept-Encoding": "identity"}
 
 MEMORY_FILE = "memory.json"
 OUTBOX_DIR = "webhooks"
@@ -239,11 +251,7 @@ class Webhooks:
             self.open()
         try:
             async with (
-                httpx.AsyncClient(
-                    transport=self.config.transport,
-                    timeout=self.config.request_timeout_s,
-                    headers={"User-Agent": "exo-deploy"},
-                ) as client,
+                webhook_client(self.config.request_timeout_s, self.config.transport) as client,
                 anyio.create_task_group() as group,
             ):
                 for url in self.config.urls:
@@ -309,24 +317,72 @@ class Webhooks:
         )
 
 
+def webhook_client(
+    timeout_s: float, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """The client every webhook request goes through: no redirect followed (a 3xx is the
+    answer: a webhook that moved is fixed by its operator, not chased), the answer asked for
+    uncompressed. A proxy from the environment is used: webhooks are often on the internet."""
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=timeout_s,
+        headers=REQUEST_HEADERS,
+        follow_redirects=False,
+    )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A webhook's answer: its status, and the first ``MAX_ANSWER_BYTES`` of its body as sent."""
+
+    status: int
+    start: bytes
+
+
+async def post_bounded(
+    client: httpx.AsyncClient, url: str, body: bytes, notice_id: str, timeout_s: float
+) -> Answer:
+    """POST ``body`` and read the answer's status and at most ``MAX_ANSWER_BYTES`` of it, within
+    ``timeout_s`` in all. Raises TimeoutError, httpx.HTTPError, httpx.StreamError or OSError."""
+    with anyio.fail_after(timeout_s):
+        async with client.stream(
+            "POST",
+            url,
+            content=body,
+            headers={"Content-Type": "application/json", "Idempotency-Key": notice_id},
+        ) as response:
+            if response.is_stream_consumed:  # a transport that read it whole (a test's mock)
+                return Answer(response.status_code, response.content[:MAX_ANSWER_BYTES])
+            start = bytearray()
+            # Raw: as sent, never inflated, whatever Content-Encoding the receiver claims.
+            async for chunk in response.aiter_raw():
+                start += chunk[: MAX_ANSWER_BYTES - len(start)]
+                if len(start) >= MAX_ANSWER_BYTES:
+                    break  # leaving the block closes the connection, unread
+            return Answer(response.status_code, bytes(start))
+
+
 async def post_notice(
     client: httpx.AsyncClient, url: str, body: bytes, notice_id: str, config: WebhookConfig
 ) -> str | None:
     """POST one notice; None when the webhook answered 2xx, else what went wrong, in words."""
     try:
-        with anyio.fail_after(config.request_timeout_s):
-            response = await client.post(
-                url,
-                content=body,
-                headers={"Content-Type": "application/json", "Idempotency-Key": notice_id},
-            )
+        answer = await post_bounded(client, url, body, notice_id, config.request_timeout_s)
     except TimeoutError:
         return f"no answer within {config.request_timeout_s:g} s"
-    except (httpx.HTTPError, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if 200 <= response.status_code < 300:
+    except (httpx.HTTPError, httpx.StreamError, OSError) as exc:
+        return _failure_words(exc)
+    if 200 <= answer.status < 300:
         return None
-    return f"answered {response.status_code}"
+    return f"answered {answer.status}"
+
+
+def _failure_words(exc: BaseException) -> str:
+    """Why a request failed, without its URL: httpx's messages can quote the request's URL, and
+    a webhook's path and query are its secret (docs/design.md §6.9)."""
+    if isinstance(exc, httpx.HTTPStatusError | httpx.InvalidURL):
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 # --- exo-deploy webhooks test ----------------------------------------------------------------
@@ -361,21 +417,17 @@ async def send_test(
     """POST the sample notice to each webhook, one after the other, and say what each answered."""
     notice = sample_notice(at)
     answers: list[TestAnswer] = []
-    async with httpx.AsyncClient(transport=transport, timeout=timeout_s) as client:
+    async with webhook_client(timeout_s, transport) as client:
         for url in urls:
             try:
-                with anyio.fail_after(timeout_s):
-                    response = await client.post(
-                        url,
-                        content=notice_json(notice),
-                        headers={"Content-Type": "application/json", "Idempotency-Key": notice.id},
-                    )
+                answer = await post_bounded(client, url, notice_json(notice), notice.id, timeout_s)
             except TimeoutError:
                 answers.append(TestAnswer(url, None, f"no answer within {timeout_s:g} s"))
                 continue
-            except (httpx.HTTPError, OSError) as exc:
-                answers.append(TestAnswer(url, None, f"{type(exc).__name__}: {exc}"))
+            except (httpx.HTTPError, httpx.StreamError, OSError) as exc:
+                answers.append(TestAnswer(url, None, _failure_words(exc)))
                 continue
-            first = response.text.strip().splitlines()[:1]
-            answers.append(TestAnswer(url, response.status_code, first[0][:200] if first else ""))
+            text = answer.start.decode("utf-8", errors="replace")
+            first = text.strip().splitlines()[:1]
+            answers.append(TestAnswer(url, answer.status, first[0][:200] if first else ""))
     return answers

@@ -113,6 +113,9 @@ def test_the_uvicorn_names_the_deadlines_rely_on_are_still_there() -> None:
     # Canary: the module docstring of keeper.httpapi.connection_deadlines names them; a uvicorn
     # that renames or drops one fails here, beside the behaviour tests above.
     assert callable(HttpToolsProtocol.on_response_complete)
+    # httptools' callbacks the head bound relies on (test_connection_bounds.py checks it works).
+    assert callable(HttpToolsProtocol.on_message_begin)
+    assert callable(HttpToolsProtocol.on_headers_complete)
     assert "on_response=self.on_response_complete" in inspect.getsource(HttpToolsProtocol)
     assert "self.cycle" in inspect.getsource(HttpToolsProtocol.__init__)
     assert "self.response_complete = False" in inspect.getsource(RequestResponseCycle.__init__)

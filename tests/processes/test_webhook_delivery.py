@@ -1,8 +1,8 @@
 """Alert webhook delivery (``keeper.runtime.webhooks``) against a receiver on a real socket: a
 receiver down for a while gets every notice once it is up, in order, each id once; the outbox
 survives a restart; a hanging, failing or resetting webhook delays only its own queue; the
-outbox keeps at most 10,000 notices and counts what it dropped. Real time (asyncio), with the
-backoff shortened so retries come in tenths of a second."""
+outbox keeps at most 10,000 notices, or 10 MiB of them, and counts what it dropped. Real time
+(asyncio), with the backoff shortened so retries come in tenths of a second."""
 
 from __future__ import annotations
 
@@ -20,7 +20,14 @@ from webhook_receiver import Receiver
 
 from keeper.model.api_models import WebhookEndpointHealth
 from keeper.model.notices import DrainFinished
-from keeper.runtime.outbox import MAX_QUEUED_NOTICES, NOTICES_FILE, Outbox, endpoint_label
+from keeper.runtime.outbox import (
+    MAX_QUEUED_BYTES,
+    MAX_QUEUED_NOTICES,
+    NOTICES_FILE,
+    Outbox,
+    endpoint_label,
+    notice_json,
+)
 from keeper.runtime.webhooks import OUTBOX_DIR, WebhookConfig, Webhooks
 
 WITHIN_S = 20.0
@@ -190,6 +197,34 @@ def test_the_outbox_keeps_the_newest_10000_notices_and_counts_and_logs_the_dropp
     first = again.next_for(url)
     assert first is not None and first.notice_id == notice(500).id
     assert path.read_bytes().count(b"\n") == MAX_QUEUED_NOTICES  # compacted at the start
+    again.close()
+
+
+def test_the_outbox_keeps_at_most_10_mib_of_notices_however_large_each_is(
+    tmp_path: Path,
+) -> None:
+    """Notices of 100 KiB each (a node's name, a placement's reason: what a notice holds is
+    given to the service): the count's bound alone would keep 10,000 of them, 1 GB."""
+    url = "http://127.0.0.1:9/never"
+    outbox = Outbox(tmp_path / OUTBOX_DIR, [url])
+    outbox.open()
+    big = [
+        DrainFinished(id=f"d:{n}", at="t", text="x" * 100_000, node=f"n{n}", started="s")
+        for n in range(300)
+    ]
+    for start in range(0, len(big), 50):
+        outbox.append(big[start : start + 50])
+    kept = outbox.pending(url)
+    each = len(notice_json(big[0]))
+    assert kept == MAX_QUEUED_BYTES // each  # the newest that fit
+    assert outbox.endpoints[url].dropped_total == len(big) - kept
+    item = outbox.next_for(url)
+    assert item is not None and item.notice_id == big[len(big) - kept].id
+    assert (tmp_path / OUTBOX_DIR / NOTICES_FILE).stat().st_size < 2 * MAX_QUEUED_BYTES + each
+    outbox.close()
+    again = Outbox(tmp_path / OUTBOX_DIR, [url])
+    again.open()
+    assert again.pending(url) == kept
     again.close()
 
 

@@ -1,6 +1,8 @@
 """Alert webhooks of a real ``exo-deploy master`` process: while its webhook hangs, the API
 answers and the notices wait in the outbox; stopped and started again, the master delivers them
-to the webhook once it answers, each id once. And ``exo-deploy webhooks test``'s exit codes.
+to the webhook once it answers, each id once, and its log never names the webhook's secret path
+or query (httpx's request lines are held back, docs/design.md §6.9). And ``exo-deploy webhooks
+test``'s exit codes.
 
 The notices come from a deployment no node can hold (there are none): after the master's real
 15 s startup grace the keeper tries, placement says why not, and the deployment is
@@ -20,7 +22,7 @@ import httpx
 import pytest
 from model_ids import QWEN as MODEL
 from process_helpers import free_port, get_json, run_cli, start_cli, stop, wait_for
-from webhook_receiver import Receiver
+from webhook_receiver import SECRET_PATH, SECRET_QUERY, Receiver
 
 pytestmark = pytest.mark.e2e
 
@@ -97,6 +99,9 @@ def test_a_master_keeps_its_api_while_its_webhook_hangs_and_delivers_after_a_res
     (cant,) = [r.body for r in receiver.received if r.body["kind"] == "cant_place"]
     assert cant["model_id"] == MODEL
     assert cant["text"].startswith(f"exo-deploy: {MODEL} cannot be placed")
+    logged = log.read_text()
+    assert f"127.0.0.1:{receiver.port}" in logged  # the webhook is named: by its host and port
+    assert SECRET_PATH not in logged and SECRET_QUERY not in logged
 
 
 def test_webhooks_test_says_what_each_answered_and_exits_by_the_worst(tmp_path: Path) -> None:

@@ -187,3 +187,27 @@ def test_the_help_says_a_token_on_the_command_line_shows_in_ps(
         assert code == EXIT_OK
         assert "--token-file PATH" in out
         assert "see it in ps" in out, command
+
+
+def test_the_help_says_each_webhook_is_sent_every_notice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Several webhooks are not fallbacks tried in order: each gets every notice."""
+    for command in ("master", "bridge", "cluster"):
+        code, out, _ = run_cli(capsys, command, "--help")
+        out = " ".join(out.split())
+        assert code == EXIT_OK
+        assert "repeat for several: each is sent every notice" in out, command
+        assert "in order" not in out.split("--webhook URL")[-1], command
+
+
+def test_a_node_whose_key_file_others_can_read_exits_2_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    key_file = tmp_path / "node.key"
+    key_file.write_text("11" * 32 + "\n")
+    key_file.chmod(0o644)
+    argv = ["node", "--master", "http://127.0.0.1:9", "--key-file", str(key_file)]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == EXIT_USAGE
+    assert f"node key file {key_file} is open to group or others (mode 0644)" in err

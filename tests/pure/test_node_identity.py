@@ -82,3 +82,21 @@ def test_the_default_key_file_is_per_name_in_the_state_dir(
 def test_a_name_that_is_no_file_name_asks_for_a_key_file(name: str) -> None:
     with pytest.raises(KeyFileError, match="--key-file"):
         default_key_file(name)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o602, 0o644, 0o666])
+def test_a_key_file_open_to_group_or_others_is_refused_naming_file_and_mode(
+    tmp_path: Path, mode: int
+) -> None:
+    """As ssh refuses a private key others can read: the key is the node's identity."""
+    path = tmp_path / "node.key"
+    made = load_or_create_key(path)
+    path.chmod(mode)
+    with pytest.raises(KeyFileError) as refused:
+        load_or_create_key(path)
+    assert str(refused.value) == (
+        f"node key file {path} is open to group or others (mode {mode:04o}); it must be the "
+        f"owner's alone: chmod 600 {path}"
+    )
+    path.chmod(0o400)  # the owner's alone, even read-only: fine
+    assert load_or_create_key(path).node_id == made.node_id

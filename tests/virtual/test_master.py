@@ -752,3 +752,22 @@ async def test_a_node_flooding_reports_is_logged_at_a_bounded_rate() -> None:
         assert len(logged) <= 2 + elapsed / REPORT_INTERVAL_S
         assert len(logged) <= 5
         group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_nodes_strings_are_capped_before_the_state_and_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A friendly name of 100,000 characters (the frame holds it) is 64 in the State and the
+    log; the node's other strings are at most 512 (keeper.model.node_strings)."""
+    caplog.set_level(logging.INFO)
+    master = Master(None)
+    node = FakeNode("n" * 100_000)
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        await connect(master, group, node)
+        await wait_until(lambda: node.node_id in master.state.node_identities, 1, "its info")
+        group.cancel_scope.cancel()
+    name = master.state.node_identities[node.node_id].friendly_name
+    assert name == "n" * 63 + "…"
+    assert "n" * 513 not in caplog.text
