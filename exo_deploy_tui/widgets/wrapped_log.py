@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from rich.segment import Segment
 from rich.text import Text
 from textual import events
 from textual.geometry import Size
@@ -45,10 +44,10 @@ class WrappedLog(ScrollView, can_focus=True):
     def __init__(self, *, max_lines: int, id: str | None = None) -> None:
         super().__init__(id=id)
         self._texts: deque[Text] = deque(maxlen=max_lines)
-        # Each kept line's rows at ``_width``, oldest first; ``_width`` 0: not wrapped yet (the
-        # log was hidden when lines arrived), wrapped again at the next width it is drawn with.
+        # The rows of the oldest ``len(_rows)`` kept lines, wrapped at ``_width``; the lines
+        # after them arrived while the log was hidden and are wrapped when it is next drawn.
         self._rows: deque[list[Strip]] = deque()
-        self._strips: list[Strip] = []
+        self._strips: list[Strip] = []  # the rows, flat, as drawn
         self._width = 0
         self._following = True
 
@@ -59,7 +58,7 @@ class WrappedLog(ScrollView, can_focus=True):
 
     @property
     def lines(self) -> tuple[Strip, ...]:
-        """The rows drawn: every kept line wrapped at the width the log is drawn with."""
+        """The rows drawn: the kept lines wrapped at the width the log is drawn with."""
         return tuple(self._strips)
 
     def _drawn_width(self) -> int:
@@ -67,9 +66,25 @@ class WrappedLog(ScrollView, can_focus=True):
         return self.scrollable_content_region.width
 
     def _wrap(self, text: Text, width: int) -> list[Strip]:
+        # Text.wrap and Text.render rather than Console.render: the same rows, and two to four
+        # times faster (most lines fit and need no wrapping at all), which a re-wrap of every
+        # kept line on a resize adds up.
         console = self.app.console
-        segments = console.render(text, console.options.update_width(width))
-        return Strip.from_lines(list(Segment.split_lines(segments))) or [Strip.blank(width)]
+        if text.cell_len <= width:
+            return [Strip(list(text.render(console, "")), text.cell_len)]
+        lines = text.wrap(console, width)
+        return [Strip(list(line.render(console, "")), line.cell_len) for line in lines] or [
+            Strip.blank(width)
+        ]
+
+    def _wrap_waiting(self, width: int) -> bool:
+        """Wrap the lines not wrapped yet (``_rows`` is a prefix of the lines); whether any was."""
+        waiting = list(self._texts)[len(self._rows) :]
+        for text in waiting:
+            rows = self._wrap(text, width)
+            self._rows.append(rows)
+            self._strips.extend(rows)
+        return bool(waiting)
 
     def append(self, texts: Iterable[Text]) -> None:
         """Add lines at the end, dropping the oldest past ``max_lines``."""
@@ -79,37 +94,35 @@ class WrappedLog(ScrollView, can_focus=True):
         limit = self._texts.maxlen or len(new)
         dropped = max(0, len(self._texts) + len(new) - limit)
         self._texts.extend(new)
-        width = self._drawn_width()
-        if not width or width != self._width:
-            # Hidden, or drawn at another width than the rows were made for: all of them are
-            # wrapped when it is next drawn (``on_resize``, ``on_show``).
-            self._width = 0
-            return
+        # The oldest lines go with their rows; what they leave is still a prefix of the lines.
         dropped_rows = 0
         for _ in range(min(dropped, len(self._rows))):
             dropped_rows += len(self._rows.popleft())
         del self._strips[:dropped_rows]
-        for text in new[max(0, len(new) - limit) :]:
-            rows = self._wrap(text, width)
-            self._rows.append(rows)
-            self._strips.extend(rows)
-        self._laid_out(top=None if self._following else max(0, self.scroll_offset.y - dropped_rows))
+        width = self._drawn_width()
+        # Hidden, or drawn at another width than the rows were made for: the new lines wait
+        # for the next time it is drawn (``_rewrap``: ``on_resize``, ``on_show``).
+        wrapped = bool(width) and width == self._width and self._wrap_waiting(width)
+        if wrapped or dropped_rows:
+            top = None if self._following else max(0, self.scroll_offset.y - dropped_rows)
+            self._laid_out(top=top)
 
     def _rewrap(self) -> None:
+        """Drawn at ``width``: the lines that waited are wrapped, and every line again if the
+        width is not the one the rows were made for."""
         width = self._drawn_width()
-        if not width or width == self._width:
+        if not width or (width == self._width and len(self._rows) == len(self._texts)):
             return
         top = None if self._following else self._line_at_top()
-        self._width = width
-        self._rows = deque(self._wrap(text, width) for text in self._texts)
-        self._strips = [strip for rows in self._rows for strip in rows]
+        if width != self._width:
+            self._width = width
+            self._rows.clear()
+            self._strips.clear()
+        self._wrap_waiting(width)
         self._laid_out(top=None if top is None else self._first_row_of(top))
 
     def _line_at_top(self) -> int:
-        """The kept line whose rows include the top row shown (counted from the oldest kept);
-        0 if the rows are not made at all."""
-        if not self._width:
-            return 0
+        """The kept line whose rows include the top row shown (counted from the oldest kept)."""
         row = 0
         for index, rows in enumerate(self._rows):
             row += len(rows)
