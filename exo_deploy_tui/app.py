@@ -275,10 +275,12 @@ class DashboardApp(App[None]):
             # The app is closing: a frame or tick that came due while its screens were being
             # taken down has nothing left to draw on.
             return
-        self.dashboard.render_model()
-        top = self.screen
-        if top is not self.dashboard and isinstance(top, ModelScreen):
-            top.render_model()
+        # Every screen drawn from the model, not only the top one: a dialog shows the screen
+        # under it (describe under its delete confirm), and that screen, left as it was when
+        # the dialog opened, would show a stale cluster there and after the dialog closes.
+        for screen in self.screen_stack:
+            if isinstance(screen, ModelScreen):
+                screen.render_model()
 
     # -- what the screens ask for -------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """``exo-deploy-tui``: the operator dashboard's command line.
 
     exo-deploy-tui [--url URL] [--token-file PATH | --token T] [--demo] [--readonly] [--no-mouse]
+    exo-deploy-tui --version
 
 Bad arguments get one clear line and exit status 2, never a traceback. ``--demo`` starts an
 embedded cluster (``keeper.cluster.demo``) in this process and connects to it over HTTP, as to any
@@ -21,6 +22,7 @@ from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.client import DEFAULT_URL, MasterClient
 from exo_deploy_tui.faults import FaultInjector
 from keeper.client.token_options import add_token_options
+from keeper.client.version_option import add_version_option
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--readonly", action="store_true", help="hide and refuse create and delete")
     parser.add_argument("--no-mouse", action="store_true", help="do not capture the mouse")
+    add_version_option(parser)
     return parser
 
 

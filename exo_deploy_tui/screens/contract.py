@@ -49,7 +49,8 @@ class DashboardView:
 
 class ModelScreen(Screen[None]):
     """A screen drawn from the model: the app calls ``render_model`` after every frame while
-    the screen is on top, and every second for the countdowns."""
+    the screen is on the stack (a dialog over it shows it), and every second for the
+    countdowns."""
 
     def __init__(self, source: ClusterSource) -> None:
         super().__init__()

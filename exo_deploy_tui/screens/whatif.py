@@ -2,9 +2,11 @@
 operator reboots it.
 
 The master's (or the bridge's) answer to ``GET /whatif`` (``WhatIfResponse``), as the app
-received it, per deployment in the keeper's placement order: it stays, moves (from which nodes
-to which, and whether the model is on disk there), loses a replica (how many are left of how
-many) or cannot be placed, with the keeper's reason for what it could not place. Every line is
+received it, per deployment in the keeper's placement order, in the words
+``keeper.model.whatif_words`` makes for ``exo-deploy whatif`` too: unaffected, moves (from which
+nodes to which, and whether the model is on disk there), loses a replica (how many are left of
+how many), cannot be placed, or still cannot be placed (it has no instance now), with the
+keeper's reason for what it could not place. Every line is
 wrapped to the dialog's width, so the answer reads whole at 80 columns; a long one scrolls.
 The screen only shows what it was handed (it asks nothing itself) and changes nothing;
 Escape closes it.
@@ -24,12 +26,14 @@ from textual.widgets import Footer, Static
 
 from exo_deploy_tui.cells import DRAINING_SYMBOL
 from exo_deploy_tui.format import short_model, truncate
-from keeper.model.api_models import (
-    WhatIfDeployment,
-    WhatIfNode,
-    WhatIfOutcome,
-    WhatIfPlacement,
-    WhatIfResponse,
+from keeper.model.api_models import WhatIfDeployment, WhatIfResponse
+from keeper.model.whatif_words import (
+    Verdict,
+    node_names,
+    outcome_words,
+    places_words,
+    verdict,
+    why_words,
 )
 
 # The text's width: the dialog (78 columns at 80) less its border and padding.
@@ -39,44 +43,18 @@ INDENT = "    "
 # Room for the model on its line, leaving the outcome some beside it.
 MODEL_WIDTH = 34
 
-# Each outcome's symbol and colour, as the statuses have theirs.
-OUTCOME_MARK: dict[WhatIfOutcome, tuple[str, str]] = {
-    "stays": ("●", "green"),
+# Each verdict's symbol and colour, as the statuses have theirs.
+VERDICT_MARK: dict[Verdict, tuple[str, str]] = {
+    "unaffected": ("●", "green"),
     "moves": (DRAINING_SYMBOL, "magenta"),
     "loses_replica": ("!", "yellow"),
     "cannot_place": ("✖", "red"),
+    "still_cannot_place": ("✖", "red"),
 }
-
-
-def _names(nodes: list[WhatIfNode]) -> str:
-    """An instance's nodes: ``a+b``."""
-    return "+".join(node.name for node in nodes)
-
-
-def _places(placed: list[WhatIfPlacement]) -> str:
-    return ", ".join(
-        f"{_names(p.nodes)} ({'on disk' if p.model_on_disk else 'downloads first'})" for p in placed
-    )
 
 
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'s' if count != 1 else ''}"
-
-
-def outcome_words(deployment: WhatIfDeployment) -> str:
-    """What happens to the deployment, in a phrase: ``moves from mini-a to mini-b (on
-    disk)``, ``loses a replica: 1 of 2 left``."""
-    left = f"{deployment.after} of {deployment.replicas} left"
-    lost = ", ".join(_names(i.nodes) for i in deployment.lost)
-    if deployment.outcome == "stays":
-        return "stays"
-    if deployment.outcome == "moves":
-        return f"moves from {lost or 'the node'} to {_places(deployment.placed)}"
-    if deployment.outcome == "loses_replica":
-        gone = max(deployment.before - deployment.after, 1)
-        replicas = "a replica" if gone == 1 else f"{gone} replicas"
-        return f"loses {replicas}: {left}"
-    return f"cannot be placed: {left}"
 
 
 def _hanging(first: int, words: str, width: int, indent: str) -> list[str]:
@@ -98,25 +76,34 @@ def _details(deployment: WhatIfDeployment, width: int) -> list[tuple[str, str]]:
     details: list[tuple[str, str]] = []
     if deployment.outcome in ("loses_replica", "cannot_place"):
         if deployment.lost:
-            details.append(("was on:", ", ".join(_names(i.nodes) for i in deployment.lost)))
+            details.append(("was on:", ", ".join(node_names(i.nodes) for i in deployment.lost)))
         if deployment.placed:
-            details.append(("goes to:", _places(deployment.placed)))
-    if deployment.reason is not None:
-        details.append(("why:", deployment.reason))
+            details.append(("goes to:", places_words(deployment.placed)))
+    why = why_words(deployment)
+    if why is not None:
+        details.append(("why:", why))
     return details
 
 
+# The summary's words for each verdict's count, in the order it lists them.
+SUMMARY_WORDS: dict[Verdict, str] = {
+    "moves": "moving",
+    "loses_replica": "short",
+    "cannot_place": "not placed",
+    "still_cannot_place": "still not placed",
+    "unaffected": "unaffected",
+}
+
+
 def _summary(answer: WhatIfResponse) -> str:
-    counts: dict[WhatIfOutcome, int] = {}
+    counts: dict[Verdict, int] = {}
     for deployment in answer.deployments:
-        counts[deployment.outcome] = counts.get(deployment.outcome, 0) + 1
-    words: dict[WhatIfOutcome, str] = {
-        "moves": f"{counts.get('moves', 0)} moving",
-        "loses_replica": f"{counts.get('loses_replica', 0)} short",
-        "cannot_place": f"{counts.get('cannot_place', 0)} not placed",
-        "stays": f"{counts.get('stays', 0)} staying",
-    }
-    return ", ".join(text for outcome, text in words.items() if counts.get(outcome))
+        said = verdict(deployment)
+        counts[said] = counts.get(said, 0) + 1
+    # A no-break space in each count: a wrapped summary never leaves a number without its word.
+    return ", ".join(
+        f"{counts[said]}\u00a0{word}" for said, word in SUMMARY_WORDS.items() if said in counts
+    )
 
 
 def whatif_text(answer: WhatIfResponse, width: int = WHATIF_WIDTH) -> Text:
@@ -133,13 +120,14 @@ def whatif_text(answer: WhatIfResponse, width: int = WHATIF_WIDTH) -> Text:
     lines.append(Text(f"{count}, highest priority first; asking changes nothing.", style="dim"))
     lines.append(Text())
     for deployment in deployments:
-        symbol, style = OUTCOME_MARK[deployment.outcome]
+        said = verdict(deployment)
+        symbol, style = VERDICT_MARK[said]
         model = truncate(short_model(deployment.model_id), MODEL_WIDTH)
         words = _hanging(len(model) + 4, outcome_words(deployment), width, INDENT)
         first = Text()
         first.append(f"{symbol} ", style=f"bold {style}")
         first.append(model, style="bold")
-        first.append(f"  {words[0]}", style="dim" if deployment.outcome == "stays" else style)
+        first.append(f"  {words[0]}", style="dim" if said == "unaffected" else style)
         lines.append(first)
         lines += [Text(line, style=style) for line in words[1:]]
         for label, detail in _details(deployment, width):

@@ -14,7 +14,7 @@ from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.message import Message
-from textual.widgets import RichLog, Static
+from textual.widgets import Static
 
 from exo_deploy_tui.cells import (
     deployment_cells,
@@ -33,6 +33,7 @@ from exo_deploy_tui.format import short_model
 from exo_deploy_tui.model import Connection, DeploymentRow, InstanceRow, NodeRow, Summary
 from exo_deploy_tui.timeline import Timeline
 from exo_deploy_tui.widgets.table import Column, KeyedTable
+from exo_deploy_tui.widgets.wrapped_log import WrappedLog
 from keeper.model.api_models import ServiceHealthView
 
 
@@ -122,7 +123,9 @@ class SizedTable(KeyedTable):
             self.post_message(self.ColumnsChanged())
 
     def on_resize(self, event: events.Resize) -> None:
-        self.relayout(event.size.width)
+        # The content's width, not the event's: that is the widget's outer size, two columns
+        # wider than the rows have in the wide layout's bordered panels.
+        self.relayout()
 
 
 class DeploymentsTable(SizedTable):
@@ -233,31 +236,21 @@ class DetailStrip(TextLine):
         self.show_text(detail_text(row, width, self.LINES, has_deployments_api=has_deployments_api))
 
 
-# Lines the timeline panel keeps: hours of a busy cluster's story; each line is a rendered Strip,
-# so keeping the whole model timeline (1 000 entries) here would only weigh on memory and GC.
+# Entries the timeline panel keeps: hours of a busy cluster's story; each is kept with its
+# wrapped rows, so keeping the whole model timeline (1 000 entries) here would only weigh on
+# memory and GC.
 TIMELINE_LINES_SHOWN = 500
 
 
-class TimelineView(RichLog):
-    """The timeline, appended to as it grows; never rewritten."""
+class TimelineView(WrappedLog):
+    """The timeline, appended to as it grows; each entry wrapped at the width it is drawn with
+    (``WrappedLog``), so what arrived while the tab was hidden reads whole when shown."""
 
     def __init__(self, *, id: str | None = None) -> None:
-        # min_width=1: wrap at the panel's own width. RichLog's default (78) is wider than the
-        # panel beside the instances, which cut the end off every long line there.
-        super().__init__(
-            id=id,
-            wrap=True,
-            markup=False,
-            highlight=False,
-            max_lines=TIMELINE_LINES_SHOWN,
-            min_width=1,
-        )
+        super().__init__(id=id, max_lines=TIMELINE_LINES_SHOWN)
         self._appended = 0
 
     def show(self, timeline: Timeline) -> None:
         new = timeline.since(self._appended)
         self._appended = timeline.appended
-        if new:
-            # One write for the whole batch: a recovery adds hundreds of entries at once, and
-            # each write renders and wraps on its own.
-            self.write(Text("\n").join(timeline_line(entry) for entry in new))
+        self.append(timeline_line(entry) for entry in new)

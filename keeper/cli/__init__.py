@@ -37,6 +37,7 @@ from keeper.cli.deployments import (
 from keeper.cli.nodes import add_node_commands
 from keeper.cli.webhooks import add_webhooks_command
 from keeper.cli.whatif import add_whatif_command
+from keeper.client.version_option import add_version_option
 from keeper.cluster.local import exit_with_parent, run_cluster
 from keeper.exo_standin.app import STANDIN_API
 from keeper.httpapi.serving import MasterStartError
@@ -294,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP,
         formatter_class=formatter,
     )
+    add_version_option(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_: str, **kwargs: Any) -> argparse.ArgumentParser:

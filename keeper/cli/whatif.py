@@ -2,8 +2,9 @@
 
 One request (``GET /whatif``, ``keeper.client.whatif``) to a master or a bridge, and its answer
 as an operator reads it before rebooting a machine: per deployment, its model, what happens to
-it and how many of its replicas are left (LEFT), then where its lost instances would go, or why they
-cannot, each line within 80 columns. ``--json`` prints the answer as the service sent it. The
+it (in the words ``keeper.model.whatif_words`` makes for the TUI too) and how many of its
+replicas are left (LEFT), then where its lost instances would go, or why they cannot, each line
+within 80 columns. ``--json`` prints the answer as the service sent it. The
 exit codes are every deployments command's (``keeper.cli.deployments``): an unknown node is
 the service's refusal, exit 1.
 """
@@ -18,24 +19,14 @@ from collections.abc import Callable
 from keeper.cli.deployments import EXIT_CODES_HELP, EXIT_OK, call_master, client_options
 from keeper.client.whatif import what_if
 from keeper.core.whatif import node_list
-from keeper.model.api_models import WhatIfDeployment, WhatIfNode, WhatIfResponse
+from keeper.model.api_models import WhatIfDeployment, WhatIfResponse
+from keeper.model.whatif_words import VERDICT_LABELS, node_names, places_words, verdict
 
 # The terminal an operator may read this on over SSH: every line fits it.
 WIDTH = 80
 # The model column: the longest model ids run past 40 characters, cut there to leave room.
 MODEL_COLUMN = 40
 INDENT = "  "
-OUTCOME_WORDS = {
-    "stays": "stays",
-    "moves": "moves",
-    "loses_replica": "loses replica",
-    "cannot_place": "cannot place",
-}
-
-
-def _names(nodes: list[WhatIfNode]) -> str:
-    """An instance's nodes: ``a+b``."""
-    return "+".join(node.name for node in nodes)
 
 
 def _cut(text: str, width: int) -> str:
@@ -55,13 +46,9 @@ def _wrapped(label: str, text: str) -> list[str]:
 def _details(deployment: WhatIfDeployment) -> list[str]:
     lines: list[str] = []
     if deployment.lost:
-        lines += _wrapped("was on:", ", ".join(_names(i.nodes) for i in deployment.lost))
+        lines += _wrapped("was on:", ", ".join(node_names(i.nodes) for i in deployment.lost))
     if deployment.placed:
-        places = [
-            f"{_names(p.nodes)} ({'on disk' if p.model_on_disk else 'downloads first'})"
-            for p in deployment.placed
-        ]
-        lines += _wrapped("goes to:", ", ".join(places))
+        lines += _wrapped("goes to:", places_words(deployment.placed))
     if deployment.reason is not None:
         lines += _wrapped("why:", deployment.reason)
     return lines
@@ -75,7 +62,8 @@ def format_whatif(answer: WhatIfResponse) -> str:
         return "\n".join([*textwrap.wrap(header, WIDTH), "no deployments: nothing to move"])
     models = [_cut(d.model_id, MODEL_COLUMN) for d in answer.deployments]
     width = max(len("MODEL"), *(len(model) for model in models))
-    outcome_width = max(len(word) for word in OUTCOME_WORDS.values())
+    # As wide as the longest words any answer may hold, so the table keeps its shape.
+    outcome_width = max(len(label) for label in VERDICT_LABELS.values())
 
     def row(model: str, outcome: str, left: str) -> str:
         return f"{model.ljust(width)}  {outcome.ljust(outcome_width)}  {left}".rstrip()
@@ -83,7 +71,7 @@ def format_whatif(answer: WhatIfResponse) -> str:
     lines = [*textwrap.wrap(header, WIDTH), row("MODEL", "OUTCOME", "LEFT")]
     for model, deployment in zip(models, answer.deployments, strict=True):
         left = f"{deployment.after} of {deployment.replicas}"
-        lines.append(row(model, OUTCOME_WORDS[deployment.outcome], left))
+        lines.append(row(model, VERDICT_LABELS[verdict(deployment)], left))
         lines += _details(deployment)
     return "\n".join(lines)
 

@@ -76,8 +76,8 @@ def test_whatif_prints_where_the_lost_node_s_instance_goes(
     assert (code, err) == (EXIT_OK, "")
     assert out.splitlines() == [
         f"If {serving} went now:",
-        "MODEL                          OUTCOME        LEFT",
-        f"{QWEN}  moves          1 of 1",
+        "MODEL                          OUTCOME                 LEFT",
+        f"{QWEN}  moves                   1 of 1",
         f"  was on: {serving}",
         f"  goes to: {other} (downloads first)",
     ]

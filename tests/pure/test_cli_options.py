@@ -3,10 +3,12 @@
 ``$EXO_DEPLOY_TOKEN`` or ``--token`` (keeper.client.token_options), the TUI's included. Each is
 refused with exit 2 and a message naming the problem when bad, and passed on to the process entry
 (``run_master``, ``run_bridge``, stubbed here). A real process reading its token from a file is
-tests/processes/test_token_file.py."""
+tests/processes/test_token_file.py. And ``--version`` on both commands."""
 
 from __future__ import annotations
 
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +18,12 @@ from exo_deploy_tui.cli import _parser as tui_parser  # pyright: ignore[reportPr
 from exo_deploy_tui.cli import main as tui_main
 from keeper import cli
 from keeper.cli import EXIT_OK, EXIT_USAGE, build_parser, main
+from keeper.client import version_option
 from keeper.client.token_options import MAX_TOKEN_FILE_BYTES, TOKEN_ENV
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 
 SERVICES = (["master"], ["bridge", "--exo", "http://127.0.0.1:52415"])
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -211,3 +215,24 @@ def test_a_node_whose_key_file_others_can_read_exits_2_naming_it(
     code, _, err = run_cli(capsys, *argv)
     assert code == EXIT_USAGE
     assert f"node key file {key_file} is open to group or others (mode 0644)" in err
+
+
+@pytest.mark.parametrize(("command", "run"), [("exo-deploy", main), ("exo-deploy-tui", tui_main)])
+def test_version_is_the_installed_package_s(
+    command: str, run: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--version`` says the version pip installed (the package's metadata, pyproject's), and
+    exits 0 before anything starts (the TUI does not ask for a terminal)."""
+    with pytest.raises(SystemExit) as exited:
+        run(["--version"])
+    assert exited.value.code == EXIT_OK
+    assert capsys.readouterr().out == f"{command} {version('exo-deploy')}\n"
+    assert version("exo-deploy") == tomllib.loads(PYPROJECT.read_text())["project"]["version"]
+
+
+def test_version_without_the_package_installed_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_installed(name: str) -> str:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(version_option, "version", not_installed)
+    assert version_option.package_version() == "unknown (exo-deploy is not installed)"

@@ -1,6 +1,7 @@
 """The table ``exo-deploy whatif`` prints (``keeper.cli.whatif.format_whatif``): every outcome
-said, where each lost instance goes or why it cannot, and no line past 80 columns, on a made-up
-answer (the command against a real master is tests/processes/test_cli_whatif.py's)."""
+said in ``keeper.model.whatif_words``'s words, where each lost instance goes or why it cannot,
+and no line past 80 columns, on a made-up answer (the command against a real master is
+tests/processes/test_cli_whatif.py's)."""
 
 from __future__ import annotations
 
@@ -69,15 +70,29 @@ def test_the_table_says_every_outcome_within_80_columns() -> None:
                 placed=[],
                 reason="No cycles found with sufficient memory",
             ),
+            # None of its instances on the nodes, because it has none: not placed before the
+            # loss, and not after.
+            WhatIfDeployment(
+                deployment_id="d5",
+                model_id="m/unplaced",
+                outcome="stays",
+                replicas=1,
+                before=0,
+                after=0,
+                lost=[],
+                placed=[],
+                reason="No cycles found with sufficient memory",
+            ),
         ],
     )
     lines = format_whatif(answer).splitlines()
     assert all(len(line) <= WIDTH for line in lines), lines
+    # The OUTCOME column as wide as its longest words, "still cannot be placed".
     assert lines[:2] == [
         "If studio-0, mini went now:",
-        "MODEL                                     OUTCOME        LEFT",
+        "MODEL                                     OUTCOME                 LEFT",
     ]
-    assert lines[2] == "m/stays                                   stays          1 of 1"
+    assert lines[2] == "m/stays                                   unaffected              1 of 1"
     assert lines[3].startswith("mlx-community/Llama-3.3-70B-Instruct-...  moves")
     assert lines[4:6] == ["  was on: mini+studio-0", "  goes to: studio-5 (on disk)"]
     assert lines[6].split() == ["m/loses", "loses", "replica", "2", "of", "3"]
@@ -85,6 +100,10 @@ def test_the_table_says_every_outcome_within_80_columns() -> None:
     why = " ".join(line.strip() for line in lines[8:10])
     assert why == f"why: {reason}"
     assert lines[10].split() == ["m/cannot", "cannot", "place", "0", "of", "1"]
-    assert lines[-1] == "  why: No cycles found with sufficient memory"
+    assert lines[11:13] == ["  was on: studio-0", "  why: No cycles found with sufficient memory"]
+    assert lines[13:] == [
+        "m/unplaced                                still cannot be placed  0 of 1",
+        "  why: No cycles found with sufficient memory",
+    ]
     empty = WhatIfResponse(nodes=[node("mini")], deployments=[])
     assert format_whatif(empty) == "If mini went now:\nno deployments: nothing to move"

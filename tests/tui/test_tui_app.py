@@ -630,6 +630,20 @@ async def test_describe_stays_live_and_says_when_the_deployment_is_gone() -> Non
 
 
 @pytest.mark.anyio
+async def test_describe_under_a_dialog_stays_live() -> None:
+    """Describe with its delete confirm over it (describe still shows behind it): what arrives
+    meanwhile is drawn on describe, not left until the dialog closes and the clock ticks."""
+    app, client = make_app()
+    async with running(app) as pilot:
+        describe = await press_to(pilot, "enter", screen=DescribeScreen)
+        body = describe.query_one("#describe-body")
+        await press_to(pilot, "ctrl+d", screen=ConfirmDeleteScreen)
+        client.push(SnapshotUpdate(ClusterBuilder().node("studio").state, None))
+        await until(pilot, lambda: "DeepSeek-V3.1-4bit is gone" in str(body.render()))
+        assert isinstance(app.screen, ConfirmDeleteScreen)
+
+
+@pytest.mark.anyio
 async def test_countdowns_tick_without_refetching() -> None:
     clock = Clock()
     app, _ = make_app(clock=clock)

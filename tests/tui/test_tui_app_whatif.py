@@ -30,6 +30,8 @@ WHY_SHORT = (
     "(mini-b): No cycles found with sufficient memory (cordoned, left out: studio)"
 )
 
+DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
+
 
 def _node(name: str) -> WhatIfNode:
     return WhatIfNode(node_id=node_id_for(name), name=name)
@@ -41,7 +43,8 @@ def _lost(model: str, *names: str) -> list[WhatIfInstance]:
 
 
 def whatif_mini_a() -> WhatIfResponse:
-    """What the master answers for losing mini-a: one of each outcome, a long reason."""
+    """What the master answers for losing mini-a: one of each outcome, a long reason, and
+    DeepSeek, which has no instance to lose: it still cannot be placed."""
     return WhatIfResponse(
         nodes=[_node("mini-a")],
         deployments=[
@@ -87,6 +90,17 @@ def whatif_mini_a() -> WhatIfResponse:
                 lost=[],
                 placed=[],
             ),
+            WhatIfDeployment(
+                deployment_id="dep-deepseek-v3.1-4bit",
+                model_id=DEEPSEEK,
+                outcome="stays",
+                replicas=1,
+                before=0,
+                after=0,
+                lost=[],
+                placed=[],
+                reason="No cycles found with sufficient memory",
+            ),
         ],
     )
 
@@ -104,8 +118,11 @@ async def test_w_shows_the_masters_what_if_for_the_selected_node(readonly: bool)
         await select_node(pilot, app, "mini-a")
         screen = await press_to(pilot, "w", screen=WhatIfScreen)
         assert client.whatif_asked == ["mini-a"]  # the selected node, as the master names it
-        lines = shown(screen)
-        assert lines[0] == "If mini-a went now: 1 moving, 1 short, 1 not placed, 1 staying"
+        lines = [line.replace("\u00a0", " ") for line in shown(screen)]
+        assert lines[:2] == [  # a count and its word kept together
+            "If mini-a went now: 1 moving, 1 short, 1 not placed, 1 still not placed,",
+            "1 unaffected",
+        ]
         assert "⇢ Qwen3-0.6B-4bit  moves from mini-a to mini-b (on disk)" in lines
         at = lines.index("! Llama-3.2-1B-Instruct-4bit  loses a replica: 1 of 2 left")
         assert lines[at + 1] == "    was on: mini-a"
@@ -116,7 +133,12 @@ async def test_w_shows_the_masters_what_if_for_the_selected_node(readonly: bool)
             "    was on: mini-a+studio",
             "    why: No cycles found with sufficient memory",
         ]
-        assert lines[-1] == "● Llama-3.3-70B-Instruct-4bit  stays"
+        at = lines.index("● Llama-3.3-70B-Instruct-4bit  unaffected")
+        # No instance to lose, none placed: its reason on its line, not again under it.
+        assert lines[at + 1 :] == [
+            "✖ DeepSeek-V3.1-4bit  still cannot be placed: No cycles found with",
+            "    sufficient memory",
+        ]
         assert max(len(line) for line in lines) <= WHATIF_WIDTH  # inside the 80-column dialog
         await press_to(pilot, "escape", screen=DashboardScreen)
         assert app.dashboard.active_tab == "nodes"

@@ -455,68 +455,125 @@ def test_stock_exo_downloading(snap_compare: Compare, size: tuple[int, int]) -> 
     assert snap_compare(app, terminal_size=size, run_before=node2_downloads)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_recovery_with_a_download(snap_compare: Compare, size: tuple[int, int]) -> None:
+class Recovery:
     """Qwen3-30B loses mini-b (last heard 2 s before), is placed on studio and mini-a at once,
-    mini-a downloads the model in 52 s, the runners are ready 11 s later: the timeline tells
-    each step and where the 94 s went."""
-    builder = nodes(ClusterBuilder()).deployment(QWEN, on=["mini-a"])
-    builder.deployment(QWEN30, on=["studio", "mini-b"])
-    for name in ("studio", "mini-a", "mini-b"):
-        builder.disk(name, 500, 320)
-    builder.download("studio", QWEN30).download("mini-b", QWEN30).download("mini-a", QWEN)
-    clock = Clock()
-    app = scenario(builder, clock)
-    client = app.client
-    assert isinstance(client, ScriptedClient)
-    placed = (
-        ClusterBuilder()
-        .node("studio")
-        .node("mini-a")
-        .instance(QWEN30, on=["studio", "mini-a"], runners=[RunnerIdle()] * 2, suffix="-2")
-    )
-    instance = placed.state.instances["inst-qwen3-30b-a3b-4bit-2"]
+    mini-a downloads the model in 52 s, the runners are ready 11 s later; ``tell`` feeds it to
+    the app, each step a frame of its own, as the master's stream would."""
 
-    def entry(**how: object) -> NodeDownloadProgress:
-        state = ClusterBuilder().download("mini-a", QWEN30, **how).state  # type: ignore[arg-type]
-        return NodeDownloadProgress(download_progress=state.downloads[node_id_for("mini-a")][0])
+    def __init__(self) -> None:
+        builder = nodes(ClusterBuilder()).deployment(QWEN, on=["mini-a"])
+        builder.deployment(QWEN30, on=["studio", "mini-b"])
+        for name in ("studio", "mini-a", "mini-b"):
+            builder.disk(name, 500, 320)
+        builder.download("studio", QWEN30).download("mini-b", QWEN30).download("mini-a", QWEN)
+        self.builder = builder
+        self.clock = Clock()
+        self.app = scenario(builder, self.clock)
 
-    steps: list[tuple[float, list[AnyEvent]]] = [
-        (10, []),  # mini-b silent since 2 s before
-        (29, [NodeTimedOut(node_id=node_id_for("mini-b"))]),
-        (29, [InstanceDeleted(instance_id="inst-qwen3-30b-a3b-4bit")]),
-        (29.01, [InstanceCreated(instance=instance)]),
-        (29.5, [entry(done_gb=0.1, speed_mb=320)]),
-        (60, [entry(done_gb=9.4, speed_mb=320, eta_s=21)]),
-        (81.5, [entry()]),
-        (
-            92.5,
-            [
-                RunnerStatusUpdated(runner_id=r, runner_status=RunnerReady())
-                for r in instance.shard_assignments.node_to_runner.values()
-            ],
-        ),
-    ]
+    async def tell(self, pilot: Pilot[None]) -> None:
+        client = self.app.client
+        assert isinstance(client, ScriptedClient)
+        placed = (
+            ClusterBuilder()
+            .node("studio")
+            .node("mini-a")
+            .instance(QWEN30, on=["studio", "mini-a"], runners=[RunnerIdle()] * 2, suffix="-2")
+        )
+        instance = placed.state.instances["inst-qwen3-30b-a3b-4bit-2"]
 
-    async def recover(pilot: Pilot[None]) -> None:
-        await settled(pilot)
-        idx = builder.state.last_event_applied_idx
+        def entry(**how: object) -> NodeDownloadProgress:
+            state = ClusterBuilder().download("mini-a", QWEN30, **how).state  # type: ignore[arg-type]
+            return NodeDownloadProgress(download_progress=state.downloads[node_id_for("mini-a")][0])
+
+        steps: list[tuple[float, list[AnyEvent]]] = [
+            (10, []),  # mini-b silent since 2 s before
+            (29, [NodeTimedOut(node_id=node_id_for("mini-b"))]),
+            (29, [InstanceDeleted(instance_id="inst-qwen3-30b-a3b-4bit")]),
+            (29.01, [InstanceCreated(instance=instance)]),
+            (29.5, [entry(done_gb=0.1, speed_mb=320)]),
+            (60, [entry(done_gb=9.4, speed_mb=320, eta_s=21)]),
+            (81.5, [entry()]),
+            (
+                92.5,
+                [
+                    RunnerStatusUpdated(runner_id=r, runner_status=RunnerReady())
+                    for r in instance.shard_assignments.node_to_runner.values()
+                ],
+            ),
+        ]
+        idx = self.builder.state.last_event_applied_idx
         for at, events in steps:
-            clock.now = FROZEN_NOW + at
+            self.clock.now = FROZEN_NOW + at
             # studio and mini-a keep reporting.
             beats = [
-                NodeGatheredInfo(node_id=node_id_for(n), when=iso(clock.now - 1))
+                NodeGatheredInfo(node_id=node_id_for(n), when=iso(self.clock.now - 1))
                 for n in ("studio", "mini-a")
             ]
             for event in [*beats, *events]:
                 idx += 1
                 client.push(EventUpdate(IndexedEvent(idx=idx, event=event)))
             await settled(pilot)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_recovery_with_a_download(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """The recovery told while the timeline shows: each step and where the 94 s went."""
+    recovery = Recovery()
+
+    async def recover(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        await recovery.tell(pilot)
         if size[0] < 120:
             await pilot.press("4")  # the timeline tab when compact
             await settled(pilot)
 
-    assert snap_compare(app, terminal_size=size, run_before=recover)
+    assert snap_compare(recovery.app, terminal_size=size, run_before=recover)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_recovery_told_while_the_timeline_was_hidden(
+    snap_compare: Compare, size: tuple[int, int]
+) -> None:
+    """The timeline shown, then the deployments tab, the recovery told meanwhile, then the
+    timeline again: every line whole, wrapped at the panel's width. At 120x40 every panel shows,
+    so the timeline is hidden the way a terminal does it: narrowed to 80x24 (one tab at a time)
+    and widened back once the recovery is told."""
+    recovery = Recovery()
+
+    async def recover(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        if size[0] >= 120:
+            await pilot.resize_terminal(80, 24)
+            await settled(pilot)
+        await pilot.press("4")
+        await settled(pilot)
+        await pilot.press("1")
+        await settled(pilot)
+        await recovery.tell(pilot)
+        if size[0] >= 120:
+            await pilot.resize_terminal(*size)
+        else:
+            await pilot.press("4")
+        await settled(pilot)
+
+    assert snap_compare(recovery.app, terminal_size=size, run_before=recover)
+
+
+def test_timeline_wrapped_again_on_resize(snap_compare: Compare) -> None:
+    """The recovery told on the timeline tab at 80x24 (wrapped at 77 columns), then the terminal
+    widened to 120x40: the wide layout's half-width timeline wraps every line again at its own
+    width, none cut off at the panel's edge."""
+    recovery = Recovery()
+
+    async def recover(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        await pilot.press("4")
+        await settled(pilot)
+        await recovery.tell(pilot)
+        await pilot.resize_terminal(120, 40)
+        await settled(pilot)
+
+    assert snap_compare(recovery.app, terminal_size=(80, 24), run_before=recover)
 
 
 def test_nodes_cordoned_and_draining(snap_compare: Compare) -> None:
