@@ -43,6 +43,7 @@ from keeper.model.notices import (
     clock_utc_of,
     duration_words,
     iso_utc_of,
+    phases_words,
 )
 from keeper.model.state import (
     Deployment,
@@ -466,3 +467,27 @@ def test_times_are_written_as_a_person_reads_them() -> None:
         "2 h 10 min",
         "2 h",
     ]
+
+
+def test_an_incident_with_no_recovery_to_tell_resolves_without_phases() -> None:
+    cluster = Cluster().at(T0, named("n-studio", "studio"))
+    cluster.at(T0, DeploymentCreated(deployment=DEPLOYMENT))
+    cluster.at(T0 + 1, DeploymentPlacementFailed(deployment_id="d1", error="no room"))
+    cluster.look(T0 + 1)
+    cluster.at(T0 + 5, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "i1")))
+    cluster.at(T0 + 9, *ready("i1", 1))
+    resolved = next(n for n in cluster.look(T0 + 9) if isinstance(n, IncidentResolved))
+    assert resolved.phases is None
+    assert resolved.text.endswith("after 9 s down (unplaceable: no room)")  # since created
+
+
+def test_phases_in_words_leave_out_what_took_no_time() -> None:
+    assert phases_words(RecoveryPhases(detected=8.0, placed=0.05, downloaded=0.0, loaded=3.24)) == (
+        "detected 8.0 s, placed 0.05 s, loaded 3.2 s"
+    )
+    assert phases_words(RecoveryPhases(detected=0.0, placed=0.0, downloaded=125.0, loaded=0.0)) == (
+        "downloaded 2 min 5 s"
+    )
+    assert phases_words(RecoveryPhases(detected=0.0, placed=0.0, downloaded=0.0, loaded=0.0)) == (
+        "at once"
+    )
