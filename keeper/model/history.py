@@ -14,15 +14,19 @@ Two pure parts, both in the data model so that the master, the bridge and the TU
   MTTR over a window, from the records alone. The records are few (one per change), so a
   request costs microseconds whatever the cluster did meanwhile.
 
-Serving means what ``GET /deployments`` means by it (``keeper.model.readiness``), with one addition:
-a node gone from the topology serves nothing, so a lost node starts the incident when it times
-out rather than when the sweep deletes its instances.
+Serving means what ``GET /deployments`` means by it (``keeper.model.readiness``: an instance on a
+node confirmed dead is not ready), with one addition: a node gone from the topology serves
+nothing. A stop caused by lost nodes is dated from their last heartbeat, not from the verdict,
+timeout or deletion that showed it (docs/design.md §5.17, "Honest clocks"), and the steps of the
+recovery that follows are records too, so the record that ends an incident says where its down
+time went (``RecoveryPhases``) and a restart mid-recovery loses none of it.
 
 ``deployment_history`` replays an event sequence through both parts: the tests write histories
 as events, and the bench times a busy day that way.
 
 Times are plain seconds (the Unix epoch in the shell, anything monotonic in a test): the data
-model reads no clock and formats no dates.
+model reads no clock and imports no date library (exo's ``lastSeen`` is read by
+``keeper.model.notices.unix_seconds_of``, arithmetic spelled out).
 """
 
 from __future__ import annotations

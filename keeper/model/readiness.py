@@ -7,6 +7,10 @@ questions of a State, so the answers are written once, here, in the data model: 
 import nothing above it, and a rule that lived in the keeper would have to be copied into it.
 Plain functions of a State, no I/O; ``keeper.core.keeper`` re-exports ``deployment_status`` under
 its pinned name.
+
+The service's verdicts on quiet nodes (``State.node_watch``, docs/design.md §5.17) are read here
+too, once for every reader: an instance on a node confirmed dead is not ready (its runners read
+Ready until it is deleted, yet it answers nothing), and a ready one on a suspect node is at risk.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ Two things cannot be read off a snapshot, and are kept here:
 - *Monotonic totals over the serving records.* Records age out after 31 days (and past 2,000 per
   deployment), and a Prometheus counter must never go down. So incidents and recoveries are
   tallied as they are first seen in the records (``IncidentTally``), counting from when the
-  service started: a restarted service starts its counters at zero, like any exporter.
+  service started: a restarted service starts its counters at zero, like any exporter. Each
+  recovery's phases (``keeper.model.history``) go into one histogram per phase, over all
+  deployments (``PhaseCounts``).
 - *What the shell measures:* the keeper's step time and its placements by result
   (``StepMetrics``, fed by ``keeper.runtime.hosted_keeper.HostedKeeper``, which wraps the step of
   both services).
