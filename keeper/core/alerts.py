@@ -47,7 +47,6 @@ from keeper.model.notices import (
     duration_words,
     iso_utc_of,
     phases_words,
-    rounded_phases,
 )
 from keeper.model.readiness import deployment_statuses
 from keeper.model.state import Deployment, DeploymentId, ServingRecord, State
@@ -195,7 +194,7 @@ def _resolved(
         start=start,
         end=iso_utc_of(end),
         downtime_s=round(incident.downtime_s, 3),
-        phases=rounded_phases(phases) if phases is not None else None,
+        phases=phases,
     )
 
 

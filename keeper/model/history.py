@@ -307,8 +307,12 @@ def _recovery_step(
     (each of its nodes holds the model completely in ``after``, not in ``before``). Only in an
     incident (the deployment served before it stopped), once each: a placement retried after
     the first replacement failed, or one already on disk, adds no step."""
+    if before is None or (
+        before.instances is after.instances and before.downloads is after.downloads
+    ):
+        return None  # nothing to compare, or nothing a step is made of changed (States share)
     stretch = down_stretch(records)
-    if stretch is None or before is None:
+    if stretch is None:
         return None
     last = records[-1]
     model_id = deployment.model_card.model_id
@@ -350,8 +354,9 @@ def recovery_phases(records: Sequence[ServingRecord], at: float) -> RecoveryPhas
     ``at``: from its stop (``at`` of the stop, the last heartbeat for a node) to ``noticed``
     (detected), to the replacement's placement (placed; 0 when one was under way already, or
     it came back with none), to that replacement's download done (downloaded; 0 with no such
-    step), to ``at`` (loaded). Each phase is taken from the end of the one before it, so they
-    add up to the down time; None outside an incident (a first start-up)."""
+    step), to ``at`` (loaded), in seconds to the millisecond. Each phase is taken from the end
+    of the one before it, so they add up to the down time; None outside an incident (a first
+    start-up)."""
     stretch = down_stretch(records)
     if stretch is None:
         return None
@@ -362,8 +367,10 @@ def recovery_phases(records: Sequence[ServingRecord], at: float) -> RecoveryPhas
     moments: list[float] = [stop.at]
     for moment in (noticed, placed, downloaded, at):
         moments.append(max(moments[-1], moment))
+    # To the millisecond, as every duration the API gives: a month of records is in every
+    # snapshot, and a float's seventeen digits would be most of a record.
     detected_s, placed_s, downloaded_s, loaded_s = (
-        moments[index + 1] - moments[index] for index in range(4)
+        round(moments[index + 1] - moments[index], 3) for index in range(4)
     )
     return RecoveryPhases(
         detected=detected_s, placed=placed_s, downloaded=downloaded_s, loaded=loaded_s

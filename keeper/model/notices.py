@@ -207,16 +207,6 @@ def phases_words(phases: RecoveryPhases) -> str:
     return ", ".join(parts) if parts else "at once"
 
 
-def rounded_phases(phases: RecoveryPhases) -> RecoveryPhases:
-    """The phases to the millisecond, as the API and the notices give every duration."""
-    return RecoveryPhases(
-        detected=round(phases.detected, 3),
-        placed=round(phases.placed, 3),
-        downloaded=round(phases.downloaded, 3),
-        loaded=round(phases.loaded, 3),
-    )
-
-
 def _short_seconds(seconds: float) -> str:
     """A phase's length: two decimals under a second (``0.05 s``), one under a minute
     (``3.2 s``), then as ``duration_words`` says it."""

@@ -13,7 +13,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, computed_field
+from pydantic import Field, SerializerFunctionWrapHandler, computed_field, model_serializer
 
 from keeper.model.wire import TAGGED, TaggedModel, WireModel
 
@@ -513,6 +513,14 @@ class ServingRecord(WireModel):
     # The replacement a "placed" step (or a stop that found one under way already) names.
     instance_id: InstanceId | None = None
     phases: RecoveryPhases | None = None  # on the record that ends an incident (serving again)
+
+    @model_serializer(mode="wrap")
+    def _without_absent_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The optional parts are left out where absent (None), as most records have them:
+        every snapshot and dashboard connect carries a month of records, and reading one back
+        gives the same record."""
+        dumped: dict[str, Any] = handler(self)
+        return {key: value for key, value in dumped.items() if value is not None}
 
 
 # --- planned change: cordons and drains -----------------------------------------------------

@@ -35,7 +35,6 @@ from keeper.model.events import (
 )
 from keeper.model.history import summarize
 from keeper.model.ids import IdFactory, new_id
-from keeper.model.notices import rounded_phases
 from keeper.model.readiness import deployment_at_risk, deployment_status, ready_replicas
 from keeper.model.refusals import (
     BadRequestError,
@@ -185,7 +184,7 @@ def history_response(
                 end=_iso(incident.end) if incident.end is not None else None,
                 downtime_s=round(incident.downtime_s, 3),
                 cause=incident.cause,
-                phases=rounded_phases(incident.phases) if incident.phases is not None else None,
+                phases=incident.phases,
             )
             for incident in history.incidents
         ],

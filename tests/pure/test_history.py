@@ -802,3 +802,14 @@ def test_a_download_is_the_replacements_only_while_it_exists_and_counts_once() -
     gone.at(35.0, InstanceDeleted(instance_id="i2"))
     gone.at(40.0, completed("n-mini"))
     assert [r.step for r in records_of(gone)[2:]] == [None, "placed"]
+
+
+def test_phases_are_to_the_millisecond() -> None:
+    stretch = (
+        ServingRecord(at=0.0, serving=True),
+        ServingRecord(at=10.0, serving=False, cause="x", noticed=11.23456),
+        ServingRecord(at=12.5, serving=False, step="placed", instance_id="i2"),
+    )
+    assert recovery_phases(stretch, 15.00049) == RecoveryPhases(
+        detected=1.235, placed=1.265, downloaded=0.0, loaded=2.5
+    )
