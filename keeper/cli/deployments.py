@@ -37,6 +37,7 @@ from keeper.model.api_models import (
     DeploymentsResponse,
     DeploymentView,
 )
+from keeper.model.notices import phases_words
 from keeper.model.state import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, InstanceMeta, Sharding
 from keeper.runtime.arguments import positive_int, whole_number
 
@@ -139,7 +140,7 @@ def format_deployments(response: DeploymentsResponse) -> str:
             (
                 deployment.deployment_id,
                 deployment.model_card.model_id,
-                view.status,
+                f"{view.status}, at risk" if view.at_risk else view.status,
                 f"{view.ready_replicas}/{view.replicas}",
                 (deployment.instance_id or "-")[:8],
                 f"{deployment.priority}{preempts}",
@@ -223,13 +224,17 @@ def format_history(history: DeploymentHistoryResponse) -> str:
     if history.complete_from is not None:
         lines.append(f"(known from {history.complete_from} only)")
     if history.incidents:
-        rows = [("START", "END", "DOWN", "CAUSE")]
+        # RECOVERY: where an ended incident's down time went (docs/design.md 3.5), "-" for one
+        # under way or with no recovery to tell (a start-up placement explained).
+        rows = [("START", "END", "DOWN", "RECOVERY", "CAUSE")]
         for incident in reversed(history.incidents):
+            phases = incident.phases
             rows.append(
                 (
                     incident.start,
                     incident.end or "ongoing",
                     f"{incident.downtime_s:.1f} s",
+                    phases_words(phases) if phases is not None else "-",
                     incident.cause,
                 )
             )

@@ -46,6 +46,7 @@ from keeper.model.notices import (
     clock_utc_of,
     duration_words,
     iso_utc_of,
+    phases_words,
 )
 from keeper.model.readiness import deployment_statuses
 from keeper.model.state import Deployment, DeploymentId, ServingRecord, State
@@ -180,17 +181,20 @@ def _resolved(
 ) -> IncidentResolved:
     model_id = deployment.model_card.model_id
     start = iso_utc_of(incident.start)
+    phases = incident.phases
+    went = f": {phases_words(phases)}" if phases is not None else ""
     return IncidentResolved(
         id=f"incident_resolved:{deployment.deployment_id}:{start}",
         at=seen_at,
         text=f"{TEXT_PREFIX}{model_id} serving again since {clock_utc_of(end)} UTC, after "
-        f"{duration_words(incident.downtime_s)} down ({incident.cause})",
+        f"{duration_words(incident.downtime_s)} down ({incident.cause}){went}",
         deployment_id=deployment.deployment_id,
         model_id=model_id,
         cause=incident.cause,
         start=start,
         end=iso_utc_of(end),
         downtime_s=round(incident.downtime_s, 3),
+        phases=phases,
     )
 
 

@@ -38,6 +38,7 @@ from keeper.model.state import (
     InstanceMove,
     ModelCard,
     ModelId,
+    RecoveryPhases,
     Sharding,
     State,
 )
@@ -296,6 +297,9 @@ class DeploymentView(BaseModel):
     detail: str | None = None
     # A rolling change under way, or None.
     updating: UpdateView | None = None
+    # A ready instance of its model has a node the service suspects (keeper.model.readiness,
+    # docs/design.md §5.17): it serves now, and stops if that node is confirmed dead.
+    at_risk: bool = False
 
 
 # The longest history ``GET /deployments/{id}/history`` answers: 30 days. Serving records are
@@ -311,6 +315,9 @@ class IncidentView(WireModel):
     end: str | None  # None while ongoing
     downtime_s: float
     cause: str
+    # Where the down time went, once it ended (seconds; they add up to downtimeS): detected,
+    # placed, downloaded, loaded (docs/design.md 3.5); None while ongoing or with no recovery.
+    phases: RecoveryPhases | None = None
 
 
 class DeploymentHistoryResponse(WireModel):

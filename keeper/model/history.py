@@ -14,15 +14,19 @@ Two pure parts, both in the data model so that the master, the bridge and the TU
   MTTR over a window, from the records alone. The records are few (one per change), so a
   request costs microseconds whatever the cluster did meanwhile.
 
-Serving means what ``GET /deployments`` means by it (``keeper.model.readiness``), with one addition:
-a node gone from the topology serves nothing, so a lost node starts the incident when it times
-out rather than when the sweep deletes its instances.
+Serving means what ``GET /deployments`` means by it (``keeper.model.readiness``: an instance on a
+node confirmed dead is not ready), with one addition: a node gone from the topology serves
+nothing. A stop caused by lost nodes is dated from their last heartbeat, not from the verdict,
+timeout or deletion that showed it (docs/design.md §5.17, "Honest clocks"), and the steps of the
+recovery that follows are records too, so the record that ends an incident says where its down
+time went (``RecoveryPhases``) and a restart mid-recovery loses none of it.
 
 ``deployment_history`` replays an event sequence through both parts: the tests write histories
 as events, and the bench times a busy day that way.
 
 Times are plain seconds (the Unix epoch in the shell, anything monotonic in a test): the data
-model reads no clock and formats no dates.
+model reads no clock and imports no date library (exo's ``lastSeen`` is read by
+``keeper.model.notices.unix_seconds_of``, arithmetic spelled out).
 """
 
 from __future__ import annotations
@@ -40,10 +44,14 @@ from keeper.model.events import (
     DeploymentServingChanged,
     InstanceCreated,
     InstanceDeleted,
+    NodeConfirmedDead,
+    NodeDownloadProgress,
     NodeGatheredInfo,
+    NodeHeardAgain,
     NodeTimedOut,
     RunnerStatusUpdated,
 )
+from keeper.model.notices import unix_seconds_of
 from keeper.model.readiness import instances_of, ready_on_present_nodes
 from keeper.model.state import (
     PREEMPTED_BY,
@@ -51,10 +59,15 @@ from keeper.model.state import (
     AnyInstance,
     Deployment,
     DeploymentId,
+    DownloadCompleted,
+    InstanceId,
+    ModelId,
     NodeId,
+    RecoveryPhases,
     RunnerFailed,
     ServingRecord,
     State,
+    download_entry,
 )
 
 # Whatever else made an instance stop serving, with nothing in the State that says more.
@@ -67,11 +80,14 @@ UNPLACEABLE = "unplaceable: "
 
 def may_change_serving(event: AnyEvent, before: State) -> bool:
     """Whether applying ``event`` to ``before`` can change whether a deployment serves or why
-    not. The master asks it of every logged event, so a batch of node reports and links does not
-    cost a look at every deployment."""
+    not, or date a step of a recovery (a download completed). The master asks it of every
+    logged event, so a batch of node reports and links does not cost a look at every
+    deployment."""
     match event:
         case NodeGatheredInfo(node_id=node_id):
             return node_id not in before.topology.nodes  # a node (re)joining
+        case NodeDownloadProgress(download_progress=entry):
+            return isinstance(entry, DownloadCompleted)
         case (
             DeploymentCreated()
             | DeploymentPlacementFailed()
@@ -80,6 +96,8 @@ def may_change_serving(event: AnyEvent, before: State) -> bool:
             | InstanceDeleted()
             | RunnerStatusUpdated()
             | NodeTimedOut()
+            | NodeConfirmedDead()
+            | NodeHeardAgain()
         ):
             return True
         case _:
@@ -90,33 +108,48 @@ def serving_changes(
     before: State | None, after: State, at: float
 ) -> list[DeploymentServingChanged]:
     """The records to log for ``after``: one per deployment whose serving differs from its last
-    record (or that has none yet), and one when a deployment that is down learns from placement
-    why. ``before`` is the State the change was applied to, None when the service has none (it
-    just started): causes are then unknown."""
+    record (or that has none yet), one when a deployment that is down learns from placement
+    why, and one for each step of a recovery under way (``RecoveryStep``). ``before`` is the
+    State the change was applied to, None when the service has none (it just started): causes
+    are then unknown."""
     changes: list[DeploymentServingChanged] = []
     for deployment_id, deployment in after.deployments.items():
-        records = after.serving_history.get(deployment_id)
-        last = records[-1] if records else None
-        serving = is_serving(after, deployment_id)
-        record: ServingRecord | None = None
-        if last is None:
-            created = before is not None and deployment_id not in before.deployments
-            record = ServingRecord(
-                at=at,
-                serving=serving,
-                cause=None if serving else _unplaceable(deployment),
-                begins="created" if created else "observed",
-            )
-        elif last.serving and not serving:
-            cause = _why_stopped(before, after, deployment_id) if before else UNKNOWN_CAUSE
-            record = ServingRecord(at=at, serving=False, cause=cause)
-        elif serving and not last.serving:
-            record = ServingRecord(at=at, serving=True)
-        elif not serving and last.cause is None and deployment.placement_error is not None:
-            record = ServingRecord(at=at, serving=False, cause=_unplaceable(deployment))
+        records = after.serving_history.get(deployment_id, ())
+        record = _next_record(before, after, deployment, records, at)
         if record is not None:
             changes.append(DeploymentServingChanged(deployment_id=deployment_id, record=record))
     return changes
+
+
+def _next_record(
+    before: State | None,
+    after: State,
+    deployment: Deployment,
+    records: tuple[ServingRecord, ...],
+    at: float,
+) -> ServingRecord | None:
+    deployment_id = deployment.deployment_id
+    serving = is_serving(after, deployment_id)
+    if not records:
+        created = before is not None and deployment_id not in before.deployments
+        return ServingRecord(
+            at=at,
+            serving=serving,
+            cause=None if serving else _unplaceable(deployment),
+            begins="created" if created else "observed",
+        )
+    last = records[-1]
+    if last.serving and not serving:
+        if before is None:
+            return ServingRecord(at=at, serving=False, cause=UNKNOWN_CAUSE)
+        return _stopped(before, after, deployment_id, last, at)
+    if serving and not last.serving:
+        return ServingRecord(at=at, serving=True, phases=recovery_phases(records, at))
+    if serving:
+        return None
+    if last.cause is None and deployment.placement_error is not None:
+        return ServingRecord(at=at, serving=False, cause=_unplaceable(deployment))
+    return _recovery_step(before, after, deployment, records, at)
 
 
 def is_serving(state: State, deployment_id: DeploymentId) -> bool:
@@ -152,6 +185,60 @@ def _node_name(state: State, node_id: NodeId) -> str:
     return identity.friendly_name if identity is not None and identity.friendly_name else node_id
 
 
+# --- a stop, dated from the last heartbeat of the node that caused it -----------------------
+
+
+def _stopped(
+    before: State, after: State, deployment_id: DeploymentId, last: ServingRecord, at: float
+) -> ServingRecord:
+    """The record of a deployment that served in ``before`` and serves nothing in ``after``,
+    seen at ``at``. When nodes made every serving instance stop (confirmed dead, or gone), the
+    stop is dated from when the deployment really stopped: the last instance's lost node's last
+    heartbeat (``stopped_at``), never before ``last`` (records stay in order; a heartbeat older
+    than the newest record, as when the deployment came up on a node already quiet, dates the
+    stop at that record) nor after ``at``; ``noticed`` keeps ``at``."""
+    served = _serving_instances(before, deployment_id)
+    stopped = [stopped_at(before, after, instance, at) for instance in served] or [at]
+    start = min(at, max(last.at, *stopped))
+    return ServingRecord(
+        at=start,
+        serving=False,
+        cause=_why_stopped(before, after, deployment_id),
+        noticed=at if start < at else None,
+        instance_id=_under_way(before, after, deployment_id),
+    )
+
+
+def stopped_at(before: State, after: State, instance: AnyInstance, at: float) -> float:
+    """When ``instance``, ready in ``before``, stopped serving: the earliest last heartbeat of
+    its nodes that ``after`` shows confirmed dead or gone (``last_heard``), else ``at`` (a
+    deletion, a runner failing: seen when it happened). A lost node whose heartbeat cannot be
+    dated leaves ``at``."""
+    heard = [
+        last_heard(before, node_id, after)
+        for node_id in instance.shard_assignments.node_to_runner
+        if node_id not in after.topology.nodes or _is_dead(after, node_id)
+    ]
+    dated = [moment for moment in heard if moment is not None]
+    return min(dated) if dated else at
+
+
+def last_heard(before: State, node_id: NodeId, after: State) -> float | None:
+    """The node's last heartbeat as the service saw it: the verdict's ``last_heard`` (in
+    ``after``, else in ``before``: a timeout clears it), else the State's ``lastSeen`` of the
+    node before it went (exo's own timeout, with no verdict), parsed; None if neither says."""
+    for state in (after, before):
+        verdict = state.node_watch.get(node_id)
+        if verdict is not None:
+            return verdict.last_heard
+    return unix_seconds_of(before.last_seen.get(node_id))
+
+
+def _is_dead(state: State, node_id: NodeId) -> bool:
+    verdict = state.node_watch.get(node_id)
+    return verdict is not None and verdict.phase == "dead"
+
+
 def _why_stopped(before: State, after: State, deployment_id: DeploymentId) -> str:
     """Why the instances that served in ``before`` serve nothing in ``after``, in plain words;
     names come from ``before``, where a node that just left is still described."""
@@ -160,6 +247,13 @@ def _why_stopped(before: State, after: State, deployment_id: DeploymentId) -> st
         gone = [node for node in nodes if node not in after.topology.nodes]
         if gone:
             return f"node {', '.join(_node_name(before, node) for node in gone)} timed out"
+        dead = [node for node in nodes if _is_dead(after, node)]
+        if dead:
+            signs = sorted({after.node_watch[node].why for node in dead} - {""})
+            why = f" ({'; '.join(signs)})" if signs else ""
+            return (
+                f"node {', '.join(_node_name(before, node) for node in dead)} confirmed dead{why}"
+            )
         if instance.instance_id not in after.instances:
             return _deleted_by(after, deployment_id)
         statuses = [(node, after.runners.get(runner)) for node, runner in nodes.items()]
@@ -184,6 +278,105 @@ def _deleted_by(after: State, deployment_id: DeploymentId) -> str:
     return "instance deleted by a user"
 
 
+# --- the steps of a recovery, and its phases ------------------------------------------------
+
+
+def _under_way(before: State, after: State, deployment_id: DeploymentId) -> InstanceId | None:
+    """A replacement already under way when the deployment stops (placed while its node was
+    only suspect, make-before-break): the first instance of the model in ``after`` that did not
+    serve in ``before`` and has no node lost (dead, or gone); None if there is none."""
+    served = {i.instance_id for i in _serving_instances(before, deployment_id)}
+    model_id = after.deployments[deployment_id].model_card.model_id  # it is in ``after``
+    for instance in instances_of(after, model_id):
+        nodes = instance.shard_assignments.node_to_runner
+        lost = any(node not in after.topology.nodes or _is_dead(after, node) for node in nodes)
+        if instance.instance_id not in served and not lost:
+            return instance.instance_id
+    return None
+
+
+def _recovery_step(
+    before: State | None,
+    after: State,
+    deployment: Deployment,
+    records: tuple[ServingRecord, ...],
+    at: float,
+) -> ServingRecord | None:
+    """The record of a step of the recovery under way that ``after`` shows, if any: the first
+    replacement placed (an instance of the model new since ``before``), then its download done
+    (each of its nodes holds the model completely in ``after``, not in ``before``). Only in an
+    incident (the deployment served before it stopped), once each: a placement retried after
+    the first replacement failed, or one already on disk, adds no step."""
+    if before is None or (
+        before.instances is after.instances and before.downloads is after.downloads
+    ):
+        return None  # nothing to compare, or nothing a step is made of changed (States share)
+    stretch = down_stretch(records)
+    if stretch is None:
+        return None
+    last = records[-1]
+    model_id = deployment.model_card.model_id
+    placed = next((r.instance_id for r in stretch if r.instance_id is not None), None)
+    if placed is None:
+        new = [i for i in instances_of(after, model_id) if i.instance_id not in before.instances]
+        if not new:
+            return None
+        return ServingRecord(
+            at=at, serving=False, cause=last.cause, step="placed", instance_id=new[0].instance_id
+        )
+    if any(record.step == "downloaded" for record in stretch):
+        return None
+    if _downloaded(after, placed, model_id) and not _downloaded(before, placed, model_id):
+        return ServingRecord(at=at, serving=False, cause=last.cause, step="downloaded")
+    return None
+
+
+def _downloaded(state: State, instance_id: InstanceId, model_id: ModelId) -> bool:
+    """Every node of the instance holds the model completely (it exists in ``state``)."""
+    instance = state.instances.get(instance_id)
+    return instance is not None and all(
+        isinstance(download_entry(state, node_id, model_id), DownloadCompleted)
+        for node_id in instance.shard_assignments.node_to_runner
+    )
+
+
+def down_stretch(records: Sequence[ServingRecord]) -> Sequence[ServingRecord] | None:
+    """The records after the newest that says serving, when the deployment is down after having
+    served (an incident under way; its stop first); None otherwise."""
+    for index in range(len(records) - 1, -1, -1):
+        if records[index].serving:
+            return records[index + 1 :] or None
+    return None
+
+
+def recovery_phases(records: Sequence[ServingRecord], at: float) -> RecoveryPhases | None:
+    """Where the down time of the incident that ``records`` end with went, it serving again at
+    ``at``: from its stop (``at`` of the stop, the last heartbeat for a node) to ``noticed``
+    (detected), to the replacement's placement (placed; 0 when one was under way already, or
+    it came back with none), to that replacement's download done (downloaded; 0 with no such
+    step), to ``at`` (loaded), in seconds to the millisecond. Each phase is taken from the end
+    of the one before it, so they add up to the down time; None outside an incident (a first
+    start-up)."""
+    stretch = down_stretch(records)
+    if stretch is None:
+        return None
+    stop = stretch[0]
+    noticed = stop.noticed if stop.noticed is not None else stop.at
+    placed = next((r.at for r in stretch if r.step == "placed"), noticed)
+    downloaded = next((r.at for r in stretch if r.step == "downloaded"), placed)
+    moments: list[float] = [stop.at]
+    for moment in (noticed, placed, downloaded, at):
+        moments.append(max(moments[-1], moment))
+    # To the millisecond, as every duration the API gives: a month of records is in every
+    # snapshot, and a float's seventeen digits would be most of a record.
+    detected_s, placed_s, downloaded_s, loaded_s = (
+        round(moments[index + 1] - moments[index], 3) for index in range(4)
+    )
+    return RecoveryPhases(
+        detected=detected_s, placed=placed_s, downloaded=downloaded_s, loaded=loaded_s
+    )
+
+
 # --- the summary: what GET /deployments/{id}/history answers ------------------------------
 
 
@@ -193,6 +386,7 @@ class Incident:
     end: float | None  # None while ongoing at the end of the window
     downtime_s: float
     cause: str
+    phases: RecoveryPhases | None = None  # where the down time went, once it ended (a recovery)
 
 
 @dataclass(frozen=True)
@@ -243,7 +437,7 @@ def summarize(
     down: _Down | None = None
     incidents: list[Incident] = []
 
-    def close(stretch: _Down, end: float | None) -> None:
+    def close(stretch: _Down, end: float | None, phases: RecoveryPhases | None = None) -> None:
         nonlocal known_s
         stop = end if end is not None else window_end
         if stretch.is_incident():
@@ -255,6 +449,7 @@ def summarize(
                     end=end,
                     downtime_s=stop - stretch.start,
                     cause=stretch.cause or UNKNOWN_CAUSE,
+                    phases=phases,
                 )
             )
 
@@ -265,7 +460,7 @@ def summarize(
             known_s += span
             served_s += span
             if down is not None:
-                close(down, record.at)
+                close(down, record.at, record.phases)
                 down = None
             continue
         if down is None:

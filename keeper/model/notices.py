@@ -18,9 +18,12 @@ no clock and imports no date library, so the arithmetic is spelled out here once
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from keeper.model.state import RecoveryPhases
 
 
 class NoticeBody(BaseModel):
@@ -54,6 +57,9 @@ class IncidentResolved(NoticeBody):
     start: str
     end: str
     downtime_s: float
+    # Where the down time went (seconds: detected, placed, downloaded, loaded; they add up to
+    # downtime_s); None for an incident with no recovery to tell (docs/design.md 3.5).
+    phases: RecoveryPhases | None = None
 
 
 class CantPlace(NoticeBody):
@@ -144,12 +150,71 @@ def iso_utc_of(seconds: float) -> str:
     return f"{year:04d}-{month:02d}-{day:02d}T{clock_utc_of(in_day)}.{ms:03d}Z"
 
 
+# An ISO-8601 date and time with its zone, as exo writes ``lastSeen``
+# (``2026-12-01T09:39:22.568449Z``) and as ``iso_utc_of`` writes; a space may stand for the T.
+_ISO = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(\.\d+)?"
+    r"(?:(Z)|([+-])(\d{2}):?(\d{2}))"
+)
+
+
+def unix_seconds_of(text: str | None) -> float | None:
+    """An ISO-8601 time with its zone as Unix seconds (``iso_utc_of``'s inverse, to the
+    microsecond); None for no text, one that does not parse, or a time with no zone (it could
+    be any clock's). The day count is Howard Hinnant's ``days_from_civil``."""
+    found = _ISO.fullmatch(text.strip()) if text is not None else None
+    if found is None:
+        return None
+    year, month, day, hour, minute, second = (int(found.group(i)) for i in range(1, 7))
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
+        return None
+    shifted_year = year - 1 if month <= 2 else year
+    era = shifted_year // 400
+    year_of_era = shifted_year - era * 400
+    day_of_year = (153 * (month - 3 if month > 2 else month + 9) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    days = era * 146_097 + day_of_era - 719_468
+    fraction = float(found.group(7)) if found.group(7) else 0.0
+    offset = 0
+    if found.group(8) is None:
+        sign = 1 if found.group(9) == "+" else -1
+        offset = sign * (int(found.group(10)) * 3600 + int(found.group(11)) * 60)
+    return days * _DAY_S + hour * 3600 + minute * 60 + second + fraction - offset
+
+
 def clock_utc_of(seconds: float) -> str:
     """The time of day of Unix seconds, UTC, as ``12:03:04``: what a notice's text shows."""
     in_day = int(seconds // 1) % _DAY_S
     hours, rest = divmod(in_day, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def phases_words(phases: RecoveryPhases) -> str:
+    """Where a recovery's time went, as the timeline says it: ``detected 8.0 s, placed 0.05 s,
+    loaded 3.2 s``; a phase of no time (a model already on disk) is left out, and a recovery
+    that took none at all says ``at once``."""
+    parts = [
+        f"{name} {_short_seconds(seconds)}"
+        for name, seconds in (
+            ("detected", phases.detected),
+            ("placed", phases.placed),
+            ("downloaded", phases.downloaded),
+            ("loaded", phases.loaded),
+        )
+        if seconds > 0
+    ]
+    return ", ".join(parts) if parts else "at once"
+
+
+def _short_seconds(seconds: float) -> str:
+    """A phase's length: two decimals under a second (``0.05 s``), one under a minute
+    (``3.2 s``), then as ``duration_words`` says it."""
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return duration_words(seconds)
 
 
 def duration_words(seconds: float) -> str:

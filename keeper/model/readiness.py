@@ -7,6 +7,10 @@ questions of a State, so the answers are written once, here, in the data model: 
 import nothing above it, and a rule that lived in the keeper would have to be copied into it.
 Plain functions of a State, no I/O; ``keeper.core.keeper`` re-exports ``deployment_status`` under
 its pinned name.
+
+The service's verdicts on quiet nodes (``State.node_watch``, docs/design.md §5.17) are read here
+too, once for every reader: an instance on a node confirmed dead is not ready (its runners read
+Ready until it is deleted, yet it answers nothing), and a ready one on a suspect node is at risk.
 """
 
 from __future__ import annotations
@@ -22,15 +26,50 @@ from keeper.model.state import (
     InstanceId,
     ModelId,
     NodeId,
+    NodeWatchPhase,
     State,
 )
 
 
 def instance_is_ready(instance: AnyInstance, state: State) -> bool:
-    """Every runner of the instance is Ready or Running (an instance with no runner is not)."""
+    """Every runner of the instance is Ready or Running (an instance with no runner is not), and
+    none of its nodes is confirmed dead: a dead node's runners read Ready until its instances are
+    deleted, yet answer nothing (docs/design.md §5.17, "Honest clocks")."""
     runner_ids = instance.shard_assignments.node_to_runner.values()
-    return bool(runner_ids) and all(
-        isinstance(state.runners.get(runner_id), SERVING_RUNNER_TYPES) for runner_id in runner_ids
+    return (
+        bool(runner_ids)
+        and all(
+            isinstance(state.runners.get(runner_id), SERVING_RUNNER_TYPES)
+            for runner_id in runner_ids
+        )
+        and not on_watched_node(instance, state, "dead")
+    )
+
+
+def on_watched_node(instance: AnyInstance, state: State, phase: NodeWatchPhase) -> bool:
+    """Whether a node of the instance is in ``phase`` (suspect, dead) by ``State.node_watch``."""
+    watch = state.node_watch
+    return any(
+        (verdict := watch.get(node_id)) is not None and verdict.phase == phase
+        for node_id in instance.shard_assignments.node_to_runner
+    )
+
+
+def instances_at_risk(state: State) -> frozenset[InstanceId]:
+    """The ready instances with a node that is suspect: they serve now, and stop if it is
+    confirmed dead; the API, the metrics and the TUI say "at risk" of their deployments."""
+    return frozenset(
+        instance.instance_id
+        for instance in state.instances.values()
+        if instance_is_ready(instance, state) and on_watched_node(instance, state, "suspect")
+    )
+
+
+def deployment_at_risk(deployment: Deployment, state: State) -> bool:
+    """Whether a ready instance of the deployment's model is at risk (``instances_at_risk``)."""
+    return any(
+        on_watched_node(instance, state, "suspect")
+        for instance in ready_instances_of(state, deployment.model_card.model_id)
     )
 
 

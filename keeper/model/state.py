@@ -13,7 +13,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, computed_field
+from pydantic import Field, SerializerFunctionWrapHandler, computed_field, model_serializer
 
 from keeper.model.wire import TAGGED, TaggedModel, WireModel
 
@@ -473,19 +473,54 @@ SERVING_HISTORY_KEEP_S = 31 * 24 * 3600.0
 MAX_SERVING_RECORDS = 2000
 
 
+# A step of a recovery under way, recorded while the deployment is down (docs/design.md 3.5):
+# its replacement placed (the replacement's InstanceCreated), that replacement's download done.
+RecoveryStep = Literal["placed", "downloaded"]
+
+
+class RecoveryPhases(WireModel):
+    """Where an incident's down time went, in seconds, each phase from the end of the one before
+    (so they add up to the down time): ``detected`` from the last heartbeat of the node that
+    caused it to the verdict, timeout or deletion that showed it (0 for a cause seen at once);
+    ``placed`` to the replacement's InstanceCreated; ``downloaded`` to its download completed
+    (0 when the model was on disk); ``loaded`` to serving again."""
+
+    detected: float
+    placed: float
+    downloaded: float
+    loaded: float
+
+
 class ServingRecord(WireModel):
     """One change in whether a deployment serves, as the service saw it (docs/design.md 3.5).
 
     The history of a deployment is the sequence of these: what ``GET /deployments/{id}/history``
     and the TUI's AVAIL column summarise. They live in the State (so snapshots, compaction and
     the dashboard stream carry them with no extra store); ``keeper.model.apply`` keeps a bounded
-    span.
+    span. A record with a ``step`` changes nothing about serving: it dates a step of the
+    recovery under way, so the record that ends the incident can say its ``phases``.
     """
 
-    at: float  # Unix time in seconds, from the service's wall clock when it saw the change
+    # Unix time in seconds, from the service's wall clock when it saw the change; for a stop
+    # caused by a node, that node's last heartbeat (never before the record ahead of it).
+    at: float
     serving: bool
     cause: str | None = None  # why it is not serving, in plain words; None: not (yet) known
     begins: HistoryBegins | None = None  # set on the first record of a deployment
+    # On a stop dated back to a node's last heartbeat: when the service saw it (its wall time).
+    noticed: float | None = None
+    step: RecoveryStep | None = None  # set on a record that dates a step of a recovery
+    # The replacement a "placed" step (or a stop that found one under way already) names.
+    instance_id: InstanceId | None = None
+    phases: RecoveryPhases | None = None  # on the record that ends an incident (serving again)
+
+    @model_serializer(mode="wrap")
+    def _without_absent_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The optional parts are left out where absent (None), as most records have them:
+        every snapshot and dashboard connect carries a month of records, and reading one back
+        gives the same record."""
+        dumped: dict[str, Any] = handler(self)
+        return {key: value for key, value in dumped.items() if value is not None}
 
 
 # --- planned change: cordons and drains -----------------------------------------------------

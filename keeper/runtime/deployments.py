@@ -35,7 +35,7 @@ from keeper.model.events import (
 )
 from keeper.model.history import summarize
 from keeper.model.ids import IdFactory, new_id
-from keeper.model.readiness import deployment_status, ready_replicas
+from keeper.model.readiness import deployment_at_risk, deployment_status, ready_replicas
 from keeper.model.refusals import (
     BadRequestError,
     ConflictError,
@@ -184,6 +184,7 @@ def history_response(
                 end=_iso(incident.end) if incident.end is not None else None,
                 downtime_s=round(incident.downtime_s, 3),
                 cause=incident.cause,
+                phases=incident.phases,
             )
             for incident in history.incidents
         ],
@@ -444,6 +445,7 @@ def _deployment_view(
         waiting=timer.waiting if timer is not None else None,
         detail=detail,
         updating=_update_view(deployment, update_note),
+        at_risk=deployment_at_risk(deployment, state),
     )
 
 

@@ -14,7 +14,9 @@ Two things cannot be read off a snapshot, and are kept here:
 - *Monotonic totals over the serving records.* Records age out after 31 days (and past 2,000 per
   deployment), and a Prometheus counter must never go down. So incidents and recoveries are
   tallied as they are first seen in the records (``IncidentTally``), counting from when the
-  service started: a restarted service starts its counters at zero, like any exporter.
+  service started: a restarted service starts its counters at zero, like any exporter. Each
+  recovery's phases (``keeper.model.history``) go into one histogram per phase, over all
+  deployments (``PhaseCounts``).
 - *What the shell measures:* the keeper's step time and its placements by result
   (``StepMetrics``, fed by ``keeper.runtime.hosted_keeper.HostedKeeper``, which wraps the step of
   both services).
@@ -51,7 +53,7 @@ from keeper.model.api_models import DeploymentStatus, DeploymentView, WebhooksHe
 from keeper.model.events import AnyEvent, DeploymentPlaced, DeploymentPlacementFailed
 from keeper.model.history import History, serving_since, summarize
 from keeper.model.liveness import nodes_by_state
-from keeper.model.state import DeploymentId, NodeId, State
+from keeper.model.state import DeploymentId, NodeId, RecoveryPhases, State
 
 PREFIX = "exo_deploy_"
 # The classic text format (0.0.4): what every Prometheus version, and promtool, reads.
@@ -64,6 +66,25 @@ AVAILABILITY_WINDOW_S = 24 * 3600.0
 # (detection + load) about 40 s, a recovery that downloads tens of GB minutes.
 # Few buckets, because each is a series per deployment (a fifth of the body at 200 of them).
 RECOVERY_BUCKETS_S: tuple[float, ...] = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
+# One phase of a recovery, seconds (docs/design.md 3.5): placing takes tens of milliseconds,
+# loading a staged model a few seconds, detection from 3 s (a suspicion) to 50 s (exo's own
+# timeout and sweep), a download minutes. A histogram, not a summary: Prometheus aggregates its
+# buckets across services and computes quantiles over any range (histogram_quantile), where a
+# summary's quantiles cannot be added up (and prometheus_client's Summary exports none).
+# One series per phase, not per deployment, so buckets can be fine.
+PHASE_BUCKETS_S: tuple[float, ...] = (
+    0.1,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+)
+PHASES = ("detected", "placed", "downloaded", "loaded")
 # One keeper step, seconds: about 60 µs for 64 serving deployments, milliseconds when many are
 # due at once (README, Measured); a step near a second would delay every placement.
 STEP_BUCKETS_S: tuple[float, ...] = (
@@ -129,10 +150,40 @@ class RecoveryCounts:
         self.recovered_s += seconds
 
 
-def tally(counts: RecoveryCounts, history: History, started_at: float) -> None:
+@dataclass
+class PhaseCounts:
+    """The phases of every recovery seen since the service started, over all deployments (a
+    deployment deleted keeps its part: the totals never go down)."""
+
+    # Per phase: cumulative per bucket of PHASE_BUCKETS_S, then +Inf; and their sum.
+    buckets: dict[str, list[int]] = field(
+        default_factory=lambda: {phase: [0] * (len(PHASE_BUCKETS_S) + 1) for phase in PHASES}
+    )
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def observe(self, phases: RecoveryPhases) -> None:
+        for phase, seconds in zip(
+            PHASES,
+            (phases.detected, phases.placed, phases.downloaded, phases.loaded),
+            strict=True,
+        ):
+            first = bisect.bisect_left(PHASE_BUCKETS_S, seconds)
+            counts = self.buckets[phase]
+            for index in range(first, len(counts)):
+                counts[index] += 1
+            self.sums[phase] += seconds
+
+
+def tally(
+    counts: RecoveryCounts,
+    history: History,
+    started_at: float,
+    phases: PhaseCounts | None = None,
+) -> None:
     """Count into ``counts`` what ``history`` shows that was not counted yet: each incident that
     began at or after ``started_at``, once; and each recovery (an incident's end) at or after
-    it, once, observed as the incident's down time (detection to serving again)."""
+    it, once, observed as the incident's down time (its start to serving again), and its phases
+    into ``phases`` when it has them."""
     for incident in history.incidents:  # oldest first
         if incident.start >= started_at and incident.start > counts.last_start:
             counts.incidents += 1
@@ -141,6 +192,8 @@ def tally(counts: RecoveryCounts, history: History, started_at: float) -> None:
         if end is not None and end >= started_at and end > counts.last_end:
             counts.observe(incident.downtime_s)
             counts.last_end = end
+            if phases is not None and incident.phases is not None:
+                phases.observe(incident.phases)
 
 
 class IncidentTally:
@@ -148,6 +201,7 @@ class IncidentTally:
 
     def __init__(self) -> None:
         self._counts: dict[DeploymentId, RecoveryCounts] = {}
+        self.phases = PhaseCounts()
 
     def update(
         self, histories: Mapping[DeploymentId, History], started_at: float
@@ -157,7 +211,7 @@ class IncidentTally:
             for deployment_id in histories
         }
         for deployment_id, history in histories.items():
-            tally(counts[deployment_id], history, started_at)
+            tally(counts[deployment_id], history, started_at, self.phases)
         self._counts = counts
         return counts
 
@@ -241,9 +295,22 @@ class SnapshotFamilies:
         )
         recovery = HistogramMetricFamily(
             PREFIX + "deployment_recovery_seconds",
-            "Incident length, detection to serving again, of incidents ended since the service "
-            "started",
+            "Incident length, from its start (a lost node's last heartbeat) to serving again, of "
+            "incidents ended since the service started",
             labels=list(DEPLOYMENT_LABELS),
+        )
+        at_risk = _gauge(
+            "deployment_at_risk",
+            "1 while a ready instance of the model has a node the service suspects (it stops "
+            "serving if that node is confirmed dead)",
+            DEPLOYMENT_LABELS,
+        )
+        phase_seconds = HistogramMetricFamily(
+            PREFIX + "recovery_phase_seconds",
+            "Where the recoveries ended since the service started spent their time, by phase: "
+            "detected (last heartbeat to the verdict, timeout or deletion), placed (to the "
+            "replacement), downloaded (to its download done), loaded (to serving again)",
+            labels=["phase"],
         )
 
         histories = {
@@ -265,6 +332,7 @@ class SnapshotFamilies:
             ready.add_metric(labels, view.ready_replicas)
             for value in STATUSES:
                 status.add_metric([*labels, value], 1.0 if view.status == value else 0.0)
+            at_risk.add_metric(labels, 1.0 if view.at_risk else 0.0)
             standby_desired.add_metric(labels, deployment.standby)
             standby_staged.add_metric(
                 labels, sum(1 for copy in view.staged if copy.state == "completed")
@@ -296,7 +364,16 @@ class SnapshotFamilies:
             availability,
             incidents,
             recovery,
+            at_risk,
         )
+        phase_bounds = [*(repr(bound) for bound in PHASE_BUCKETS_S), "+Inf"]
+        phases = self._tally.phases
+        for phase in PHASES:
+            buckets = map(float, phases.buckets[phase])
+            phase_seconds.add_metric(
+                [phase], list(zip(phase_bounds, buckets, strict=True)), phases.sums[phase]
+            )
+        yield phase_seconds
 
         nodes = _gauge(
             "nodes",

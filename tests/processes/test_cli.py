@@ -29,6 +29,7 @@ from keeper.master.server import serve
 from keeper.master.service import Master
 from keeper.model.api_models import DeploymentHistoryResponse, IncidentView
 from keeper.model.catalog import catalog_by_id
+from keeper.model.state import RecoveryPhases
 from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 
 QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
@@ -265,6 +266,7 @@ def test_history_lists_incidents_newest_first_with_their_cause() -> None:
                 end="2026-11-30T01:00:33.200Z",
                 downtime_s=33.2,
                 cause="node studio timed out",
+                phases=RecoveryPhases(detected=30.0, placed=0.05, downloaded=0.0, loaded=3.2),
             ),
             IncidentView(
                 start="2026-11-30T02:00:00.000Z", end=None, downtime_s=5.0, cause="unplaceable: x"
@@ -274,9 +276,12 @@ def test_history_lists_incidents_newest_first_with_their_cause() -> None:
     )
     assert format_history(history).splitlines() == [
         "d1: last 24 h, available 99.10%, 2 incident(s), MTTR 33.2 s",
-        "START                     END                       DOWN    CAUSE",
-        "2026-11-30T02:00:00.000Z  ongoing                   5.0 s   unplaceable: x",
-        "2026-11-30T01:00:00.000Z  2026-11-30T01:00:33.200Z  33.2 s  node studio timed out",
+        "START                     END                       DOWN    RECOVERY"
+        "                                      CAUSE",
+        "2026-11-30T02:00:00.000Z  ongoing                   5.0 s   -"
+        "                                             unplaceable: x",
+        "2026-11-30T01:00:00.000Z  2026-11-30T01:00:33.200Z  33.2 s  "
+        "detected 30.0 s, placed 0.05 s, loaded 3.2 s  node studio timed out",
     ]
 
 

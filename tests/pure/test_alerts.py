@@ -43,8 +43,16 @@ from keeper.model.notices import (
     clock_utc_of,
     duration_words,
     iso_utc_of,
+    phases_words,
 )
-from keeper.model.state import Deployment, NodeIdentity, RunnerReady, ServingRecord, State
+from keeper.model.state import (
+    Deployment,
+    NodeIdentity,
+    RecoveryPhases,
+    RunnerReady,
+    ServingRecord,
+    State,
+)
 
 MODEL = card("m")
 DEPLOYMENT = Deployment(deployment_id="d1", model_card=MODEL)
@@ -55,6 +63,11 @@ T0 = 1_796_126_584.0
 def named(node_id: str, name: str) -> NodeGatheredInfo:
     info = node_info(node_id)
     return info.model_copy(update={"identity": NodeIdentity(friendly_name=name)})
+
+
+def heard(node_id: str, at: float) -> NodeGatheredInfo:
+    """A heartbeat of the node at ``at``: where an incident it causes starts."""
+    return NodeGatheredInfo(node_id=node_id, when=iso_utc_of(at))
 
 
 def ready(instance_id: str, ranks: int) -> list[RunnerStatusUpdated]:
@@ -123,14 +136,16 @@ def test_a_start_up_is_no_incident() -> None:
 def test_a_node_lost_opens_an_incident_with_its_cause_and_a_ready_replacement_resolves_it() -> None:
     cluster = serving()
     cluster.look(T0 + 10)
+    cluster.at(T0 + 20, heard("n-studio", T0 + 20))  # its last heartbeat
     cluster.at(T0 + 50, NodeTimedOut(node_id="n-studio"))
     (opened,) = cluster.look(T0 + 50.5)
     assert isinstance(opened, IncidentOpened)
     assert (opened.deployment_id, opened.model_id) == ("d1", "m")
     assert opened.cause == "node studio timed out"
-    assert opened.start == iso_utc_of(T0 + 50)
+    # The incident starts at the lost node's last heartbeat, not at its timeout.
+    assert opened.start == iso_utc_of(T0 + 20)
     assert opened.at == iso_utc_of(T0 + 50.5)
-    assert opened.text == "exo-deploy: m not serving since 12:03:54 UTC (node studio timed out)"
+    assert opened.text == "exo-deploy: m not serving since 12:03:24 UTC (node studio timed out)"
     cluster.at(T0 + 60, InstanceDeleted(instance_id="i1"))
     assert cluster.look(T0 + 60) == []
     cluster.at(T0 + 61, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
@@ -138,9 +153,14 @@ def test_a_node_lost_opens_an_incident_with_its_cause_and_a_ready_replacement_re
     (resolved,) = cluster.look(T0 + 80)
     assert isinstance(resolved, IncidentResolved)
     assert resolved.cause == "node studio timed out"
-    assert (resolved.start, resolved.end) == (iso_utc_of(T0 + 50), iso_utc_of(T0 + 80))
-    assert resolved.downtime_s == 30.0
-    assert "after 30 s down" in resolved.text
+    assert (resolved.start, resolved.end) == (iso_utc_of(T0 + 20), iso_utc_of(T0 + 80))
+    assert resolved.downtime_s == 60.0
+    assert "after 1 min down" in resolved.text
+    # Where the minute went: 30 s to the timeout, 11 s to the replacement, 19 s to ready.
+    assert resolved.phases == RecoveryPhases(
+        detected=30.0, placed=11.0, downloaded=0.0, loaded=19.0
+    )
+    assert resolved.text.endswith(": detected 30.0 s, placed 11.0 s, loaded 19.0 s")
     assert opened.id != resolved.id
 
 
@@ -161,7 +181,7 @@ def test_incident_ids_are_the_same_on_every_look_and_after_a_restart() -> None:
     first = serving()
     first.look(T0 + 10)
     kept = first.memory  # what the outbox dir holds at the stop
-    first.at(T0 + 50, NodeTimedOut(node_id="n-studio"))
+    first.at(T0 + 50, heard("n-studio", T0 + 50), NodeTimedOut(node_id="n-studio"))
     (opened,) = first.look(T0 + 50)
     # Another look at the same change, later: the same id.
     again = Cluster()
@@ -192,7 +212,12 @@ def unplaceable() -> Cluster:
     """Serving, then studio lost and the replacement unplaceable."""
     cluster = serving()
     cluster.look(T0 + 10)
-    cluster.at(T0 + 50, NodeTimedOut(node_id="n-studio"), InstanceDeleted(instance_id="i1"))
+    cluster.at(
+        T0 + 50,
+        heard("n-studio", T0 + 50),
+        NodeTimedOut(node_id="n-studio"),
+        InstanceDeleted(instance_id="i1"),
+    )
     cluster.look(T0 + 50)
     return cluster
 
@@ -332,7 +357,7 @@ def test_each_deployment_is_looked_at_whatever_the_others_did() -> None:
     cluster.at(T0 + 1, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "i1")))
     cluster.at(T0 + 2, *ready("o1", 1), *ready("i1", 1))
     cluster.look(T0 + 2)
-    cluster.at(T0 + 50.25, NodeTimedOut(node_id="n-studio"))
+    cluster.at(T0 + 50.25, heard("n-studio", T0 + 50.25), NodeTimedOut(node_id="n-studio"))
     (opened,) = cluster.look(T0 + 51)
     assert opened.model_dump()["deployment_id"] == "d1"
     cluster.at(T0 + 52, InstanceDeleted(instance_id="i1"))
@@ -442,3 +467,27 @@ def test_times_are_written_as_a_person_reads_them() -> None:
         "2 h 10 min",
         "2 h",
     ]
+
+
+def test_an_incident_with_no_recovery_to_tell_resolves_without_phases() -> None:
+    cluster = Cluster().at(T0, named("n-studio", "studio"))
+    cluster.at(T0, DeploymentCreated(deployment=DEPLOYMENT))
+    cluster.at(T0 + 1, DeploymentPlacementFailed(deployment_id="d1", error="no room"))
+    cluster.look(T0 + 1)
+    cluster.at(T0 + 5, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "i1")))
+    cluster.at(T0 + 9, *ready("i1", 1))
+    resolved = next(n for n in cluster.look(T0 + 9) if isinstance(n, IncidentResolved))
+    assert resolved.phases is None
+    assert resolved.text.endswith("after 9 s down (unplaceable: no room)")  # since created
+
+
+def test_phases_in_words_leave_out_what_took_no_time() -> None:
+    assert phases_words(RecoveryPhases(detected=8.0, placed=0.05, downloaded=0.0, loaded=3.24)) == (
+        "detected 8.0 s, placed 0.05 s, loaded 3.2 s"
+    )
+    assert phases_words(RecoveryPhases(detected=0.0, placed=0.0, downloaded=125.0, loaded=0.0)) == (
+        "downloaded 2 min 5 s"
+    )
+    assert phases_words(RecoveryPhases(detected=0.0, placed=0.0, downloaded=0.0, loaded=0.0)) == (
+        "at once"
+    )

@@ -16,7 +16,11 @@ from keeper.model.events import (
     DeploymentServingChanged,
     InstanceCreated,
     InstanceDeleted,
+    NodeConfirmedDead,
+    NodeDownloadProgress,
     NodeGatheredInfo,
+    NodeHeardAgain,
+    NodeSuspected,
     NodeTimedOut,
     RunnerStatusUpdated,
 )
@@ -25,15 +29,22 @@ from keeper.model.history import (
     Incident,
     TimedEvent,
     deployment_history,
+    down_stretch,
     may_change_serving,
+    recovery_phases,
     replay,
     serving_changes,
     serving_since,
     summarize,
 )
+from keeper.model.notices import iso_utc_of, unix_seconds_of
 from keeper.model.state import (
     Deployment,
+    DownloadCompleted,
+    DownloadPending,
+    Memory,
     NodeIdentity,
+    RecoveryPhases,
     RunnerFailed,
     RunnerLoading,
     RunnerReady,
@@ -442,3 +453,363 @@ def test_serving_since_is_the_newest_record_when_it_serves() -> None:
     assert serving_since((up,)) == 10.0
     assert serving_since((up, down)) is None
     assert serving_since((up, down, again)) == 35.0
+
+
+# --- honest clocks: a stop caused by a node starts at its last heartbeat (§5.17) ---------------
+
+
+def heard(node_id: str, at: float) -> NodeGatheredInfo:
+    """A report of the node at ``at`` (its ``lastSeen``)."""
+    return NodeGatheredInfo(node_id=node_id, when=iso_utc_of(at))
+
+
+def dead(node_id: str, last_heard: float, at: float, why: str = "session closed") -> AnyEvent:
+    return NodeConfirmedDead(node_id=node_id, last_heard=last_heard, at=at, why=why)
+
+
+def records_of(log: Log) -> tuple[ServingRecord, ...]:
+    return replay(log.events).serving_history["d1"]
+
+
+def completed(node_id: str, model_id: str = "m") -> NodeDownloadProgress:
+    instance = build_instance(card(model_id), [node_id], "shard-source")
+    shard = next(iter(instance.shard_assignments.runner_to_shard.values()))
+    return NodeDownloadProgress(
+        download_progress=DownloadCompleted(
+            node_id=node_id, shard_metadata=shard, total=Memory(in_bytes=100)
+        )
+    )
+
+
+def test_a_node_confirmed_dead_stops_serving_from_its_last_heartbeat() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(52.0, dead("n-studio", last_heard=44.0, at=52.0))
+    stop = records_of(log)[-1]
+    assert stop == ServingRecord(
+        at=44.0,
+        serving=False,
+        cause="node studio confirmed dead (session closed)",
+        noticed=52.0,
+    )
+    log.at(53.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(56.5, *ready("i2", 1))
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=100.0)
+    (incident,) = history.incidents
+    assert (incident.start, incident.end, incident.downtime_s) == (44.0, 56.5, 12.5)
+    assert history.mttr_s == 12.5
+    assert incident.phases == RecoveryPhases(detected=8.0, placed=1.0, downloaded=0.0, loaded=3.5)
+
+
+def test_a_node_dead_without_a_second_sign_named_and_several_signs_joined() -> None:
+    state = replay(serving_from(0.0, 10.0).events)
+    after = apply(state, dead("n-studio", 40.0, 50.0, why=""))
+    (change,) = serving_changes(state, after, 50.0)
+    assert change.record.cause == "node studio confirmed dead"
+    both = apply(apply(state, dead("n-studio", 40.0, 50.0, "b")), dead("n-mini", 41.0, 50.0, "a"))
+    (change,) = serving_changes(state, both, 50.0)
+    assert change.record.cause == "node studio, mini-a confirmed dead (a; b)"
+    # The ring stopped when its first node went quiet.
+    assert change.record.at == 40.0
+
+
+def test_a_node_that_timed_out_with_no_verdict_starts_at_its_last_seen() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(20.0, heard("n-studio", 20.0))
+    log.at(50.0, NodeTimedOut(node_id="n-studio"))
+    log.at(60.0, InstanceDeleted(instance_id="i1"))
+    stop = records_of(log)[-1]
+    assert (stop.at, stop.noticed, stop.cause) == (20.0, 50.0, "node studio timed out")
+    log.at(61.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(80.0, *ready("i2", 1))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=99.0).incidents
+    assert (incident.start, incident.downtime_s) == (20.0, 60.0)
+    assert incident.phases == RecoveryPhases(
+        detected=30.0, placed=11.0, downloaded=0.0, loaded=19.0
+    )
+
+
+def test_a_timeout_after_a_verdict_takes_the_verdicts_heartbeat_newest_first() -> None:
+    base = replay(serving_from(0.0, 10.0).at(20.0, heard("n-studio", 20.0)).events)
+    suspected = apply(base, NodeSuspected(node_id="n-studio", last_heard=30.0, at=33.0))
+    assert serving_changes(base, suspected, 33.0) == []  # suspect still serves
+    # The timeout clears the verdict: ``before`` still holds its heartbeat, kept over lastSeen.
+    gone = apply(suspected, NodeTimedOut(node_id="n-studio"))
+    (change,) = serving_changes(suspected, gone, 50.0)
+    assert (change.record.at, change.record.noticed) == (30.0, 50.0)
+    # Confirmed dead with a newer heartbeat than the suspicion had: the newer one, in ``after``.
+    confirmed = apply(suspected, dead("n-studio", 31.0, 40.0))
+    (change,) = serving_changes(suspected, confirmed, 40.0)
+    assert change.record.at == 31.0
+
+
+def test_a_lost_node_with_no_date_leaves_the_stop_when_it_was_seen() -> None:
+    state = replay(serving_from(0.0, 10.0).at(20.0, heard("n-studio", 20.0)).events)
+    undated = state.model_copy(update={"last_seen": {"n-studio": "yesterday"}})
+    (change,) = serving_changes(undated, apply(undated, NodeTimedOut(node_id="n-studio")), 50.0)
+    assert (change.record.at, change.record.noticed) == (50.0, None)
+
+
+def test_a_heartbeat_older_than_the_newest_record_dates_the_stop_at_that_record() -> None:
+    """Records stay in order: a node last heard before the deployment began serving on it (it
+    came up on a node already quiet) stops it at the serving record, not before."""
+    log = serving_from(0.0, 10.0)
+    log.at(30.0, dead("n-studio", last_heard=5.0, at=30.0))
+    served, stop = records_of(log)[-2:]
+    assert (served.at, stop.at, stop.noticed) == (10.0, 10.0, 30.0)
+
+
+def test_a_heartbeat_after_the_moment_seen_is_not_trusted_past_it() -> None:
+    state = replay(serving_from(0.0, 10.0).events)
+    (change,) = serving_changes(state, apply(state, dead("n-studio", 60.0, 50.0)), 50.0)
+    assert (change.record.at, change.record.noticed) == (50.0, None)
+
+
+def test_replicas_lost_together_stop_when_the_last_of_them_went_quiet() -> None:
+    log = Log().at(0.0, named("n-a", "a"), named("n-b", "b"), named("n-c", "c"))
+    log.at(0.0, DeploymentCreated(deployment=DEPLOYMENT))
+    log.at(1.0, InstanceCreated(instance=build_instance(MODEL, ["n-a"], "i1")))
+    log.at(1.0, InstanceCreated(instance=build_instance(MODEL, ["n-b", "n-c"], "i2")))
+    log.at(5.0, *ready("i1", 1), *ready("i2", 2))
+    state = replay(log.events)
+    # i1 quiet since 20; i2 since 24 (its first node: a ring needs all of them).
+    lost = apply(
+        apply(apply(state, dead("n-a", 20.0, 40.0)), dead("n-b", 24.0, 40.0)),
+        dead("n-c", 30.0, 40.0),
+    )
+    (change,) = serving_changes(state, lost, 40.0)
+    assert change.record.at == 24.0
+    # One lost with its node, the other deleted at the moment seen: that moment.
+    deleted = apply(apply(state, dead("n-a", 20.0, 40.0)), InstanceDeleted(instance_id="i2"))
+    (change,) = serving_changes(state, deleted, 40.0)
+    assert (change.record.at, change.record.noticed) == (40.0, None)
+
+
+def test_a_stop_not_caused_by_a_node_is_dated_when_seen_with_a_phase_of_no_detection() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(40.0, InstanceDeleted(instance_id="i1"))
+    log.at(41.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(45.0, *ready("i2", 1))
+    stop = records_of(log)[-3]
+    assert (stop.at, stop.noticed, stop.instance_id) == (40.0, None, None)
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=99.0).incidents
+    assert incident.phases == RecoveryPhases(detected=0.0, placed=1.0, downloaded=0.0, loaded=4.0)
+
+
+# --- the steps of a recovery -----------------------------------------------------------------
+
+
+def test_the_first_replacement_and_its_download_are_steps_recorded_once() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    log.at(31.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(32.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i3")))  # no step
+    log.at(50.0, completed("n-mini"))
+    log.at(51.0, completed("n-mini"))  # already complete: no step
+    steps = [(r.at, r.serving, r.step, r.instance_id, r.cause) for r in records_of(log)[2:]]
+    cause = "node studio confirmed dead (session closed)"
+    assert steps == [
+        (22.0, False, None, None, cause),
+        (31.0, False, "placed", "i2", cause),
+        (50.0, False, "downloaded", None, cause),
+    ]
+    log.at(58.0, *ready("i2", 1))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=99.0).incidents
+    assert (incident.start, incident.downtime_s, incident.cause) == (22.0, 36.0, cause)
+    assert incident.phases == RecoveryPhases(detected=8.0, placed=1.0, downloaded=19.0, loaded=8.0)
+    # Steps change nothing else: availability counts them as the down time they are in.
+    history = deployment_history("d1", log.events, window_start=10.0, window_end=70.0)
+    assert history.availability == pytest.approx(24.0 / 60.0)
+
+
+def test_a_download_of_a_model_on_disk_already_is_no_step_and_takes_no_time() -> None:
+    log = serving_from(0.0, 10.0).at(5.0, completed("n-mini"))
+    log.at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    log.at(31.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(32.0, completed("n-mini"))
+    log.at(35.0, *ready("i2", 1))
+    assert [r.step for r in records_of(log)[2:]] == [None, "placed", None]
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=99.0).incidents
+    assert incident.phases == RecoveryPhases(detected=8.0, placed=1.0, downloaded=0.0, loaded=4.0)
+
+
+def test_a_download_of_another_model_or_node_is_not_the_replacements() -> None:
+    log = Log().at(0.0, named("n-studio", "studio"), named("n-mini", "mini-a"), named("n-x", "x"))
+    log.at(0.0, DeploymentCreated(deployment=DEPLOYMENT))
+    log.at(1.0, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "i1")))
+    log.at(10.0, *ready("i1", 1))
+    log.at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    log.at(31.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini", "n-x"], "i2")))
+    log.at(40.0, completed("n-mini", "other"), completed("n-x"))
+    assert [r.step for r in records_of(log)[2:]] == [None, "placed"]
+    log.at(45.0, completed("n-mini"))  # the last of its nodes
+    assert [r.step for r in records_of(log)[2:]] == [None, "placed", "downloaded"]
+
+
+def test_a_replacement_under_way_at_the_stop_is_named_by_it_and_took_no_placing() -> None:
+    """Make-before-break: the replacement was placed while the node was only suspect."""
+    log = serving_from(0.0, 10.0)
+    log.at(25.0, NodeSuspected(node_id="n-studio", last_heard=22.0, at=25.0))
+    log.at(25.5, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    assert records_of(log)[-1].serving  # suspect: still serving, no step
+    log.at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    stop = records_of(log)[-1]
+    assert (stop.at, stop.noticed, stop.instance_id, stop.step) == (22.0, 30.0, "i2", None)
+    log.at(33.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i3")))  # no step
+    log.at(34.0, completed("n-mini"))
+    assert [r.step for r in records_of(log)[3:]] == ["downloaded"]
+    log.at(36.0, *ready("i2", 1))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=99.0).incidents
+    assert incident.phases == RecoveryPhases(detected=8.0, placed=0.0, downloaded=4.0, loaded=2.0)
+
+
+def test_an_instance_lost_with_the_node_is_no_replacement_under_way() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(11.0, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "i-same-node")))
+    log.at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    assert records_of(log)[-1].instance_id is None
+
+
+def test_no_steps_outside_an_incident_nor_without_a_state_before() -> None:
+    start_up = Log().at(0.0, named("n-studio", "studio"), DeploymentCreated(deployment=DEPLOYMENT))
+    start_up.at(1.0, InstanceCreated(instance=build_instance(MODEL, ["n-studio"], "i1")))
+    start_up.at(2.0, completed("n-studio"))
+    assert [r.step for r in records_of(start_up)] == [None]
+    start_up.at(3.0, *ready("i1", 1))
+    assert records_of(start_up)[-1].phases is None  # a start-up is no recovery
+    down = replay(serving_from(0.0, 10.0).at(30.0, InstanceDeleted(instance_id="i1")).events)
+    placed = apply(down, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    assert serving_changes(None, placed, 31.0) == []
+    (step,) = serving_changes(down, placed, 31.0)
+    assert (step.record.step, step.record.instance_id) == ("placed", "i2")
+    assert serving_changes(down, down, 32.0) == []  # nothing new: no step
+
+
+def test_a_placement_error_while_down_keeps_its_record_before_any_step() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(30.0, InstanceDeleted(instance_id="i1"))
+    log.at(31.0, DeploymentPlacementFailed(deployment_id="d1", error="no room"))
+    assert [(r.step, r.cause) for r in records_of(log)[2:]] == [
+        (None, "instance deleted by a user")
+    ]
+
+
+def test_phases_add_up_to_the_down_time_whatever_the_records_order() -> None:
+    """``recovery_phases`` over records as they are written, and over records a clock that went
+    back wrote out of order: no phase is negative, and they add up to the down time."""
+    stretch = (
+        ServingRecord(at=0.0, serving=True),
+        ServingRecord(at=10.0, serving=False, cause="x", noticed=18.0),
+        ServingRecord(at=20.0, serving=False, step="placed", instance_id="i2"),
+        ServingRecord(at=26.0, serving=False, step="downloaded"),
+    )
+    assert recovery_phases(stretch, 30.0) == RecoveryPhases(
+        detected=8.0, placed=2.0, downloaded=6.0, loaded=4.0
+    )
+    skewed = (
+        ServingRecord(at=0.0, serving=True),
+        ServingRecord(at=10.0, serving=False, cause="x", noticed=18.0),
+        ServingRecord(at=15.0, serving=False, step="placed", instance_id="i2"),
+        ServingRecord(at=12.0, serving=False, step="downloaded"),
+    )
+    assert recovery_phases(skewed, 17.0) == RecoveryPhases(
+        detected=8.0, placed=0.0, downloaded=0.0, loaded=0.0
+    )
+    assert recovery_phases(skewed, 40.0) == RecoveryPhases(
+        detected=8.0, placed=0.0, downloaded=0.0, loaded=22.0
+    )
+    assert recovery_phases(stretch[:1], 30.0) is None  # serving: no incident
+    assert recovery_phases(stretch[1:], 30.0) is None  # never served: a start-up
+
+
+def test_the_down_stretch_is_what_follows_the_newest_serving_record() -> None:
+    served = ServingRecord(at=0.0, serving=True)
+    down = ServingRecord(at=5.0, serving=False)
+    step = ServingRecord(at=6.0, serving=False, step="placed")
+    assert down_stretch((down, served, down, step)) == (down, step)
+    assert down_stretch((down, served)) is None
+    assert down_stretch((down,)) is None
+    assert down_stretch(()) is None
+
+
+def test_an_ongoing_incident_has_no_phases_yet() -> None:
+    log = serving_from(0.0, 10.0).at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=99.0).incidents
+    assert (incident.start, incident.end, incident.phases) == (22.0, None, None)
+
+
+def test_heard_again_after_dead_serves_again_with_its_phases() -> None:
+    log = serving_from(0.0, 10.0).at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    log.at(33.0, NodeHeardAgain(node_id="n-studio", at=33.0))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=99.0).incidents
+    assert (incident.start, incident.end) == (22.0, 33.0)
+    assert incident.phases == RecoveryPhases(detected=8.0, placed=0.0, downloaded=0.0, loaded=3.0)
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (dead("n-studio", 1.0, 2.0), True),
+        (NodeHeardAgain(node_id="n-studio", at=3.0), True),
+        (NodeSuspected(node_id="n-studio", last_heard=1.0, at=2.0), False),  # still serves
+        (completed("n-mini"), True),  # may end a recovery's download
+        (
+            NodeDownloadProgress(
+                download_progress=DownloadPending(
+                    node_id="n-mini",
+                    shard_metadata=completed("n-mini").download_progress.shard_metadata,
+                    total=Memory(in_bytes=100),
+                )
+            ),
+            False,
+        ),
+    ],
+)
+def test_which_verdicts_and_downloads_can_change_serving(event: AnyEvent, expected: bool) -> None:
+    state = replay(serving_from(0.0, 10.0).events)
+    assert may_change_serving(event, state) is expected
+
+
+def test_unix_seconds_of_reads_exos_last_seen_and_refuses_what_has_no_zone() -> None:
+    assert unix_seconds_of("1970-01-01T00:00:45.000Z") == 45.0
+    assert unix_seconds_of("2026-12-01T09:39:22.568449Z") == pytest.approx(1_796_117_962.568449)
+    assert unix_seconds_of("2024-02-29T23:59:59.5+02:00") == 1_709_243_999.5
+    assert unix_seconds_of("1999-12-31 10:00:00-05:30") == 946_654_200.0
+    assert unix_seconds_of(iso_utc_of(1_796_126_584.25)) == 1_796_126_584.25
+    for bad in (None, "", "yesterday", "2026-01-01T00:00:00", "2026-13-01T00:00:00Z"):
+        assert unix_seconds_of(bad) is None, bad
+
+
+def test_a_stop_seen_with_nothing_serving_before_is_dated_when_seen() -> None:
+    """The records say serving, yet ``before`` served nothing (a service's first look at exo):
+    no lost node to date it by."""
+    state = replay(serving_from(0.0, 10.0).events)
+    unready = apply(state, InstanceDeleted(instance_id="i1"))
+    (change,) = serving_changes(unready, unready, 40.0)
+    assert (change.record.at, change.record.noticed, change.record.serving) == (40.0, None, False)
+
+
+def test_a_download_is_the_replacements_only_while_it_exists_and_counts_once() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    log.at(31.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(40.0, completed("n-mini"))
+    shard = completed("n-mini").download_progress.shard_metadata
+    again = DownloadPending(node_id="n-mini", shard_metadata=shard, total=Memory(in_bytes=100))
+    log.at(41.0, NodeDownloadProgress(download_progress=again), completed("n-mini"))
+    assert [r.step for r in records_of(log)[2:]] == [None, "placed", "downloaded"]
+    gone = serving_from(0.0, 10.0).at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    gone.at(31.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    gone.at(35.0, InstanceDeleted(instance_id="i2"))
+    gone.at(40.0, completed("n-mini"))
+    assert [r.step for r in records_of(gone)[2:]] == [None, "placed"]
+
+
+def test_phases_are_to_the_millisecond() -> None:
+    stretch = (
+        ServingRecord(at=0.0, serving=True),
+        ServingRecord(at=10.0, serving=False, cause="x", noticed=11.23456),
+        ServingRecord(at=12.5, serving=False, step="placed", instance_id="i2"),
+    )
+    assert recovery_phases(stretch, 15.00049) == RecoveryPhases(
+        detected=1.235, placed=1.265, downloaded=0.0, loaded=2.5
+    )

@@ -9,25 +9,47 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from keeper_harness import build_instance, card
-from metrics_scrape import parse, value
+from keeper_harness import build_instance, card, node_info
+from metrics_scrape import Samples, parse, value
 from prometheus_client import CollectorRegistry, generate_latest
 
 from keeper.bridge.metrics import ExoCollector, ExoFacts
 from keeper.master.chat_routing import ChatCounts
 from keeper.master.metrics import ChatCollector
 from keeper.model.api_models import WebhookEndpointHealth, WebhooksHealth
-from keeper.model.history import summarize
+from keeper.model.events import (
+    AnyEvent,
+    DeploymentCreated,
+    InstanceCreated,
+    NodeConfirmedDead,
+    NodeDownloadProgress,
+    NodeSuspected,
+    RunnerStatusUpdated,
+)
+from keeper.model.history import TimedEvent, replay, summarize
 from keeper.model.liveness import SILENT_AFTER_S, node_liveness, nodes_by_state
-from keeper.model.state import Deployment, NodeIdentity, ServingRecord, State, Topology
+from keeper.model.state import (
+    Deployment,
+    DownloadCompleted,
+    Memory,
+    NodeIdentity,
+    RecoveryPhases,
+    RunnerReady,
+    ServingRecord,
+    State,
+    Topology,
+)
 from keeper.runtime.deployments import deployment_views
 from keeper.runtime.metrics import (
+    PHASE_BUCKETS_S,
     MetricsSnapshot,
+    PhaseCounts,
     RecoveryCounts,
     ServiceMetrics,
     WebhookCollector,
@@ -37,6 +59,7 @@ from keeper.runtime.metrics import (
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "exo-deploy.json"
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
+RULE_TESTS = ROOT / "tests" / "fixtures" / "prometheus" / "alerts_test.yml"
 MODEL = "org/model-a"
 
 
@@ -232,15 +255,23 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
     }
     assert alerts == {
         "ExoDeployDeploymentNotServing",
+        "ExoDeployDeploymentOutage",
+        "ExoDeployDeploymentAtRisk",
         "ExoDeployReplicasShort",
         "ExoDeployExoUnreadable",
         "ExoDeployNodeSilent",
     }
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def _promtool() -> str | None:
+    """promtool on the PATH, or beside the venv's python (where make unpacks Debian's)."""
+    beside = Path(sys.executable).parent / "promtool"
+    return shutil.which("promtool") or (str(beside) if beside.is_file() else None)
+
+
+@pytest.mark.skipif(_promtool() is None, reason="promtool is not installed")
 def test_promtool_accepts_the_rules() -> None:
-    promtool = shutil.which("promtool")
+    promtool = _promtool()
     assert promtool is not None
     checked = subprocess.run(
         [promtool, "check", "rules", str(RULES)],
@@ -250,4 +281,130 @@ def test_promtool_accepts_the_rules() -> None:
         timeout=60,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 4 rules found" in checked.stdout
+    assert "SUCCESS: 6 rules found" in checked.stdout
+
+
+@pytest.mark.skipif(_promtool() is None, reason="promtool is not installed")
+def test_the_rules_fire_for_a_node_outage_in_promtools_rule_tests() -> None:
+    """tests/fixtures/prometheus/alerts_test.yml: what a 15 s scrape reads around a node lost
+    and failed over in seconds (at risk, then an incident no scrape saw down) and one lost with
+    no room for a replacement (not serving from the verdict on)."""
+    promtool = _promtool()
+    assert promtool is not None
+    tested = subprocess.run(
+        [promtool, "test", "rules", str(RULE_TESTS)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "SUCCESS" in tested.stdout
+
+
+# --- a node outage, scraped (docs/design.md §5.17, "Honest clocks") -------------------------
+
+
+def _outage_scrapes() -> list[Samples]:
+    """GET /metrics at each moment of a node outage on our master's rules: serving on studio;
+    studio suspect (last heard at 100); confirmed dead at 108; a replacement on mini-a placed
+    at 108.5, its download done at 112, ready at 115."""
+    log: list[TimedEvent] = []
+
+    def at(when: float, *events: AnyEvent) -> None:
+        log.extend(TimedEvent(idx=len(log) + i, at=when, event=e) for i, e in enumerate(events))
+
+    deployment = Deployment(deployment_id="d1", model_card=card(MODEL))
+    shard = next(
+        iter(
+            build_instance(card(MODEL), ["n-mini"], "x").shard_assignments.runner_to_shard.values()
+        )
+    )
+    at(0.0, node_info("n-studio"), node_info("n-mini"), DeploymentCreated(deployment=deployment))
+    at(1.0, InstanceCreated(instance=build_instance(card(MODEL), ["n-studio"], "i1")))
+    at(5.0, RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=RunnerReady()))
+    moments: list[tuple[float, list[AnyEvent]]] = [
+        (50.0, []),
+        (103.0, [NodeSuspected(node_id="n-studio", last_heard=100.0, at=103.0)]),
+        (108.0, [NodeConfirmedDead(node_id="n-studio", last_heard=100.0, at=108.0, why="x")]),
+        (108.5, [InstanceCreated(instance=build_instance(card(MODEL), ["n-mini"], "i2"))]),
+        (
+            112.0,
+            [
+                NodeDownloadProgress(
+                    download_progress=DownloadCompleted(
+                        node_id="n-mini", shard_metadata=shard, total=Memory(in_bytes=1)
+                    )
+                )
+            ],
+        ),
+        (115.0, [RunnerStatusUpdated(runner_id="i2-runner-0", runner_status=RunnerReady())]),
+    ]
+    state = replay(log)
+    snapshot = [MetricsSnapshot(state, [], 0.0, 0.0)]
+    # The service's clock moves past a body's age at each moment: every scrape builds afresh.
+    clock = [0.0]
+    metrics = ServiceMetrics(lambda: snapshot[0], lambda: clock[0])
+    scrapes: list[Samples] = []
+    for when, events in moments:
+        timed = [TimedEvent(idx=len(log) + i, at=when, event=e) for i, e in enumerate(events)]
+        log.extend(timed)
+        state = replay(timed, state)
+        views = deployment_views(state, None, None)
+        snapshot[0] = MetricsSnapshot(state=state, deployments=views, now=when, started_at=0.0)
+        clock[0] = when
+        scrapes.append(parse(metrics.exposition_now().decode())[1])
+    return scrapes
+
+
+def test_a_node_outage_is_at_risk_then_not_serving_then_one_incident_with_its_phases() -> None:
+    labels = {"deployment": "d1", "model": MODEL}
+    scrapes = _outage_scrapes()
+
+    def series(name: str, **more: str) -> list[float]:
+        return [value(samples, name, **labels, **more) for samples in scrapes]
+
+    assert series("exo_deploy_deployment_at_risk") == [0, 1, 0, 0, 0, 0]
+    assert series("exo_deploy_deployment_status", status="serving") == [1, 1, 0, 0, 0, 1]
+    assert series("exo_deploy_deployment_replicas_ready") == [1, 1, 0, 0, 0, 1]
+    assert series("exo_deploy_deployment_incidents_total") == [0, 0, 1, 1, 1, 1]
+    assert series("exo_deploy_deployment_recovery_seconds_count") == [0, 0, 0, 0, 0, 1]
+    # One start (the last heartbeat, 100), one down time: 15 s, of which 8 s detection.
+    assert (
+        scrapes[-1][("exo_deploy_deployment_recovery_seconds_sum", frozenset(labels.items()))]
+        == 15.0
+    )
+    last = scrapes[-1]
+    phases = {
+        phase: value(last, "exo_deploy_recovery_phase_seconds_sum", phase=phase)
+        for phase in ("detected", "placed", "downloaded", "loaded")
+    }
+    assert phases == {"detected": 8.0, "placed": 0.5, "downloaded": 3.5, "loaded": 3.0}
+    for phase, seconds in phases.items():
+        assert value(last, "exo_deploy_recovery_phase_seconds_count", phase=phase) == 1
+        for bound in PHASE_BUCKETS_S:
+            bucket = value(
+                last, "exo_deploy_recovery_phase_seconds_bucket", phase=phase, le=repr(bound)
+            )
+            assert bucket == (1 if seconds <= bound else 0), (phase, bound)
+    assert value(scrapes[-2], "exo_deploy_recovery_phase_seconds_count", phase="loaded") == 0
+
+
+def test_phase_counts_add_every_recovery_once_and_skip_one_without_phases() -> None:
+    counts, phases = RecoveryCounts(), PhaseCounts()
+    told = RecoveryPhases(detected=8.0, placed=0.5, downloaded=0.0, loaded=3.0)
+    records = (
+        ServingRecord(at=0.0, serving=True),
+        ServingRecord(at=10.0, serving=False, cause="x", noticed=18.0),
+        ServingRecord(at=21.5, serving=True, phases=told),
+        ServingRecord(at=30.0, serving=False, cause="y"),
+        ServingRecord(at=35.0, serving=True),  # no phases (an old record): counted as a recovery
+    )
+    history = summarize("d", records, window_start=0.0, window_end=40.0)
+    tally(counts, history, 0.0, phases)
+    tally(counts, history, 0.0, phases)  # again: nothing new
+    assert counts.buckets[-1] == 2
+    assert phases.sums == {"detected": 8.0, "placed": 0.5, "downloaded": 0.0, "loaded": 3.0}
+    assert phases.buckets["placed"] == [0] + [1] * len(PHASE_BUCKETS_S)  # 0.5 <= 0.5
+    assert phases.buckets["downloaded"] == [1] * (len(PHASE_BUCKETS_S) + 1)
+    assert phases.buckets["detected"][-1] == 1

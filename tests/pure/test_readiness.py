@@ -9,15 +9,26 @@ from __future__ import annotations
 
 from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, unplaceable
 
-from keeper.model.events import InstanceCreated, NodeTimedOut, RunnerStatusUpdated
+from keeper.model.events import (
+    InstanceCreated,
+    NodeConfirmedDead,
+    NodeHeardAgain,
+    NodeSuspected,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+)
 from keeper.model.readiness import (
     chat_targets,
+    deployment_at_risk,
     deployment_status,
     deployment_statuses,
     instance_is_ready,
+    instances_at_risk,
     instances_of,
+    on_watched_node,
     ready_instances_of,
     ready_on_present_nodes,
+    ready_replicas,
 )
 from keeper.model.state import AnyInstance, RunnerLoading
 
@@ -161,3 +172,79 @@ def test_an_instance_on_a_node_gone_from_the_topology_serves_nothing() -> None:
     assert instance_is_ready(ab, cluster.state)  # its runners still read Ready
     assert not ready_on_present_nodes(ab, cluster.state)
     assert ready_on_present_nodes(cluster.state.instances["m-c"], cluster.state)
+
+
+# --- a node suspected or confirmed dead (docs/design.md §5.17) ------------------------------
+
+
+def _watched() -> Cluster:
+    """Model m on node-a alone (m-a) and on node-b with node-c (m-bc), both ready; model n on
+    node-c, ready; n-loading on node-b, not ready."""
+    cluster = Cluster()
+    cluster.add_nodes("node-a", "node-b", "node-c")
+    cluster.apply(
+        InstanceCreated(instance=build_instance(card("m"), ["node-a"], "m-a")),
+        InstanceCreated(instance=build_instance(card("m"), ["node-b", "node-c"], "m-bc")),
+        InstanceCreated(instance=build_instance(card("n"), ["node-c"], "n-c")),
+        InstanceCreated(instance=build_instance(card("n"), ["node-b"], "n-loading")),
+    )
+    for instance_id in ("m-a", "m-bc", "n-c"):
+        cluster.make_ready(instance_id)
+    return cluster
+
+
+def _ready_ids(cluster: Cluster) -> set[str]:
+    state = cluster.state
+    return {i.instance_id for i in state.instances.values() if instance_is_ready(i, state)}
+
+
+def test_an_instance_with_a_node_confirmed_dead_is_not_ready_until_it_is_heard_again() -> None:
+    cluster = _watched()
+    m = cluster.deploy("m")
+    assert _ready_ids(cluster) == {"m-a", "m-bc", "n-c"}
+    cluster.apply(NodeConfirmedDead(node_id="node-c", last_heard=1.0, at=9.0, why="closed"))
+    # One dead node of a ring takes the whole instance out, of every model on it.
+    assert _ready_ids(cluster) == {"m-a"}
+    assert [i.instance_id for i in ready_instances_of(cluster.state, "m")] == ["m-a"]
+    assert ready_replicas(cluster.deployment(m), cluster.state) == 1
+    assert chat_targets(cluster.state, "m", {"node-a", "node-b", "node-c"}) == [("m-a", "node-a")]
+    cluster.apply(NodeConfirmedDead(node_id="node-a", last_heard=2.0, at=9.0, why="closed"))
+    assert _ready_ids(cluster) == set()
+    # Its runners still read Ready, yet the model serves nothing: starting, 0 ready.
+    assert deployment_status(cluster.deployment(m), cluster.state) == "starting"
+    assert deployment_statuses(cluster.state)[m] == "starting"
+    assert ready_replicas(cluster.deployment(m), cluster.state) == 0
+    cluster.apply(NodeHeardAgain(node_id="node-c", at=10.0))
+    assert _ready_ids(cluster) == {"m-bc", "n-c"}
+    assert deployment_status(cluster.deployment(m), cluster.state) == "serving"
+
+
+def test_a_suspect_node_leaves_its_instances_ready_and_at_risk() -> None:
+    cluster = _watched()
+    m, n = cluster.deploy("m"), cluster.deploy("n")
+    assert instances_at_risk(cluster.state) == frozenset()
+    cluster.apply(NodeSuspected(node_id="node-b", last_heard=1.0, at=4.0))
+    assert _ready_ids(cluster) == {"m-a", "m-bc", "n-c"}
+    assert deployment_status(cluster.deployment(m), cluster.state) == "serving"
+    # A ready instance with a suspect node is at risk; n-loading, not ready, risks nothing.
+    assert instances_at_risk(cluster.state) == frozenset({"m-bc"})
+    assert deployment_at_risk(cluster.deployment(m), cluster.state)
+    assert not deployment_at_risk(cluster.deployment(n), cluster.state)
+    # Dead is not at risk any more: it is out.
+    cluster.apply(NodeConfirmedDead(node_id="node-b", last_heard=1.0, at=9.0, why="x"))
+    assert instances_at_risk(cluster.state) == frozenset()
+    assert not deployment_at_risk(cluster.deployment(m), cluster.state)
+    assert _ready_ids(cluster) == {"m-a", "n-c"}
+
+
+def test_the_watched_phase_is_read_per_node_and_per_phase() -> None:
+    cluster = _watched()
+    cluster.apply(NodeSuspected(node_id="node-c", last_heard=1.0, at=4.0))
+    state = cluster.state
+    bc, a = state.instances["m-bc"], state.instances["m-a"]
+    assert on_watched_node(bc, state, "suspect")
+    assert not on_watched_node(bc, state, "dead")
+    assert not on_watched_node(a, state, "suspect")
+    assert instances_at_risk(state) == frozenset({"m-bc", "n-c"})
+    n = cluster.deploy("n")
+    assert deployment_at_risk(cluster.deployment(n), cluster.state)

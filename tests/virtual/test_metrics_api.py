@@ -18,6 +18,7 @@ from model_ids import LLAMA, QWEN
 from waiting import wait_until
 
 from keeper.cluster.in_process import InProcessCluster
+from keeper.link.protocol import INFO_REFRESH_S
 from keeper.master.api import create_app
 from keeper.master.service import Master
 from keeper.model.api_models import DeploymentHistoryResponse, DeploymentsResponse, DeploymentView
@@ -119,6 +120,7 @@ async def test_a_lost_node_is_counted_as_the_api_and_history_say() -> None:
         (instance,) = master.state.instances.values()
         (holder_id,) = instance.shard_assignments.node_to_runner
         holder = master.state.node_identities[holder_id].friendly_name
+        frozen_at = master.clock.wall().timestamp()
         cluster.freeze(holder, 120)
         silent: dict[str, float] = {}
 
@@ -153,8 +155,9 @@ async def test_a_lost_node_is_counted_as_the_api_and_history_say() -> None:
         assert value(samples, "exo_deploy_deployment_recovery_seconds_count", **labels) == 1
         recovered = value(samples, "exo_deploy_deployment_recovery_seconds_sum", **labels)
         assert recovered == pytest.approx(incident.downtime_s, abs=0.001)
-        # From the timeout (the incident begins when the node is gone): the sweep, a step, a load.
-        assert 1 <= recovered <= 10 + 5
+        # From the node's last report (docs/design.md 3.5): exo's 30 s timeout, the sweep, a step,
+        # a load.
+        assert 30 <= recovered <= 30 + 10 + 5
         # The buckets say the same: none of those below its length, all from above it.
         assert (
             value(samples, "exo_deploy_deployment_recovery_seconds_bucket", **labels, le="5.0") == 0
@@ -169,6 +172,8 @@ async def test_a_lost_node_is_counted_as_the_api_and_history_say() -> None:
         assert value(samples, "exo_deploy_keeper_placements_total", result="placed") == 2
         start = datetime.fromisoformat(incident.start).timestamp()
         assert start >= master.state.serving_history[deployment_id][0].at
+        # The incident starts at its last report before the freeze (one at least every 5 s).
+        assert frozen_at - INFO_REFRESH_S - 0.5 <= start <= frozen_at + 0.5
 
         # Counted once: later scrapes do not count the same incident again.
         again = await scrape(client)
