@@ -162,7 +162,6 @@ class Moves:
         under_way = [(kind, tuple(kind.under_way(state))) for kind in kinds]
         # One move per deployment at a time, whatever its kind: replicas + 1 at most.
         moving = {move.deployment_id for _, moves in under_way for move in moves}
-        may_place = deciding.may_place
         placed: tuple[DeploymentId, InstanceId] | None = None
         for kind, moves in under_way:
             for move in moves:
@@ -174,11 +173,11 @@ class Moves:
                     or candidate.old in self.deleted
                 ):
                     continue
+                may_place = deciding.may_place and placed is None  # one placement per step
                 outcome, instance_id = self._move(kind, candidate, state, deciding, may_place)
                 events.extend(outcome)
                 if instance_id is not None:
                     placed = (candidate.deployment_id, instance_id)
-                    may_place = False
             for instance_id in kind.doomed(state):
                 events.extend(self._delete(instance_id, state))
         return MoveStep(events, placed)
@@ -302,14 +301,7 @@ def replacement_view(
 ) -> State:
     """The State a replacement for ``old_instance_id`` is placed on: without the cordoned (and
     draining) nodes, those the kind avoids, and the nodes of the model's other instances."""
-    old = state.instances[old_instance_id]
-    model_id = old.shard_assignments.model_id
-    others = frozenset(
-        node
-        for instance_id, instance in state.instances.items()
-        if instance_id != old_instance_id and instance.shard_assignments.model_id == model_id
-        for node in instance.shard_assignments.node_to_runner
-    )
+    others = _other_instances_nodes(state, old_instance_id)
     return without_nodes(state, others | cordoned_nodes(state) | _union(avoided.values()))
 
 
@@ -322,14 +314,24 @@ def left_out_words(
     cordoned ones, those the kind avoids, and those serving the model already."""
     cordoned = cordoned_nodes(state)
     kept_out = cordoned | _union(avoided.values())
-    serving = frozenset(without_nodes(state, kept_out).topology.nodes) - frozenset(
-        replacement_view(state, old_instance_id, avoided).topology.nodes
-    )
+    others = _other_instances_nodes(state, old_instance_id)
+    serving = frozenset(node for node in state.topology.nodes if node in others) - kept_out
     words = [f"cordoned: {node_names(state, cordoned)}"] if cordoned else []
     words.extend(f"{why}: {node_names(state, nodes)}" for why, nodes in avoided.items() if nodes)
     if serving:
         words.append(f"serving it already: {node_names(state, serving)}")
     return words
+
+
+def _other_instances_nodes(state: State, old_instance_id: InstanceId) -> frozenset[NodeId]:
+    """The nodes of the model's instances other than ``old_instance_id`` (anti-affinity)."""
+    model_id = state.instances[old_instance_id].shard_assignments.model_id
+    return frozenset(
+        node
+        for instance_id, instance in state.instances.items()
+        if instance_id != old_instance_id and instance.shard_assignments.model_id == model_id
+        for node in instance.shard_assignments.node_to_runner
+    )
 
 
 def _union(sets: Iterable[frozenset[NodeId]]) -> frozenset[NodeId]:

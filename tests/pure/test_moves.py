@@ -51,6 +51,8 @@ class Suspects(MoveKind):
     force: bool = False
     short_waits: bool = False
     deployments: frozenset[str] | None = None  # None: every deployment's
+    # Nodes a model's instances broke on before (as repair would avoid them), by model.
+    broke: dict[str, frozenset[NodeId]] = field(default_factory=dict[str, frozenset[NodeId]])
     name = "suspects"
 
     @property
@@ -80,9 +82,15 @@ class Suspects(MoveKind):
         return f"cannot fail over {candidate.old} ({'; '.join(left_out)}): {why}"
 
     def avoids(self, state: State, candidate: Candidate) -> Mapping[str, frozenset[NodeId]]:
-        return {"suspect": self.suspect}
+        model_id = state.instances[candidate.old].shard_assignments.model_id
+        return {
+            "suspect": frozenset(n for n in self.suspect if n in state.topology.nodes),
+            "broke there": self.broke.get(model_id, frozenset()),
+        }
 
     def early_end(self, state: State, move: InstanceMove) -> InstanceId | None:
+        if move.old_instance_id not in state.instances:
+            return None  # (the part deletes only what the State holds anyway)
         if move.old_instance_id in self.dead:
             return move.old_instance_id
         if move.old_instance_id in self.heard:
@@ -128,14 +136,15 @@ def deciding(
 
 
 def test_a_replacement_goes_off_the_avoided_nodes_and_apart_and_its_move_is_recorded() -> None:
-    cluster, deployment_id, (old,) = serving("node-a", "node-b", "node-c")
+    cluster, deployment_id, (old,) = serving("node-a", "node-b", "node-c", "node-d")
     cluster.add_node("node-b", available_gb=64.0)  # the freest: but suspect
-    kind = Suspects(suspect=frozenset({"node-a", "node-b"}))
+    cluster.add_node("node-c", available_gb=48.0)  # the next: but m broke there before
+    kind = Suspects(suspect=frozenset({"node-a", "node-b"}), broke={"m": frozenset({"node-c"})})
     moved = Moves().step(cluster.state, [kind], deciding(cluster, T + 10))
     created, assigned, recorded = moved.events
     assert isinstance(created, InstanceCreated)
     new = created.instance.instance_id
-    assert list(created.instance.shard_assignments.node_to_runner) == ["node-c"]
+    assert list(created.instance.shard_assignments.node_to_runner) == ["node-d"]
     assert assigned == DeploymentPlaced(deployment_id=deployment_id, instance_id=new)
     move = InstanceMove(deployment_id=deployment_id, old_instance_id=old, new_instance_id=new)
     assert recorded == DeploymentReplacementPlaced(deployment_id=deployment_id, move=move)
@@ -319,6 +328,12 @@ def test_the_memory_forgets_a_scope_a_kind_and_everything_at_rest() -> None:
     moves.ready_at[old] = T
     moves.at_rest()
     assert moves.stuck == {} and moves.deleted == set() and moves.ready_at == {}
+    moves.deleted.add(old)  # any one of them is memory to drop
+    moves.at_rest()
+    assert moves.deleted == set()
+    moves.ready_at[old] = T
+    moves.at_rest()
+    assert moves.ready_at == {}
 
 
 def test_two_drains_move_one_deployment_one_instance_at_a_time() -> None:
