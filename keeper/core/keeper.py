@@ -254,9 +254,7 @@ class Keeper:
             # The signature read above when a deployment was short, else read now. (No
             # mutation: reading it again when short gives the same signature, only later.)
             move_signature = signature if short else cluster_signature(state)  # pragma: no mutate
-            kinds: list[MoveKind] = [DRAINS] if state.drains else []
-            if rolling:
-                kinds.append(RollingMoves(rolling))
+            kinds = move_kinds(state, rolling)
             ended = self._drains_ended(state) if state.drains else []
             moved = self._move(state, kinds, counts, move_signature, now, placed_now)
             events = [*events, *ended, *moved]
@@ -644,6 +642,15 @@ class Keeper:
                 waiting=None if wait is None else wait[0],
             )
         return views
+
+
+def move_kinds(state: State, rolling: Sequence[DeploymentId]) -> list[MoveKind]:
+    """The kinds of move with work in ``state``, in the order they go first (docs/design.md
+    §5.17): drains, then the rolling changes of ``rolling`` (``rolling_deployments``)."""
+    kinds: list[MoveKind] = [DRAINS] if state.drains else []
+    if rolling:
+        kinds.append(RollingMoves(rolling))
+    return kinds
 
 
 def _own_instances(

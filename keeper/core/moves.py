@@ -294,6 +294,18 @@ class Moves:
             self.stuck = {}
 
 
+def deployments_to_move(state: State, kinds: Sequence[MoveKind]) -> frozenset[DeploymentId]:
+    """The deployments whose next move a step may place: a candidate of some kind, and no move
+    of any kind under way (what the bridge asks exo's placement about before the step)."""
+    moving = {move.deployment_id for kind in kinds for move in kind.under_way(state)}
+    return frozenset(
+        candidate.deployment_id
+        for kind in kinds
+        for candidate in kind.candidates(state)
+        if candidate.deployment_id not in moving
+    )
+
+
 def replacement_view(
     state: State,
     old_instance_id: InstanceId,

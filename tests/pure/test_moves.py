@@ -18,6 +18,7 @@ from keeper.core.moves import (
     Deciding,
     MoveKind,
     Moves,
+    deployments_to_move,
     left_out_words,
     replacement_view,
 )
@@ -354,3 +355,18 @@ def test_two_drains_move_one_deployment_one_instance_at_a_time() -> None:
     )
     assert len(cluster.instances_of_model("m")) == 2
     assert deployment_id in cluster.state.deployments
+
+
+def test_the_deployments_to_move_are_the_candidates_without_a_move_under_way() -> None:
+    cluster, first, (old,) = serving("node-a", "node-b", "node-c")
+    second = cluster.deploy("n")
+    cluster.step(T + 5)
+    nodes = frozenset(
+        cluster.nodes_of(old) + cluster.nodes_of(cluster.instance_of(second).instance_id)
+    )
+    kind = Suspects(suspect=nodes)
+    assert deployments_to_move(cluster.state, [kind]) == {first, second}
+    under_way = InstanceMove(deployment_id=first, old_instance_id=old, new_instance_id="x")
+    other = Suspects(suspect=frozenset(), moves=[under_way])
+    assert deployments_to_move(cluster.state, [kind, other]) == {second}
+    assert deployments_to_move(cluster.state, []) == frozenset()
