@@ -167,6 +167,12 @@ def test_the_view_leaves_out_the_other_instances_nodes_not_the_moved_ones() -> N
         "cordoned: node-c",
         f"serving it already: {cluster.nodes_of(second)[0]}",
     ]
+    # A node both serving and avoided is said once, for the kind's reason.
+    serving_node = cluster.nodes_of(second)[0]
+    assert left_out_words(cluster.state, first, {"suspect": frozenset({serving_node})}) == [
+        "cordoned: node-c",
+        f"suspect: {serving_node}",
+    ]
 
 
 def test_nothing_is_placed_when_the_step_may_not_or_the_deployment_waits() -> None:
