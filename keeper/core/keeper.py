@@ -29,6 +29,11 @@ Priorities (docs/design.md §5.13): the due deployments are tried highest priori
 deployment that may ``preempt`` and cannot be placed has ``keeper.core.preemption`` find the
 fewest of the keeper's own instances of strictly lower priorities whose deletion lets it be
 placed; that preemption is the step's one placement, and its victims wait like refused ones.
+
+Moves (docs/design.md §5.17): drains and rolling changes are kinds (``move_kinds``) of one
+make-before-break move that ``keeper.core.moves`` runs; the step calls it after recovery, so a
+move places only in a step that placed nothing else, and the keeper keeps only the step's order
+and a drain's end.
 """
 
 from __future__ import annotations
