@@ -38,7 +38,6 @@ and a drain's end.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -61,7 +60,7 @@ from keeper.core.moves import MOVE_SETTLE, Deciding, MoveKind, Moves, Stuck
 from keeper.core.placement import PlaceFn, place_instance
 from keeper.core.preemption import Preemption, TrialBudget, by_priority, candidates, find
 from keeper.core.rolling import RollingMoves, rolling_deployments
-from keeper.core.staging import StagingPlan, downloading_nodes, staging_plan, staging_requests
+from keeper.core.stager import MAX_STAGING_PLANS_PER_STEP, STAGING_INTERVAL, Stager
 from keeper.core.view import (
     AT_REST,
     ClusterSignature,
@@ -112,7 +111,9 @@ from keeper.model.state import (
 # it is re-exported here, where ``keeper.deployment_status`` has always come from.
 __all__ = [
     "MAX_PLACEMENT_ATTEMPTS_PER_STEP",
+    "MAX_STAGING_PLANS_PER_STEP",
     "MOVE_SETTLE",
+    "STAGING_INTERVAL",
     "DeploymentTimer",
     "Keeper",
     "PlaceFn",
@@ -120,22 +121,6 @@ __all__ = [
     "has_instance",
     "ready_replicas",
 ]
-
-
-# Staging asks at most this often: downloads take minutes, and a plan costs placements.
-STAGING_INTERVAL = 5.0
-# Staging plans computed again in one step at most (each is up to ``standby`` placements).
-MAX_STAGING_PLANS_PER_STEP = 4
-
-
-@dataclass
-class _Staging:
-    """A deployment's staging plan, the inputs it was computed on, and when each copy was
-    asked for (node -> keeper time)."""
-
-    key: tuple[ClusterSignature, frozenset[NodeId], int]
-    plan: StagingPlan
-    requested: dict[NodeId, float]
 
 
 # Placement attempts per step. An attempt walks the topology's cycles (around a millisecond on
@@ -170,11 +155,8 @@ class Keeper:
         self.started_at = started_at
         self.startup_grace = startup_grace
         self._place = place
-        self._preview = preview
-        # Per deployment: its staging plan, what it was computed on, and the copies asked for.
-        self._staging: dict[DeploymentId, _Staging] = {}
-        # Staging runs at rest, at most once per STAGING_INTERVAL of the keeper's clock.
-        self._next_staging_at = -math.inf
+        # Staging's plans, the copies asked for and its pace (``keeper.core.stager``).
+        self._stager = Stager(preview)
         self._memos: dict[DeploymentId, DeploymentMemo] = {}
         # Deployments whose DeploymentDeleted was emitted but is not yet in the state.
         self._deleting: set[DeploymentId] = set()
@@ -272,8 +254,8 @@ class Keeper:
         # Staging only when no placement is due: placing comes first. A deployment short but
         # waiting (its backoff, a cluster nothing fits, a placement on its way) does not hold
         # the others' staging back: one model too big for the cluster would stop it for good.
-        if not due and not events and now >= self._next_staging_at:
-            events = self._stage(state, now)
+        if not due and not events and self._stager.due(now):
+            events = self._stager.step(state, self._deleting, now)
         return events
 
     def _move(
@@ -375,41 +357,9 @@ class Keeper:
         self._drain_ended.discard(name)
         return [NodeDrainStarted(name=name, force=force, when=when)]
 
-    def _stage(self, state: State, now: float) -> list[AnyEvent]:
-        """Ask for the standby copies the deployments' plans call for (``keeper.core.staging``).
-        A plan is computed again only when what it reads changed (the cluster's signature, the
-        nodes serving the model, the standby count), for at most
-        ``MAX_STAGING_PLANS_PER_STEP`` deployments per step."""
-        self._next_staging_at = now + STAGING_INTERVAL
-        signature = cluster_signature(state)
-        busy = downloading_nodes(state)
-        planned = 0
-        events: list[AnyEvent] = []
-        for deployment_id, deployment in sorted(state.deployments.items()):
-            if deployment_id in self._deleting:
-                continue
-            serving = nodes_serving(state, deployment.model_card.model_id)
-            key = (signature, serving, deployment.standby)
-            staging = self._staging.get(deployment_id)
-            if (staging is None or staging.key != key) and planned < MAX_STAGING_PLANS_PER_STEP:
-                planned += 1
-                plan = staging_plan(state, deployment, self._preview)
-                requested = {} if staging is None else staging.requested
-                staging = _Staging(key, plan, requested)
-                self._staging[deployment_id] = staging
-            if staging is None:
-                continue  # planned at a later step: this one has planned its share
-            # (A plan left stale by the cap still asks: what it asks for was right a step ago.)
-            asks = staging_requests(state, deployment, staging.plan, staging.requested, busy, now)
-            for ask in asks:
-                staging.requested[ask.node_id] = now
-            events.extend(asks)
-        return events
-
     def staging_note(self, deployment_id: str) -> str | None:
         """Why the deployment has fewer standby sets planned than it asks for, or None."""
-        staging = self._staging.get(deployment_id)
-        return None if staging is None else staging.plan.shortfall
+        return self._stager.note(deployment_id)
 
     def _in_turn(self, due: list[Deployment]) -> list[Deployment]:
         """The due deployments in id order, starting after the one the last step stopped at."""
@@ -551,8 +501,7 @@ class Keeper:
             # (An entry of a departed deployment is never read again, only kept: the memory
             # tests count it.)
             self._observed = {d: seen for d, seen in self._observed.items() if d in live}
-        if not self._staging.keys() <= live.keys():  # pragma: no mutate (as for the memos)
-            self._staging = {d: plan for d, plan in self._staging.items() if d in live}
+        self._stager.forget_departed(live)
         self._deleting = {d for d in self._deleting if d in live}
         self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}
 
@@ -579,9 +528,8 @@ class Keeper:
         )
         # The copies it staged go with it (those it recorded, and those asked for whose record
         # is still on its way); never a copy it did not make.
-        staging = self._staging.get(deployment_id)
         staged = dict.fromkeys(deployment.staged_on if deployment is not None else ())
-        staged.update(dict.fromkeys(staging.requested if staging is not None else ()))
+        staged.update(dict.fromkeys(self._stager.asked(deployment_id)))
         if deployment is not None:
             events.extend(
                 DownloadDeletionRequested(
