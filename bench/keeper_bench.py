@@ -291,7 +291,15 @@ def churned_memory_entries(cycles: int) -> tuple[int, int]:
 
 
 def _memory_entries(keeper: Keeper) -> int:
-    return sum(len(v) for v in vars(keeper).values() if isinstance(v, dict | set | list))  # pyright: ignore[reportUnknownArgumentType]
+    """The entries of the keeper's collections and of its parts' (the moves', staging's)."""
+    parts: list[object] = [keeper]
+    parts += [v for v in vars(keeper).values() if type(v).__module__.startswith("keeper.core.")]
+    return sum(
+        len(v)  # pyright: ignore[reportUnknownArgumentType]
+        for part in parts
+        for v in vars(part).values()
+        if isinstance(v, dict | set | list)
+    )
 
 
 # --- the report ---------------------------------------------------------------------------

@@ -40,7 +40,6 @@ from keeper.cli.whatif import add_whatif_command
 from keeper.client.version_option import add_version_option
 from keeper.cluster.local import exit_with_parent, run_cluster
 from keeper.exo_standin.app import STANDIN_API
-from keeper.httpapi.serving import MasterStartError
 from keeper.link.identity import KeyFileError, default_key_file, load_or_create_key
 from keeper.master.server import OUR_API, run_master
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
@@ -51,6 +50,7 @@ from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, Nod
 from keeper.runtime.arguments import UsageParser, positive_float, positive_int, webhook_option
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.dir_lock import DataDirInUseError
+from keeper.runtime.starting import MasterStartError
 from keeper.runtime.webhooks import WebhookUrlError, webhook_urls
 
 # The command's interface; the exit codes, its contract for scripts, are importable from here.

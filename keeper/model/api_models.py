@@ -298,7 +298,7 @@ class DeploymentView(BaseModel):
     # A rolling change under way, or None.
     updating: UpdateView | None = None
     # A ready instance of its model has a node the service suspects (keeper.model.readiness,
-    # docs/design.md §5.17): it serves now, and stops if that node is confirmed dead.
+    # docs/design.md §5.18): it serves now, and stops if that node is confirmed dead.
     at_risk: bool = False
 
 

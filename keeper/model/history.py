@@ -17,7 +17,7 @@ Two pure parts, both in the data model so that the master, the bridge and the TU
 Serving means what ``GET /deployments`` means by it (``keeper.model.readiness``: an instance on a
 node confirmed dead is not ready), with one addition: a node gone from the topology serves
 nothing. A stop caused by lost nodes is dated from their last heartbeat, not from the verdict,
-timeout or deletion that showed it (docs/design.md §5.17, "Honest clocks"), and the steps of the
+timeout or deletion that showed it (docs/design.md §5.18, "Honest clocks"), and the steps of the
 recovery that follows are records too, so the record that ends an incident says where its down
 time went (``RecoveryPhases``) and a restart mid-recovery loses none of it.
 

@@ -8,7 +8,7 @@ import nothing above it, and a rule that lived in the keeper would have to be co
 Plain functions of a State, no I/O; ``keeper.core.keeper`` re-exports ``deployment_status`` under
 its pinned name.
 
-The service's verdicts on quiet nodes (``State.node_watch``, docs/design.md §5.17) are read here
+The service's verdicts on quiet nodes (``State.node_watch``, docs/design.md §5.18) are read here
 too, once for every reader: an instance on a node confirmed dead is not ready (its runners read
 Ready until it is deleted, yet it answers nothing), and a ready one on a suspect node is at risk.
 """
@@ -34,7 +34,7 @@ from keeper.model.state import (
 def instance_is_ready(instance: AnyInstance, state: State) -> bool:
     """Every runner of the instance is Ready or Running (an instance with no runner is not), and
     none of its nodes is confirmed dead: a dead node's runners read Ready until its instances are
-    deleted, yet answer nothing (docs/design.md §5.17, "Honest clocks")."""
+    deleted, yet answer nothing (docs/design.md §5.18, "Honest clocks")."""
     runner_ids = instance.shard_assignments.node_to_runner.values()
     return (
         bool(runner_ids)

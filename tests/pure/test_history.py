@@ -455,7 +455,7 @@ def test_serving_since_is_the_newest_record_when_it_serves() -> None:
     assert serving_since((up, down, again)) == 35.0
 
 
-# --- honest clocks: a stop caused by a node starts at its last heartbeat (§5.17) ---------------
+# --- honest clocks: a stop caused by a node starts at its last heartbeat (§5.18) ---------------
 
 
 def heard(node_id: str, at: float) -> NodeGatheredInfo:

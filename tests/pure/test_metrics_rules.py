@@ -302,7 +302,7 @@ def test_the_rules_fire_for_a_node_outage_in_promtools_rule_tests() -> None:
     assert "SUCCESS" in tested.stdout
 
 
-# --- a node outage, scraped (docs/design.md §5.17, "Honest clocks") -------------------------
+# --- a node outage, scraped (docs/design.md §5.18, "Honest clocks") -------------------------
 
 
 def _outage_scrapes() -> list[Samples]:

@@ -174,7 +174,7 @@ def test_an_instance_on_a_node_gone_from_the_topology_serves_nothing() -> None:
     assert ready_on_present_nodes(cluster.state.instances["m-c"], cluster.state)
 
 
-# --- a node suspected or confirmed dead (docs/design.md §5.17) ------------------------------
+# --- a node suspected or confirmed dead (docs/design.md §5.18) ------------------------------
 
 
 def _watched() -> Cluster:

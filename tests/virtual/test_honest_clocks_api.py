@@ -1,4 +1,4 @@
-"""Honest clocks on the master's API (docs/design.md §5.17): a deployment on a suspect node is
+"""Honest clocks on the master's API (docs/design.md §5.18): a deployment on a suspect node is
 ``at_risk`` and still serving; on a node confirmed dead it is not ready (``readyReplicas`` 0,
 ``starting``, and so in ``/metrics``); its incident starts at the node's last heartbeat, and the
 recovery's phases are in ``GET /deployments/{id}/history`` and ``/metrics``, across restarts."""
