@@ -110,6 +110,7 @@ from keeper.model.events import (
     InstanceDeleted,
 )
 from keeper.model.history import serving_changes
+from keeper.model.liveness import OFF, LivenessConfig
 from keeper.model.state import (
     DEFAULT_PRIORITY,
     Deployment,
@@ -190,6 +191,10 @@ class BridgeConfig:
     # Alert webhooks (``--webhook``), as on the master (keeper.runtime.webhooks): notices are
     # computed from the merged State the keeper steps on.
     webhooks: WebhookConfig = field(default_factory=WebhookConfig)
+    # Fast failover (``--suspect-after-s`` / ``--dead-after-s``; docs/design.md §5.17). Off by
+    # default here, so a bridge built in a test keeps exo's rule; ``exo-deploy bridge`` passes
+    # the flags, 3 / 8 unless told otherwise.
+    liveness: LivenessConfig = OFF
 
 
 # What the bridge's own State adds to exo's: its deployments and their serving records.

@@ -85,10 +85,13 @@ from keeper.model.events import (
     DrainReplacementPlaced,
     InstanceCreated,
     InstanceDeleted,
+    NodeConfirmedDead,
     NodeCordoned,
     NodeDrainEnded,
     NodeDrainStarted,
     NodeGatheredInfo,
+    NodeHeardAgain,
+    NodeSuspected,
     NodeTimedOut,
     NodeUncordoned,
     RunnerStatusUpdated,
@@ -623,13 +626,17 @@ class Keeper:
         # the state.)
         serving = nodes_serving(state, model_id)
         cordoned = cordoned_nodes(state)
+        # Nodes with a verdict (suspect, dead) get nothing new (docs/design.md §5.17).
+        watched = frozenset(state.node_watch)
         try:
-            instance = place_apart(self._place, state, deployment, serving, cordoned)
+            instance = place_apart(self._place, state, deployment, serving, cordoned, watched)
         except ValueError as reason:
             error = str(reason)
             self._forget_crash(deployment_id)
             if deployment.preempt:  # docs/design.md §5.13
-                preemption = self._preemption(deployment, state, serving | cordoned, budget)
+                preemption = self._preemption(
+                    deployment, state, serving | cordoned | watched, budget
+                )
                 if preemption is not None:
                     return self._preempting(deployment, preemption, state, signature, now), True
         except Exception as crash:  # a bug in placement must not stop the other deployments
@@ -859,12 +866,13 @@ def calls_for_step(event: AnyEvent) -> bool:
     leave one short; an instance created is the previous placement now visible, so the next one
     (another replica, another deployment) can be decided against it; a node's report may be a
     node joining or carry the memory and backends placement reads; a node timing out or a link
-    changing alters the cluster placement sees. A runner turning Ready or Failed changes what
-    the keeper must remember of its instance: whether it was ever ready decides whether its loss
-    is placed again at once or backs off (docs/design.md §5.4), so a step must see it ready
-    before a loss can follow. The rest (the keeper's own bookkeeping, a deployment deleted, a
-    runner loading or busy with a chat) never make a placement possible that was not possible
-    before.
+    changing alters the cluster placement sees, and so does a verdict on a node (suspect, dead,
+    heard again: fast failover's replacement and its surplus, docs/design.md §5.17). A runner
+    turning Ready or Failed changes what the keeper must remember of its instance: whether it
+    was ever ready decides whether its loss is placed again at once or backs off (docs/design.md
+    §5.4), so a step must see it ready before a loss can follow. The rest (the keeper's own
+    bookkeeping, a deployment deleted, a runner loading or busy with a chat) never make a
+    placement possible that was not possible before.
     """
     match event:
         case (
@@ -876,6 +884,9 @@ def calls_for_step(event: AnyEvent) -> bool:
             | InstanceDeleted()
             | NodeGatheredInfo()
             | NodeTimedOut()
+            | NodeSuspected()
+            | NodeConfirmedDead()
+            | NodeHeardAgain()
             | TopologyEdgeCreated()
             | TopologyEdgeDeleted()
         ):

@@ -423,11 +423,20 @@ class DrainView(ApiModel):
     stuck: str | None = None
 
 
+NodeLiveness = Literal["alive", "suspect", "dead", "gone"]
+
+
 class NodeView(ApiModel):
     name: str  # the friendly name (cordons and drains are keyed by it)
     node_ids: list[str]  # the cluster's nodes of that name; none while it is away
     cordoned: bool
     drain: DrainView | None = None
+    # Fast failover (docs/design.md §5.17): the phase of its node (of the one furthest gone,
+    # should two nodes share the name), ``gone`` while none is in the cluster; and how long it
+    # has been silent, on the service's running clock (null: not heard since the service started,
+    # or the service does not time reports).
+    liveness: NodeLiveness = "alive"
+    silent_s: float | None = None
 
 
 class NodesResponse(ApiModel):
