@@ -46,11 +46,11 @@ import anyio
 import anyio.to_thread
 import httpx
 
-from keeper.httpapi.serving import MasterStartError
 from keeper.model.apply import apply_all
 from keeper.model.events import AnyEvent, IndexedEvent
 from keeper.model.state import State
 from keeper.runtime.event_store import LogNotWritableError
+from keeper.runtime.starting import MasterStartError
 
 log = logging.getLogger(__name__)
 

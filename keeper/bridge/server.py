@@ -37,12 +37,13 @@ from keeper.bridge.etcd_store import (
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.exo_wire import camel_keys, file_card
 from keeper.bridge.service import Bridge, BridgeConfig
-from keeper.httpapi.serving import DEFAULT_HOST, MasterStartError, serve_service, shown_host
+from keeper.httpapi.serving import DEFAULT_HOST, serve_service, shown_host
 from keeper.model.liveness import LivenessConfig
 from keeper.model.wire import JsonObject
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 from keeper.runtime.model_cards import ModelCardError
+from keeper.runtime.starting import MasterStartError
 from keeper.runtime.webhooks import WebhookConfig, webhook_urls
 
 log = logging.getLogger(__name__)

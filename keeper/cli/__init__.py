@@ -38,7 +38,6 @@ from keeper.cli.webhooks import add_webhooks_command
 from keeper.cli.whatif import add_whatif_command
 from keeper.cluster.local import exit_with_parent, run_cluster
 from keeper.exo_standin.app import STANDIN_API
-from keeper.httpapi.serving import MasterStartError
 from keeper.link.identity import KeyFileError, default_key_file, load_or_create_key
 from keeper.master.server import OUR_API, run_master
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
@@ -56,6 +55,7 @@ from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, Nod
 from keeper.runtime.arguments import UsageParser, positive_float, positive_int, webhook_option
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.dir_lock import DataDirInUseError
+from keeper.runtime.starting import MasterStartError
 from keeper.runtime.webhooks import WebhookUrlError, webhook_urls
 
 # The command's interface; the exit codes, its contract for scripts, are importable from here.
@@ -496,7 +496,7 @@ def _seconds(text: str) -> float:
 
 
 def _failover_options(parser: argparse.ArgumentParser) -> None:
-    """``--suspect-after-s`` / ``--dead-after-s`` (docs/design.md §5.17), checked together after
+    """``--suspect-after-s`` / ``--dead-after-s`` (docs/design.md §5.18), checked together after
     parsing (``_failover_refused``)."""
     parser.add_argument(
         "--suspect-after-s",

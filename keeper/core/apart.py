@@ -23,7 +23,7 @@ def place_apart(
     watched: frozenset[NodeId] = frozenset(),
 ) -> AnyInstance:
     """One more instance of the deployment's model off ``serving``, ``cordoned`` and
-    ``watched`` (nodes suspect or confirmed dead, docs/design.md §5.17); a refusal is ValueError
+    ``watched`` (nodes suspect or confirmed dead, docs/design.md §5.18); a refusal is ValueError
     in the keeper's words (naming the nodes left out and why). Anything else placement raises
     is passed on: a bug, not a reason."""
     try:

@@ -1,4 +1,4 @@
-"""Fast failover's rules in the keeper core (docs/design.md §5.17): which instances a verdict
+"""Fast failover's rules in the keeper core (docs/design.md §5.18): which instances a verdict
 on their nodes puts at risk, which to delete once a node is dead, and what a deployment's
 failover looks like to an operator.
 
@@ -36,7 +36,7 @@ def instances_on_dead_nodes(state: State) -> dict[InstanceId, list[NodeId]]:
 
 def trusted_targets(state: State, targets: list[tuple[str, NodeId]]) -> list[tuple[str, NodeId]]:
     """The chat targets a chat may go to given the State's verdicts on nodes (docs/design.md
-    §5.17): never an instance on a node confirmed dead; one on a suspect node only when no
+    §5.18): never an instance on a node confirmed dead; one on a suspect node only when no
     other instance is left (a suspect node may yet answer; a chat sent nowhere surely fails)."""
     watch = state.node_watch
     if not watch:

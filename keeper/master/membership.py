@@ -4,7 +4,7 @@ A node is *heard* whenever any message of its arrives (heartbeats included); one
 ``node_timeout_s`` gets NodeTimedOut (exo's rule) and its session, if it still has one, is closed,
 so when it wakes it reconnects and reports everything afresh instead of leaving half of itself (its
 links) missing. Sooner than that, fast failover (``keeper.master.node_watch``, docs/design.md
-§5.17) suspects a silent node and confirms it dead on a second sign (its session closed, or a long
+§5.18) suspects a silent node and confirms it dead on a second sign (its session closed, or a long
 silence while the others are heard), as events in the State. A node that connects again is the same
 node (same node id): its new session replaces the old one. Each session turns the node's reports
 into events (NodeInfo -> NodeGatheredInfo, RunnerStatusReport -> RunnerStatusUpdated, LinkUp/Down
@@ -169,7 +169,7 @@ class Membership:
                 if node in state.topology.nodes:
                     log.info("node %s timed out after %g s of silence", node, timeout)
                     events.append(NodeTimedOut(node_id=node))
-            # Fast failover's verdicts (docs/design.md §5.17), on the State before the timeouts.
+            # Fast failover's verdicts (docs/design.md §5.18), on the State before the timeouts.
             verdicts = self.watcher.check(state, now, clock.wall().timestamp())
             for verdict in verdicts:
                 log.info("fast failover: %s", verdict)

@@ -1,6 +1,6 @@
 """The master's half of fast failover: what it observed of each node, judged every check.
 
-The rule is pure (``keeper.model.liveness``, docs/design.md §5.17); this is the little state a
+The rule is pure (``keeper.model.liveness``, docs/design.md §5.18); this is the little state a
 service must keep to feed it: its own running clock (so a master that was paused blames itself),
 each node's report arrivals on that clock and on the wall (the wall time is where an incident
 caused by the node starts), whether its session is closed, and when it last flapped (suspected,

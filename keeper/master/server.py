@@ -98,7 +98,7 @@ def run_master(
     machine wants a dead node noticed sooner; the keeper's own constants are untouched).
     ``app`` is the API to serve: ours, or ``keeper.exo_standin.STANDIN_API``. ``webhooks``
     (``--webhook``) are joined by those of ``EXO_DEPLOY_WEBHOOKS``; a bad one exits 2.
-    ``liveness`` is ``--suspect-after-s`` / ``--dead-after-s`` (docs/design.md §5.17; the
+    ``liveness`` is ``--suspect-after-s`` / ``--dead-after-s`` (docs/design.md §5.18; the
     defaults 3 / 8 when not given, fast failover on)."""
     token = service_token(token)
 

@@ -200,7 +200,7 @@ class MasterConfig:
     # Alert webhooks (``--webhook``): the notices of the keeper's changes, POSTed at least once
     # (keeper.runtime.webhooks). None given: no notice is computed at all.
     webhooks: WebhookConfig = field(default_factory=WebhookConfig)
-    # Fast failover (``--suspect-after-s`` / ``--dead-after-s``; docs/design.md §5.17): off
+    # Fast failover (``--suspect-after-s`` / ``--dead-after-s``; docs/design.md §5.18): off
     # by default here, so a master built in a test keeps exo's rule alone (the seed's
     # contract); ``exo-deploy master`` passes the flags, 3 / 8 unless told otherwise.
     liveness: LivenessConfig = OFF
@@ -717,7 +717,7 @@ class Master:
 
     async def _sweep_loop(self) -> None:
         """exo's sweep every ``sweep_interval_s``, and at once when a node is confirmed dead
-        (fast failover, docs/design.md §5.17): instances on nodes that left the topology, and
+        (fast failover, docs/design.md §5.18): instances on nodes that left the topology, and
         on nodes confirmed dead, are deleted."""
         while True:
             await self._sweep_wait(self.config.sweep_interval_s)

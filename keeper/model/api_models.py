@@ -431,7 +431,7 @@ class NodeView(ApiModel):
     node_ids: list[str]  # the cluster's nodes of that name; none while it is away
     cordoned: bool
     drain: DrainView | None = None
-    # Fast failover (docs/design.md §5.17): the phase of its node (of the one furthest gone,
+    # Fast failover (docs/design.md §5.18): the phase of its node (of the one furthest gone,
     # should two nodes share the name), ``gone`` while none is in the cluster; and how long it
     # has been silent, on the service's running clock (null: not heard since the service started,
     # or the service does not time reports).

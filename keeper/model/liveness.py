@@ -12,7 +12,7 @@ instances that ran on it until the sweep deletes them. A node the State no longe
 all is not counted: nothing is known of it any more. *Cordoned* counts names, not nodes: a name
 cordoned while its Mac is away (being updated) is cordoned all the same.
 
-Fast failover's finer rule, ``alive -> suspect -> dead -> gone`` (docs/design.md §5.17), is
+Fast failover's finer rule, ``alive -> suspect -> dead -> gone`` (docs/design.md §5.18), is
 below: ``judge`` turns what a service observed of each node into phases, and ``watch_events``
 into the verdicts the State records (``State.node_watch``). It is here, beside the coarse rule,
 because both answer one question from the same facts, and the TUI computes it for a stock exo
@@ -81,7 +81,7 @@ def nodes_by_state(
     return counts
 
 
-# --- fast failover: alive -> suspect -> dead -> gone (docs/design.md §5.17) ----------------
+# --- fast failover: alive -> suspect -> dead -> gone (docs/design.md §5.18) ----------------
 #
 # The rule below is what the master and the bridge run every check to reach the verdicts they
 # write into the State (NodeSuspected, NodeConfirmedDead, NodeHeardAgain). The shell owns the
@@ -271,7 +271,7 @@ def judge(
     config: LivenessConfig,
     observer_paused: str | None = None,
 ) -> Judgement:
-    """The liveness rule (docs/design.md §5.17), at running time ``now``, for the nodes in the
+    """The liveness rule (docs/design.md §5.18), at running time ``now``, for the nodes in the
     topology. Off: everyone alive. A paused observer, or more than half of the nodes silent
     within STALE_WINDOW_S of each other: a stale view, in which only nodes actually heard are
     judged (alive), so no verdict is reached nor taken back on it. Otherwise a node silent past

@@ -513,7 +513,7 @@ class NodeDrain(WireModel):
 
 # --- a node gone quiet: suspect, then dead ----------------------------------------------------
 # What the service concluded of a node that stopped reporting, before exo's own timeout takes it
-# out of the topology (docs/design.md §5.17). It lives in the State, as events, so that readiness,
+# out of the topology (docs/design.md §5.18). It lives in the State, as events, so that readiness,
 # the serving records, the dashboard stream and a restarted service all read the same verdict.
 
 NodeWatchPhase = Literal["suspect", "dead"]

@@ -1,5 +1,5 @@
 """``--suspect-after-s`` / ``--dead-after-s`` on ``master``, ``bridge`` and ``cluster``
-(docs/design.md §5.17): the defaults 3 / 8 reach the service; a negative value, one that is not
+(docs/design.md §5.18): the defaults 3 / 8 reach the service; a negative value, one that is not
 a number, a suspicion above the death or a death below 2 s is exit 2 naming the flag."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fast failover's liveness rule (``keeper.model.liveness``, docs/design.md §5.17): a node
+"""Fast failover's liveness rule (``keeper.model.liveness``, docs/design.md §5.18): a node
 alive, suspect, dead or gone from what the service observed on its own running clock — with
 the properties that keep it from failing over for nothing: off means off, never dead without a
 second sign, a stale view suspects nobody, a paused observer blames itself."""

@@ -1,4 +1,4 @@
-"""Fast failover on the master, in virtual time (docs/design.md §5.17): a silent node is
+"""Fast failover on the master, in virtual time (docs/design.md §5.18): a silent node is
 suspected after ``--suspect-after-s``, confirmed dead after ``--dead-after-s`` while the others
 are heard (or at once once suspect with its session closed), its instances are deleted then,
 not 40 s later; a stale view (every node silent together) suspects nobody; a node heard again
