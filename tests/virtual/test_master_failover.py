@@ -140,3 +140,56 @@ async def test_off_is_exos_rule_alone() -> None:
         (view,) = [v for v in master.nodes_view().nodes if victim.node_id in v.node_ids]
         assert view.liveness == "alive"
         group.cancel_scope.cancel()
+
+
+def model_count(master: Master) -> int:
+    return len(instances_of(master, QWEN))
+
+
+@pytest.mark.anyio
+async def test_a_replacement_before_break_then_the_old_goes_once_dead() -> None:
+    master = Master(None, config=FAST)
+    seen = Seen()
+    most = 0
+    async with anyio.create_task_group() as group:
+        _, victim, first = await three_nodes_serving(master, group, seen)
+
+        async def count() -> None:
+            nonlocal most
+            while True:
+                most = max(most, model_count(master))
+                await anyio.sleep(0.05)
+
+        group.start_soon(count)
+        victim.frozen = True
+        frozen_at = anyio.current_time()
+        await wait_until(lambda: model_count(master) == 2, 6, "a replacement placed")
+        placed_at = anyio.current_time()
+        assert placed_at - frozen_at <= 4.5
+        (view,) = master.deployments_view().deployments
+        assert view.failover is not None and view.failover.phase == "replacing"
+        assert view.failover.nodes == [victim.name]
+        assert first in master.state.instances  # nothing deleted for a suspicion
+        await wait_until(lambda: first not in master.state.instances, 7, "the old one deleted")
+        assert model_count(master) == 1 and serving(master, QWEN)
+        (view,) = master.deployments_view().deployments
+        assert view.failover is None
+        assert most == 2  # replicas + 1 at most
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_node_heard_again_before_dead_has_the_surplus_go() -> None:
+    master = Master(None, config=FAST)
+    seen = Seen()
+    async with anyio.create_task_group() as group:
+        _, victim, first = await three_nodes_serving(master, group, seen)
+        victim.frozen = True
+        await wait_until(lambda: model_count(master) == 2, 6, "a replacement placed")
+        (replacement,) = [i for i in instances_of(master, QWEN) if i != first]
+        victim.frozen = False
+        await wait_until(lambda: model_count(master) == 1, 4, "the surplus gone")
+        assert instances_of(master, QWEN) == [first]  # the replacement went
+        assert replacement not in master.state.instances
+        assert seen.of(NodeConfirmedDead) == []
+        group.cancel_scope.cancel()
