@@ -108,8 +108,15 @@ class Membership:
     def start(self, clock: Clock) -> None:
         self._clock = clock
         # Nodes the log remembers must report back in time like any other, or time out.
-        self._last_heard = dict.fromkeys(self._state().topology.nodes, clock.monotonic())
         self._watcher = NodeWatcher(self.liveness, clock.monotonic())
+        self._last_heard = dict.fromkeys(self._state().topology.nodes, self._silence_clock())
+
+    def _silence_clock(self) -> float:
+        """The time node silence is measured on: with fast failover, the master's running
+        clock (a master that was paused blames itself, and times out nobody on waking,
+        docs/design.md §5.18); without it, exactly exo's rule on the monotonic clock."""
+        now = self.clock.monotonic()
+        return self.watcher.running_at(now) if self.liveness.enabled else now
 
     @property
     def watcher(self) -> NodeWatcher:
@@ -151,8 +158,13 @@ class Membership:
         timeout = self.node_timeout_s
         while True:
             await clock.sleep(self.check_interval_s)
-            now = clock.monotonic()
             state = self._state()
+            # Fast failover's verdicts (docs/design.md §5.18), on the State before the timeouts;
+            # the check also moves the running clock the timeouts are then measured on.
+            verdicts = self.watcher.check(state, clock.monotonic(), clock.wall().timestamp())
+            for verdict in verdicts:
+                log.info("fast failover: %s", verdict)
+            now = self._silence_clock()
             for node in state.topology.nodes:
                 # A node can reach the topology without a session (a report that was in flight
                 # when it timed out); it starts its silence now.
@@ -169,10 +181,6 @@ class Membership:
                 if node in state.topology.nodes:
                     log.info("node %s timed out after %g s of silence", node, timeout)
                     events.append(NodeTimedOut(node_id=node))
-            # Fast failover's verdicts (docs/design.md §5.18), on the State before the timeouts.
-            verdicts = self.watcher.check(state, now, clock.wall().timestamp())
-            for verdict in verdicts:
-                log.info("fast failover: %s", verdict)
             await self.emit([*verdicts, *events])
 
     async def serve(self, channel: MasterSide) -> None:
@@ -222,7 +230,7 @@ class Membership:
         session.offer(Welcome(state=self._state()))
         key = self._fanout.add(session.offer_event)
         self.sessions[node_id] = session
-        self._last_heard[node_id] = self.clock.monotonic()
+        self._last_heard[node_id] = self._silence_clock()
         self.watcher.heard(node_id, self.clock.monotonic(), self.clock.wall().timestamp())
         log.info("node %s (%s) connected", node_id, hello.name)
         reports = _SessionReports(self, node_id)
@@ -275,7 +283,7 @@ class Membership:
                 message = await channel.receive()
             except ChannelClosedError:
                 return
-            self._last_heard[node_id] = clock.monotonic()
+            self._last_heard[node_id] = self._silence_clock()
             self.watcher.heard(node_id, clock.monotonic(), clock.wall().timestamp())
             match message:
                 case NodeInfo():

@@ -58,6 +58,10 @@ class NodeWatcher:
         if node is not None:
             self._nodes[node_id] = dataclasses.replace(node, closed=True)
 
+    def running_at(self, now: float) -> float:
+        """The master's running time at monotonic ``now`` (its own pauses cut short)."""
+        return running_at(self._clock, now)
+
     def silent_s(self, node_id: NodeId, now: float) -> float | None:
         """How long the node has been silent, on the running clock (None: never heard)."""
         node = self._nodes.get(node_id)
