@@ -163,7 +163,7 @@ class Membership:
             # the check also moves the running clock the timeouts are then measured on.
             verdicts = self.watcher.check(state, clock.monotonic(), clock.wall().timestamp())
             for verdict in verdicts:
-                log.info("fast failover: %s", verdict)
+                log.info("fast failover: %s %s", type(verdict).__name__, verdict)
             now = self._silence_clock()
             for node in state.topology.nodes:
                 # A node can reach the topology without a session (a report that was in flight

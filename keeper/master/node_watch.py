@@ -86,7 +86,15 @@ class NodeWatcher:
                 del self._cleared[node_id]
             if node_id in self._nodes:
                 self._nodes[node_id] = dataclasses.replace(self._nodes[node_id], flaps=flaps)
-        judgement = judge(self._nodes, running, self.config, paused(self._clock))
+        pause = paused(self._clock)
+        if pause is not None:
+            # Settling after our own pause: every node counts as heard now (docs/design.md
+            # §5.18). A session closed by the pause is reopened within the settling time; one
+            # still closed after it counts as the sign it is.
+            self._nodes = {
+                n: dataclasses.replace(h, last_heard=running) for n, h in self._nodes.items()
+            }
+        judgement = judge(self._nodes, running, self.config, pause)
         if judgement.stale != self.stale:
             if judgement.stale is not None:
                 log.warning("fast failover: %s", judgement.stale)

@@ -181,8 +181,7 @@ def apply(state: State, event: AnyEvent) -> State:
             deployment = state.deployments.get(deployment_id)
             if deployment is None or deployment.failover is not None:
                 return state  # one failover replacement per deployment at a time
-            if move.old_instance_id not in state.instances:
-                return state  # the instance it replaces is gone already: nothing to record
+            # (The instances are not checked: the bridge's own State holds none, exo's does.)
             return _with_deployment(state, deployment_id, failover=move, failover_since=at)
         case DownloadRequested(deployment_id=deployment_id, node_id=node_id):
             deployment = _staging_deployment(state, deployment_id)

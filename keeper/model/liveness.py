@@ -97,9 +97,12 @@ ProbeAnswer = Literal["answered", "unanswered"]
 # is already twice late. Only this much of such a gap is counted as time the nodes were heard
 # from (or not).
 MAX_OBSERVER_GAP_S = 2.0
-# After such a pause the observer suspects nobody for this long: the reports the nodes sent
-# while it slept are still queued in its sockets, and reading them takes a moment.
-PAUSE_SETTLE_S = 2.0
+# After such a pause the observer judges nobody for this long, and counts every node as heard
+# meanwhile: the reports the nodes sent while it slept are still queued in its sockets, and a
+# node whose connection dropped while it slept reconnects with a backoff of up to 5 s
+# (keeper.node.ws_client; exo's nodes retry likewise). Eight seconds cover the longest backoff
+# and the reconnection after it.
+PAUSE_SETTLE_S = 8.0
 # More than half of the nodes falling silent within this many seconds of each other is one
 # fault of the observer's view (its network, exo's master), not many faults of the nodes:
 # independent failures two seconds apart are rare, a partition of the observer is not.
