@@ -79,6 +79,7 @@ from keeper.bridge.following import (
 from keeper.bridge.health import BridgeHealth, StepFailures
 from keeper.bridge.in_flight import Creation
 from keeper.bridge.metrics import ExoCollector
+from keeper.bridge.node_liveness import BridgeLiveness
 from keeper.bridge.own_log import OwnLog
 from keeper.bridge.placing import StepPlacement
 from keeper.bridge.staging_calls import StagingCalls
@@ -235,6 +236,7 @@ class Bridge:
             if store is not None
             else None
         )
+        self._liveness = BridgeLiveness(self.config.liveness)
         self._view = BridgeView(
             name=name,
             log=self._log,
@@ -247,6 +249,7 @@ class Bridge:
             acting=self._acting,
             running=lambda: self._running,
             role=lambda: self.role,
+            liveness=self._liveness,
         )
         self._commands = BridgeCommands(
             log=self._log,
@@ -273,6 +276,7 @@ class Bridge:
             staging=self._staging,
             steps=steps,
             poll_interval_s=self.config.poll_interval_s,
+            liveness=self._liveness,
         )
         # GET /metrics: the families every service exports, and the bridge's view of exo.
         self.metrics = ServiceMetrics(

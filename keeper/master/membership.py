@@ -3,7 +3,7 @@
 A node is *heard* whenever any message of its arrives (heartbeats included); one not heard for
 ``node_timeout_s`` gets NodeTimedOut (exo's rule) and its session, if it still has one, is closed,
 so when it wakes it reconnects and reports everything afresh instead of leaving half of itself (its
-links) missing. Sooner than that, fast failover (``keeper.master.node_watch``, docs/design.md
+links) missing. Sooner than that, fast failover (``keeper.runtime.node_watch``, docs/design.md
 §5.18) suspects a silent node and confirms it dead on a second sign (its session closed, or a long
 silence while the others are heard), as events in the State. A node that connects again is the same
 node (same node id): its new session replaces the old one. Each session turns the node's reports
@@ -43,7 +43,6 @@ from keeper.link.protocol import (
 )
 from keeper.master.chat import ChatRouter
 from keeper.master.node_session import NodeSession, forward
-from keeper.master.node_watch import NodeWatcher
 from keeper.master.report_buffer import REPORT_INTERVAL_S, ReportBuffer, ReportKey
 from keeper.master.subscriptions import Fanout
 from keeper.model.claims import Refusal, deletion_request_refusal, runner_report_refusal
@@ -62,6 +61,7 @@ from keeper.model.refusals import NotFoundError, NotRunningError
 from keeper.model.state import Connection, NodeId, RunnerShutdown, State, download_model_id
 from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.deployments import shown
+from keeper.runtime.node_watch import NodeWatcher
 
 log = logging.getLogger(__name__)
 

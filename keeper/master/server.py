@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from keeper.httpapi.serving import DEFAULT_HOST, serve_service, shown_host
 from keeper.master.api import create_app
 from keeper.master.service import Master, MasterConfig
-from keeper.model.liveness import LivenessConfig
+from keeper.model.liveness import OFF, LivenessConfig
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 from keeper.runtime.webhooks import WebhookConfig, webhook_urls
@@ -111,7 +111,8 @@ def run_master(
             keeper_enabled=app.keeper_enabled,
             max_deployments=max_deployments,
             webhooks=WebhookConfig(urls=webhook_urls(webhooks)),
-            liveness=liveness if liveness is not None else LivenessConfig(),
+            # The stand-in for a stock exo keeps exo's rules only: fast failover is ours.
+            liveness=(liveness or LivenessConfig()) if app.keeper_enabled else OFF,
         )
         if node_timeout_s is not None:
             config = replace(config, node_timeout_s=node_timeout_s)

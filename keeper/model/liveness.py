@@ -29,8 +29,9 @@ from typing import Literal
 from keeper.model.events import AnyEvent, NodeConfirmedDead, NodeHeardAgain, NodeSuspected
 from keeper.model.state import NodeId, State
 
-# Nodes report their info at least every 5 s (keeper.link.protocol.INFO_REFRESH_S), and each
-# report moves lastSeen; 3 s of slack over that is silence, not jitter. exo's master gives up
+# Nodes report their info about once a second (keeper.link.protocol.INFO_REFRESH_S; exo's every
+# second or so), and each report moves lastSeen; a dashboard that shows "silent" after 8 s leaves
+# the finer verdicts below (suspect after 3 s by default) to say more, sooner. exo's master gives up
 # on a node after 30 s (the demo after 10 s), so this leaves time to see it coming.
 SILENT_AFTER_S = 8.0
 

@@ -1,4 +1,4 @@
-"""The master's half of fast failover: what it observed of each node, judged every check.
+"""A service's half of fast failover: what it observed of each node, judged every check.
 
 The rule is pure (``keeper.model.liveness``, docs/design.md §5.18); this is the little state a
 service must keep to feed it: its own running clock (so a master that was paused blames itself),
@@ -7,8 +7,10 @@ caused by the node starts), whether its session is closed, and when it last flap
 then heard again). ``check`` returns the verdict events the membership emits; the master acts on
 them once they are in the State (a dead node's instances are deleted by the sweep).
 
-It stands apart from ``keeper.master.membership`` because it needs no sessions, no channel and
-no event loop: plain calls with the times the membership passes, which a test can drive.
+The master feeds it from its node sessions (``keeper.master.membership``: every message is a
+report, a session closing is a sign); the bridge from exo's ``lastSeen`` moving between its own
+polls (``keeper.bridge.node_liveness``). It needs no sessions, no channel and no event loop:
+plain calls with the times the service passes, which a test can drive.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ class NodeWatcher:
         """A message of the node arrived (monotonic ``now``, Unix ``wall``)."""
         self._nodes[node_id] = heard(self._nodes.get(node_id), running_at(self._clock, now))
         self._wall[node_id] = wall
+
+    def probed(self, node_id: NodeId, answered: bool) -> None:
+        """What the node's own API answered a probe (the bridge's second sign)."""
+        node = self._nodes.get(node_id)
+        if node is not None:
+            probe = "answered" if answered else "unanswered"
+            self._nodes[node_id] = dataclasses.replace(node, probe=probe)
 
     def closed(self, node_id: NodeId) -> None:
         """The node's session closed (a second sign once it is also silent)."""
