@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from keeper_harness import AFTER_GRACE, Cluster, RecordingPlace, simple_place, unplaceable
+from keeper_harness import (
+    AFTER_GRACE,
+    Cluster,
+    RecordingPlace,
+    shaped_place,
+    simple_place,
+    unplaceable,
+)
 
 from keeper.core.memo import FRESH, DeploymentMemo, placed
 from keeper.core.moves import (
@@ -33,7 +40,7 @@ from keeper.model.events import (
     InstanceDeleted,
     NodeCordoned,
 )
-from keeper.model.state import InstanceId, InstanceMove, NodeId, State
+from keeper.model.state import InstanceId, InstanceMove, NodeId, Sharding, State
 
 T = AFTER_GRACE
 
@@ -61,7 +68,7 @@ class Suspects(MoveKind):
         return self.short_waits
 
     def under_way(self, state: State) -> Iterable[InstanceMove]:
-        return self.moves
+        return [move for move in self.moves if move.deployment_id in state.deployments]
 
     def candidates(self, state: State) -> Iterable[Candidate]:
         for instance_id, instance in sorted(state.instances.items()):
@@ -166,6 +173,12 @@ def test_the_view_leaves_out_the_other_instances_nodes_not_the_moved_ones() -> N
     assert left_out_words(cluster.state, first, {"quiet": frozenset()}) == [
         "cordoned: node-c",
         f"serving it already: {cluster.nodes_of(second)[0]}",
+    ]
+    # A node both serving and avoided is said once, for the kind's reason.
+    serving_node = cluster.nodes_of(second)[0]
+    assert left_out_words(cluster.state, first, {"suspect": frozenset({serving_node})}) == [
+        "cordoned: node-c",
+        f"suspect: {serving_node}",
     ]
 
 
@@ -370,3 +383,21 @@ def test_the_deployments_to_move_are_the_candidates_without_a_move_under_way() -
     other = Suspects(suspect=frozenset(), moves=[under_way])
     assert deployments_to_move(cluster.state, [kind, other]) == {second}
     assert deployments_to_move(cluster.state, []) == frozenset()
+
+
+def test_a_deployment_being_deleted_settles_no_move_its_deletion_removes_both() -> None:
+    cluster = Cluster(place=shaped_place)
+    cluster.add_nodes("node-a", "node-b", "node-c", "node-d")
+    deployment_id = cluster.deploy("m", min_nodes=2)
+    cluster.step(T)
+    (old,) = cluster.state.instances
+    cluster.make_ready(old)
+    cluster.change_options(deployment_id, sharding=Sharding.TENSOR)
+    new = next(e for e in cluster.step(T + 10) if isinstance(e, InstanceCreated)).instance
+    cluster.make_ready(new.instance_id)
+    assert cluster.step(T + 11) == []  # ready: settling
+    deleted = cluster.keeper.delete(deployment_id, cluster.state)  # on its way, not applied
+    removed = sorted(e.instance_id for e in deleted if isinstance(e, InstanceDeleted))
+    assert removed == sorted([old, new.instance_id])
+    # Settled meanwhile: the deletion already removes the old instance; not sent twice.
+    assert cluster.step(T + 11 + MOVE_SETTLE) == []
