@@ -19,4 +19,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("whatif", "bench.whatif_bench"),
     ("metrics", "bench.metrics_bench"),
     ("takeover", "bench.takeover_bench"),
+    ("failover", "bench.failover_bench"),
 )

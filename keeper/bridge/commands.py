@@ -239,7 +239,7 @@ class BridgeCommands:
     # --- cordons and drains (docs/design.md §5.15) ----------------------------------------
 
     def nodes_view(self) -> NodesResponse:
-        return nodes_response(self._view.state, self._started.keeper)
+        return nodes_response(self._view.state, self._started.keeper, self._view.silent_s)
 
     async def cordon_node(self, node: str) -> CommandResponse:
         """No new placement on the node: NodeCordoned in the bridge's log."""

@@ -80,6 +80,9 @@ class BridgeHealth(ApiModel):
     event_log: EventLogHealth
     step: StepHealth
     webhooks: WebhooksHealth  # alert webhooks' deliveries (keeper.runtime.webhooks)
+    # Fast failover (docs/design.md §5.18): "on", or why it is off for exo's State (no lastSeen,
+    # an unreadable date, --suspect-after-s 0) or why the view is stale now.
+    fast_failover: str = "on"
 
 
 def described(error: BaseException) -> str:

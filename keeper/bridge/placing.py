@@ -42,6 +42,7 @@ from keeper.bridge.placement_choice import (
     read_placement,
     read_previews,
 )
+from keeper.core.failover import failing_over, failover_kind
 from keeper.core.keeper import DeploymentTimer, move_kinds
 from keeper.core.moves import deployments_to_move
 from keeper.core.placement import place_instance
@@ -68,7 +69,8 @@ def due_for_placement(state: State, timers: Mapping[str, DeploymentTimer]) -> li
     counts = models_instance_counts(state)
     # A move's next replacement places too, whatever its kind (a drain's, a rolling
     # change's): a candidate with no move of its deployment under way (``keeper.core.moves``).
-    moving = deployments_to_move(state, move_kinds(state, rolling_deployments(state)))
+    failover = failover_kind(state, failing_over(state))
+    moving = deployments_to_move(state, move_kinds(state, rolling_deployments(state), failover))
     due: list[Deployment] = []
     for deployment_id, deployment in sorted(state.deployments.items()):
         timer = timers.get(deployment_id)

@@ -79,6 +79,7 @@ from keeper.bridge.following import (
 from keeper.bridge.health import BridgeHealth, StepFailures
 from keeper.bridge.in_flight import Creation
 from keeper.bridge.metrics import ExoCollector
+from keeper.bridge.node_liveness import BridgeLiveness
 from keeper.bridge.own_log import OwnLog
 from keeper.bridge.placing import StepPlacement
 from keeper.bridge.staging_calls import StagingCalls
@@ -94,6 +95,7 @@ from keeper.model.api_models import (
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import AnyEvent
+from keeper.model.liveness import OFF, LivenessConfig
 from keeper.model.state import DEFAULT_PRIORITY, InstanceMeta, ModelCard, Sharding, State
 from keeper.model.wire import JsonObject
 from keeper.runtime.clock import Clock
@@ -146,6 +148,10 @@ class BridgeConfig:
     # Alert webhooks (``--webhook``), as on the master (keeper.runtime.webhooks): notices are
     # computed from the merged State the keeper steps on.
     webhooks: WebhookConfig = field(default_factory=WebhookConfig)
+    # Fast failover (``--suspect-after-s`` / ``--dead-after-s``; docs/design.md §5.18). Off by
+    # default here, so a bridge built in a test keeps exo's rule; ``exo-deploy bridge`` passes
+    # the flags, 3 / 8 unless told otherwise.
+    liveness: LivenessConfig = OFF
 
 
 class Bridge:
@@ -230,6 +236,7 @@ class Bridge:
             if store is not None
             else None
         )
+        self._liveness = BridgeLiveness(self.config.liveness)
         self._view = BridgeView(
             name=name,
             log=self._log,
@@ -242,6 +249,7 @@ class Bridge:
             acting=self._acting,
             running=lambda: self._running,
             role=lambda: self.role,
+            liveness=self._liveness,
         )
         self._commands = BridgeCommands(
             log=self._log,
@@ -268,6 +276,7 @@ class Bridge:
             staging=self._staging,
             steps=steps,
             poll_interval_s=self.config.poll_interval_s,
+            liveness=self._liveness,
         )
         # GET /metrics: the families every service exports, and the bridge's view of exo.
         self.metrics = ServiceMetrics(

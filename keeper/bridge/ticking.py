@@ -23,11 +23,13 @@ from keeper.bridge.exo_client import ExoRefusedError, ExoState, ExoUnavailableEr
 from keeper.bridge.exo_models import ExoCards
 from keeper.bridge.following import ExoFollower
 from keeper.bridge.health import StepFailures
+from keeper.bridge.node_liveness import BridgeLiveness
 from keeper.bridge.own_log import OwnLog
 from keeper.bridge.placing import PlacementAnswers, StepPlacement, ask_exo, due_for_placement
 from keeper.bridge.staging_calls import StagingCalls
 from keeper.bridge.vanished import VanishedInstances
 from keeper.bridge.views import BridgeView
+from keeper.core.failover import instances_on_dead_nodes
 from keeper.model.events import (
     AnyEvent,
     DeploymentPlaced,
@@ -65,6 +67,7 @@ class BridgeTicks:
         staging: StagingCalls,
         steps: StepFailures,
         poll_interval_s: float,
+        liveness: BridgeLiveness,
     ) -> None:
         self._log = log
         self._view = view
@@ -78,6 +81,7 @@ class BridgeTicks:
         self._placement = placement
         self._staging = staging
         self._steps = steps
+        self._liveness = liveness
         self._poll_interval_s = poll_interval_s
         self._served: State | None = None  # the merged State serving was last judged on
 
@@ -100,6 +104,8 @@ class BridgeTicks:
             return
         self._follow.available(exo)
         self._cards.saw_all(exo.cards)
+        clock = self._started.clock
+        self._liveness.observe(exo.state, exo.raw, clock.monotonic(), clock.wall().timestamp())
         if self._acting is not None:
             try:
                 if not self._acting.may_act(exo):
@@ -120,6 +126,7 @@ class BridgeTicks:
             self._creations.settle(exo, now)
             self._record_vanished(exo, now)
             self._record_serving()
+            self._doom_dead(now)
             await self._delete_doomed(exo, now)
             if self._follow.outage is not None:
                 return  # exo stopped answering meanwhile: this State may already be stale
@@ -175,6 +182,14 @@ class BridgeTicks:
             except LogNotWritableError:
                 return
         self._served = state
+
+    def _doom_dead(self, now: float) -> None:
+        """The instances on nodes confirmed dead go, through exo's ``DELETE /instance/{id}``
+        (fenced like every exo call), so exo stops sending chats to them (§5.18)."""
+        for instance_id, nodes in instances_on_dead_nodes(self._view.state).items():
+            if instance_id not in self._doomed:
+                log.info("instance %s: node(s) %s confirmed dead", instance_id, ", ".join(nodes))
+                self._doomed.add(instance_id, now)
 
     async def _delete_doomed(self, exo: ExoState, now: float) -> None:
         for instance_id in self._doomed.due(frozenset(exo.state.instances), now):

@@ -30,6 +30,7 @@ from keeper.bridge.health import (
     StoreHealth,
 )
 from keeper.bridge.metrics import ExoFacts
+from keeper.bridge.node_liveness import BridgeLiveness
 from keeper.bridge.own_log import OwnLog
 from keeper.model.api_models import DeploymentHistoryResponse, DeploymentsResponse, DeploymentView
 from keeper.model.state import State
@@ -63,6 +64,7 @@ class BridgeView:
         acting: SharedActing | None,
         running: Callable[[], bool],
         role: Callable[[], Role],
+        liveness: BridgeLiveness,
     ) -> None:
         self._name = name
         self._log = log
@@ -75,6 +77,7 @@ class BridgeView:
         self._acting = acting
         self._running = running
         self._role = role
+        self._liveness = liveness
         self._merged = LastBuilt[State]()  # exo's State with our deployments
         self._state_body = LastBuilt[bytes]()  # exo's State JSON with our deployments
 
@@ -83,14 +86,16 @@ class BridgeView:
         """exo's State as last read, with the bridge's deployments in it."""
         exo = self._follow.last
         own = self._log.state
+        verdicts = self._liveness.verdicts
         return self._merged.get(
-            (exo, own),
+            (exo, own, verdicts),
             lambda: (exo.state if exo is not None else State()).model_copy(
                 update={
                     "deployments": own.deployments,
                     "serving_history": own.serving_history,
                     "cordoned": own.cordoned,
                     "drains": own.drains,
+                    "node_watch": verdicts,
                 }
             ),
         )
@@ -215,6 +220,12 @@ class BridgeView:
             started_at=started_at if started_at is not None else now,
         )
 
+    def silent_s(self, node_id: str) -> float | None:
+        """How long exo's ``lastSeen`` of the node has not moved, on the bridge's running
+        clock (None: fast failover off, or not seen yet)."""
+        clock = self._started.clock_or_none
+        return self._liveness.silent_s(node_id, clock.monotonic()) if clock is not None else None
+
     def health(self) -> BridgeHealth:
         outage = self._follow.outage
         status: HealthStatus = "degraded" if self.degraded else "ok"
@@ -248,6 +259,7 @@ class BridgeView:
                 error=self._steps.error,
             ),
             webhooks=self._webhooks.health(),
+            fast_failover=self._liveness.off_why or self._liveness.stale or "on",
         )
 
     def _store_health(self, store: EtcdStore) -> StoreHealth:

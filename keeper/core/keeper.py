@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from keeper.core.apart import place_apart
 from keeper.core.draining import DRAINS, drains_ended
+from keeper.core.failover import FailoverMoves, failing_over, failover_kind
 from keeper.core.memo import (
     FRESH,
     DeploymentMemo,
@@ -83,10 +84,13 @@ from keeper.model.events import (
     DownloadDeletionRequested,
     InstanceCreated,
     InstanceDeleted,
+    NodeConfirmedDead,
     NodeCordoned,
     NodeDrainEnded,
     NodeDrainStarted,
     NodeGatheredInfo,
+    NodeHeardAgain,
+    NodeSuspected,
     NodeTimedOut,
     NodeUncordoned,
     RunnerStatusUpdated,
@@ -172,6 +176,8 @@ class Keeper:
         self._drain_ended: set[str] = set()
         # Which deployments a rolling change is under way for (``_rolling_deployments``).
         self._rolling: tuple[DeploymentId, ...] = ()  # pragma: no mutate (read before used)
+        # Whether a deployment has a failover under way, read with the rolling list.
+        self._failing_over = False  # pragma: no mutate (read before used)
         # The last step's State, as references to its instances, runners and deployments (not
         # copies, and not the keeper's memory: one State, whatever its size), and each
         # deployment as observed with the memo observe gave (``step``: observed on the same
@@ -234,14 +240,15 @@ class Keeper:
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         # Higher priorities first; equal ones in id order, resumed where the last step stopped.
         events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
-        if state.drains or rolling:
+        failover = failover_kind(state, self._failing_over)
+        if state.drains or rolling or failover is not None:
             # Recovery first: a move places only in a step that placed nothing else, and at
-            # most one move places per step (drains first, then rolling changes).
+            # most one move places per step (failover first, then drains, then rolling changes).
             placed_now = any(isinstance(e, InstanceCreated) for e in events)
             # The signature read above when a deployment was short, else read now. (No
             # mutation: reading it again when short gives the same signature, only later.)
             move_signature = signature if short else cluster_signature(state)  # pragma: no mutate
-            kinds = move_kinds(state, rolling)
+            kinds = move_kinds(state, rolling, failover)
             # (No mutation: with no drain none ends; the test saves the look.)
             ended = self._drains_ended(state) if state.drains else []  # pragma: no mutate
             moved = self._move(state, kinds, counts, move_signature, now, placed_now)
@@ -313,6 +320,7 @@ class Keeper:
         # (No mutation: reading again every step gives the same answer, only slower.)
         if deployments is not last_read:  # pragma: no mutate
             self._rolling = rolling_deployments(state)
+            self._failing_over = failing_over(state)
         rolling = self._rolling
         deleting = self._deleting
         if not deleting:  # pragma: no mutate (filtering when none is deleted gives the same)
@@ -322,6 +330,17 @@ class Keeper:
     def update_note(self, deployment_id: str) -> str | None:
         """Why the rolling change of ``deployment_id`` cannot place its next replacement now."""
         notes = self._moves.notes(RollingMoves.name, deployment_id)
+        return notes[0] if notes else None
+
+    def failover_note(self, deployment_id: str) -> str | None:
+        """Why the failover of ``deployment_id`` cannot place its replacement now, or None."""
+        notes = [
+            note
+            for (_, deployment), (_, _, note) in sorted(
+                self._moves.stuck.get(FailoverMoves.name, {}).items()
+            )
+            if deployment == deployment_id
+        ]
         return notes[0] if notes else None
 
     def drain_note(self, name: str) -> str | None:
@@ -407,13 +426,17 @@ class Keeper:
         # the state.)
         serving = nodes_serving(state, model_id)
         cordoned = cordoned_nodes(state)
+        # Nodes with a verdict (suspect, dead) get nothing new (docs/design.md §5.18).
+        watched = frozenset(state.node_watch)
         try:
-            instance = place_apart(self._place, state, deployment, serving, cordoned)
+            instance = place_apart(self._place, state, deployment, serving, cordoned, watched)
         except ValueError as reason:
             error = str(reason)
             self._forget_crash(deployment_id)
             if deployment.preempt:  # docs/design.md §5.13
-                preemption = self._preemption(deployment, state, serving | cordoned, budget)
+                preemption = self._preemption(
+                    deployment, state, serving | cordoned | watched, budget
+                )
                 if preemption is not None:
                     return self._preempting(deployment, preemption, state, signature, now), True
         except Exception as crash:  # a bug in placement must not stop the other deployments
@@ -598,11 +621,16 @@ class Keeper:
         return views
 
 
-def move_kinds(state: State, rolling: Sequence[DeploymentId]) -> list[MoveKind]:
+def move_kinds(
+    state: State, rolling: Sequence[DeploymentId], failover: MoveKind | None = None
+) -> list[MoveKind]:
     """The kinds of move with work in ``state``, in the order they go first (docs/design.md
-    §5.17): drains, then the rolling changes of ``rolling`` (``rolling_deployments``)."""
+    §5.17): a failover (``failover_kind``: an outage beats planned work, §5.18), drains, then
+    the rolling changes of ``rolling`` (``rolling_deployments``)."""
+    kinds: list[MoveKind] = [failover] if failover is not None else []
     # (No mutation: the drains' kind with no drain finds nothing to do; the test saves its work.)
-    kinds: list[MoveKind] = [DRAINS] if state.drains else []  # pragma: no mutate
+    if state.drains:  # pragma: no mutate
+        kinds.append(DRAINS)
     if rolling:
         kinds.append(RollingMoves(rolling))
     return kinds
@@ -651,12 +679,13 @@ def calls_for_step(event: AnyEvent) -> bool:
     leave one short; an instance created is the previous placement now visible, so the next one
     (another replica, another deployment) can be decided against it; a node's report may be a
     node joining or carry the memory and backends placement reads; a node timing out or a link
-    changing alters the cluster placement sees. A runner turning Ready or Failed changes what
-    the keeper must remember of its instance: whether it was ever ready decides whether its loss
-    is placed again at once or backs off (docs/design.md §5.4), so a step must see it ready
-    before a loss can follow. The rest (the keeper's own bookkeeping, a deployment deleted, a
-    runner loading or busy with a chat) never make a placement possible that was not possible
-    before.
+    changing alters the cluster placement sees, and so does a verdict on a node (suspect, dead,
+    heard again: fast failover's replacement and its surplus, docs/design.md §5.18). A runner
+    turning Ready or Failed changes what the keeper must remember of its instance: whether it
+    was ever ready decides whether its loss is placed again at once or backs off (docs/design.md
+    §5.4), so a step must see it ready before a loss can follow. The rest (the keeper's own
+    bookkeeping, a deployment deleted, a runner loading or busy with a chat) never make a
+    placement possible that was not possible before.
     """
     match event:
         case (
@@ -668,6 +697,9 @@ def calls_for_step(event: AnyEvent) -> bool:
             | InstanceDeleted()
             | NodeGatheredInfo()
             | NodeTimedOut()
+            | NodeSuspected()
+            | NodeConfirmedDead()
+            | NodeHeardAgain()
             | TopologyEdgeCreated()
             | TopologyEdgeDeleted()
         ):

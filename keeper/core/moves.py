@@ -76,6 +76,10 @@ class MoveKind:
     # one of its instances (a rolling change does: recovery already places with the new
     # options).
     waits_while_short: bool = False
+    # Whether the old instance is deleted once its replacement has been ready MOVE_SETTLE. A
+    # failover's is not: nothing is deleted for a node that is only suspect; its ``early_end``
+    # says which instance goes, and when.
+    settles: bool = True
 
     def under_way(self, state: State) -> Iterable[InstanceMove]:
         """The moves of this kind the State records (durable: a new keeper finds them)."""
@@ -253,6 +257,8 @@ class Moves:
         early = kind.early_end(state, move)
         if early is not None:
             return self._delete(early, state)
+        if not kind.settles:
+            return []
         replacement = state.instances.get(move.new_instance_id)
         if replacement is None or not instance_is_ready(replacement, state):
             return []

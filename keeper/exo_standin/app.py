@@ -89,8 +89,9 @@ SHARD: TypeAdapter[AnyShard] = TypeAdapter(Shard)
 
 # exo's own answer to an accepted command.
 ACCEPTED = "Command received."
-# Our State's keys that exo's has not: the stand-in runs no keeper (and exo has no cordons).
-NOT_EXO_STATE_KEYS = frozenset({"deployments", "servingHistory", "cordoned", "drains"})
+# Our State's keys that exo's has not: the stand-in runs no keeper (and exo has no cordons, nor
+# the fast failover's verdicts, docs/design.md §5.18).
+NOT_EXO_STATE_KEYS = frozenset({"deployments", "servingHistory", "cordoned", "drains", "nodeWatch"})
 
 
 def known_model(model_id: str) -> ExoModel:

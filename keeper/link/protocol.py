@@ -47,8 +47,13 @@ from keeper.model.wire import TAGGED, TaggedModel, WireModel
 # few lost heartbeats never cost a node its membership.
 HEARTBEAT_S = 1.0
 # A node re-sends its info at least this often even when nothing changed, so a master that
-# missed a report (restart, partition) learns the truth within this bound.
-INFO_REFRESH_S = 5.0
+# missed a report (restart, partition) learns the truth within this bound; and each info moves
+# the node's ``lastSeen``, which exo's nodes do about once a second (their memory sample), so a
+# bridge judging silence from ``lastSeen`` sees our nodes as it sees exo's (docs/design.md §5.18).
+INFO_REFRESH_S = 1.0
+# How often a node re-sends its links when nothing changed (their refresh need not follow the
+# info's: links are not what silence is judged on).
+LINK_REFRESH_S = 5.0
 
 
 # --- node -> master -----------------------------------------------------------------------

@@ -343,6 +343,12 @@ class Deployment(WireModel):
     # and never places a second replacement for one.
     replacing: tuple[InstanceId, ...] = ()
     moving: InstanceMove | None = None
+    # Fast failover (docs/design.md §5.18): the replacement placed for an instance on a suspect
+    # node, with when it was placed (Unix time). Durable, so a new keeper neither places a
+    # second one nor forgets to remove the surplus once the node is heard again. It ends with
+    # either instance's deletion.
+    failover: InstanceMove | None = None
+    failover_since: float | None = None
 
 
 # --- downloads ----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from keeper.link.identity import NodeKey
 from keeper.link.protocol import (
     HEARTBEAT_S,
     INFO_REFRESH_S,
+    LINK_REFRESH_S,
     AnyNodeMessage,
     CancelChat,
     CancelDownload,
@@ -111,7 +112,7 @@ RUNNER_MAX_FAILURES = 5
 PEER_PORT = 52415
 # A link the node reported but the State does not show (the report raced the peer's timeout, or
 # the master restarted) is reported again after this long.
-LINK_RESEND_S = INFO_REFRESH_S
+LINK_RESEND_S = LINK_REFRESH_S
 # Slack for floating-point sums of times: the clock lands exactly on a computed deadline, and
 # the progress computed there must count it as reached.
 _EPSILON = 1e-9

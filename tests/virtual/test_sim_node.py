@@ -249,8 +249,9 @@ async def test_hello_then_info_then_heartbeats() -> None:
         # One heartbeat a second; NodeInfo again within INFO_REFRESH_S even with nothing new.
         assert [round(b - beats[0], 3) for b in beats] == [0, 1, 2, 3, 4, 5]
         await master.expect(Heartbeat)
-        infos = [at - start for at, m in master.log if isinstance(m, NodeInfo)]
-        assert infos == [0.0, 5.0]
+        infos = [round(at - start, 3) for at, m in master.log if isinstance(m, NodeInfo)]
+        # INFO_REFRESH_S is a second, exo's cadence: lastSeen moves once a second.
+        assert infos == [float(k) for k in range(len(infos))] and len(infos) >= 6
         tg.cancel_scope.cancel()
 
 

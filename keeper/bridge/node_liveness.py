@@ -1,0 +1,109 @@
+"""Fast failover beside a stock exo (docs/design.md §5.18): each node's liveness from exo's
+``lastSeen`` moving between the bridge's own polls.
+
+exo's nodes report about once a second and each report moves the node's ``lastSeen``; the
+bridge polls exo's State once a second. A node whose ``lastSeen`` has not moved is silent, on
+the bridge's own running clock (``keeper.runtime.node_watch``: a bridge that was paused blames
+itself). The bridge has no session to a node, so its second sign is the node's own API not
+answering (a probe, when a ``--exo`` URL is that node's) or, otherwise, ``--dead-after-s`` of
+silence while the others are heard. The verdicts are kept here, not in the bridge's log: they
+are judged again from exo's State within seconds of a restart, and the bridge's own State has no
+topology to hold them against. A State without ``lastSeen`` (an older exo) or with one that
+does not read as a date turns fast failover off for that State, and ``/healthz`` says why;
+exo's own detection works as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from keeper.model.apply import apply
+from keeper.model.liveness import LivenessConfig
+from keeper.model.state import NodeId, NodeWatch, State
+from keeper.model.wire import JsonObject
+from keeper.runtime.node_watch import NodeWatcher
+
+log = logging.getLogger(__name__)
+
+NO_LAST_SEEN = (
+    "exo's State has no lastSeen (an older exo): fast failover is off, exo's own timeout applies"
+)
+
+
+def last_seen_refusal(state: State, raw: JsonObject) -> str | None:
+    """Why this State's ``lastSeen`` cannot be judged on (missing, or a date that does not
+    read), or None."""
+    if "lastSeen" not in raw and "last_seen" not in raw:
+        return NO_LAST_SEEN
+    for node_id in state.topology.nodes:
+        text = state.last_seen.get(node_id)
+        if text is None:
+            return f"exo's State has no lastSeen for node {node_id}: fast failover is off"
+        if parsed(text) is None:
+            shown = repr(text[:40])
+            return f"exo's lastSeen of node {node_id} is not a date ({shown}): fast failover is off"
+    return None
+
+
+def parsed(text: str) -> float | None:
+    """A ``lastSeen`` as Unix seconds, or None when it does not read as a date."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None  # a date without its zone cannot be compared with ours
+    return moment.timestamp()
+
+
+class BridgeLiveness:
+    """The bridge's verdicts on exo's nodes, judged on each poll (module doc)."""
+
+    def __init__(self, config: LivenessConfig) -> None:
+        self.config = config
+        self._watcher: NodeWatcher | None = None
+        self._seen: dict[NodeId, str] = {}
+        # The current verdicts (an empty mapping: none); a new object only when they change.
+        self.verdicts: dict[NodeId, NodeWatch] = {}
+        # Why fast failover is off for the last State read, or None while it is on.
+        self.off_why: str | None = None if config.enabled else "off (--suspect-after-s 0)"
+
+    @property
+    def stale(self) -> str | None:
+        return self._watcher.stale if self._watcher is not None else None
+
+    def silent_s(self, node_id: NodeId, now: float) -> float | None:
+        return self._watcher.silent_s(node_id, now) if self._watcher is not None else None
+
+    def observe(self, state: State, raw: JsonObject, now: float, wall: float) -> None:
+        """One poll's State (readable), at monotonic ``now`` and Unix ``wall``."""
+        if not self.config.enabled:
+            return
+        refusal = last_seen_refusal(state, raw)
+        if refusal is not None:
+            if refusal != self.off_why:
+                log.warning("%s", refusal)
+            self.off_why = refusal
+            self.verdicts = {}
+            self._watcher = None
+            self._seen = {}
+            return
+        self.off_why = None
+        watcher = self._watcher
+        if watcher is None:
+            watcher = self._watcher = NodeWatcher(self.config, now)
+        for node_id in state.topology.nodes:
+            text = state.last_seen[node_id]
+            if self._seen.get(node_id) != text:
+                self._seen[node_id] = text
+                heard_at = parsed(text)
+                watcher.heard(node_id, now, heard_at if heard_at is not None else wall)
+        self._seen = {n: t for n, t in self._seen.items() if n in state.topology.nodes}
+        judged = state.model_copy(update={"node_watch": self.verdicts})
+        events = watcher.check(judged, now, wall)
+        for event in events:
+            log.info("fast failover: %s %s", type(event).__name__, event)
+            judged = apply(judged, event)
+        if judged.node_watch != self.verdicts:
+            self.verdicts = dict(judged.node_watch)
