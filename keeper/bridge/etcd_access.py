@@ -28,7 +28,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from keeper.httpapi.serving import MasterStartError
+from keeper.runtime.starting import MasterStartError
 
 log = logging.getLogger(__name__)
 

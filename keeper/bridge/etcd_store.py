@@ -48,11 +48,11 @@ from keeper.bridge.etcd_access import StoreAccess, StoreAddress, parse_store_url
 from keeper.bridge.etcd_gateway import REQUEST_TIMEOUT_S, EtcdUnavailableError, Gateway
 from keeper.bridge.etcd_gateway import b64 as _b64
 from keeper.bridge.etcd_gateway import unb64 as _unb64
-from keeper.httpapi.serving import MasterStartError
 from keeper.model.apply import apply_all
 from keeper.model.events import AnyEvent, IndexedEvent
 from keeper.model.state import State
 from keeper.runtime.event_store import LogNotWritableError
+from keeper.runtime.starting import MasterStartError
 
 log = logging.getLogger(__name__)
 

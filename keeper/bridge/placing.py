@@ -42,9 +42,11 @@ from keeper.bridge.placement_choice import (
     read_placement,
     read_previews,
 )
-from keeper.core.draining import drain_picture
-from keeper.core.keeper import DeploymentTimer
+from keeper.core.failover import failing_over, failover_kind
+from keeper.core.keeper import DeploymentTimer, move_kinds
+from keeper.core.moves import deployments_to_move
 from keeper.core.placement import place_instance
+from keeper.core.rolling import rolling_deployments
 from keeper.core.view import models_instance_counts, node_names, nodes_serving, without_nodes
 from keeper.model.events import AnyEvent
 from keeper.model.state import (
@@ -65,20 +67,10 @@ def due_for_placement(state: State, timers: Mapping[str, DeploymentTimer]) -> li
     with fewer instances of their model than replicas and nothing to wait for (``timers``, the
     keeper's, on the same State and time)."""
     counts = models_instance_counts(state)
-    # A drain's next moves place too: a deployment with an instance on a draining node and no
-    # move under way (``keeper.core.draining``).
-    moving = {
-        deployment_id
-        for drain in state.drains.values()
-        for deployment_id, _ in drain_picture(state, drain).to_move
-    }
-    # So does a rolling change's next replacement: an instance still to replace, none under
-    # way (``keeper.model.rollout``).
-    moving |= {
-        deployment_id
-        for deployment_id, deployment in state.deployments.items()
-        if deployment.replacing and deployment.moving is None
-    }
+    # A move's next replacement places too, whatever its kind (a drain's, a rolling
+    # change's): a candidate with no move of its deployment under way (``keeper.core.moves``).
+    failover = failover_kind(state, failing_over(state))
+    moving = deployments_to_move(state, move_kinds(state, rolling_deployments(state), failover))
     due: list[Deployment] = []
     for deployment_id, deployment in sorted(state.deployments.items()):
         timer = timers.get(deployment_id)

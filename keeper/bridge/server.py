@@ -38,11 +38,13 @@ from keeper.bridge.etcd_store import (
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.exo_wire import camel_keys, file_card
 from keeper.bridge.service import Bridge, BridgeConfig
-from keeper.httpapi.serving import DEFAULT_HOST, MasterStartError, serve_service, shown_host
+from keeper.httpapi.serving import DEFAULT_HOST, serve_service, shown_host
+from keeper.model.liveness import LivenessConfig
 from keeper.model.wire import JsonObject
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 from keeper.runtime.model_cards import ModelCardError
+from keeper.runtime.starting import MasterStartError
 from keeper.runtime.webhooks import WebhookConfig, webhook_urls
 
 log = logging.getLogger(__name__)
@@ -138,6 +140,7 @@ def run_bridge(
     *,
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     webhooks: Sequence[str] = (),
+    liveness: LivenessConfig | None = None,
     store: str | None = None,
     name: str | None = None,
     lease_s: float = DEFAULT_LEASE_S,
@@ -182,6 +185,7 @@ def run_bridge(
             max_deployments=max_deployments,
             metrics_in_thread=True,
             webhooks=WebhookConfig(urls=webhook_urls(webhooks)),
+            liveness=liveness if liveness is not None else LivenessConfig(),
         )
 
         async def serve() -> None:

@@ -39,10 +39,16 @@ from keeper.cli.webhooks import add_webhooks_command
 from keeper.cli.whatif import add_whatif_command
 from keeper.cluster.local import exit_with_parent, run_cluster
 from keeper.exo_standin.app import STANDIN_API
-from keeper.httpapi.serving import MasterStartError
 from keeper.link.identity import KeyFileError, default_key_file, load_or_create_key
 from keeper.master.server import OUR_API, run_master
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
+from keeper.model.liveness import (
+    DEFAULT_DEAD_AFTER_S,
+    DEFAULT_SUSPECT_AFTER_S,
+    MIN_DEAD_AFTER_S,
+    LivenessConfig,
+    liveness_flags_refusal,
+)
 from keeper.model.state import Backend, Memory, ModelCard
 from keeper.node.downloads import disk_refusal
 from keeper.node.node_process import run_node_process
@@ -50,6 +56,7 @@ from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, Nod
 from keeper.runtime.arguments import UsageParser, positive_float, positive_int, webhook_option
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.dir_lock import DataDirInUseError
+from keeper.runtime.starting import MasterStartError
 from keeper.runtime.webhooks import WebhookUrlError, webhook_urls
 
 # The command's interface; the exit codes, its contract for scripts, are importable from here.
@@ -83,6 +90,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         args.model_cards,
         node_timeout_s=args.node_timeout,
         sweep_interval_s=args.sweep_interval,
+        liveness=LivenessConfig(args.suspect_after_s, args.dead_after_s),
         max_deployments=args.max_deployments,
         app=STANDIN_API if args.exo_compat else OUR_API,
         webhooks=args.webhook,
@@ -146,6 +154,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         data_dir.resolve(),
         node_timeout_s=args.node_timeout,
         sweep_interval_s=args.sweep_interval,
+        liveness=LivenessConfig(args.suspect_after_s, args.dead_after_s),
         node_restart_s=None if args.no_node_restart else args.node_restart_delay,
         exo_compat=args.exo_compat,
         disk_gb=args.disk_gb,
@@ -174,6 +183,7 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         args.model_cards,
         max_deployments=args.max_deployments,
         webhooks=args.webhook,
+        liveness=LivenessConfig(args.suspect_after_s, args.dead_after_s),
         store=args.store,
         name=args.name,
         lease_s=args.lease_s,
@@ -310,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
         model_cards="a folder of exo model-card .toml files",
     )
     _membership_options(master)
+    _failover_options(master)
     _exo_compat_option(master)
     webhook_option(master, "alert notices (incidents, cant_place, drains)")
     master.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
@@ -374,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="state, logs and cluster.json (default: a new temporary directory)",
     )
     _membership_options(cluster)
+    _failover_options(cluster)
     _exo_compat_option(cluster)
     webhook_option(cluster, "the master's alert notices")
     _disk_options(cluster, "each node")
@@ -400,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the keeper beside a stock exo master, acting through exo's HTTP API; serves the "
         "deployments API",
     )
+    _failover_options(bridge)
     bridge.add_argument(
         "--exo",
         required=True,
@@ -506,6 +519,46 @@ def _membership_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def _failover_options(parser: argparse.ArgumentParser) -> None:
+    """``--suspect-after-s`` / ``--dead-after-s`` (docs/design.md §5.18), checked together after
+    parsing (``_failover_refused``)."""
+    parser.add_argument(
+        "--suspect-after-s",
+        type=_seconds,
+        default=DEFAULT_SUSPECT_AFTER_S,
+        metavar="S",
+        help="a node silent this long is suspect and its instances get a replacement on other "
+        f"nodes, nothing deleted (default {DEFAULT_SUSPECT_AFTER_S:g}; 0 = off: exo's timeout "
+        "only)",
+    )
+    parser.add_argument(
+        "--dead-after-s",
+        type=_seconds,
+        default=DEFAULT_DEAD_AFTER_S,
+        metavar="S",
+        help="a suspect node silent this long while the others are heard is dead and its "
+        f"instances are deleted (default {DEFAULT_DEAD_AFTER_S:g}, at least "
+        f"{MIN_DEAD_AFTER_S:g}; 0 = never by silence alone)",
+    )
+
+
+def _failover_refused(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 naming the flag when the two failover flags do not make sense together."""
+    suspect = getattr(args, "suspect_after_s", None)
+    dead = getattr(args, "dead_after_s", None)
+    if isinstance(suspect, float) and isinstance(dead, float):
+        refusal = liveness_flags_refusal(suspect, dead)
+        if refusal is not None:
+            parser.error(refusal)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["soak"] or given[:1] == ["soak-sim"]:
@@ -515,6 +568,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(run(given[1:]))
     parser = build_parser()
     args = parser.parse_args(given)
+    _failover_refused(parser, args)
     try:
         code = args.handler(args)
     except ClientError as exc:

@@ -49,6 +49,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from keeper.cluster.proxy import TcpProxy
 from keeper.link.identity import NodeKey, load_or_create_key
+from keeper.model.liveness import LivenessConfig
 from keeper.node.node_process import RUNNER_KILL_SIGNAL
 from keeper.runtime.process_exit import EXIT_STOPPED, run_reporting
 
@@ -116,6 +117,7 @@ class LocalCluster:
         *,
         node_timeout_s: float | None = None,
         sweep_interval_s: float | None = None,
+        liveness: LivenessConfig | None = None,
         node_restart_s: float | None = DEFAULT_NODE_RESTART_S,
         load_gb_per_s: float = DEFAULT_LOAD_GB_PER_S,
         out: TextIO | None = None,
@@ -143,6 +145,9 @@ class LocalCluster:
             master_args += ["--node-timeout", str(node_timeout_s)]
         if sweep_interval_s is not None:
             master_args += ["--sweep-interval", str(sweep_interval_s)]
+        if liveness is not None:
+            master_args += ["--suspect-after-s", str(liveness.suspect_after_s)]
+            master_args += ["--dead-after-s", str(liveness.dead_after_s)]
         for url in webhooks:
             master_args += ["--webhook", url]
         # A stand-in for a stock exo master (no keeper): deployments then need exo-deploy bridge.
@@ -453,6 +458,7 @@ def run_cluster(
     *,
     node_timeout_s: float | None = None,
     sweep_interval_s: float | None = None,
+    liveness: LivenessConfig | None = None,
     node_restart_s: float | None = DEFAULT_NODE_RESTART_S,
     exo_compat: bool = False,
     disk_gb: float | None = None,
@@ -467,6 +473,7 @@ def run_cluster(
         data_dir,
         node_timeout_s=node_timeout_s,
         sweep_interval_s=sweep_interval_s,
+        liveness=liveness,
         node_restart_s=node_restart_s,
         exo_compat=exo_compat,
         disk_gb=disk_gb,

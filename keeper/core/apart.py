@@ -20,13 +20,15 @@ def place_apart(
     deployment: Deployment,
     serving: frozenset[NodeId],
     cordoned: frozenset[NodeId],
+    watched: frozenset[NodeId] = frozenset(),
 ) -> AnyInstance:
-    """One more instance of the deployment's model off ``serving`` and ``cordoned``; a refusal
-    is ValueError in the keeper's words (naming the nodes left out and why). Anything else
-    placement raises is passed on: a bug, not a reason."""
+    """One more instance of the deployment's model off ``serving``, ``cordoned`` and
+    ``watched`` (nodes suspect or confirmed dead, docs/design.md §5.18); a refusal is ValueError
+    in the keeper's words (naming the nodes left out and why). Anything else placement raises
+    is passed on: a bug, not a reason."""
     try:
         return place(
-            without_nodes(state, serving | cordoned),
+            without_nodes(state, serving | cordoned | watched),
             deployment.model_card,
             deployment.sharding,
             deployment.instance_meta,
@@ -40,4 +42,6 @@ def place_apart(
             error = f"no placement apart from the nodes serving {model_id} ({names}): {error}"
         if cordoned:
             error = f"{error} (cordoned, left out: {node_names(state, cordoned)})"
+        if watched:
+            error = f"{error} (suspect or dead, left out: {node_names(state, watched)})"
         raise ValueError(error) from None

@@ -1,13 +1,11 @@
-"""What a drain has left to do on its node, and where a moved instance may go (pure).
+"""A drain's kind of move: what a drain has left to do on its node (pure).
 
-A drain moves the keeper's instances off a node make-before-break (docs/design.md §5.15): a
-replacement is placed elsewhere, the old instance is deleted once the replacement is ready, one
-instance per deployment at a time. The keeper (``keeper.core.keeper``) decides when; this
-module reads the State for it: which instances still use the draining node and who placed
-them (``drain_picture``), and the State a replacement is placed on (``replacement_view``):
-without the cordoned and draining nodes and, for anti-affinity, without the nodes of the
-model's *other* instances — the instance being moved may share nodes with its replacement, as
-it is about to go.
+A drain moves the keeper's instances off a node make-before-break (docs/design.md §5.15). How a
+move runs (its replacement's placement, settling, one per deployment, the words of a move that
+does not fit) is the moves' part, ``keeper.core.moves``; this module is the drain's kind of move
+(``DrainMoves``): it reads the State for which instances still use a draining node and who
+placed them (``drain_picture``), in the drain's words, and says when a drain is done
+(``drains_ended``).
 
 An instance the keeper did not place (by hand, through exo's own API) is never moved: the drain
 lists it and leaves it alone unless forced.
@@ -15,18 +13,17 @@ lists it and leaves it alone unless forced.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from keeper.core.view import node_names, without_nodes
-from keeper.model.rollout import options_words
+from keeper.core.moves import Candidate, MoveKind
+from keeper.model.events import AnyEvent, DrainReplacementPlaced
 from keeper.model.state import (
-    Deployment,
     DeploymentId,
     InstanceId,
     InstanceMove,
     NodeDrain,
     State,
-    cordoned_nodes,
     instances_on,
     keeper_placements,
     nodes_named,
@@ -64,47 +61,41 @@ def drain_picture(state: State, drain: NodeDrain) -> DrainPicture:
     return DrainPicture(drain.moves, tuple(to_move), unmanaged)
 
 
-def replacement_view(state: State, old_instance_id: InstanceId) -> State:
-    """The State a replacement for ``old_instance_id`` is placed on: without the cordoned (and
-    draining) nodes and without the nodes of the model's other instances."""
-    old = state.instances[old_instance_id]
-    model_id = old.shard_assignments.model_id
-    others = frozenset(
-        node
-        for instance_id, instance in state.instances.items()
-        if instance_id != old_instance_id and instance.shard_assignments.model_id == model_id
-        for node in instance.shard_assignments.node_to_runner
-    )
-    return without_nodes(state, others | cordoned_nodes(state))
+class DrainMoves(MoveKind):
+    """A drain's moves (``keeper.core.moves``): the keeper's instances on each draining node,
+    drains in name order; a forced drain deletes what cannot be moved and what the keeper did
+    not place."""
+
+    name = "drain"
+
+    def under_way(self, state: State) -> Iterable[InstanceMove]:
+        return [move for _, drain in sorted(state.drains.items()) for move in drain.moves]
+
+    def candidates(self, state: State) -> Iterable[Candidate]:
+        for name, drain in sorted(state.drains.items()):
+            for deployment_id, old in drain_picture(state, drain).to_move:
+                yield Candidate(deployment_id, old, scope=name, force=drain.force)
+
+    def recorded(self, candidate: Candidate, move: InstanceMove) -> AnyEvent:
+        return DrainReplacementPlaced(name=candidate.scope, move=move)
+
+    def words(self, state: State, candidate: Candidate, left_out: Sequence[str], why: str) -> str:
+        """Why a drain cannot move an instance, in the placement's own numbers, naming the
+        nodes left out and why (the draining node is one of the cordoned)."""
+        model_id = state.instances[candidate.old].shard_assignments.model_id
+        return f"cannot move {model_id} off {candidate.scope} ({'; '.join(left_out)}): {why}"
+
+    def doomed(self, state: State) -> Iterable[InstanceId]:
+        for _, drain in sorted(state.drains.items()):
+            if drain.force:
+                yield from drain_picture(state, drain).unmanaged
 
 
-def stuck_note(state: State, drain: NodeDrain, old_instance_id: InstanceId, reason: str) -> str:
-    """Why a drain cannot move an instance, in the placement's own numbers, naming the nodes
-    left out and why."""
-    model_id = state.instances[old_instance_id].shard_assignments.model_id
-    left_out = _left_out(state, old_instance_id)  # the draining node is one of the cordoned
-    return f"cannot move {model_id} off {drain.node} ({'; '.join(left_out)}): {reason}"
+DRAINS = DrainMoves()
 
 
-def update_stuck_note(
-    state: State, deployment: Deployment, old_instance_id: InstanceId, reason: str
-) -> str:
-    """Why a rolling change cannot replace an instance, in the placement's own numbers, naming
-    the nodes left out and why (as for a drain)."""
-    left_out = _left_out(state, old_instance_id)
-    where = f" ({'; '.join(left_out)})" if left_out else ""
-    options = options_words(deployment)
-    return f"cannot replace instance {old_instance_id} with {options}{where}: {reason}"
-
-
-def _left_out(state: State, old_instance_id: InstanceId) -> list[str]:
-    """The nodes a replacement for ``old_instance_id`` may not use, and why, in words: the
-    cordoned ones, and those serving the model already (``replacement_view``)."""
-    cordoned = cordoned_nodes(state)
-    serving = frozenset(without_nodes(state, cordoned).topology.nodes) - frozenset(
-        replacement_view(state, old_instance_id).topology.nodes
-    )
-    left_out = [f"cordoned: {node_names(state, cordoned)}"] if cordoned else []
-    if serving:
-        left_out.append(f"serving it already: {node_names(state, serving)}")
-    return left_out
+def drains_ended(state: State) -> list[str]:
+    """The draining nodes nothing uses any more, in name order: their drains are done."""
+    return [
+        name for name, drain in sorted(state.drains.items()) if drain_picture(state, drain).empty
+    ]

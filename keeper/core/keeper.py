@@ -38,16 +38,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from keeper.core.apart import place_apart
-from keeper.core.draining import (
-    drain_picture,
-    replacement_view,
-    stuck_note,
-    update_stuck_note,
-)
+from keeper.core.draining import DRAINS, drains_ended
+from keeper.core.failover import FailoverMoves, failing_over, failover_kind
 from keeper.core.memo import (
     FRESH,
     DeploymentMemo,
-    busy,
     observe,
     placed,
     preempted,
@@ -58,8 +53,10 @@ from keeper.core.memo import (
     waiting,
     wanted,
 )
+from keeper.core.moves import MOVE_SETTLE, Deciding, MoveKind, Moves, Stuck
 from keeper.core.placement import PlaceFn, place_instance
 from keeper.core.preemption import Preemption, TrialBudget, by_priority, candidates, find
+from keeper.core.rolling import RollingMoves, rolling_deployments
 from keeper.core.staging import StagingPlan, downloading_nodes, staging_plan, staging_requests
 from keeper.core.view import (
     AT_REST,
@@ -70,7 +67,7 @@ from keeper.core.view import (
     without_nodes,
 )
 from keeper.model.api_models import WaitReason
-from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
+from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
@@ -79,30 +76,29 @@ from keeper.model.events import (
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentPriorityChanged,
-    DeploymentReplacementPlaced,
     DeploymentScaled,
     DownloadDeletionRequested,
-    DrainReplacementPlaced,
     InstanceCreated,
     InstanceDeleted,
+    NodeConfirmedDead,
     NodeCordoned,
     NodeDrainEnded,
     NodeDrainStarted,
     NodeGatheredInfo,
+    NodeHeardAgain,
+    NodeSuspected,
     NodeTimedOut,
     NodeUncordoned,
     RunnerStatusUpdated,
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from keeper.model.readiness import deployment_status, instance_is_ready, ready_replicas
+from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.state import (
     AnyInstance,
     Deployment,
     DeploymentId,
     InstanceId,
-    InstanceMove,
-    NodeDrain,
     NodeId,
     RunnerFailed,
     RunnerReady,
@@ -115,6 +111,7 @@ from keeper.model.state import (
 # it is re-exported here, where ``keeper.deployment_status`` has always come from.
 __all__ = [
     "MAX_PLACEMENT_ATTEMPTS_PER_STEP",
+    "MOVE_SETTLE",
     "DeploymentTimer",
     "Keeper",
     "PlaceFn",
@@ -124,10 +121,6 @@ __all__ = [
 ]
 
 
-# How long an instance a drain or a rolling change moves away keeps answering the chats it has
-# after its replacement is ready (new chats already go to the replacement): a few seconds covers
-# the short chats of most clients; a longer reply is cut, as on any deletion.
-MOVE_SETTLE = 5.0
 # Staging asks at most this often: downloads take minutes, and a plan costs placements.
 STAGING_INTERVAL = 5.0
 # Staging plans computed again in one step at most (each is up to ``standby`` placements).
@@ -190,19 +183,14 @@ class Keeper:
         # so that deployments past the attempts cap get their turn instead of starving.
         # (No mutation: starting after "" would be the same, as every id sorts after it.)
         self._resume_after: DeploymentId | None = None  # pragma: no mutate
-        # Moves (drains, rolling changes): old instances whose InstanceDeleted was sent (until
-        # the state drops them) and when each one's replacement was first seen ready. Drains
-        # whose end was sent, and per (drain, deployment) a move that could not be placed: the
-        # cluster it failed on, when to try anyway, and why (the drain's note).
-        self._move_deleted: set[InstanceId] = set()
-        self._move_ready_at: dict[InstanceId, float] = {}  # old instance -> replacement ready
+        # The moves' memory, every kind's (drains, rolling changes; ``keeper.core.moves``).
+        self._moves = Moves()
+        # Drains whose end was sent, until the State drops them.
         self._drain_ended: set[str] = set()
-        self._drain_stuck: dict[tuple[str, DeploymentId], tuple[ClusterSignature, float, str]] = {}
-        # Rolling changes: per deployment, a replacement that could not be placed (as for
-        # drains): the cluster it failed on, when to try anyway, and why.
-        self._update_stuck: dict[DeploymentId, tuple[ClusterSignature, float, str]] = {}
         # Which deployments a rolling change is under way for (``_rolling_deployments``).
         self._rolling: tuple[DeploymentId, ...] = ()  # pragma: no mutate (read before used)
+        # Whether a deployment has a failover under way, read with the rolling list.
+        self._failing_over = False  # pragma: no mutate (read before used)
         # The last step's State, as references to its instances, runners and deployments (not
         # copies, and not the keeper's memory: one State, whatever its size), and each
         # deployment as observed with the memo observe gave (``step``: observed on the same
@@ -265,25 +253,23 @@ class Keeper:
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         # Higher priorities first; equal ones in id order, resumed where the last step stopped.
         events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
-        if state.drains or rolling:
+        failover = failover_kind(state, self._failing_over)
+        if state.drains or rolling or failover is not None:
             # Recovery first: a move places only in a step that placed nothing else, and at
-            # most one move places per step (drains first, then rolling changes).
+            # most one move places per step (failover first, then drains, then rolling changes).
             placed_now = any(isinstance(e, InstanceCreated) for e in events)
             # The signature read above when a deployment was short, else read now. (No
             # mutation: reading it again when short gives the same signature, only later.)
             move_signature = signature if short else cluster_signature(state)  # pragma: no mutate
-            self._forget_moved(state)
-            moved = self._drain(state, move_signature, now, placed_now)
-            placed_now = placed_now or any(isinstance(e, InstanceCreated) for e in moved)
-            moved += self._roll(state, rolling, counts, move_signature, now, placed_now)
-            events = [*events, *moved]
+            kinds = move_kinds(state, rolling, failover)
+            ended = self._drains_ended(state) if state.drains else []
+            moved = self._move(state, kinds, counts, move_signature, now, placed_now)
+            events = [*events, *ended, *moved]
+            self._moves.keep_kinds(kind.name for kind in kinds)
         else:
-            self._move_deleted = set()
-            self._move_ready_at = {}
+            self._moves.at_rest()
         if not state.drains:
-            self._forget_drains()
-        if not rolling:
-            self._update_stuck = {}
+            self._drain_ended = set()
         # Staging only when no placement is due: placing comes first. A deployment short but
         # waiting (its backoff, a cluster nothing fits, a placement on its way) does not hold
         # the others' staging back: one model too big for the cluster would stop it for good.
@@ -291,131 +277,49 @@ class Keeper:
             events = self._stage(state, now)
         return events
 
-    def _drain(
-        self, state: State, signature: ClusterSignature, now: float, placed_now: bool
-    ) -> list[AnyEvent]:
-        """Move the keeper's instances off draining nodes, make-before-break: delete an old
-        instance once its replacement is ready; place the next replacement (one per step, and
-        none in a step that placed for recovery); end a drain when its node is empty."""
-        self._drain_ended &= set(state.drains)
-        events: list[AnyEvent] = []
-        may_place = not placed_now
-        for name, drain in sorted(state.drains.items()):
-            picture = drain_picture(state, drain)
-            for move in picture.moving:
-                events.extend(self._settle(move, state, now))
-            if picture.empty:
-                if name not in self._drain_ended:
-                    self._drain_ended.add(name)
-                    events.append(NodeDrainEnded(name=name))
-                continue
-            # Not one whose deletion was sent (forced), not one of a deployment being deleted,
-            # and not one of a deployment whose rolling change has a replacement under way (one
-            # extra instance per deployment at most).
-            movable = [
-                (deployment_id, old)
-                for deployment_id, old in picture.to_move
-                if old not in self._move_deleted
-                and deployment_id not in self._deleting
-                and state.deployments[deployment_id].moving is None
-            ]
-            for deployment_id, old in movable:
-                outcome, may_place = self._move(
-                    drain, deployment_id, old, state, signature, now, may_place
-                )
-                events.extend(outcome)
-            if drain.force:
-                for instance_id in picture.unmanaged:
-                    if instance_id not in self._move_deleted:
-                        self._move_deleted.add(instance_id)
-                        events.append(InstanceDeleted(instance_id=instance_id))
-        return events
-
     def _move(
         self,
-        drain: NodeDrain,
-        deployment_id: DeploymentId,
-        old: InstanceId,
         state: State,
+        kinds: Sequence[MoveKind],
+        counts: Mapping[str, int],
         signature: ClusterSignature,
         now: float,
-        may_place: bool,
-    ) -> tuple[list[AnyEvent], bool]:
-        """Place a replacement for ``old`` if the deployment may place now: its events, and
-        whether the step may still place."""
-        deployment = state.deployments[deployment_id]
-        memo = self._memos[deployment_id]  # observed at the start of this step
-        key = (drain.node, deployment_id)
-        stuck = self._drain_stuck.get(key)
-        if stuck is not None and stuck[0] == signature and now < stuck[1] and not drain.force:
-            return [], may_place
-        if not may_place or busy(memo, now) is not None:
-            return [], may_place
-        try:
-            instance = self._place_replacement(deployment, old, state)
-        except ValueError as reason:
-            note = stuck_note(state, drain, old, str(reason))
-            self._drain_stuck[key] = (signature, now + UNPLACEABLE_RETRY, note)
-            if drain.force:  # break-before-make: the keeper places it again as for any fault
-                self._move_deleted.add(old)
-                return [InstanceDeleted(instance_id=old)], may_place
-            return [], may_place
-        self._drain_stuck.pop(key, None)
-        events, move = self._replacement_placed(deployment_id, old, instance, now)
-        return [*events, DrainReplacementPlaced(name=drain.node, move=move)], False
-
-    def _place_replacement(
-        self, deployment: Deployment, old: InstanceId, state: State
-    ) -> AnyInstance:
-        """A replacement for ``old`` (a drain's move, a rolling change's) with the deployment's
-        options, apart from the model's other instances and off cordoned nodes; ValueError
-        when it does not fit."""
-        return self._place(
-            replacement_view(state, old),
-            deployment.model_card,
-            deployment.sharding,
-            deployment.instance_meta,
-            deployment.min_nodes,
+        placed_now: bool,
+    ) -> list[AnyEvent]:
+        """The moves' step (``keeper.core.moves``) for ``kinds``, in the order they go first;
+        a replacement placed is the deployment's placement in flight (one at a time, backoff
+        if lost)."""
+        deciding = Deciding(
+            self._memos, self._deleting, counts, signature, now, not placed_now, self._place
         )
+        moved = self._moves.step(state, kinds, deciding)
+        if moved.placed is not None:
+            deployment_id, instance_id = moved.placed
+            self._memos[deployment_id] = placed(self._memos[deployment_id], instance_id, now)
+        return moved.events
 
-    def _replacement_placed(
-        self, deployment_id: DeploymentId, old: InstanceId, instance: AnyInstance, now: float
-    ) -> tuple[list[AnyEvent], InstanceMove]:
-        """The events of a replacement placed for ``old``, and its move; the deployment's
-        memory now watches it as its placement in flight (one at a time, backoff if lost)."""
-        self._memos[deployment_id] = placed(self._memos[deployment_id], instance.instance_id, now)
-        move = InstanceMove(
-            deployment_id=deployment_id, old_instance_id=old, new_instance_id=instance.instance_id
-        )
-        return [
-            InstanceCreated(instance=instance),
-            DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id),
-        ], move
+    def _drains_ended(self, state: State) -> list[AnyEvent]:
+        """A drain whose node nothing uses any more ends, said once."""
+        self._drain_ended &= set(state.drains)
+        events: list[AnyEvent] = []
+        for name in drains_ended(state):
+            if name not in self._drain_ended:
+                self._drain_ended.add(name)
+                events.append(NodeDrainEnded(name=name))
+        return events
 
-    def _settle(self, move: InstanceMove, state: State, now: float) -> list[AnyEvent]:
-        """The old instance's deletion once its replacement has been ready MOVE_SETTLE: from
-        the replacement's readiness on, new chats go to it (``chat_targets``), and the old
-        instance finishes the chats it is answering."""
-        replacement = state.instances.get(move.new_instance_id)
-        old = move.old_instance_id
-        if replacement is None or not instance_is_ready(replacement, state):
-            return []
-        ready_at = self._move_ready_at.setdefault(old, now)
-        settled = now >= ready_at + MOVE_SETTLE
-        if settled and old in state.instances and old not in self._move_deleted:
-            self._move_deleted.add(old)
-            return [InstanceDeleted(instance_id=old)]
-        return []
+    # (The moves' memory, under the names the memory tests read.)
+    @property
+    def _move_deleted(self) -> set[InstanceId]:
+        return self._moves.deleted
 
-    def _forget_moved(self, state: State) -> None:
-        """The moves' memory of instances the State no longer holds goes (it stays bounded)."""
-        self._move_deleted &= set(state.instances)
-        self._move_ready_at = {i: t for i, t in self._move_ready_at.items() if i in state.instances}
+    @property
+    def _move_ready_at(self) -> dict[InstanceId, float]:
+        return self._moves.ready_at
 
-    def _forget_drains(self) -> None:
-        """No drain in the State: nothing of one to remember (the memory stays bounded)."""
-        self._drain_ended = set()
-        self._drain_stuck = {}
+    @property
+    def _drain_stuck(self) -> dict[tuple[str, DeploymentId], Stuck]:
+        return self._moves.stuck.get(DRAINS.name, {})
 
     # --- rolling changes ----------------------------------------------------------------
 
@@ -427,90 +331,33 @@ class Keeper:
         deployments = state.deployments
         # (No mutation: reading again every step gives the same answer, only slower.)
         if deployments is not last_read:  # pragma: no mutate
-            self._rolling = tuple(
-                deployment_id
-                for deployment_id, deployment in sorted(deployments.items())
-                if deployment.replacing or deployment.moving is not None
-            )
+            self._rolling = rolling_deployments(state)
+            self._failing_over = failing_over(state)
         rolling = self._rolling
         deleting = self._deleting
         if not deleting:  # pragma: no mutate (filtering when none is deleted gives the same)
             return rolling
         return tuple(d for d in rolling if d not in deleting)
 
-    def _roll(
-        self,
-        state: State,
-        rolling: Sequence[DeploymentId],
-        counts: Mapping[str, int],
-        signature: ClusterSignature,
-        now: float,
-        placed_now: bool,
-    ) -> list[AnyEvent]:
-        """Replace, make-before-break, each instance a deployment placed with options it no
-        longer has: one replacement per deployment at a time, the old instance deleted once
-        the replacement has settled; the next placement only in a step that placed nothing
-        else, for a deployment that is not short of instances (recovery comes first) and has
-        no drain move under way."""
-        events: list[AnyEvent] = []
-        may_place = not placed_now
-        draining = {move.deployment_id for d in state.drains.values() for move in d.moves}
-        for deployment_id in rolling:  # none being deleted (the step leaves them out)
-            deployment = state.deployments[deployment_id]
-            if deployment.moving is not None:
-                events.extend(self._settle(deployment.moving, state, now))
-                continue
-            if not may_place or deployment_id in draining:
-                continue
-            # The first still to replace that the State shows (on the bridge, exo's State may
-            # drop one a moment before the bridge's log records its deletion).
-            old = next((i for i in deployment.replacing if i in state.instances), None)
-            if old is None:
-                continue
-            memo = self._memos[deployment_id]  # observed at the start of this step
-            # (The model is counted: ``old`` is one of its instances.)
-            short = counts[deployment.model_card.model_id] < wanted(memo, deployment)
-            if short or busy(memo, now) is not None:
-                continue
-            stuck = self._update_stuck.get(deployment_id)
-            if stuck is not None and stuck[0] == signature and now < stuck[1]:
-                continue
-            replaced = self._replace(deployment, old, state, signature, now)
-            events.extend(replaced)
-            may_place = not replaced
-        return events
-
-    def _replace(
-        self,
-        deployment: Deployment,
-        old: InstanceId,
-        state: State,
-        signature: ClusterSignature,
-        now: float,
-    ) -> list[AnyEvent]:
-        """The replacement of ``old`` with the deployment's options, placed apart from its
-        other instances and off cordoned nodes; nothing, and a note, when it does not fit."""
-        deployment_id = deployment.deployment_id
-        try:
-            instance = self._place_replacement(deployment, old, state)
-        except ValueError as reason:
-            note = update_stuck_note(state, deployment, old, str(reason))
-            self._update_stuck[deployment_id] = (signature, now + UNPLACEABLE_RETRY, note)
-            return []
-        self._update_stuck.pop(deployment_id, None)
-        events, move = self._replacement_placed(deployment_id, old, instance, now)
-        return [*events, DeploymentReplacementPlaced(deployment_id=deployment_id, move=move)]
-
     def update_note(self, deployment_id: str) -> str | None:
         """Why the rolling change of ``deployment_id`` cannot place its next replacement now."""
-        stuck = self._update_stuck.get(deployment_id)
-        return None if stuck is None else stuck[2]
+        notes = self._moves.notes(RollingMoves.name, deployment_id)
+        return notes[0] if notes else None
+
+    def failover_note(self, deployment_id: str) -> str | None:
+        """Why the failover of ``deployment_id`` cannot place its replacement now, or None."""
+        notes = [
+            note
+            for (_, deployment), (_, _, note) in sorted(
+                self._moves.stuck.get(FailoverMoves.name, {}).items()
+            )
+            if deployment == deployment_id
+        ]
+        return notes[0] if notes else None
 
     def drain_note(self, name: str) -> str | None:
         """Why the drain of ``name`` cannot move an instance now, or None."""
-        notes = [
-            note for (node, _), (_, _, note) in sorted(self._drain_stuck.items()) if node == name
-        ]
+        notes = self._moves.notes(DRAINS.name, name)
         return "; ".join(notes) if notes else None
 
     # --- cordons and drains (commands) ------------------------------------------------------
@@ -525,7 +372,7 @@ class Keeper:
         drain = state.drains.get(name)
         if name not in state.cordoned and drain is None:
             return []
-        self._drain_stuck = {k: v for k, v in self._drain_stuck.items() if k[0] != name}
+        self._moves.forget_scope(DRAINS.name, name)
         surge = [] if drain is None else [m.new_instance_id for m in drain.moves]
         return [
             NodeUncordoned(name=name),
@@ -623,13 +470,17 @@ class Keeper:
         # the state.)
         serving = nodes_serving(state, model_id)
         cordoned = cordoned_nodes(state)
+        # Nodes with a verdict (suspect, dead) get nothing new (docs/design.md §5.18).
+        watched = frozenset(state.node_watch)
         try:
-            instance = place_apart(self._place, state, deployment, serving, cordoned)
+            instance = place_apart(self._place, state, deployment, serving, cordoned, watched)
         except ValueError as reason:
             error = str(reason)
             self._forget_crash(deployment_id)
             if deployment.preempt:  # docs/design.md §5.13
-                preemption = self._preemption(deployment, state, serving | cordoned, budget)
+                preemption = self._preemption(
+                    deployment, state, serving | cordoned | watched, budget
+                )
                 if preemption is not None:
                     return self._preempting(deployment, preemption, state, signature, now), True
         except Exception as crash:  # a bug in placement must not stop the other deployments
@@ -816,6 +667,20 @@ class Keeper:
         return views
 
 
+def move_kinds(
+    state: State, rolling: Sequence[DeploymentId], failover: MoveKind | None = None
+) -> list[MoveKind]:
+    """The kinds of move with work in ``state``, in the order they go first (docs/design.md
+    §5.17): a failover (``failover_kind``: an outage beats planned work, §5.18), drains, then
+    the rolling changes of ``rolling`` (``rolling_deployments``)."""
+    kinds: list[MoveKind] = [failover] if failover is not None else []
+    if state.drains:
+        kinds.append(DRAINS)
+    if rolling:
+        kinds.append(RollingMoves(rolling))
+    return kinds
+
+
 def _own_instances(
     deployment: Deployment | None, memo: DeploymentMemo, state: State
 ) -> list[InstanceId]:
@@ -859,12 +724,13 @@ def calls_for_step(event: AnyEvent) -> bool:
     leave one short; an instance created is the previous placement now visible, so the next one
     (another replica, another deployment) can be decided against it; a node's report may be a
     node joining or carry the memory and backends placement reads; a node timing out or a link
-    changing alters the cluster placement sees. A runner turning Ready or Failed changes what
-    the keeper must remember of its instance: whether it was ever ready decides whether its loss
-    is placed again at once or backs off (docs/design.md §5.4), so a step must see it ready
-    before a loss can follow. The rest (the keeper's own bookkeeping, a deployment deleted, a
-    runner loading or busy with a chat) never make a placement possible that was not possible
-    before.
+    changing alters the cluster placement sees, and so does a verdict on a node (suspect, dead,
+    heard again: fast failover's replacement and its surplus, docs/design.md §5.18). A runner
+    turning Ready or Failed changes what the keeper must remember of its instance: whether it
+    was ever ready decides whether its loss is placed again at once or backs off (docs/design.md
+    §5.4), so a step must see it ready before a loss can follow. The rest (the keeper's own
+    bookkeeping, a deployment deleted, a runner loading or busy with a chat) never make a
+    placement possible that was not possible before.
     """
     match event:
         case (
@@ -876,6 +742,9 @@ def calls_for_step(event: AnyEvent) -> bool:
             | InstanceDeleted()
             | NodeGatheredInfo()
             | NodeTimedOut()
+            | NodeSuspected()
+            | NodeConfirmedDead()
+            | NodeHeardAgain()
             | TopologyEdgeCreated()
             | TopologyEdgeDeleted()
         ):

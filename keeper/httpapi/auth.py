@@ -1,50 +1,25 @@
 """Who may change the cluster: loopback-only by default, a bearer token otherwise.
 
 A master bound to 127.0.0.1 is reachable only from its own machine, so it needs no token. Bound
-to any other address it could be driven by anyone on the network, so ``check_bind`` refuses to
-start it without a token. With a token, every mutating HTTP call (POST, DELETE) and the node
-WebSocket need ``Authorization: Bearer <token>``; reads (GET) stay open so dashboards and
-monitoring keep working. Tokens are compared with ``hmac.compare_digest`` so response timing
-says nothing about how much of a guess was right. There is deliberately no CORS middleware: no
-browser page from another origin may call the API.
+to any other address it could be driven by anyone on the network, so the runtime's ``check_bind``
+(``keeper.runtime.starting``) refuses to start it without a token. With a token, every mutating
+HTTP call (POST, DELETE) and the node WebSocket need ``Authorization: Bearer <token>``; reads
+(GET) stay open so dashboards and monitoring keep working. Tokens are compared with
+``hmac.compare_digest`` so response timing says nothing about how much of a guess was right.
+There is deliberately no CORS middleware: no browser page from another origin may call the API.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keeper.model.api_models import error_body
-from keeper.model.constants import TOKEN_ENV
 
 MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-class InsecureBindError(Exception):
-    """Binding a non-loopback address without a token."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a hostname that might resolve anywhere: treat as exposed
-
-
-def check_bind(host: str, token: str | None) -> None:
-    if token:
-        return
-    if not is_loopback(host):
-        raise InsecureBindError(
-            f"Refusing to listen on {host} without a token: anyone who can reach it could change "
-            f"the cluster. Pass --token-file PATH or set {TOKEN_ENV}, or bind 127.0.0.1."
-        )
 
 
 def bearer_matches(headers: Iterable[tuple[bytes, bytes]], token: str) -> bool:

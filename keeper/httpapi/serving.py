@@ -27,12 +27,12 @@ import uvicorn
 from anyio.abc import TaskStatus
 from fastapi import FastAPI
 
-from keeper.httpapi.auth import check_bind
 from keeper.httpapi.connection_deadlines import (
     DEFAULT_DEADLINES,
     ConnectionDeadlines,
     protocol_with,
 )
+from keeper.runtime.starting import MasterStartError, check_bind
 
 # Loopback unless told otherwise (docs/design.md §6.7): anything wider needs a token
 # (keeper.httpapi.auth).
@@ -48,10 +48,6 @@ MAX_WS_FRAME_BYTES = 1024 * 1024
 STARTUP_DEADLINE_S = 30.0
 # How many connections the kernel queues before the server accepts them (uvicorn's default).
 LISTEN_BACKLOG = 2048
-
-
-class MasterStartError(Exception):
-    """The master cannot start (address in use, bad data dir...); the message says why."""
 
 
 class Service(Protocol):

@@ -1,10 +1,11 @@
 """Routing chat requests to the replicas of a model (docs/design.md §6.8).
 
 A chat goes to the rank-0 node of the least busy ready instance of its model whose nodes are all
-connected (``keeper.model.readiness.chat_targets``; ties: the State's order, as exo); a node that
-cannot take it (its session closing, its outbox gone) is passed over for the next one in that order;
-should that node or instance go, or the node fail the request, before the first text, it is sent
-once more to another ready instance, and ``keeper.master.chat`` follows it from there.
+connected (``keeper.model.readiness.chat_targets``; ties: the State's order, as exo), leaving out
+nodes confirmed dead and, when another is left, suspect ones (``trusted_targets``); a node that
+cannot take it (its session closing, its outbox gone) is passed over for the next one in that
+order; should that node or instance go, or the node fail the request, before the first text, it is
+sent once more to another ready instance, and ``keeper.master.chat`` follows it from there.
 
 What became of the chats is counted here (``ChatCounts``, read by ``GET /metrics``): each sent
 to a node, each sent once more, and each outcome (answered to its end, failed, or no ready
@@ -21,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from keeper.core.failover import trusted_targets
 from keeper.link.protocol import ChatMessage, ChatRequest
 from keeper.master.chat import ChatRouter, ChatStream, Route
 from keeper.master.membership import Membership
@@ -60,7 +62,8 @@ class ChatRouting:
         nodes connected. A node whose connection closed is left out at once, long before it
         would time out."""
         connected = {node for node in self._membership.sessions if self._connected(node)}
-        return chat_targets(self._state(), model_id, connected)
+        state = self._state()
+        return trusted_targets(state, chat_targets(state, model_id, connected))
 
     def _connected(self, node_id: NodeId) -> bool:
         session = self._membership.sessions.get(node_id)

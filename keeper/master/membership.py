@@ -1,12 +1,14 @@
-"""Node membership: the sessions of connected nodes and the rule that drops silent ones.
+"""Node membership: the sessions of connected nodes and the rules that judge silent ones.
 
 A node is *heard* whenever any message of its arrives (heartbeats included); one not heard for
-``node_timeout_s`` gets NodeTimedOut (exo's rule) and its session, if it still has one, is
-closed, so when it wakes it reconnects and reports everything afresh instead of leaving half of
-itself (its links) missing. A node that connects again is the same node (same node id): its new
-session replaces the old one. Each session turns the node's reports into events (NodeInfo ->
-NodeGatheredInfo, RunnerStatusReport -> RunnerStatusUpdated, LinkUp/Down ->
-TopologyEdgeCreated/Deleted, DownloadReport -> NodeDownloadProgress, RequestInstanceDeletion ->
+``node_timeout_s`` gets NodeTimedOut (exo's rule) and its session, if it still has one, is closed,
+so when it wakes it reconnects and reports everything afresh instead of leaving half of itself (its
+links) missing. Sooner than that, fast failover (``keeper.master.node_watch``, docs/design.md
+§5.18) suspects a silent node and confirms it dead on a second sign (its session closed, or a long
+silence while the others are heard), as events in the State. A node that connects again is the same
+node (same node id): its new session replaces the old one. Each session turns the node's reports
+into events (NodeInfo -> NodeGatheredInfo, RunnerStatusReport -> RunnerStatusUpdated, LinkUp/Down
+-> TopologyEdgeCreated/Deleted, DownloadReport -> NodeDownloadProgress, RequestInstanceDeletion ->
 InstanceDeleted) and hands chat replies to the chat router; what it sends the node is a Welcome
 with the State, then every event, and the commands meant for it (``send``: exo's download
 commands).
@@ -41,6 +43,7 @@ from keeper.link.protocol import (
 )
 from keeper.master.chat import ChatRouter
 from keeper.master.node_session import NodeSession, forward
+from keeper.master.node_watch import NodeWatcher
 from keeper.master.report_buffer import REPORT_INTERVAL_S, ReportBuffer, ReportKey
 from keeper.master.subscriptions import Fanout
 from keeper.model.claims import Refusal, deletion_request_refusal, runner_report_refusal
@@ -54,6 +57,7 @@ from keeper.model.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
+from keeper.model.liveness import OFF, LivenessConfig
 from keeper.model.refusals import NotFoundError, NotRunningError
 from keeper.model.state import Connection, NodeId, RunnerShutdown, State, download_model_id
 from keeper.runtime.clock import Clock, iso_utc
@@ -78,6 +82,7 @@ class Membership:
         node_timeout_s: float,
         check_interval_s: float,
         outbox_size: int,
+        liveness: LivenessConfig = OFF,
     ) -> None:
         self._state = state
         self.emit = emit
@@ -91,6 +96,8 @@ class Membership:
         self.refused: Counter[str] = Counter()
         self._last_heard: dict[NodeId, float] = {}
         self._clock: Clock | None = None
+        self.liveness = liveness
+        self._watcher: NodeWatcher | None = None
 
     @property
     def clock(self) -> Clock:
@@ -101,7 +108,28 @@ class Membership:
     def start(self, clock: Clock) -> None:
         self._clock = clock
         # Nodes the log remembers must report back in time like any other, or time out.
-        self._last_heard = dict.fromkeys(self._state().topology.nodes, clock.monotonic())
+        self._watcher = NodeWatcher(self.liveness, clock.monotonic())
+        self._last_heard = dict.fromkeys(self._state().topology.nodes, self._silence_clock())
+
+    def _silence_clock(self) -> float:
+        """The time node silence is measured on: with fast failover, the master's running
+        clock (a master that was paused blames itself, and times out nobody on waking,
+        docs/design.md §5.18); without it, exactly exo's rule on the monotonic clock."""
+        now = self.clock.monotonic()
+        return self.watcher.running_at(now) if self.liveness.enabled else now
+
+    @property
+    def watcher(self) -> NodeWatcher:
+        if self._watcher is None:
+            raise RuntimeError("membership has not started")
+        return self._watcher
+
+    def silent_s(self, node_id: NodeId) -> float | None:
+        """How long the node has been silent, on the master's running clock (None: never
+        heard since the master started)."""
+        if self._watcher is None or self._clock is None:
+            return None
+        return self._watcher.silent_s(node_id, self._clock.monotonic())
 
     def send(self, node_id: NodeId, message: AnyMasterMessage) -> None:
         """Queue a command for a connected node; NotFoundError naming a node with no session
@@ -130,8 +158,13 @@ class Membership:
         timeout = self.node_timeout_s
         while True:
             await clock.sleep(self.check_interval_s)
-            now = clock.monotonic()
             state = self._state()
+            # Fast failover's verdicts (docs/design.md §5.18), on the State before the timeouts;
+            # the check also moves the running clock the timeouts are then measured on.
+            verdicts = self.watcher.check(state, clock.monotonic(), clock.wall().timestamp())
+            for verdict in verdicts:
+                log.info("fast failover: %s", verdict)
+            now = self._silence_clock()
             for node in state.topology.nodes:
                 # A node can reach the topology without a session (a report that was in flight
                 # when it timed out); it starts its silence now.
@@ -148,7 +181,7 @@ class Membership:
                 if node in state.topology.nodes:
                     log.info("node %s timed out after %g s of silence", node, timeout)
                     events.append(NodeTimedOut(node_id=node))
-            await self.emit(events)
+            await self.emit([*verdicts, *events])
 
     async def serve(self, channel: MasterSide) -> None:
         """Serve one node connection until it closes; the channel is closed on return."""
@@ -197,7 +230,8 @@ class Membership:
         session.offer(Welcome(state=self._state()))
         key = self._fanout.add(session.offer_event)
         self.sessions[node_id] = session
-        self._last_heard[node_id] = self.clock.monotonic()
+        self._last_heard[node_id] = self._silence_clock()
+        self.watcher.heard(node_id, self.clock.monotonic(), self.clock.wall().timestamp())
         log.info("node %s (%s) connected", node_id, hello.name)
         reports = _SessionReports(self, node_id)
         try:
@@ -212,6 +246,7 @@ class Membership:
             outbox_send.close()
             if self.sessions.get(node_id) is session:
                 del self.sessions[node_id]
+                self.watcher.closed(node_id)
             self._chats.fail(f"node {node_id} disconnected during the request", node_id=node_id)
             # What the node said last is logged even though it left (its runner's failure, say).
             with anyio.CancelScope(shield=True):
@@ -248,7 +283,8 @@ class Membership:
                 message = await channel.receive()
             except ChannelClosedError:
                 return
-            self._last_heard[node_id] = clock.monotonic()
+            self._last_heard[node_id] = self._silence_clock()
+            self.watcher.heard(node_id, clock.monotonic(), clock.wall().timestamp())
             match message:
                 case NodeInfo():
                     event = NodeGatheredInfo(

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from keeper.httpapi.serving import DEFAULT_HOST, serve_service, shown_host
 from keeper.master.api import create_app
 from keeper.master.service import Master, MasterConfig
+from keeper.model.liveness import LivenessConfig
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
 from keeper.runtime.webhooks import WebhookConfig, webhook_urls
@@ -86,6 +87,7 @@ def run_master(
     *,
     node_timeout_s: float | None = None,
     sweep_interval_s: float | None = None,
+    liveness: LivenessConfig | None = None,
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     app: MasterApp = OUR_API,
     webhooks: Sequence[str] = (),
@@ -95,7 +97,9 @@ def run_master(
     ``node_timeout_s`` and ``sweep_interval_s`` replace exo's 30 s / 10 s (a cluster on one
     machine wants a dead node noticed sooner; the keeper's own constants are untouched).
     ``app`` is the API to serve: ours, or ``keeper.exo_standin.STANDIN_API``. ``webhooks``
-    (``--webhook``) are joined by those of ``EXO_DEPLOY_WEBHOOKS``; a bad one exits 2."""
+    (``--webhook``) are joined by those of ``EXO_DEPLOY_WEBHOOKS``; a bad one exits 2.
+    ``liveness`` is ``--suspect-after-s`` / ``--dead-after-s`` (docs/design.md §5.18; the
+    defaults 3 / 8 when not given, fast failover on)."""
     token = service_token(token)
 
     def prepare() -> Serve:
@@ -107,6 +111,7 @@ def run_master(
             keeper_enabled=app.keeper_enabled,
             max_deployments=max_deployments,
             webhooks=WebhookConfig(urls=webhook_urls(webhooks)),
+            liveness=liveness if liveness is not None else LivenessConfig(),
         )
         if node_timeout_s is not None:
             config = replace(config, node_timeout_s=node_timeout_s)

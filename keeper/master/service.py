@@ -53,6 +53,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskStatus
 
+from keeper.core.failover import instances_on_dead_nodes
 from keeper.core.keeper import PlaceFn, calls_for_step
 from keeper.core.placement import place_instance
 from keeper.core.view import instances_off_topology
@@ -88,8 +89,10 @@ from keeper.model.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    NodeConfirmedDead,
 )
 from keeper.model.ids import IdFactory, new_id
+from keeper.model.liveness import OFF, LivenessConfig
 from keeper.model.refusals import (
     BadRequestError,
     NotFoundError,
@@ -197,6 +200,10 @@ class MasterConfig:
     # Alert webhooks (``--webhook``): the notices of the keeper's changes, POSTed at least once
     # (keeper.runtime.webhooks). None given: no notice is computed at all.
     webhooks: WebhookConfig = field(default_factory=WebhookConfig)
+    # Fast failover (``--suspect-after-s`` / ``--dead-after-s``; docs/design.md §5.18): off
+    # by default here, so a master built in a test keeps exo's rule alone (the seed's
+    # contract); ``exo-deploy master`` passes the flags, 3 / 8 unless told otherwise.
+    liveness: LivenessConfig = OFF
 
 
 class Master:
@@ -254,7 +261,10 @@ class Master:
             node_timeout_s=self.config.node_timeout_s,
             check_interval_s=self.config.membership_check_s,
             outbox_size=self.config.subscriber_buffer,
+            liveness=self.config.liveness,
         )
+        # Set when a node is confirmed dead: the sweep runs at once rather than on its period.
+        self._sweep_now = anyio.Event()
         self._chat_routing = ChatRouting(self._chats, self._membership, lambda: self.state)
         self._view_cache = LastBuilt[bytes]()
         self._views_for_metrics = LastBuilt[list[DeploymentView]]()
@@ -501,7 +511,7 @@ class Master:
     # --- cordons and drains (docs/design.md §5.15) ----------------------------------------
 
     def nodes_view(self) -> NodesResponse:
-        return nodes_response(self.state, self._drains_keeper())
+        return nodes_response(self.state, self._drains_keeper(), self._membership.silent_s)
 
     async def cordon_node(self, node: str) -> CommandResponse:
         """No new placement on the node; answered once that is durable."""
@@ -634,6 +644,8 @@ class Master:
             self._fanout.publish(entry)
             if calls_for_step(entry.event):
                 self._stepping.want_step()
+            if isinstance(entry.event, NodeConfirmedDead):
+                self._sweep_now.set()
             if isinstance(entry.event, InstanceDeleted):
                 self._chats.fail(
                     f"instance {entry.event.instance_id} was deleted during the request",
@@ -704,19 +716,51 @@ class Master:
             self._store.close()
 
     async def _sweep_loop(self) -> None:
-        clock = self.clock
+        """exo's sweep every ``sweep_interval_s``, and at once when a node is confirmed dead
+        (fast failover, docs/design.md §5.18): instances on nodes that left the topology, and
+        on nodes confirmed dead, are deleted."""
         while True:
-            await clock.sleep(self.config.sweep_interval_s)
+            await self._sweep_wait(self.config.sweep_interval_s)
+            self._sweep_now = anyio.Event()
             async with self._lock:
                 events: list[AnyEvent] = []
-                for instance_id, missing in instances_off_topology(self.state).items():
+                gone: set[str] = set()
+                state = self.state
+                for instance_id, missing in instances_off_topology(state).items():
                     log.info(
                         "deleting instance %s: node(s) %s left the topology",
                         instance_id,
                         ", ".join(missing),
                     )
                     events.append(InstanceDeleted(instance_id=instance_id))
+                    gone.add(instance_id)
+                for instance_id, dead in instances_on_dead_nodes(state).items():
+                    if instance_id not in gone:
+                        log.info(
+                            "deleting instance %s: node(s) %s confirmed dead",
+                            instance_id,
+                            ", ".join(dead),
+                        )
+                        events.append(InstanceDeleted(instance_id=instance_id))
                 await self.emit(events)
+
+    async def _sweep_wait(self, seconds: float) -> None:
+        """Sleep ``seconds`` on the master's clock, or less if a sweep is wanted now."""
+        wake = self._sweep_now
+        if wake.is_set():
+            return
+        async with anyio.create_task_group() as group:
+
+            async def sleeper() -> None:
+                await self.clock.sleep(seconds)
+                group.cancel_scope.cancel()
+
+            async def waiter() -> None:
+                await wake.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(sleeper)
+            group.start_soon(waiter)
 
     # --- node sessions -------------------------------------------------------------------
 

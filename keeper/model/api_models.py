@@ -264,6 +264,23 @@ class UpdateView(BaseModel):
     note: str | None = None
 
 
+FailoverPhase = Literal["suspect", "replacing", "confirmed"]
+
+
+class FailoverView(BaseModel):
+    """A deployment's fast failover (docs/design.md §5.18): ``suspect`` (an instance of it is
+    on a suspect node and no replacement is placed yet; ``why`` says so when none fits),
+    ``replacing`` (the replacement is placed, the node is still only suspect) or ``confirmed``
+    (the node is dead: its instance goes); ``nodes`` by name; ``since`` ISO-8601 UTC."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    phase: FailoverPhase
+    nodes: list[str]
+    since: str
+    why: str | None = None
+
+
 class DeploymentView(BaseModel):
     """One deployment as ``GET /deployments`` reports it, with the keeper's timers."""
 
@@ -296,6 +313,8 @@ class DeploymentView(BaseModel):
     detail: str | None = None
     # A rolling change under way, or None.
     updating: UpdateView | None = None
+    # A fast failover under way (an instance on a suspect or dead node), or None.
+    failover: FailoverView | None = None
 
 
 # The longest history ``GET /deployments/{id}/history`` answers: 30 days. Serving records are
@@ -423,11 +442,20 @@ class DrainView(ApiModel):
     stuck: str | None = None
 
 
+NodeLiveness = Literal["alive", "suspect", "dead", "gone"]
+
+
 class NodeView(ApiModel):
     name: str  # the friendly name (cordons and drains are keyed by it)
     node_ids: list[str]  # the cluster's nodes of that name; none while it is away
     cordoned: bool
     drain: DrainView | None = None
+    # Fast failover (docs/design.md §5.18): the phase of its node (of the one furthest gone,
+    # should two nodes share the name), ``gone`` while none is in the cluster; and how long it
+    # has been silent, on the service's running clock (null: not heard since the service started,
+    # or the service does not time reports).
+    liveness: NodeLiveness = "alive"
+    silent_s: float | None = None
 
 
 class NodesResponse(ApiModel):

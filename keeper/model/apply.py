@@ -25,6 +25,7 @@ from keeper.model.events import (
     DownloadDeletionRequested,
     DownloadRequested,
     DrainReplacementPlaced,
+    FailoverReplacementPlaced,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -176,6 +177,13 @@ def apply(state: State, event: AnyEvent) -> State:
                 return state  # not one this change replaces (deleted meanwhile)
             replacing = tuple(i for i in deployment.replacing if i != move.old_instance_id)
             return _with_deployment(state, deployment_id, moving=move, replacing=replacing)
+        case FailoverReplacementPlaced(deployment_id=deployment_id, move=move, at=at):
+            deployment = state.deployments.get(deployment_id)
+            if deployment is None or deployment.failover is not None:
+                return state  # one failover replacement per deployment at a time
+            if move.old_instance_id not in state.instances:
+                return state  # the instance it replaces is gone already: nothing to record
+            return _with_deployment(state, deployment_id, failover=move, failover_since=at)
         case DownloadRequested(deployment_id=deployment_id, node_id=node_id):
             deployment = _staging_deployment(state, deployment_id)
             if deployment is None or node_id in deployment.staged_on:
@@ -312,6 +320,7 @@ def _without_placement(
         if instance_id in d.placed_instance_ids
         or instance_id in d.replacing
         or (d.moving is not None and instance_id in _move_instances(d.moving))
+        or (d.failover is not None and instance_id in _move_instances(d.failover))
     ]
     if not holding:
         return deployments
@@ -326,9 +335,18 @@ def _without_placement(
             moving = None
         elif moving is not None and instance_id == moving.old_instance_id:
             moving = None
-        updated[deployment.deployment_id] = deployment.model_copy(
-            update={"placed_instance_ids": kept, "replacing": replacing, "moving": moving}
-        )
+        update: dict[str, object] = {
+            "placed_instance_ids": kept,
+            "replacing": replacing,
+            "moving": moving,
+        }
+        failover = deployment.failover
+        if failover is not None and instance_id in _move_instances(failover):
+            # A failover ends with either instance: the old one deleted (its node dead), or
+            # the replacement (lost, or the surplus once the node was heard again).
+            update["failover"] = None
+            update["failover_since"] = None
+        updated[deployment.deployment_id] = deployment.model_copy(update=update)
     return updated
 
 

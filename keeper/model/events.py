@@ -235,6 +235,15 @@ class DeploymentReplacementPlaced(TaggedModel):
     move: InstanceMove
 
 
+class FailoverReplacementPlaced(TaggedModel):
+    """Fast failover placed a replacement for an instance on a suspect node (docs/design.md
+    §5.18); ``at`` is Unix time."""
+
+    deployment_id: DeploymentId
+    move: InstanceMove
+    at: float
+
+
 class NodeDrainEnded(TaggedModel):
     """Nothing runs on the node any more: the drain is done (the node stays cordoned)."""
 
@@ -263,6 +272,7 @@ AnyEvent = (
     | TopologyEdgeDeleted
     | NodeTimedOut
     | NodeSuspected
+    | FailoverReplacementPlaced
     | NodeConfirmedDead
     | NodeHeardAgain
     | NodeCordoned

@@ -11,13 +11,22 @@ identity, memory and backends after it times out (``departed_nodes``), and our m
 instances that ran on it until the sweep deletes them. A node the State no longer mentions at
 all is not counted: nothing is known of it any more. *Cordoned* counts names, not nodes: a name
 cordoned while its Mac is away (being updated) is cordoned all the same.
+
+Fast failover's finer rule, ``alive -> suspect -> dead -> gone`` (docs/design.md §5.18), is
+below: ``judge`` turns what a service observed of each node into phases, and ``watch_events``
+into the verdicts the State records (``State.node_watch``). It is here, beside the coarse rule,
+because both answer one question from the same facts, and the TUI computes it for a stock exo
+from ``lastSeen`` just as the bridge does. A node with a verdict counts as *silent* above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
+from keeper.model.events import AnyEvent, NodeConfirmedDead, NodeHeardAgain, NodeSuspected
 from keeper.model.state import NodeId, State
 
 # Nodes report their info at least every 5 s (keeper.link.protocol.INFO_REFRESH_S), and each
@@ -49,7 +58,9 @@ def node_liveness(
     for node_id in state.topology.nodes:
         heard = last_heard.get(node_id)
         quiet = now - heard if heard is not None else 0.0
-        liveness[node_id] = "silent" if quiet >= SILENT_AFTER_S else "alive"
+        # A node the service suspects or found dead (State.node_watch) is silent already.
+        watched = node_id in state.node_watch
+        liveness[node_id] = "silent" if watched or quiet >= SILENT_AFTER_S else "alive"
     for node_id in departed_nodes(state):
         liveness[node_id] = "gone"
     for instance in state.instances.values():
@@ -68,3 +79,291 @@ def nodes_by_state(
         counts[liveness] += 1
     counts["cordoned"] = len(state.cordoned)
     return counts
+
+
+# --- fast failover: alive -> suspect -> dead -> gone (docs/design.md §5.18) ----------------
+#
+# The rule below is what the master and the bridge run every check to reach the verdicts they
+# write into the State (NodeSuspected, NodeConfirmedDead, NodeHeardAgain). The shell owns the
+# clock and the sockets; it hands in, per node, what it observed (``NodeHeard``) on its own
+# *running* clock (``ObserverClock``: only the time during which the observer itself ran
+# counts), and gets back each node's phase and whether its view is to be trusted at all.
+
+Phase = Literal["alive", "suspect", "dead", "gone"]
+ProbeAnswer = Literal["answered", "unanswered"]
+
+# A gap between two of the observer's own checks longer than this is the observer's pause (GC,
+# SIGSTOP, a slow step), not the nodes' silence: it checks about once a second, so two seconds
+# is already twice late. Only this much of such a gap is counted as time the nodes were heard
+# from (or not).
+MAX_OBSERVER_GAP_S = 2.0
+# After such a pause the observer suspects nobody for this long: the reports the nodes sent
+# while it slept are still queued in its sockets, and reading them takes a moment.
+PAUSE_SETTLE_S = 2.0
+# More than half of the nodes falling silent within this many seconds of each other is one
+# fault of the observer's view (its network, exo's master), not many faults of the nodes:
+# independent failures two seconds apart are rare, a partition of the observer is not.
+STALE_WINDOW_S = 2.0
+# A node suspected and heard again is suspected later the next time (the threshold doubles for
+# each such flap remembered), up to this: a flaky Mac cannot churn the cluster faster than once
+# in half a minute, and 30 s is still sooner than exo's own timeout.
+FLAP_CAP_S = 30.0
+# How long a flap is remembered: ten minutes of steady reports make a node trusted again.
+FLAP_MEMORY_S = 600.0
+# The node's own rhythm (phi-accrual's idea, kept simple): suspect no sooner than the mean of
+# its recent report gaps plus this many standard deviations. A node that reports every second
+# like clockwork is judged on the flag alone; one whose reports come irregularly (a busy Mac)
+# gets the slack its own record shows. Four deviations leave a false suspicion of a normal
+# rhythm at about 3e-5 per gap.
+RHYTHM_SIGMAS = 4.0
+# Gaps kept per node for its rhythm, and the fewest that say anything about it.
+RHYTHM_SAMPLES = 16
+RHYTHM_MIN_SAMPLES = 4
+# ``--dead-after-s`` below this would confirm a node dead on a couple of lost heartbeats.
+MIN_DEAD_AFTER_S = 2.0
+# The defaults of ``--suspect-after-s`` and ``--dead-after-s``: three missed one-second reports
+# are a suspicion, eight are a death when the other nodes are still heard.
+DEFAULT_SUSPECT_AFTER_S = 3.0
+DEFAULT_DEAD_AFTER_S = 8.0
+
+
+@dataclass(frozen=True)
+class LivenessConfig:
+    """``--suspect-after-s`` / ``--dead-after-s``. ``suspect_after_s == 0`` turns fast failover
+    off: nobody is ever suspected and exo's own timeout is the only rule. ``dead_after_s == 0``
+    never confirms by silence alone (a closed connection or a probe still do)."""
+
+    suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S
+    dead_after_s: float = DEFAULT_DEAD_AFTER_S
+
+    @property
+    def enabled(self) -> bool:
+        return self.suspect_after_s > 0
+
+
+OFF = LivenessConfig(suspect_after_s=0.0, dead_after_s=0.0)
+
+
+def liveness_flags_refusal(suspect_after_s: float, dead_after_s: float) -> str | None:
+    """What is wrong with the two flags, naming the flag, or None (the CLI exits 2 on it)."""
+    for flag, value in (("--suspect-after-s", suspect_after_s), ("--dead-after-s", dead_after_s)):
+        if not math.isfinite(value) or value < 0:
+            return f"{flag} must be a number of seconds, 0 or more (got {value:g})"
+    if dead_after_s == 0:
+        return None
+    if dead_after_s < MIN_DEAD_AFTER_S:
+        return (
+            f"--dead-after-s must be at least {MIN_DEAD_AFTER_S:g} s, or 0 for never by silence "
+            f"alone (got {dead_after_s:g})"
+        )
+    if suspect_after_s > dead_after_s:
+        return (
+            f"--suspect-after-s ({suspect_after_s:g}) must not be above --dead-after-s "
+            f"({dead_after_s:g})"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class ObserverClock:
+    """The observer's running time: its monotonic clock with its own pauses cut short. ``at``
+    is the monotonic time of its last check; ``running`` the running time then; ``paused_at``
+    the monotonic time of the last check that followed a pause, and how long it was."""
+
+    at: float
+    running: float = 0.0
+    paused_at: float = -math.inf
+    pause_s: float = 0.0
+
+
+def started_clock(now: float) -> ObserverClock:
+    return ObserverClock(at=now)
+
+
+def running_at(clock: ObserverClock, now: float) -> float:
+    """The running time at monotonic ``now`` (a report's arrival, stamped between checks)."""
+    return clock.running + min(max(now - clock.at, 0.0), MAX_OBSERVER_GAP_S)
+
+
+def ticked(clock: ObserverClock, now: float) -> ObserverClock:
+    """The clock after a check at ``now``: a gap past MAX_OBSERVER_GAP_S is the observer's own
+    pause, counted only up to that bound, and remembered (``paused``)."""
+    gap = now - clock.at
+    if gap > MAX_OBSERVER_GAP_S:
+        return ObserverClock(now, running_at(clock, now), paused_at=now, pause_s=gap)
+    return ObserverClock(now, running_at(clock, now), clock.paused_at, clock.pause_s)
+
+
+def paused(clock: ObserverClock) -> str | None:
+    """Why the observer does not trust its view now (it was paused itself), or None."""
+    if clock.at - clock.paused_at < PAUSE_SETTLE_S:
+        return f"this service was paused for {clock.pause_s:.1f} s; nodes are not judged meanwhile"
+    return None
+
+
+@dataclass(frozen=True)
+class NodeHeard:
+    """What the observer saw of one node: when its last report arrived (running time), its
+    recent gaps between reports, whether its connection is closed (our master), what a probe of
+    its own API answered (the bridge), and how many flaps it has to its name."""
+
+    last_heard: float
+    gaps: tuple[float, ...] = ()
+    closed: bool = False
+    probe: ProbeAnswer | None = None
+    flaps: int = 0
+
+
+def heard(previous: NodeHeard | None, at: float) -> NodeHeard:
+    """The node after a report arriving at running time ``at``: its gap recorded, its
+    connection open, any probe answer forgotten (it speaks for itself again)."""
+    if previous is None:
+        return NodeHeard(last_heard=at)
+    gap = at - previous.last_heard
+    gaps = (*previous.gaps, gap)[-RHYTHM_SAMPLES:] if gap > 0 else previous.gaps
+    return NodeHeard(last_heard=at, gaps=gaps, flaps=previous.flaps)
+
+
+def flaps_within(cleared_at: Sequence[float], now: float) -> int:
+    """How many of a node's clearances (suspected, then heard again) are still remembered."""
+    return sum(1 for at in cleared_at if now - at < FLAP_MEMORY_S)
+
+
+def rhythm_s(gaps: Sequence[float]) -> float:
+    """The silence the node's own record makes unremarkable: mean + RHYTHM_SIGMAS deviations of
+    its recent gaps; 0 with too few of them to say."""
+    if len(gaps) < RHYTHM_MIN_SAMPLES:
+        return 0.0
+    mean = sum(gaps) / len(gaps)
+    deviation = math.sqrt(sum((gap - mean) ** 2 for gap in gaps) / len(gaps))
+    return mean + RHYTHM_SIGMAS * deviation
+
+
+def suspect_after(config: LivenessConfig, node: NodeHeard) -> float:
+    """The silence after which this node is suspect: the flag, doubled per remembered flap, no
+    less than its own rhythm, and never more than FLAP_CAP_S (but never below the flag)."""
+    flapped = config.suspect_after_s * 2.0 ** min(node.flaps, 16)
+    wanted = max(flapped, rhythm_s(node.gaps))
+    return max(config.suspect_after_s, min(wanted, FLAP_CAP_S))
+
+
+def dead_after(config: LivenessConfig, node: NodeHeard) -> float:
+    """The silence after which a suspect node is dead while others are heard: the flag, moved
+    out as far as this node's suspicion was; inf when silence alone never confirms."""
+    if config.dead_after_s == 0:
+        return math.inf
+    return config.dead_after_s + suspect_after(config, node) - config.suspect_after_s
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Each node's phase (``alive``, ``suspect``, ``dead``; a node left out keeps the verdict
+    it had), the second sign of each dead one, and why the view is stale (or None)."""
+
+    phases: dict[NodeId, Phase]
+    why_dead: dict[NodeId, str]
+    stale: str | None = None
+
+
+def judge(
+    nodes: Mapping[NodeId, NodeHeard],
+    now: float,
+    config: LivenessConfig,
+    observer_paused: str | None = None,
+) -> Judgement:
+    """The liveness rule (docs/design.md §5.18), at running time ``now``, for the nodes in the
+    topology. Off: everyone alive. A paused observer, or more than half of the nodes silent
+    within STALE_WINDOW_S of each other: a stale view, in which only nodes actually heard are
+    judged (alive), so no verdict is reached nor taken back on it. Otherwise a node silent past
+    its ``suspect_after``, or whose connection closed, is suspect; dead on a second sign: its
+    connection closed and silent past ``suspect_after``, its probe unanswered, or silent past
+    ``dead_after`` while another node is heard."""
+    if not config.enabled:
+        return Judgement(dict.fromkeys(nodes, "alive"), {})
+    silent = {node_id: now - node.last_heard for node_id, node in nodes.items()}
+    quiet = {
+        node_id
+        for node_id, node in nodes.items()
+        if node.closed or silent[node_id] >= suspect_after(config, node)
+    }
+    heard_ones: dict[NodeId, Phase] = {n: "alive" for n in nodes if n not in quiet}
+    stale = observer_paused or _stale_view(nodes, quiet)
+    if stale is not None:
+        return Judgement(heard_ones, {}, stale)
+    others_heard = bool(heard_ones)
+    phases = dict(heard_ones)
+    why_dead: dict[NodeId, str] = {}
+    for node_id in sorted(quiet):
+        node = nodes[node_id]
+        why = _second_sign(node, silent[node_id], config, others_heard)
+        phases[node_id] = "suspect" if why is None else "dead"
+        if why is not None:
+            why_dead[node_id] = why
+    return Judgement(phases, why_dead)
+
+
+def _second_sign(
+    node: NodeHeard, silent_s: float, config: LivenessConfig, others_heard: bool
+) -> str | None:
+    if node.probe == "unanswered":
+        return "its own API did not answer GET /node_id"
+    if node.closed and silent_s >= suspect_after(config, node):
+        return f"its connection closed and it was silent for {silent_s:.1f} s"
+    if others_heard and silent_s >= dead_after(config, node):
+        return f"silent for {silent_s:.1f} s while the other nodes were heard"
+    return None
+
+
+def _stale_view(nodes: Mapping[NodeId, NodeHeard], quiet: set[NodeId]) -> str | None:
+    """Why the view is stale: more than half of the nodes fell silent within STALE_WINDOW_S of
+    each other (their last reports that close together); None otherwise."""
+    times = sorted(nodes[node_id].last_heard for node_id in quiet)
+    most = 0
+    start = 0
+    for end, last in enumerate(times):
+        while last - times[start] > STALE_WINDOW_S:
+            start += 1
+        most = max(most, end - start + 1)
+    if 2 * most > len(nodes):
+        return (
+            f"{most} of {len(nodes)} nodes fell silent within {STALE_WINDOW_S:g} s of each "
+            "other: the view is stale (this service or the cluster's master is the one "
+            "missing), so nobody is suspected"
+        )
+    return None
+
+
+def watch_events(
+    state: State,
+    judgement: Judgement,
+    last_heard_wall: Mapping[NodeId, float],
+    now_wall: float,
+) -> list[AnyEvent]:
+    """The verdict events that bring ``state.node_watch`` to the judgement: NodeSuspected for a
+    node newly suspect, NodeConfirmedDead for one newly dead, NodeHeardAgain for one judged
+    alive that had a verdict. A dead node judged suspect stays dead; a node the judgement
+    leaves out (a stale view) keeps what it had. Times are Unix seconds (``last_heard_wall``:
+    each node's last report, as the service saw it arrive)."""
+    events: list[AnyEvent] = []
+    for node_id in state.topology.nodes:
+        phase = judgement.phases.get(node_id)
+        known = state.node_watch.get(node_id)
+        last = last_heard_wall.get(node_id, now_wall)
+        if phase == "alive" and known is not None:
+            events.append(NodeHeardAgain(node_id=node_id, at=now_wall))
+        elif phase == "suspect" and known is None:
+            events.append(NodeSuspected(node_id=node_id, last_heard=last, at=now_wall))
+        elif phase == "dead" and (known is None or known.phase == "suspect"):
+            last = known.last_heard if known is not None else last
+            why = judgement.why_dead[node_id]
+            events.append(NodeConfirmedDead(node_id=node_id, last_heard=last, at=now_wall, why=why))
+    return events
+
+
+def watched_liveness(state: State, node_id: NodeId) -> Phase:
+    """A node's phase as the State records it: ``gone`` out of the topology, its verdict
+    (``suspect`` / ``dead``) if it has one, else ``alive``."""
+    if node_id not in state.topology.nodes:
+        return "gone"
+    watch = state.node_watch.get(node_id)
+    return "alive" if watch is None else watch.phase

@@ -343,6 +343,12 @@ class Deployment(WireModel):
     # and never places a second replacement for one.
     replacing: tuple[InstanceId, ...] = ()
     moving: InstanceMove | None = None
+    # Fast failover (docs/design.md §5.18): the replacement placed for an instance on a suspect
+    # node, with when it was placed (Unix time). Durable, so a new keeper neither places a
+    # second one nor forgets to remove the surplus once the node is heard again. It ends with
+    # either instance's deletion.
+    failover: InstanceMove | None = None
+    failover_since: float | None = None
 
 
 # --- downloads ----------------------------------------------------------------------------
@@ -513,7 +519,7 @@ class NodeDrain(WireModel):
 
 # --- a node gone quiet: suspect, then dead ----------------------------------------------------
 # What the service concluded of a node that stopped reporting, before exo's own timeout takes it
-# out of the topology (docs/design.md §5.17). It lives in the State, as events, so that readiness,
+# out of the topology (docs/design.md §5.18). It lives in the State, as events, so that readiness,
 # the serving records, the dashboard stream and a restarted service all read the same verdict.
 
 NodeWatchPhase = Literal["suspect", "dead"]

@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
+from keeper.core.failover import failover_picture
 from keeper.core.keeper import DeploymentTimer
 from keeper.model.api_models import (
     CommandResponse,
     DeploymentHistoryResponse,
     DeploymentView,
+    FailoverView,
     IncidentView,
     StagedCopyView,
     UpdateView,
@@ -57,9 +59,15 @@ from keeper.model.state import (
     State,
     download_entry,
     download_fraction,
+    node_name,
 )
 from keeper.runtime.clock import Clock, iso_utc
-from keeper.runtime.hosted_keeper import KeeperLike, ReportsStaging, ReportsUpdates
+from keeper.runtime.hosted_keeper import (
+    KeeperLike,
+    ReportsFailovers,
+    ReportsStaging,
+    ReportsUpdates,
+)
 
 # Errors quote what the client sent, cut to this many characters: a megabyte-long id need not
 # come back in full.
@@ -423,6 +431,7 @@ def _deployment_view(
     detail: str | None = None,
     note: str | None = None,
     update_note: str | None = None,
+    failover_note: str | None = None,
 ) -> DeploymentView:
     """``deployment`` as ``GET /deployments`` shows it: its status in ``state`` and the keeper's
     timer for it (``now`` on the keeper's monotonic clock, ``wall`` the same moment in UTC)."""
@@ -444,6 +453,19 @@ def _deployment_view(
         waiting=timer.waiting if timer is not None else None,
         detail=detail,
         updating=_update_view(deployment, update_note),
+        failover=_failover_view(deployment, state, failover_note),
+    )
+
+
+def _failover_view(deployment: Deployment, state: State, note: str | None) -> FailoverView | None:
+    picture = failover_picture(deployment, state)
+    if picture is None:
+        return None
+    return FailoverView(
+        phase=picture.phase,
+        nodes=[node_name(state, n) for n in picture.nodes],
+        since=iso_utc(datetime.fromtimestamp(picture.since, UTC)),
+        why=note if picture.phase == "suspect" else None,
     )
 
 
@@ -480,6 +502,11 @@ def deployment_views(
             note=keeper.staging_note(deployment_id) if isinstance(keeper, ReportsStaging) else None,
             update_note=(
                 keeper.update_note(deployment_id) if isinstance(keeper, ReportsUpdates) else None
+            ),
+            failover_note=(
+                keeper.failover_note(deployment_id)
+                if isinstance(keeper, ReportsFailovers)
+                else None
             ),
         )
         for deployment_id in sorted(state.deployments)

@@ -21,14 +21,14 @@ from typing import Any, TypeVar
 
 import anyio
 
-from keeper.httpapi.auth import TOKEN_ENV, InsecureBindError, check_bind
-from keeper.httpapi.serving import MasterStartError
 from keeper.model.catalog import BUILTIN_MODEL_CARDS
+from keeper.model.constants import TOKEN_ENV
 from keeper.model.state import ModelCard
 from keeper.runtime.dir_lock import DataDirInUseError
 from keeper.runtime.event_log import EventLogCorruptError
 from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
 from keeper.runtime.process_exit import EXIT_FAILED, EXIT_STOPPED
+from keeper.runtime.starting import InsecureBindError, MasterStartError, check_bind
 
 log = logging.getLogger(__name__)
 

@@ -70,6 +70,13 @@ class ReportsUpdates(Protocol):
     def update_note(self, deployment_id: str) -> str | None: ...
 
 
+@runtime_checkable
+class ReportsFailovers(Protocol):
+    """A keeper that says why a failover cannot place its replacement (docs/design.md §5.18)."""
+
+    def failover_note(self, deployment_id: str) -> str | None: ...
+
+
 def describe(crash: BaseException) -> str:
     """An exception as the keeper records it on the deployment."""
     return f"{type(crash).__name__}: {crash}"
@@ -113,6 +120,10 @@ class KeeperWrapper:
     def update_note(self, deployment_id: str) -> str | None:
         inner = self.inner
         return inner.update_note(deployment_id) if isinstance(inner, ReportsUpdates) else None
+
+    def failover_note(self, deployment_id: str) -> str | None:
+        inner = self.inner
+        return inner.failover_note(deployment_id) if isinstance(inner, ReportsFailovers) else None
 
 
 class StepObserver(Protocol):

@@ -9,14 +9,16 @@ cluster does not know (404 naming it and the names it does know), and building t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from keeper.core.draining import drain_picture
 from keeper.model.api_models import CommandResponse, DrainView, NodesResponse, NodeView
 from keeper.model.events import AnyEvent
 from keeper.model.ids import IdFactory, new_id
+from keeper.model.liveness import Phase, watched_liveness
 from keeper.model.refusals import NotFoundError
-from keeper.model.state import NodeDrain, State, node_name, nodes_named
+from keeper.model.state import NodeDrain, NodeId, State, node_name, nodes_named
 
 
 class DrainsKeeper(Protocol):
@@ -43,22 +45,38 @@ def node_name_for(state: State, node: str) -> str:
     )
 
 
-def nodes_response(state: State, keeper: DrainsKeeper) -> NodesResponse:
-    """Every node by name, with its cordon and drain; names cordoned while away included."""
+# The phases, the furthest gone last: a name held by two nodes shows the worse.
+_PHASE_ORDER: tuple[Phase, ...] = ("alive", "suspect", "dead", "gone")
+
+
+def nodes_response(
+    state: State,
+    keeper: DrainsKeeper,
+    silent_s: Callable[[NodeId], float | None] = lambda _node: None,
+) -> NodesResponse:
+    """Every node by name, with its cordon and drain, its liveness (``State.node_watch``) and
+    how long it has been silent (``silent_s``, the service's own measure); names cordoned while
+    away included."""
     names = sorted({node_name(state, n) for n in state.topology.nodes} | set(state.cordoned))
-    return NodesResponse(
-        nodes=[
+    views: list[NodeView] = []
+    for name in names:
+        node_ids = sorted(nodes_named(state, name))
+        present = [n for n in node_ids if n in state.topology.nodes]
+        phases: list[Phase] = [watched_liveness(state, n) for n in present] or ["gone"]
+        silences = [s for n in present if (s := silent_s(n)) is not None]
+        views.append(
             NodeView(
                 name=name,
-                node_ids=sorted(nodes_named(state, name)),
+                node_ids=node_ids,
                 cordoned=name in state.cordoned,
                 drain=_drain_view(state, drain, keeper.drain_note(name))
                 if (drain := state.drains.get(name)) is not None
                 else None,
+                liveness=max(phases, key=_PHASE_ORDER.index),
+                silent_s=round(max(silences), 1) if silences else None,
             )
-            for name in names
-        ]
-    )
+        )
+    return NodesResponse(nodes=views)
 
 
 def _drain_view(state: State, drain: NodeDrain, stuck: str | None) -> DrainView:

@@ -33,7 +33,6 @@ import anyio
 import httpx
 
 from keeper.core.alerts import AlertMemory, Observed, first_look, first_memory, notices
-from keeper.httpapi.serving import MasterStartError
 from keeper.model.api_models import WebhookEndpointHealth, WebhooksHealth
 from keeper.model.notices import AnyNotice, TestNotice, iso_utc_of
 from keeper.model.state import State
@@ -44,6 +43,7 @@ from keeper.runtime.outbox import (
     notice_json,
     write_atomically,
 )
+from keeper.runtime.starting import MasterStartError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,10 @@ it exists (``test_every_module_has_a_floor``). Lowest first:
   refusals), pure;
 - ``keeper.core``: the keeper, its memo, its view of the cluster and placement, pure;
 - ``keeper.client``: the deployments API's HTTP client, the data model plus httpx;
-- ``keeper.runtime``, ``keeper.link``, ``keeper.httpapi``: the shell every service shares;
+- ``keeper.runtime``, ``keeper.link``: the shell every service shares (clock, log, hosted
+  keeper, process entry and what stops a start; the node protocol);
+- ``keeper.httpapi``: the HTTP layer on that shell (routes, auth, serving): it may use the
+  runtime, never the other way;
 - ``keeper.master``, ``keeper.node``, ``keeper.bridge``: the services, siblings that never
   import each other;
 - ``keeper.exo_standin``: a stock exo's API, served over a master;
@@ -43,7 +46,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     (DATA_MODEL,),
     (KEEPER_CORE,),
     (CLIENT,),
-    ("keeper.runtime", "keeper.link", "keeper.httpapi"),
+    ("keeper.runtime", "keeper.link"),
+    ("keeper.httpapi",),
     SERVICES,
     ("keeper.exo_standin",),
     ("keeper.cluster",),

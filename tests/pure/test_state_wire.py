@@ -37,6 +37,7 @@ from keeper.model.events import (
     DownloadDeletionRequested,
     DownloadRequested,
     DrainReplacementPlaced,
+    FailoverReplacementPlaced,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -313,6 +314,11 @@ def _every_event(state: State) -> list[AnyEvent]:
             move=InstanceMove(deployment_id="d", old_instance_id="i", new_instance_id="j"),
         ),
         NodeDrainEnded(name="studio"),
+        FailoverReplacementPlaced(
+            deployment_id="d",
+            move=InstanceMove(deployment_id="d", old_instance_id="i", new_instance_id="j"),
+            at=4.5,
+        ),
         DeploymentOptionsChanged(
             deployment_id="d",
             sharding=Sharding.TENSOR,

@@ -20,7 +20,7 @@ from keeper.bridge.etcd_access import (
 )
 from keeper.bridge.etcd_gateway import answer_refusal
 from keeper.bridge.etcd_store import landed
-from keeper.httpapi.serving import MasterStartError
+from keeper.runtime.starting import MasterStartError
 
 TLS = parse_store_url("etcds://a:2379,b:2379")
 PLAIN = parse_store_url("etcd://a:2379")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from keeper.bridge.etcd_store import check_prefix, parse_store_url
-from keeper.httpapi.serving import MasterStartError
+from keeper.runtime.starting import MasterStartError
 
 
 def test_endpoints_in_order() -> None:

@@ -1,0 +1,220 @@
+"""The bridge's tick: read exo's State and act on it, once a second (docs/bridge.md).
+
+The order is the rule, so it reads top to bottom in ``tick``: read exo's State (through the
+follower, which says whether it may be acted on); with a shared store, stop unless this bridge
+acts; then, under the log's lock that the commands also take, settle the creations exo
+answered, record what exo deleted (``keeper.bridge.vanished``) and what serving became
+(``keeper.model.history``), delete the doomed instances, resend what exo may have lost, ask exo
+where it would place what the step will try (``keeper.bridge.placing``), step the keeper on those
+answers, and turn its events into exo calls and the bridge's own records (``_act``). A step that
+raises is retried the next second and never stops the bridge (``keeper.bridge.health``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from keeper.bridge.acting import SharedActing
+from keeper.bridge.creating import Creations
+from keeper.bridge.doomed import DoomedInstances
+from keeper.bridge.etcd_store import EtcdUnavailableError, NotActingError, StoreError
+from keeper.bridge.exo_client import ExoRefusedError, ExoState, ExoUnavailableError
+from keeper.bridge.exo_models import ExoCards
+from keeper.bridge.following import ExoFollower
+from keeper.bridge.health import StepFailures
+from keeper.bridge.own_log import OwnLog
+from keeper.bridge.placing import PlacementAnswers, StepPlacement, ask_exo, due_for_placement
+from keeper.bridge.staging_calls import StagingCalls
+from keeper.bridge.vanished import VanishedInstances
+from keeper.bridge.views import BridgeView
+from keeper.model.events import (
+    AnyEvent,
+    DeploymentPlaced,
+    DeploymentPlacementFailed,
+    DownloadDeletionRequested,
+    DownloadRequested,
+    InstanceCreated,
+    InstanceDeleted,
+)
+from keeper.model.history import serving_changes
+from keeper.model.state import State
+from keeper.runtime.clock import Clock
+from keeper.runtime.event_store import LogNotWritableError
+from keeper.runtime.hosted_keeper import Started
+
+log = logging.getLogger(__name__)
+
+
+class BridgeTicks:
+    """The bridge's ticks (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        log: OwnLog,
+        view: BridgeView,
+        started: Started,
+        follow: ExoFollower,
+        cards: ExoCards,
+        acting: SharedActing | None,
+        creations: Creations,
+        vanished: VanishedInstances,
+        doomed: DoomedInstances,
+        placement: StepPlacement,
+        staging: StagingCalls,
+        steps: StepFailures,
+        poll_interval_s: float,
+    ) -> None:
+        self._log = log
+        self._view = view
+        self._started = started
+        self._follow = follow
+        self._cards = cards
+        self._acting = acting
+        self._creations = creations
+        self._vanished = vanished
+        self._doomed = doomed
+        self._placement = placement
+        self._staging = staging
+        self._steps = steps
+        self._poll_interval_s = poll_interval_s
+        self._served: State | None = None  # the merged State serving was last judged on
+
+    async def run(self, clock: Clock) -> None:
+        """Tick every ``poll_interval_s`` until cancelled, whatever a tick raises."""
+        while True:
+            started = clock.monotonic()
+            try:
+                await self.tick()
+            except Exception as exc:  # a bug must not stop the deployments being kept
+                self._step_failed(exc)
+            else:
+                self._steps.succeeded()
+            await clock.sleep(max(0.0, self._poll_interval_s - (clock.monotonic() - started)))
+
+    async def tick(self) -> None:
+        """Read exo's State; if it answered, settle, delete what is doomed and step the keeper."""
+        exo = await self._follow.read()
+        if exo is None:
+            return
+        self._follow.available(exo)
+        self._cards.saw_all(exo.cards)
+        if self._acting is not None:
+            try:
+                if not self._acting.may_act(exo):
+                    return
+                await self._acting_tick(exo)
+                self._acting.forget_settled_intents()
+            except (NotActingError, StoreError) as exc:
+                log.warning("step stopped: %s", exc)
+            except EtcdUnavailableError as exc:
+                # Not a failing step: the store's outage, which every deployment already names.
+                self._acting.store.unreachable(str(exc), refused=exc.refused)
+            return
+        await self._acting_tick(exo)
+
+    async def _acting_tick(self, exo: ExoState) -> None:
+        async with self._log.lock:
+            now = self._started.clock.monotonic()
+            self._creations.settle(exo, now)
+            self._record_vanished(exo, now)
+            self._record_serving()
+            await self._delete_doomed(exo, now)
+            if self._follow.outage is not None:
+                return  # exo stopped answering meanwhile: this State may already be stale
+            await self._creations.resend(exo, now)
+            # The step's plan: what it will try to place, exo's answers for exactly those, then
+            # the step placing from those answers only (keeper.bridge.placing).
+            state = self._view.state
+            keeper = self._started.keeper
+            due = due_for_placement(state, keeper.timers(state, now))
+            try:
+                answers = await ask_exo(self._follow.exo, self._cards, state, due)
+            except ExoUnavailableError as exc:
+                self._follow.unavailable(str(exc))
+                return
+            if self._follow.outage is not None:
+                return
+            events = self._placement.step(keeper, answers, state, now)
+            await self._act(events, answers, now)
+
+    def _step_failed(self, exc: Exception) -> None:
+        # /healthz and every deployment say so until a step goes through; each distinct error
+        # is logged once, with its traceback, not once a second.
+        if self._steps.failed(exc, self._started.clock.wall()):
+            log.error(
+                "a step of the bridge failed (every deployment says so); retrying every poll",
+                exc_info=exc,
+            )
+
+    def _record_vanished(self, exo: ExoState, now: float) -> None:
+        """InstanceDeleted in the bridge's log for each recorded instance exo deleted (only
+        believed from a readable State, and once it lasts: ``keeper.bridge.vanished``)."""
+        recorded = [
+            instance_id
+            for _, deployment in sorted(self._log.state.deployments.items())
+            for instance_id in deployment.placed_instance_ids
+        ]
+        gone = self._vanished.gone(recorded, exo.state, now)
+        if gone:
+            log.info("exo no longer runs instance(s) %s: recorded as deleted", ", ".join(gone))
+            self._log.record([InstanceDeleted(instance_id=instance_id) for instance_id in gone])
+            self._vanished.forget(gone)
+
+    def _record_serving(self) -> None:
+        """The serving records exo's new State calls for (``keeper.model.history``), in the
+        bridge's log: its own State holds only the deployments, so it judges serving on the
+        merged one, read only from a State exo answered in full. A record the log refuses is not
+        lost: the next poll finds the same difference and records it then."""
+        state = self._view.state
+        changes = serving_changes(self._served, state, self._started.clock.wall().timestamp())
+        if changes:
+            try:
+                self._log.record(changes)
+            except LogNotWritableError:
+                return
+        self._served = state
+
+    async def _delete_doomed(self, exo: ExoState, now: float) -> None:
+        for instance_id in self._doomed.due(frozenset(exo.state.instances), now):
+            if self._acting is not None and not self._acting.fence_delete(instance_id):
+                return  # no longer acting: the next acting bridge deletes it
+            try:
+                await self._follow.exo.delete_instance(instance_id)
+            except ExoUnavailableError as exc:
+                self._follow.unavailable(str(exc))
+                return
+            except ExoRefusedError as exc:
+                log.warning("exo refused to delete instance %s: %s", instance_id, exc.message)
+            else:
+                log.info("instance %s: deletion sent to exo", instance_id)
+            self._doomed.accepted(instance_id, now)
+
+    async def _act(self, events: Sequence[AnyEvent], answers: PlacementAnswers, now: float) -> None:
+        """Turn the keeper's events into exo calls and the bridge's own records; an instance
+        the keeper placed is posted as exo gave it in the step's ``answers``."""
+        placed_for = {
+            event.instance_id: event.deployment_id
+            for event in events
+            if isinstance(event, DeploymentPlaced)
+        }
+        staged = await self._staging.carry(self._follow.exo, events)
+        if staged:
+            self._log.record(staged)
+        for event in events:
+            if isinstance(event, DownloadRequested | DownloadDeletionRequested):
+                continue  # carried to exo above, recorded once exo took them
+            if isinstance(event, InstanceCreated):
+                instance_id = event.instance.instance_id
+                deployment_id = placed_for.get(instance_id)
+                if deployment_id is not None and not self._creations.held_back(deployment_id):
+                    raw = answers.raw(instance_id)
+                    await self._creations.create(instance_id, deployment_id, raw, now)
+            elif isinstance(event, InstanceDeleted):
+                self._doomed.add(event.instance_id, now)
+            elif not isinstance(event, DeploymentPlaced):  # recorded once exo shows it
+                if isinstance(event, DeploymentPlacementFailed):
+                    # our placement's own reason
+                    self._creations.forget_refusal(event.deployment_id)
+                self._log.record([event])

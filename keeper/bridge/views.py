@@ -1,0 +1,269 @@
+"""The bridge's read side: exo's State with the bridge's deployments in it, the deployments'
+views, what-if's State, ``/healthz`` and what ``/metrics`` reads.
+
+It reads every other piece (the exo follower, the log, the creations in flight, the steps'
+failures, the shared store) and changes none, so the HTTP layer's reads take no lock: each
+answer is built from what the pieces hold at that moment, the merged State cached per pair of
+exo's State and the log's (``keeper.runtime.built.LastBuilt``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Literal
+
+from keeper.bridge.acting import SharedActing
+from keeper.bridge.creating import Creations
+from keeper.bridge.doomed import DoomedInstances
+from keeper.bridge.etcd_store import EtcdStore
+from keeper.bridge.exo_client import ExoState
+from keeper.bridge.following import UNREACHABLE, ExoDownError, ExoFollower
+from keeper.bridge.health import (
+    BridgeHealth,
+    EventLogHealth,
+    ExoHealth,
+    HealthStatus,
+    StepFailures,
+    StepHealth,
+    StoreHealth,
+)
+from keeper.bridge.metrics import ExoFacts
+from keeper.bridge.own_log import OwnLog
+from keeper.model.api_models import DeploymentHistoryResponse, DeploymentsResponse, DeploymentView
+from keeper.model.state import State
+from keeper.runtime.built import LastBuilt
+from keeper.runtime.clock import iso_utc
+from keeper.runtime.deployments import deployment_views, history_response
+from keeper.runtime.hosted_keeper import Started
+from keeper.runtime.metrics import MetricsSnapshot
+from keeper.runtime.webhooks import Webhooks
+
+Role = Literal["acting", "standby"]
+
+# What the bridge's own State adds to exo's: its deployments and their serving records.
+_OWN_STATE_KEYS: set[str] = {"deployments", "serving_history"}
+
+
+class BridgeView:
+    """What the bridge answers reads with (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        log: OwnLog,
+        follow: ExoFollower,
+        started: Started,
+        creations: Creations,
+        doomed: DoomedInstances,
+        steps: StepFailures,
+        webhooks: Webhooks,
+        acting: SharedActing | None,
+        running: Callable[[], bool],
+        role: Callable[[], Role],
+    ) -> None:
+        self._name = name
+        self._log = log
+        self._follow = follow
+        self._started = started
+        self._creations = creations
+        self._doomed = doomed
+        self._steps = steps
+        self._webhooks = webhooks
+        self._acting = acting
+        self._running = running
+        self._role = role
+        self._merged = LastBuilt[State]()  # exo's State with our deployments
+        self._state_body = LastBuilt[bytes]()  # exo's State JSON with our deployments
+
+    @property
+    def state(self) -> State:
+        """exo's State as last read, with the bridge's deployments in it."""
+        exo = self._follow.last
+        own = self._log.state
+        return self._merged.get(
+            (exo, own),
+            lambda: (exo.state if exo is not None else State()).model_copy(
+                update={
+                    "deployments": own.deployments,
+                    "serving_history": own.serving_history,
+                    "cordoned": own.cordoned,
+                    "drains": own.drains,
+                }
+            ),
+        )
+
+    def state_json(self) -> bytes:
+        """exo's State JSON as exo sent it (every key kept), with ``deployments`` set to ours."""
+        exo = self._follow.last
+        if exo is None:
+            reason = self.not_followed_why()
+            raise ExoDownError(f"exo at {self._follow.exo.url} has not answered yet: {reason}")
+        return self._state_body.get((exo, self._log.state), lambda: self._exo_json_with_ours(exo))
+
+    def _exo_json_with_ours(self, exo: ExoState) -> bytes:
+        document: dict[str, Any] = dict(exo.raw)
+        # The bridge's own keys, in the State's camelCase ("deployments", "servingHistory").
+        document.update(self._log.state.model_dump(mode="json", include=_OWN_STATE_KEYS))
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    def deployments_view(self) -> DeploymentsResponse:
+        views = deployment_views(
+            self.state, self._started.keeper_or_none, self._started.clock_or_none, self._detail
+        )
+        return DeploymentsResponse(deployments=[self._with_refusal(view) for view in views])
+
+    def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
+        """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
+        return history_response(self.state, deployment_id, hours, self._started.clock.wall())
+
+    def what_if_state(self) -> State:
+        """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): exo's with the
+        bridge's deployments, placed as the keeper previews (our placement, exo's cards); a 503
+        while exo's State is not followed, as an answer on a stale one would mislead."""
+        if not self._follow.following:
+            raise ExoDownError(
+                f"exo's State is not followed now ({self.not_followed_why()}): what-if reads it"
+            )
+        return self.state
+
+    def not_followed_why(self) -> str:
+        """Why exo's State is not followed now, in the words refusals quote."""
+        outage = self._follow.outage
+        return outage.reason if outage is not None else "no answer yet"
+
+    def deployments_json(self) -> bytes:
+        """``deployments_view()`` as JSON, the ``GET /deployments`` body."""
+        return self.deployments_view().model_dump_json().encode()
+
+    def _with_refusal(self, view: DeploymentView) -> DeploymentView:
+        # exo said no to the keeper's placement; the keeper tries again after this wait.
+        if view.waiting == "placement_in_flight" and self._creations.was_refused(
+            view.deployment.deployment_id
+        ):
+            return view.model_copy(update={"waiting": "unplaceable_retry"})
+        return view
+
+    def _detail(self, deployment_id: str) -> str | None:
+        store = self._log.shared
+        if store is not None:
+            if store.write_error is not None:
+                return f"{store.write_error}: not acting; this view may be stale"
+            if self._acting is not None and self._acting.foreign is not None:
+                return self._acting.foreign
+        failing = self._steps.detail()
+        if failing is not None:
+            return failing  # the last step raised: nothing below it is being kept up to date
+        outage = self._follow.outage
+        if outage is not None:
+            since = outage.since.astimezone().strftime("%H:%M:%S")
+            return f"exo {outage.kind} since {since}: {outage.reason}"
+        if self._follow.last is None:
+            return "waiting for exo's first answer"
+        in_flight = self._creations.detail(deployment_id, self._started.clock.monotonic())
+        if in_flight is not None:
+            return in_flight
+        if self._creations.was_refused(deployment_id):
+            return "exo refused the last placement (see the placement error)"
+        return None
+
+    # --- health and metrics ----------------------------------------------------------------
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the bridge cannot do its job now: its log refuses writes (so it accepts no
+        change) or its steps fail (so it keeps nothing). ``/healthz`` is a 503 then."""
+        return (
+            self._log.write_error is not None
+            or self._steps.failing
+            or (self._acting is not None and self._acting.foreign is not None)
+        )
+
+    def _exo_reachable(self) -> bool:
+        """exo answered the last read, whatever its State held (``/healthz``, ``/metrics``)."""
+        outage = self._follow.outage
+        return self._follow.last is not None and (outage is None or outage.kind != UNREACHABLE)
+
+    def _exo_readable(self) -> bool:
+        """exo's last State can be acted on (``/healthz``, ``/metrics``)."""
+        return self._follow.last is not None and self._follow.outage is None
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """What ``GET /metrics`` reads: exo's State with the bridge's deployments and their
+        views, as ``GET /state`` and ``GET /deployments`` serve them (no lock)."""
+        now = self._started.clock.wall().timestamp()  # NotRunningError (a 503) before it runs
+        started_at = self._started.started_at
+        return MetricsSnapshot(
+            state=self.state,
+            deployments=self.deployments_view().deployments,
+            now=now,
+            started_at=started_at if started_at is not None else now,
+        )
+
+    def exo_facts(self) -> ExoFacts:
+        now = self._started.clock.wall().timestamp()
+        started_at = self._started.started_at
+        answered, readable = self._follow.answered_at, self._follow.readable_at
+        return ExoFacts(
+            reachable=self._exo_reachable(),
+            state_readable=self._exo_readable(),
+            answered_at=answered.timestamp() if answered is not None else None,
+            readable_at=readable.timestamp() if readable is not None else None,
+            now=now,
+            started_at=started_at if started_at is not None else now,
+        )
+
+    def health(self) -> BridgeHealth:
+        outage = self._follow.outage
+        status: HealthStatus = "degraded" if self.degraded else "ok"
+        since = self._steps.since
+        store = self._log.shared
+        running = self._running()
+        exo = self._follow.exo
+        return BridgeHealth(
+            status=status if running else "stopped",
+            role=self._role(),
+            name=store.name if store is not None else self._name,
+            leader=(store.leader if store is not None else self._name) if running else None,
+            store=self._store_health(store) if store is not None else None,
+            exo=ExoHealth(
+                url=exo.url,
+                urls=[api.url for api in self._follow.apis],
+                reachable=self._exo_reachable(),
+                state_readable=self._exo_readable(),
+                unreachable_since=iso_utc(outage.since) if outage is not None else None,
+                reason=outage.reason if outage is not None else None,
+                outage=outage.kind if outage is not None else None,
+            ),
+            deployments=len(self._log.state.deployments),
+            instances_to_delete=len(self._doomed),
+            event_log=EventLogHealth(
+                writable=self._log.write_error is None, error=self._log.write_error
+            ),
+            step=StepHealth(
+                ok=since is None,
+                failing_since=iso_utc(since) if since is not None else None,
+                error=self._steps.error,
+            ),
+            webhooks=self._webhooks.health(),
+        )
+
+    def _store_health(self, store: EtcdStore) -> StoreHealth:
+        since = store.unreachable_since
+        clock = self._started.clock
+        return StoreHealth(
+            url=store.address.url,
+            prefix=store.prefix,
+            reachable=since is None,
+            stale=store.stale,
+            unreachable_since=(
+                iso_utc(clock.wall() - timedelta(seconds=clock.monotonic() - since))
+                if since is not None
+                else None
+            ),
+            error=store.write_error
+            if store.write_error is not None
+            else (self._acting.foreign if self._acting is not None else None),
+        )
