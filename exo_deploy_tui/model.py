@@ -331,9 +331,11 @@ class ClusterModel:
         self.connection = Connection(update.mode, update.detail, update.retry_in_s, stale_since)
 
     def _settle(self, now: float) -> None:
-        """After a batch: date the status changes and tell the outages they begin or end, then
-        the nodes' silence and the instances' progress."""
+        """After a batch: the nodes' verdicts and silence (told first: they are the cause),
+        then date the status changes and tell the outages they begin or end, then the
+        instances' progress."""
         self._judge_own(now)
+        self._check_silence(now)
         derived = self.derived()
         statuses, ready_nodes = derived.statuses, derived.ready_nodes
         model_of = {d_id: d.model_card.model_id for d_id, d in self.state.deployments.items()}
@@ -356,7 +358,6 @@ class ClusterModel:
         self.timeline.extend(entries)
         if self.has_data:
             self._statuses.watch()
-        self._check_silence(now)
         self._progress.note(self.state, now)
 
     def _outage_start(self, nodes: tuple[NodeId, ...], now: float) -> float:
