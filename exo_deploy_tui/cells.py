@@ -210,22 +210,20 @@ def failover_words(row: DeploymentRow) -> str:
         return ""
     nodes = ", ".join(failover.nodes)
     on = ", ".join(failover.replacing_on)
-    if failover.phase == "confirmed":
-        words = (
-            f"{nodes} confirmed dead {duration(failover.for_s)} ago: its instance serves nothing"
-        )
-        if on:
-            words += f"; replacement on {on} {'ready' if failover.replacement_ready else 'loading'}"
-        return words
-    words = f"{nodes} suspect for {duration(failover.for_s)}: "
+    replacement = ""
     if on:
-        state = "ready" if failover.replacement_ready else "loading"
-        return (
-            words + f"replacement on {on} {state}; waiting to confirm {nodes} dead or hear it again"
+        replacement = (
+            f" · replacement on {on} {'ready' if failover.replacement_ready else 'loading'}"
         )
+    if failover.phase == "confirmed":
+        dead_for = duration(failover.for_s)
+        return f"{nodes} confirmed dead {dead_for} ago: its instance serves nothing{replacement}"
+    words = f"{nodes} suspect {duration(failover.for_s)}"
+    if on:
+        return words + replacement
     if failover.why is not None:
-        return words + failover.why
-    return words + "placing a replacement; nothing is deleted while it is only suspect"
+        return f"{words}: {failover.why}"
+    return f"{words}: placing a replacement (nothing is deleted until it is confirmed dead)"
 
 
 def next_text(row: DeploymentRow) -> str:
@@ -360,7 +358,10 @@ def detail_text(
     text = Text(no_wrap=False)
     text.append(short_model(row.model_id), style="bold")
     text.append("  ")
-    text.append(status_label(row.status), style=f"bold {STATUS_COLOR[row.status]}")
+    if row.at_risk:
+        text.append(status_text(row), style=status_style(row))
+    else:
+        text.append(status_label(row.status), style=f"bold {STATUS_COLOR[row.status]}")
     text.append(f"  {row.sharding}/{row.instance_meta}, min {row.min_nodes}", style=DIM)
     if row.replicas > 1:
         style = "bold yellow" if row.short else ""

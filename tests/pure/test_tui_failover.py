@@ -143,7 +143,7 @@ def test_a_deployment_on_a_suspect_node_is_at_risk_and_confirming() -> None:
     assert status_style(row) == "bold yellow"
     assert next_text(row) == "confirming 2s"
     assert failover_words(row) == (
-        "studio suspect for 2s: placing a replacement; nothing is deleted while it is only suspect"
+        "studio suspect 2s: placing a replacement (nothing is deleted until it is confirmed dead)"
     )
 
 
@@ -161,7 +161,7 @@ def test_a_replacement_loading_then_ready() -> None:
     model.handle(ready.snapshot(), FROZEN_NOW + 1)
     row = row_of(model, FROZEN_NOW + 1)
     assert (status_text(row), next_text(row)) == ("⚠ at risk", "confirming 3s")
-    assert "replacement on mini-a ready" in failover_words(row)
+    assert failover_words(row) == "studio suspect 3s · replacement on mini-a ready"
 
 
 def test_a_replacement_that_does_not_fit_says_why() -> None:
