@@ -91,18 +91,26 @@ PRIO_COLUMN_FROM = 100
 # so something keeps failing) and red below 90 % (over two hours: it mostly does not serve).
 AVAIL_AMBER_BELOW = 0.99
 AVAIL_RED_BELOW = 0.90
+# NEXT widens, up to this, while a row says more than a timer (``replacing on mini-a``, 19):
+# a failover's words are the ones an operator reads then; NODES and MODEL give the room back.
+NEXT_MAX = 21
 
 
 def deployment_columns(
-    width: int, model_len: int = 26, nodes_len: int = 14, *, replicas: bool = True
+    width: int,
+    model_len: int = 26,
+    nodes_len: int = 14,
+    *,
+    replicas: bool = True,
+    next_len: int = 0,
 ) -> tuple[Column, ...]:
-    """Columns for a table ``width`` wide whose longest model name and node list are given;
-    ``replicas``: whether there are deployments to count replicas of and serving records to
-    summarise (not on a stock exo)."""
+    """Columns for a table ``width`` wide whose longest model name, node list and NEXT words
+    are given; ``replicas``: whether there are deployments to count replicas of and serving
+    records to summarise (not on a stock exo)."""
     fixed = [
         Column("status", "STATUS", 13),
         Column("age", "AGE", 7),
-        Column("next", "NEXT", 12),
+        Column("next", "NEXT", max(12, min(next_len + 1, NEXT_MAX))),
     ]
     if replicas:
         fixed.append(Column("ready", "READY", 6))  # "16/16" and its padding
@@ -154,7 +162,15 @@ CORDONED_STYLE = "yellow"
 UPDATING_SYMBOL = "⟳"
 
 
+# A deployment with an instance on a suspect node: not broken yet, no longer surely serving
+# (docs/design.md §5.18). Amber like a caution, with a word and a symbol of its own.
+AT_RISK_SYMBOL = "⚠"
+AT_RISK_STYLE = "yellow"
+
+
 def status_text(row: DeploymentRow) -> str:
+    if row.at_risk:  # what happens next: in NEXT (``failover_next``)
+        return f"{AT_RISK_SYMBOL} at risk"
     if row.draining:
         return f"{DRAINING_SYMBOL} draining"
     if row.updating is not None:  # how far: in NEXT (``next_text``), as STATUS has no room
@@ -163,11 +179,57 @@ def status_text(row: DeploymentRow) -> str:
 
 
 def status_style(row: DeploymentRow) -> str:
+    if row.at_risk:
+        return f"bold {AT_RISK_STYLE}"
     planned = row.draining or row.updating is not None
     return f"bold {DRAINING_STYLE if planned else STATUS_COLOR[row.status]}"
 
 
+def failover_next(row: DeploymentRow) -> str | None:
+    """What a failover does next, in NEXT: ``confirming 5s`` while the node is only suspect
+    (and a replacement, if any, is ready), ``replacing on mini-a`` while its replacement
+    loads, ``can't replace`` when none fits (the detail strip says why); None when no
+    failover is under way or a confirmed one has nothing more to say than the status."""
+    failover = row.failover
+    if failover is None:
+        return None
+    on = ",".join(failover.replacing_on)
+    if failover.phase == "confirmed":
+        return f"replacing on {on}" if on and not failover.replacement_ready else None
+    if on and not failover.replacement_ready:
+        return f"replacing on {on}"
+    if failover.why is not None and not on:
+        return "can't replace"
+    return f"confirming {duration(failover.for_s)}"
+
+
+def failover_words(row: DeploymentRow) -> str:
+    """The failover in words, for the detail strip; empty when none is under way."""
+    failover = row.failover
+    if failover is None:
+        return ""
+    nodes = ", ".join(failover.nodes)
+    on = ", ".join(failover.replacing_on)
+    replacement = ""
+    if on:
+        replacement = (
+            f" · replacement on {on} {'ready' if failover.replacement_ready else 'loading'}"
+        )
+    if failover.phase == "confirmed":
+        dead_for = duration(failover.for_s)
+        return f"{nodes} confirmed dead {dead_for} ago: its instance serves nothing{replacement}"
+    words = f"{nodes} suspect {duration(failover.for_s)}"
+    if on:
+        return words + replacement
+    if failover.why is not None:
+        return f"{words}: {failover.why}"
+    return f"{words}: placing a replacement (nothing is deleted until it is confirmed dead)"
+
+
 def next_text(row: DeploymentRow) -> str:
+    failover = failover_next(row)
+    if failover is not None:
+        return failover
     if row.updating is not None and row.next_attempt_in_s is None:
         replaced, replicas = row.updating
         return f"updated {replaced}/{replicas}"
@@ -296,7 +358,10 @@ def detail_text(
     text = Text(no_wrap=False)
     text.append(short_model(row.model_id), style="bold")
     text.append("  ")
-    text.append(status_label(row.status), style=f"bold {STATUS_COLOR[row.status]}")
+    if row.at_risk:
+        text.append(status_text(row), style=status_style(row))
+    else:
+        text.append(status_label(row.status), style=f"bold {STATUS_COLOR[row.status]}")
     text.append(f"  {row.sharding}/{row.instance_meta}, min {row.min_nodes}", style=DIM)
     if row.replicas > 1:
         style = "bold yellow" if row.short else ""
@@ -307,6 +372,11 @@ def detail_text(
         text.append(
             f"  {DRAINING_SYMBOL} moving off {row.moving_off} (drain)", style=DRAINING_STYLE
         )
+    failover = failover_words(row)
+    if failover:
+        style = "red" if row.failover is not None and row.failover.phase == "confirmed" else ""
+        text.append(f"\n{AT_RISK_SYMBOL} ", style=f"bold {AT_RISK_STYLE}")
+        text.append(failover, style=style or AT_RISK_STYLE)
     # The error and why come before the timer: the NEXT column already shows when the keeper
     # tries again, so on a narrow strip the timer's words are what may be cut.
     if row.placement_error:
@@ -408,6 +478,10 @@ def liveness_text(row: NodeRow) -> tuple[str, str]:
     if row.liveness == "gone":
         # Unknown when it left: a stock exo still listed it as we connected.
         return ("✖ gone" if quiet is None else f"✖ gone {duration(quiet)}"), "bold red"
+    if row.liveness == "suspect":
+        return f"◌ suspect {duration(quiet or 0)}", "bold yellow"
+    if row.liveness == "dead":
+        return "✖ dead", "bold red"
     if row.liveness == "silent":
         return f"◌ silent {duration(quiet or 0)}", "bold yellow"
     if row.liveness == "away":
@@ -659,6 +733,10 @@ _STATUSES: tuple[DeploymentStatus, ...] = ("serving", "starting", "placing", "ca
 def summary_text(summary: Summary, *, wide: bool) -> Text:
     text = Text()
     text.append(f"{summary.nodes_alive} node{'s' if summary.nodes_alive != 1 else ''}")
+    if summary.nodes_suspect:
+        text.append(f" ◌{summary.nodes_suspect} suspect", style="bold yellow")
+    if summary.nodes_dead:
+        text.append(f" ✖{summary.nodes_dead} dead", style="bold red")
     if summary.nodes_silent:
         text.append(f" ◌{summary.nodes_silent} silent", style="bold yellow")
     if summary.nodes_gone:

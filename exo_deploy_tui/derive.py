@@ -6,7 +6,8 @@ A frame derives every row from the State it holds, so what every view needs of o
 State (``derive``: States are immutable, so the model caches by the object itself). The rules
 here read the State only through the data model's own rules (``keeper.model.readiness`` for
 statuses and ready replicas, the same ones ``GET /deployments`` answers with), so the table and
-the API cannot disagree. The memories a row reads (since when a status, the keeper's timers,
+the API cannot disagree; an instance on a node the State's verdicts confirm dead is not counted
+ready (``failover.py``). The memories a row reads (since when a status, the keeper's timers,
 availability, how long a node has been quiet, an instance's last progress) are other parts';
 they come in as functions, so these rules are tested with a dict. The node rows, which read
 liveness, are ``node_rows.py``.
@@ -19,10 +20,17 @@ from dataclasses import dataclass
 
 from exo_deploy_tui.downloads import DownloadFacts, download_facts, gating_download
 from exo_deploy_tui.explain import explain_placement
+from exo_deploy_tui.failover import dead_nodes, on_dead_node
 from exo_deploy_tui.format import short_id
 from exo_deploy_tui.health import unhealthy_reason
 from exo_deploy_tui.moves import Moves
-from exo_deploy_tui.rows import DeploymentRow, InstanceRow, RunnerRow, runner_status_word
+from exo_deploy_tui.rows import (
+    DeploymentRow,
+    FailoverFacts,
+    InstanceRow,
+    RunnerRow,
+    runner_status_word,
+)
 from exo_deploy_tui.timers import Timer
 from exo_deploy_tui.tracking import Tracked
 from keeper.model.api_models import DeploymentStatus
@@ -77,10 +85,13 @@ def derive(state: State, remembered: Mapping[NodeId, str]) -> Derived:
     instances_of: dict[str, list[AnyInstance]] = {}
     ready_nodes: dict[str, tuple[NodeId, ...]] = {}
     ready_count: dict[str, int] = {}
+    # An instance on a node confirmed dead serves nothing, though its runners read Ready
+    # until the service deletes it (docs/design.md §5.18).
+    dead = dead_nodes(state)
     for instance in state.instances.values():
         model = instance.shard_assignments.model_id
         instances_of.setdefault(model, []).append(instance)
-        if instance_is_ready(instance, state):
+        if instance_is_ready(instance, state) and not on_dead_node(instance, dead):
             # keeper.model.readiness.ready_replicas counts these: what GET /deployments shows as
             # readyReplicas, here as fresh as the State (and as the status beside it).
             ready_count[model] = ready_count.get(model, 0) + 1
@@ -107,6 +118,7 @@ def deployment_rows(
     timer: Callable[[DeploymentId], Timer | None],
     availability: Callable[[DeploymentId], float | None],
     moves: Moves,
+    failover: Callable[[DeploymentId], FailoverFacts | None] = lambda _: None,
 ) -> list[DeploymentRow]:
     """Every deployment of ``state`` as its row, in the State's order."""
     statuses = derived.statuses
@@ -158,6 +170,7 @@ def deployment_rows(
                 updating=moves.updating(deployment),
                 moving_off=moving.get(d_id),
                 priority=deployment.priority,
+                failover=failover(d_id),
             )
         )
     return rows
@@ -174,6 +187,7 @@ def instance_rows(
     """Every instance of ``state`` with its runners, and why it looks unhealthy, by model."""
     deployment_of = {d.model_card.model_id: d_id for d_id, d in state.deployments.items()}
     present = set(state.topology.nodes)
+    dead = dead_nodes(state)
     rows: list[InstanceRow] = []
     for instance in state.instances.values():
         assignments = instance.shard_assignments
@@ -200,7 +214,7 @@ def instance_rows(
                 )
             )
         runners.sort(key=lambda r: r.rank)
-        ready = ready_on_present_nodes(instance, state)
+        ready = ready_on_present_nodes(instance, state) and not on_dead_node(instance, dead)
         rows.append(
             InstanceRow(
                 instance_id=instance.instance_id,

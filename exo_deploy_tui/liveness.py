@@ -1,13 +1,20 @@
-"""Node liveness as the dashboard sees it: which nodes are heard, which went silent, which left.
+"""Node liveness as the dashboard sees it: which nodes are heard, suspect, dead, silent or gone.
 
-The State says when each node was last heard of (``lastSeen``) and which nodes are in the
-topology; it forgets a node that timed out. The dashboard remembers more: the nodes it saw leave
-(their names, when they left and when they were last heard of, ``GONE_NODES_KEPT`` of them) and
-the nodes it has told the timeline went silent, so it says "went silent" and "reporting again"
-once each. Every judgement of a node in the cluster (``judge``) is made here, once, for the
-nodes tab, the header's counts, the timeline and the start of an outage, so a finer rule (a
-node *suspect* before it is *dead*) changes what all of them say by changing this part alone.
-The rule itself is the data model's (``keeper.model.liveness``), which ``GET /metrics`` reads too.
+The State says when each node was last heard of (``lastSeen``), which nodes are in the topology
+(it forgets a node that timed out) and, from a service with fast failover, its verdict on each
+node gone quiet (``State.node_watch``: suspect, then dead; docs/design.md §5.18). Against a
+stock exo, which has no verdicts, the model writes the dashboard's own into the State it holds
+(``verdicts.py``, by the data model's same rule), so this part reads one shape whatever the
+master. The dashboard remembers more: the nodes it saw leave (their names, when they left and
+when they were last heard of, ``GONE_NODES_KEPT`` of them) and what it last told the timeline of
+each node (suspect, dead, silent), so each of those is said once, and so is its end. Every
+judgement of a node in the cluster (``judge``) is made here, once, for the nodes tab, the
+header's counts, the timeline and the start of an outage.
+
+A verdict wins over the coarse rule (``SILENT_AFTER_S``, the one ``GET /metrics`` counts by):
+a service with fast failover judges sooner and on more than ``lastSeen`` (a closed connection,
+a probe), and a node it has not judged is ``silent`` only past the coarse threshold (fast
+failover off, or a service that has not said yet).
 
 Pure: the time comes in as ``now`` and the master's clock as a ``MasterClock`` value.
 """
@@ -18,16 +25,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from exo_deploy_tui.draining import handle_of
+from exo_deploy_tui.format import precise_duration
 from exo_deploy_tui.master_clock import MasterClock
 from exo_deploy_tui.rows import Liveness
-from exo_deploy_tui.timeline import TimelineEntry, node_name
+from exo_deploy_tui.timeline import Level, TimelineEntry, node_name
 from keeper.model.events import NodeGatheredInfo, NodeTimedOut
 from keeper.model.liveness import SILENT_AFTER_S, departed_nodes
-from keeper.model.state import NodeId, State
+from keeper.model.state import NodeId, NodeWatch, State
 
 # Gone nodes are remembered so the operator sees what left; this many is a whole rack's worth
 # while keeping memory flat when nodes churn for days.
 GONE_NODES_KEPT = 32
+
+
+# What the timeline tells of a node when it enters each phase, and how loud.
+_TOLD_LEVEL: dict[Liveness, Level] = {"suspect": "warn", "dead": "error", "silent": "warn"}
 
 
 @dataclass(frozen=True)
@@ -35,7 +47,10 @@ class Heard:
     """A node of the topology as we hear it now."""
 
     liveness: Liveness
-    quiet_for_s: float | None  # since its lastSeen; None when it has none we can read
+    # Since it was last heard: its verdict's ``last_heard`` when it has one, else its lastSeen;
+    # None when it has neither we can read.
+    quiet_for_s: float | None
+    watch: NodeWatch | None = None  # the verdict it has, if any
 
 
 @dataclass(frozen=True)
@@ -47,10 +62,24 @@ class Gone:
     last_seen: float | None  # when it was last heard of, our clock
 
 
-def judge(quiet_for_s: float | None) -> Liveness:
-    """A node in the topology quiet for ``quiet_for_s``: ``silent`` from ``SILENT_AFTER_S``,
-    else ``alive`` (never dated counts as alive: nothing says otherwise)."""
+def judge(quiet_for_s: float | None, watch: NodeWatch | None = None) -> Liveness:
+    """A node in the topology quiet for ``quiet_for_s``: its verdict (``suspect`` / ``dead``)
+    if it has one; else ``silent`` from ``SILENT_AFTER_S``, else ``alive`` (never dated counts
+    as alive: nothing says otherwise)."""
+    if watch is not None:
+        return watch.phase
     return "silent" if quiet_for_s is not None and quiet_for_s >= SILENT_AFTER_S else "alive"
+
+
+def quiet_of(
+    state: State, node_id: NodeId, clock: MasterClock, now: float
+) -> tuple[float | None, NodeWatch | None]:
+    """How long the node has been quiet, and its verdict: a verdict dates the silence from the
+    last report the service saw arrive (what it judged by), else the State's lastSeen does."""
+    watch = state.node_watch.get(node_id)
+    if watch is not None:
+        return clock.silent_since(watch.last_heard, now), watch
+    return clock.quiet_for(state.last_seen.get(node_id), now), None
 
 
 class NodeLiveness:
@@ -58,7 +87,9 @@ class NodeLiveness:
 
     def __init__(self) -> None:
         self._gone: dict[NodeId, Gone] = {}
-        self._silent: set[NodeId] = set()
+        # What the timeline was last told of each node not heard (suspect, dead, silent), and
+        # when: the next change is told once, and so is the end.
+        self._told: dict[NodeId, tuple[Liveness, float]] = {}
 
     # -- judging ---------------------------------------------------------------------------
 
@@ -66,18 +97,21 @@ class NodeLiveness:
         """Each node of the topology, judged (``judge``)."""
         heard: dict[NodeId, Heard] = {}
         for node_id in state.topology.nodes:
-            quiet = clock.quiet_for(state.last_seen.get(node_id), now)
-            heard[node_id] = Heard(judge(quiet), quiet)
+            quiet, watch = quiet_of(state, node_id, clock, now)
+            heard[node_id] = Heard(judge(quiet, watch), quiet, watch)
         return heard
 
     def last_heard(self, node_id: NodeId, state: State, clock: MasterClock) -> float | None:
-        """When a node that is not heard now (gone, or told silent) was last heard of, on our
-        clock; None for a node that is heard, or whose last report is unknown. What dates an
-        outage it caused: the master only notices later."""
+        """When a node that is not heard now (gone, with a verdict, or told silent) was last
+        heard of, on our clock; None for a node that is heard, or whose last report is unknown.
+        What dates an outage it caused: the master only notices later."""
         gone = self._gone.get(node_id)
         if gone is not None:
             return gone.last_seen
-        if node_id in self._silent:
+        watch = state.node_watch.get(node_id)
+        if watch is not None:
+            return watch.last_heard - clock.offset_s
+        if node_id in self._told:
             return clock.ours(state.last_seen.get(node_id))
         return None
 
@@ -87,34 +121,46 @@ class NodeLiveness:
         """A node timed out (remember it, as ``before`` knew it) or joined (forget it)."""
         if isinstance(event, NodeTimedOut) and event.node_id in before.topology.nodes:
             node = event.node_id
-            last_seen = clock.ours(before.last_seen.get(node))
+            last_seen = self.last_heard(node, before, clock)
+            if last_seen is None:
+                last_seen = clock.ours(before.last_seen.get(node))
             self._gone[node] = Gone(node_name(node, before), now, last_seen)
-            self._silent.discard(node)
+            self._told.pop(node, None)
             while len(self._gone) > GONE_NODES_KEPT:
                 del self._gone[next(iter(self._gone))]
         elif isinstance(event, NodeGatheredInfo):
             self._gone.pop(event.node_id, None)
 
     def check(self, state: State, clock: MasterClock, now: float) -> list[TimelineEntry]:
-        """Time passed, or a State came: the nodes that went silent or report again, each told
-        once."""
+        """Time passed, or a State came: the nodes that became suspect, dead or silent, and
+        those heard again, each told once."""
         entries: list[TimelineEntry] = []
         for node_id, heard in self.heard(state, clock, now).items():
-            if heard.quiet_for_s is None:
-                continue
-            name = node_name(node_id, state)
-            silent = heard.liveness == "silent"
-            if silent and node_id not in self._silent:
-                self._silent.add(node_id)
-                text = f"node {name} went silent (nothing for {heard.quiet_for_s:.0f} s)"
-                entries.append(TimelineEntry(now, "warn", text, node_id=node_id))
-            elif not silent and node_id in self._silent:
-                self._silent.discard(node_id)
-                text = f"node {name} is reporting again"
-                entries.append(TimelineEntry(now, "good", text, node_id=node_id))
-        for node_id in [n for n in self._silent if n not in state.topology.nodes]:
-            self._silent.discard(node_id)
+            told = self._told.get(node_id)
+            phase = heard.liveness
+            if phase == "alive":
+                if told is not None:
+                    del self._told[node_id]
+                    entries.append(self._heard_again(node_id, state, told, now))
+            elif (told is None or told[0] != phase) and heard.quiet_for_s is not None:
+                self._told[node_id] = (phase, now)
+                text = _phase_words(node_name(node_id, state), phase, heard)
+                entries.append(TimelineEntry(now, _TOLD_LEVEL[phase], text, node_id=node_id))
+        for node_id in [n for n in self._told if n not in state.topology.nodes]:
+            del self._told[node_id]
         return entries
+
+    @staticmethod
+    def _heard_again(
+        node_id: NodeId, state: State, told: tuple[Liveness, float], now: float
+    ) -> TimelineEntry:
+        name = node_name(node_id, state)
+        phase, since = told
+        if phase == "silent":
+            text = f"node {name} is reporting again"
+        else:
+            text = f"node {name} heard again ({phase} for {precise_duration(now - since)})"
+        return TimelineEntry(now, "good", text, node_id=node_id)
 
     # -- what left ---------------------------------------------------------------------------
 
@@ -143,3 +189,14 @@ class NodeLiveness:
         listed.update(gone.name for gone in self.gone(state).values())
         listed.update(name_of(n) for n in self.departed_unseen(state))
         return [name for name in state.cordoned if name not in listed]
+
+
+def _phase_words(name: str, phase: Liveness, heard: Heard) -> str:
+    """What the timeline says as a node becomes suspect, dead or silent."""
+    quiet = heard.quiet_for_s or 0.0
+    if phase == "suspect":
+        return f"node {name} is suspect (nothing heard for {quiet:.0f} s)"
+    if phase == "dead":
+        why = heard.watch.why if heard.watch is not None and heard.watch.why else ""
+        return f"node {name} confirmed dead" + (f": {why}" if why else "")
+    return f"node {name} went silent (nothing for {quiet:.0f} s)"

@@ -49,6 +49,14 @@ class MasterClock:
         at = parse_iso(text)
         return None if at is None else at - self.offset_s
 
+    def silent_since(self, at: float, now: float) -> float:
+        """How long since ``at`` (Unix seconds on the master's clock: a verdict's
+        ``last_heard`` or ``since``), never negative, known no further than the moment we lost
+        the master (as ``quiet_for``)."""
+        if self.stale_since is not None:
+            now = min(now, self.stale_since)
+        return max(0.0, now + self.offset_s - at)
+
     def quiet_for(self, last_seen: str | None, now: float) -> float | None:
         """How long since a node was last heard of (its ``lastSeen``), never negative. While
         the master is out of reach we know nothing newer than the moment we lost it: judging

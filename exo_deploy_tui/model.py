@@ -10,8 +10,10 @@ replace it, events apply with ``keeper.model.apply``, a hole in the events waits
 and hands each change, with the States before and after, to the parts that remember what the
 State does not say, each with one job and its own tests:
 
-- ``liveness.py``: nodes gone (remembered) and silent (told once), and the one judgement of a
-  node's liveness that the rows, the header and the outages read;
+- ``liveness.py``: nodes gone (remembered), suspect, dead and silent (told once), and the one
+  judgement of a node's liveness that the rows, the header and the outages read;
+- ``verdicts.py``: against a stock exo, the dashboard's own verdicts on its nodes (suspect,
+  dead), by the services' rule, written into the State it holds as a service writes its own;
 - ``tracking.py``: since when each deployment is in its status (the changes the timeline tells);
 - ``outages.py``: each outage, from when serving really stopped, and the moments of its recovery
   (deletion, placement), so that "serving again after 37.2 s" can say where the time went;
@@ -46,6 +48,7 @@ from exo_deploy_tui.availability import window_end
 from exo_deploy_tui.derive import Derived, deployment_rows, derive, instance_rows
 from exo_deploy_tui.download_moments import DownloadMoments
 from exo_deploy_tui.draining import DrainPlan
+from exo_deploy_tui.failover import failover_facts
 from exo_deploy_tui.format import precise_duration
 from exo_deploy_tui.health import InstanceProgress
 from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
@@ -57,6 +60,7 @@ from exo_deploy_tui.readings import GPU_READINGS_KEPT, GpuReadings
 from exo_deploy_tui.rows import (
     Connection,
     DeploymentRow,
+    FailoverFacts,
     InstanceRow,
     Liveness,
     NodeRow,
@@ -84,6 +88,7 @@ from exo_deploy_tui.updates import (
     SnapshotUpdate,
     Update,
 )
+from exo_deploy_tui.verdicts import OwnVerdicts
 from keeper.model.api_models import DeploymentView
 from keeper.model.apply import apply_indexed
 from keeper.model.events import (
@@ -110,6 +115,7 @@ __all__ = [
     "ClusterModel",
     "Connection",
     "DeploymentRow",
+    "FailoverFacts",
     "InstanceRow",
     "Liveness",
     "NodeRow",
@@ -145,6 +151,7 @@ class ClusterModel:
     missing_from: int | None = None
     # The parts (see the module's docstring), each remembering one thing the State does not say.
     _liveness: NodeLiveness = field(default_factory=NodeLiveness)
+    _verdicts: OwnVerdicts = field(default_factory=OwnVerdicts)
     _statuses: StatusTracking = field(default_factory=StatusTracking)
     _outages: Outages = field(default_factory=Outages)
     _history: ServingHistory = field(default_factory=ServingHistory)
@@ -183,10 +190,31 @@ class ClusterModel:
         self._settle(now)
 
     def tick(self, now: float) -> bool:
-        """Time passed: notice nodes going silent. True if the timeline grew."""
+        """Time passed: notice nodes going suspect, dead or silent (against a stock exo, with
+        the dashboard's own verdicts, which may change what serves). True if the timeline
+        grew."""
         before = self.timeline.appended
-        self._check_silence(now)
+        if self._judge_own(now):
+            self._settle(now)
+        else:
+            self._check_silence(now)
         return self.timeline.appended != before
+
+    @property
+    def judges_own(self) -> bool:
+        """Whether the dashboard reaches its own verdicts on the nodes: against a stock exo
+        (no deployments API), which reaches none before its 30 s timeout."""
+        return self.has_data and not self.has_timers
+
+    def _judge_own(self, now: float) -> bool:
+        """Against a stock exo, bring the dashboard's verdicts to ``now``; True if the State
+        changed."""
+        if not self.judges_own:
+            return False
+        judged = self._verdicts.judged(self.state, self.clock, now)
+        changed = judged is not self.state
+        self.state = judged
+        return changed
 
     @property
     def needs_snapshot(self) -> bool:
@@ -209,6 +237,8 @@ class ClusterModel:
             self._readings.note_snapshot(None, update.state)
         else:
             before, after = self.state, update.state
+            if update.deployments is None:
+                after = self._verdicts.carried(before, after)
             observed = self._observed_at
             self._blind = self._blind or observed is None or now - observed > MOMENTS_WINDOW_S
             self.timeline.extend(self._seed(before, after, now))
@@ -301,8 +331,11 @@ class ClusterModel:
         self.connection = Connection(update.mode, update.detail, update.retry_in_s, stale_since)
 
     def _settle(self, now: float) -> None:
-        """After a batch: date the status changes and tell the outages they begin or end, then
-        the nodes' silence and the instances' progress."""
+        """After a batch: the nodes' verdicts and silence (told first: they are the cause),
+        then date the status changes and tell the outages they begin or end, then the
+        instances' progress."""
+        self._judge_own(now)
+        self._check_silence(now)
         derived = self.derived()
         statuses, ready_nodes = derived.statuses, derived.ready_nodes
         model_of = {d_id: d.model_card.model_id for d_id, d in self.state.deployments.items()}
@@ -325,7 +358,6 @@ class ClusterModel:
         self.timeline.extend(entries)
         if self.has_data:
             self._statuses.watch()
-        self._check_silence(now)
         self._progress.note(self.state, now)
 
     def _outage_start(self, nodes: tuple[NodeId, ...], now: float) -> float:
@@ -368,14 +400,22 @@ class ClusterModel:
             records = state.serving_history.get(d_id, ())
             return self._history.day(d_id, records, end).availability
 
+        derived, clock = self.derived(), self.clock
+
+        def failover(d_id: DeploymentId) -> FailoverFacts | None:
+            view = self._views.get(d_id)
+            why = view.failover.why if view is not None and view.failover is not None else None
+            return failover_facts(state.deployments[d_id], state, derived.names, clock, now, why)
+
         return deployment_rows(
             state,
-            self.derived(),
+            derived,
             now,
             tracked=self._statuses.get,
             timer=self._timers.get,
             availability=availability,
             moves=self._moves,
+            failover=failover,
         )
 
     def node_rows(self, now: float) -> list[NodeRow]:

@@ -164,14 +164,16 @@ def summary(
     deployments_api: bool,
 ) -> Summary:
     """The header's counts: nodes by liveness (as their rows say), deployments by status."""
-    heard = liveness.heard(state, clock, now).values()
-    silent = sum(1 for h in heard if h.liveness == "silent")
+    heard = [h.liveness for h in liveness.heard(state, clock, now).values()]
+    silent, suspect, dead = (heard.count(phase) for phase in ("silent", "suspect", "dead"))
     by_status: dict[DeploymentStatus, int] = {}
     for status in derived.statuses.values():
         by_status[status] = by_status.get(status, 0) + 1
     return Summary(
-        nodes_alive=len(state.topology.nodes) - silent,
+        nodes_alive=len(state.topology.nodes) - silent - suspect - dead,
         nodes_silent=silent,
+        nodes_suspect=suspect,
+        nodes_dead=dead,
         nodes_gone=liveness.gone_count(state),
         by_status=by_status,
         deployments=len(state.deployments),

@@ -27,12 +27,34 @@ from keeper.model.state import (
     SystemVitals,
 )
 
-# away: a name cordoned while no node of that name is in the cluster (a Mac being updated).
-Liveness = Literal["alive", "silent", "gone", "away"]
+# suspect / dead: the verdicts of fast failover (docs/design.md §5.18), the service's (State.
+# node_watch) or, against a stock exo, the dashboard's own by the same rule; silent: quiet past
+# the coarse threshold with no verdict (fast failover off). away: a name cordoned while no node
+# of that name is in the cluster (a Mac being updated).
+Liveness = Literal["alive", "suspect", "dead", "silent", "gone", "away"]
+FailoverPhase = Literal["suspect", "replacing", "confirmed"]
 SortKey = Literal["status", "name", "age"]
 
 
 # --- rows the widgets render ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailoverFacts:
+    """A deployment's fast failover as its row shows it (docs/design.md §5.18): ``suspect`` (an
+    instance of it is on a suspect node, no replacement yet), ``replacing`` (one is placed, the
+    node is still only suspect) or ``confirmed`` (the node is dead: its instance goes)."""
+
+    phase: FailoverPhase
+    nodes: tuple[str, ...]  # the names of its nodes with a verdict
+    # How long since the suspicion (suspect, replacing) or the confirmation (confirmed).
+    for_s: float
+    # The nodes of the replacement placed for it, when the State records one, and whether
+    # that replacement is ready (then it only waits for the node's fate: ``confirming``).
+    replacing_on: tuple[str, ...] = ()
+    replacement_ready: bool = False
+    # Why no replacement is placed (the service's words), while only suspect.
+    why: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +90,15 @@ class DeploymentRow:
     priority: int = DEFAULT_PRIORITY  # which the keeper places first, and what may preempt
     # A rolling change under way: (instances as the options ask, replicas), or None.
     updating: tuple[int, int] | None = None
+    # A fast failover under way (an instance of it on a suspect or dead node), or None.
+    failover: FailoverFacts | None = None
+
+    @property
+    def at_risk(self) -> bool:
+        """An instance of it is on a node with a verdict and the failover is not settled: STATUS
+        says so rather than ``serving`` with that node's name (a dead node's instance is not
+        ready, so a confirmed failover shows the status underneath)."""
+        return self.failover is not None and self.failover.phase != "confirmed"
 
     @property
     def draining(self) -> bool:
@@ -106,7 +137,7 @@ class NodeRow:
     node_id: NodeId
     name: str
     liveness: Liveness
-    quiet_for_s: float | None  # since lastSeen (alive/silent), or since it left (gone)
+    quiet_for_s: float | None  # since it was last heard (alive/suspect/dead/silent), or left (gone)
     ram_used: int | None
     ram_total: int | None
     backends: tuple[str, ...]
@@ -157,7 +188,7 @@ class InstanceRow:
 @dataclass(frozen=True)
 class Summary:
     nodes_alive: int
-    nodes_silent: int
+    nodes_silent: int  # quiet past the coarse threshold with no verdict
     nodes_gone: int
     by_status: dict[DeploymentStatus, int]
     deployments: int
@@ -167,6 +198,9 @@ class Summary:
     # False against a master without the deployments API (a stock exo): there, the header
     # counts instances, since "0 deployments" would read as an empty cluster.
     deployments_api: bool = True
+    # Fast failover's verdicts (docs/design.md §5.18): nodes suspect, and confirmed dead.
+    nodes_suspect: int = 0
+    nodes_dead: int = 0
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ from keeper.model.state import (
     Multiaddr,
     NodeDrain,
     NodeIdentity,
+    NodeWatch,
+    NodeWatchPhase,
     PipelineShardMetadata,
     RunnerReady,
     ServingRecord,
@@ -246,6 +248,58 @@ class ClusterBuilder:
                     **{f"run-{slug}-{rank}": st for rank, st in enumerate(statuses)},
                 },
             }
+        )
+        return self
+
+    def suspect(
+        self,
+        name: str,
+        heard_ago_s: float = 4.0,
+        *,
+        phase: NodeWatchPhase = "suspect",
+        since_ago_s: float | None = None,
+        why: str = "",
+    ) -> ClusterBuilder:
+        """A service's verdict on the node (``State.node_watch``): last heard ``heard_ago_s``
+        ago (its lastSeen too), in ``phase`` since ``since_ago_s`` ago (by default, since it
+        was suspected at the default threshold, 3 s after its last report)."""
+        node = node_id_for(name)
+        last = self.now - heard_ago_s
+        since = self.now - since_ago_s if since_ago_s is not None else last + 3.0
+        watch = NodeWatch(phase=phase, last_heard=last, since=since, why=why)
+        s = self.state
+        self.state = s.model_copy(
+            update={
+                "node_watch": {**s.node_watch, node: watch},
+                "last_seen": {**s.last_seen, node: iso(last)},
+            }
+        )
+        return self
+
+    def replacement(
+        self,
+        model_id: str,
+        *,
+        on: Sequence[str],
+        runners: Sequence[AnyRunnerStatus] | None = None,
+        placed_ago_s: float = 1.0,
+    ) -> ClusterBuilder:
+        """The failover's replacement for the deployment's instance (``inst-<model>-r``),
+        recorded on the deployment as the keeper records it (``Deployment.failover``)."""
+        self.instance(model_id, on=on, runners=runners, suffix="-r")
+        slug = _slug(model_id)
+        deployment_id = f"dep-{slug}"
+        move = InstanceMove(
+            deployment_id=deployment_id,
+            old_instance_id=f"inst-{slug}",
+            new_instance_id=f"inst-{slug}-r",
+        )
+        s = self.state
+        deployment = s.deployments[deployment_id].model_copy(
+            update={"failover": move, "failover_since": self.now - placed_ago_s}
+        )
+        self.state = s.model_copy(
+            update={"deployments": {**s.deployments, deployment_id: deployment}}
         )
         return self
 

@@ -23,6 +23,7 @@ from exo_deploy_tui.cells import (
     header_text,
     instance_columns,
     instance_table_rows,
+    next_text,
     node_columns,
     node_key,
     node_table_rows,
@@ -137,17 +138,25 @@ class DeploymentsTable(SizedTable):
         self._model_len = 26
         self._nodes_len = 14
         self._replicas = True
+        self._next_len = 0
         super().__init__(id=id)
 
     def columns_for(self, width: int) -> tuple[Column, ...]:
-        return deployment_columns(width, self._model_len, self._nodes_len, replicas=self._replicas)
+        return deployment_columns(
+            width,
+            self._model_len,
+            self._nodes_len,
+            replicas=self._replicas,
+            next_len=self._next_len,
+        )
 
     def show(self, rows: Sequence[DeploymentRow], *, has_deployments_api: bool = True) -> None:
         model_len = max((len(short_model(r.model_id)) for r in rows), default=20)
         nodes_len = max((len(nodes_text(r)) for r in rows), default=8)
-        layout = (model_len, nodes_len, has_deployments_api)
-        if layout != (self._model_len, self._nodes_len, self._replicas):
-            self._model_len, self._nodes_len, self._replicas = layout
+        next_len = max((len(next_text(r)) for r in rows), default=0)
+        layout = (model_len, nodes_len, has_deployments_api, next_len)
+        if layout != (self._model_len, self._nodes_len, self._replicas, self._next_len):
+            self._model_len, self._nodes_len, self._replicas, self._next_len = layout
             if self.size.width:
                 self.relayout()
         columns = self.columns_now

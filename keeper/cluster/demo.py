@@ -41,6 +41,7 @@ from keeper.cluster.in_process import InProcessCluster
 from keeper.master.server import serve
 from keeper.master.service import Master, MasterConfig
 from keeper.model.catalog import catalog_by_id
+from keeper.model.liveness import LivenessConfig
 from keeper.model.state import Backend
 from keeper.node.sim_node import NodeConfig
 
@@ -130,8 +131,12 @@ class EmbeddedCluster:
     ) -> None:
         self._node_configs = nodes
         self._models = models
+        # Fast failover on, at the services' defaults (docs/design.md §5.18): the demo shows a
+        # killed node suspect, then dead, then gone.
         self._config = MasterConfig(
-            node_timeout_s=DEMO_NODE_TIMEOUT_S, sweep_interval_s=DEMO_SWEEP_INTERVAL_S
+            node_timeout_s=DEMO_NODE_TIMEOUT_S,
+            sweep_interval_s=DEMO_SWEEP_INTERVAL_S,
+            liveness=LivenessConfig(),
         )
         self._data_dir: Path | None = None
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None

@@ -688,3 +688,21 @@ def test_drain_confirm_force_focused(snap_compare: Compare) -> None:
     """D on mini-a, then two moves right: Force drain focused, never by default."""
     run = pressing("2", "D", "right", "right")
     assert snap_compare(scenario(serving_on_mini_a()), terminal_size=(80, 24), run_before=run)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_node_suspect_and_its_deployment_at_risk(
+    snap_compare: Compare, size: tuple[int, int]
+) -> None:
+    """Fast failover (docs/design.md §5.18): studio is suspect (4 s silent), Llama on it reads
+    ``⚠ at risk`` with its replacement loading on mini-a, and the header counts the suspect."""
+    builder = (
+        nodes(ClusterBuilder())
+        .deployment(QWEN, on=["mini-a"])
+        .deployment(LLAMA, on=["studio"], by_keeper=True)
+        .suspect("studio", heard_ago_s=4.0, since_ago_s=1.0)
+        .replacement(LLAMA, on=["mini-a"], runners=[RunnerLoading(layers_loaded=6)])
+    )
+    # The deployments tab, Llama first (sorted by status, at risk before serving) and selected:
+    # its failover in words in the detail strip; from 120 columns the nodes panel shows studio.
+    assert snap_compare(scenario(builder), terminal_size=size, run_before=settled)
