@@ -84,7 +84,10 @@ async def test_a_node_suspected_then_confirmed_dead_is_at_risk_then_down_from_it
         )
         await applied(master, dead)
         down = await view(client, deployment_id)
-        assert (down.status, down.ready_replicas, down.at_risk) == ("starting", 0, False)
+        # Not serving from the verdict on: the keeper is placing its replacement (or the dead
+        # node's instance is still listed, starting), either way nothing is ready.
+        assert down.status in ("placing", "starting")
+        assert (down.ready_replicas, down.at_risk) == (0, False)
         # A body is kept up to a second (keeper.runtime.metrics): wait for one built since.
         with anyio.fail_after(5):
             while value(samples := await scrape(client), "exo_deploy_deployment_at_risk", **labels):
