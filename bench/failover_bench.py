@@ -8,6 +8,12 @@ membership timings (30 s of silence, a sweep every 10 s): three 64 GB Macs, Qwen
 until the standby copy is complete, crashes the serving node (its connection drops, as on a
 kill -9) and times from the crash until the model serves again on another node, with when the
 replacement was created and when the lost instance was deleted. Printed, never asserted.
+
+The same kill through the bridge: the master is then the stand-in for a stock exo (``master
+--exo-compat``: no keeper, exo's rules only) and a bridge follows its API (in process, over
+ASGI), deploying and failing over through exo's HTTP calls. It has no node's own URL to probe,
+so it confirms the dead node by ``--dead-after-s`` of silence; "serving" counts only once the
+lost instance is gone, as a stock exo still sends chats to it until then (§5.18).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import anyio
+import httpx
 
 from bench.staging_bench import (
     DEADLINE_S,
@@ -26,12 +33,15 @@ from bench.staging_bench import (
     _serving_nodes,  # pyright: ignore[reportPrivateUsage]
     _until,  # pyright: ignore[reportPrivateUsage]
 )
+from keeper.bridge.exo_client import ExoClient
+from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.cluster.in_process import InProcessCluster
+from keeper.exo_standin.app import create_exo_compat_app
 from keeper.master.service import Master, MasterConfig
 from keeper.model.catalog import catalog_by_id
 from keeper.model.events import InstanceCreated, InstanceDeleted
 from keeper.model.liveness import OFF, LivenessConfig
-from keeper.model.state import DownloadCompleted, download_model_id
+from keeper.model.state import DownloadCompleted, State, download_model_id
 from keeper.node.sim_node import NodeConfig
 
 
@@ -44,7 +54,7 @@ class Case:
     most: int = 0
 
 
-async def _case(name: str, liveness: LivenessConfig) -> Case:
+async def _case(name: str, liveness: LivenessConfig, through_bridge: bool = False) -> Case:
     case = Case(name)
     card = catalog_by_id()[MODEL]
     nodes = [
@@ -59,7 +69,10 @@ async def _case(name: str, liveness: LivenessConfig) -> Case:
         for node in ("studio", "mini-a", "mini-b")
     ]
     config = MasterConfig(
-        node_timeout_s=NODE_TIMEOUT_S, sweep_interval_s=SWEEP_S, liveness=liveness
+        node_timeout_s=NODE_TIMEOUT_S,
+        sweep_interval_s=SWEEP_S,
+        liveness=OFF if through_bridge else liveness,  # the stand-in keeps exo's rules only
+        keeper_enabled=not through_bridge,
     )
     master = Master(None, config=config)
     marks: dict[str, float] = {}
@@ -86,12 +99,26 @@ async def _case(name: str, liveness: LivenessConfig) -> Case:
                     case.most = max(case.most, count)
 
         group.start_soon(follow)
-        await master.create_deployment(MODEL, standby=1)
+        if through_bridge:
+            transport = httpx.ASGITransport(app=create_exo_compat_app(master))
+            exo = ExoClient("http://exo.bench", transport=transport)
+            bridge = Bridge(exo, None, config=BridgeConfig(liveness=liveness))
+            await group.start(bridge.run)
+            await bridge.create_deployment(MODEL, standby=1)
+
+            def deployments() -> State:
+                return bridge.state
+        else:
+            await master.create_deployment(MODEL, standby=1)
+
+            def deployments() -> State:
+                return master.state
+
         await _until(lambda: _serving_nodes(master.state) is not None)
-        deployment_id = next(iter(master.state.deployments))
+        deployment_id = next(iter(deployments().deployments))
 
         def staged() -> bool:
-            d = master.state.deployments[deployment_id]
+            d = deployments().deployments[deployment_id]
             return len(d.staged_on) == 1 and all(
                 any(
                     isinstance(e, DownloadCompleted) and download_model_id(e) == MODEL
@@ -129,20 +156,30 @@ def run() -> None:
         "nodes, exo's 30 s timeout and 10 s sweep (virtual time)"
     )
     header = f"{'kill->serving s':>15} {'created s':>9} {'deleted s':>9} {'most':>4}"
-    print(f"{'fast failover':>22} | {header}")
-    for name, liveness in (("off", OFF), ("on (3 s / 8 s)", LivenessConfig())):
+    print(f"{'where, fast failover':>24} | {header}")
+    cases = (
+        ("master, off", OFF, False),
+        ("master, on (3 s / 8 s)", LivenessConfig(), False),
+        ("bridge, off", OFF, True),
+        ("bridge, on (3 s / 8 s)", LivenessConfig(), True),
+    )
+    for name, liveness, through_bridge in cases:
         case = anyio.run(
             _case,
             name,
             liveness,
+            through_bridge,
             backend="trio",
             backend_options={"clock": MockClock(autojump_threshold=0)},
         )
         print(
-            f"{case.name:>22} | {case.total_s:>15.1f} {case.created_s:>9.1f} "
+            f"{case.name:>24} | {case.total_s:>15.1f} {case.created_s:>9.1f} "
             f"{case.deleted_s:>9.1f} {case.most:>4}"
         )
-    print("target on our master: kill -> serving <= suspect + load + 1 s; most <= replicas + 1")
+    print(
+        "targets: kill -> serving <= suspect + load + 1 s on our master, <= dead + 1 s through "
+        "the bridge; most <= replicas + 1"
+    )
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ refuse instances with exo's 400, accept an instance and apply it only later (exo
 command before it applies it), hold commands through an election (answering and applying them
 only when it ends, even if the caller gave up waiting), or answer ``GET /state`` with a State
 changed on the way, or with any response the test makes (one streaming its body, say). Routes
-can be scripted with exo's recorded answers (``ExoLink.answers``). Everything runs under trio's
-MockClock.
+can be scripted with exo's recorded answers (``ExoLink.answers``). Every exo node serves exo's
+API, so the link can also stand for a node's own URL (``ExoLink.node_hosts``): ``GET /node_id``
+there answers that node's id, as exo does, until the host is down (``down_hosts``); the rest of
+that API is the stand-in's. Everything runs under trio's MockClock.
 """
 
 from __future__ import annotations
@@ -65,11 +67,20 @@ class ExoLink(httpx.AsyncBaseTransport):
         # giving (status, JSON body). The stand-in has no GET /instance/placement or /previews.
         self.answers: dict[tuple[str, str], Callable[[dict[str, str]], tuple[int, Any]]] = {}
         self.queries: list[tuple[str, dict[str, str]]] = []  # (path, query) of every scripted GET
+        # A node's own API: host -> the node id its GET /node_id answers; and the hosts down.
+        self.node_hosts: dict[str, str] = {}
+        self.down_hosts: set[str] = set()
+        self.node_id_asked: list[str] = []  # the host of every GET /node_id
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self.down:
+        if self.down or request.url.host in self.down_hosts:
             raise httpx.ConnectError("connection refused", request=request)
         method, path = request.method, request.url.path
+        if (method, path) == ("GET", "/node_id"):
+            self.node_id_asked.append(request.url.host)
+            node_id = self.node_hosts.get(request.url.host)
+            if node_id is not None:
+                return httpx.Response(200, json=node_id)
         if (method, path) == ("GET", "/state") and self.state_response is not None:
             return self.state_response()
         if (method, path) == ("GET", "/state") and self.state_answer is not None:
@@ -153,6 +164,7 @@ class ExoWithBridge:
     bridge: Bridge
     group: TaskGroup
     bridge_scope: anyio.CancelScope
+    node_urls: tuple[str, ...] = ()  # the nodes' own URLs the bridge was given after EXO_URL
 
     def exo_instances(self, model_id: str = QWEN) -> list[str]:
         return sorted(
@@ -186,7 +198,7 @@ class ExoWithBridge:
         """Stop this bridge and start a new one on the same data dir and link."""
         self.bridge_scope.cancel()
         await anyio.sleep(0)
-        self.bridge = new_bridge(self.link, data_dir)
+        self.bridge = new_bridge(self.link, data_dir, node_urls=self.node_urls)
         self.bridge_scope = await self.group.start(_run_cancellable, self.bridge)
         return self.bridge
 
@@ -199,8 +211,20 @@ async def bridge_api(bridge: Bridge) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def new_bridge(link: ExoLink, data_dir: Path | None, config: BridgeConfig | None = None) -> Bridge:
-    return Bridge(ExoClient(EXO_URL, transport=link), data_dir, config=config or BridgeConfig())
+def new_bridge(
+    link: ExoLink,
+    data_dir: Path | None,
+    config: BridgeConfig | None = None,
+    node_urls: tuple[str, ...] = (),
+) -> Bridge:
+    """A bridge following EXO_URL (then ``node_urls``, each a node's own API) over ``link``."""
+    apis = [ExoClient(url, transport=link) for url in (EXO_URL, *node_urls)]
+    return Bridge(apis, data_dir, config=config or BridgeConfig())
+
+
+def node_url(name: str) -> str:
+    """The URL of node ``name``'s own exo API through the link (``ExoLink.node_hosts``)."""
+    return f"http://{name}.node.test"
 
 
 async def where_exo_places(
@@ -230,7 +254,10 @@ async def exo_with_bridge(
     data_dir: Path | None = None,
     nodes: tuple[tuple[str, float], ...] = (("a", 32.0), ("b", 32.0)),
     bridge_config: BridgeConfig | None = None,
+    node_apis: bool = False,
 ) -> AsyncIterator[ExoWithBridge]:
+    """The stand-in, its nodes and a bridge; ``node_apis``: the bridge is also given each node's
+    own URL (``node_url``), whose GET /node_id answers that node's id."""
     config = MasterConfig(keeper_enabled=False)
     master = Master(None, config=config)
     cluster = InProcessCluster(master, [NodeConfig(name, memory_gb) for name, memory_gb in nodes])
@@ -242,9 +269,17 @@ async def exo_with_bridge(
         await wait_until(
             lambda: len(master.state.node_memory) == len(nodes), 10, "the nodes joined exo"
         )
-        bridge = new_bridge(link, data_dir, bridge_config)
+        node_urls: tuple[str, ...] = ()
+        if node_apis:
+            await wait_until(
+                lambda: len(master.state.node_identities) == len(nodes), 10, "the nodes named"
+            )
+            ids = {i.friendly_name: n for n, i in master.state.node_identities.items()}
+            link.node_hosts = {httpx.URL(node_url(name)).host: ids[name] for name, _ in nodes}
+            node_urls = tuple(node_url(name) for name, _ in nodes)
+        bridge = new_bridge(link, data_dir, bridge_config, node_urls)
         scope = await group.start(_run_cancellable, bridge)
-        yield ExoWithBridge(master, cluster, link, bridge, group, scope)
+        yield ExoWithBridge(master, cluster, link, bridge, group, scope, node_urls)
         group.cancel_scope.cancel()
 
 

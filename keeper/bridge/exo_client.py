@@ -1,4 +1,4 @@
-"""The bridge's only way to reach exo: six calls of exo's public HTTP API.
+"""The bridge's only way to reach exo: seven calls of exo's public HTTP API.
 
 - ``GET /state``: exo's State, read strictly where the keeper decides (``keeper.model.exo_state``)
 and   kept as raw JSON too, for the model cards exo wrote and for serving exo's State on with the
@@ -10,7 +10,10 @@ and   kept as raw JSON too, for the model cards exo wrote and for serving exo's 
 - ``GET /instance/placement`` and ``GET /instance/previews``: where exo itself would place a
   model (``keeper.bridge.placement_choice`` reads the answers). exo's refusal is a 4xx like any
   other (its reason becomes the placement error); an exo without these endpoints answers 404 or
-  405, and the bridge then places by itself (docs/bridge.md, "Placement").
+  405, and the bridge then places by itself (docs/bridge.md, "Placement");
+- ``GET /node_id``: the id of the node whose API this is (a JSON string), with a deadline of
+  the caller's: which ``--exo`` URL is which node, and whether a suspect node's own API still
+  answers (``keeper.bridge.node_probes``, docs/design.md §5.18).
 
 Every call has a deadline on anyio's clock (so tests run it in virtual time) and ends in one of
 three ways the service can act on: an answer; ``ExoRefusedError`` (exo said no, with its message:
@@ -133,6 +136,7 @@ class ExoApi(Protocol):
     async def previews(self, model_id: str) -> Any: ...
     async def start_download(self, node_id: str, shard: JsonObject) -> None: ...
     async def delete_download(self, node_id: str, model_id: str) -> None: ...
+    async def node_id(self, timeout_s: float) -> str: ...
 
 
 class ExoClient:
@@ -214,11 +218,23 @@ class ExoClient:
         the model id goes in the path as is, slashes and all, as exo's route reads it)."""
         await self._call("DELETE", f"/download/{node_id}/{model_id}")
 
-    async def _get(self, path: str, max_bytes: int) -> ExoAnswer:
+    async def node_id(self, timeout_s: float) -> str:
+        """exo's ``GET /node_id``: the id of the node serving this API, within ``timeout_s``;
+        ExoUnavailableError if it does not answer in time, or not with a JSON string."""
+        answer = await self._get("/node_id", COMMAND_MAX_BYTES, timeout_s=timeout_s)
+        try:
+            node_id: Any = answer.json()
+        except ValueError:  # not JSON, too large or too deep
+            raise ExoUnavailableError(f"GET /node_id: exo at {self.url} answered no JSON") from None
+        if not isinstance(node_id, str) or not node_id:
+            raise ExoUnavailableError(f"GET /node_id: exo at {self.url} answered no node id")
+        return node_id
+
+    async def _get(self, path: str, max_bytes: int, *, timeout_s: float | None = None) -> ExoAnswer:
         # A read exo refuses (a 4xx to a plain GET) means this is not an exo the bridge can
         # follow (a wrong URL, a proxy in the way): unavailable, not a refusal of a request.
         try:
-            return await self._call("GET", path, max_bytes=max_bytes)
+            return await self._call("GET", path, max_bytes=max_bytes, timeout_s=timeout_s)
         except ExoRefusedError as exc:
             raise ExoUnavailableError(
                 f"GET {path}: exo at {self.url} answered HTTP {exc.status}: {exc.message}"
@@ -231,9 +247,11 @@ class ExoClient:
         body: JsonObject | None = None,
         *,
         max_bytes: int = COMMAND_MAX_BYTES,
+        timeout_s: float | None = None,
     ) -> ExoAnswer:
         what = f"{method} {path}"
-        timeout_s = self._timeout_s if method == "GET" else self._command_timeout_s
+        if timeout_s is None:
+            timeout_s = self._timeout_s if method == "GET" else self._command_timeout_s
         try:
             with anyio.fail_after(timeout_s):
                 async with self._http.stream(method, path, json=body) as streamed:

@@ -5,7 +5,8 @@ exo's nodes report about once a second and each report moves the node's ``lastSe
 bridge polls exo's State once a second. A node whose ``lastSeen`` has not moved is silent, on
 the bridge's own running clock (``keeper.runtime.node_watch``: a bridge that was paused blames
 itself). The bridge has no session to a node, so its second sign is the node's own API not
-answering (a probe, when a ``--exo`` URL is that node's) or, otherwise, ``--dead-after-s`` of
+answering (a probe, when a ``--exo`` URL is that node's: ``keeper.bridge.node_probes``) or,
+otherwise, ``--dead-after-s`` of
 silence while the others are heard. The verdicts are kept here, not in the bridge's log: they
 are judged again from exo's State within seconds of a restart, and the bridge's own State has no
 topology to hold them against. A State without ``lastSeen`` (an older exo) or with one that
@@ -75,6 +76,12 @@ class BridgeLiveness:
 
     def silent_s(self, node_id: NodeId, now: float) -> float | None:
         return self._watcher.silent_s(node_id, now) if self._watcher is not None else None
+
+    def probed(self, node_id: NodeId, answered: bool) -> None:
+        """What a probe of the node's own API answered (``keeper.bridge.node_probes``): no answer
+        is the second sign the next poll's check confirms it dead on."""
+        if self._watcher is not None:
+            self._watcher.probed(node_id, answered)
 
     def observe(self, state: State, raw: JsonObject, now: float, wall: float) -> None:
         """One poll's State (readable), at monotonic ``now`` and Unix ``wall``."""

@@ -80,6 +80,7 @@ from keeper.bridge.health import BridgeHealth, StepFailures
 from keeper.bridge.in_flight import Creation
 from keeper.bridge.metrics import ExoCollector
 from keeper.bridge.node_liveness import BridgeLiveness
+from keeper.bridge.node_probes import NodeProbes
 from keeper.bridge.own_log import OwnLog
 from keeper.bridge.placing import StepPlacement
 from keeper.bridge.staging_calls import StagingCalls
@@ -237,6 +238,8 @@ class Bridge:
             else None
         )
         self._liveness = BridgeLiveness(self.config.liveness)
+        # A suspect node's own API, when a --exo URL is that node's: the second sign (§5.18).
+        self._probes = NodeProbes(self._follow.apis)
         self._view = BridgeView(
             name=name,
             log=self._log,
@@ -444,6 +447,13 @@ class Bridge:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self.webhooks.run)  # deliveries: never in the tick's way
+                if self.config.liveness.enabled:  # probes: never in the tick's way either
+                    group.start_soon(
+                        self._probes.run,
+                        clock,
+                        lambda: self._liveness.verdicts,
+                        self._liveness.probed,
+                    )
                 if self._shared is not None:
                     # The live view and the leadership run beside the ticks.
                     group.start_soon(self._shared.watch)

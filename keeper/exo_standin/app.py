@@ -25,6 +25,10 @@ every answer below against those recordings):
   publishes the command for whichever node it names and answers 200 even when none does, so a
   command for a node not connected is dropped (logged), not refused;
 - ``GET /models``: exo's own list (``keeper.exo_standin.model_list``);
+- ``GET /node_id``: as exo, the id of the node serving the API, a JSON string. The stand-in's
+  master runs no worker, so it is no node of the topology: it answers an id of its own, made
+  when its API is, and a bridge that asks finds no node behind this URL to probe (it confirms a
+  silent node by ``--dead-after-s`` instead, docs/design.md §5.18);
 - ``GET /events`` as exo answers it: not a stream but one ``application/json`` array of the
   whole event log from the beginning, each event ``{"EventTag": {snake_case fields}}``
   (``exo_event_log``), so a client that mistakes it for a stream is caught by our tests;
@@ -272,6 +276,13 @@ def create_exo_compat_app(
         return await to_node(
             "CancelDownload", node_id, master.cancel_download(node_id, body.model_id)
         )
+
+    # exo's node ids are uuid4s; this one names the stand-in's API and no node (module doc).
+    own_id = new_id()
+
+    @app.get("/node_id")
+    async def node_id() -> JSONResponse:
+        return JSONResponse(own_id)
 
     @app.get("/healthz", responses=refusals(503))
     async def healthz() -> JSONResponse:

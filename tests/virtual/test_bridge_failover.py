@@ -2,21 +2,26 @@
 in-process nodes (docs/design.md §5.18): liveness from exo's ``lastSeen`` moving between the
 bridge's polls; a frozen node is suspected, a replacement placed on another through exo's API,
 and once it is confirmed dead (silent ``--dead-after-s`` while the others are heard) its
-instance deleted with exo's ``DELETE /instance/{id}`` — long before exo's own 30 s timeout. A
+instance deleted with exo's ``DELETE /instance/{id}`` — long before exo's own 30 s timeout. Given
+a node's own URL, the bridge probes it (``GET /node_id``): no answer confirms it at once. A
 State without ``lastSeen`` turns fast failover off and ``/healthz`` says why."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import anyio
+import httpx
 import pytest
-from bridge_harness import exo_with_bridge, wait_until
+from bridge_harness import EXO_URL, ExoWithBridge, exo_with_bridge, node_url, wait_until
 
+from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.node_liveness import NO_LAST_SEEN, BridgeLiveness, last_seen_refusal, parsed
+from keeper.bridge.node_probes import LOOKUP_EVERY_S, due_lookups, due_probes
 from keeper.bridge.service import BridgeConfig
 from keeper.model.liveness import LivenessConfig
-from keeper.model.state import State, Topology
+from keeper.model.state import NodeWatch, State, Topology
 
 FAST = BridgeConfig(liveness=LivenessConfig(3.0, 8.0))
 NODES = (("a", 32.0), ("b", 32.0), ("c", 32.0))
@@ -75,3 +80,79 @@ def test_a_state_without_last_seen_or_with_bad_dates_turns_it_off() -> None:
     assert liveness.off_why == NO_LAST_SEEN and liveness.verdicts == {}
     liveness.observe(state, raw, 1.0, 1.0)
     assert liveness.off_why is None
+
+
+def holder_of(h: ExoWithBridge, instance_id: str) -> tuple[str, str]:
+    """(node id, name) of the node holding ``instance_id`` in exo."""
+    node_id = next(iter(h.master.state.instances[instance_id].shard_assignments.node_to_runner))
+    return node_id, h.master.state.node_identities[node_id].friendly_name
+
+
+@pytest.mark.anyio
+async def test_a_dead_node_s_own_api_not_answering_confirms_it_in_seconds() -> None:
+    # The bridge has each node's own URL: it learns which is which by GET /node_id; the node
+    # dies with its API (connection refused), so the probe confirms it, not 8 s of silence.
+    async with exo_with_bridge(nodes=NODES, bridge_config=FAST, node_apis=True) as h:
+        _, first = await h.serve_qwen()
+        holder, name = holder_of(h, first)
+        assert h.bridge.exo.url == EXO_URL  # the nodes' URLs are only asked GET /node_id
+        assert set(h.link.node_id_asked) == {*h.link.node_hosts, httpx.URL(EXO_URL).host}
+        h.nodes.crash(name, 60.0)
+        h.link.down_hosts.add(httpx.URL(node_url(name)).host)
+        crashed_at = anyio.current_time()
+        await wait_until(lambda: first not in h.exo_instances(), 12, "the old one deleted")
+        deleted_s = anyio.current_time() - crashed_at
+        assert first in h.link.deleted_instances()
+        watch = h.bridge.state.node_watch[holder]
+        assert watch.phase == "dead" and "GET /node_id" in watch.why
+        # Suspected after 3 s, probed within half a second, confirmed on the next poll; by
+        # silence it would take the 8 s of --dead-after-s.
+        assert deleted_s < FAST.liveness.dead_after_s
+        await wait_until(h.serving, 10, "serving again")
+        print(f"\nprobe: the dead node's instance deleted {deleted_s:.1f} s after the crash")
+
+
+@pytest.mark.anyio
+async def test_a_node_whose_own_api_answers_is_confirmed_by_silence_only() -> None:
+    # Cut off from exo's master but its API still answers the bridge: the probe is no second
+    # sign, so it is confirmed by --dead-after-s of silence, as without a URL.
+    async with exo_with_bridge(nodes=NODES, bridge_config=FAST, node_apis=True) as h:
+        _, first = await h.serve_qwen()
+        holder, name = holder_of(h, first)
+        h.nodes.partition(name, 30.0)
+        cut_at = anyio.current_time()
+        asked = len(h.link.node_id_asked)
+        await wait_until(lambda: first not in h.exo_instances(), 14, "the old one deleted")
+        deleted_s = anyio.current_time() - cut_at
+        watch = h.bridge.state.node_watch[holder]
+        assert watch.phase == "dead" and "while the other nodes were heard" in watch.why
+        assert deleted_s >= FAST.liveness.dead_after_s
+        probed = h.link.node_id_asked[asked:]
+        assert probed and set(probed) == {httpx.URL(node_url(name)).host}  # only the suspect
+
+
+@pytest.mark.anyio
+async def test_the_stand_in_answers_get_node_id_with_an_id_of_no_node() -> None:
+    async with exo_with_bridge(nodes=NODES) as h:
+        answer = await h.exo_api("GET", "/node_id")
+        assert answer.status_code == 200
+        own = answer.json()
+        assert isinstance(own, str) and str(uuid.UUID(own)) == own  # exo's ids are uuid4s
+        assert own not in h.master.state.topology.nodes
+        assert await ExoClient(EXO_URL, transport=h.link).node_id(2.0) != ""
+
+
+def test_which_urls_are_probed_and_looked_up() -> None:
+    suspect = NodeWatch(phase="suspect", last_heard=0.0, since=3.0)
+    dead = NodeWatch(phase="dead", last_heard=0.0, since=8.0)
+    node_of = {"http://b": "nb", "http://a": "na", "http://c": "nc"}
+    assert due_probes({"na": suspect, "nb": suspect, "nc": dead}, node_of) == [
+        "http://a",
+        "http://b",
+    ]
+    assert due_probes({}, node_of) == []
+    asked = {"http://a": 100.0, "http://b": 100.0 - LOOKUP_EVERY_S}
+    urls = ["http://c", "http://b", "http://a"]
+    assert due_lookups(urls, asked, 100.0) == ["http://c", "http://b"]
+    assert due_lookups(urls, asked, 100.0 + LOOKUP_EVERY_S) == urls
+    assert due_lookups(urls, asked, 100.0 + LOOKUP_EVERY_S - 0.01) == ["http://c", "http://b"]
