@@ -11,10 +11,17 @@ fixtures more than one folder uses.
 So ``pytest tests/pure`` or ``pytest -m "not processes"`` runs a part alone. The helper modules
 beside this file (``keeper_harness``, ``bridge_harness``, ...) import by plain name
 (``pythonpath`` in pyproject.toml).
+
+``make pytest`` runs the tests in parallel (pytest-xdist), so nothing a test writes may be shared
+with another (docs/design.md §10, "Ports and data dirs"): data dirs are the test's ``tmp_path``,
+ports come from ``process_helpers.free_port``, and ``$XDG_STATE_HOME`` (where a node keeps its
+key by default and the TUI its failure log) is a folder of this test process's own, inherited by
+every process a test starts, so no test writes under the user's home either.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +42,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.path}: a test module lives in one of tests/{{{','.join(KINDS)}}}/"
             )
         item.add_marker(kind)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_state_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``$XDG_STATE_HOME`` of this test process (each xdist worker has its own basetemp)."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
 
 
 @pytest.fixture

@@ -160,7 +160,7 @@ class Stack:
 def stack(root: Path, etcd_members: int = 1) -> Iterator[Stack]:
     """etcd, the stand-in exo cluster with three nodes, no bridge yet; all stopped at the end."""
     etcd_out = (root / "etcd.out").open("wb")
-    etcd = EtcdCluster(root / "etcd", etcd_members, etcd_out).start()
+    etcd = EtcdCluster(root / "etcd", etcd_members, etcd_out, ports=free_port).start()
     exo_port = free_port()
     cluster_out = (root / "cluster.out").open("wb")
     cluster = start_cli(cluster_argv(exo_port, root / "cluster", "--exo-compat"), cluster_out)

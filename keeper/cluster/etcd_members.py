@@ -6,6 +6,10 @@ need real etcd processes, one or three, on loopback: this module starts them fro
 with election timings shortened so a lease of a second or two is allowed (etcd refuses a TTL
 below its election timeout) and a member's loss is noticed in well under a second, and waits for
 each to answer ``GET /health`` with a deadline, never a fixed sleep.
+
+Its ports come from ``ports``, a function the caller may give: alone on a machine (a benchmark,
+a demo) any free port will do, but tests run in parallel pass one that hands each test ports of
+its own, since a port probed free can be taken before etcd binds it (docs/design.md §10).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -50,6 +55,7 @@ def etcd_binary() -> str:
 
 
 def free_port() -> int:
+    """A port the kernel says is free now (bind 0); enough when nothing else starts servers."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -85,12 +91,17 @@ class EtcdMember:
 class EtcdCluster:
     """One or more etcd members on loopback; ``start`` them, ``stop`` them (or one of them)."""
 
-    def __init__(self, root: Path, size: int = 1, output: IO[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        size: int = 1,
+        output: IO[bytes] | None = None,
+        ports: Callable[[], int] = free_port,
+    ) -> None:
         self.root = root
         self.output = output
         self.members = [
-            EtcdMember(f"m{index}", free_port(), free_port(), root / f"m{index}")
-            for index in range(size)
+            EtcdMember(f"m{index}", ports(), ports(), root / f"m{index}") for index in range(size)
         ]
 
     @property
