@@ -48,7 +48,7 @@ $(PROMTOOL_STAMP): $(STAMP)
 
 # Parallel: the process tests mostly wait on real time, so more workers than cores pay
 # (measured on 2 cores: docs/design.md §10). loadgroup keeps each xdist_group on one worker.
-PYTEST_WORKERS ?= 6
+PYTEST_WORKERS ?= 5
 # The layering check lives in tests/pure/test_layering.py and runs with the rest of pytest.
 pytest: $(STAMP) $(PROMTOOL_STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup

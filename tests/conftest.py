@@ -32,7 +32,17 @@ TESTS = Path(__file__).parent
 KINDS = ("pure", "virtual", "tui", "processes")
 
 
+# The e2e tests (real clusters: a master, three nodes, often etcd and bridges, chats without
+# pause) run in this many lanes, one after another within a lane, so at most this many clusters
+# share the two cores. Measured on 2 cores: six at once starved them (a CLI command waiting 60 s
+# for its process to start); the other workers run everything else meanwhile (docs/design.md §10).
+E2E_LANES = 2
+
+
+# First: xdist's own hook reads the xdist_group markers into the test ids.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    lane = 0
     for item in items:
         if not item.path.is_relative_to(TESTS):
             continue
@@ -42,6 +52,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.path}: a test module lives in one of tests/{{{','.join(KINDS)}}}/"
             )
         item.add_marker(kind)
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(f"e2e-lane-{lane % E2E_LANES}"))
+            lane += 1
 
 
 @pytest.fixture(scope="session", autouse=True)
