@@ -32,8 +32,8 @@ from typing import IO
 # below every common ephemeral range (see the docstring).
 FIRST_PORT = 20000
 END_PORT = 32768
-# Each worker's own block: far more ports than one worker's share of the suite uses (about 300
-# for the whole suite), and 12 blocks fit the range, more workers than `make pytest` starts.
+# Each worker's own block: far more ports than one worker uses (the busiest took 40 in a whole
+# `make test`), and 12 blocks fit the range, more workers than `make pytest` starts.
 BLOCK = 1000
 # Where the per-port lock files live: one folder every test run on this machine shares.
 LOCK_DIR = Path(tempfile.gettempdir()) / "exo-deploy-test-ports"
