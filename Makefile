@@ -28,9 +28,30 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/pyright
 
+# promtool, for tests/pure/test_metrics_rules.py's check of deploy/prometheus/alerts.yml: no PyPI
+# package ships it, Debian's `prometheus` does. Where apt is, its .deb is downloaded (not
+# installed: no service, no system change) and promtool alone unpacked into the venv; elsewhere
+# the tests check the rules in Python only. The stamp records that it was tried, either way.
+PROMTOOL_STAMP := $(VENV)/.promtool
+$(PROMTOOL_STAMP): $(STAMP)
+	@if [ ! -x $(BIN)/promtool ] && command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then \
+	  dir=$$(mktemp -d) && chmod 755 $$dir && \
+	  { (cd $$dir && apt-get download -qq prometheus 2>/dev/null) || \
+	    { [ "$$(id -u)" = 0 ] && apt-get update -qq && (cd $$dir && apt-get download -qq prometheus); }; } && \
+	  dpkg-deb --fsys-tarfile $$dir/prometheus_*.deb | tar -x -C $$dir ./usr/bin/promtool && \
+	  mv $$dir/usr/bin/promtool $(BIN)/promtool; \
+	  rm -rf $$dir; \
+	fi; \
+	if [ -x $(BIN)/promtool ]; then echo "promtool: $(BIN)/promtool"; \
+	else echo "promtool: not available here (no apt); the alert rules are checked in Python only"; fi
+	@touch $(PROMTOOL_STAMP)
+
+# Parallel: the process tests mostly wait on real time, so more workers than cores pay
+# (measured on 2 cores: docs/design.md §10). loadgroup keeps each xdist_group on one worker.
+PYTEST_WORKERS ?= 5
 # The layering check lives in tests/pure/test_layering.py and runs with the rest of pytest.
-pytest: $(STAMP)
-	$(BIN)/python -m pytest
+pytest: $(STAMP) $(PROMTOOL_STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The pure tests alone (plain functions: no event loop, sockets or processes). The suite's other
 # folders, tests/virtual, tests/tui and tests/processes, run with make test; each folder is also a

@@ -11,10 +11,17 @@ fixtures more than one folder uses.
 So ``pytest tests/pure`` or ``pytest -m "not processes"`` runs a part alone. The helper modules
 beside this file (``keeper_harness``, ``bridge_harness``, ...) import by plain name
 (``pythonpath`` in pyproject.toml).
+
+``make pytest`` runs the tests in parallel (pytest-xdist), so nothing a test writes may be shared
+with another (docs/design.md §10, "Ports and data dirs"): data dirs are the test's ``tmp_path``,
+ports come from ``process_helpers.free_port``, and ``$XDG_STATE_HOME`` (where a node keeps its
+key by default and the TUI its failure log) is a folder of this test process's own, inherited by
+every process a test starts, so no test writes under the user's home either.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +32,17 @@ TESTS = Path(__file__).parent
 KINDS = ("pure", "virtual", "tui", "processes")
 
 
+# The e2e tests (real clusters: a master, three nodes, often etcd and bridges, chats without
+# pause) run in this many lanes, one after another within a lane, so at most this many clusters
+# share the two cores. Measured on 2 cores: six at once starved them (a CLI command waiting 60 s
+# for its process to start); the other workers run everything else meanwhile (docs/design.md §10).
+E2E_LANES = 2
+
+
+# First: xdist's own hook reads the xdist_group markers into the test ids.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    lane = 0
     for item in items:
         if not item.path.is_relative_to(TESTS):
             continue
@@ -35,6 +52,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.path}: a test module lives in one of tests/{{{','.join(KINDS)}}}/"
             )
         item.add_marker(kind)
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(f"e2e-lane-{lane % E2E_LANES}"))
+            lane += 1
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_state_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``$XDG_STATE_HOME`` of this test process (each xdist worker has its own basetemp)."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
 
 
 @pytest.fixture

@@ -165,7 +165,7 @@ def stack(root: Path, etcd_members: int = 1, *, tls: EtcdTls | None = None) -> I
     """etcd (TLS with ``tls``), the stand-in exo cluster with three nodes, no bridge yet; all
     stopped at the end."""
     etcd_out = (root / "etcd.out").open("wb")
-    etcd = EtcdCluster(root / "etcd", etcd_members, etcd_out, tls=tls).start()
+    etcd = EtcdCluster(root / "etcd", etcd_members, etcd_out, ports=free_port, tls=tls).start()
     exo_port = free_port()
     cluster_out = (root / "cluster.out").open("wb")
     cluster = start_cli(cluster_argv(exo_port, root / "cluster", "--exo-compat"), cluster_out)

@@ -1,10 +1,10 @@
 """Starting, polling and stopping ``exo-deploy`` processes for the end-to-end tests.
 
 The end-to-end tests run the real command as processes on sockets, so they share the same
-chores: a free port, waiting on a condition with a deadline (never sleep-and-hope), a JSON GET
-and a chat that read "not yet" as None, running the shell client, and stopping a process group
-for sure even when the test failed. They live here once so every end-to-end test waits and
-cleans up the same way.
+chores: a port of its own (``ports``: safe with tests in parallel), waiting on a condition with a
+deadline (never sleep-and-hope), a JSON GET and a chat that read "not yet" as None, running the
+shell client, and stopping a process group for sure even when the test failed. They live here
+once so every end-to-end test waits and cleans up the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import httpx
+import ports
 import pytest
 
 T = TypeVar("T")
@@ -45,9 +45,9 @@ SWEEP_INTERVAL_S = 1
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port for a server a test starts: its own, even with tests in parallel
+    (``ports``; docs/design.md §10, "Ports and data dirs")."""
+    return ports.free_port()
 
 
 def wait_for(what: str, deadline_s: float, probe: Callable[[], T | None]) -> T:

@@ -12,6 +12,10 @@ clients with ``--client-cert-auth`` (every client shows a certificate the CA sig
 ``enable_auth`` adds a user whose role reads and writes one prefix only, then turns etcd's auth
 on, with the ``etcdctl`` beside the binary (the same commands deploy/README.md gives). Peers
 stay plaintext on loopback: the tests are about the clients' side.
+
+Its ports come from ``ports``, a function the caller may give: alone on a machine (a benchmark,
+a demo) any free port will do, but tests run in parallel pass one that hands each test ports of
+its own, since a port probed free can be taken before etcd binds it (docs/design.md §10).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import socket
 import ssl
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -85,6 +90,7 @@ class EtcdTls:
 
 
 def free_port() -> int:
+    """A port the kernel says is free now (bind 0); enough when nothing else starts servers."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -127,6 +133,7 @@ class EtcdCluster:
         root: Path,
         size: int = 1,
         output: IO[bytes] | None = None,
+        ports: Callable[[], int] = free_port,
         *,
         tls: EtcdTls | None = None,
     ) -> None:
@@ -134,7 +141,7 @@ class EtcdCluster:
         self.output = output
         self.tls = tls
         self.members = [
-            EtcdMember(f"m{index}", free_port(), free_port(), root / f"m{index}", tls=tls)
+            EtcdMember(f"m{index}", ports(), ports(), root / f"m{index}", tls=tls)
             for index in range(size)
         ]
 

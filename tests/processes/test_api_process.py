@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 from anyio.abc import TaskGroup
 from exo_errors import assert_exo_error
 from model_ids import QWEN
+from process_helpers import free_port
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -303,7 +303,7 @@ def _master_process(*args: str, env: dict[str, str] | None = None) -> subprocess
 
 
 def test_run_master_refuses_a_public_address_without_a_token() -> None:
-    process = _master_process("0.0.0.0", env={"EXO_DEPLOY_TOKEN": ""})
+    process = _master_process("0.0.0.0", str(free_port()), env={"EXO_DEPLOY_TOKEN": ""})
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2
     assert "Refusing to listen on 0.0.0.0 without a token" in stderr
@@ -312,9 +312,7 @@ def test_run_master_refuses_a_public_address_without_a_token() -> None:
 
 @pytest.mark.e2e
 def test_run_master_serves_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     process = _master_process("127.0.0.1", str(port), str(tmp_path))
     line = ""
     try:

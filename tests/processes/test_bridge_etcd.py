@@ -308,15 +308,15 @@ def test_bad_store_arguments_exit_2(tmp_path: Path) -> None:
             check=False,
         )
 
-    malformed = bridge("--store", "http://127.0.0.1:2379")
+    malformed = bridge("--store", f"http://127.0.0.1:{free_port()}")
     assert malformed.returncode == 2 and "etcd://HOST:PORT" in malformed.stderr
     no_port = bridge("--store", "etcd://127.0.0.1")
     assert no_port.returncode == 2 and "is not HOST:PORT" in no_port.stderr
     unreachable = bridge("--store", f"etcd://127.0.0.1:{free_port()}")
     assert unreachable.returncode == 2 and "not reachable" in unreachable.stderr
-    both = bridge("--store", "etcd://127.0.0.1:2379", "--data-dir", str(tmp_path / "d"))
+    both = bridge("--store", f"etcd://127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "d"))
     assert both.returncode == 2 and "--data-dir" in both.stderr
-    prefix = bridge("--store", "etcd://127.0.0.1:2379", "--store-prefix", "nope")
+    prefix = bridge("--store", f"etcd://127.0.0.1:{free_port()}", "--store-prefix", "nope")
     assert prefix.returncode == 2 and "--store-prefix" in prefix.stderr
 
 

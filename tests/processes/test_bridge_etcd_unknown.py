@@ -25,7 +25,7 @@ import httpx
 import pytest
 from etcd_bridges import PREFIX, ProxyProcess, Stack, stack
 from model_ids import QWEN as MODEL
-from process_helpers import get_json, wait_for
+from process_helpers import free_port, get_json, wait_for
 
 from keeper.bridge.etcd_store import (
     WRITE_DEADLINE_S,
@@ -46,7 +46,7 @@ TRIES = 5
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path / "etcd").start()
+    cluster = EtcdCluster(tmp_path / "etcd", ports=free_port).start()
     try:
         yield cluster
     finally:

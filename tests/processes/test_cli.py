@@ -9,7 +9,6 @@ a loopback port (in a background thread), with and without a token.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 from anyio.abc import TaskStatus
 from anyio.from_thread import start_blocking_portal
 from model_ids import LLAMA, QWEN
+from process_helpers import free_port
 
 from keeper import cli
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, build_parser, main
@@ -73,12 +73,6 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     code = exited.value.code
     assert isinstance(code, int)
     return code, out, err
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_unreachable_master_exits_3_and_says_where(capsys: pytest.CaptureFixture[str]) -> None:

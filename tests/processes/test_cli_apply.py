@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_cli import free_port, run_cli
+from process_helpers import free_port
+from test_cli import run_cli
 from threaded_master import Served, served_master
 
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE

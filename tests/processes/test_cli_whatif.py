@@ -15,7 +15,8 @@ import pytest
 from anyio.abc import TaskStatus
 from anyio.from_thread import start_blocking_portal
 from model_ids import QWEN
-from test_cli import free_port, run_cli
+from process_helpers import free_port
+from test_cli import run_cli
 
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
 from keeper.cluster.in_process import InProcessCluster

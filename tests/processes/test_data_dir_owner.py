@@ -5,22 +5,16 @@ holder's pid, changing nothing; a ``kill -9`` of the owner frees the dir for the
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from process_helpers import free_port
 
 # A master starts in about a second; far beyond that is a failure, not a slow machine.
 START_DEADLINE_S = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _exo_deploy(*args: str) -> subprocess.Popen[str]:
@@ -33,7 +27,7 @@ def _exo_deploy(*args: str) -> subprocess.Popen[str]:
 
 
 def _master(data_dir: Path) -> subprocess.Popen[str]:
-    return _exo_deploy("master", "--port", str(_free_port()), "--data-dir", str(data_dir))
+    return _exo_deploy("master", "--port", str(free_port()), "--data-dir", str(data_dir))
 
 
 def _wait_listening(process: subprocess.Popen[str]) -> None:

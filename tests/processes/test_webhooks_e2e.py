@@ -129,6 +129,8 @@ def test_webhooks_test_says_what_each_answered_and_exits_by_the_worst(tmp_path: 
 
 
 def test_a_master_given_a_bad_webhook_url_exits_2_naming_it(tmp_path: Path) -> None:
-    flag = run_cli("master", "--data-dir", str(tmp_path), "--webhook", "not a url")
+    flag = run_cli(
+        "master", "--port", str(free_port()), "--data-dir", str(tmp_path), "--webhook", "not a url"
+    )
     assert flag.returncode == 2
     assert "'not a url'" in flag.stderr

@@ -1,7 +1,10 @@
 """``GET /metrics``'s pure parts and its shipped files: node liveness (the rule the TUI and
 the metrics share), the incident tally (each incident and recovery counted
 once, from the service's start), and every metric name the Grafana dashboard and the alerting
-rules use is one the exporter exports; ``promtool check rules`` passes where promtool is."""
+rules use is one the exporter exports, and the rules are checked as promtool checks them: in
+Python everywhere (each selector's labels and values exist, each duration parses, each template
+names a label the alert has), and by ``promtool check rules`` itself where ``make`` could unpack
+Debian's promtool (where apt is)."""
 
 from __future__ import annotations
 
@@ -156,8 +159,8 @@ def test_the_webhooks_counters_are_exported_as_healthz_shows_them() -> None:
     assert value(samples, "exo_deploy_webhook_outbox_write_failures_total") == 1
 
 
-def _every_family_exported() -> tuple[set[str], set[str]]:
-    """(sample names, histogram family names) of a master's and a bridge's families together,
+def _exposition() -> tuple[Samples, set[str]]:
+    """(every sample, histogram family names) of a master's and a bridge's families together,
     from a snapshot with one deployment, a chat of each outcome and a bridge's exo facts."""
     deployment = Deployment(deployment_id="d1", model_card=card(MODEL), placement_error="no")
     records = _records((0, True), (10, False), (20, True))
@@ -187,6 +190,12 @@ def _every_family_exported() -> tuple[set[str], set[str]]:
         if line.startswith("# TYPE") and line.endswith(" histogram")
     }
     assert families  # parsed at all
+    return samples, histograms
+
+
+def _every_family_exported() -> tuple[set[str], set[str]]:
+    """(sample names, histogram family names) of everything exported."""
+    samples, histograms = _exposition()
     return {name for name, _ in samples}, histograms
 
 
@@ -263,13 +272,111 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
     }
 
 
+# --- the rules, checked without promtool ----------------------------------------------------
+
+# A Prometheus duration ("2m", "1h30m", "500ms"): units from the largest, each at most once.
+_DURATION = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
+# A metric selector with its label matchers: name{label="value", other!~"re"}.
+_SELECTOR = re.compile(r"(?<![\w:])(exo_deploy_[\w:]*)\s*\{([^}]*)\}")
+_MATCHER = re.compile(r'\s*([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*,?')
+# A range or subquery: [2m], [5m:30s].
+_RANGE = re.compile(r"\[([^\]:]+)(?::([^\]]*))?\]")
+# A template's reference to one of the alert's labels: {{ $labels.model }}.
+_LABEL_REF = re.compile(r"\$labels\.(\w+)")
+# The labels Prometheus adds to every series it scrapes (its target's), beyond the exporter's.
+TARGET_LABELS = frozenset({"instance", "job"})
+# The keys a Prometheus alerting rule may have, and the severities deploy/README.md routes on.
+RULE_KEYS = frozenset({"alert", "expr", "for", "keep_firing_for", "labels", "annotations"})
+SEVERITIES = frozenset({"critical", "warning"})
+
+
+def _rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(RULES.read_text())
+    assert set(document) == {"groups"}
+    rules: list[dict[str, Any]] = []
+    for group in document["groups"]:
+        assert set(group) <= {"name", "interval", "rules", "limit"} and group["name"]
+        rules.extend(group["rules"])
+    return rules
+
+
+def _labels_of(samples: Samples, name: str) -> list[dict[str, str]]:
+    """The label sets ``name`` is exported with (a histogram's series by their family)."""
+    return [dict(labels) for sample, labels in samples if sample == name]
+
+
+def _is_duration(text: str) -> bool:
+    return bool(text) and _DURATION.match(text.strip()) is not None
+
+
+def test_the_duration_reader_takes_prometheus_durations_only() -> None:
+    for good in ("2m", "1h30m", "500ms", "1y2w3d4h5m6s7ms", "0s"):
+        assert _is_duration(good), good
+    for bad in ("", "2", "m", "2 m", "1.5m", "30m1h", "2min", "-1m"):
+        assert not _is_duration(bad), bad
+
+
+def test_each_rule_is_well_formed_and_its_durations_parse() -> None:
+    rules = _rules()
+    assert len(rules) == 6  # what promtool reports below, where it runs
+    for rule in rules:
+        name = rule.get("alert")
+        assert isinstance(name, str) and name, rule
+        assert set(rule) <= RULE_KEYS, (name, set(rule) - RULE_KEYS)
+        assert isinstance(rule["expr"], str) and rule["expr"].strip(), name
+        for key in ("for", "keep_firing_for"):
+            if key in rule:
+                assert _is_duration(str(rule[key])), (name, key, rule[key])
+        for window, step in _RANGE.findall(rule["expr"]):
+            assert _is_duration(window), (name, window)
+            assert not step or _is_duration(step), (name, step)
+        assert rule["expr"].count("(") == rule["expr"].count(")"), name
+        assert rule["labels"]["severity"] in SEVERITIES, name
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
+
+
+def test_each_selector_matches_labels_and_values_the_exporter_exports() -> None:
+    samples, _ = _exposition()
+    selectors = 0
+    for rule in _rules():
+        for name, matchers in _SELECTOR.findall(rule["expr"]):
+            exported = _labels_of(samples, name)
+            assert exported, (rule["alert"], name)
+            parsed = _MATCHER.findall(matchers)
+            assert "".join(m.group(0) for m in _MATCHER.finditer(matchers)).strip() == (
+                matchers.strip()
+            ), (rule["alert"], matchers)  # every matcher understood
+            for label, operator, wanted in parsed:
+                selectors += 1
+                assert any(label in labels for labels in exported), (rule["alert"], name, label)
+                if operator == "=":
+                    values = {labels.get(label) for labels in exported}
+                    assert wanted in values, (rule["alert"], name, label, wanted, values)
+    assert selectors >= 2  # status="serving", state="silent"
+
+
+def test_each_template_names_a_label_its_alert_carries() -> None:
+    samples, _ = _exposition()
+    for rule in _rules():
+        carried = set(TARGET_LABELS)
+        for name in metric_names(rule["expr"]):
+            for labels in _labels_of(samples, name):
+                carried |= set(labels)
+        texts = [*rule["annotations"].values(), *rule["labels"].values()]
+        used = {label for text in texts for label in _LABEL_REF.findall(str(text))}
+        assert used <= carried, (rule["alert"], sorted(used - carried))
+
+
 def _promtool() -> str | None:
-    """promtool on the PATH, or beside the venv's python (where make unpacks Debian's)."""
+    """promtool in the venv (``make``'s install step unpacks Debian's there where apt is), else
+    on PATH."""
     beside = Path(sys.executable).parent / "promtool"
-    return shutil.which("promtool") or (str(beside) if beside.is_file() else None)
+    return str(beside) if beside.is_file() else shutil.which("promtool")
 
 
-@pytest.mark.skipif(_promtool() is None, reason="promtool is not installed")
+@pytest.mark.skipif(
+    _promtool() is None, reason="no promtool: `make` unpacks one where apt is; checked above"
+)
 def test_promtool_accepts_the_rules() -> None:
     promtool = _promtool()
     assert promtool is not None
