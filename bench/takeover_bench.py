@@ -9,8 +9,10 @@ Run with ``make bench`` (``python -m bench takeover``). Figures are printed, nev
    instances of a model in exo's State than asked, sampled every 0.1 s) and acknowledged writes
    lost (not visible on every bridge at the end).
 2. One deployment event committed through the local log (``EventStore.commit_now``: append +
-   fsync) and through etcd (``EtcdStore.commit_now``: one transaction on the JSON gateway), p50
-   and p99 over ``WRITES`` writes each.
+   fsync), through etcd (``EtcdStore.commit_now``: one transaction on the JSON gateway), and
+   through etcd as production runs it (TLS with ``--client-cert-auth``, auth on, a user whose
+   role holds the prefix; certificates from ``tests/etcd_tls.py``), p50 and p99 over ``WRITES``
+   writes each.
 
 The loop's helpers live with the tests (``tests/etcd_bridges.py``), so the bench and the test run
 the very same loop.
@@ -25,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from keeper.bridge.etcd_access import StoreAccessOptions, load_access
 from keeper.bridge.etcd_store import EtcdStore, parse_store_url
-from keeper.cluster.etcd_members import EtcdCluster
+from keeper.cluster.etcd_members import EtcdCluster, EtcdTls
 from keeper.model.events import DeploymentStandbyChanged
 from keeper.runtime.event_store import EventStore
 
@@ -70,6 +73,34 @@ def write_cost() -> None:
             print(f"write through etcd (one txn, create_revision == 0): {_ms(timings)}")
         finally:
             etcd.stop()
+        print(f"write through etcd over TLS + a user: {_ms(_secure_writes(root, event))}")
+
+
+def _secure_writes(root: Path, event: DeploymentStandbyChanged) -> list[float]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from etcd_tls import make_pki  # pyright: ignore[reportMissingImports, reportUnknownVariableType]  # noqa: PLC0415
+
+    pki = make_pki(root / "pki")  # pyright: ignore[reportUnknownVariableType]
+    tls = EtcdTls(pki.ca, pki.server_cert, pki.server_key, pki.client_cert, pki.client_key)  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+    password = root / "password"
+    password.write_text("bench-password\n")
+    password.chmod(0o600)
+    etcd = EtcdCluster(root / "etcd-tls", tls=tls).start()
+    try:
+        etcd.enable_auth("bench-root", "bench", "bench-password", "/exo-deploy/")
+        address = parse_store_url(etcd.endpoints)
+        options = StoreAccessOptions(tls.ca, tls.client_cert, tls.client_key, "bench", password)
+        store = EtcdStore(address, "bench", access=load_access(address, options))
+        store.open()
+        timings: list[float] = []
+        for _ in range(WRITES):
+            started = time.perf_counter()
+            store.commit_now([event])
+            timings.append(time.perf_counter() - started)
+        store.close()
+        return timings
+    finally:
+        etcd.stop()
 
 
 def kill_loop_figures() -> None:
@@ -97,6 +128,8 @@ def kill_loop_figures() -> None:
 
 def run() -> None:
     write_cost()
+    if os.environ.get("BENCH_WRITES_ONLY"):
+        return
     kill_loop_figures()
 
 

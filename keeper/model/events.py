@@ -164,6 +164,30 @@ class NodeTimedOut(TaggedModel):
     node_id: NodeId
 
 
+class NodeSuspected(TaggedModel):
+    """The node has been silent too long: a replacement may be placed, nothing is deleted."""
+
+    node_id: NodeId
+    last_heard: float  # Unix time of its last report, as the service saw it arrive
+    at: float  # Unix time of the verdict
+
+
+class NodeConfirmedDead(TaggedModel):
+    """A second, independent sign confirmed a suspect node: its instances are to be deleted."""
+
+    node_id: NodeId
+    last_heard: float
+    at: float
+    why: str  # the second sign, in plain words ("session closed", "GET /node_id unanswered")
+
+
+class NodeHeardAgain(TaggedModel):
+    """A suspect (or dead) node reported again before it left the topology."""
+
+    node_id: NodeId
+    at: float
+
+
 class NodeCordoned(TaggedModel):
     """The node (by friendly name) gets no new placement; what runs there keeps running."""
 
@@ -238,6 +262,9 @@ AnyEvent = (
     | TopologyEdgeCreated
     | TopologyEdgeDeleted
     | NodeTimedOut
+    | NodeSuspected
+    | NodeConfirmedDead
+    | NodeHeardAgain
     | NodeCordoned
     | NodeUncordoned
     | NodeDrainStarted

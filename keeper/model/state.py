@@ -511,6 +511,21 @@ class NodeDrain(WireModel):
     moves: tuple[InstanceMove, ...] = ()
 
 
+# --- a node gone quiet: suspect, then dead ----------------------------------------------------
+# What the service concluded of a node that stopped reporting, before exo's own timeout takes it
+# out of the topology (docs/design.md §5.18). It lives in the State, as events, so that readiness,
+# the serving records, the dashboard stream and a restarted service all read the same verdict.
+
+NodeWatchPhase = Literal["suspect", "dead"]
+
+
+class NodeWatch(WireModel):
+    phase: NodeWatchPhase
+    last_heard: float  # Unix time of its last report, as the service saw it arrive
+    since: float  # Unix time the service reached this phase
+    why: str = ""  # for dead: the second, independent sign, in plain words
+
+
 # --- the state ----------------------------------------------------------------------------
 
 
@@ -534,6 +549,8 @@ class State(WireModel):
     # Nodes that get no new placement, by friendly name, sorted; and the drains under way.
     cordoned: tuple[str, ...] = ()
     drains: dict[str, NodeDrain] = Field(default_factory=dict)
+    # Nodes the service suspects or has confirmed dead (NodeWatch); absent: alive, or gone.
+    node_watch: dict[NodeId, NodeWatch] = Field(default_factory=dict)
 
 
 def node_name(state: State, node_id: NodeId) -> str:

@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from keeper.bridge.etcd_access import StoreAccessOptions, check_access_options
 from keeper.bridge.etcd_store import parse_store_url
 from keeper.cli import build_parser, cmd_bridge
 
@@ -90,7 +91,15 @@ def parsed_store_bridge(argv: list[str]) -> argparse.Namespace:
     assert program.is_absolute() and program.name == installed_command()
     args = build_parser().parse_args(argv[1:])
     assert args.handler is cmd_bridge and args.data_dir is None
-    assert len(parse_store_url(args.store).endpoints) == 3  # three etcd members
+    address = parse_store_url(args.store)
+    assert len(address.endpoints) == 3  # three etcd members
+    # As production runs etcd: TLS, a client certificate, a user (docs/design.md §6.7).
+    assert address.tls
+    options = StoreAccessOptions(
+        args.store_ca, args.store_cert, args.store_key, args.store_user, args.store_password_file
+    )
+    check_access_options(address, options)
+    assert None not in (options.ca, options.cert, options.key, options.user)
     return args
 
 
