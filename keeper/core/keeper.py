@@ -60,6 +60,7 @@ from keeper.core.memo import (
 from keeper.core.moves import MOVE_SETTLE, Deciding, MoveKind, Moves, Stuck
 from keeper.core.placement import PlaceFn, place_instance
 from keeper.core.preemption import Preemption, TrialBudget, by_priority, candidates, find
+from keeper.core.repair import RepairMoves, Repairs, avoiding
 from keeper.core.rolling import RollingMoves, rolling_deployments
 from keeper.core.staging import StagingPlan, downloading_nodes, staging_plan, staging_requests
 from keeper.core.view import (
@@ -94,6 +95,7 @@ from keeper.model.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
+from keeper.model.instance_health import NO_MARKS, Verdict
 from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.state import (
     AnyInstance,
@@ -186,6 +188,9 @@ class Keeper:
         self._resume_after: DeploymentId | None = None  # pragma: no mutate
         # The moves' memory, every kind's (drains, rolling changes; ``keeper.core.moves``).
         self._moves = Moves()
+        # Broken instances: the marks their rules read, the operator's asks, the incidents
+        # (``keeper.core.repair``, docs/design.md §5.19).
+        self._repairs = Repairs()
         # Drains whose end was sent, until the State drops them.
         self._drain_ended: set[str] = set()
         # Which deployments a rolling change is under way for (``_rolling_deployments``).
@@ -238,7 +243,16 @@ class Keeper:
                 and last[0] is deployment  # pragma: no mutate
                 and last[1] is memo  # pragma: no mutate
             ):
+                before = memo.in_flight
                 memo = observe(memo, deployment, state, now)
+                # Given up on, never arrived (not arrived and gone): said (§5.19).
+                if (
+                    before is not None
+                    and memo.in_flight is None
+                    and before not in state.instances
+                    and deployment.instance_id != before
+                ):
+                    self._repairs.never_appeared(deployment_id, before, memo.placed_at)
                 memos[deployment_id] = memo
                 observed[deployment_id] = (deployment, memo)  # pragma: no mutate
             if counts.get(deployment.model_card.model_id, 0) < wanted(memo, deployment):
@@ -252,14 +266,16 @@ class Keeper:
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         # Higher priorities first; equal ones in id order, resumed where the last step stopped.
         events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
-        if state.drains or rolling:
+        self._repairs.observe(state, now)
+        repair = self._repairs.kind(state, now)
+        if state.drains or rolling or repair is not None:
             # Recovery first: a move places only in a step that placed nothing else, and at
             # most one move places per step (drains first, then rolling changes).
             placed_now = any(isinstance(e, InstanceCreated) for e in events)
             # The signature read above when a deployment was short, else read now. (No
             # mutation: reading it again when short gives the same signature, only later.)
             move_signature = signature if short else cluster_signature(state)  # pragma: no mutate
-            kinds = move_kinds(state, rolling)
+            kinds = move_kinds(state, rolling, repair)
             ended = self._drains_ended(state) if state.drains else []
             moved = self._move(state, kinds, counts, move_signature, now, placed_now)
             events = [*events, *ended, *moved]
@@ -553,6 +569,8 @@ class Keeper:
         if not self._staging.keys() <= live.keys():  # pragma: no mutate (as for the memos)
             self._staging = {d: plan for d, plan in self._staging.items() if d in live}
         self._deleting = {d for d in self._deleting if d in live}
+        if not live and self._repairs.marks is not NO_MARKS:  # nothing to repair: nothing kept
+            self._repairs = Repairs()
         self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}
 
     def placement_crashes(self) -> Mapping[DeploymentId, Exception]:
@@ -623,6 +641,29 @@ class Keeper:
         self._memos[deployment_id] = scaled(memo, replicas, removed)
         return [event, *(InstanceDeleted(instance_id=i) for i in removed)]
 
+    # --- broken instances (docs/design.md §5.19) --------------------------------------------
+
+    def repair(self, instance_id: InstanceId, state: State) -> str | None:
+        """Replace ``instance_id`` as soon as a step may, whatever its deployment's ``repair``
+        and whoever placed it (the operator said so); the reason it cannot be, in words, or
+        None once asked."""
+        instance = state.instances.get(instance_id)
+        if instance is None:
+            return f"no instance {instance_id}"
+        model_id = instance.shard_assignments.model_id
+        if not any(d.model_card.model_id == model_id for d in state.deployments.values()):
+            return f"instance {instance_id} is of {model_id}, which no deployment keeps"
+        self._repairs.asked.add(instance_id)
+        return None
+
+    def health(self, state: State) -> Mapping[DeploymentId, Verdict]:
+        """Per deployment, what is wrong with an instance of its model as of the last step."""
+        return self._repairs.health(state)
+
+    def avoiding(self, state: State, model_id: str, now: float) -> list[str]:
+        """The nodes a replacement for ``model_id`` avoids now, in words."""
+        return sorted(avoiding(self._repairs.incidents, state, model_id, now))
+
     # --- the operator's view --------------------------------------------------------------
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
@@ -649,12 +690,17 @@ class Keeper:
         return views
 
 
-def move_kinds(state: State, rolling: Sequence[DeploymentId]) -> list[MoveKind]:
+def move_kinds(
+    state: State, rolling: Sequence[DeploymentId], repair: RepairMoves | None = None
+) -> list[MoveKind]:
     """The kinds of move with work in ``state``, in the order they go first (docs/design.md
-    §5.17): drains, then the rolling changes of ``rolling`` (``rolling_deployments``)."""
+    §5.17): drains, then the rolling changes of ``rolling`` (``rolling_deployments``), then the
+    repairs of broken instances (§5.19)."""
     kinds: list[MoveKind] = [DRAINS] if state.drains else []
     if rolling:
         kinds.append(RollingMoves(rolling))
+    if repair is not None:
+        kinds.append(repair)
     return kinds
 
 

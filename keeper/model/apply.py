@@ -18,6 +18,8 @@ from keeper.model.events import (
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentPriorityChanged,
+    DeploymentRepairChanged,
+    DeploymentRepairPlaced,
     DeploymentReplacementPlaced,
     DeploymentScaled,
     DeploymentServingChanged,
@@ -176,6 +178,18 @@ def apply(state: State, event: AnyEvent) -> State:
                 return state  # not one this change replaces (deleted meanwhile)
             replacing = tuple(i for i in deployment.replacing if i != move.old_instance_id)
             return _with_deployment(state, deployment_id, moving=move, replacing=replacing)
+        case DeploymentRepairPlaced(deployment_id=deployment_id, move=move):
+            # One repair at a time, of an instance the State still shows (docs/design.md §5.19).
+            deployment = state.deployments.get(deployment_id)
+            if deployment is None or deployment.repairing is not None:
+                return state
+            if move.old_instance_id not in state.instances:
+                return state
+            return _with_deployment(state, deployment_id, repairing=move)
+        case DeploymentRepairChanged(deployment_id=deployment_id, repair=repair):
+            if deployment_id not in state.deployments:
+                return state
+            return _with_deployment(state, deployment_id, repair=repair)
         case DownloadRequested(deployment_id=deployment_id, node_id=node_id):
             deployment = _staging_deployment(state, deployment_id)
             if deployment is None or node_id in deployment.staged_on:
@@ -312,6 +326,7 @@ def _without_placement(
         if instance_id in d.placed_instance_ids
         or instance_id in d.replacing
         or (d.moving is not None and instance_id in _move_instances(d.moving))
+        or (d.repairing is not None and instance_id in _move_instances(d.repairing))
     ]
     if not holding:
         return deployments
@@ -326,8 +341,18 @@ def _without_placement(
             moving = None
         elif moving is not None and instance_id == moving.old_instance_id:
             moving = None
+        # A repair ends with either of its instances too: the broken one gone (done), or the
+        # replacement lost (the broken one is judged again, under the keeper's backoff).
+        repairing = deployment.repairing
+        if repairing is not None and instance_id in _move_instances(repairing):
+            repairing = None
         updated[deployment.deployment_id] = deployment.model_copy(
-            update={"placed_instance_ids": kept, "replacing": replacing, "moving": moving}
+            update={
+                "placed_instance_ids": kept,
+                "replacing": replacing,
+                "moving": moving,
+                "repairing": repairing,
+            }
         )
     return updated
 

@@ -52,8 +52,10 @@ MAX_LAG_S = 10.0
 ENTRIES_PER_DEPLOYMENT = (
     32 + 4 * 2 * MAX_REPLICAS + 8 * (len(NODES) + len(NODES) * (len(NODES) - 1))
 )
-# A keeper's own attributes, one entry each (17 now), with room for a few more.
-ENTRIES_AT_REST = 24
+# A keeper's own attributes, one entry each (17 now), the fields of its repair memory (13: the
+# marks' four mappings, its own five, the three parts of the State it last read), with room for
+# a few more.
+ENTRIES_AT_REST = 36
 # The keeper's attributes that only refer to the State its last step read (``Keeper.step``).
 NOT_MEMORY = frozenset({"_state_read"})
 
