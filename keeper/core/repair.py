@@ -146,8 +146,11 @@ class RepairMoves(MoveKind):
         return f"cannot replace broken instance {candidate.old}{where}: {why}"
 
     def avoids(self, state: State, candidate: Candidate) -> Mapping[str, frozenset[NodeId]]:
+        """The broken instance's own nodes (a replacement goes elsewhere: what broke it there
+        may break the next), and those the model keeps breaking on (the backoff)."""
         model_id = state.deployments[candidate.deployment_id].model_card.model_id
-        return self.avoided.get(model_id, {})
+        own = frozenset(state.instances[candidate.old].shard_assignments.node_to_runner)
+        return {"the broken instance's": own, **self.avoided.get(model_id, {})}
 
     def early_end(self, state: State, move: InstanceMove) -> InstanceId | None:
         """The broken instance at once when its node reports its runner gone (it serves

@@ -263,7 +263,14 @@ def stall_bound(size: int, rate: float | None, what: str) -> Bound:
         return Bound(STALL_CEILING_S, f"the ceiling: {what} rate unknown")
     expected = STALL_SLACK * size / rate
     seconds = min(max(expected, STALL_FLOOR_S), STALL_CEILING_S)
-    return Bound(seconds, f"for {gb:.0f} GB at {rate / GB:.1f} GB/s")
+    return Bound(seconds, f"for {gb:.0f} GB at {rate_words(rate)}")
+
+
+def rate_words(rate: float) -> str:
+    """``1.2 GB/s``, or ``10 MB/s`` below a tenth of a GB/s (where one decimal says 0.0)."""
+    if rate >= GB / 10:
+        return f"{rate / GB:.1f} GB/s"
+    return f"{rate / 1024**2:.0f} MB/s"
 
 
 def duration_words(seconds: float) -> str:
