@@ -102,6 +102,7 @@ from keeper.model.state import (
     ModelCard,
     ModelId,
     NodeId,
+    RepairMode,
     Sharding,
     State,
 )
@@ -120,6 +121,9 @@ from keeper.runtime.deployments import (
     placement_enums,
     priority_events,
     priority_response,
+    repair_events,
+    repair_response,
+    repaired_response,
     scale_events,
     scaled_response,
     shown,
@@ -410,6 +414,7 @@ class Master:
         standby: int = 1,
         priority: int = DEFAULT_PRIORITY,
         preempt: bool = False,
+        repair: RepairMode = "auto",
     ) -> CommandResponse:
         card = self._card(model_id)
         async with self._lock:
@@ -423,6 +428,7 @@ class Master:
                 standby=standby,
                 priority=priority,
                 preempt=preempt,
+                repair=repair,
                 max_deployments=self.config.max_deployments,
                 new_id=self.new_id,
             )
@@ -474,6 +480,21 @@ class Master:
             deployment = existing_deployment(self.state.deployments, deployment_id)
             await self._emit_and_wait(priority_events(deployment, priority, preempt))
         return priority_response(deployment, priority, preempt, self.new_id)
+
+    async def set_repair(self, deployment_id: str, repair: RepairMode) -> CommandResponse:
+        """What the keeper does with a broken instance of the deployment (docs/design.md
+        §5.19); answered once the change is durable."""
+        async with self._lock:
+            deployment = existing_deployment(self.state.deployments, deployment_id)
+            await self._emit_and_wait(repair_events(deployment, repair))
+        return repair_response(deployment, repair, self.new_id)
+
+    async def repair_instance(self, instance_id: str) -> CommandResponse:
+        """Have the keeper replace ``instance_id`` at its next steps (the operator said so)."""
+        async with self._lock:
+            answer = repaired_response(self.keeper, instance_id, self.state, self.new_id)
+            self._stepping.keeper_changed()
+        return answer
 
     async def set_options(
         self,

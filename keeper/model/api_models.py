@@ -38,6 +38,7 @@ from keeper.model.state import (
     InstanceMove,
     ModelCard,
     ModelId,
+    RepairMode,
     Sharding,
     State,
 )
@@ -87,6 +88,8 @@ class CreateDeploymentRequest(ApiModel):
     # Placed before lower priorities; with preempt, may displace them (docs/design.md §5.13).
     priority: WholeNumber = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     preempt: Flag = False
+    # What the keeper does with a broken instance of its own (docs/design.md §5.19).
+    repair: RepairMode = "auto"
 
 
 def _optional_count(low: int, high: int) -> dict[str, Any]:
@@ -115,6 +118,7 @@ PATCHABLE = {
     "sharding": "string",
     "instance_meta": "string",
     "min_nodes": "integer",
+    "repair": "string",
 }
 
 
@@ -152,6 +156,8 @@ class ScaleDeploymentRequest(ApiModel):
     min_nodes: Annotated[WholeNumber | None, WithJsonSchema(_optional_count(1, MAX_MIN_NODES))] = (
         None
     )
+    # "auto" replaces a broken instance, "report" only says it (docs/design.md §5.19).
+    repair: RepairMode | None = None
 
     @field_validator("min_nodes")
     @classmethod
@@ -178,7 +184,7 @@ class ScaleDeploymentRequest(ApiModel):
         if all(getattr(self, name) is None for name in PATCHABLE):
             raise ValueError(
                 "give one at least of replicas, standby, priority, preempt, sharding,"
-                " instance_meta and min_nodes"
+                " instance_meta, min_nodes and repair"
             )
         return self
 
@@ -264,6 +270,17 @@ class UpdateView(BaseModel):
     note: str | None = None
 
 
+class HealthView(BaseModel):
+    """An instance that looks alive but serves nothing, as ``GET /deployments`` says it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    instance: str
+    problem: Literal["stalled", "hollow", "unfulfilled", "failing"]
+    why: str
+    since: str  # ISO-8601 UTC
+
+
 class DeploymentView(BaseModel):
     """One deployment as ``GET /deployments`` reports it, with the keeper's timers."""
 
@@ -296,6 +313,8 @@ class DeploymentView(BaseModel):
     detail: str | None = None
     # A rolling change under way, or None.
     updating: UpdateView | None = None
+    # What is wrong with an instance of its model, or None (docs/design.md §5.19).
+    health: HealthView | None = None
 
 
 # The longest history ``GET /deployments/{id}/history`` answers: 30 days. Serving records are

@@ -22,6 +22,7 @@ from keeper.model.api_models import (
     CommandResponse,
     DeploymentHistoryResponse,
     DeploymentView,
+    HealthView,
     IncidentView,
     StagedCopyView,
     UpdateView,
@@ -31,10 +32,12 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentOptionsChanged,
     DeploymentPriorityChanged,
+    DeploymentRepairChanged,
     DeploymentStandbyChanged,
 )
 from keeper.model.history import summarize
 from keeper.model.ids import IdFactory, new_id
+from keeper.model.instance_health import Verdict
 from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.refusals import (
     BadRequestError,
@@ -53,13 +56,19 @@ from keeper.model.state import (
     DownloadPending,
     InstanceMeta,
     ModelCard,
+    RepairMode,
     Sharding,
     State,
     download_entry,
     download_fraction,
 )
 from keeper.runtime.clock import Clock, iso_utc
-from keeper.runtime.hosted_keeper import KeeperLike, ReportsStaging, ReportsUpdates
+from keeper.runtime.hosted_keeper import (
+    KeeperLike,
+    ReportsHealth,
+    ReportsStaging,
+    ReportsUpdates,
+)
 
 # Errors quote what the client sent, cut to this many characters: a megabyte-long id need not
 # come back in full.
@@ -117,6 +126,7 @@ def new_deployment(
     standby: int = 1,
     priority: int = DEFAULT_PRIORITY,
     preempt: bool = False,
+    repair: RepairMode = "auto",
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     new_id: IdFactory = new_id,
 ) -> Deployment:
@@ -148,6 +158,7 @@ def new_deployment(
         standby=standby,
         priority=priority,
         preempt=preempt,
+        repair=repair,
     )
 
 
@@ -248,6 +259,50 @@ def priority_events(
             deployment_id=deployment.deployment_id, priority=new_priority, preempt=new_preempt
         )
     ]
+
+
+def repair_events(deployment: Deployment, repair: RepairMode) -> list[AnyEvent]:
+    """The event that sets what the keeper does with a broken instance of the deployment
+    (docs/design.md §5.19); none when it is so already."""
+    if repair == deployment.repair:
+        return []
+    return [DeploymentRepairChanged(deployment_id=deployment.deployment_id, repair=repair)]
+
+
+def repair_response(
+    deployment: Deployment, repair: RepairMode, new_id: IdFactory = new_id
+) -> CommandResponse:
+    """The answer to setting ``deployment`` (as it was) to ``repair``."""
+    model_id = deployment.model_card.model_id
+    message = (
+        f"Deployment of {model_id} already has repair {repair}"
+        if repair == deployment.repair
+        else f"Deployment of {model_id} now has repair {repair}, was {deployment.repair}"
+    )
+    return CommandResponse(
+        message=message, command_id=new_id(), deployment_id=deployment.deployment_id
+    )
+
+
+def repaired_response(
+    keeper: KeeperLike, instance_id: str, state: State, new_id: IdFactory = new_id
+) -> CommandResponse:
+    """Ask the keeper to replace ``instance_id`` now (``exo-deploy repair ID``): the operator
+    said so, whatever its deployment's ``repair`` and whoever placed it. An unknown instance,
+    or one of a model no deployment keeps, is a 404 naming it."""
+    refused = (
+        keeper.repair(instance_id, state)
+        if isinstance(keeper, ReportsHealth)
+        else ("this keeper does not repair instances")
+    )
+    if refused is not None:
+        raise NotFoundError(refused, param="instance_id")
+    return CommandResponse(
+        message=f"Instance {instance_id} will be replaced, then deleted once its replacement "
+        "is ready",
+        command_id=new_id(),
+        instance_id=instance_id,
+    )
 
 
 def options_events(
@@ -423,6 +478,7 @@ def _deployment_view(
     detail: str | None = None,
     note: str | None = None,
     update_note: str | None = None,
+    health: Verdict | None = None,
 ) -> DeploymentView:
     """``deployment`` as ``GET /deployments`` shows it: its status in ``state`` and the keeper's
     timer for it (``now`` on the keeper's monotonic clock, ``wall`` the same moment in UTC)."""
@@ -444,6 +500,17 @@ def _deployment_view(
         waiting=timer.waiting if timer is not None else None,
         detail=detail,
         updating=_update_view(deployment, update_note),
+        health=_health_view(health, now, wall),
+    )
+
+
+def _health_view(health: Verdict | None, now: float, wall: datetime | None) -> HealthView | None:
+    """A verdict as the API says it: ``since`` from the keeper's clock to UTC."""
+    if health is None:
+        return None
+    since = iso_utc(wall + timedelta(seconds=health.since - now)) if wall is not None else ""
+    return HealthView(
+        instance=health.instance_id, problem=health.problem, why=health.why, since=since
     )
 
 
@@ -469,6 +536,9 @@ def deployment_views(
         now = clock.monotonic()
         timers = keeper.timers(state, now)
     wall = clock.wall() if clock is not None else None
+    health: Mapping[str, Verdict] = (
+        keeper.health(state) if isinstance(keeper, ReportsHealth) else {}
+    )
     return [
         _deployment_view(
             state.deployments[deployment_id],
@@ -481,6 +551,7 @@ def deployment_views(
             update_note=(
                 keeper.update_note(deployment_id) if isinstance(keeper, ReportsUpdates) else None
             ),
+            health=health.get(deployment_id),
         )
         for deployment_id in sorted(state.deployments)
     ]

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 
 from keeper.core.keeper import DeploymentTimer, Keeper, PlaceFn
 from keeper.model.events import AnyEvent
+from keeper.model.instance_health import Verdict
 from keeper.model.refusals import NotRunningError
 from keeper.model.state import DeploymentId, State
 from keeper.runtime.clock import AnyioClock, Clock
@@ -68,6 +69,15 @@ class ReportsUpdates(Protocol):
     """A keeper that says why a rolling change cannot place its next replacement."""
 
     def update_note(self, deployment_id: str) -> str | None: ...
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """A keeper that recognises broken instances and replaces one when asked (docs/design.md
+    §5.19)."""
+
+    def health(self, state: State) -> Mapping[DeploymentId, Verdict]: ...
+    def repair(self, instance_id: str, state: State) -> str | None: ...
 
 
 def describe(crash: BaseException) -> str:
@@ -113,6 +123,16 @@ class KeeperWrapper:
     def update_note(self, deployment_id: str) -> str | None:
         inner = self.inner
         return inner.update_note(deployment_id) if isinstance(inner, ReportsUpdates) else None
+
+    def health(self, state: State) -> Mapping[DeploymentId, Verdict]:
+        inner = self.inner
+        return inner.health(state) if isinstance(inner, ReportsHealth) else {}
+
+    def repair(self, instance_id: str, state: State) -> str | None:
+        inner = self.inner
+        if isinstance(inner, ReportsHealth):
+            return inner.repair(instance_id, state)
+        return "this keeper does not repair instances"
 
 
 class StepObserver(Protocol):
