@@ -89,6 +89,11 @@ FAILING_CHATS = 5
 
 GB = 1024**3
 
+# The statuses a load is timed between: from the first of these a runner was seen in to the
+# first of the others (``track``).
+PRE_LOAD = (RunnerConnecting, RunnerConnected, RunnerLoading)
+LOADED = (RunnerLoaded, RunnerWarmingUp, RunnerReady, RunnerRunning)
+
 # The phases of a start, in the order a runner goes through them (the earliest of an instance's
 # runners is the instance's phase: the others wait on it).
 Phase = Literal["downloading", "connecting", "loading", "warming"]
@@ -193,17 +198,20 @@ def track(marks: Marks, state: State, now: float) -> Marks:
             status = state.runners.get(runner_id)
             mark = marks.runners.get(runner_id, RunnerMark(changed_at=now))
             before = marks.statuses.get(runner_id)
+            # When the status before this one was first seen: a load seen to end from a
+            # status before it is timed from there (a load shorter than a step may never be
+            # seen as RunnerLoading; timed from its connecting, the rate is lower than the
+            # truth, and so is the bound's verdict: later, never sooner).
+            previous_at = mark.changed_at
             if runner_id in marks.statuses and before != status:
                 mark = replace(mark, changed_at=now)
             if status is not None:
                 mark = replace(mark, seen=True)
             if isinstance(status, RunnerLoading) and mark.loading_since is None:
                 mark = replace(mark, loading_since=now)
-            elif (
-                isinstance(status, RunnerLoaded | RunnerWarmingUp | RunnerReady | RunnerRunning)
-                and mark.loading_since is not None
-            ):
-                took = now - mark.loading_since
+            elif isinstance(status, LOADED) and isinstance(before, PRE_LOAD):
+                start = mark.loading_since if mark.loading_since is not None else previous_at
+                took = now - start
                 if took > 0:
                     size = shard_bytes(instance, runner_id)
                     known = rates.get(node_id, NodeRates())
