@@ -569,7 +569,8 @@ class Keeper:
         if not self._staging.keys() <= live.keys():  # pragma: no mutate (as for the memos)
             self._staging = {d: plan for d, plan in self._staging.items() if d in live}
         self._deleting = {d for d in self._deleting if d in live}
-        if not live and self._repairs.marks is not NO_MARKS:  # nothing to repair: nothing kept
+        repairs = self._repairs
+        if not live and (repairs.marks is not NO_MARKS or repairs.chats):  # nothing to repair
             self._repairs = Repairs()
         self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}
 
@@ -655,6 +656,11 @@ class Keeper:
             return f"instance {instance_id} is of {model_id}, which no deployment keeps"
         self._repairs.asked.add(instance_id)
         return None
+
+    def note_chat(self, instance_id: InstanceId, failed: str | None, now: float) -> None:
+        """How a chat to ``instance_id`` went (None: answered; else how it failed), at ``now``
+        on the keeper's clock: the failing-chats rule reads the last few."""
+        self._repairs.note_chat(instance_id, failed, now)
 
     def health(self, state: State) -> Mapping[DeploymentId, Verdict]:
         """Per deployment, what is wrong with an instance of its model as of the last step."""

@@ -29,7 +29,15 @@ from dataclasses import dataclass, field
 from keeper.core.moves import Candidate, MoveKind
 from keeper.model.constants import PLACEMENT_TIMEOUT
 from keeper.model.events import AnyEvent, DeploymentRepairPlaced
-from keeper.model.instance_health import NO_MARKS, Marks, Verdict, track, verdicts
+from keeper.model.instance_health import (
+    FAILING_CHATS,
+    NO_MARKS,
+    Marks,
+    Verdict,
+    chats_failing,
+    track,
+    verdicts,
+)
 from keeper.model.state import (
     DeploymentId,
     InstanceId,
@@ -177,6 +185,10 @@ class Repairs:
     incidents: dict[tuple[ModelId, NodeId], tuple[Incident, ...]] = field(
         default_factory=dict[tuple[ModelId, NodeId], tuple[Incident, ...]]
     )
+    # Per instance, its last chats (when sent, and None or how it failed), FAILING_CHATS at most.
+    chats: dict[InstanceId, tuple[tuple[float, str | None], ...]] = field(
+        default_factory=dict[InstanceId, tuple[tuple[float, str | None], ...]]
+    )
     # The State's parts the marks were last tracked on (the same objects: nothing to track).
     _read: tuple[object, object, object] = (None, None, None)
 
@@ -188,6 +200,15 @@ class Repairs:
             self.marks = track(self.marks, state, now)
             self._read = parts
         found = verdicts(state, self.marks, now)
+        if self.chats:
+            self.chats = {i: c for i, c in self.chats.items() if i in state.instances}
+            for instance_id, chats in self.chats.items():
+                if instance_id in found:
+                    continue
+                outcomes = [outcome for _, outcome in chats]
+                failing = chats_failing(state.instances[instance_id], state, outcomes, chats[0][0])
+                if failing is not None:
+                    found[instance_id] = failing
         for instance_id, judged in found.items():
             if instance_id in self.found:
                 continue
@@ -210,6 +231,11 @@ class Repairs:
             and not _has_instance(state, state.deployments[d].model_card.model_id)
         }
         return found
+
+    def note_chat(self, instance_id: InstanceId, failed: str | None, now: float) -> None:
+        """How a chat to ``instance_id`` went (module doc); the last FAILING_CHATS are kept."""
+        chats = (*self.chats.get(instance_id, ()), (now, failed))
+        self.chats[instance_id] = chats[-FAILING_CHATS:]
 
     def never_appeared(
         self, deployment_id: DeploymentId, instance_id: InstanceId, placed_at: float

@@ -135,6 +135,7 @@ from keeper.runtime.event_store import EventStore
 from keeper.runtime.hosted_keeper import (
     KeeperFactory,
     KeeperLike,
+    ReportsHealth,
     Started,
     default_keeper,
     start_keeper,
@@ -259,7 +260,9 @@ class Master:
             check_interval_s=self.config.membership_check_s,
             outbox_size=self.config.subscriber_buffer,
         )
-        self._chat_routing = ChatRouting(self._chats, self._membership, lambda: self.state)
+        self._chat_routing = ChatRouting(
+            self._chats, self._membership, lambda: self.state, self._chat_outcome
+        )
         self._view_cache = LastBuilt[bytes]()
         self._views_for_metrics = LastBuilt[list[DeploymentView]]()
         self._stepping = KeeperLoop(
@@ -319,6 +322,12 @@ class Master:
 
     def _monotonic(self) -> float:
         return self.clock.monotonic()
+
+    def _chat_outcome(self, instance_id: str, failed: str | None) -> None:
+        """How a chat went on an instance, for the keeper's failing-chats rule (§5.19)."""
+        keeper = self._started.keeper
+        if isinstance(keeper, ReportsHealth):
+            keeper.note_chat(instance_id, failed, self._monotonic())
 
     @property
     def running(self) -> bool:

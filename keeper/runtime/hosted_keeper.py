@@ -78,6 +78,7 @@ class ReportsHealth(Protocol):
 
     def health(self, state: State) -> Mapping[DeploymentId, Verdict]: ...
     def repair(self, instance_id: str, state: State) -> str | None: ...
+    def note_chat(self, instance_id: str, failed: str | None, now: float) -> None: ...
 
 
 def describe(crash: BaseException) -> str:
@@ -133,6 +134,11 @@ class KeeperWrapper:
         if isinstance(inner, ReportsHealth):
             return inner.repair(instance_id, state)
         return "this keeper does not repair instances"
+
+    def note_chat(self, instance_id: str, failed: str | None, now: float) -> None:
+        inner = self.inner
+        if isinstance(inner, ReportsHealth):
+            inner.note_chat(instance_id, failed, now)
 
 
 class StepObserver(Protocol):

@@ -317,3 +317,37 @@ def test_repairs_never_exceed_replicas_plus_one_nor_touch_a_hand_placed_instance
         # The deployment keeps replicas + 1 (the hand-placed one among them): one more at most.
         assert len(cluster.instances_of_model("m")) <= replicas + 1 + 1
     assert "by-hand" in cluster.state.instances
+
+
+# --- failing chats --------------------------------------------------------------------------
+
+
+def test_an_instance_whose_last_chats_all_failed_is_replaced() -> None:
+    cluster, deployment_id, old = serving_on_a()
+    cluster.make_ready(old)
+    cluster.step(T + 1)
+    for k in range(4):
+        cluster.keeper.note_chat(old, "timeout", T + 2 + k)
+    assert cluster.step(T + 10) == []  # four: not yet
+    cluster.keeper.note_chat(old, "ended before its end", T + 11)
+    events = cluster.step(T + 12)
+    record = of_type(events, DeploymentRepairPlaced)
+    assert [r.problem for r in record] == ["failing"]  # pyright: ignore[reportAttributeAccessIssue]
+    said = cluster.keeper.health(cluster.state)[deployment_id]
+    assert said.since == T + 2  # the first of the last five
+    assert said.why == (
+        f"last 5 chats to instance {old} all failed (ended before its end: 1, timeout: 4) "
+        "while its runners read Ready"
+    )
+    assert of_type(events, InstanceDeleted) == []  # replaced before deleted
+
+
+def test_one_answered_chat_among_the_last_five_is_not_failing() -> None:
+    cluster, _, old = serving_on_a()
+    cluster.make_ready(old)
+    for k, outcome in enumerate(["timeout", "timeout", None, "timeout", "timeout"]):
+        cluster.keeper.note_chat(old, outcome, T + 1 + k)
+    assert cluster.step(T + 10) == []
+    cluster.keeper.note_chat("gone-instance", "timeout", T + 11)
+    cluster.step(T + 12)
+    assert "gone-instance" not in cluster.keeper._repairs.chats  # pyright: ignore[reportPrivateUsage]

@@ -14,8 +14,10 @@ from model_ids import QWEN as MODEL
 from waiting import wait_until
 
 from keeper.cluster.in_process import InProcessCluster
+from keeper.link.protocol import ChatMessage
 from keeper.master.service import Master
 from keeper.model.events import DeploymentRepairPlaced
+from keeper.model.refusals import ChatFailedError, NoInstanceError
 from keeper.model.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
@@ -62,6 +64,18 @@ async def until(condition: Callable[[], bool], within: float, what: str) -> floa
     return anyio.current_time()
 
 
+async def chat_until_done(master: Master) -> None:
+    """Chats to the model, one after another, each read to its end or its failure."""
+    while True:
+        try:
+            stream = await master.chat(MODEL, [ChatMessage(role="user", content="hi")], 8)
+            async for _ in stream:
+                pass
+        except (ChatFailedError, NoInstanceError):
+            pass
+        await anyio.sleep(0.5)
+
+
 async def recovered(
     fault: SimFault, problem: str, broken: Callable[[AnyRunnerStatus | None], bool]
 ) -> tuple[float, float, float]:
@@ -96,6 +110,9 @@ async def recovered(
         def shows_broken() -> bool:
             return any(broken(master.state.runners.get(r)) for r in runners)
 
+        if fault == "fail-chats":
+            await until(lambda: serving_off(master.state, "") is not None, 30, "ready")
+            group.start_soon(chat_until_done, master)
         fault_at = await until(shows_broken, 60, f"{fault} shown")
         await until(lambda: bool(repairs), 120, "recognised")
         said_at, record = repairs[0]
@@ -131,4 +148,14 @@ async def test_a_runner_lost_on_a_live_node_is_replaced_at_once() -> None:
         lambda s: s is None or isinstance(s, RunnerShutdown | RunnerShuttingDown),
     )
     assert said_at - fault_at == pytest.approx(5, abs=1.5)  # GONE_GRACE_S
+    assert served_at - said_at < 5
+
+
+@pytest.mark.anyio
+async def test_an_instance_failing_every_chat_while_ready_is_replaced() -> None:
+    # "Broken" is seen only through the chats: the fault shows once the runner reads Ready.
+    fault_at, said_at, served_at = await recovered(
+        "fail-chats", "failing", lambda s: isinstance(s, SERVING_RUNNER_TYPES)
+    )
+    assert said_at - fault_at == pytest.approx(5 * 0.5, abs=1.5)  # five chats, one per 0.5 s
     assert served_at - said_at < 5
