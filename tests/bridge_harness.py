@@ -14,7 +14,7 @@ MockClock.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +38,7 @@ from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import error_body
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.state import Deployment, State
-from keeper.node.sim_node import NodeConfig
+from keeper.node.sim_node import NodeConfig, SimFault
 
 EXO_URL = "http://exo.test"
 
@@ -230,10 +230,15 @@ async def exo_with_bridge(
     data_dir: Path | None = None,
     nodes: tuple[tuple[str, float], ...] = (("a", 32.0), ("b", 32.0)),
     bridge_config: BridgeConfig | None = None,
+    faults: Mapping[str, SimFault] | None = None,
 ) -> AsyncIterator[ExoWithBridge]:
+    """The stand-in exo with ``nodes`` (name, GB), each misbehaving as ``faults`` says (by
+    name), and a bridge to it."""
     config = MasterConfig(keeper_enabled=False)
     master = Master(None, config=config)
-    cluster = InProcessCluster(master, [NodeConfig(name, memory_gb) for name, memory_gb in nodes])
+    faulty = faults or {}
+    configs = [NodeConfig(name, gb, fault=faulty.get(name)) for name, gb in nodes]
+    cluster = InProcessCluster(master, configs)
     link = ExoLink(create_exo_compat_app(master))
     async with anyio.create_task_group() as group:
         link.group = group

@@ -662,6 +662,13 @@ class Keeper:
         on the keeper's clock: the failing-chats rule reads the last few."""
         self._repairs.note_chat(instance_id, failed, now)
 
+    def repair_kind(self, state: State, now: float) -> RepairMoves | None:
+        """The repairs a step on ``state`` at ``now`` would make (what the bridge asks exo's
+        placement about before the step): judged now, as the step will judge them."""
+        if state.deployments:
+            self._repairs.observe(state, now)
+        return self._repairs.kind(state, now)
+
     def health(self, state: State) -> Mapping[DeploymentId, Verdict]:
         """Per deployment, what is wrong with an instance of its model as of the last step."""
         return self._repairs.health(state)

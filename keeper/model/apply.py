@@ -179,11 +179,11 @@ def apply(state: State, event: AnyEvent) -> State:
             replacing = tuple(i for i in deployment.replacing if i != move.old_instance_id)
             return _with_deployment(state, deployment_id, moving=move, replacing=replacing)
         case DeploymentRepairPlaced(deployment_id=deployment_id, move=move):
-            # One repair at a time, of an instance the State still shows (docs/design.md §5.19).
+            # One repair at a time (docs/design.md §5.19). Not judged on the State's instances:
+            # the bridge's log holds none (exo's State does), and either instance's deletion
+            # ends the move, as a rolling change's.
             deployment = state.deployments.get(deployment_id)
             if deployment is None or deployment.repairing is not None:
-                return state
-            if move.old_instance_id not in state.instances:
                 return state
             return _with_deployment(state, deployment_id, repairing=move)
         case DeploymentRepairChanged(deployment_id=deployment_id, repair=repair):

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from keeper.core.keeper import DeploymentTimer, Keeper, PlaceFn
+from keeper.core.repair import RepairMoves
 from keeper.model.events import AnyEvent
 from keeper.model.instance_health import Verdict
 from keeper.model.refusals import NotRunningError
@@ -79,6 +80,7 @@ class ReportsHealth(Protocol):
     def health(self, state: State) -> Mapping[DeploymentId, Verdict]: ...
     def repair(self, instance_id: str, state: State) -> str | None: ...
     def note_chat(self, instance_id: str, failed: str | None, now: float) -> None: ...
+    def repair_kind(self, state: State, now: float) -> RepairMoves | None: ...
 
 
 def describe(crash: BaseException) -> str:
@@ -139,6 +141,10 @@ class KeeperWrapper:
         inner = self.inner
         if isinstance(inner, ReportsHealth):
             inner.note_chat(instance_id, failed, now)
+
+    def repair_kind(self, state: State, now: float) -> RepairMoves | None:
+        inner = self.inner
+        return inner.repair_kind(state, now) if isinstance(inner, ReportsHealth) else None
 
 
 class StepObserver(Protocol):
