@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from keeper.bridge.metrics import ExoCollector, ExoFacts
 from keeper.master.chat_routing import ChatCounts
 from keeper.master.metrics import ChatCollector
-from keeper.model.api_models import WebhookEndpointHealth, WebhooksHealth
+from keeper.model.api_models import HealthView, WebhookEndpointHealth, WebhooksHealth
 from keeper.model.history import summarize
 from keeper.model.liveness import SILENT_AFTER_S, node_liveness, nodes_by_state
 from keeper.model.state import Deployment, NodeIdentity, ServingRecord, State, Topology
@@ -251,3 +251,18 @@ def test_promtool_accepts_the_rules() -> None:
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS: 4 rules found" in checked.stdout
+
+
+def test_a_broken_instance_is_exported_by_problem() -> None:
+    deployment = Deployment(deployment_id="d1", model_card=card(MODEL))
+    state = State(deployments={"d1": deployment})
+    (view,) = deployment_views(state, None, None)
+    health = HealthView(instance="i1", problem="stalled", why="w", since="2026-01-01T00:00:00Z")
+    name = "exo_deploy_deployment_instance_unhealthy"
+    labels = {"deployment": "d1", "model": MODEL, "problem": "stalled"}
+    for shown, expected in ((view, None), (view.model_copy(update={"health": health}), 1.0)):
+        snapshot = MetricsSnapshot(state=state, deployments=[shown], now=30.0, started_at=0.0)
+        _, samples = parse(
+            ServiceMetrics(lambda s=snapshot: s, lambda: 0.0).exposition_now().decode()
+        )
+        assert samples.get((name, frozenset(labels.items()))) == expected
