@@ -151,7 +151,12 @@ class StepObserver(Protocol):
     """Told, after each step, the State the keeper stepped on and why each drain is stuck (by
     node, the stuck ones only): the alert webhooks' producer (``keeper.runtime.webhooks``)."""
 
-    def observe(self, state: State, drain_notes: Mapping[str, str]) -> None: ...
+    def observe(
+        self,
+        state: State,
+        drain_notes: Mapping[str, str],
+        unhealthy: Mapping[DeploymentId, tuple[str, str, str]] | None = None,
+    ) -> None: ...
 
 
 class HostedKeeper(KeeperWrapper):
@@ -180,7 +185,10 @@ class HostedKeeper(KeeperWrapper):
             self._log_crashes(self.inner.placement_crashes())
         if self._observer is not None:
             notes = {name: note for name in state.drains if (note := self.drain_note(name))}
-            self._observer.observe(state, notes)
+            unhealthy = {
+                d: (v.instance_id, v.problem, v.why) for d, v in self.health(state).items()
+            }
+            self._observer.observe(state, notes, unhealthy)
         return events
 
     def _log_crashes(self, crashes: Mapping[DeploymentId, Exception]) -> None:
