@@ -35,6 +35,7 @@ from keeper.model.instance_health import (
     Marks,
     Verdict,
     chats_failing,
+    time_judged,
     track,
     verdicts,
 )
@@ -190,16 +191,24 @@ class Repairs:
         default_factory=dict[InstanceId, tuple[tuple[float, str | None], ...]]
     )
     # The State's parts the marks were last tracked on (the same objects: nothing to track).
-    _read: tuple[object, object, object] = (None, None, None)
+    _read: tuple[object, ...] = (None, None, None, None, None)
+    # The instances time alone may find broken on the State last tracked (``time_judged``).
+    _pending: frozenset[InstanceId] = frozenset()
+    # The deployments mapping ``_under_way`` last read, and its answer.
+    _deployments_read: object = None
+    _repairing: bool = False
 
     def observe(self, state: State, now: float) -> dict[InstanceId, Verdict]:
         """Track ``state`` at ``now`` and judge its instances; a newly broken one is an
         incident on its nodes."""
-        parts = (state.instances, state.runners, state.downloads)
+        parts = (state.instances, state.runners, state.downloads, state.topology, state.node_watch)
         if any(a is not b for a, b in zip(parts, self._read, strict=True)):
             self.marks = track(self.marks, state, now)
             self._read = parts
-        found = verdicts(state, self.marks, now)
+            self._pending = time_judged(state, self.marks)
+        # Only these can be found broken by time passing on the same State: on a cluster at
+        # rest, none (docs/design.md §5.9: the steady step reads what changed, not everything).
+        found = verdicts(state, self.marks, now, self._pending)
         if self.chats:
             self.chats = {i: c for i, c in self.chats.items() if i in state.instances}
             for instance_id, chats in self.chats.items():
@@ -218,18 +227,21 @@ class Repairs:
                 seen = (*self.incidents.get(key, ()), Incident(now, judged.problem))
                 self.incidents[key] = seen[-MAX_INCIDENTS:]
         self.found = found
-        self.incidents = {
-            key: seen
-            for key, seen in self.incidents.items()
-            if seen[-1].at >= now - INCIDENT_WINDOW_S
-        }
-        self.asked &= set(state.instances)
-        self.unfulfilled = {
-            d: v
-            for d, v in self.unfulfilled.items()
-            if d in state.deployments
-            and not _has_instance(state, state.deployments[d].model_card.model_id)
-        }
+        if self.incidents:
+            self.incidents = {
+                key: seen
+                for key, seen in self.incidents.items()
+                if seen[-1].at >= now - INCIDENT_WINDOW_S
+            }
+        if self.asked:
+            self.asked &= set(state.instances)
+        if self.unfulfilled:
+            self.unfulfilled = {
+                d: v
+                for d, v in self.unfulfilled.items()
+                if d in state.deployments
+                and not _has_instance(state, state.deployments[d].model_card.model_id)
+            }
         return found
 
     def note_chat(self, instance_id: InstanceId, failed: str | None, now: float) -> None:
@@ -250,12 +262,19 @@ class Repairs:
 
     def kind(self, state: State, now: float) -> RepairMoves | None:
         """The step's repair kind, or None when it has nothing to do."""
-        under_way = any(d.repairing is not None for d in state.deployments.values())
-        if not (self.found or self.asked or under_way):
+        if not (self.found or self.asked or self._under_way(state)):
             return None
         models = {state.instances[i].shard_assignments.model_id for i in (*self.found, *self.asked)}
         avoided = {m: avoiding(self.incidents, state, m, now) for m in sorted(models)}
         return RepairMoves(dict(self.found), frozenset(self.asked), avoided)
+
+    def _under_way(self, state: State) -> bool:
+        """Whether a deployment records a repair under way; read again only when the State's
+        deployments are another mapping (apply replaces it on any change; §5.9)."""
+        if state.deployments is not self._deployments_read:  # pragma: no mutate (a cache)
+            self._deployments_read = state.deployments
+            self._repairing = any(d.repairing is not None for d in state.deployments.values())
+        return self._repairing
 
     def health(self, state: State) -> dict[DeploymentId, Verdict]:
         """Per deployment, what is wrong with an instance of its model (the first in id order),

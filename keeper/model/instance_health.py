@@ -26,7 +26,7 @@ it can call these instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -140,6 +140,7 @@ class Marks:
 
 
 NO_MARKS = Marks()
+NO_RUNNER_MARK = RunnerMark()
 
 
 @dataclass(frozen=True)
@@ -401,14 +402,33 @@ def _stalled(
     )
 
 
-def verdicts(state: State, marks: Marks, now: float) -> dict[InstanceId, Verdict]:
-    """Every instance of ``state`` something is wrong with, and what (``verdict``)."""
+def verdicts(
+    state: State, marks: Marks, now: float, among: Iterable[InstanceId] | None = None
+) -> dict[InstanceId, Verdict]:
+    """Every instance of ``state`` (or of ``among``) something is wrong with, and what
+    (``verdict``)."""
     found: dict[InstanceId, Verdict] = {}
-    for instance_id, instance in state.instances.items():
-        judged = verdict(instance, state, marks, now)
+    for instance_id in state.instances if among is None else among:
+        instance = state.instances.get(instance_id)
+        judged = verdict(instance, state, marks, now) if instance is not None else None
         if judged is not None:
             found[instance_id] = judged
     return found
+
+
+def time_judged(state: State, marks: Marks) -> frozenset[InstanceId]:
+    """The instances of ``state`` a verdict may come to with time alone, the State unchanged:
+    all but those whose every runner reads Ready or Running with no failure in its window
+    (such an instance is judged again only when the State changes, or by its chats)."""
+    return frozenset(
+        instance_id
+        for instance_id, instance in state.instances.items()
+        if not all(
+            isinstance(state.runners.get(runner_id), RunnerReady | RunnerRunning)
+            and not marks.runners.get(runner_id, NO_RUNNER_MARK).failures
+            for runner_id in instance.shard_assignments.node_to_runner.values()
+        )
+    )
 
 
 def chats_failing(

@@ -52,10 +52,10 @@ MAX_LAG_S = 10.0
 ENTRIES_PER_DEPLOYMENT = (
     32 + 4 * 2 * MAX_REPLICAS + 8 * (len(NODES) + len(NODES) * (len(NODES) - 1))
 )
-# A keeper's own attributes, one entry each (17 now), the fields of its repair memory (14: the
-# marks' four mappings, its own six, the three parts of the State it last read), with room for
-# a few more.
-ENTRIES_AT_REST = 36
+# A keeper's own attributes, one entry each (17 now), the fields of its repair memory (about
+# 20: the marks' four mappings, its own ten, the five parts of the State it last read), with
+# room for a few more.
+ENTRIES_AT_REST = 42
 # The repair marks of each instance in the State and each node (docs/design.md §5.19): an
 # instance's mark and its progress (its runners' statuses and download bytes: a few entries per
 # node it runs on), each runner's mark, status and failures, each node's two rates.
