@@ -16,7 +16,7 @@ that API is the stand-in's. Everything runs under trio's MockClock.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,7 @@ from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import error_body
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.state import Deployment, State
-from keeper.node.sim_node import NodeConfig
+from keeper.node.sim_node import NodeConfig, SimFault
 
 EXO_URL = "http://exo.test"
 
@@ -255,12 +255,16 @@ async def exo_with_bridge(
     nodes: tuple[tuple[str, float], ...] = (("a", 32.0), ("b", 32.0)),
     bridge_config: BridgeConfig | None = None,
     node_apis: bool = False,
+    faults: Mapping[str, SimFault] | None = None,
 ) -> AsyncIterator[ExoWithBridge]:
-    """The stand-in, its nodes and a bridge; ``node_apis``: the bridge is also given each node's
-    own URL (``node_url``), whose GET /node_id answers that node's id."""
+    """The stand-in, its nodes and a bridge; each node misbehaving as ``faults`` says (by name);
+    ``node_apis``: the bridge is also given each node's own URL (``node_url``), whose GET
+    /node_id answers that node's id."""
     config = MasterConfig(keeper_enabled=False)
     master = Master(None, config=config)
-    cluster = InProcessCluster(master, [NodeConfig(name, memory_gb) for name, memory_gb in nodes])
+    faulty = faults or {}
+    configs = [NodeConfig(name, gb, fault=faulty.get(name)) for name, gb in nodes]
+    cluster = InProcessCluster(master, configs)
     link = ExoLink(create_exo_compat_app(master))
     async with anyio.create_task_group() as group:
         link.group = group

@@ -29,7 +29,7 @@ from keeper.model.events import (
     DownloadDeletionRequested,
     InstanceDeleted,
 )
-from keeper.model.state import DEFAULT_PRIORITY, Deployment, InstanceMeta, Sharding
+from keeper.model.state import DEFAULT_PRIORITY, Deployment, InstanceMeta, RepairMode, Sharding
 from keeper.runtime.clock import iso_utc
 from keeper.runtime.deployments import (
     created_response,
@@ -40,6 +40,9 @@ from keeper.runtime.deployments import (
     options_response,
     priority_events,
     priority_response,
+    repair_events,
+    repair_response,
+    repaired_response,
     scale_events,
     scaled_response,
     standby_events,
@@ -95,6 +98,7 @@ class BridgeCommands:
         standby: int = 1,
         priority: int = DEFAULT_PRIORITY,
         preempt: bool = False,
+        repair: RepairMode = "auto",
     ) -> CommandResponse:
         card = await self._cards.deployment_card(model_id)
 
@@ -109,6 +113,7 @@ class BridgeCommands:
                 standby=standby,
                 priority=priority,
                 preempt=preempt,
+                repair=repair,
                 max_deployments=self._max_deployments,
             )
             self._log.record_change([DeploymentCreated(deployment=deployment)])
@@ -174,6 +179,21 @@ class BridgeCommands:
             return deployment
 
         return priority_response(await self._log.command(set_it), priority, preempt)
+
+    async def set_repair(self, deployment_id: str, repair: RepairMode) -> CommandResponse:
+        """What the keeper does with a broken instance of the deployment, in the bridge's log
+        (docs/design.md §5.19)."""
+
+        def set_it() -> Deployment:
+            deployment = existing_deployment(self._deployments, deployment_id)
+            self._log.record_change(repair_events(deployment, repair))
+            return deployment
+
+        return repair_response(await self._log.command(set_it), repair)
+
+    async def repair_instance(self, instance_id: str) -> CommandResponse:
+        """Have the keeper replace ``instance_id`` at its next ticks (the operator said so)."""
+        return repaired_response(self._started.keeper, instance_id, self._view.state)
 
     async def set_options(
         self,

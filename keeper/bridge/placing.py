@@ -46,6 +46,7 @@ from keeper.core.failover import failing_over, failover_kind
 from keeper.core.keeper import DeploymentTimer, move_kinds
 from keeper.core.moves import deployments_to_move
 from keeper.core.placement import place_instance
+from keeper.core.repair import RepairMoves
 from keeper.core.rolling import rolling_deployments
 from keeper.core.view import models_instance_counts, node_names, nodes_serving, without_nodes
 from keeper.model.events import AnyEvent
@@ -62,15 +63,21 @@ from keeper.model.wire import JsonObject
 from keeper.runtime.hosted_keeper import KeeperLike
 
 
-def due_for_placement(state: State, timers: Mapping[str, DeploymentTimer]) -> list[Deployment]:
+def due_for_placement(
+    state: State, timers: Mapping[str, DeploymentTimer], repair: RepairMoves | None = None
+) -> list[Deployment]:
     """The deployments the keeper's step on ``state`` will try to place, in id order: those
     with fewer instances of their model than replicas and nothing to wait for (``timers``, the
-    keeper's, on the same State and time)."""
+    keeper's, on the same State and time), and those a move of any kind will place for
+    (``repair``: the keeper's repairs, docs/design.md §5.19)."""
     counts = models_instance_counts(state)
     # A move's next replacement places too, whatever its kind (a drain's, a rolling
-    # change's): a candidate with no move of its deployment under way (``keeper.core.moves``).
+    # change's, a failover's, a repair's): a candidate with no move of its deployment under way
+    # (``keeper.core.moves``).
     failover = failover_kind(state, failing_over(state))
-    moving = deployments_to_move(state, move_kinds(state, rolling_deployments(state), failover))
+    moving = deployments_to_move(
+        state, move_kinds(state, rolling_deployments(state), failover, repair=repair)
+    )
     due: list[Deployment] = []
     for deployment_id, deployment in sorted(state.deployments.items()):
         timer = timers.get(deployment_id)

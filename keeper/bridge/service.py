@@ -97,7 +97,14 @@ from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import AnyEvent
 from keeper.model.liveness import OFF, LivenessConfig
-from keeper.model.state import DEFAULT_PRIORITY, InstanceMeta, ModelCard, Sharding, State
+from keeper.model.state import (
+    DEFAULT_PRIORITY,
+    InstanceMeta,
+    ModelCard,
+    RepairMode,
+    Sharding,
+    State,
+)
 from keeper.model.wire import JsonObject
 from keeper.runtime.clock import Clock
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
@@ -387,9 +394,18 @@ class Bridge:
         standby: int = 1,
         priority: int = DEFAULT_PRIORITY,
         preempt: bool = False,
+        repair: RepairMode = "auto",
     ) -> CommandResponse:
         return await self._commands.create_deployment(
-            model_id, sharding, instance_meta, min_nodes, replicas, standby, priority, preempt
+            model_id,
+            sharding,
+            instance_meta,
+            min_nodes,
+            replicas,
+            standby,
+            priority,
+            preempt,
+            repair,
         )
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
@@ -402,6 +418,12 @@ class Bridge:
         self, deployment_id: str, priority: int | None = None, preempt: bool | None = None
     ) -> CommandResponse:
         return await self._commands.set_priority(deployment_id, priority, preempt)
+
+    async def set_repair(self, deployment_id: str, repair: RepairMode) -> CommandResponse:
+        return await self._commands.set_repair(deployment_id, repair)
+
+    async def repair_instance(self, instance_id: str) -> CommandResponse:
+        return await self._commands.repair_instance(instance_id)
 
     async def set_options(
         self,

@@ -43,7 +43,7 @@ from keeper.model.history import serving_changes
 from keeper.model.state import State
 from keeper.runtime.clock import Clock
 from keeper.runtime.event_store import LogNotWritableError
-from keeper.runtime.hosted_keeper import Started
+from keeper.runtime.hosted_keeper import ReportsHealth, Started
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,8 @@ class BridgeTicks:
             # the step placing from those answers only (keeper.bridge.placing).
             state = self._view.state
             keeper = self._started.keeper
-            due = due_for_placement(state, keeper.timers(state, now))
+            repair = keeper.repair_kind(state, now) if isinstance(keeper, ReportsHealth) else None
+            due = due_for_placement(state, keeper.timers(state, now), repair)
             try:
                 answers = await ask_exo(self._follow.exo, self._cards, state, due)
             except ExoUnavailableError as exc:
@@ -158,11 +159,15 @@ class BridgeTicks:
     def _record_vanished(self, exo: ExoState, now: float) -> None:
         """InstanceDeleted in the bridge's log for each recorded instance exo deleted (only
         believed from a readable State, and once it lasts: ``keeper.bridge.vanished``)."""
+        deployments = sorted(self._log.state.deployments.items())
         recorded = [
             instance_id
-            for _, deployment in sorted(self._log.state.deployments.items())
+            for _, deployment in deployments
             for instance_id in deployment.placed_instance_ids
         ]
+        # A repair's broken instance too (one placed by hand is in no record): gone from exo,
+        # its deletion ends the repair (docs/design.md §5.19).
+        recorded += [d.repairing.old_instance_id for _, d in deployments if d.repairing is not None]
         gone = self._vanished.gone(recorded, exo.state, now)
         if gone:
             log.info("exo no longer runs instance(s) %s: recorded as deleted", ", ".join(gone))

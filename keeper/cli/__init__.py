@@ -53,7 +53,12 @@ from keeper.model.liveness import (
 from keeper.model.state import Backend, Memory, ModelCard
 from keeper.node.downloads import disk_refusal
 from keeper.node.node_process import run_node_process
-from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
+from keeper.node.sim_node import (
+    DEFAULT_DISK_GB,
+    DEFAULT_DOWNLOAD_MB_PER_S,
+    SIM_FAULTS,
+    NodeConfig,
+)
 from keeper.runtime.arguments import UsageParser, positive_float, positive_int, webhook_option
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.dir_lock import DataDirInUseError
@@ -136,6 +141,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         disk_gb=args.disk_gb,
         download_mb_per_s=args.download_mb_s,
         has_models=tuple(args.has),
+        fault=args.fault,
     )
     return run_node_process(config, args.master, args.token)
 
@@ -360,6 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how fast its runners load weights, GB/s (default 2)",
     )
     _disk_options(node, "it")
+    node.add_argument(
+        "--fault",
+        choices=list(SIM_FAULTS),
+        default=None,
+        help="misbehave: runners stop in RunnerWarmingUp (stall-warmup), die after serving 3 s "
+        "with the instance still registered (lose-runner), or fail every chat (fail-chats)",
+    )
     node.add_argument(
         "--key-file",
         type=Path,

@@ -1,11 +1,12 @@
 """The deployments commands of ``exo-deploy``: ``list``, ``deploy``, ``scale``, ``set``,
-``undeploy`` and ``history``.
+``repair``, ``undeploy`` and ``history``.
 
 ``scale ID N`` is the one setting an operator changes most, so it keeps its short form; ``set ID``
 changes any of a deployment's settings in place (``--replicas``, ``--standby``, ``--priority``,
 ``--preempt``/``--no-preempt``, and the placement options ``--sharding``, ``--instance-meta``,
-``--min-nodes``: a rolling change, each instance replaced make-before-break) in one
-``PATCH /deployments/{id}``.
+``--min-nodes``: a rolling change, each instance replaced make-before-break; ``--repair
+auto|report``) in one ``PATCH /deployments/{id}``. ``repair ID`` has the keeper replace one
+instance now, whatever its deployment's ``repair`` and whoever placed it.
 
 They are the part of the CLI that talks to a running master (or bridge) rather than starting a
 process: each is one request through the deployments client the TUI uses too
@@ -38,7 +39,14 @@ from keeper.model.api_models import (
     DeploymentView,
 )
 from keeper.model.notices import phases_words
-from keeper.model.state import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, InstanceMeta, Sharding
+from keeper.model.state import (
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    REPAIR_MODES,
+    InstanceMeta,
+    Sharding,
+)
 from keeper.runtime.arguments import positive_int, whole_number
 
 DEFAULT_URL = "http://127.0.0.1:52415"
@@ -171,13 +179,23 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         standby=args.standby,
         priority=args.priority,
         preempt=args.preempt,
+        repair=args.repair,
     )
     _print_answer(args, call_master(args, lambda client: client.create(request)))
     return EXIT_OK
 
 
 # The settings ``set`` changes, by option, in the order the request names them.
-SETTINGS = ("replicas", "standby", "priority", "preempt", "sharding", "instance_meta", "min_nodes")
+SETTINGS = (
+    "replicas",
+    "standby",
+    "priority",
+    "preempt",
+    "sharding",
+    "instance_meta",
+    "min_nodes",
+    "repair",
+)
 
 
 def cmd_set(args: argparse.Namespace) -> int:
@@ -188,7 +206,7 @@ def cmd_set(args: argparse.Namespace) -> int:
     if not settings:
         print(
             "exo-deploy set: give one at least of --replicas, --standby, --priority, "
-            "--preempt/--no-preempt, --sharding, --instance-meta and --min-nodes",
+            "--preempt/--no-preempt, --sharding, --instance-meta, --min-nodes and --repair",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -203,6 +221,22 @@ def cmd_scale(args: argparse.Namespace) -> int:
     answer = call_master(args, lambda client: client.scale(args.deployment_id, args.replicas))
     _print_answer(args, answer)
     return EXIT_OK
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    _print_answer(args, call_master(args, lambda client: client.repair(args.instance_id)))
+    return EXIT_OK
+
+
+def _repair_option(parser: argparse.ArgumentParser, *, default: str | None) -> None:
+    """``--repair auto|report`` (docs/design.md §5.19)."""
+    shown = f" (default {default})" if default is not None else ""
+    parser.add_argument(
+        "--repair",
+        choices=list(REPAIR_MODES),
+        default=default,
+        help=f"auto: replace a broken instance of its own; report: only say it{shown}",
+    )
 
 
 def cmd_undeploy(args: argparse.Namespace) -> int:
@@ -336,6 +370,7 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
         "(0-4, default 1)",
     )
     _priority_options(deploy, default=DEFAULT_PRIORITY)
+    _repair_option(deploy, default="auto")
     client_options(deploy)
     deploy.set_defaults(handler=cmd_deploy)
 
@@ -371,8 +406,18 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
         "--instance-meta", choices=[m.value for m in InstanceMeta], help="a rolling change too"
     )
     set_.add_argument("--min-nodes", type=whole_number, help="a rolling change too (at least 1)")
+    _repair_option(set_, default=None)
     client_options(set_)
     set_.set_defaults(handler=cmd_set)
+
+    repair = command(
+        "repair",
+        "replace instance ID now, then delete it once its replacement is ready",
+        epilog=EXIT_CODES_HELP,
+    )
+    repair.add_argument("instance_id", metavar="ID", help="an instance id from GET /state")
+    client_options(repair)
+    repair.set_defaults(handler=cmd_repair)
 
     undeploy = command("undeploy", "delete the deployment ID", epilog=EXIT_CODES_HELP)
     undeploy.add_argument("deployment_id", metavar="ID", help="a deployment id from `list`")

@@ -115,6 +115,7 @@ def settings_of(deployment: Deployment) -> CreateDeploymentRequest:
         standby=deployment.standby,
         priority=deployment.priority,
         preempt=deployment.preempt,
+        repair=deployment.repair,
     )
 
 

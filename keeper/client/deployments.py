@@ -169,6 +169,10 @@ class DeploymentsClient:
 
     async def create(self, request: CreateDeploymentRequest) -> Answer[CommandResponse]:
         body = request.model_dump(mode="json")
+        # The default repair is left out, so a master from before repair (which refuses keys
+        # it does not know) still takes a create that asks nothing of it.
+        if body.get("repair") == "auto":
+            del body["repair"]
         return await self.call("POST", "/deployments", CommandResponse, body=body)
 
     async def scale(self, deployment_id: str, replicas: int) -> Answer[CommandResponse]:
@@ -183,9 +187,9 @@ class DeploymentsClient:
         no_api: str = NO_SETTINGS_API,
     ) -> Answer[CommandResponse]:
         """Change the deployment's ``settings`` in place (``PATCH /deployments/{id}``: replicas,
-        standby, priority, preempt, sharding, instance_meta, min_nodes); the master judges them,
-        so its refusal is the message, and ``no_api`` is what a master from before the route
-        says."""
+        standby, priority, preempt, sharding, instance_meta, min_nodes, repair); the master
+        judges them, so its refusal is the message, and ``no_api`` is what a master from before
+        the route says."""
         path = f"/deployments/{deployment_id}"
         try:
             return await self.call(
@@ -208,6 +212,12 @@ class DeploymentsClient:
     async def delete(self, deployment_id: str) -> Answer[CommandResponse]:
         path = f"/deployments/{deployment_id}"
         return await self.call("DELETE", path, CommandResponse, what="DELETE /deployments")
+
+    async def repair(self, instance_id: str) -> Answer[CommandResponse]:
+        """Replace the instance now, whatever its deployment's ``repair`` (``POST
+        /instances/{id}/repair``, docs/design.md §5.19)."""
+        path = f"/instances/{quote(instance_id, safe='')}/repair"
+        return await self.call("POST", path, CommandResponse, what="POST /instances/{id}/repair")
 
     # --- nodes: cordons and drains -------------------------------------------------------
 

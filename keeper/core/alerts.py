@@ -42,6 +42,7 @@ from keeper.model.notices import (
     DrainStuck,
     IncidentOpened,
     IncidentResolved,
+    InstanceUnhealthy,
     ServingAgain,
     clock_utc_of,
     duration_words,
@@ -62,6 +63,10 @@ class Observed:
 
     state: State
     drain_notes: Mapping[str, str] = field(default_factory=dict[str, str])
+    # Per deployment, its broken instance (docs/design.md §5.19): (instance, problem, why).
+    unhealthy: Mapping[DeploymentId, tuple[str, str, str]] = field(
+        default_factory=dict[DeploymentId, tuple[str, str, str]]
+    )
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,11 @@ def notices(
 ) -> tuple[list[AnyNotice], AlertMemory]:
     """The notices that going from ``before`` to ``after`` calls for, seen at ``at`` (Unix
     seconds), and the memory after them."""
-    if before.state is after.state and before.drain_notes == after.drain_notes:
+    if (
+        before.state is after.state
+        and before.drain_notes == after.drain_notes
+        and before.unhealthy == after.unhealthy
+    ):
         return [], memory
     seen_at = iso_utc_of(at)
     status_notices, cant_place = _status_notices(before.state, after.state, seen_at, memory)
@@ -114,6 +123,7 @@ def notices(
         *_incident_notices(before.state, after.state, seen_at),
         *status_notices,
         *_drain_notices(before, after, seen_at),
+        *_health_notices(before, after, seen_at),
     ]
     return found, AlertMemory(cant_place=cant_place, records_seen_until=_records_seen(after.state))
 
@@ -295,6 +305,30 @@ def _drain_notices(before: Observed, after: Observed, seen_at: str) -> list[AnyN
                 node=name,
                 started=drain.started,
                 reason=note,
+            )
+        )
+    return found
+
+
+def _health_notices(before: Observed, after: Observed, seen_at: str) -> list[AnyNotice]:
+    """A deployment's instance newly broken, or broken another way, is said once."""
+    found: list[AnyNotice] = []
+    for deployment_id, (instance_id, problem, why) in sorted(after.unhealthy.items()):
+        was = before.unhealthy.get(deployment_id)
+        deployment = after.state.deployments.get(deployment_id)
+        if deployment is None or (was is not None and was[:2] == (instance_id, problem)):
+            continue
+        model_id = deployment.model_card.model_id
+        found.append(
+            InstanceUnhealthy(
+                id=f"instance_unhealthy:{instance_id}:{problem}",
+                at=seen_at,
+                text=f"{TEXT_PREFIX}{model_id}: instance {instance_id} {problem}: {why}",
+                deployment_id=deployment_id,
+                model_id=model_id,
+                instance_id=instance_id,
+                problem=problem,
+                why=why,
             )
         )
     return found

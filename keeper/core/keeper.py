@@ -60,6 +60,7 @@ from keeper.core.memo import (
 from keeper.core.moves import MOVE_SETTLE, Deciding, MoveKind, Moves, Stuck
 from keeper.core.placement import PlaceFn, place_instance
 from keeper.core.preemption import Preemption, TrialBudget, by_priority, candidates, find
+from keeper.core.repair import RepairMoves, Repairs, avoiding
 from keeper.core.rolling import RollingMoves, rolling_deployments
 from keeper.core.stager import MAX_STAGING_PLANS_PER_STEP, STAGING_INTERVAL, Stager
 from keeper.core.view import (
@@ -97,6 +98,7 @@ from keeper.model.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
+from keeper.model.instance_health import NO_MARKS, Verdict
 from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.state import (
     AnyInstance,
@@ -172,6 +174,9 @@ class Keeper:
         self._resume_after: DeploymentId | None = None  # pragma: no mutate
         # The moves' memory, every kind's (drains, rolling changes; ``keeper.core.moves``).
         self._moves = Moves()
+        # Broken instances: the marks their rules read, the operator's asks, the incidents
+        # (``keeper.core.repair``, docs/design.md §5.19).
+        self._repairs = Repairs()
         # Drains whose end was sent, until the State drops them.
         self._drain_ended: set[str] = set()
         # Which deployments a rolling change is under way for (``_rolling_deployments``).
@@ -226,7 +231,16 @@ class Keeper:
                 and last[0] is deployment  # pragma: no mutate
                 and last[1] is memo  # pragma: no mutate
             ):
+                before = memo.in_flight
                 memo = observe(memo, deployment, state, now)
+                # Given up on, never arrived (not arrived and gone): said (§5.19).
+                if (
+                    before is not None
+                    and memo.in_flight is None
+                    and before not in state.instances
+                    and deployment.instance_id != before
+                ):
+                    self._repairs.never_appeared(deployment_id, before, memo.placed_at)
                 memos[deployment_id] = memo
                 observed[deployment_id] = (deployment, memo)  # pragma: no mutate
             if counts.get(deployment.model_card.model_id, 0) < wanted(memo, deployment):
@@ -241,14 +255,16 @@ class Keeper:
         # Higher priorities first; equal ones in id order, resumed where the last step stopped.
         events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
         failover = failover_kind(state, self._failing_over)
-        if state.drains or rolling or failover is not None:
+        self._repairs.observe(state, now)
+        repair = self._repairs.kind(state, now)
+        if state.drains or rolling or failover is not None or repair is not None:
             # Recovery first: a move places only in a step that placed nothing else, and at
             # most one move places per step (failover first, then drains, then rolling changes).
             placed_now = any(isinstance(e, InstanceCreated) for e in events)
             # The signature read above when a deployment was short, else read now. (No
             # mutation: reading it again when short gives the same signature, only later.)
             move_signature = signature if short else cluster_signature(state)  # pragma: no mutate
-            kinds = move_kinds(state, rolling, failover)
+            kinds = move_kinds(state, rolling, failover, repair=repair)
             # (No mutation: with no drain none ends; the test saves the look.)
             ended = self._drains_ended(state) if state.drains else []  # pragma: no mutate
             moved = self._move(state, kinds, counts, move_signature, now, placed_now)
@@ -526,6 +542,9 @@ class Keeper:
             self._observed = {d: seen for d, seen in self._observed.items() if d in live}
         self._stager.forget_departed(live)
         self._deleting = {d for d in self._deleting if d in live}
+        repairs = self._repairs
+        if not live and (repairs.marks is not NO_MARKS or repairs.chats):  # nothing to repair
+            self._repairs = Repairs()
         self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}
 
     def placement_crashes(self) -> Mapping[DeploymentId, Exception]:
@@ -595,6 +614,41 @@ class Keeper:
         self._memos[deployment_id] = scaled(memo, replicas, removed)
         return [event, *(InstanceDeleted(instance_id=i) for i in removed)]
 
+    # --- broken instances (docs/design.md §5.19) --------------------------------------------
+
+    def repair(self, instance_id: InstanceId, state: State) -> str | None:
+        """Replace ``instance_id`` as soon as a step may, whatever its deployment's ``repair``
+        and whoever placed it (the operator said so); the reason it cannot be, in words, or
+        None once asked."""
+        instance = state.instances.get(instance_id)
+        if instance is None:
+            return f"no instance {instance_id}"
+        model_id = instance.shard_assignments.model_id
+        if not any(d.model_card.model_id == model_id for d in state.deployments.values()):
+            return f"instance {instance_id} is of {model_id}, which no deployment keeps"
+        self._repairs.asked.add(instance_id)
+        return None
+
+    def note_chat(self, instance_id: InstanceId, failed: str | None, now: float) -> None:
+        """How a chat to ``instance_id`` went (None: answered; else how it failed), at ``now``
+        on the keeper's clock: the failing-chats rule reads the last few."""
+        self._repairs.note_chat(instance_id, failed, now)
+
+    def repair_kind(self, state: State, now: float) -> RepairMoves | None:
+        """The repairs a step on ``state`` at ``now`` would make (what the bridge asks exo's
+        placement about before the step): judged now, as the step will judge them."""
+        if state.deployments:
+            self._repairs.observe(state, now)
+        return self._repairs.kind(state, now)
+
+    def health(self, state: State) -> Mapping[DeploymentId, Verdict]:
+        """Per deployment, what is wrong with an instance of its model as of the last step."""
+        return self._repairs.health(state)
+
+    def avoiding(self, state: State, model_id: str, now: float) -> list[str]:
+        """The nodes a replacement for ``model_id`` avoids now, in words."""
+        return sorted(avoiding(self._repairs.incidents, state, model_id, now))
+
     # --- the operator's view --------------------------------------------------------------
 
     def timers(self, state: State, now: float) -> dict[str, DeploymentTimer]:
@@ -622,17 +676,23 @@ class Keeper:
 
 
 def move_kinds(
-    state: State, rolling: Sequence[DeploymentId], failover: MoveKind | None = None
+    state: State,
+    rolling: Sequence[DeploymentId],
+    failover: MoveKind | None = None,
+    repair: RepairMoves | None = None,
 ) -> list[MoveKind]:
     """The kinds of move with work in ``state``, in the order they go first (docs/design.md
-    §5.17): a failover (``failover_kind``: an outage beats planned work, §5.18), drains, then
-    the rolling changes of ``rolling`` (``rolling_deployments``)."""
+    §5.17): a failover (``failover_kind``: an outage beats planned work, §5.18), drains, the
+    rolling changes of ``rolling`` (``rolling_deployments``), then the repairs of broken
+    instances (§5.19)."""
     kinds: list[MoveKind] = [failover] if failover is not None else []
     # (No mutation: the drains' kind with no drain finds nothing to do; the test saves its work.)
     if state.drains:  # pragma: no mutate
         kinds.append(DRAINS)
     if rolling:
         kinds.append(RollingMoves(rolling))
+    if repair is not None:
+        kinds.append(repair)
     return kinds
 
 

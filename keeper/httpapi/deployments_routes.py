@@ -2,11 +2,12 @@
 (``keeper.master.service``) and the bridge (``keeper.bridge.service``).
 
 Both answer ``POST /deployments``, ``GET /deployments``, ``PATCH /deployments/{id}`` (replicas,
-standby, priority, preempt), ``DELETE /deployments/{id}`` and ``GET /deployments/{id}/history``
-with the same shapes (``keeper.model.api_models``), so the TUI and
-``exo-deploy list/deploy/scale/set/undeploy`` work against
-either unchanged; the routes are written once, over the small Protocol both satisfy, and so is
-their contract: each declares its body and every refusal either service answers.
+standby, priority, preempt, repair), ``POST /instances/{id}/repair``, ``DELETE
+/deployments/{id}`` and ``GET /deployments/{id}/history`` with the same shapes
+(``keeper.model.api_models``), so the TUI and ``exo-deploy list/deploy/scale/set/undeploy``
+work against either unchanged; the routes are written once, over the small Protocol both
+satisfy, and so is their contract: each declares its body and every refusal either service
+answers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from keeper.model.api_models import (
     DeploymentsResponse,
     ScaleDeploymentRequest,
 )
-from keeper.model.state import DEFAULT_PRIORITY, InstanceMeta, Sharding
+from keeper.model.state import DEFAULT_PRIORITY, InstanceMeta, RepairMode, Sharding
 
 
 class DeploymentsService(Protocol):
@@ -43,6 +44,7 @@ class DeploymentsService(Protocol):
         standby: int = 1,
         priority: int = DEFAULT_PRIORITY,
         preempt: bool = False,
+        repair: RepairMode = "auto",
     ) -> CommandResponse: ...
 
     async def delete_deployment(self, deployment_id: str) -> CommandResponse: ...
@@ -65,6 +67,15 @@ class DeploymentsService(Protocol):
         min_nodes: int | None,
     ) -> CommandResponse:
         """A rolling change of the deployment's placement options (each as it is when None)."""
+        ...
+
+    async def set_repair(self, deployment_id: str, repair: RepairMode) -> CommandResponse:
+        """Set what the keeper does with a broken instance of the deployment."""
+        ...
+
+    async def repair_instance(self, instance_id: str) -> CommandResponse:
+        """Replace ``instance_id`` now, whatever its deployment's ``repair`` (the operator
+        said so): ``exo-deploy repair ID``."""
         ...
 
     def deployments_json(self) -> bytes:
@@ -102,6 +113,7 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
                 request.standby,
                 request.priority,
                 request.preempt,
+                repair=request.repair,
             )
         )
 
@@ -161,6 +173,8 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
             answers.append(
                 await service.set_priority(deployment_id, request.priority, request.preempt)
             )
+        if request.repair is not None:
+            answers.append(await service.set_repair(deployment_id, request.repair))
         if request.replicas is not None:
             answers.append(await service.scale_deployment(deployment_id, request.replicas))
         # The request holds one setting at least; the answer says what each one did.
@@ -177,5 +191,15 @@ def deployments_router(service: DeploymentsService) -> APIRouter:
     )
     async def delete_deployment(deployment_id: str) -> Response:
         return command_json(await service.delete_deployment(deployment_id))
+
+    @router.post(
+        "/instances/{instance_id}/repair",
+        responses={
+            **ok_body(CommandResponse),
+            **refusals((404, "No such instance, or no deployment keeps its model"), 503),
+        },
+    )
+    async def repair_instance(instance_id: str) -> Response:
+        return command_json(await service.repair_instance(instance_id))
 
     return router

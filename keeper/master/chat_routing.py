@@ -32,6 +32,9 @@ from keeper.model.state import NodeId, State
 
 log = logging.getLogger(__name__)
 
+# How a chat went on one instance: its id, and None (answered to its end) or how it failed.
+InstanceOutcome = Callable[[str, str | None], None]
+
 
 @dataclass
 class ChatCounts:
@@ -49,12 +52,19 @@ class ChatRouting:
     """Picks the instance and node a chat goes to, and the next one if it is lost early."""
 
     def __init__(
-        self, chats: ChatRouter, membership: Membership, state: Callable[[], State]
+        self,
+        chats: ChatRouter,
+        membership: Membership,
+        state: Callable[[], State],
+        on_instance_outcome: InstanceOutcome | None = None,
     ) -> None:
         self._chats = chats
         self._membership = membership
         self._state = state
         self.counts = ChatCounts()
+        # Told how each chat went on each instance it was sent to (the failing-chats rule of
+        # docs/design.md §5.19 reads it).
+        self._on_instance_outcome = on_instance_outcome
 
     def ready_instances(self, model_id: str) -> list[tuple[str, NodeId]]:
         """(instance id, rank-0 node) of each instance of the model a chat may go to now, in
@@ -91,6 +101,8 @@ class ChatRouting:
                 param="model",
             )
 
+        noted: set[str] = set()  # the instances this chat's failure was said of
+
         def reroute(instance_id: str, node_id: NodeId) -> Route | None:
             log.info(
                 "chat to %s: node %s or instance %s went or failed before the first token; "
@@ -99,6 +111,9 @@ class ChatRouting:
                 node_id,
                 instance_id,
             )
+            if self._on_instance_outcome is not None:
+                self._on_instance_outcome(instance_id, "failed before its first text")
+                noted.add(instance_id)
             try:
                 rerouted = self._route(model_id, request, lost=instance_id)
             except ChatFailedError:
@@ -109,8 +124,13 @@ class ChatRouting:
 
         def outcome(answered: bool) -> None:
             (self.counts.answered if answered else self.counts.failed)[model_id] += 1
+            # (Said once per instance: a failure that found nowhere else was said on reroute.)
+            if self._on_instance_outcome is not None and stream.instance_id not in noted:
+                words = None if answered else "ended before its end"
+                self._on_instance_outcome(stream.instance_id, words)
 
-        return ChatStream(route, self._chats.chunk_timeout_s, reroute, outcome)
+        stream = ChatStream(route, self._chats.chunk_timeout_s, reroute, outcome)
+        return stream
 
     def _route(self, model_id: str, request: ChatRequest, lost: str | None) -> Route | None:
         """Open and send the request to the least busy ready instance but ``lost`` whose node

@@ -105,6 +105,7 @@ from keeper.model.state import (
     ModelCard,
     ModelId,
     NodeId,
+    RepairMode,
     Sharding,
     State,
 )
@@ -123,6 +124,9 @@ from keeper.runtime.deployments import (
     placement_enums,
     priority_events,
     priority_response,
+    repair_events,
+    repair_response,
+    repaired_response,
     scale_events,
     scaled_response,
     shown,
@@ -134,6 +138,7 @@ from keeper.runtime.event_store import EventStore
 from keeper.runtime.hosted_keeper import (
     KeeperFactory,
     KeeperLike,
+    ReportsHealth,
     Started,
     default_keeper,
     start_keeper,
@@ -265,7 +270,9 @@ class Master:
         )
         # Set when a node is confirmed dead: the sweep runs at once rather than on its period.
         self._sweep_now = anyio.Event()
-        self._chat_routing = ChatRouting(self._chats, self._membership, lambda: self.state)
+        self._chat_routing = ChatRouting(
+            self._chats, self._membership, lambda: self.state, self._chat_outcome
+        )
         self._view_cache = LastBuilt[bytes]()
         self._views_for_metrics = LastBuilt[list[DeploymentView]]()
         self._stepping = KeeperLoop(
@@ -325,6 +332,12 @@ class Master:
 
     def _monotonic(self) -> float:
         return self.clock.monotonic()
+
+    def _chat_outcome(self, instance_id: str, failed: str | None) -> None:
+        """How a chat went on an instance, for the keeper's failing-chats rule (§5.19)."""
+        keeper = self._started.keeper
+        if isinstance(keeper, ReportsHealth):
+            keeper.note_chat(instance_id, failed, self._monotonic())
 
     @property
     def running(self) -> bool:
@@ -420,6 +433,7 @@ class Master:
         standby: int = 1,
         priority: int = DEFAULT_PRIORITY,
         preempt: bool = False,
+        repair: RepairMode = "auto",
     ) -> CommandResponse:
         card = self._card(model_id)
         async with self._lock:
@@ -433,6 +447,7 @@ class Master:
                 standby=standby,
                 priority=priority,
                 preempt=preempt,
+                repair=repair,
                 max_deployments=self.config.max_deployments,
                 new_id=self.new_id,
             )
@@ -484,6 +499,21 @@ class Master:
             deployment = existing_deployment(self.state.deployments, deployment_id)
             await self._emit_and_wait(priority_events(deployment, priority, preempt))
         return priority_response(deployment, priority, preempt, self.new_id)
+
+    async def set_repair(self, deployment_id: str, repair: RepairMode) -> CommandResponse:
+        """What the keeper does with a broken instance of the deployment (docs/design.md
+        §5.19); answered once the change is durable."""
+        async with self._lock:
+            deployment = existing_deployment(self.state.deployments, deployment_id)
+            await self._emit_and_wait(repair_events(deployment, repair))
+        return repair_response(deployment, repair, self.new_id)
+
+    async def repair_instance(self, instance_id: str) -> CommandResponse:
+        """Have the keeper replace ``instance_id`` at its next steps (the operator said so)."""
+        async with self._lock:
+            answer = repaired_response(self.keeper, instance_id, self.state, self.new_id)
+            self._stepping.keeper_changed()
+        return answer
 
     async def set_options(
         self,

@@ -39,6 +39,7 @@ from keeper.model.state import (
     ModelCard,
     ModelId,
     RecoveryPhases,
+    RepairMode,
     Sharding,
     State,
 )
@@ -88,6 +89,8 @@ class CreateDeploymentRequest(ApiModel):
     # Placed before lower priorities; with preempt, may displace them (docs/design.md §5.13).
     priority: WholeNumber = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     preempt: Flag = False
+    # What the keeper does with a broken instance of its own (docs/design.md §5.19).
+    repair: RepairMode = "auto"
 
 
 def _optional_count(low: int, high: int) -> dict[str, Any]:
@@ -116,6 +119,7 @@ PATCHABLE = {
     "sharding": "string",
     "instance_meta": "string",
     "min_nodes": "integer",
+    "repair": "string",
 }
 
 
@@ -153,6 +157,8 @@ class ScaleDeploymentRequest(ApiModel):
     min_nodes: Annotated[WholeNumber | None, WithJsonSchema(_optional_count(1, MAX_MIN_NODES))] = (
         None
     )
+    # "auto" replaces a broken instance, "report" only says it (docs/design.md §5.19).
+    repair: RepairMode | None = None
 
     @field_validator("min_nodes")
     @classmethod
@@ -179,7 +185,7 @@ class ScaleDeploymentRequest(ApiModel):
         if all(getattr(self, name) is None for name in PATCHABLE):
             raise ValueError(
                 "give one at least of replicas, standby, priority, preempt, sharding,"
-                " instance_meta and min_nodes"
+                " instance_meta, min_nodes and repair"
             )
         return self
 
@@ -282,6 +288,17 @@ class FailoverView(BaseModel):
     why: str | None = None
 
 
+class HealthView(BaseModel):
+    """An instance that looks alive but serves nothing, as ``GET /deployments`` says it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    instance: str
+    problem: Literal["stalled", "hollow", "unfulfilled", "failing"]
+    why: str
+    since: str  # ISO-8601 UTC
+
+
 class DeploymentView(BaseModel):
     """One deployment as ``GET /deployments`` reports it, with the keeper's timers."""
 
@@ -319,6 +336,8 @@ class DeploymentView(BaseModel):
     at_risk: bool = False
     # A fast failover under way (an instance on a suspect or dead node), or None.
     failover: FailoverView | None = None
+    # What is wrong with an instance of its model, or None (docs/design.md §5.19).
+    health: HealthView | None = None
 
 
 # The longest history ``GET /deployments/{id}/history`` answers: 30 days. Serving records are

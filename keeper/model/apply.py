@@ -18,6 +18,8 @@ from keeper.model.events import (
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentPriorityChanged,
+    DeploymentRepairChanged,
+    DeploymentRepairPlaced,
     DeploymentReplacementPlaced,
     DeploymentScaled,
     DeploymentServingChanged,
@@ -183,6 +185,18 @@ def apply(state: State, event: AnyEvent) -> State:
                 return state  # one failover replacement per deployment at a time
             # (The instances are not checked: the bridge's own State holds none, exo's does.)
             return _with_deployment(state, deployment_id, failover=move, failover_since=at)
+        case DeploymentRepairPlaced(deployment_id=deployment_id, move=move):
+            # One repair at a time (docs/design.md §5.19). Not judged on the State's instances:
+            # the bridge's log holds none (exo's State does), and either instance's deletion
+            # ends the move, as a rolling change's.
+            deployment = state.deployments.get(deployment_id)
+            if deployment is None or deployment.repairing is not None:
+                return state
+            return _with_deployment(state, deployment_id, repairing=move)
+        case DeploymentRepairChanged(deployment_id=deployment_id, repair=repair):
+            if deployment_id not in state.deployments:
+                return state
+            return _with_deployment(state, deployment_id, repair=repair)
         case DownloadRequested(deployment_id=deployment_id, node_id=node_id):
             deployment = _staging_deployment(state, deployment_id)
             if deployment is None or node_id in deployment.staged_on:
@@ -320,6 +334,7 @@ def _without_placement(
         or instance_id in d.replacing
         or (d.moving is not None and instance_id in _move_instances(d.moving))
         or (d.failover is not None and instance_id in _move_instances(d.failover))
+        or (d.repairing is not None and instance_id in _move_instances(d.repairing))
     ]
     if not holding:
         return deployments
@@ -345,6 +360,11 @@ def _without_placement(
             # the replacement (lost, or the surplus once the node was heard again).
             update["failover"] = None
             update["failover_since"] = None
+        # A repair ends with either of its instances too: the broken one gone (done), or the
+        # replacement lost (the broken one is judged again, under the keeper's backoff).
+        repairing = deployment.repairing
+        if repairing is not None and instance_id in _move_instances(repairing):
+            update["repairing"] = None
         updated[deployment.deployment_id] = deployment.model_copy(update=update)
     return updated
 

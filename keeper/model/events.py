@@ -34,6 +34,7 @@ from keeper.model.state import (
     NodeIdentity,
     NodeNetwork,
     RdmaCtl,
+    RepairMode,
     RunnerId,
     RunnerStatus,
     ServingRecord,
@@ -244,6 +245,23 @@ class FailoverReplacementPlaced(TaggedModel):
     at: float
 
 
+class DeploymentRepairPlaced(TaggedModel):
+    """A replacement for a broken instance of the deployment was placed (docs/design.md §5.19):
+    the problem and why, in words, as the keeper recognised it."""
+
+    deployment_id: DeploymentId
+    move: InstanceMove
+    problem: str = ""
+    why: str = ""
+
+
+class DeploymentRepairChanged(TaggedModel):
+    """A deployment's ``repair`` changed: "auto" replaces broken instances, "report" says them."""
+
+    deployment_id: DeploymentId
+    repair: RepairMode
+
+
 class NodeDrainEnded(TaggedModel):
     """Nothing runs on the node any more: the drain is done (the node stays cordoned)."""
 
@@ -281,6 +299,8 @@ AnyEvent = (
     | DrainReplacementPlaced
     | DeploymentOptionsChanged
     | DeploymentReplacementPlaced
+    | DeploymentRepairPlaced
+    | DeploymentRepairChanged
     | NodeDrainEnded
 )
 Event = Annotated[AnyEvent, TAGGED]

@@ -102,6 +102,18 @@ class DrainStuck(NoticeBody):
     reason: str
 
 
+class InstanceUnhealthy(NoticeBody):
+    """An instance of the deployment's model looks alive but serves nothing (docs/design.md
+    §5.19): the problem and why, in words."""
+
+    kind: Literal["instance_unhealthy"] = "instance_unhealthy"
+    deployment_id: str
+    model_id: str
+    instance_id: str
+    problem: str  # stalled, hollow, unfulfilled or failing
+    why: str
+
+
 class TestNotice(NoticeBody):
     """``exo-deploy webhooks test``: a sample, to see that an endpoint takes our notices."""
 
@@ -110,7 +122,13 @@ class TestNotice(NoticeBody):
 
 
 AnyNotice = (
-    IncidentOpened | IncidentResolved | CantPlace | ServingAgain | DrainFinished | DrainStuck
+    IncidentOpened
+    | IncidentResolved
+    | CantPlace
+    | ServingAgain
+    | DrainFinished
+    | DrainStuck
+    | InstanceUnhealthy
 ) | TestNotice
 Notice = Annotated[AnyNotice, Field(discriminator="kind")]
 NOTICE_ADAPTER: TypeAdapter[AnyNotice] = TypeAdapter(Notice)
@@ -122,6 +140,7 @@ NoticeKind = Literal[
     "serving_again",
     "drain_finished",
     "drain_stuck",
+    "instance_unhealthy",
     "test",
 ]
 

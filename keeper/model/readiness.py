@@ -104,10 +104,11 @@ def chat_targets(
 
 
 def instances_leaving(state: State) -> frozenset[InstanceId]:
-    """The old instances of moves (a drain's, a rolling change's) whose replacement is ready:
-    about to be deleted."""
+    """The old instances of moves (a drain's, a rolling change's, a repair's) whose
+    replacement is ready: about to be deleted."""
     moves = [move for drain in state.drains.values() for move in drain.moves]
     moves += [d.moving for d in state.deployments.values() if d.moving is not None]
+    moves += [d.repairing for d in state.deployments.values() if d.repairing is not None]
     leaving: set[InstanceId] = set()
     for move in moves:
         replacement = state.instances.get(move.new_instance_id)

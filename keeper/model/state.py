@@ -281,6 +281,10 @@ class RdmaCtl(WireModel):
     enabled: bool = False
 
 
+# What a deployment does with a broken instance of its own (docs/design.md §5.19).
+RepairMode = Literal["auto", "report"]
+REPAIR_MODES: tuple[RepairMode, ...] = ("auto", "report")
+
 # --- deployments --------------------------------------------------------------------------
 
 # The most instances one deployment may keep. Replicas exist so that one node fault does not stop
@@ -349,6 +353,11 @@ class Deployment(WireModel):
     # either instance's deletion.
     failover: InstanceMove | None = None
     failover_since: float | None = None
+    # Broken instances (docs/design.md §5.19): "auto" replaces one the keeper placed, "report"
+    # only says it; and the replacement under way for one (make-before-break, durable like a
+    # rolling change's). A deployment written before either reads as "auto" and None.
+    repair: RepairMode = "auto"
+    repairing: InstanceMove | None = None
 
 
 # --- downloads ----------------------------------------------------------------------------

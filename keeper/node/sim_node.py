@@ -30,6 +30,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -84,6 +85,7 @@ from keeper.model.state import (
     RunnerRunning,
     RunnerShutdown,
     RunnerShuttingDown,
+    RunnerWarmingUp,
     SocketConnection,
     State,
     SystemVitals,
@@ -137,6 +139,16 @@ SERVING_GPU, SERVING_TEMP_C, SERVING_POWER_W = 0.62, 58.0, 95.0
 LOADING_GPU = 0.35
 LOADED_GPU = 0.12
 PCPU_USAGE, ECPU_USAGE = 0.2, 0.1
+
+# The ways a simulated node can be told to misbehave (``exo-deploy node --fault``, docs/design.md
+# §6.5), each one of the broken instances of §5.19: its runners stop in RunnerWarmingUp for good
+# (a stalled start), reach Ready and then die with the instance still registered (hollow), or
+# read Ready but fail every chat (failing chats).
+SimFault = Literal["stall-warmup", "lose-runner", "fail-chats"]
+SIM_FAULTS: tuple[SimFault, ...] = ("stall-warmup", "lose-runner", "fail-chats")
+# How long a lose-runner node's runner serves before it dies: long enough for the State (and the
+# keeper) to see it ready first, as on exo#2120 where a serving runner is killed.
+LOSE_RUNNER_AFTER_S = 3.0
 
 _REPLY_TEXT = (
     "This is a simulated reply from an exo-deploy test node. The tokens are fake, but they "
@@ -201,6 +213,8 @@ class NodeConfig:
     disk_gb: float = DEFAULT_DISK_GB
     download_mb_per_s: float = DEFAULT_DOWNLOAD_MB_PER_S
     has_models: tuple[ModelCard, ...] = ()
+    # How its runners misbehave (SimFault), or None.
+    fault: SimFault | None = None
 
     @property
     def resolved_key(self) -> NodeKey:
@@ -236,6 +250,7 @@ class _Runner:
     broken: bool = False  # fails every attempt half-way through loading
     gave_up: bool = False
     shutdown_started_at: float | None = None
+    fault: SimFault | None = None  # the node's, for this runner
 
     @property
     def _connect_at(self) -> float:
@@ -316,7 +331,13 @@ class _Runner:
             and not self.gave_up
             and self.failed_at is None
             and now >= self.ready_at
+            and self.fault != "stall-warmup"
+            and not self.lost(now)
         )
+
+    def lost(self, now: float) -> bool:
+        """A lose-runner fault: the runner died after serving a while; the instance stays."""
+        return self.fault == "lose-runner" and now >= self.ready_at + LOSE_RUNNER_AFTER_S
 
     def status(self, now: float, chatting: bool) -> AnyRunnerStatus:
         if self.shutdown_started_at is not None:
@@ -331,6 +352,10 @@ class _Runner:
             return RunnerConnecting()
         if now < self.ready_at:
             return RunnerLoading(layers_loaded=self._layers_at(now), total_layers=self.total_layers)
+        if self.fault == "stall-warmup":
+            return RunnerWarmingUp()  # for good
+        if self.lost(now):
+            return RunnerShutdown()
         return RunnerRunning() if chatting else RunnerReady()
 
     def _report_step(self) -> float:
@@ -362,6 +387,8 @@ class _Runner:
             if self.broken:
                 candidates.append(self._breaks_at)
             return min(candidates)
+        if self.fault == "lose-runner" and now < self.ready_at + LOSE_RUNNER_AFTER_S:
+            return self.ready_at + LOSE_RUNNER_AFTER_S
         return None
 
 
@@ -410,6 +437,8 @@ class SimNode:
             )
         )
         self._runners: dict[str, _Runner] = {}  # by instance id
+        # Instances whose runner a lose-runner fault killed: never started again on this node.
+        self._lost: set[str] = set()
         self._chatting: Counter[str] = Counter()  # instance id -> requests being answered
         self._wake: anyio.Event | None = None
         self._session: _Session | None = None
@@ -597,8 +626,9 @@ class SimNode:
             )
             if mine != runner.runner_id:
                 runner.shut_down(now)
+        self._lost &= set(assigned)
         for iid, instance in assigned.items():
-            if iid not in self._runners:
+            if iid not in self._runners and iid not in self._lost:
                 self._runners[iid] = runner = self._new_runner(instance, now)
                 if runner.waiting_for_disk:
                     self._fetch_for(runner, now)
@@ -650,6 +680,7 @@ class SimNode:
             now,
             shard=shard,
             disk_ready_at=self.disk.completed_at(shard.model_card.model_id),
+            fault=self.config.fault,
         )
 
     async def _request_deletions(self, session: _Session, state: State) -> None:
@@ -670,6 +701,8 @@ class SimNode:
             if isinstance(status, RunnerShutdown):
                 del self._runners[iid]
                 session.sent_status.pop(runner.runner_id, None)
+                if runner.lost(now):
+                    self._lost.add(iid)
 
     def _info(self, now: float) -> NodeInfo:
         total = Memory.from_gb(self.config.memory_gb)
@@ -805,6 +838,10 @@ class SimNode:
                     message=f"node {self.name} has no ready runner for instance {iid}",
                 ),
             )
+            return
+        if self.config.fault == "fail-chats":
+            message = f"node {self.name}: simulated fault fail-chats"
+            await self._send(session, ChatError(request_id=request.request_id, message=message))
             return
         attempt = runner.attempt
         tokens = reply_tokens()

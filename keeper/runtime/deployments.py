@@ -24,6 +24,7 @@ from keeper.model.api_models import (
     DeploymentHistoryResponse,
     DeploymentView,
     FailoverView,
+    HealthView,
     IncidentView,
     StagedCopyView,
     UpdateView,
@@ -33,10 +34,12 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentOptionsChanged,
     DeploymentPriorityChanged,
+    DeploymentRepairChanged,
     DeploymentStandbyChanged,
 )
 from keeper.model.history import summarize
 from keeper.model.ids import IdFactory, new_id
+from keeper.model.instance_health import Verdict
 from keeper.model.readiness import deployment_at_risk, deployment_status, ready_replicas
 from keeper.model.refusals import (
     BadRequestError,
@@ -55,6 +58,7 @@ from keeper.model.state import (
     DownloadPending,
     InstanceMeta,
     ModelCard,
+    RepairMode,
     Sharding,
     State,
     download_entry,
@@ -65,6 +69,7 @@ from keeper.runtime.clock import Clock, iso_utc
 from keeper.runtime.hosted_keeper import (
     KeeperLike,
     ReportsFailovers,
+    ReportsHealth,
     ReportsStaging,
     ReportsUpdates,
 )
@@ -125,6 +130,7 @@ def new_deployment(
     standby: int = 1,
     priority: int = DEFAULT_PRIORITY,
     preempt: bool = False,
+    repair: RepairMode = "auto",
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     new_id: IdFactory = new_id,
 ) -> Deployment:
@@ -156,6 +162,7 @@ def new_deployment(
         standby=standby,
         priority=priority,
         preempt=preempt,
+        repair=repair,
     )
 
 
@@ -257,6 +264,50 @@ def priority_events(
             deployment_id=deployment.deployment_id, priority=new_priority, preempt=new_preempt
         )
     ]
+
+
+def repair_events(deployment: Deployment, repair: RepairMode) -> list[AnyEvent]:
+    """The event that sets what the keeper does with a broken instance of the deployment
+    (docs/design.md §5.19); none when it is so already."""
+    if repair == deployment.repair:
+        return []
+    return [DeploymentRepairChanged(deployment_id=deployment.deployment_id, repair=repair)]
+
+
+def repair_response(
+    deployment: Deployment, repair: RepairMode, new_id: IdFactory = new_id
+) -> CommandResponse:
+    """The answer to setting ``deployment`` (as it was) to ``repair``."""
+    model_id = deployment.model_card.model_id
+    message = (
+        f"Deployment of {model_id} already has repair {repair}"
+        if repair == deployment.repair
+        else f"Deployment of {model_id} now has repair {repair}, was {deployment.repair}"
+    )
+    return CommandResponse(
+        message=message, command_id=new_id(), deployment_id=deployment.deployment_id
+    )
+
+
+def repaired_response(
+    keeper: KeeperLike, instance_id: str, state: State, new_id: IdFactory = new_id
+) -> CommandResponse:
+    """Ask the keeper to replace ``instance_id`` now (``exo-deploy repair ID``): the operator
+    said so, whatever its deployment's ``repair`` and whoever placed it. An unknown instance,
+    or one of a model no deployment keeps, is a 404 naming it."""
+    refused = (
+        keeper.repair(instance_id, state)
+        if isinstance(keeper, ReportsHealth)
+        else ("this keeper does not repair instances")
+    )
+    if refused is not None:
+        raise NotFoundError(refused, param="instance_id")
+    return CommandResponse(
+        message=f"Instance {instance_id} will be replaced, then deleted once its replacement "
+        "is ready",
+        command_id=new_id(),
+        instance_id=instance_id,
+    )
 
 
 def options_events(
@@ -433,6 +484,7 @@ def _deployment_view(
     note: str | None = None,
     update_note: str | None = None,
     failover_note: str | None = None,
+    health: Verdict | None = None,
 ) -> DeploymentView:
     """``deployment`` as ``GET /deployments`` shows it: its status in ``state`` and the keeper's
     timer for it (``now`` on the keeper's monotonic clock, ``wall`` the same moment in UTC)."""
@@ -456,6 +508,7 @@ def _deployment_view(
         updating=_update_view(deployment, update_note),
         at_risk=deployment_at_risk(deployment, state),
         failover=_failover_view(deployment, state, failover_note),
+        health=_health_view(health, now, wall),
     )
 
 
@@ -468,6 +521,16 @@ def _failover_view(deployment: Deployment, state: State, note: str | None) -> Fa
         nodes=[node_name(state, n) for n in picture.nodes],
         since=iso_utc(datetime.fromtimestamp(picture.since, UTC)),
         why=note if picture.phase == "suspect" else None,
+    )
+
+
+def _health_view(health: Verdict | None, now: float, wall: datetime | None) -> HealthView | None:
+    """A verdict as the API says it: ``since`` from the keeper's clock to UTC."""
+    if health is None:
+        return None
+    since = iso_utc(wall + timedelta(seconds=health.since - now)) if wall is not None else ""
+    return HealthView(
+        instance=health.instance_id, problem=health.problem, why=health.why, since=since
     )
 
 
@@ -493,6 +556,9 @@ def deployment_views(
         now = clock.monotonic()
         timers = keeper.timers(state, now)
     wall = clock.wall() if clock is not None else None
+    health: Mapping[str, Verdict] = (
+        keeper.health(state) if isinstance(keeper, ReportsHealth) else {}
+    )
     return [
         _deployment_view(
             state.deployments[deployment_id],
@@ -510,6 +576,7 @@ def deployment_views(
                 if isinstance(keeper, ReportsFailovers)
                 else None
             ),
+            health=health.get(deployment_id),
         )
         for deployment_id in sorted(state.deployments)
     ]

@@ -25,7 +25,9 @@ from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from keeper.core.keeper import DeploymentTimer, Keeper, PlaceFn
+from keeper.core.repair import RepairMoves
 from keeper.model.events import AnyEvent
+from keeper.model.instance_health import Verdict
 from keeper.model.refusals import NotRunningError
 from keeper.model.state import DeploymentId, State
 from keeper.runtime.clock import AnyioClock, Clock
@@ -77,6 +79,17 @@ class ReportsFailovers(Protocol):
     def failover_note(self, deployment_id: str) -> str | None: ...
 
 
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """A keeper that recognises broken instances and replaces one when asked (docs/design.md
+    §5.19)."""
+
+    def health(self, state: State) -> Mapping[DeploymentId, Verdict]: ...
+    def repair(self, instance_id: str, state: State) -> str | None: ...
+    def note_chat(self, instance_id: str, failed: str | None, now: float) -> None: ...
+    def repair_kind(self, state: State, now: float) -> RepairMoves | None: ...
+
+
 def describe(crash: BaseException) -> str:
     """An exception as the keeper records it on the deployment."""
     return f"{type(crash).__name__}: {crash}"
@@ -125,12 +138,36 @@ class KeeperWrapper:
         inner = self.inner
         return inner.failover_note(deployment_id) if isinstance(inner, ReportsFailovers) else None
 
+    def health(self, state: State) -> Mapping[DeploymentId, Verdict]:
+        inner = self.inner
+        return inner.health(state) if isinstance(inner, ReportsHealth) else {}
+
+    def repair(self, instance_id: str, state: State) -> str | None:
+        inner = self.inner
+        if isinstance(inner, ReportsHealth):
+            return inner.repair(instance_id, state)
+        return "this keeper does not repair instances"
+
+    def note_chat(self, instance_id: str, failed: str | None, now: float) -> None:
+        inner = self.inner
+        if isinstance(inner, ReportsHealth):
+            inner.note_chat(instance_id, failed, now)
+
+    def repair_kind(self, state: State, now: float) -> RepairMoves | None:
+        inner = self.inner
+        return inner.repair_kind(state, now) if isinstance(inner, ReportsHealth) else None
+
 
 class StepObserver(Protocol):
     """Told, after each step, the State the keeper stepped on and why each drain is stuck (by
     node, the stuck ones only): the alert webhooks' producer (``keeper.runtime.webhooks``)."""
 
-    def observe(self, state: State, drain_notes: Mapping[str, str]) -> None: ...
+    def observe(
+        self,
+        state: State,
+        drain_notes: Mapping[str, str],
+        unhealthy: Mapping[DeploymentId, tuple[str, str, str]] | None = None,
+    ) -> None: ...
 
 
 class HostedKeeper(KeeperWrapper):
@@ -159,7 +196,10 @@ class HostedKeeper(KeeperWrapper):
             self._log_crashes(self.inner.placement_crashes())
         if self._observer is not None:
             notes = {name: note for name in state.drains if (note := self.drain_note(name))}
-            self._observer.observe(state, notes)
+            unhealthy = {
+                d: (v.instance_id, v.problem, v.why) for d, v in self.health(state).items()
+            }
+            self._observer.observe(state, notes, unhealthy)
         return events
 
     def _log_crashes(self, crashes: Mapping[DeploymentId, Exception]) -> None:

@@ -271,6 +271,13 @@ class SnapshotFamilies:
             "1 while placement says why the deployment cannot be placed",
             DEPLOYMENT_LABELS,
         )
+        # A broken instance of its model (docs/design.md §5.19), by problem.
+        unhealthy = _gauge(
+            "deployment_instance_unhealthy",
+            "1 while an instance of the deployment's model is stalled, hollow, unfulfilled or "
+            "failing chats, by problem",
+            (*DEPLOYMENT_LABELS, "problem"),
+        )
         failures = _gauge(
             "deployment_placement_failures",
             "Placements lost before they were ready, in a row (the keeper's backoff)",
@@ -339,6 +346,8 @@ class SnapshotFamilies:
             )
             placement_error.add_metric(labels, 0.0 if deployment.placement_error is None else 1.0)
             failures.add_metric(labels, view.failures)
+            if view.health is not None:
+                unhealthy.add_metric([*labels, view.health.problem], 1.0)
             since = serving_since(records)
             serving_for.add_metric(labels, max(0.0, now - since) if since is not None else 0.0)
             day = summarize(
@@ -359,6 +368,7 @@ class SnapshotFamilies:
             standby_desired,
             standby_staged,
             placement_error,
+            unhealthy,
             failures,
             serving_for,
             availability,

@@ -39,7 +39,7 @@ import httpx
 from keeper.core.alerts import AlertMemory, Observed, first_look, first_memory, notices
 from keeper.model.api_models import WebhookEndpointHealth, WebhooksHealth
 from keeper.model.notices import AnyNotice, TestNotice, iso_utc_of
-from keeper.model.state import State
+from keeper.model.state import DeploymentId, State
 from keeper.runtime.outbox import (
     MAX_QUEUED_NOTICES,
     Outbox,
@@ -192,14 +192,19 @@ class Webhooks:
 
     # --- producing -------------------------------------------------------------------------
 
-    def observe(self, state: State, drain_notes: Mapping[str, str]) -> None:
+    def observe(
+        self,
+        state: State,
+        drain_notes: Mapping[str, str],
+        unhealthy: Mapping[DeploymentId, tuple[str, str, str]] | None = None,
+    ) -> None:
         """The notices since the last look (``keeper.core.alerts``), queued for every webhook.
         Never raises and never waits on a webhook."""
         if not self.enabled:
             return
         if not self._opened:
             self.open()
-        after = Observed(state, drain_notes)
+        after = Observed(state, drain_notes, unhealthy or {})
         try:
             if self._last is None:
                 before = first_look(after, self._kept_memory)

@@ -39,6 +39,7 @@ from keeper.model.notices import (
     DrainStuck,
     IncidentOpened,
     IncidentResolved,
+    InstanceUnhealthy,
     ServingAgain,
     clock_utc_of,
     duration_words,
@@ -491,3 +492,24 @@ def test_phases_in_words_leave_out_what_took_no_time() -> None:
     assert phases_words(RecoveryPhases(detected=0.0, placed=0.0, downloaded=0.0, loaded=0.0)) == (
         "at once"
     )
+
+
+def test_a_broken_instance_is_said_once_per_instance_and_problem() -> None:
+    state = State(deployments={"d1": Deployment(deployment_id="d1", model_card=card("m/x"))})
+    quiet = Observed(state)
+    broken = Observed(state, unhealthy={"d1": ("i1", "stalled", "runner on a silent")})
+    found, _ = notices(quiet, broken, 0.0, AlertMemory())
+    assert [(type(n), n.id, n.text) for n in found] == [
+        (
+            InstanceUnhealthy,
+            "instance_unhealthy:i1:stalled",
+            "exo-deploy: m/x: instance i1 stalled: runner on a silent",
+        )
+    ]
+    again = Observed(state, unhealthy={"d1": ("i1", "stalled", "runner on a silent for longer")})
+    assert notices(broken, again, 1.0, AlertMemory())[0] == []  # the same problem: once
+    other = Observed(state, unhealthy={"d1": ("i1", "hollow", "runner gone")})
+    assert [n.id for n in notices(again, other, 2.0, AlertMemory())[0]] == [
+        "instance_unhealthy:i1:hollow"
+    ]
+    assert notices(other, quiet, 3.0, AlertMemory())[0] == []  # healed: nothing to say

@@ -271,7 +271,7 @@ def test_a_refusal_says_what_was_applied_and_what_was_not() -> None:
             "deployments:\n  - model: m/x\n    replica: 2\n",
             [
                 "f.yaml:3:5: unknown key 'replica' in deployment 1 (known: model, sharding, "
-                "instance_meta, min_nodes, replicas, standby, priority, preempt)"
+                "instance_meta, min_nodes, replicas, standby, priority, preempt, repair)"
             ],
             id="unknown-key",
         ),
@@ -343,6 +343,11 @@ def test_a_refusal_says_what_was_applied_and_what_was_not() -> None:
             "version: 1\n",
             ["f.yaml:1:1: no 'deployments:' list (write 'deployments: []' for none)"],
             id="no-deployments",
+        ),
+        pytest.param(
+            "deployments:\n  - model: m/x\n    repair: sometimes\n",
+            ["f.yaml:3:13: repair: Input should be 'auto' or 'report' (got 'sometimes')"],
+            id="repair-neither-auto-nor-report",
         ),
     ],
 )

@@ -236,3 +236,21 @@ def test_version_without_the_package_installed_says_so(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(version_option, "version", not_installed)
     assert version_option.package_version() == "unknown (exo-deploy is not installed)"
+
+
+def test_repair_options_reach_the_request_and_a_bad_one_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = build_parser()
+    assert parser.parse_args(["deploy", "m/x"]).repair == "auto"  # the API's default
+    assert parser.parse_args(["deploy", "m/x", "--repair", "report"]).repair == "report"
+    assert parser.parse_args(["set", "d1"]).repair is None  # left as it is
+    assert parser.parse_args(["set", "d1", "--repair", "auto"]).repair == "auto"
+    assert parser.parse_args(["repair", "inst-1"]).instance_id == "inst-1"
+    assert parser.parse_args(["node", "--master", "http://m", "--fault", "lose-runner"]).fault == (
+        "lose-runner"
+    )
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["set", "d1", "--repair", "sometimes"])
+    assert exited.value.code == EXIT_USAGE
+    assert "--repair: invalid choice: 'sometimes'" in capsys.readouterr().err

@@ -52,8 +52,15 @@ MAX_LAG_S = 10.0
 ENTRIES_PER_DEPLOYMENT = (
     32 + 4 * 2 * MAX_REPLICAS + 8 * (len(NODES) + len(NODES) * (len(NODES) - 1))
 )
-# A keeper's own attributes, one entry each (17 now), with room for a few more.
-ENTRIES_AT_REST = 24
+# A keeper's own attributes, one entry each (17 now), the fields of its repair memory (about
+# 20: the marks' four mappings, its own ten, the five parts of the State it last read), with
+# room for a few more.
+ENTRIES_AT_REST = 42
+# The repair marks of each instance in the State and each node (docs/design.md §5.19): an
+# instance's mark and its progress (its runners' statuses and download bytes: a few entries per
+# node it runs on), each runner's mark, status and failures, each node's two rates.
+ENTRIES_PER_INSTANCE = 16 + 12 * len(NODES)
+ENTRIES_PER_NODE = 4
 # The keeper's attributes that only refer to the State its last step read (``Keeper.step``).
 NOT_MEMORY = frozenset({"_state_read"})
 
@@ -214,7 +221,10 @@ class KeeperMachine(RuleBasedStateMachine):
         self.known_since_last_step = max(self.known_since_last_step, len(self.sim.view.deployments))
         known = self.known_since_last_step
         entries = memory_entries(keeper)
-        assert entries <= ENTRIES_AT_REST + ENTRIES_PER_DEPLOYMENT * known, (entries, known)
+        state = self.sim.view
+        marks = ENTRIES_PER_INSTANCE * len(state.instances) + ENTRIES_PER_NODE * len(NODES)
+        bound = ENTRIES_AT_REST + ENTRIES_PER_DEPLOYMENT * known + (marks if known else 0)
+        assert entries <= bound, (entries, known, len(state.instances))
 
 
 KeeperMachine.TestCase.settings = settings(

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from keeper.bridge.metrics import ExoCollector, ExoFacts
 from keeper.master.chat_routing import ChatCounts
 from keeper.master.metrics import ChatCollector
-from keeper.model.api_models import WebhookEndpointHealth, WebhooksHealth
+from keeper.model.api_models import HealthView, WebhookEndpointHealth, WebhooksHealth
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
@@ -515,3 +515,18 @@ def test_phase_counts_add_every_recovery_once_and_skip_one_without_phases() -> N
     assert phases.buckets["placed"] == [0] + [1] * len(PHASE_BUCKETS_S)  # 0.5 <= 0.5
     assert phases.buckets["downloaded"] == [1] * (len(PHASE_BUCKETS_S) + 1)
     assert phases.buckets["detected"][-1] == 1
+
+
+def test_a_broken_instance_is_exported_by_problem() -> None:
+    deployment = Deployment(deployment_id="d1", model_card=card(MODEL))
+    state = State(deployments={"d1": deployment})
+    (view,) = deployment_views(state, None, None)
+    health = HealthView(instance="i1", problem="stalled", why="w", since="2026-01-01T00:00:00Z")
+    name = "exo_deploy_deployment_instance_unhealthy"
+    labels = {"deployment": "d1", "model": MODEL, "problem": "stalled"}
+    for shown, expected in ((view, None), (view.model_copy(update={"health": health}), 1.0)):
+        snapshot = MetricsSnapshot(state=state, deployments=[shown], now=30.0, started_at=0.0)
+        _, samples = parse(
+            ServiceMetrics(lambda s=snapshot: s, lambda: 0.0).exposition_now().decode()
+        )
+        assert samples.get((name, frozenset(labels.items()))) == expected

@@ -30,6 +30,8 @@ from keeper.model.events import (
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentPriorityChanged,
+    DeploymentRepairChanged,
+    DeploymentRepairPlaced,
     DeploymentReplacementPlaced,
     DeploymentScaled,
     DeploymentServingChanged,
@@ -330,6 +332,13 @@ def _every_event(state: State) -> list[AnyEvent]:
             deployment_id="d",
             move=InstanceMove(deployment_id="d", old_instance_id="i", new_instance_id="j"),
         ),
+        DeploymentRepairPlaced(
+            deployment_id="d",
+            move=InstanceMove(deployment_id="d", old_instance_id="i", new_instance_id="j"),
+            problem="stalled",
+            why="runner on mini-b silent in RunnerWarmingUp for 4m12s",
+        ),
+        DeploymentRepairChanged(deployment_id="d", repair="report"),
     ]
 
 

@@ -358,6 +358,30 @@ BAD_INPUTS = [
         {"model_id": QWEN, "preempt": "true"},
     ),
     Bad(
+        "repair neither auto nor report",
+        "POST",
+        "/deployments",
+        422,
+        ("repair", "'auto' or 'report'"),
+        {"model_id": QWEN, "repair": "sometimes"},
+    ),
+    Bad(
+        "patch repair a number",
+        "PATCH",
+        EXISTING,
+        422,
+        ("repair", "'auto' or 'report'"),
+        {"repair": 1},
+    ),
+    Bad(
+        "repair of no such instance",
+        "POST",
+        "/instances/nope/repair",
+        404,
+        ("no instance nope",),
+        {},
+    ),
+    Bad(
         "patch priority over 1000",
         "PATCH",
         EXISTING,
@@ -859,3 +883,26 @@ async def test_the_scheme_s_name_is_case_insensitive(scheme: str) -> None:
     async with running_master() as master, api_client(master, TOKEN, header) as client:
         created = await client.post("/deployments", json={"model_id": QWEN})
         assert created.status_code == 200, created.text
+
+
+@pytest.mark.anyio
+async def test_repair_is_set_on_create_and_by_patch_and_health_is_listed() -> None:
+    async with running_master() as master, api_client(master) as client:
+        plain = await client.post("/deployments", json={"model_id": LLAMA})
+        created = await client.post("/deployments", json={"model_id": QWEN, "repair": "report"})
+        assert created.status_code == 200, created.text
+        deployment_id = created.json()["deployment_id"]
+        listed = (await client.get("/deployments")).json()["deployments"]
+        by_model = {item["deployment"]["modelCard"]["modelId"]: item for item in listed}
+        assert by_model[QWEN]["deployment"]["repair"] == "report"
+        assert by_model[LLAMA]["deployment"]["repair"] == "auto"  # the default
+        assert by_model[QWEN]["health"] is None  # nothing broken (no instance at all)
+        path = f"/deployments/{deployment_id}"
+        changed = await client.patch(path, json={"repair": "auto"})
+        assert "now has repair auto, was report" in changed.json()["message"]
+        assert master.state.deployments[deployment_id].repair == "auto"
+        before = master.state.last_event_applied_idx
+        again = await client.patch(path, json={"repair": "auto"})
+        assert "already has repair auto" in again.json()["message"]
+        assert master.state.last_event_applied_idx == before
+        assert plain.status_code == 200

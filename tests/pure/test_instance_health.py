@@ -1,0 +1,453 @@
+"""The recognition rules of broken instances (docs/design.md §5.19): a stalled start against its
+phase's bound (size, measured rate, floor, ceiling), hollow instances (a runner gone, shut down,
+never reported, failing again and again), failing chats, and what they leave alone (a node
+suspect or gone: the failover's). Every boundary is checked on both sides."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from keeper_harness import build_instance, card, link_events, node_info
+
+from keeper.model.apply import apply
+from keeper.model.events import (
+    AnyEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeDownloadProgress,
+    NodeSuspected,
+    NodeTimedOut,
+    RunnerStatusUpdated,
+)
+from keeper.model.instance_health import (
+    FAILED_STILL_S,
+    FAILED_WINDOW_S,
+    FAILING_CHATS,
+    GB,
+    GONE_GRACE_S,
+    NO_MARKS,
+    NO_STATUS_GRACE_S,
+    STALL_CEILING_S,
+    STALL_FLOOR_S,
+    Marks,
+    NodeRates,
+    Verdict,
+    chats_failing,
+    duration_words,
+    judged,
+    phase_of,
+    rate_words,
+    shard_bytes,
+    stall_bound,
+    track,
+    verdict,
+    verdicts,
+)
+from keeper.model.state import (
+    AnyInstance,
+    AnyRunnerStatus,
+    DownloadCompleted,
+    DownloadOngoing,
+    DownloadPending,
+    DownloadProgressData,
+    Memory,
+    PipelineShardMetadata,
+    RunnerConnecting,
+    RunnerFailed,
+    RunnerIdle,
+    RunnerLoaded,
+    RunnerLoading,
+    RunnerReady,
+    RunnerRunning,
+    RunnerShutdown,
+    RunnerShuttingDown,
+    RunnerWarmingUp,
+    State,
+)
+
+
+class Watch:
+    """A State and its marks, advanced event by event at chosen times."""
+
+    def __init__(self, *nodes: str, size_gb: float = 1.0) -> None:
+        self.state = State()
+        for node in nodes:
+            self.state = apply(self.state, node_info(node))
+        for i, a in enumerate(nodes):
+            for b in nodes[i + 1 :]:
+                for event in link_events(a, b):
+                    self.state = apply(self.state, event)
+        self.card = card("m", size_gb=size_gb)
+        self.marks: Marks = NO_MARKS
+
+    def place(self, *nodes: str, instance_id: str = "i1", now: float = 0.0) -> AnyInstance:
+        instance = build_instance(self.card, list(nodes), instance_id)
+        self.at(now, InstanceCreated(instance=instance))
+        return instance
+
+    def at(self, now: float, *events: AnyEvent) -> Marks:
+        for event in events:
+            self.state = apply(self.state, event)
+        self.marks = track(self.marks, self.state, now)
+        return self.marks
+
+    def runners(self, instance_id: str = "i1") -> list[str]:
+        return list(self.state.instances[instance_id].shard_assignments.node_to_runner.values())
+
+    def status(self, now: float, status: AnyRunnerStatus, instance_id: str = "i1") -> None:
+        self.at(
+            now,
+            *(
+                RunnerStatusUpdated(runner_id=r, runner_status=status)
+                for r in self.runners(instance_id)
+            ),
+        )
+
+    def judge(self, now: float, instance_id: str = "i1") -> str | None:
+        found = verdict(self.state.instances[instance_id], self.state, self.marks, now)
+        return None if found is None else f"{found.problem}: {found.why}"
+
+
+def loaded_at_half_a_gb_per_s() -> Watch:
+    """node-a loads the 1 GB model in 2 s (0.5 GB/s measured), then warms up from t=4."""
+    watch = Watch("node-a", "node-b")
+    watch.place("node-a")
+    watch.status(1.0, RunnerLoading(layers_loaded=0, total_layers=16))
+    watch.status(3.0, RunnerLoaded())
+    watch.status(4.0, RunnerWarmingUp())
+    return watch
+
+
+# --- the bound ------------------------------------------------------------------------------
+
+
+def test_the_bound_is_three_times_size_over_rate_between_the_floor_and_the_ceiling() -> None:
+    assert stall_bound(17 * GB, 0.1 * GB, "x").seconds == 510.0
+    assert stall_bound(17 * GB, 0.1 * GB, "x").basis == "for 17 GB at 0.1 GB/s"
+    assert stall_bound(1 * GB, 1.0 * GB, "x").seconds == STALL_FLOOR_S  # 3 s: the floor
+    assert stall_bound(400 * GB, 0.1 * GB, "x").seconds == STALL_CEILING_S  # 12000 s: the ceiling
+    assert stall_bound(20 * GB, 1.0 * GB, "x").seconds == STALL_FLOOR_S  # exactly 60 s
+    assert stall_bound(301 * GB, 1.0 * GB, "x").seconds == STALL_CEILING_S  # 903 s
+    assert stall_bound(299 * GB, 1.0 * GB, "x").seconds == 897.0
+
+
+def test_an_unknown_rate_is_the_ceiling_and_says_so() -> None:
+    for rate in (None, 0.0, -1.0):
+        bound = stall_bound(GB, rate, "mini-b's load")
+        assert (bound.seconds, bound.basis) == (
+            STALL_CEILING_S,
+            "the ceiling: mini-b's load rate unknown",
+        )
+
+
+def test_rates_read_in_the_unit_that_shows_them() -> None:
+    assert [rate_words(r) for r in (1.2 * GB, GB / 10, GB / 10 - 1, 10 * 1024**2)] == [
+        "1.2 GB/s",
+        "0.1 GB/s",
+        "102 MB/s",
+        "10 MB/s",
+    ]
+
+
+def test_durations_read_as_an_operator_writes_them() -> None:
+    assert [duration_words(s) for s in (0, 59.9, 60, 252, 3599, 3600, 3720)] == [
+        "0s",
+        "59s",
+        "1m00s",
+        "4m12s",
+        "59m59s",
+        "1h00m",
+        "1h02m",
+    ]
+
+
+def test_phases_in_the_order_a_runner_goes_through_them() -> None:
+    assert phase_of(None, downloading=True) == "downloading"
+    assert phase_of(RunnerIdle(), downloading=False) == "connecting"
+    assert phase_of(RunnerConnecting(), downloading=True) == "downloading"
+    assert phase_of(RunnerLoading(), downloading=True) == "loading"
+    assert phase_of(RunnerLoaded(), downloading=False) == "loading"
+    assert phase_of(RunnerWarmingUp(), downloading=False) == "warming"
+    for done in (RunnerReady(), RunnerRunning(), RunnerFailed(), RunnerShutdown()):
+        assert phase_of(done, downloading=True) is None
+
+
+def test_a_shard_holds_its_layers_share_of_the_model() -> None:
+    instance = build_instance(card("m", size_gb=16.0), ["a", "b", "c", "d"], "i")
+    runners = list(instance.shard_assignments.node_to_runner.values())
+    assert [shard_bytes(instance, r) for r in runners] == [4 * GB] * 4
+    assert shard_bytes(instance, "no-such-runner") == 0
+
+
+# --- stalled starts ---------------------------------------------------------------------------
+
+
+def test_a_warm_up_silent_past_its_bound_is_stalled_in_words() -> None:
+    watch = loaded_at_half_a_gb_per_s()
+    assert watch.marks.rates["node-a"] == NodeRates(download=None, load=0.5 * GB)
+    watch.at(63.9)
+    assert watch.judge(63.9) is None
+    assert watch.judge(64.0) == (
+        "stalled: runner on node-a silent in RunnerWarmingUp for 1m00s "
+        "(expected ≤ 1m00s for 1 GB at 0.5 GB/s)"
+    )
+    found = verdict(watch.state.instances["i1"], watch.state, watch.marks, 64.0)
+    assert found is not None
+    assert (found.since, found.gone, found.nodes) == (4.0, False, frozenset({"node-a"}))
+
+
+def test_progress_restarts_the_count() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerLoading(layers_loaded=1, total_layers=16))
+    watch.status(800.0, RunnerLoading(layers_loaded=2, total_layers=16))  # a layer more
+    assert watch.judge(1699.0) is None  # 899 s still: within the ceiling
+    assert watch.judge(1700.0) == (
+        "stalled: runner on node-a silent in RunnerLoading for 15m00s "
+        "(expected ≤ 15m00s the ceiling: node-a's load rate unknown)"
+    )
+
+
+def test_the_least_advanced_runner_names_the_phase() -> None:
+    watch = Watch("node-a", "node-b")
+    watch.place("node-a", "node-b")
+    a, b = watch.runners()
+    watch.at(
+        1.0,
+        RunnerStatusUpdated(runner_id=a, runner_status=RunnerWarmingUp()),
+        RunnerStatusUpdated(runner_id=b, runner_status=RunnerConnecting()),
+    )
+    assert watch.judge(901.0) == (
+        "stalled: runner on node-b silent in RunnerConnecting for 15m00s "
+        "(expected ≤ 15m00s the ceiling: node-b's load rate unknown)"
+    )
+
+
+def downloading(node: str, model: Watch, done_gb: float, speed: float) -> NodeDownloadProgress:
+    shard = PipelineShardMetadata(
+        model_card=model.card, device_rank=0, world_size=1, start_layer=0, end_layer=16, n_layers=16
+    )
+    return NodeDownloadProgress(
+        download_progress=DownloadOngoing(
+            node_id=node,
+            shard_metadata=shard,
+            download_progress=DownloadProgressData(
+                total=Memory.from_gb(1.0), downloaded=Memory.from_gb(done_gb), speed=speed
+            ),
+        )
+    )
+
+
+def test_a_download_is_bounded_by_the_model_at_the_nodes_measured_speed() -> None:
+    watch = Watch("node-a", size_gb=1.0)
+    watch.place("node-a")
+    watch.status(1.0, RunnerIdle())
+    watch.at(2.0, downloading("node-a", watch, 0.1, speed=0.01 * GB))
+    assert watch.marks.rates["node-a"].download == 0.01 * GB
+    watch.at(50.0, downloading("node-a", watch, 0.2, speed=0.0))  # bytes moved: progress
+    assert watch.marks.rates["node-a"].download == 0.01 * GB  # a zero speed measures nothing
+    assert watch.judge(349.0) is None  # 3 * 100 s = 300 s from t=50
+    assert watch.judge(350.0) == (
+        "stalled: runner on node-a silent in RunnerIdle for 5m00s "
+        "(expected ≤ 5m00s for 1 GB at 10 MB/s)"
+    )
+
+
+def test_no_status_at_all_is_not_stalled_and_a_ready_instance_never_is() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    assert watch.judge(10 * STALL_CEILING_S) is None  # a State whose nodes report no runner
+    watch.status(1.0, RunnerReady())
+    assert watch.judge(10 * STALL_CEILING_S) is None
+
+
+# --- hollow instances -------------------------------------------------------------------------
+
+
+def test_a_runner_shut_down_on_a_live_node_is_hollow_and_gone_after_a_moment() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerReady())
+    watch.status(10.0, RunnerShuttingDown())
+    assert watch.judge(10.0 + GONE_GRACE_S - 0.1) is None
+    assert watch.judge(10.0 + GONE_GRACE_S) == (
+        "hollow: runner on node-a shut down for 5s while node-a is alive"
+    )
+    found = verdict(watch.state.instances["i1"], watch.state, watch.marks, 15.0)
+    assert found is not None and found.gone and found.since == 10.0
+
+
+def test_a_runner_whose_status_went_away_is_hollow_and_gone() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerReady())
+    watch.status(20.0, RunnerShutdown())  # exo drops the runner's entry; the instance stays
+    assert watch.runners()[0] not in watch.state.runners
+    assert watch.judge(24.9) is None
+    assert watch.judge(25.0) == "hollow: runner on node-a gone for 5s while node-a is alive"
+
+
+def test_a_runner_never_reported_is_hollow_once_its_node_reports_others() -> None:
+    watch = Watch("node-a", "node-b")
+    watch.place("node-a", "node-b")
+    a, _ = watch.runners()
+    watch.at(1.0, RunnerStatusUpdated(runner_id=a, runner_status=RunnerLoading()))
+    assert watch.judge(NO_STATUS_GRACE_S) is None  # node-b reports no runner at all
+    other = build_instance(watch.card, ["node-b"], "i2")
+    watch.at(2.0, InstanceCreated(instance=other))
+    watch.status(2.0, RunnerReady(), instance_id="i2")
+    assert watch.judge(NO_STATUS_GRACE_S - 0.1) is None
+    assert watch.judge(NO_STATUS_GRACE_S) == (
+        "hollow: runner on node-b never reported a status in 1m00s"
+    )
+
+
+def test_a_runner_failing_three_times_in_ten_minutes_is_hollow() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    for t in (1.0, 100.0):
+        watch.status(t, RunnerFailed(error_message="oom"))
+        watch.status(t + 1, RunnerLoading())
+    assert watch.judge(102.0) is None  # twice
+    watch.status(200.0, RunnerFailed(error_message="oom"))
+    assert watch.judge(200.0) == "hollow: runner on node-a failed 3 times in 10 min"
+    found = verdict(watch.state.instances["i1"], watch.state, watch.marks, 200.0)
+    assert found is not None and found.since == 1.0 and not found.gone
+
+
+def test_failures_older_than_the_window_are_forgotten() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    for t in (1.0, 100.0):
+        watch.status(t, RunnerFailed())
+        watch.status(t + 1, RunnerLoading())
+    watch.status(1.0 + FAILED_WINDOW_S + 0.1, RunnerFailed())  # the first has aged out
+    assert len(watch.marks.runners[watch.runners()[0]].failures) == 2
+    assert watch.judge(1.0 + FAILED_WINDOW_S + 0.1) is None
+
+
+def test_a_runner_left_failed_is_hollow_after_a_minute() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(5.0, RunnerFailed(error_message="Metal out of memory"))
+    assert watch.judge(5.0 + FAILED_STILL_S - 0.1) is None
+    assert watch.judge(5.0 + FAILED_STILL_S) == (
+        "hollow: runner on node-a failed 1m00s ago: Metal out of memory"
+    )
+    watch.status(70.0, RunnerFailed())  # the same status again is no new failure
+    assert len(watch.marks.runners[watch.runners()[0]].failures) == 1
+
+
+# --- the failover's, not these rules' -------------------------------------------------------
+
+
+def test_an_instance_on_a_suspect_or_departed_node_is_not_judged() -> None:
+    watch = Watch("node-a", "node-b")
+    watch.place("node-a")
+    watch.status(1.0, RunnerShuttingDown())
+    assert watch.judge(100.0) is not None
+    watch.at(100.0, NodeSuspected(node_id="node-a", last_heard=90.0, at=100.0))
+    assert watch.judge(100.0) is None
+    assert verdicts(watch.state, watch.marks, 100.0) == {}
+    watch = Watch("node-a", "node-b")
+    watch.place("node-a")
+    watch.status(1.0, RunnerShuttingDown())
+    watch.at(2.0, NodeTimedOut(node_id="node-a"))
+    assert "i1" in watch.state.instances and watch.judge(100.0) is None
+
+
+# --- failing chats ----------------------------------------------------------------------------
+
+
+def test_the_last_chats_all_failing_on_a_ready_instance_is_failing() -> None:
+    watch = Watch("node-a")
+    instance = watch.place("node-a")
+    watch.status(1.0, RunnerReady())
+    failed = ["timeout", "timeout", "error: reset", "timeout", "timeout"]
+    found = chats_failing(instance, watch.state, [None, *failed], since=7.0)
+    assert found is not None
+    assert (found.problem, found.since, found.nodes) == ("failing", 7.0, frozenset({"node-a"}))
+    assert found.why == (
+        "last 5 chats to instance i1 all failed (error: reset: 1, timeout: 4) "
+        "while its runners read Ready"
+    )
+    assert chats_failing(instance, watch.state, failed[1:], since=7.0) is None  # four
+    assert chats_failing(instance, watch.state, [*failed[:4], None], since=7.0) is None
+    watch.status(2.0, RunnerLoading())
+    assert chats_failing(instance, watch.state, failed, since=7.0) is None  # not ready
+    assert len(failed) == FAILING_CHATS
+
+
+def test_the_states_verdict_wins_over_the_chats() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerShuttingDown())
+    state_says = verdicts(watch.state, watch.marks, 10.0)
+    chats = {"i1": Verdict("i1", "failing", "chats", 0.0), "i2": Verdict("i2", "failing", "c", 0.0)}
+    merged = judged(state_says, chats)
+    assert (merged["i1"].problem, merged["i2"].problem) == ("hollow", "failing")
+
+
+# --- the marks are bounded by the State ---------------------------------------------------------
+
+
+def test_the_marks_forget_what_the_state_no_longer_shows() -> None:
+    watch = Watch("node-a", "node-b")
+    watch.place("node-a")
+    watch.status(1.0, RunnerLoading())
+    watch.status(2.0, RunnerReady())
+    assert watch.marks.rates["node-a"].load is not None
+    watch.at(3.0, InstanceDeleted(instance_id="i1"))
+    assert (dict(watch.marks.instances), dict(watch.marks.runners)) == ({}, {})
+    watch.at(4.0, NodeTimedOut(node_id="node-a"))
+    assert "node-a" not in watch.marks.rates
+
+
+def test_download_entries_count_as_progress_whatever_their_kind() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerIdle())
+    shard = PipelineShardMetadata(
+        model_card=watch.card, device_rank=0, world_size=1, start_layer=0, end_layer=16, n_layers=16
+    )
+    pending = DownloadPending(node_id="node-a", shard_metadata=shard, downloaded=Memory(in_bytes=5))
+    watch.at(10.0, NodeDownloadProgress(download_progress=pending))
+    assert watch.marks.instances["i1"].progress_at == 10.0
+    done = DownloadCompleted(node_id="node-a", shard_metadata=shard, total=Memory(in_bytes=9))
+    watch.at(20.0, NodeDownloadProgress(download_progress=done))
+    assert watch.marks.instances["i1"].progress_at == 20.0
+    watch.at(30.0)
+    assert watch.marks.instances["i1"].progress_at == 20.0
+
+
+# --- properties -------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(min_value=0.1, max_value=STALL_FLOOR_S - 0.1), min_size=1, max_size=30))
+def test_a_start_that_keeps_moving_within_the_floor_is_never_stalled(gaps: list[float]) -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    now = 0.0
+    for layer, gap in enumerate(gaps):
+        now += gap
+        watch.status(now, RunnerLoading(layers_loaded=layer, total_layers=len(gaps)))
+        assert watch.judge(now + STALL_FLOOR_S - 0.1) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([RunnerLoading(), RunnerWarmingUp(), RunnerConnecting(), RunnerLoaded()]),
+    st.floats(min_value=0.0, max_value=10 * STALL_CEILING_S),
+)
+def test_still_past_the_ceiling_is_always_stalled_and_never_before_the_floor(
+    status: AnyRunnerStatus, still: float
+) -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(0.0, status)
+    said = watch.judge(still)
+    if still >= STALL_CEILING_S:
+        assert said is not None and said.startswith("stalled: ")
+    if still < STALL_FLOOR_S:
+        assert said is None

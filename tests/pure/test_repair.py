@@ -1,0 +1,357 @@
+"""Repair as a kind of move (docs/design.md §5.19), through the keeper's step: a broken instance
+gets a replacement on other nodes and is deleted only once the replacement is ready (or at once
+when its node reports the runner gone); never more than replicas + 1; a hand-placed instance is
+only reported unless the operator asks; `repair: report` only says; a node suspect is the
+failover's; a drain under way is not doubled; the backoff's words and bounds."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, simple_place
+
+from keeper.core.moves import MOVE_SETTLE
+from keeper.core.repair import (
+    AVOID_AFTER,
+    AVOID_FOR_S,
+    INCIDENT_WINDOW_S,
+    Incident,
+    RepairMoves,
+    avoiding,
+    problem_words,
+)
+from keeper.model.constants import PLACEMENT_TIMEOUT
+from keeper.model.events import (
+    AnyEvent,
+    DeploymentPlaced,
+    DeploymentRepairChanged,
+    DeploymentRepairPlaced,
+    DrainReplacementPlaced,
+    FailoverReplacementPlaced,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeSuspected,
+    RunnerStatusUpdated,
+)
+from keeper.model.instance_health import GONE_GRACE_S, STALL_CEILING_S
+from keeper.model.state import AnyRunnerStatus, RunnerReady, RunnerShutdown, RunnerWarmingUp
+
+T = AFTER_GRACE
+
+
+def serving_on_a(*, replicas: int = 1) -> tuple[Cluster, str, str]:
+    """``m`` (1 GB) placed by the keeper on node-a (the freest), nodes b, c, d free."""
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-b", "node-c", "node-d")
+    cluster.add_node("node-a", available_gb=32.0)
+    for other in ("node-b", "node-c", "node-d"):
+        cluster.link("node-a", other)
+    deployment_id = cluster.deploy("m", replicas=replicas)
+    cluster.step(T)
+    old = cluster.instance_of(deployment_id).instance_id
+    cluster.step(T + 0.5)  # the placement arrives
+    return cluster, deployment_id, old
+
+
+def set_status(cluster: Cluster, instance_id: str, status: AnyRunnerStatus) -> None:
+    for runner_id in cluster.state.instances[instance_id].shard_assignments.node_to_runner.values():
+        cluster.apply(RunnerStatusUpdated(runner_id=runner_id, runner_status=status))
+
+
+def of_type(events: list[AnyEvent], kind: type) -> list[AnyEvent]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def stalled_on_a(*, replicas: int = 1) -> tuple[Cluster, str, str, float]:
+    """The instance on node-a warms up at T+1 and stays so: stalled at the ceiling (no rate)."""
+    cluster, deployment_id, old = serving_on_a(replicas=replicas)
+    set_status(cluster, old, RunnerWarmingUp())
+    cluster.step(T + 1)
+    return cluster, deployment_id, old, T + 1 + STALL_CEILING_S
+
+
+def test_a_stalled_start_is_replaced_before_it_is_deleted() -> None:
+    cluster, deployment_id, old, stalled_at = stalled_on_a()
+    assert cluster.step(stalled_at - 1) == []
+    assert dict(cluster.keeper.health(cluster.state)) == {}
+    events = cluster.step(stalled_at)
+    created = of_type(events, InstanceCreated)
+    assert [type(e) for e in events] == [InstanceCreated, DeploymentPlaced, DeploymentRepairPlaced]
+    record = events[2]
+    assert isinstance(record, DeploymentRepairPlaced) and record.problem == "stalled"
+    assert record.why.startswith("runner on node-a silent in RunnerWarmingUp for 15m00s")
+    new = created[0].instance.instance_id  # pyright: ignore[reportAttributeAccessIssue]
+    assert cluster.nodes_of(new) != ["node-a"]
+    assert cluster.deployment(deployment_id).repairing is not None
+    health = cluster.keeper.health(cluster.state)[deployment_id]
+    assert (health.instance_id, health.problem) == (old, "stalled")
+    # Not deleted while the replacement is not ready, however long.
+    for t in (stalled_at + 1, stalled_at + 120):
+        assert of_type(cluster.step(t), InstanceDeleted) == []
+    cluster.make_ready(new)
+    cluster.step(stalled_at + 200)
+    assert cluster.step(stalled_at + 200 + MOVE_SETTLE - 0.1) == []
+    assert cluster.step(stalled_at + 200 + MOVE_SETTLE) == [InstanceDeleted(instance_id=old)]
+    assert set(cluster.state.instances) == {new}
+    assert cluster.deployment(deployment_id).repairing is None
+    assert dict(cluster.keeper.health(cluster.state)) == {}
+
+
+def test_a_hollow_instance_whose_node_reports_it_gone_goes_at_once() -> None:
+    cluster, deployment_id, old = serving_on_a()
+    cluster.make_ready(old)
+    cluster.step(T + 1)
+    set_status(cluster, old, RunnerShutdown())
+    cluster.step(T + 2)
+    assert cluster.step(T + 2 + GONE_GRACE_S - 0.1) == []
+    events = cluster.step(T + 2 + GONE_GRACE_S)
+    record = of_type(events, DeploymentRepairPlaced)
+    assert len(record) == 1 and record[0].problem == "hollow"  # pyright: ignore[reportAttributeAccessIssue]
+    new = cluster.deployment(deployment_id).repairing.new_instance_id  # pyright: ignore[reportOptionalMemberAccess]
+    assert cluster.step(T + 8) == [InstanceDeleted(instance_id=old)]  # the replacement not ready
+    assert set(cluster.state.instances) == {new}
+
+
+def test_report_mode_only_says() -> None:
+    cluster, deployment_id, old, stalled_at = stalled_on_a()
+    cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="report"))
+    assert cluster.step(stalled_at) == []
+    assert cluster.keeper.health(cluster.state)[deployment_id].instance_id == old
+    cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="auto"))
+    assert len(of_type(cluster.step(stalled_at + 1), DeploymentRepairPlaced)) == 1
+
+
+def test_a_hand_placed_instance_is_reported_and_replaced_only_when_asked() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a", "node-b")
+    by_hand = build_instance(card("m"), ["node-a"], "by-hand")
+    cluster.apply(InstanceCreated(instance=by_hand))
+    deployment_id = cluster.deploy("m")
+    set_status(cluster, "by-hand", RunnerWarmingUp())
+    cluster.step(T)
+    stalled_at = T + STALL_CEILING_S
+    for t in (stalled_at, stalled_at + 3600):
+        assert cluster.step(t) == []
+    assert cluster.keeper.health(cluster.state)[deployment_id].instance_id == "by-hand"
+    assert cluster.keeper.repair("nope", cluster.state) == "no instance nope"
+    assert cluster.keeper.repair("by-hand", cluster.state) is None
+    events = cluster.step(stalled_at + 3601)
+    assert len(of_type(events, DeploymentRepairPlaced)) == 1
+    new = of_type(events, InstanceCreated)[0].instance.instance_id  # pyright: ignore[reportAttributeAccessIssue]
+    cluster.make_ready(new)
+    cluster.step(stalled_at + 3602)
+    assert cluster.step(stalled_at + 3602 + MOVE_SETTLE) == [InstanceDeleted(instance_id="by-hand")]
+
+
+def test_the_operator_may_not_ask_for_a_model_no_deployment_keeps() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a")
+    cluster.apply(InstanceCreated(instance=build_instance(card("x"), ["node-a"], "x1")))
+    assert (
+        cluster.keeper.repair("x1", cluster.state)
+        == "instance x1 is of x, which no deployment keeps"
+    )
+
+
+def test_a_healthy_instance_the_operator_asks_about_is_replaced() -> None:
+    cluster, _deployment_id, old = serving_on_a()
+    cluster.make_ready(old)
+    cluster.step(T + 1)
+    assert cluster.keeper.repair(old, cluster.state) is None
+    record = of_type(cluster.step(T + 2), DeploymentRepairPlaced)
+    assert [(r.problem, r.why) for r in record] == [("asked", "the operator asked")]  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_a_stalled_start_on_a_suspect_node_is_the_failovers() -> None:
+    cluster, _deployment_id, _old, stalled_at = stalled_on_a()
+    cluster.apply(NodeSuspected(node_id="node-a", last_heard=T, at=T + 2))
+    events = cluster.step(stalled_at)
+    # Not repaired: the failover replaces it, once, as the instance of a suspect node.
+    assert of_type(events, DeploymentRepairPlaced) == []
+    assert len(of_type(events, FailoverReplacementPlaced)) == 1
+    assert dict(cluster.keeper.health(cluster.state)) == {}
+
+
+def test_a_drain_under_way_is_not_doubled() -> None:
+    cluster, _deployment_id, _old, stalled_at = stalled_on_a()
+    cluster.step(stalled_at - 10)
+    cluster.drain("node-a")
+    events = cluster.step(stalled_at - 5)
+    assert len(of_type(events, DrainReplacementPlaced)) == 1
+    for t in (stalled_at, stalled_at + 60):
+        assert of_type(cluster.step(t), InstanceCreated) == []
+    assert len(cluster.instances_of_model("m")) == 2
+
+
+def test_a_replacement_broken_itself_is_deleted_and_the_old_one_kept() -> None:
+    cluster, _deployment_id, old, stalled_at = stalled_on_a()
+    events = cluster.step(stalled_at)
+    new = of_type(events, InstanceCreated)[0].instance.instance_id  # pyright: ignore[reportAttributeAccessIssue]
+    cluster.make_ready(new)
+    cluster.step(stalled_at + 1)
+    set_status(cluster, new, RunnerShutdown())
+    cluster.step(stalled_at + 2)
+    deleted = of_type(cluster.step(stalled_at + 2 + GONE_GRACE_S), InstanceDeleted)
+    assert deleted == [InstanceDeleted(instance_id=new)]
+    assert old in cluster.state.instances
+
+
+def test_the_unfulfilled_placement_is_said() -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a", "node-b")
+    deployment_id = cluster.deploy("m")
+    events = cluster.step_keep(T)  # accepted, never applied: it never appears
+    lost = of_type(events, InstanceCreated)[0].instance.instance_id  # pyright: ignore[reportAttributeAccessIssue]
+    cluster.step(T + PLACEMENT_TIMEOUT - 1)
+    assert dict(cluster.keeper.health(cluster.state)) == {}
+    cluster.step(T + PLACEMENT_TIMEOUT)
+    said = cluster.keeper.health(cluster.state)[deployment_id]
+    assert (said.instance_id, said.problem, said.since) == (lost, "unfulfilled", T)
+    assert said.why == (
+        f"placement of instance {lost} accepted but never appeared in 30s; placing again"
+    )
+    cluster.step(T + PLACEMENT_TIMEOUT + 1)  # placed again, and this one appears
+    cluster.step(T + PLACEMENT_TIMEOUT + 2)
+    assert dict(cluster.keeper.health(cluster.state)) == {}
+
+
+# --- the backoff ------------------------------------------------------------------------------
+
+
+def incidents_on(
+    node: str, *at: float, problem: str = "stalled"
+) -> dict[tuple[str, str], tuple[Incident, ...]]:
+    return {("m", node): tuple(Incident(t, problem) for t in at)}
+
+
+def test_three_incidents_avoid_the_node_for_ten_minutes_in_words() -> None:
+    cluster, _, _ = serving_on_a()
+    state = cluster.state
+    three = incidents_on("node-a", 0.0, 10.0, 20.0)
+    assert avoiding(three, state, "m", 20.0) == {
+        "avoiding node-a for m for 10 min: 3 stalled starts": frozenset({"node-a"})
+    }
+    assert avoiding(three, state, "other", 20.0) == {}
+    assert avoiding(three, state, "m", 20.0 + AVOID_FOR_S - 0.1) != {}
+    assert avoiding(three, state, "m", 20.0 + AVOID_FOR_S) == {}  # never for ever
+    assert avoiding(incidents_on("node-a", 10.0, 20.0), state, "m", 20.0) == {}
+    old = incidents_on("node-a", 0.0, 10.0, INCIDENT_WINDOW_S + 0.1)
+    assert avoiding(old, state, "m", INCIDENT_WINDOW_S + 0.1) == {}  # the first aged out
+    assert AVOID_AFTER == 3
+
+
+def test_problem_words_count() -> None:
+    assert problem_words("stalled", 1) == "1 stalled start"
+    assert problem_words("hollow", 3) == "3 hollow instances"
+    assert problem_words("failing", 2) == "2 instances failing chats"
+
+
+def test_a_replacement_avoids_the_nodes_the_model_broke_on_and_says_so_when_nothing_else_fits() -> (
+    None
+):
+    cluster, deployment_id, old, stalled_at = stalled_on_a()
+    cluster.keeper._repairs.incidents = {  # pyright: ignore[reportPrivateUsage]
+        **incidents_on("node-b", stalled_at - 3, stalled_at - 2, stalled_at - 1),
+        **incidents_on("node-c", stalled_at - 3, stalled_at - 2, stalled_at - 1)
+        | {("m", "node-d"): (Incident(stalled_at - 1, "hollow"),) * 3},
+    }
+    events = cluster.step(stalled_at)
+    assert of_type(events, InstanceCreated) == []  # b, c, d avoided; a is the broken one's
+    notes = cluster.keeper._moves.notes("repair", deployment_id)  # pyright: ignore[reportPrivateUsage]
+    assert len(notes) == 1 and notes[0].startswith(f"cannot replace broken instance {old} (")
+    assert "avoiding node-b for m for 10 min: 3 stalled starts" in notes[0]
+    assert "avoiding node-d for m for 10 min: 3 hollow instances" in notes[0]
+    assert old in cluster.state.instances  # kept: the model has nowhere else to go
+
+
+def test_a_newly_broken_instance_is_an_incident_on_its_nodes_once() -> None:
+    cluster, deployment_id, _old, stalled_at = stalled_on_a()
+    cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="report"))
+    for t in (stalled_at, stalled_at + 1, stalled_at + 2):
+        cluster.step(t)
+    incidents = cluster.keeper._repairs.incidents  # pyright: ignore[reportPrivateUsage]
+    assert incidents == {("m", "node-a"): (Incident(stalled_at, "stalled"),)}
+    cluster.step(stalled_at + INCIDENT_WINDOW_S + 1)
+    assert cluster.keeper._repairs.incidents == {}  # pyright: ignore[reportPrivateUsage]
+
+
+def test_the_kind_is_quiet_with_nothing_broken() -> None:
+    cluster, _, old = serving_on_a()
+    cluster.make_ready(old)
+    cluster.step(T + 1)
+    assert cluster.keeper._repairs.kind(cluster.state, T + 1) is None  # pyright: ignore[reportPrivateUsage]
+    kind = RepairMoves({})
+    assert list(kind.candidates(cluster.state)) == [] and list(kind.under_way(cluster.state)) == []
+
+
+# --- never more than replicas + 1, never a hand-placed one unasked ------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.lists(
+        st.tuples(st.sampled_from(["step", "stall", "shutdown", "ready"]), st.floats(0.5, 400.0)),
+        max_size=25,
+    ),
+)
+def test_repairs_never_exceed_replicas_plus_one_nor_touch_a_hand_placed_instance(
+    replicas: int, script: list[tuple[str, float]]
+) -> None:
+    cluster = Cluster(place=simple_place)
+    cluster.add_nodes("node-a", "node-b", "node-c", "node-d")
+    by_hand = build_instance(card("m"), ["node-d"], "by-hand")
+    cluster.apply(InstanceCreated(instance=by_hand))
+    set_status(cluster, "by-hand", RunnerWarmingUp())  # stalled, for ever
+    cluster.deploy("m", replicas=replicas + 1)
+    now = T
+    for action, dt in script:
+        now += dt
+        instances = sorted(i for i in cluster.state.instances if i != "by-hand")
+        if action != "step" and instances:
+            target = instances[int(dt) % len(instances)]
+            status = {
+                "stall": RunnerWarmingUp(),
+                "shutdown": RunnerShutdown(),
+                "ready": RunnerReady(),
+            }[action]
+            set_status(cluster, target, status)
+        events = cluster.step(now)
+        assert InstanceDeleted(instance_id="by-hand") not in events
+        # The deployment keeps replicas + 1 (the hand-placed one among them): one more at most.
+        assert len(cluster.instances_of_model("m")) <= replicas + 1 + 1
+    assert "by-hand" in cluster.state.instances
+
+
+# --- failing chats --------------------------------------------------------------------------
+
+
+def test_an_instance_whose_last_chats_all_failed_is_replaced() -> None:
+    cluster, deployment_id, old = serving_on_a()
+    cluster.make_ready(old)
+    cluster.step(T + 1)
+    for k in range(4):
+        cluster.keeper.note_chat(old, "timeout", T + 2 + k)
+    assert cluster.step(T + 10) == []  # four: not yet
+    cluster.keeper.note_chat(old, "ended before its end", T + 11)
+    events = cluster.step(T + 12)
+    record = of_type(events, DeploymentRepairPlaced)
+    assert [r.problem for r in record] == ["failing"]  # pyright: ignore[reportAttributeAccessIssue]
+    said = cluster.keeper.health(cluster.state)[deployment_id]
+    assert said.since == T + 2  # the first of the last five
+    assert said.why == (
+        f"last 5 chats to instance {old} all failed (ended before its end: 1, timeout: 4) "
+        "while its runners read Ready"
+    )
+    assert of_type(events, InstanceDeleted) == []  # replaced before deleted
+
+
+def test_one_answered_chat_among_the_last_five_is_not_failing() -> None:
+    cluster, _, old = serving_on_a()
+    cluster.make_ready(old)
+    for k, outcome in enumerate(["timeout", "timeout", None, "timeout", "timeout"]):
+        cluster.keeper.note_chat(old, outcome, T + 1 + k)
+    assert cluster.step(T + 10) == []
+    cluster.keeper.note_chat("gone-instance", "timeout", T + 11)
+    cluster.step(T + 12)
+    assert "gone-instance" not in cluster.keeper._repairs.chats  # pyright: ignore[reportPrivateUsage]
