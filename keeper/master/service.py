@@ -775,22 +775,18 @@ class Master:
                 await self.emit(events)
 
     async def _sweep_wait(self, seconds: float) -> None:
-        """Sleep ``seconds`` on the master's clock, or less if a sweep is wanted now."""
+        """Sleep ``seconds`` on the event loop's clock, or less if a sweep is wanted now.
+
+        One wait in this task (a cancel scope's deadline around the event), not a sleeper and a
+        waiter racing in a task group: the sweep then runs in the same scheduling round as its
+        timer fires, as a plain sleep would, rather than two rounds later among whatever else
+        woke at that instant, which made a virtual run's outcome depend on where it started on
+        the mock clock (docs/design.md §5.18, a virtual run replays)."""
         wake = self._sweep_now
         if wake.is_set():
             return
-        async with anyio.create_task_group() as group:
-
-            async def sleeper() -> None:
-                await self.clock.sleep(seconds)
-                group.cancel_scope.cancel()
-
-            async def waiter() -> None:
-                await wake.wait()
-                group.cancel_scope.cancel()
-
-            group.start_soon(sleeper)
-            group.start_soon(waiter)
+        with anyio.move_on_after(seconds):
+            await wake.wait()
 
     # --- node sessions -------------------------------------------------------------------
 
