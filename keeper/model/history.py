@@ -114,7 +114,8 @@ def serving_changes(
     are then unknown."""
     changes: list[DeploymentServingChanged] = []
     for deployment_id, deployment in after.deployments.items():
-        records = after.serving_history.get(deployment_id, ())
+        # No history yet: () and None read alike where it is read (``not records``).
+        records = after.serving_history.get(deployment_id, ())  # pragma: no mutate
         record = _next_record(before, after, deployment, records, at)
         if record is not None:
             changes.append(DeploymentServingChanged(deployment_id=deployment_id, record=record))

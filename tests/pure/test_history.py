@@ -813,3 +813,18 @@ def test_phases_are_to_the_millisecond() -> None:
     assert recovery_phases(stretch, 15.00049) == RecoveryPhases(
         detected=1.235, placed=1.265, downloaded=0.0, loaded=2.5
     )
+
+
+def test_the_instance_that_stopped_serving_is_not_its_own_replacement_under_way() -> None:
+    log = serving_from(0.0, 10.0)
+    failed = RunnerFailed(error_message="out of memory")
+    log.at(30.0, RunnerStatusUpdated(runner_id="i1-runner-1", runner_status=failed))
+    stop = records_of(log)[-1]
+    assert (stop.serving, stop.at, stop.instance_id) == (False, 30.0, None)
+
+
+def test_no_down_stretch_while_the_newest_record_serves() -> None:
+    served = ServingRecord(at=0.0, serving=True)
+    down = ServingRecord(at=5.0, serving=False)
+    assert down_stretch((served, served)) is None
+    assert down_stretch((served, down, served)) is None

@@ -10,8 +10,9 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from keeper_harness import node_info
+from keeper_harness import build_instance, card, node_info
 
+from keeper.model import liveness
 from keeper.model.apply import apply
 from keeper.model.events import NodeConfirmedDead, NodeHeardAgain, NodeSuspected
 from keeper.model.liveness import (
@@ -23,6 +24,7 @@ from keeper.model.liveness import (
     RHYTHM_SAMPLES,
     SILENT_AFTER_S,
     STALE_WINDOW_S,
+    Judgement,
     LivenessConfig,
     NodeHeard,
     dead_after,
@@ -41,7 +43,7 @@ from keeper.model.liveness import (
     watch_events,
     watched_liveness,
 )
-from keeper.model.state import State
+from keeper.model.state import NodeIdentity, State
 
 ON = LivenessConfig()  # 3 / 8
 
@@ -404,3 +406,81 @@ def test_the_coarse_rule_counts_a_node_with_a_verdict_as_silent() -> None:
     assert node_liveness(state, {"c": 100.0 - SILENT_AFTER_S + 0.1}, 100.0)["c"] == "alive"
     counts = nodes_by_state(state, heard_at, 100.0)
     assert counts == {"alive": 1, "silent": 2, "gone": 0, "cordoned": 0}
+
+
+# --- boundaries each rule draws (docs/design.md §5.18) ----------------------------------------
+
+
+def test_a_node_out_of_the_topology_is_gone_whether_described_or_only_running_instances() -> None:
+    state = three_nodes().model_copy(
+        update={
+            "node_identities": {"b-left": NodeIdentity(friendly_name="left")},
+            "instances": {"i1": build_instance(card("m"), ["a", "z-unknown"], "i1")},
+        }
+    )
+    heard_at = {"a": 100.0, "b": 100.0, "c": 100.0}
+    assert node_liveness(state, heard_at, 100.0) == {
+        "a": "alive",
+        "b": "alive",
+        "c": "alive",
+        "b-left": "gone",
+        "z-unknown": "gone",
+    }
+    assert nodes_by_state(state, heard_at, 100.0)["gone"] == 2
+
+
+def test_a_node_never_dated_is_alive_however_short_the_silence_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(liveness, "SILENT_AFTER_S", 0.5)
+    assert node_liveness(three_nodes(), {"a": 99.0}, 100.0) == {
+        "a": "silent",
+        "b": "alive",
+        "c": "alive",
+    }
+
+
+@pytest.mark.parametrize(
+    ("suspect", "dead", "refusal"),
+    [
+        (-1.0, 8.0, "--suspect-after-s must be a number of seconds, 0 or more (got -1)"),
+        (3.0, -0.5, "--dead-after-s must be a number of seconds, 0 or more (got -0.5)"),
+    ],
+)
+def test_a_flag_out_of_range_is_refused_in_these_words(
+    suspect: float, dead: float, refusal: str
+) -> None:
+    assert liveness_flags_refusal(suspect, dead) == refusal
+
+
+def test_flaps_stop_doubling_the_threshold_after_sixteen() -> None:
+    # A tiny flag shows the doubling before the cap does: 2**16 times, and never more (an
+    # unbounded power of two would overflow a float).
+    tiny = LivenessConfig(1e-4, 8.0)
+    assert suspect_after(tiny, NodeHeard(0.0, flaps=16)) == pytest.approx(1e-4 * 2**16)
+    assert suspect_after(tiny, NodeHeard(0.0, flaps=17)) == pytest.approx(1e-4 * 2**16)
+    assert suspect_after(tiny, NodeHeard(0.0, flaps=5000)) == pytest.approx(1e-4 * 2**16)
+
+
+def test_nodes_all_heard_are_no_stale_view_however_few() -> None:
+    assert judge({"a": steady(100.0)}, 100.5, ON) == Judgement({"a": "alive"}, {}, None)
+    assert judge({}, 100.0, ON).stale is None
+
+
+def test_silent_exactly_the_window_apart_is_together_and_the_message_says_so() -> None:
+    nodes = {"a": steady(100.0), "b": steady(100.0 + STALE_WINDOW_S), "c": steady(110.0)}
+    assert judge(nodes, 110.0, ON).stale == (
+        "2 of 3 nodes fell silent within 2 s of each other: the view is stale (this service or"
+        " the cluster's master is the one missing), so nobody is suspected"
+    )
+
+
+def test_the_stale_window_slides_over_the_silent_nodes_in_time_order() -> None:
+    # Silent at 0, 10, 20, then at 30, 30.5 and 31 (one node heard): 3 of 7 fall within the
+    # window, not more than half; two more at 31.5 and 32 make it 5 of 9, a stale view.
+    apart = {f"s{k}": steady(float(t)) for k, t in enumerate((0, 10, 20, 30, 30.5, 31))}
+    nodes = {"h": steady(60.0), **apart}
+    assert judge(nodes, 60.0, ON).stale is None
+    more = {**nodes, "s6": steady(31.5), "s7": steady(32.0)}
+    stale = judge(more, 60.0, ON).stale
+    assert stale is not None and stale.startswith("5 of 9 nodes")
