@@ -75,15 +75,32 @@ def wanted_instances(state: State) -> dict[str, int]:
     return wanted
 
 
+def moving_models(state: State) -> set[str]:
+    """Models with a make-before-break move under way (a drain's, a rolling change's, a
+    failover's, a repair's): the move owns one instance beyond the replicas until the old one
+    goes (docs/design.md §5.17), so that one is no duplicate."""
+    draining = {move.deployment_id for drain in state.drains.values() for move in drain.moves}
+    return {
+        deployment.model_card.model_id
+        for deployment in state.deployments.values()
+        if deployment.deployment_id in draining
+        or deployment.moving is not None
+        or deployment.failover is not None
+        or deployment.repairing is not None
+    }
+
+
 def excess_instances(state: State) -> dict[str, str]:
     """Models with more instances than their deployment's replicas (more than one if none),
-    each with a few words saying how many of how many."""
+    or than replicas + 1 while a move owns the extra one, each with a few words saying how many
+    of how many."""
     counts = Counter(model_of(instance) for instance in state.instances.values())
     wanted = wanted_instances(state)
+    moving = moving_models(state)
     return {
         model: f"{count} instances of {model} (replicas {wanted.get(model, 1)})"
         for model, count in counts.items()
-        if count > wanted.get(model, 1)
+        if count > wanted.get(model, 1) + (1 if model in moving else 0)
     }
 
 
