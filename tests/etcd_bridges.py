@@ -234,6 +234,10 @@ class ProxyProcess:
         self.process.send_signal(signal.SIGHUP)
         self.wait_line("swallowing", 10)
 
+    def cut(self) -> None:
+        self.process.send_signal(signal.SIGUSR1)
+        self.wait_line("cut", 10)
+
     def heal(self) -> None:
         self.process.send_signal(signal.SIGUSR2)
         self.wait_line("healed", 10)

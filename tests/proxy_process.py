@@ -1,5 +1,6 @@
 """A TCP proxy (``keeper.cluster.proxy``) as a process of its own, for the end-to-end tests:
-``python tests/proxy_process.py TARGET_PORT LISTEN_PORT``; SIGUSR1 cuts every link and refuses
+``python tests/proxy_process.py TARGET_PORT LISTEN_PORT``, printing ``ready`` once it listens;
+SIGUSR1 cuts every link and refuses
 new ones, SIGHUP forwards requests and drops the answers (printing ``swallowed N`` for each
 chunk dropped, so a test knows a request reached the target), SIGUSR2 heals. A process, so a
 test can cut a bridge from etcd without an event loop of its own."""
@@ -21,7 +22,8 @@ async def main(target_port: int, listen_port: int) -> None:
     proxy = TcpProxy("127.0.0.1", target_port, listen_port=listen_port)
     proxy.on_swallowed = lambda size: print(f"swallowed {size}", flush=True)
     async with anyio.create_task_group() as group:
-        group.start_soon(proxy.run)
+        # "ready" only once it listens: a bridge started on it at once must find it there.
+        await group.start(proxy.run)
         with anyio.open_signal_receiver(
             signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGTERM
         ) as signals:
@@ -29,6 +31,7 @@ async def main(target_port: int, listen_port: int) -> None:
             async for received in signals:
                 if received == signal.SIGUSR1:
                     proxy.partition()
+                    print("cut", flush=True)
                 elif received == signal.SIGHUP:
                     proxy.swallow_answers()
                     print("swallowing", flush=True)

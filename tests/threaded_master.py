@@ -92,6 +92,35 @@ def read_head(sock: socket.socket) -> bytes:
     return received.partition(b"\r\n\r\n")[0]
 
 
+def read_whole_answer(sock: socket.socket) -> bytes:
+    """One whole answer on a connection that stays open: its status line and headers, and its
+    body read to its Content-Length, however the two were split across segments (so the next
+    request on the connection starts clean). The body is dropped."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(4096)
+        if not chunk:
+            pytest.fail(f"the server closed the connection mid-head: {received!r}")
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    lengths = [
+        line.split(b":", 1)[1].strip()
+        for line in head.split(b"\r\n")[1:]
+        if line.lower().startswith(b"content-length:")
+    ]
+    if len(lengths) != 1:
+        pytest.fail(f"an answer without one Content-Length: {head!r}")
+    length = int(lengths[0])
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        if not chunk:
+            pytest.fail(f"the server closed the connection mid-body: {len(body)} of {length}")
+        body += chunk
+    if len(body) != length:
+        pytest.fail(f"more than the answer came: {len(body)} bytes for {length}")
+    return head
+
+
 def wait_closed(sock: socket.socket, within_s: float) -> float:
     """Read (and drop) what the server sends until it closes the connection; the seconds it
     took. Fails if it is still open after ``within_s``."""

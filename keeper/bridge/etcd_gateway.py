@@ -100,13 +100,20 @@ def transport_refusal(error: httpx.HTTPError, options: StoreAccess) -> str | Non
     return None
 
 
+# How a TLS listener's refusal of plaintext reaches the client: the connection closed with no
+# answer (RemoteProtocolError), or reset (ReadError) when the close finds part of the request
+# still unread in etcd's buffer, which depends on timing alone (design.md, "etcd as production
+# runs it").
+_DROPPED_UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError)
+
+
 def failure_words(error: httpx.HTTPError, access: StoreAccess) -> str:
     """A transport failure in words: the refusal if it is one, else its type (with a hint when
-    a plaintext request was dropped unanswered, as a TLS etcd does)."""
+    a plaintext request was dropped unanswered or reset, as a TLS etcd does)."""
     why = transport_refusal(error, access)
     if why is not None:
         return why
-    if access.tls is None and isinstance(error, httpx.RemoteProtocolError):
+    if access.tls is None and isinstance(error, _DROPPED_UNANSWERED):
         return f"{type(error).__name__} (a TLS etcd? then --store etcds://)"
     return type(error).__name__
 

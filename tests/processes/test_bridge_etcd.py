@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from etcd_bridges import LEASE_S, TAKEOVER_MARGIN_S, BridgeProcess, Stack, stack
+from etcd_bridges import LEASE_S, TAKEOVER_MARGIN_S, BridgeProcess, ProxyProcess, Stack, stack
 from model_ids import QWEN as MODEL
 from process_helpers import free_port, get_json, wait_for
 
@@ -188,23 +188,15 @@ def test_a_stopped_bridge_stands_by_once_continued_and_sends_nothing(two: Stack)
 
 def test_a_bridge_cut_from_etcd_stops_acting_and_another_takes_over(tmp_path: Path) -> None:
     with stack(tmp_path) as running:
-        listen = free_port()
-        target = running.etcd.members[0].client_port
-        proxy = subprocess.Popen(
-            [
-                sys.executable,
-                str(Path(__file__).parent.parent / "proxy_process.py"),
-                str(target),
-                str(listen),
-            ]
-        )
+        # Listening before the bridge starts: a store unreachable at start is exit 2.
+        proxy = ProxyProcess(running.etcd.members[0].client_port)
         try:
-            cut = running.start_bridge("cut", store_url=f"etcd://127.0.0.1:{listen}")
+            cut = running.start_bridge("cut", store_url=f"etcd://127.0.0.1:{proxy.port}")
             running.wait_answering(cut)
             assert running.wait_acting(10) is cut
             other = running.start_bridge("other")
             running.wait_answering(other)
-            proxy.send_signal(signal.SIGUSR1)
+            proxy.cut()
             parted = time.monotonic()
             new = running.wait_acting(LEASE_S + TAKEOVER_MARGIN_S + 1, not_=cut.name)
             took = time.monotonic() - parted
@@ -214,7 +206,7 @@ def test_a_bridge_cut_from_etcd_stops_acting_and_another_takes_over(tmp_path: Pa
             assert seen["store"]["reachable"] is False
             refused = deploy(cut.url)
             assert refused.status_code == 503 and "etcd://127.0.0.1" in refused.text
-            proxy.send_signal(signal.SIGUSR2)
+            proxy.heal()
             wait_for(
                 "the cut bridge to see the leader again",
                 10,
@@ -229,8 +221,7 @@ def test_a_bridge_cut_from_etcd_stops_acting_and_another_takes_over(tmp_path: Pa
             assert running.acting() is other
             print(f"\ntakeover after a cut from etcd: {took:.2f} s")
         finally:
-            proxy.terminate()
-            proxy.wait(timeout=10)
+            proxy.stop()
 
 
 def test_the_store_fails_closed_and_carries_on_when_back(two: Stack) -> None:

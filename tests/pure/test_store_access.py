@@ -6,8 +6,10 @@ failed append's answer tells whether an earlier try landed (``keeper.bridge.etcd
 from __future__ import annotations
 
 import base64
+import ssl
 from pathlib import Path
 
+import httpx
 import pytest
 
 from keeper.bridge.etcd_access import (
@@ -18,7 +20,7 @@ from keeper.bridge.etcd_access import (
     load_access,
     parse_store_url,
 )
-from keeper.bridge.etcd_gateway import answer_refusal
+from keeper.bridge.etcd_gateway import answer_refusal, failure_words
 from keeper.bridge.etcd_store import landed
 from keeper.runtime.starting import MasterStartError
 
@@ -127,6 +129,23 @@ def test_refusals_in_words(status: int, text: str, said: str) -> None:
 def test_other_answers_are_no_refusal() -> None:
     assert answer_refusal(503, "etcdserver: request timed out", WITH_USER) is None
     assert answer_refusal(400, "etcdserver: too many operations in txn request", WITH_USER) is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [httpx.RemoteProtocolError("closed unanswered"), httpx.ReadError("connection reset")],
+)
+def test_a_plaintext_request_dropped_or_reset_hints_at_tls(error: httpx.HTTPError) -> None:
+    """A TLS etcd closes a plaintext connection unanswered; whether the client sees that as a
+    close or a reset is timing alone, so both carry the hint."""
+    words = failure_words(error, StoreAccess())
+    assert words == f"{type(error).__name__} (a TLS etcd? then --store etcds://)"
+
+
+def test_no_tls_hint_for_a_refused_connection_or_on_tls() -> None:
+    assert failure_words(httpx.ConnectError("refused"), StoreAccess()) == "ConnectError"
+    on_tls = StoreAccess(tls=ssl.create_default_context())
+    assert failure_words(httpx.ReadError("connection reset"), on_tls) == "ReadError"
 
 
 def _failed_answer(value: str | None) -> dict[str, object]:
