@@ -242,10 +242,13 @@ class Moves:
         move = InstanceMove(
             deployment_id=deployment_id, old_instance_id=candidate.old, new_instance_id=new_id
         )
+        # The move is recorded before its replacement appears: every State along the batch
+        # then shows the extra instance as the move's, never as a duplicate (docs/design.md
+        # §5.17; apply does not judge a move's instances, so the order is free).
         return [
+            kind.recorded(candidate, move),
             InstanceCreated(instance=instance),
             DeploymentPlaced(deployment_id=deployment_id, instance_id=new_id),
-            kind.recorded(candidate, move),
         ], new_id
 
     def _settle(

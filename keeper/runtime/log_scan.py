@@ -41,12 +41,24 @@ PREVIOUS_SNAPSHOT_FILE = "snapshot.prev.json"
 SNAPSHOTS = (SNAPSHOT_FILE, PREVIOUS_SNAPSHOT_FILE)
 
 # Event kinds compaction keeps: what per-deployment history and the soak's duplicate check read.
+# The check allows one instance beyond the replicas while a move owns it (docs/design.md §5.17),
+# so the records of the moves, and what they depend on in apply (a scale's replicas, a rolling
+# change's instances to replace, a drain's start and end), are kept with the instances: rare
+# events, a few per move.
 HISTORY_KINDS = frozenset(
     {
         "DeploymentCreated",
         "DeploymentDeleted",
         "DeploymentPlaced",
         "DeploymentPlacementFailed",
+        "DeploymentScaled",
+        "DeploymentOptionsChanged",
+        "DeploymentReplacementPlaced",
+        "FailoverReplacementPlaced",
+        "DeploymentRepairPlaced",
+        "NodeDrainStarted",
+        "DrainReplacementPlaced",
+        "NodeDrainEnded",
         "InstanceCreated",
         "InstanceDeleted",
     }

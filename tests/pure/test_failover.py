@@ -60,12 +60,12 @@ def test_a_suspect_nodes_instance_gets_a_replacement_elsewhere_and_nothing_is_de
     cluster, deployment_id, (old,) = serving()
     suspect(cluster, "node-a")
     events = cluster.step(T + 10)
-    assert kinds(events) == ["InstanceCreated", "DeploymentPlaced", "FailoverReplacementPlaced"]
-    created = events[0]
+    assert kinds(events) == ["FailoverReplacementPlaced", "InstanceCreated", "DeploymentPlaced"]
+    created = events[1]
     assert isinstance(created, InstanceCreated)
     new = created.instance.instance_id
     assert on(cluster, new) != ["node-a"]
-    assert events[2] == FailoverReplacementPlaced(
+    assert events[0] == FailoverReplacementPlaced(
         deployment_id=deployment_id,
         move=InstanceMove(deployment_id=deployment_id, old_instance_id=old, new_instance_id=new),
         at=1000.0,
@@ -101,7 +101,7 @@ def test_heard_again_the_replacement_goes() -> None:
     cluster, deployment_id, (old,) = serving()
     suspect(cluster, "node-a")
     events = cluster.step(T + 10)
-    new = events[0].instance.instance_id  # type: ignore[attr-defined]
+    new = events[1].instance.instance_id  # type: ignore[attr-defined]
     cluster.make_ready(new)
     cluster.apply(NodeHeardAgain(node_id="node-a", at=1004.0))
     assert cluster.step(T + 11) == [InstanceDeleted(instance_id=new)]
@@ -113,7 +113,7 @@ def test_heard_again_the_replacement_goes() -> None:
 def test_heard_again_when_only_the_replacement_is_ready_the_old_goes() -> None:
     cluster, _deployment_id, (old,) = serving()
     suspect(cluster, "node-a")
-    new = cluster.step(T + 10)[0].instance.instance_id  # type: ignore[attr-defined]
+    new = cluster.step(T + 10)[1].instance.instance_id  # type: ignore[attr-defined]
     cluster.make_ready(new)
     cluster.make_loading(old)  # its runner restarted meanwhile
     cluster.apply(NodeHeardAgain(node_id="node-a", at=1004.0))
@@ -124,7 +124,7 @@ def test_heard_again_when_only_the_replacement_is_ready_the_old_goes() -> None:
 def test_heard_again_before_the_replacement_is_ready_the_replacement_goes() -> None:
     cluster, _, (old,) = serving()
     suspect(cluster, "node-a")
-    new = cluster.step(T + 10)[0].instance.instance_id  # type: ignore[attr-defined]
+    new = cluster.step(T + 10)[1].instance.instance_id  # type: ignore[attr-defined]
     cluster.apply(NodeHeardAgain(node_id="node-a", at=1004.0))
     assert cluster.step(T + 11) == [InstanceDeleted(instance_id=new)]
     assert set(cluster.state.instances) == {old}
@@ -179,7 +179,7 @@ def test_no_replacement_while_the_model_already_has_its_replicas_off_suspect_nod
 def test_a_new_keeper_carries_on_from_the_record() -> None:
     cluster, _deployment_id, (_old,) = serving()
     suspect(cluster, "node-a")
-    new = cluster.step(T + 10)[0].instance.instance_id  # type: ignore[attr-defined]
+    new = cluster.step(T + 10)[1].instance.instance_id  # type: ignore[attr-defined]
     cluster.keeper = Keeper(0.0, place=simple_place)  # a restart: memory gone, State kept
     assert cluster.step(T + 11) == []  # no second replacement
     cluster.apply(NodeHeardAgain(node_id="node-a", at=1004.0))

@@ -91,8 +91,8 @@ def test_a_drain_moves_an_instance_make_before_break() -> None:
     assert kinds(cluster.drain("node-a")) == ["NodeDrainStarted"]
     assert cluster.state.cordoned == ("node-a",)
     placed = cluster.step(T + 10)
-    assert kinds(placed) == ["InstanceCreated", "DeploymentPlaced", "DrainReplacementPlaced"]
-    created = placed[0]
+    assert kinds(placed) == ["DrainReplacementPlaced", "InstanceCreated", "DeploymentPlaced"]
+    created = placed[1]
     assert isinstance(created, InstanceCreated)
     new = created.instance.instance_id
     assert cluster.nodes_of(new) == ["node-b"]
@@ -164,7 +164,7 @@ def test_an_instance_the_keeper_did_not_place_is_left_alone_unless_forced() -> N
 def test_uncordon_mid_move_deletes_the_surge_instance_and_ends_the_drain() -> None:
     cluster, _, (old,) = serving_on("node-a", "node-b")
     cluster.drain("node-a")
-    created = cluster.step(T + 10)[0]
+    created = cluster.step(T + 10)[1]
     assert isinstance(created, InstanceCreated)
     new = created.instance.instance_id
     assert cluster.uncordon("node-a") == [
@@ -180,14 +180,14 @@ def test_uncordon_mid_move_deletes_the_surge_instance_and_ends_the_drain() -> No
 def test_a_replacement_lost_before_ready_backs_off_and_the_old_one_stays() -> None:
     cluster, _, (old,) = serving_on("node-a", "node-b")
     cluster.drain("node-a")
-    created = cluster.step(T + 10)[0]
+    created = cluster.step(T + 10)[1]
     assert isinstance(created, InstanceCreated)
     cluster.delete_instance(created.instance.instance_id)  # its runner failed for good
     assert cluster.state.drains["node-a"].moves == ()
     assert cluster.step(T + 11) == []  # the keeper's backoff after a loss before ready
     assert old in cluster.state.instances
     again = [kinds(cluster.step(T + 11 + k)) for k in range(1, 40)]
-    assert ["InstanceCreated", "DeploymentPlaced", "DrainReplacementPlaced"] in again
+    assert ["DrainReplacementPlaced", "InstanceCreated", "DeploymentPlaced"] in again
 
 
 def test_a_state_that_trails_the_drains_events_gets_no_second_replacement() -> None:
@@ -265,9 +265,9 @@ def test_one_replacement_per_step_though_two_deployments_move() -> None:
     cluster, _ = two_models_on("node-a", "node-b")
     cluster.drain("node-a")
     first = cluster.step(T + 10)
-    assert kinds(first) == ["InstanceCreated", "DeploymentPlaced", "DrainReplacementPlaced"]
+    assert kinds(first) == ["DrainReplacementPlaced", "InstanceCreated", "DeploymentPlaced"]
     second = cluster.step(T + 11)
-    assert kinds(second) == ["InstanceCreated", "DeploymentPlaced", "DrainReplacementPlaced"]
+    assert kinds(second) == ["DrainReplacementPlaced", "InstanceCreated", "DeploymentPlaced"]
     assert len(cluster.state.drains["node-a"].moves) == 2
 
 
@@ -288,7 +288,7 @@ def test_each_move_finishes_on_its_own_when_its_replacement_is_ready() -> None:
 def test_what_the_drain_sent_is_not_sent_again_while_the_state_trails() -> None:
     cluster, _, (old,) = serving_on("node-a", "node-b")
     cluster.drain("node-a")
-    created = cluster.step(T + 10)[0]
+    created = cluster.step(T + 10)[1]
     assert isinstance(created, InstanceCreated)
     cluster.make_ready(created.instance.instance_id)
     cluster.step(T + 11)
@@ -394,7 +394,7 @@ def test_a_replacement_may_share_a_node_with_another_models_instance() -> None:
     cluster.apply(InstanceCreated(instance=other))
     cluster.drain("node-a")
     placed = cluster.step(T + 10)
-    created = placed[0]
+    created = placed[1]
     assert isinstance(created, InstanceCreated)
     assert cluster.nodes_of(created.instance.instance_id) == ["node-b"]
 
@@ -414,7 +414,7 @@ def test_the_keeper_remembers_nothing_of_drains_once_there_are_none() -> None:
 def test_a_new_keeper_resumes_a_drain_from_the_state() -> None:
     cluster, _, (old,) = serving_on("node-a", "node-b")
     cluster.drain("node-a")
-    created = cluster.step(T + 10)[0]
+    created = cluster.step(T + 10)[1]
     assert isinstance(created, InstanceCreated)
     # A restart: a keeper with no memory, the drain and its move in the State (the log).
     cluster.keeper = Keeper(0.0, place=simple_place)
@@ -429,7 +429,7 @@ def test_a_new_keeper_starts_the_moves_of_a_drain_it_finds() -> None:
     cluster.drain("node-a")
     cluster.keeper = Keeper(0.0, place=simple_place)  # a restart before any move was placed
     assert kinds(cluster.step(T + 20)) == [
+        "DrainReplacementPlaced",
         "InstanceCreated",
         "DeploymentPlaced",
-        "DrainReplacementPlaced",
     ]

@@ -61,7 +61,7 @@ def test_a_change_of_sharding_replaces_the_instance_make_before_break() -> None:
     assert change.replace == (old,)
     assert update_progress(cluster.deployment(deployment_id)) == (0, 1)
     placed = cluster.step(T + 10)
-    assert kinds(placed) == ["InstanceCreated", "DeploymentPlaced", "DeploymentReplacementPlaced"]
+    assert kinds(placed) == ["DeploymentReplacementPlaced", "InstanceCreated", "DeploymentPlaced"]
     new = placed_instance(placed)
     replacement = cluster.state.instances[new]
     assert all(
@@ -140,7 +140,7 @@ def test_recovery_comes_first_and_the_change_waits_while_the_deployment_is_short
     fresh = placed_instance(recovered)
     assert matches_options(cluster.state.instances[fresh], cluster.deployment(deployment_id))
     # Once the State shows it, the deployment is not short: the change goes on (replicas + 1).
-    assert kinds(cluster.step(T + 11))[-1] == "DeploymentReplacementPlaced"
+    assert kinds(cluster.step(T + 11))[0] == "DeploymentReplacementPlaced"
     assert len(cluster.instances_of_model("m")) == 3
 
 
@@ -159,7 +159,7 @@ def test_a_replacement_that_cannot_be_placed_leaves_the_instance_and_says_why() 
     cluster.keeper._place = shaped_place  # pyright: ignore[reportPrivateUsage]
     assert cluster.step(T + 10 + UNPLACEABLE_RETRY - 0.5) == []
     placed = cluster.step(T + 10 + UNPLACEABLE_RETRY)
-    assert kinds(placed)[-1] == "DeploymentReplacementPlaced"
+    assert kinds(placed)[0] == "DeploymentReplacementPlaced"
     assert cluster.keeper.update_note(deployment_id) is None
 
 
@@ -175,7 +175,7 @@ def test_a_cluster_change_retries_a_refused_replacement_at_once() -> None:
     assert cluster.step(T + 11) == []  # the same cluster: not before the retry
     cluster.add_nodes("node-e")
     cluster.link("node-a", "node-e")
-    assert kinds(cluster.step(T + 12))[-1] == "DeploymentReplacementPlaced"
+    assert kinds(cluster.step(T + 12))[0] == "DeploymentReplacementPlaced"
 
 
 def test_a_lost_replacement_leaves_the_old_instance_to_replace_again() -> None:
@@ -192,7 +192,7 @@ def test_a_lost_replacement_leaves_the_old_instance_to_replace_again() -> None:
     while not placed and now < T + 400:
         placed = cluster.step(now)
         now += 1
-    assert kinds(placed)[-1] == "DeploymentReplacementPlaced"
+    assert kinds(placed)[0] == "DeploymentReplacementPlaced"
 
 
 def test_a_new_keeper_finishes_the_move_it_finds_in_the_state() -> None:
@@ -339,7 +339,7 @@ def test_a_stuck_or_short_or_draining_deployment_does_not_hold_the_next_back() -
     cluster, first, second = two_changing()
     cluster.drain(cluster.nodes_of(cluster.instance_of(first).instance_id)[0])
     placed = cluster.step(T + 10)
-    assert kinds(placed)[-1] == "DrainReplacementPlaced"
+    assert kinds(placed)[0] == "DrainReplacementPlaced"
     assert replaced_in(placed) == []  # the drain's placement was the step's one
     assert replaced_in(cluster.step(T + 11)) == [second]
 

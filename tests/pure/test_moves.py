@@ -149,7 +149,7 @@ def test_a_replacement_goes_off_the_avoided_nodes_and_apart_and_its_move_is_reco
     cluster.add_node("node-c", available_gb=48.0)  # the next: but m broke there before
     kind = Suspects(suspect=frozenset({"node-a", "node-b"}), broke={"m": frozenset({"node-c"})})
     moved = Moves().step(cluster.state, [kind], deciding(cluster, T + 10))
-    created, assigned, recorded = moved.events
+    recorded, created, assigned = moved.events
     assert isinstance(created, InstanceCreated)
     new = created.instance.instance_id
     assert list(created.instance.shard_assignments.node_to_runner) == ["node-d"]

@@ -20,6 +20,7 @@ from keeper.core.repair import (
     avoiding,
     problem_words,
 )
+from keeper.model.apply import apply
 from keeper.model.constants import PLACEMENT_TIMEOUT
 from keeper.model.events import (
     AnyEvent,
@@ -76,8 +77,8 @@ def test_a_stalled_start_is_replaced_before_it_is_deleted() -> None:
     assert dict(cluster.keeper.health(cluster.state)) == {}
     events = cluster.step(stalled_at)
     created = of_type(events, InstanceCreated)
-    assert [type(e) for e in events] == [InstanceCreated, DeploymentPlaced, DeploymentRepairPlaced]
-    record = events[2]
+    assert [type(e) for e in events] == [DeploymentRepairPlaced, InstanceCreated, DeploymentPlaced]
+    record = events[0]
     assert isinstance(record, DeploymentRepairPlaced) and record.problem == "stalled"
     assert record.why.startswith("runner on node-a silent in RunnerWarmingUp for 15m00s")
     new = created[0].instance.instance_id  # pyright: ignore[reportAttributeAccessIssue]
@@ -95,6 +96,26 @@ def test_a_stalled_start_is_replaced_before_it_is_deleted() -> None:
     assert set(cluster.state.instances) == {new}
     assert cluster.deployment(deployment_id).repairing is None
     assert dict(cluster.keeper.health(cluster.state)) == {}
+
+
+def test_every_state_along_a_repairs_batch_owns_its_extra_instance() -> None:
+    # A master's log is replayed (and a stream followed) event by event, not batch by batch:
+    # the replacement appearing before its move was recorded was, for one event, a second
+    # instance of a replicas-1 model that no move owned (the soak's duplicate check).
+    cluster, deployment_id, _, stalled_at = stalled_on_a()
+    before = cluster.state
+    events = cluster.step(stalled_at)
+    assert of_type(events, DeploymentRepairPlaced)
+    model_id = before.deployments[deployment_id].model_card.model_id
+    state = before
+    seen: list[tuple[int, int]] = []  # per event: the model's instances, and those a move owns
+    for event in events:
+        state = apply(state, event)
+        count = sum(i.shard_assignments.model_id == model_id for i in state.instances.values())
+        owned = 1 if state.deployments[deployment_id].repairing is not None else 0
+        assert count <= 1 + owned, type(event).__name__
+        seen.append((count, owned))
+    assert seen[-1] == (2, 1)
 
 
 def test_a_hollow_instance_whose_node_reports_it_gone_goes_at_once() -> None:

@@ -18,6 +18,7 @@ from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
     DeploymentCreated,
     DeploymentPlacementFailed,
+    DeploymentRepairPlaced,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -26,6 +27,7 @@ from keeper.model.events import (
 from keeper.model.readiness import instance_is_ready
 from keeper.model.state import (
     Deployment,
+    InstanceMove,
     MlxRingInstance,
     PipelineShardMetadata,
     RunnerLoading,
@@ -34,6 +36,7 @@ from keeper.model.state import (
     ShardAssignments,
     State,
 )
+from keeper.runtime.log_scan import is_history_line
 from keeper.soak.faults import (
     FAULT_END_TIMEOUT_S,
     FREEZE_S,
@@ -362,6 +365,26 @@ def test_the_log_check_replays_every_state_and_skips_a_torn_last_line(tmp_path: 
     assert (checked.events, checked.duplicates) == (3, 1)
     log.write_text(lines[0] + lines[2])
     assert check_log(log).duplicates == 0
+
+
+def test_a_compacted_log_keeps_the_repair_that_owned_the_extra_instance(tmp_path: Path) -> None:
+    # Compaction keeps only some kinds (keeper.runtime.log_scan.HISTORY_KINDS); a repair's record
+    # dropped while its instances stay would read as a second instance no move owned.
+    deployment = Deployment(deployment_id="d", model_card=_card(SMALL))
+    move = InstanceMove(deployment_id="d", old_instance_id="a", new_instance_id="b")
+    events = [
+        DeploymentCreated(deployment=deployment),
+        InstanceCreated(instance=_instance("a", SMALL, {"n1": "r1"})),
+        DeploymentRepairPlaced(deployment_id="d", move=move),
+        InstanceCreated(instance=_instance("b", SMALL, {"n2": "r2"})),
+        RunnerStatusUpdated(runner_id="r2", runner_status=RunnerReady()),
+        InstanceDeleted(instance_id="a"),
+    ]
+    lines = [IndexedEvent(idx=i, event=e).model_dump_json() + "\n" for i, e in enumerate(events)]
+    log = tmp_path / "events.jsonl"
+    log.write_text("".join(line for line in lines if is_history_line(line.encode())))
+    checked = check_log(log)
+    assert (checked.events, checked.duplicates) == (len(events) - 1, 0)
 
 
 # --- the load ------------------------------------------------------------------------------------
