@@ -15,6 +15,7 @@ from model_ids import LLAMA, QWEN
 from recorded_exo import before_the_timeout, recorded_state
 from test_tui_app_nodes import draining_client, serving_on_mini_a
 from test_tui_app_whatif import whatif_mini_a
+from textual.app import App
 from textual.pilot import Pilot
 from textual.widgets import Input, Select
 
@@ -76,9 +77,20 @@ def scenario(builder: ClusterBuilder, clock: Clock | None = None) -> DashboardAp
     return DashboardApp(client, clock=clock or Clock(), tick=False)
 
 
+def steady_cursors(app: App[None]) -> None:
+    """The form's cursors drawn, not blinking: an Input's cursor blinks every 0.5 s, so a shot
+    taken more than that after the last key (a loaded machine, a parallel suite) would find it
+    off where an unloaded run finds it on. Held on, every shot is the same."""
+    for box in app.screen.query(Input):
+        if box.cursor_blink:  # once: a change refreshes the box, which a shot must not race
+            box.cursor_blink = False
+
+
 async def settled(pilot: Pilot[None]) -> None:
+    """Wait until the screen is drawn whole, its text cursors held still (see steady_cursors)."""
     await pilot.pause()
     await pilot.wait_for_scheduled_animations()
+    steady_cursors(pilot.app)
     await pilot.pause()
 
 
@@ -613,12 +625,6 @@ def test_whatif(snap_compare: Compare) -> None:
     assert snap_compare(app, terminal_size=(80, 24), run_before=pressing("2", "w"))
 
 
-def steady_cursors(app: DashboardApp) -> None:
-    """The form's cursors drawn, not blinking: a shot taken either side of a blink is the same."""
-    for box in app.screen.query(Input):
-        box.cursor_blink = False
-
-
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_edit_form(snap_compare: Compare, size: tuple[int, int]) -> None:
     """e on Llama (keeps 2): its settings filled in, then replicas and min_nodes changed: the
@@ -629,7 +635,6 @@ def test_edit_form(snap_compare: Compare, size: tuple[int, int]) -> None:
         await settled(pilot)
         await pilot.press("e")
         await settled(pilot)
-        steady_cursors(app)
         app.screen.query_one("#edit-replicas", Input).value = "3"
         app.screen.query_one("#edit-min_nodes", Input).value = "2"
         await settled(pilot)
@@ -653,7 +658,6 @@ def test_edit_form_refused(snap_compare: Compare, size: tuple[int, int]) -> None
         await settled(pilot)
         await pilot.press("e")
         await settled(pilot)
-        steady_cursors(app)
         app.screen.query_one("#edit-sharding", Select).value = "Tensor"
         await pilot.press("ctrl+s")
         await settled(pilot)
