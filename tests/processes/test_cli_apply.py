@@ -257,7 +257,7 @@ BAD_FILES = [
     pytest.param(
         f"deployments:\n  - model: {LLAMA}\n    replica: 2\n",
         "3:5: unknown key 'replica' in deployment 1 (known: model, sharding, instance_meta, "
-        "min_nodes, replicas, standby, priority, preempt)",
+        "min_nodes, replicas, standby, priority, preempt, repair)",
         id="unknown-key",
     ),
     pytest.param(
