@@ -36,6 +36,7 @@ from keeper.bridge.etcd_store import (
     parse_store_url,
 )
 from keeper.bridge.exo_client import ExoClient
+from keeper.bridge.exo_urls import check_exo_urls
 from keeper.bridge.exo_wire import camel_keys, file_card
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.httpapi.serving import DEFAULT_HOST, serve_service, shown_host
@@ -84,35 +85,6 @@ async def serve_bridge(
 def _followed(bridge: Bridge) -> str:
     first, *rest = (api.url for api in bridge.exo_apis)
     return f"{first} (then {', '.join(rest)})" if rest else first
-
-
-def check_exo_url(url: str) -> str:
-    """The exo URL without a trailing slash; MasterStartError if it is not http(s)://HOST."""
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise MasterStartError(f"--exo {url!r} is not a URL ({exc})") from None
-    if parsed.scheme not in {"http", "https"} or not parsed.host:
-        raise MasterStartError(f"--exo {url!r} is not exo's API URL (expected http://HOST:PORT)")
-    return url.rstrip("/")
-
-
-def check_exo_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
-    """``--exo URL[,URL...]`` as checked URLs, in order; MasterStartError naming the bad item."""
-    items = [item.strip() for item in urls.split(",")] if isinstance(urls, str) else list(urls)
-    if not any(items):
-        raise MasterStartError("--exo: no URL given (expected http://HOST:PORT[,http://...])")
-    checked: list[str] = []
-    for position, item in enumerate(items, start=1):
-        if not item:
-            raise MasterStartError(
-                f"--exo {','.join(items)!r}: item {position} is empty (a stray comma?)"
-            )
-        url = check_exo_url(item)
-        if url in checked:
-            raise MasterStartError(f"--exo lists {url} twice")
-        checked.append(url)
-    return tuple(checked)
 
 
 def exo_card_files(directory: Path) -> dict[str, JsonObject]:

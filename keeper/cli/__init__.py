@@ -13,16 +13,16 @@ unreachable.
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import socket
 import sys
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from keeper.bridge.etcd_access import StoreAccessOptions
-from keeper.bridge.server import check_exo_urls, run_bridge
+from keeper.bridge.exo_urls import check_exo_urls
 from keeper.cli.apply import add_apply_commands
 from keeper.cli.deployments import (
     EXIT_CODES_HELP,
@@ -38,32 +38,21 @@ from keeper.cli.nodes import add_node_commands
 from keeper.cli.webhooks import add_webhooks_command
 from keeper.cli.whatif import add_whatif_command
 from keeper.client.version_option import add_version_option
-from keeper.cluster.local import exit_with_parent, run_cluster
-from keeper.exo_standin.app import STANDIN_API
-from keeper.link.identity import KeyFileError, default_key_file, load_or_create_key
-from keeper.master.server import OUR_API, run_master
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.liveness import (
     DEFAULT_DEAD_AFTER_S,
     DEFAULT_SUSPECT_AFTER_S,
     MIN_DEAD_AFTER_S,
-    LivenessConfig,
     liveness_flags_refusal,
 )
-from keeper.model.state import Backend, Memory, ModelCard
-from keeper.node.downloads import disk_refusal
-from keeper.node.node_process import run_node_process
-from keeper.node.sim_node import (
-    DEFAULT_DISK_GB,
-    DEFAULT_DOWNLOAD_MB_PER_S,
-    SIM_FAULTS,
-    NodeConfig,
-)
+from keeper.model.state import Backend, ModelCard
+from keeper.node.sim_options import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, SIM_FAULTS
 from keeper.runtime.arguments import UsageParser, positive_float, positive_int, webhook_option
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
-from keeper.runtime.dir_lock import DataDirInUseError
 from keeper.runtime.starting import MasterStartError
-from keeper.runtime.webhooks import WebhookUrlError, webhook_urls
+
+if TYPE_CHECKING:
+    from keeper.cli.processes import cmd_bridge, cmd_cluster, cmd_log, cmd_master, cmd_node
 
 # The command's interface; the exit codes, its contract for scripts, are importable from here.
 __all__ = [
@@ -72,6 +61,7 @@ __all__ = [
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
     "SOAK_COMMANDS",
+    "ProcessCommand",
     "build_parser",
     "cmd_bridge",
     "cmd_cluster",
@@ -82,127 +72,33 @@ __all__ = [
     "main",
 ]
 
-# --- processes ------------------------------------------------------------------------------
+# --- the process commands, loaded when given -------------------------------------------------
+
+# Where the commands that run a service live; loaded only when one of them is the one given.
+_PROCESSES = "keeper.cli.processes"
+_PROCESS_COMMANDS = frozenset({"cmd_bridge", "cmd_cluster", "cmd_log", "cmd_master", "cmd_node"})
 
 
-def cmd_master(args: argparse.Namespace) -> int:
-    if args.parent_pid is not None:
-        exit_with_parent(args.parent_pid)
-    return run_master(
-        args.host,
-        args.port,
-        args.data_dir,
-        args.token,
-        args.model_cards,
-        node_timeout_s=args.node_timeout,
-        sweep_interval_s=args.sweep_interval,
-        liveness=LivenessConfig(args.suspect_after_s, args.dead_after_s),
-        max_deployments=args.max_deployments,
-        app=STANDIN_API if args.exo_compat else OUR_API,
-        webhooks=args.webhook,
-    )
+@dataclass(frozen=True)
+class ProcessCommand:
+    """The handler of a process command: ``keeper.cli.processes``'s function ``name``, imported
+    when it runs, so that a short command (``list``, ``deploy``) never loads a service."""
+
+    name: str
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        command: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(_PROCESSES), self.name
+        )
+        return command(args)
 
 
-def cmd_log(args: argparse.Namespace) -> int:
-    from keeper.runtime import log_repair  # noqa: PLC0415 (only this command needs it)
-
-    if args.action == "check":
-        report = log_repair.check(args.data_dir)
-        for line in report.lines:
-            print(line, file=sys.stdout if report.ok else sys.stderr)
-        return report.exit_code
-    try:
-        # Each line as it comes: what the repair will drop is out before it changes a file.
-        report = log_repair.repair(args.data_dir, say=lambda line: print(line, flush=True))
-    except DataDirInUseError as exc:
-        print(f"exo-deploy log repair: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if not report.ok:
-        print(f"exo-deploy log repair: {args.data_dir} is not repaired", file=sys.stderr)
-    return report.exit_code
-
-
-def cmd_node(args: argparse.Namespace) -> int:
-    if (refused := _disk_refused(args)) is not None:
-        return refused
-    if args.parent_pid is not None:
-        exit_with_parent(args.parent_pid)
-    try:
-        key = load_or_create_key(args.key_file or default_key_file(args.name))
-    except KeyFileError as exc:
-        print(f"exo-deploy node: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    config = NodeConfig(
-        name=args.name,
-        key=key,
-        memory_gb=args.memory_gb,
-        backends=tuple(args.backends),
-        load_gb_per_s=args.load_gbps,
-        disk_gb=args.disk_gb,
-        download_mb_per_s=args.download_mb_s,
-        has_models=tuple(args.has),
-        fault=args.fault,
-    )
-    return run_node_process(config, args.master, args.token)
-
-
-def cmd_cluster(args: argparse.Namespace) -> int:
-    if (refused := _disk_refused(args)) is not None:
-        return refused
-    try:
-        webhooks = webhook_urls(args.webhook)
-    except WebhookUrlError as exc:
-        print(f"exo-deploy cluster: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="exo-deploy-cluster-"))
-    return run_cluster(
-        args.nodes,
-        args.port,
-        data_dir.resolve(),
-        node_timeout_s=args.node_timeout,
-        sweep_interval_s=args.sweep_interval,
-        liveness=LivenessConfig(args.suspect_after_s, args.dead_after_s),
-        node_restart_s=None if args.no_node_restart else args.node_restart_delay,
-        exo_compat=args.exo_compat,
-        disk_gb=args.disk_gb,
-        download_mb_per_s=args.download_mb_s,
-        has_models=tuple(card.model_id for card in args.has),
-        webhooks=webhooks,
-    )
-
-
-def _disk_refused(args: argparse.Namespace) -> int | None:
-    """EXIT_USAGE, said on stderr, when the models of ``--has`` do not fit ``--disk-gb``."""
-    refusal = disk_refusal(Memory.from_gb(args.disk_gb).in_bytes, args.has)
-    if refusal is None:
-        return None
-    print(f"exo-deploy {args.command}: error: --has: {refusal}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def cmd_bridge(args: argparse.Namespace) -> int:
-    return run_bridge(
-        args.exo,
-        args.host,
-        args.port,
-        args.data_dir,
-        args.token,
-        args.model_cards,
-        max_deployments=args.max_deployments,
-        webhooks=args.webhook,
-        liveness=LivenessConfig(args.suspect_after_s, args.dead_after_s),
-        store=args.store,
-        name=args.name,
-        lease_s=args.lease_s,
-        store_prefix=args.store_prefix,
-        store_access=StoreAccessOptions(
-            ca=args.store_ca,
-            cert=args.store_cert,
-            key=args.store_key,
-            user=args.store_user,
-            password_file=args.store_password_file,
-        ),
-    )
+def __getattr__(name: str) -> Any:
+    """``from keeper.cli import cmd_master`` (the names of ``__all__``) without loading the
+    services when ``keeper.cli`` is imported."""
+    if name in _PROCESS_COMMANDS:
+        return getattr(importlib.import_module(_PROCESSES), name)
+    raise AttributeError(f"module 'keeper.cli' has no attribute {name!r}")
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
@@ -332,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     _exo_compat_option(master)
     webhook_option(master, "alert notices (incidents, cant_place, drains)")
     master.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
-    master.set_defaults(handler=cmd_master)
+    master.set_defaults(handler=ProcessCommand("cmd_master"))
 
     log_ = command("log", "check or repair a stopped master's or bridge's data dir")
     log_.add_argument(
@@ -343,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         "record and rebuild a damaged snapshot, the way that drops least",
     )
     log_.add_argument("data_dir", type=Path, metavar="DIR", help="the --data-dir to look at")
-    log_.set_defaults(handler=cmd_log)
+    log_.set_defaults(handler=ProcessCommand("cmd_log"))
 
     node = command("node", "a simulated node that joins a master, runs runners, serves tokens")
     node.add_argument("--master", required=True, metavar="URL", help="the master, http://HOST:PORT")
@@ -383,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     token_option(node, "the master's bearer token, if it has one")
     node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
-    node.set_defaults(handler=cmd_node)
+    node.set_defaults(handler=ProcessCommand("cmd_node"))
 
     cluster = command(
         "cluster",
@@ -415,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     restart.add_argument(
         "--no-node-restart", action="store_true", help="never restart a node that died"
     )
-    cluster.set_defaults(handler=cmd_cluster)
+    cluster.set_defaults(handler=ProcessCommand("cmd_cluster"))
 
     add_deployments_commands(command)
     add_apply_commands(command)
@@ -492,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="/PREFIX/",
         help="the keys' prefix in the store; one per exo cluster (default /exo-deploy/)",
     )
-    bridge.set_defaults(handler=cmd_bridge)
+    bridge.set_defaults(handler=ProcessCommand("cmd_bridge"))
     add_webhooks_command(command)
 
     for name, help_ in SOAK_COMMANDS.items():

@@ -30,7 +30,6 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -92,6 +91,11 @@ from keeper.model.state import (
     download_model_id,
 )
 from keeper.node.downloads import MIB, ModelsDisk
+from keeper.node.sim_options import (
+    DEFAULT_DISK_GB,
+    DEFAULT_DOWNLOAD_MB_PER_S,
+    SimFault,
+)
 from keeper.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -120,16 +124,6 @@ LINK_RESEND_S = LINK_REFRESH_S
 _EPSILON = 1e-9
 # The node's fake model writes this many tokens per second for each chat request.
 DEFAULT_TOKENS_PER_S = 20.0
-# A simulated node's disk unless told otherwise: room for every catalog model at once, DeepSeek
-# V3.1 (378 GiB) and Llama 3.3 70B included, with room to spare, so only a test that asks for a
-# small disk ever sees one fill.
-DEFAULT_DISK_GB = 1000.0
-# How fast a simulated node downloads unless told otherwise, in MB/s (MiB, as GB are GiB here).
-# A real node fetches from Hugging Face at about 100 MB/s; at that rate every test and demo
-# would wait minutes for models. At 2000 MB/s a download takes about as long as the default
-# load at 2 GB/s: the small models most tests and the demo place arrive in a fraction of a
-# second, and the largest a test places (Qwen3-30B, 16.4 GiB) in about 8 s.
-DEFAULT_DOWNLOAD_MB_PER_S = 2000.0
 # What a node's GPU and power read (exo's system profile). exo's recorded nodes show two points,
 # an idle node and one answering a chat; a runner loading its weights or holding them idle sits
 # in between. Temperature and power follow the GPU on the line through the two recorded points,
@@ -140,12 +134,6 @@ LOADING_GPU = 0.35
 LOADED_GPU = 0.12
 PCPU_USAGE, ECPU_USAGE = 0.2, 0.1
 
-# The ways a simulated node can be told to misbehave (``exo-deploy node --fault``, docs/design.md
-# §6.5), each one of the broken instances of §5.19: its runners stop in RunnerWarmingUp for good
-# (a stalled start), reach Ready and then die with the instance still registered (hollow), or
-# read Ready but fail every chat (failing chats).
-SimFault = Literal["stall-warmup", "lose-runner", "fail-chats"]
-SIM_FAULTS: tuple[SimFault, ...] = ("stall-warmup", "lose-runner", "fail-chats")
 # How long a lose-runner node's runner serves before it dies: long enough for the State (and the
 # keeper) to see it ready first, as on exo#2120 where a serving runner is killed.
 LOSE_RUNNER_AFTER_S = 3.0

@@ -21,15 +21,16 @@ from anyio.from_thread import start_blocking_portal
 from model_ids import LLAMA, QWEN
 from process_helpers import free_port
 
-from keeper import cli
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, build_parser, main
 from keeper.cli.deployments import format_history
+from keeper.cluster import local
 from keeper.cluster.local import LocalCluster
 from keeper.master.server import serve
 from keeper.master.service import Master
 from keeper.model.api_models import DeploymentHistoryResponse, IncidentView
 from keeper.model.catalog import catalog_by_id
 from keeper.model.state import RecoveryPhases
+from keeper.node import node_process
 from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 
 QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
@@ -342,7 +343,7 @@ def test_node_disk_flags_reach_its_config(monkeypatch: pytest.MonkeyPatch) -> No
         configs.append(config)
         return EXIT_OK
 
-    monkeypatch.setattr(cli, "run_node_process", run_node)
+    monkeypatch.setattr(node_process, "run_node_process", run_node)
     argv = ["node", "--master", "http://x", "--name", "n"]
     disk = ["--disk-gb", "50", "--download-mb-s", "300", "--has", f"{QWEN}, {LLAMA},{QWEN}"]
     for given in (argv, argv + disk):
@@ -368,7 +369,7 @@ def test_cluster_passes_the_disk_flags_to_every_node(
         runs.append(options)
         return EXIT_OK
 
-    monkeypatch.setattr(cli, "run_cluster", run)
+    monkeypatch.setattr(local, "run_cluster", run)
     given = ["--data-dir", str(tmp_path), "--disk-gb", "64", "--download-mb-s", "150"]
     args = build_parser().parse_args(["cluster", *given, "--has", QWEN])
     assert args.handler(args) == EXIT_OK

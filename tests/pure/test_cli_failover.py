@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from test_cli_options import entries, run_cli  # noqa: F401 (the fixture)
 
-from keeper import cli
 from keeper.cli import EXIT_OK, EXIT_USAGE, build_parser
+from keeper.cluster import local
 from keeper.model.liveness import LivenessConfig
 
 SERVICES = (["master"], ["bridge", "--exo", "http://127.0.0.1:52415"])
@@ -37,7 +37,7 @@ def test_cluster_passes_them_on(monkeypatch: pytest.MonkeyPatch) -> None:
         called.update(kwargs)
         return EXIT_OK
 
-    monkeypatch.setattr(cli, "run_cluster", run_cluster)
+    monkeypatch.setattr(local, "run_cluster", run_cluster)
     args = build_parser().parse_args(["cluster", "--suspect-after-s", "2", "--dead-after-s", "5"])
     assert args.handler(args) == EXIT_OK
     assert called["liveness"] == LivenessConfig(2.0, 5.0)

@@ -16,10 +16,11 @@ import pytest
 
 from exo_deploy_tui.cli import _parser as tui_parser  # pyright: ignore[reportPrivateUsage]
 from exo_deploy_tui.cli import main as tui_main
-from keeper import cli
+from keeper.bridge import server as bridge_server
 from keeper.cli import EXIT_OK, EXIT_USAGE, build_parser, main
 from keeper.client import version_option
 from keeper.client.token_options import MAX_TOKEN_FILE_BYTES, TOKEN_ENV
+from keeper.master import server as master_server
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 
 SERVICES = (["master"], ["bridge", "--exo", "http://127.0.0.1:52415"])
@@ -48,8 +49,9 @@ def entries(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
 
         return run
 
-    monkeypatch.setattr(cli, "run_master", stub("master"))
-    monkeypatch.setattr(cli, "run_bridge", stub("bridge"))
+    # Each command imports its service when it runs (keeper.cli.processes): stubbed at home.
+    monkeypatch.setattr(master_server, "run_master", stub("master"))
+    monkeypatch.setattr(bridge_server, "run_bridge", stub("bridge"))
     return called
 
 

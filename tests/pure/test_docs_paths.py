@@ -89,12 +89,19 @@ def _module_file(parts: list[str]) -> Path | None:
 
 @cache
 def _top_level(module: Path) -> dict[str, ast.stmt]:
-    """The names a module binds at its top level, with the statement that binds them."""
-    return {
-        name: statement
-        for statement in ast.parse(module.read_text()).body
-        for name in _binds(statement)
-    }
+    """The names a module binds at its top level, with the statement that binds them; the
+    imports under ``if TYPE_CHECKING:`` count, for a package that loads the names they name on
+    first use (``keeper/__init__.py``, PEP 562)."""
+    body = ast.parse(module.read_text()).body
+    typing_only = [
+        inner
+        for statement in body
+        if isinstance(statement, ast.If)
+        and isinstance(statement.test, ast.Name)
+        and statement.test.id == "TYPE_CHECKING"
+        for inner in statement.body
+    ]
+    return {name: statement for statement in body + typing_only for name in _binds(statement)}
 
 
 def _binds(statement: ast.stmt) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from keeper.bridge.etcd_access import StoreAccessOptions, check_access_options
 from keeper.bridge.etcd_store import parse_store_url
-from keeper.cli import build_parser, cmd_bridge
+from keeper.cli import ProcessCommand, build_parser
 
 ROOT = Path(__file__).parents[2]
 PLIST = ROOT / "deploy" / "launchd" / "com.exo-deploy.bridge.plist"
@@ -43,7 +43,7 @@ def parsed_bridge_command(argv: list[str]) -> argparse.Namespace:
     assert argv[1] == "bridge"
     assert not any(arg.startswith("~") or "$" in arg for arg in argv), argv
     args = build_parser().parse_args(argv[1:])
-    assert args.handler is cmd_bridge
+    assert args.handler == ProcessCommand("cmd_bridge")
     assert args.data_dir is not None and args.data_dir.is_absolute()
     return args
 
@@ -90,7 +90,7 @@ def parsed_store_bridge(argv: list[str]) -> argparse.Namespace:
     program = PurePosixPath(argv[0])
     assert program.is_absolute() and program.name == installed_command()
     args = build_parser().parse_args(argv[1:])
-    assert args.handler is cmd_bridge and args.data_dir is None
+    assert args.handler == ProcessCommand("cmd_bridge") and args.data_dir is None
     address = parse_store_url(args.store)
     assert len(address.endpoints) == 3  # three etcd members
     # As production runs etcd: TLS, a client certificate, a user (docs/design.md §6.7).
