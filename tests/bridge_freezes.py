@@ -317,19 +317,22 @@ def freeze_past_dead(run: Running, node: str, seconds: float | None) -> Freeze:
     return result
 
 
-def freeze_under_dead(run: Running, node: str, seconds: float) -> Freeze:
-    """Freeze ``node`` for ``seconds`` (past the suspicion, short of death): the replacement
-    appears meanwhile; after the thaw, until the surplus is gone."""
+def freeze_under_dead(run: Running, node: str, seconds: float | None) -> Freeze:
+    """Freeze ``node`` past the suspicion, short of death: for ``seconds``, or (None) until its
+    replacement appears; after the thaw, until the surplus is gone."""
     pid = run.pid_of(node)
     before = run.instances()
     replicas = len(before)
     result = Freeze(node)
+    # Thawed by then at the latest: a poll short of the death the scenario must not reach.
+    until = seconds if seconds is not None else DEFAULT_DEAD_AFTER_S - 1.0
     frozen_at = freeze(pid)
     try:
-        while time.monotonic() - frozen_at < seconds:
-            found = run.instances()
-            if result.replaced_s is None and set(found) - set(before):
-                result.replaced_s = time.monotonic() - frozen_at
+        while (now := time.monotonic() - frozen_at) < until:
+            if result.replaced_s is None and set(run.instances()) - set(before):
+                result.replaced_s = now
+                if seconds is None:
+                    break
             time.sleep(WATCH_EVERY_S)
     finally:
         os.killpg(pid, signal.SIGCONT)
@@ -367,7 +370,7 @@ def pause_bridge(run: Running, seconds: float) -> BridgePause:
         os.killpg(pid, signal.SIGCONT)
     result.seconds = time.monotonic() - frozen_at
     thawed_at = time.monotonic()
-    wait_for("the bridge answering again", HEARD_AGAIN_S, lambda: all_alive(run))
+    wait_for("the bridge judging again", HEARD_AGAIN_S, lambda: all_alive(run))
     # It judges nobody while it settles; a verdict it owed would follow just after.
     wait_for(
         "the bridge's settling after its pause, and a poll past it",
