@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,16 @@ class Running:
         """Instance id -> node name of Qwen's instances in exo's State (empty unanswered)."""
         found = dict(model_instances(get_json(f"{self.exo_url}/state") or {}, QWEN))
         return {instance: self.name_of(node) for instance, node in found.items()}
+
+    def silent_s(self, name: str) -> float | None:
+        """Seconds since exo last heard node ``name`` (its ``lastSeen``, exo's wall clock on this
+        machine): the bridge hears a report no sooner than exo stamps it, so a node it judged
+        dead has been silent at least dead-after by this reading."""
+        seen = (get_json(f"{self.exo_url}/state") or {}).get("lastSeen", {})
+        stamps = [at for node, at in seen.items() if self.name_of(node) == name]
+        if not stamps:
+            return None
+        return time.time() - datetime.fromisoformat(stamps[0].replace("Z", "+00:00")).timestamp()
 
     def exo_nodes(self) -> set[str] | None:
         """The names of the nodes in exo's topology (exo's own timeout removes a node there)."""
@@ -285,6 +296,9 @@ class Freeze:
     deleted_s: float | None = None
     deleted_by_bridge: bool = False
     exo_still_listed_it: bool = False
+    # How long exo had not heard the node when the replacement, and the deletion, were seen.
+    silent_at_replacement_s: float | None = None
+    silent_at_deletion_s: float | None = None
     left: dict[str, str] = field(default_factory=dict[str, str])
 
 
@@ -303,8 +317,10 @@ def freeze_past_dead(run: Running, node: str, seconds: float | None) -> Freeze:
             found = run.instances()
             if result.replaced_s is None and set(found) - set(before):
                 result.replaced_s = now
+                result.silent_at_replacement_s = run.silent_s(node)
             if found and lost not in found:
                 result.deleted_s = now
+                result.silent_at_deletion_s = run.silent_s(node)
                 result.exo_still_listed_it = node in (run.exo_nodes() or set())
             time.sleep(WATCH_EVERY_S)
         thaw_at(pid, frozen_at, seconds if seconds is not None else 0.0)
@@ -331,6 +347,7 @@ def freeze_under_dead(run: Running, node: str, seconds: float | None) -> Freeze:
         while (now := time.monotonic() - frozen_at) < until:
             if result.replaced_s is None and set(run.instances()) - set(before):
                 result.replaced_s = now
+                result.silent_at_replacement_s = run.silent_s(node)
                 if seconds is None:
                     break
             time.sleep(WATCH_EVERY_S)
@@ -422,6 +439,7 @@ class LoadKill:
     recovered_s: float = 0.0
     deleted_by_bridge: bool = False
     exo_still_listed_it: bool = False
+    silent_at_deletion_s: float | None = None
 
     @property
     def sent(self) -> int:
@@ -454,6 +472,7 @@ def kill_under_load(
             assert time.monotonic() - killed_at < 60, f"{node}'s instance not deleted in 60 s"
             if found and lost not in found:
                 result.deleted_s = time.monotonic() - killed_at
+                result.silent_at_deletion_s = run.silent_s(node)
                 result.exo_still_listed_it = node in (run.exo_nodes() or set())
                 break
             time.sleep(WATCH_EVERY_S)

@@ -49,8 +49,6 @@ REPLICAS = 2
 BEFORE_EXO_WOULD_S = 25.0
 # The bridge paused past dead-after: long enough that every node's lastSeen looks stale to it.
 BRIDGE_PAUSE_S = DEFAULT_DEAD_AFTER_S + 1.0
-# A node's last report may come up to this long before it freezes (1 s reports, a busy core).
-REPORT_LAG_S = 2.0
 CLIENTS = 2
 # Chats answered after the kill, once the replicas are back (the clients chat from before the
 # bridge's pause, a few hundred by then): the bench counts a thousand more.
@@ -75,7 +73,9 @@ def test_freezes_a_paused_bridge_and_a_kill_under_load_through_the_bridge(tmp_pa
         frozen = freeze_past_dead(run, x, None)
         assert frozen.replaced_s is not None and frozen.deleted_s is not None
         assert frozen.replaced_s < frozen.deleted_s  # make before break
-        assert frozen.deleted_s >= DEFAULT_DEAD_AFTER_S - REPORT_LAG_S  # never while suspect
+        assert (frozen.silent_at_replacement_s or 0.0) >= DEFAULT_SUSPECT_AFTER_S
+        assert frozen.silent_at_deletion_s is not None
+        assert frozen.silent_at_deletion_s >= DEFAULT_DEAD_AFTER_S  # never while only suspect
         assert frozen.deleted_by_bridge and frozen.exo_still_listed_it
         assert sorted(frozen.left.values()) == sorted([y, z])
         after_dead = frozen.left
@@ -85,7 +85,8 @@ def test_freezes_a_paused_bridge_and_a_kill_under_load_through_the_bridge(tmp_pa
         short = freeze_under_dead(run, y, None)
         assert (
             short.replaced_s is not None
-            and short.replaced_s >= DEFAULT_SUSPECT_AFTER_S - REPORT_LAG_S
+            and short.silent_at_replacement_s is not None
+            and short.silent_at_replacement_s >= DEFAULT_SUSPECT_AFTER_S
         )
         assert short.left == after_dead  # the replacement went, the ready original stayed
         wait_for("every node heard again", HEARD_AGAIN_S, lambda: all_heard(run))
@@ -103,9 +104,12 @@ def test_freezes_a_paused_bridge_and_a_kill_under_load_through_the_bridge(tmp_pa
     assert watch.most <= REPLICAS + 1
     assert killed.deleted_by_bridge and killed.exo_still_listed_it
     assert killed.deleted_s < BEFORE_EXO_WOULD_S
+    assert killed.silent_at_deletion_s is not None
+    assert killed.silent_at_deletion_s >= DEFAULT_DEAD_AFTER_S
     print(
         f"\nbridge, fast failover on: freeze 2 s -> no verdict; freeze {frozen.seconds:.1f} s "
-        f"-> replacement {frozen.replaced_s:.1f} s, deleted {frozen.deleted_s:.1f} s; freeze "
+        f"-> replacement {frozen.replaced_s:.1f} s, deleted {frozen.deleted_s:.1f} s (exo silent "
+        f"{frozen.silent_at_deletion_s:.1f} s); freeze "
         f"{short.seconds:.1f} s -> replacement {short.replaced_s:.1f} s, surplus gone; bridge "
         f"paused {paused.seconds:.1f} s -> nothing; kill -9 under load -> deleted "
         f"{killed.deleted_s:.1f} s, replicas back {killed.recovered_s:.1f} s, {killed.answered} "
