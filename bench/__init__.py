@@ -20,4 +20,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("metrics", "bench.metrics_bench"),
     ("takeover", "bench.takeover_bench"),
     ("failover", "bench.failover_bench"),
+    ("bridgefail", "bench.bridge_failover_bench"),
 )
