@@ -21,4 +21,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("takeover", "bench.takeover_bench"),
     ("failover", "bench.failover_bench"),
     ("bridgefail", "bench.bridge_failover_bench"),
+    ("masterfail", "bench.master_failover_bench"),
 )
