@@ -143,7 +143,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         has_models=tuple(args.has),
         fault=args.fault,
     )
-    return run_node_process(config, args.master, args.token)
+    return run_node_process(config, args.master, args.token, args.fault_file)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
@@ -383,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     token_option(node, "the master's bearer token, if it has one")
     node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    # Where a fault harness (the soak) writes the fault SIGUSR2 turns on (keeper.node.node_process).
+    node.add_argument("--fault-file", type=Path, default=None, help=argparse.SUPPRESS)
     node.set_defaults(handler=cmd_node)
 
     cluster = command(
