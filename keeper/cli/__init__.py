@@ -279,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     token_option(node, "the master's bearer token, if it has one")
     node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    # Where a fault harness (the soak) writes the fault SIGUSR2 turns on (keeper.node.node_process).
+    node.add_argument("--fault-file", type=Path, default=None, help=argparse.SUPPRESS)
     node.set_defaults(handler=ProcessCommand("cmd_node"))
 
     cluster = command(

@@ -91,7 +91,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         has_models=tuple(args.has),
         fault=args.fault,
     )
-    return run_node_process(config, args.master, args.token)
+    return run_node_process(config, args.master, args.token, args.fault_file)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

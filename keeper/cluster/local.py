@@ -50,7 +50,8 @@ from anyio.abc import TaskGroup, TaskStatus
 from keeper.cluster.proxy import TcpProxy
 from keeper.link.identity import NodeKey, load_or_create_key
 from keeper.model.liveness import LivenessConfig
-from keeper.node.node_process import RUNNER_KILL_SIGNAL
+from keeper.node.node_process import RUNNER_KILL_SIGNAL, SET_FAULT_SIGNAL, write_fault_file
+from keeper.node.sim_options import SimFault
 from keeper.runtime.process_exit import EXIT_STOPPED, run_reporting
 
 # Node sizes cycle through these, so a cluster mixes big and small machines (placement then
@@ -187,6 +188,9 @@ class LocalCluster:
     def _key_path(self, name: str) -> Path:
         return self.data_dir / "nodes" / f"{name}.key"
 
+    def _fault_path(self, name: str) -> Path:
+        return self.data_dir / "nodes" / f"{name}.fault"
+
     def pid(self, role: str) -> int | None:
         """The current pid of ``"master"`` or of a node, None while it is down."""
         child = self._child(role)
@@ -233,6 +237,8 @@ class LocalCluster:
             str(self._load_gb_per_s),
             "--key-file",
             str(self._key_path(name)),
+            "--fault-file",
+            str(self._fault_path(name)),
             *self._disk_args,
             "--parent-pid",
             str(os.getpid()),
@@ -328,6 +334,13 @@ class LocalCluster:
     def kill_runners(self, name: str) -> None:
         """Every runner on the node dies (its process stays up) and is retried with backoff."""
         _signal_group(self._child(name), RUNNER_KILL_SIGNAL)
+
+    def set_node_fault(self, name: str, fault: SimFault | None) -> None:
+        """The node's runners misbehave as ``fault`` says from now on, or heal (None): the
+        fault is written to its fault file, which SET_FAULT_SIGNAL makes it read."""
+        child = self._child(name)
+        write_fault_file(self._fault_path(name), fault)
+        _signal_group(child, SET_FAULT_SIGNAL)
 
     def kill_master(self, sig: signal.Signals = signal.SIGKILL) -> None:
         _signal_group(self._master, sig)

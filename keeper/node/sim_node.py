@@ -425,6 +425,9 @@ class SimNode:
             )
         )
         self._runners: dict[str, _Runner] = {}  # by instance id
+        # How its runners misbehave now: the config's, until a harness says otherwise
+        # (``set_fault``).
+        self._fault: SimFault | None = config.fault
         # Instances whose runner a lose-runner fault killed: never started again on this node.
         self._lost: set[str] = set()
         self._chatting: Counter[str] = Counter()  # instance id -> requests being answered
@@ -456,6 +459,27 @@ class SimNode:
         )
         self._poke()
         return killed
+
+    @property
+    def fault(self) -> SimFault | None:
+        return self._fault
+
+    def set_fault(self, fault: SimFault | None) -> None:
+        """Misbehave from now on as ``fault`` says, or heal (None): the soak's broken-instance
+        faults (docs/design.md §10), for a while and then healed, on a node already serving.
+
+        The runners it holds take the fault at once: ``lose-runner`` makes a runner that has
+        served ``LOSE_RUNNER_AFTER_S`` die now, for good (the instance stays registered);
+        ``fail-chats`` fails every chat from now; ``stall-warmup`` restarts them (as after a
+        crash of the runner process), and the restarted ones hang in RunnerWarmingUp. Healed,
+        a hung warm-up finishes and chats are answered again; a lost runner stays lost, as a
+        dead process does, until its instance is deleted."""
+        self._fault = fault
+        for runner in self._runners.values():
+            runner.fault = fault
+        if fault == "stall-warmup":
+            self.kill_runner()
+        self._poke()
 
     def _selected(self, instance_id: str | None) -> Iterable[_Runner]:
         if instance_id is None:
@@ -668,7 +692,7 @@ class SimNode:
             now,
             shard=shard,
             disk_ready_at=self.disk.completed_at(shard.model_card.model_id),
-            fault=self.config.fault,
+            fault=self._fault,
         )
 
     async def _request_deletions(self, session: _Session, state: State) -> None:
@@ -827,7 +851,7 @@ class SimNode:
                 ),
             )
             return
-        if self.config.fault == "fail-chats":
+        if self._fault == "fail-chats":
             message = f"node {self.name}: simulated fault fail-chats"
             await self._send(session, ChatError(request_id=request.request_id, message=message))
             return

@@ -6,11 +6,19 @@ hold runners. Given the same seed and the same answers it makes the same choices
 makes a virtual-time soak replayable.
 
 Kinds are drawn from a shuffled bag holding each kind once, refilled when empty, so every kind
-comes up within any five faults in a row (a ten-minute run injects each kind about three times)
-rather than leaving one out by bad luck. A kind that cannot be injected right now stays in the
-bag for a later turn: a fault that takes a node away is skipped while it would leave fewer than
-``MIN_HEALTHY_NODES`` healthy nodes (the two-node pipeline model needs two), a runner kill needs
-a healthy node that holds a runner, and a master crash needs a master that is up.
+comes up within any fifteen faults in a row (a bag of eight: a ten-minute run injects each kind
+about twice) rather than leaving one out by bad luck. A kind that cannot be injected right now
+stays in the bag for a later turn: a fault that takes a node away is skipped while it would
+leave fewer than ``MIN_HEALTHY_NODES`` healthy nodes (the two-node pipeline model needs two), a
+runner kill or a broken-instance fault needs a healthy node that holds a runner, and a master
+crash needs a master that is up.
+
+The three broken-instance kinds (``BROKEN_KINDS``, docs/design.md §5.19) tell a node to
+misbehave as ``exo-deploy node --fault`` does, for a while, then heal it: its runners restart and
+hang in warm-up (stalled), die with the instance still registered (hollow), or read Ready and
+fail every chat (failing). The node stays connected and heard, so these are the keeper's to
+recognise and repair, not exo's timeout's or the failover's. A stalled warm-up lasts longer than
+the stall rule's floor (60 s for a small model), or it would heal before it could be recognised.
 
 One fault at a time (``may_start_next``, the process soak's rule): a fault of any kind, master
 crash included, starts only once the one before it has *settled*: it is over (process back,
@@ -29,6 +37,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from keeper.node.sim_node import SimFault
+
 
 class FaultKind(StrEnum):
     NODE_CRASH = "node_crash"  # kill -9, restarted NODE_DOWN_S later with no runners
@@ -36,6 +46,10 @@ class FaultKind(StrEnum):
     FREEZE = "freeze"  # SIGSTOP, SIGCONT after FREEZE_S
     RUNNER_KILL = "runner_kill"  # every runner of one node dies; exo's worker retries them
     PARTITION = "partition"  # the node's link to the master is cut for PARTITION_S
+    # The broken instances (see the module docstring), each for a while, then healed.
+    STALL_WARMUP = "stall_warmup"  # its runners restart and hang in RunnerWarmingUp
+    LOSE_RUNNER = "lose_runner"  # its runners die, their instances still registered
+    FAIL_CHATS = "fail_chats"  # its runners read Ready and fail every chat
 
 
 # A fault every 20-60 s: often enough that recoveries overlap, rarely enough to see each one.
@@ -44,6 +58,13 @@ FAULT_GAP_S = (20.0, 60.0)
 FREEZE_S = (5.0, 45.0)
 # Partitions on both sides of the 30 s node timeout too, up to a full minute.
 PARTITION_S = (10.0, 60.0)
+# A stalled warm-up outlasts the stall rule's 60 s floor plus a keeper step and the time to place
+# and load a replacement elsewhere, so it is recognised while it lasts; at most two floors.
+STALL_WARMUP_S = (75.0, 120.0)
+# A lost runner is recognised within seconds (a 5 s grace); a node failing chats within five
+# chats. Long enough for either, short enough to keep a soak's faults coming.
+LOSE_RUNNER_S = (10.0, 40.0)
+FAIL_CHATS_S = (10.0, 40.0)
 # A crashed node comes back after the local cluster's default restart delay: longer than exo's
 # 30 s node timeout plus the 10 s sweep, so its instance is lost and the keeper must re-place it.
 NODE_DOWN_S = 60.0
@@ -63,13 +84,26 @@ MASTER = "master"  # the ``node`` of a master crash in the report
 
 # Faults during which their node counts as unhealthy (a runner kill is over at once).
 TAKES_A_NODE_AWAY = frozenset({FaultKind.NODE_CRASH, FaultKind.FREEZE, FaultKind.PARTITION})
+# The broken-instance kinds, each with the simulated node's fault it turns on
+# (``keeper.node.sim_node.SimFault``). Their node stays up and connected, but no other fault
+# is put on it while one lasts (one misbehaviour per node at a time).
+BROKEN_KINDS: dict[FaultKind, SimFault] = {
+    FaultKind.STALL_WARMUP: "stall-warmup",
+    FaultKind.LOSE_RUNNER: "lose-runner",
+    FaultKind.FAIL_CHATS: "fail-chats",
+}
+_BROKEN_S = {
+    FaultKind.STALL_WARMUP: STALL_WARMUP_S,
+    FaultKind.LOSE_RUNNER: LOSE_RUNNER_S,
+    FaultKind.FAIL_CHATS: FAIL_CHATS_S,
+}
 
 
 @dataclass(frozen=True)
 class FaultSpec:
     kind: FaultKind
     node: str  # a node name, or MASTER
-    duration_s: float  # how long until the fault ends by itself (0 for a runner kill)
+    duration_s: float  # how long until the fault ends (is healed) by itself; 0: a runner kill
 
 
 @dataclass(frozen=True)
@@ -148,9 +182,15 @@ class FaultPlan:
     ) -> FaultSpec | None:
         if kind is FaultKind.MASTER_CRASH:
             return FaultSpec(kind, MASTER, MASTER_DOWN_S) if master_up else None
-        if kind is FaultKind.RUNNER_KILL:
+        if kind is FaultKind.RUNNER_KILL or kind in BROKEN_KINDS:
             candidates = [node for node in healthy if node in holding_runners]
-            return FaultSpec(kind, self._rng.choice(candidates), 0.0) if candidates else None
+            if not candidates:
+                return None
+            node = self._rng.choice(candidates)
+            if kind is FaultKind.RUNNER_KILL:
+                return FaultSpec(kind, node, 0.0)
+            low, high = _BROKEN_S[kind]
+            return FaultSpec(kind, node, round(self._rng.uniform(low, high), 3))
         if len(healthy) - 1 < MIN_HEALTHY_NODES:
             return None
         node = self._rng.choice(list(healthy))

@@ -6,8 +6,9 @@ them all on the way out, Ctrl-C included) and from the master's HTTP API:
 
 - faults are the cluster's: ``kill -9`` of a node (restarted by the cluster after
   ``NODE_DOWN_S``) or of the master (restarted after a second from its log), SIGSTOP/SIGCONT,
-  a partition by the node's TCP proxy, and a runner kill (a signal the node process answers by
-  failing its runners);
+  a partition by the node's TCP proxy, a runner kill (a signal the node process answers by
+  failing its runners), and the broken-instance kinds (the node's fault file and a signal, the
+  fault healed the same way when it is over);
 - chats are ``POST /v1/chat/completions`` with no client-side timeout at all: the load's
   deadline decides, so a hung request is counted lost, never quietly turned into an error;
 - the watch follows ``GET /events`` (server-sent events), reconnecting after a master restart;
@@ -35,7 +36,7 @@ from keeper.model.api_models import DeploymentsResponse, StreamSnapshot
 from keeper.model.events import IndexedEvent
 from keeper.model.state import State
 from keeper.runtime.event_log import LOG_FILE
-from keeper.soak.faults import NODE_DOWN_S, FaultKind, FaultSpec
+from keeper.soak.faults import BROKEN_KINDS, NODE_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import MAX_TOKENS, error_label
 from keeper.soak.report import Deployed, RunKind, SoakReport
 from keeper.soak.run import DeploymentHealth, Soak, SoakError, SoakSettings, model_statuses
@@ -170,6 +171,8 @@ class ProcessTarget:
                 cluster.partition_node(fault.node, fault.duration_s)
             case FaultKind.RUNNER_KILL:
                 cluster.kill_runners(fault.node)
+            case FaultKind.STALL_WARMUP | FaultKind.LOSE_RUNNER | FaultKind.FAIL_CHATS:
+                cluster.set_node_fault(fault.node, BROKEN_KINDS[fault.kind])
 
     async def wait_over(self, fault: FaultSpec) -> None:
         await anyio.sleep(fault.duration_s)
@@ -179,6 +182,8 @@ class ProcessTarget:
         elif fault.kind is FaultKind.MASTER_CRASH:
             while not await self._master_answers():
                 await anyio.sleep(BACK_POLL_S)
+        elif fault.kind in BROKEN_KINDS:
+            self._cluster.set_node_fault(fault.node, None)
 
     async def _master_answers(self) -> bool:
         if self._cluster.pid("master") is None:
@@ -227,6 +232,7 @@ async def run_processes(
         data_dir,
         node_restart_s=NODE_DOWN_S,
         out=cluster_out,
+        liveness=settings.liveness,
     )
     limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=32)
     report: SoakReport | None = None

@@ -24,6 +24,13 @@ from typing import Any, TypeVar
 import anyio
 
 from keeper.cluster.local import ClusterError
+from keeper.model.liveness import (
+    DEFAULT_DEAD_AFTER_S,
+    DEFAULT_SUSPECT_AFTER_S,
+    MIN_DEAD_AFTER_S,
+    LivenessConfig,
+    liveness_flags_refusal,
+)
 from keeper.runtime.arguments import EXIT_USAGE, UsageParser, positive_float, whole_number
 from keeper.runtime.entry import expected_failure, run_until_signal
 from keeper.soak.harness import layout_summary, run_processes
@@ -74,6 +81,43 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report", type=Path, required=True, metavar="FILE", help="where to write the JSON report"
     )
+    parser.add_argument(
+        "--suspect-after-s",
+        type=_seconds,
+        default=DEFAULT_SUSPECT_AFTER_S,
+        metavar="S",
+        help="the master's fast failover: a node silent this long is suspect (default "
+        f"{DEFAULT_SUSPECT_AFTER_S:g}; 0 = off, exo's timeout only)",
+    )
+    parser.add_argument(
+        "--dead-after-s",
+        type=_seconds,
+        default=DEFAULT_DEAD_AFTER_S,
+        metavar="S",
+        help="... and dead this long (default "
+        f"{DEFAULT_DEAD_AFTER_S:g}, at least {MIN_DEAD_AFTER_S:g}; 0 = never by silence alone)",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, then check the two failover flags together as the master does (exit 2 naming the
+    flag)."""
+    args = parser.parse_args(argv)
+    refusal = liveness_flags_refusal(args.suspect_after_s, args.dead_after_s)
+    if refusal is not None:
+        parser.error(refusal)
+    return args
+
+
+def _liveness(args: argparse.Namespace) -> LivenessConfig:
+    return LivenessConfig(args.suspect_after_s, args.dead_after_s)
 
 
 def soak_parser() -> argparse.ArgumentParser:
@@ -186,11 +230,14 @@ def _stamped(start: float) -> Callable[[str], None]:
 
 
 def soak_main(argv: Sequence[str] | None = None) -> int:
-    """``exo-deploy soak --minutes M [--nodes N] [--seed S] --report FILE``; the exit code."""
-    args = soak_parser().parse_args(argv)
+    """``exo-deploy soak --minutes M [--nodes N] [--seed S] [--suspect-after-s S]
+    [--dead-after-s S] --report FILE``; the exit code."""
+    args = _parse(soak_parser(), argv)
     data_dir: Path = (args.data_dir or Path(tempfile.mkdtemp(prefix="exo-deploy-soak-"))).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    settings = SoakSettings(minutes=args.minutes, seed=args.seed, nodes=args.nodes)
+    settings = SoakSettings(
+        minutes=args.minutes, seed=args.seed, nodes=args.nodes, liveness=_liveness(args)
+    )
     say = _stamped(time.monotonic())
     say(f"soak: {args.nodes} nodes, seed {args.seed}, {args.minutes:g} min of faults")
     with (data_dir / "cluster.out").open("w") as cluster_out:
@@ -213,13 +260,13 @@ def soak_main(argv: Sequence[str] | None = None) -> int:
 
 def soak_sim_main(argv: Sequence[str] | None = None) -> int:
     """``exo-deploy soak-sim --hours H [--seed S] --report FILE``; the exit code."""
-    args = soak_sim_parser().parse_args(argv)
+    args = _parse(soak_sim_parser(), argv)
     try:
         clock = _mock_clock()
     except ImportError:
         print(NEEDS_TRIO, file=sys.stderr)
         return EXIT_USAGE
-    settings: SoakSettings = virtual_settings(args.hours, args.seed, args.nodes)
+    settings: SoakSettings = virtual_settings(args.hours, args.seed, args.nodes, _liveness(args))
 
     def say(message: str) -> None:
         simulated = int(anyio.current_time())

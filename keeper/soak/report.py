@@ -7,7 +7,9 @@ replayed. Times inside a run are seconds since fault injection began, on the run
 real one, or the simulated one of a virtual run), so a virtual report is the same whenever and
 wherever it is replayed: nothing in it depends on the wall clock.
 
-``summarize`` turns the fault records into per-kind recovery figures; ``percentile`` is the
+``summarize`` turns the fault records into per-kind recovery figures (p50 / p95 / worst),
+``summarize_broken`` the broken-instance kinds' into how many were recognised and repaired and
+how long fault → recognised and fault → serving took; ``percentile`` is the
 nearest-rank percentile (an observed value, never an interpolated one); ``format_table`` prints
 reports as rows of the table the seed's hardware result was given in, and ``format_models`` each
 model's own outcomes (a replicated model's availability is read there).
@@ -31,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from keeper.soak.faults import FaultKind, FaultProgress, give_up_at
+from keeper.soak.faults import BROKEN_KINDS, FaultKind, FaultProgress, give_up_at
 
 RunKind = Literal["processes", "virtual"]
 
@@ -59,13 +61,35 @@ class FaultRecord(_ReportModel):
     # The fault before it had not settled when this one struck (in a one-at-a-time run: only
     # once waiting for it had passed its deadline).
     started_unsettled: bool
+    # From injection until the keeper judged an instance the fault hit broken (a repair placed
+    # for it, or its deployment's health naming it; docs/design.md §5.19), and until such an
+    # instance was gone from the State. None: never.
+    recognised_after_s: float | None = None
+    repaired_after_s: float | None = None
 
 
 class RecoveryStats(_ReportModel):
+    """One fault kind's recoveries (``recovered_after_s``): nearest-rank percentiles."""
+
     count: int
     recovered: int
     median_s: float | None
+    p95_s: float | None
     max_s: float | None
+
+
+class BrokenStats(_ReportModel):
+    """One broken-instance kind: how many were injected, recognised and repaired, and how long
+    from the fault to recognised (``recognised_after_s``) and to serving again
+    (``recovered_after_s``), median and worst."""
+
+    injected: int
+    recognised: int
+    repaired: int
+    recognised_median_s: float | None
+    recognised_max_s: float | None
+    serving_median_s: float | None
+    serving_max_s: float | None
 
 
 class LatencyStats(_ReportModel):
@@ -246,6 +270,11 @@ class SoakReport(_ReportModel):
     settle_s: float | None  # from every process being back until both held
     # The schedule's rule: a fault starts only once the one before it settled.
     one_fault_at_a_time: bool
+    # The master's fast failover thresholds for the run (0: off, exo's rule alone).
+    suspect_after_s: float
+    dead_after_s: float
+    # The broken-instance kinds, by kind (every one of BROKEN_KINDS, 0 injected included).
+    broken: dict[str, BrokenStats]
     keeper_added_latency: LatencyStats
     error_kinds: dict[str, int]
     lost_examples: list[str]
@@ -291,7 +320,39 @@ def summarize(faults: Iterable[FaultRecord]) -> dict[str, RecoveryStats]:
             count=len(records),
             recovered=len(times),
             median_s=_rounded(statistics.median(times)) if times else None,
+            p95_s=_rounded(percentile(times, 0.95)),
             max_s=_rounded(max(times)) if times else None,
+        )
+    return stats
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return _rounded(statistics.median(values)) if values else None
+
+
+def _worst(values: Sequence[float]) -> float | None:
+    return _rounded(max(values)) if values else None
+
+
+def summarize_broken(faults: Iterable[FaultRecord]) -> dict[str, BrokenStats]:
+    """Per broken-instance kind (every one, 0 injected included): injected, recognised,
+    repaired, fault → recognised and fault → serving (median, worst)."""
+    by_kind: dict[str, list[FaultRecord]] = {kind.value: [] for kind in BROKEN_KINDS}
+    for fault in faults:
+        if fault.kind.value in by_kind:
+            by_kind[fault.kind.value].append(fault)
+    stats: dict[str, BrokenStats] = {}
+    for kind, records in by_kind.items():
+        recognised = [r.recognised_after_s for r in records if r.recognised_after_s is not None]
+        serving = [r.recovered_after_s for r in records if r.recovered_after_s is not None]
+        stats[kind] = BrokenStats(
+            injected=len(records),
+            recognised=len(recognised),
+            repaired=sum(1 for r in records if r.repaired_after_s is not None),
+            recognised_median_s=_median(recognised),
+            recognised_max_s=_worst(recognised),
+            serving_median_s=_median(serving),
+            serving_max_s=_worst(serving),
         )
     return stats
 
@@ -342,13 +403,27 @@ def format_table(reports: Sequence[SoakReport]) -> str:
 
 def format_recovery(report: SoakReport) -> str:
     """Per fault kind: how many, how many recovered, median and max recovery; and the latency."""
-    lines = ["fault          count  recovered  median s  max s"]
+    failover = (
+        f"fast failover {report.suspect_after_s:g} / {report.dead_after_s:g} s"
+        if report.suspect_after_s > 0
+        else "fast failover off"
+    )
+    rows: list[tuple[str, ...]] = [("fault", "count", "recovered", "p50 s", "p95 s", "worst s")]
     for kind, stats in report.recovery.items():
-        median = "-" if stats.median_s is None else f"{stats.median_s:.1f}"
-        longest = "-" if stats.max_s is None else f"{stats.max_s:.1f}"
-        lines.append(
-            f"{kind:<14} {stats.count:>5}  {stats.recovered:>9}  {median:>8}  {longest:>5}"
+        rows.append(
+            (
+                kind,
+                str(stats.count),
+                str(stats.recovered),
+                _seconds(stats.median_s),
+                _seconds(stats.p95_s),
+                _seconds(stats.max_s),
+            )
         )
+    lines = [f"recovery by fault kind ({failover}), fault -> every model answering:"]
+    lines.append(_aligned(rows))
+    lines.append("broken instances: fault -> recognised -> serving (median / worst):")
+    lines.append(format_broken(report))
     latency = report.keeper_added_latency
     if latency.samples:
         lines.append(
@@ -366,6 +441,28 @@ def format_recovery(report: SoakReport) -> str:
         waited = ", ".join(f"{reason} {count}" for reason, count in latency.excluded.items())
         lines.append(f"  not counted (waited by design): {waited}")
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def format_broken(report: SoakReport) -> str:
+    """Per broken-instance kind: injected, recognised, repaired, the times."""
+    header = ("kind", "injected", "recognised", "repaired", "-> recognised s", "-> serving s")
+    rows: list[tuple[str, ...]] = [header]
+    for kind, stats in report.broken.items():
+        rows.append(
+            (
+                kind,
+                str(stats.injected),
+                str(stats.recognised),
+                str(stats.repaired),
+                f"{_seconds(stats.recognised_median_s)} / {_seconds(stats.recognised_max_s)}",
+                f"{_seconds(stats.serving_median_s)} / {_seconds(stats.serving_max_s)}",
+            )
+        )
+    return _aligned(rows)
 
 
 def _share_cell(answered: float | None, requests: int) -> str:

@@ -25,12 +25,18 @@ first stage answers them) until the master times the node out and deletes its in
 minute on. So the deletion of an instance a fault hit, while the fault lasts (or, for a node
 taken away, within a sweep period after it is back), restarts its recovery from that moment.
 
+A fault is *recognised* once the keeper judged an instance it hit broken while the fault lasted
+(docs/design.md §5.19): a ``DeploymentRepairPlaced`` for it on the event stream, or the
+deployment's ``health`` naming it while the run polls. Meant for the broken-instance kinds
+(``BROKEN_KINDS``), timed for every kind. It is *repaired* once such an instance is gone
+from the State (deleted after its replacement was ready, or at once when hollow).
+
 A fault has *settled* once it is over and recovered, every node is connected to the master and
 every deployment has all its replicas ready (polled every second while a fault is unsettled).
 From its injection to then is the fault's span in the report: the requests in flight during it
 are the ones it may have cost, which is how the report tells a master restart's errors apart.
 
-About 580 lines because the run's phases (start, faults, the watch on their settling, settle,
+About 630 lines because the run's phases (start, faults, the watch on their settling, settle,
 drain, judge) share one clock and one set of counters; loading, faults, watching and the report
 are already modules of their own.
 """
@@ -47,8 +53,10 @@ import anyio
 from keeper.master.service import MasterConfig
 from keeper.model.api_models import DeploymentsResponse
 from keeper.model.events import IndexedEvent
+from keeper.model.liveness import LivenessConfig
 from keeper.model.state import State
 from keeper.soak.faults import (
+    BROKEN_KINDS,
     FAULT_END_TIMEOUT_S,
     MASTER,
     TAKES_A_NODE_AWAY,
@@ -70,6 +78,7 @@ from keeper.soak.report import (
     latency_stats,
     model_outcomes,
     summarize,
+    summarize_broken,
 )
 from keeper.soak.watch import ClusterWatch, check_log
 
@@ -100,6 +109,10 @@ PROBE_S = 1.0
 STATUS_POLL_S = 1.0
 
 
+def _since(moment: float | None, at: float) -> float | None:
+    return None if moment is None else round(moment - at, 3)
+
+
 class SoakError(Exception):
     """The soak could not run (the cluster never served); the message says what and where."""
 
@@ -111,6 +124,8 @@ class DeploymentHealth:
     status: str
     replicas: int
     ready_replicas: int
+    # The instance its ``health`` names broken (docs/design.md §5.19), or None.
+    broken_instance: str | None = None
 
     @property
     def serving(self) -> bool:
@@ -126,7 +141,10 @@ def model_statuses(listing: DeploymentsResponse) -> dict[str, DeploymentHealth]:
     """Each deployed model's health in a ``GET /deployments`` listing (what ``statuses`` says)."""
     return {
         view.deployment.model_card.model_id: DeploymentHealth(
-            view.status, view.replicas, view.ready_replicas
+            view.status,
+            view.replicas,
+            view.ready_replicas,
+            None if view.health is None else view.health.instance,
         )
         for view in listing.deployments
     }
@@ -189,6 +207,9 @@ class SoakSettings:
     # soak measures recovery from single faults. The virtual day lets them overlap, see
     # keeper.soak.virtual.
     one_fault_at_a_time: bool = True
+    # The master's fast failover (``--suspect-after-s`` / ``--dead-after-s``, docs/design.md
+    # §5.18): on at the master's defaults, as ``exo-deploy master`` runs; OFF keeps exo's rule.
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
 
 
 @dataclass
@@ -202,6 +223,9 @@ class _Fault:
     recovered_at: float | None = None
     settled_at: float | None = None  # see the module docstring
     given_up: bool = False  # it did not settle by ``give_up_at``
+    recognised_at: float | None = None  # see the module docstring
+    recognised: set[str] = field(default_factory=set[str])  # the hit instances judged broken
+    repaired_at: float | None = None
     started_unsettled: bool = False  # the fault before it had not settled when it struck
 
 
@@ -223,7 +247,7 @@ class Soak:
         self._say = say
         self._models = [model.model_id for model in settings.models]
         self._plan = FaultPlan(settings.seed)
-        self.watch = ClusterWatch(on_deleted=self._on_deleted)
+        self.watch = ClusterWatch(on_deleted=self._on_deleted, on_repair=self._on_repair)
         self.load = Load(
             target.chat, self._models, settings.load, self._on_result, seed=settings.seed
         )
@@ -376,6 +400,9 @@ class Soak:
             healths = await target.statuses()
             replicas = all(self._whole(healths, model) for model in self._models)
             now = anyio.current_time()
+            for health in healths.values():
+                if health.broken_instance is not None:
+                    self._on_repair(health.broken_instance, now)
             for fault in waiting:
                 progress = self._progress_of(fault, connected, replicas)
                 if is_settled(progress):
@@ -388,7 +415,8 @@ class Soak:
 
     def _fault_options(self) -> tuple[list[str], set[str], bool]:
         ongoing = [fault for fault in self._faults if fault.ended_at is None]
-        away = {f.spec.node for f in ongoing if f.spec.kind in TAKES_A_NODE_AWAY}
+        busy = TAKES_A_NODE_AWAY | BROKEN_KINDS.keys()
+        away = {f.spec.node for f in ongoing if f.spec.kind in busy}
         healthy = [name for name in self._target.node_names() if name not in away]
         holding = self.watch.nodes_holding_runners()
         with_runners = {name for name in healthy if self._target.node_id(name) in holding}
@@ -477,7 +505,20 @@ class Soak:
                 fault.recovered_at = answered_at
         self._recovering = still
 
+    def _on_repair(self, instance_id: str, now: float) -> None:
+        """The keeper judged the instance broken (a repair placed, or a health verdict seen)."""
+        for fault in self._faults:
+            if instance_id not in fault.hit or not self._still_acting(fault, now):
+                continue  # judged broken for some later reason, not this fault's
+            if instance_id not in fault.recognised:
+                fault.recognised.add(instance_id)
+                if fault.recognised_at is None:
+                    fault.recognised_at = now
+
     def _on_deleted(self, instance_id: str, now: float) -> None:
+        for fault in self._faults:
+            if instance_id in fault.recognised and fault.repaired_at is None:
+                fault.repaired_at = now
         for fault in self._faults:
             if instance_id not in fault.hit or not self._still_acting(fault, now):
                 continue
@@ -527,6 +568,8 @@ class Soak:
                 None if fault.settled_at is None else round(fault.settled_at - fault.at, 3)
             ),
             started_unsettled=fault.started_unsettled,
+            recognised_after_s=_since(fault.recognised_at, fault.at),
+            repaired_after_s=_since(fault.repaired_at, fault.at),
         )
 
     def _outcomes(self, model: str, records: list[FaultRecord]) -> ModelOutcomes:
@@ -573,6 +616,9 @@ class Soak:
             replicas_at_end=ending.replicas,
             settle_s=ending.settle_s,
             one_fault_at_a_time=settings.one_fault_at_a_time,
+            suspect_after_s=settings.liveness.suspect_after_s,
+            dead_after_s=settings.liveness.dead_after_s,
+            broken=summarize_broken(records),
             keeper_added_latency=latency_stats(
                 self.watch.latencies,
                 self.watch.latencies_alone,

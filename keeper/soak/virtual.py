@@ -1,7 +1,9 @@
 """The soak in virtual time: the same run against a master and in-process nodes under MockClock.
 
 ``VirtualTarget`` gives ``keeper.soak.run`` what it needs from an in-process cluster
-(``keeper.cluster.in_process``): node faults are its crash/freeze/partition/kill-runner methods; a
+(``keeper.cluster.in_process``): node faults are its crash/freeze/partition/kill-runner methods,
+the broken-instance kinds the node's own ``set_fault`` (healed when the fault is over; a crash
+meanwhile heals it too, as the restarted node starts from its config); a
 master crash stops the running ``Master`` (its tasks are cancelled, as a kill would end them)
 and starts a new one on the same data dir after ``MASTER_DOWN_S``, which rebuilds its State
 from the event log while the nodes reconnect to it.
@@ -50,11 +52,12 @@ from keeper.master.service import Master, MasterConfig
 from keeper.master.subscriptions import Subscription
 from keeper.model.events import IndexedEvent
 from keeper.model.ids import IdFactory, new_id
+from keeper.model.liveness import LivenessConfig
 from keeper.model.refusals import RefusalError
 from keeper.model.state import State
 from keeper.node.sim_node import NodeConfig
 from keeper.runtime.event_log import LOG_FILE
-from keeper.soak.faults import MASTER_DOWN_S, FaultKind, FaultSpec
+from keeper.soak.faults import BROKEN_KINDS, MASTER_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import LoadSettings, error_label
 from keeper.soak.report import Deployed, RunKind, SoakReport
 from keeper.soak.run import DeploymentHealth, Soak, SoakError, SoakSettings, model_statuses
@@ -263,18 +266,25 @@ class VirtualTarget:
                 assert self._group is not None
                 self._master_back = anyio.Event()
                 self._group.start_soon(self._crash_master)
+            case FaultKind.STALL_WARMUP | FaultKind.LOSE_RUNNER | FaultKind.FAIL_CHATS:
+                cluster.node(fault.node).set_fault(BROKEN_KINDS[fault.kind])
 
     async def wait_over(self, fault: FaultSpec) -> None:
         if fault.kind is FaultKind.MASTER_CRASH:
             await self._master_back.wait()
-        else:
-            await anyio.sleep(fault.duration_s)
+            return
+        await anyio.sleep(fault.duration_s)
+        if fault.kind in BROKEN_KINDS:
+            self._cluster.node(fault.node).set_fault(None)
 
     def master_log(self) -> Path | None:
         return self._data_dir / LOG_FILE
 
 
-def virtual_settings(hours: float, seed: int, nodes: int) -> SoakSettings:
+def virtual_settings(
+    hours: float, seed: int, nodes: int, liveness: LivenessConfig | None = None
+) -> SoakSettings:
+    """``liveness``: the master's fast failover; None: on, at its defaults."""
     return SoakSettings(
         minutes=hours * 60,
         seed=seed,
@@ -283,6 +293,7 @@ def virtual_settings(hours: float, seed: int, nodes: int) -> SoakSettings:
         progress_every_s=3600.0,
         say_faults=False,
         one_fault_at_a_time=False,
+        liveness=liveness if liveness is not None else LivenessConfig(),
     )
 
 
@@ -292,7 +303,8 @@ async def run_virtual(
     """One virtual soak inside the running (MockClock) event loop, its ids seeded by the
     settings' seed; seed trio's scheduler with ``deterministic`` around the event loop for a
     replayable run."""
-    target = VirtualTarget(data_dir, settings.nodes, new_id=seeded_ids(settings.seed))
+    config = MasterConfig(liveness=settings.liveness)
+    target = VirtualTarget(data_dir, settings.nodes, config, new_id=seeded_ids(settings.seed))
     report: SoakReport | None = None
     async with anyio.create_task_group() as group:
         await group.start(target.run)

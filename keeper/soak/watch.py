@@ -32,6 +32,7 @@ from keeper.model.apply import apply, apply_indexed
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
     DeploymentPlacementFailed,
+    DeploymentRepairPlaced,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -148,10 +149,17 @@ def check_log(path: Path) -> LogCheck:
 class ClusterWatch:
     """The master's State as the soak sees it; feed it with ``snapshot`` and ``event``.
 
-    ``on_deleted(instance_id, now)`` is told of every instance that leaves the State."""
+    ``on_deleted(instance_id, now)`` is told of every instance that leaves the State,
+    ``on_repair(instance_id, now)`` of every broken instance the keeper places a replacement for
+    (docs/design.md §5.19)."""
 
-    def __init__(self, on_deleted: Callable[[str, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_deleted: Callable[[str, float], None] | None = None,
+        on_repair: Callable[[str, float], None] | None = None,
+    ) -> None:
         self._on_deleted = on_deleted
+        self._on_repair = on_repair
         self.state = State()
         self.duplicates = DuplicateCounter()
         self.latencies: list[float] = []
@@ -201,6 +209,8 @@ class ClusterWatch:
                 self._instance_deleted(gone, now)
         elif isinstance(event, InstanceCreated):
             self._instance_created(event.instance, now)
+        elif isinstance(event, DeploymentRepairPlaced) and self._on_repair is not None:
+            self._on_repair(event.move.old_instance_id, now)
         elif isinstance(event, DeploymentPlacementFailed):
             deployment = self.state.deployments.get(event.deployment_id)
             model = deployment.model_card.model_id if deployment else None

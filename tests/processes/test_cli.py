@@ -339,7 +339,9 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_node_disk_flags_reach_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
     configs: list[NodeConfig] = []
 
-    def run_node(config: NodeConfig, master: str, token: str | None) -> int:
+    def run_node(
+        config: NodeConfig, master: str, token: str | None, fault_file: Path | None
+    ) -> int:
         configs.append(config)
         return EXIT_OK
 

@@ -159,3 +159,38 @@ async def test_an_instance_failing_every_chat_while_ready_is_replaced() -> None:
     )
     assert said_at - fault_at == pytest.approx(5 * 0.5, abs=1.5)  # five chats, one per 0.5 s
     assert served_at - said_at < 5
+
+
+@pytest.mark.anyio
+async def test_a_fault_set_on_a_serving_node_takes_its_runners_and_heals() -> None:
+    """The soak's broken-instance faults (``SimNode.set_fault``): told to stall its warm-up, a
+    serving node's runner restarts and hangs in RunnerWarmingUp until healed; told to lose its
+    runner, the runner reads RunnerShutdown and stays lost after the heal."""
+    master = Master(None)
+    cluster = InProcessCluster(master, NODES[:1])
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        await group.start(cluster.run)
+        await master.create_deployment(MODEL, standby=0)
+        await until(lambda: serving_off(master.state, "") is not None, 60, "ready")
+        instance = on_node(master.state, "big")
+        assert instance is not None
+        (runner,) = instance.shard_assignments.node_to_runner.values()
+        node = cluster.node("big")
+
+        def status() -> AnyRunnerStatus | None:
+            return master.state.runners.get(runner)
+
+        node.set_fault("stall-warmup")
+        assert node.fault == "stall-warmup"
+        await until(lambda: isinstance(status(), RunnerWarmingUp), 10, "hung in warm-up")
+        node.set_fault(None)
+        await until(lambda: isinstance(status(), SERVING_RUNNER_TYPES), 10, "healed")
+        node.set_fault("lose-runner")
+        await until(lambda: isinstance(status(), RunnerShutdown) or status() is None, 10, "lost")
+        node.set_fault(None)
+        # Virtual seconds: a runner brought back by the heal would report within one.
+        await anyio.sleep(3)
+        assert not isinstance(status(), SERVING_RUNNER_TYPES)
+        assert instance.instance_id not in node.running_instances()
+        group.cancel_scope.cancel()

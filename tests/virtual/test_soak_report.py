@@ -36,14 +36,19 @@ from keeper.model.state import (
     ShardAssignments,
     State,
 )
+from keeper.node.node_process import read_fault_file, write_fault_file
 from keeper.runtime.log_scan import is_history_line
 from keeper.soak.faults import (
+    BROKEN_KINDS,
+    FAIL_CHATS_S,
     FAULT_END_TIMEOUT_S,
     FREEZE_S,
+    LOSE_RUNNER_S,
     MASTER,
     MIN_HEALTHY_NODES,
     PARTITION_S,
     SETTLE_WAIT_S,
+    STALL_WARMUP_S,
     TAKES_A_NODE_AWAY,
     FaultKind,
     FaultPlan,
@@ -71,6 +76,7 @@ from keeper.soak.report import (
     model_outcomes,
     percentile,
     summarize,
+    summarize_broken,
 )
 from keeper.soak.watch import ClusterWatch, ExclusionReason, check_log, model_of
 
@@ -91,13 +97,19 @@ def test_the_same_seed_gives_the_same_plan_and_another_seed_another() -> None:
     assert _draw(FaultPlan(7), 40) != _draw(FaultPlan(8), 40)
 
 
-def test_every_kind_comes_up_within_each_five_faults_and_durations_stay_in_range() -> None:
+def test_every_kind_comes_up_within_each_bag_of_faults_and_durations_stay_in_range() -> None:
     plan = FaultPlan(3)
-    drawn = _draw(plan, 50)
+    kinds = len(FaultKind)
+    drawn = _draw(plan, 6 * kinds)
     faults = [fault for _, fault in drawn]
     assert all(fault is not None for fault in faults)
-    for start in range(0, 50, 5):
-        assert {f.kind for f in faults[start : start + 5]} == set(FaultKind)
+    for start in range(0, 6 * kinds, kinds):
+        assert {f.kind for f in faults[start : start + kinds]} == set(FaultKind)
+    broken_ranges = {
+        FaultKind.STALL_WARMUP: STALL_WARMUP_S,
+        FaultKind.LOSE_RUNNER: LOSE_RUNNER_S,
+        FaultKind.FAIL_CHATS: FAIL_CHATS_S,
+    }
     for gap, fault in drawn:
         assert 20 <= gap <= 60
         if fault.kind is FaultKind.FREEZE:
@@ -106,6 +118,11 @@ def test_every_kind_comes_up_within_each_five_faults_and_durations_stay_in_range
             assert PARTITION_S[0] <= fault.duration_s <= PARTITION_S[1]
         if fault.kind is FaultKind.RUNNER_KILL:
             assert fault.node == "node-2"  # the only node holding a runner
+            assert fault.duration_s == 0.0
+        if fault.kind in BROKEN_KINDS:
+            assert fault.node == "node-2"  # a broken instance needs an instance there
+            low, high = broken_ranges[fault.kind]
+            assert low <= fault.duration_s <= high
         if fault.kind is FaultKind.MASTER_CRASH:
             assert fault.node == MASTER
 
@@ -119,6 +136,17 @@ def test_a_fault_that_takes_a_node_away_never_leaves_fewer_than_two_healthy() ->
     # What could not be injected waits in the bag: with nodes back, it comes up next.
     after = [plan.next_fault(NODES, set(), True) for _ in range(3)]
     assert {f.kind for f in after if f is not None} <= TAKES_A_NODE_AWAY
+
+
+def test_broken_kinds_need_a_node_holding_a_runner_and_wait_in_the_bag() -> None:
+    plan = FaultPlan(2)
+    kinds = [f.kind for _, f in ((0, plan.next_fault(NODES, set(), True)) for _ in range(20)) if f]
+    assert kinds
+    assert not set(kinds) & (BROKEN_KINDS.keys() | {FaultKind.RUNNER_KILL})
+    # Once a node holds a runner, what waited comes up, on that node.
+    after = [plan.next_fault(NODES, {"node-3"}, True) for _ in range(4)]
+    assert {f.kind for f in after if f is not None} == BROKEN_KINDS.keys() | {FaultKind.RUNNER_KILL}
+    assert {f.node for f in after if f is not None} == {"node-3"}
 
 
 def test_nothing_to_inject_gives_none_and_the_master_is_not_crashed_twice() -> None:
@@ -473,9 +501,16 @@ def test_the_load_needs_a_model() -> None:
 
 
 def _fault(
-    kind: FaultKind, at: float, recovered: float | None, settled: float | None = None
+    kind: FaultKind,
+    at: float,
+    recovered: float | None,
+    settled: float | None = None,
+    recognised: float | None = None,
+    repaired: float | None = None,
 ) -> FaultRecord:
     return FaultRecord(
+        recognised_after_s=recognised,
+        repaired_after_s=repaired,
         kind=kind,
         node=MASTER if kind is FaultKind.MASTER_CRASH else "node-1",
         at=at,
@@ -506,10 +541,37 @@ def test_recovery_is_summarized_per_kind_with_every_kind_listed() -> None:
     ]
     stats = summarize(faults)
     assert set(stats) == {kind.value for kind in FaultKind}
-    assert (stats["freeze"].count, stats["freeze"].median_s, stats["freeze"].max_s) == (3, 6.0, 8.0)
+    freeze = stats["freeze"]
+    assert (freeze.count, freeze.median_s, freeze.p95_s, freeze.max_s) == (3, 6.0, 8.0, 8.0)
     assert (stats["node_crash"].count, stats["node_crash"].recovered) == (1, 0)
     assert stats["node_crash"].median_s is None
     assert stats["partition"].count == 0
+
+
+def test_p95_is_the_nearest_rank_below_the_worst_when_there_are_enough() -> None:
+    faults = [_fault(FaultKind.PARTITION, 10.0 * i, float(i)) for i in range(1, 41)]
+    stats = summarize(faults)["partition"]
+    assert (stats.median_s, stats.p95_s, stats.max_s) == (20.5, 38.0, 40.0)
+
+
+def test_broken_kinds_are_counted_injected_recognised_repaired_with_their_times() -> None:
+    faults = [
+        _fault(FaultKind.STALL_WARMUP, 10, 90.0, recognised=62.0, repaired=70.0),
+        _fault(FaultKind.STALL_WARMUP, 200, 80.0, recognised=61.0, repaired=None),
+        _fault(FaultKind.STALL_WARMUP, 400, 70.0, recognised=64.0, repaired=68.0),
+        _fault(FaultKind.LOSE_RUNNER, 600, None, recognised=None),
+        _fault(FaultKind.FREEZE, 800, 5.0, recognised=3.0, repaired=4.0),  # not a broken kind
+    ]
+    stats = summarize_broken(faults)
+    assert set(stats) == {kind.value for kind in BROKEN_KINDS}
+    stall = stats["stall_warmup"]
+    assert (stall.injected, stall.recognised, stall.repaired) == (3, 3, 2)
+    assert (stall.recognised_median_s, stall.recognised_max_s) == (62.0, 64.0)
+    assert (stall.serving_median_s, stall.serving_max_s) == (80.0, 90.0)
+    lose = stats["lose_runner"]
+    assert (lose.injected, lose.recognised, lose.repaired) == (1, 0, 0)
+    assert lose.recognised_median_s is None and lose.serving_max_s is None
+    assert stats["fail_chats"].injected == 0
 
 
 def _report(**changes: Any) -> SoakReport:
@@ -536,6 +598,9 @@ def _report(**changes: Any) -> SoakReport:
         "replicas_at_end": True,
         "settle_s": 12.5,
         "one_fault_at_a_time": True,
+        "suspect_after_s": 3.0,
+        "dead_after_s": 8.0,
+        "broken": summarize_broken(faults),
         "keeper_added_latency": latency_stats([0.5, 0.9, 1.8], [0.5, 0.9], {"nothing_fit": 2}),
         "error_kinds": {"HTTP 404": 34},
         "lost_examples": [],
@@ -572,6 +637,15 @@ def test_the_table_shows_run_duration_requests_faults_and_lost() -> None:
     assert virtual.split()[-3:] == ["2", "0", "NO"]
     recovery = format_recovery(_report())
     assert "freeze" in recovery and "p99 1.800 s" in recovery and "nothing_fit 2" in recovery
+    assert "fast failover 3 / 8 s" in recovery
+    freeze = next(line for line in recovery.splitlines() if line.startswith("freeze"))
+    assert freeze.split() == ["freeze", "1", "1", "4.0", "4.0", "4.0"]
+    stall_recovery, stall_broken = [
+        line.split() for line in recovery.splitlines() if line.startswith("stall_warmup")
+    ]
+    assert stall_recovery == ["stall_warmup", "0", "0", "-", "-", "-"]
+    assert stall_broken == ["stall_warmup", "0", "0", "0", "-", "/", "-", "-", "/", "-"]
+    assert "fast failover off" in format_recovery(_report(suspect_after_s=0.0))
 
 
 def test_each_model_has_its_own_outcomes_and_share_answered() -> None:
@@ -686,6 +760,7 @@ def test_availability_less_master_restarts_drops_what_was_in_flight_in_their_spa
         "2",
         "-",
         "-",
+        *["-"] * len(BROKEN_KINDS),  # no broken-instance fault in this run
         "75.00%",
         "of",
         "4",
@@ -730,6 +805,25 @@ def test_soak_refuses_bad_arguments_with_exit_code_2(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--suspect-after-s", "-1"], "--suspect-after-s must be a number of seconds"),
+        (["--suspect-after-s", "soon"], "not a number of seconds"),
+        (["--suspect-after-s", "9", "--dead-after-s", "8"], "must not be above --dead-after-s"),
+        (["--dead-after-s", "1"], "--dead-after-s must be at least"),
+    ],
+)
+def test_both_soaks_refuse_bad_failover_flags_naming_the_flag(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for main, length in ((soak_main, "--minutes"), (soak_sim_main, "--hours")):
+        with pytest.raises(SystemExit) as exited:
+            main([length, "1", "--report", "r.json", *flags])
+        assert exited.value.code == 2
+        assert message in capsys.readouterr().err
+
+
 def test_soak_sim_refuses_bad_arguments_with_exit_code_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -737,3 +831,19 @@ def test_soak_sim_refuses_bad_arguments_with_exit_code_2(
         soak_sim_main(["--hours", "-1", "--report", "r.json"])
     assert exited.value.code == 2
     assert "must be more than 0" in capsys.readouterr().err
+
+
+# --- the node's fault file (the process soak's broken-instance faults) ---------------------------
+
+
+def test_the_fault_file_says_the_fault_or_heals_and_refuses_anything_else(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "nodes" / "node-1.fault"
+    assert read_fault_file(path) is None  # no file yet: no fault
+    for fault in ("stall-warmup", "lose-runner", "fail-chats", None):
+        write_fault_file(path, fault)
+        assert read_fault_file(path) == fault
+    path.write_text("melt\n")
+    with pytest.raises(ValueError, match=r"node-1\.fault: not a fault"):
+        read_fault_file(path)
