@@ -149,7 +149,11 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def running(tmp_path: Path, *bridge_flags: str) -> Iterator[Running]:
+def running(
+    tmp_path: Path, *bridge_flags: str, exo_flags: tuple[str, ...] = ()
+) -> Iterator[Running]:
+    """The stand-in (exo's rules, unless ``exo_flags`` change its membership timings) and a
+    bridge beside it (``bridge_flags``)."""
     exo_port, bridge_port = free_port(), free_port()
     exo_url = f"http://127.0.0.1:{exo_port}"
     outputs = [(tmp_path / f"{n}.out").open("wb") for n in ("cluster", "bridge")]
@@ -167,6 +171,7 @@ def running(tmp_path: Path, *bridge_flags: str) -> Iterator[Running]:
         "--has",
         QWEN,
         "--no-node-restart",
+        *exo_flags,
     ]
     bridge_argv = [
         "bridge",

@@ -14,7 +14,8 @@ dead-after while clients chat (nothing deleted or placed on waking); and a kill 
 node under that load (deleted by the bridge long before exo's timeout, chats answered). A thread
 reads exo's State every 50 ms: never more than replicas + 1 instances. How fast each of these
 is, is a figure of ``make bench`` (``bridgefail``), not an assertion that a loaded machine could
-fail. Off (the bridge's ``--suspect-after-s 0``): the kill waits for exo's timeout and sweep.
+fail. Off (the bridge's ``--suspect-after-s 0``): the kill waits for exo's timeout and sweep,
+here at a third of their lengths (10 s and 3 s: the same rule, a third of the wait).
 """
 
 from __future__ import annotations
@@ -119,7 +120,14 @@ def test_freezes_a_paused_bridge_and_a_kill_under_load_through_the_bridge(tmp_pa
 
 
 def test_a_kill_through_the_bridge_with_fast_failover_off(tmp_path: Path) -> None:
-    with running(tmp_path, "--suspect-after-s", "0") as run, Watch(run).watching() as watch:
+    # exo's rule at a third of its lengths (10 s of silence, a sweep every 3 s): the same rule,
+    # a third of the wait; the full 30 s / 10 s is bench bridgefail's.
+    timeout_s = 10
+    exo_flags = ("--node-timeout", str(timeout_s), "--sweep-interval", "3")
+    with (
+        running(tmp_path, "--suspect-after-s", "0", exo_flags=exo_flags) as run,
+        Watch(run).watching() as watch,
+    ):
         first = deploy_and_wait(run, 1)
         (holder,) = first.values()
         chat_s, deleted_s, serving_s = kill_and_time(run, holder)
@@ -129,4 +137,4 @@ def test_a_kill_through_the_bridge_with_fast_failover_off(tmp_path: Path) -> Non
         f"instance deleted {deleted_s:.1f} s, serving (both) {serving_s:.1f} s; most "
         f"instances {watch.most}"
     )
-    assert deleted_s > 30  # exo's 30 s timeout, then its sweep
+    assert deleted_s > timeout_s  # nothing before exo's timeout, then its sweep
