@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -299,16 +300,25 @@ def test_bad_store_arguments_exit_2(tmp_path: Path) -> None:
             check=False,
         )
 
-    malformed = bridge("--store", f"http://127.0.0.1:{free_port()}")
-    assert malformed.returncode == 2 and "etcd://HOST:PORT" in malformed.stderr
-    no_port = bridge("--store", "etcd://127.0.0.1")
-    assert no_port.returncode == 2 and "is not HOST:PORT" in no_port.stderr
-    unreachable = bridge("--store", f"etcd://127.0.0.1:{free_port()}")
-    assert unreachable.returncode == 2 and "not reachable" in unreachable.stderr
-    both = bridge("--store", f"etcd://127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "d"))
-    assert both.returncode == 2 and "--data-dir" in both.stderr
-    prefix = bridge("--store", f"etcd://127.0.0.1:{free_port()}", "--store-prefix", "nope")
-    assert prefix.returncode == 2 and "--store-prefix" in prefix.stderr
+    # Five refusals, each its own process, run at once: none shares anything with another.
+    cases = {
+        "malformed": ("--store", f"http://127.0.0.1:{free_port()}"),
+        "no_port": ("--store", "etcd://127.0.0.1"),
+        "unreachable": ("--store", f"etcd://127.0.0.1:{free_port()}"),
+        "both": ("--store", f"etcd://127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "d")),
+        "prefix": ("--store", f"etcd://127.0.0.1:{free_port()}", "--store-prefix", "nope"),
+    }
+    with ThreadPoolExecutor(len(cases)) as pool:
+        runs = dict(zip(cases, pool.map(lambda argv: bridge(*argv), cases.values()), strict=True))
+    expected = {
+        "malformed": "etcd://HOST:PORT",
+        "no_port": "is not HOST:PORT",
+        "unreachable": "not reachable",
+        "both": "--data-dir",
+        "prefix": "--store-prefix",
+    }
+    for case, words in expected.items():
+        assert runs[case].returncode == 2 and words in runs[case].stderr, (case, runs[case].stderr)
 
 
 def test_a_prefix_of_another_exo_cluster_is_refused(tmp_path: Path) -> None:
