@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,8 +174,12 @@ def test_every_wrong_credential_is_exit_2_naming_it(secure: Secure, tmp_path: Pa
             ["do not go together"],
         ),
     }
-    for what, (flags, said) in cases.items():
-        done = bridge_exit(secure, "--store", url, *flags)
+    # Each refusal is its own bridge process; they share nothing, so they run at once.
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(
+            pool.map(lambda case: bridge_exit(secure, "--store", url, *case[0]), cases.values())
+        )
+    for (what, (_, said)), done in zip(cases.items(), runs, strict=True):
         assert done.returncode == 2, (what, done.stderr)
         for words in said:
             assert words in done.stderr, (what, done.stderr)
