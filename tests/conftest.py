@@ -36,7 +36,7 @@ KINDS = ("pure", "virtual", "tui", "processes")
 # pause) run in this many lanes, one after another within a lane, so at most this many clusters
 # share the two cores. Measured on 2 cores: six at once starved them (a CLI command waiting 60 s
 # for its process to start); the other workers run everything else meanwhile (docs/design.md §10).
-E2E_LANES = 2
+E2E_LANES = int(os.environ.get("EXO_DEPLOY_E2E_LANES", "4"))
 
 
 # First: xdist's own hook reads the xdist_group markers into the test ids.

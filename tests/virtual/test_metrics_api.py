@@ -20,9 +20,9 @@ from waiting import wait_until
 from keeper.cluster.in_process import InProcessCluster
 from keeper.link.protocol import INFO_REFRESH_S
 from keeper.master.api import create_app
-from keeper.master.service import Master
+from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import DeploymentHistoryResponse, DeploymentsResponse, DeploymentView
-from keeper.model.liveness import NODE_COUNT_STATES
+from keeper.model.liveness import NODE_COUNT_STATES, OFF
 from keeper.node.sim_node import NodeConfig
 from keeper.runtime.metrics import STATUSES
 
@@ -34,7 +34,10 @@ NODES = [
 
 @asynccontextmanager
 async def cluster_api() -> AsyncIterator[tuple[Master, InProcessCluster, httpx.AsyncClient]]:
-    master = Master(None)
+    # exo's own rule (fast failover off): the lost node's instance is deleted at its 30 s timeout,
+    # so the outage these counts follow always happens. With fast failover on, a replacement
+    # may be ready before the node is confirmed dead, and then serving never stops (§5.18).
+    master = Master(None, config=MasterConfig(liveness=OFF))
     async with anyio.create_task_group() as group:
         await group.start(master.run)
         cluster = InProcessCluster(master, NODES)
