@@ -356,6 +356,9 @@ class IncidentView(WireModel):
     # Where the down time went, once it ended (seconds; they add up to downtimeS): detected,
     # placed, downloaded, loaded (docs/design.md 3.5); None while ongoing or with no recovery.
     phases: RecoveryPhases | None = None
+    # A broken instance's problem when one caused it ("stalled", "hollow", "failing": §5.19;
+    # the cause then names the instance and its nodes); None for any other cause.
+    problem: str | None = None
 
 
 class DeploymentHistoryResponse(WireModel):

@@ -40,6 +40,7 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentPlacementFailed,
+    DeploymentRepairPlaced,
     DeploymentScaled,
     DeploymentServingChanged,
     InstanceCreated,
@@ -64,6 +65,7 @@ from keeper.model.state import (
     ModelId,
     NodeId,
     RecoveryPhases,
+    RepairNote,
     RunnerFailed,
     ServingRecord,
     State,
@@ -91,6 +93,7 @@ def may_change_serving(event: AnyEvent, before: State) -> bool:
         case (
             DeploymentCreated()
             | DeploymentPlacementFailed()
+            | DeploymentRepairPlaced()
             | DeploymentScaled()
             | InstanceCreated()
             | InstanceDeleted()
@@ -116,41 +119,52 @@ def serving_changes(
     for deployment_id, deployment in after.deployments.items():
         # No history yet: () and None read alike where it is read (``not records``).
         records = after.serving_history.get(deployment_id, ())  # pragma: no mutate
-        record = _next_record(before, after, deployment, records, at)
-        if record is not None:
-            changes.append(DeploymentServingChanged(deployment_id=deployment_id, record=record))
+        changes.extend(
+            DeploymentServingChanged(deployment_id=deployment_id, record=record)
+            for record in _next_records(before, after, deployment, records, at)
+        )
     return changes
 
 
-def _next_record(
+def _next_records(
     before: State | None,
     after: State,
     deployment: Deployment,
     records: tuple[ServingRecord, ...],
     at: float,
-) -> ServingRecord | None:
+) -> list[ServingRecord]:
+    """The records ``after`` adds to ``records`` (oldest first): a change of serving; while
+    down, the diagnosis of the broken instance that stopped it and a step of the recovery;
+    while serving, a failover's replacement covering for a suspect node, or the stop that
+    covering hid, once the node is confirmed dead (``_covered_stop``)."""
     deployment_id = deployment.deployment_id
     serving = is_serving(after, deployment_id)
     if not records:
         created = before is not None and deployment_id not in before.deployments
-        return ServingRecord(
-            at=at,
-            serving=serving,
-            cause=None if serving else _unplaceable(deployment),
-            begins="created" if created else "observed",
-        )
+        return [
+            ServingRecord(
+                at=at,
+                serving=serving,
+                cause=None if serving else _unplaceable(deployment),
+                begins="created" if created else "observed",
+            )
+        ]
     last = records[-1]
     if last.serving and not serving:
         if before is None:
-            return ServingRecord(at=at, serving=False, cause=UNKNOWN_CAUSE)
-        return _stopped(before, after, deployment_id, last, at)
+            return [ServingRecord(at=at, serving=False, cause=UNKNOWN_CAUSE)]
+        return [_stopped(before, after, deployment_id, last, at)]
     if serving and not last.serving:
-        return ServingRecord(at=at, serving=True, phases=recovery_phases(records, at))
+        return [ServingRecord(at=at, serving=True, phases=recovery_phases(records, at))]
     if serving:
-        return None
+        return []
     if last.cause is None and deployment.placement_error is not None:
-        return ServingRecord(at=at, serving=False, cause=_unplaceable(deployment))
-    return _recovery_step(before, after, deployment, records, at)
+        return [ServingRecord(at=at, serving=False, cause=_unplaceable(deployment))]
+    diagnosis = _diagnosis(before, after, deployment, records, at)
+    step = _recovery_step(before, after, deployment, records, at)
+    if diagnosis is not None and step is not None:
+        step = step.model_copy(update={"cause": diagnosis.cause})
+    return [record for record in (diagnosis, step) if record is not None]
 
 
 def is_serving(state: State, deployment_id: DeploymentId) -> bool:
@@ -332,6 +346,45 @@ def _recovery_step(
     return None
 
 
+def _diagnosis(
+    before: State | None,
+    after: State,
+    deployment: Deployment,
+    records: tuple[ServingRecord, ...],
+    at: float,
+) -> ServingRecord | None:
+    """The record naming the broken instance that stopped the deployment, when ``after`` shows a
+    repair newly placed for it (``State.repair_notes``, docs/design.md §5.19) during an
+    incident: ``instance 1a2b3c4d hollow on mini-b: <why>``, with the problem kind. Not for a
+    replacement of this incident that broke in turn (the stretch names it): the incident's cause
+    is what stopped it, not what kept it down."""
+    note = after.repair_notes.get(deployment.deployment_id)
+    stretch = down_stretch(records)
+    if before is None or note is None or stretch is None:
+        return None
+    if before.repair_notes.get(deployment.deployment_id) == note:
+        return None
+    if any(record.instance_id == note.instance_id for record in stretch):
+        return None
+    return ServingRecord(
+        at=at,
+        serving=False,
+        cause=broken_instance_cause(before, after, note),
+        step="diagnosed",
+        problem=note.problem,
+    )
+
+
+def broken_instance_cause(before: State, after: State, note: RepairNote) -> str:
+    """``instance <id8> <problem> on <nodes>: <why>``: the nodes from whichever State still holds
+    the instance (a hollow one is often deleted as its repair is placed), left out if neither."""
+    instance = before.instances.get(note.instance_id) or after.instances.get(note.instance_id)
+    nodes = instance.shard_assignments.node_to_runner if instance is not None else {}
+    where = f" on {', '.join(_node_name(before, node) for node in nodes)}" if nodes else ""
+    # An id's first 8 characters, as every table shows instances.
+    return f"instance {note.instance_id[:8]} {note.problem}{where}: {note.why}"
+
+
 def _downloaded(state: State, instance_id: InstanceId, model_id: ModelId) -> bool:
     """Every node of the instance holds the model completely (it exists in ``state``)."""
     instance = state.instances.get(instance_id)
@@ -362,7 +415,10 @@ def recovery_phases(records: Sequence[ServingRecord], at: float) -> RecoveryPhas
     if stretch is None:
         return None
     stop = stretch[0]
-    noticed = stop.noticed if stop.noticed is not None else stop.at
+    # Detected when the service saw it (a node's stop, dated back), else when a broken instance
+    # was recognised (its diagnosis), else at once.
+    diagnosed = next((r.at for r in stretch if r.step == "diagnosed"), stop.at)
+    noticed = stop.noticed if stop.noticed is not None else diagnosed
     placed = next((r.at for r in stretch if r.step == "placed"), noticed)
     downloaded = next((r.at for r in stretch if r.step == "downloaded"), placed)
     moments: list[float] = [stop.at]
@@ -388,6 +444,7 @@ class Incident:
     downtime_s: float
     cause: str
     phases: RecoveryPhases | None = None  # where the down time went, once it ended (a recovery)
+    problem: str | None = None  # a broken instance's problem, when one caused it (§5.19)
 
 
 @dataclass(frozen=True)
@@ -407,6 +464,7 @@ class _Down:
     cause: str | None
     after_serving: bool
     in_window_s: float = 0.0  # how much of it lies inside the window
+    problem: str | None = None
 
     def is_incident(self) -> bool:
         # The first start-up is no incident, unless placement said why it could not start.
@@ -451,6 +509,7 @@ def summarize(
                     downtime_s=stop - stretch.start,
                     cause=stretch.cause or UNKNOWN_CAUSE,
                     phases=phases,
+                    problem=stretch.problem,
                 )
             )
 
@@ -466,6 +525,9 @@ def summarize(
             continue
         if down is None:
             down = _Down(record.at, record.cause, after_serving=index > 0)
+        elif record.step == "diagnosed" and down.problem is None:
+            # The broken instance recognised names the cause better than the runner seen going.
+            down.cause, down.problem = record.cause, record.problem
         elif down.cause is None:
             down.cause = record.cause
         down.in_window_s += span
