@@ -157,7 +157,7 @@ def _next_records(
     if serving and not last.serving:
         return [ServingRecord(at=at, serving=True, phases=recovery_phases(records, at))]
     if serving:
-        return []
+        return _covering(before, after, deployment_id, records, at)
     if last.cause is None and deployment.placement_error is not None:
         return [ServingRecord(at=at, serving=False, cause=_unplaceable(deployment))]
     diagnosis = _diagnosis(before, after, deployment, records, at)
@@ -291,6 +291,114 @@ def _deleted_by(after: State, deployment_id: DeploymentId) -> str:
     if error is not None and error.startswith(PREEMPTED_BY):
         return error
     return "instance deleted by a user"
+
+
+# --- a single replica's failover: the stop its make-before-break replacement hid -------------
+
+
+def _covering(
+    before: State | None,
+    after: State,
+    deployment_id: DeploymentId,
+    records: tuple[ServingRecord, ...],
+    at: float,
+) -> list[ServingRecord]:
+    """While the deployment serves: the "covered" record when a replacement is ready and every
+    instance that served in ``before`` was on a suspect node (``_covered``); and once such a
+    node is confirmed dead or gone, the stop that covering hid, dated back to the node's last
+    heartbeat (``_covered_stop``). A node heard again leaves the "covered" record alone: it
+    changes nothing about serving, and no incident is written (docs/design.md 3.5)."""
+    if before is None:
+        return []
+    last = records[-1]
+    if last.step == "covered":
+        stop = _covered_stop(before, after, deployment_id, records)
+        return [stop] if stop is not None else []
+    covered = _covered(before, after, deployment_id, last, at)
+    return [covered] if covered is not None else []
+
+
+def _suspect_nodes(state: State, instance: AnyInstance) -> list[NodeId]:
+    return [
+        node
+        for node in instance.shard_assignments.node_to_runner
+        if (verdict := state.node_watch.get(node)) is not None and verdict.phase == "suspect"
+    ]
+
+
+def _covered(
+    before: State, after: State, deployment_id: DeploymentId, last: ServingRecord, at: float
+) -> ServingRecord | None:
+    """The record of a replacement ready at ``at`` while every instance that served in
+    ``before`` had a suspect node: the phases of the incident it would end, should a node be
+    confirmed dead — from the last heartbeat (of the last instance to go quiet, never before
+    ``last``) to the suspicion, to the failover's placement, to now — so the stop written on
+    confirmation needs nothing the State will no longer hold."""
+    served = _serving_instances(before, deployment_id)
+    quiet = [(instance, _suspect_nodes(before, instance)) for instance in served]
+    if not served or any(not nodes for _, nodes in quiet):
+        return None  # something served with no suspect node: no stop to hide
+    served_ids = {instance.instance_id for instance in served}
+    trusted = [
+        instance
+        for instance in _serving_instances(after, deployment_id)
+        if not _suspect_nodes(after, instance) and instance.instance_id not in served_ids
+    ]
+    if not trusted:
+        return None
+    heard: list[float] = []
+    suspected: list[float] = []
+    for _, nodes in quiet:
+        first = min(nodes, key=lambda node: before.node_watch[node].last_heard)
+        heard.append(before.node_watch[first].last_heard)
+        suspected.append(before.node_watch[first].since)
+    start = min(at, max(last.at, *heard))
+    noticed = min(at, max(start, *suspected))
+    placed_at = after.deployments[deployment_id].failover_since  # it serves: it exists
+    placed = min(at, max(noticed, placed_at if placed_at is not None else noticed))
+    return ServingRecord(
+        at=at,
+        serving=True,
+        step="covered",
+        instance_id=trusted[0].instance_id,
+        phases=RecoveryPhases(
+            detected=round(noticed - start, 3),
+            placed=round(placed - noticed, 3),
+            downloaded=0.0,  # a failover goes to a node that holds the model first (§5.18)
+            loaded=round(at - placed, 3),
+        ),
+    )
+
+
+def _covered_stop(
+    before: State, after: State, deployment_id: DeploymentId, records: tuple[ServingRecord, ...]
+) -> ServingRecord | None:
+    """The stop a "covered" record hid, once ``after`` shows a node of an instance that served
+    in ``before`` newly confirmed dead or gone: dated back by the covered record's phases (they
+    add up to the down time), written once (the record before the covered one then is it)."""
+    covered = records[-1]
+    phases = covered.phases
+    if phases is None or (len(records) > 1 and not records[-2].serving):
+        return None
+    lost = [
+        node
+        for instance in _serving_instances(before, deployment_id)
+        for node in instance.shard_assignments.node_to_runner
+        if (_is_dead(after, node) and not _is_dead(before, node))
+        or (node in before.topology.nodes and node not in after.topology.nodes)
+    ]
+    if not lost:
+        return None
+    down_s = phases.detected + phases.placed + phases.downloaded + phases.loaded
+    before_covered = records[-2].at if len(records) > 1 else -math.inf
+    start = max(before_covered, round(covered.at - down_s, 3))
+    return ServingRecord(
+        at=start,
+        serving=False,
+        cause=_why_stopped(before, after, deployment_id),
+        noticed=round(start + phases.detected, 3) if phases.detected > 0 else None,
+        instance_id=covered.instance_id,
+    )
 
 
 # --- the steps of a recovery, and its phases ------------------------------------------------

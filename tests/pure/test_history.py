@@ -15,6 +15,7 @@ from keeper.model.events import (
     DeploymentPlacementFailed,
     DeploymentRepairPlaced,
     DeploymentServingChanged,
+    FailoverReplacementPlaced,
     InstanceCreated,
     InstanceDeleted,
     NodeConfirmedDead,
@@ -941,3 +942,95 @@ def test_the_repair_note_outlives_its_move_and_goes_with_its_deployment() -> Non
     # A repair refused (one under way already) leaves the note as it was.
     again = apply(apply(state, repair_placed("i1", "i2")), repair_placed("i9", "i8", "stalled"))
     assert again.repair_notes["d1"].instance_id == "i1"
+
+
+# --- a single replica's failover writes the incident its replacement hid (§5.18) --------------
+
+
+def failing_over(log: Log) -> Log:
+    """studio suspected at 25 (last heard at 22), the failover's replacement i2 on spare placed
+    at 25.5 and ready at 27, while i1 (on studio) still reads ready."""
+    log.at(0.0, named("n-spare", "spare"))
+    log.at(25.0, NodeSuspected(node_id="n-studio", last_heard=22.0, at=25.0))
+    move = InstanceMove(deployment_id="d1", old_instance_id="i1", new_instance_id="i2")
+    log.at(25.5, FailoverReplacementPlaced(deployment_id="d1", move=move, at=25.5))
+    log.at(25.5, InstanceCreated(instance=build_instance(MODEL, ["n-spare"], "i2")))
+    return log.at(27.0, *ready("i2", 1))
+
+
+COVERED_PHASES = RecoveryPhases(detected=3.0, placed=0.5, downloaded=0.0, loaded=1.5)
+
+
+def test_a_replacement_ready_for_a_suspect_single_replica_is_a_covered_record() -> None:
+    log = failing_over(serving_from(0.0, 10.0))
+    covered = records_of(log)[-1]
+    assert covered == ServingRecord(
+        at=27.0, serving=True, step="covered", instance_id="i2", phases=COVERED_PHASES
+    )
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=40.0)
+    assert (history.incidents, history.availability) == ((), 1.0)  # not confirmed: no incident
+
+
+def test_the_node_confirmed_dead_writes_the_hidden_stop_dated_back_to_its_last_heartbeat() -> None:
+    log = failing_over(serving_from(0.0, 10.0))
+    log.at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    stop, covered = records_of(log)[-2:]
+    assert stop == ServingRecord(
+        at=22.0,
+        serving=False,
+        cause="node studio confirmed dead (session closed)",
+        noticed=25.0,
+        instance_id="i2",
+    )
+    assert covered.step == "covered"
+    # Written once: the timeout and the sweep after add nothing.
+    log.at(31.0, InstanceDeleted(instance_id="i1"))
+    log.at(60.0, NodeTimedOut(node_id="n-studio"))
+    assert records_of(log)[-2:] == (stop, covered)
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=70.0)
+    (incident,) = history.incidents
+    assert (incident.start, incident.end, incident.downtime_s) == (22.0, 27.0, 5.0)
+    assert incident.phases == COVERED_PHASES
+    assert history.mttr_s == 5.0
+    assert history.availability == pytest.approx(55.0 / 60.0)
+
+
+def test_a_node_heard_again_after_its_replacement_was_ready_writes_no_incident() -> None:
+    log = failing_over(serving_from(0.0, 10.0))
+    log.at(28.0, NodeHeardAgain(node_id="n-studio", at=28.0))
+    log.at(29.0, InstanceDeleted(instance_id="i2"))  # the surplus goes
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=40.0)
+    assert history.incidents == ()
+
+
+def test_a_timeout_with_no_verdict_after_covering_also_writes_the_stop() -> None:
+    log = failing_over(serving_from(0.0, 10.0)).at(55.0, NodeTimedOut(node_id="n-studio"))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=70.0).incidents
+    assert (incident.start, incident.end, incident.cause) == (22.0, 27.0, "node studio timed out")
+
+
+def test_no_covering_while_another_replica_serves_apart_or_with_nothing_new_ready() -> None:
+    log = serving_from(0.0, 10.0).at(0.0, named("n-spare", "spare"))
+    log.at(5.0, InstanceCreated(instance=build_instance(MODEL, ["n-spare"], "i0")))
+    log.at(6.0, *ready("i0", 1))
+    failing_over(log)  # i0 on spare served all along: the deployment was never untrusted
+    assert all(r.step is None for r in records_of(log))
+    # The same instance ready again on a node no longer suspect is no replacement either.
+    log = serving_from(0.0, 10.0).at(
+        25.0, NodeSuspected(node_id="n-studio", last_heard=22.0, at=25.0)
+    )
+    log.at(26.0, NodeHeardAgain(node_id="n-studio", at=26.0))
+    assert all(r.step is None for r in records_of(log))
+
+
+def test_a_heartbeat_older_than_the_newest_record_dates_the_covered_stop_at_that_record() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(0.0, named("n-spare", "spare"))
+    log.at(12.0, NodeSuspected(node_id="n-studio", last_heard=8.0, at=12.0))
+    move = InstanceMove(deployment_id="d1", old_instance_id="i1", new_instance_id="i2")
+    log.at(12.0, FailoverReplacementPlaced(deployment_id="d1", move=move, at=12.0))
+    log.at(12.0, InstanceCreated(instance=build_instance(MODEL, ["n-spare"], "i2")))
+    log.at(14.0, *ready("i2", 1), dead("n-studio", last_heard=8.0, at=14.0))
+    stop, covered = records_of(log)[-2:]
+    assert (stop.at, covered.at) == (10.0, 14.0)  # the record before: serving since 10
+    assert covered.phases == RecoveryPhases(detected=2.0, placed=0.0, downloaded=0.0, loaded=2.0)
