@@ -41,11 +41,13 @@ from keeper.core.view import (
 )
 from keeper.model.api_models import (
     WhatIfDeployment,
+    WhatIfEstimate,
     WhatIfInstance,
     WhatIfNode,
     WhatIfOutcome,
     WhatIfPlacement,
     WhatIfResponse,
+    WhatIfThresholds,
 )
 from keeper.model.apply import apply
 from keeper.model.events import DeploymentPlaced, InstanceCreated, InstanceDeleted, NodeTimedOut
@@ -304,3 +306,42 @@ def _nodes(state: State, instance: AnyInstance) -> list[WhatIfNode]:
 
 def _on_disk(state: State, node: NodeId, model_id: ModelId) -> bool:
     return isinstance(download_entry(state, node, model_id), DownloadCompleted)
+
+
+# --- in seconds: how long a replacement takes to serve (docs/design.md §5.14) -----------------
+
+# A load's rate when nothing better is known: a Mac reads a model's weights from its SSD into
+# unified memory at a few GB/s, and exo's warm-up adds a little; 2 GB/s errs slow.
+ASSUMED_LOAD_RATE = 2 * 1024**3  # bytes per second
+
+
+def detection_s(thresholds: WhatIfThresholds) -> float:
+    """When a replacement can start after the loss: at suspicion with fast failover on (a
+    replacement is placed for a suspect node, §5.18), else at exo's timeout and its sweep (the
+    worst case: the timeout is checked once per sweep)."""
+    if thresholds.suspect_after_s > 0:
+        return thresholds.suspect_after_s
+    return thresholds.exo_timeout_s + thresholds.exo_sweep_s
+
+
+def estimate(
+    thresholds: WhatIfThresholds,
+    model_bytes: int,
+    on_disk: bool,
+    download_rate: float | None,
+    load_rate: float | None = None,
+) -> WhatIfEstimate:
+    """The time to serve again on a replacement: detection + download (0 on disk; bytes over
+    the node's measured rate, None when unknown) + load (bytes over the measured load rate,
+    else ``ASSUMED_LOAD_RATE``), each to a tenth of a second."""
+    detect = detection_s(thresholds)
+    if on_disk:
+        download: float | None = 0.0
+    elif download_rate is not None and download_rate > 0:
+        download = round(model_bytes / download_rate, 1)
+    else:
+        download = None
+    rate = load_rate if load_rate is not None and load_rate > 0 else ASSUMED_LOAD_RATE
+    load = round(model_bytes / rate, 1)
+    total = round(detect + download + load, 1) if download is not None else None
+    return WhatIfEstimate(detection_s=detect, download_s=download, load_s=load, total_s=total)

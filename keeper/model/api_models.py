@@ -567,6 +567,27 @@ class WhatIfDeployment(WhatIfAnswer):
     reason: str | None = None
 
 
+class WhatIfThresholds(WhatIfAnswer):
+    """How soon the service acts on a lost node (docs/design.md §5.14, "In seconds"): fast
+    failover's thresholds (0: off), and exo's own node timeout and the sweep after it."""
+
+    suspect_after_s: float
+    dead_after_s: float
+    exo_timeout_s: float
+    exo_sweep_s: float
+
+
+class WhatIfEstimate(WhatIfAnswer):
+    """The time to serve again on a replacement, in seconds, by its parts: detection (suspicion
+    with fast failover on, exo's timeout and sweep off), download (0 on disk; None: the node's
+    rate is unknown) and load (the model's bytes at an assumed rate)."""
+
+    detection_s: float
+    download_s: float | None
+    load_s: float
+    total_s: float | None  # None while the download's time is unknown
+
+
 class WhatIfResponse(WhatIfAnswer):
     """``GET /whatif?nodes=...``: per deployment, in placement order, what losing ``nodes`` now
     would do (``keeper.core.whatif``)."""

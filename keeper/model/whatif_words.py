@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from keeper.model.api_models import WhatIfDeployment, WhatIfNode, WhatIfPlacement
+from keeper.model.api_models import (
+    WhatIfDeployment,
+    WhatIfEstimate,
+    WhatIfNode,
+    WhatIfPlacement,
+    WhatIfThresholds,
+)
 
 Verdict = Literal["unaffected", "moves", "loses_replica", "cannot_place", "still_cannot_place"]
 
@@ -78,3 +84,21 @@ def why_words(deployment: WhatIfDeployment) -> str | None:
     if verdict(deployment) == "still_cannot_place":
         return None
     return deployment.reason
+
+
+def seconds_words(estimate: WhatIfEstimate, thresholds: WhatIfThresholds) -> str:
+    """``serving again in ~4 s (suspect 3 s, load ~1 s)``, or with fast failover off ``~45 s
+    (exo's timeout 30-40 s, load ~5 s)``; a download adds its part, or says its time is unknown
+    (the node never reported a rate)."""
+    if thresholds.suspect_after_s > 0:
+        parts = [f"suspect {thresholds.suspect_after_s:g} s"]
+    else:
+        low = thresholds.exo_timeout_s
+        parts = [f"exo's timeout {low:g}-{low + thresholds.exo_sweep_s:g} s"]
+    if estimate.download_s is None:
+        parts.append("download time unknown")
+    elif estimate.download_s > 0:
+        parts.append(f"download ~{estimate.download_s:.0f} s")
+    parts.append(f"load ~{max(estimate.load_s, 1):.0f} s")
+    total = f"~{estimate.total_s:.0f} s" if estimate.total_s is not None else "unknown"
+    return f"serving again in {total} ({', '.join(parts)})"
