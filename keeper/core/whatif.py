@@ -51,6 +51,8 @@ from keeper.model.api_models import (
 )
 from keeper.model.apply import apply
 from keeper.model.events import DeploymentPlaced, InstanceCreated, InstanceDeleted, NodeTimedOut
+from keeper.model.instance_health import shard_bytes
+from keeper.model.liveness import LivenessConfig
 from keeper.model.refusals import NotFoundError, UnprocessableError
 from keeper.model.state import (
     MAX_REPLICAS,
@@ -58,6 +60,7 @@ from keeper.model.state import (
     Deployment,
     DeploymentId,
     DownloadCompleted,
+    DownloadOngoing,
     ModelId,
     NodeId,
     State,
@@ -145,8 +148,14 @@ def without_lost_nodes(state: State, nodes: Iterable[NodeId]) -> State:
     return state
 
 
-def what_if(state: State, nodes: Sequence[NodeId], place: PlaceFn | None = None) -> WhatIfResponse:
-    """Per deployment, in placement order, what losing ``nodes`` now would do (module doc)."""
+def what_if(
+    state: State,
+    nodes: Sequence[NodeId],
+    place: PlaceFn | None = None,
+    thresholds: WhatIfThresholds | None = None,
+) -> WhatIfResponse:
+    """Per deployment, in placement order, what losing ``nodes`` now would do (module doc);
+    given the service's ``thresholds``, each placement's time to serve (``placement_estimate``)."""
     place = place if place is not None else preview_placement()
     lost_state = without_lost_nodes(state, nodes)
     order = placement_order(lost_state.deployments.values())
@@ -169,17 +178,22 @@ def what_if(state: State, nodes: Sequence[NodeId], place: PlaceFn | None = None)
                 lost.get(deployment.model_card.model_id, []),
                 placed.get(deployment.deployment_id, []),
                 reasons.get(deployment.deployment_id),
+                thresholds,
             )
             for deployment in order
         ],
+        thresholds=thresholds,
     )
 
 
 def what_if_named(
-    state: State, names: Sequence[str], place: PlaceFn | None = None
+    state: State,
+    names: Sequence[str],
+    place: PlaceFn | None = None,
+    thresholds: WhatIfThresholds | None = None,
 ) -> WhatIfResponse:
     """``what_if`` for the nodes ``names`` mean (``resolve_nodes``: its refusals too)."""
-    return what_if(state, resolve_nodes(state, names), place)
+    return what_if(state, resolve_nodes(state, names), place, thresholds)
 
 
 def _replace(
@@ -258,6 +272,7 @@ def _outcome(
     lost: list[AnyInstance],
     placed: list[AnyInstance],
     reason: str | None,
+    thresholds: WhatIfThresholds | None,
 ) -> WhatIfDeployment:
     after = before - len(lost) + len(placed)
     outcome: WhatIfOutcome
@@ -288,6 +303,11 @@ def _outcome(
                     _on_disk(lost_state, node, model_id)
                     for node in instance.shard_assignments.node_to_runner
                 ),
+                estimate=(
+                    placement_estimate(lost_state, instance, thresholds)
+                    if thresholds is not None
+                    else None
+                ),
             )
             for instance in placed
         ],
@@ -310,6 +330,10 @@ def _on_disk(state: State, node: NodeId, model_id: ModelId) -> bool:
 
 # --- in seconds: how long a replacement takes to serve (docs/design.md §5.14) -----------------
 
+# exo's own node timeout and the sweep that deletes a gone node's instances, at exo's defaults:
+# the bridge cannot read the flags exo runs with (our master runs its own, from its config).
+EXO_NODE_TIMEOUT_S = 30.0
+EXO_SWEEP_INTERVAL_S = 10.0
 # A load's rate when nothing better is known: a Mac reads a model's weights from its SSD into
 # unified memory at a few GB/s, and exo's warm-up adds a little; 2 GB/s errs slow.
 ASSUMED_LOAD_RATE = 2 * 1024**3  # bytes per second
@@ -330,10 +354,12 @@ def estimate(
     on_disk: bool,
     download_rate: float | None,
     load_rate: float | None = None,
+    load_bytes: int | None = None,
 ) -> WhatIfEstimate:
-    """The time to serve again on a replacement: detection + download (0 on disk; bytes over
-    the node's measured rate, None when unknown) + load (bytes over the measured load rate,
-    else ``ASSUMED_LOAD_RATE``), each to a tenth of a second."""
+    """The time to serve again on a replacement: detection + download (0 on disk; the model's
+    bytes over the node's measured rate, None when unknown) + load (``load_bytes``, by default
+    the model's, over the measured load rate, else ``ASSUMED_LOAD_RATE``), each to a tenth of a
+    second."""
     detect = detection_s(thresholds)
     if on_disk:
         download: float | None = 0.0
@@ -341,7 +367,70 @@ def estimate(
         download = round(model_bytes / download_rate, 1)
     else:
         download = None
-    rate = load_rate if load_rate is not None and load_rate > 0 else ASSUMED_LOAD_RATE
-    load = round(model_bytes / rate, 1)
+    measured = load_rate is not None and load_rate > 0
+    rate = load_rate if load_rate is not None and measured else ASSUMED_LOAD_RATE
+    load = round((model_bytes if load_bytes is None else load_bytes) / rate, 1)
     total = round(detect + download + load, 1) if download is not None else None
-    return WhatIfEstimate(detection_s=detect, download_s=download, load_s=load, total_s=total)
+    return WhatIfEstimate(
+        detection_s=detect,
+        download_s=download,
+        load_s=load,
+        total_s=total,
+        load_rate=rate,
+        load_rate_assumed=not measured,
+    )
+
+
+def service_thresholds(
+    liveness: LivenessConfig,
+    exo_timeout_s: float = EXO_NODE_TIMEOUT_S,
+    exo_sweep_s: float = EXO_SWEEP_INTERVAL_S,
+) -> WhatIfThresholds:
+    """The thresholds a service runs with, from its flags: fast failover's (0 when off) and
+    exo's timeout and sweep (exo's defaults unless the service runs them itself, as our master
+    does)."""
+    on = liveness.enabled
+    return WhatIfThresholds(
+        suspect_after_s=liveness.suspect_after_s if on else 0.0,
+        dead_after_s=liveness.dead_after_s if on else 0.0,
+        exo_timeout_s=exo_timeout_s,
+        exo_sweep_s=exo_sweep_s,
+    )
+
+
+def download_rate(state: State, nodes: Iterable[NodeId], model_id: ModelId) -> float | None:
+    """The rate a replacement's download is reckoned at: the slowest of its nodes lacking the
+    model, each at the fastest download it reports now (the State holds a rate only while a
+    download is under way); None when one of them reports none, or when none lacks it."""
+    slowest: float | None = None
+    for node in nodes:
+        if _on_disk(state, node, model_id):
+            continue
+        speeds = [
+            entry.download_progress.speed
+            for entry in state.downloads.get(node, ())
+            if isinstance(entry, DownloadOngoing) and entry.download_progress.speed > 0
+        ]
+        if not speeds:
+            return None
+        slowest = max(speeds) if slowest is None else min(slowest, max(speeds))
+    return slowest
+
+
+def placement_estimate(
+    state: State, instance: AnyInstance, thresholds: WhatIfThresholds
+) -> WhatIfEstimate:
+    """``estimate`` for a replacement placed on ``state``: the whole model downloaded to each
+    node lacking it, at ``download_rate``; its largest shard loaded (the nodes load their shards
+    side by side) at the assumed rate, as the rates the repairs measure are not in the State."""
+    model_id = instance.shard_assignments.model_id
+    nodes = instance.shard_assignments.node_to_runner
+    shards = instance.shard_assignments.runner_to_shard.values()
+    model_bytes = max((shard.model_card.storage_size.in_bytes for shard in shards), default=0)
+    return estimate(
+        thresholds,
+        model_bytes,
+        on_disk=all(_on_disk(state, node, model_id) for node in nodes),
+        download_rate=download_rate(state, nodes, model_id),
+        load_bytes=max((shard_bytes(instance, runner) for runner in nodes.values()), default=0),
+    )
