@@ -92,8 +92,8 @@ def why_words(deployment: WhatIfDeployment) -> str | None:
 def seconds_words(estimate: WhatIfEstimate, thresholds: WhatIfThresholds) -> str:
     """``serving again in ~4 s (suspect 3 s, load ~1 s)``, or with fast failover off ``~45 s
     (exo's timeout 30-40 s, load ~5 s)``; a download adds its part, or says its time is unknown
-    (the node reports no rate); a load at the assumed rate says so (``load ~1 s at an assumed
-    2 GB/s``)."""
+    (the node reports no rate) and the total a floor (``over ~4 s``); a load at the assumed
+    rate says so (``load ~1 s at an assumed 2 GB/s``)."""
     if thresholds.suspect_after_s > 0:
         parts = [f"suspect {thresholds.suspect_after_s:g} s"]
     else:
@@ -107,7 +107,10 @@ def seconds_words(estimate: WhatIfEstimate, thresholds: WhatIfThresholds) -> str
     if estimate.load_rate_assumed:
         load += f" at an assumed {estimate.load_rate / GB:g} GB/s"
     parts.append(load)
-    total = f"~{estimate.total_s:.0f} s" if estimate.total_s is not None else "unknown"
+    if estimate.total_s is not None:
+        total = f"~{estimate.total_s:.0f} s"
+    else:  # what is known of it is a floor: the download only adds to it
+        total = f"over ~{estimate.detection_s + estimate.load_s:.0f} s"
     return f"serving again in {total} ({', '.join(parts)})"
 
 

@@ -172,7 +172,7 @@ def test_a_download_at_an_unknown_rate_leaves_the_total_unknown() -> None:
     unknown = estimate(FAST, 2 * GB, on_disk=False, download_rate=0.0, load_rate=0.0)
     assert (unknown.download_s, unknown.load_s, unknown.total_s) == (None, 1.0, None)
     assert seconds_words(unknown, FAST) == (
-        "serving again in unknown (suspect 3 s, download time unknown, load ~1 s at an "
+        "serving again in over ~4 s (suspect 3 s, download time unknown, load ~1 s at an "
         "assumed 2 GB/s)"
     )
     assert detection_s(FAST) == 3.0 and detection_s(OFF) == 40.0
