@@ -16,6 +16,9 @@ real loss unfolds, from the State alone:
    ``placement_order``, until none can have more. Placement prefers the nodes holding the model
    (§4.1 rule 7), so staged copies (§5.12) are where the replacements go, as they would be.
 
+Given the thresholds the service runs with, each placement also says when it would serve again
+(``placement_estimate``: detection, download and load, in seconds).
+
 What it leaves out is what the State does not hold: the keeper's memory (a backoff, a placement
 on its way) delays a placement but does not change where it goes; a drain under way moves its
 instances after the recovery (a fault comes first, §5.15); and, as the keeper, it does not
