@@ -16,7 +16,7 @@ from itertools import count
 
 from keeper.core.placement import place_instance
 from keeper.core.view import nodes_serving, without_nodes
-from keeper.core.whatif import what_if
+from keeper.core.whatif import service_thresholds, what_if
 from keeper.model.apply import apply
 from keeper.model.events import (
     DeploymentCreated,
@@ -24,6 +24,7 @@ from keeper.model.events import (
     NodeGatheredInfo,
     TopologyEdgeCreated,
 )
+from keeper.model.liveness import LivenessConfig
 from keeper.model.state import (
     Backend,
     Connection,
@@ -80,6 +81,10 @@ def _cluster(deployments: int) -> State:
     return state
 
 
+# As the route asks it: with the estimates, at the default fast failover flags.
+THRESHOLDS = service_thresholds(LivenessConfig())
+
+
 def run() -> None:
     print(f"what_if on {NODES} fully linked 64 GB nodes (wall time)")
     print(f"{'deployments':>11} {'instances':>9} | {'lose n00':>12} {'lose n00-n02':>14}")
@@ -88,7 +93,7 @@ def run() -> None:
         times: list[float] = []
         for lost in (["n00"], ["n00", "n01", "n02"]):
             started = time.perf_counter()
-            what_if(state, lost)
+            what_if(state, lost, thresholds=THRESHOLDS)
             times.append(time.perf_counter() - started)
         print(
             f"{deployments:>11} {len(state.instances):>9} | {times[0] * 1000:>9.0f} ms "

@@ -5,8 +5,9 @@ The master's (or the bridge's) answer to ``GET /whatif`` (``WhatIfResponse``), a
 received it, per deployment in the keeper's placement order, in the words
 ``keeper.model.whatif_words`` makes for ``exo-deploy whatif`` too: unaffected, moves (from which
 nodes to which, and whether the model is on disk there), loses a replica (how many are left of
-how many), cannot be placed, or still cannot be placed (it has no instance now), with the
-keeper's reason for what it could not place. Every line is
+how many), cannot be placed, or still cannot be placed (it has no instance now), with when each
+replacement would serve again (by the thresholds the service runs with) and the keeper's reason
+for what it could not place. Every line is
 wrapped to the dialog's width, so the answer reads whole at 80 columns; a long one scrolls.
 The screen only shows what it was handed (it asks nothing itself) and changes nothing;
 Escape closes it.
@@ -14,6 +15,7 @@ Escape closes it.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import ClassVar
 
@@ -26,12 +28,13 @@ from textual.widgets import Footer, Static
 
 from exo_deploy_tui.cells import DRAINING_SYMBOL
 from exo_deploy_tui.format import short_model, truncate
-from keeper.model.api_models import WhatIfDeployment, WhatIfResponse
+from keeper.model.api_models import WhatIfDeployment, WhatIfResponse, WhatIfThresholds
 from keeper.model.whatif_words import (
     Verdict,
     node_names,
     outcome_words,
     places_words,
+    seconds_words,
     verdict,
     why_words,
 )
@@ -70,15 +73,31 @@ def _hanging(first: int, words: str, width: int, indent: str) -> list[str]:
     return [lines[0][first:], *lines[1:]] if lines else [""]
 
 
-def _details(deployment: WhatIfDeployment, width: int) -> list[tuple[str, str]]:
+# A number and its unit (``4 s``, ``2 GB/s``): joined by a no-break space, a wrapped line never
+# leaves a number without its unit.
+NUMBER_AND_UNIT = re.compile(r"(\d) (s|GB/s)\b")
+
+
+def _units_kept(words: str) -> str:
+    return NUMBER_AND_UNIT.sub("\\1\u00a0\\2", words)
+
+
+def _details(
+    deployment: WhatIfDeployment, thresholds: WhatIfThresholds | None
+) -> list[tuple[str, str]]:
     """The lines under a deployment's: where it was and where its other replacements go (what
-    its line did not say), and the keeper's reason; each ``(label, words)``."""
+    its line did not say), when each replacement serves again (from a service that says), and
+    the keeper's reason; each ``(label, words)``."""
     details: list[tuple[str, str]] = []
     if deployment.outcome in ("loses_replica", "cannot_place"):
         if deployment.lost:
             details.append(("was on:", ", ".join(node_names(i.nodes) for i in deployment.lost)))
         if deployment.placed:
             details.append(("goes to:", places_words(deployment.placed)))
+    for placement in deployment.placed:
+        if placement.estimate is not None and thresholds is not None:
+            label = f"{node_names(placement.nodes)}:"
+            details.append((label, _units_kept(seconds_words(placement.estimate, thresholds))))
     why = why_words(deployment)
     if why is not None:
         details.append(("why:", why))
@@ -130,7 +149,7 @@ def whatif_text(answer: WhatIfResponse, width: int = WHATIF_WIDTH) -> Text:
         first.append(f"  {words[0]}", style="dim" if said == "unaffected" else style)
         lines.append(first)
         lines += [Text(line, style=style) for line in words[1:]]
-        for label, detail in _details(deployment, width):
+        for label, detail in _details(deployment, answer.thresholds):
             head = f"{INDENT}{label} "
             wrapped = _hanging(len(head), detail, width, INDENT * 2)
             line = Text(head, style="dim")

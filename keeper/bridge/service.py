@@ -87,11 +87,13 @@ from keeper.bridge.staging_calls import StagingCalls
 from keeper.bridge.ticking import BridgeTicks
 from keeper.bridge.vanished import VanishedInstances
 from keeper.bridge.views import BridgeView, Role
+from keeper.core.whatif import service_thresholds
 from keeper.model.api_models import (
     CommandResponse,
     DeploymentHistoryResponse,
     DeploymentsResponse,
     NodesResponse,
+    WhatIfThresholds,
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
@@ -365,6 +367,13 @@ class Bridge:
 
     def what_if_state(self) -> State:
         return self._view.what_if_state()
+
+    def what_if_thresholds(self) -> WhatIfThresholds:
+        """What ``GET /whatif``'s seconds count from: fast failover's flags while it is on for
+        the State last read (an exo without lastSeen turns it off), and exo's own timeout and
+        sweep at exo's defaults, as the bridge cannot read the flags exo runs with."""
+        on = self._liveness.off_why is None
+        return service_thresholds(self.config.liveness if on else OFF)
 
     def nodes_view(self) -> NodesResponse:
         return self._commands.nodes_view()

@@ -3,10 +3,11 @@
 One request (``GET /whatif``, ``keeper.client.whatif``) to a master or a bridge, and its answer
 as an operator reads it before rebooting a machine: per deployment, its model, what happens to
 it (in the words ``keeper.model.whatif_words`` makes for the TUI too) and how many of its
-replicas are left (LEFT), then where its lost instances would go, or why they cannot, each line
-within 80 columns. ``--json`` prints the answer as the service sent it. The
-exit codes are every deployments command's (``keeper.cli.deployments``): an unknown node is
-the service's refusal, exit 1.
+replicas are left (LEFT), then where its lost instances would go, each on its own line with
+when it would serve again (``serving again in ~4 s (suspect 3 s, load ~1 s at an assumed
+2 GB/s)``), or why they cannot, each line within 80 columns. ``--json`` prints the answer as
+the service sent it. The exit codes are every deployments command's
+(``keeper.cli.deployments``): an unknown node is the service's refusal, exit 1.
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ from collections.abc import Callable
 from keeper.cli.deployments import EXIT_CODES_HELP, EXIT_OK, call_master, client_options
 from keeper.client.whatif import what_if
 from keeper.core.whatif import node_list
-from keeper.model.api_models import WhatIfDeployment, WhatIfResponse
-from keeper.model.whatif_words import VERDICT_LABELS, node_names, places_words, verdict
+from keeper.model.api_models import WhatIfDeployment, WhatIfResponse, WhatIfThresholds
+from keeper.model.whatif_words import (
+    VERDICT_LABELS,
+    node_names,
+    placement_words,
+    places_words,
+    verdict,
+)
 
 # The terminal an operator may read this on over SSH: every line fits it.
 WIDTH = 80
@@ -43,12 +50,14 @@ def _wrapped(label: str, text: str) -> list[str]:
     )
 
 
-def _details(deployment: WhatIfDeployment) -> list[str]:
+def _details(deployment: WhatIfDeployment, thresholds: WhatIfThresholds | None) -> list[str]:
     lines: list[str] = []
     if deployment.lost:
         lines += _wrapped("was on:", ", ".join(node_names(i.nodes) for i in deployment.lost))
-    if deployment.placed:
+    if thresholds is None and deployment.placed:  # an older service: where, all on one line
         lines += _wrapped("goes to:", places_words(deployment.placed))
+    for placement in deployment.placed if thresholds is not None else ():
+        lines += _wrapped("goes to:", placement_words(placement, thresholds))
     if deployment.reason is not None:
         lines += _wrapped("why:", deployment.reason)
     return lines
@@ -72,7 +81,7 @@ def format_whatif(answer: WhatIfResponse) -> str:
     for model, deployment in zip(models, answer.deployments, strict=True):
         left = f"{deployment.after} of {deployment.replicas}"
         lines.append(row(model, VERDICT_LABELS[verdict(deployment)], left))
-        lines += _details(deployment)
+        lines += _details(deployment, answer.thresholds)
     return "\n".join(lines)
 
 

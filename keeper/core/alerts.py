@@ -205,6 +205,7 @@ def _resolved(
         end=iso_utc_of(end),
         downtime_s=round(incident.downtime_s, 3),
         phases=phases,
+        problem=incident.problem,
     )
 
 

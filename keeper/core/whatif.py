@@ -16,6 +16,9 @@ real loss unfolds, from the State alone:
    ``placement_order``, until none can have more. Placement prefers the nodes holding the model
    (§4.1 rule 7), so staged copies (§5.12) are where the replacements go, as they would be.
 
+Given the thresholds the service runs with, each placement also says when it would serve again
+(``placement_estimate``: detection, download and load, in seconds).
+
 What it leaves out is what the State does not hold: the keeper's memory (a backoff, a placement
 on its way) delays a placement but does not change where it goes; a drain under way moves its
 instances after the recovery (a fault comes first, §5.15); and, as the keeper, it does not
@@ -41,14 +44,18 @@ from keeper.core.view import (
 )
 from keeper.model.api_models import (
     WhatIfDeployment,
+    WhatIfEstimate,
     WhatIfInstance,
     WhatIfNode,
     WhatIfOutcome,
     WhatIfPlacement,
     WhatIfResponse,
+    WhatIfThresholds,
 )
 from keeper.model.apply import apply
 from keeper.model.events import DeploymentPlaced, InstanceCreated, InstanceDeleted, NodeTimedOut
+from keeper.model.instance_health import shard_bytes
+from keeper.model.liveness import LivenessConfig
 from keeper.model.refusals import NotFoundError, UnprocessableError
 from keeper.model.state import (
     MAX_REPLICAS,
@@ -56,6 +63,7 @@ from keeper.model.state import (
     Deployment,
     DeploymentId,
     DownloadCompleted,
+    DownloadOngoing,
     ModelId,
     NodeId,
     State,
@@ -143,8 +151,14 @@ def without_lost_nodes(state: State, nodes: Iterable[NodeId]) -> State:
     return state
 
 
-def what_if(state: State, nodes: Sequence[NodeId], place: PlaceFn | None = None) -> WhatIfResponse:
-    """Per deployment, in placement order, what losing ``nodes`` now would do (module doc)."""
+def what_if(
+    state: State,
+    nodes: Sequence[NodeId],
+    place: PlaceFn | None = None,
+    thresholds: WhatIfThresholds | None = None,
+) -> WhatIfResponse:
+    """Per deployment, in placement order, what losing ``nodes`` now would do (module doc);
+    given the service's ``thresholds``, each placement's time to serve (``placement_estimate``)."""
     place = place if place is not None else preview_placement()
     lost_state = without_lost_nodes(state, nodes)
     order = placement_order(lost_state.deployments.values())
@@ -167,17 +181,22 @@ def what_if(state: State, nodes: Sequence[NodeId], place: PlaceFn | None = None)
                 lost.get(deployment.model_card.model_id, []),
                 placed.get(deployment.deployment_id, []),
                 reasons.get(deployment.deployment_id),
+                thresholds,
             )
             for deployment in order
         ],
+        thresholds=thresholds,
     )
 
 
 def what_if_named(
-    state: State, names: Sequence[str], place: PlaceFn | None = None
+    state: State,
+    names: Sequence[str],
+    place: PlaceFn | None = None,
+    thresholds: WhatIfThresholds | None = None,
 ) -> WhatIfResponse:
     """``what_if`` for the nodes ``names`` mean (``resolve_nodes``: its refusals too)."""
-    return what_if(state, resolve_nodes(state, names), place)
+    return what_if(state, resolve_nodes(state, names), place, thresholds)
 
 
 def _replace(
@@ -256,6 +275,7 @@ def _outcome(
     lost: list[AnyInstance],
     placed: list[AnyInstance],
     reason: str | None,
+    thresholds: WhatIfThresholds | None,
 ) -> WhatIfDeployment:
     after = before - len(lost) + len(placed)
     outcome: WhatIfOutcome
@@ -286,6 +306,11 @@ def _outcome(
                     _on_disk(lost_state, node, model_id)
                     for node in instance.shard_assignments.node_to_runner
                 ),
+                estimate=(
+                    placement_estimate(lost_state, instance, thresholds)
+                    if thresholds is not None
+                    else None
+                ),
             )
             for instance in placed
         ],
@@ -304,3 +329,111 @@ def _nodes(state: State, instance: AnyInstance) -> list[WhatIfNode]:
 
 def _on_disk(state: State, node: NodeId, model_id: ModelId) -> bool:
     return isinstance(download_entry(state, node, model_id), DownloadCompleted)
+
+
+# --- in seconds: how long a replacement takes to serve (docs/design.md §5.14) -----------------
+
+# exo's own node timeout and the sweep that deletes a gone node's instances, at exo's defaults:
+# the bridge cannot read the flags exo runs with (our master runs its own, from its config).
+EXO_NODE_TIMEOUT_S = 30.0
+EXO_SWEEP_INTERVAL_S = 10.0
+# A load's rate when nothing better is known: a Mac reads a model's weights from its SSD into
+# unified memory at a few GB/s, and exo's warm-up adds a little; 2 GB/s errs slow.
+ASSUMED_LOAD_RATE = 2 * 1024**3  # bytes per second
+
+
+def detection_s(thresholds: WhatIfThresholds) -> float:
+    """When a replacement can start after the loss: at suspicion with fast failover on (a
+    replacement is placed for a suspect node, §5.18), else at exo's timeout and its sweep (the
+    worst case: the timeout is checked once per sweep)."""
+    if thresholds.suspect_after_s > 0:
+        return thresholds.suspect_after_s
+    return thresholds.exo_timeout_s + thresholds.exo_sweep_s
+
+
+def estimate(
+    thresholds: WhatIfThresholds,
+    model_bytes: int,
+    on_disk: bool,
+    download_rate: float | None,
+    load_rate: float | None = None,
+    load_bytes: int | None = None,
+) -> WhatIfEstimate:
+    """The time to serve again on a replacement: detection + download (0 on disk; the model's
+    bytes over the node's measured rate, None when unknown) + load (``load_bytes``, by default
+    the model's, over the measured load rate, else ``ASSUMED_LOAD_RATE``), each to a tenth of a
+    second."""
+    detect = detection_s(thresholds)
+    if on_disk:
+        download: float | None = 0.0
+    elif download_rate is not None and download_rate > 0:
+        download = round(model_bytes / download_rate, 1)
+    else:
+        download = None
+    measured = load_rate is not None and load_rate > 0
+    rate = load_rate if load_rate is not None and measured else ASSUMED_LOAD_RATE
+    load = round((model_bytes if load_bytes is None else load_bytes) / rate, 1)
+    total = round(detect + download + load, 1) if download is not None else None
+    return WhatIfEstimate(
+        detection_s=detect,
+        download_s=download,
+        load_s=load,
+        total_s=total,
+        load_rate=rate,
+        load_rate_assumed=not measured,
+    )
+
+
+def service_thresholds(
+    liveness: LivenessConfig,
+    exo_timeout_s: float = EXO_NODE_TIMEOUT_S,
+    exo_sweep_s: float = EXO_SWEEP_INTERVAL_S,
+) -> WhatIfThresholds:
+    """The thresholds a service runs with, from its flags: fast failover's (0 when off) and
+    exo's timeout and sweep (exo's defaults unless the service runs them itself, as our master
+    does)."""
+    on = liveness.enabled
+    return WhatIfThresholds(
+        suspect_after_s=liveness.suspect_after_s if on else 0.0,
+        dead_after_s=liveness.dead_after_s if on else 0.0,
+        exo_timeout_s=exo_timeout_s,
+        exo_sweep_s=exo_sweep_s,
+    )
+
+
+def download_rate(state: State, nodes: Iterable[NodeId], model_id: ModelId) -> float | None:
+    """The rate a replacement's download is reckoned at: the slowest of its nodes lacking the
+    model, each at the fastest download it reports now (the State holds a rate only while a
+    download is under way); None when one of them reports none, or when none lacks it."""
+    slowest: float | None = None
+    for node in nodes:
+        if _on_disk(state, node, model_id):
+            continue
+        speeds = [
+            entry.download_progress.speed
+            for entry in state.downloads.get(node, ())
+            if isinstance(entry, DownloadOngoing) and entry.download_progress.speed > 0
+        ]
+        if not speeds:
+            return None
+        slowest = max(speeds) if slowest is None else min(slowest, max(speeds))
+    return slowest
+
+
+def placement_estimate(
+    state: State, instance: AnyInstance, thresholds: WhatIfThresholds
+) -> WhatIfEstimate:
+    """``estimate`` for a replacement placed on ``state``: the whole model downloaded to each
+    node lacking it, at ``download_rate``; its largest shard loaded (the nodes load their shards
+    side by side) at the assumed rate, as the rates the repairs measure are not in the State."""
+    model_id = instance.shard_assignments.model_id
+    nodes = instance.shard_assignments.node_to_runner
+    shards = instance.shard_assignments.runner_to_shard.values()
+    model_bytes = max((shard.model_card.storage_size.in_bytes for shard in shards), default=0)
+    return estimate(
+        thresholds,
+        model_bytes,
+        on_disk=all(_on_disk(state, node, model_id) for node in nodes),
+        download_rate=download_rate(state, nodes, model_id),
+        load_bytes=max((shard_bytes(instance, runner) for runner in nodes.values()), default=0),
+    )

@@ -57,6 +57,7 @@ from keeper.core.failover import instances_on_dead_nodes
 from keeper.core.keeper import PlaceFn, calls_for_step
 from keeper.core.placement import place_instance
 from keeper.core.view import instances_off_topology
+from keeper.core.whatif import service_thresholds
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
     AnyMasterMessage,
@@ -78,6 +79,7 @@ from keeper.model.api_models import (
     DeploymentsResponse,
     DeploymentView,
     NodesResponse,
+    WhatIfThresholds,
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
@@ -366,6 +368,12 @@ class Master:
     def what_if_state(self) -> State:
         """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): the master's."""
         return self.state
+
+    def what_if_thresholds(self) -> WhatIfThresholds:
+        """What ``GET /whatif``'s seconds count from: the master's fast failover flags, and the
+        node timeout and sweep it runs itself (exo's rule, its own values)."""
+        config = self.config
+        return service_thresholds(config.liveness, config.node_timeout_s, config.sweep_interval_s)
 
     def deployments_json(self) -> bytes:
         """``deployments_view()`` as JSON, cached (see ``DEPLOYMENTS_VIEW_MAX_AGE_S``)."""

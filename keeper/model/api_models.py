@@ -356,6 +356,9 @@ class IncidentView(WireModel):
     # Where the down time went, once it ended (seconds; they add up to downtimeS): detected,
     # placed, downloaded, loaded (docs/design.md 3.5); None while ongoing or with no recovery.
     phases: RecoveryPhases | None = None
+    # A broken instance's problem when one caused it ("stalled", "hollow", "failing": §5.19;
+    # the cause then names the instance and its nodes); None for any other cause.
+    problem: str | None = None
 
 
 class DeploymentHistoryResponse(WireModel):
@@ -541,6 +544,32 @@ class WhatIfInstance(WhatIfAnswer):
     nodes: list[WhatIfNode]  # sorted by name
 
 
+class WhatIfThresholds(WhatIfAnswer):
+    """How soon the service acts on a lost node (docs/design.md §5.14, "In seconds"): fast
+    failover's thresholds (0: off), and exo's own node timeout and the sweep after it."""
+
+    suspect_after_s: float
+    dead_after_s: float
+    exo_timeout_s: float
+    exo_sweep_s: float
+
+
+class WhatIfEstimate(WhatIfAnswer):
+    """The time to serve again on a replacement, in seconds, by its parts: detection (suspicion
+    with fast failover on, exo's timeout and sweep off), download (0 on disk; None: the node's
+    rate is unknown) and load (the largest shard's bytes at a measured rate, else an assumed
+    one)."""
+
+    detection_s: float
+    download_s: float | None
+    load_s: float
+    total_s: float | None  # None while the download's time is unknown
+    load_rate: float  # bytes per second the load is reckoned at
+    # No load was measured where the answer is computed (the rates the repairs measure are not
+    # in the State): ``load_rate`` is the assumed one, and the words say so.
+    load_rate_assumed: bool
+
+
 class WhatIfPlacement(WhatIfAnswer):
     """An instance the keeper would place in its stead (hypothetical: it has no id)."""
 
@@ -548,6 +577,9 @@ class WhatIfPlacement(WhatIfAnswer):
     # Every one of its nodes holds the whole model already (a staged copy, or an old one), so
     # the replacement loads without downloading first.
     model_on_disk: bool
+    # How long until it serves (docs/design.md §5.14, "In seconds"); None from a service older
+    # than the estimate.
+    estimate: WhatIfEstimate | None = None
 
 
 class WhatIfDeployment(WhatIfAnswer):
@@ -570,6 +602,9 @@ class WhatIfResponse(WhatIfAnswer):
 
     nodes: list[WhatIfNode]
     deployments: list[WhatIfDeployment]
+    # The thresholds the service runs with, that the placements' estimates count from; None
+    # from a service older than the estimate.
+    thresholds: WhatIfThresholds | None = None
 
 
 # --- alert webhooks (``GET /healthz`` of the master and the bridge) ---------------------------

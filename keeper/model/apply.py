@@ -56,6 +56,7 @@ from keeper.model.state import (
     InstanceMove,
     NodeDrain,
     NodeWatch,
+    RepairNote,
     RunnerShutdown,
     ServingRecord,
     State,
@@ -77,6 +78,18 @@ def _with(mapping: Mapping[K, V], key: K, value: V) -> dict[K, V]:
 
 def _changed(state: State, **update: Any) -> State:
     return state.model_copy(update=update)
+
+
+def _in_order(
+    records: tuple[ServingRecord, ...], record: ServingRecord
+) -> tuple[ServingRecord, ...]:
+    """``records`` with ``record`` after every record not later than it: almost always at the
+    end; a stop learnt late (a single replica's failover, confirmed after its replacement was
+    ready: docs/design.md 3.5) is dated back before the record that ended it."""
+    index = len(records)
+    while index > 0 and records[index - 1].at > record.at:
+        index -= 1
+    return (*records[:index], record, *records[index:])
 
 
 def _kept(records: tuple[ServingRecord, ...]) -> tuple[ServingRecord, ...]:
@@ -108,12 +121,13 @@ def apply(state: State, event: AnyEvent) -> State:
                 state,
                 deployments=_without(state.deployments, deployment_id),
                 serving_history=_without(state.serving_history, deployment_id),
+                repair_notes=_without(state.repair_notes, deployment_id),
                 drains=_without_moves(state.drains, lambda m: m.deployment_id == deployment_id),
             )
         case DeploymentServingChanged(deployment_id=deployment_id, record=record):
             if deployment_id not in state.deployments:
                 return state
-            records = (*state.serving_history.get(deployment_id, ()), record)
+            records = _in_order(state.serving_history.get(deployment_id, ()), record)
             return _changed(
                 state,
                 serving_history=_with(state.serving_history, deployment_id, _kept(records)),
@@ -185,14 +199,17 @@ def apply(state: State, event: AnyEvent) -> State:
                 return state  # one failover replacement per deployment at a time
             # (The instances are not checked: the bridge's own State holds none, exo's does.)
             return _with_deployment(state, deployment_id, failover=move, failover_since=at)
-        case DeploymentRepairPlaced(deployment_id=deployment_id, move=move):
+        case DeploymentRepairPlaced(deployment_id=deployment_id, move=move, problem=p, why=why):
             # One repair at a time (docs/design.md §5.19). Not judged on the State's instances:
             # the bridge's log holds none (exo's State does), and either instance's deletion
-            # ends the move, as a rolling change's.
+            # ends the move, as a rolling change's. The note outlives the move: the serving
+            # records name the broken instance as an incident's cause (§3.5).
             deployment = state.deployments.get(deployment_id)
             if deployment is None or deployment.repairing is not None:
                 return state
-            return _with_deployment(state, deployment_id, repairing=move)
+            note = RepairNote(instance_id=move.old_instance_id, problem=p, why=why)
+            repairing = _with_deployment(state, deployment_id, repairing=move)
+            return _changed(repairing, repair_notes=_with(state.repair_notes, deployment_id, note))
         case DeploymentRepairChanged(deployment_id=deployment_id, repair=repair):
             if deployment_id not in state.deployments:
                 return state

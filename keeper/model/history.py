@@ -40,6 +40,7 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentPlacementFailed,
+    DeploymentRepairPlaced,
     DeploymentScaled,
     DeploymentServingChanged,
     InstanceCreated,
@@ -64,6 +65,7 @@ from keeper.model.state import (
     ModelId,
     NodeId,
     RecoveryPhases,
+    RepairNote,
     RunnerFailed,
     ServingRecord,
     State,
@@ -91,6 +93,7 @@ def may_change_serving(event: AnyEvent, before: State) -> bool:
         case (
             DeploymentCreated()
             | DeploymentPlacementFailed()
+            | DeploymentRepairPlaced()
             | DeploymentScaled()
             | InstanceCreated()
             | InstanceDeleted()
@@ -116,41 +119,52 @@ def serving_changes(
     for deployment_id, deployment in after.deployments.items():
         # No history yet: () and None read alike where it is read (``not records``).
         records = after.serving_history.get(deployment_id, ())  # pragma: no mutate
-        record = _next_record(before, after, deployment, records, at)
-        if record is not None:
-            changes.append(DeploymentServingChanged(deployment_id=deployment_id, record=record))
+        changes.extend(
+            DeploymentServingChanged(deployment_id=deployment_id, record=record)
+            for record in _next_records(before, after, deployment, records, at)
+        )
     return changes
 
 
-def _next_record(
+def _next_records(
     before: State | None,
     after: State,
     deployment: Deployment,
     records: tuple[ServingRecord, ...],
     at: float,
-) -> ServingRecord | None:
+) -> list[ServingRecord]:
+    """The records ``after`` adds to ``records`` (oldest first): a change of serving; while
+    down, the diagnosis of the broken instance that stopped it and a step of the recovery;
+    while serving, a failover's replacement covering for a suspect node, or the stop that
+    covering hid, once the node is confirmed dead (``_covered_stop``)."""
     deployment_id = deployment.deployment_id
     serving = is_serving(after, deployment_id)
     if not records:
         created = before is not None and deployment_id not in before.deployments
-        return ServingRecord(
-            at=at,
-            serving=serving,
-            cause=None if serving else _unplaceable(deployment),
-            begins="created" if created else "observed",
-        )
+        return [
+            ServingRecord(
+                at=at,
+                serving=serving,
+                cause=None if serving else _unplaceable(deployment),
+                begins="created" if created else "observed",
+            )
+        ]
     last = records[-1]
     if last.serving and not serving:
         if before is None:
-            return ServingRecord(at=at, serving=False, cause=UNKNOWN_CAUSE)
-        return _stopped(before, after, deployment_id, last, at)
+            return [ServingRecord(at=at, serving=False, cause=UNKNOWN_CAUSE)]
+        return [_stopped(before, after, deployment_id, last, at)]
     if serving and not last.serving:
-        return ServingRecord(at=at, serving=True, phases=recovery_phases(records, at))
+        return [ServingRecord(at=at, serving=True, phases=recovery_phases(records, at))]
     if serving:
-        return None
+        return _covering(before, after, deployment_id, records, at)
     if last.cause is None and deployment.placement_error is not None:
-        return ServingRecord(at=at, serving=False, cause=_unplaceable(deployment))
-    return _recovery_step(before, after, deployment, records, at)
+        return [ServingRecord(at=at, serving=False, cause=_unplaceable(deployment))]
+    diagnosis = _diagnosis(before, after, deployment, records, at)
+    step = _recovery_step(before, after, deployment, records, at)
+    if diagnosis is not None and step is not None:
+        step = step.model_copy(update={"cause": diagnosis.cause})
+    return [record for record in (diagnosis, step) if record is not None]
 
 
 def is_serving(state: State, deployment_id: DeploymentId) -> bool:
@@ -279,6 +293,114 @@ def _deleted_by(after: State, deployment_id: DeploymentId) -> str:
     return "instance deleted by a user"
 
 
+# --- a single replica's failover: the stop its make-before-break replacement hid -------------
+
+
+def _covering(
+    before: State | None,
+    after: State,
+    deployment_id: DeploymentId,
+    records: tuple[ServingRecord, ...],
+    at: float,
+) -> list[ServingRecord]:
+    """While the deployment serves: the "covered" record when a replacement is ready and every
+    instance that served in ``before`` was on a suspect node (``_covered``); and once such a
+    node is confirmed dead or gone, the stop that covering hid, dated back to the node's last
+    heartbeat (``_covered_stop``). A node heard again leaves the "covered" record alone: it
+    changes nothing about serving, and no incident is written (docs/design.md 3.5)."""
+    if before is None:
+        return []
+    last = records[-1]
+    if last.step == "covered":
+        stop = _covered_stop(before, after, deployment_id, records)
+        return [stop] if stop is not None else []
+    covered = _covered(before, after, deployment_id, last, at)
+    return [covered] if covered is not None else []
+
+
+def _suspect_nodes(state: State, instance: AnyInstance) -> list[NodeId]:
+    return [
+        node
+        for node in instance.shard_assignments.node_to_runner
+        if (verdict := state.node_watch.get(node)) is not None and verdict.phase == "suspect"
+    ]
+
+
+def _covered(
+    before: State, after: State, deployment_id: DeploymentId, last: ServingRecord, at: float
+) -> ServingRecord | None:
+    """The record of a replacement ready at ``at`` while every instance that served in
+    ``before`` had a suspect node: the phases of the incident it would end, should a node be
+    confirmed dead — from the last heartbeat (of the last instance to go quiet, never before
+    ``last``) to the suspicion, to the failover's placement, to now — so the stop written on
+    confirmation needs nothing the State will no longer hold."""
+    served = _serving_instances(before, deployment_id)
+    quiet = [(instance, _suspect_nodes(before, instance)) for instance in served]
+    if not served or any(not nodes for _, nodes in quiet):
+        return None  # something served with no suspect node: no stop to hide
+    served_ids = {instance.instance_id for instance in served}
+    trusted = [
+        instance
+        for instance in _serving_instances(after, deployment_id)
+        if not _suspect_nodes(after, instance) and instance.instance_id not in served_ids
+    ]
+    if not trusted:
+        return None
+    heard: list[float] = []
+    suspected: list[float] = []
+    for _, nodes in quiet:
+        first = min(nodes, key=lambda node: before.node_watch[node].last_heard)
+        heard.append(before.node_watch[first].last_heard)
+        suspected.append(before.node_watch[first].since)
+    start = min(at, max(last.at, *heard))
+    noticed = min(at, max(start, *suspected))
+    placed_at = after.deployments[deployment_id].failover_since  # it serves: it exists
+    placed = min(at, max(noticed, placed_at if placed_at is not None else noticed))
+    return ServingRecord(
+        at=at,
+        serving=True,
+        step="covered",
+        instance_id=trusted[0].instance_id,
+        phases=RecoveryPhases(
+            detected=round(noticed - start, 3),
+            placed=round(placed - noticed, 3),
+            downloaded=0.0,  # a failover goes to a node that holds the model first (§5.18)
+            loaded=round(at - placed, 3),
+        ),
+    )
+
+
+def _covered_stop(
+    before: State, after: State, deployment_id: DeploymentId, records: tuple[ServingRecord, ...]
+) -> ServingRecord | None:
+    """The stop a "covered" record hid, once ``after`` shows a node of an instance that served
+    in ``before`` newly confirmed dead or gone: dated back by the covered record's phases (they
+    add up to the down time), written once (the record before the covered one then is it)."""
+    covered = records[-1]
+    phases = covered.phases
+    if phases is None or (len(records) > 1 and not records[-2].serving):
+        return None
+    lost = [
+        node
+        for instance in _serving_instances(before, deployment_id)
+        for node in instance.shard_assignments.node_to_runner
+        if (_is_dead(after, node) and not _is_dead(before, node))
+        or (node in before.topology.nodes and node not in after.topology.nodes)
+    ]
+    if not lost:
+        return None
+    down_s = phases.detected + phases.placed + phases.downloaded + phases.loaded
+    before_covered = records[-2].at if len(records) > 1 else -math.inf
+    start = max(before_covered, round(covered.at - down_s, 3))
+    return ServingRecord(
+        at=start,
+        serving=False,
+        cause=_why_stopped(before, after, deployment_id),
+        noticed=round(start + phases.detected, 3) if phases.detected > 0 else None,
+        instance_id=covered.instance_id,
+    )
+
+
 # --- the steps of a recovery, and its phases ------------------------------------------------
 
 
@@ -332,6 +454,45 @@ def _recovery_step(
     return None
 
 
+def _diagnosis(
+    before: State | None,
+    after: State,
+    deployment: Deployment,
+    records: tuple[ServingRecord, ...],
+    at: float,
+) -> ServingRecord | None:
+    """The record naming the broken instance that stopped the deployment, when ``after`` shows a
+    repair newly placed for it (``State.repair_notes``, docs/design.md §5.19) during an
+    incident: ``instance 1a2b3c4d hollow on mini-b: <why>``, with the problem kind. Not for a
+    replacement of this incident that broke in turn (the stretch names it): the incident's cause
+    is what stopped it, not what kept it down."""
+    note = after.repair_notes.get(deployment.deployment_id)
+    stretch = down_stretch(records)
+    if before is None or note is None or stretch is None:
+        return None
+    if before.repair_notes.get(deployment.deployment_id) == note:
+        return None
+    if any(record.instance_id == note.instance_id for record in stretch):
+        return None
+    return ServingRecord(
+        at=at,
+        serving=False,
+        cause=broken_instance_cause(before, after, note),
+        step="diagnosed",
+        problem=note.problem,
+    )
+
+
+def broken_instance_cause(before: State, after: State, note: RepairNote) -> str:
+    """``instance <id8> <problem> on <nodes>: <why>``: the nodes from whichever State still holds
+    the instance (a hollow one is often deleted as its repair is placed), left out if neither."""
+    instance = before.instances.get(note.instance_id) or after.instances.get(note.instance_id)
+    nodes = instance.shard_assignments.node_to_runner if instance is not None else {}
+    where = f" on {', '.join(_node_name(before, node) for node in nodes)}" if nodes else ""
+    # An id's first 8 characters, as every table shows instances.
+    return f"instance {note.instance_id[:8]} {note.problem}{where}: {note.why}"
+
+
 def _downloaded(state: State, instance_id: InstanceId, model_id: ModelId) -> bool:
     """Every node of the instance holds the model completely (it exists in ``state``)."""
     instance = state.instances.get(instance_id)
@@ -362,7 +523,10 @@ def recovery_phases(records: Sequence[ServingRecord], at: float) -> RecoveryPhas
     if stretch is None:
         return None
     stop = stretch[0]
-    noticed = stop.noticed if stop.noticed is not None else stop.at
+    # Detected when the service saw it (a node's stop, dated back), else when a broken instance
+    # was recognised (its diagnosis), else at once.
+    diagnosed = next((r.at for r in stretch if r.step == "diagnosed"), stop.at)
+    noticed = stop.noticed if stop.noticed is not None else diagnosed
     placed = next((r.at for r in stretch if r.step == "placed"), noticed)
     downloaded = next((r.at for r in stretch if r.step == "downloaded"), placed)
     moments: list[float] = [stop.at]
@@ -388,6 +552,7 @@ class Incident:
     downtime_s: float
     cause: str
     phases: RecoveryPhases | None = None  # where the down time went, once it ended (a recovery)
+    problem: str | None = None  # a broken instance's problem, when one caused it (§5.19)
 
 
 @dataclass(frozen=True)
@@ -407,6 +572,7 @@ class _Down:
     cause: str | None
     after_serving: bool
     in_window_s: float = 0.0  # how much of it lies inside the window
+    problem: str | None = None
 
     def is_incident(self) -> bool:
         # The first start-up is no incident, unless placement said why it could not start.
@@ -451,6 +617,7 @@ def summarize(
                     downtime_s=stop - stretch.start,
                     cause=stretch.cause or UNKNOWN_CAUSE,
                     phases=phases,
+                    problem=stretch.problem,
                 )
             )
 
@@ -466,6 +633,9 @@ def summarize(
             continue
         if down is None:
             down = _Down(record.at, record.cause, after_serving=index > 0)
+        elif record.step == "diagnosed" and down.problem is None:
+            # The broken instance recognised names the cause better than the runner seen going.
+            down.cause, down.problem = record.cause, record.problem
         elif down.cause is None:
             down.cause = record.cause
         down.in_window_s += span

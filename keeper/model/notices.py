@@ -60,6 +60,8 @@ class IncidentResolved(NoticeBody):
     # Where the down time went (seconds: detected, placed, downloaded, loaded; they add up to
     # downtime_s); None for an incident with no recovery to tell (docs/design.md 3.5).
     phases: RecoveryPhases | None = None
+    # A broken instance's problem when one caused it (the cause names it: docs/design.md §5.19).
+    problem: str | None = None
 
 
 class CantPlace(NoticeBody):

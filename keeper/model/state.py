@@ -310,6 +310,14 @@ def preempted_by(model_id: ModelId) -> str:
     return f"{PREEMPTED_BY}{model_id}"
 
 
+class RepairNote(WireModel):
+    """A broken instance a repair was placed for (docs/design.md §5.19), as the keeper said it."""
+
+    instance_id: InstanceId
+    problem: str
+    why: str
+
+
 class Deployment(WireModel):
     deployment_id: DeploymentId
     model_card: ModelCard
@@ -489,8 +497,12 @@ MAX_SERVING_RECORDS = 2000
 
 
 # A step of a recovery under way, recorded while the deployment is down (docs/design.md 3.5):
-# its replacement placed (the replacement's InstanceCreated), that replacement's download done.
-RecoveryStep = Literal["placed", "downloaded"]
+# its replacement placed (the replacement's InstanceCreated), that replacement's download done,
+# the broken instance that stopped it recognised ("diagnosed", with its problem); and, while it
+# still serves, a make-before-break replacement ready while every serving instance was on a
+# suspect node ("covered", with the phases of the incident it ends should that node be
+# confirmed dead).
+RecoveryStep = Literal["placed", "downloaded", "diagnosed", "covered"]
 
 
 class RecoveryPhases(WireModel):
@@ -528,6 +540,8 @@ class ServingRecord(WireModel):
     # The replacement a "placed" step (or a stop that found one under way already) names.
     instance_id: InstanceId | None = None
     phases: RecoveryPhases | None = None  # on the record that ends an incident (serving again)
+    # On a "diagnosed" step: the broken instance's problem ("stalled", "hollow", "failing", ...).
+    problem: str | None = None
 
     @model_serializer(mode="wrap")
     def _without_absent_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -596,6 +610,11 @@ class State(WireModel):
     deployments: dict[DeploymentId, Deployment] = Field(default_factory=dict)
     # Per deployment, its serving records, oldest first (ServingRecord).
     serving_history: dict[DeploymentId, tuple[ServingRecord, ...]] = Field(default_factory=dict)
+    # Per deployment, the last broken instance a repair was placed for, with its problem and
+    # why, kept after the repair ends (a hollow instance is often deleted at once): the serving
+    # records name it as the cause of the incident it made (docs/design.md 3.5). Deleted with
+    # the deployment.
+    repair_notes: dict[DeploymentId, RepairNote] = Field(default_factory=dict)
     # Nodes that get no new placement, by friendly name, sorted; and the drains under way.
     cordoned: tuple[str, ...] = ()
     drains: dict[str, NodeDrain] = Field(default_factory=dict)

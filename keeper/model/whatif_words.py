@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from keeper.model.api_models import WhatIfDeployment, WhatIfNode, WhatIfPlacement
+from keeper.model.api_models import (
+    WhatIfDeployment,
+    WhatIfEstimate,
+    WhatIfNode,
+    WhatIfPlacement,
+    WhatIfThresholds,
+)
+
+# Rates are worded in GB/s of 1024**3 bytes, as the State's sizes are counted.
+GB = 1024**3
 
 Verdict = Literal["unaffected", "moves", "loses_replica", "cannot_place", "still_cannot_place"]
 
@@ -78,3 +87,38 @@ def why_words(deployment: WhatIfDeployment) -> str | None:
     if verdict(deployment) == "still_cannot_place":
         return None
     return deployment.reason
+
+
+def seconds_words(estimate: WhatIfEstimate, thresholds: WhatIfThresholds) -> str:
+    """``serving again in ~4 s (suspect 3 s, load ~1 s)``, or with fast failover off ``~45 s
+    (exo's timeout 30-40 s, load ~5 s)``; a download adds its part, or says its time is unknown
+    (the node reports no rate) and the total a floor (``over ~4 s``); a load at the assumed
+    rate says so (``load ~1 s at an assumed 2 GB/s``)."""
+    if thresholds.suspect_after_s > 0:
+        parts = [f"suspect {thresholds.suspect_after_s:g} s"]
+    else:
+        low = thresholds.exo_timeout_s
+        parts = [f"exo's timeout {low:g}-{low + thresholds.exo_sweep_s:g} s"]
+    if estimate.download_s is None:
+        parts.append("download time unknown")
+    elif estimate.download_s > 0:
+        parts.append(f"download ~{estimate.download_s:.0f} s")
+    load = f"load ~{max(estimate.load_s, 1):.0f} s"
+    if estimate.load_rate_assumed:
+        load += f" at an assumed {estimate.load_rate / GB:g} GB/s"
+    parts.append(load)
+    if estimate.total_s is not None:
+        total = f"~{estimate.total_s:.0f} s"
+    else:  # what is known of it is a floor: the download only adds to it
+        total = f"over ~{estimate.detection_s + estimate.load_s:.0f} s"
+    return f"serving again in {total} ({', '.join(parts)})"
+
+
+def placement_words(placement: WhatIfPlacement, thresholds: WhatIfThresholds | None) -> str:
+    """A replacement and when it serves: ``mini-b (on disk): serving again in ~4 s (suspect
+    3 s, load ~1 s at an assumed 2 GB/s)``; where it goes alone from a service that sends no
+    estimate."""
+    where = places_words([placement])
+    if placement.estimate is None or thresholds is None:
+        return where
+    return f"{where}: {seconds_words(placement.estimate, thresholds)}"

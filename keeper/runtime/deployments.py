@@ -200,6 +200,7 @@ def history_response(
                 downtime_s=round(incident.downtime_s, 3),
                 cause=incident.cause,
                 phases=incident.phases,
+                problem=incident.problem,
             )
             for incident in history.incidents
         ],

@@ -20,6 +20,7 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentPlacementFailed,
+    DeploymentRepairPlaced,
     InstanceCreated,
     InstanceDeleted,
     NodeCordoned,
@@ -48,9 +49,11 @@ from keeper.model.notices import (
 )
 from keeper.model.state import (
     Deployment,
+    InstanceMove,
     NodeIdentity,
     RecoveryPhases,
     RunnerReady,
+    RunnerShutdown,
     ServingRecord,
     State,
 )
@@ -513,3 +516,25 @@ def test_a_broken_instance_is_said_once_per_instance_and_problem() -> None:
         "instance_unhealthy:i1:hollow"
     ]
     assert notices(other, quiet, 3.0, AlertMemory())[0] == []  # healed: nothing to say
+
+
+def test_a_repaired_broken_instance_resolves_its_incident_naming_it_and_its_problem() -> None:
+    cluster = serving()
+    cluster.look(T0 + 10)
+    gone = RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=RunnerShutdown())
+    cluster.at(T0 + 20, gone)
+    (opened,) = cluster.look(T0 + 20)
+    assert isinstance(opened, IncidentOpened)
+    assert opened.cause == "runner on studio went away"  # before it is recognised
+    move = InstanceMove(deployment_id="d1", old_instance_id="i1", new_instance_id="i2")
+    why = "runner on studio lost its status for 5s while studio is alive"
+    placed = DeploymentRepairPlaced(deployment_id="d1", move=move, problem="hollow", why=why)
+    cluster.at(T0 + 25, placed, InstanceDeleted(instance_id="i1"))
+    cluster.at(T0 + 25, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    cluster.at(T0 + 27, *ready("i2", 1))
+    (resolved,) = cluster.look(T0 + 27)
+    assert isinstance(resolved, IncidentResolved)
+    assert resolved.cause == f"instance i1 hollow on studio, mini-a: {why}"
+    assert resolved.problem == "hollow"
+    assert resolved.phases == RecoveryPhases(detected=5.0, placed=0.0, downloaded=0.0, loaded=2.0)
+    assert f"({resolved.cause}): detected 5.0 s, loaded 2.0 s" in resolved.text

@@ -13,7 +13,9 @@ from keeper.model.events import (
     DeploymentCreated,
     DeploymentDeleted,
     DeploymentPlacementFailed,
+    DeploymentRepairPlaced,
     DeploymentServingChanged,
+    FailoverReplacementPlaced,
     InstanceCreated,
     InstanceDeleted,
     NodeConfirmedDead,
@@ -28,6 +30,7 @@ from keeper.model.history import (
     UNKNOWN_CAUSE,
     Incident,
     TimedEvent,
+    broken_instance_cause,
     deployment_history,
     down_stretch,
     may_change_serving,
@@ -42,9 +45,11 @@ from keeper.model.state import (
     Deployment,
     DownloadCompleted,
     DownloadPending,
+    InstanceMove,
     Memory,
     NodeIdentity,
     RecoveryPhases,
+    RepairNote,
     RunnerFailed,
     RunnerLoading,
     RunnerReady,
@@ -88,6 +93,15 @@ def serving_from(start: float, ready_at: float) -> Log:
     log.at(start, DeploymentCreated(deployment=DEPLOYMENT))
     log.at(start + 1, InstanceCreated(instance=build_instance(MODEL, ["n-studio", "n-mini"], "i1")))
     return log.at(ready_at, *ready("i1", 2))
+
+
+def repair_placed(old: str, new: str, problem: str = "hollow") -> DeploymentRepairPlaced:
+    return DeploymentRepairPlaced(
+        deployment_id="d1",
+        move=InstanceMove(deployment_id="d1", old_instance_id=old, new_instance_id=new),
+        problem=problem,
+        why="runner on studio went RunnerShutdown for 5s while studio is alive",
+    )
 
 
 def test_a_deployment_serving_all_along_is_fully_available_with_no_incident() -> None:
@@ -308,6 +322,7 @@ def test_nothing_is_recorded_while_serving_does_not_change() -> None:
         (named("n-new", "new"), True),  # a node joining
         (NodeTimedOut(node_id="n-studio"), True),
         (DeploymentDeleted(deployment_id="d1"), False),  # the records go with it
+        (repair_placed("i1", "i2"), True),  # may name a broken instance as the cause
         (
             DeploymentServingChanged(
                 deployment_id="d1", record=ServingRecord(at=1.0, serving=True)
@@ -828,3 +843,194 @@ def test_no_down_stretch_while_the_newest_record_serves() -> None:
     down = ServingRecord(at=5.0, serving=False)
     assert down_stretch((served, served)) is None
     assert down_stretch((served, down, served)) is None
+
+
+# --- a broken instance names itself as the cause (§5.19) ---------------------------------------
+
+
+HOLLOW_CAUSE = (
+    "instance i1 hollow on studio, mini-a: "
+    "runner on studio went RunnerShutdown for 5s while studio is alive"
+)
+
+
+def test_a_repaired_hollow_instance_is_the_incidents_cause_and_its_recognition_the_detection() -> (
+    None
+):
+    log = serving_from(0.0, 10.0)
+    log.at(20.0, RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=RunnerShutdown()))
+    assert records_of(log)[-1].cause == "runner on studio went away"
+    log.at(25.0, repair_placed("i1", "i2"), InstanceDeleted(instance_id="i1"))
+    log.at(25.5, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    diagnosis, placed = records_of(log)[-2:]
+    assert diagnosis == ServingRecord(
+        at=25.0, serving=False, cause=HOLLOW_CAUSE, step="diagnosed", problem="hollow"
+    )
+    assert (placed.step, placed.instance_id, placed.cause) == ("placed", "i2", HOLLOW_CAUSE)
+    log.at(27.0, *ready("i2", 1))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=50.0).incidents
+    assert (incident.cause, incident.problem) == (HOLLOW_CAUSE, "hollow")
+    assert (incident.start, incident.end) == (20.0, 27.0)
+    assert incident.phases == RecoveryPhases(detected=5.0, placed=0.5, downloaded=0.0, loaded=1.5)
+
+
+def test_a_diagnosis_and_its_replacement_in_one_change_are_two_records_in_order() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(20.0, RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=RunnerShutdown()))
+    down = replay(log.events)
+    after = apply(
+        apply(apply(down, repair_placed("i1", "i2")), InstanceDeleted(instance_id="i1")),
+        InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")),
+    )
+    changes = serving_changes(down, after, 25.0)
+    assert [(c.record.step, c.record.cause) for c in changes] == [
+        ("diagnosed", HOLLOW_CAUSE),
+        ("placed", HOLLOW_CAUSE),
+    ]
+    # The same note seen again is no second diagnosis.
+    assert serving_changes(after, after.model_copy(update={"instances": {}}), 26.0) == []
+
+
+def test_a_diagnosis_needs_an_incident_a_new_note_and_no_replacement_of_this_incident() -> None:
+    serving = replay(serving_from(0.0, 10.0).events)
+    # Serving: a repair (failing chats, make-before-break) writes nothing.
+    assert serving_changes(serving, apply(serving, repair_placed("i1", "i2")), 20.0) == []
+    # A node's incident whose replacement broke in turn keeps the node as its cause.
+    log = serving_from(0.0, 10.0).at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    log.at(31.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i2")))
+    log.at(95.0, repair_placed("i2", "i3", problem="stalled"))
+    assert [r.step for r in records_of(log)[2:]] == [None, "placed"]
+    log.at(96.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i3")))
+    log.at(99.0, *ready("i3", 1))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=99.0).incidents
+    assert incident.cause == "node studio confirmed dead (session closed)"
+    assert incident.problem is None
+    # No State before: nothing to compare, no diagnosis.
+    down = replay(serving_from(0.0, 10.0).at(20.0, InstanceDeleted(instance_id="i1")).events)
+    assert serving_changes(None, apply(down, repair_placed("i1", "i2")), 25.0) == []
+
+
+def test_a_broken_instance_gone_from_both_states_is_named_without_its_nodes() -> None:
+    state = State()
+    note = RepairNote(instance_id="0123456789abcdef", problem="stalled", why="silent")
+    assert broken_instance_cause(state, state, note) == "instance 01234567 stalled: silent"
+
+
+def test_only_the_first_diagnosis_of_an_incident_names_it() -> None:
+    records = [
+        ServingRecord(at=0.0, serving=True),
+        ServingRecord(at=10.0, serving=False, cause="runner on a went away"),
+        ServingRecord(at=12.0, serving=False, cause="first", step="diagnosed", problem="hollow"),
+        ServingRecord(at=13.0, serving=False, cause="second", step="diagnosed", problem="stalled"),
+        ServingRecord(at=15.0, serving=True),
+    ]
+    (incident,) = summarize("d1", records, window_start=0.0, window_end=20.0).incidents
+    assert (incident.cause, incident.problem) == ("first", "hollow")
+    assert recovery_phases(records[:-1], 15.0) == RecoveryPhases(
+        detected=2.0, placed=0.0, downloaded=0.0, loaded=3.0
+    )
+
+
+def test_the_repair_note_outlives_its_move_and_goes_with_its_deployment() -> None:
+    state = replay(serving_from(0.0, 10.0).events)
+    placed = apply(apply(state, repair_placed("i1", "i2")), InstanceDeleted(instance_id="i1"))
+    assert placed.deployments["d1"].repairing is None  # the broken one's deletion ended the move
+    assert placed.repair_notes["d1"] == RepairNote(
+        instance_id="i1", problem="hollow", why=repair_placed("i1", "i2").why
+    )
+    assert apply(placed, DeploymentDeleted(deployment_id="d1")).repair_notes == {}
+    # A repair refused (one under way already) leaves the note as it was.
+    again = apply(apply(state, repair_placed("i1", "i2")), repair_placed("i9", "i8", "stalled"))
+    assert again.repair_notes["d1"].instance_id == "i1"
+
+
+# --- a single replica's failover writes the incident its replacement hid (§5.18) --------------
+
+
+def failing_over(log: Log) -> Log:
+    """studio suspected at 25 (last heard at 22), the failover's replacement i2 on spare placed
+    at 25.5 and ready at 27, while i1 (on studio) still reads ready."""
+    log.at(0.0, named("n-spare", "spare"))
+    log.at(25.0, NodeSuspected(node_id="n-studio", last_heard=22.0, at=25.0))
+    move = InstanceMove(deployment_id="d1", old_instance_id="i1", new_instance_id="i2")
+    log.at(25.5, FailoverReplacementPlaced(deployment_id="d1", move=move, at=25.5))
+    log.at(25.5, InstanceCreated(instance=build_instance(MODEL, ["n-spare"], "i2")))
+    return log.at(27.0, *ready("i2", 1))
+
+
+COVERED_PHASES = RecoveryPhases(detected=3.0, placed=0.5, downloaded=0.0, loaded=1.5)
+
+
+def test_a_replacement_ready_for_a_suspect_single_replica_is_a_covered_record() -> None:
+    log = failing_over(serving_from(0.0, 10.0))
+    covered = records_of(log)[-1]
+    assert covered == ServingRecord(
+        at=27.0, serving=True, step="covered", instance_id="i2", phases=COVERED_PHASES
+    )
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=40.0)
+    assert (history.incidents, history.availability) == ((), 1.0)  # not confirmed: no incident
+
+
+def test_the_node_confirmed_dead_writes_the_hidden_stop_dated_back_to_its_last_heartbeat() -> None:
+    log = failing_over(serving_from(0.0, 10.0))
+    log.at(30.0, dead("n-studio", last_heard=22.0, at=30.0))
+    stop, covered = records_of(log)[-2:]
+    assert stop == ServingRecord(
+        at=22.0,
+        serving=False,
+        cause="node studio confirmed dead (session closed)",
+        noticed=25.0,
+        instance_id="i2",
+    )
+    assert covered.step == "covered"
+    # Written once: the timeout and the sweep after add nothing.
+    log.at(31.0, InstanceDeleted(instance_id="i1"))
+    log.at(60.0, NodeTimedOut(node_id="n-studio"))
+    assert records_of(log)[-2:] == (stop, covered)
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=70.0)
+    (incident,) = history.incidents
+    assert (incident.start, incident.end, incident.downtime_s) == (22.0, 27.0, 5.0)
+    assert incident.phases == COVERED_PHASES
+    assert history.mttr_s == 5.0
+    assert history.availability == pytest.approx(55.0 / 60.0)
+
+
+def test_a_node_heard_again_after_its_replacement_was_ready_writes_no_incident() -> None:
+    log = failing_over(serving_from(0.0, 10.0))
+    log.at(28.0, NodeHeardAgain(node_id="n-studio", at=28.0))
+    log.at(29.0, InstanceDeleted(instance_id="i2"))  # the surplus goes
+    history = deployment_history("d1", log.events, window_start=0.0, window_end=40.0)
+    assert history.incidents == ()
+
+
+def test_a_timeout_with_no_verdict_after_covering_also_writes_the_stop() -> None:
+    log = failing_over(serving_from(0.0, 10.0)).at(55.0, NodeTimedOut(node_id="n-studio"))
+    (incident,) = deployment_history("d1", log.events, window_start=0.0, window_end=70.0).incidents
+    assert (incident.start, incident.end, incident.cause) == (22.0, 27.0, "node studio timed out")
+
+
+def test_no_covering_while_another_replica_serves_apart_or_with_nothing_new_ready() -> None:
+    log = serving_from(0.0, 10.0).at(0.0, named("n-spare", "spare"))
+    log.at(5.0, InstanceCreated(instance=build_instance(MODEL, ["n-spare"], "i0")))
+    log.at(6.0, *ready("i0", 1))
+    failing_over(log)  # i0 on spare served all along: the deployment was never untrusted
+    assert all(r.step is None for r in records_of(log))
+    # The same instance ready again on a node no longer suspect is no replacement either.
+    log = serving_from(0.0, 10.0).at(
+        25.0, NodeSuspected(node_id="n-studio", last_heard=22.0, at=25.0)
+    )
+    log.at(26.0, NodeHeardAgain(node_id="n-studio", at=26.0))
+    assert all(r.step is None for r in records_of(log))
+
+
+def test_a_heartbeat_older_than_the_newest_record_dates_the_covered_stop_at_that_record() -> None:
+    log = serving_from(0.0, 10.0)
+    log.at(0.0, named("n-spare", "spare"))
+    log.at(12.0, NodeSuspected(node_id="n-studio", last_heard=8.0, at=12.0))
+    move = InstanceMove(deployment_id="d1", old_instance_id="i1", new_instance_id="i2")
+    log.at(12.0, FailoverReplacementPlaced(deployment_id="d1", move=move, at=12.0))
+    log.at(12.0, InstanceCreated(instance=build_instance(MODEL, ["n-spare"], "i2")))
+    log.at(14.0, *ready("i2", 1), dead("n-studio", last_heard=8.0, at=14.0))
+    stop, covered = records_of(log)[-2:]
+    assert (stop.at, covered.at) == (10.0, 14.0)  # the record before: serving since 10
+    assert covered.phases == RecoveryPhases(detected=2.0, placed=0.0, downloaded=0.0, loaded=2.0)

@@ -25,15 +25,17 @@ from keeper_harness import (
 from keeper.core.placement import NO_MEMORY, place_instance
 from keeper.core.view import instances_off_topology
 from keeper.core.whatif import (
+    download_rate,
     node_list,
     placement_order,
     preview_placement,
     resolve_nodes,
+    service_thresholds,
     what_if,
     what_if_named,
     without_lost_nodes,
 )
-from keeper.model.api_models import WhatIfDeployment, WhatIfResponse
+from keeper.model.api_models import WhatIfDeployment, WhatIfResponse, WhatIfThresholds
 from keeper.model.apply import apply
 from keeper.model.events import (
     InstanceCreated,
@@ -43,12 +45,16 @@ from keeper.model.events import (
     NodeTimedOut,
     NodeUncordoned,
 )
+from keeper.model.liveness import OFF, LivenessConfig
 from keeper.model.refusals import NotFoundError, UnprocessableError
 from keeper.model.state import (
     AnyInstance,
     Deployment,
     DownloadCompleted,
+    DownloadOngoing,
+    DownloadProgressData,
     InstanceMeta,
+    Memory,
     ModelCard,
     NodeIdentity,
     Sharding,
@@ -336,3 +342,90 @@ def test_the_sweeps_rule_names_each_instance_off_the_topology_with_its_missing_n
         cluster.apply(InstanceCreated(instance=instance))
     cluster.apply(NodeTimedOut(node_id="n2"), NodeTimedOut(node_id="n1"))
     assert instances_off_topology(cluster.state) == {"i-a": ["n1", "n2"], "i-c": ["n2"]}
+
+
+# --- in seconds (docs/design.md §5.14) -------------------------------------------------------
+
+GB = 1024**3
+FAST = WhatIfThresholds(suspect_after_s=3.0, dead_after_s=8.0, exo_timeout_s=30.0, exo_sweep_s=10.0)
+
+
+def downloading(
+    cluster: Cluster, node_id: str, instance: AnyInstance, speed: float, model: str = "m"
+) -> None:
+    """``node_id`` reports a download of ``model`` (the instance's by default) under way at
+    ``speed``."""
+    shard = next(iter(instance.shard_assignments.runner_to_shard.values()))
+    shard = shard.model_copy(update={"model_card": card(model, size_gb=8)})
+    progress = DownloadProgressData(speed=speed)
+    entry = DownloadOngoing(node_id=node_id, shard_metadata=shard, download_progress=progress)
+    cluster.apply(NodeDownloadProgress(download_progress=entry))
+
+
+def test_with_the_thresholds_each_placement_says_when_it_serves() -> None:
+    cluster = cluster_of(("node-a", "alpha", 32), ("node-b", "beta", 24), ("node-c", "gamma", 16))
+    cluster.deploy(card("m", size_gb=8))
+    settle(cluster)
+    (instance,) = cluster.instances_of_model("m")
+    assert only(what_if(cluster.state, ["node-a"])).placed[0].estimate is None  # none asked
+    response = what_if(cluster.state, ["node-a"], thresholds=FAST)
+    assert response.thresholds == FAST
+    (placement,) = only(response).placed
+    assert [node.name for node in placement.nodes] == ["beta"]
+    assert placement.estimate is not None
+    # beta reports no download: its rate, and so the total, are unknown; the load assumed.
+    assert (placement.estimate.download_s, placement.estimate.total_s) == (None, None)
+    assert (placement.estimate.load_s, placement.estimate.load_rate_assumed) == (4.0, True)
+
+    downloading(cluster, "node-b", instance, 0.25 * GB)
+    downloading(cluster, "node-c", instance, 0.5 * GB)
+    (placement,) = only(what_if(cluster.state, ["node-a"], thresholds=FAST)).placed
+    assert placement.estimate is not None
+    assert (placement.estimate.download_s, placement.estimate.total_s) == (32.0, 39.0)
+
+
+def test_a_staged_copy_serves_after_detection_and_its_load() -> None:
+    cluster = cluster_of(("node-a", "alpha", 32), ("node-b", "beta", 24), ("node-c", "gamma", 16))
+    cluster.deploy(card("m", size_gb=8))
+    settle(cluster)
+    (instance,) = cluster.instances_of_model("m")
+    shard = next(iter(instance.shard_assignments.runner_to_shard.values()))
+    staged = DownloadCompleted(node_id="node-c", shard_metadata=shard, total=Memory.from_gb(8))
+    cluster.apply(NodeDownloadProgress(download_progress=staged))
+    off = service_thresholds(OFF)
+    (placement,) = only(what_if(cluster.state, ["node-a"], thresholds=off)).placed
+    assert placement.model_on_disk and placement.estimate is not None
+    # Fast failover off: exo's timeout and its sweep, then 8 GB at the assumed 2 GB/s.
+    assert (placement.estimate.detection_s, placement.estimate.total_s) == (40.0, 44.0)
+
+
+def test_the_service_thresholds_are_its_flags_and_zero_while_fast_failover_is_off() -> None:
+    assert service_thresholds(LivenessConfig(3.0, 8.0)) == FAST
+    assert service_thresholds(LivenessConfig(5.0, 12.0), 6.0, 2.0) == WhatIfThresholds(
+        suspect_after_s=5.0, dead_after_s=12.0, exo_timeout_s=6.0, exo_sweep_s=2.0
+    )
+    assert service_thresholds(LivenessConfig(0.0, 8.0)) == WhatIfThresholds(
+        suspect_after_s=0.0, dead_after_s=0.0, exo_timeout_s=30.0, exo_sweep_s=10.0
+    )
+
+
+def test_a_download_is_reckoned_at_the_slowest_node_s_fastest_download() -> None:
+    cluster = cluster_of(("node-a", "alpha", 32), ("node-b", "beta", 24), ("node-c", "gamma", 16))
+    cluster.deploy(card("m", size_gb=8))
+    settle(cluster)
+    (instance,) = cluster.instances_of_model("m")
+    assert download_rate(cluster.state, ["node-b"], "m") is None  # no download: no rate
+    downloading(cluster, "node-b", instance, 0.0)  # a rate of 0 is no rate
+    assert download_rate(cluster.state, ["node-b"], "m") is None
+    downloading(cluster, "node-b", instance, 3.0)
+    downloading(cluster, "node-b", instance, 1.0, model="other")  # the fastest counts
+    downloading(cluster, "node-c", instance, 2.0)
+    assert download_rate(cluster.state, ["node-b"], "m") == 3.0
+    assert download_rate(cluster.state, ["node-b", "node-c"], "m") == 2.0
+    assert download_rate(cluster.state, ["node-c", "node-b"], "m") == 2.0
+    shard = next(iter(instance.shard_assignments.runner_to_shard.values()))
+    staged = DownloadCompleted(node_id="node-c", shard_metadata=shard, total=Memory.from_gb(8))
+    cluster.apply(NodeDownloadProgress(download_progress=staged))
+    # node-c holds m now: only node-b downloads; nothing to fetch at all is no rate.
+    assert download_rate(cluster.state, ["node-c", "node-b"], "m") == 3.0
+    assert download_rate(cluster.state, ["node-c"], "m") is None

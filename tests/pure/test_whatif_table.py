@@ -6,13 +6,17 @@ tests/processes/test_cli_whatif.py's)."""
 from __future__ import annotations
 
 from keeper.cli.whatif import WIDTH, format_whatif
+from keeper.core.whatif import estimate
 from keeper.model.api_models import (
     WhatIfDeployment,
     WhatIfInstance,
     WhatIfNode,
     WhatIfPlacement,
     WhatIfResponse,
+    WhatIfThresholds,
 )
+
+GB = 1024**3
 
 
 def node(name: str) -> WhatIfNode:
@@ -107,3 +111,39 @@ def test_the_table_says_every_outcome_within_80_columns() -> None:
     ]
     empty = WhatIfResponse(nodes=[node("mini")], deployments=[])
     assert format_whatif(empty) == "If mini went now:\nno deployments: nothing to move"
+
+
+def test_each_replacement_says_when_it_serves_again_on_a_line_of_its_own() -> None:
+    fast = WhatIfThresholds(
+        suspect_after_s=3.0, dead_after_s=8.0, exo_timeout_s=30.0, exo_sweep_s=10.0
+    )
+    staged = estimate(fast, 2 * GB, on_disk=True, download_rate=None)
+    fetched = estimate(fast, 2 * GB, on_disk=False, download_rate=None)
+    answer = WhatIfResponse(
+        nodes=[node("mini-a")],
+        deployments=[
+            WhatIfDeployment(
+                deployment_id="d",
+                model_id="m/two",
+                outcome="moves",
+                replicas=2,
+                before=2,
+                after=2,
+                lost=[WhatIfInstance(instance_id="i", nodes=[node("mini-a")])],
+                placed=[
+                    WhatIfPlacement(nodes=[node("mini-b")], model_on_disk=True, estimate=staged),
+                    WhatIfPlacement(nodes=[node("mini-c")], model_on_disk=False, estimate=fetched),
+                ],
+            )
+        ],
+        thresholds=fast,
+    )
+    lines = format_whatif(answer).splitlines()
+    assert all(len(line) <= WIDTH for line in lines), lines
+    assert lines[3:] == [
+        "  was on: mini-a",
+        "  goes to: mini-b (on disk): serving again in ~4 s (suspect 3 s, load ~1 s at an",
+        "    assumed 2 GB/s)",
+        "  goes to: mini-c (downloads first): serving again in over ~4 s (suspect 3 s,",
+        "    download time unknown, load ~1 s at an assumed 2 GB/s)",
+    ]

@@ -18,10 +18,12 @@ from exo_deploy_tui.testing import ClusterBuilder, node_id_for
 from exo_deploy_tui.widgets.panels import DeploymentsTable
 from keeper.model.api_models import (
     WhatIfDeployment,
+    WhatIfEstimate,
     WhatIfInstance,
     WhatIfNode,
     WhatIfPlacement,
     WhatIfResponse,
+    WhatIfThresholds,
 )
 
 LLAMA70 = "mlx-community/Llama-3.3-70B-Instruct-4bit"
@@ -31,6 +33,17 @@ WHY_SHORT = (
 )
 
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
+# The service's fast failover thresholds, and Qwen's replacement on its staged copy: suspected
+# after 3 s, loaded in about one.
+FAST = WhatIfThresholds(suspect_after_s=3.0, dead_after_s=8.0, exo_timeout_s=30.0, exo_sweep_s=10.0)
+STAGED = WhatIfEstimate(
+    detection_s=3.0,
+    download_s=0.0,
+    load_s=1.0,
+    total_s=4.0,
+    load_rate=2 * 1024**3,
+    load_rate_assumed=True,
+)
 
 
 def _node(name: str) -> WhatIfNode:
@@ -56,7 +69,9 @@ def whatif_mini_a() -> WhatIfResponse:
                 before=1,
                 after=1,
                 lost=_lost(QWEN, "mini-a"),
-                placed=[WhatIfPlacement(nodes=[_node("mini-b")], model_on_disk=True)],
+                placed=[
+                    WhatIfPlacement(nodes=[_node("mini-b")], model_on_disk=True, estimate=STAGED)
+                ],
             ),
             WhatIfDeployment(
                 deployment_id="dep-llama-3.2-1b-instruct-4bit",
@@ -102,6 +117,7 @@ def whatif_mini_a() -> WhatIfResponse:
                 reason="No cycles found with sufficient memory",
             ),
         ],
+        thresholds=FAST,
     )
 
 
@@ -123,7 +139,11 @@ async def test_w_shows_the_masters_what_if_for_the_selected_node(readonly: bool)
             "If mini-a went now: 1 moving, 1 short, 1 not placed, 1 still not placed,",
             "1 unaffected",
         ]
-        assert "⇢ Qwen3-0.6B-4bit  moves from mini-a to mini-b (on disk)" in lines
+        at = lines.index("⇢ Qwen3-0.6B-4bit  moves from mini-a to mini-b (on disk)")
+        assert lines[at + 1 : at + 3] == [  # when it serves again, by the service's thresholds
+            "    mini-b: serving again in ~4 s (suspect 3 s, load ~1 s at an assumed",
+            "        2 GB/s)",  # a number kept with its unit
+        ]
         at = lines.index("! Llama-3.2-1B-Instruct-4bit  loses a replica: 1 of 2 left")
         assert lines[at + 1] == "    was on: mini-a"
         reason = " ".join(line.strip() for line in lines[at + 2 : at + 5])

@@ -13,6 +13,7 @@ import pytest
 from model_ids import QWEN
 from test_master import FakeNode, connect, instances_of, serving, wait_until
 
+from keeper.core.alerts import incidents_of
 from keeper.master.service import Master, MasterConfig
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
@@ -175,6 +176,18 @@ async def test_a_replacement_before_break_then_the_old_goes_once_dead() -> None:
         (view,) = master.deployments_view().deployments
         assert view.failover is None
         assert most == 2  # replicas + 1 at most
+        # One incident, from the frozen node's last heartbeat to its replacement's readiness,
+        # though the replacement was ready before the node was confirmed dead (design §3.5).
+        (incident,) = incidents_of(master.state.serving_history[view.deployment.deployment_id])
+        offset = master.clock.wall().timestamp() - anyio.current_time()  # the records' clock
+        assert frozen_at - 1.5 <= incident.start - offset <= frozen_at + 0.01  # to the ms
+        assert incident.end is not None and incident.phases is not None
+        assert incident.cause.startswith(f"node {victim.name} confirmed dead")
+        # Its replacement was ready first: the stop was written on confirmation, dated back.
+        assert master.state.serving_history[view.deployment.deployment_id][-1].step == "covered"
+        phases = incident.phases
+        total = phases.detected + phases.placed + phases.downloaded + phases.loaded
+        assert total == pytest.approx(incident.downtime_s, abs=0.005)
         group.cancel_scope.cancel()
 
 
@@ -192,4 +205,7 @@ async def test_a_node_heard_again_before_dead_has_the_surplus_go() -> None:
         assert instances_of(master, QWEN) == [first]  # the replacement went
         assert replacement not in master.state.instances
         assert seen.of(NodeConfirmedDead) == []
+        (view,) = master.deployments_view().deployments
+        records = master.state.serving_history[view.deployment.deployment_id]
+        assert incidents_of(records) == []  # heard again: no incident, only the covering
         group.cancel_scope.cancel()

@@ -2,9 +2,11 @@
 
 The master with simulated nodes: the answer is the pure what-if's on its State, a replacement
 goes where the keeper staged the model, and when that node really crashes the keeper puts the
-replacement exactly there. Bad input is a 404 naming the node or a 422, in exo's error envelope,
-never a 500. The bridge in front of exo's stand-in answers the same route the same way, on
-exo's State, and a 503 while it cannot read that State.
+replacement exactly there; the seconds it would take count from the master's own flags (fast
+failover's thresholds, its node timeout and sweep). Bad input is a 404 naming the node or a
+422, in exo's error envelope, never a 500. The bridge in front of exo's stand-in answers the
+same route the same way, on exo's State (its seconds from its flags and exo's default timeout),
+and a 503 while it cannot read that State.
 """
 
 from __future__ import annotations
@@ -20,21 +22,33 @@ from exo_errors import assert_exo_error
 from model_ids import QWEN
 from waiting import wait_until
 
+from keeper.bridge.service import BridgeConfig
 from keeper.cluster.in_process import InProcessCluster
 from keeper.core.whatif import what_if_named
 from keeper.master.api import create_app
 from keeper.master.service import Master, MasterConfig
-from keeper.model.api_models import WhatIfResponse
+from keeper.model.api_models import WhatIfResponse, WhatIfThresholds
+from keeper.model.liveness import LivenessConfig
 from keeper.node.sim_node import NodeConfig
 
 NODES = [NodeConfig("a", 32.0), NodeConfig("b", 32.0), NodeConfig("c", 32.0)]
+NO_GRACE = MasterConfig(startup_grace_s=0.0)
+# Flags of its own, so the answer's thresholds are seen to be the master's.
+FAST_FAILOVER = MasterConfig(
+    startup_grace_s=0.0,
+    liveness=LivenessConfig(3.0, 8.0),
+    node_timeout_s=20.0,
+    sweep_interval_s=5.0,
+)
 # A crashed node stays away this long: long past its timeout, the sweep and the re-placement.
 DOWN_S = 600.0
 
 
 @asynccontextmanager
-async def master_with_nodes() -> AsyncIterator[tuple[Master, InProcessCluster, httpx.AsyncClient]]:
-    master = Master(None, config=MasterConfig(startup_grace_s=0.0))
+async def master_with_nodes(
+    config: MasterConfig = NO_GRACE,
+) -> AsyncIterator[tuple[Master, InProcessCluster, httpx.AsyncClient]]:
+    master = Master(None, config=config)
     cluster = InProcessCluster(master, NODES)
     transport = httpx.ASGITransport(app=create_app(master))
     async with (
@@ -64,7 +78,7 @@ def serving_nodes(master: Master) -> set[str]:
 
 @pytest.mark.anyio
 async def test_the_master_says_where_a_lost_node_s_instance_goes_and_it_goes_there() -> None:
-    async with master_with_nodes() as (master, cluster, api):
+    async with master_with_nodes(FAST_FAILOVER) as (master, cluster, api):
         created = await master.create_deployment(QWEN, standby=1)
 
         def staged() -> bool:
@@ -78,13 +92,22 @@ async def test_the_master_says_where_a_lost_node_s_instance_goes_and_it_goes_the
         response = await api.get("/whatif", params={"nodes": serving})
         assert response.status_code == 200, response.text
         answer = WhatIfResponse.model_validate_json(response.content)
-        assert answer == what_if_named(master.state, [serving])  # the pure rule, on its State
+        # The pure rule, on its State, with the master's own flags.
+        assert answer.thresholds == WhatIfThresholds(
+            suspect_after_s=3.0, dead_after_s=8.0, exo_timeout_s=20.0, exo_sweep_s=5.0
+        )
+        assert answer == what_if_named(master.state, [serving], thresholds=answer.thresholds)
         assert [node.name for node in answer.nodes] == [serving]
         (deployment,) = answer.deployments
         assert deployment.deployment_id == created.deployment_id
         assert (deployment.outcome, deployment.before, deployment.after) == ("moves", 1, 1)
         (placement,) = deployment.placed
         assert placement.model_on_disk  # the staged copy: no download before it loads
+        estimate = placement.estimate
+        assert estimate is not None  # serving once the node is suspect and the copy loaded
+        assert (estimate.detection_s, estimate.download_s) == (3.0, 0.0)
+        assert estimate.total_s == round(3.0 + estimate.load_s, 1)
+        assert estimate.load_rate_assumed
         (target,) = [node.name for node in placement.nodes]
         assert target != serving
 
@@ -109,20 +132,38 @@ async def test_the_master_refuses_bad_node_lists_in_exo_s_envelope() -> None:
         response = await api.get("/whatif", params={"nodes": f"b,{node_ids[0]},b"})
         assert response.status_code == 200
         assert response.json()["deployments"] == []
+        # Fast failover off (the master's default): exo's timeout and sweep, at its values.
+        assert response.json()["thresholds"] == {
+            "suspect_after_s": 0.0,
+            "dead_after_s": 0.0,
+            "exo_timeout_s": 30.0,
+            "exo_sweep_s": 10.0,
+        }
 
 
 @pytest.mark.anyio
 async def test_the_bridge_answers_on_exo_s_state_and_503_while_it_cannot_read_it() -> None:
-    async with exo_with_bridge(nodes=(("a", 32.0), ("b", 32.0))) as h, bridge_api(h.bridge) as api:
+    fast = BridgeConfig(liveness=LivenessConfig(3.0, 8.0))
+    nodes = (("a", 32.0), ("b", 32.0))
+    async with exo_with_bridge(nodes=nodes, bridge_config=fast) as h, bridge_api(h.bridge) as api:
         _, instance_id = await h.serve_qwen()
         (serving,) = h.master.state.instances[instance_id].shard_assignments.node_to_runner
         name = h.master.state.node_identities[serving].friendly_name
         response = await api.get("/whatif", params={"nodes": name})
         assert response.status_code == 200, response.text
-        (deployment,) = WhatIfResponse.model_validate_json(response.content).deployments
+        answer = WhatIfResponse.model_validate_json(response.content)
+        (deployment,) = answer.deployments
         assert deployment.outcome == "moves"
         assert [i.instance_id for i in deployment.lost] == [instance_id]
         assert [n.name for p in deployment.placed for n in p.nodes] == [{"a": "b", "b": "a"}[name]]
+        # The bridge's fast failover flags; exo's timeout and sweep at exo's defaults, which
+        # the bridge cannot read. The model downloads first, at a rate no node reports.
+        assert answer.thresholds == WhatIfThresholds(
+            suspect_after_s=3.0, dead_after_s=8.0, exo_timeout_s=30.0, exo_sweep_s=10.0
+        )
+        (placement,) = deployment.placed
+        assert placement.estimate is not None and placement.estimate.detection_s == 3.0
+        assert not placement.model_on_disk and placement.estimate.total_s is None
         assert_exo_error(
             await api.get("/whatif", params={"nodes": "zeta"}), 404, "No node 'zeta' in the cluster"
         )
