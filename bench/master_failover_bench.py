@@ -3,7 +3,7 @@ figures printed beside their targets, never asserted.
 
 ``tests/processes/test_e2e_failover.py`` runs the same steps (``freezes_pause_and_kill``) with
 the long freeze and the master's pause shortened to just past dead-after, and exo's timeout cut
-to a third when fast failover is off, and asserts only behaviour; how fast each one is, on this
+to half when fast failover is off, and asserts only behaviour; how fast each one is, on this
 machine at this moment, is this section's figure. ``exo-deploy cluster`` with exo's 30 s
 timeout and 10 s sweep, the failover flags at their 3 s / 8 s defaults, Qwen3-0.6B at replicas 1
 with a standby copy on every node:

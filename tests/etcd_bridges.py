@@ -41,8 +41,11 @@ from keeper.cluster.etcd_members import EtcdCluster, EtcdTls
 # election timeout (keeper.cluster.etcd_members).
 LEASE_S = 2
 # A takeover must happen within the lease (the old leader's key lapses) plus this: one
-# campaign round and one tick of the new leader, with room for a loaded machine.
-TAKEOVER_MARGIN_S = 2.0
+# campaign round and one tick of the new leader take well under 2 s on an idle machine, but the
+# suite runs its clusters side by side on two cores, where a standby's tick can wait seconds for
+# a core. So this is the bound of a broken takeover, not a speed target: how fast one is, is
+# ``make bench``'s figure (bench/takeover_bench.py).
+TAKEOVER_MARGIN_S = 8.0
 PREFIX = "/exo-deploy-test/"
 
 

@@ -9,7 +9,7 @@ new serving node for 6 s (a replacement, then the surplus gone once the node is 
 the master itself frozen past dead-after (nothing fails over on waking), and a kill -9 of the
 serving node (served again before exo's timeout could act). A thread reads the State every
 50 ms the whole time: never more than replicas + 1 instances. The same kill with fast failover
-off waits for exo's rule (at a third of its lengths here). The test asserts behaviour only;
+off waits for exo's rule (at half its lengths here). The test asserts behaviour only;
 ``bench/master_failover_bench.py`` runs the same steps at the full 20 s and 30 s, and exo's full
 30 s / 10 s, and prints how fast each was.
 """
@@ -272,12 +272,15 @@ def test_freezes_a_paused_master_and_a_kill_on_our_master(tmp_path: Path) -> Non
 
 
 def test_a_kill_with_fast_failover_off_waits_for_exos_timeout(tmp_path: Path) -> None:
-    # exo's rule at a third of its lengths (10 s of silence, a sweep every 3 s): the same rule,
-    # a third of the wait; the full 30 s / 10 s is bench/master_failover_bench.py's.
-    timeout_s, sweep_s = 10, 3
+    # exo's rule at half its lengths (15 s of silence, a sweep every 3 s): the same rule, half
+    # the wait, and still well apart from what fast failover would do (8 s); the full 30 s /
+    # 10 s is bench/master_failover_bench.py's.
+    timeout_s, sweep_s = 15, 3
     flags = ("--suspect-after-s", "0", "--node-timeout", str(timeout_s))
     with running(tmp_path, *flags, "--sweep-interval", str(sweep_s)) as cluster:
         _, holder = deploy_and_wait(cluster)
         serving_s, lost_s = kill_and_time(cluster, holder)
         print(f"\nfast failover off: kill -9 -> serving {serving_s:.1f} s (deleted {lost_s:.1f} s)")
-        assert lost_s > timeout_s  # nothing before exo's timeout, then its sweep
+        # Nothing before exo's timeout, counted from the node's last report (up to a second or
+        # two before the kill on a loaded machine), then its sweep.
+        assert lost_s > timeout_s - 2
