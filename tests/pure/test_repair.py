@@ -15,7 +15,6 @@ from keeper.core.repair import (
     AVOID_AFTER,
     AVOID_FOR_S,
     INCIDENT_WINDOW_S,
-    Incident,
     RepairMoves,
     avoiding,
     problem_words,
@@ -31,11 +30,19 @@ from keeper.model.events import (
     FailoverReplacementPlaced,
     InstanceCreated,
     InstanceDeleted,
+    InstanceFoundBroken,
     NodeSuspected,
+    RepairIncidentsExpired,
     RunnerStatusUpdated,
 )
 from keeper.model.instance_health import GONE_GRACE_S, STALL_CEILING_S
-from keeper.model.state import AnyRunnerStatus, RunnerReady, RunnerShutdown, RunnerWarmingUp
+from keeper.model.state import (
+    AnyRunnerStatus,
+    RepairIncident,
+    RunnerReady,
+    RunnerShutdown,
+    RunnerWarmingUp,
+)
 
 T = AFTER_GRACE
 
@@ -77,7 +84,12 @@ def test_a_stalled_start_is_replaced_before_it_is_deleted() -> None:
     assert dict(cluster.keeper.health(cluster.state)) == {}
     events = cluster.step(stalled_at)
     created = of_type(events, InstanceCreated)
-    assert [type(e) for e in events] == [DeploymentRepairPlaced, InstanceCreated, DeploymentPlaced]
+    assert [type(e) for e in events] == [
+        DeploymentRepairPlaced,
+        InstanceCreated,
+        DeploymentPlaced,
+        InstanceFoundBroken,  # the backoff's record, last
+    ]
     record = events[0]
     assert isinstance(record, DeploymentRepairPlaced) and record.problem == "stalled"
     assert record.why.startswith("runner on node-a silent in RunnerWarmingUp for 15m00s")
@@ -136,7 +148,7 @@ def test_a_hollow_instance_whose_node_reports_it_gone_goes_at_once() -> None:
 def test_report_mode_only_says() -> None:
     cluster, deployment_id, old, stalled_at = stalled_on_a()
     cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="report"))
-    assert cluster.step(stalled_at) == []
+    assert [type(e) for e in cluster.step(stalled_at)] == [InstanceFoundBroken]  # said only
     assert cluster.keeper.health(cluster.state)[deployment_id].instance_id == old
     cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="auto"))
     assert len(of_type(cluster.step(stalled_at + 1), DeploymentRepairPlaced)) == 1
@@ -151,8 +163,9 @@ def test_a_hand_placed_instance_is_reported_and_replaced_only_when_asked() -> No
     set_status(cluster, "by-hand", RunnerWarmingUp())
     cluster.step(T)
     stalled_at = T + STALL_CEILING_S
-    for t in (stalled_at, stalled_at + 3600):
-        assert cluster.step(t) == []
+    # Said (an incident, which expires), never replaced.
+    assert [type(e) for e in cluster.step(stalled_at)] == [InstanceFoundBroken]
+    assert [type(e) for e in cluster.step(stalled_at + 3600)] == [RepairIncidentsExpired]
     assert cluster.keeper.health(cluster.state)[deployment_id].instance_id == "by-hand"
     assert cluster.keeper.repair("nope", cluster.state) == "no instance nope"
     assert cluster.keeper.repair("by-hand", cluster.state) is None
@@ -239,10 +252,21 @@ def test_the_unfulfilled_placement_is_said() -> None:
 # --- the backoff ------------------------------------------------------------------------------
 
 
-def incidents_on(
-    node: str, *at: float, problem: str = "stalled"
-) -> dict[tuple[str, str], tuple[Incident, ...]]:
-    return {("m", node): tuple(Incident(t, problem) for t in at)}
+def incidents_on(node: str, *at: float, problem: str = "stalled") -> list[RepairIncident]:
+    return [
+        RepairIncident(model_id="m", node_id=node, instance_id=f"i{t}", problem=problem, at=t)
+        for t in at
+    ]
+
+
+def broken_on(node: str, *at: float, problem: str = "stalled") -> list[InstanceFoundBroken]:
+    """What the keeper says of an instance of ``m`` found broken on ``node`` at each ``at``."""
+    return [
+        InstanceFoundBroken(
+            instance_id=f"{node}-{t}", model_id="m", node_ids=(node,), problem=problem, at=t
+        )
+        for t in at
+    ]
 
 
 def test_three_incidents_avoid_the_node_for_ten_minutes_in_words() -> None:
@@ -258,6 +282,18 @@ def test_three_incidents_avoid_the_node_for_ten_minutes_in_words() -> None:
     assert avoiding(incidents_on("node-a", 10.0, 20.0), state, "m", 20.0) == {}
     old = incidents_on("node-a", 0.0, 10.0, INCIDENT_WINDOW_S + 0.1)
     assert avoiding(old, state, "m", INCIDENT_WINDOW_S + 0.1) == {}  # the first aged out
+    at_edge = incidents_on("node-a", 0.0, 10.0, INCIDENT_WINDOW_S)
+    assert avoiding(at_edge, state, "m", INCIDENT_WINDOW_S) != {}  # the first still counts
+    # The time left is counted from the last of them, whatever their order.
+    unordered = incidents_on("node-a", 600.0, 0.0, 300.0)
+    assert list(avoiding(unordered, state, "m", 600.0 + 4 * 60)) == [
+        "avoiding node-a for m for 6 min: 3 stalled starts"
+    ]
+    # The problem said is the most frequent one.
+    mixed = [*incidents_on("node-a", 0.0), *incidents_on("node-a", 1.0, 2.0, problem="hollow")]
+    assert list(avoiding(mixed, state, "m", 2.0)) == [
+        "avoiding node-a for m for 10 min: 3 hollow instances"
+    ]
     assert AVOID_AFTER == 3
 
 
@@ -265,35 +301,84 @@ def test_problem_words_count() -> None:
     assert problem_words("stalled", 1) == "1 stalled start"
     assert problem_words("hollow", 3) == "3 hollow instances"
     assert problem_words("failing", 2) == "2 instances failing chats"
+    assert problem_words("unfulfilled", 1) == "1 placement never fulfilled"
+    assert problem_words("odd", 2) == "2 odd"
 
 
 def test_a_replacement_avoids_the_nodes_the_model_broke_on_and_says_so_when_nothing_else_fits() -> (
     None
 ):
     cluster, deployment_id, old, stalled_at = stalled_on_a()
-    cluster.keeper._repairs.incidents = {  # pyright: ignore[reportPrivateUsage]
-        **incidents_on("node-b", stalled_at - 3, stalled_at - 2, stalled_at - 1),
-        **incidents_on("node-c", stalled_at - 3, stalled_at - 2, stalled_at - 1)
-        | {("m", "node-d"): (Incident(stalled_at - 1, "hollow"),) * 3},
-    }
+    cluster.apply(
+        *broken_on("node-b", stalled_at - 3, stalled_at - 2, stalled_at - 1),
+        *broken_on("node-c", stalled_at - 3, stalled_at - 2, stalled_at - 1),
+        *broken_on("node-d", stalled_at - 3, stalled_at - 2, stalled_at - 1, problem="hollow"),
+    )
     events = cluster.step(stalled_at)
     assert of_type(events, InstanceCreated) == []  # b, c, d avoided; a is the broken one's
     notes = cluster.keeper._moves.notes("repair", deployment_id)  # pyright: ignore[reportPrivateUsage]
     assert len(notes) == 1 and notes[0].startswith(f"cannot replace broken instance {old} (")
     assert "avoiding node-b for m for 10 min: 3 stalled starts" in notes[0]
     assert "avoiding node-d for m for 10 min: 3 hollow instances" in notes[0]
+    # node-a's one incident (this instance) is not yet a pattern.
+    assert cluster.keeper.avoiding(cluster.state, "m", stalled_at) == [
+        "avoiding node-b for m for 10 min: 3 stalled starts",
+        "avoiding node-c for m for 10 min: 3 stalled starts",
+        "avoiding node-d for m for 10 min: 3 hollow instances",
+    ]
     assert old in cluster.state.instances  # kept: the model has nowhere else to go
 
 
+def test_a_new_keeper_reads_the_backoff_from_the_state_and_says_the_same() -> None:
+    cluster, _, _, stalled_at = stalled_on_a()
+    cluster.apply(*broken_on("node-b", stalled_at - 3, stalled_at - 2, stalled_at - 1))
+    before = cluster.keeper.avoiding(cluster.state, "m", stalled_at)
+    assert before == ["avoiding node-b for m for 10 min: 3 stalled starts"]
+    cluster.restart_keeper(stalled_at)  # a new master, or a bridge taking over
+    assert cluster.keeper.avoiding(cluster.state, "m", stalled_at) == before
+    # On another clock: the same moment in Unix time is the same words.
+    cluster.keeper.wall_offset = 1000.0
+    assert cluster.keeper.avoiding(cluster.state, "m", stalled_at - 1000.0) == before
+    assert cluster.keeper.avoiding(cluster.state, "m", stalled_at - 1000.0 + AVOID_FOR_S) == []
+
+
 def test_a_newly_broken_instance_is_an_incident_on_its_nodes_once() -> None:
-    cluster, deployment_id, _old, stalled_at = stalled_on_a()
+    cluster, deployment_id, old, stalled_at = stalled_on_a()
     cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="report"))
+    said: list[AnyEvent] = []
     for t in (stalled_at, stalled_at + 1, stalled_at + 2):
-        cluster.step(t)
-    incidents = cluster.keeper._repairs.incidents  # pyright: ignore[reportPrivateUsage]
-    assert incidents == {("m", "node-a"): (Incident(stalled_at, "stalled"),)}
-    cluster.step(stalled_at + INCIDENT_WINDOW_S + 1)
-    assert cluster.keeper._repairs.incidents == {}  # pyright: ignore[reportPrivateUsage]
+        said += of_type(cluster.step(t), InstanceFoundBroken)
+    assert said == [
+        InstanceFoundBroken(
+            instance_id=old, model_id="m", node_ids=("node-a",), problem="stalled", at=stalled_at
+        )
+    ]
+    incident = RepairIncident(
+        model_id="m", node_id="node-a", instance_id=old, problem="stalled", at=stalled_at
+    )
+    assert cluster.state.repair_incidents == (incident,)
+    # A new keeper (a restarted master) finds the same instance broken again: not a second one.
+    cluster.restart_keeper(stalled_at + 3)
+    for t in (stalled_at + 3, stalled_at + 3 + STALL_CEILING_S + 1):
+        assert of_type(cluster.step(t), InstanceFoundBroken) == []
+    assert cluster.state.repair_incidents == (incident,)
+    # Past the window it leaves the State, said once.
+    cluster.step(stalled_at + INCIDENT_WINDOW_S)
+    assert cluster.state.repair_incidents == (incident,)
+    expired = of_type(cluster.step(stalled_at + INCIDENT_WINDOW_S + 1), RepairIncidentsExpired)
+    assert expired == [RepairIncidentsExpired(before=stalled_at + 1)]
+    assert cluster.state.repair_incidents == ()
+    assert of_type(cluster.step(stalled_at + INCIDENT_WINDOW_S + 2), RepairIncidentsExpired) == []
+
+
+def test_an_instance_broken_with_no_deployment_of_its_model_is_no_incident() -> None:
+    cluster, deployment_id, _, stalled_at = stalled_on_a()
+    cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="report"))
+    cluster.step(stalled_at - 1)
+    deployment = cluster.state.deployments[deployment_id]
+    other = deployment.model_copy(update={"model_card": card("other")})
+    elsewhere = cluster.state.model_copy(update={"deployments": {deployment_id: other}})
+    assert of_type(cluster.keeper.step(elsewhere, stalled_at), InstanceFoundBroken) == []
 
 
 def test_the_kind_is_quiet_with_nothing_broken() -> None:
