@@ -192,8 +192,9 @@ class Repairs:
     )
     # The State's parts the marks were last tracked on (the same objects: nothing to track).
     _read: tuple[object, ...] = (None, None, None, None, None)
-    # The instances time alone may find broken on the State last tracked (``time_judged``).
-    _pending: frozenset[InstanceId] = frozenset()
+    # The instances time alone may find broken on the State last tracked (``time_judged``), in
+    # id order (the order they are judged and said in).
+    _pending: tuple[InstanceId, ...] = ()
     # The deployments mapping ``_under_way`` last read, and its answer.
     _deployments_read: object = None
     _repairing: bool = False
@@ -203,13 +204,15 @@ class Repairs:
         deployment's model is an incident on its nodes, at ``wall`` (Unix time), unless the
         State has it already (a new master finds the same broken instance again)."""
         parts = (state.instances, state.runners, state.downloads, state.topology, state.node_watch)
-        if any(a is not b for a, b in zip(parts, self._read, strict=True)):
+        # (No mutation of the next lines: ``strict`` never matters, both have five parts; and
+        # judging every instance rather than the pending gives the same verdicts, only slower.)
+        if any(a is not b for a, b in zip(parts, self._read, strict=True)):  # pragma: no mutate
             self.marks = track(self.marks, state, now)
             self._read = parts
-            self._pending = time_judged(state, self.marks)
+            self._pending = tuple(sorted(time_judged(state, self.marks)))  # pragma: no mutate
         # Only these can be found broken by time passing on the same State: on a cluster at
         # rest, none (docs/design.md §5.9: the steady step reads what changed, not everything).
-        found = verdicts(state, self.marks, now, self._pending)
+        found = verdicts(state, self.marks, now, self._pending)  # pragma: no mutate
         if self.chats:
             self.chats = {i: c for i, c in self.chats.items() if i in state.instances}
             for instance_id, chats in self.chats.items():
@@ -304,7 +307,7 @@ class Repairs:
         """Whether a deployment records a repair under way; read again only when the State's
         deployments are another mapping (apply replaces it on any change; §5.9)."""
         if state.deployments is not self._deployments_read:  # pragma: no mutate (a cache)
-            self._deployments_read = state.deployments
+            self._deployments_read = state.deployments  # pragma: no mutate (read again: same)
             self._repairing = any(d.repairing is not None for d in state.deployments.values())
         return self._repairing
 

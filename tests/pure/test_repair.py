@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, simple_place
+from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, node_info, simple_place
 
-from keeper.core.moves import MOVE_SETTLE
+from keeper.core.moves import MOVE_SETTLE, Candidate
 from keeper.core.repair import (
     AVOID_AFTER,
     AVOID_FOR_S,
     INCIDENT_WINDOW_S,
     RepairMoves,
+    Repairs,
     avoiding,
     problem_words,
 )
@@ -23,6 +24,8 @@ from keeper.model.apply import apply
 from keeper.model.constants import PLACEMENT_TIMEOUT
 from keeper.model.events import (
     AnyEvent,
+    DeploymentCreated,
+    DeploymentDeleted,
     DeploymentPlaced,
     DeploymentRepairChanged,
     DeploymentRepairPlaced,
@@ -35,13 +38,23 @@ from keeper.model.events import (
     RepairIncidentsExpired,
     RunnerStatusUpdated,
 )
-from keeper.model.instance_health import GONE_GRACE_S, STALL_CEILING_S
+from keeper.model.instance_health import (
+    FAILING_CHATS,
+    GONE_GRACE_S,
+    STALL_CEILING_S,
+    Problem,
+    Verdict,
+)
 from keeper.model.state import (
     AnyRunnerStatus,
+    Deployment,
+    InstanceMove,
     RepairIncident,
     RunnerReady,
     RunnerShutdown,
+    RunnerShuttingDown,
     RunnerWarmingUp,
+    State,
 )
 
 T = AFTER_GRACE
@@ -286,8 +299,8 @@ def test_three_incidents_avoid_the_node_for_ten_minutes_in_words() -> None:
     assert avoiding(at_edge, state, "m", INCIDENT_WINDOW_S) != {}  # the first still counts
     # The time left is counted from the last of them, whatever their order.
     unordered = incidents_on("node-a", 600.0, 0.0, 300.0)
-    assert list(avoiding(unordered, state, "m", 600.0 + 4 * 60)) == [
-        "avoiding node-a for m for 6 min: 3 stalled starts"
+    assert list(avoiding(unordered, state, "m", 600.0 + 270)) == [
+        "avoiding node-a for m for 6 min: 3 stalled starts"  # 5.5 min left, said whole
     ]
     # The problem said is the most frequent one.
     mixed = [*incidents_on("node-a", 0.0), *incidents_on("node-a", 1.0, 2.0, problem="hollow")]
@@ -461,3 +474,130 @@ def test_one_answered_chat_among_the_last_five_is_not_failing() -> None:
     cluster.keeper.note_chat("gone-instance", "timeout", T + 11)
     cluster.step(T + 12)
     assert "gone-instance" not in cluster.keeper._repairs.chats  # pyright: ignore[reportPrivateUsage]
+
+
+# --- the kind and the memory, piece by piece ---------------------------------------------------
+
+
+def verdict_of(instance_id: str, problem: Problem = "hollow") -> Verdict:
+    return Verdict(instance_id, problem, f"{instance_id} is broken", 0.0)
+
+
+def keeping(*placed: tuple[str, str, str]) -> State:
+    """Deployments (id, model) each with one instance it placed (id), on its own node, ready."""
+    state = State()
+    for n, (deployment_id, model, instance_id) in enumerate(placed):
+        node = f"node-{n}"
+        state = apply(state, node_info(node))
+        deployment = Deployment(deployment_id=deployment_id, model_card=card(model))
+        instance = build_instance(card(model), [node], instance_id)
+        state = apply(state, DeploymentCreated(deployment=deployment))
+        state = apply(state, InstanceCreated(instance=instance))
+        state = apply(state, DeploymentPlaced(deployment_id=deployment_id, instance_id=instance_id))
+    return state
+
+
+def test_the_candidates_are_one_per_deployment_of_its_own_model_past_one_under_way() -> None:
+    state = keeping(("d1", "m1", "i1-m1"), ("d2", "m2", "i3-m2"), ("d3", "m3", "i2-m3"))
+    move = InstanceMove(deployment_id="d1", old_instance_id="i1-m1", new_instance_id="x")
+    state = apply(state, DeploymentRepairPlaced(deployment_id="d1", move=move))
+    found = {i: verdict_of(i) for i in ("i1-m1", "i2-m3", "i3-m2")}
+    assert list(RepairMoves(found).candidates(state)) == [
+        Candidate("d2", "i3-m2", scope="d2"),
+        Candidate("d3", "i2-m3", scope="d3"),
+    ]
+
+
+def test_the_kinds_words_and_the_nodes_it_avoids() -> None:
+    state = keeping(("d1", "m1", "i1"))
+    kind = RepairMoves({})
+    candidate = Candidate("d1", "i1", scope="d1")
+    assert (
+        kind.words(state, candidate, [], "no room") == "cannot replace broken instance i1: no room"
+    )
+    assert kind.words(state, candidate, ["x", "y"], "no room") == (
+        "cannot replace broken instance i1 (x; y): no room"
+    )
+    assert kind.avoids(state, candidate) == {"the broken instance's": frozenset({"node-0"})}
+    backoff = RepairMoves({}, avoided={"m1": {"w": frozenset({"node-9"})}})
+    assert backoff.avoids(state, candidate) == {
+        "the broken instance's": frozenset({"node-0"}),
+        "w": frozenset({"node-9"}),
+    }
+
+
+def shut_down(state: State, *instance_ids: str) -> State:
+    for instance_id in instance_ids:
+        for runner_id in state.instances[instance_id].shard_assignments.node_to_runner.values():
+            status = RunnerStatusUpdated(runner_id=runner_id, runner_status=RunnerShuttingDown())
+            state = apply(state, status)
+    return state
+
+
+def test_observe_says_each_new_incident_once_past_those_it_must_not_say() -> None:
+    state = keeping(("d", "m", "a"), ("e", "other", "b"), ("f", "m3", "c"), ("g", "m4", "d"))
+    state = apply(state, DeploymentDeleted(deployment_id="e"))  # b: no deployment keeps it
+    known = RepairIncident(model_id="m3", node_id="node-2", instance_id="c", problem="x", at=1.0)
+    state = shut_down(state, "a", "b", "c", "d").model_copy(update={"repair_incidents": (known,)})
+    repairs = Repairs()
+    repairs.observe(state, 0.0, 1000.0)
+    repairs.found = {"a": verdict_of("a")}  # a was found at the step before
+    found = repairs.observe(state, GONE_GRACE_S, 1000.0 + GONE_GRACE_S)
+    assert list(found) == ["a", "b", "c", "d"]
+    assert repairs.incidents == [
+        InstanceFoundBroken(
+            instance_id="d",
+            model_id="m4",
+            node_ids=("node-3",),
+            problem="hollow",
+            at=1000.0 + GONE_GRACE_S,
+        )
+    ]
+
+
+def test_observe_reads_the_chats_of_every_instance_the_state_does_not_find_broken() -> None:
+    state = shut_down(keeping(("d", "m", "a"), ("e", "m2", "b")), "a")
+    for runner_id in state.instances["b"].shard_assignments.node_to_runner.values():
+        state = apply(state, RunnerStatusUpdated(runner_id=runner_id, runner_status=RunnerReady()))
+    repairs = Repairs()
+    for t in range(FAILING_CHATS):
+        repairs.note_chat("a", "timeout", float(t))
+        repairs.note_chat("b", "timeout", float(t))
+    repairs.observe(state, 0.0, 0.0)
+    found = repairs.observe(state, GONE_GRACE_S, GONE_GRACE_S)
+    assert (found["a"].problem, found["b"].problem) == ("hollow", "failing")
+
+
+def test_observe_forgets_asks_for_instances_gone_and_only_those() -> None:
+    state = keeping(("d", "m", "a"), ("e", "m2", "b"))
+    repairs = Repairs()
+    repairs.asked = {"a", "gone"}
+    repairs.observe(state, 0.0, 0.0)
+    assert repairs.asked == {"a"}
+
+
+def test_an_incident_expires_only_past_the_window() -> None:
+    known = RepairIncident(model_id="m", node_id="n", instance_id="i", problem="x", at=100.0)
+    state = State(repair_incidents=(known,))
+    repairs = Repairs()
+    assert repairs.recorded(state, 100.0 + INCIDENT_WINDOW_S) == []
+    assert repairs.recorded(state, 100.5 + INCIDENT_WINDOW_S) == [
+        RepairIncidentsExpired(before=100.5)
+    ]
+
+
+def test_a_repair_under_way_is_a_kind_with_nothing_found_or_asked() -> None:
+    state = keeping(("d", "m", "a"))
+    assert Repairs().kind(state, 0.0) is None
+    move = InstanceMove(deployment_id="d", old_instance_id="a", new_instance_id="x")
+    under_way = apply(state, DeploymentRepairPlaced(deployment_id="d", move=move))
+    kind = Repairs().kind(under_way, 0.0)
+    assert kind is not None and list(kind.under_way(under_way)) == [move]
+
+
+def test_health_says_the_first_broken_instance_each_deployment_keeps() -> None:
+    state = keeping(("d", "m", "b"), ("e", "other", "c-other"))
+    state = apply(state, DeploymentDeleted(deployment_id="e"))
+    repairs = Repairs()
+    repairs.found = {i: verdict_of(i) for i in ("a-gone", "b", "c-other")}
+    assert repairs.health(state) == {"d": verdict_of("b")}
