@@ -321,7 +321,9 @@ def _hollow(
     for node_id, runner_id in instance.shard_assignments.node_to_runner.items():
         name = node_name(state, node_id)
         status = state.runners.get(runner_id)
-        runner = marks.runners.get(runner_id, RunnerMark(changed_at=now))
+        # (The default is never read: the marks of an instance hold its runners', tracked
+        # together; its mutants are equivalent.)
+        runner = marks.runners.get(runner_id, RunnerMark(changed_at=now))  # pragma: no mutate
         still = now - runner.changed_at
         on = frozenset({node_id})
         if isinstance(status, RunnerShutdown | RunnerShuttingDown) or (
@@ -340,8 +342,8 @@ def _hollow(
             why = f"runner on {name} never reported a status in {waited}"
             return Verdict(instance_id, "hollow", why, mark.first_seen, nodes=on)
         if len(runner.failures) >= FAILED_TIMES:
-            minutes = FAILED_WINDOW_S // 60
-            why = f"runner on {name} failed {len(runner.failures)} times in {minutes:.0f} min"
+            minutes = int(FAILED_WINDOW_S) // 60
+            why = f"runner on {name} failed {len(runner.failures)} times in {minutes} min"
             return Verdict(instance_id, "hollow", why, runner.failures[0], nodes=on)
         if isinstance(status, RunnerFailed) and still >= FAILED_STILL_S:
             message = status.error_message or "no message"

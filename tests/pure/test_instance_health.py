@@ -570,6 +570,7 @@ def test_a_nodes_download_and_load_rates_are_kept_together() -> None:
     watch.status(3.0, RunnerLoaded())  # load: 0.5 GB/s
     watch.at(4.0, downloading("node-a", watch, 0.1, speed=0.5))  # half a byte a second
     assert watch.marks.rates["node-a"] == NodeRates(download=0.5, load=0.5 * GB)
+    watch.at(4.5, downloading("node-a", watch, 0.2, speed=0.0))  # measures nothing: kept
     watch.status(5.0, RunnerLoading())
     watch.status(6.0, RunnerLoaded())  # load again: 1 GB/s, the download rate kept
     assert watch.marks.rates["node-a"] == NodeRates(download=0.5, load=1.0 * GB)
