@@ -41,7 +41,6 @@ from keeper.model.state import (
     Deployment,
     DeploymentId,
     DownloadCompleted,
-    InstanceId,
     MlxJacclInstance,
     ModelId,
     NodeId,
@@ -179,10 +178,9 @@ def deployment_rows(
 def instance_rows(
     state: State,
     derived: Derived,
-    now: float,
     *,
     quiet_for: Callable[[NodeId], float | None],
-    last_progress: Callable[[InstanceId], float | None],
+    broken: Callable[[AnyInstance], str | None],
 ) -> list[InstanceRow]:
     """Every instance of ``state`` with its runners, and why it looks unhealthy, by model."""
     deployment_of = {d.model_card.model_id: d_id for d_id, d in state.deployments.items()}
@@ -225,10 +223,8 @@ def instance_rows(
                 runners=tuple(runners),
                 unhealthy=unhealthy_reason(
                     runners,
-                    ready=ready,
                     quiet_s={n: quiet_for(n) for n in assignments.node_to_runner},
-                    last_progress_at=last_progress(instance.instance_id),
-                    now=now,
+                    broken=broken(instance),
                 ),
             )
         )

@@ -2,29 +2,28 @@
 
 The State says what each runner reports; it cannot say that a runner has been "Loading" for ten
 minutes without a layer more, or that the node under it stopped talking a few seconds ago. The
-dashboard's model keeps what the rule needs across States (when each instance last moved, how
-long each node has been quiet) and hands it in, with the clock as a value, so the rule is
-tested without a clock or a terminal. It lives apart from ``model`` to keep that module about
-keeping the State; what it keeps of each instance's progress is ``InstanceProgress``, here with
-the signature it compares.
+dashboard's model keeps what the rule needs across States (the data model's marks of each
+instance, how long each node has been quiet) and hands it in, with the clock as a value, so the
+rule is tested without a clock or a terminal. It lives apart from ``model`` to keep that module
+about keeping the State.
+
+Whether an instance is stalled or hollow is not the dashboard's own rule: it is the data
+model's (``keeper.model.instance_health``, docs/design.md §5.19), with its bounds from the
+model's size and the node's measured rates, and its words; ``InstanceMarks`` keeps its marks. So
+the dashboard pointed at a stock exo, our master and the bridge all say the same thing of the
+same instance. What is the dashboard's own is what it sees first and surely: a runner or a
+download failed, a node gone or silent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from exo_deploy_tui.downloads import DownloadFacts
-from exo_deploy_tui.format import duration
-from keeper.model.readiness import instance_is_ready
-from keeper.model.state import AnyInstance, InstanceId, NodeId, State, download_model_id
+from keeper.model.instance_health import NO_MARKS, Marks, track, verdict
+from keeper.model.state import AnyInstance, NodeId, State
 
-# An instance that is not ready and whose runners and downloads have not moved for this long is
-# stuck, not slow: a big model takes minutes to load, but every few seconds of a healthy load
-# moves something (bytes downloaded, layers loaded, a runner's status), so five minutes of
-# stillness is worth the operator's attention (and, perhaps, ctrl+k).
-NO_PROGRESS_AFTER_S = 300.0
 # A node heard of more than this long ago cannot be trusted to serve its part of an instance:
 # nodes report at least every 5 s, so this is two missed reports; the master itself gives up on
 # the node later (10 s in the demo, 30 s on exo), deleting the instance then.
@@ -52,17 +51,14 @@ class RunnerFacts(Protocol):
 def unhealthy_reason(
     runners: Sequence[RunnerFacts],
     *,
-    ready: bool,
     quiet_s: Mapping[NodeId, float | None],
-    last_progress_at: float | None,
-    now: float,
+    broken: str | None,
 ) -> str | None:
     """Why an instance looks unhealthy, in words, or None: a runner, or the download of the model
-    a runner waits for, failed; a node it runs on
-    left the cluster or has been silent for more than ``UNHEALTHY_SILENT_S`` (``quiet_s``: how
-    long each node has been quiet); or it is not ready and nothing of it (runners, downloads) has
-    moved since ``last_progress_at`` for ``NO_PROGRESS_AFTER_S``. The first of these that holds
-    is the reason, the most certain first. Pure: the clock comes in as ``now``."""
+    a runner waits for, failed; a node it runs on left the cluster or has been silent for more
+    than ``UNHEALTHY_SILENT_S`` (``quiet_s``: how long each node has been quiet); or the data
+    model's rule found it stalled or hollow (``broken``: its words, ``InstanceMarks.why``). The
+    first of these that holds is the reason, the most certain first."""
     for runner in runners:
         if runner.status == "Failed":
             return f"runner failed on {runner.node_name}: {runner.error or 'no message'}"
@@ -77,59 +73,22 @@ def unhealthy_reason(
         quiet = quiet_s.get(runner.node_id)
         if quiet is not None and quiet > UNHEALTHY_SILENT_S:
             return f"node {runner.node_name} silent {quiet:.0f} s"
-    if not ready and last_progress_at is not None:
-        still = now - last_progress_at
-        if still >= NO_PROGRESS_AFTER_S:
-            return f"no progress for {duration(still)}"
-    return None
+    return broken
 
 
-def progress_signature(instance: AnyInstance, state: State) -> object:
-    """What moves while an instance comes up: its runners' statuses (layers loaded included) and
-    the download entries of its nodes that name its model. Compared with ``==`` between States:
-    a difference is progress."""
-    assignments = instance.shard_assignments
-    statuses = tuple(state.runners.get(r) for r in assignments.node_to_runner.values())
-    model = assignments.model_id
-    downloads = tuple(
-        entry
-        for node_id in assignments.node_to_runner
-        for entry in state.downloads.get(node_id, ())
-        if download_model_id(entry) == model
-    )
-    return statuses, downloads
-
-
-@dataclass(frozen=True)
-class _Progress:
-    """What an instance's runners and downloads last showed, and since when (our clock)."""
-
-    signature: object
-    since: float
-
-
-class InstanceProgress:
-    """Per instance not yet ready: when its runners or downloads last moved."""
+class InstanceMarks:
+    """The data model's marks of the instances (``keeper.model.instance_health.track``): when
+    each last moved, its runners' changes, each node's measured rates; bounded by the State."""
 
     def __init__(self) -> None:
-        self._progress: dict[InstanceId, _Progress] = {}
+        self._marks: Marks = NO_MARKS
 
     def note(self, state: State, now: float) -> None:
-        """Date each not-ready instance's last progress. An instance first seen is dated now:
-        how long it stood still before we connected cannot be known."""
-        progress = self._progress
-        for instance_id in [i for i in progress if i not in state.instances]:
-            del progress[instance_id]
-        for instance_id, instance in state.instances.items():
-            if instance_is_ready(instance, state):
-                progress.pop(instance_id, None)
-                continue
-            signature = progress_signature(instance, state)
-            known = progress.get(instance_id)
-            if known is None or known.signature != signature:
-                progress[instance_id] = _Progress(signature, now)
+        """Track ``state`` seen at ``now``. An instance first seen is dated now: how long it
+        stood still before we connected cannot be known."""
+        self._marks = track(self._marks, state, now)
 
-    def since(self, instance_id: InstanceId) -> float | None:
-        """When the instance last moved; None once it is ready (or never seen)."""
-        known = self._progress.get(instance_id)
-        return known.since if known is not None else None
+    def why(self, instance: AnyInstance, state: State, now: float) -> str | None:
+        """The data model's words for what is wrong with ``instance`` at ``now``, or None."""
+        judged = verdict(instance, state, self._marks, now)
+        return judged.why if judged is not None else None

@@ -22,7 +22,8 @@ State does not say, each with one job and its own tests:
   timeline with, each told once;
 - ``download_moments.py``: when each node's download of a model started and completed;
 - ``readings.py``: each node's last GPU readings, for the nodes view's sparkline;
-- ``health.InstanceProgress``: when each instance not yet ready last moved;
+- ``health.InstanceMarks``: the data model's marks of each instance (when it last moved, its
+  runners' changes, the nodes' rates), for its stalled and hollow rule;
 - ``moves.py``: the drains (with what ``GET /nodes`` says they have left, a ``NodesUpdate``)
   and the rolling changes under way;
 - ``timers.py``: the keeper's timers from ``GET /deployments``.
@@ -50,7 +51,7 @@ from exo_deploy_tui.download_moments import DownloadMoments
 from exo_deploy_tui.draining import DrainPlan
 from exo_deploy_tui.failover import failover_facts
 from exo_deploy_tui.format import precise_duration
-from exo_deploy_tui.health import InstanceProgress
+from exo_deploy_tui.health import InstanceMarks
 from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
 from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
 from exo_deploy_tui.moves import Moves
@@ -157,7 +158,7 @@ class ClusterModel:
     _history: ServingHistory = field(default_factory=ServingHistory)
     _downloads: DownloadMoments = field(default_factory=DownloadMoments)
     _readings: GpuReadings = field(default_factory=GpuReadings)
-    _progress: InstanceProgress = field(default_factory=InstanceProgress)
+    _marks: InstanceMarks = field(default_factory=InstanceMarks)
     _moves: Moves = field(default_factory=Moves)
     _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
     # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
@@ -333,7 +334,7 @@ class ClusterModel:
     def _settle(self, now: float) -> None:
         """After a batch: the nodes' verdicts and silence (told first: they are the cause),
         then date the status changes and tell the outages they begin or end, then the
-        instances' progress."""
+        instances' marks."""
         self._judge_own(now)
         self._check_silence(now)
         derived = self.derived()
@@ -358,7 +359,7 @@ class ClusterModel:
         self.timeline.extend(entries)
         if self.has_data:
             self._statuses.watch()
-        self._progress.note(self.state, now)
+        self._marks.note(self.state, now)
 
     def _outage_start(self, nodes: tuple[NodeId, ...], now: float) -> float:
         state, clock = self.state, self.clock
@@ -434,9 +435,8 @@ class ClusterModel:
         return instance_rows(
             state,
             self.derived(),
-            now,
             quiet_for=lambda node_id: clock.quiet_for(state.last_seen.get(node_id), now),
-            last_progress=self._progress.since,
+            broken=lambda instance: self._marks.why(instance, state, now),
         )
 
     def summary(self, now: float) -> Summary:

@@ -125,6 +125,12 @@ class Cluster:
         self.keeper = Keeper(started_at, place=place, startup_grace=startup_grace)
         self.log: list[AnyEvent] = []
         self._ids = count(1)
+        self._place = place
+
+    def restart_keeper(self, now: float) -> None:
+        """A new keeper from ``now`` on the same State, with no grace (a new master once its
+        nodes reported, or a bridge taking over): it remembers nothing but the State."""
+        self.keeper = Keeper(now, place=self._place, startup_grace=0.0)
 
     # --- building the cluster -------------------------------------------------------------
 

@@ -526,6 +526,7 @@ class Bridge:
                 self._placement.place,
                 self.metrics.step,
                 self.webhooks if self.webhooks.enabled else None,
+                wall_offset=self._started.clock.wall().timestamp() - now,
             ),
             self._log.store,
         )

@@ -96,6 +96,7 @@ class BridgeView:
                     "cordoned": own.cordoned,
                     "drains": own.drains,
                     "node_watch": verdicts,
+                    "repair_incidents": own.repair_incidents,
                 }
             ),
         )

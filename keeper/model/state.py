@@ -590,6 +590,30 @@ class NodeWatch(WireModel):
     why: str = ""  # for dead: the second, independent sign, in plain words
 
 
+# --- broken instances remembered: the repair backoff's facts ----------------------------------
+# Each instance recognised broken (docs/design.md §5.19) is an incident on each of its nodes for
+# its model. The keeper's backoff is computed from these; they live in the State, as events, so
+# that a master rebuilt from its log or a bridge taking over from etcd avoids the same nodes until
+# the same moment. Bounded by the rule's own window: an incident older than INCIDENT_WINDOW_S
+# counts for nothing and leaves the State (``keeper.model.apply``).
+
+# Broken instances of one model on one node, within INCIDENT_WINDOW_S, before its replacements
+# avoid the node: once is a fault, twice may be bad luck, three times is the node (or the model
+# on it: a corrupt download, a driver the model trips).
+AVOID_AFTER = 3
+INCIDENT_WINDOW_S = 30 * 60.0
+
+
+class RepairIncident(WireModel):
+    """One broken instance of ``model_id`` with a runner on ``node_id``, as recognised."""
+
+    model_id: ModelId
+    node_id: NodeId
+    instance_id: InstanceId
+    problem: str  # "stalled", "hollow", "failing"
+    at: float  # Unix time the keeper recognised it
+
+
 # --- the state ----------------------------------------------------------------------------
 
 
@@ -620,6 +644,9 @@ class State(WireModel):
     drains: dict[str, NodeDrain] = Field(default_factory=dict)
     # Nodes the service suspects or has confirmed dead (NodeWatch); absent: alive, or gone.
     node_watch: dict[NodeId, NodeWatch] = Field(default_factory=dict)
+    # Broken instances of the deployments' models, oldest first, AVOID_AFTER at most per (model,
+    # node), none older than INCIDENT_WINDOW_S before the newest (RepairIncident).
+    repair_incidents: tuple[RepairIncident, ...] = ()
 
 
 def node_name(state: State, node_id: NodeId) -> str:

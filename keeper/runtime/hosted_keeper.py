@@ -236,11 +236,16 @@ def start_keeper(
     place: PlaceFn,
     step_metrics: StepMetrics | None = None,
     observer: StepObserver | None = None,
+    wall_offset: float = 0.0,
 ) -> KeeperLike:
     """A keeper started ``now`` whose grace (docs/design.md, "New master") lasts
     ``startup_grace_s``, as its host runs it (``HostedKeeper``, its steps timed into
-    ``step_metrics``), showing ``observer`` each State it steps on."""
-    return HostedKeeper(factory(now, place, startup_grace=startup_grace_s), step_metrics, observer)
+    ``step_metrics``), showing ``observer`` each State it steps on; ``wall_offset`` is Unix
+    time minus the host's monotonic clock (the time the keeper's durable records are in)."""
+    keeper = factory(now, place, startup_grace=startup_grace_s)
+    if isinstance(keeper, Keeper):
+        keeper.wall_offset = wall_offset
+    return HostedKeeper(keeper, step_metrics, observer)
 
 
 class Started:

@@ -9,14 +9,25 @@ from keeper_harness import build_instance, card
 from keeper.model.apply import apply
 from keeper.model.events import (
     DeploymentCreated,
+    DeploymentDeleted,
     DeploymentRepairChanged,
     DeploymentRepairPlaced,
     InstanceCreated,
     InstanceDeleted,
+    InstanceFoundBroken,
+    RepairIncidentsExpired,
     RunnerStatusUpdated,
 )
 from keeper.model.readiness import instances_leaving
-from keeper.model.state import Deployment, InstanceMove, RunnerReady, State
+from keeper.model.state import (
+    AVOID_AFTER,
+    INCIDENT_WINDOW_S,
+    Deployment,
+    InstanceMove,
+    RepairIncident,
+    RunnerReady,
+    State,
+)
 
 MOVE = InstanceMove(deployment_id="d", old_instance_id="old", new_instance_id="new")
 
@@ -71,3 +82,70 @@ def test_the_old_instance_takes_no_new_chat_once_the_replacement_is_ready() -> N
     runner = next(iter(placed.instances["new"].shard_assignments.node_to_runner.values()))
     ready = apply(placed, RunnerStatusUpdated(runner_id=runner, runner_status=RunnerReady()))
     assert instances_leaving(ready) == frozenset({"old"})
+
+
+# --- the backoff's incidents (docs/design.md §5.19) -------------------------------------------
+
+
+def broken(instance_id: str, *nodes: str, at: float, model: str = "m") -> InstanceFoundBroken:
+    return InstanceFoundBroken(
+        instance_id=instance_id, model_id=model, node_ids=nodes, problem="stalled", at=at
+    )
+
+
+def incident(instance_id: str, node: str, at: float) -> RepairIncident:
+    return RepairIncident(
+        model_id="m", node_id=node, instance_id=instance_id, problem="stalled", at=at
+    )
+
+
+def test_an_instance_found_broken_is_an_incident_on_each_of_its_nodes_once() -> None:
+    state = apply(with_both(), broken("old", "a", "b", "a", at=10.0))
+    assert state.repair_incidents == (incident("old", "a", 10.0), incident("old", "b", 10.0))
+    assert apply(state, broken("old", "a", at=20.0)) is state  # found again by a new keeper
+    again = apply(state, broken("old", "a", "c", at=20.0))
+    assert again.repair_incidents == (*state.repair_incidents, incident("old", "c", 20.0))
+
+
+def test_an_incident_of_a_model_no_deployment_keeps_changes_nothing() -> None:
+    state = with_both()
+    assert apply(state, broken("x", "a", at=1.0, model="other")) is state
+
+
+def test_incidents_are_bounded_per_model_and_node_and_by_the_window() -> None:
+    state = with_both()
+    for n in range(5):
+        state = apply(state, broken(f"i{n}", "a", at=float(n)))
+    state = apply(state, broken("j", "b", at=5.0))
+    # The last AVOID_AFTER of node a; b's own.
+    assert [(i.instance_id, i.node_id) for i in state.repair_incidents] == [
+        ("i2", "a"),
+        ("i3", "a"),
+        ("i4", "a"),
+        ("j", "b"),
+    ]
+    # One at exactly the window after the oldest keeps it; a moment later it goes.
+    at_edge = apply(state, broken("k", "c", at=2.0 + INCIDENT_WINDOW_S))
+    assert at_edge.repair_incidents[0] == incident("i2", "a", 2.0)
+    later = apply(state, broken("k", "c", at=2.5 + INCIDENT_WINDOW_S))
+    assert [i.instance_id for i in later.repair_incidents] == ["i3", "i4", "j", "k"]
+    assert AVOID_AFTER == 3
+
+
+def test_expired_incidents_leave_the_state() -> None:
+    state = with_both()
+    for n, node in enumerate(("a", "b", "c")):
+        state = apply(state, broken(f"i{n}", node, at=float(n)))
+    assert apply(state, RepairIncidentsExpired(before=0.0)) is state
+    kept = apply(state, RepairIncidentsExpired(before=1.0))
+    assert [i.instance_id for i in kept.repair_incidents] == ["i1", "i2"]  # at >= before stays
+    assert apply(state, RepairIncidentsExpired(before=9.0)).repair_incidents == ()
+
+
+def test_a_deployment_deleted_takes_its_models_incidents() -> None:
+    state = apply(with_both(), broken("old", "a", at=1.0))
+    other = Deployment(deployment_id="e", model_card=card("x"))
+    state = apply(state, DeploymentCreated(deployment=other))
+    state = apply(state, broken("y", "a", at=2.0, model="x"))
+    gone = apply(state, DeploymentDeleted(deployment_id="d"))
+    assert [i.model_id for i in gone.repair_incidents] == ["x"]

@@ -39,6 +39,7 @@ from keeper.model.instance_health import (
     rate_words,
     shard_bytes,
     stall_bound,
+    time_judged,
     track,
     verdict,
     verdicts,
@@ -52,6 +53,7 @@ from keeper.model.state import (
     DownloadProgressData,
     Memory,
     PipelineShardMetadata,
+    RunnerConnected,
     RunnerConnecting,
     RunnerFailed,
     RunnerIdle,
@@ -451,3 +453,224 @@ def test_still_past_the_ceiling_is_always_stalled_and_never_before_the_floor(
         assert said is not None and said.startswith("stalled: ")
     if still < STALL_FLOOR_S:
         assert said is None
+
+
+# --- every field of every verdict, and the edges the marks keep ---------------------------------
+
+
+def test_each_hollow_verdict_in_full() -> None:
+    on_a = frozenset({"node-a"})
+    gone = Watch("node-a")
+    gone.place("node-a", now=100.0)
+    gone.status(101.0, RunnerReady())
+    gone.status(110.0, RunnerShuttingDown())
+    assert verdict(gone.state.instances["i1"], gone.state, gone.marks, 115.0) == Verdict(
+        "i1",
+        "hollow",
+        "runner on node-a shut down for 5s while node-a is alive",
+        110.0,
+        gone=True,
+        nodes=on_a,
+    )
+    failing = Watch("node-a")
+    failing.place("node-a", now=100.0)
+    for t in (101.0, 200.0, 300.0):
+        failing.status(t, RunnerFailed(error_message="oom"))
+        failing.status(t + 1, RunnerLoading())
+    assert verdict(failing.state.instances["i1"], failing.state, failing.marks, 302.0) == Verdict(
+        "i1", "hollow", "runner on node-a failed 3 times in 10 min", 101.0, nodes=on_a
+    )
+    left = Watch("node-a")
+    left.place("node-a", now=100.0)
+    left.status(105.0, RunnerFailed())
+    assert verdict(left.state.instances["i1"], left.state, left.marks, 165.0) == Verdict(
+        "i1", "hollow", "runner on node-a failed 1m00s ago: no message", 105.0, nodes=on_a
+    )
+
+
+def test_a_runner_never_reported_is_counted_from_when_its_instance_was_first_seen() -> None:
+    watch = Watch("node-a", "node-b")
+    watch.place("node-a", "node-b", now=100.0)
+    a, _ = watch.runners()
+    other = build_instance(watch.card, ["node-b"], "i2")
+    watch.at(
+        101.0,
+        RunnerStatusUpdated(runner_id=a, runner_status=RunnerLoading()),
+        InstanceCreated(instance=other),
+    )
+    watch.status(102.0, RunnerReady(), instance_id="i2")
+    instance = watch.state.instances["i1"]
+    assert verdict(instance, watch.state, watch.marks, 100.0 + NO_STATUS_GRACE_S - 0.1) is None
+    assert verdict(instance, watch.state, watch.marks, 100.0 + NO_STATUS_GRACE_S) == Verdict(
+        "i1",
+        "hollow",
+        "runner on node-b never reported a status in 1m00s",
+        100.0,
+        nodes=frozenset({"node-b"}),
+    )
+
+
+def test_failures_at_the_window_edge_still_count() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    for t in (1.0, 100.0, 150.0):
+        watch.status(t, RunnerFailed())
+        watch.status(t + 1, RunnerLoading())
+    # At 100 + the window, the first (t=1) has aged out and the one at t=100 has not.
+    watch.status(100.0 + FAILED_WINDOW_S, RunnerFailed())
+    (runner,) = watch.runners()
+    assert watch.marks.runners[runner].failures == (100.0, 150.0, 100.0 + FAILED_WINDOW_S)
+
+
+def test_an_instance_first_seen_with_its_statuses_is_dated_then() -> None:
+    watch = Watch("node-a")
+    instance = build_instance(watch.card, ["node-a"], "i1")
+    (runner,) = instance.shard_assignments.node_to_runner.values()
+    watch.at(
+        0.0,
+        InstanceCreated(instance=instance),
+        RunnerStatusUpdated(runner_id=runner, runner_status=RunnerWarmingUp()),
+    )
+    watch.at(30.0)  # the same State again: no progress
+    assert watch.marks.instances["i1"].progress_at == 0.0
+    assert watch.judge(STALL_CEILING_S) is not None
+
+
+def test_a_load_is_timed_from_its_first_loading_or_else_from_the_status_before() -> None:
+    # Loading seen twice (layers moving): timed from the first.
+    twice = Watch("node-a")
+    twice.place("node-a")
+    twice.status(1.0, RunnerLoading(layers_loaded=0, total_layers=16))
+    twice.status(2.0, RunnerLoading(layers_loaded=8, total_layers=16))
+    twice.status(3.0, RunnerLoaded())
+    assert twice.marks.rates["node-a"].load == 0.5 * GB
+    # Loaded again later: timed from its own Loading, not the first load's.
+    twice.status(10.0, RunnerLoading(layers_loaded=0, total_layers=16))
+    twice.status(11.0, RunnerLoaded())
+    assert twice.marks.rates["node-a"].load == 1.0 * GB
+    # Never seen Loading: timed from when the status before Loaded was first seen.
+    unseen = Watch("node-a")
+    unseen.place("node-a")
+    unseen.status(1.0, RunnerConnecting())
+    unseen.status(2.0, RunnerConnected())
+    unseen.status(3.0, RunnerLoaded())
+    assert unseen.marks.rates["node-a"].load == 1.0 * GB
+    # A load seen to start and end at the same moment measures nothing.
+    instant = Watch("node-a")
+    instant.place("node-a")
+    instant.status(3.0, RunnerLoading())
+    instant.status(3.0, RunnerLoaded())
+    assert instant.marks.rates.get("node-a", NodeRates()).load is None
+
+
+def test_a_nodes_download_and_load_rates_are_kept_together() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerLoading())
+    watch.status(3.0, RunnerLoaded())  # load: 0.5 GB/s
+    watch.at(4.0, downloading("node-a", watch, 0.1, speed=0.5))  # half a byte a second
+    assert watch.marks.rates["node-a"] == NodeRates(download=0.5, load=0.5 * GB)
+    watch.at(4.5, downloading("node-a", watch, 0.2, speed=0.0))  # measures nothing: kept
+    watch.status(5.0, RunnerLoading())
+    watch.status(6.0, RunnerLoaded())  # load again: 1 GB/s, the download rate kept
+    assert watch.marks.rates["node-a"] == NodeRates(download=0.5, load=1.0 * GB)
+
+
+def test_a_download_from_nothing_is_progress() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerIdle())
+    shard = PipelineShardMetadata(
+        model_card=watch.card, device_rank=0, world_size=1, start_layer=0, end_layer=16, n_layers=16
+    )
+    one = DownloadPending(node_id="node-a", shard_metadata=shard, downloaded=Memory(in_bytes=1))
+    watch.at(10.0, NodeDownloadProgress(download_progress=one))
+    assert watch.marks.instances["i1"].progress_at == 10.0
+
+
+def test_a_shard_share_rounds_down_and_a_one_layer_model_is_whole() -> None:
+    three = build_instance(card("m", size_gb=1.0, n_layers=3), ["a", "b", "c"], "i")
+    runners = list(three.shard_assignments.node_to_runner.values())
+    shards = [three.shard_assignments.runner_to_shard[r] for r in runners]
+    assert [shard_bytes(three, r) for r in runners] == [
+        GB * (s.end_layer - s.start_layer) // 3 for s in shards
+    ]
+    assert all(isinstance(shard_bytes(three, r), int) for r in runners)
+    one = build_instance(card("m", size_gb=1.0, n_layers=1), ["a"], "j")
+    (runner,) = one.shard_assignments.node_to_runner.values()
+    assert shard_bytes(one, runner) == GB
+
+
+def test_a_rate_below_a_byte_a_second_is_still_a_rate() -> None:
+    assert stall_bound(GB, 0.5, "x").basis == "for 1 GB at 0 MB/s"
+    assert rate_words(99.6 * 1024**2) == "100 MB/s"
+
+
+def test_the_phase_is_the_first_runner_of_the_least_advanced_phase() -> None:
+    watch = Watch("node-a", "node-b", "node-c")
+    watch.place("node-a", "node-b", "node-c")
+    a, b, c = watch.runners()
+    watch.at(
+        1.0,
+        RunnerStatusUpdated(runner_id=a, runner_status=RunnerReady()),
+        RunnerStatusUpdated(runner_id=b, runner_status=RunnerWarmingUp()),
+        RunnerStatusUpdated(runner_id=c, runner_status=RunnerWarmingUp()),
+    )
+    judged_words = watch.judge(901.0)
+    assert judged_words is not None and judged_words.startswith(
+        "stalled: runner on node-b silent in RunnerWarmingUp"
+    )
+    # A first runner with no status yet is skipped too.
+    quiet = Watch("node-a", "node-b")
+    quiet.place("node-a", "node-b")
+    _, second = quiet.runners()
+    quiet.at(1.0, RunnerStatusUpdated(runner_id=second, runner_status=RunnerWarmingUp()))
+    still = quiet.judge(30.0)
+    assert still is None  # (node-a reports no runner at all: not hollow)
+    later = quiet.judge(901.0)
+    assert later is not None and "runner on node-b silent in RunnerWarmingUp" in later
+
+
+def test_a_download_phase_with_no_rate_says_which_rate() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerIdle())
+    watch.at(2.0, downloading("node-a", watch, 0.1, speed=0.0))
+    assert watch.judge(2.0 + STALL_CEILING_S) == (
+        "stalled: runner on node-a silent in RunnerIdle for 15m00s "
+        "(expected ≤ 15m00s the ceiling: node-a's download rate unknown)"
+    )
+
+
+def test_verdicts_among_instances_gone_are_none() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerShuttingDown())
+    assert verdicts(watch.state, watch.marks, 10.0, ["gone"]) == {}
+    assert list(verdicts(watch.state, watch.marks, 10.0, ["gone", "i1"])) == ["i1"]
+
+
+def test_time_judges_a_ready_instance_only_with_failures_in_its_window() -> None:
+    watch = Watch("node-a")
+    watch.place("node-a")
+    watch.status(1.0, RunnerReady())
+    assert time_judged(watch.state, watch.marks) == frozenset()
+    assert time_judged(watch.state, NO_MARKS) == frozenset()  # a runner with no marks yet
+    watch.status(2.0, RunnerFailed())
+    watch.status(3.0, RunnerReady())
+    assert time_judged(watch.state, watch.marks) == frozenset({"i1"})
+    watch.status(4.0, RunnerLoading())
+    assert time_judged(watch.state, watch.marks) == frozenset({"i1"})
+
+
+def test_failing_chats_in_full() -> None:
+    watch = Watch("node-a")
+    instance = watch.place("node-a")
+    watch.status(1.0, RunnerReady())
+    assert chats_failing(instance, watch.state, ["timeout"] * FAILING_CHATS, since=7.0) == Verdict(
+        "i1",
+        "failing",
+        "last 5 chats to instance i1 all failed (timeout: 5) while its runners read Ready",
+        7.0,
+        nodes=frozenset({"node-a"}),
+    )

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, simple_place
+from keeper_harness import AFTER_GRACE, Cluster, build_instance, card, node_info, simple_place
 
-from keeper.core.moves import MOVE_SETTLE
+from keeper.core.moves import MOVE_SETTLE, Candidate
 from keeper.core.repair import (
     AVOID_AFTER,
     AVOID_FOR_S,
     INCIDENT_WINDOW_S,
-    Incident,
     RepairMoves,
+    Repairs,
     avoiding,
     problem_words,
 )
@@ -24,6 +24,8 @@ from keeper.model.apply import apply
 from keeper.model.constants import PLACEMENT_TIMEOUT
 from keeper.model.events import (
     AnyEvent,
+    DeploymentCreated,
+    DeploymentDeleted,
     DeploymentPlaced,
     DeploymentRepairChanged,
     DeploymentRepairPlaced,
@@ -31,11 +33,29 @@ from keeper.model.events import (
     FailoverReplacementPlaced,
     InstanceCreated,
     InstanceDeleted,
+    InstanceFoundBroken,
     NodeSuspected,
+    RepairIncidentsExpired,
     RunnerStatusUpdated,
 )
-from keeper.model.instance_health import GONE_GRACE_S, STALL_CEILING_S
-from keeper.model.state import AnyRunnerStatus, RunnerReady, RunnerShutdown, RunnerWarmingUp
+from keeper.model.instance_health import (
+    FAILING_CHATS,
+    GONE_GRACE_S,
+    STALL_CEILING_S,
+    Problem,
+    Verdict,
+)
+from keeper.model.state import (
+    AnyRunnerStatus,
+    Deployment,
+    InstanceMove,
+    RepairIncident,
+    RunnerReady,
+    RunnerShutdown,
+    RunnerShuttingDown,
+    RunnerWarmingUp,
+    State,
+)
 
 T = AFTER_GRACE
 
@@ -77,7 +97,12 @@ def test_a_stalled_start_is_replaced_before_it_is_deleted() -> None:
     assert dict(cluster.keeper.health(cluster.state)) == {}
     events = cluster.step(stalled_at)
     created = of_type(events, InstanceCreated)
-    assert [type(e) for e in events] == [DeploymentRepairPlaced, InstanceCreated, DeploymentPlaced]
+    assert [type(e) for e in events] == [
+        DeploymentRepairPlaced,
+        InstanceCreated,
+        DeploymentPlaced,
+        InstanceFoundBroken,  # the backoff's record, last
+    ]
     record = events[0]
     assert isinstance(record, DeploymentRepairPlaced) and record.problem == "stalled"
     assert record.why.startswith("runner on node-a silent in RunnerWarmingUp for 15m00s")
@@ -136,7 +161,7 @@ def test_a_hollow_instance_whose_node_reports_it_gone_goes_at_once() -> None:
 def test_report_mode_only_says() -> None:
     cluster, deployment_id, old, stalled_at = stalled_on_a()
     cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="report"))
-    assert cluster.step(stalled_at) == []
+    assert [type(e) for e in cluster.step(stalled_at)] == [InstanceFoundBroken]  # said only
     assert cluster.keeper.health(cluster.state)[deployment_id].instance_id == old
     cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="auto"))
     assert len(of_type(cluster.step(stalled_at + 1), DeploymentRepairPlaced)) == 1
@@ -151,8 +176,9 @@ def test_a_hand_placed_instance_is_reported_and_replaced_only_when_asked() -> No
     set_status(cluster, "by-hand", RunnerWarmingUp())
     cluster.step(T)
     stalled_at = T + STALL_CEILING_S
-    for t in (stalled_at, stalled_at + 3600):
-        assert cluster.step(t) == []
+    # Said (an incident, which expires), never replaced.
+    assert [type(e) for e in cluster.step(stalled_at)] == [InstanceFoundBroken]
+    assert [type(e) for e in cluster.step(stalled_at + 3600)] == [RepairIncidentsExpired]
     assert cluster.keeper.health(cluster.state)[deployment_id].instance_id == "by-hand"
     assert cluster.keeper.repair("nope", cluster.state) == "no instance nope"
     assert cluster.keeper.repair("by-hand", cluster.state) is None
@@ -239,10 +265,21 @@ def test_the_unfulfilled_placement_is_said() -> None:
 # --- the backoff ------------------------------------------------------------------------------
 
 
-def incidents_on(
-    node: str, *at: float, problem: str = "stalled"
-) -> dict[tuple[str, str], tuple[Incident, ...]]:
-    return {("m", node): tuple(Incident(t, problem) for t in at)}
+def incidents_on(node: str, *at: float, problem: str = "stalled") -> list[RepairIncident]:
+    return [
+        RepairIncident(model_id="m", node_id=node, instance_id=f"i{t}", problem=problem, at=t)
+        for t in at
+    ]
+
+
+def broken_on(node: str, *at: float, problem: str = "stalled") -> list[InstanceFoundBroken]:
+    """What the keeper says of an instance of ``m`` found broken on ``node`` at each ``at``."""
+    return [
+        InstanceFoundBroken(
+            instance_id=f"{node}-{t}", model_id="m", node_ids=(node,), problem=problem, at=t
+        )
+        for t in at
+    ]
 
 
 def test_three_incidents_avoid_the_node_for_ten_minutes_in_words() -> None:
@@ -258,6 +295,18 @@ def test_three_incidents_avoid_the_node_for_ten_minutes_in_words() -> None:
     assert avoiding(incidents_on("node-a", 10.0, 20.0), state, "m", 20.0) == {}
     old = incidents_on("node-a", 0.0, 10.0, INCIDENT_WINDOW_S + 0.1)
     assert avoiding(old, state, "m", INCIDENT_WINDOW_S + 0.1) == {}  # the first aged out
+    at_edge = incidents_on("node-a", 0.0, 10.0, INCIDENT_WINDOW_S)
+    assert avoiding(at_edge, state, "m", INCIDENT_WINDOW_S) != {}  # the first still counts
+    # The time left is counted from the last of them, whatever their order.
+    unordered = incidents_on("node-a", 600.0, 0.0, 300.0)
+    assert list(avoiding(unordered, state, "m", 600.0 + 270)) == [
+        "avoiding node-a for m for 6 min: 3 stalled starts"  # 5.5 min left, said whole
+    ]
+    # The problem said is the most frequent one.
+    mixed = [*incidents_on("node-a", 0.0), *incidents_on("node-a", 1.0, 2.0, problem="hollow")]
+    assert list(avoiding(mixed, state, "m", 2.0)) == [
+        "avoiding node-a for m for 10 min: 3 hollow instances"
+    ]
     assert AVOID_AFTER == 3
 
 
@@ -265,35 +314,84 @@ def test_problem_words_count() -> None:
     assert problem_words("stalled", 1) == "1 stalled start"
     assert problem_words("hollow", 3) == "3 hollow instances"
     assert problem_words("failing", 2) == "2 instances failing chats"
+    assert problem_words("unfulfilled", 1) == "1 placement never fulfilled"
+    assert problem_words("odd", 2) == "2 odd"
 
 
 def test_a_replacement_avoids_the_nodes_the_model_broke_on_and_says_so_when_nothing_else_fits() -> (
     None
 ):
     cluster, deployment_id, old, stalled_at = stalled_on_a()
-    cluster.keeper._repairs.incidents = {  # pyright: ignore[reportPrivateUsage]
-        **incidents_on("node-b", stalled_at - 3, stalled_at - 2, stalled_at - 1),
-        **incidents_on("node-c", stalled_at - 3, stalled_at - 2, stalled_at - 1)
-        | {("m", "node-d"): (Incident(stalled_at - 1, "hollow"),) * 3},
-    }
+    cluster.apply(
+        *broken_on("node-b", stalled_at - 3, stalled_at - 2, stalled_at - 1),
+        *broken_on("node-c", stalled_at - 3, stalled_at - 2, stalled_at - 1),
+        *broken_on("node-d", stalled_at - 3, stalled_at - 2, stalled_at - 1, problem="hollow"),
+    )
     events = cluster.step(stalled_at)
     assert of_type(events, InstanceCreated) == []  # b, c, d avoided; a is the broken one's
     notes = cluster.keeper._moves.notes("repair", deployment_id)  # pyright: ignore[reportPrivateUsage]
     assert len(notes) == 1 and notes[0].startswith(f"cannot replace broken instance {old} (")
     assert "avoiding node-b for m for 10 min: 3 stalled starts" in notes[0]
     assert "avoiding node-d for m for 10 min: 3 hollow instances" in notes[0]
+    # node-a's one incident (this instance) is not yet a pattern.
+    assert cluster.keeper.avoiding(cluster.state, "m", stalled_at) == [
+        "avoiding node-b for m for 10 min: 3 stalled starts",
+        "avoiding node-c for m for 10 min: 3 stalled starts",
+        "avoiding node-d for m for 10 min: 3 hollow instances",
+    ]
     assert old in cluster.state.instances  # kept: the model has nowhere else to go
 
 
+def test_a_new_keeper_reads_the_backoff_from_the_state_and_says_the_same() -> None:
+    cluster, _, _, stalled_at = stalled_on_a()
+    cluster.apply(*broken_on("node-b", stalled_at - 3, stalled_at - 2, stalled_at - 1))
+    before = cluster.keeper.avoiding(cluster.state, "m", stalled_at)
+    assert before == ["avoiding node-b for m for 10 min: 3 stalled starts"]
+    cluster.restart_keeper(stalled_at)  # a new master, or a bridge taking over
+    assert cluster.keeper.avoiding(cluster.state, "m", stalled_at) == before
+    # On another clock: the same moment in Unix time is the same words.
+    cluster.keeper.wall_offset = 1000.0
+    assert cluster.keeper.avoiding(cluster.state, "m", stalled_at - 1000.0) == before
+    assert cluster.keeper.avoiding(cluster.state, "m", stalled_at - 1000.0 + AVOID_FOR_S) == []
+
+
 def test_a_newly_broken_instance_is_an_incident_on_its_nodes_once() -> None:
-    cluster, deployment_id, _old, stalled_at = stalled_on_a()
+    cluster, deployment_id, old, stalled_at = stalled_on_a()
     cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="report"))
+    said: list[AnyEvent] = []
     for t in (stalled_at, stalled_at + 1, stalled_at + 2):
-        cluster.step(t)
-    incidents = cluster.keeper._repairs.incidents  # pyright: ignore[reportPrivateUsage]
-    assert incidents == {("m", "node-a"): (Incident(stalled_at, "stalled"),)}
-    cluster.step(stalled_at + INCIDENT_WINDOW_S + 1)
-    assert cluster.keeper._repairs.incidents == {}  # pyright: ignore[reportPrivateUsage]
+        said += of_type(cluster.step(t), InstanceFoundBroken)
+    assert said == [
+        InstanceFoundBroken(
+            instance_id=old, model_id="m", node_ids=("node-a",), problem="stalled", at=stalled_at
+        )
+    ]
+    incident = RepairIncident(
+        model_id="m", node_id="node-a", instance_id=old, problem="stalled", at=stalled_at
+    )
+    assert cluster.state.repair_incidents == (incident,)
+    # A new keeper (a restarted master) finds the same instance broken again: not a second one.
+    cluster.restart_keeper(stalled_at + 3)
+    for t in (stalled_at + 3, stalled_at + 3 + STALL_CEILING_S + 1):
+        assert of_type(cluster.step(t), InstanceFoundBroken) == []
+    assert cluster.state.repair_incidents == (incident,)
+    # Past the window it leaves the State, said once.
+    cluster.step(stalled_at + INCIDENT_WINDOW_S)
+    assert cluster.state.repair_incidents == (incident,)
+    expired = of_type(cluster.step(stalled_at + INCIDENT_WINDOW_S + 1), RepairIncidentsExpired)
+    assert expired == [RepairIncidentsExpired(before=stalled_at + 1)]
+    assert cluster.state.repair_incidents == ()
+    assert of_type(cluster.step(stalled_at + INCIDENT_WINDOW_S + 2), RepairIncidentsExpired) == []
+
+
+def test_an_instance_broken_with_no_deployment_of_its_model_is_no_incident() -> None:
+    cluster, deployment_id, _, stalled_at = stalled_on_a()
+    cluster.apply(DeploymentRepairChanged(deployment_id=deployment_id, repair="report"))
+    cluster.step(stalled_at - 1)
+    deployment = cluster.state.deployments[deployment_id]
+    other = deployment.model_copy(update={"model_card": card("other")})
+    elsewhere = cluster.state.model_copy(update={"deployments": {deployment_id: other}})
+    assert of_type(cluster.keeper.step(elsewhere, stalled_at), InstanceFoundBroken) == []
 
 
 def test_the_kind_is_quiet_with_nothing_broken() -> None:
@@ -376,3 +474,130 @@ def test_one_answered_chat_among_the_last_five_is_not_failing() -> None:
     cluster.keeper.note_chat("gone-instance", "timeout", T + 11)
     cluster.step(T + 12)
     assert "gone-instance" not in cluster.keeper._repairs.chats  # pyright: ignore[reportPrivateUsage]
+
+
+# --- the kind and the memory, piece by piece ---------------------------------------------------
+
+
+def verdict_of(instance_id: str, problem: Problem = "hollow") -> Verdict:
+    return Verdict(instance_id, problem, f"{instance_id} is broken", 0.0)
+
+
+def keeping(*placed: tuple[str, str, str]) -> State:
+    """Deployments (id, model) each with one instance it placed (id), on its own node, ready."""
+    state = State()
+    for n, (deployment_id, model, instance_id) in enumerate(placed):
+        node = f"node-{n}"
+        state = apply(state, node_info(node))
+        deployment = Deployment(deployment_id=deployment_id, model_card=card(model))
+        instance = build_instance(card(model), [node], instance_id)
+        state = apply(state, DeploymentCreated(deployment=deployment))
+        state = apply(state, InstanceCreated(instance=instance))
+        state = apply(state, DeploymentPlaced(deployment_id=deployment_id, instance_id=instance_id))
+    return state
+
+
+def test_the_candidates_are_one_per_deployment_of_its_own_model_past_one_under_way() -> None:
+    state = keeping(("d1", "m1", "i1-m1"), ("d2", "m2", "i3-m2"), ("d3", "m3", "i2-m3"))
+    move = InstanceMove(deployment_id="d1", old_instance_id="i1-m1", new_instance_id="x")
+    state = apply(state, DeploymentRepairPlaced(deployment_id="d1", move=move))
+    found = {i: verdict_of(i) for i in ("i1-m1", "i2-m3", "i3-m2")}
+    assert list(RepairMoves(found).candidates(state)) == [
+        Candidate("d2", "i3-m2", scope="d2"),
+        Candidate("d3", "i2-m3", scope="d3"),
+    ]
+
+
+def test_the_kinds_words_and_the_nodes_it_avoids() -> None:
+    state = keeping(("d1", "m1", "i1"))
+    kind = RepairMoves({})
+    candidate = Candidate("d1", "i1", scope="d1")
+    assert (
+        kind.words(state, candidate, [], "no room") == "cannot replace broken instance i1: no room"
+    )
+    assert kind.words(state, candidate, ["x", "y"], "no room") == (
+        "cannot replace broken instance i1 (x; y): no room"
+    )
+    assert kind.avoids(state, candidate) == {"the broken instance's": frozenset({"node-0"})}
+    backoff = RepairMoves({}, avoided={"m1": {"w": frozenset({"node-9"})}})
+    assert backoff.avoids(state, candidate) == {
+        "the broken instance's": frozenset({"node-0"}),
+        "w": frozenset({"node-9"}),
+    }
+
+
+def shut_down(state: State, *instance_ids: str) -> State:
+    for instance_id in instance_ids:
+        for runner_id in state.instances[instance_id].shard_assignments.node_to_runner.values():
+            status = RunnerStatusUpdated(runner_id=runner_id, runner_status=RunnerShuttingDown())
+            state = apply(state, status)
+    return state
+
+
+def test_observe_says_each_new_incident_once_past_those_it_must_not_say() -> None:
+    state = keeping(("d", "m", "a"), ("e", "other", "b"), ("f", "m3", "c"), ("g", "m4", "d"))
+    state = apply(state, DeploymentDeleted(deployment_id="e"))  # b: no deployment keeps it
+    known = RepairIncident(model_id="m3", node_id="node-2", instance_id="c", problem="x", at=1.0)
+    state = shut_down(state, "a", "b", "c", "d").model_copy(update={"repair_incidents": (known,)})
+    repairs = Repairs()
+    repairs.observe(state, 0.0, 1000.0)
+    repairs.found = {"a": verdict_of("a")}  # a was found at the step before
+    found = repairs.observe(state, GONE_GRACE_S, 1000.0 + GONE_GRACE_S)
+    assert list(found) == ["a", "b", "c", "d"]
+    assert repairs.incidents == [
+        InstanceFoundBroken(
+            instance_id="d",
+            model_id="m4",
+            node_ids=("node-3",),
+            problem="hollow",
+            at=1000.0 + GONE_GRACE_S,
+        )
+    ]
+
+
+def test_observe_reads_the_chats_of_every_instance_the_state_does_not_find_broken() -> None:
+    state = shut_down(keeping(("d", "m", "a"), ("e", "m2", "b")), "a")
+    for runner_id in state.instances["b"].shard_assignments.node_to_runner.values():
+        state = apply(state, RunnerStatusUpdated(runner_id=runner_id, runner_status=RunnerReady()))
+    repairs = Repairs()
+    for t in range(FAILING_CHATS):
+        repairs.note_chat("a", "timeout", float(t))
+        repairs.note_chat("b", "timeout", float(t))
+    repairs.observe(state, 0.0, 0.0)
+    found = repairs.observe(state, GONE_GRACE_S, GONE_GRACE_S)
+    assert (found["a"].problem, found["b"].problem) == ("hollow", "failing")
+
+
+def test_observe_forgets_asks_for_instances_gone_and_only_those() -> None:
+    state = keeping(("d", "m", "a"), ("e", "m2", "b"))
+    repairs = Repairs()
+    repairs.asked = {"a", "gone"}
+    repairs.observe(state, 0.0, 0.0)
+    assert repairs.asked == {"a"}
+
+
+def test_an_incident_expires_only_past_the_window() -> None:
+    known = RepairIncident(model_id="m", node_id="n", instance_id="i", problem="x", at=100.0)
+    state = State(repair_incidents=(known,))
+    repairs = Repairs()
+    assert repairs.recorded(state, 100.0 + INCIDENT_WINDOW_S) == []
+    assert repairs.recorded(state, 100.5 + INCIDENT_WINDOW_S) == [
+        RepairIncidentsExpired(before=100.5)
+    ]
+
+
+def test_a_repair_under_way_is_a_kind_with_nothing_found_or_asked() -> None:
+    state = keeping(("d", "m", "a"))
+    assert Repairs().kind(state, 0.0) is None
+    move = InstanceMove(deployment_id="d", old_instance_id="a", new_instance_id="x")
+    under_way = apply(state, DeploymentRepairPlaced(deployment_id="d", move=move))
+    kind = Repairs().kind(under_way, 0.0)
+    assert kind is not None and list(kind.under_way(under_way)) == [move]
+
+
+def test_health_says_the_first_broken_instance_each_deployment_keeps() -> None:
+    state = keeping(("d", "m", "b"), ("e", "other", "c-other"))
+    state = apply(state, DeploymentDeleted(deployment_id="e"))
+    repairs = Repairs()
+    repairs.found = {i: verdict_of(i) for i in ("a-gone", "b", "c-other")}
+    assert repairs.health(state) == {"d": verdict_of("b")}

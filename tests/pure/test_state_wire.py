@@ -43,6 +43,7 @@ from keeper.model.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    InstanceFoundBroken,
     NodeConfirmedDead,
     NodeCordoned,
     NodeDownloadProgress,
@@ -53,6 +54,7 @@ from keeper.model.events import (
     NodeSuspected,
     NodeTimedOut,
     NodeUncordoned,
+    RepairIncidentsExpired,
     RunnerStatusUpdated,
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
@@ -339,6 +341,10 @@ def _every_event(state: State) -> list[AnyEvent]:
             why="runner on mini-b silent in RunnerWarmingUp for 4m12s",
         ),
         DeploymentRepairChanged(deployment_id="d", repair="report"),
+        InstanceFoundBroken(
+            instance_id="i", model_id="m", node_ids=("a", "b"), problem="hollow", at=1.5
+        ),
+        RepairIncidentsExpired(before=2.5),
     ]
 
 

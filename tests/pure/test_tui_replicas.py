@@ -11,13 +11,14 @@ from tui_clusters import three_nodes
 from exo_deploy_tui.cells import deployment_cells, deployment_columns, nodes_text, ready_cell
 from exo_deploy_tui.commands import Parsed, ParseError, parse_command
 from exo_deploy_tui.forms import check_replicas, fit_hint, validate_create
-from exo_deploy_tui.health import NO_PROGRESS_AFTER_S, UNHEALTHY_SILENT_S, unhealthy_reason
+from exo_deploy_tui.health import UNHEALTHY_SILENT_S, unhealthy_reason
 from exo_deploy_tui.model import ClusterModel, RunnerRow
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
 from keeper.model.api_models import CreateDeploymentRequest, model_entry
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.events import DeploymentScaled, IndexedEvent, RunnerStatusUpdated
+from keeper.model.instance_health import STALL_CEILING_S
 from keeper.model.readiness import ready_replicas
 from keeper.model.state import (
     MAX_REPLICAS,
@@ -101,7 +102,7 @@ def test_a_failed_runner_is_the_reason_first() -> None:
     failed = runner("mini-a", "Failed", "Metal OOM")
     quiet = {node_id_for("mini-a"): 30.0}
     reason = unhealthy_reason(
-        [runner("studio"), failed], ready=False, quiet_s=quiet, last_progress_at=0.0, now=1e6
+        [runner("studio"), failed], quiet_s=quiet, broken="runner on studio silent"
     )
     assert reason == "runner failed on mini-a: Metal OOM"
 
@@ -110,9 +111,7 @@ def test_a_node_silent_more_than_ten_seconds_makes_it_unhealthy() -> None:
     node = node_id_for("studio")
 
     def reason(quiet: float) -> str | None:
-        return unhealthy_reason(
-            [runner("studio")], ready=True, quiet_s={node: quiet}, last_progress_at=None, now=0
-        )
+        return unhealthy_reason([runner("studio")], quiet_s={node: quiet}, broken=None)
 
     assert reason(UNHEALTHY_SILENT_S) is None
     assert reason(14.2) == "node studio silent 14 s"
@@ -120,23 +119,26 @@ def test_a_node_silent_more_than_ten_seconds_makes_it_unhealthy() -> None:
 
 def test_a_node_that_left_makes_it_unhealthy() -> None:
     gone = RunnerRow(**{**runner("node1").__dict__, "node_present": False})
-    reason = unhealthy_reason([gone], ready=False, quiet_s={}, last_progress_at=None, now=0)
+    reason = unhealthy_reason([gone], quiet_s={}, broken="stalled")
     assert reason == "node node1 left the cluster"
 
 
-def test_no_progress_counts_only_while_not_ready() -> None:
-    def reason(ready: bool, still_for: float) -> str | None:
-        return unhealthy_reason(
-            [runner("studio", "Loading")],
-            ready=ready,
-            quiet_s={},
-            last_progress_at=FROZEN_NOW,
-            now=FROZEN_NOW + still_for,
-        )
+def test_the_data_models_words_come_last() -> None:
+    # Stalled or hollow is the data model's rule (keeper.model.instance_health): its words,
+    # after what the dashboard sees surely itself.
+    loading = [runner("studio", "Loading")]
+    assert unhealthy_reason(loading, quiet_s={}, broken="its words") == "its words"
+    assert unhealthy_reason(loading, quiet_s={}, broken=None) is None
+    quiet = {node_id_for("studio"): 30.0}
+    assert unhealthy_reason(loading, quiet_s=quiet, broken="its words") == "node studio silent 30 s"
 
-    assert reason(False, NO_PROGRESS_AFTER_S - 1) is None
-    assert reason(False, 312) == "no progress for 5m12s"
-    assert reason(True, 3600) is None
+
+def stalled_words(node: str, still: str) -> str:
+    """The data model's words for a 0.6 B runner loading on a node with no measured rate."""
+    return (
+        f"runner on {node} silent in RunnerLoading for {still} "
+        f"(expected ≤ 15m00s the ceiling: {node}'s load rate unknown)"
+    )
 
 
 def test_the_model_dates_progress_from_successive_states_and_events() -> None:
@@ -149,23 +151,27 @@ def test_the_model_dates_progress_from_successive_states_and_events() -> None:
         (instance,) = model.instance_rows(now)
         return instance.unhealthy
 
-    # The same State again (a poll, nodes reporting) is no progress.
-    assert unhealthy(FROZEN_NOW + 299) is None
-    assert unhealthy(FROZEN_NOW + 312) == "no progress for 5m12s"
+    # The same State again (a poll, nodes reporting) is no progress: the data model's bound
+    # (the ceiling: no rate measured on mini-a) and its words.
+    ceiling = STALL_CEILING_S
+    assert unhealthy(FROZEN_NOW + ceiling - 1) is None
+    assert unhealthy(FROZEN_NOW + ceiling + 12) == stalled_words("mini-a", "15m12s")
     # A layer more, by an event: progress, dated when it arrived.
     more = RunnerStatusUpdated(
         runner_id="run-qwen3-0.6b-4bit-0",
         runner_status=RunnerLoading(layers_loaded=4, total_layers=28),
     )
     idx = model.state.last_event_applied_idx + 1
-    model.handle(EventUpdate(IndexedEvent(idx=idx, event=more)), FROZEN_NOW + 320)
-    assert unhealthy(FROZEN_NOW + 600) is None
-    assert unhealthy(FROZEN_NOW + 620) == "no progress for 5m00s"
+    moved_at = FROZEN_NOW + ceiling + 20
+    model.handle(EventUpdate(IndexedEvent(idx=idx, event=more)), moved_at)
+    assert unhealthy(moved_at + ceiling - 1) is None
+    assert unhealthy(moved_at + ceiling) == stalled_words("mini-a", "15m00s")
     # A download moving on its node, seen by polling: progress too.
     entry = _ongoing(node_id_for("mini-a"), QWEN)
     state = model.state.model_copy(update={"downloads": {node_id_for("mini-a"): [entry]}})
-    model.handle(SnapshotUpdate(state, None), FROZEN_NOW + 630)
-    assert unhealthy(FROZEN_NOW + 900) is None
+    downloaded_at = moved_at + ceiling + 10
+    model.handle(SnapshotUpdate(state, None), downloaded_at)
+    assert unhealthy(downloaded_at + ceiling - 1) is None
 
 
 CARDS = catalog_by_id()
@@ -192,9 +198,10 @@ def test_a_download_of_another_model_is_not_progress() -> None:
     entry = _ongoing(node_id_for("mini-a"), LLAMA)
     state = model.state.model_copy(update={"downloads": {node_id_for("mini-a"): [entry]}})
     model.handle(SnapshotUpdate(state, None), FROZEN_NOW + 100)
-    model.handle(SnapshotUpdate(heard_at(state, FROZEN_NOW + 300), None), FROZEN_NOW + 300)
-    (instance,) = model.instance_rows(FROZEN_NOW + 300)
-    assert instance.unhealthy == "no progress for 5m00s"
+    now = FROZEN_NOW + STALL_CEILING_S
+    model.handle(SnapshotUpdate(heard_at(state, now), None), now)
+    (instance,) = model.instance_rows(now)
+    assert instance.unhealthy == stalled_words("mini-a", "15m00s")
 
 
 def test_a_failed_replica_is_unhealthy_and_the_ready_one_is_not() -> None:

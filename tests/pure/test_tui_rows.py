@@ -10,7 +10,7 @@ from collections.abc import Callable
 from model_ids import LLAMA, QWEN
 
 from exo_deploy_tui.derive import deployment_rows, derive, instance_rows, load_progress
-from exo_deploy_tui.health import InstanceProgress
+from exo_deploy_tui.health import InstanceMarks
 from exo_deploy_tui.liveness import NodeLiveness
 from exo_deploy_tui.master_clock import MasterClock
 from exo_deploy_tui.moves import Moves
@@ -21,6 +21,7 @@ from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from exo_deploy_tui.timers import Timer, keeper_timers
 from exo_deploy_tui.tracking import Tracked
 from keeper.model.events import NodeTimedOut
+from keeper.model.instance_health import STALL_CEILING_S
 from keeper.model.state import (
     DeploymentId,
     InstanceId,
@@ -148,10 +149,12 @@ def test_instance_rows_say_why_one_looks_unhealthy() -> None:
         .state
     )
     quiet: dict[NodeId, float] = {node_id_for("studio"): 1.0, node_id_for("mini"): 1.0}
-    moved: dict[InstanceId, float] = {"inst-llama-3.2-1b-instruct-4bit": T - 600}
-    rows = instance_rows(state, derive(state, {}), T, quiet_for=quiet.get, last_progress=moved.get)
+    broken: dict[InstanceId, str] = {"inst-llama-3.2-1b-instruct-4bit": "the data model's words"}
+    rows = instance_rows(
+        state, derive(state, {}), quiet_for=quiet.get, broken=lambda i: broken.get(i.instance_id)
+    )
     assert [(r.model_id, r.unhealthy) for r in rows] == [
-        (LLAMA, "no progress for 10m00s"),
+        (LLAMA, "the data model's words"),
         (QWEN, "runner failed on mini: Metal OOM"),
     ]
     (runner,) = rows[0].runners
@@ -238,26 +241,23 @@ def test_the_keepers_timers_prefer_its_seconds_over_its_dates() -> None:
     assert timers[LLAMA_ID] == Timer(1, T + 30.0, None)  # its date, on our clock
 
 
-def test_an_instance_is_dated_when_it_moves_and_forgotten_once_ready() -> None:
-    loading = (
-        ClusterBuilder()
-        .node("mini")
-        .deployment(QWEN, on=["mini"], runners=[RunnerLoading(layers_loaded=1, total_layers=8)])
-    )
-    instance_id = "inst-qwen3-0.6b-4bit"
-    progress = InstanceProgress()
-    progress.note(loading.state, T)
-    progress.note(loading.state, T + 5)  # nothing moved
-    assert progress.since(instance_id) == T
-    more = (
-        ClusterBuilder()
-        .node("mini")
-        .deployment(QWEN, on=["mini"], runners=[RunnerLoading(layers_loaded=2, total_layers=8)])
-    )
-    progress.note(more.state, T + 9)
-    assert progress.since(instance_id) == T + 9
-    progress.note(ClusterBuilder().node("mini").deployment(QWEN, on=["mini"]).state, T + 10)
-    assert progress.since(instance_id) is None
-    progress.note(loading.state, T + 11)
-    progress.note(State(), T + 12)
-    assert progress.since(instance_id) is None
+def test_the_marks_date_an_instance_when_it_moves_and_judge_it_as_the_data_model_does() -> None:
+    def loading_at(layers: int) -> State:
+        runners = [RunnerLoading(layers_loaded=layers, total_layers=8)]
+        return ClusterBuilder().node("mini").deployment(QWEN, on=["mini"], runners=runners).state
+
+    loading = loading_at(1)
+    (instance,) = loading.instances.values()
+    marks = InstanceMarks()
+    marks.note(loading, T)
+    marks.note(loading, T + 5)  # nothing moved
+    assert marks.why(instance, loading, T + STALL_CEILING_S - 1) is None
+    stalled = marks.why(instance, loading, T + STALL_CEILING_S)
+    assert stalled is not None and stalled.startswith("runner on mini silent in RunnerLoading")
+    more = loading_at(2)
+    marks.note(more, T + 9)  # a layer more: dated again
+    assert marks.why(instance, more, T + STALL_CEILING_S) is None
+    assert marks.why(instance, more, T + 9 + STALL_CEILING_S) is not None
+    ready = ClusterBuilder().node("mini").deployment(QWEN, on=["mini"]).state
+    marks.note(ready, T + 10)
+    assert marks.why(instance, ready, T + 10 + 3600) is None  # ready: nothing to say

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import anyio
 import pytest
@@ -14,9 +15,11 @@ from model_ids import QWEN as MODEL
 from waiting import wait_until
 
 from keeper.cluster.in_process import InProcessCluster
+from keeper.core.keeper import Keeper
+from keeper.core.repair import AVOID_FOR_S
 from keeper.link.protocol import ChatMessage
 from keeper.master.service import Master
-from keeper.model.events import DeploymentRepairPlaced
+from keeper.model.events import DeploymentRepairPlaced, InstanceFoundBroken
 from keeper.model.refusals import ChatFailedError, NoInstanceError
 from keeper.model.state import (
     SERVING_RUNNER_TYPES,
@@ -28,6 +31,8 @@ from keeper.model.state import (
     State,
 )
 from keeper.node.sim_node import NodeConfig, SimFault
+from keeper.runtime.clock import AnyioClock
+from keeper.runtime.hosted_keeper import KeeperWrapper
 
 NODES = [
     NodeConfig(name="big", memory_gb=64, load_gb_per_s=2.0),
@@ -193,4 +198,56 @@ async def test_a_fault_set_on_a_serving_node_takes_its_runners_and_heals() -> No
         await anyio.sleep(3)
         assert not isinstance(status(), SERVING_RUNNER_TYPES)
         assert instance.instance_id not in node.running_instances()
+        group.cancel_scope.cancel()
+
+
+def avoided_now(master: Master) -> list[str]:
+    """What the master's keeper avoids for the model now, in words."""
+    hosted = master.keeper
+    assert isinstance(hosted, KeeperWrapper) and isinstance(hosted.inner, Keeper)
+    return hosted.inner.avoiding(master.state, MODEL, master.clock.monotonic())
+
+
+@pytest.mark.anyio
+async def test_a_restarted_master_still_avoids_the_node_until_the_same_moment(
+    tmp_path: Path,
+) -> None:
+    # The backoff's facts are events in the log: a master rebuilt from it (another process,
+    # another monotonic clock) reads them on its own wall clock and says the same.
+    said = "avoiding node-big for " + MODEL + " for 10 min: 3 stalled starts"
+    # One wall clock for both, moving with virtual time (as the host's does across processes):
+    # the incidents are stamped in it, and each master reads them through its own offset.
+    wall_clock = AnyioClock()
+    first = Master(tmp_path, clock=wall_clock)
+    async with anyio.create_task_group() as group:
+        await group.start(first.run)
+        await first.create_deployment(MODEL, standby=0)
+        wall = first.clock.wall().timestamp()
+        await first.emit(
+            [
+                InstanceFoundBroken(
+                    instance_id=f"broken-{n}",
+                    model_id=MODEL,
+                    node_ids=("node-big",),
+                    problem="stalled",
+                    at=wall - 60 * (2 - n),
+                )
+                for n in range(3)
+            ]
+        )
+        await wait_until(lambda: len(first.state.repair_incidents) == 3, 5, "applied")
+        assert avoided_now(first) == [said]
+        group.cancel_scope.cancel()
+
+    await anyio.sleep(60)  # down for a minute
+    second = Master(tmp_path, clock=wall_clock)
+    async with anyio.create_task_group() as group:
+        await group.start(second.run)
+        assert len(second.state.repair_incidents) == 3  # from the log
+        assert avoided_now(second) == [said.replace("10 min", "9 min")]
+        # Until the same moment: AVOID_FOR_S after the last incident, not after the restart.
+        await anyio.sleep(AVOID_FOR_S - 60 - 5)
+        assert avoided_now(second) != []
+        await anyio.sleep(10)
+        assert avoided_now(second) == []
         group.cancel_scope.cancel()
