@@ -94,8 +94,19 @@ SHARD: TypeAdapter[AnyShard] = TypeAdapter(Shard)
 # exo's own answer to an accepted command.
 ACCEPTED = "Command received."
 # Our State's keys that exo's has not: the stand-in runs no keeper (and exo has no cordons, nor
-# the fast failover's verdicts, docs/design.md §5.18).
-NOT_EXO_STATE_KEYS = frozenset({"deployments", "servingHistory", "cordoned", "drains", "nodeWatch"})
+# the fast failover's verdicts, docs/design.md §5.18, nor the repairs' notes and incidents,
+# §5.19).
+NOT_EXO_STATE_KEYS = frozenset(
+    {
+        "deployments",
+        "servingHistory",
+        "cordoned",
+        "drains",
+        "nodeWatch",
+        "repairNotes",
+        "repairIncidents",
+    }
+)
 
 
 def known_model(model_id: str) -> ExoModel:

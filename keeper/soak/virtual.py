@@ -56,6 +56,7 @@ from keeper.model.liveness import LivenessConfig
 from keeper.model.refusals import RefusalError
 from keeper.model.state import State
 from keeper.node.sim_node import NodeConfig
+from keeper.runtime.clock import AnyioClock
 from keeper.runtime.event_log import LOG_FILE
 from keeper.soak.faults import BROKEN_KINDS, MASTER_DOWN_S, FaultKind, FaultSpec
 from keeper.soak.load import LoadSettings, error_label
@@ -152,6 +153,12 @@ class VirtualTarget:
         # sequence rather than starting it again.
         self._new_id = new_id
         self._config = config if config is not None else MasterConfig()
+        # One wall clock for every master of the run, made in the event loop on first start: a
+        # host's wall clock runs on across a master's restart, and an AnyioClock made anew would
+        # anchor to real time, which under the MockClock lags the virtual time that passed, so
+        # a restarted master would read the State's Unix times (serving records, the repairs'
+        # incidents) as hours ahead.
+        self._clock: AnyioClock | None = None
         self._configs = node_configs(nodes)
         self._cluster = InProcessCluster(None, self._configs)
         self._master: Master | None = None
@@ -173,7 +180,9 @@ class VirtualTarget:
 
     async def _start_master(self) -> None:
         assert self._group is not None
-        master = Master(self._data_dir, config=self._config, new_id=self._new_id)
+        if self._clock is None:
+            self._clock = AnyioClock()
+        master = Master(self._data_dir, config=self._config, new_id=self._new_id, clock=self._clock)
         scope = anyio.CancelScope()
         stopped = anyio.Event()
 
