@@ -51,10 +51,14 @@ $(PROMTOOL_STAMP): $(STAMP)
 
 # Parallel: the process tests mostly wait on real time, so more workers than cores pay
 # (measured on 2 cores: docs/design.md §10). loadgroup keeps each xdist_group on one worker.
-PYTEST_WORKERS ?= 5
+PYTEST_WORKERS ?= 6
 # The layering check lives in tests/pure/test_layering.py and runs with the rest of pytest.
+# Bytecode is written (PYTHONDONTWRITEBYTECODE unset for the run, if the shell sets it): every
+# test worker, and each of the hundreds of exo-deploy processes the suite starts, would otherwise
+# compile our modules from source again, and pytest rewrite every test module's asserts again
+# (docs/design.md §10, "Start-up").
 pytest: $(STAMP) $(PROMTOOL_STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
 
 # The pure tests alone (plain functions: no event loop, sockets or processes). The suite's other
 # folders, tests/virtual, tests/tui and tests/processes, run with make test; each folder is also a

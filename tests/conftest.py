@@ -27,6 +27,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis times each example against a 200 ms deadline by default; on two cores shared by the
+# whole parallel suite an example that takes 0.1 ms alone can take 250 ms, and the test fails as
+# "flaky" for a reason it does not check. What a property test checks is the property: speed is
+# ``make bench``'s. So no deadline, for every property test.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 TESTS = Path(__file__).parent
 KINDS = ("pure", "virtual", "tui", "processes")

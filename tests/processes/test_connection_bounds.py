@@ -24,8 +24,10 @@ from threaded_master import (
 
 from keeper.httpapi.connection_deadlines import MAX_HEAD_BYTES, ConnectionDeadlines
 
-# What a closing may take on a loaded two-core machine.
-SLACK_S = 5.0
+# What a closing may take on two cores the whole parallel suite shares (5 s was seen to pass
+# there); under the head's own 10 s deadline (HEAD_TIMEOUT_S), so a close still says which
+# bound acted.
+SLACK_S = 9.0
 MAX_CONNECTIONS = 4
 
 
