@@ -402,6 +402,7 @@ class Soak:
             now = anyio.current_time()
             for health in healths.values():
                 if health.broken_instance is not None:
+                    self.watch.judged_broken(health.broken_instance)
                     self._on_repair(health.broken_instance, now)
             for fault in waiting:
                 progress = self._progress_of(fault, connected, replicas)

@@ -54,6 +54,9 @@ class ExclusionReason(StrEnum):
     NO_CAPACITY = "nothing_fit"  # placement failed until the cluster changed
     MASTER_RESTART = "master_restarted"  # the master changed mid-gap
     UNFINISHED = "never_placed"  # still open when the run ended
+    # The keeper had judged it broken (a health verdict or a repair): to the keeper it never
+    # served, so its loss is a failed start and the backoff applies, as for one lost before ready.
+    BROKEN = "judged_broken"
 
 
 @dataclass
@@ -171,12 +174,17 @@ class ClusterWatch:
         self.events = 0
         self._master_started_at = -STARTUP_GRACE
         self._gaps: dict[str, list[_Gap]] = {}  # by model, oldest first
+        self._broken: set[str] = set()  # instances the keeper judged broken
 
     # --- what the run tells it ------------------------------------------------------------
 
     def master_started(self, at: float) -> None:
         """A (new) master began at ``at``: its deletions within STARTUP_GRACE wait by design."""
         self._master_started_at = at
+
+    def judged_broken(self, instance_id: str) -> None:
+        """The keeper judged the instance broken (its health verdict, seen by the run)."""
+        self._broken.add(instance_id)
 
     # --- what the stream carries -----------------------------------------------------------
 
@@ -209,8 +217,10 @@ class ClusterWatch:
                 self._instance_deleted(gone, now)
         elif isinstance(event, InstanceCreated):
             self._instance_created(event.instance, now)
-        elif isinstance(event, DeploymentRepairPlaced) and self._on_repair is not None:
-            self._on_repair(event.move.old_instance_id, now)
+        elif isinstance(event, DeploymentRepairPlaced):
+            self._broken.add(event.move.old_instance_id)
+            if self._on_repair is not None:
+                self._on_repair(event.move.old_instance_id, now)
         elif isinstance(event, DeploymentPlacementFailed):
             deployment = self.state.deployments.get(event.deployment_id)
             model = deployment.model_card.model_id if deployment else None
@@ -275,7 +285,9 @@ class ClusterWatch:
         if self._missing_instances().get(model, 0) <= len(gaps):
             return  # still as many as its replicas, or no deployment wants it
         excluded: ExclusionReason | None = None
-        if now < self._master_started_at + STARTUP_GRACE:
+        if gone.instance_id in self._broken:
+            excluded = ExclusionReason.BROKEN
+        elif now < self._master_started_at + STARTUP_GRACE:
             excluded = ExclusionReason.GRACE
         elif ready_at is None or now - ready_at < KEEPER_STEP_S:
             excluded = ExclusionReason.BACKOFF
