@@ -241,9 +241,20 @@ class ProxyProcess:
         self.process.send_signal(signal.SIGUSR1)
         self.wait_line("cut", 10)
 
-    def heal(self) -> None:
+    def heal(self) -> int:
+        """Let everything through again; how many answer chunks it dropped since ``swallow``."""
         self.process.send_signal(signal.SIGUSR2)
-        self.wait_line("healed", 10)
+        dropped = 0
+        end = time.monotonic() + 10
+        while (left := end - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line.startswith("healed"):
+                return dropped
+            dropped += line.startswith("swallowed")
+        raise TimeoutError("the proxy did not print 'healed' in 10 s")
 
     def stop(self) -> None:
         self.process.terminate()

@@ -154,6 +154,8 @@ def _every_write_path(running: Stack, proxy: ProxyProcess) -> None:
         seen = bridge.health()
         return True if seen is not None and not seen["store"]["stale"] else None
 
+    untested: list[str] = []
+
     def unknown_then(
         what: str,
         method: str,
@@ -168,8 +170,16 @@ def _every_write_path(running: Stack, proxy: ProxyProcess) -> None:
             wait_for("the store to answer", 20, store_back)
             proxy.swallow()
             answer = _through(bridge.url, method, path, body)
-            proxy.heal()
-            assert answer.status_code == 503, (what, answer.status_code, answer.text)
+            dropped = proxy.heal()
+            if answer.status_code == 200 and dropped == 0:
+                # The proxy dropped nothing while the write ran: its answer never crossed it
+                # swallowing (seen on a loaded machine), so this write tested no unknown
+                # outcome; it landed, and the next path goes on from there. A 200 while answers
+                # were dropped fails below; most paths must have tested theirs (the end).
+                untested.append(what)
+                wait_for(f"{what}'s change to show", 20, landed)
+                return
+            assert answer.status_code == 503, (what, answer.status_code, dropped, answer.text)
             if "outcome unknown" in answer.text:
                 assert "check with GET /deployments" in answer.text, (what, answer.text)
                 assert "nothing was changed" not in answer.text, (what, answer.text)
@@ -216,3 +226,5 @@ def _every_write_path(running: Stack, proxy: ProxyProcess) -> None:
     unknown_then("cordon", "POST", f"/nodes/{node}/cordon", None, lambda: node_says("cordoned"))
     unknown_then("drain", "POST", f"/nodes/{node}/drain", {}, lambda: node_says("drain"))
     unknown_then("delete", "DELETE", path, None, lambda: True if deployment() is None else None)
+    # Six write paths; a loaded machine may let one slip past the swallowing, not most.
+    assert len(untested) <= 2, f"paths whose unknown outcome went untested: {untested}"
