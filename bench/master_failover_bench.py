@@ -29,7 +29,8 @@ LOAD_S = 1.0
 
 
 def run() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    sys.path[:0] = [str(tests), str(tests / "processes")]
     import test_e2e_failover as steps  # pyright: ignore[reportMissingImports]  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="bench-masterfail-") as tmp:
