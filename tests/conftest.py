@@ -47,10 +47,33 @@ KINDS = ("pure", "virtual", "tui", "processes")
 E2E_LANES = int(os.environ.get("EXO_DEPLOY_E2E_LANES", "4"))
 
 
+# What an e2e test takes unless it says more (``@pytest.mark.e2e(seconds=N)``): most take 10 to
+# 40 s. The lanes are filled longest first, each test into the lane with the least so far, so a
+# few long ones (a stalled start waits out its 60 s floor) do not end up in one lane.
+E2E_TYPICAL_S = 20.0
+
+
+def _e2e_seconds(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("e2e")
+    return float(marker.kwargs.get("seconds", E2E_TYPICAL_S)) if marker else 0.0
+
+
+def _assign_lanes(items: list[pytest.Item]) -> None:
+    lanes = [0.0] * E2E_LANES
+    e2e = [
+        item
+        for item in items
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("xdist_group")
+    ]
+    for item in sorted(e2e, key=_e2e_seconds, reverse=True):  # stable: ties keep their order
+        lane = lanes.index(min(lanes))
+        lanes[lane] += _e2e_seconds(item)
+        item.add_marker(pytest.mark.xdist_group(f"e2e-lane-{lane}"))
+
+
 # First: xdist's own hook reads the xdist_group markers into the test ids.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    lane = 0
     for item in items:
         if not item.path.is_relative_to(TESTS):
             continue
@@ -60,9 +83,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.path}: a test module lives in one of tests/{{{','.join(KINDS)}}}/"
             )
         item.add_marker(kind)
-        if item.get_closest_marker("e2e") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(f"e2e-lane-{lane % E2E_LANES}"))
-            lane += 1
+    _assign_lanes(items)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -101,6 +101,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         bridge_out.close()
 
 
+@pytest.mark.e2e(seconds=37)
 def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Processes) -> None:
     started = time.monotonic()
 

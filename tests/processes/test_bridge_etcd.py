@@ -321,6 +321,7 @@ def test_bad_store_arguments_exit_2(tmp_path: Path) -> None:
         assert runs[case].returncode == 2 and words in runs[case].stderr, (case, runs[case].stderr)
 
 
+@pytest.mark.e2e(seconds=38)
 def test_a_prefix_of_another_exo_cluster_is_refused(tmp_path: Path) -> None:
     with stack(tmp_path) as running:
         first = running.start_bridge("first")

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.e2e
 KILLS = int(os.environ.get("EXO_DEPLOY_BRIDGE_KILLS", "6"))
 
 
+@pytest.mark.e2e(seconds=55)
 def test_kills_of_the_acting_bridge_duplicate_nothing_and_lose_no_write(tmp_path: Path) -> None:
     with stack(tmp_path) as running:
         report = kill_loop(running, KILLS)

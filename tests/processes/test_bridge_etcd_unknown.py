@@ -118,6 +118,7 @@ def _through(url: str, method: str, path: str, body: dict[str, Any] | None) -> h
     return httpx.request(method, f"{url}{path}", json=body, timeout=15, trust_env=False)
 
 
+@pytest.mark.e2e(seconds=40)
 def test_every_write_path_says_outcome_unknown_and_the_change_is_there(tmp_path: Path) -> None:
     with stack(tmp_path) as running:
         proxy = ProxyProcess(running.etcd.members[0].client_port)

@@ -56,6 +56,7 @@ CLIENTS = 2
 CHATS_AFTER = 50
 
 
+@pytest.mark.e2e(seconds=80)
 def test_freezes_a_paused_bridge_and_a_kill_under_load_through_the_bridge(tmp_path: Path) -> None:
     with running(tmp_path) as run, Watch(run).watching() as watch:
         first = deploy_and_wait(run, REPLICAS)
@@ -119,6 +120,7 @@ def test_freezes_a_paused_bridge_and_a_kill_under_load_through_the_bridge(tmp_pa
     assert killed.share >= 0.999
 
 
+@pytest.mark.e2e(seconds=40)
 def test_a_kill_through_the_bridge_with_fast_failover_off(tmp_path: Path) -> None:
     # exo's rule at half its lengths (15 s of silence, a sweep every 3 s): the same rule, half
     # the wait, and still well apart from what fast failover would do (8 s); the full 30 s /

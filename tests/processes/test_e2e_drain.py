@@ -95,6 +95,7 @@ def under_load(cluster: Cluster, models: tuple[str, ...]) -> Iterator[tuple[list
             thread.join(timeout=CHAT_TIMEOUT_S + 5)
 
 
+@pytest.mark.e2e(seconds=45)
 def test_a_drain_under_load_fails_no_chat_and_keeps_replicas_plus_one(cluster: Cluster) -> None:
     wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
     for model, replicas in REPLICAS.items():
@@ -168,6 +169,7 @@ def _changed(cluster: Cluster, model: str) -> bool | None:
     return (len(instances) == 1 and as_asked) or None
 
 
+@pytest.mark.e2e(seconds=45)
 def test_a_rolling_change_of_sharding_under_load_fails_no_chat(cluster: Cluster) -> None:
     wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
     ids: dict[str, str] = {}

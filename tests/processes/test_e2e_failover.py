@@ -258,6 +258,7 @@ def freezes_pause_and_kill(
     return Figures(replaced_s, deleted_s, surplus_s, serving_s, lost_s, watch.most)
 
 
+@pytest.mark.e2e(seconds=65)
 def test_freezes_a_paused_master_and_a_kill_on_our_master(tmp_path: Path) -> None:
     # The master's pause passes dead-after (8 s) and its own settling: what it must not do on
     # waking is the same as after 30 s.
@@ -271,6 +272,7 @@ def test_freezes_a_paused_master_and_a_kill_on_our_master(tmp_path: Path) -> Non
     assert figures.serving_s < EXO_TIMEOUT_S
 
 
+@pytest.mark.e2e(seconds=40)
 def test_a_kill_with_fast_failover_off_waits_for_exos_timeout(tmp_path: Path) -> None:
     # exo's rule at half its lengths (15 s of silence, a sweep every 3 s): the same rule, half
     # the wait, and still well apart from what fast failover would do (8 s); the full 30 s /

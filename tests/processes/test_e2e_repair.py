@@ -71,7 +71,11 @@ def _instance_on(running: Running, name: str) -> str | None:
 
 @pytest.mark.parametrize(
     ("faulty", "problem"),
-    [("lose-runner", "hollow"), ("fail-chats", "failing"), ("stall-warmup", "stalled")],
+    [
+        ("lose-runner", "hollow"),
+        ("fail-chats", "failing"),
+        pytest.param("stall-warmup", "stalled", marks=pytest.mark.e2e(seconds=90)),
+    ],
     indirect=["faulty"],
 )
 def test_a_broken_instance_is_replaced_and_the_model_answers_again(

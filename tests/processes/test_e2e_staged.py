@@ -75,6 +75,7 @@ def _instance(cluster: Cluster) -> tuple[str, str] | None:
     return found[0] if len(found) == 1 else None
 
 
+@pytest.mark.e2e(seconds=40)
 def test_a_kill_lands_on_the_staged_node_and_serves_without_a_download(cluster: Cluster) -> None:
     wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
     created = cluster.cli("deploy", QWEN, "--standby", "1")

@@ -44,6 +44,7 @@ def ready_replicas(url: str) -> int | None:
     return deployment["readyReplicas"]
 
 
+@pytest.mark.e2e(seconds=60)
 def test_chats_under_load_through_a_kill_of_one_of_two_replicas(tmp_path: Path) -> None:
     with running(tmp_path) as cluster:
         wait_for("the master and 3 nodes", 60, lambda: _all_up(cluster))
