@@ -1133,8 +1133,8 @@ def test_a_covered_stop_is_written_once_and_only_for_a_node_newly_lost() -> None
 
 def test_a_covered_stops_dates_are_to_the_millisecond() -> None:
     served = ServingRecord(at=0.0, serving=True)
-    (stop,) = covered_stop(served, covered_record(at=27.12345, detected=3.00049))
-    assert (stop.at, stop.noticed) == (22.123, 25.123)
+    (stop,) = covered_stop(served, covered_record(at=27.12395, detected=3.00049))
+    assert (stop.at, stop.noticed) == (22.123, 25.123)  # from 22.12346 and 25.12349
 
 
 def test_a_covered_stop_is_noticed_after_any_detection_and_not_without_one() -> None:
