@@ -380,11 +380,13 @@ def _covered_stop(
     phases = covered.phases
     if phases is None or (len(records) > 1 and not records[-2].serving):
         return None
+    # Newly lost: an instance serving in ``before`` has no node confirmed dead there (one on a
+    # dead node is not ready, docs/design.md 3.4), so a node dead in ``after`` just died.
     lost = [
         node
         for instance in _serving_instances(before, deployment_id)
         for node in instance.shard_assignments.node_to_runner
-        if (_is_dead(after, node) and not _is_dead(before, node))
+        if _is_dead(after, node)
         or (node in before.topology.nodes and node not in after.topology.nodes)
     ]
     if not lost:

@@ -1034,3 +1034,133 @@ def test_a_heartbeat_older_than_the_newest_record_dates_the_covered_stop_at_that
     stop, covered = records_of(log)[-2:]
     assert (stop.at, covered.at) == (10.0, 14.0)  # the record before: serving since 10
     assert covered.phases == RecoveryPhases(detected=2.0, placed=0.0, downloaded=0.0, loaded=2.0)
+
+
+def test_the_first_node_to_go_quiet_dates_a_covered_record_whose_instance_has_two_suspects() -> (
+    None
+):
+    log = serving_from(0.0, 10.0).at(0.0, named("n-spare", "spare"))
+    log.at(25.0, NodeSuspected(node_id="n-studio", last_heard=21.0, at=25.0))
+    log.at(26.0, NodeSuspected(node_id="n-mini", last_heard=23.0, at=26.0))
+    move = InstanceMove(deployment_id="d1", old_instance_id="i1", new_instance_id="i2")
+    log.at(26.5, FailoverReplacementPlaced(deployment_id="d1", move=move, at=26.5))
+    log.at(26.5, InstanceCreated(instance=build_instance(MODEL, ["n-spare"], "i2")))
+    log.at(28.0, *ready("i2", 1))
+    # studio, heard last at 21 and suspected at 25 (not mini-a, heard at 23, suspected at 26).
+    assert records_of(log)[-1].phases == RecoveryPhases(
+        detected=4.0, placed=1.5, downloaded=0.0, loaded=1.5
+    )
+
+
+def test_a_replacement_ready_with_no_failover_placed_counts_no_placement_time() -> None:
+    log = serving_from(0.0, 10.0).at(0.0, named("n-spare", "spare"))
+    log.at(25.0, NodeSuspected(node_id="n-studio", last_heard=22.0, at=25.0))
+    log.at(25.5, InstanceCreated(instance=build_instance(MODEL, ["n-spare"], "i2")))
+    log.at(27.0, *ready("i2", 1))
+    covered = records_of(log)[-1]
+    assert (covered.step, covered.instance_id) == ("covered", "i2")
+    assert covered.phases == RecoveryPhases(detected=3.0, placed=0.0, downloaded=0.0, loaded=2.0)
+
+
+def test_a_covered_records_phases_are_to_the_millisecond() -> None:
+    log = serving_from(0.0, 10.0).at(0.0, named("n-spare", "spare"))
+    log.at(25.0, NodeSuspected(node_id="n-studio", last_heard=21.74951, at=25.0))
+    move = InstanceMove(deployment_id="d1", old_instance_id="i1", new_instance_id="i2")
+    log.at(25.50049, FailoverReplacementPlaced(deployment_id="d1", move=move, at=25.50049))
+    log.at(25.50049, InstanceCreated(instance=build_instance(MODEL, ["n-spare"], "i2")))
+    log.at(27.0, *ready("i2", 1))
+    assert records_of(log)[-1].phases == RecoveryPhases(
+        detected=3.25, placed=0.5, downloaded=0.0, loaded=1.5
+    )
+
+
+# The covered stop from hand-written histories: any covered record, whatever came before it.
+
+
+def covered_record(
+    at: float = 27.0, detected: float = 3.0, downloaded: float = 0.0
+) -> ServingRecord:
+    phases = RecoveryPhases(detected=detected, placed=0.5, downloaded=downloaded, loaded=1.5)
+    return ServingRecord(at=at, serving=True, step="covered", instance_id="i2", phases=phases)
+
+
+def covered_stop(*records: ServingRecord, before: State | None = None) -> list[ServingRecord]:
+    """The records written when studio is confirmed dead (or ``before`` changes, if given)
+    under ``records``, during ``failing_over``."""
+    suspect = replay(failing_over(serving_from(0.0, 10.0)).events)
+    start = before if before is not None else suspect
+    after = apply(start, dead("n-studio", last_heard=22.0, at=30.0))
+    if before is not None:
+        after = apply(before, named("n-other", "other"))
+    history = {"d1": records}
+    changes = serving_changes(
+        start.model_copy(update={"serving_history": history}),
+        after.model_copy(update={"serving_history": history}),
+        30.0,
+    )
+    return [change.record for change in changes]
+
+
+STUDIO_DEAD = "node studio confirmed dead (session closed)"
+
+
+def test_a_covered_stop_is_dated_back_by_the_covered_records_phases() -> None:
+    # A history that begins with the covered record: nothing before it to keep in order.
+    assert covered_stop(covered_record()) == [
+        ServingRecord(at=22.0, serving=False, cause=STUDIO_DEAD, noticed=25.0, instance_id="i2")
+    ]
+    # Every phase adds to the down time, the download too.
+    (stop,) = covered_stop(ServingRecord(at=0.0, serving=True), covered_record(downloaded=1.0))
+    assert (stop.at, stop.noticed) == (21.0, 24.0)
+
+
+def test_a_covered_stop_never_dates_before_the_record_before_the_covered_one() -> None:
+    (stop,) = covered_stop(ServingRecord(at=24.0, serving=True), covered_record())
+    assert (stop.at, stop.noticed) == (24.0, 27.0)
+
+
+def test_a_covered_stop_is_written_once_and_only_for_a_node_newly_lost() -> None:
+    # The record before the covered one is a stop already: it is that one, written.
+    down = ServingRecord(at=22.0, serving=False, cause=STUDIO_DEAD)
+    assert covered_stop(down, covered_record()) == []
+    # studio confirmed dead already before this change: nothing newly lost.
+    already = apply(
+        replay(failing_over(serving_from(0.0, 10.0)).events),
+        dead("n-studio", last_heard=22.0, at=30.0),
+    )
+    assert covered_stop(ServingRecord(at=0.0, serving=True), covered_record(), before=already) == []
+
+
+def test_a_covered_stops_dates_are_to_the_millisecond() -> None:
+    served = ServingRecord(at=0.0, serving=True)
+    (stop,) = covered_stop(served, covered_record(at=27.12395, detected=3.00049))
+    assert (stop.at, stop.noticed) == (22.123, 25.123)  # from 22.12346 and 25.12349
+
+
+def test_a_covered_stop_is_noticed_after_any_detection_and_not_without_one() -> None:
+    served = ServingRecord(at=0.0, serving=True)
+    (quick,) = covered_stop(served, covered_record(detected=0.5))
+    assert (quick.at, quick.noticed) == (24.5, 25.0)
+    (none,) = covered_stop(served, covered_record(detected=0.0))
+    assert (none.at, none.noticed) == (25.0, None)
+
+
+def test_no_diagnosis_for_a_deployment_that_never_served() -> None:
+    log = Log().at(0.0, named("n-studio", "studio"), named("n-mini", "mini-a"))
+    log.at(0.0, DeploymentCreated(deployment=DEPLOYMENT))
+    log.at(1.0, InstanceCreated(instance=build_instance(MODEL, ["n-studio", "n-mini"], "i1")))
+    log.at(20.0, repair_placed("i1", "i2", problem="stalled"))
+    assert replay(log.events).repair_notes["d1"].instance_id == "i1"  # the note is there
+    assert [(r.serving, r.step) for r in records_of(log)] == [(False, None)]
+
+
+def test_a_broken_instance_only_the_state_after_holds_is_named_with_its_nodes() -> None:
+    down = replay(serving_from(0.0, 10.0).at(20.0, InstanceDeleted(instance_id="i1")).events)
+    created = apply(down, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i5")))
+    after = apply(created, repair_placed("i5", "i6", problem="stalled"))
+    diagnosis = serving_changes(down, after, 25.0)[0].record
+    assert (diagnosis.step, diagnosis.cause) == (
+        "diagnosed",
+        "instance i5 stalled on mini-a: "
+        "runner on studio went RunnerShutdown for 5s while studio is alive",
+    )
