@@ -13,6 +13,9 @@ from typing import Final
 
 from keeper.model.api_models import DeploymentStatus
 
+# A compact age (9s, 4m05s, 3h12m, 2d04h): the data model's rule, which the verdicts' words use too.
+from keeper.model.durations import compact_duration as duration
+
 # Every status has a word and a symbol as well as a colour, so it reads in 16 colours, with
 # NO_COLOR and to colour-blind operators. The symbols are in every common terminal font.
 STATUS_SYMBOL: Final[dict[DeploymentStatus, str]] = {
@@ -57,21 +60,6 @@ def short_id(identifier: str | None) -> str:
 def short_model(model_id: str) -> str:
     """``mlx-community/Qwen3-0.6B-4bit`` -> ``Qwen3-0.6B-4bit``: the organisation is noise."""
     return model_id.rsplit("/", 1)[-1]
-
-
-def duration(seconds: float) -> str:
-    """A compact age, as k9s shows them: 9s, 4m05s, 3h12m, 2d04h."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    minutes, s = divmod(s, 60)
-    if minutes < 60:
-        return f"{minutes}m{s:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
 
 
 def precise_duration(seconds: float) -> str:

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from keeper.model.durations import compact_duration
 from keeper.model.state import (
     AnyInstance,
     AnyRunnerStatus,
@@ -282,18 +283,6 @@ def rate_words(rate: float) -> str:
     return f"{rate / 1024**2:.0f} MB/s"
 
 
-def duration_words(seconds: float) -> str:
-    """``4m12s``, ``40s``, ``1h02m``: the shape operators read at a glance."""
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
 def _alive(state: State, node_id: NodeId) -> bool:
     return node_id in state.topology.nodes and node_id not in state.node_watch
 
@@ -331,14 +320,14 @@ def _hollow(
         ):
             if still >= GONE_GRACE_S:
                 said = "shut down" if status is not None else "gone"
-                why = f"runner on {name} {said} for {duration_words(still)} while {name} is alive"
+                why = f"runner on {name} {said} for {compact_duration(still)} while {name} is alive"
                 return Verdict(instance_id, "hollow", why, runner.changed_at, gone=True, nodes=on)
         elif (
             status is None
             and now - mark.first_seen >= NO_STATUS_GRACE_S
             and _reports_runners(state, node_id)
         ):
-            waited = duration_words(now - mark.first_seen)
+            waited = compact_duration(now - mark.first_seen)
             why = f"runner on {name} never reported a status in {waited}"
             return Verdict(instance_id, "hollow", why, mark.first_seen, nodes=on)
         if len(runner.failures) >= FAILED_TIMES:
@@ -347,7 +336,7 @@ def _hollow(
             return Verdict(instance_id, "hollow", why, runner.failures[0], nodes=on)
         if isinstance(status, RunnerFailed) and still >= FAILED_STILL_S:
             message = status.error_message or "no message"
-            why = f"runner on {name} failed {duration_words(still)} ago: {message}"
+            why = f"runner on {name} failed {compact_duration(still)} ago: {message}"
             return Verdict(instance_id, "hollow", why, runner.changed_at, nodes=on)
     return None
 
@@ -397,8 +386,8 @@ def _stalled(
     if still < bound.seconds:
         return None
     why = (
-        f"runner on {name} silent in {type(status).__name__} for {duration_words(still)} "
-        f"(expected ≤ {duration_words(bound.seconds)} {bound.basis})"
+        f"runner on {name} silent in {type(status).__name__} for {compact_duration(still)} "
+        f"(expected ≤ {compact_duration(bound.seconds)} {bound.basis})"
     )
     return Verdict(
         instance.instance_id, "stalled", why, mark.progress_at, nodes=frozenset({node_id})

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from keeper_harness import build_instance, card, link_events, node_info
 
 from keeper.model.apply import apply
+from keeper.model.durations import compact_duration
 from keeper.model.events import (
     AnyEvent,
     InstanceCreated,
@@ -33,7 +34,6 @@ from keeper.model.instance_health import (
     NodeRates,
     Verdict,
     chats_failing,
-    duration_words,
     judged,
     phase_of,
     rate_words,
@@ -152,7 +152,9 @@ def test_rates_read_in_the_unit_that_shows_them() -> None:
 
 
 def test_durations_read_as_an_operator_writes_them() -> None:
-    assert [duration_words(s) for s in (0, 59.9, 60, 252, 3599, 3600, 3720)] == [
+    seconds = (-3, 0, 59.9, 60, 252, 3599, 3600, 3720, 86399, 86400, 93600)
+    assert [compact_duration(s) for s in seconds] == [
+        "0s",
         "0s",
         "59s",
         "1m00s",
@@ -160,6 +162,9 @@ def test_durations_read_as_an_operator_writes_them() -> None:
         "59m59s",
         "1h00m",
         "1h02m",
+        "23h59m",
+        "1d00h",
+        "1d02h",
     ]
 
 
