@@ -41,11 +41,14 @@ from process_helpers import (
     alive,
     chat_reply,
     free_port,
+    freeze,
     get_json,
     model_instances,
+    nodes_heard,
     run_cli,
     start_cli,
     stop,
+    thaw_at,
     wait_for,
 )
 
@@ -269,25 +272,7 @@ def all_alive(run: Running) -> bool | None:
 
 def all_heard(run: Running) -> bool | None:
     """Every node alive and its report seen by the bridge within the last 1.5 s."""
-    listed = get_json(f"{run.bridge_url}/nodes")
-    if listed is None or len(listed["nodes"]) != 3:
-        return None
-    fresh = all(
-        n["liveness"] == "alive" and n["silent_s"] is not None and n["silent_s"] < 1.5
-        for n in listed["nodes"]
-    )
-    return True if fresh else None
-
-
-def freeze(pid: int) -> float:
-    os.killpg(pid, signal.SIGSTOP)
-    return time.monotonic()
-
-
-def thaw_at(pid: int, frozen_at: float, seconds: float) -> None:
-    """Thaw ``pid`` ``seconds`` after it froze (the fault's length is the scenario)."""
-    time.sleep(max(0.0, frozen_at + seconds - time.monotonic()))
-    os.killpg(pid, signal.SIGCONT)
+    return nodes_heard(get_json(f"{run.bridge_url}/nodes"), 3)
 
 
 @dataclass

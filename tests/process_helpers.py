@@ -160,3 +160,31 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def freeze(pid: int) -> float:
+    """SIGSTOP ``pid``'s process group; when it froze."""
+    os.killpg(pid, signal.SIGSTOP)
+    return time.monotonic()
+
+
+def thaw_at(pid: int, frozen_at: float, seconds: float) -> None:
+    """Thaw ``pid`` ``seconds`` after it froze (the fault's length is the scenario)."""
+    time.sleep(max(0.0, frozen_at + seconds - time.monotonic()))
+    os.killpg(pid, signal.SIGCONT)
+
+
+# A node heard this recently is reporting again: a couple of its one-second heartbeats.
+HEARD_WITHIN_S = 1.5
+
+
+def nodes_heard(listed: Any | None, nodes: int) -> bool | None:
+    """True when a service's ``GET /nodes`` answer lists ``nodes`` nodes, each alive and heard
+    within ``HEARD_WITHIN_S``; None otherwise (a probe for ``wait_for``)."""
+    if listed is None or len(listed["nodes"]) != nodes:
+        return None
+    fresh = all(
+        n["liveness"] == "alive" and n["silent_s"] is not None and n["silent_s"] < HEARD_WITHIN_S
+        for n in listed["nodes"]
+    )
+    return True if fresh else None

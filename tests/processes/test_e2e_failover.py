@@ -31,9 +31,12 @@ from process_helpers import (
     alive,
     chat_reply,
     free_port,
+    freeze,
     model_instances,
+    nodes_heard,
     start_cli,
     stop,
+    thaw_at,
     wait_for,
 )
 from test_e2e_cluster import Cluster, _all_up
@@ -130,25 +133,7 @@ def serving(cluster: Cluster) -> tuple[str, str] | None:
 
 def all_heard(cluster: Cluster) -> bool | None:
     """Every node alive and heard within the last 1.5 s, by the master's own GET /nodes."""
-    listed = cluster.get("/nodes")
-    if listed is None or len(listed["nodes"]) != 3:
-        return None
-    fresh = all(
-        n["liveness"] == "alive" and n["silent_s"] is not None and n["silent_s"] < 1.5
-        for n in listed["nodes"]
-    )
-    return True if fresh else None
-
-
-def freeze(pid: int) -> float:
-    os.killpg(pid, signal.SIGSTOP)
-    return time.monotonic()
-
-
-def thaw_at(pid: int, frozen_at: float, seconds: float) -> None:
-    """Thaw ``pid`` ``seconds`` after it froze (the fault's length is the scenario)."""
-    time.sleep(max(0.0, frozen_at + seconds - time.monotonic()))
-    os.killpg(pid, signal.SIGCONT)
+    return nodes_heard(cluster.get("/nodes"), 3)
 
 
 def deploy_and_wait(cluster: Cluster) -> tuple[str, str]:
