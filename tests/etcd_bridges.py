@@ -215,7 +215,9 @@ class ProxyProcess:
         for line in self.process.stdout:
             self._lines.put(line.strip())
 
-    def wait_line(self, starting: str, deadline_s: float) -> str:
+    def wait_line(self, starting: str, deadline_s: float, passed: list[str] | None = None) -> str:
+        """The first line printed that starts with ``starting``; the ones before it are
+        dropped, or kept in ``passed``."""
         end = time.monotonic() + deadline_s
         while (left := end - time.monotonic()) > 0:
             try:
@@ -224,6 +226,8 @@ class ProxyProcess:
                 break
             if line.startswith(starting):
                 return line
+            if passed is not None:
+                passed.append(line)
         raise TimeoutError(f"the proxy did not print {starting!r} in {deadline_s} s")
 
     def drain(self) -> None:
@@ -244,17 +248,9 @@ class ProxyProcess:
     def heal(self) -> int:
         """Let everything through again; how many answer chunks it dropped since ``swallow``."""
         self.process.send_signal(signal.SIGUSR2)
-        dropped = 0
-        end = time.monotonic() + 10
-        while (left := end - time.monotonic()) > 0:
-            try:
-                line = self._lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line.startswith("healed"):
-                return dropped
-            dropped += line.startswith("swallowed")
-        raise TimeoutError("the proxy did not print 'healed' in 10 s")
+        passed: list[str] = []
+        self.wait_line("healed", 10, passed)
+        return sum(line.startswith("swallowed") for line in passed)
 
     def stop(self) -> None:
         self.process.terminate()
