@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+import pytest
 from process_helpers import (
     cluster_argv,
     free_port,
@@ -37,8 +38,8 @@ from process_helpers import (
 
 from keeper.cluster.etcd_members import EtcdCluster, EtcdTls
 
-# The bridges' lease in these tests: short, so a takeover is quick, and still twice etcd's test
-# election timeout (keeper.cluster.etcd_members).
+# The bridges' lease in these tests: short, so a takeover is quick, and still above etcd's
+# floor for a lease (1.5 election timeouts: 1.5 s with keeper.cluster.etcd_members' timings).
 LEASE_S = 2
 # A takeover must happen within the lease (the old leader's key lapses) plus this: one
 # campaign round and one tick of the new leader take well under 2 s on an idle machine, but the
@@ -47,6 +48,8 @@ LEASE_S = 2
 # ``make bench``'s figure (bench/takeover_bench.py).
 TAKEOVER_MARGIN_S = 8.0
 PREFIX = "/exo-deploy-test/"
+# How much of an exited bridge's output a failure quotes: its last lines say why.
+LOG_TAIL_CHARS = 2000
 
 
 def health(url: str) -> dict[str, Any] | None:
@@ -119,7 +122,17 @@ class Stack:
         return bridge
 
     def wait_answering(self, bridge: BridgeProcess, deadline_s: float = 30) -> None:
-        wait_for(f"bridge {bridge.name} to answer", deadline_s, bridge.health)
+        """Until ``/healthz`` answers; a bridge that exited instead fails at once, with the end
+        of what it printed (why it exited), not after the deadline."""
+
+        def probe() -> dict[str, Any] | None:
+            process = bridge.process
+            if process is not None and (code := process.poll()) is not None:
+                said = bridge.log_path.read_text(errors="replace") if bridge.log_path else ""
+                pytest.fail(f"bridge {bridge.name} exited {code}: {said[-LOG_TAIL_CHARS:]}")
+            return bridge.health()
+
+        wait_for(f"bridge {bridge.name} to answer", deadline_s, probe)
 
     def acting(self) -> BridgeProcess | None:
         """The one bridge whose /healthz says it acts, if exactly one does."""

@@ -31,6 +31,10 @@ from keeper.bridge.etcd_access import StoreAccess, StoreAddress
 
 # One request to a store member on the LAN answers in milliseconds; a second means it is gone.
 REQUEST_TIMEOUT_S = 1.0
+# etcd checks a password with bcrypt, slow by design: about 0.1 s of a core, over a second on a
+# busy machine. The token it gives serves for minutes, so this one answer is worth the wait that
+# a lease renewal's is not.
+AUTHENTICATE_TIMEOUT_S = 5.0
 # How much of etcd's error body goes into a refusal's words: its message is one line.
 ERROR_CHARS = 160
 
@@ -153,16 +157,16 @@ class Gateway:
         points = list(self.address.endpoints)
         return points[self._preferred :] + points[: self._preferred]
 
-    def headers(self) -> dict[str, str]:
+    def headers(self, timeout_s: float | None = None) -> dict[str, str]:
         """The ``Authorization`` header with etcd's token, authenticating first if need be."""
         if self.access.user is None:
             return {}
         token = self._token
         if token is None:
-            token = self._authenticate(None)
+            token = self._authenticate(None, timeout_s)
         return {"Authorization": token}
 
-    def _authenticate(self, stale: str | None) -> str:
+    def _authenticate(self, stale: str | None, timeout_s: float | None) -> str:
         """A fresh token, unless another thread already replaced ``stale``."""
         with self._auth_lock:
             if self._token is not None and self._token != stale:
@@ -171,7 +175,7 @@ class Gateway:
             answer = self._post_any(
                 "/v3/auth/authenticate",
                 {"name": self.access.user, "password": self.access.password},
-                None,
+                max(timeout_s or self._timeout, AUTHENTICATE_TIMEOUT_S),
                 authenticated=False,
             )
             token = answer.get("token")
@@ -197,7 +201,7 @@ class Gateway:
         for offset, endpoint in enumerate(self._order()):
             renewed = False
             while True:
-                headers = self.headers() if authenticated else {}
+                headers = self.headers(timeout_s) if authenticated else {}
                 try:
                     answer = self._client.post(
                         self.address.http_url(endpoint, path),
@@ -222,7 +226,7 @@ class Gateway:
                     and "Authorization" in headers
                 ):
                     renewed = True
-                    self._authenticate(headers["Authorization"])
+                    self._authenticate(headers["Authorization"], timeout_s)
                     continue
                 why = answer_refusal(answer.status_code, text, self.access)
                 refused = refused or why is not None
@@ -237,11 +241,13 @@ class Gateway:
 
     # --- key-value calls ----------------------------------------------------------------------
 
-    def range(self, key: str, end: str | None = None) -> tuple[list[dict[str, Any]], int]:
+    def range(
+        self, key: str, end: str | None = None, timeout_s: float | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
         body: dict[str, Any] = {"key": b64(key)}
         if end is not None:
             body["range_end"] = b64(end)
-        answer = self.call("/v3/kv/range", body)
+        answer = self.call("/v3/kv/range", body, timeout_s)
         return cast(list[dict[str, Any]], answer.get("kvs", [])), int(answer["header"]["revision"])
 
     def txn(

@@ -89,6 +89,10 @@ IDX_DIGITS = 12
 COMMAND_TRIES = 8
 # Between two tries of a broken watch: long enough not to spin, short enough to look live.
 WATCH_RETRY_S = 0.5
+# The first read, at start-up, may wait this long for each answer: a bridge started beside a busy
+# etcd (its first TLS handshake, the password's bcrypt) must not exit for a slow answer, while a
+# refused connection still fails at once. Later reads keep the lease's short timeout.
+STARTUP_TIMEOUT_S = 5.0
 
 
 class StoreError(LogNotWritableError):
@@ -223,31 +227,35 @@ class EtcdStore:
             and self._monotonic() - renewed < self.renew_deadline_s
         )
 
-    def open(self) -> None:
-        """Read the snapshot and the log after it; MasterStartError (exit 2) if unreachable."""
+    def open(self, node_ids: Iterable[str] = ()) -> None:
+        """Read the snapshot and the log after it, then check the prefix is this exo cluster's
+        (``check_cluster`` with ``node_ids``); MasterStartError (exit 2) if unreachable or not."""
         try:
-            self._catch_up()
+            self._catch_up(STARTUP_TIMEOUT_S)
+            foreign = self.check_cluster(node_ids, STARTUP_TIMEOUT_S)
         except EtcdUnavailableError as exc:
             said = str(exc) if exc.refused else f"etcd not reachable ({exc})"
             raise MasterStartError(f"--store {self.address.url}: {said}") from None
+        if foreign is not None:
+            raise MasterStartError(f"--store {self.address.url}: {foreign}")
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, timeout_s: float | None = None) -> None:
         """Apply what the log holds past the view; reload the snapshot if the log was compacted."""
         while True:
             kvs, revision = self._gateway.range(
-                self._log_key(self.next_idx), _prefix_end(self._key("log/"))
+                self._log_key(self.next_idx), _prefix_end(self._key("log/")), timeout_s
             )
             events = [IndexedEvent.model_validate_json(_unb64(kv["value"])) for kv in kvs]
             gap = bool(events) and events[0].idx != self.next_idx
-            if (gap or (not events and self.next_idx == 0)) and self._load_snapshot():
+            if (gap or (not events and self.next_idx == 0)) and self._load_snapshot(timeout_s):
                 continue
             break
         if events and events[0].idx == self.next_idx:
             self._apply(events)
         self._revision = max(self._revision, revision)
 
-    def _load_snapshot(self) -> bool:
-        kvs, _ = self._gateway.range(self._key("snapshot"))
+    def _load_snapshot(self, timeout_s: float | None = None) -> bool:
+        kvs, _ = self._gateway.range(self._key("snapshot"), timeout_s=timeout_s)
         if not kvs:
             return False
         state = State.model_validate_json(_unb64(kvs[0]["value"]))
@@ -573,13 +581,13 @@ class EtcdStore:
 
     # --- the exo cluster this prefix belongs to -----------------------------------------------
 
-    def check_cluster(self, node_ids: Iterable[str]) -> str | None:
+    def check_cluster(self, node_ids: Iterable[str], timeout_s: float | None = None) -> str | None:
         """Why the prefix belongs to another exo cluster (no node in common), or None; records
         the nodes seen: the first bridge's, then any that join, written by the acting bridge."""
         seen = sorted(set(node_ids))
         if not seen:
             return None
-        kvs, _ = self._gateway.range(self._key("cluster"))
+        kvs, _ = self._gateway.range(self._key("cluster"), timeout_s=timeout_s)
         recorded: list[str] = json.loads(_unb64(kvs[0]["value"])) if kvs else []
         if recorded and not set(recorded) & set(seen):
             return (
@@ -601,5 +609,5 @@ class EtcdStore:
                 ]
             else:
                 compare = [created_is(key, 0)]
-            self._gateway.txn(compare, [put_op(key, json.dumps(union))])
+            self._gateway.txn(compare, [put_op(key, json.dumps(union))], timeout_s=timeout_s)
         return None

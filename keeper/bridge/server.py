@@ -211,11 +211,7 @@ def _open_store(
         lease_s=lease_s,
         access=load_access(address, access),
     )
-    store.open()
-    nodes = _exo_nodes(exo_urls)
-    foreign = store.check_cluster(nodes) if nodes else None
-    if foreign is not None:
-        raise MasterStartError(f"--store {address.url}: {foreign}")
+    store.open(_exo_nodes(exo_urls))
     return store
 
 
