@@ -12,7 +12,8 @@ abandoned move's replacement) is doomed, and the tick (``keeper.bridge.ticking``
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from keeper.bridge.creating import Creations
 from keeper.bridge.doomed import DoomedInstances
@@ -48,10 +49,12 @@ from keeper.runtime.deployments import (
     standby_events,
     standby_response,
 )
-from keeper.runtime.hosted_keeper import Started
+from keeper.runtime.hosted_keeper import Started, taken_back_unless_recorded
 from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class BridgeCommands:
@@ -152,7 +155,7 @@ class BridgeCommands:
             # State, and not while the caller waits (exo may hold commands for seconds).
             return deployment
 
-        deployment = await self._log.command(delete)
+        deployment = await self._log.command(self._taken_back(delete))
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment)
 
@@ -246,7 +249,7 @@ class BridgeCommands:
             self._creations.forget_refusal(deployment_id)
             return deployment
 
-        deployment = await self._log.command(scale)
+        deployment = await self._log.command(self._taken_back(scale))
         log.info(
             "deployment %s of %s scaled from %d to %d replica(s)",
             deployment_id,
@@ -271,7 +274,7 @@ class BridgeCommands:
             self._log.record_change(events)
             return name, events
 
-        name, events = await self._log.command(cordon)
+        name, events = await self._log.command(self._taken_back(cordon))
         return node_command_response(name, "cordoned", "is cordoned already", events)
 
     async def uncordon_node(self, node: str) -> CommandResponse:
@@ -289,7 +292,7 @@ class BridgeCommands:
             self._doom(deletions)
             return name, events
 
-        name, events = await self._log.command(uncordon)
+        name, events = await self._log.command(self._taken_back(uncordon))
         return node_command_response(name, "uncordoned", "is not cordoned", events)
 
     async def drain_node(self, node: str, force: bool) -> CommandResponse:
@@ -303,9 +306,19 @@ class BridgeCommands:
             self._log.record_change(events)
             return name, events
 
-        name, events = await self._log.command(drain)
+        name, events = await self._log.command(self._taken_back(drain))
         log.info("node %s: drain%s started", name, " (forced)" if force else "")
         return node_command_response(name, "draining", "is draining already", events)
+
+    def _taken_back(self, body: Callable[[], _T]) -> Callable[[], _T]:
+        """``body`` (a command's keeper calls and its write) with the keeper's notes of it taken
+        back when the write raises (``taken_back_unless_recorded``)."""
+
+        def guarded() -> _T:
+            with taken_back_unless_recorded(self._started.keeper):
+                return body()
+
+        return guarded
 
     def _doom(self, deletions: Sequence[InstanceDeleted]) -> None:
         now = self._started.clock.monotonic()

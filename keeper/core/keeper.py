@@ -137,6 +137,19 @@ MAX_PLACEMENT_ATTEMPTS_PER_STEP = 8
 
 
 @dataclass(frozen=True)
+class CommandMemory:
+    """What a command (``delete``, ``scale``, ``drain``) notes in the keeper's memory, as it was
+    before the command: ``Keeper.checkpoint`` takes it, ``Keeper.restore`` puts it back when the
+    host could not record the command's events. A command notes its effect at once (the State
+    trails the events), so a refused write must take the note back, or the command asked again
+    finds it done: "scaled", and nothing was."""
+
+    memos: Mapping[DeploymentId, DeploymentMemo]
+    deleting: frozenset[DeploymentId]
+    drain_ended: frozenset[str]
+
+
+@dataclass(frozen=True)
 class DeploymentTimer:
     """A read-only view of the keeper's memory of one deployment, for the API and the TUI."""
 
@@ -365,6 +378,20 @@ class Keeper:
             if deployment == deployment_id
         ]
         return notes[0] if notes else None
+
+    def checkpoint(self) -> CommandMemory:
+        """The memory a command may change, before it runs (``CommandMemory``)."""
+        return CommandMemory(
+            dict(self._memos), frozenset(self._deleting), frozenset(self._drain_ended)
+        )
+
+    def restore(self, memory: CommandMemory | None) -> None:
+        """The memory as ``checkpoint`` took it: the command's events were not recorded."""
+        if memory is None:
+            return
+        self._memos = dict(memory.memos)
+        self._deleting = set(memory.deleting)
+        self._drain_ended = set(memory.drain_ended)
 
     def drain_note(self, name: str) -> str | None:
         """Why the drain of ``name`` cannot move an instance now, or None."""

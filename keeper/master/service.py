@@ -144,6 +144,7 @@ from keeper.runtime.hosted_keeper import (
     Started,
     default_keeper,
     start_keeper,
+    taken_back_unless_recorded,
 )
 from keeper.runtime.metrics import MetricsSnapshot, ServiceMetrics, WebhookCollector
 from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
@@ -466,9 +467,10 @@ class Master:
     async def delete_deployment(self, deployment_id: str) -> CommandResponse:
         async with self._lock:
             deployment = existing_deployment(self.state.deployments, deployment_id)
-            events = self.keeper.delete(deployment_id, self.state)
-            self._stepping.keeper_changed()
-            await self._emit_and_wait(events)
+            with taken_back_unless_recorded(self.keeper):
+                events = self.keeper.delete(deployment_id, self.state)
+                self._stepping.keeper_changed()
+                await self._emit_and_wait(events)
         log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
         return deleted_response(deployment, self.new_id)
 
@@ -478,9 +480,10 @@ class Master:
         under the lock the steps and deletion take; answered once they are durable."""
         async with self._lock:
             deployment = existing_deployment(self.state.deployments, deployment_id)
-            events = scale_events(self.keeper, deployment_id, replicas, self.state)
-            self._stepping.keeper_changed()
-            await self._emit_and_wait(events)
+            with taken_back_unless_recorded(self.keeper):
+                events = scale_events(self.keeper, deployment_id, replicas, self.state)
+                self._stepping.keeper_changed()
+                await self._emit_and_wait(events)
         log.info(
             "deployment %s of %s scaled from %d to %d replica(s)",
             deployment_id,
@@ -572,9 +575,11 @@ class Master:
         async with self._lock:
             name = node_name_for(self.state, node)
             when = iso_utc(self.clock.wall())
-            events = self._drains_keeper().drain(name, force, when, self.state)
-            self._stepping.keeper_changed()
-            await self._emit_and_wait(events)
+            keeper = self._drains_keeper()
+            with taken_back_unless_recorded(keeper):
+                events = keeper.drain(name, force, when, self.state)
+                self._stepping.keeper_changed()
+                await self._emit_and_wait(events)
         log.info("node %s: drain%s started", name, " (forced)" if force else "")
         return node_command_response(name, "draining", "is draining already", events, self.new_id)
 

@@ -20,11 +20,12 @@ either is a ``NotRunningError`` (a 503) naming the service, for the master and t
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Protocol, runtime_checkable
 
-from keeper.core.keeper import DeploymentTimer, Keeper, PlaceFn
+from keeper.core.keeper import CommandMemory, DeploymentTimer, Keeper, PlaceFn
 from keeper.core.repair import RepairMoves
 from keeper.model.events import AnyEvent
 from keeper.model.instance_health import Verdict
@@ -90,6 +91,30 @@ class ReportsHealth(Protocol):
     def repair_kind(self, state: State, now: float) -> RepairMoves | None: ...
 
 
+@runtime_checkable
+class TakesBackCommands(Protocol):
+    """A keeper whose commands note their effect at once, and can take the note back
+    (``keeper.core.keeper.CommandMemory``)."""
+
+    def checkpoint(self) -> CommandMemory | None: ...
+    def restore(self, memory: CommandMemory | None) -> None: ...
+
+
+@contextlib.contextmanager
+def taken_back_unless_recorded(keeper: KeeperLike) -> Generator[None]:
+    """A command's keeper calls and the recording of their events: if the block raises (the
+    log or the store refused the write, its outcome is unknown, another bridge wrote first), the
+    keeper's notes of the command are taken back, so the command asked again is done again
+    rather than found done. An unknown outcome that did land shows in the State."""
+    memory = keeper.checkpoint() if isinstance(keeper, TakesBackCommands) else None
+    try:
+        yield
+    except BaseException:
+        if memory is not None and isinstance(keeper, TakesBackCommands):
+            keeper.restore(memory)
+        raise
+
+
 def describe(crash: BaseException) -> str:
     """An exception as the keeper records it on the deployment."""
     return f"{type(crash).__name__}: {crash}"
@@ -125,6 +150,15 @@ class KeeperWrapper:
 
     def drain_note(self, name: str) -> str | None:
         return self.inner.drain_note(name)
+
+    def checkpoint(self) -> CommandMemory | None:
+        inner = self.inner
+        return inner.checkpoint() if isinstance(inner, TakesBackCommands) else None
+
+    def restore(self, memory: CommandMemory | None) -> None:
+        inner = self.inner
+        if isinstance(inner, TakesBackCommands):
+            inner.restore(memory)
 
     def staging_note(self, deployment_id: str) -> str | None:
         inner = self.inner
