@@ -105,11 +105,13 @@ def taken_back_unless_recorded(keeper: KeeperLike) -> Generator[None]:
     """A command's keeper calls and the recording of their events: if the block raises (the
     log or the store refused the write, its outcome is unknown, another bridge wrote first), the
     keeper's notes of the command are taken back, so the command asked again is done again
-    rather than found done. An unknown outcome that did land shows in the State."""
+    rather than found done. An unknown outcome that did land shows in the State. A cancellation
+    is not a refusal: the events may be logged after it (the master's router has them), so the
+    notes stay, as they would have once the write answered."""
     memory = keeper.checkpoint() if isinstance(keeper, TakesBackCommands) else None
     try:
         yield
-    except BaseException:
+    except Exception:
         if memory is not None and isinstance(keeper, TakesBackCommands):
             keeper.restore(memory)
         raise

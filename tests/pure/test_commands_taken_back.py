@@ -59,6 +59,19 @@ def test_a_refused_delete_is_deleted_again_when_asked_again() -> None:
     assert keeper.delete(deployment_id, cluster.state) == []
 
 
+def test_a_cancelled_command_keeps_its_notes() -> None:
+    # Cancelled while its events were on their way to the log: they may still be recorded.
+    class Cancelled(BaseException):
+        pass
+
+    cluster, deployment_id = deployed()
+    keeper = cluster.keeper
+    with pytest.raises(Cancelled), taken_back_unless_recorded(keeper):
+        keeper.delete(deployment_id, cluster.state)
+        raise Cancelled
+    assert keeper.delete(deployment_id, cluster.state) == []
+
+
 def test_a_recorded_command_is_kept_and_a_refused_one_leaves_the_others_notes() -> None:
     cluster, first = deployed()
     second = cluster.deploy("n")
