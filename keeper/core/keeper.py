@@ -21,8 +21,9 @@ Replicas (docs/design.md §5.11): any instance of the model counts towards the d
 count; each deployment has at most one placement of its own in flight, so a replica is placed
 only against a state that shows the previous one; a new replica goes only to nodes that hold
 no runner of another instance of the model (anti-affinity), by handing placement a State
-without those nodes. ``scale`` and ``delete`` are commands, run by the host under the same lock
-as the steps; they remove only the keeper's own instances, which the State records durably
+without those nodes. ``scale`` and ``delete`` are commands (``keeper.core.commands``, the base
+class that holds the memory they note), run by the host under the same lock as the steps; they
+remove only the keeper's own instances, which the State records durably
 (``Deployment.placed_instance_ids``) so that a new master can still find them.
 
 Priorities (docs/design.md §5.13): the due deployments are tried highest priority first. A
@@ -42,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from keeper.core.apart import place_apart
+from keeper.core.commands import KeeperCommands
 from keeper.core.draining import DRAINS, drains_ended
 from keeper.core.failover import FailoverMoves, failing_over, failover_kind
 from keeper.core.memo import (
@@ -50,14 +52,12 @@ from keeper.core.memo import (
     observe,
     placed,
     preempted,
-    recorded,
     reported_error,
-    scaled,
     unplaceable,
     waiting,
     wanted,
 )
-from keeper.core.moves import MOVE_SETTLE, Deciding, MoveKind, Moves, Stuck
+from keeper.core.moves import MOVE_SETTLE, Deciding, MoveKind, Stuck
 from keeper.core.placement import PlaceFn, place_instance
 from keeper.core.preemption import Preemption, TrialBudget, by_priority, candidates, find
 from keeper.core.repair import RepairMoves, Repairs, avoiding
@@ -76,24 +76,19 @@ from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
-    DeploymentDeleted,
     DeploymentOptionsChanged,
     DeploymentPlaced,
     DeploymentPlacementFailed,
     DeploymentPriorityChanged,
     DeploymentScaled,
-    DownloadDeletionRequested,
     InstanceCreated,
     InstanceDeleted,
     NodeConfirmedDead,
-    NodeCordoned,
     NodeDrainEnded,
-    NodeDrainStarted,
     NodeGatheredInfo,
     NodeHeardAgain,
     NodeSuspected,
     NodeTimedOut,
-    NodeUncordoned,
     RunnerStatusUpdated,
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
@@ -137,19 +132,6 @@ MAX_PLACEMENT_ATTEMPTS_PER_STEP = 8
 
 
 @dataclass(frozen=True)
-class CommandMemory:
-    """What a command (``delete``, ``scale``, ``drain``) notes in the keeper's memory, as it was
-    before the command: ``Keeper.checkpoint`` takes it, ``Keeper.restore`` puts it back when the
-    host could not record the command's events. A command notes its effect at once (the State
-    trails the events), so a refused write must take the note back, or the command asked again
-    finds it done: "scaled", and nothing was."""
-
-    memos: Mapping[DeploymentId, DeploymentMemo]
-    deleting: frozenset[DeploymentId]
-    drain_ended: frozenset[str]
-
-
-@dataclass(frozen=True)
 class DeploymentTimer:
     """A read-only view of the keeper's memory of one deployment, for the API and the TUI."""
 
@@ -158,7 +140,7 @@ class DeploymentTimer:
     waiting: WaitReason | None
 
 
-class Keeper:
+class Keeper(KeeperCommands):
     def __init__(
         self,
         started_at: float,
@@ -171,22 +153,16 @@ class Keeper:
         first waits for its nodes to report the instances they already run). ``preview`` is the
         placement staging asks where a replica would fail over to (the bridge places through
         exo's answers but previews with our placement and exo's cards)."""
+        super().__init__(Stager(preview))
         self.started_at = started_at
         self.startup_grace = startup_grace
         self._place = place
-        # Staging's plans, the copies asked for and its pace (``keeper.core.stager``).
-        self._stager = Stager(preview)
-        self._memos: dict[DeploymentId, DeploymentMemo] = {}
-        # Deployments whose DeploymentDeleted was emitted but is not yet in the state.
-        self._deleting: set[DeploymentId] = set()
         # The exception of each deployment whose latest placement attempt crashed.
         self._crashes: dict[DeploymentId, Exception] = {}
         # Where the next step resumes its attempts when the last one stopped short of the end,
         # so that deployments past the attempts cap get their turn instead of starving.
         # (No mutation: starting after "" would be the same, as every id sorts after it.)
         self._resume_after: DeploymentId | None = None  # pragma: no mutate
-        # The moves' memory, every kind's (drains, rolling changes; ``keeper.core.moves``).
-        self._moves = Moves()
         # Broken instances: the marks their rules read, the operator's asks, the incidents
         # (``keeper.core.repair``, docs/design.md §5.19).
         self._repairs = Repairs()
@@ -194,8 +170,6 @@ class Keeper:
         # stamped in (the host's clocks, set by it; 0 when ``now`` is Unix time already), so a
         # new master or bridge reads them on its own clock (docs/design.md §5.19).
         self.wall_offset = 0.0
-        # Drains whose end was sent, until the State drops them.
-        self._drain_ended: set[str] = set()
         # Which deployments a rolling change is under way for (``_rolling_deployments``).
         self._rolling: tuple[DeploymentId, ...] = ()  # pragma: no mutate (read before used)
         # Whether a deployment has a failover under way, read with the rolling list.
@@ -379,52 +353,10 @@ class Keeper:
         ]
         return notes[0] if notes else None
 
-    def checkpoint(self) -> CommandMemory:
-        """The memory a command may change, before it runs (``CommandMemory``)."""
-        return CommandMemory(
-            dict(self._memos), frozenset(self._deleting), frozenset(self._drain_ended)
-        )
-
-    def restore(self, memory: CommandMemory | None) -> None:
-        """The memory as ``checkpoint`` took it: the command's events were not recorded."""
-        if memory is None:
-            return
-        self._memos = dict(memory.memos)
-        self._deleting = set(memory.deleting)
-        self._drain_ended = set(memory.drain_ended)
-
     def drain_note(self, name: str) -> str | None:
         """Why the drain of ``name`` cannot move an instance now, or None."""
         notes = self._moves.notes(DRAINS.name, name)
         return "; ".join(notes) if notes else None
-
-    # --- cordons and drains (commands) ------------------------------------------------------
-
-    def cordon(self, name: str, state: State) -> list[AnyEvent]:
-        """No new placement on ``name``; nothing if it is cordoned already."""
-        return [] if name in state.cordoned else [NodeCordoned(name=name)]
-
-    def uncordon(self, name: str, state: State) -> list[AnyEvent]:
-        """Placements on ``name`` again; a drain of it ends, and the replacement of a move
-        under way (the extra instance) is deleted."""
-        drain = state.drains.get(name)
-        if name not in state.cordoned and drain is None:
-            return []
-        self._moves.forget_scope(DRAINS.name, name)
-        surge = [] if drain is None else [m.new_instance_id for m in drain.moves]
-        return [
-            NodeUncordoned(name=name),
-            *(InstanceDeleted(instance_id=i) for i in surge if i in state.instances),
-        ]
-
-    def drain(self, name: str, force: bool, when: str, state: State) -> list[AnyEvent]:
-        """Cordon ``name`` and move the keeper's instances off it; nothing if it drains
-        already as asked."""
-        drain = state.drains.get(name)
-        if drain is not None and (drain.force or not force):
-            return []
-        self._drain_ended.discard(name)
-        return [NodeDrainStarted(name=name, force=force, when=when)]
 
     def staging_note(self, deployment_id: str) -> str | None:
         """Why the deployment has fewer standby sets planned than it asks for, or None."""
@@ -586,68 +518,6 @@ class Keeper:
         raised something other than ValueError; its event carries only "<Type>: <message>"."""
         return dict(self._crashes)
 
-    # --- deletion -------------------------------------------------------------------------
-
-    def delete(self, deployment_id: str, state: State) -> list[AnyEvent]:
-        """The deployment's deletion: DeploymentDeleted, then an InstanceDeleted for each of the
-        keeper's own instances of it that exists or is on its way (never one placed some other
-        way). Deleting twice, or an unknown id, returns nothing."""
-        deployment = state.deployments.get(deployment_id)
-        memo = self._memos.get(deployment_id)
-        if deployment_id in self._deleting or (deployment is None and memo is None):
-            return []
-        self._deleting.add(deployment_id)
-        events: list[AnyEvent] = [DeploymentDeleted(deployment_id=deployment_id)]
-        events.extend(
-            InstanceDeleted(instance_id=instance_id)
-            for instance_id in _own_instances(deployment, memo or FRESH, state)
-        )
-        # The copies it staged go with it (those it recorded, and those asked for whose record
-        # is still on its way); never a copy it did not make.
-        staged = dict.fromkeys(deployment.staged_on if deployment is not None else ())
-        staged.update(dict.fromkeys(self._stager.asked(deployment_id)))
-        if deployment is not None:
-            events.extend(
-                DownloadDeletionRequested(
-                    deployment_id=deployment_id,
-                    node_id=node_id,
-                    model_id=deployment.model_card.model_id,
-                )
-                for node_id in staged
-            )
-        return events
-
-    # --- scaling --------------------------------------------------------------------------
-
-    def scale(self, deployment_id: str, replicas: int, state: State) -> list[AnyEvent]:
-        """Keep ``replicas`` instances of the deployment's model from now on.
-
-        Returns DeploymentScaled and, scaling down, an InstanceDeleted for each of the keeper's
-        own instances beyond ``replicas`` (counting every instance of the model, however placed),
-        newest first, the one in flight included; an instance placed some other way is never
-        removed. Scaling up only records the count: the steps add the replicas, one at a time.
-        The same count again, an unknown deployment or one being deleted: no events.
-        A count outside 1..MAX_REPLICAS raises ValueError (the host validates before).
-        Like ``delete``, the host runs it under the lock it steps the keeper under.
-        """
-        deployment = state.deployments.get(deployment_id)
-        if deployment is None or deployment_id in self._deleting:
-            return []
-        event = DeploymentScaled(deployment_id=deployment_id, replicas=replicas)
-        memo = self._memos.get(deployment_id, FRESH)
-        if replicas == wanted(memo, deployment):
-            return []
-        own = _own_instances(deployment, memo, state)
-        model_id = deployment.model_card.model_id
-        present = sum(
-            1
-            for instance_id, instance in state.instances.items()
-            if instance.shard_assignments.model_id == model_id and instance_id not in memo.retiring
-        ) + sum(1 for instance_id in own if instance_id not in state.instances)
-        removed = tuple(reversed(own))[: max(0, present - replicas)]
-        self._memos[deployment_id] = scaled(memo, replicas, removed)
-        return [event, *(InstanceDeleted(instance_id=i) for i in removed)]
-
     # --- broken instances (docs/design.md §5.19) --------------------------------------------
 
     def repair(self, instance_id: InstanceId, state: State) -> str | None:
@@ -730,33 +600,6 @@ def move_kinds(
     if repair is not None:
         kinds.append(repair)
     return kinds
-
-
-def _own_instances(
-    deployment: Deployment | None, memo: DeploymentMemo, state: State
-) -> list[InstanceId]:
-    """The instances the keeper placed for a deployment that still exist or are on their way,
-    oldest first, leaving out those it is already removing.
-
-    They are the ones the deployment records (durable, so a new master knows them too), the
-    ones this keeper watches (recorded once their DeploymentPlaced is applied), and the one in
-    flight, newest of all: it counts even if the state does not show it yet (its InstanceDeleted
-    is emitted after its InstanceCreated), unless the state shows it already came and went.
-    """
-    named = deployment.instance_id if deployment is not None else None
-    record = recorded(deployment) if deployment is not None else ()
-    own: list[InstanceId] = []
-    for candidate in (*record, *(w.instance_id for w in memo.watched)):
-        if candidate in state.instances and candidate not in own:
-            own.append(candidate)
-    in_flight = memo.in_flight
-    if (
-        in_flight is not None
-        and in_flight not in own
-        and (in_flight in state.instances or named != in_flight)
-    ):
-        own.append(in_flight)
-    return [i for i in own if i not in memo.retiring]
 
 
 def has_instance(state: State, model_id: str) -> bool:

@@ -25,7 +25,8 @@ import logging
 from collections.abc import Generator, Mapping
 from typing import Protocol, runtime_checkable
 
-from keeper.core.keeper import CommandMemory, DeploymentTimer, Keeper, PlaceFn
+from keeper.core.commands import CommandMemory
+from keeper.core.keeper import DeploymentTimer, Keeper, PlaceFn
 from keeper.core.repair import RepairMoves
 from keeper.model.events import AnyEvent
 from keeper.model.instance_health import Verdict
