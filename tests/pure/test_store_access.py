@@ -20,8 +20,8 @@ from keeper.bridge.etcd_access import (
     load_access,
     parse_store_url,
 )
-from keeper.bridge.etcd_gateway import answer_refusal, failure_words
-from keeper.bridge.etcd_store import landed
+from keeper.bridge.etcd_gateway import AUTHENTICATE_TIMEOUT_S, answer_refusal, failure_words
+from keeper.bridge.etcd_store import STARTUP_TIMEOUT_S, EtcdStore, landed
 from keeper.runtime.starting import MasterStartError
 
 TLS = parse_store_url("etcds://a:2379,b:2379")
@@ -159,3 +159,35 @@ def test_landed_only_when_the_first_key_holds_our_value() -> None:
     assert not landed(_failed_answer(None), '{"idx":3}')
     assert not landed({"succeeded": False}, '{"idx":3}')
     assert not landed({"succeeded": False, "responses": []}, '{"idx":3}')
+
+
+def test_the_first_read_and_the_password_check_wait_longer_than_a_lease_renewal() -> None:
+    # A bridge starting beside a busy etcd: its first answers (a TLS handshake, bcrypt) may take
+    # over a second, which the lease's short timeout (0.5 s for a 2 s lease) would call a dead
+    # store, and the bridge would exit 2.
+    waits: list[tuple[str, float | None]] = []
+
+    def etcd(request: httpx.Request) -> httpx.Response:
+        waits.append((request.url.path, request.extensions["timeout"]["read"]))
+        if request.url.path == "/v3/auth/authenticate":
+            return httpx.Response(200, json={"token": "t"})
+        if request.url.path == "/v3/kv/txn":
+            return httpx.Response(200, json={"succeeded": True, "header": {"revision": "2"}})
+        return httpx.Response(200, json={"kvs": [], "header": {"revision": "1"}})
+
+    access = StoreAccess(StoreAccessOptions(user="bridge"), password="pw")
+    store = EtcdStore(PLAIN, "b1", lease_s=2.0, access=access)
+    store._gateway._client = httpx.Client(transport=httpx.MockTransport(etcd))  # pyright: ignore[reportPrivateUsage]
+    store.open(["node-a"])
+    assert [path for path, _ in waits] == [
+        "/v3/auth/authenticate",
+        "/v3/kv/range",  # the log
+        "/v3/kv/range",  # no log yet: the snapshot
+        "/v3/kv/range",  # the prefix's exo cluster
+        "/v3/kv/txn",  # recorded
+    ]
+    assert [wait for _, wait in waits] == [STARTUP_TIMEOUT_S] * 5
+    waits.clear()
+    store._gateway._token = None  # pyright: ignore[reportPrivateUsage]
+    store._gateway.range("/x")  # pyright: ignore[reportPrivateUsage]
+    assert waits == [("/v3/auth/authenticate", AUTHENTICATE_TIMEOUT_S), ("/v3/kv/range", 0.5)]
