@@ -51,20 +51,19 @@ def instances_on_dead_nodes(state: State) -> dict[InstanceId, list[NodeId]]:
 
 
 def trusted_targets(state: State, targets: list[tuple[str, NodeId]]) -> list[tuple[str, NodeId]]:
-    """The chat targets a chat may go to given the State's verdicts on nodes (docs/design.md
-    §5.18): never an instance on a node confirmed dead; one on a suspect node only when no
-    other instance is left (a suspect node may yet answer; a chat sent nowhere surely fails)."""
+    """Of the chat targets (``keeper.model.readiness.chat_targets``: ready instances, so none on
+    a node confirmed dead, which readiness already leaves out), those on no suspect node; all of
+    them when every one is on one (docs/design.md §5.18: a suspect node may yet answer; a chat
+    sent nowhere surely fails)."""
     watch = state.node_watch
     if not watch:
         return targets
 
-    def phases(instance_id: str) -> set[str]:
+    def suspected(instance_id: str) -> bool:
         nodes = state.instances[instance_id].shard_assignments.node_to_runner
-        return {watch[n].phase for n in nodes if n in watch}
+        return any(n in watch for n in nodes)
 
-    alive = [t for t in targets if "dead" not in phases(t[0])]
-    trusted = [t for t in alive if not phases(t[0])]
-    return trusted or alive
+    return [t for t in targets if not suspected(t[0])] or targets
 
 
 # --- the failover kind of move (keeper.core.moves) ------------------------------------------

@@ -1,8 +1,9 @@
 """Routing chat requests to the replicas of a model (docs/design.md §6.8).
 
 A chat goes to the rank-0 node of the least busy ready instance of its model whose nodes are all
-connected (``keeper.model.readiness.chat_targets``; ties: the State's order, as exo), leaving out
-nodes confirmed dead and, when another is left, suspect ones (``trusted_targets``); a node that
+connected (``keeper.model.readiness.chat_targets``; ties: the State's order, as exo; none on a
+node confirmed dead, which is not ready) and, when another is left, on no suspect node
+(``trusted_targets``); a node that
 cannot take it (its session closing, its outbox gone) is passed over for the next one in that
 order; should that node or instance go, or the node fail the request, before the first text, it is
 sent once more to another ready instance, and ``keeper.master.chat`` follows it from there.

@@ -25,6 +25,7 @@ from keeper.model.events import (
     NodeHeardAgain,
     NodeSuspected,
 )
+from keeper.model.readiness import chat_targets
 from keeper.model.state import InstanceMove
 
 T = AFTER_GRACE
@@ -199,14 +200,20 @@ def test_placement_for_recovery_leaves_out_suspect_nodes() -> None:
 def test_chats_leave_out_dead_nodes_and_suspect_ones_while_another_is_ready() -> None:
     cluster, _, instances = serving(replicas=2)
     a, b = sorted(instances, key=lambda i: on(cluster, i))
-    targets = [(a, on(cluster, a)[0]), (b, on(cluster, b)[0])]
-    assert trusted_targets(cluster.state, targets) == targets
+
+    def targets() -> list[tuple[str, str]]:
+        # What the master's routing asks: the chat targets, then the trusted ones among them.
+        ready = chat_targets(cluster.state, "m", set(cluster.state.topology.nodes))
+        return trusted_targets(cluster.state, ready)
+
+    both = [(a, on(cluster, a)[0]), (b, on(cluster, b)[0])]
+    assert targets() == both
     suspect(cluster, on(cluster, a)[0])
-    assert trusted_targets(cluster.state, targets) == [targets[1]]
+    assert targets() == [both[1]]
     suspect(cluster, on(cluster, b)[0])
-    assert trusted_targets(cluster.state, targets) == targets  # both suspect: still try
+    assert targets() == both  # both suspect: still try
     cluster.apply(NodeConfirmedDead(node_id=on(cluster, a)[0], last_heard=1, at=9, why="x"))
-    assert trusted_targets(cluster.state, targets) == [targets[1]]
+    assert targets() == [both[1]]  # readiness leaves the dead node's instance out
 
 
 def test_no_verdict_no_failover() -> None:
