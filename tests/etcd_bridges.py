@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import httpx
 import pytest
+import shared_http as http
 from process_helpers import (
     cluster_argv,
     free_port,
@@ -56,7 +57,7 @@ def health(url: str) -> dict[str, Any] | None:
     """``/healthz`` of a bridge, 200 or 503 alike; None when it does not answer."""
     try:
         # Short: a stopped (SIGSTOP) bridge must not hold up the probe of the others.
-        answer = httpx.get(f"{url}/healthz", timeout=0.5, trust_env=False)
+        answer = http.get(f"{url}/healthz", timeout=0.5)
     except httpx.HTTPError:
         return None
     if answer.status_code not in (200, 503):
@@ -387,29 +388,26 @@ def kill_loop(running: Stack, kills: int, *, seed: int = 7) -> LoopReport:
         try:
             if view is None:
                 targets.asked(model, 1)
-                answer = httpx.post(
+                answer = http.post(
                     f"{url}/deployments",
                     json={"model_id": model, "standby": 0},
                     timeout=5,
-                    trust_env=False,
                 )
                 expect = 1
             elif rng.random() < 0.3:
-                answer = httpx.delete(
+                answer = http.delete(
                     f"{url}/deployments/{view['deployment']['deploymentId']}",
                     timeout=5,
-                    trust_env=False,
                 )
                 expect = 0
                 targets.asked(model, 0, taken=view["deployment"]["replicas"])
             else:
                 expect = rng.choice((1, 2))
                 targets.asked(model, expect, taken=max(0, view["deployment"]["replicas"] - expect))
-                answer = httpx.patch(
+                answer = http.patch(
                     f"{url}/deployments/{view['deployment']['deploymentId']}",
                     json={"replicas": expect},
                     timeout=5,
-                    trust_env=False,
                 )
         except httpx.HTTPError:
             last_write[model] = (-1, False)  # unanswered: it may or may not have happened

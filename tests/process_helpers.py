@@ -22,6 +22,7 @@ from typing import IO, Any, TypeVar
 import httpx
 import ports
 import pytest
+import shared_http as http
 
 T = TypeVar("T")
 
@@ -65,7 +66,7 @@ def wait_for(what: str, deadline_s: float, probe: Callable[[], T | None]) -> T:
 def get_json(url: str) -> Any | None:
     """The JSON body of a 200 answer; None when unreachable or any other status."""
     try:
-        response = httpx.get(url, timeout=GET_TIMEOUT_S, trust_env=False)
+        response = http.get(url, timeout=GET_TIMEOUT_S)
     except httpx.HTTPError:
         return None
     return response.json() if response.status_code == 200 else None
@@ -75,9 +76,7 @@ def chat_reply(base_url: str, model: str) -> str | None:
     """The reply text if ``model`` answers a short chat on ``base_url`` right now, else None."""
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     try:
-        response = httpx.post(
-            f"{base_url}/v1/chat/completions", json=body, timeout=CHAT_TIMEOUT_S, trust_env=False
-        )
+        response = http.post(f"{base_url}/v1/chat/completions", json=body, timeout=CHAT_TIMEOUT_S)
     except httpx.HTTPError:
         return None
     if response.status_code != 200:

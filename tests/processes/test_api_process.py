@@ -18,6 +18,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+import shared_http as http
 from anyio.abc import TaskGroup
 from exo_errors import assert_exo_error
 from model_ids import QWEN
@@ -327,7 +328,7 @@ def test_run_master_serves_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None
             out, err = process.communicate()
             pytest.fail(f"the master did not start ({process.returncode}): {out} {err}")
         assert f"exo-deploy master listening on http://127.0.0.1:{port}" in line
-        created = httpx.post(f"http://127.0.0.1:{port}/deployments", json={"model_id": QWEN})
+        created = http.post(f"http://127.0.0.1:{port}/deployments", json={"model_id": QWEN})
         assert created.status_code == 200
         process.send_signal(signal.SIGTERM)
         _, rest = process.communicate(timeout=30)

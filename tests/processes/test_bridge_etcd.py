@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+import shared_http as http
 from etcd_bridges import LEASE_S, TAKEOVER_MARGIN_S, BridgeProcess, ProxyProcess, Stack, stack
 from model_ids import QWEN as MODEL
 from process_helpers import free_port, get_json, wait_for
@@ -37,7 +38,7 @@ FIRST_PLACEMENT_S = 40
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{url}{path}", json=body, timeout=10.0, trust_env=False)
+    return http.post(f"{url}{path}", json=body, timeout=10.0)
 
 
 def deploy(url: str, model: str = MODEL, **extra: Any) -> httpx.Response:
@@ -117,25 +118,23 @@ def test_writes_through_a_standby_and_one_winner_of_two_creates(two: Stack) -> N
         assert [v["deployment"]["deploymentId"] for v in listed["deployments"]] == [deployment_id]
 
     # The 404 and 422 rules hold on a standby as on the acting bridge.
-    missing = httpx.patch(f"{standby.url}/deployments/nope", json={"replicas": 2}, timeout=5)
+    missing = http.patch(f"{standby.url}/deployments/nope", json={"replicas": 2}, timeout=5)
     assert missing.status_code == 404, missing.text
-    bad = httpx.patch(
-        f"{standby.url}/deployments/{deployment_id}", json={"replicas": -1}, timeout=5
-    )
+    bad = http.patch(f"{standby.url}/deployments/{deployment_id}", json={"replicas": -1}, timeout=5)
     assert bad.status_code in (400, 422), bad.text
 
     wait_for("the model placed once", FIRST_PLACEMENT_S, lambda: serving_one(two))
-    scaled = httpx.patch(
+    scaled = http.patch(
         f"{standby.url}/deployments/{deployment_id}", json={"replicas": 2}, timeout=5
     )
     assert scaled.status_code == 200, scaled.text
     wait_for("two instances", 30, lambda: True if two.instances_of(MODEL) == 2 else None)
-    scaled = httpx.patch(
+    scaled = http.patch(
         f"{standby.url}/deployments/{deployment_id}", json={"replicas": 1}, timeout=5
     )
     assert scaled.status_code == 200, scaled.text
     wait_for("one instance again", 30, lambda: serving_one(two))
-    deleted = httpx.delete(f"{standby.url}/deployments/{deployment_id}", timeout=5)
+    deleted = http.delete(f"{standby.url}/deployments/{deployment_id}", timeout=5)
     assert deleted.status_code == 200, deleted.text
     wait_for("no instance", 30, lambda: True if two.instances_of(MODEL) == 0 else None)
 
@@ -240,7 +239,7 @@ def test_the_store_fails_closed_and_carries_on_when_back(two: Stack) -> None:
         5,
         lambda: (
             all(
-                len(httpx.get(f"{b.url}/deployments", timeout=5).json()["deployments"]) == 1
+                len(http.get(f"{b.url}/deployments", timeout=5).json()["deployments"]) == 1
                 for b in two.bridges.values()
             )
             or None
@@ -260,7 +259,7 @@ def test_the_store_fails_closed_and_carries_on_when_back(two: Stack) -> None:
         refused = deploy(bridge.url, "mlx-community/Llama-3.2-1B-Instruct-4bit")
         assert refused.status_code == 503, refused.text
         assert two.etcd.endpoints.removeprefix("etcd://") in refused.text
-        listed = httpx.get(f"{bridge.url}/deployments", timeout=5)
+        listed = http.get(f"{bridge.url}/deployments", timeout=5)
         assert listed.status_code == 200
         (view,) = listed.json()["deployments"]
         assert "stale" in (view["detail"] or ""), view

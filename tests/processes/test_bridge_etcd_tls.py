@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import shared_http as http
 from etcd_bridges import LEASE_S, PREFIX, TAKEOVER_MARGIN_S, Stack, stack
 from etcd_tls import Pki, make_pki
 from model_ids import QWEN as MODEL
@@ -114,21 +115,21 @@ def test_bridges_act_write_and_take_over_on_tls_with_a_user(secure: Secure) -> N
     assert seen is not None and seen["store"]["url"] == running.etcd.endpoints
     assert seen["store"]["url"].startswith("etcds://") and seen["store"]["reachable"]
     standby = next(b for b in running.bridges.values() if b is not acting)
-    created = httpx.post(
+    created = http.post(
         f"{standby.url}/deployments", json={"model_id": MODEL, "standby": 0}, timeout=10
     )
     assert created.status_code == 200, created.text
     running.signal(acting, signal.SIGKILL)
     new = running.wait_acting(LEASE_S + TAKEOVER_MARGIN_S + 5, not_=acting.name)
     assert new is standby
-    listed = httpx.get(f"{new.url}/deployments", timeout=10).json()["deployments"]
+    listed = http.get(f"{new.url}/deployments", timeout=10).json()["deployments"]
     assert [v["deployment"]["modelCard"]["modelId"] for v in listed] == [MODEL]
 
 
 def test_plaintext_is_refused_by_that_etcd(secure: Secure) -> None:
     endpoint = secure.running.etcd.members[0].endpoint
     with pytest.raises(httpx.HTTPError):  # etcd drops a plain HTTP request unanswered
-        httpx.post(f"http://{endpoint}/v3/kv/range", json={"key": "YQ=="}, timeout=5)
+        http.post(f"http://{endpoint}/v3/kv/range", json={"key": "YQ=="}, timeout=5)
     refused = bridge_exit(secure, "--store", f"etcd://{endpoint}")
     assert refused.returncode == 2, refused.stderr
     assert "not reachable" in refused.stderr and "etcds://" in refused.stderr
@@ -213,7 +214,7 @@ def test_a_password_changed_under_a_running_bridge_is_named(secure: Secure) -> N
         return error if error is not None and said in error else None
 
     wait_for("/healthz to name the refused password", 15, named)
-    refused = httpx.post(
+    refused = http.post(
         f"{bridge.url}/deployments", json={"model_id": MODEL, "standby": 0}, timeout=10
     )
     assert refused.status_code == 503 and said in refused.text, refused.text

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+import shared_http as http
 from etcd_bridges import PREFIX, ProxyProcess, Stack, stack
 from model_ids import QWEN as MODEL
 from process_helpers import free_port, get_json, wait_for
@@ -117,7 +118,7 @@ def test_answers_that_never_come_say_outcome_unknown_and_the_write_did_land(
 
 
 def _through(url: str, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
-    return httpx.request(method, f"{url}{path}", json=body, timeout=15, trust_env=False)
+    return http.request(method, f"{url}{path}", json=body, timeout=15)
 
 
 @pytest.mark.e2e(seconds=40)

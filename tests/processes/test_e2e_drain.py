@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+import shared_http as http
 from model_ids import LLAMA, QWEN
 from process_helpers import model_instances, wait_for
 from test_e2e_cluster import Cluster, _all_up, running_cluster
@@ -99,10 +99,9 @@ def under_load(cluster: Cluster, models: tuple[str, ...]) -> Iterator[tuple[list
 def test_a_drain_under_load_fails_no_chat_and_keeps_replicas_plus_one(cluster: Cluster) -> None:
     wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
     for model, replicas in REPLICAS.items():
-        created = httpx.post(
+        created = http.post(
             f"{cluster.url}/deployments",
             json={"model_id": model, "replicas": replicas},
-            trust_env=False,
         )
         assert created.status_code == 200, created.text
     wait_for("every replica ready", 60, lambda: _ready(cluster))
@@ -174,9 +173,7 @@ def test_a_rolling_change_of_sharding_under_load_fails_no_chat(cluster: Cluster)
     wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
     ids: dict[str, str] = {}
     for model, options in CREATED.items():
-        created = httpx.post(
-            f"{cluster.url}/deployments", json={"model_id": model, **options}, trust_env=False
-        )
+        created = http.post(f"{cluster.url}/deployments", json={"model_id": model, **options})
         assert created.status_code == 200, created.text
         ids[model] = created.json()["deployment_id"]
     wait_for("every replica ready", 60, lambda: _ready(cluster))

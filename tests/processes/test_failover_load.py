@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import shared_http as http
 from model_ids import QWEN
 from process_helpers import wait_for
 from test_e2e_cluster import _all_up
@@ -37,7 +38,7 @@ CHATS_AFTER = 1000
 
 def ready_replicas(url: str) -> int | None:
     try:
-        listed = httpx.get(f"{url}/deployments", timeout=5.0, trust_env=False).json()
+        listed = http.get(f"{url}/deployments", timeout=5.0).json()
     except (httpx.HTTPError, ValueError):
         return None
     (deployment,) = listed["deployments"]
@@ -48,10 +49,9 @@ def ready_replicas(url: str) -> int | None:
 def test_chats_under_load_through_a_kill_of_one_of_two_replicas(tmp_path: Path) -> None:
     with running(tmp_path) as cluster:
         wait_for("the master and 3 nodes", 60, lambda: _all_up(cluster))
-        created = httpx.post(
+        created = http.post(
             f"{cluster.url}/deployments",
             json={"model_id": QWEN, "replicas": 2},
-            trust_env=False,
         )
         assert created.status_code == 200, created.text
         wait_for("2 replicas ready", 60, lambda: ready_replicas(cluster.url) == 2 or None)

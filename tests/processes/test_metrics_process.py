@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import shared_http as http
 from metrics_scrape import Samples, parse
 from model_ids import QWEN as MODEL
 from process_helpers import GET_TIMEOUT_S, run_cli, wait_for
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.e2e
 
 def scrape(url: str) -> Samples | None:
     try:
-        response = httpx.get(url + "/metrics", timeout=GET_TIMEOUT_S, trust_env=False)
+        response = http.get(url + "/metrics", timeout=GET_TIMEOUT_S)
     except httpx.HTTPError:
         return None
     if response.status_code != 200:
@@ -103,8 +104,6 @@ def test_a_killed_node_is_counted_in_a_real_scrape(tmp_path: Path) -> None:
         assert sample(samples, "exo_deploy_nodes", state="alive") == 2
 
         # Prometheus asks for gzip: the same text, compressed.
-        zipped = httpx.get(
-            cluster.url + "/metrics", headers={"Accept-Encoding": "gzip"}, trust_env=False
-        )
+        zipped = http.get(cluster.url + "/metrics", headers={"Accept-Encoding": "gzip"})
         assert zipped.headers["content-encoding"] == "gzip"
         assert b"exo_deploy_nodes" in zipped.content

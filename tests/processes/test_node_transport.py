@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+import shared_http as http
 from anyio.abc import TaskGroup
 from waiting import wait_until
 
@@ -137,13 +138,13 @@ def test_the_demo_cluster_starts_serves_its_api_and_stops() -> None:
     url = demo.start()
     try:
         assert demo.node_names() == ["studio", "mini-a", "mini-b"]
-        views = httpx.get(f"{url}/deployments", timeout=5, trust_env=False).json()
+        views = http.get(f"{url}/deployments", timeout=5).json()
         models = {v["deployment"]["modelCard"]["modelId"] for v in views["deployments"]}
         assert "mlx-community/DeepSeek-V3.1-4bit" in models
         assert len(models) == 4
 
         def joined() -> bool:
-            health = httpx.get(f"{url}/healthz", timeout=5, trust_env=False).json()
+            health = http.get(f"{url}/healthz", timeout=5).json()
             return health["nodes_connected"] == 3
 
         _wait(joined, 10, "3 nodes connected")
@@ -153,14 +154,14 @@ def test_the_demo_cluster_starts_serves_its_api_and_stops() -> None:
 
         demo.restart_master()
         assert demo.url == url  # same port: a connected TUI just reconnects
-        health = httpx.get(f"{url}/healthz", timeout=5, trust_env=False).json()
+        health = http.get(f"{url}/healthz", timeout=5).json()
         assert health["deployments"] == 4  # rebuilt from its log
         with pytest.raises(KeyError, match="no node named 'nope'"):
             demo.freeze_node("nope", 1)
     finally:
         demo.stop()
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{url}/healthz", timeout=2, trust_env=False)
+        http.get(f"{url}/healthz", timeout=2)
     demo.stop()  # idempotent
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import httpx
 import pytest
+import shared_http as http
 from model_ids import QWEN
 from process_helpers import free_port, get_json, run_cli, start_cli, stop, wait_for
 
@@ -50,10 +50,10 @@ def test_a_master_takes_its_token_from_a_file_and_not_from_its_command_line(
             assert str(token_path).encode() in shown
             assert TOKEN.encode() not in shown
             body = {"model_id": QWEN}
-            refused = httpx.post(f"{url}/deployments", json=body, trust_env=False)
+            refused = http.post(f"{url}/deployments", json=body)
             assert refused.status_code == 401
             headers = {"Authorization": f"Bearer {TOKEN}"}
-            created = httpx.post(f"{url}/deployments", json=body, headers=headers, trust_env=False)
+            created = http.post(f"{url}/deployments", json=body, headers=headers)
             assert created.status_code == 200, created.text
         finally:
             stop(process)

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+import shared_http as http
 from model_ids import QWEN as MODEL
 from process_helpers import free_port, get_json, run_cli, start_cli, stop, wait_for
 from webhook_receiver import SECRET_PATH, SECRET_QUERY, Receiver
@@ -71,7 +71,7 @@ def test_a_master_keeps_its_api_while_its_webhook_hangs_and_delivers_after_a_res
             wait_for("a POST hanging at the webhook", 10, lambda: receiver.attempts or None)
             # Deliveries are stuck; the API answers at once.
             started = time.monotonic()
-            answer = httpx.get(f"{url}/deployments", timeout=API_ANSWER_S, trust_env=False)
+            answer = http.get(f"{url}/deployments", timeout=API_ANSWER_S)
             assert answer.status_code == 200
             assert time.monotonic() - started < API_ANSWER_S
             (row,) = answer.json()["deployments"]
