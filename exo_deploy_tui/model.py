@@ -26,7 +26,9 @@ State does not say, each with one job and its own tests:
   runners' changes, the nodes' rates), for its stalled and hollow rule;
 - ``moves.py``: the drains (with what ``GET /nodes`` says they have left, a ``NodesUpdate``)
   and the rolling changes under way;
-- ``timers.py``: the keeper's timers from ``GET /deployments``.
+- ``timers.py``: the keeper's timers from ``GET /deployments``;
+- ``connection_changes.py``: what losing and regaining the master does to the connection held
+  and what the timeline says of it.
 
 The rows are derived from the State and those parts by pure functions (``derive.py`` for the
 deployments and instances, ``node_rows.py`` for the nodes and the header's counts) into the
@@ -46,11 +48,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exo_deploy_tui.availability import window_end
+from exo_deploy_tui.connection_changes import connection_changed
 from exo_deploy_tui.derive import Derived, deployment_rows, derive, instance_rows
 from exo_deploy_tui.download_moments import DownloadMoments
 from exo_deploy_tui.draining import DrainPlan
 from exo_deploy_tui.failover import failover_facts
-from exo_deploy_tui.format import precise_duration
 from exo_deploy_tui.health import InstanceMarks
 from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
 from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
@@ -312,24 +314,10 @@ class ClusterModel:
         self._views = {view.deployment.deployment_id: view for view in views}
 
     def _on_connection(self, update: ConnectionUpdate, now: float) -> None:
-        old = self.connection
-        if update.mode in ("live", "polling"):
-            if old.stale_since is not None and self.has_data:
-                lost_for = precise_duration(now - old.stale_since)
-                how = "live" if update.mode == "live" else "polling"
-                again = "readable" if old.mode == "unreadable" else "reachable"
-                self.timeline.extend(
-                    [TimelineEntry(now, "good", f"master {again} again after {lost_for} ({how})")]
-                )
-            self.connection = Connection(update.mode, update.detail)
-            return
-        stale_since = old.stale_since
-        if stale_since is None and self.has_data:
-            stale_since = now
-            detail = f": {update.detail}" if update.detail else ""
-            lost = "cannot read the master" if update.mode == "unreadable" else "lost the master"
-            self.timeline.extend([TimelineEntry(now, "error", f"{lost}{detail}")])
-        self.connection = Connection(update.mode, update.detail, update.retry_in_s, stale_since)
+        self.connection, entries = connection_changed(
+            self.connection, update, now, has_data=self.has_data
+        )
+        self.timeline.extend(entries)
 
     def _settle(self, now: float) -> None:
         """After a batch: the nodes' verdicts and silence (told first: they are the cause),

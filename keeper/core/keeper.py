@@ -9,13 +9,9 @@ watches was ever ready, the waits that follow failures, and the error already re
 
 A step does a bounded amount of work however many deployments wait: every deployment is
 observed (cheap dictionary lookups), but placement is attempted for at most
-``MAX_PLACEMENT_ATTEMPTS_PER_STEP`` of them, resuming after the last one tried, and at most one
-placement succeeds, so each placement is made against a state holding the previous one.
-
-A placement that raises something other than ValueError is a bug in placement, not a reason:
-the deployment records it as "<ExceptionType>: <message>" and the keeper goes on with the
-others. The exception itself is kept too (``placement_crashes``, one per deployment at most),
-so that the host, which may do I/O, can log its traceback; the keeper logs nothing.
+``MAX_PLACEMENT_ATTEMPTS_PER_STEP`` of them, and at most one placement succeeds, so each
+placement is made against a state holding the previous one. The attempts, with their resuming
+and the crashes of placement they meet, are ``keeper.core.attempts``'s; the keeper logs nothing.
 
 Replicas (docs/design.md §5.11): any instance of the model counts towards the deployment's
 count; each deployment has at most one placement of its own in flight, so a replica is placed
@@ -27,9 +23,10 @@ remove only the keeper's own instances, which the State records durably
 (``Deployment.placed_instance_ids``) so that a new master can still find them.
 
 Priorities (docs/design.md §5.13): the due deployments are tried highest priority first. A
-deployment that may ``preempt`` and cannot be placed has ``keeper.core.preemption`` find the
-fewest of the keeper's own instances of strictly lower priorities whose deletion lets it be
-placed; that preemption is the step's one placement, and its victims wait like refused ones.
+deployment that may ``preempt`` and cannot be placed takes the fewest of the keeper's own
+instances of strictly lower priorities whose deletion lets it be placed (``keeper.core.attempts``,
+with ``keeper.core.preemption``); that preemption is the step's one placement, and its victims
+wait like refused ones.
 
 Moves (docs/design.md §5.17): drains and rolling changes are kinds (``move_kinds``) of one
 make-before-break move that ``keeper.core.moves`` runs; the step calls it after recovery, so a
@@ -42,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from keeper.core.apart import place_apart
+from keeper.core.attempts import MAX_PLACEMENT_ATTEMPTS_PER_STEP, DuePlacements
 from keeper.core.commands import KeeperCommands
 from keeper.core.draining import DRAINS, drains_ended
 from keeper.core.failover import FailoverMoves, failing_over, failover_kind
@@ -51,15 +48,12 @@ from keeper.core.memo import (
     DeploymentMemo,
     observe,
     placed,
-    preempted,
-    reported_error,
-    unplaceable,
     waiting,
     wanted,
 )
 from keeper.core.moves import MOVE_SETTLE, Deciding, MoveKind, Stuck
 from keeper.core.placement import PlaceFn, place_instance
-from keeper.core.preemption import Preemption, TrialBudget, by_priority, candidates, find
+from keeper.core.preemption import by_priority
 from keeper.core.repair import RepairMoves, Repairs, avoiding
 from keeper.core.rolling import RollingMoves, rolling_deployments
 from keeper.core.stager import MAX_STAGING_PLANS_PER_STEP, STAGING_INTERVAL, Stager
@@ -68,8 +62,6 @@ from keeper.core.view import (
     ClusterSignature,
     cluster_signature,
     models_instance_counts,
-    nodes_serving,
-    without_nodes,
 )
 from keeper.model.api_models import WaitReason
 from keeper.model.constants import STARTUP_GRACE
@@ -77,8 +69,6 @@ from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
     DeploymentOptionsChanged,
-    DeploymentPlaced,
-    DeploymentPlacementFailed,
     DeploymentPriorityChanged,
     DeploymentScaled,
     InstanceCreated,
@@ -96,16 +86,12 @@ from keeper.model.events import (
 from keeper.model.instance_health import NO_MARKS, Verdict
 from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.state import (
-    AnyInstance,
     Deployment,
     DeploymentId,
     InstanceId,
-    NodeId,
     RunnerFailed,
     RunnerReady,
     State,
-    cordoned_nodes,
-    preempted_by,
 )
 
 # The status rule lives with the data model (``keeper.model.readiness``) so that the TUI shares it;
@@ -122,13 +108,6 @@ __all__ = [
     "has_instance",
     "ready_replicas",
 ]
-
-
-# Placement attempts per step. An attempt walks the topology's cycles (around a millisecond on
-# a large cluster), and the master holds its lock while stepping, so a step stays in the
-# milliseconds however many deployments come due together. Stepping once a second, 8 attempts
-# per step retry 240 unplaceable deployments per UNPLACEABLE_RETRY, far more than a cluster runs.
-MAX_PLACEMENT_ATTEMPTS_PER_STEP = 8
 
 
 @dataclass(frozen=True)
@@ -157,12 +136,9 @@ class Keeper(KeeperCommands):
         self.started_at = started_at
         self.startup_grace = startup_grace
         self._place = place
-        # The exception of each deployment whose latest placement attempt crashed.
-        self._crashes: dict[DeploymentId, Exception] = {}
-        # Where the next step resumes its attempts when the last one stopped short of the end,
-        # so that deployments past the attempts cap get their turn instead of starving.
-        # (No mutation: starting after "" would be the same, as every id sorts after it.)
-        self._resume_after: DeploymentId | None = None  # pragma: no mutate
+        # The due deployments' placement attempts: where they resume, the crashes they met
+        # (``keeper.core.attempts``).
+        self._placing = DuePlacements()
         # Broken instances: the marks their rules read, the operator's asks, the incidents
         # (``keeper.core.repair``, docs/design.md §5.19).
         self._repairs = Repairs()
@@ -244,7 +220,10 @@ class Keeper(KeeperCommands):
         signature = cluster_signature(state) if short else AT_REST  # pragma: no mutate
         due = [deployment for deployment, memo in short if waiting(memo, signature, now) is None]
         # Higher priorities first; equal ones in id order, resumed where the last step stopped.
-        events = self._attempt(by_priority(self._in_turn(due)), state, signature, now)
+        placing = self._placing
+        events = placing.attempt(
+            by_priority(placing.in_turn(due)), state, signature, now, memos, deleting, self._place
+        )
         failover = failover_kind(state, self._failing_over)
         wall = now + self.wall_offset
         self._repairs.observe(state, now, wall)
@@ -362,139 +341,6 @@ class Keeper(KeeperCommands):
         """Why the deployment has fewer standby sets planned than it asks for, or None."""
         return self._stager.note(deployment_id)
 
-    def _in_turn(self, due: list[Deployment]) -> list[Deployment]:
-        """The due deployments in id order, starting after the one the last step stopped at."""
-        if self._resume_after is None:
-            return due
-        later = [d for d in due if d.deployment_id > self._resume_after]
-        earlier = [d for d in due if d.deployment_id <= self._resume_after]
-        return later + earlier
-
-    def _attempt(
-        self,
-        due: Sequence[Deployment],
-        state: State,
-        signature: ClusterSignature,
-        now: float,
-    ) -> list[AnyEvent]:
-        events: list[AnyEvent] = []
-        tried = 0
-        budget = TrialBudget()  # preemption's placement trials, for the whole step
-        for deployment in due:
-            if tried == MAX_PLACEMENT_ATTEMPTS_PER_STEP:
-                break
-            tried += 1
-            outcome, succeeded = self._place_one(deployment, state, signature, now, budget)
-            events.extend(outcome)
-            if succeeded:
-                break  # one placement per step: the next sees this one in the state
-        self._resume_after = due[tried - 1].deployment_id if tried < len(due) else None
-        return events
-
-    def _place_one(
-        self,
-        deployment: Deployment,
-        state: State,
-        signature: ClusterSignature,
-        now: float,
-        budget: TrialBudget,
-    ) -> tuple[list[AnyEvent], bool]:
-        """Try to place one deployment: its events, and whether an instance was placed."""
-        deployment_id = deployment.deployment_id
-        memo = self._memos[deployment_id]
-        model_id = deployment.model_card.model_id
-        # Anti-affinity: a replica goes only where no other instance of the model has a runner,
-        # so that one node fault costs at most one replica. (With no such node, the view equals
-        # the state.)
-        serving = nodes_serving(state, model_id)
-        cordoned = cordoned_nodes(state)
-        # Nodes with a verdict (suspect, dead) get nothing new (docs/design.md §5.18).
-        watched = frozenset(state.node_watch)
-        try:
-            instance = place_apart(self._place, state, deployment, serving, cordoned, watched)
-        except ValueError as reason:
-            error = str(reason)
-            self._forget_crash(deployment_id)
-            if deployment.preempt:  # docs/design.md §5.13
-                preemption = self._preemption(
-                    deployment, state, serving | cordoned | watched, budget
-                )
-                if preemption is not None:
-                    return self._preempting(deployment, preemption, state, signature, now), True
-        except Exception as crash:  # a bug in placement must not stop the other deployments
-            error = f"{type(crash).__name__}: {crash}"
-            self._crashes[deployment_id] = crash
-        else:
-            self._forget_crash(deployment_id)
-            self._memos[deployment_id] = placed(memo, instance.instance_id, now)
-            created = InstanceCreated(instance=instance)
-            assigned = DeploymentPlaced(
-                deployment_id=deployment_id, instance_id=instance.instance_id
-            )
-            return [created, assigned], True
-        if memo.preempted is not None:  # it lost an instance to a higher priority: say so first
-            error = f"{memo.preempted}: {error}"
-        already_reported = error == reported_error(memo, deployment)
-        self._memos[deployment_id] = unplaceable(memo, deployment, signature, error, now)
-        if already_reported:
-            return [], False
-        return [DeploymentPlacementFailed(deployment_id=deployment_id, error=error)], False
-
-    def _preemption(
-        self,
-        deployment: Deployment,
-        state: State,
-        left_out: frozenset[NodeId],
-        budget: TrialBudget,
-    ) -> Preemption | None:
-        """The keeper's instances of lower priorities whose deletion lets ``deployment`` be
-        placed, and its instance placed without them (``keeper.core.preemption``) and without the
-        nodes its own placement leaves out (``left_out``: those serving its model, the cordoned
-        ones); never one of a deployment being deleted nor one already being removed."""
-        leaving = frozenset[InstanceId]().union(*(m.retiring for m in self._memos.values()))
-        victims = candidates(state, deployment, spared=self._deleting, leaving=leaving)
-
-        def place(view: State) -> AnyInstance:
-            return self._place(
-                without_nodes(view, left_out),
-                deployment.model_card,
-                deployment.sharding,
-                deployment.instance_meta,
-                deployment.min_nodes,
-            )
-
-        return find(place, state, victims, budget)
-
-    def _preempting(
-        self,
-        deployment: Deployment,
-        preemption: Preemption,
-        state: State,
-        signature: ClusterSignature,
-        now: float,
-    ) -> list[AnyEvent]:
-        """The events of a preemption: each victim's deployment told why (first, so that any
-        State that shows an instance gone also shows the reason), the instances deleted, then
-        the placement made without them."""
-        error = preempted_by(deployment.model_card.model_id)
-        events: list[AnyEvent] = []
-        for victim_id, instance_ids in preemption.by_deployment().items():
-            victim = state.deployments[victim_id]
-            memo = self._memos[victim_id]  # observed in this step: it is not being deleted
-            if error != reported_error(memo, victim):
-                events.append(DeploymentPlacementFailed(deployment_id=victim_id, error=error))
-            self._memos[victim_id] = preempted(memo, victim, instance_ids, signature, error, now)
-        events.extend(InstanceDeleted(instance_id=v.instance_id) for v in preemption.victims)
-        instance = preemption.instance
-        deployment_id = deployment.deployment_id
-        self._memos[deployment_id] = placed(self._memos[deployment_id], instance.instance_id, now)
-        assigned = DeploymentPlaced(deployment_id=deployment_id, instance_id=instance.instance_id)
-        return [*events, InstanceCreated(instance=instance), assigned]
-
-    def _forget_crash(self, deployment_id: DeploymentId) -> None:
-        if deployment_id in self._crashes:
-            del self._crashes[deployment_id]
-
     def _forget_departed(self, state: State) -> None:
         """Drop the memory of deployments the state no longer holds, so it cannot grow."""
         live = state.deployments
@@ -511,12 +357,12 @@ class Keeper(KeeperCommands):
         repairs = self._repairs
         if not live and (repairs.marks is not NO_MARKS or repairs.chats):  # nothing to repair
             self._repairs = Repairs()
-        self._crashes = {d: crash for d, crash in self._crashes.items() if d in live}
+        self._placing.forget_departed(live)
 
     def placement_crashes(self) -> Mapping[DeploymentId, Exception]:
         """The exception (with its traceback) of each deployment whose latest placement attempt
         raised something other than ValueError; its event carries only "<Type>: <message>"."""
-        return dict(self._crashes)
+        return self._placing.crashes()
 
     # --- broken instances (docs/design.md §5.19) --------------------------------------------
 
