@@ -29,6 +29,7 @@ that import-linter's contracts cannot see without treating the whole stdlib as a
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,15 +162,24 @@ def _fmt(imp: Import) -> str:
     return f"{imp.importer} (line {imp.line}) imports {imp.imported}"
 
 
-KEEPER_IMPORTS = _all_imports("keeper")
-TUI_IMPORTS = _all_imports("exo_deploy_tui")
+# Read when a test first asks, not at import: every pytest worker imports this module to
+# collect it, and parsing every module is a second of CPU that only the worker running these
+# tests needs to spend.
+@functools.cache
+def keeper_imports() -> list[Import]:
+    return _all_imports("keeper")
+
+
+@functools.cache
+def tui_imports() -> list[Import]:
+    return _all_imports("exo_deploy_tui")
 
 
 def test_the_walk_sees_imports() -> None:
     # Guard against a silently empty check.
     assert any(
         i.importer == "keeper.model.apply" and i.imported == "keeper.model.events"
-        for i in KEEPER_IMPORTS
+        for i in keeper_imports()
     )
 
 
@@ -181,7 +191,7 @@ def test_every_module_has_a_floor() -> None:
 
 def test_no_floor_imports_a_higher_one() -> None:
     bad: list[str] = []
-    for imp in KEEPER_IMPORTS:
+    for imp in keeper_imports():
         importer, imported = floor_of(imp.importer), floor_of(imp.imported)
         if importer is not None and imported is not None and imported > importer:
             bad.append(_fmt(imp))
@@ -192,7 +202,7 @@ def test_no_floor_imports_a_higher_one() -> None:
 def test_floors_that_stay_apart(layer: str, forbidden: str) -> None:
     bad = [
         _fmt(i)
-        for i in KEEPER_IMPORTS
+        for i in keeper_imports()
         if _within(i.importer, layer) and _within(i.imported, forbidden)
     ]
     assert bad == []
@@ -202,7 +212,7 @@ def test_floors_that_stay_apart(layer: str, forbidden: str) -> None:
 def test_the_pure_floors_import_no_io(layer: str) -> None:
     bad = [
         _fmt(i)
-        for i in KEEPER_IMPORTS
+        for i in keeper_imports()
         if _within(i.importer, layer) and i.imported.split(".")[0] in IMPURE_MODULES
     ]
     assert bad == []
@@ -222,14 +232,14 @@ def test_the_pure_floors_open_no_files() -> None:
 
 
 def test_keeper_never_imports_the_tui() -> None:
-    assert [_fmt(i) for i in KEEPER_IMPORTS if _within(i.imported, "exo_deploy_tui")] == []
+    assert [_fmt(i) for i in keeper_imports() if _within(i.imported, "exo_deploy_tui")] == []
 
 
 def test_tui_reads_the_master_only_through_http() -> None:
     allowed = (DATA_MODEL, CLIENT, "keeper.cluster.demo")
     bad = [
         _fmt(i)
-        for i in TUI_IMPORTS
+        for i in tui_imports()
         if _within(i.imported, "keeper")
         and i.imported != "keeper"
         and not any(_within(i.imported, a) for a in allowed)
@@ -243,7 +253,7 @@ def test_tui_screens_and_widgets_never_import_the_app() -> None:
     lower = ("exo_deploy_tui.screens", "exo_deploy_tui.widgets")
     bad = [
         _fmt(i)
-        for i in TUI_IMPORTS
+        for i in tui_imports()
         if any(_within(i.importer, layer) for layer in lower)
         and _within(i.imported, "exo_deploy_tui.app")
     ]
@@ -254,7 +264,7 @@ def test_tui_modules_do_not_import_each_other_in_a_circle() -> None:
     """A cycle (even one under TYPE_CHECKING) means two modules are one: the lower one's names
     belong in it."""
     edges: dict[str, set[str]] = {}
-    for imp in TUI_IMPORTS:
+    for imp in tui_imports():
         if _within(imp.imported, "exo_deploy_tui") and imp.imported != imp.importer:
             edges.setdefault(imp.importer, set()).add(imp.imported)
     cycles = sorted(
