@@ -299,3 +299,9 @@ def test_apply_records_one_failover_and_ends_it_with_either_instance() -> None:
     cluster.apply(recorded)
     cluster.apply(InstanceDeleted(instance_id=old))  # the old one gone (its node dead)
     assert cluster.deployment(deployment_id).failover is None
+
+
+def test_no_failover_ever_stuck_has_no_note() -> None:
+    cluster, deployment_id, _ = serving()
+    cluster.step(T + 10)
+    assert cluster.keeper.failover_note(deployment_id) is None

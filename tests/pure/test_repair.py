@@ -41,6 +41,7 @@ from keeper.model.events import (
 from keeper.model.instance_health import (
     FAILING_CHATS,
     GONE_GRACE_S,
+    NO_MARKS,
     STALL_CEILING_S,
     Problem,
     Verdict,
@@ -601,3 +602,43 @@ def test_health_says_the_first_broken_instance_each_deployment_keeps() -> None:
     repairs = Repairs()
     repairs.found = {i: verdict_of(i) for i in ("a-gone", "b", "c-other")}
     assert repairs.health(state) == {"d": verdict_of("b")}
+
+
+def test_the_backoffs_records_are_stamped_on_the_hosts_wall_clock() -> None:
+    """``wall_offset`` turns the step's clock into the host's Unix time for the records a new
+    master or bridge reads (its own clock may differ)."""
+    cluster, _, old, stalled_at = stalled_on_a()
+    cluster.keeper.wall_offset = 1000.0
+    found = of_type(cluster.step(stalled_at), InstanceFoundBroken)
+    assert [(e.instance_id, e.at) for e in found] == [(old, stalled_at + 1000.0)]  # type: ignore[attr-defined]
+
+
+def test_repair_kind_says_what_the_step_would_repair_judged_now_on_the_wall_clock() -> None:
+    cluster, _, old, stalled_at = stalled_on_a()
+    assert cluster.keeper.repair_kind(cluster.state, stalled_at - 1) is None
+    cluster.keeper.wall_offset = 1000.0
+    kind = cluster.keeper.repair_kind(cluster.state, stalled_at)
+    assert kind is not None and set(kind.found) == {old}
+    assert kind.found[old].problem == "stalled"
+    # Judged as the step judges: the incident it noted is recorded at that wall-clock moment.
+    found = of_type(cluster.step(stalled_at + 0.5), InstanceFoundBroken)
+    assert [e.at for e in found] == [stalled_at + 1000.0]  # type: ignore[attr-defined]
+
+
+def test_with_every_deployment_gone_the_repairs_memory_starts_over() -> None:
+    """The instances' marks, with no chat noted, and the chats noted are forgotten with the
+    last deployment, so the keeper's memory stays bounded by what it keeps."""
+    cluster, deployment_id, old = serving_on_a()
+    cluster.make_ready(old)
+    cluster.step(T + 1)  # the instance's marks are noted
+    repairs = cluster.keeper._repairs  # pyright: ignore[reportPrivateUsage]
+    assert repairs.marks is not NO_MARKS and not repairs.chats
+    cluster.delete(deployment_id)
+    cluster.step(T + 2)
+    assert cluster.keeper._repairs.marks is NO_MARKS  # pyright: ignore[reportPrivateUsage]
+    # With a chat noted.
+    cluster, deployment_id, old = serving_on_a()
+    cluster.keeper.note_chat(old, "timeout", T + 1)
+    cluster.delete(deployment_id)
+    cluster.step(T + 2)
+    assert not cluster.keeper._repairs.chats  # pyright: ignore[reportPrivateUsage]
