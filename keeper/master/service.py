@@ -26,19 +26,19 @@ Chat requests are routed by ``keeper.master.chat_routing`` (to the least busy re
 once more elsewhere if it goes before the first token) and followed by ``keeper.master.chat``;
 dashboard streams subscribe through ``keeper.master.subscriptions``.
 
-Commands (``create_deployment``, ``scale_deployment`` and friends) validate, then emit under the
-lock and wait until their events are applied, so a response is only sent for events that are
-durable and visible in ``GET /state``; refusals raise ``keeper.model.refusals`` types that the
-API maps to 4xx.
+Commands (``create_deployment``, ``scale_deployment`` and friends) are ``keeper.master.commands``
+(``MasterCommands``, this class's base): they validate, then emit under the lock and wait until
+their events are applied, so a response is only sent for events that are durable and visible in
+``GET /state``.
 
 Nothing here reads a clock directly: time comes from the injected ``Clock``, so tests run the
 whole master (with in-process nodes on memory channels) under trio's MockClock.
 
-The module runs to about 500 lines because what stays needs the lock, the State and the router
-together: the commands, the sweep, the publish hooks, and the start and orderly stop of every
-part; the parts that stand alone live beside it (router, stepping, membership, chat routing,
-chat, subscriptions). The alert webhooks (``keeper.runtime.webhooks``) are shown each State
-the keeper steps on, and deliver in a task of their own.
+What stays here needs the lock, the State and the router together: the sweep, the publish
+hooks, and the start and orderly stop of every part; the parts that stand alone live beside it
+(commands, router, stepping, membership, chat routing, chat, subscriptions). The alert webhooks
+(``keeper.runtime.webhooks``) are shown each State the keeper steps on, and deliver in a task of
+their own.
 """
 
 from __future__ import annotations
@@ -61,79 +61,51 @@ from keeper.core.whatif import service_thresholds
 from keeper.link.channel import ChannelClosedError, MasterSide
 from keeper.link.protocol import (
     AnyMasterMessage,
-    CancelDownload,
     ChatMessage,
     DeleteDownload,
     StartDownload,
 )
 from keeper.master.chat import ChatRouter, ChatStream
 from keeper.master.chat_routing import ChatRouting
+from keeper.master.commands import MasterCommands
 from keeper.master.membership import Membership
 from keeper.master.metrics import ChatCollector
 from keeper.master.router import Router
 from keeper.master.stepping import KeeperLoop
 from keeper.master.subscriptions import MAX_DASHBOARD_STREAMS, Fanout, Subscription
 from keeper.model.api_models import (
-    CommandResponse,
     DeploymentHistoryResponse,
     DeploymentsResponse,
     DeploymentView,
-    NodesResponse,
     WhatIfThresholds,
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
     AnyEvent,
-    DeploymentCreated,
     DownloadDeletionRequested,
     DownloadRequested,
     IndexedEvent,
-    InstanceCreated,
     InstanceDeleted,
     NodeConfirmedDead,
 )
 from keeper.model.ids import IdFactory, new_id
 from keeper.model.liveness import OFF, LivenessConfig
 from keeper.model.refusals import (
-    BadRequestError,
     NotFoundError,
     NotRunningError,
 )
 from keeper.model.state import (
-    DEFAULT_PRIORITY,
-    AnyShard,
-    InstanceMeta,
     ModelCard,
-    ModelId,
     NodeId,
-    RepairMode,
-    Sharding,
     State,
 )
 from keeper.runtime.built import LastBuilt
-from keeper.runtime.clock import Clock, iso_utc
+from keeper.runtime.clock import Clock
 from keeper.runtime.deployments import (
     DEFAULT_MAX_DEPLOYMENTS,
-    created_response,
-    deleted_response,
     deployment_views,
-    existing_deployment,
     history_response,
-    new_deployment,
-    options_events,
-    options_response,
-    placement_enums,
-    priority_events,
-    priority_response,
-    repair_events,
-    repair_response,
-    repaired_response,
-    scale_events,
-    scaled_response,
-    shown,
-    standby_events,
-    standby_response,
 )
 from keeper.runtime.event_log import FileOps, Recovery
 from keeper.runtime.event_store import EventStore
@@ -144,10 +116,8 @@ from keeper.runtime.hosted_keeper import (
     Started,
     default_keeper,
     start_keeper,
-    taken_back_unless_recorded,
 )
 from keeper.runtime.metrics import MetricsSnapshot, ServiceMetrics, WebhookCollector
-from keeper.runtime.nodes import node_command_response, node_name_for, nodes_response
 from keeper.runtime.webhooks import WebhookConfig, Webhooks
 
 log = logging.getLogger(__name__)
@@ -214,7 +184,7 @@ class MasterConfig:
     liveness: LivenessConfig = OFF
 
 
-class Master:
+class Master(MasterCommands):
     """The master service. Construct anywhere; ``run`` inside an event loop (see module doc)."""
 
     def __init__(
@@ -233,7 +203,8 @@ class Master:
         from ``new_id``, so a replayable run passes a seeded one."""
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else MasterConfig()
-        self.catalog: dict[str, ModelCard] = catalog_by_id(self.config.model_cards)
+        self.catalog = catalog_by_id(self.config.model_cards)
+        self.max_deployments = self.config.max_deployments
         self._started = Started("master", clock)
         self.new_id = new_id
         self._place = (
@@ -420,240 +391,6 @@ class Master:
     def end_streams(self) -> None:
         """End every dashboard subscription (a server shutting down); node sessions stay."""
         self._fanout.end_subscriptions()
-
-    # --- commands ------------------------------------------------------------------------
-
-    def _card(self, model_id: str) -> ModelCard:
-        card = self.catalog.get(model_id)
-        if card is None:
-            raise NotFoundError(
-                f"Unknown model {shown(model_id)}: it is not in the model catalog (GET /models)",
-                param="model_id",
-            )
-        return card
-
-    async def create_deployment(
-        self,
-        model_id: str,
-        sharding: Sharding | str = Sharding.PIPELINE,
-        instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
-        min_nodes: int = 1,
-        replicas: int = 1,
-        standby: int = 1,
-        priority: int = DEFAULT_PRIORITY,
-        preempt: bool = False,
-        repair: RepairMode = "auto",
-    ) -> CommandResponse:
-        card = self._card(model_id)
-        async with self._lock:
-            deployment = new_deployment(
-                self.state.deployments,
-                card,
-                sharding,
-                instance_meta,
-                min_nodes,
-                replicas=replicas,
-                standby=standby,
-                priority=priority,
-                preempt=preempt,
-                repair=repair,
-                max_deployments=self.config.max_deployments,
-                new_id=self.new_id,
-            )
-            await self._emit_and_wait([DeploymentCreated(deployment=deployment)])
-        log.info("deployment %s of %s created", deployment.deployment_id, model_id)
-        return created_response(deployment, self.new_id)
-
-    async def delete_deployment(self, deployment_id: str) -> CommandResponse:
-        async with self._lock:
-            deployment = existing_deployment(self.state.deployments, deployment_id)
-            with taken_back_unless_recorded(self.keeper):
-                events = self.keeper.delete(deployment_id, self.state)
-                self._stepping.keeper_changed()
-                await self._emit_and_wait(events)
-        log.info("deployment %s of %s deleted", deployment_id, deployment.model_card.model_id)
-        return deleted_response(deployment, self.new_id)
-
-    async def scale_deployment(self, deployment_id: str, replicas: int) -> CommandResponse:
-        """Keep ``replicas`` instances of the deployment's model (docs/design.md §5.11): the
-        keeper's DeploymentScaled, and the InstanceDeleted of its own instances beyond them,
-        under the lock the steps and deletion take; answered once they are durable."""
-        async with self._lock:
-            deployment = existing_deployment(self.state.deployments, deployment_id)
-            with taken_back_unless_recorded(self.keeper):
-                events = scale_events(self.keeper, deployment_id, replicas, self.state)
-                self._stepping.keeper_changed()
-                await self._emit_and_wait(events)
-        log.info(
-            "deployment %s of %s scaled from %d to %d replica(s)",
-            deployment_id,
-            deployment.model_card.model_id,
-            deployment.replicas,
-            replicas,
-        )
-        return scaled_response(deployment, replicas, self.new_id)
-
-    async def set_standby(self, deployment_id: str, standby: int) -> CommandResponse:
-        """Keep ``standby`` node sets with the deployment's model downloaded (docs/design.md
-        §5.12); answered once the change is durable."""
-        async with self._lock:
-            deployment = existing_deployment(self.state.deployments, deployment_id)
-            await self._emit_and_wait(standby_events(deployment, standby))
-        return standby_response(deployment, standby, self.new_id)
-
-    async def set_priority(
-        self, deployment_id: str, priority: int | None = None, preempt: bool | None = None
-    ) -> CommandResponse:
-        """Set the deployment's priority and whether it may preempt (docs/design.md §5.13), each
-        left as it is when None; answered once the change is durable."""
-        async with self._lock:
-            deployment = existing_deployment(self.state.deployments, deployment_id)
-            await self._emit_and_wait(priority_events(deployment, priority, preempt))
-        return priority_response(deployment, priority, preempt, self.new_id)
-
-    async def set_repair(self, deployment_id: str, repair: RepairMode) -> CommandResponse:
-        """What the keeper does with a broken instance of the deployment (docs/design.md
-        §5.19); answered once the change is durable."""
-        async with self._lock:
-            deployment = existing_deployment(self.state.deployments, deployment_id)
-            await self._emit_and_wait(repair_events(deployment, repair))
-        return repair_response(deployment, repair, self.new_id)
-
-    async def repair_instance(self, instance_id: str) -> CommandResponse:
-        """Have the keeper replace ``instance_id`` at its next steps (the operator said so)."""
-        async with self._lock:
-            answer = repaired_response(self.keeper, instance_id, self.state, self.new_id)
-            self._stepping.keeper_changed()
-        return answer
-
-    async def set_options(
-        self,
-        deployment_id: str,
-        sharding: Sharding | None = None,
-        instance_meta: InstanceMeta | None = None,
-        min_nodes: int | None = None,
-    ) -> CommandResponse:
-        """A rolling change of the deployment's placement options (docs/design.md §5.16): the
-        instances placed with other options are named now, on the State, and the keeper's
-        steps replace them one at a time; answered once the change is durable."""
-        async with self._lock:
-            deployment = existing_deployment(self.state.deployments, deployment_id)
-            events = options_events(deployment, sharding, instance_meta, min_nodes, self.state)
-            self._stepping.keeper_changed()
-            await self._emit_and_wait(events)
-        if events:
-            log.info(
-                "deployment %s of %s: options changed",
-                deployment_id,
-                deployment.model_card.model_id,
-            )
-        return options_response(deployment, events, self.new_id)
-
-    # --- cordons and drains (docs/design.md §5.15) ----------------------------------------
-
-    def nodes_view(self) -> NodesResponse:
-        return nodes_response(self.state, self._drains_keeper(), self._membership.silent_s)
-
-    async def cordon_node(self, node: str) -> CommandResponse:
-        """No new placement on the node; answered once that is durable."""
-        async with self._lock:
-            name = node_name_for(self.state, node)
-            events = self._drains_keeper().cordon(name, self.state)
-            await self._emit_and_wait(events)
-        return node_command_response(name, "cordoned", "is cordoned already", events, self.new_id)
-
-    async def uncordon_node(self, node: str) -> CommandResponse:
-        async with self._lock:
-            name = node_name_for(self.state, node)
-            events = self._drains_keeper().uncordon(name, self.state)
-            self._stepping.keeper_changed()
-            await self._emit_and_wait(events)
-        return node_command_response(name, "uncordoned", "is not cordoned", events, self.new_id)
-
-    async def drain_node(self, node: str, force: bool) -> CommandResponse:
-        """Cordon the node and move the keeper's instances off it (the steps do the moving)."""
-        async with self._lock:
-            name = node_name_for(self.state, node)
-            when = iso_utc(self.clock.wall())
-            keeper = self._drains_keeper()
-            with taken_back_unless_recorded(keeper):
-                events = keeper.drain(name, force, when, self.state)
-                self._stepping.keeper_changed()
-                await self._emit_and_wait(events)
-        log.info("node %s: drain%s started", name, " (forced)" if force else "")
-        return node_command_response(name, "draining", "is draining already", events, self.new_id)
-
-    def _drains_keeper(self) -> KeeperLike:
-        keeper = self._started.keeper_or_none
-        if keeper is None:
-            raise NotRunningError("the master is not running")
-        return keeper
-
-    async def place_instance(
-        self,
-        model_id: str,
-        sharding: Sharding | str = Sharding.PIPELINE,
-        instance_meta: InstanceMeta | str = InstanceMeta.MLX_RING,
-        min_nodes: int = 1,
-    ) -> CommandResponse:
-        card = self._card(model_id)
-        sharding_, meta = placement_enums(sharding, instance_meta)
-        async with self._lock:
-            try:
-                instance = self._place(self.state, card, sharding_, meta, min_nodes)
-            except ValueError as exc:
-                raise BadRequestError(str(exc)) from None
-            await self._emit_and_wait([InstanceCreated(instance=instance)])
-        return CommandResponse(
-            message=f"Instance of {model_id} placed",
-            command_id=self.new_id(),
-            instance_id=instance.instance_id,
-        )
-
-    async def delete_instance(self, instance_id: str) -> CommandResponse:
-        async with self._lock:
-            if instance_id not in self.state.instances:
-                raise NotFoundError(f"Instance {shown(instance_id)} not found", param="instance_id")
-            await self._emit_and_wait([InstanceDeleted(instance_id=instance_id)])
-        return CommandResponse(
-            message=f"Instance {instance_id} deleted",
-            command_id=self.new_id(),
-            instance_id=instance_id,
-        )
-
-    # --- downloads: exo's commands, passed on to the node ---------------------------------
-
-    async def start_download(self, node_id: NodeId, shard: AnyShard) -> CommandResponse:
-        """The node downloads the shard's whole model unless it is on disk (one download at a
-        time; later ones wait their turn); its entry in ``downloads`` follows."""
-        model_id = shard.model_card.model_id
-        return self._to_node(
-            node_id,
-            StartDownload(shard_metadata=shard),
-            f"Download of {model_id} on {node_id} asked for",
-        )
-
-    async def delete_download(self, node_id: NodeId, model_id: ModelId) -> CommandResponse:
-        """The node deletes the model's files (unless a runner of it uses them)."""
-        return self._to_node(
-            node_id,
-            DeleteDownload(model_id=model_id),
-            f"Deletion of {model_id} on {node_id} asked for",
-        )
-
-    async def cancel_download(self, node_id: NodeId, model_id: ModelId) -> CommandResponse:
-        """The node stops downloading the model, keeping what it has."""
-        return self._to_node(
-            node_id,
-            CancelDownload(model_id=model_id),
-            f"Cancellation of the download of {model_id} on {node_id} asked for",
-        )
-
-    def _to_node(self, node_id: NodeId, message: AnyMasterMessage, said: str) -> CommandResponse:
-        if not self.running:
-            raise NotRunningError("the master is not running")
-        self._membership.send(node_id, message)  # NotFoundError naming a node not connected
-        return CommandResponse(message=said, command_id=self.new_id())
 
     # --- chat ----------------------------------------------------------------------------
 
