@@ -71,7 +71,6 @@ class MasterCommands:
     # What the commands act on, set by ``Master.__init__``.
     catalog: dict[str, ModelCard]
     new_id: IdFactory
-    max_deployments: int
     _lock: anyio.Lock
     _stepping: KeeperLoop
     _place: PlaceFn
@@ -92,6 +91,10 @@ class MasterCommands:
 
     @property
     def running(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def max_deployments(self) -> int:
         raise NotImplementedError
 
     async def _emit_and_wait(self, events: Sequence[AnyEvent]) -> None:

@@ -204,7 +204,6 @@ class Master(MasterCommands):
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.config = config if config is not None else MasterConfig()
         self.catalog = catalog_by_id(self.config.model_cards)
-        self.max_deployments = self.config.max_deployments
         self._started = Started("master", clock)
         self.new_id = new_id
         self._place = (
@@ -312,6 +311,10 @@ class Master(MasterCommands):
         keeper = self._started.keeper
         if isinstance(keeper, ReportsHealth):
             keeper.note_chat(instance_id, failed, self._monotonic())
+
+    @property
+    def max_deployments(self) -> int:
+        return self.config.max_deployments
 
     @property
     def running(self) -> bool:
