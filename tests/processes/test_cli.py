@@ -19,14 +19,14 @@ import pytest
 from anyio.abc import TaskStatus
 from anyio.from_thread import start_blocking_portal
 from model_ids import LLAMA, QWEN
-from process_helpers import free_port
+from process_helpers import free_port, wait_for
 
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, build_parser, main
 from keeper.cli.deployments import format_history
 from keeper.cluster import local
 from keeper.cluster.local import LocalCluster
 from keeper.master.server import serve
-from keeper.master.service import Master
+from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import DeploymentHistoryResponse, IncidentView
 from keeper.model.catalog import catalog_by_id
 from keeper.model.state import RecoveryPhases
@@ -38,11 +38,11 @@ TOKEN = "s3cret-token"
 DISK_OPTIONS = ("disk_gb", "download_mb_per_s", "has_models")
 
 
-def _serve_in_thread(token: str | None) -> Iterator[str]:
+def _serve_in_thread(token: str | None, config: MasterConfig | None = None) -> Iterator[str]:
     with start_blocking_portal(backend="asyncio") as portal:
 
         async def run(*, task_status: TaskStatus[int]) -> None:
-            await serve(Master(None), "127.0.0.1", 0, token, task_status=task_status)
+            await serve(Master(None, config=config), "127.0.0.1", 0, token, task_status=task_status)
 
         future, port = portal.start_task(run)
         try:
@@ -54,6 +54,20 @@ def _serve_in_thread(token: str | None) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def master_url() -> Iterator[str]:
     yield from _serve_in_thread(None)
+
+
+@pytest.fixture
+def new_master_url() -> Iterator[str]:
+    """A master started for the one test: still within its start-up grace (15 s) as it runs,
+    however long the module's shared master has been up."""
+    yield from _serve_in_thread(None)
+
+
+@pytest.fixture(scope="module")
+def stepping_url() -> Iterator[str]:
+    """A master that steps its keeper from the start (no grace): what placement says of a
+    deployment is known within a second."""
+    yield from _serve_in_thread(None, MasterConfig(startup_grace_s=0.0))
 
 
 @pytest.fixture(scope="module")
@@ -86,30 +100,30 @@ def test_unreachable_master_exits_3_and_says_where(capsys: pytest.CaptureFixture
 
 
 def test_deploy_list_undeploy_round_trip(
-    master_url: str, capsys: pytest.CaptureFixture[str]
+    new_master_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run_cli(capsys, "deploy", QWEN, "--url", master_url)
+    code, out, err = run_cli(capsys, "deploy", QWEN, "--url", new_master_url)
     assert (code, err) == (EXIT_OK, "")
     assert out.startswith(f"Deployment of {QWEN} created: ")
     deployment_id = out.strip().rsplit(" ", 1)[1]
 
-    code, out, _ = run_cli(capsys, "list", "--url", master_url)
+    code, out, _ = run_cli(capsys, "list", "--url", new_master_url)
     assert code == EXIT_OK
     header, row = out.strip().splitlines()
     assert header.split()[:5] == ["DEPLOYMENT", "MODEL", "STATUS", "READY", "INSTANCE"]
     assert row.split()[:4] == [deployment_id, QWEN, "placing", "0/1"]
     assert "grace" in row  # a new master waits before placing, and the list says why
 
-    code, out, _ = run_cli(capsys, "list", "--url", master_url, "--json")
+    code, out, _ = run_cli(capsys, "list", "--url", new_master_url, "--json")
     assert code == EXIT_OK
     (view,) = json.loads(out)["deployments"]
     assert view["deployment"]["deploymentId"] == deployment_id
     assert view["status"] == "placing"
 
-    code, out, err = run_cli(capsys, "undeploy", deployment_id, "--url", master_url)
+    code, out, err = run_cli(capsys, "undeploy", deployment_id, "--url", new_master_url)
     assert (code, err) == (EXIT_OK, "")
     assert deployment_id in out
-    code, out, _ = run_cli(capsys, "list", "--url", master_url)
+    code, out, _ = run_cli(capsys, "list", "--url", new_master_url)
     assert (code, out.strip()) == (EXIT_OK, "no deployments")
 
 
@@ -227,27 +241,48 @@ def test_deploy_with_standby_and_its_refusal(
 
 
 def test_history_prints_the_figures_and_refusals_exit_1(
-    master_url: str, capsys: pytest.CaptureFixture[str]
+    stepping_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = "mlx-community/Llama-3.2-3B-Instruct-4bit"
-    code, out, _ = run_cli(capsys, "deploy", model, "--url", master_url)
+    code, out, _ = run_cli(capsys, "deploy", model, "--url", stepping_url)
     deployment_id = out.strip().rsplit(" ", 1)[1]
-    code, out, err = run_cli(capsys, "history", deployment_id, "--url", master_url)
-    assert (code, err) == (EXIT_OK, "")
-    # Created, never served yet: a start-up is no incident, and no availability yet.
-    assert out.strip() == f"{deployment_id}: has not served in the last 24 h"
+
+    # This master has no nodes: once the keeper has stepped, placement has said why the model
+    # cannot start, and a start placement explained is an incident from the deployment's
+    # creation (before that step the history reads "has not served", as the next test pins).
+    def explained() -> list[str] | None:
+        code, out, err = run_cli(capsys, "history", deployment_id, "--url", stepping_url)
+        assert (code, err) == (EXIT_OK, "")
+        lines = out.strip().splitlines()
+        return lines if "1 incident(s)" in lines[0] else None
+
+    header, columns, incident = wait_for("the keeper's verdict in the history", 10, explained)
+    assert header == f"{deployment_id}: last 24 h, available 0.00%, 1 incident(s)"
+    assert columns.split() == ["START", "END", "DOWN", "RECOVERY", "CAUSE"]
+    assert incident.split()[1] == "ongoing"
+    assert "unplaceable: " in incident
     code, out, _ = run_cli(
-        capsys, "history", deployment_id, "--hours", "2.5", "--url", master_url, "--json"
+        capsys, "history", deployment_id, "--hours", "2.5", "--url", stepping_url, "--json"
     )
     assert code == EXIT_OK
     assert json.loads(out)["windowHours"] == 2.5
-    code, out, err = run_cli(capsys, "history", deployment_id, "--hours", "0", "--url", master_url)
+    code, out, err = run_cli(
+        capsys, "history", deployment_id, "--hours", "0", "--url", stepping_url
+    )
     assert (code, out) == (EXIT_REFUSED, "")
     assert "hours" in err
-    code, out, err = run_cli(capsys, "history", "nope", "--url", master_url)
+    code, out, err = run_cli(capsys, "history", "nope", "--url", stepping_url)
     assert (code, out) == (EXIT_REFUSED, "")
     assert "Deployment 'nope' not found" in err
-    assert run_cli(capsys, "undeploy", deployment_id, "--url", master_url)[0] == EXIT_OK
+    assert run_cli(capsys, "undeploy", deployment_id, "--url", stepping_url)[0] == EXIT_OK
+
+
+def test_history_of_a_deployment_that_has_not_served_says_so() -> None:
+    # Created, never served and no verdict yet: a start-up is no incident, and no availability.
+    history = DeploymentHistoryResponse(
+        deployment_id="d1", window_hours=24, availability=None, incidents=[], mttr_s=None
+    )
+    assert format_history(history) == "d1: has not served in the last 24 h"
 
 
 def test_history_lists_incidents_newest_first_with_their_cause() -> None:
