@@ -16,7 +16,7 @@ import pytest
 import shared_http as http
 from metrics_scrape import Samples, parse
 from model_ids import QWEN as MODEL
-from process_helpers import GET_TIMEOUT_S, run_cli, wait_for
+from process_helpers import GET_TIMEOUT_S, nodes_heard, run_cli, wait_for
 from test_e2e_cluster import running_cluster
 
 pytestmark = pytest.mark.e2e
@@ -41,15 +41,13 @@ def test_a_killed_node_is_counted_in_a_real_scrape(tmp_path: Path) -> None:
         wait_for("the master", 30, lambda: cluster.get("/healthz"))
         layout = wait_for("the cluster's nodes", 30, cluster.layout)
         names = sorted(node["name"] for node in layout["nodes"])
-
-        def all_named() -> bool | None:
-            # Cordons name nodes as the master's State knows them: a node whose process runs
-            # but whose report the master has not applied yet is refused as unknown.
-            listed = cluster.get("/nodes") or {"nodes": []}
-            known = {node["name"] for node in listed["nodes"] if node["node_ids"]}
-            return True if known >= set(names) else None
-
-        wait_for("the master to know every node", 30, all_named)
+        # Cordons name nodes as the master's State knows them: a node whose process runs but
+        # whose report the master has not applied yet is refused as unknown.
+        wait_for(
+            "the master to hear every node",
+            30,
+            lambda: nodes_heard(cluster.get("/nodes"), len(names)),
+        )
         # Only the first node open to placement: the instance lands there, and once it is
         # killed the keeper has nowhere to fail over until a node is uncordoned. A replacement
         # ready before the node is confirmed dead would write no incident at all (design.md
