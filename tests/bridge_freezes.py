@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 from model_ids import QWEN
 from process_helpers import (
+    START_DEADLINE_S,
     alive,
     chat_reply,
     free_port,
@@ -252,7 +253,7 @@ def deploy_and_wait(run: Running, replicas: int) -> dict[str, str]:
         )
         return True if ready else None
 
-    wait_for("exo's 3 nodes and the bridge following it", 60, following)
+    wait_for("exo's 3 nodes and the bridge following it", START_DEADLINE_S, following)
     flags = ("--replicas", str(replicas)) if replicas > 1 else ("--standby", "1")
     deployed = run_cli("deploy", QWEN, *flags, "--url", run.bridge_url)
     assert deployed.returncode == 0, deployed.stderr

@@ -28,6 +28,7 @@ import httpx
 import pytest
 import shared_http as http
 from process_helpers import (
+    START_DEADLINE_S,
     cluster_argv,
     free_port,
     get_json,
@@ -122,7 +123,7 @@ class Stack:
         bridge.process = start_cli(argv, bridge.output)
         return bridge
 
-    def wait_answering(self, bridge: BridgeProcess, deadline_s: float = 30) -> None:
+    def wait_answering(self, bridge: BridgeProcess, deadline_s: float = START_DEADLINE_S) -> None:
         """Until ``/healthz`` answers; a bridge that exited instead fails at once, with the end
         of what it printed (why it exited), not after the deadline."""
 
@@ -190,7 +191,7 @@ def stack(root: Path, etcd_members: int = 1, *, tls: EtcdTls | None = None) -> I
     try:
         wait_for(
             "exo's three nodes",
-            30,
+            START_DEADLINE_S,
             lambda: (
                 True
                 if (s := running.exo_state()) is not None and len(s["topology"]["nodes"]) == 3

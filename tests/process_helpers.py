@@ -39,6 +39,11 @@ CLI_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 20
 # ...and a SIGKILLed one is reaped at once; this only bounds a wedged wait.
 KILL_TIMEOUT_S = 10
+# Processes coming up (a master and its nodes, exo's stand-in, a bridge, etcd): a few seconds on
+# an idle machine, but CI's six lanes on two slow cores have taken over 30 s. It bounds a hang and
+# nothing else: a wait returns as soon as its condition holds, so a passing test pays nothing for
+# a long bound, and a start-up deadline is never what a test measures.
+START_DEADLINE_S = 120.0
 # Membership timings of a test cluster, shortened so a killed node is timed out and its instance
 # swept within seconds.
 NODE_TIMEOUT_S = 4

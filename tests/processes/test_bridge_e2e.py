@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from model_ids import QWEN as MODEL
 from process_helpers import (
+    START_DEADLINE_S,
     alive,
     chat_reply,
     cluster_argv,
@@ -118,7 +119,7 @@ def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Proces
         )
         return True if ready else None
 
-    wait_for("exo's 3 nodes and the bridge following it", 30, bridge_follows_exo)
+    wait_for("exo's 3 nodes and the bridge following it", START_DEADLINE_S, bridge_follows_exo)
     deployed = run_cli("deploy", MODEL, "--url", processes.bridge_url, "--json")
     assert deployed.returncode == 0, deployed.stderr
     deployment_id = json.loads(deployed.stdout)["deployment_id"]

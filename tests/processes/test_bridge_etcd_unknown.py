@@ -28,7 +28,7 @@ import pytest
 import shared_http as http
 from etcd_bridges import PREFIX, ProxyProcess, Stack, stack
 from model_ids import QWEN as MODEL
-from process_helpers import free_port, get_json, wait_for
+from process_helpers import START_DEADLINE_S, free_port, get_json, wait_for
 
 from keeper.bridge.etcd_store import (
     WRITE_DEADLINE_S,
@@ -137,7 +137,7 @@ def _every_write_path(running: Stack, proxy: ProxyProcess) -> None:
     running.wait_acting(15)
     node = wait_for(
         "the bridge to list exo's nodes",
-        30,
+        START_DEADLINE_S,
         lambda: (
             listed["nodes"][0]["name"]
             if (listed := get_json(f"{bridge.url}/nodes")) is not None and listed["nodes"]

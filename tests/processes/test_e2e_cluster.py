@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from model_ids import QWEN as MODEL
 from process_helpers import (
+    START_DEADLINE_S,
     alive,
     chat_reply,
     cluster_argv,
@@ -120,7 +121,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 def test_cluster_survives_a_killed_node_and_a_killed_master(cluster: Cluster) -> None:
     started = time.monotonic()
-    wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
+    wait_for("the master and 3 nodes", START_DEADLINE_S, lambda: _all_up(cluster))
 
     deployed = cluster.cli("deploy", MODEL, "--json")
     assert deployed.returncode == 0, deployed.stderr

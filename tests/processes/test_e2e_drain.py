@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import shared_http as http
 from model_ids import LLAMA, QWEN
-from process_helpers import model_instances, wait_for
+from process_helpers import START_DEADLINE_S, model_instances, wait_for
 from test_e2e_cluster import Cluster, _all_up, running_cluster
 from test_e2e_replicas import CHAT_TIMEOUT_S, Chats
 
@@ -97,7 +97,7 @@ def under_load(cluster: Cluster, models: tuple[str, ...]) -> Iterator[tuple[list
 
 @pytest.mark.e2e(seconds=45)
 def test_a_drain_under_load_fails_no_chat_and_keeps_replicas_plus_one(cluster: Cluster) -> None:
-    wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
+    wait_for("the master and 3 nodes", START_DEADLINE_S, lambda: _all_up(cluster))
     for model, replicas in REPLICAS.items():
         created = http.post(
             f"{cluster.url}/deployments",
@@ -170,7 +170,7 @@ def _changed(cluster: Cluster, model: str) -> bool | None:
 
 @pytest.mark.e2e(seconds=45)
 def test_a_rolling_change_of_sharding_under_load_fails_no_chat(cluster: Cluster) -> None:
-    wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
+    wait_for("the master and 3 nodes", START_DEADLINE_S, lambda: _all_up(cluster))
     ids: dict[str, str] = {}
     for model, options in CREATED.items():
         created = http.post(f"{cluster.url}/deployments", json={"model_id": model, **options})

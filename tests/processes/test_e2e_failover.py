@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from model_ids import QWEN
 from process_helpers import (
+    START_DEADLINE_S,
     alive,
     chat_reply,
     free_port,
@@ -137,7 +138,7 @@ def all_heard(cluster: Cluster) -> bool | None:
 
 
 def deploy_and_wait(cluster: Cluster) -> tuple[str, str]:
-    wait_for("the master and 3 nodes", 60, lambda: _all_up(cluster))
+    wait_for("the master and 3 nodes", START_DEADLINE_S, lambda: _all_up(cluster))
     created = cluster.cli("deploy", QWEN, "--standby", "1")
     assert created.returncode == 0, created.stderr
     return wait_for("Qwen serving", 60, lambda: serving(cluster))

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 import shared_http as http
-from process_helpers import model_instances, wait_for
+from process_helpers import START_DEADLINE_S, model_instances, wait_for
 from test_e2e_cluster import MODEL, Cluster, _all_up, running_cluster
 
 pytestmark = pytest.mark.e2e
@@ -96,7 +96,7 @@ def _model_instances(cluster: Cluster) -> dict[str, str]:
 
 
 def test_no_chat_fails_when_the_node_of_a_replica_is_killed(cluster: Cluster) -> None:
-    wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
+    wait_for("the master and 3 nodes", START_DEADLINE_S, lambda: _all_up(cluster))
     created = http.post(f"{cluster.url}/deployments", json={"model_id": MODEL, "replicas": 2})
     assert created.status_code == 200, created.text
     wait_for("two ready replicas", 40, lambda: True if _ready_replicas(cluster) == 2 else None)

@@ -22,6 +22,7 @@ import pytest
 from model_ids import QWEN
 from process_helpers import (
     NODE_TIMEOUT_S,
+    START_DEADLINE_S,
     chat_reply,
     cluster_argv,
     free_port,
@@ -77,7 +78,7 @@ def _instance(cluster: Cluster) -> tuple[str, str] | None:
 
 @pytest.mark.e2e(seconds=40)
 def test_a_kill_lands_on_the_staged_node_and_serves_without_a_download(cluster: Cluster) -> None:
-    wait_for("the master and 3 nodes", 30, lambda: _all_up(cluster))
+    wait_for("the master and 3 nodes", START_DEADLINE_S, lambda: _all_up(cluster))
     created = cluster.cli("deploy", QWEN, "--standby", "1")
     assert created.returncode == 0, created.stderr
     # Startup grace, a download on the first node, its load; then the standby copy's download.

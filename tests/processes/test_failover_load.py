@@ -21,7 +21,7 @@ import httpx
 import pytest
 import shared_http as http
 from model_ids import QWEN
-from process_helpers import wait_for
+from process_helpers import START_DEADLINE_S, wait_for
 from test_e2e_cluster import _all_up
 from test_e2e_drain import Watch
 from test_e2e_failover import instances, name_of, running
@@ -48,7 +48,7 @@ def ready_replicas(url: str) -> int | None:
 @pytest.mark.e2e(seconds=60)
 def test_chats_under_load_through_a_kill_of_one_of_two_replicas(tmp_path: Path) -> None:
     with running(tmp_path) as cluster:
-        wait_for("the master and 3 nodes", 60, lambda: _all_up(cluster))
+        wait_for("the master and 3 nodes", START_DEADLINE_S, lambda: _all_up(cluster))
         created = http.post(
             f"{cluster.url}/deployments",
             json={"model_id": QWEN, "replicas": 2},

@@ -16,7 +16,7 @@ import pytest
 import shared_http as http
 from metrics_scrape import Samples, parse
 from model_ids import QWEN as MODEL
-from process_helpers import GET_TIMEOUT_S, nodes_heard, run_cli, wait_for
+from process_helpers import GET_TIMEOUT_S, START_DEADLINE_S, nodes_heard, run_cli, wait_for
 from test_e2e_cluster import running_cluster
 
 pytestmark = pytest.mark.e2e
@@ -38,14 +38,14 @@ def sample(samples: Samples, name: str, **labels: str) -> float | None:
 
 def test_a_killed_node_is_counted_in_a_real_scrape(tmp_path: Path) -> None:
     with running_cluster(tmp_path) as cluster:
-        wait_for("the master", 30, lambda: cluster.get("/healthz"))
-        layout = wait_for("the cluster's nodes", 30, cluster.layout)
+        wait_for("the master", START_DEADLINE_S, lambda: cluster.get("/healthz"))
+        layout = wait_for("the cluster's nodes", START_DEADLINE_S, cluster.layout)
         names = sorted(node["name"] for node in layout["nodes"])
         # Cordons name nodes as the master's State knows them: a node whose process runs but
         # whose report the master has not applied yet is refused as unknown.
         wait_for(
             "the master to hear every node",
-            30,
+            START_DEADLINE_S,
             lambda: nodes_heard(cluster.get("/nodes"), len(names)),
         )
         # Only the first node open to placement: the instance lands there, and once it is

@@ -10,13 +10,19 @@ from pathlib import Path
 import pytest
 import shared_http as http
 from model_ids import QWEN
-from process_helpers import free_port, get_json, run_cli, start_cli, stop, wait_for
+from process_helpers import (
+    START_DEADLINE_S,
+    free_port,
+    get_json,
+    run_cli,
+    start_cli,
+    stop,
+    wait_for,
+)
 
 from keeper.cli import EXIT_USAGE
 
 TOKEN = "s3cret-token-from-a-file"
-# A master process answers /healthz within a second or two of starting.
-START_DEADLINE_S = 60
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from model_ids import QWEN as QWEN_06B  # the demo keeps it at two replicas
-from process_helpers import free_port, get_json, start_cli, stop, wait_for
+from process_helpers import START_DEADLINE_S, free_port, get_json, start_cli, stop, wait_for
 from textual.pilot import Pilot
 
 from exo_deploy_tui.app import DashboardApp
@@ -28,8 +28,6 @@ from keeper.cluster.demo import EmbeddedCluster
 # The keeper's startup grace (15 s), the nodes' loading, and slack for a loaded CI machine.
 SERVING_DEADLINE_S = 90.0
 STEP_DEADLINE_S = 15.0
-# Three node processes start and join within seconds; the slack is for a loaded CI machine.
-STAND_IN_DEADLINE_S = 60.0
 LLAMA_3B = "mlx-community/Llama-3.2-3B-Instruct-4bit"
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"
 
@@ -124,7 +122,7 @@ def stock_exo(tmp_path: Path) -> Iterator[str]:
         try:
             wait_for(
                 "the stand-in's nodes",
-                STAND_IN_DEADLINE_S,
+                START_DEADLINE_S,
                 lambda: (get_json(f"{url}/state") or {}).get("nodeIdentities") or None,
             )
             yield url

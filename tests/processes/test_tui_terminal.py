@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 import pytest
+from process_helpers import START_DEADLINE_S
 from textual.drivers.linux_driver import LinuxDriver
 
 from exo_deploy_tui import terminal
 from exo_deploy_tui.terminal import EndOfInputDriver
 
-# Starting Python, Textual and the app takes about a second; this bounds a slow machine.
-START_DEADLINE_S = 20.0
 EXIT_DEADLINE_S = 10.0
 
 

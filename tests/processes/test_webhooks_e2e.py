@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 import shared_http as http
 from model_ids import QWEN as MODEL
-from process_helpers import free_port, get_json, run_cli, start_cli, stop, wait_for
+from process_helpers import (
+    START_DEADLINE_S,
+    free_port,
+    get_json,
+    run_cli,
+    start_cli,
+    stop,
+    wait_for,
+)
 from webhook_receiver import SECRET_PATH, SECRET_QUERY, Receiver
 
 pytestmark = pytest.mark.e2e
@@ -40,7 +48,7 @@ def master(data_dir: Path, port: int, webhook: str, log: Path) -> Iterator[str]:
         process = start_cli(argv, output)
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_for("the master to answer", 20, lambda: get_json(f"{url}/healthz"))
+            wait_for("the master to answer", START_DEADLINE_S, lambda: get_json(f"{url}/healthz"))
             yield url
         finally:
             assert stop(process) == 0, log.read_text()
