@@ -67,7 +67,13 @@ from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.screens.whatif import WhatIfScreen
 from exo_deploy_tui.terminal import EndOfInputDriver, exit_on_hangup
-from exo_deploy_tui.updates import ConnectionUpdate, NodesUpdate, SnapshotUpdate, Update
+from exo_deploy_tui.updates import (
+    ConnectionUpdate,
+    HeardUpdate,
+    NodesUpdate,
+    SnapshotUpdate,
+    Update,
+)
 from keeper.model.api_models import CommandResponse, CreateDeploymentRequest, ModelListEntry
 from keeper.model.state import NodeDrain
 
@@ -206,8 +212,17 @@ class DashboardApp(App[None]):
 
     def _apply_pending(self) -> None:
         self._frame_scheduled = False
-        self._last_frame = time.monotonic()
         pending, self._pending_updates = self._pending_updates, []
+        if pending and all(isinstance(u, HeardUpdate) for u in pending):
+            # Only the master's keepalive (once a second): dated, and drawn at once only if it
+            # ended a quiet the timeline told; otherwise the next tick draws it. Not a frame, so
+            # an idle dashboard still counts as quiet for _settle_heap.
+            appended = self.model.timeline.appended
+            self.model.handle(pending, self.now())
+            if self.model.timeline.appended != appended:
+                self.render_model()
+            return
+        self._last_frame = time.monotonic()
         if pending:
             self.model.handle(pending, self.now())
             missing = self.model.missing_from

@@ -690,7 +690,9 @@ def timeline_line(entry: TimelineEntry) -> Text:
     return line
 
 
-def connection_text(connection: Connection, now: float, url: str) -> Text:
+def connection_text(
+    connection: Connection, now: float, url: str, quiet_s: float | None = None
+) -> Text:
     text = Text()
     host = url.removeprefix("http://").removeprefix("https://")
     if connection.stale_since is not None:
@@ -710,7 +712,11 @@ def connection_text(connection: Connection, now: float, url: str) -> Text:
         text.append(f"{detail}{retry}", style="red")
         return text
     mode = connection.mode
-    if mode == "live":
+    if quiet_s is not None and mode in ("live", "polling"):
+        # Connected, but the master has stopped speaking: what the rest of the screen shows is
+        # as of its last word, and this says so before anything reads as the nodes' fault.
+        text.append(f"◌ no word for {quiet_s:.0f}s", style="bold yellow")
+    elif mode == "live":
         text.append("● live", style="bold green")
     elif mode == "polling":
         text.append("◐ polling 1s", style="bold yellow")
@@ -783,7 +789,7 @@ def header_text(
     left = Text()
     left.append(" exo-deploy ", style="bold reverse")
     left.append(" ")
-    left.append_text(connection_text(connection, now, url))
+    left.append_text(connection_text(connection, now, url, summary.master_quiet_s))
     role = service_text(service)
     if role is not None:
         left.append(" · ", style="dim")

@@ -63,6 +63,7 @@ from exo_deploy_tui.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
+    HeardUpdate,
     SnapshotUpdate,
     Update,
 )
@@ -89,10 +90,11 @@ DEFAULT_URL = "http://127.0.0.1:52415"
 CONNECT_TIMEOUT_S = 3.0
 # A whole /state or /deployments read, or a create/delete, must finish within this.
 REQUEST_TIMEOUT_S = 5.0
-# The master's stream sends a keepalive comment after 15 s without news
-# (keeper.master.dashboard_stream.KEEPALIVE_S); two missed ones mean the connection is dead even
-# if the socket has not noticed (a frozen master, a cut link).
-STREAM_SILENCE_S = 35.0
+# The master's stream sends a keepalive comment every second
+# (keeper.master.dashboard_stream.KEEPALIVE_S); ten missed mean the connection is dead even if the
+# socket has not noticed (a frozen master, a cut link). The header and the timeline say the master
+# is quiet well before (exo_deploy_tui.master_quiet.QUIET_AFTER_S); this only ends the wait.
+STREAM_SILENCE_S = 10.0
 # Polling once a second: a change shows within a second, and a master sees one request a second.
 POLL_INTERVAL_S = 1.0
 # Reconnect quickly at first (a master restart takes about a second), then back off so a master
@@ -179,14 +181,19 @@ class _Poll:
 
 
 class _SilenceDeadline(httpx.AsyncByteStream):
-    """A response body that fails with ``TimeoutError`` after ``silence_s`` without a byte.
+    """A response body that fails with ``TimeoutError`` after ``silence_s`` without a byte, and
+    calls ``on_comment`` for each chunk that is only an SSE comment.
 
     The master's keepalive is an SSE comment, which an SSE reader rightly never hands on, so
-    the deadline watches the bytes under the reader rather than the events it yields."""
+    the deadline watches the bytes under the reader rather than the events it yields, and the
+    keepalive is told from here: the model dates the master's last word by it."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, silence_s: float) -> None:
+    def __init__(
+        self, inner: httpx.AsyncByteStream, silence_s: float, on_comment: Callable[[], None]
+    ) -> None:
         self._inner = inner
         self._silence_s = silence_s
+        self._on_comment = on_comment
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = aiter(self._inner)
@@ -195,6 +202,8 @@ class _SilenceDeadline(httpx.AsyncByteStream):
                 chunk = await anext(chunks, None)
             if chunk is None:
                 return
+            if chunk.startswith(b":"):
+                self._on_comment()  # a chunk with an event in it is a word by its event
             yield chunk
 
     async def aclose(self) -> None:
@@ -330,7 +339,9 @@ class MasterClient:
             offset = self._clock_offset(response.headers)
             if not isinstance(response.stream, httpx.AsyncByteStream):
                 raise _BadResponseError("the event stream is not readable asynchronously")
-            response.stream = _SilenceDeadline(response.stream, STREAM_SILENCE_S)
+            response.stream = _SilenceDeadline(
+                response.stream, STREAM_SILENCE_S, lambda: emit(HeardUpdate())
+            )
             async for message in EventSource(response).aiter_sse():
                 self._on_stream_message(message, offset=offset, emit=emit)
 
@@ -370,6 +381,8 @@ class MasterClient:
             if poll.bodies != self._last_poll:
                 emit(self._parse_poll(poll))  # raises UnreadableAnswerError before anything is kept
                 self._last_poll = poll.bodies
+            else:
+                emit(HeardUpdate())  # nothing changed, but the master answered: it is alive
             if not announced:
                 emit(ConnectionUpdate("polling", detail))
                 announced = True

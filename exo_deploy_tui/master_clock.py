@@ -3,8 +3,14 @@
 The master dates what it says (a node's ``lastSeen``, a timer's ``nextAttemptAt``, a serving
 record) on its own clock; the dashboard counts on its own. Every part of the model that turns one
 into the other goes through ``MasterClock``, a value the model rebuilds from what it knows now
-(the offset the HTTP Date header measured, and when the master was lost, if it is), so the
-parts hold no copy of either that could fall out of step.
+(the offset the HTTP Date header measured, when the master last said anything, and when it was
+lost, if it is), so the parts hold no copy of any of them that could fall out of step.
+
+How long a node has been quiet is known only up to the master's last word: a master that stops
+speaking (frozen, or its link cut before the connection notices) stops relaying every node's
+reports at once, and judging those nodes by our clock would call each of them silent when it is
+the master that is. So every silence is measured to ``heard_at`` at the latest (docs/design.md
+§9.6, "The master's last word").
 """
 
 from __future__ import annotations
@@ -38,11 +44,21 @@ def offset_taken(measured: float) -> float:
 
 @dataclass(frozen=True)
 class MasterClock:
-    """The master's clock as seen from ours: ``offset_s`` (its clock minus ours) and, while it
-    is out of reach, ``stale_since`` (when we lost it, our clock)."""
+    """The master's clock as seen from ours: ``offset_s`` (its clock minus ours), ``heard_at``
+    (when it last said anything, our clock) and, while it is out of reach, ``stale_since``
+    (when we lost it, our clock)."""
 
     offset_s: float = 0.0
     stale_since: float | None = None
+    heard_at: float | None = None
+
+    def known_until(self, now: float) -> float:
+        """The latest moment of ours we know the cluster at: ``now``, or the master's last word,
+        or when we lost it, whichever is earliest."""
+        for bound in (self.heard_at, self.stale_since):
+            if bound is not None:
+                now = min(now, bound)
+        return now
 
     def ours(self, text: str | None) -> float | None:
         """A date the master wrote, on our clock; None when it cannot be read."""
@@ -53,17 +69,13 @@ class MasterClock:
         """How long since ``at`` (Unix seconds on the master's clock: a verdict's
         ``last_heard`` or ``since``), never negative, known no further than the moment we lost
         the master (as ``quiet_for``)."""
-        if self.stale_since is not None:
-            now = min(now, self.stale_since)
-        return max(0.0, now + self.offset_s - at)
+        return max(0.0, self.known_until(now) + self.offset_s - at)
 
     def quiet_for(self, last_seen: str | None, now: float) -> float | None:
         """How long since a node was last heard of (its ``lastSeen``), never negative. While
-        the master is out of reach we know nothing newer than the moment we lost it: judging
-        nodes by our clock would call every one of them silent."""
+        the master is quiet or out of reach we know nothing newer than its last word (or the
+        moment we lost it): judging nodes by our clock would call every one of them silent."""
         seen = parse_iso(last_seen)
         if seen is None:
             return None
-        if self.stale_since is not None:
-            now = min(now, self.stale_since)
-        return max(0.0, now + self.offset_s - seen)
+        return max(0.0, self.known_until(now) + self.offset_s - seen)

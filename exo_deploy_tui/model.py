@@ -28,7 +28,9 @@ State does not say, each with one job and its own tests:
   and the rolling changes under way;
 - ``timers.py``: the keeper's timers from ``GET /deployments``;
 - ``connection_changes.py``: what losing and regaining the master does to the connection held
-  and what the timeline says of it.
+  and what the timeline says of it;
+- ``master_quiet.py``: a master that stops speaking before the connection notices (every update
+  dates its last word, ``HeardUpdate`` too, and the nodes are judged as of that word).
 
 The rows are derived from the State and those parts by pure functions (``derive.py`` for the
 deployments and instances, ``node_rows.py`` for the nodes and the header's counts) into the
@@ -56,6 +58,7 @@ from exo_deploy_tui.failover import failover_facts
 from exo_deploy_tui.health import InstanceMarks
 from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
 from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
+from exo_deploy_tui.master_quiet import MasterQuiet, quiet_for
 from exo_deploy_tui.moves import Moves
 from exo_deploy_tui.node_rows import node_rows, summary
 from exo_deploy_tui.outages import Outages, outage_start
@@ -87,6 +90,7 @@ from exo_deploy_tui.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
+    HeardUpdate,
     NodesUpdate,
     SnapshotUpdate,
     Update,
@@ -162,6 +166,9 @@ class ClusterModel:
     _readings: GpuReadings = field(default_factory=GpuReadings)
     _marks: InstanceMarks = field(default_factory=InstanceMarks)
     _moves: Moves = field(default_factory=Moves)
+    _quiet: MasterQuiet = field(default_factory=MasterQuiet)
+    # When the master last said anything (our clock): the cluster is known as of then.
+    _heard_at: float | None = None
     _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
     # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
     _views: dict[DeploymentId, DeploymentView] = field(default_factory=dict)
@@ -179,6 +186,8 @@ class ClusterModel:
         batch = [updates] if not isinstance(updates, Sequence) else updates
         self._blind = False
         for update in batch:
+            if _relays_the_cluster(update):
+                self._heard_at = now  # a word from the master, whatever it says
             match update:
                 case SnapshotUpdate():
                     self._on_snapshot(update, now)
@@ -188,6 +197,8 @@ class ClusterModel:
                     self._set_timers(views, now)
                 case ConnectionUpdate():
                     self._on_connection(update, now)
+                case HeardUpdate():
+                    pass  # the master is alive as of now: dated above, nothing else to take
                 case NodesUpdate(nodes=nodes):
                     self._moves.answered(nodes)
         self._settle(now)
@@ -200,6 +211,7 @@ class ClusterModel:
         if self._judge_own(now):
             self._settle(now)
         else:
+            self._check_quiet(now)
             self._check_silence(now)
         return self.timeline.appended != before
 
@@ -226,7 +238,7 @@ class ClusterModel:
     @property
     def clock(self) -> MasterClock:
         """The master's clock as we know it now (its offset, and whether it is out of reach)."""
-        return MasterClock(self.master_clock_offset_s, self.connection.stale_since)
+        return MasterClock(self.master_clock_offset_s, self.connection.stale_since, self._heard_at)
 
     def _on_snapshot(self, update: SnapshotUpdate, now: float) -> None:
         self.missing_from = None
@@ -324,6 +336,7 @@ class ClusterModel:
         then date the status changes and tell the outages they begin or end, then the
         instances' marks."""
         self._judge_own(now)
+        self._check_quiet(now)
         self._check_silence(now)
         derived = self.derived()
         statuses, ready_nodes = derived.statuses, derived.ready_nodes
@@ -352,6 +365,10 @@ class ClusterModel:
     def _outage_start(self, nodes: tuple[NodeId, ...], now: float) -> float:
         state, clock = self.state, self.clock
         return outage_start(now, (self._liveness.last_heard(n, state, clock) for n in nodes))
+
+    def _check_quiet(self, now: float) -> None:
+        lost = self.connection.stale or not self.has_data
+        self.timeline.extend(self._quiet.check(self._heard_at, lost=lost, now=now))
 
     def _check_silence(self, now: float) -> None:
         self.timeline.extend(self._liveness.check(self.state, self.clock, now))
@@ -435,6 +452,7 @@ class ClusterModel:
             liveness=self._liveness,
             clock=self.clock,
             deployments_api=self.has_timers or not self.has_data,
+            master_quiet_s=None if self.connection.stale else quiet_for(self._heard_at, now),
         )
 
     def drain_plan(self, name: str) -> DrainPlan:
@@ -472,3 +490,17 @@ def _connected_entries(update: SnapshotUpdate, now: float) -> list[TimelineEntry
         for n in departed_nodes(state)
     ]
     return entries
+
+
+def _relays_the_cluster(update: Update) -> bool:
+    """Whether ``update`` is a word from the master on the channel that brings its State (the
+    stream or the poll), so the cluster is known as of its arrival. ``GET /nodes`` is read
+    apart and says nothing of whether that channel still flows; a connection that went down or
+    cannot be read is not the master speaking."""
+    match update:
+        case ConnectionUpdate(mode=mode):
+            return mode in ("live", "polling")
+        case NodesUpdate():
+            return False
+        case _:
+            return True

@@ -162,6 +162,7 @@ def summary(
     liveness: NodeLiveness,
     clock: MasterClock,
     deployments_api: bool,
+    master_quiet_s: float | None = None,
 ) -> Summary:
     """The header's counts: nodes by liveness (as their rows say), deployments by status."""
     heard = [h.liveness for h in liveness.heard(state, clock, now).values()]
@@ -180,4 +181,5 @@ def summary(
         instances=len(state.instances),
         nodes_away=len(liveness.away_names(state, derived.name_of)),
         deployments_api=deployments_api,
+        master_quiet_s=master_quiet_s,
     )

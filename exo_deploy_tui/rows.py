@@ -201,6 +201,9 @@ class Summary:
     # Fast failover's verdicts (docs/design.md §5.18): nodes suspect, and confirmed dead.
     nodes_suspect: int = 0
     nodes_dead: int = 0
+    # How long the master has said nothing, once it is quiet (master_quiet.QUIET_AFTER_S);
+    # None while it speaks or once the connection is lost (the header says that instead).
+    master_quiet_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,13 @@ class ConnectionUpdate:
 
 
 @dataclass(frozen=True)
+class HeardUpdate:
+    """The master spoke and had nothing new to say (its stream's keepalive, a poll that changed
+    nothing). Every update from the master dates its last word, and the dashboard judges the
+    cluster as of that word (``MasterClock.heard_at``): this one only says it was alive now."""
+
+
+@dataclass(frozen=True)
 class NodesUpdate:
     """The master's ``GET /nodes`` answer, read while a drain is under way: what each drain has
     left to move and, only there, the keeper's reason a move cannot be placed. ``nodes`` is None
@@ -68,4 +75,6 @@ class NodesUpdate:
     detail: str = ""
 
 
-Update = SnapshotUpdate | EventUpdate | DeploymentsUpdate | ConnectionUpdate | NodesUpdate
+Update = (
+    SnapshotUpdate | EventUpdate | DeploymentsUpdate | HeardUpdate | ConnectionUpdate | NodesUpdate
+)

@@ -78,9 +78,7 @@ class OwnVerdicts:
                 self._nodes = {}
                 return state.model_copy(update={"node_watch": {}}) if state.node_watch else state
             seen[node_id] = at
-        master_now = (now if clock.stale_since is None else min(now, clock.stale_since)) + (
-            clock.offset_s
-        )
+        master_now = clock.known_until(now) + clock.offset_s
         self._nodes = {n: self._heard(n, at, master_now) for n, at in seen.items()}
         judgement = judge(self._nodes, master_now, self.config, paused(observer))
         events = watch_events(state, judgement, seen, master_now)

@@ -41,8 +41,11 @@ from keeper.model.refusals import RefusalError
 
 # Often enough for the TUI's countdowns to stay right, rarely enough to cost nothing.
 DEPLOYMENTS_CHECK_S = 1.0
-# Below the 30-60 s idle timeouts common in proxies and load balancers.
-KEEPALIVE_S = 15.0
+# Every second, as nodes report: a dashboard judges the cluster as of the master's last word
+# (exo_deploy_tui.master_clock), so a master with nothing to say still says that it is alive,
+# and a quiet one is told from quiet nodes within seconds. Far below the 30-60 s idle timeouts
+# of proxies and load balancers; a comment line a second per dashboard costs nothing.
+KEEPALIVE_S = 1.0
 # What a client should wait before reconnecting (SSE's ``retry``, in ms): a master restart
 # takes about a second, so half of one finds it back soon without hammering it.
 RECONNECT_MS = 500

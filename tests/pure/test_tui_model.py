@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from model_ids import LLAMA, QWEN
 
+from exo_deploy_tui.master_quiet import QUIET_AFTER_S
 from exo_deploy_tui.model import (
     GONE_NODES_KEPT,
     SILENT_AFTER_S,
@@ -11,7 +12,13 @@ from exo_deploy_tui.model import (
     sort_rows,
 )
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
-from exo_deploy_tui.updates import ConnectionUpdate, DeploymentsUpdate, EventUpdate, SnapshotUpdate
+from exo_deploy_tui.updates import (
+    ConnectionUpdate,
+    DeploymentsUpdate,
+    EventUpdate,
+    HeardUpdate,
+    SnapshotUpdate,
+)
 from keeper.model.api_models import DeploymentView
 from keeper.model.events import (
     AnyEvent,
@@ -276,7 +283,9 @@ def test_nodes_go_silent_then_gone_then_come_back() -> None:
     assert rows["mini-a"].ram_used == 16 * 1024**3
 
     later = FROZEN_NOW + SILENT_AFTER_S
-    assert model.tick(later)
+    before = model.timeline.appended
+    model.handle(HeardUpdate(), later)  # the master speaks: its nodes are quiet, not it
+    assert model.timeline.appended == before + 2
     rows = {r.name: r for r in model.node_rows(later)}
     assert rows["mini-a"].liveness == "silent"
     assert rows["mini-a"].quiet_for_s == SILENT_AFTER_S + 2
@@ -295,6 +304,39 @@ def test_nodes_go_silent_then_gone_then_come_back() -> None:
     rows = {r.name: r for r in model.node_rows(later + 40)}
     assert rows["mini-a"].liveness == "alive"
     assert "node mini-a joined" in texts(model)
+
+
+def test_a_quiet_master_is_told_once_and_its_nodes_are_judged_as_of_its_last_word() -> None:
+    model = connected(ClusterBuilder().node("studio").node("mini-a", seen_ago_s=2).link_all())
+    later = FROZEN_NOW + SILENT_AFTER_S + 5  # long past a node's silence, had the master spoken
+    before = model.timeline.appended
+    assert model.tick(FROZEN_NOW + QUIET_AFTER_S)
+    assert model.timeline.appended == before + 1
+    assert texts(model)[-1].startswith(f"no word from the master for {QUIET_AFTER_S:.1f} s")
+    assert not model.tick(later)  # told once; no node told silent
+    rows = {r.name: r for r in model.node_rows(later)}
+    assert [rows[n].liveness for n in ("studio", "mini-a")] == ["alive", "alive"]
+    assert rows["mini-a"].quiet_for_s == 2  # as of the master's last word
+    assert model.summary(later).master_quiet_s == later - FROZEN_NOW
+
+    model.handle(HeardUpdate(), later + 1)
+    assert texts(model)[-3] == f"the master spoke again after {later + 1 - FROZEN_NOW:.1f} s"
+    assert texts(model)[-2:] == [  # its nodes said nothing newer meanwhile: now they are silent
+        f"node studio went silent (nothing for {later + 2 - FROZEN_NOW:.0f} s)",
+        f"node mini-a went silent (nothing for {later + 3 - FROZEN_NOW:.0f} s)",
+    ]
+    assert model.summary(later + 1).master_quiet_s is None
+
+
+def test_a_lost_connection_supersedes_the_masters_quiet() -> None:
+    model = connected(healthy())
+    assert model.tick(FROZEN_NOW + QUIET_AFTER_S)
+    model.handle(ConnectionUpdate("down", "cannot connect", 0.5), FROZEN_NOW + 5)
+    assert model.summary(FROZEN_NOW + 6).master_quiet_s is None
+    model.handle(ConnectionUpdate("live"), FROZEN_NOW + 8)
+    assert not model.tick(FROZEN_NOW + 9)  # connected again: it speaks, nothing more to tell
+    assert not any(t.startswith("the master spoke again") for t in texts(model))
+    assert sum(t.startswith("no word from the master") for t in texts(model)) == 1
 
 
 def test_gone_nodes_are_remembered_within_a_bound() -> None:

@@ -24,7 +24,13 @@ from exo_deploy_tui.client import STOCK_EXO, ApiError
 from exo_deploy_tui.model import parse_iso
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient, iso, node_id_for
-from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
+from exo_deploy_tui.updates import (
+    ConnectionUpdate,
+    EventUpdate,
+    HeardUpdate,
+    SnapshotUpdate,
+    Update,
+)
 from exo_deploy_tui.widgets.panels import DeploymentsTable, NodesTable
 from keeper.model.api_models import ServiceHealthView
 from keeper.model.events import (
@@ -139,15 +145,38 @@ def test_backoff_counting_down(snap_compare: Compare, size: tuple[int, int]) -> 
         .deployment(QWEN, on=["mini-a"])
         .deployment(LLAMA, failures=2, next_attempt_in_s=40, waiting="backoff")
     )
-    app = scenario(builder, clock)
+    client = ScriptedClient(initial=[builder.snapshot(), ConnectionUpdate("live")])
+    app = DashboardApp(client, clock=clock, tick=False)
 
     async def three_seconds_later(pilot: Pilot[None]) -> None:
         await settled(pilot)
         clock.now += 3
+        client.push(HeardUpdate())  # the master's keepalive: it is alive, nothing new
+        await settled(pilot)
         app.tick()
         await settled(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=three_seconds_later)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_master_gone_quiet(snap_compare: Compare, size: tuple[int, int]) -> None:
+    """Connected, then 12 s without a word from the master (frozen, or its link cut before the
+    socket noticed): the header and the timeline say the master is quiet, and its nodes, judged
+    as of its last word, still read alive rather than silent one by one."""
+    clock = Clock()
+    app = scenario(healthy(), clock)
+
+    async def twelve_quiet_seconds(pilot: Pilot[None]) -> None:
+        await settled(pilot)
+        clock.now += 12
+        app.tick()
+        await settled(pilot)
+        if size[0] < 120:
+            await pilot.press("4")  # the timeline tab when compact
+            await settled(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=twelve_quiet_seconds)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -228,6 +257,8 @@ def test_stock_exo_after_a_node_timed_out(snap_compare: Compare, size: tuple[int
         client.push(SnapshotUpdate(recorded_state("state-node-timed-out"), None))
         await settled(pilot)
         clock.now += 3  # node1 gone for 3 s; the others last reported 6 s ago: still alive
+        client.push(HeardUpdate())  # the poll's unchanged answer: exo is alive, nothing new
+        await settled(pilot)
         app.tick()
         await settled(pilot)
         if size[0] < 120:

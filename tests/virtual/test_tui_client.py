@@ -31,6 +31,7 @@ from exo_deploy_tui.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
+    HeardUpdate,
     SnapshotUpdate,
     Update,
 )
@@ -111,16 +112,17 @@ async def test_the_event_stream_feeds_snapshot_events_and_timers() -> None:
     seen = await watch(client, lambda s: any(isinstance(u, DeploymentsUpdate) for u in s))
     assert [type(u).__name__ for u in seen] == [
         "ConnectionUpdate",
+        "HeardUpdate",  # the keepalive: the master is alive, with nothing to say
         "SnapshotUpdate",
         "ConnectionUpdate",
         "EventUpdate",
         "DeploymentsUpdate",
     ]
     assert modes(seen) == ["connecting", "live"]
-    snapshot = seen[1]
+    snapshot = seen[2]
     assert isinstance(snapshot, SnapshotUpdate)
     assert snapshot.state == builder.state
-    assert isinstance(seen[3], EventUpdate) and seen[3].indexed == event
+    assert isinstance(seen[4], EventUpdate) and seen[4].indexed == event
     assert len(requests) == 1
 
 
@@ -149,6 +151,8 @@ async def test_without_a_stream_it_polls_state_and_deployments() -> None:
     seen = await watch(client, lambda s: len(polls) >= 7)
     snapshots = [u for u in seen if isinstance(u, SnapshotUpdate)]
     assert len(snapshots) == 1  # three polls, one change: the same answer is not re-sent
+    # ...but an unchanged answer is still the master speaking, and says so.
+    assert any(isinstance(u, HeardUpdate) for u in seen[seen.index(snapshots[0]) :])
     assert snapshots[0].state == builder.state
     assert snapshots[0].deployments == snap.deployments
     assert snapshots[0].master_clock_offset_s == 30
