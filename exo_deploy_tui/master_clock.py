@@ -51,11 +51,19 @@ class MasterClock:
     offset_s: float = 0.0
     stale_since: float | None = None
     heard_at: float | None = None
+    # A master that speaks again after a quiet first relays the node reports it held back: until
+    # ``catching_up_until`` the cluster is known only as of its word before the quiet
+    # (master_quiet.LastWord).
+    word_before_quiet: float | None = None
+    catching_up_until: float | None = None
 
     def known_until(self, now: float) -> float:
-        """The latest moment of ours we know the cluster at: ``now``, or the master's last word,
-        or when we lost it, whichever is earliest."""
-        for bound in (self.heard_at, self.stale_since):
+        """The latest moment of ours we know the cluster at: ``now``, or the master's last word
+        (its word before a quiet while it catches up), or when we lost it, whichever is
+        earliest."""
+        catching_up = self.catching_up_until is not None and now < self.catching_up_until
+        word = self.word_before_quiet if catching_up else self.heard_at
+        for bound in (word, self.stale_since):
             if bound is not None:
                 now = min(now, bound)
         return now

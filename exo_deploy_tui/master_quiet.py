@@ -6,13 +6,18 @@ it stops (frozen, or the link cut before the connection notices, ``STREAM_SILENC
 every node's reports stop reaching us at once, and it is the master that is quiet, not the
 nodes. The dashboard then judges each node as of the master's last word
 (``MasterClock.heard_at``) and says that it does, instead of telling each node silent and then
-each one reporting again. Losing the connection says more and supersedes this: the quiet is
-then forgotten without a line of its own (``connection_changes`` tells the loss and the return).
+each one reporting again. When it speaks again its first word (often the keepalive, overdue)
+comes before the reports it held back, so the nodes stay judged as of the word before the quiet
+for ``CATCH_UP_S`` more (``LastWord``). Losing the connection says more and supersedes this:
+the quiet is then forgotten without a line of its own (``connection_changes`` tells the loss
+and the return).
 
 Pure: the time comes in as ``now``, the last word as ``heard_at``. Why: docs/design.md §9.6.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from exo_deploy_tui.format import clock_time, precise_duration
 from exo_deploy_tui.timeline import TimelineEntry
@@ -22,6 +27,10 @@ from exo_deploy_tui.timeline import TimelineEntry
 # below fast failover's 3 s suspect default, so the master's quiet is said before either could
 # be misread from it.
 QUIET_AFTER_S = 3.0
+# After a quiet, how long the master is given to relay the node reports it held back before its
+# nodes are judged by its new word: two of a node's one-second reports, so a node that reported
+# meanwhile is never told silent for the master's quiet, and one that did not is told soon after.
+CATCH_UP_S = 2.0
 
 
 def quiet_for(heard_at: float | None, now: float) -> float | None:
@@ -31,6 +40,23 @@ def quiet_for(heard_at: float | None, now: float) -> float | None:
         return None
     quiet = now - heard_at
     return quiet if quiet >= QUIET_AFTER_S else None
+
+
+@dataclass
+class LastWord:
+    """When the master last said anything, and, after a quiet, the word before it while it
+    catches up: what ``MasterClock`` bounds the nodes' quiet by."""
+
+    heard_at: float | None = None
+    word_before_quiet: float | None = None
+    catching_up_until: float | None = None
+
+    def heard(self, now: float) -> None:
+        """The master spoke at ``now``."""
+        if self.heard_at is not None and quiet_for(self.heard_at, now) is not None:
+            self.word_before_quiet = self.heard_at
+            self.catching_up_until = now + CATCH_UP_S
+        self.heard_at = now
 
 
 class MasterQuiet:

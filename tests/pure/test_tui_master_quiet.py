@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from exo_deploy_tui.format import clock_time
 from exo_deploy_tui.master_clock import MasterClock
-from exo_deploy_tui.master_quiet import QUIET_AFTER_S, MasterQuiet, quiet_for
+from exo_deploy_tui.master_quiet import CATCH_UP_S, QUIET_AFTER_S, LastWord, MasterQuiet, quiet_for
 from exo_deploy_tui.testing import FROZEN_NOW, iso
 
 HEARD = FROZEN_NOW
@@ -59,3 +59,22 @@ def test_a_node_is_quiet_only_up_to_the_masters_last_word() -> None:
     assert clock.silent_since(HEARD - 2, HEARD + 30) == 2
     speaking = MasterClock(offset_s=0.0, heard_at=HEARD + 30)
     assert speaking.quiet_for(iso(HEARD - 2), HEARD + 30) == 32
+
+
+def test_after_a_quiet_the_nodes_are_judged_as_of_the_word_before_it_while_it_catches_up() -> None:
+    word = LastWord()
+    word.heard(HEARD)
+    word.heard(HEARD + 1)  # a keepalive a second later: no quiet, no catching up
+    assert (word.heard_at, word.catching_up_until) == (HEARD + 1, None)
+    word.heard(HEARD + 1 + QUIET_AFTER_S)
+    assert word.word_before_quiet == HEARD + 1
+    assert word.catching_up_until == HEARD + 1 + QUIET_AFTER_S + CATCH_UP_S
+
+    def clock() -> MasterClock:
+        return MasterClock(0.0, None, word.heard_at, word.word_before_quiet, word.catching_up_until)
+
+    until = HEARD + 1 + QUIET_AFTER_S + CATCH_UP_S
+    assert clock().known_until(until - 0.1) == HEARD + 1
+    word.heard(until - 0.5)  # more words while catching up do not end it early
+    assert clock().known_until(until - 0.1) == HEARD + 1
+    assert clock().known_until(until) == until - 0.5

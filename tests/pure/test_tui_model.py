@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from model_ids import LLAMA, QWEN
 
-from exo_deploy_tui.master_quiet import QUIET_AFTER_S
+from exo_deploy_tui.master_quiet import CATCH_UP_S, QUIET_AFTER_S
 from exo_deploy_tui.model import (
     GONE_NODES_KEPT,
     SILENT_AFTER_S,
@@ -284,15 +284,19 @@ def test_nodes_go_silent_then_gone_then_come_back() -> None:
 
     later = FROZEN_NOW + SILENT_AFTER_S
     before = model.timeline.appended
-    model.handle(HeardUpdate(), later)  # the master speaks: its nodes are quiet, not it
+    for second in range(1, int(SILENT_AFTER_S) + 1):  # the master speaks every second...
+        model.handle(HeardUpdate(), FROZEN_NOW + second)
+    # ...so when nothing came from its nodes for SILENT_AFTER_S, they are quiet, not it.
     assert model.timeline.appended == before + 2
     rows = {r.name: r for r in model.node_rows(later)}
     assert rows["mini-a"].liveness == "silent"
     assert rows["mini-a"].quiet_for_s == SILENT_AFTER_S + 2
-    assert texts(model)[-2:] == [
-        f"node studio went silent (nothing for {SILENT_AFTER_S + 1:.0f} s)",
-        f"node mini-a went silent (nothing for {SILENT_AFTER_S + 2:.0f} s)",
+    assert texts(model)[-2:] == [  # each told as its silence began, mini-a a second earlier
+        f"node mini-a went silent (nothing for {SILENT_AFTER_S:.0f} s)",
+        f"node studio went silent (nothing for {SILENT_AFTER_S:.0f} s)",
     ]
+    assert [e.at for e in model.timeline][-2:] == [later - 2, later - 1]
+    model.handle(HeardUpdate(), later + 1)
     assert not model.tick(later + 1)  # said once per silence
 
     feed = Feed(model)
@@ -319,13 +323,19 @@ def test_a_quiet_master_is_told_once_and_its_nodes_are_judged_as_of_its_last_wor
     assert rows["mini-a"].quiet_for_s == 2  # as of the master's last word
     assert model.summary(later).master_quiet_s == later - FROZEN_NOW
 
+    # It speaks again, its keepalive first: the reports it held back have not come yet.
     model.handle(HeardUpdate(), later + 1)
-    assert texts(model)[-3] == f"the master spoke again after {later + 1 - FROZEN_NOW:.1f} s"
-    assert texts(model)[-2:] == [  # its nodes said nothing newer meanwhile: now they are silent
-        f"node studio went silent (nothing for {later + 2 - FROZEN_NOW:.0f} s)",
-        f"node mini-a went silent (nothing for {later + 3 - FROZEN_NOW:.0f} s)",
-    ]
+    assert texts(model)[-1] == f"the master spoke again after {later + 1 - FROZEN_NOW:.1f} s"
     assert model.summary(later + 1).master_quiet_s is None
+    studio = node_id_for("studio")
+    Feed(model)(later + 1.5, NodeGatheredInfo(node_id=studio, when=iso(later + 1)))
+    assert not model.tick(later + 1 + CATCH_UP_S - 0.1)  # still catching up: nobody silent
+    # Caught up: studio reported meanwhile; mini-a did not, and is silent with its whole quiet.
+    assert model.tick(later + 1 + CATCH_UP_S)
+    quiet = later + 1.5 - (FROZEN_NOW - 2)  # to its last word, the report relayed at +1.5
+    assert texts(model)[-1] == f"node mini-a went silent (nothing for {quiet:.0f} s)"
+    rows = {r.name: r for r in model.node_rows(later + 1 + CATCH_UP_S)}
+    assert [rows[n].liveness for n in ("studio", "mini-a")] == ["alive", "silent"]
 
 
 def test_a_lost_connection_supersedes_the_masters_quiet() -> None:

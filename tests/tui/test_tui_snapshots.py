@@ -7,9 +7,11 @@ with ``pytest tests/tui/test_tui_snapshots.py --snapshot-update`` and look at th
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 
+import anyio
 import pytest
 from model_ids import LLAMA, QWEN
 from recorded_exo import before_the_timeout, recorded_state
@@ -498,6 +500,23 @@ def test_stock_exo_downloading(snap_compare: Compare, size: tuple[int, int]) -> 
     assert snap_compare(app, terminal_size=size, run_before=node2_downloads)
 
 
+async def applied(pilot: Pilot[None], idx: int) -> None:
+    """Wait until the app's model has applied event ``idx``: a batch of updates is applied at the
+    next frame, up to MIN_FRAME_INTERVAL_S later, with the clock as it is then, so the scripted
+    clock must not move before."""
+    app = pilot.app
+    assert isinstance(app, DashboardApp)
+    with anyio.fail_after(10):  # bounds a hang only: a frame is due within 50 ms
+        while app.model.state.last_event_applied_idx < idx:
+            await pilot.pause(0.01)
+
+
+# How often the scripted recovery's master relays its live nodes' reports between the steps it
+# tells: below the 3 s after which the dashboard calls the master quiet
+# (master_quiet.QUIET_AFTER_S), so the master and those nodes read as alive throughout.
+REPORTS_EVERY_S = 2.0
+
+
 class Recovery:
     """Qwen3-30B loses mini-b (last heard 2 s before), is placed on studio and mini-a at once,
     mini-a downloads the model in 52 s, the runners are ready 11 s later; ``tell`` feeds it to
@@ -545,17 +564,24 @@ class Recovery:
             ),
         ]
         idx = self.builder.state.last_event_applied_idx
+        spoke = 0.0
         for at, events in steps:
-            self.clock.now = FROZEN_NOW + at
-            # studio and mini-a keep reporting.
-            beats = [
-                NodeGatheredInfo(node_id=node_id_for(n), when=iso(self.clock.now - 1))
-                for n in ("studio", "mini-a")
-            ]
-            for event in [*beats, *events]:
-                idx += 1
-                client.push(EventUpdate(IndexedEvent(idx=idx, event=event)))
+            # Between steps, studio's and mini-a's reports, as the master relays them (every
+            # second; every REPORTS_EVERY_S here, enough for neither the master nor its two nodes
+            # ever to read as quiet).
+            moments = [*range(int(spoke + REPORTS_EVERY_S), math.ceil(at), int(REPORTS_EVERY_S))]
+            for moment in [*moments, at]:
+                self.clock.now = FROZEN_NOW + moment
+                beats = [
+                    NodeGatheredInfo(node_id=node_id_for(n), when=iso(self.clock.now - 1))
+                    for n in ("studio", "mini-a")
+                ]
+                for event in [*beats, *(events if moment == at else [])]:
+                    idx += 1
+                    client.push(EventUpdate(IndexedEvent(idx=idx, event=event)))
+                await applied(pilot, idx)
             await settled(pilot)
+            spoke = at
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
