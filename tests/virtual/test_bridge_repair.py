@@ -60,7 +60,9 @@ async def test_the_bridge_replaces_a_broken_instance_from_exos_state(
                 said.append(f"{health.problem}: {health.why}")
             return bool(said) or broken not in exo.master.state.instances
 
-        await wait_until(recognised, within, "recognised")
+        # Looked at once a virtual second, as the bridge's keeper steps: each look builds the
+        # deployments' view, and the stalled start takes 15 virtual minutes to be recognised.
+        await wait_until(recognised, within, "recognised", poll_s=1.0)
         await wait_until(lambda: serving_on(exo.master.state, "b"), 60, "serving on b")
         await wait_until(lambda: broken not in exo.master.state.instances, 60, "broken deleted")
         assert on_node(exo.master.state, "a") == []
