@@ -7,7 +7,9 @@ Each subcommand parses its arguments here and hands over to the module that does
 ``keeper.cli.deployments`` (``whatif`` in ``keeper.cli.whatif``, ``apply`` and ``export`` in
 ``keeper.cli.apply``) with the exit codes every
 subcommand shares: 0 done, 1 refused by the master (its message on stderr), 2 bad usage, 3 master
-unreachable.
+unreachable (``keeper.cli.exits``). A command that runs a service is parsed by a parser holding
+it alone, so the hundreds of masters and nodes a cluster or the suite starts never load the
+client commands (docs/design.md §10, "Start-up").
 """
 
 from __future__ import annotations
@@ -22,21 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from keeper.bridge.exo_urls import check_exo_urls
-from keeper.cli.apply import add_apply_commands
-from keeper.cli.deployments import (
+from keeper.cli.exits import (
     EXIT_CODES_HELP,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     ClientError,
-    add_deployments_commands,
-    token_option,
 )
-from keeper.cli.nodes import add_node_commands
-from keeper.cli.webhooks import add_webhooks_command
-from keeper.cli.whatif import add_whatif_command
+from keeper.client.token_options import add_token_options
 from keeper.client.version_option import add_version_option
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.liveness import (
@@ -48,7 +44,6 @@ from keeper.model.liveness import (
 from keeper.model.state import Backend, ModelCard
 from keeper.node.sim_options import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, SIM_FAULTS
 from keeper.runtime.arguments import UsageParser, positive_float, positive_int, webhook_option
-from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.starting import MasterStartError
 
 if TYPE_CHECKING:
@@ -179,8 +174,12 @@ def _serving_options(
     to persist, the token it requires and extra model cards; each says what they mean for it."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=port, help=f"API port (default {port})")
+    # Imported here: only a master or a bridge has this flag, and the module holds the API's
+    # deployment rules, which a node parsing its flags never needs (docs/design.md §10).
+    from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS  # noqa: PLC0415
+
     parser.add_argument("--data-dir", type=Path, default=None, help=data_dir)
-    token_option(parser, token)
+    add_token_options(parser, token)
     parser.add_argument("--model-cards", type=Path, default=None, help=model_cards)
     parser.add_argument(
         "--max-deployments",
@@ -199,7 +198,14 @@ SOAK_COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+# What makes one command's parser: ``command(name, help)`` (build_parser's).
+_Command = Callable[..., argparse.ArgumentParser]
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole ``exo-deploy`` parser, or, with ``only`` (one of the service commands), a
+    parser with that command alone: the same flags, help and errors for it, without loading the
+    client commands' modules."""
     formatter = argparse.RawDescriptionHelpFormatter
     parser = UsageParser(
         prog="exo-deploy",
@@ -215,6 +221,22 @@ def build_parser() -> argparse.ArgumentParser:
             name, help=help_, description=help_, formatter_class=formatter, **kwargs
         )
 
+    for name, define in _SERVICES.items():  # in the order --help lists them
+        if only is None or name == only:
+            define(command)
+        if name == "cluster" and only is None:
+            _client_commands(command)
+    if only is None:
+        from keeper.cli.webhooks import add_webhooks_command  # noqa: PLC0415 (as the others)
+
+        add_webhooks_command(command)
+        for name, help_ in SOAK_COMMANDS.items():
+            command(name, help_, add_help=False).set_defaults(handler=cmd_soak)
+    return parser
+
+
+def _master_command(command: _Command) -> None:
+    """``master``: a master with its keeper and HTTP API."""
     master = command("master", "a master with its keeper and HTTP API")
     _serving_options(
         master,
@@ -230,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     master.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     master.set_defaults(handler=ProcessCommand("cmd_master"))
 
+
+def _log_command(command: _Command) -> None:
+    """``log check|repair DIR``: a stopped service's data dir."""
     log_ = command("log", "check or repair a stopped master's or bridge's data dir")
     log_.add_argument(
         "action",
@@ -241,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     log_.add_argument("data_dir", type=Path, metavar="DIR", help="the --data-dir to look at")
     log_.set_defaults(handler=ProcessCommand("cmd_log"))
 
+
+def _node_command(command: _Command) -> None:
+    """``node``: a simulated node."""
     node = command("node", "a simulated node that joins a master, runs runners, serves tokens")
     node.add_argument("--master", required=True, metavar="URL", help="the master, http://HOST:PORT")
     node.add_argument(
@@ -277,12 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="its identity: an ed25519 key, created there if absent; its node id is made of it "
         "(default: $XDG_STATE_HOME/exo-deploy/nodes/NAME.key, or ~/.local/state/...)",
     )
-    token_option(node, "the master's bearer token, if it has one")
+    add_token_options(node, "the master's bearer token, if it has one")
     node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     # Where a fault harness (the soak) writes the fault SIGUSR2 turns on (keeper.node.node_process).
     node.add_argument("--fault-file", type=Path, default=None, help=argparse.SUPPRESS)
     node.set_defaults(handler=ProcessCommand("cmd_node"))
 
+
+def _cluster_command(command: _Command) -> None:
+    """``cluster``: a master and N nodes on this machine."""
     cluster = command(
         "cluster",
         "a master and N node processes on this machine, in the foreground; Ctrl-C stops all",
@@ -315,11 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.set_defaults(handler=ProcessCommand("cmd_cluster"))
 
-    add_deployments_commands(command)
-    add_apply_commands(command)
-    add_node_commands(command)
-    add_whatif_command(command)
 
+def _bridge_command(command: _Command) -> None:
+    """``bridge``: the keeper beside a stock exo."""
     bridge = command(
         "bridge",
         "the keeper beside a stock exo master, acting through exo's HTTP API; serves the "
@@ -391,14 +420,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="the keys' prefix in the store; one per exo cluster (default /exo-deploy/)",
     )
     bridge.set_defaults(handler=ProcessCommand("cmd_bridge"))
-    add_webhooks_command(command)
 
-    for name, help_ in SOAK_COMMANDS.items():
-        command(name, help_, add_help=False).set_defaults(handler=cmd_soak)
-    return parser
+
+# The commands that run a service, in the order --help lists them. Each is parsed by a parser
+# holding it alone (build_parser's ``only``): a cluster starts its master and nodes as such
+# commands, the suite hundreds of them, and the client commands' parsers load the deployments
+# client, about 0.3 s of CPU a process.
+_SERVICES: dict[str, Callable[[_Command], None]] = {
+    "master": _master_command,
+    "log": _log_command,
+    "node": _node_command,
+    "cluster": _cluster_command,
+    "bridge": _bridge_command,
+}
+
+
+def _client_commands(command: _Command) -> None:
+    """The commands that talk to a running master or bridge, with the client they load: only
+    when the whole parser is built (``_SERVICES`` says why)."""
+    from keeper.cli.apply import add_apply_commands  # noqa: PLC0415
+    from keeper.cli.deployments import add_deployments_commands  # noqa: PLC0415
+    from keeper.cli.nodes import add_node_commands  # noqa: PLC0415
+    from keeper.cli.whatif import add_whatif_command  # noqa: PLC0415
+
+    add_deployments_commands(command)
+    add_apply_commands(command)
+    add_node_commands(command)
+    add_whatif_command(command)
 
 
 def _exo_urls(text: str) -> tuple[str, ...]:
+    from keeper.bridge.exo_urls import check_exo_urls  # noqa: PLC0415 (httpx: the bridge's only)
+
     try:
         return check_exo_urls(text)
     except MasterStartError as exc:
@@ -479,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
         run = soak_main if given[0] == "soak" else soak_sim_main
         sys.exit(run(given[1:]))
-    parser = build_parser()
+    parser = build_parser(given[0] if given[:1] and given[0] in _SERVICES else None)
     args = parser.parse_args(given)
     _failover_refused(parser, args)
     try:

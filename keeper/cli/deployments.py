@@ -11,9 +11,9 @@ instance now, whatever its deployment's ``repair`` and whoever placed it.
 They are the part of the CLI that talks to a running master (or bridge) rather than starting a
 process: each is one request through the deployments client the TUI uses too
 (``keeper.client.deployments``), and its exit code is a contract for scripts: 0 done, 1 refused by
-the master (its message on stderr), 2 bad usage, 3 master unreachable. The exit codes and the token
-option live here because every subcommand shares them; ``keeper.cli`` builds the rest of the
-parser and dispatches.
+the master (its message on stderr), 2 bad usage, 3 master unreachable (``keeper.cli.exits``,
+re-exported here for the client commands); ``keeper.cli`` builds the rest of the parser and
+dispatches.
 """
 
 from __future__ import annotations
@@ -28,6 +28,14 @@ from typing import TypeVar
 import anyio
 from pydantic import BaseModel
 
+from keeper.cli.exits import (
+    EXIT_CODES_HELP,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    ClientError,
+)
 from keeper.client.deployments import Answer, ApiError, DeploymentsClient, FailureKind, master_http
 from keeper.client.token_options import add_token_options
 from keeper.model.api_models import (
@@ -53,25 +61,6 @@ DEFAULT_URL = "http://127.0.0.1:52415"
 URL_ENV = "EXO_DEPLOY_URL"
 # A deployments call is one small request to a master on the LAN; longer means it is not there.
 CLIENT_TIMEOUT_S = 10.0
-
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-
-EXIT_CODES_HELP = """exit codes:
-  0  done
-  1  refused by the master (its message is printed on stderr)
-  2  bad usage
-  3  the master could not be reached"""
-
-
-class ClientError(Exception):
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.message = message
-        self.exit_code = exit_code
-
 
 # How each way a deployments request fails (keeper.client.deployments) ends the command.
 EXIT_FOR_FAILURE: dict[FailureKind, int] = {

@@ -5,7 +5,7 @@ Apart from the parser (``keeper.cli``) because each of them imports the service 
 a start-up: ``keeper.cli`` loads this module, and so those services, only when one of these
 commands is the one given, and each command imports its own service inside its function, so a
 node never loads the master or the bridge (docs/design.md §10, "Start-up"). The exit codes are
-those every subcommand shares (``keeper.cli.deployments``).
+those every subcommand shares (``keeper.cli.exits``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from keeper.cli.deployments import EXIT_USAGE
+from keeper.cli.exits import EXIT_USAGE
 from keeper.model.liveness import LivenessConfig
 from keeper.model.state import Memory
 from keeper.node.downloads import disk_refusal

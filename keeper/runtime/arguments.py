@@ -12,8 +12,6 @@ import argparse
 import sys
 from typing import NoReturn
 
-from keeper.runtime.webhooks import WEBHOOKS_ENV, WebhookUrlError, check_webhook_url
-
 # The usage exit code of every ``exo-deploy`` command (argparse's own is also 2).
 EXIT_USAGE = 2
 
@@ -51,6 +49,10 @@ def positive_int(text: str) -> int:
 
 
 def webhook_url(text: str) -> str:
+    # Imported here, not above: the webhooks' module loads the alerts and the State's models,
+    # which a node, parsing its flags with these types, never needs (docs/design.md §10).
+    from keeper.runtime.webhooks import WebhookUrlError, check_webhook_url  # noqa: PLC0415
+
     try:
         return check_webhook_url(text)
     except WebhookUrlError as exc:
@@ -59,6 +61,8 @@ def webhook_url(text: str) -> str:
 
 def webhook_option(parser: argparse.ArgumentParser, what: str) -> None:
     """``--webhook URL``, repeatable: where ``what`` POSTs its alert notices."""
+    from keeper.runtime.webhooks import WEBHOOKS_ENV  # noqa: PLC0415 (as in webhook_url)
+
     parser.add_argument(
         "--webhook",
         action="append",
