@@ -17,9 +17,10 @@ Pure: the time comes in as ``now``, the last word as ``heard_at``. Why: docs/des
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exo_deploy_tui.format import clock_time, precise_duration
+from exo_deploy_tui.master_clock import MasterClock
 from exo_deploy_tui.timeline import TimelineEntry
 
 # Three words missed in a row (one a second) is not a late packet: the master is quiet. Well
@@ -83,3 +84,31 @@ class MasterQuiet:
             )
             return [TimelineEntry(now, "warn", text)]
         return []
+
+
+@dataclass
+class MasterWord:
+    """The master's word as the model keeps it: when it last spoke (``LastWord``), the clock
+    the nodes are judged by, and its quiet, told once (``MasterQuiet``)."""
+
+    last: LastWord = field(default_factory=LastWord)
+    _quiet: MasterQuiet = field(default_factory=MasterQuiet)
+
+    def heard(self, now: float) -> None:
+        self.last.heard(now)
+
+    def clock(self, offset_s: float, stale_since: float | None) -> MasterClock:
+        """The master's clock as we know it: ``offset_s``, bounded by its word and the loss."""
+        last = self.last
+        return MasterClock(
+            offset_s, stale_since, last.heard_at, last.word_before_quiet, last.catching_up_until
+        )
+
+    def check(self, *, lost: bool, now: float) -> list[TimelineEntry]:
+        """What the timeline says of the master's quiet since the last check."""
+        return self._quiet.check(self.last.heard_at, lost=lost, now=now)
+
+    def quiet_s(self, now: float, *, lost: bool) -> float | None:
+        """How long the master has been quiet, for the header; None while it speaks or once
+        the connection is lost (the header says that instead)."""
+        return None if lost else quiet_for(self.last.heard_at, now)

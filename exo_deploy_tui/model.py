@@ -29,8 +29,9 @@ State does not say, each with one job and its own tests:
 - ``timers.py``: the keeper's timers from ``GET /deployments``;
 - ``connection_changes.py``: what losing and regaining the master does to the connection held
   and what the timeline says of it;
-- ``master_quiet.py``: a master that stops speaking before the connection notices (every update
-  dates its last word, ``HeardUpdate`` too, and the nodes are judged as of that word).
+- ``master_quiet.py``: a master that stops speaking before the connection notices
+  (``MasterWord``: every update dates its last word, ``HeardUpdate`` too, and the nodes are
+  judged as of that word).
 
 The rows are derived from the State and those parts by pure functions (``derive.py`` for the
 deployments and instances, ``node_rows.py`` for the nodes and the header's counts) into the
@@ -58,7 +59,7 @@ from exo_deploy_tui.failover import failover_facts
 from exo_deploy_tui.health import InstanceMarks
 from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
 from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
-from exo_deploy_tui.master_quiet import LastWord, MasterQuiet, quiet_for
+from exo_deploy_tui.master_quiet import MasterWord
 from exo_deploy_tui.moves import Moves
 from exo_deploy_tui.node_rows import node_rows, summary
 from exo_deploy_tui.outages import Outages, outage_start
@@ -166,9 +167,7 @@ class ClusterModel:
     _readings: GpuReadings = field(default_factory=GpuReadings)
     _marks: InstanceMarks = field(default_factory=InstanceMarks)
     _moves: Moves = field(default_factory=Moves)
-    _quiet: MasterQuiet = field(default_factory=MasterQuiet)
-    # When the master last said anything (our clock): the cluster is known as of then.
-    _last_word: LastWord = field(default_factory=LastWord)
+    _word: MasterWord = field(default_factory=MasterWord)
     _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
     # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
     _views: dict[DeploymentId, DeploymentView] = field(default_factory=dict)
@@ -187,7 +186,7 @@ class ClusterModel:
         self._blind = False
         for update in batch:
             if _relays_the_cluster(update):
-                self._last_word.heard(now)  # a word from the master, whatever it says
+                self._word.heard(now)  # a word from the master, whatever it says
             match update:
                 case SnapshotUpdate():
                     self._on_snapshot(update, now)
@@ -237,15 +236,9 @@ class ClusterModel:
 
     @property
     def clock(self) -> MasterClock:
-        """The master's clock as we know it now (its offset, and whether it is out of reach)."""
-        word = self._last_word
-        return MasterClock(
-            self.master_clock_offset_s,
-            self.connection.stale_since,
-            word.heard_at,
-            word.word_before_quiet,
-            word.catching_up_until,
-        )
+        """The master's clock as we know it now (its offset, its last word, and whether it is
+        out of reach)."""
+        return self._word.clock(self.master_clock_offset_s, self.connection.stale_since)
 
     def _on_snapshot(self, update: SnapshotUpdate, now: float) -> None:
         self.missing_from = None
@@ -375,7 +368,7 @@ class ClusterModel:
 
     def _check_quiet(self, now: float) -> None:
         lost = self.connection.stale or not self.has_data
-        self.timeline.extend(self._quiet.check(self._last_word.heard_at, lost=lost, now=now))
+        self.timeline.extend(self._word.check(lost=lost, now=now))
 
     def _check_silence(self, now: float) -> None:
         self.timeline.extend(self._liveness.check(self.state, self.clock, now))
@@ -459,9 +452,7 @@ class ClusterModel:
             liveness=self._liveness,
             clock=self.clock,
             deployments_api=self.has_timers or not self.has_data,
-            master_quiet_s=(
-                None if self.connection.stale else quiet_for(self._last_word.heard_at, now)
-            ),
+            master_quiet_s=self._word.quiet_s(now, lost=self.connection.stale),
         )
 
     def drain_plan(self, name: str) -> DrainPlan:

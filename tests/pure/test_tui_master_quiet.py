@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from exo_deploy_tui.format import clock_time
 from exo_deploy_tui.master_clock import MasterClock
-from exo_deploy_tui.master_quiet import CATCH_UP_S, QUIET_AFTER_S, LastWord, MasterQuiet, quiet_for
+from exo_deploy_tui.master_quiet import (
+    CATCH_UP_S,
+    QUIET_AFTER_S,
+    LastWord,
+    MasterQuiet,
+    MasterWord,
+    quiet_for,
+)
 from exo_deploy_tui.testing import FROZEN_NOW, iso
 
 HEARD = FROZEN_NOW
@@ -78,3 +85,19 @@ def test_after_a_quiet_the_nodes_are_judged_as_of_the_word_before_it_while_it_ca
     word.heard(until - 0.5)  # more words while catching up do not end it early
     assert clock().known_until(until - 0.1) == HEARD + 1
     assert clock().known_until(until) == until - 0.5
+
+
+def test_the_masters_word_makes_the_clock_the_header_and_the_timeline_read() -> None:
+    word = MasterWord()
+    word.heard(HEARD)
+    assert word.clock(30.0, None) == MasterClock(30.0, None, HEARD)
+    assert word.quiet_s(HEARD + 5, lost=False) == 5
+    assert word.quiet_s(HEARD + 5, lost=True) is None  # the header says the loss instead
+    (told,) = word.check(lost=False, now=HEARD + 5)
+    assert told.text.startswith("no word from the master for 5.0 s")
+    word.heard(HEARD + 6)
+    assert word.clock(30.0, HEARD + 9) == MasterClock(
+        30.0, HEARD + 9, HEARD + 6, HEARD, HEARD + 6 + CATCH_UP_S
+    )
+    (ended,) = word.check(lost=False, now=HEARD + 6)
+    assert ended.text == "the master spoke again after 6.0 s"
