@@ -11,10 +11,10 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
-import anyio
 import pytest
 from model_ids import LLAMA, QWEN
 from recorded_exo import before_the_timeout, recorded_state
+from test_tui_app import until
 from test_tui_app_nodes import draining_client, serving_on_mini_a
 from test_tui_app_whatif import whatif_mini_a
 from textual.app import App
@@ -506,9 +506,7 @@ async def applied(pilot: Pilot[None], idx: int) -> None:
     clock must not move before."""
     app = pilot.app
     assert isinstance(app, DashboardApp)
-    with anyio.fail_after(10):  # bounds a hang only: a frame is due within 50 ms
-        while app.model.state.last_event_applied_idx < idx:
-            await pilot.pause(0.01)
+    await until(pilot, lambda: app.model.state.last_event_applied_idx >= idx, timeout_s=10)
 
 
 # How often the scripted recovery's master relays its live nodes' reports between the steps it
