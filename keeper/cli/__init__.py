@@ -221,17 +221,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             name, help=help_, description=help_, formatter_class=formatter, **kwargs
         )
 
-    for name, define in _SERVICES.items():  # in the order --help lists them
-        if only is None or name == only:
+    for service, define in _COMMANDS:  # in the order --help lists them
+        if only is None or service == only:
             define(command)
-        if name == "cluster" and only is None:
-            _client_commands(command)
-    if only is None:
-        from keeper.cli.webhooks import add_webhooks_command  # noqa: PLC0415 (as the others)
-
-        add_webhooks_command(command)
-        for name, help_ in SOAK_COMMANDS.items():
-            command(name, help_, add_help=False).set_defaults(handler=cmd_soak)
     return parser
 
 
@@ -422,22 +414,9 @@ def _bridge_command(command: _Command) -> None:
     bridge.set_defaults(handler=ProcessCommand("cmd_bridge"))
 
 
-# The commands that run a service, in the order --help lists them. Each is parsed by a parser
-# holding it alone (build_parser's ``only``): a cluster starts its master and nodes as such
-# commands, the suite hundreds of them, and the client commands' parsers load the deployments
-# client, about 0.3 s of CPU a process.
-_SERVICES: dict[str, Callable[[_Command], None]] = {
-    "master": _master_command,
-    "log": _log_command,
-    "node": _node_command,
-    "cluster": _cluster_command,
-    "bridge": _bridge_command,
-}
-
-
 def _client_commands(command: _Command) -> None:
     """The commands that talk to a running master or bridge, with the client they load: only
-    when the whole parser is built (``_SERVICES`` says why)."""
+    when the whole parser is built (``_COMMANDS`` says why)."""
     from keeper.cli.apply import add_apply_commands  # noqa: PLC0415
     from keeper.cli.deployments import add_deployments_commands  # noqa: PLC0415
     from keeper.cli.nodes import add_node_commands  # noqa: PLC0415
@@ -447,6 +426,32 @@ def _client_commands(command: _Command) -> None:
     add_apply_commands(command)
     add_node_commands(command)
     add_whatif_command(command)
+
+
+def _webhook_and_soak_commands(command: _Command) -> None:
+    """``webhooks test``, and the soaks, listed for --help only (``cmd_soak``)."""
+    from keeper.cli.webhooks import add_webhooks_command  # noqa: PLC0415 (as the client's)
+
+    add_webhooks_command(command)
+    for name, help_ in SOAK_COMMANDS.items():
+        command(name, help_, add_help=False).set_defaults(handler=cmd_soak)
+
+
+# Every command, in the order --help lists them, each group by the service command it is, or
+# None for those in the whole parser only. A service command is parsed by a parser holding it
+# alone (build_parser's ``only``): a cluster starts its master and nodes as such commands, the
+# suite hundreds of them, and the client commands' parsers load the deployments client, about
+# 0.3 s of CPU a process.
+_COMMANDS: tuple[tuple[str | None, Callable[[_Command], None]], ...] = (
+    ("master", _master_command),
+    ("log", _log_command),
+    ("node", _node_command),
+    ("cluster", _cluster_command),
+    (None, _client_commands),
+    ("bridge", _bridge_command),
+    (None, _webhook_and_soak_commands),
+)
+_SERVICE_COMMANDS = frozenset(service for service, _ in _COMMANDS if service is not None)
 
 
 def _exo_urls(text: str) -> tuple[str, ...]:
@@ -532,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
         run = soak_main if given[0] == "soak" else soak_sim_main
         sys.exit(run(given[1:]))
-    parser = build_parser(given[0] if given[:1] and given[0] in _SERVICES else None)
+    parser = build_parser(given[0] if given[:1] and given[0] in _SERVICE_COMMANDS else None)
     args = parser.parse_args(given)
     _failover_refused(parser, args)
     try:
