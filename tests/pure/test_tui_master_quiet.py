@@ -8,7 +8,6 @@ from exo_deploy_tui.master_clock import MasterClock
 from exo_deploy_tui.master_quiet import (
     CATCH_UP_S,
     QUIET_AFTER_S,
-    LastWord,
     MasterQuiet,
     MasterWord,
     quiet_for,
@@ -69,22 +68,20 @@ def test_a_node_is_quiet_only_up_to_the_masters_last_word() -> None:
 
 
 def test_after_a_quiet_the_nodes_are_judged_as_of_the_word_before_it_while_it_catches_up() -> None:
-    word = LastWord()
+    word = MasterWord()
+    last = word.last
     word.heard(HEARD)
     word.heard(HEARD + 1)  # a keepalive a second later: no quiet, no catching up
-    assert (word.heard_at, word.catching_up_until) == (HEARD + 1, None)
+    assert (last.heard_at, last.catching_up_until) == (HEARD + 1, None)
     word.heard(HEARD + 1 + QUIET_AFTER_S)
-    assert word.word_before_quiet == HEARD + 1
-    assert word.catching_up_until == HEARD + 1 + QUIET_AFTER_S + CATCH_UP_S
-
-    def clock() -> MasterClock:
-        return MasterClock(0.0, None, word.heard_at, word.word_before_quiet, word.catching_up_until)
+    assert last.word_before_quiet == HEARD + 1
+    assert last.catching_up_until == HEARD + 1 + QUIET_AFTER_S + CATCH_UP_S
 
     until = HEARD + 1 + QUIET_AFTER_S + CATCH_UP_S
-    assert clock().known_until(until - 0.1) == HEARD + 1
+    assert word.clock(0.0, None).known_until(until - 0.1) == HEARD + 1
     word.heard(until - 0.5)  # more words while catching up do not end it early
-    assert clock().known_until(until - 0.1) == HEARD + 1
-    assert clock().known_until(until) == until - 0.5
+    assert word.clock(0.0, None).known_until(until - 0.1) == HEARD + 1
+    assert word.clock(0.0, None).known_until(until) == until - 0.5
 
 
 def test_the_masters_word_makes_the_clock_the_header_and_the_timeline_read() -> None:
