@@ -42,6 +42,9 @@ class ActionSpec:
     footer: bool = False  # shown in the footer
     mutating: bool = False  # hidden and refused with --readonly
     demo_only: bool = False  # hidden and refused without --demo
+    # Opens a box that takes the keys typed after it (``:``, ``/``): bound with priority, so it
+    # runs when Textual routes its key, before the keys after it are routed (design §9.1).
+    takes_typing: bool = False
 
     @property
     def action(self) -> str:
@@ -152,6 +155,7 @@ ACTIONS: Final[tuple[ActionSpec, ...]] = (
         command="filter",
         arguments="text",
         footer=True,
+        takes_typing=True,
     ),
     ActionSpec(
         "S",
@@ -205,7 +209,7 @@ ACTIONS: Final[tuple[ActionSpec, ...]] = (
         params=("timeline",),
         command="timeline",
     ),
-    ActionSpec(":", "command_line", "Command", "type a command"),
+    ActionSpec(":", "command_line", "Command", "type a command", takes_typing=True),
     ActionSpec("?", "help", "Help", "this help", command="help", footer=True),
     ActionSpec(
         "q", "quit", "Quit", "leave (also ctrl+c)", command="quit", aliases=("q",), footer=True

@@ -9,7 +9,7 @@ model, read through the ``ClusterSource`` it was given, and the app's view state
 read-only, demo) arrives in ``view``, bound to the app's. Whatever changes the cluster or the
 app is asked for with a message (``screens.contract``); the screen never imports the app.
 
-About 470 lines because it is the one screen with the four panels, their actions and their
+About 520 lines because it is the one screen with the four panels, their actions and their
 shared view state (tab, sort, filter, selection); the panels' drawing is in ``widgets``.
 """
 
@@ -71,8 +71,16 @@ WIDE_MIN_HEIGHT = 36
 
 class DashboardScreen(ModelScreen):
     # Made from the table in ``exo_deploy_tui.commands``, in its order (the footer's).
+    # ``:`` and ``/`` with priority: see ``_focus_box``.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding(spec.binding_keys, spec.action, spec.title, show=spec.footer) for spec in ACTIONS
+        Binding(
+            spec.binding_keys,
+            spec.action,
+            spec.title,
+            show=spec.footer,
+            priority=spec.takes_typing,
+        )
+        for spec in ACTIONS
     ]
 
     # The app's view state, bound to the app's own (``data_bind``): read here, changed there.
@@ -338,11 +346,10 @@ class DashboardScreen(ModelScreen):
         if text is not None:
             self.set_filter(text)
             return
-        self.show_tab("deployments")
+        self.show_tab("deployments", focus=False)
         box = self.query_one("#filter", Input)
-        box.display = True
         box.value = self.filter_text
-        box.focus()
+        self._focus_box(box)
 
     def set_filter(self, text: str) -> None:
         self.filter_text = text.strip()
@@ -386,20 +393,34 @@ class DashboardScreen(ModelScreen):
     def action_show_tab(self, name: str) -> None:
         self.show_tab(name)
 
-    def show_tab(self, name: str) -> None:
+    def show_tab(self, name: str, *, focus: bool = True) -> None:
         if name not in ("deployments", "nodes", "instances", "timeline"):
             return
         self.active_tab = name
         self._apply_layout()
         self.render_model()
-        target = self.query_one(f"#{name}")
-        target.focus()
+        if focus:
+            self.query_one(f"#{name}").focus()
 
     def action_command_line(self) -> None:
         box = self.query_one("#command", Input)
-        box.display = True
         box.value = ""
-        box.focus()
+        self._focus_box(box)
+
+    def _focus_box(self, box: Input) -> None:
+        """Show ``box`` and give it focus now, for the keys typed after the one that opened it.
+
+        Textual routes each key to the focused widget as it reads it, and only then do the
+        focused widget's ancestors' bindings run, so a key's action runs after the keys typed
+        just after it were routed: fast typing or a paste after ``:`` ran its letters as keys.
+        The keys that open a box are bound with priority (``ActionSpec.takes_typing``), which
+        runs them as the key is read, and focus moves here rather than in ``Widget.focus``'s
+        later callback: every key after them is routed to the box (design §9.1). A printable
+        key typed in a box is the box's (Textual leaves out bindings an ``Input`` consumes),
+        so ``:`` and ``/`` typed in one are text.
+        """
+        box.display = True
+        self.set_focus(box)
 
     @on(Input.Submitted, "#command")
     def _on_command(self, event: Input.Submitted) -> None:
