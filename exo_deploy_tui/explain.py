@@ -4,7 +4,8 @@ The placement error stays in exo's wording (it is what exo's API says and what a
 searches for); this module adds a line that says what in the cluster made it so: how much memory
 the model needs against the most a connected group of nodes offers, which links are not RDMA,
 which nodes lack a backend. It is a pure function of the deployment, the State and the friendly
-names, so it is tested without a terminal.
+names, so it is tested without a terminal. The nodes the keeper placed without, and named in its
+error (those serving the model, cordoned, suspect or dead), are left out of the figures too.
 
 The TUI may not import ``keeper.core.placement`` (tests/pure/test_layering.py), so the memory
 figure is the bound placement cannot beat rather than placement's own search: the free memory of
@@ -16,7 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from keeper.model.state import Backend, Deployment, InstanceMeta, NodeId, RDMAConnection, State
+from keeper.model.state import (
+    Backend,
+    Deployment,
+    InstanceMeta,
+    NodeId,
+    RDMAConnection,
+    State,
+    cordoned_nodes,
+)
 
 # exo's placement errors, matched by their stable openings (keeper.core.placement writes the same).
 _NO_MEMORY = "No cycles found with sufficient memory"
@@ -25,6 +34,10 @@ _NO_TENSOR_SUPPORT = "Requested Tensor sharding but this model does not support"
 _NO_TENSOR_SPLIT = "No tensor sharding found"
 _NO_BACKEND = "No cycle where every node supports a backend"
 _APART = "no placement apart from the nodes serving"
+# How the keeper's error names the other nodes it placed without (keeper.core.apart writes the
+# same): the figure leaves out the same nodes, or it would count memory placement never saw.
+_CORDONED = "(cordoned, left out: "
+_WATCHED = "(suspect or dead, left out: "
 
 # The backends each engine runs on (exo's engine table, as keeper.core.placement.ENGINE_BACKENDS).
 _ENGINE_BACKENDS: dict[InstanceMeta, frozenset[Backend]] = {
@@ -52,13 +65,16 @@ def explain_placement(
     error = deployment.placement_error
     if not error:
         return None
-    excluded: frozenset[NodeId] = frozenset()
-    prefix = ""
+    excluded: set[NodeId] = set()
     if error.startswith(_APART):
-        excluded = _serving_nodes(deployment, state)
-        listed = ", ".join(sorted(_name(n, names) for n in excluded))
-        prefix = f"without {listed}: " if listed else ""
+        excluded |= _serving_nodes(deployment, state)
         error = error.split(": ", 1)[1] if ": " in error else error
+    if _CORDONED in error:
+        excluded |= cordoned_nodes(state)
+    if _WATCHED in error:
+        excluded |= state.node_watch.keys() & set(state.topology.nodes)
+    listed = ", ".join(sorted(_name(n, names) for n in excluded))
+    prefix = f"without {listed}: " if listed else ""
     nodes = [n for n in sorted(set(state.topology.nodes)) if n not in excluded]
     if error.startswith(_NO_MEMORY):
         why = _memory(deployment, state, nodes, names)

@@ -110,3 +110,33 @@ def test_tensor_split_says_which_counts_divide_against_the_group_sizes() -> None
         why
         == "hidden_size 1024, 8 kv heads splits over 2 nodes; the connected groups have 3 node(s)"
     )
+
+
+def test_the_nodes_the_keeper_left_out_as_suspect_or_dead_are_left_out_of_the_figure() -> None:
+    """The keeper placed on the State without the nodes with a verdict and says so; the figure
+    beside its words leaves out the same nodes (studio, dead, offered 96 of the 144 GB)."""
+    builder = three_nodes().suspect("studio", phase="dead")
+    error = f"{NO_MEMORY} for 300 GB (suspect or dead, left out: studio)"
+    why = explain(builder, DEEPSEEK, error)
+    assert why is not None
+    assert why.startswith("without studio: needs ")
+    assert why.endswith("offers is 48 GB (mini-a 24, mini-b 24)")
+
+
+def test_the_serving_cordoned_and_suspect_nodes_the_keeper_left_out_are_left_out_too() -> None:
+    builder = (
+        three_nodes()
+        .node("mini-c", ram_gb=32, free_gb=16)
+        .link_all()
+        .instance(DEEPSEEK, on=["mini-b"])
+        .cordon("studio")
+        .suspect("mini-a")
+    )
+    error = (
+        f"no placement apart from the nodes serving {DEEPSEEK} (mini-b): {NO_MEMORY}"
+        " (cordoned, left out: studio) (suspect or dead, left out: mini-a)"
+    )
+    why = explain(builder, DEEPSEEK, error)
+    assert why is not None
+    assert why.startswith("without mini-a, mini-b, studio: needs ")
+    assert why.endswith("offers is 16 GB (mini-c 16)")
