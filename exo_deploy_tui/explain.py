@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 
 from keeper.model.state import (
     Backend,
+    BackendName,
     Deployment,
     InstanceMeta,
     NodeId,
@@ -40,7 +41,7 @@ _CORDONED = "(cordoned, left out: "
 _WATCHED = "(suspect or dead, left out: "
 
 # The backends each engine runs on (exo's engine table, as keeper.core.placement.ENGINE_BACKENDS).
-_ENGINE_BACKENDS: dict[InstanceMeta, frozenset[Backend]] = {
+_ENGINE_BACKENDS: dict[InstanceMeta, frozenset[BackendName]] = {
     InstanceMeta.MLX_RING: frozenset({Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU}),
     InstanceMeta.MLX_JACCL: frozenset({Backend.MLX_METAL}),
 }
@@ -226,12 +227,12 @@ def _backends(
     deployment: Deployment, state: State, nodes: list[NodeId], names: Mapping[NodeId, str]
 ) -> str:
     allowed = _ENGINE_BACKENDS[deployment.instance_meta] & frozenset(deployment.model_card.backends)
-    wanted = "/".join(sorted(b.value for b in allowed)) or "no backend"
+    wanted = "/".join(sorted(str(b) for b in allowed)) or "no backend"
     lacking: list[str] = []
     for node in nodes:
         has = state.node_backends.get(node, [])
         if not set(has) & allowed:
-            reports = ", ".join(sorted(b.value for b in has)) if has else "none"
+            reports = ", ".join(sorted(str(b) for b in has)) if has else "none"
             lacking.append(f"{_name(node, names)} reports no {wanted} (has {reports})")
     if not lacking:
         return f"every node reports {wanted}, but not every connected group does"

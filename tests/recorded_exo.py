@@ -6,6 +6,7 @@ names a recording by its stage (``"state-node-timed-out"``) and gets exactly wha
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 from keeper.model.state import State
@@ -56,3 +57,17 @@ def before_the_timeout() -> State:
             "last_seen": {**timed_out.last_seen, TIMED_OUT_NODE: newest},
         }
     )
+
+
+# Answers recorded from a real exo cluster (three unmodified exo processes with real runners:
+# ``tests/fixtures/exo_cluster/README.md`` says which request produced each). The States are
+# gzipped: exo lists every model it knows as a download entry of every node, ~430 kB a State.
+CLUSTER = FIXTURES / "exo_cluster"
+
+
+def cluster_recorded(name: str) -> bytes:
+    """The body of real-cluster recording ``name`` (without ``.json`` or ``.json.gz``)."""
+    plain = CLUSTER / f"{name}.json"
+    if plain.exists():
+        return plain.read_bytes()
+    return gzip.decompress((CLUSTER / f"{name}.json.gz").read_bytes())

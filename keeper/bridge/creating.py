@@ -146,7 +146,7 @@ class Creations:
             if deployment is None:
                 del self._pending[instance_id]
                 self._doomed.add(instance_id, now, LATE_LANDING_WATCH_S)
-            elif instance_id in exo.state.instances:
+            elif instance_id in exo.state.instances or instance_id in exo.unreadable_instances:
                 del self._pending[instance_id]
                 if deployment.instance_id != instance_id:
                     self._record(
@@ -171,7 +171,8 @@ class Creations:
     async def resend(self, exo: ExoState, now: float) -> None:
         """POST again, same body, each creation exo has not shown for a while (in_flight)."""
         for instance_id, creation in list(self._pending.items()):
-            if instance_id not in exo.state.instances and in_flight.resend_due(creation, now):
+            shown = instance_id in exo.state.instances or instance_id in exo.unreadable_instances
+            if not shown and in_flight.resend_due(creation, now):
                 self._pending[instance_id] = in_flight.resent(creation, now)
                 await self._post(instance_id)
 

@@ -20,7 +20,9 @@ three ways the service can act on: an answer; ``ExoRefusedError`` (exo said no, 
 a 4xx); or ``ExoUnavailableError`` (no answer, a 5xx, or an answer that cannot be read). A
 refusal is about the request; unavailability is about exo, and means nothing may be decided on
 what the bridge last saw. ``ExoStateUnreadableError`` is the unavailability of a State that came
-back whole as JSON but lacks, or garbles, what the keeper decides on.
+back whole as JSON but lacks, or garbles, what everything hangs on; an entry of it that does not
+read (one instance, one runner, one node's report) is left out and named instead
+(``ExoState.unreadable``).
 
 Every answer is read within bounds (``keeper.bridge.exo_bounds``): its body streamed and read no
 further than a cap for what it is (exo's State 16 MiB, listings 4 MiB, the rest 1 MiB), and
@@ -54,7 +56,12 @@ from keeper.bridge.exo_bounds import (
     too_large,
 )
 from keeper.bridge.exo_wire import ExoListedModel, cards_in_state, listed_models
-from keeper.model.exo_state import Unreadable, read_exo_state
+from keeper.model.exo_state import (
+    Unreadable,
+    UnreadablePart,
+    read_exo_state,
+    unreadable_instances,
+)
 from keeper.model.state import State
 from keeper.model.wire import JsonObject
 
@@ -108,9 +115,17 @@ class ExoAnswer:
 class ExoState:
     """One read of exo's ``GET /state``."""
 
-    state: State
+    state: State  # what read of it: each entry that did not is left out, and named below
     raw: JsonObject  # exo's JSON as it came, every key kept
     cards: dict[str, JsonObject]  # the model cards exo's instances carry, by model id
+    # The entries of exo's State that did not read (keeper.model.exo_state): the deployments
+    # they concern are neither placed nor deleted for while they last.
+    unreadable: tuple[UnreadablePart, ...] = ()
+
+    @property
+    def unreadable_instances(self) -> frozenset[str]:
+        """Instances exo runs that did not read: there, though not in ``state``."""
+        return unreadable_instances(self.unreadable)
 
 
 @dataclass(frozen=True)
@@ -174,10 +189,12 @@ class ExoClient:
             # exo answers, with a State the bridge will not read: unreadable, as one that lacks
             # what the keeper decides on.
             raise ExoStateUnreadableError(str(exc)) from None
-        state = read_exo_state(raw)
-        if isinstance(state, Unreadable):
-            raise ExoStateUnreadableError(state.reason)
-        return ExoState(state=state, raw=raw, cards=cards_in_state(raw))
+        read = read_exo_state(raw)
+        if isinstance(read, Unreadable):
+            raise ExoStateUnreadableError(read.reason)
+        return ExoState(
+            state=read.state, raw=raw, cards=cards_in_state(raw), unreadable=read.unreadable
+        )
 
     async def models(self) -> ExoModels:
         answer = await self._get("/models", LISTING_MAX_BYTES)

@@ -133,7 +133,7 @@ class BridgeTicks:
             await self._creations.resend(exo, now)
             # The step's plan: what it will try to place, exo's answers for exactly those, then
             # the step placing from those answers only (keeper.bridge.placing).
-            state = self._view.state
+            state = self._view.acting_state  # without what exo's unread parts concern
             keeper = self._started.keeper
             repair = keeper.repair_kind(state, now) if isinstance(keeper, ReportsHealth) else None
             due = due_for_placement(state, keeper.timers(state, now), repair)
@@ -168,7 +168,9 @@ class BridgeTicks:
         # A repair's broken instance too (one placed by hand is in no record): gone from exo,
         # its deletion ends the repair (docs/design.md §5.19).
         recorded += [d.repairing.old_instance_id for _, d in deployments if d.repairing is not None]
-        gone = self._vanished.gone(recorded, exo.state, now)
+        # One exo runs but that did not read is there all the same (docs/design.md §8.2).
+        unread = exo.unreadable_instances
+        gone = self._vanished.gone([i for i in recorded if i not in unread], exo.state, now)
         if gone:
             log.info("exo no longer runs instance(s) %s: recorded as deleted", ", ".join(gone))
             self._log.record([InstanceDeleted(instance_id=instance_id) for instance_id in gone])
@@ -179,7 +181,7 @@ class BridgeTicks:
         bridge's log: its own State holds only the deployments, so it judges serving on the
         merged one, read only from a State exo answered in full. A record the log refuses is not
         lost: the next poll finds the same difference and records it then."""
-        state = self._view.state
+        state = self._view.acting_state  # what exo's unread parts concern waits for a read
         changes = serving_changes(self._served, state, self._started.clock.wall().timestamp())
         if changes:
             try:
@@ -197,7 +199,8 @@ class BridgeTicks:
                 self._doomed.add(instance_id, now)
 
     async def _delete_doomed(self, exo: ExoState, now: float) -> None:
-        for instance_id in self._doomed.due(frozenset(exo.state.instances), now):
+        present = frozenset(exo.state.instances) | exo.unreadable_instances
+        for instance_id in self._doomed.due(present, now):
             if self._acting is not None and not self._acting.fence_delete(instance_id):
                 return  # no longer acting: the next acting bridge deletes it
             try:

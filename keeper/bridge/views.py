@@ -33,6 +33,7 @@ from keeper.bridge.metrics import ExoFacts
 from keeper.bridge.node_liveness import BridgeLiveness
 from keeper.bridge.own_log import OwnLog
 from keeper.model.api_models import DeploymentHistoryResponse, DeploymentsResponse, DeploymentView
+from keeper.model.exo_state import touched_deployments
 from keeper.model.state import State
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import iso_utc
@@ -80,6 +81,7 @@ class BridgeView:
         self._liveness = liveness
         self._merged = LastBuilt[State]()  # exo's State with our deployments
         self._state_body = LastBuilt[bytes]()  # exo's State JSON with our deployments
+        self._touched = LastBuilt[dict[str, str]]()  # deployments exo's unread parts concern
 
     @property
     def state(self) -> State:
@@ -99,6 +101,30 @@ class BridgeView:
                     "repair_incidents": own.repair_incidents,
                 }
             ),
+        )
+
+    @property
+    def acting_state(self) -> State:
+        """The State the keeper steps on and serving is judged on: ``state`` without the
+        deployments a part of exo's State that did not read concerns (``touched``). An
+        unreadable instance or runner of a model may be serving it: nothing is placed or deleted
+        for it, and its records wait, until exo's State reads again (docs/design.md §8.2)."""
+        state = self.state
+        touched = self.touched()
+        if not touched:
+            return state
+        kept = {i: d for i, d in state.deployments.items() if i not in touched}
+        return state.model_copy(update={"deployments": kept})
+
+    def touched(self) -> dict[str, str]:
+        """Each deployment a part of exo's last State that did not read concerns, with that
+        part in words (``keeper.model.exo_state.touched_deployments``)."""
+        exo = self._follow.last
+        if exo is None or not exo.unreadable:
+            return {}
+        return self._touched.get(
+            (exo, self._log.state),
+            lambda: touched_deployments(self._log.state, exo.unreadable),
         )
 
     def state_json(self) -> bytes:
@@ -168,6 +194,9 @@ class BridgeView:
             return f"exo {outage.kind} since {since}: {outage.reason}"
         if self._follow.last is None:
             return "waiting for exo's first answer"
+        touched = self.touched().get(deployment_id)
+        if touched is not None:
+            return f"{touched}; placing and deleting nothing for this deployment until it reads"
         in_flight = self._creations.detail(deployment_id, self._started.clock.monotonic())
         if in_flight is not None:
             return in_flight

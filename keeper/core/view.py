@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from keeper.model.state import (
-    Backend,
+    BackendName,
     Edge,
     InstanceId,
     ModelId,
@@ -51,7 +51,7 @@ class ClusterSignature:
     """
 
     digest: int
-    nodes: frozenset[tuple[NodeId, bool, frozenset[Backend]]]
+    nodes: frozenset[tuple[NodeId, bool, frozenset[BackendName]]]
     links: frozenset[LinkKey]
     # The cordoned names: an uncordon can make a placement fit at once.
     cordoned: tuple[str, ...] = ()
@@ -84,7 +84,7 @@ def _link_key(source: NodeId, sink: NodeId, edge: Edge) -> LinkKey:
     return source, sink, "socket", edge.sink_multiaddr.address, ""  # pragma: no mutate
 
 
-def _node_signature(state: State, node: NodeId) -> tuple[NodeId, bool, frozenset[Backend]]:
+def _node_signature(state: State, node: NodeId) -> tuple[NodeId, bool, frozenset[BackendName]]:
     # (No mutation: the flag inverted would change exactly when it does now.)
     reports_memory = node in state.node_memory  # pragma: no mutate
     return node, reports_memory, frozenset(state.node_backends.get(node, ()))

@@ -8,12 +8,19 @@ import of anything else of ours, so every other layer can depend on it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from enum import StrEnum
 from fractions import Fraction
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import Field, SerializerFunctionWrapHandler, computed_field, model_serializer
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    computed_field,
+    field_validator,
+    model_serializer,
+)
 
 from keeper.model.wire import TAGGED, TaggedModel, WireModel
 
@@ -35,9 +42,18 @@ class InstanceMeta(StrEnum):
 
 
 class Backend(StrEnum):
+    """The backends placement knows how to run an instance on (``ENGINE_BACKENDS``)."""
+
     MLX_METAL = "MlxMetal"
     MLX_CUDA = "MlxCuda"
     MLX_CPU = "MlxCpu"
+
+
+# A backend as exo names it, kept as text: exo adds backends (a model card added through exo's
+# own ``POST /models/add`` lists every backend exo knows, ``Vllm`` among them), and the State
+# only carries them; placement compares them with the ``Backend`` values it runs on, so one it
+# does not know matches nothing rather than making the card unreadable (docs/design.md §8.2).
+BackendName = str
 
 
 class Memory(WireModel):
@@ -59,7 +75,7 @@ class ModelCard(WireModel):
     hidden_size: int
     supports_tensor: bool
     tasks: tuple[str, ...] = ("TextGeneration",)
-    backends: tuple[Backend, ...] = (Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU)
+    backends: tuple[BackendName, ...] = (Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU)
     num_key_value_heads: int | None = None
     base_model: str | None = None
 
@@ -171,6 +187,17 @@ class RunnerShutdown(TaggedModel):
 
 class RunnerFailed(TaggedModel):
     error_message: str | None = None
+    # What exo's runner reported beside its error (exo's ``diagnostics``), carried as text for
+    # the operator: each entry as exo wrote it, or its JSON when it is not a string.
+    diagnostics: tuple[str, ...] = ()
+
+    @field_validator("diagnostics", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            items = cast(list[Any] | tuple[Any, ...], value)
+            return tuple(item if isinstance(item, str) else _json_text(item) for item in items)
+        return value
 
 
 AnyRunnerStatus = (
@@ -191,6 +218,14 @@ RunnerStatus = Annotated[AnyRunnerStatus, TAGGED]
 # A runner in one of these states can serve requests; an instance whose every runner is in one
 # of them is ready (the keeper's backoff rule and the `serving` status both read this).
 SERVING_RUNNER_TYPES = (RunnerReady, RunnerRunning)
+
+
+def _json_text(value: Any) -> str:
+    """A value exo sent, as compact JSON text (its own words when it cannot be encoded)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 # --- topology -----------------------------------------------------------------------------
@@ -622,7 +657,7 @@ class State(WireModel):
     runners: dict[RunnerId, RunnerStatus] = Field(default_factory=dict)
     topology: Topology = Field(default_factory=Topology)
     node_memory: dict[NodeId, MemoryUsage] = Field(default_factory=dict)
-    node_backends: dict[NodeId, list[Backend]] = Field(default_factory=dict)
+    node_backends: dict[NodeId, list[BackendName]] = Field(default_factory=dict)
     node_identities: dict[NodeId, NodeIdentity] = Field(default_factory=dict)
     node_network: dict[NodeId, NodeNetwork] = Field(default_factory=dict)
     node_rdma_ctl: dict[NodeId, RdmaCtl] = Field(default_factory=dict)

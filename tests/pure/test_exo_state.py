@@ -1,9 +1,10 @@
-"""Reading exo's State strictly: each way a recorded State can lose what the keeper decides on.
+"""Reading exo's State: closed for what cannot be read, open for the rest (docs/design.md §8.2).
 
 Every case starts from a State a real exo answered (``tests/fixtures/exo_recordings``) and
-breaks one thing: a key deleted or renamed, one instance's tag or fields broken, one runner,
-the topology, one node's memory. Each must come back ``Unreadable`` naming what was wrong, and
-the untouched recordings must read exactly as our tolerant model reads them.
+breaks one thing. What everything hangs on (a deciding key, the topology) makes the whole State
+``Unreadable``, naming what was wrong; one entry (an instance's tag or fields, a runner, one
+node's memory) is left out and named as an ``UnreadablePart``, with everything else read. The
+untouched recordings must read exactly as our tolerant model reads them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import pytest
 from pydantic import ValidationError
 from recorded_exo import RECORDINGS
 
-from keeper.model.exo_state import DECIDING_KEYS, Unreadable, read_exo_state
+from keeper.model.exo_state import (
+    DECIDING_KEYS,
+    ExoRead,
+    Unreadable,
+    UnreadablePart,
+    read_exo_state,
+    unreadable_instances,
+)
 from keeper.model.state import State
 
 STATES = sorted(RECORDINGS.glob("state-*.json"))
@@ -36,11 +44,16 @@ def reason_of(raw: dict[str, Any]) -> str:
     return read.reason
 
 
-def reason_naming(raw: dict[str, Any], prefix: str) -> str:
-    """Why ``raw`` is unreadable, which must start by naming what (``prefix``)."""
-    reason = reason_of(raw)
-    assert reason.startswith(prefix), reason
-    return reason
+def read_whole(raw: dict[str, Any]) -> ExoRead:
+    read = read_exo_state(raw)
+    assert isinstance(read, ExoRead), read
+    return read
+
+
+def only_part(raw: dict[str, Any]) -> UnreadablePart:
+    """The one part of ``raw`` left out as unreadable."""
+    (part,) = read_whole(raw).unreadable
+    return part
 
 
 def only_instance(raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -57,7 +70,7 @@ def test_there_are_recorded_states_with_and_without_instances() -> None:
 @pytest.mark.parametrize("path", STATES, ids=lambda path: path.stem)
 def test_every_recorded_state_reads_as_the_tolerant_model_reads_it(path: Path) -> None:
     raw = recorded(path)
-    assert read_exo_state(raw) == State.model_validate(raw)
+    assert read_exo_state(raw) == ExoRead(State.model_validate(raw))
 
 
 @pytest.mark.parametrize("path", STATES, ids=lambda path: path.stem)
@@ -83,12 +96,20 @@ def test_a_deciding_key_that_is_not_an_object_is_unreadable(key: str) -> None:
     assert reason_of(raw) == f'exo\'s State has "{key}" that is not an object'
 
 
-def test_an_instance_with_an_unknown_tag_is_named_with_the_tag() -> None:
+def test_an_instance_with_an_unknown_tag_is_left_out_and_named_with_its_model() -> None:
     raw = recorded(WITH_INSTANCE)
     instance_id, tagged = only_instance(raw)
-    raw["instances"][instance_id] = {"MlxRingInstanceV2": tagged["MlxRingInstance"]}
-    reason = reason_naming(raw, f"instance {instance_id}: ")
-    assert "MlxRingInstanceV2" in reason, reason
+    body = tagged["MlxRingInstance"]
+    raw["instances"][instance_id] = {"MlxRingInstanceV2": body}
+    read = read_whole(raw)
+    assert read.state.instances == {}
+    assert unreadable_instances(read.unreadable) == {instance_id}
+    (part,) = read.unreadable
+    assert (part.kind, part.key) == ("instance", instance_id)
+    assert "MlxRingInstanceV2" in part.reason, part.reason
+    assert part.model_id == body["shardAssignments"]["modelId"]
+    assert part.node_ids == tuple(sorted(body["shardAssignments"]["nodeToRunner"]))
+    assert part.words.startswith(f"exo's instance {instance_id} cannot be read: ")
 
 
 def test_our_tolerant_model_does_not_drop_an_unknown_instance_variant_silently() -> None:
@@ -99,12 +120,18 @@ def test_our_tolerant_model_does_not_drop_an_unknown_instance_variant_silently()
         State.model_validate(raw)
 
 
-def test_an_instance_missing_a_field_is_named_with_the_field() -> None:
+def test_an_instance_missing_a_field_is_named_with_the_field_and_no_model() -> None:
     raw = recorded(WITH_INSTANCE)
     instance_id, tagged = only_instance(raw)
     del tagged["MlxRingInstance"]["shardAssignments"]
-    reason = reason_naming(raw, f"instance {instance_id}: ")
-    assert "shardAssignments" in reason and "Field required" in reason, reason
+    part = only_part(raw)
+    assert (part.kind, part.key, part.model_id, part.node_ids) == (
+        "instance",
+        instance_id,
+        None,
+        (),
+    )
+    assert "shardAssignments" in part.reason and "Field required" in part.reason, part.reason
 
 
 def test_an_instance_with_a_broken_shard_is_named() -> None:
@@ -113,23 +140,41 @@ def test_an_instance_with_a_broken_shard_is_named() -> None:
     shards = tagged["MlxRingInstance"]["shardAssignments"]["runnerToShard"]
     runner_id = sorted(shards)[0]
     shards[runner_id]["PipelineShardMetadata"]["startLayer"] = "zero"
-    reason = reason_naming(raw, f"instance {instance_id}: ")
-    assert "startLayer" in reason, reason
+    part = only_part(raw)
+    assert (part.kind, part.key) == ("instance", instance_id)
+    assert "startLayer" in part.reason, part.reason
+    assert len(part.node_ids) == 2
 
 
 def test_an_instance_filed_under_another_id_is_unreadable() -> None:
     raw = recorded(WITH_INSTANCE)
     instance_id, tagged = only_instance(raw)
     raw["instances"] = {"not-its-id": tagged}
-    assert reason_of(raw) == f"instance not-its-id: its instanceId is {instance_id}"
+    part = only_part(raw)
+    assert (part.key, part.reason) == ("not-its-id", f"its instanceId is {instance_id}")
 
 
-def test_a_runner_in_an_unknown_status_is_named() -> None:
+def test_a_runner_in_an_unknown_status_is_left_out_and_named_with_its_instance_model() -> None:
     raw = recorded(WITH_INSTANCE)
     (runner_id,) = raw["runners"]
     raw["runners"][runner_id] = {"RunnerDancing": {}}
-    reason = reason_naming(raw, f"runner {runner_id}: ")
-    assert "RunnerDancing" in reason, reason
+    read = read_whole(raw)
+    assert read.state.runners == {}
+    assert len(read.state.instances) == 1  # its instance reads: the runner alone is left out
+    (part,) = read.unreadable
+    assert (part.kind, part.key) == ("runner", runner_id)
+    assert "RunnerDancing" in part.reason, part.reason
+    _, tagged = only_instance(raw)
+    assignments = tagged["MlxRingInstance"]["shardAssignments"]
+    assert part.model_id == assignments["modelId"]
+    assert part.node_ids == tuple(assignments["nodeToRunner"])
+
+
+def test_a_runner_no_instance_names_is_named_with_no_model() -> None:
+    raw = recorded(WITH_INSTANCE)
+    raw["runners"]["stray"] = {"RunnerDancing": {}}
+    part = only_part(raw)
+    assert (part.kind, part.key, part.model_id, part.node_ids) == ("runner", "stray", None, ())
 
 
 @pytest.mark.parametrize("key", ["nodes", "connections"])
@@ -145,18 +190,50 @@ def test_a_topology_with_unreadable_nodes_is_unreadable() -> None:
     assert reason_of(raw).startswith("topology: nodes.0: ")
 
 
-def test_node_memory_without_available_ram_is_named_by_node() -> None:
+def test_node_memory_without_available_ram_is_left_out_and_named_by_node() -> None:
     raw = recorded(WITH_INSTANCE)
     node_id = sorted(raw["nodeMemory"])[0]
     del raw["nodeMemory"][node_id]["ramAvailable"]
-    assert reason_of(raw) == f'nodeMemory of node {node_id}: no "ramAvailable"'
+    read = read_whole(raw)
+    assert node_id not in read.state.node_memory  # so placement gives it nothing
+    assert set(read.state.node_memory) == set(raw["nodeMemory"]) - {node_id}
+    (part,) = read.unreadable
+    assert (part.kind, part.key, part.node_ids) == ("node", node_id, (node_id,))
+    assert part.reason == 'nodeMemory: no "ramAvailable"'
 
 
-def test_node_memory_that_does_not_parse_is_named_by_node() -> None:
+def test_node_memory_that_does_not_parse_is_left_out_and_named_by_node() -> None:
     raw = recorded(WITH_INSTANCE)
     node_id = sorted(raw["nodeMemory"])[0]
     raw["nodeMemory"][node_id]["ramAvailable"] = {"inBytes": "lots"}
-    reason_naming(raw, f"nodeMemory of node {node_id}: ramAvailable.inBytes")
+    part = only_part(raw)
+    assert (part.kind, part.key) == ("node", node_id)
+    assert part.reason.startswith("nodeMemory: ramAvailable.inBytes"), part.reason
+
+
+def test_node_memory_that_is_not_an_object_is_left_out() -> None:
+    raw = recorded(WITH_INSTANCE)
+    node_id = sorted(raw["nodeMemory"])[0]
+    raw["nodeMemory"][node_id] = 7
+    assert only_part(raw).reason == "nodeMemory: not an object"
+
+
+def test_an_identity_that_does_not_parse_leaves_the_node_nameless_not_the_state_unread() -> None:
+    raw = recorded(WITH_INSTANCE)
+    node_id = sorted(raw["nodeIdentities"])[0]
+    raw["nodeIdentities"][node_id] = {"friendlyName": ["a", "list"]}
+    read = read_whole(raw)
+    assert node_id not in read.state.node_identities
+    assert len(read.state.instances) == 1
+    part = only_part(raw)
+    assert (part.kind, part.key) == ("node", node_id)
+    assert part.reason.startswith("nodeIdentities: friendlyName"), part.reason
+
+
+def test_a_top_level_value_of_the_wrong_kind_is_unreadable() -> None:
+    raw = recorded(WITH_INSTANCE)
+    raw["lastEventAppliedIdx"] = "many"
+    assert reason_of(raw).startswith("exo's State: lastEventAppliedIdx"), reason_of(raw)
 
 
 def test_unknown_keys_stay_ignored() -> None:
@@ -166,5 +243,5 @@ def test_unknown_keys_stay_ignored() -> None:
     grown["somethingExoAddedLater"] = {"x": [1, 2]}
     instance_id, tagged = only_instance(grown)
     tagged["MlxRingInstance"]["newField"] = True
-    assert read_exo_state(grown) == expected
+    assert read_exo_state(grown) == ExoRead(expected)
     assert instance_id in expected.instances

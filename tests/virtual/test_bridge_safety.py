@@ -16,14 +16,15 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from bridge_harness import EXO_URL, ExoLink, exo_with_bridge, wait_until
-from model_ids import QWEN
+from bridge_harness import EXO_URL, ExoLink, ExoWithBridge, exo_with_bridge, wait_until
+from model_ids import LLAMA, QWEN
 
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import COMMAND_TIMEOUT_S, ExoClient
 from keeper.bridge.service import STATE_UNREADABLE, Bridge, BridgeConfig
 from keeper.cli import EXIT_USAGE, build_parser, main
 from keeper.exo_standin.app import create_exo_compat_app
+from keeper.model.api_models import DeploymentView
 from keeper.model.constants import PLACEMENT_TIMEOUT, STARTUP_GRACE
 
 SECOND_URL = "http://exo-2.test"
@@ -43,10 +44,42 @@ def renamed_instances(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def broken_instance_tag(state: dict[str, Any]) -> dict[str, Any]:
-    for instance_id, tagged in list(state["instances"].items()):
-        state["instances"][instance_id] = {"MlxRingInstanceV2": next(iter(tagged.values()))}
+def broken_instance_tag(model_id: str) -> Edit:
+    """Each instance of ``model_id`` under a kind this bridge does not know."""
+
+    def edit(state: dict[str, Any]) -> dict[str, Any]:
+        for instance_id, tagged in list(state["instances"].items()):
+            body = next(iter(tagged.values()))
+            if body["shardAssignments"]["modelId"] == model_id:
+                state["instances"][instance_id] = {"MlxRingInstanceV2": body}
+        return state
+
+    return edit
+
+
+def every_card_with_vllm(state: dict[str, Any]) -> dict[str, Any]:
+    """Every model card in exo's State as exo's ``POST /models/add`` writes one: with every
+    backend exo knows, ``Vllm`` among them."""
+
+    def visit(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                if key == "backends" and isinstance(inner, list):
+                    inner.append("Vllm")
+                else:
+                    visit(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                visit(inner)
+
+    visit(state)
     return state
+
+
+def views_by_model(h: ExoWithBridge) -> dict[str, DeploymentView]:
+    """The bridge's deployment views, by model."""
+    views = h.bridge.deployments_view().deployments
+    return {view.deployment.model_card.model_id: view for view in views}
 
 
 # --- fail closed on exo's State ---------------------------------------------------------------
@@ -61,9 +94,8 @@ def broken_instance_tag(state: dict[str, Any]) -> dict[str, Any]:
         (without("topology"), 'exo\'s State has no "topology"'),
         (without("nodeMemory"), 'exo\'s State has no "nodeMemory"'),
         (renamed_instances, 'exo\'s State has no "instances"'),
-        (broken_instance_tag, "instance {instance}: "),
     ],
-    ids=["instances", "runners", "topology", "nodeMemory", "renamed", "instance-tag"],
+    ids=["instances", "runners", "topology", "nodeMemory", "renamed"],
 )
 async def test_a_state_without_what_the_keeper_decides_on_places_nothing(
     edit: Edit, why: str
@@ -95,6 +127,60 @@ async def test_a_state_without_what_the_keeper_decides_on_places_nothing(
         assert h.serving()
         assert h.link.posted_instances() == [first]
         assert h.exo_instances() == [first]
+
+
+@pytest.mark.anyio
+async def test_an_unreadable_instance_stops_only_its_deployment_every_other_is_kept() -> None:
+    async with exo_with_bridge() as h:
+        _, qwen = await h.serve_qwen()
+        await h.bridge.create_deployment(LLAMA)
+        await wait_until(lambda: len(h.exo_instances(LLAMA)) == 1, 30, "llama placed")
+        (llama,) = h.exo_instances(LLAMA)
+        h.link.state_edit = broken_instance_tag(QWEN)
+        await wait_until(
+            lambda: views_by_model(h)[QWEN].detail is not None, 3, "qwen's instance unread"
+        )
+        assert h.bridge.outage is None  # exo's State as a whole is followed
+        detail = views_by_model(h)[QWEN].detail
+        assert detail is not None
+        assert detail.startswith(f"exo's instance {qwen} cannot be read: "), detail
+        assert "MlxRingInstanceV2" in detail
+        assert detail.endswith("placing and deleting nothing for this deployment until it reads")
+        assert views_by_model(h)[LLAMA].detail is None
+
+        # Llama's instance lost: placed again, while Qwen's, unread, is neither placed again
+        # nor recorded as deleted.
+        await h.master.delete_instance(llama)
+        await wait_until(
+            lambda: h.exo_instances(LLAMA) not in ([], [llama]), 30, "llama placed again"
+        )
+        await anyio.sleep(2 * PLACEMENT_TIMEOUT)
+        assert h.exo_instances(QWEN) == [qwen]
+        assert [i for i in h.link.posted_instances() if i == qwen] == [qwen]
+        assert len(h.link.posted_instances()) == 3  # qwen, llama, llama's replacement
+        assert h.link.deleted_instances() == []
+        deployment = views_by_model(h)[QWEN].deployment
+        assert qwen in deployment.placed_instance_ids
+
+        h.link.state_edit = None
+        await wait_until(
+            lambda: views_by_model(h)[QWEN].detail is None, 3, "qwen's instance read again"
+        )
+        assert h.serving()
+
+
+@pytest.mark.anyio
+async def test_a_card_with_a_backend_we_do_not_run_is_read_and_kept() -> None:
+    async with exo_with_bridge() as h:
+        _, first = await h.serve_qwen()
+        h.link.state_edit = every_card_with_vllm
+        await h.master.delete_instance(first)
+        await wait_until(
+            lambda: h.exo_instances() not in ([], [first]), 30, "placed again on Vllm cards"
+        )
+        assert h.bridge.outage is None
+        (view,) = h.bridge.deployments_view().deployments
+        assert view.detail is None or "cannot be read" not in view.detail
 
 
 @pytest.mark.anyio

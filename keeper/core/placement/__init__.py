@@ -38,10 +38,18 @@ from keeper.core.placement.build import build_instance
 from keeper.core.placement.graph import ClusterGraph, cluster_graph
 from keeper.core.placement.search import CycleSearch
 from keeper.model.ids import IdFactory, new_id
-from keeper.model.state import AnyInstance, Backend, InstanceMeta, ModelCard, Sharding, State
+from keeper.model.state import (
+    AnyInstance,
+    Backend,
+    BackendName,
+    InstanceMeta,
+    ModelCard,
+    Sharding,
+    State,
+)
 
 # The backends each engine can run on (exo's engine table); a model card narrows them further.
-ENGINE_BACKENDS: dict[InstanceMeta, frozenset[Backend]] = {
+ENGINE_BACKENDS: dict[InstanceMeta, frozenset[BackendName]] = {
     InstanceMeta.MLX_RING: frozenset({Backend.MLX_METAL, Backend.MLX_CUDA, Backend.MLX_CPU}),
     InstanceMeta.MLX_JACCL: frozenset({Backend.MLX_METAL}),
 }
@@ -60,10 +68,10 @@ def no_tensor_split(hidden_size: int) -> str:
     return f"No tensor sharding found for model with hidden_size {hidden_size} candidate cycles"
 
 
-def no_backend(allowed: frozenset[Backend], model_id: str) -> str:
+def no_backend(allowed: frozenset[BackendName], model_id: str) -> str:
     """E.g. ``No cycle where every node supports a backend in ['MlxCpu', 'MlxMetal'] for m``:
     the allowed backends' values, sorted, written as a Python list."""
-    names = sorted(backend.value for backend in allowed)
+    names = sorted(str(backend) for backend in allowed)
     return f"No cycle where every node supports a backend in {names} for {model_id}"
 
 

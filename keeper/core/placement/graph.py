@@ -18,7 +18,7 @@ from fractions import Fraction
 
 from keeper.model.state import (
     AnyDownload,
-    Backend,
+    BackendName,
     ModelId,
     NodeId,
     RDMAConnection,
@@ -50,7 +50,7 @@ class ClusterGraph:
     ids: tuple[NodeId, ...]  # sorted; a node's index is its position here
     # ramAvailable in bytes, or None for a node that has not reported its memory.
     ram_available: tuple[int | None, ...]
-    backends: tuple[frozenset[Backend], ...]
+    backends: tuple[frozenset[BackendName], ...]
     any_edge: Adjacency  # an edge of any kind (socket or RDMA) from i to j
     rdma_edge: Adjacency  # an RDMAConnection edge from i to j
     # Nodes with at most one distinct neighbour, counting edges in either direction (an isolated
