@@ -428,14 +428,15 @@ class MasterClient:
         return _Poll(state, deployments)
 
     def _parse_poll(self, poll: _Poll) -> SnapshotUpdate:
-        state = read_state(poll.state.body, poll.state.content_type)
+        read = read_state(poll.state.body, poll.state.content_type)
         deployments = poll.deployments
         views = (
             None
             if deployments is None
             else tuple(read_deployments(deployments.body, deployments.content_type).deployments)
         )
-        return SnapshotUpdate(state, views, self._clock_offset(poll.state.headers))
+        offset = self._clock_offset(poll.state.headers)
+        return SnapshotUpdate(read.state, views, offset, read.unreadable)
 
     def _clock_offset(self, headers: httpx.Headers) -> float | None:
         date = headers.get("date")

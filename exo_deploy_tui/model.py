@@ -87,6 +87,7 @@ from exo_deploy_tui.timeline import (
 )
 from exo_deploy_tui.timers import Timer, keeper_timers
 from exo_deploy_tui.tracking import StatusTracking
+from exo_deploy_tui.unread_parts import UnreadParts
 from exo_deploy_tui.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
@@ -168,6 +169,7 @@ class ClusterModel:
     _marks: InstanceMarks = field(default_factory=InstanceMarks)
     _moves: Moves = field(default_factory=Moves)
     _word: MasterWord = field(default_factory=MasterWord)
+    _unread: UnreadParts = field(default_factory=UnreadParts)
     _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
     # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
     _views: dict[DeploymentId, DeploymentView] = field(default_factory=dict)
@@ -266,6 +268,7 @@ class ClusterModel:
             self._readings.note_snapshot(before, after)
             self.state = after
         self._observed_at = now
+        self.timeline.extend(self._unread.took(update.unreadable, now))
         if update.deployments is None:
             self.has_timers = False
             self._timers = {}
@@ -433,6 +436,7 @@ class ClusterModel:
             clock=self.clock,
             readings=self._readings,
             moves=self._moves,
+            unread=self._unread.marks(),
         )
 
     def instance_rows(self, now: float) -> list[InstanceRow]:

@@ -12,6 +12,7 @@ The header's counts are read from the same judgement as the rows, so they never 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from exo_deploy_tui.derive import Derived, waiting_download
@@ -24,7 +25,15 @@ from exo_deploy_tui.moves import Moves
 from exo_deploy_tui.readings import GpuReadings
 from exo_deploy_tui.rows import Liveness, NodeRow, Summary, runner_status_word
 from keeper.model.api_models import DeploymentStatus
-from keeper.model.state import DownloadCompleted, ModelId, NodeId, State, download_model_id
+from keeper.model.state import (
+    AnyDownload,
+    DownloadCompleted,
+    DownloadPending,
+    ModelId,
+    NodeId,
+    State,
+    download_model_id,
+)
 
 
 def node_rows(
@@ -36,9 +45,14 @@ def node_rows(
     clock: MasterClock,
     readings: GpuReadings,
     moves: Moves,
+    unread: Mapping[NodeId, tuple[str, ...]] | None = None,
 ) -> list[NodeRow]:
     """The nodes of the topology by name, then those gone (seen leaving, then departed before
-    we connected), then the cordoned names no node goes by (``away``)."""
+    we connected), then the cordoned names no node goes by (``away``). ``unread``: per node, a
+    mark for each part of exo's State naming it that did not read, listed first among its
+    models (``unread_parts``)."""
+    unread = unread or {}
+    wanted = _wanted_models(state)
     name_of = derived.name_of
     runners_on: dict[NodeId, list[str]] = {}
     # Per node: each runner's model, and what it shows (its status, or the download it
@@ -71,10 +85,13 @@ def node_rows(
             listed = list(held.values())
             for entry in sorted(downloads[node_id], key=lambda e: isinstance(e, DownloadCompleted)):
                 model_id = download_model_id(entry)
+                if _unasked(entry, wanted):
+                    continue
                 if model_id not in held:
                     mark = download_mark(download_facts(entry))
                     listed.append(f"{short_model(model_id)} {mark}")
             models = tuple(listed)
+        models = unread.get(node_id, ()) + models
         handle = handle_of(state, node_id)
         rows.append(
             NodeRow(
@@ -123,6 +140,24 @@ def node_rows(
         for n in liveness.away_names(state, name_of)
     ]
     return rows + departed + away
+
+
+def _wanted_models(state: State) -> frozenset[ModelId]:
+    """The models something asks for: an instance runs it or a deployment keeps it."""
+    running = {i.shard_assignments.model_id for i in state.instances.values()}
+    kept = {d.model_card.model_id for d in state.deployments.values()}
+    return frozenset(running | kept)
+
+
+def _unasked(entry: AnyDownload, wanted: frozenset[ModelId]) -> bool:
+    """A download entry nobody asked for: pending with nothing fetched, for a model no instance
+    runs and no deployment keeps. A stock exo lists every model it knows so on every node (over
+    a hundred a node), none of them downloading; shown, each would read as a queued download."""
+    return (
+        isinstance(entry, DownloadPending)
+        and entry.downloaded.in_bytes == 0
+        and download_model_id(entry) not in wanted
+    )
 
 
 def _absent(

@@ -17,12 +17,15 @@ No Textual, no retry policy: bytes and headers in, a value or a reason out.
 
 from __future__ import annotations
 
-from typing import TypeVar
+import json
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
 from keeper.model.api_models import DeploymentsResponse
+from keeper.model.exo_state import ExoRead, UnreadablePart, read_exo_state
 from keeper.model.state import State
 
 MIB = 1024 * 1024
@@ -81,13 +84,47 @@ def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";", 1)[0].strip().casefold()
 
 
-def read_state(body: bytes, content_type: str | None) -> State:
-    """A polled ``GET /state`` body as our State, or ``UnreadableAnswerError`` saying why not."""
-    state = _parse(State, body, content_type, shape="not exo's State")
+@dataclass(frozen=True)
+class StateRead:
+    """A polled State, and the entries of it that did not read and were left out."""
+
+    state: State
+    unreadable: tuple[UnreadablePart, ...] = ()
+
+
+def read_state(body: bytes, content_type: str | None) -> StateRead:
+    """A polled ``GET /state`` body as our State, or ``UnreadableAnswerError`` saying why not.
+
+    A State that does not read whole is read entry by entry as the bridge reads exo's
+    (``keeper.model.exo_state``): an instance, runner, node report or download entry that does
+    not read is left out and named, and the rest is shown. Only what everything hangs on (its
+    shape, a key the dashboard or the keeper reads) makes the answer unreadable."""
+    try:
+        state = _parse(State, body, content_type, shape="not exo's State")
+    except UnreadableAnswerError as whole:
+        read = _read_by_entry(body)
+        if read is None:
+            raise whole from None
+        state, unreadable = read.state, read.unreadable
+    else:
+        unreadable = ()
     missing = [key for key in SHOWN_KEYS if key not in state.model_fields_set]
     if missing:
         raise UnreadableAnswerError(f'not exo\'s State: no "{missing[0]}"')
-    return state
+    return StateRead(state, unreadable)
+
+
+def _read_by_entry(body: bytes) -> ExoRead | None:
+    """``body`` read entry by entry, or None when even that fails (not JSON, not an object,
+    nested too deep, or lacking what everything hangs on)."""
+    try:
+        raw: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    read = read_exo_state(cast(dict[str, Any], raw))
+    return read if isinstance(read, ExoRead) else None
 
 
 def read_deployments(body: bytes, content_type: str | None) -> DeploymentsResponse:

@@ -12,6 +12,7 @@ from typing import Literal
 
 from keeper.model.api_models import DeploymentView, NodeView
 from keeper.model.events import IndexedEvent
+from keeper.model.exo_state import UnreadablePart
 from keeper.model.state import State
 
 # connecting: nothing received yet; live: the event stream is open; polling: reading /state and
@@ -33,6 +34,8 @@ class SnapshotUpdate:
     deployments: tuple[DeploymentView, ...] | None
     # The master's clock minus ours, from the response's Date header, when it could be read.
     master_clock_offset_s: float | None = None
+    # The entries of the State that did not read and were left out (keeper.model.exo_state).
+    unreadable: tuple[UnreadablePart, ...] = ()
 
 
 @dataclass(frozen=True)
