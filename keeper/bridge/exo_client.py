@@ -32,9 +32,15 @@ answer's own rule says (exo's model list unavailable, a placement answer refused
 answer taken as empty). The deadline covers reading the body too.
 
 Reads and commands have different deadlines. exo answers ``GET /state`` from its API's own copy
-of the State, at once, even during an election; but it holds every command (``POST /instance``,
-``DELETE /instance``) until an election is over, which takes seconds. A command that outlives
-its deadline has not failed: exo may still apply it (the service's in-flight rules).
+of the State, at once, even during an election, so a State read has the shortest deadline
+(``STATE_TIMEOUT_S``), after which the bridge reads the next URL; but exo holds every command
+(``POST /instance``, ``DELETE /instance``) until an election is over, which takes seconds. A
+command that outlives its deadline has not failed: exo may still apply it (the service's
+in-flight rules).
+
+A connection the node's OS refused (``ExoConnectionRefusedError``: every address tried answered
+ECONNREFUSED) is told apart from other unavailability: nobody listens on that port, which a
+killed exo leaves and a frozen one or a slow network never does (docs/design.md §5.18).
 """
 
 from __future__ import annotations
@@ -65,8 +71,15 @@ from keeper.model.exo_state import (
 from keeper.model.state import State
 from keeper.model.wire import JsonObject
 
-# exo answers on the LAN in milliseconds; a State read that takes longer than this is from an
-# exo too loaded or too far away to act on, and the poll after it would overlap it.
+# exo answers GET /state from its API's own copy of the State, in memory, in milliseconds on a
+# LAN; a read that has taken this long is from an exo that is frozen, gone or too loaded to act
+# on, and the bridge moves to its next URL in the same tick (keeper.bridge.following). 1.5 s is
+# a hundred times a LAN answer, yet N hung URLs cost the walk N x 1.5 s rather than N x 5 s, and
+# a frozen followed node is left within one poll and a half (docs/design.md §8.3).
+STATE_TIMEOUT_S = 1.5
+# exo's other reads (its model list, where it would place a model) are worked out, not read from
+# memory: a little more room than the State's, still short of a poll's overlapping the next one
+# by much.
 REQUEST_TIMEOUT_S = 5.0
 # exo's API holds commands while its nodes elect a master (measured: ~3 s, up to 6 s). Longer
 # than that, so a command sent during an election normally gets its answer (one that does not may
@@ -77,6 +90,10 @@ COMMAND_TIMEOUT_S = 8.0
 
 class ExoUnavailableError(Exception):
     """exo did not answer usefully; ``str()`` says how, for the operator."""
+
+
+class ExoConnectionRefusedError(ExoUnavailableError):
+    """The connection was refused on every address tried: no process listens on exo's port."""
 
 
 class ExoStateUnreadableError(ExoUnavailableError):
@@ -164,10 +181,12 @@ class ExoClient:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S,
         command_timeout_s: float = COMMAND_TIMEOUT_S,
+        state_timeout_s: float = STATE_TIMEOUT_S,
     ) -> None:
         self.url = url.rstrip("/")
         self._timeout_s = timeout_s
         self._command_timeout_s = command_timeout_s
+        self._state_timeout_s = state_timeout_s
         self._http = httpx.AsyncClient(
             base_url=self.url,
             transport=transport,
@@ -250,6 +269,8 @@ class ExoClient:
     async def _get(self, path: str, max_bytes: int, *, timeout_s: float | None = None) -> ExoAnswer:
         # A read exo refuses (a 4xx to a plain GET) means this is not an exo the bridge can
         # follow (a wrong URL, a proxy in the way): unavailable, not a refusal of a request.
+        if timeout_s is None and path == "/state":
+            timeout_s = self._state_timeout_s  # read from memory: short (STATE_TIMEOUT_S)
         try:
             return await self._call("GET", path, max_bytes=max_bytes, timeout_s=timeout_s)
         except ExoRefusedError as exc:
@@ -280,6 +301,10 @@ class ExoClient:
                 f"{what}: no answer from exo at {self.url} within {timeout_s:g} s"
             ) from None
         except httpx.HTTPError as exc:
+            if isinstance(exc, httpx.ConnectError) and refused(exc):
+                raise ExoConnectionRefusedError(
+                    f"{what}: exo at {self.url} refused the connection"
+                ) from None
             reason = str(exc) or type(exc).__name__
             raise ExoUnavailableError(
                 f"{what}: cannot reach exo at {self.url} ({reason})"
@@ -317,6 +342,30 @@ class ExoClient:
         query = urlencode({"model_id": model_id})
         answer = await self._call("GET", f"/instance/previews?{query}", max_bytes=LISTING_MAX_BYTES)
         return _json_answer(answer)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a failed connection was refused on every address it tried: the OS errors under
+    ``exc`` (httpx -> httpcore -> anyio's "all attempts failed" -> one per address, or a group
+    of them) are all ECONNREFUSED. A timeout, an unreachable host or a name that does not
+    resolve is not a refusal."""
+    causes = _os_errors(exc, set())
+    return bool(causes) and all(isinstance(cause, ConnectionRefusedError) for cause in causes)
+
+
+def _os_errors(exc: BaseException | None, seen: set[int]) -> list[OSError]:
+    """The OS errors (those with an errno) ``exc`` was caused by, through its causes, contexts
+    and exception groups."""
+    if exc is None or id(exc) in seen:
+        return []
+    seen.add(id(exc))
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return [exc]
+    found: list[OSError] = []
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in cast(BaseExceptionGroup[BaseException], exc).exceptions:
+            found += _os_errors(sub, seen)
+    return found + _os_errors(exc.__cause__, seen) + _os_errors(exc.__context__, seen)
 
 
 async def _read(response: httpx.Response, cap: int, what: str) -> ExoAnswer:
