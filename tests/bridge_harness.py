@@ -9,12 +9,16 @@ only when it ends, even if the caller gave up waiting), or answer ``GET /state``
 changed on the way, or with any response the test makes (one streaming its body, say). Routes
 can be scripted with exo's recorded answers (``ExoLink.answers``). Every exo node serves exo's
 API, so the link can also stand for a node's own URL (``ExoLink.node_hosts``): ``GET /node_id``
-there answers that node's id, as exo does, until the host is down (``down_hosts``); the rest of
-that API is the stand-in's. Everything runs under trio's MockClock.
+there answers that node's id, as exo does, until the host is down (``down_hosts``: its port
+refuses connections, as a killed exo's does) or hung (``hung_hosts``: it never answers, as a
+frozen or powered-off Mac's API); the rest of that API is the stand-in's. The bridge may follow
+one node's own URL first (``exo_with_bridge``'s ``follow``). Everything runs under trio's
+MockClock.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -69,11 +73,18 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.queries: list[tuple[str, dict[str, str]]] = []  # (path, query) of every scripted GET
         # A node's own API: host -> the node id its GET /node_id answers; and the hosts down.
         self.node_hosts: dict[str, str] = {}
-        self.down_hosts: set[str] = set()
+        self.down_hosts: set[str] = set()  # refused at once, as a port nobody listens on
+        self.hung_hosts: set[str] = set()  # never answered: the caller's deadline ends it
         self.node_id_asked: list[str] = []  # the host of every GET /node_id
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self.down or request.url.host in self.down_hosts:
+        if request.url.host in self.hung_hosts:
+            await anyio.sleep_forever()
+        if request.url.host in self.down_hosts:
+            # As httpx raises it for a port nobody listens on: the OS's refusal is its cause.
+            refused = ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+            raise httpx.ConnectError("All connection attempts failed", request=request) from refused
+        if self.down:
             raise httpx.ConnectError("connection refused", request=request)
         method, path = request.method, request.url.path
         if (method, path) == ("GET", "/node_id"):
@@ -165,6 +176,7 @@ class ExoWithBridge:
     group: TaskGroup
     bridge_scope: anyio.CancelScope
     node_urls: tuple[str, ...] = ()  # the nodes' own URLs the bridge was given after EXO_URL
+    follow: str | None = None  # the node whose own URL the bridge was given first, if any
 
     def exo_instances(self, model_id: str = QWEN) -> list[str]:
         return sorted(
@@ -198,7 +210,7 @@ class ExoWithBridge:
         """Stop this bridge and start a new one on the same data dir and link."""
         self.bridge_scope.cancel()
         await anyio.sleep(0)
-        self.bridge = new_bridge(self.link, data_dir, node_urls=self.node_urls)
+        self.bridge = new_bridge(self.link, data_dir, node_urls=self.node_urls, follow=self.follow)
         self.bridge_scope = await self.group.start(_run_cancellable, self.bridge)
         return self.bridge
 
@@ -216,9 +228,15 @@ def new_bridge(
     data_dir: Path | None,
     config: BridgeConfig | None = None,
     node_urls: tuple[str, ...] = (),
+    follow: str | None = None,
 ) -> Bridge:
-    """A bridge following EXO_URL (then ``node_urls``, each a node's own API) over ``link``."""
-    apis = [ExoClient(url, transport=link) for url in (EXO_URL, *node_urls)]
+    """A bridge following EXO_URL (then ``node_urls``, each a node's own API) over ``link``;
+    or, given ``follow``, that node's own URL first, then the other nodes', then EXO_URL."""
+    urls = (EXO_URL, *node_urls)
+    if follow is not None:
+        first = node_url(follow)
+        urls = (first, *(url for url in node_urls if url != first), EXO_URL)
+    apis = [ExoClient(url, transport=link) for url in urls]
     return Bridge(apis, data_dir, config=config or BridgeConfig())
 
 
@@ -256,10 +274,12 @@ async def exo_with_bridge(
     bridge_config: BridgeConfig | None = None,
     node_apis: bool = False,
     faults: Mapping[str, SimFault] | None = None,
+    follow: str | None = None,
 ) -> AsyncIterator[ExoWithBridge]:
     """The stand-in, its nodes and a bridge; each node misbehaving as ``faults`` says (by name);
     ``node_apis``: the bridge is also given each node's own URL (``node_url``), whose GET
-    /node_id answers that node's id."""
+    /node_id answers that node's id; ``follow``: and follows that node's own URL first."""
+    node_apis = node_apis or follow is not None
     config = MasterConfig(keeper_enabled=False)
     master = Master(None, config=config)
     faulty = faults or {}
@@ -281,9 +301,9 @@ async def exo_with_bridge(
             ids = {i.friendly_name: n for n, i in master.state.node_identities.items()}
             link.node_hosts = {httpx.URL(node_url(name)).host: ids[name] for name, _ in nodes}
             node_urls = tuple(node_url(name) for name, _ in nodes)
-        bridge = new_bridge(link, data_dir, bridge_config, node_urls)
+        bridge = new_bridge(link, data_dir, bridge_config, node_urls, follow)
         scope = await group.start(_run_cancellable, bridge)
-        yield ExoWithBridge(master, cluster, link, bridge, group, scope, node_urls)
+        yield ExoWithBridge(master, cluster, link, bridge, group, scope, node_urls, follow)
         group.cancel_scope.cancel()
 
 

@@ -5,13 +5,21 @@ exo's nodes report about once a second and each report moves the node's ``lastSe
 bridge polls exo's State once a second. A node whose ``lastSeen`` has not moved is silent, on
 the bridge's own running clock (``keeper.runtime.node_watch``: a bridge that was paused blames
 itself). The bridge has no session to a node, so its second sign is the node's own API not
-answering (a probe, when a ``--exo`` URL is that node's: ``keeper.bridge.node_probes``) or,
-otherwise, ``--dead-after-s`` of
-silence while the others are heard. The verdicts are kept here, not in the bridge's log: they
-are judged again from exo's State within seconds of a restart, and the bridge's own State has no
-topology to hold them against. A State without ``lastSeen`` (an older exo) or with one that
-does not read as a date turns fast failover off for that State, and ``/healthz`` says why;
-exo's own detection works as before.
+answering, or refusing the connection (a probe, when a ``--exo`` URL is that node's:
+``keeper.bridge.node_probes``; a refusal confirms a node silent only 1.5 s), or, otherwise,
+``--dead-after-s`` of silence while the others are heard. The verdicts are kept here, not in
+the bridge's log: they are judged again from exo's State within seconds of a restart, and the
+bridge's own State has no topology to hold them against. A State without ``lastSeen`` (an
+older exo) or with one that does not read as a date turns fast failover off for that State, and
+``/healthz`` says why; exo's own detection works as before.
+
+The bridge's own pauses are measured by a heartbeat (``heartbeat``: a task that sleeps a
+quarter second and ticks the watcher's running clock), not by the gaps between its checks: a
+check comes after a read of exo's State, which may wait out its deadline on a frozen exo (and
+then on the next URL), and that wait is exo's failure, not the bridge's. Timing the checks, a
+followed node frozen for 15 s made the bridge judge itself paused and judge nobody through the
+freeze; timing its own loop, only a loop that could not run (SIGSTOP, a blocking step) is a
+pause.
 """
 
 from __future__ import annotations
@@ -20,12 +28,18 @@ import logging
 from datetime import datetime
 
 from keeper.model.apply import apply
-from keeper.model.liveness import LivenessConfig
+from keeper.model.liveness import LivenessConfig, ProbeAnswer
 from keeper.model.state import NodeId, NodeWatch, State
 from keeper.model.wire import JsonObject
+from keeper.runtime.clock import Clock
 from keeper.runtime.node_watch import NodeWatcher
 
 log = logging.getLogger(__name__)
+
+# How often the heartbeat ticks the watcher's running clock: a quarter of the bridge's
+# one-second poll, so its own loop falling MAX_OBSERVER_GAP_S (2 s) behind is eight beats late
+# and unmistakable, while a beat costs one subtraction.
+HEARTBEAT_S = 0.25
 
 NO_LAST_SEEN = (
     "exo's State has no lastSeen (an older exo): fast failover is off, exo's own timeout applies"
@@ -77,11 +91,31 @@ class BridgeLiveness:
     def silent_s(self, node_id: NodeId, now: float) -> float | None:
         return self._watcher.silent_s(node_id, now) if self._watcher is not None else None
 
-    def probed(self, node_id: NodeId, answered: bool) -> None:
+    def silences(self, now: float) -> dict[NodeId, float]:
+        """Each node's silence at monotonic ``now`` on the running clock (``node_probes``
+        probes those silent ``PROBE_QUIET_S`` for a refused connection)."""
+        watcher = self._watcher
+        if watcher is None:
+            return {}
+        silent = {node_id: watcher.silent_s(node_id, now) for node_id in self._seen}
+        return {node_id: s for node_id, s in silent.items() if s is not None}
+
+    def probed(self, node_id: NodeId, answer: ProbeAnswer) -> None:
         """What a probe of the node's own API answered (``keeper.bridge.node_probes``): no answer
-        is the second sign the next poll's check confirms it dead on."""
+        or a refusal is the second sign the next poll's check confirms it dead on."""
         if self._watcher is not None:
-            self._watcher.probed(node_id, answered)
+            self._watcher.probed(node_id, answer)
+
+    def beat(self, now: float) -> None:
+        """The bridge's own loop ran at monotonic ``now`` (module doc)."""
+        if self._watcher is not None:
+            self._watcher.beat(now)
+
+    async def heartbeat(self, clock: Clock) -> None:
+        """Beat every HEARTBEAT_S until cancelled: the bridge's pause is its loop's lateness."""
+        while True:
+            await clock.sleep(HEARTBEAT_S)
+            self.beat(clock.monotonic())
 
     def observe(self, state: State, raw: JsonObject, now: float, wall: float) -> None:
         """One poll's State (readable), at monotonic ``now`` and Unix ``wall``."""

@@ -5,15 +5,18 @@ string). The bridge learns which of its ``--exo`` URLs is which node by asking e
 when a node it has a URL for turns suspect (its ``lastSeen`` stopped moving,
 ``keeper.bridge.node_liveness``) it asks that URL again: an answer from the node is noted, no
 answer is the independent sign that confirms it dead at once (docs/design.md §5.18), seconds
-before ``--dead-after-s`` of silence would. A node the bridge has no URL for is confirmed by
-silence alone, as before.
+before ``--dead-after-s`` of silence would. Sooner still, a node whose ``lastSeen`` has stalled
+``PROBE_QUIET_S`` (1.5 s) is asked too, with a short deadline, for one answer only: a connection
+refused, which a killed exo's port gives at once and nothing else does, confirms it dead before
+it would even be suspect (``keeper.model.liveness.probe_sign``). A node the bridge has no URL
+for is confirmed by silence alone, as before.
 
 The probes run in a task of their own beside the ticks, never inside one: a tick waiting on a
-probe of a Mac that is powered off would stretch the bridge's own checks past the gap it reads
-as its own pause (``keeper.model.liveness.MAX_OBSERVER_GAP_S``), and it would then judge nobody.
+probe of a Mac that is powered off would hold up the step for the probe's whole deadline.
 The answers reach the watcher between two ticks; the next tick's check reaches the verdict and
-deletes the dead node's instances in the same tick. Which probes and lookups are due is decided
-by the two pure functions below; the loop only makes the calls.
+deletes the dead node's instances in the same tick. Which probes and lookups are due, and what
+an answer tells, is decided by pure functions (below, and ``keeper.model.liveness``'s
+``wants_probe`` and ``probe_sign``); the loop only makes the calls.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import anyio
 
-from keeper.bridge.exo_client import ExoApi, ExoUnavailableError
+from keeper.bridge.exo_client import ExoApi, ExoConnectionRefusedError, ExoUnavailableError
+from keeper.model.liveness import ProbeAnswer, probe_sign, wants_probe
 from keeper.model.state import NodeId, NodeWatch
 from keeper.runtime.clock import Clock
 
@@ -38,6 +42,10 @@ log = logging.getLogger(__name__)
 # a false "dead" costs its instances. With the defaults a dead node is confirmed 3 + 2 = 5 s
 # after its last report at worst, against 8 s by silence.
 PROBE_TIMEOUT_S = 2.0
+# How long a probe of a node not yet suspect waits: it looks only for a refusal (probe_sign),
+# which comes back at once (the node's OS answers the connection with a reset, in milliseconds
+# on a LAN); a node frozen or slow holds the probe round no longer than this.
+REFUSAL_PROBE_TIMEOUT_S = 0.5
 # How often the probe loop looks for a suspect node to probe: half the bridge's one-second poll,
 # so a probe's answer is in before the tick after the suspicion.
 PROBE_EVERY_S = 0.5
@@ -46,11 +54,20 @@ PROBE_EVERY_S = 0.5
 LOOKUP_EVERY_S = 30.0
 
 
-def due_probes(verdicts: Mapping[NodeId, NodeWatch], node_of: Mapping[str, NodeId]) -> list[str]:
-    """The URLs to probe now: those of the nodes that are suspect (not yet dead: a dead one
-    needs no second sign), in URL order."""
-    suspect = {node_id for node_id, watch in verdicts.items() if watch.phase == "suspect"}
-    return sorted(url for url, node_id in node_of.items() if node_id in suspect)
+def due_probes(
+    verdicts: Mapping[NodeId, NodeWatch],
+    node_of: Mapping[str, NodeId],
+    silences: Mapping[NodeId, float],
+) -> list[str]:
+    """The URLs to probe now: those of the nodes that are suspect, or alive and silent
+    PROBE_QUIET_S (``wants_probe``; not a dead one: it needs no second sign), in URL order."""
+    return sorted(
+        url
+        for url, node_id in node_of.items()
+        if wants_probe(
+            verdicts[node_id].phase if node_id in verdicts else "alive", silences.get(node_id)
+        )
+    )
 
 
 def due_lookups(urls: Sequence[str], asked_at: Mapping[str, float], now: float) -> list[str]:
@@ -71,46 +88,64 @@ class NodeProbes:
         self,
         clock: Clock,
         verdicts: Callable[[], Mapping[NodeId, NodeWatch]],
-        probed: Callable[[NodeId, bool], None],
+        silences: Callable[[float], Mapping[NodeId, float]],
+        probed: Callable[[NodeId, ProbeAnswer], None],
     ) -> None:
-        """Look up and probe until cancelled; each probe's answer goes to ``probed``."""
+        """Look up and probe until cancelled; each probe's answer that tells anything
+        (``probe_sign``) goes to ``probed``."""
         while True:
-            await self.once(clock.monotonic(), verdicts(), probed)
-            await clock.sleep(PROBE_EVERY_S)
+            now = clock.monotonic()
+            await self.once(now, verdicts(), silences(now), probed)
+            # Rounds start every PROBE_EVERY_S, not that long after one ends: a round held by a
+            # frozen node's short probe does not delay the probe of a node turned suspect.
+            await clock.sleep(max(0.0, PROBE_EVERY_S - (clock.monotonic() - now)))
 
     async def once(
         self,
         now: float,
         verdicts: Mapping[NodeId, NodeWatch],
-        probed: Callable[[NodeId, bool], None],
+        silences: Mapping[NodeId, float],
+        probed: Callable[[NodeId, ProbeAnswer], None],
     ) -> None:
         """One round: ask every URL due for a lookup or a probe, all at once."""
         lookups = due_lookups(list(self._apis), self._asked_at, now)
-        due = dict.fromkeys([*lookups, *due_probes(verdicts, self.node_of)])
+        probes = due_probes(verdicts, self.node_of, silences)
         suspect = {node_id for node_id, watch in verdicts.items() if watch.phase == "suspect"}
         async with anyio.create_task_group() as group:
-            for url in due:
+            for url in dict.fromkeys([*lookups, *probes]):
                 self._asked_at[url] = now
-                group.start_soon(self._ask, url, suspect, probed)
+                known = self.node_of.get(url) if url in probes else None
+                group.start_soon(self._ask, url, known, known in suspect, probed)
 
     async def _ask(
-        self, url: str, suspect: set[NodeId], probed: Callable[[NodeId, bool], None]
+        self,
+        url: str,
+        probing: NodeId | None,
+        suspect: bool,
+        probed: Callable[[NodeId, ProbeAnswer], None],
     ) -> None:
-        """Ask ``url`` its node id: learn which node it is; for a suspect node, its answer (or
-        none) is the probe's."""
-        known = self.node_of.get(url)
+        """Ask ``url`` its node id: learn which node it is; for the node ``probing`` (None: a
+        lookup only), its answer (or none, or a refusal) is the probe's, as far as
+        ``probe_sign`` lets it tell."""
+        # A node not yet suspect is asked only whether its port refuses: no need to wait long.
+        quick = probing is not None and not suspect
+        timeout_s = REFUSAL_PROBE_TIMEOUT_S if quick else PROBE_TIMEOUT_S
         try:
-            answered = NodeId(await self._apis[url].node_id(PROBE_TIMEOUT_S))
+            answered = NodeId(await self._apis[url].node_id(timeout_s))
         except ExoUnavailableError as exc:
-            if known is not None and known in suspect:
-                log.info("fast failover: suspect node %s's own API did not answer: %s", known, exc)
-                probed(known, False)
+            refused = isinstance(exc, ExoConnectionRefusedError)
+            answer: ProbeAnswer = "refused" if refused else "unanswered"
+            sign = probe_sign(suspect, answer) if probing is not None else None
+            if probing is not None and sign is not None:
+                log.info("fast failover: node %s's own API %s: %s", probing, answer, exc)
+                probed(probing, sign)
             else:
                 log.debug("%s: no node id (%s)", url, exc)
             return
+        known = self.node_of.get(url)
         if answered != known:
             # A URL that is another node's now gives no sign either way for the one it was.
             log.info("fast failover: %s is node %s's own API", url, answered)
             self.node_of[url] = answered
-        elif answered in suspect:
-            probed(answered, True)
+        elif probing is not None and probe_sign(suspect, "answered") is not None:
+            probed(answered, "answered")

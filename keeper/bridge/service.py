@@ -483,8 +483,11 @@ class Bridge:
                         self._probes.run,
                         clock,
                         lambda: self._liveness.verdicts,
+                        self._liveness.silences,
                         self._liveness.probed,
                     )
+                    # Its own pauses timed by its loop, not by the ticks' waits on exo (§5.18).
+                    group.start_soon(self._liveness.heartbeat, clock)
                 if self._shared is not None:
                     # The live view and the leadership run beside the ticks.
                     group.start_soon(self._shared.watch)

@@ -91,7 +91,10 @@ def nodes_by_state(
 # counts), and gets back each node's phase and whether its view is to be trusted at all.
 
 Phase = Literal["alive", "suspect", "dead", "gone"]
-ProbeAnswer = Literal["answered", "unanswered"]
+# What a probe of a node's own API (the bridge's ``GET /node_id``) answered: its id; nothing
+# within the deadline (or an error); or a connection refused, which only a port nobody listens
+# on gives (the node's exo process is gone).
+ProbeAnswer = Literal["answered", "unanswered", "refused"]
 
 # A gap between two of the observer's own checks longer than this is the observer's pause (GC,
 # SIGSTOP, a slow step), not the nodes' silence: it checks about once a second, so two seconds
@@ -123,6 +126,13 @@ RHYTHM_SIGMAS = 4.0
 # Gaps kept per node for its rhythm, and the fewest that say anything about it.
 RHYTHM_SAMPLES = 16
 RHYTHM_MIN_SAMPLES = 4
+# A node whose reports stopped this long has its own API probed (the bridge), and a refused
+# connection then confirms it dead without waiting to suspect it: the OS refuses only when
+# nobody listens on the port, which a killed exo leaves and a freeze or a slow network never
+# does, and a restarted exo comes back under a new node id, so the old one is dead either way.
+# Nodes report about once a second: 1.5 s is a report late, so a node still reporting is not
+# probed on a poll's jitter, yet a kill is confirmed a second and a half after its last report.
+PROBE_QUIET_S = 1.5
 # ``--dead-after-s`` below this would confirm a node dead on a couple of lost heartbeats.
 MIN_DEAD_AFTER_S = 2.0
 # The defaults of ``--suspect-after-s`` and ``--dead-after-s``: three missed one-second reports
@@ -280,15 +290,18 @@ def judge(
     within STALE_WINDOW_S of each other: a stale view, in which only nodes actually heard are
     judged (alive), so no verdict is reached nor taken back on it. Otherwise a node silent past
     its ``suspect_after``, or whose connection closed, is suspect; dead on a second sign: its
-    connection closed and silent past ``suspect_after``, its probe unanswered, or silent past
-    ``dead_after`` while another node is heard."""
+    connection closed and silent past ``suspect_after``, its probe unanswered or refused, or
+    silent past ``dead_after`` while another node is heard. A node silent PROBE_QUIET_S whose
+    probe was refused is dead at once: the silence its first sign, the refusal its second."""
     if not config.enabled:
         return Judgement(dict.fromkeys(nodes, "alive"), {})
     silent = {node_id: now - node.last_heard for node_id, node in nodes.items()}
     quiet = {
         node_id
         for node_id, node in nodes.items()
-        if node.closed or silent[node_id] >= suspect_after(config, node)
+        if node.closed
+        or silent[node_id] >= suspect_after(config, node)
+        or (node.probe == "refused" and silent[node_id] >= PROBE_QUIET_S)
     }
     heard_ones: dict[NodeId, Phase] = {n: "alive" for n in nodes if n not in quiet}
     stale = observer_paused or _stale_view(nodes, quiet)
@@ -309,6 +322,11 @@ def judge(
 def _second_sign(
     node: NodeHeard, silent_s: float, config: LivenessConfig, others_heard: bool
 ) -> str | None:
+    if node.probe == "refused":
+        return (
+            f"its own API refused the connection (its exo process is gone) after "
+            f"{silent_s:.1f} s of silence"
+        )
     if node.probe == "unanswered":
         return "its own API did not answer GET /node_id"
     if node.closed and silent_s >= suspect_after(config, node):
@@ -316,6 +334,24 @@ def _second_sign(
     if others_heard and silent_s >= dead_after(config, node):
         return f"silent for {silent_s:.1f} s while the other nodes were heard"
     return None
+
+
+def wants_probe(phase: Phase, silent_s: float | None) -> bool:
+    """Whether a node's own API is to be probed now (the bridge): a suspect node (any answer
+    counts, ``probe_sign``), or one still alive whose reports stopped PROBE_QUIET_S ago (only a
+    refusal counts); never a dead or gone one, nor one never heard (no silence to speak of)."""
+    if phase == "suspect":
+        return True
+    return phase == "alive" and silent_s is not None and silent_s >= PROBE_QUIET_S
+
+
+def probe_sign(suspect: bool, answer: ProbeAnswer) -> ProbeAnswer | None:
+    """What a probe's answer tells the rule (None: nothing). Every answer of a suspect node's
+    API; of a node not yet suspect, a refusal alone: a deadline passing before the suspicion is
+    what a freeze of a few seconds or a slow network gives too, and a false "dead" costs the
+    node's instances, so a timeout counts only once the node has been silent its full
+    ``suspect_after``."""
+    return answer if suspect or answer == "refused" else None
 
 
 def _stale_view(nodes: Mapping[NodeId, NodeHeard], quiet: set[NodeId]) -> str | None:

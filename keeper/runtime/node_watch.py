@@ -11,6 +11,12 @@ The master feeds it from its node sessions (``keeper.master.membership``: every 
 report, a session closing is a sign); the bridge from exo's ``lastSeen`` moving between its own
 polls (``keeper.bridge.node_liveness``). It needs no sessions, no channel and no event loop:
 plain calls with the times the service passes, which a test can drive.
+
+Its running clock is ticked by each ``check``, and also by ``beat`` for a service whose checks
+wait on I/O: the bridge's check follows a read of exo's State that may take its whole deadline,
+and that wait is exo's, not the bridge's pause, so a heartbeat of the bridge's own loop ticks
+the clock between checks and only the loop's own lateness counts as a pause (docs/design.md
+§5.18). The master, whose checks wait on nothing, never beats: its clock is as before.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from keeper.model.liveness import (
     LivenessConfig,
     NodeHeard,
     ObserverClock,
+    ProbeAnswer,
     flaps_within,
     heard,
     judge,
@@ -54,18 +61,22 @@ class NodeWatcher:
         self._nodes[node_id] = heard(self._nodes.get(node_id), running_at(self._clock, now))
         self._wall[node_id] = wall
 
-    def probed(self, node_id: NodeId, answered: bool) -> None:
+    def probed(self, node_id: NodeId, answer: ProbeAnswer) -> None:
         """What the node's own API answered a probe (the bridge's second sign)."""
         node = self._nodes.get(node_id)
         if node is not None:
-            probe = "answered" if answered else "unanswered"
-            self._nodes[node_id] = dataclasses.replace(node, probe=probe)
+            self._nodes[node_id] = dataclasses.replace(node, probe=answer)
 
     def closed(self, node_id: NodeId) -> None:
         """The node's session closed (a second sign once it is also silent)."""
         node = self._nodes.get(node_id)
         if node is not None:
             self._nodes[node_id] = dataclasses.replace(node, closed=True)
+
+    def beat(self, now: float) -> None:
+        """The service's own loop ran at monotonic ``now`` (its heartbeat): the running clock
+        is ticked as by a check, so a check late only because it waited on I/O is no pause."""
+        self._clock = ticked(self._clock, now)
 
     def running_at(self, now: float) -> float:
         """The master's running time at monotonic ``now`` (its own pauses cut short)."""

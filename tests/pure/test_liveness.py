@@ -21,6 +21,7 @@ from keeper.model.liveness import (
     MAX_OBSERVER_GAP_S,
     OFF,
     PAUSE_SETTLE_S,
+    PROBE_QUIET_S,
     RHYTHM_SAMPLES,
     SILENT_AFTER_S,
     STALE_WINDOW_S,
@@ -35,11 +36,13 @@ from keeper.model.liveness import (
     node_liveness,
     nodes_by_state,
     paused,
+    probe_sign,
     rhythm_s,
     running_at,
     started_clock,
     suspect_after,
     ticked,
+    wants_probe,
     watch_events,
     watched_liveness,
 )
@@ -217,6 +220,48 @@ def test_an_unanswered_probe_confirms_a_suspect_node() -> None:
     assert judge({**nodes, "a": probed}, 101.0, ON).phases["a"] == "alive"
 
 
+def test_a_refused_probe_confirms_a_node_silent_a_report_late_without_suspecting_it() -> None:
+    refused = NodeHeard(last_heard=100.0, gaps=(1.0,) * 8, probe="refused")
+    nodes = {"a": refused, "b": steady(101.5), "c": steady(101.5)}
+    dead = judge(nodes, 100.0 + PROBE_QUIET_S, ON)
+    assert dead.phases == {"a": "dead", "b": "alive", "c": "alive"}
+    assert dead.why_dead["a"] == (
+        "its own API refused the connection (its exo process is gone) after 1.5 s of silence"
+    )
+    # a report late is the first sign: just short of it, a refusal alone says nothing
+    assert judge(nodes, 100.0 + PROBE_QUIET_S - 0.01, ON).phases["a"] == "alive"
+    # a suspect node refused is dead too, the silence its own
+    assert judge(nodes, 104.0, ON).why_dead["a"].endswith("after 4.0 s of silence")
+    # and a timeout is no such sign before the suspicion
+    unanswered = {**nodes, "a": NodeHeard(100.0, gaps=(1.0,) * 8, probe="unanswered")}
+    assert judge(unanswered, 102.0, ON).phases["a"] == "alive"
+
+
+def test_refusals_together_are_a_stale_view_and_a_paused_observer_ignores_them() -> None:
+    refused = NodeHeard(last_heard=100.0, gaps=(1.0,) * 8, probe="refused")
+    nodes = {"a": refused, "b": refused, "c": steady(102.0)}
+    judgement = judge(nodes, 102.0, ON)
+    assert judgement.phases == {"c": "alive"} and judgement.stale is not None
+    one = {**nodes, "b": steady(102.0)}
+    assert judge(one, 102.0, ON, observer_paused="paused").phases == {"b": "alive", "c": "alive"}
+
+
+def test_which_nodes_are_probed() -> None:
+    assert wants_probe("suspect", None) and wants_probe("suspect", 0.0)
+    assert wants_probe("alive", PROBE_QUIET_S)
+    assert not wants_probe("alive", PROBE_QUIET_S - 0.01)
+    assert not wants_probe("alive", None)  # never heard: no silence to speak of
+    assert not wants_probe("dead", 60.0) and not wants_probe("gone", 60.0)
+
+
+def test_what_a_probe_tells() -> None:
+    for answer in ("answered", "unanswered", "refused"):
+        assert probe_sign(True, answer) == answer
+    assert probe_sign(False, "refused") == "refused"
+    assert probe_sign(False, "unanswered") is None  # a short freeze gives that too
+    assert probe_sign(False, "answered") is None
+
+
 def test_more_than_half_silent_together_is_a_stale_view() -> None:
     nodes = {"a": steady(100.0), "b": steady(101.9), "c": steady(110.0)}
     judgement = judge(nodes, 110.0, ON)
@@ -257,7 +302,7 @@ node_records = st.builds(
     last_heard=st.floats(0.0, 100.0),
     gaps=st.lists(st.floats(0.1, 5.0), max_size=8).map(tuple),
     closed=st.booleans(),
-    probe=st.sampled_from([None, "answered", "unanswered"]),
+    probe=st.sampled_from([None, "answered", "unanswered", "refused"]),
     flaps=st.integers(0, 6),
 )
 clusters = st.dictionaries(st.sampled_from("abcdefg"), node_records, min_size=1, max_size=7)
@@ -279,11 +324,12 @@ def test_never_dead_without_a_second_sign(
         node = nodes[node_id]
         silent = now - node.last_heard
         assert (
-            node.probe == "unanswered"
+            node.probe in ("unanswered", "refused")
             or (node.closed and silent >= suspect_after(config, node))
             or (alive and silent >= dead_after(config, node))
         )
-        assert node.closed or silent >= suspect_after(config, node)  # and a first sign
+        refused = node.probe == "refused" and silent >= PROBE_QUIET_S
+        assert node.closed or refused or silent >= suspect_after(config, node)  # a first sign
         assert node_id in judgement.why_dead
 
 

@@ -3,8 +3,11 @@ in-process nodes (docs/design.md §5.18): liveness from exo's ``lastSeen`` movin
 bridge's polls; a frozen node is suspected, a replacement placed on another through exo's API,
 and once it is confirmed dead (silent ``--dead-after-s`` while the others are heard) its
 instance deleted with exo's ``DELETE /instance/{id}`` — long before exo's own 30 s timeout. Given
-a node's own URL, the bridge probes it (``GET /node_id``): no answer confirms it at once. A
-State without ``lastSeen`` turns fast failover off and ``/healthz`` says why."""
+a node's own URL, the bridge probes it (``GET /node_id``): no answer confirms a suspect node at
+once, and a refused connection one whose ``lastSeen`` stalled 1.5 s. A freeze of the node whose
+URL the bridge follows fails over like any other's: the bridge reads the next URL after the
+State's short deadline and does not take the wait for its own pause. A State without
+``lastSeen`` turns fast failover off and ``/healthz`` says why."""
 
 from __future__ import annotations
 
@@ -16,11 +19,11 @@ import httpx
 import pytest
 from bridge_harness import EXO_URL, ExoWithBridge, exo_with_bridge, node_url, wait_until
 
-from keeper.bridge.exo_client import ExoClient
+from keeper.bridge.exo_client import STATE_TIMEOUT_S, ExoClient
 from keeper.bridge.node_liveness import NO_LAST_SEEN, BridgeLiveness, last_seen_refusal, parsed
-from keeper.bridge.node_probes import LOOKUP_EVERY_S, due_lookups, due_probes
+from keeper.bridge.node_probes import LOOKUP_EVERY_S, PROBE_TIMEOUT_S, due_lookups, due_probes
 from keeper.bridge.service import BridgeConfig
-from keeper.model.liveness import LivenessConfig
+from keeper.model.liveness import PROBE_QUIET_S, LivenessConfig
 from keeper.model.state import NodeWatch, State, Topology
 
 FAST = BridgeConfig(liveness=LivenessConfig(3.0, 8.0))
@@ -89,27 +92,43 @@ def holder_of(h: ExoWithBridge, instance_id: str) -> tuple[str, str]:
 
 
 @pytest.mark.anyio
-async def test_a_dead_node_s_own_api_not_answering_confirms_it_in_seconds() -> None:
-    # The bridge has each node's own URL: it learns which is which by GET /node_id; the node
-    # dies with its API (connection refused), so the probe confirms it, not 8 s of silence.
+async def test_a_killed_node_s_refused_port_confirms_it_dead_within_seconds() -> None:
+    # The bridge has each node's own URL: it learns which is which by GET /node_id. The node is
+    # killed with its API: its port refuses connections at once, a sign no freeze or slow
+    # network gives, so a refused probe of a node whose lastSeen stalled confirms it dead
+    # without waiting to suspect it, let alone 8 s of silence.
     async with exo_with_bridge(nodes=NODES, bridge_config=FAST, node_apis=True) as h:
         _, first = await h.serve_qwen()
         holder, name = holder_of(h, first)
         assert h.bridge.exo.url == EXO_URL  # the nodes' URLs are only asked GET /node_id
         assert set(h.link.node_id_asked) == {*h.link.node_hosts, httpx.URL(EXO_URL).host}
+        verdicts: list[str] = []
         h.nodes.crash(name, 60.0)
         h.link.down_hosts.add(httpx.URL(node_url(name)).host)
         crashed_at = anyio.current_time()
-        await wait_until(lambda: first not in h.exo_instances(), 12, "the old one deleted")
+
+        def dead() -> bool:
+            watch = h.bridge.state.node_watch.get(holder)
+            if watch is not None and watch.phase not in verdicts:
+                verdicts.append(watch.phase)
+            return watch is not None and watch.phase == "dead"
+
+        await wait_until(dead, 12, "the killed node confirmed dead", poll_s=0.05)
+        dead_s = anyio.current_time() - crashed_at
+        await wait_until(lambda: first not in h.exo_instances(), 5, "the old one deleted")
         deleted_s = anyio.current_time() - crashed_at
         assert first in h.link.deleted_instances()
         watch = h.bridge.state.node_watch[holder]
-        assert watch.phase == "dead" and "GET /node_id" in watch.why
-        # Suspected after 3 s, probed within half a second, confirmed on the next poll; by
-        # silence it would take the 8 s of --dead-after-s.
-        assert deleted_s < FAST.liveness.dead_after_s
+        assert "refused" in watch.why, watch.why
+        # Probed once its lastSeen stalled 1.5 s (up to a poll after its last report), the
+        # probe loop's half second, then the next poll's check: before --suspect-after-s.
+        assert verdicts == ["dead"] and dead_s <= 1.0 + 1.5 + 0.5 + 1.0
         await wait_until(h.serving, 10, "serving again")
-        print(f"\nprobe: the dead node's instance deleted {deleted_s:.1f} s after the crash")
+        serving_s = anyio.current_time() - crashed_at
+        print(
+            f"\nrefused: the killed node dead {dead_s:.2f} s after the kill, its instance "
+            f"deleted at {deleted_s:.2f} s, serving again at {serving_s:.2f} s"
+        )
 
 
 @pytest.mark.anyio
@@ -146,13 +165,62 @@ def test_which_urls_are_probed_and_looked_up() -> None:
     suspect = NodeWatch(phase="suspect", last_heard=0.0, since=3.0)
     dead = NodeWatch(phase="dead", last_heard=0.0, since=8.0)
     node_of = {"http://b": "nb", "http://a": "na", "http://c": "nc"}
-    assert due_probes({"na": suspect, "nb": suspect, "nc": dead}, node_of) == [
+    assert due_probes({"na": suspect, "nb": suspect, "nc": dead}, node_of, {}) == [
         "http://a",
         "http://b",
     ]
-    assert due_probes({}, node_of) == []
+    assert due_probes({}, node_of, {}) == []
+    # alive but stalled PROBE_QUIET_S: probed (for a refusal); a dead one never
+    silences = {"na": PROBE_QUIET_S, "nb": PROBE_QUIET_S - 0.01, "nc": 60.0}
+    assert due_probes({"nc": dead}, node_of, silences) == ["http://a"]
     asked = {"http://a": 100.0, "http://b": 100.0 - LOOKUP_EVERY_S}
     urls = ["http://c", "http://b", "http://a"]
     assert due_lookups(urls, asked, 100.0) == ["http://c", "http://b"]
     assert due_lookups(urls, asked, 100.0 + LOOKUP_EVERY_S) == urls
     assert due_lookups(urls, asked, 100.0 + LOOKUP_EVERY_S - 0.01) == ["http://c", "http://b"]
+
+
+@pytest.mark.anyio
+async def test_a_freeze_of_the_followed_node_fails_over_like_any_other() -> None:
+    # The bridge follows node a's own API; a freezes and its API hangs (it never answers, as
+    # a SIGSTOPped exo's). The bridge moves to the next URL within the State read's short
+    # deadline, does not take the wait for its own pause, and judges a by its lastSeen frozen
+    # in the State the next URL serves: suspect, a replacement placed, then dead on the probe.
+    nodes = (("a", 48.0), ("b", 32.0), ("c", 32.0))
+    async with exo_with_bridge(nodes=nodes, bridge_config=FAST, follow="a") as h:
+        _, first = await h.serve_qwen()
+        holder, name = holder_of(h, first)
+        assert name == "a" and h.bridge.exo.url == node_url("a")
+        said: set[str] = set()
+
+        async def watch_health() -> None:
+            while True:
+                said.add(h.bridge.health().fast_failover)
+                await anyio.sleep(0.1)
+
+        h.group.start_soon(watch_health)
+        h.nodes.freeze(name, 15.0)
+        h.link.hung_hosts.add(httpx.URL(node_url(name)).host)
+        frozen_at = anyio.current_time()
+        await wait_until(lambda: h.bridge.exo.url != node_url(name), 10, "the next URL followed")
+        switched_s = anyio.current_time() - frozen_at
+        await wait_until(lambda: holder in h.bridge.state.node_watch, 10, "a suspected")
+        suspected_s = anyio.current_time() - frozen_at
+        await wait_until(lambda: len(h.exo_instances()) == 2, 10, "a replacement in exo")
+        placed_s = anyio.current_time() - frozen_at
+        await wait_until(lambda: first not in h.exo_instances(), 10, "the old one deleted")
+        deleted_s = anyio.current_time() - frozen_at
+        watch = h.bridge.state.node_watch[holder]
+        assert watch.phase == "dead" and "GET /node_id" in watch.why, watch.why
+        print(
+            f"\nfollowed node frozen: next URL at {switched_s:.1f} s, suspected at "
+            f"{suspected_s:.1f} s, replacement at {placed_s:.1f} s, old one deleted at "
+            f"{deleted_s:.1f} s; health said {sorted(said)}"
+        )
+        # a poll's wait, then the short deadline, then the State from the next URL
+        assert switched_s <= 1.0 + STATE_TIMEOUT_S + 0.1
+        assert not [s for s in said if "paused" in s]  # exo's hang is not the bridge's pause
+        assert suspected_s <= 1.0 + STATE_TIMEOUT_S + FAST.liveness.suspect_after_s + 1.0
+        assert placed_s <= 6.0
+        # suspected, probed within half a second, the probe's deadline, the next poll
+        assert deleted_s <= suspected_s + 0.5 + PROBE_TIMEOUT_S + 1.0
