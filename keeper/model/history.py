@@ -7,7 +7,8 @@ Two pure parts, both in the data model so that the master, the bridge and the TU
   it just applied (the master: a logged batch; the bridge: a new State of exo) and its wall
   time; it returns a ``DeploymentServingChanged`` for each deployment whose serving changed,
   with the cause read from the difference ("node studio timed out", "instance deleted by a
-  user", "runner failed on mini-a: <message>", "unplaceable: <placement error>"). The service
+  user", "runner failed on mini-a: <message>", "exo's master changed (its State started
+  empty)", ``keeper.model.master_change``; "unplaceable: <placement error>"). The service
   logs these like any event, so the records (``State.serving_history``) survive restarts and
   compaction in the snapshot, and reach the dashboard on its stream.
 - ``summarize(deployment_id, records, window_start, window_end)``: availability, incidents and
@@ -52,6 +53,7 @@ from keeper.model.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
+from keeper.model.master_change import master_change_words, master_changed
 from keeper.model.notices import unix_seconds_of
 from keeper.model.readiness import instances_of, ready_on_present_nodes
 from keeper.model.state import (
@@ -70,6 +72,7 @@ from keeper.model.state import (
     ServingRecord,
     State,
     download_entry,
+    node_name,
 )
 
 # Whatever else made an instance stop serving, with nothing in the State that says more.
@@ -195,11 +198,6 @@ def _unplaceable(deployment: Deployment) -> str | None:
     return f"{UNPLACEABLE}{error}" if error is not None else None
 
 
-def _node_name(state: State, node_id: NodeId) -> str:
-    identity = state.node_identities.get(node_id)
-    return identity.friendly_name if identity is not None and identity.friendly_name else node_id
-
-
 # --- a stop, dated from the last heartbeat of the node that caused it -----------------------
 
 
@@ -209,16 +207,24 @@ def _stopped(
     """The record of a deployment that served in ``before`` and serves nothing in ``after``,
     seen at ``at``. When nodes made every serving instance stop (confirmed dead, or gone), the
     stop is dated from when the deployment really stopped: the last instance's lost node's last
-    heartbeat (``stopped_at``), never before ``last`` (records stay in order; a heartbeat older
-    than the newest record, as when the deployment came up on a node already quiet, dates the
-    stop at that record) nor after ``at``; ``noticed`` keeps ``at``."""
+    heartbeat (``stopped_at``); when exo's master changed, every instance stopped with the old
+    master, and the stop is dated from its last heartbeat (``master_changed``). Never before
+    ``last`` (records stay in order; a heartbeat older than the newest record, as when the
+    deployment came up on a node already quiet, dates the stop at that record) nor after
+    ``at``; ``noticed`` keeps ``at``."""
     served = _serving_instances(before, deployment_id)
     stopped = [stopped_at(before, after, instance, at) for instance in served] or [at]
+    cause = _why_stopped(before, after, deployment_id)
+    change = master_changed(before, after)
+    if change is not None:
+        # exo's master changed: everything stopped with the old master (docs/design.md 3.5).
+        stopped = [change.last_heard if change.last_heard is not None else at]
+        cause = master_change_words(change, before)
     start = min(at, max(last.at, *stopped))
     return ServingRecord(
         at=start,
         serving=False,
-        cause=_why_stopped(before, after, deployment_id),
+        cause=cause,
         noticed=at if start < at else None,
         instance_id=_under_way(before, after, deployment_id),
     )
@@ -261,25 +267,23 @@ def _why_stopped(before: State, after: State, deployment_id: DeploymentId) -> st
         nodes = instance.shard_assignments.node_to_runner
         gone = [node for node in nodes if node not in after.topology.nodes]
         if gone:
-            return f"node {', '.join(_node_name(before, node) for node in gone)} timed out"
+            return f"node {', '.join(node_name(before, node) for node in gone)} timed out"
         dead = [node for node in nodes if _is_dead(after, node)]
         if dead:
             signs = sorted({after.node_watch[node].why for node in dead} - {""})
             why = f" ({'; '.join(signs)})" if signs else ""
-            return (
-                f"node {', '.join(_node_name(before, node) for node in dead)} confirmed dead{why}"
-            )
+            return f"node {', '.join(node_name(before, node) for node in dead)} confirmed dead{why}"
         if instance.instance_id not in after.instances:
             return _deleted_by(after, deployment_id)
         statuses = [(node, after.runners.get(runner)) for node, runner in nodes.items()]
         for node, status in statuses:
             if isinstance(status, RunnerFailed):
                 message = status.error_message or "no message"
-                return f"runner failed on {_node_name(before, node)}: {message}"
+                return f"runner failed on {node_name(before, node)}: {message}"
         for node, status in statuses:
             if not isinstance(status, SERVING_RUNNER_TYPES):
                 went = type(status).__name__ if status is not None else "away"
-                return f"runner on {_node_name(before, node)} went {went}"
+                return f"runner on {node_name(before, node)} went {went}"
     return UNKNOWN_CAUSE
 
 
@@ -490,7 +494,7 @@ def broken_instance_cause(before: State, after: State, note: RepairNote) -> str:
     the instance (a hollow one is often deleted as its repair is placed), left out if neither."""
     instance = before.instances.get(note.instance_id) or after.instances.get(note.instance_id)
     nodes = instance.shard_assignments.node_to_runner if instance is not None else {}
-    where = f" on {', '.join(_node_name(before, node) for node in nodes)}" if nodes else ""
+    where = f" on {', '.join(node_name(before, node) for node in nodes)}" if nodes else ""
     # An id's first 8 characters, as every table shows instances.
     return f"instance {note.instance_id[:8]} {note.problem}{where}: {note.why}"
 

@@ -40,6 +40,7 @@ from keeper.model.history import (
     serving_since,
     summarize,
 )
+from keeper.model.master_change import MASTER_CHANGED
 from keeper.model.notices import iso_utc_of, unix_seconds_of
 from keeper.model.state import (
     Deployment,
@@ -56,6 +57,7 @@ from keeper.model.state import (
     RunnerShutdown,
     ServingRecord,
     State,
+    Topology,
 )
 
 MODEL = card("m")
@@ -1164,3 +1166,62 @@ def test_a_broken_instance_only_the_state_after_holds_is_named_with_its_nodes() 
         "instance i5 stalled on mini-a: "
         "runner on studio went RunnerShutdown for 5s while studio is alive",
     )
+
+
+# --- exo's master changed ------------------------------------------------------------------
+
+
+def exo_master_changed(serving: State, survivors: tuple[str, ...], at: float) -> State:
+    """exo's State from a new master, as the bridge merges it: the event index from 0 again, no
+    instance or runner, only ``survivors`` reporting (heard at ``at``), the deployments and
+    their records the bridge's own."""
+    return State(
+        last_event_applied_idx=4,
+        topology=Topology(nodes=list(survivors)),
+        last_seen={node: iso_utc_of(at) for node in survivors},
+        node_identities={node: serving.node_identities[node] for node in survivors},
+        deployments=serving.deployments,
+        serving_history=serving.serving_history,
+    )
+
+
+def old_master_serving() -> State:
+    """studio (exo's master, last heard at 30) and mini-a (at 31) serving i1 over both."""
+    log = serving_from(0.0, 10.0).at(30.0, heard("n-studio", 30.0)).at(31.0, heard("n-mini", 31.0))
+    return replay(log.events).model_copy(update={"last_event_applied_idx": 5000})
+
+
+def test_exos_master_changing_is_the_cause_dated_from_the_old_masters_last_report() -> None:
+    """The old master's node (studio) went with it; mini-a serves on in the new master's State
+    but its instance is gone: the stop is the master's, from studio's last report, not a node
+    timing out when the new State was read."""
+    before = old_master_serving()
+    after = exo_master_changed(before, ("n-mini",), at=35.0)
+    (change,) = serving_changes(before, after, 36.0)
+    assert change.record == ServingRecord(
+        at=30.0,
+        serving=False,
+        cause="exo's master changed (its State started empty; node studio left)",
+        noticed=36.0,
+    )
+
+
+def test_exos_master_changing_with_every_node_present_is_not_a_deletion_by_a_user() -> None:
+    """The instance was on mini-a alone, which reports to the new master: today's reading of an
+    instance gone with its nodes present would blame a user."""
+    log = Log().at(0.0, named("n-studio", "studio"), named("n-mini", "mini-a"))
+    log.at(0.0, DeploymentCreated(deployment=DEPLOYMENT))
+    log.at(1.0, InstanceCreated(instance=build_instance(MODEL, ["n-mini"], "i1")))
+    log.at(10.0, *ready("i1", 1))
+    log.at(30.0, heard("n-studio", 30.0)).at(31.0, heard("n-mini", 31.5))
+    before = replay(log.events).model_copy(update={"last_event_applied_idx": 5000})
+    # Read before any node reported to the new master: no node, and which was master is unknown.
+    (change,) = serving_changes(before, exo_master_changed(before, (), at=35.0), 37.0)
+    assert (change.record.at, change.record.cause) == (
+        31.5,
+        "exo's master changed (its State started empty)",
+    )
+    # Read once both reported: nobody left (the master stepped down alive).
+    both = exo_master_changed(before, ("n-studio", "n-mini"), at=35.0)
+    (change,) = serving_changes(before, both, 37.0)
+    assert (change.record.at, change.record.cause) == (31.5, MASTER_CHANGED)
