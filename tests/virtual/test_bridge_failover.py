@@ -11,6 +11,8 @@ State's short deadline and does not take the wait for its own pause. A State wit
 
 from __future__ import annotations
 
+import errno
+import socket
 import uuid
 from typing import Any
 
@@ -19,7 +21,12 @@ import httpx
 import pytest
 from bridge_harness import EXO_URL, ExoWithBridge, exo_with_bridge, node_url, wait_until
 
-from keeper.bridge.exo_client import STATE_TIMEOUT_S, ExoClient
+from keeper.bridge.exo_client import (
+    STATE_TIMEOUT_S,
+    ExoClient,
+    ExoConnectionRefusedError,
+    refused,
+)
 from keeper.bridge.node_liveness import NO_LAST_SEEN, BridgeLiveness, last_seen_refusal, parsed
 from keeper.bridge.node_probes import LOOKUP_EVERY_S, PROBE_TIMEOUT_S, due_lookups, due_probes
 from keeper.bridge.service import BridgeConfig
@@ -224,3 +231,43 @@ async def test_a_freeze_of_the_followed_node_fails_over_like_any_other() -> None
         assert placed_s <= 6.0
         # suspected, probed within half a second, the probe's deadline, the next poll
         assert deleted_s <= suspected_s + 0.5 + PROBE_TIMEOUT_S + 1.0
+
+
+def test_a_refusal_is_told_from_other_failures_to_connect() -> None:
+    def connect_error(*causes: OSError) -> httpx.ConnectError:
+        # as httpx raises it: httpcore's error, over anyio's "all attempts failed", over the
+        # OS's error of each address tried (one, or a group of several)
+        cause: BaseException = causes[0] if len(causes) == 1 else ExceptionGroup("all", causes)
+        attempts = OSError("All connection attempts failed")
+        attempts.__cause__ = cause
+        inner = httpx.ConnectError("inner")
+        inner.__context__ = attempts
+        outer = httpx.ConnectError("All connection attempts failed")
+        outer.__cause__ = inner
+        return outer
+
+    no = ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+    unreachable = OSError(errno.EHOSTUNREACH, "No route to host")
+    assert refused(connect_error(no))
+    assert refused(connect_error(no, no))  # IPv6 and IPv4 both refused
+    assert not refused(connect_error(no, unreachable))  # one address may yet be the node's
+    assert not refused(connect_error(unreachable))
+    assert not refused(connect_error(socket.gaierror(-2, "Name or service not known")))
+    assert not refused(httpx.ConnectError("no cause at all"))
+
+
+def test_a_closed_port_is_refused_and_said_so() -> None:
+    async def ask() -> str:
+        with socket.socket() as sock:  # a port just freed: nobody listens on it
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        client = ExoClient(f"http://127.0.0.1:{port}")
+        try:
+            with pytest.raises(ExoConnectionRefusedError) as caught:
+                await client.node_id(PROBE_TIMEOUT_S)
+        finally:
+            await client.aclose()
+        return str(caught.value)
+
+    said = anyio.run(ask, backend="asyncio")
+    assert said.endswith("refused the connection") and "GET /node_id" in said
