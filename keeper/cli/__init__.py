@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from keeper.cli.command_groups import grouped_commands, help_width
 from keeper.cli.exits import (
     EXIT_CODES_HELP,
     EXIT_OK,
@@ -198,6 +199,9 @@ SOAK_COMMANDS = {
 }
 
 
+# What --help says first, above the commands.
+_ABOUT = "Deployments for exo clusters: a keeper that keeps models running."
+
 # What makes one command's parser: ``command(name, help)`` (build_parser's).
 _Command = Callable[..., argparse.ArgumentParser]
 
@@ -209,21 +213,27 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = UsageParser(
         prog="exo-deploy",
-        description="Deployments for exo clusters: a keeper that keeps models running.",
         epilog=EXIT_CODES_HELP,
         formatter_class=formatter,
     )
     add_version_option(parser)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="one of the commands above; exo-deploy COMMAND --help says what it takes",
+    )
+    helps: dict[str, str] = {}
 
     def command(name: str, help_: str, **kwargs: Any) -> argparse.ArgumentParser:
-        return commands.add_parser(
-            name, help=help_, description=help_, formatter_class=formatter, **kwargs
-        )
+        # No help= here: the description lists the commands, grouped (keeper.cli.command_groups).
+        helps[name] = help_
+        return commands.add_parser(name, description=help_, formatter_class=formatter, **kwargs)
 
-    for service, define in _COMMANDS:  # in the order --help lists them
+    for service, define in _COMMANDS:
         if only is None or service == only:
             define(command)
+    parser.description = f"{_ABOUT}\n\n{grouped_commands(helps, help_width())}"
     return parser
 
 
@@ -437,11 +447,11 @@ def _webhook_and_soak_commands(command: _Command) -> None:
         command(name, help_, add_help=False).set_defaults(handler=cmd_soak)
 
 
-# Every command, in the order --help lists them, each group by the service command it is, or
-# None for those in the whole parser only. A service command is parsed by a parser holding it
-# alone (build_parser's ``only``): a cluster starts its master and nodes as such commands, the
-# suite hundreds of them, and the client commands' parsers load the deployments client, about
-# 0.3 s of CPU a process.
+# Every command, each group by the service command it is, or None for those in the whole
+# parser only (--help lists them by keeper.cli.command_groups, not in this order). A service
+# command is parsed by a parser holding it alone (build_parser's ``only``): a cluster starts its
+# master and nodes as such commands, the suite hundreds of them, and the client commands'
+# parsers load the deployments client, about 0.3 s of CPU a process.
 _COMMANDS: tuple[tuple[str | None, Callable[[_Command], None]], ...] = (
     ("master", _master_command),
     ("log", _log_command),
