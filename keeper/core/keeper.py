@@ -46,6 +46,7 @@ from keeper.core.failover import FailoverMoves, failing_over, failover_kind
 from keeper.core.memo import (
     FRESH,
     DeploymentMemo,
+    lost_with_master,
     observe,
     placed,
     waiting,
@@ -84,6 +85,7 @@ from keeper.model.events import (
     TopologyEdgeDeleted,
 )
 from keeper.model.instance_health import NO_MARKS, Verdict
+from keeper.model.master_change import master_changed
 from keeper.model.readiness import deployment_status, ready_replicas
 from keeper.model.state import (
     Deployment,
@@ -156,12 +158,16 @@ class Keeper(KeeperCommands):
         # objects again, a memo would not change).
         self._state_read: tuple[object, object, object] = (None, None, None)
         self._observed: dict[DeploymentId, tuple[Deployment, DeploymentMemo]] = {}
+        # The State the last step read (a reference): exo's master changing shows only between
+        # two States (``keeper.model.master_change``; our own master's index never goes back).
+        self._previous: State | None = None
 
     # --- stepping -------------------------------------------------------------------------
 
     def step(self, state: State, now: float) -> list[AnyEvent]:
         # Forgetting comes first: a command (scale, delete) may leave memory during the grace.
         self._forget_departed(state)
+        self._master_changed(state)
         if now < self.started_at + self.startup_grace:
             return []
         if not state.deployments and not state.drains:
@@ -253,6 +259,16 @@ class Keeper(KeeperCommands):
         # The backoff's facts, said to the State (docs/design.md §5.19): after staging, which
         # they must not hold back.
         return [*events, *self._repairs.recorded(state, wall)]
+
+    def _master_changed(self, state: State) -> None:
+        """When exo's master changed since the last step, the instances lost with it are no
+        failures of their placement (``memo.lost_with_master``): the deployments are placed
+        again at once, with no backoff (docs/design.md §3.5, "exo's master changed")."""
+        previous, self._previous = self._previous, state
+        if master_changed(previous, state) is None:
+            return
+        instances = state.instances
+        self._memos = {d: lost_with_master(memo, instances) for d, memo in self._memos.items()}
 
     def _move(
         self,
@@ -408,9 +424,14 @@ class Keeper(KeeperCommands):
         grace_ends = self.started_at + self.startup_grace
         counts = models_instance_counts(state)
         signature = cluster_signature(state)
+        # As the step on ``state`` will see it (``_master_changed``): the bridge asks before.
+        reset = master_changed(self._previous, state) is not None
         views: dict[str, DeploymentTimer] = {}
         for deployment_id, deployment in state.deployments.items():
-            memo = observe(self._memos.get(deployment_id, FRESH), deployment, state, now)
+            memo = self._memos.get(deployment_id, FRESH)
+            if reset:
+                memo = lost_with_master(memo, state.instances)
+            memo = observe(memo, deployment, state, now)
             wait: tuple[WaitReason, float] | None
             enough = counts.get(deployment.model_card.model_id, 0) >= wanted(memo, deployment)
             if deployment_id in self._deleting or enough:

@@ -167,6 +167,17 @@ def _without_vanished(
     return memo
 
 
+def lost_with_master(
+    memo: DeploymentMemo, instances: Mapping[InstanceId, object]
+) -> DeploymentMemo:
+    """The memo once exo's master changed (``keeper.model.master_change``): the watched
+    instances the new master's State lacks went with the old master, whatever their placement
+    did, so none counts as a failure (``observe`` would back off after one lost before ready)
+    and the deployment is placed again at once, as after a node's failover (docs/design.md
+    §5.4)."""
+    return replace(memo, watched=tuple(w for w in memo.watched if w.instance_id in instances))
+
+
 def _knows(memo: DeploymentMemo, instance_id: InstanceId) -> bool:
     """Whether the memo watches the instance or is removing it."""
     if instance_id in memo.retiring:

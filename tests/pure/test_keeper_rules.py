@@ -1540,3 +1540,58 @@ def test_a_departed_deployment_leaves_nothing_observed_behind() -> None:
     cluster.delete(deployment_id)
     cluster.step(T + 2)
     assert cluster.keeper._observed == {}  # pyright: ignore[reportPrivateUsage]
+
+
+# --- exo's master changed (docs/design.md §3.5) -----------------------------------------------
+
+
+def loading_on_exo(index: int) -> tuple[Cluster, str]:
+    """A one-node cluster whose keeper placed ``m`` at ``T``, its instance loading, in exo's
+    State at event ``index``: (the cluster, the deployment id)."""
+    cluster, deployment_id, instance_id = placed_by_the_keeper()
+    cluster.make_loading(instance_id)
+    cluster.state = cluster.state.model_copy(update={"last_event_applied_idx": index})
+    assert cluster.step(T + 1) == []  # arrived, loading
+    return cluster, deployment_id
+
+
+def exo_state_emptied(cluster: Cluster, index: int) -> None:
+    """exo's next State read: no instance or runner left, at event ``index``, node-a heard
+    since."""
+    cluster.state = cluster.state.model_copy(
+        update={
+            "instances": {},
+            "runners": {},
+            "last_event_applied_idx": index,
+            "last_seen": {"node-a": "2026-01-01T00:00:05Z"},
+        }
+    )
+
+
+def test_an_instance_lost_with_exos_master_is_placed_again_at_once() -> None:
+    """A new master's State starts empty: the instance loading on the old one went with it, no
+    failure of its placement, so no backoff delays the next one."""
+    cluster, deployment_id = loading_on_exo(500)
+    exo_state_emptied(cluster, 3)
+    # As the bridge asks before the step: nothing to wait for.
+    timer = cluster.keeper.timers(cluster.state, T + 2)[deployment_id]
+    assert (timer.failures, timer.waiting) == (0, None)
+    assert placed_ids(cluster.step(T + 2)) == [deployment_id]
+
+
+def test_an_instance_lost_before_ready_on_the_same_exo_master_still_backs_off() -> None:
+    cluster, deployment_id = loading_on_exo(500)
+    exo_state_emptied(cluster, 501)  # the index moves on: the same master deleted it
+    timer = cluster.keeper.timers(cluster.state, T + 2)[deployment_id]
+    assert (timer.failures, timer.waiting) == (1, "backoff")
+    assert cluster.step(T + 2) == []
+    # A master change read once is not read again: the next loss before ready backs off.
+    cluster, deployment_id = loading_on_exo(500)
+    exo_state_emptied(cluster, 3)
+    assert placed_ids(cluster.step(T + 2)) == [deployment_id]
+    instance_id = cluster.instance_of(deployment_id).instance_id
+    cluster.make_loading(instance_id)
+    assert cluster.step(T + 3) == []
+    cluster.delete_instance(instance_id)
+    assert cluster.step(T + 4) == []
+    assert cluster.keeper.timers(cluster.state, T + 4)[deployment_id].waiting == "backoff"
