@@ -35,6 +35,7 @@ from exo_deploy_tui.timers import Timer
 from exo_deploy_tui.tracking import Tracked
 from keeper.model.api_models import DeploymentStatus
 from keeper.model.readiness import instance_is_ready, ready_on_present_nodes, status_of
+from keeper.model.runner_failure import failure_words
 from keeper.model.state import (
     AnyInstance,
     AnyRunnerStatus,
@@ -206,7 +207,8 @@ def instance_rows(
                     end_layer=shard.end_layer if shard else 0,
                     status=runner_status_word(status),
                     progress=progress,
-                    error=status.error_message if isinstance(status, RunnerFailed) else None,
+                    # The data model's words for a failure: its error's line, not a traceback.
+                    error=failure_words(status) if isinstance(status, RunnerFailed) else None,
                     node_present=node_id in present,
                     download=waiting_download(state, node_id, assignments.model_id, status),
                 )

@@ -47,6 +47,7 @@ from keeper.model.events import (
     RunnerStatusUpdated,
 )
 from keeper.model.history import Incident
+from keeper.model.runner_failure import failure_words
 from keeper.model.state import (
     SERVING_RUNNER_TYPES,
     AnyInstance,
@@ -342,7 +343,7 @@ def _runner_entries(
         text = f"runner ready: {where}{_layers(instance, runner_id)}"
         return [TimelineEntry(at, "good", text, model, node_id)]
     if isinstance(status, RunnerFailed) and not isinstance(previous, RunnerFailed):
-        reason = f": {status.error_message}" if status.error_message else ""
+        reason = f": {failure_words(status)}"  # the data model's words (``runner_failure``)
         return [TimelineEntry(at, "error", f"runner failed: {where}{reason}", model, node_id)]
     return []
 

@@ -56,6 +56,7 @@ from keeper.model.events import (
 from keeper.model.master_change import master_change_words, master_changed
 from keeper.model.notices import unix_seconds_of
 from keeper.model.readiness import instances_of, ready_on_present_nodes
+from keeper.model.runner_failure import failure_words
 from keeper.model.state import (
     PREEMPTED_BY,
     SERVING_RUNNER_TYPES,
@@ -278,8 +279,8 @@ def _why_stopped(before: State, after: State, deployment_id: DeploymentId) -> st
         statuses = [(node, after.runners.get(runner)) for node, runner in nodes.items()]
         for node, status in statuses:
             if isinstance(status, RunnerFailed):
-                message = status.error_message or "no message"
-                return f"runner failed on {node_name(before, node)}: {message}"
+                # The error's own line, not exo's whole traceback (docs/design.md §5.19).
+                return f"runner failed on {node_name(before, node)}: {failure_words(status)}"
         for node, status in statuses:
             if not isinstance(status, SERVING_RUNNER_TYPES):
                 went = type(status).__name__ if status is not None else "away"

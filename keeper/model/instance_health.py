@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from keeper.model.durations import compact_duration
+from keeper.model.runner_failure import failure_words
 from keeper.model.state import (
     AnyInstance,
     AnyRunnerStatus,
@@ -330,13 +331,16 @@ def _hollow(
             waited = compact_duration(now - mark.first_seen)
             why = f"runner on {name} never reported a status in {waited}"
             return Verdict(instance_id, "hollow", why, mark.first_seen, nodes=on)
+        # A failure's words are its error's own line (``runner_failure``), not exo's traceback.
         if len(runner.failures) >= FAILED_TIMES:
             minutes = int(FAILED_WINDOW_S) // 60
             why = f"runner on {name} failed {len(runner.failures)} times in {minutes} min"
+            if isinstance(status, RunnerFailed):
+                why = f"{why}: {failure_words(status)}"
             return Verdict(instance_id, "hollow", why, runner.failures[0], nodes=on)
         if isinstance(status, RunnerFailed) and still >= FAILED_STILL_S:
-            message = status.error_message or "no message"
-            why = f"runner on {name} failed {compact_duration(still)} ago: {message}"
+            said = failure_words(status)
+            why = f"runner on {name} failed {compact_duration(still)} ago: {said}"
             return Verdict(instance_id, "hollow", why, runner.changed_at, nodes=on)
     return None
 

@@ -317,9 +317,12 @@ def test_a_runner_failing_three_times_in_ten_minutes_is_hollow() -> None:
         watch.status(t + 1, RunnerLoading())
     assert watch.judge(102.0) is None  # twice
     watch.status(200.0, RunnerFailed(error_message="oom"))
-    assert watch.judge(200.0) == "hollow: runner on node-a failed 3 times in 10 min"
+    assert watch.judge(200.0) == "hollow: runner on node-a failed 3 times in 10 min: oom"
     found = verdict(watch.state.instances["i1"], watch.state, watch.marks, 200.0)
     assert found is not None and found.since == 1.0 and not found.gone
+    # Retried once more, loading: the failures are said, with no error of the moment.
+    watch.status(201.0, RunnerLoading())
+    assert watch.judge(201.0) == "hollow: runner on node-a failed 3 times in 10 min"
 
 
 def test_failures_older_than_the_window_are_forgotten() -> None:
