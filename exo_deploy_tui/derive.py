@@ -56,6 +56,7 @@ from keeper.model.state import (
     RunnerWarmingUp,
     State,
     download_entry,
+    node_name,
 )
 
 # A runner in one of these has all its layers in memory.
@@ -102,7 +103,7 @@ def derive(state: State, remembered: Mapping[NodeId, str]) -> Derived:
     }
     names = dict(remembered)
     names.update(
-        (node_id, identity.friendly_name)
+        (node_id, node_name(state, node_id))
         for node_id, identity in state.node_identities.items()
         if identity.friendly_name
     )

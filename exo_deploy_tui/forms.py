@@ -20,7 +20,14 @@ from keeper.model.api_models import (
     ModelListEntry,
     create_problems,
 )
-from keeper.model.state import MAX_REPLICAS, InstanceMeta, Sharding, State
+from keeper.model.state import (
+    MAX_REPLICAS,
+    InstanceMeta,
+    Sharding,
+    State,
+    friendly_name,
+    node_name,
+)
 
 # The request's own ``replicas`` field (1..MAX_REPLICAS, a whole number), so the form refuses
 # exactly what the master would, in the words of its 422 ("replicas: Input should be less than
@@ -113,8 +120,7 @@ def fit_hint(entry: ModelListEntry, state: State, replicas: int = 1) -> str:
     if not free:
         return f"needs {need_gb:.1f} GB; no node reports its memory yet"
     best_node, best_gb = max(free.items(), key=lambda item: item[1])
-    identity = state.node_identities.get(best_node)
-    name = identity.friendly_name if identity and identity.friendly_name else best_node[:8]
+    name = _name(state, best_node)
     total_gb = sum(free.values())
     if need_gb <= best_gb:
         verdict = "fits on one node"
@@ -137,8 +143,8 @@ def _free_gb(state: State) -> dict[str, float]:
 
 
 def _name(state: State, node: str) -> str:
-    identity = state.node_identities.get(node)
-    return identity.friendly_name if identity and identity.friendly_name else node[:8]
+    """The node by name (``keeper.model.state.node_name``), or the start of its id."""
+    return node_name(state, node) if friendly_name(state, node) else node[:8]
 
 
 def _replicas_fit_hint(entry: ModelListEntry, state: State, replicas: int) -> str:

@@ -66,7 +66,9 @@ from keeper.model.state import (
     State,
     download_entry,
     download_model_id,
+    friendly_name,
 )
+from keeper.model.state import node_name as keeper_node_name
 
 Level = Literal["info", "good", "warn", "error"]
 
@@ -125,9 +127,8 @@ def node_name(node_id: NodeId, *states: State, remembered: Mapping[NodeId, str] 
     """The node's friendly name from the first State that knows it, else from ``remembered``
     (names of nodes that have left, whose identity the State dropped), else its short id."""
     for state in states:
-        identity = state.node_identities.get(node_id)
-        if identity is not None and identity.friendly_name:
-            return identity.friendly_name
+        if friendly_name(state, node_id) is not None:
+            return keeper_node_name(state, node_id)
     return remembered.get(node_id) or short_id(node_id)
 
 

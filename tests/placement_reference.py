@@ -187,7 +187,7 @@ def reference_place(
         if all(set(state.node_backends.get(node, [])) & allowed for node in cycle)
     ]
     if not cycles:
-        names = sorted(backend.value for backend in allowed)
+        names = sorted(str(backend) for backend in allowed)
         raise ValueError(
             f"No cycle where every node supports a backend in {names} for {card.model_id}"
         )

@@ -684,23 +684,69 @@ class State(WireModel):
     repair_incidents: tuple[RepairIncident, ...] = ()
 
 
-def node_name(state: State, node_id: NodeId) -> str:
-    """A node as an operator knows it: its friendly name when it reported one, else its id."""
+# How much of a node id tells namesakes apart when nothing else does: its last characters (exo's
+# ids are random hex, or libp2p peer ids whose first characters are the same for every node).
+NODE_ID_SHOWN = 6
+
+
+def friendly_name(state: State, node_id: NodeId) -> str | None:
+    """The name the node reported (exo's display name), or None."""
     identity = state.node_identities.get(node_id)
-    return identity.friendly_name if identity is not None and identity.friendly_name else node_id
+    return identity.friendly_name if identity is not None and identity.friendly_name else None
+
+
+def node_address(state: State, node_id: NodeId) -> str | None:
+    """The node's first address on its network, as it reported them: an IPv4 address that is
+    not loopback or link-local, else such an IPv6 one; None if it reported none. An address
+    outlives a restart (exo gives the node a new id), which is why it tells namesakes apart."""
+    network = state.node_network.get(node_id)
+    if network is None:
+        return None
+    addresses = [interface.ip_address for interface in network.interfaces]
+    v4 = sorted(a for a in addresses if "." in a and not a.startswith(("127.", "169.254.")))
+    v6 = sorted(
+        a for a in addresses if ":" in a and a != "::1" and not a.lower().startswith("fe80")
+    )
+    return (v4 or v6 or [None])[0]
+
+
+def node_name(state: State, node_id: NodeId) -> str:
+    """A node as an operator knows it (docs/design.md §5.15): its friendly name when no other
+    node in the cluster goes by it; among namesakes (two Macs called "Mac Studio"), the name
+    with the node's address when that tells it apart (``Mac Studio@192.0.2.11``: kept across a
+    restart), else with the end of its id; its id when it reported no name. Cordons, drains,
+    ``GET /nodes``, the history and the dashboard all name a node so, so namesakes stay apart."""
+    name = friendly_name(state, node_id)
+    if name is None:
+        return node_id
+    namesakes = [
+        other
+        for other in state.topology.nodes
+        if other != node_id and friendly_name(state, other) == name
+    ]
+    if not namesakes:
+        return name
+    address = node_address(state, node_id)
+    if address is not None and all(node_address(state, n) != address for n in namesakes):
+        return f"{name}@{address}"
+    return f"{name}#{node_id[-NODE_ID_SHOWN:]}"
 
 
 def nodes_named(state: State, name: str) -> frozenset[NodeId]:
-    """The cluster's nodes that go by ``name`` (a friendly name, or an id)."""
-    return frozenset(node for node in state.topology.nodes if node_name(state, node) == name)
+    """The cluster's nodes that go by ``name``: its name as ``node_name`` gives it, or an id;
+    else every node whose friendly name it is (a cordon recorded by a name that namesakes have
+    since come to share still holds for each of them)."""
+    named = frozenset(node for node in state.topology.nodes if node_name(state, node) == name)
+    if named:
+        return named
+    return frozenset(node for node in state.topology.nodes if friendly_name(state, node) == name)
 
 
 def cordoned_nodes(state: State) -> frozenset[NodeId]:
     """The cluster's nodes that get no new placement: cordoned, or draining."""
     if not state.cordoned:
         return frozenset()
-    names = set(state.cordoned)
-    return frozenset(node for node in state.topology.nodes if node_name(state, node) in names)
+    return frozenset(node for name in state.cordoned for node in nodes_named(state, name))
 
 
 def keeper_placements(state: State) -> dict[InstanceId, DeploymentId]:

@@ -17,8 +17,15 @@ from keeper.model.api_models import CommandResponse, DrainView, NodesResponse, N
 from keeper.model.events import AnyEvent
 from keeper.model.ids import IdFactory, new_id
 from keeper.model.liveness import Phase, watched_liveness
-from keeper.model.refusals import NotFoundError
-from keeper.model.state import NodeDrain, NodeId, State, node_name, nodes_named
+from keeper.model.refusals import ConflictError, NotFoundError
+from keeper.model.state import (
+    NodeDrain,
+    NodeId,
+    State,
+    cordoned_nodes,
+    node_name,
+    nodes_named,
+)
 
 
 class DrainsKeeper(Protocol):
@@ -35,7 +42,15 @@ def node_name_for(state: State, node: str) -> str:
     cluster knows, or one cordoned while its node is away; NotFoundError otherwise."""
     if node in state.topology.nodes:
         return node_name(state, node)
-    if nodes_named(state, node) or node in state.cordoned or node in state.drains:
+    named = nodes_named(state, node)
+    handles = sorted({node_name(state, n) for n in named})
+    if len(named) > 1 and node not in handles:
+        # A friendly name several nodes share (docs/design.md §5.15): which one is meant?
+        raise ConflictError(
+            f"{len(named)} nodes are named {node!r}: {', '.join(handles)}; name one of them",
+            param="node",
+        )
+    if named or node in state.cordoned or node in state.drains:
         return node
     known = sorted({node_name(state, n) for n in state.topology.nodes} | set(state.cordoned))
     raise NotFoundError(
@@ -57,7 +72,11 @@ def nodes_response(
     """Every node by name, with its cordon and drain, its liveness (``State.node_watch``) and
     how long it has been silent (``silent_s``, the service's own measure); names cordoned while
     away included."""
-    names = sorted({node_name(state, n) for n in state.topology.nodes} | set(state.cordoned))
+    handles = {node_name(state, n) for n in state.topology.nodes}
+    cordoned = cordoned_nodes(state)
+    # A cordon recorded by a name the nodes now go by otherwise shows on their rows.
+    away = {name for name in state.cordoned if not nodes_named(state, name)}
+    names = sorted(handles | away)
     views: list[NodeView] = []
     for name in names:
         node_ids = sorted(nodes_named(state, name))
@@ -68,7 +87,7 @@ def nodes_response(
             NodeView(
                 name=name,
                 node_ids=node_ids,
-                cordoned=name in state.cordoned,
+                cordoned=name in state.cordoned or not cordoned.isdisjoint(node_ids),
                 drain=_drain_view(state, drain, keeper.drain_note(name))
                 if (drain := state.drains.get(name)) is not None
                 else None,

@@ -106,7 +106,7 @@ def test_the_drain_ends_and_an_uncordon_ends_drain_and_cordon() -> None:
     assert uncordoned.drains == {} and uncordoned.cordoned == ()
 
 
-def test_nodes_are_named_by_friendly_name_else_id() -> None:
+def test_nodes_are_named_by_friendly_name_apart_from_namesakes_else_id() -> None:
     cluster = Cluster()
     cluster.add_nodes("n1", "n2", "n3")
     cluster.apply(
@@ -116,8 +116,10 @@ def test_nodes_are_named_by_friendly_name_else_id() -> None:
         NodeGatheredInfo(node_id="n2", when="t", identity=NodeIdentity(friendly_name="studio"))
     )
     state = cluster.apply(NodeCordoned(name="studio"))
-    assert node_name(state, "n1") == "studio" and node_name(state, "n3") == "n3"
-    assert nodes_named(state, "studio") == {"n1", "n2"}
+    # Namesakes reporting no address: the end of their ids tells them apart.
+    assert node_name(state, "n1") == "studio#n1" and node_name(state, "n3") == "n3"
+    assert nodes_named(state, "studio#n2") == {"n2"}
+    assert nodes_named(state, "studio") == {"n1", "n2"}  # the name they share
     assert cordoned_nodes(state) == {"n1", "n2"}
     assert cordoned_nodes(cluster.apply(NodeCordoned(name="n3"))) == {"n1", "n2", "n3"}
     assert cordoned_nodes(State().model_copy(update={"cordoned": ("gone",)})) == set()
