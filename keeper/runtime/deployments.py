@@ -434,12 +434,27 @@ def staging_summary(deployment: Deployment, state: State, note: str | None) -> s
     if note is not None:
         return note
     model_id = deployment.model_card.model_id
-    done = sum(
-        1
-        for node_id in deployment.staged_on
+    held = {
+        node_id
+        for node_id in state.topology.nodes
         if isinstance(download_entry(state, node_id, model_id), DownloadCompleted)
+    }
+    serving = {
+        node_id
+        for instance in state.instances.values()
+        if instance.shard_assignments.model_id == model_id
+        for node_id in instance.shard_assignments.node_to_runner
+    }
+    # Every copy exo's State shows counts, whoever fetched it (an operator, exo's dashboard, an
+    # earlier instance): a failover lands on any of them without a download (§5.12).
+    spare = len(held - serving)
+    done = sum(1 for node_id in deployment.staged_on if node_id in held)
+    asked = len(deployment.staged_on)
+    nodes = "node" if spare == 1 else "nodes"
+    return (
+        f"standby {deployment.standby}: on disk on {spare} {nodes} besides those serving; "
+        f"{done} of {asked} copies the keeper asked for staged"
     )
-    return f"standby {deployment.standby}: {done} of {len(deployment.staged_on)} copies staged"
 
 
 def created_response(deployment: Deployment, new_id: IdFactory = new_id) -> CommandResponse:
