@@ -361,9 +361,11 @@ def _bridge_command(command: _Command) -> None:
         "--exo",
         required=True,
         type=_exo_urls,
+        action=_MoreUrls,
         metavar="URL[,URL...]",
         help="exo's API, e.g. http://127.0.0.1:52415 (the master's, or any node's); several, "
-        "comma-separated, are followed in order: the next when the one in use stops answering",
+        "comma-separated or --exo repeated, are followed in order: the next when the one in use "
+        "stops answering. Give every node's: a node whose own API stops answering is dead",
     )
     _serving_options(
         bridge,
@@ -462,6 +464,20 @@ _COMMANDS: tuple[tuple[str | None, Callable[[_Command], None]], ...] = (
     (None, _webhook_and_soak_commands),
 )
 _SERVICE_COMMANDS = frozenset(service for service, _ in _COMMANDS if service is not None)
+
+
+class _MoreUrls(argparse.Action):
+    """``--exo`` given again adds its URLs after those given before (each once, in order)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        before: tuple[str, ...] = getattr(namespace, self.dest, None) or ()
+        setattr(namespace, self.dest, tuple(dict.fromkeys((*before, *values))))
 
 
 def _exo_urls(text: str) -> tuple[str, ...]:

@@ -355,6 +355,13 @@ def test_exo_takes_a_list_of_urls_in_order() -> None:
     assert build_parser().parse_args(["bridge", "--exo", "http://a:1"]).exo == ("http://a:1",)
 
 
+def test_exo_repeated_adds_its_urls_in_order_each_once() -> None:
+    args = build_parser().parse_args(
+        ["bridge", "--exo", "http://a:1,http://b:1", "--exo", "http://c:1", "--exo", "http://a:1"]
+    )
+    assert args.exo == ("http://a:1", "http://b:1", "http://c:1")
+
+
 @pytest.mark.parametrize(
     ("given", "message"),
     [
