@@ -66,6 +66,17 @@ STALL_FLOOR_S = 60.0
 # node: a 400 GB model read at 0.5 GB/s takes about 13 minutes, and no healthy phase moves
 # nothing for longer than that.
 STALL_CEILING_S = 15 * 60.0
+# The most a warm-up may sit still. A warm-up runs one short generation on a model already in
+# memory: on the real cluster about 2 s for a tiny model, and the largest models exo runs,
+# sharded over several Macs, take tens of seconds for it. What it takes follows neither the
+# model's bytes nor the node's disk (the load rate, often never measured on the bridge, which
+# left the 15 min ceiling), so the bound is fixed: two minutes, several times the slowest
+# healthy warm-up, and a false "stalled" costs a replacement that would warm up alike.
+WARM_UP_BOUND_S = 120.0
+# The most connecting may sit still: a runner's process starting (Python and MLX imported,
+# ~10 s on a busy Mac) and opening its links to its peers, seconds on a LAN. Nothing in it
+# grows with the model either; two minutes, as for the warm-up.
+CONNECT_BOUND_S = 120.0
 # How many times the expected time a phase may take before it is stalled: rates vary with what
 # else the node does (another model loading, the OS paging), and a false "stalled" costs a
 # replacement, so the margin is wide.
@@ -385,8 +396,12 @@ def _stalled(
     if phase == "downloading":
         card = instance.shard_assignments.runner_to_shard[runner_id].model_card
         bound = stall_bound(card.storage_size.in_bytes, rates.download, f"{name}'s download")
-    else:
+    elif phase == "loading":
         bound = stall_bound(shard_bytes(instance, runner_id), rates.load, f"{name}'s load")
+    elif phase == "warming":
+        bound = Bound(WARM_UP_BOUND_S, "to warm up")
+    else:
+        bound = Bound(CONNECT_BOUND_S, "to connect")
     if still < bound.seconds:
         return None
     why = (

@@ -21,6 +21,7 @@ from keeper.model.events import (
     RunnerStatusUpdated,
 )
 from keeper.model.instance_health import (
+    CONNECT_BOUND_S,
     FAILED_STILL_S,
     FAILED_WINDOW_S,
     FAILING_CHATS,
@@ -30,6 +31,7 @@ from keeper.model.instance_health import (
     NO_STATUS_GRACE_S,
     STALL_CEILING_S,
     STALL_FLOOR_S,
+    WARM_UP_BOUND_S,
     Marks,
     NodeRates,
     Verdict,
@@ -190,17 +192,45 @@ def test_a_shard_holds_its_layers_share_of_the_model() -> None:
 
 
 def test_a_warm_up_silent_past_its_bound_is_stalled_in_words() -> None:
+    """A warm-up's bound is fixed: the load rate measured says nothing of it."""
     watch = loaded_at_half_a_gb_per_s()
     assert watch.marks.rates["node-a"] == NodeRates(download=None, load=0.5 * GB)
-    watch.at(63.9)
-    assert watch.judge(63.9) is None
-    assert watch.judge(64.0) == (
-        "stalled: runner on node-a silent in RunnerWarmingUp for 1m00s "
-        "(expected ≤ 1m00s for 1 GB at 0.5 GB/s)"
+    watch.at(4.0 + WARM_UP_BOUND_S - 0.1)
+    assert watch.judge(4.0 + WARM_UP_BOUND_S - 0.1) is None
+    assert watch.judge(4.0 + WARM_UP_BOUND_S) == (
+        "stalled: runner on node-a silent in RunnerWarmingUp for 2m00s "
+        "(expected ≤ 2m00s to warm up)"
     )
-    found = verdict(watch.state.instances["i1"], watch.state, watch.marks, 64.0)
+    found = verdict(watch.state.instances["i1"], watch.state, watch.marks, 4.0 + WARM_UP_BOUND_S)
     assert found is not None
     assert (found.since, found.gone, found.nodes) == (4.0, False, frozenset({"node-a"}))
+
+
+def test_a_warm_up_or_connect_with_no_load_rate_is_bounded_all_the_same() -> None:
+    """On the bridge a load shorter than a poll is never seen: no load rate, once the 15 min
+    ceiling; a warm-up and a connect take what they take, whatever the model's bytes."""
+    for status, bound, words in (
+        (RunnerWarmingUp(), WARM_UP_BOUND_S, "to warm up"),
+        (RunnerConnecting(), CONNECT_BOUND_S, "to connect"),
+        (RunnerConnected(), CONNECT_BOUND_S, "to connect"),
+    ):
+        watch = Watch("node-a", size_gb=400.0)
+        watch.place("node-a")
+        watch.status(1.0, status)
+        assert watch.marks.rates.get("node-a", NodeRates()).load is None
+        assert watch.judge(1.0 + bound - 0.1) is None
+        name = type(status).__name__
+        assert watch.judge(1.0 + bound) == (
+            f"stalled: runner on node-a silent in {name} for 2m00s (expected ≤ 2m00s {words})"
+        )
+
+
+def test_a_load_is_still_bounded_by_its_bytes_at_the_nodes_rate() -> None:
+    watch = Watch("node-a", size_gb=17.0)
+    watch.place("node-a")
+    watch.status(1.0, RunnerLoading(layers_loaded=0, total_layers=16))
+    assert watch.judge(1.0 + WARM_UP_BOUND_S) is None  # no rate: the ceiling, not two minutes
+    assert watch.judge(1.0 + STALL_CEILING_S) is not None
 
 
 def test_progress_restarts_the_count() -> None:
@@ -224,9 +254,9 @@ def test_the_least_advanced_runner_names_the_phase() -> None:
         RunnerStatusUpdated(runner_id=a, runner_status=RunnerWarmingUp()),
         RunnerStatusUpdated(runner_id=b, runner_status=RunnerConnecting()),
     )
-    assert watch.judge(901.0) == (
-        "stalled: runner on node-b silent in RunnerConnecting for 15m00s "
-        "(expected ≤ 15m00s the ceiling: node-b's load rate unknown)"
+    assert watch.judge(1.0 + CONNECT_BOUND_S) == (
+        "stalled: runner on node-b silent in RunnerConnecting for 2m00s "
+        "(expected ≤ 2m00s to connect)"
     )
 
 

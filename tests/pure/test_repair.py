@@ -42,7 +42,7 @@ from keeper.model.instance_health import (
     FAILING_CHATS,
     GONE_GRACE_S,
     NO_MARKS,
-    STALL_CEILING_S,
+    WARM_UP_BOUND_S,
     Problem,
     Verdict,
 )
@@ -85,11 +85,11 @@ def of_type(events: list[AnyEvent], kind: type) -> list[AnyEvent]:
 
 
 def stalled_on_a(*, replicas: int = 1) -> tuple[Cluster, str, str, float]:
-    """The instance on node-a warms up at T+1 and stays so: stalled at the ceiling (no rate)."""
+    """The instance on node-a warms up at T+1 and stays so: stalled at the warm-up's bound."""
     cluster, deployment_id, old = serving_on_a(replicas=replicas)
     set_status(cluster, old, RunnerWarmingUp())
     cluster.step(T + 1)
-    return cluster, deployment_id, old, T + 1 + STALL_CEILING_S
+    return cluster, deployment_id, old, T + 1 + WARM_UP_BOUND_S
 
 
 def test_a_stalled_start_is_replaced_before_it_is_deleted() -> None:
@@ -106,7 +106,7 @@ def test_a_stalled_start_is_replaced_before_it_is_deleted() -> None:
     ]
     record = events[0]
     assert isinstance(record, DeploymentRepairPlaced) and record.problem == "stalled"
-    assert record.why.startswith("runner on node-a silent in RunnerWarmingUp for 15m00s")
+    assert record.why.startswith("runner on node-a silent in RunnerWarmingUp for 2m00s")
     new = created[0].instance.instance_id  # pyright: ignore[reportAttributeAccessIssue]
     assert cluster.nodes_of(new) != ["node-a"]
     assert cluster.deployment(deployment_id).repairing is not None
@@ -176,7 +176,7 @@ def test_a_hand_placed_instance_is_reported_and_replaced_only_when_asked() -> No
     deployment_id = cluster.deploy("m")
     set_status(cluster, "by-hand", RunnerWarmingUp())
     cluster.step(T)
-    stalled_at = T + STALL_CEILING_S
+    stalled_at = T + WARM_UP_BOUND_S
     # Said (an incident, which expires), never replaced.
     assert [type(e) for e in cluster.step(stalled_at)] == [InstanceFoundBroken]
     assert [type(e) for e in cluster.step(stalled_at + 3600)] == [RepairIncidentsExpired]
@@ -373,7 +373,7 @@ def test_a_newly_broken_instance_is_an_incident_on_its_nodes_once() -> None:
     assert cluster.state.repair_incidents == (incident,)
     # A new keeper (a restarted master) finds the same instance broken again: not a second one.
     cluster.restart_keeper(stalled_at + 3)
-    for t in (stalled_at + 3, stalled_at + 3 + STALL_CEILING_S + 1):
+    for t in (stalled_at + 3, stalled_at + 3 + WARM_UP_BOUND_S + 1):
         assert of_type(cluster.step(t), InstanceFoundBroken) == []
     assert cluster.state.repair_incidents == (incident,)
     # Past the window it leaves the State, said once.

@@ -9,7 +9,7 @@ import pytest
 from bridge_harness import exo_with_bridge
 from waiting import wait_until
 
-from keeper.model.instance_health import STALL_CEILING_S
+from keeper.model.instance_health import WARM_UP_BOUND_S
 from keeper.model.state import SERVING_RUNNER_TYPES, State
 from keeper.node.sim_node import SimFault
 
@@ -39,8 +39,9 @@ def serving_on(state: State, node_name: str) -> bool:
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("fault", "problem", "within"),
-    # A load shorter than the bridge's poll is never seen, so no rate is known: the ceiling.
-    [("stall-warmup", "stalled", STALL_CEILING_S + 60), ("lose-runner", "hollow", 60)],
+    # A load shorter than the bridge's poll is never seen, so no rate is known: a warm-up's
+    # bound is its own all the same.
+    [("stall-warmup", "stalled", WARM_UP_BOUND_S + 60), ("lose-runner", "hollow", 60)],
 )
 async def test_the_bridge_replaces_a_broken_instance_from_exos_state(
     fault: SimFault, problem: str, within: float
@@ -61,7 +62,7 @@ async def test_the_bridge_replaces_a_broken_instance_from_exos_state(
             return bool(said) or broken not in exo.master.state.instances
 
         # Looked at once a virtual second, as the bridge's keeper steps: each look builds the
-        # deployments' view, and the stalled start takes 15 virtual minutes to be recognised.
+        # deployments' view, and the stalled start takes two virtual minutes to be recognised.
         await wait_until(recognised, within, "recognised", poll_s=1.0)
         await wait_until(lambda: serving_on(exo.master.state, "b"), 60, "serving on b")
         await wait_until(lambda: broken not in exo.master.state.instances, 60, "broken deleted")
