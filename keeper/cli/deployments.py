@@ -6,7 +6,8 @@ changes any of a deployment's settings in place (``--replicas``, ``--standby``, 
 ``--preempt``/``--no-preempt``, and the placement options ``--sharding``, ``--instance-meta``,
 ``--min-nodes``: a rolling change, each instance replaced make-before-break; ``--repair
 auto|report``) in one ``PATCH /deployments/{id}``. ``repair ID`` has the keeper replace one
-instance now, whatever its deployment's ``repair`` and whoever placed it.
+instance now, whatever its deployment's ``repair`` and whoever placed it. ``deploy``, ``set`` and
+``scale`` take ``--wait [--timeout S]``: return once the deployment serves (``keeper.cli.waiting``).
 
 They are the part of the CLI that talks to a running master (or bridge) rather than starting a
 process: each is one request through the deployments client the TUI uses too
@@ -30,12 +31,14 @@ from pydantic import BaseModel
 
 from keeper.cli.exits import (
     EXIT_CODES_HELP,
+    EXIT_NOT_DONE,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     ClientError,
 )
+from keeper.cli.waiting import Outcome, add_wait_options, say_on_stderr, wait_until_serving
 from keeper.client.deployments import Answer, ApiError, DeploymentsClient, FailureKind, master_http
 from keeper.client.token_options import add_token_options
 from keeper.model.api_models import (
@@ -70,15 +73,16 @@ EXIT_FOR_FAILURE: dict[FailureKind, int] = {
 }
 
 Parsed = TypeVar("Parsed", bound=BaseModel)
+Result = TypeVar("Result")
 
 
 def call_master(
-    args: argparse.Namespace, call: Callable[[DeploymentsClient], Awaitable[Answer[Parsed]]]
-) -> Answer[Parsed]:
-    """One deployments request to the master ``args`` name; ClientError with its exit code if
-    it fails."""
+    args: argparse.Namespace, call: Callable[[DeploymentsClient], Awaitable[Result]]
+) -> Result:
+    """Deployments requests (one, or ``--wait``'s) to the master ``args`` name; ClientError
+    with its exit code if one fails."""
 
-    async def run() -> Answer[Parsed]:
+    async def run() -> Result:
         async with master_http(args.url, args.token, CLIENT_TIMEOUT_S) as http:
             return await call(DeploymentsClient(http, CLIENT_TIMEOUT_S))
 
@@ -93,6 +97,39 @@ def _print_answer(args: argparse.Namespace, answer: Answer[CommandResponse]) -> 
         print(json.dumps(answer.payload, indent=2))
     else:
         print(f"{answer.value.message}: {answer.value.deployment_id}")
+
+
+def _timeout_without_wait(args: argparse.Namespace, command: str) -> bool:
+    """Whether ``--timeout`` was given without ``--wait`` (said on stderr): before any request,
+    so a mistyped wait changes nothing."""
+    if args.timeout is None or args.wait:
+        return False
+    print(f"exo-deploy {command}: --timeout needs --wait", file=sys.stderr)
+    return True
+
+
+def _wait(args: argparse.Namespace, deployment_id: str | None) -> int:
+    """With ``--wait``, follow the deployment until it serves, cannot, or ``--timeout`` passes
+    (``keeper.cli.waiting``); its exit code. The result goes to stdout when it serves (unless
+    ``--json``, whose stdout is the answer alone), to stderr otherwise."""
+    if not args.wait:
+        return EXIT_OK
+    if deployment_id is None:
+        print("the master's answer names no deployment to wait for", file=sys.stderr)
+        return EXIT_NOT_DONE
+
+    async def wait(client: DeploymentsClient) -> Outcome:
+        async def read() -> DeploymentsResponse:
+            return (await client.list()).value
+
+        return await wait_until_serving(deployment_id, read, _note, args.timeout, say_on_stderr)
+
+    outcome = call_master(args, wait)
+    if outcome.code != EXIT_OK:
+        print(outcome.words, file=sys.stderr)
+    elif not args.json:
+        print(outcome.words)
+    return EXIT_NOT_DONE if outcome.code is None else outcome.code
 
 
 def _note(view: DeploymentView) -> str:
@@ -159,6 +196,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     # Not validated here: the master judges the request, and its refusal is the message (a
     # min_nodes over the API's bound is the master's 422, exit 1, as any other refusal).
+    if _timeout_without_wait(args, "deploy"):
+        return EXIT_USAGE
     request = CreateDeploymentRequest.model_construct(
         model_id=args.model,
         sharding=Sharding(args.sharding),
@@ -170,8 +209,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         preempt=args.preempt,
         repair=args.repair,
     )
-    _print_answer(args, call_master(args, lambda client: client.create(request)))
-    return EXIT_OK
+    answer = call_master(args, lambda client: client.create(request))
+    _print_answer(args, answer)
+    return _wait(args, answer.value.deployment_id)
 
 
 # The settings ``set`` changes, by option, in the order the request names them.
@@ -199,17 +239,21 @@ def cmd_set(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    if _timeout_without_wait(args, "set"):
+        return EXIT_USAGE
     _print_answer(
         args, call_master(args, lambda client: client.update(args.deployment_id, settings))
     )
-    return EXIT_OK
+    return _wait(args, args.deployment_id)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
     # As with deploy, the master judges the count (1 to 16): over it is its refusal, exit 1.
+    if _timeout_without_wait(args, "scale"):
+        return EXIT_USAGE
     answer = call_master(args, lambda client: client.scale(args.deployment_id, args.replicas))
     _print_answer(args, answer)
-    return EXIT_OK
+    return _wait(args, args.deployment_id)
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
@@ -360,6 +404,7 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
     )
     _priority_options(deploy, default=DEFAULT_PRIORITY)
     _repair_option(deploy, default="auto")
+    add_wait_options(deploy)
     client_options(deploy)
     deploy.set_defaults(handler=cmd_deploy)
 
@@ -370,6 +415,7 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
     scale.add_argument(
         "replicas", metavar="N", type=positive_int, help="how many instances to keep, apart"
     )
+    add_wait_options(scale)
     client_options(scale)
     scale.set_defaults(handler=cmd_scale)
 
@@ -396,6 +442,7 @@ def add_deployments_commands(command: Callable[..., argparse.ArgumentParser]) ->
     )
     set_.add_argument("--min-nodes", type=whole_number, help="a rolling change too (at least 1)")
     _repair_option(set_, default=None)
+    add_wait_options(set_)
     client_options(set_)
     set_.set_defaults(handler=cmd_set)
 

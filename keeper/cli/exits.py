@@ -13,9 +13,14 @@ from keeper.runtime.arguments import EXIT_USAGE
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3
+# What ``--wait`` waited for cannot happen (a deployment cannot be placed, a drain is stuck) or
+# did not by ``--timeout``: 1, as a refusal, since a script's question (is it done?) has the
+# same answer, no; the reason is on stderr as a refusal's is.
+EXIT_NOT_DONE = 1
 
 __all__ = [
     "EXIT_CODES_HELP",
+    "EXIT_NOT_DONE",
     "EXIT_OK",
     "EXIT_REFUSED",
     "EXIT_UNREACHABLE",
@@ -25,7 +30,8 @@ __all__ = [
 
 EXIT_CODES_HELP = """exit codes:
   0  done
-  1  refused by the master (its message is printed on stderr)
+  1  refused by the master (its message is printed on stderr), or, with --wait, what it
+     waits for cannot happen or did not by --timeout (why, on stderr)
   2  bad usage
   3  the master could not be reached"""
 

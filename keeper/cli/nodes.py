@@ -18,10 +18,10 @@ from collections.abc import Callable
 from keeper.cli.deployments import (
     EXIT_CODES_HELP,
     EXIT_OK,
-    EXIT_REFUSED,
     call_master,
     client_options,
 )
+from keeper.cli.exits import EXIT_NOT_DONE
 from keeper.model.api_models import CommandResponse, NodesResponse, NodeView
 
 # How often `drain --wait` looks again: a move takes a model's load time, seconds to minutes.
@@ -92,7 +92,7 @@ def cmd_drain(args: argparse.Namespace, sleep: Callable[[float], None] = time.sl
             return EXIT_OK
         if node.drain.stuck:
             print(f"node {args.node}: drain stuck: {node.drain.stuck}", file=sys.stderr)
-            return EXIT_REFUSED
+            return EXIT_NOT_DONE
         sleep(WAIT_POLL_S)
 
 

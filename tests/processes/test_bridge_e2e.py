@@ -102,11 +102,10 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         bridge_out.close()
 
 
-@pytest.mark.e2e(seconds=37)
-def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Processes) -> None:
-    started = time.monotonic()
+def bridge_follows_exo(processes: Processes) -> None:
+    """Until exo has its 3 nodes and the bridge reaches it."""
 
-    def bridge_follows_exo() -> bool | None:
+    def ready() -> bool | None:
         health = get_json(f"{processes.bridge_url}/healthz")
         nodes = processes.node_pids()
         exo_state = get_json(f"{processes.exo_url}/state")
@@ -119,7 +118,13 @@ def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Proces
         )
         return True if ready else None
 
-    wait_for("exo's 3 nodes and the bridge following it", START_DEADLINE_S, bridge_follows_exo)
+    wait_for("exo's 3 nodes and the bridge following it", START_DEADLINE_S, ready)
+
+
+@pytest.mark.e2e(seconds=37)
+def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Processes) -> None:
+    started = time.monotonic()
+    bridge_follows_exo(processes)
     deployed = run_cli("deploy", MODEL, "--url", processes.bridge_url, "--json")
     assert deployed.returncode == 0, deployed.stderr
     deployment_id = json.loads(deployed.stdout)["deployment_id"]
@@ -167,3 +172,18 @@ def test_a_killed_node_s_model_serves_again_through_the_bridge(processes: Proces
     assert stop(processes.bridge) == 0
     assert stop(processes.cluster) == 0
     assert [pid for pid in nodes if alive(pid)] == []
+
+
+@pytest.mark.e2e(seconds=25)
+def test_deploy_wait_through_the_bridge_returns_once_exo_serves_it(processes: Processes) -> None:
+    """``deploy --wait`` against the bridge: it returns 0 once the bridge's deployments API says
+    serving (placed through exo's API, after the keeper's grace), and by then the model answers
+    on exo's API."""
+    bridge_follows_exo(processes)
+    deployed = run_cli("deploy", MODEL, "--wait", "--timeout", "45", "--url", processes.bridge_url)
+    assert deployed.returncode == 0, deployed.stderr
+    created, result = deployed.stdout.strip().splitlines()
+    deployment_id = created.rsplit(" ", 1)[1]
+    assert result == f"deployment {deployment_id} is serving (1/1 ready)"
+    assert f"deployment {deployment_id}: placing, 0/1 ready" in deployed.stderr  # it waited
+    assert processes.chat() is not None
