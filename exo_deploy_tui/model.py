@@ -110,6 +110,7 @@ from keeper.model.history import History
 
 # Silence and departure are judged once, in the data model, for this model and GET /metrics.
 from keeper.model.liveness import SILENT_AFTER_S, departed_nodes
+from keeper.model.master_change import master_change_words, master_changed
 from keeper.model.state import Deployment, DeploymentId, NodeId, State
 
 # What the TUI imports from here: the model, its rows (from ``rows.py``) and the constants and
@@ -259,6 +260,12 @@ class ClusterModel:
             observed = self._observed_at
             self._blind = self._blind or observed is None or now - observed > MOMENTS_WINDOW_S
             self.timeline.extend(self._seed(before, after, now))
+            # exo's master changed: said first, in the history's words, as what explains the
+            # instances and nodes gone below (``keeper.model.master_change``).
+            change = master_changed(before, after)
+            if change is not None:
+                words = master_change_words(change, before)
+                self.timeline.extend([TimelineEntry(now, "error", words)])
             names = self.remembered_names()
             for event in events_between(before, after):
                 self._note_moments(event, before, now)
