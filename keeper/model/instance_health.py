@@ -12,8 +12,9 @@ pure:
   each node's measured download and load rates. The marks are bounded by the State: an instance
   or node it no longer shows is forgotten.
 - ``verdicts`` reads the State and the marks and says, per instance, what is wrong and why in
-  words, or nothing: a *stalled* start (no progress for longer than its phase allows, the bound
-  from the model's size and the node's measured rate, between a floor and a ceiling), a
+  words, or nothing: a *stalled* start (no progress for longer than its phase allows: for a
+  download or a load, the bound from the model's size and the node's measured rate, between a
+  floor and a ceiling; for connecting and warming up, which move no bytes, a fixed one), a
   *hollow* instance (a runner with no status, shut down while its node is alive, or failing
   again and again), and *failing* chats (``chats_failing``, from the master's own record of the
   last chats to each instance).
