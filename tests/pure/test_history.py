@@ -1225,3 +1225,14 @@ def test_exos_master_changing_with_every_node_present_is_not_a_deletion_by_a_use
     both = exo_master_changed(before, ("n-studio", "n-mini"), at=35.0)
     (change,) = serving_changes(before, both, 37.0)
     assert (change.record.at, change.record.cause) == (31.5, MASTER_CHANGED)
+
+
+def test_exos_master_changing_with_no_report_dated_stops_when_seen() -> None:
+    before = old_master_serving()
+    undated = before.model_copy(update={"last_seen": {}})
+    (change,) = serving_changes(undated, exo_master_changed(undated, (), at=35.0), 36.0)
+    assert (change.record.at, change.record.noticed, change.record.cause) == (
+        36.0,
+        None,
+        MASTER_CHANGED,
+    )
