@@ -24,7 +24,8 @@ every answer below against those recordings):
   ``{"commandId"}`` at once, as exo does; the node's entry in ``downloads`` moves after. exo
   publishes the command for whichever node it names and answers 200 even when none does, so a
   command for a node not connected is dropped (logged), not refused;
-- ``GET /models``: exo's own list (``keeper.exo_standin.model_list``);
+- ``GET /models``: exo's own list (``keeper.exo_standin.model_list``), and under OpenAI's
+  ``GET /v1/models`` too, as exo serves it;
 - ``GET /node_id``: as exo, the id of the node serving the API, a JSON string. The stand-in's
   master runs no worker, so it is no node of the topology: it answers an id of its own, made
   when its API is, and a bridge that asks finds no node behind this URL to probe (it confirms a
@@ -181,6 +182,10 @@ def create_exo_compat_app(
 
     @app.get("/models")
     async def models() -> JSONResponse:
+        return JSONResponse(exo_models_payload())
+
+    @app.get("/v1/models")  # exo serves its list under OpenAI's path too, the same answer
+    async def v1_models() -> JSONResponse:
         return JSONResponse(exo_models_payload())
 
     @app.get("/events")
