@@ -11,9 +11,10 @@ pure function, so every branch is a unit test and a mutant of any condition is c
 The rule in words:
 
 - *Before the client has seen a token* the request may be sent again as it is: while the
-  deployment is not serving, or exo has no instance for it, answers 5xx or cannot be reached,
-  it is held (re-checked on the service's view) up to ``hold_s``, then sent; past the bound it
-  is refused (503 with Retry-After), never hung. A model with no deployment has nothing coming
+  deployment is not serving it is held (re-checked on the service's view) up to ``hold_s``,
+  then sent; when exo has no instance for it, answers 5xx or cannot be reached, it waits a
+  moment (``paused``) and is sent again, until the hold is spent; then it is refused (503
+  with Retry-After), never hung. A model with no deployment has nothing coming
   to serve it: exo's 404 is passed on at once.
 - *After the first token* nothing the client has may be repeated or dropped: a cut stream is
   continued (the text so far as a trailing assistant message; exo continues it) at most
@@ -61,6 +62,8 @@ class SoFar:
     max_migrations: int  # the most cut attempts followed by another (``--migrations``)
     held: bool = False  # it was held at least once
     sends: int = 0  # attempts sent so far
+    continuations: int = 0  # attempts sent as a continuation of what the client has
+    paused: bool = False  # it has waited since its last attempt came to ``last``
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ Action = Send | Hold | PassOn | Done | Fail
 def outcome(so_far: SoFar) -> Outcome:
     """How an answered request is counted: ``migrated`` when the client's answer was continued,
     ``retried`` when it was sent more than once, ``held`` when it waited, else ``ok``."""
-    if so_far.cuts > 0 and so_far.first_token_sent:
+    if so_far.continuations > 0:
         return "migrated"
     if so_far.sends > 1:
         return "retried"
@@ -134,11 +137,14 @@ def next_action(so_far: SoFar) -> Action:
             return Fail("cuts")
     if last == "no_instance" and not so_far.deployed:
         return PassOn()  # nothing is coming to serve it: exo's 404 as it is
-    troubled = last in TRANSIENT or (so_far.deployed and not so_far.serving)
-    if troubled and so_far.held_s < so_far.hold_s:
-        return Hold()
-    if last in TRANSIENT:
+    past_hold = so_far.held_s >= so_far.hold_s
+    if last in TRANSIENT and past_hold:
         return Fail("not_serving")
+    # A trouble of exo's is waited on a moment before sending again (the view may say serving
+    # while exo, just elected, has no instance yet); a deployment not serving, until it does.
+    waiting = (so_far.deployed and not so_far.serving) or (last in TRANSIENT and not so_far.paused)
+    if waiting and not past_hold:
+        return Hold()
     # Not serving in the service's view, past the hold (or never held): exo may still have an
     # instance the view does not count yet, so it is asked once.
     return Send(continuation=so_far.first_token_sent)

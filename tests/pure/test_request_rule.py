@@ -58,11 +58,26 @@ def test_hold_zero_never_holds() -> None:
 
 
 @pytest.mark.parametrize("last", ["no_instance", "upstream_error", "unreachable"])
-def test_a_transient_trouble_is_held_then_refused_past_the_bound(last: Happened) -> None:
+def test_a_transient_trouble_is_waited_on_then_sent_again(last: Happened) -> None:
     so_far = replace(FRESH, last=last, sends=1)
     assert next_action(so_far) == Hold()
     assert next_action(replace(so_far, held_s=29.9)) == Hold()
-    assert next_action(replace(so_far, held_s=30.0)) == Fail("not_serving")
+    # Once it has waited a moment, and the deployment serves, it goes again.
+    assert next_action(replace(so_far, paused=True)) == Send(continuation=False)
+    # While the deployment does not serve, it waits on.
+    assert next_action(replace(so_far, paused=True, serving=False)) == Hold()
+    # With no deployment there is no view to wait on: a moment, then again (but exo's 404,
+    # which is passed on: nothing is coming).
+    no_deployment = next_action(replace(so_far, paused=True, deployed=False))
+    assert no_deployment == (PassOn() if last == "no_instance" else Send(continuation=False))
+
+
+@pytest.mark.parametrize("last", ["no_instance", "upstream_error", "unreachable"])
+def test_a_transient_trouble_past_the_hold_is_refused(last: Happened) -> None:
+    so_far = replace(FRESH, last=last, sends=1, held_s=30.0)
+    assert next_action(so_far) == Fail("not_serving")
+    assert next_action(replace(so_far, paused=True)) == Fail("not_serving")
+    assert next_action(replace(so_far, held_s=29.99, paused=True)) == Send(continuation=False)
 
 
 def test_a_model_with_no_deployment_gets_exos_404_at_once() -> None:
@@ -78,7 +93,7 @@ def test_answered_is_done_with_its_outcome() -> None:
     held = replace(FRESH, last="answered", sends=1, held=True)
     assert next_action(held) == Done("held")
     assert next_action(replace(held, sends=2)) == Done("retried")
-    migrated = replace(held, sends=2, cuts=1, first_token_sent=True)
+    migrated = replace(held, sends=2, cuts=1, first_token_sent=True, continuations=1)
     assert next_action(migrated) == Done("migrated")
 
 
@@ -86,9 +101,10 @@ def test_outcome_names_the_most_that_happened() -> None:
     assert outcome(replace(FRESH, sends=1)) == "ok"
     assert outcome(replace(FRESH, sends=1, held=True)) == "held"
     assert outcome(replace(FRESH, sends=2)) == "retried"
-    # A cut before the first token is answered by sending again: retried, not migrated.
-    assert outcome(replace(FRESH, sends=2, cuts=1)) == "retried"
-    assert outcome(replace(FRESH, sends=2, cuts=1, first_token_sent=True)) == "migrated"
+    # A cut before the first token is answered by sending again: retried, not migrated,
+    # though the answer sent again has reached the client since.
+    assert outcome(replace(FRESH, sends=2, cuts=1, first_token_sent=True)) == "retried"
+    assert outcome(replace(FRESH, sends=2, cuts=1, continuations=1)) == "migrated"
     assert outcome(replace(FRESH, sends=1, first_token_sent=True)) == "ok"
 
 
@@ -144,6 +160,8 @@ def test_a_cut_while_the_deployment_fails_over_waits_for_it() -> None:
 def test_a_continuation_that_finds_no_instance_waits_then_fails() -> None:
     lost = replace(FRESH, last="no_instance", cuts=1, first_token_sent=True, serving=False)
     assert next_action(lost) == Hold()
+    assert next_action(replace(lost, paused=True)) == Hold()
+    assert next_action(replace(lost, paused=True, serving=True)) == Send(continuation=True)
     assert next_action(replace(lost, held_s=31.0)) == Fail("not_serving")
 
 
@@ -164,14 +182,12 @@ def reference(s: SoFar) -> Action:
         return Fail("cuts")
     if s.last == "no_instance" and not s.deployed:
         return PassOn()
-    waiting = s.last in ("no_instance", "upstream_error", "unreachable") or (
-        s.deployed and not s.serving
-    )
+    exos_trouble = s.last in ("no_instance", "upstream_error", "unreachable")
     may_wait = s.hold_s - s.held_s > 0
-    if waiting and may_wait:
-        return Hold()
-    if s.last in ("no_instance", "upstream_error", "unreachable"):
+    if exos_trouble and not may_wait:
         return Fail("not_serving")
+    if may_wait and ((s.deployed and not s.serving) or (exos_trouble and not s.paused)):
+        return Hold()
     return Send(s.first_token_sent)
 
 
@@ -200,6 +216,8 @@ so_fars = st.builds(
     max_migrations=st.integers(0, 4),
     held=st.booleans(),
     sends=st.integers(0, 6),
+    continuations=st.integers(0, 3),
+    paused=st.booleans(),
 )
 
 
