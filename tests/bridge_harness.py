@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +76,9 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.down_hosts: set[str] = set()  # refused at once, as a port nobody listens on
         self.hung_hosts: set[str] = set()  # never answered: the caller's deadline ends it
         self.node_id_asked: list[str] = []  # the host of every GET /node_id
+        # What exo answers the next chats instead, in order: each is given the chat's body and a
+        # way to get the stand-in's own answer (cut it, empty it, replace it).
+        self.chat_scripts: list[ChatScript] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.host in self.hung_hosts:
@@ -105,6 +108,15 @@ class ExoLink(httpx.AsyncBaseTransport):
         if (method, path) != ("GET", "/state"):
             body = json.loads(request.content) if request.content else None
             self.calls.append((method, path, body))
+        if (method, path) == ("POST", "/v1/chat/completions") and self.chat_scripts:
+            script = self.chat_scripts.pop(0)
+
+            async def real() -> httpx.Response:
+                response = await self._inner.handle_async_request(request)
+                await response.aread()
+                return response
+
+            return await script(json.loads(request.content), real)
         answer = self.answers.get((method, path))
         if answer is not None:
             query = dict(request.url.params)
@@ -161,6 +173,48 @@ class ExoLink(httpx.AsyncBaseTransport):
             for method, path, _ in self.calls
             if method == "DELETE" and path.startswith("/instance/")
         ]
+
+
+ChatScript = Callable[
+    [dict[str, Any], Callable[[], Awaitable[httpx.Response]]], Awaitable[httpx.Response]
+]
+
+
+def sse_events(body: bytes) -> list[str]:
+    """The ``data:`` of each event in an SSE body, in order."""
+    return [
+        block.removeprefix("data: ")
+        for block in body.decode().split("\n\n")
+        if block.startswith("data: ")
+    ]
+
+
+def cut_after(events: int) -> ChatScript:
+    """exo's stream cut after its first ``events`` data events (as when the instance is
+    deleted under it): no finish_reason, no [DONE]."""
+
+    async def script(_: dict[str, Any], real: Callable[[], Awaitable[httpx.Response]]) -> Any:
+        answer = await real()
+        kept = sse_events(answer.content)[:events]
+        content = ": keep-alive\n\n" + "".join(f"data: {event}\n\n" for event in kept)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=content)
+
+    return script
+
+
+def exo_answers(status: int, content: bytes, content_type: str = "application/json") -> ChatScript:
+    """exo answering ``status`` with ``content`` instead of the chat."""
+
+    async def script(_: dict[str, Any], __: Callable[[], Awaitable[httpx.Response]]) -> Any:
+        return httpx.Response(status, headers={"content-type": content_type}, content=content)
+
+    return script
+
+
+def no_instance(model_id: str = QWEN) -> ChatScript:
+    """exo's answer to a chat for a model it has no instance of."""
+    body = error_body(f"No instance found for model {model_id}", 404, "Not Found")
+    return exo_answers(404, json.dumps(body).encode())
 
 
 def _posted_id(request: httpx.Request) -> str:

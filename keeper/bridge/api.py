@@ -16,6 +16,9 @@ same deployments routes (``keeper.httpapi.deployments_routes``), so ``exo-deploy
   (``keeper.httpapi.whatif_routes``), on exo's State; a 503 while it is not followed;
 - ``GET /metrics``: Prometheus' text format, as the master's (``keeper.httpapi.metrics_routes``),
   with whether exo answers and gives a State to act on;
+- ``POST /v1/chat/completions`` and ``GET /v1/models``: the front door
+  (``keeper.httpapi.front_door_routes``, docs/design.md §8.6): OpenAI's chat forwarded to exo,
+  held while the model fails over and continued when exo cuts it;
 - ``GET /healthz``: the bridge's own health (``keeper.bridge.health``): whether it can reach
   exo and read its State, write its log, and step; a 503 while it cannot write or step.
 
@@ -34,9 +37,11 @@ from keeper.httpapi.app import JSON, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
+from keeper.httpapi.front_door_routes import front_door_router
 from keeper.httpapi.metrics_routes import metrics_router
 from keeper.httpapi.nodes_routes import nodes_router
 from keeper.httpapi.whatif_routes import whatif_router
+from keeper.runtime.front_door import ChatDocument
 
 
 def create_bridge_app(
@@ -52,6 +57,7 @@ def create_bridge_app(
     app.include_router(nodes_router(bridge))
     app.include_router(whatif_router(bridge))
     app.include_router(metrics_router(bridge))
+    app.include_router(front_door_router(bridge.front_door, app.body_ref(ChatDocument)))
 
     @app.get("/state", responses=refusals((503, "exo has not answered yet")))
     async def state() -> Response:

@@ -169,6 +169,8 @@ class ExoApi(Protocol):
     async def start_download(self, node_id: str, shard: JsonObject) -> None: ...
     async def delete_download(self, node_id: str, model_id: str) -> None: ...
     async def node_id(self, timeout_s: float) -> str: ...
+    @property
+    def http(self) -> httpx.AsyncClient: ...
 
 
 class ExoClient:
@@ -196,6 +198,12 @@ class ExoClient:
             # whole, before its size could be counted against the cap.
             headers={"Accept-Encoding": "identity"},
         )
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The HTTP client on exo's URL, for what is passed through to exo as it is (the
+        front door's chats, keeper.runtime.front_door)."""
+        return self._http
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -44,6 +44,7 @@ from keeper.model.liveness import LivenessConfig
 from keeper.model.wire import JsonObject
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
+from keeper.runtime.front_door import FrontDoorConfig
 from keeper.runtime.model_cards import ModelCardError
 from keeper.runtime.starting import MasterStartError
 from keeper.runtime.webhooks import WebhookConfig, webhook_urls
@@ -113,6 +114,7 @@ def run_bridge(
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     webhooks: Sequence[str] = (),
     liveness: LivenessConfig | None = None,
+    front_door: FrontDoorConfig | None = None,
     store: str | None = None,
     name: str | None = None,
     lease_s: float = DEFAULT_LEASE_S,
@@ -125,7 +127,8 @@ def run_bridge(
     ``store`` (``etcd://HOST:PORT[,...]``) keeps the records in etcd instead of ``data_dir``,
     shared by every bridge of the exo cluster, one of them acting (``keeper.bridge.etcd_store``);
     ``name`` is this bridge's name there (default ``HOSTNAME:PORT``); ``store_access`` the TLS
-    files and etcd's user (``keeper.bridge.etcd_access``)."""
+    files and etcd's user (``keeper.bridge.etcd_access``); ``front_door`` the chats' hold,
+    continuations and bound (``keeper.runtime.front_door``)."""
     token = service_token(token)
 
     def prepare() -> Serve:
@@ -156,6 +159,7 @@ def run_bridge(
             metrics_in_thread=True,
             webhooks=WebhookConfig(urls=webhook_urls(webhooks)),
             liveness=liveness if liveness is not None else LivenessConfig(),
+            front_door=front_door if front_door is not None else FrontDoorConfig(),
         )
 
         async def serve() -> None:

@@ -60,6 +60,7 @@ from datetime import datetime
 from pathlib import Path
 
 import anyio
+import httpx
 from anyio.abc import TaskStatus
 
 from keeper.bridge.acting import SharedActing
@@ -112,6 +113,7 @@ from keeper.runtime.clock import Clock
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.event_log import FileOps
 from keeper.runtime.event_store import EventStore
+from keeper.runtime.front_door import FrontDoor, FrontDoorConfig
 from keeper.runtime.hosted_keeper import (
     KeeperFactory,
     KeeperLike,
@@ -162,6 +164,9 @@ class BridgeConfig:
     # default here, so a bridge built in a test keeps exo's rule; ``exo-deploy bridge`` passes
     # the flags, 3 / 8 unless told otherwise.
     liveness: LivenessConfig = OFF
+    # The front door's chats (``--hold-s``, ``--migrations``, ``--max-inflight``;
+    # keeper.runtime.front_door, docs/design.md §8.6).
+    front_door: FrontDoorConfig = field(default_factory=FrontDoorConfig)
 
 
 class Bridge:
@@ -298,6 +303,19 @@ class Bridge:
         )
         self.metrics.add(ExoCollector(self._view.exo_facts))
         self.metrics.add(WebhookCollector(self.webhooks.health))
+        # Chats through the bridge to exo (keeper.runtime.front_door), counted in /metrics and
+        # in each deployment's view.
+        self.front_door = FrontDoor(
+            self._exo_in_order,
+            self._view.model_deployment,
+            self._monotonic,
+            self._sleep,
+            config=self.config.front_door,
+            registry=self.metrics.registry,
+        )
+        self._view.requests = lambda deployment_id: self.front_door.counts.view(
+            deployment_id, self._monotonic()
+        )
 
     # --- what it holds -----------------------------------------------------------------------
 
@@ -315,6 +333,11 @@ class Bridge:
     def exo(self) -> ExoApi:
         """The exo API in use: the State of each step is read from it, commands go to it."""
         return self._follow.exo
+
+    def _exo_in_order(self) -> list[httpx.AsyncClient]:
+        """exo's APIs for a chat: the one followed first, then the others in order."""
+        first = self.exo
+        return [first.http, *(api.http for api in self.exo_apis if api is not first)]
 
     @property
     def clock(self) -> Clock:

@@ -32,12 +32,18 @@ from keeper.bridge.health import (
 from keeper.bridge.metrics import ExoFacts
 from keeper.bridge.node_liveness import BridgeLiveness
 from keeper.bridge.own_log import OwnLog
-from keeper.model.api_models import DeploymentHistoryResponse, DeploymentsResponse, DeploymentView
+from keeper.model.api_models import (
+    DeploymentHistoryResponse,
+    DeploymentsResponse,
+    DeploymentView,
+    RequestsView,
+)
 from keeper.model.exo_state import touched_deployments
 from keeper.model.state import State
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import iso_utc
 from keeper.runtime.deployments import deployment_views, history_response
+from keeper.runtime.front_door import ModelDeployment
 from keeper.runtime.hosted_keeper import Started
 from keeper.runtime.metrics import MetricsSnapshot
 from keeper.runtime.webhooks import Webhooks
@@ -82,6 +88,8 @@ class BridgeView:
         self._merged = LastBuilt[State]()  # exo's State with our deployments
         self._state_body = LastBuilt[bytes]()  # exo's State JSON with our deployments
         self._touched = LastBuilt[dict[str, str]]()  # deployments exo's unread parts concern
+        # A deployment's chats through the front door (set by the bridge once it has one).
+        self.requests: Callable[[str], RequestsView | None] = lambda _: None
 
     @property
     def state(self) -> State:
@@ -145,7 +153,24 @@ class BridgeView:
         views = deployment_views(
             self.state, self._started.keeper_or_none, self._started.clock_or_none, self._detail
         )
-        return DeploymentsResponse(deployments=[self._with_refusal(view) for view in views])
+        return DeploymentsResponse(
+            deployments=[self._with_requests(self._with_refusal(view)) for view in views]
+        )
+
+    def _with_requests(self, view: DeploymentView) -> DeploymentView:
+        requests = self.requests(view.deployment.deployment_id)
+        return view if requests is None else view.model_copy(update={"requests": requests})
+
+    def model_deployment(self, model_id: str) -> ModelDeployment | None:
+        """The deployment of ``model_id`` as the front door asks (serving, and its status in
+        words), or None when the model has none."""
+        for view in self.deployments_view().deployments:
+            if view.deployment.model_card.model_id == model_id:
+                words = view.status + (f": {view.detail}" if view.detail else "")
+                return ModelDeployment(
+                    view.deployment.deployment_id, view.status == "serving", words
+                )
+        return None
 
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""

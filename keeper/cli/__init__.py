@@ -44,7 +44,13 @@ from keeper.model.liveness import (
 )
 from keeper.model.state import Backend, ModelCard
 from keeper.node.sim_options import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, SIM_FAULTS
-from keeper.runtime.arguments import UsageParser, positive_float, positive_int, webhook_option
+from keeper.runtime.arguments import (
+    UsageParser,
+    positive_float,
+    positive_int,
+    webhook_option,
+    whole_number,
+)
 from keeper.runtime.starting import MasterStartError
 
 if TYPE_CHECKING:
@@ -377,6 +383,30 @@ def _bridge_command(command: _Command) -> None:
     )
     webhook_option(bridge, "alert notices (incidents, cant_place, drains)")
     bridge.add_argument(
+        "--hold-s",
+        type=_hold_seconds,
+        default=30.0,
+        metavar="S",
+        help="a chat through the bridge (POST /v1/chat/completions) waits up to S for its model "
+        "to serve, then is a 503 (default 30; 0 = never held)",
+    )
+    bridge.add_argument(
+        "--migrations",
+        type=_count,
+        default=2,
+        metavar="N",
+        help="a chat exo cuts is continued on another instance at most N times (default 2; "
+        "0 = a cut is an error event)",
+    )
+    bridge.add_argument(
+        "--max-inflight",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="chats through the bridge at once, held ones included; one more is a 429 "
+        "(default 256)",
+    )
+    bridge.add_argument(
         "--store",
         metavar="etcd[s]://HOST:PORT[,HOST:PORT...]",
         help="keep the deployments and every record in etcd instead of --data-dir, shared by "
@@ -521,6 +551,20 @@ def _seconds(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def _hold_seconds(text: str) -> float:
+    value = _seconds(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = whole_number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
 
 
 def _failover_options(parser: argparse.ArgumentParser) -> None:

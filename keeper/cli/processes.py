@@ -134,6 +134,7 @@ def _disk_refused(args: argparse.Namespace) -> int | None:
 def cmd_bridge(args: argparse.Namespace) -> int:
     from keeper.bridge.etcd_access import StoreAccessOptions
     from keeper.bridge.server import run_bridge
+    from keeper.runtime.front_door import FrontDoorConfig
 
     return run_bridge(
         args.exo,
@@ -145,6 +146,7 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         max_deployments=args.max_deployments,
         webhooks=args.webhook,
         liveness=LivenessConfig(args.suspect_after_s, args.dead_after_s),
+        front_door=FrontDoorConfig(args.hold_s, args.migrations, args.max_inflight),
         store=args.store,
         name=args.name,
         lease_s=args.lease_s,

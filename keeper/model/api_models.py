@@ -299,6 +299,19 @@ class HealthView(BaseModel):
     since: str  # ISO-8601 UTC
 
 
+class RequestsView(BaseModel):
+    """A deployment's chats through the front door (docs/design.md §8.6) over the last
+    ``window_s``: requests per second, how many failed, the 95th percentile of time to first
+    token (None when none got one)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    window_s: float
+    rate: float
+    errors: int
+    p95_ttft_s: float | None
+
+
 class DeploymentView(BaseModel):
     """One deployment as ``GET /deployments`` reports it, with the keeper's timers."""
 
@@ -338,6 +351,9 @@ class DeploymentView(BaseModel):
     failover: FailoverView | None = None
     # What is wrong with an instance of its model, or None (docs/design.md §5.19).
     health: HealthView | None = None
+    # Its chats through the front door over the last five minutes, or None: none came, or
+    # the service has no front door (docs/design.md §8.6).
+    requests: RequestsView | None = None
 
 
 # The longest history ``GET /deployments/{id}/history`` answers: 30 days. Serving records are
