@@ -1,0 +1,92 @@
+"""The bridge's front door on real sockets: ``exo-deploy cluster --exo-compat`` (the stand-in
+for a stock exo, with node processes) and ``exo-deploy bridge`` as processes, one streamed chat
+sent to the bridge's ``POST /v1/chat/completions`` and read event by event as it comes
+(docs/design.md §8.6). Every wait has a deadline; every process is stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from model_ids import QWEN as MODEL
+from process_helpers import (
+    START_DEADLINE_S,
+    cluster_argv,
+    free_port,
+    get_json,
+    run_cli,
+    start_cli,
+    stop,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.e2e(seconds=30)
+def test_a_streamed_chat_through_the_bridge_s_front_door(tmp_path: Path) -> None:
+    exo_port, bridge_port = free_port(), free_port()
+    exo_url, bridge_url = f"http://127.0.0.1:{exo_port}", f"http://127.0.0.1:{bridge_port}"
+    with (
+        (tmp_path / "cluster.out").open("wb") as cluster_out,
+        (tmp_path / "bridge.out").open("wb") as bridge_out,
+    ):
+        cluster = start_cli(
+            cluster_argv(exo_port, tmp_path / "cluster", "--exo-compat"), cluster_out
+        )
+        bridge = start_cli(
+            ["bridge", "--exo", exo_url, "--port", str(bridge_port), "--hold-s", "5"], bridge_out
+        )
+        try:
+
+            def following() -> bool | None:
+                health = get_json(f"{bridge_url}/healthz")
+                state = get_json(f"{exo_url}/state")
+                nodes = len(state["topology"]["nodes"]) if state is not None else 0
+                return True if health is not None and health["exo"]["reachable"] and nodes else None
+
+            wait_for("the bridge following exo with nodes", START_DEADLINE_S, following)
+            deployed = run_cli("deploy", MODEL, "--url", bridge_url, "--json")
+            assert deployed.returncode == 0, deployed.stderr
+
+            def serving() -> bool | None:
+                listed = get_json(f"{bridge_url}/deployments")
+                views = listed["deployments"] if listed is not None else []
+                return True if views and views[0]["status"] == "serving" else None
+
+            wait_for("the deployment serving (after the 15 s grace)", 45, serving)
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hello"}],
+                "stream": True,
+                "max_tokens": 6,
+            }
+            events: list[str] = []
+            with (
+                httpx.Client(timeout=30, trust_env=False) as client,
+                client.stream("POST", f"{bridge_url}/v1/chat/completions", json=body) as answer,
+            ):
+                assert answer.status_code == 200
+                assert answer.headers["content-type"].startswith("text/event-stream")
+                events = [
+                    line.removeprefix("data: ")
+                    for line in answer.iter_lines()
+                    if line.startswith("data: ")
+                ]
+            assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+            chunks = [json.loads(event) for event in events[:-1]]
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            assert text and chunks[-1]["choices"][0]["finish_reason"] is not None
+            metrics = httpx.get(f"{bridge_url}/metrics", trust_env=False).text
+            assert any(
+                line.startswith("exo_deploy_requests_total{")
+                and 'outcome="ok"' in line
+                and line.endswith(" 1.0")
+                for line in metrics.splitlines()
+            )
+            assert stop(bridge) == 0
+        finally:
+            stop(bridge)
+            stop(cluster)
