@@ -196,7 +196,7 @@ async def test_no_instance_then_an_instance_is_answered_held() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_chat_is_held_through_a_failover_then_answered() -> None:
+async def test_chats_sent_through_a_frozen_node_s_failover_are_all_answered() -> None:
     fast = BridgeConfig(liveness=LivenessConfig(3.0, 8.0))
     async with serving(fast) as (h, api):
         (first,) = h.exo_instances()
