@@ -50,9 +50,9 @@ import httpx
 
 from bench.master_bench import churn
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import MasterClient
+from exo_deploy_tui.feed.client import MasterClient
+from exo_deploy_tui.model.updates import ConnectionUpdate, DeploymentsUpdate, EventUpdate, Update
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient, node_id_for
-from exo_deploy_tui.updates import ConnectionUpdate, DeploymentsUpdate, EventUpdate, Update
 from keeper.cluster.demo import EmbeddedCluster
 from keeper.master.server import serve
 from keeper.master.service import Master, MasterConfig

@@ -42,13 +42,17 @@ from textual.message import Message
 from textual.reactive import var
 from textual.screen import Screen
 
-from exo_deploy_tui.client import ApiError, ClusterClient
-from exo_deploy_tui.commands import visible_actions
-from exo_deploy_tui.edits import Setting, changes_text
 from exo_deploy_tui.failure_log import record_failure
-from exo_deploy_tui.faults import FaultInjector, inject
-from exo_deploy_tui.format import short_id, short_model
-from exo_deploy_tui.model import ClusterModel
+from exo_deploy_tui.feed.client import ApiError, ClusterClient
+from exo_deploy_tui.model.cluster import ClusterModel
+from exo_deploy_tui.model.format import short_id, short_model
+from exo_deploy_tui.model.updates import (
+    ConnectionUpdate,
+    HeardUpdate,
+    NodesUpdate,
+    SnapshotUpdate,
+    Update,
+)
 from exo_deploy_tui.screens.contract import (
     CordonRequested,
     CreateRequested,
@@ -67,13 +71,9 @@ from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.screens.whatif import WhatIfScreen
 from exo_deploy_tui.terminal import EndOfInputDriver, exit_on_hangup
-from exo_deploy_tui.updates import (
-    ConnectionUpdate,
-    HeardUpdate,
-    NodesUpdate,
-    SnapshotUpdate,
-    Update,
-)
+from exo_deploy_tui.view.commands import visible_actions
+from exo_deploy_tui.view.edits import Setting, changes_text
+from exo_deploy_tui.view.faults import FaultInjector, inject
 from keeper.model.api_models import CommandResponse, CreateDeploymentRequest, ModelListEntry
 from keeper.model.state import NodeDrain
 

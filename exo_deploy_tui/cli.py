@@ -19,8 +19,8 @@ from urllib.parse import urlparse
 from rich.console import Console
 
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import DEFAULT_URL, MasterClient
-from exo_deploy_tui.faults import FaultInjector
+from exo_deploy_tui.feed.client import DEFAULT_URL, MasterClient
+from exo_deploy_tui.view.faults import FaultInjector
 from keeper.client.token_options import add_token_options
 from keeper.client.version_option import add_version_option
 

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from exo_deploy_tui.client import ApiError
-from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
+from exo_deploy_tui.feed.client import ApiError
+from exo_deploy_tui.model.updates import ConnectionUpdate, SnapshotUpdate, Update
 from keeper.model.api_models import (
     CommandResponse,
     CreateDeploymentRequest,

@@ -20,9 +20,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Static
 
-from exo_deploy_tui.draining import DrainPlan, PlannedInstance
-from exo_deploy_tui.format import short_id, short_model
-from exo_deploy_tui.model import DeploymentRow, InstanceRow
+from exo_deploy_tui.model.cluster import DeploymentRow, InstanceRow
+from exo_deploy_tui.model.draining import DrainPlan, PlannedInstance
+from exo_deploy_tui.model.format import short_id, short_model
 
 
 def delete_question(row: DeploymentRow) -> Text:

@@ -16,8 +16,8 @@ from typing import Protocol
 from textual.message import Message
 from textual.screen import Screen
 
-from exo_deploy_tui.edits import Setting
-from exo_deploy_tui.model import ClusterModel
+from exo_deploy_tui.model.cluster import ClusterModel
+from exo_deploy_tui.view.edits import Setting
 from keeper.model.api_models import CreateDeploymentRequest, ModelListEntry, ServiceHealthView
 
 

@@ -20,17 +20,17 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Footer, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
-from exo_deploy_tui.client import ApiError
-from exo_deploy_tui.format import short_model
-from exo_deploy_tui.forms import (
+from exo_deploy_tui.feed.client import ApiError
+from exo_deploy_tui.model.format import short_model
+from exo_deploy_tui.screens.contract import ClusterSource, CreateRequested
+from exo_deploy_tui.screens.master_form import MasterForm
+from exo_deploy_tui.view.forms import (
     check_replicas,
     fit_hint,
     no_match,
     search_models,
     validate_create,
 )
-from exo_deploy_tui.screens.contract import ClusterSource, CreateRequested
-from exo_deploy_tui.screens.master_form import MasterForm
 from keeper.model.api_models import ModelListEntry, model_entry
 from keeper.model.catalog import BUILTIN_MODEL_CARDS
 from keeper.model.state import MAX_REPLICAS, InstanceMeta, Sharding

@@ -2,7 +2,7 @@
 
 At 80x24 one panel shows at a time (tabs 1-4, the deployments table by default) with the
 selected deployment's details under it; from 120x36 all four show at once. The keys, and which
-actions read-only and demo mode allow, are made from the table in ``exo_deploy_tui.commands``,
+actions read-only and demo mode allow, are made from the table in ``exo_deploy_tui.view.commands``,
 which the help, ``:`` and the command palette read too.
 The screen keeps its own view state (tab, sort, filter, selection); the data is the app's
 model, read through the ``ClusterSource`` it was given, and the app's view state (paused,
@@ -24,9 +24,7 @@ from textual.containers import Container, Vertical
 from textual.reactive import var
 from textual.widgets import Footer, Input
 
-from exo_deploy_tui.cells import no_deployments_api
-from exo_deploy_tui.commands import ACTIONS, ParseError, allowed, parse_command, visible_actions
-from exo_deploy_tui.model import DeploymentRow, SortKey, sort_rows
+from exo_deploy_tui.model.cluster import DeploymentRow, SortKey, sort_rows
 from exo_deploy_tui.screens.confirm import (
     ConfirmDeleteScreen,
     ConfirmDrainScreen,
@@ -52,6 +50,14 @@ from exo_deploy_tui.screens.describe import DescribeScreen
 from exo_deploy_tui.screens.edit import EditScreen
 from exo_deploy_tui.screens.help import HelpScreen
 from exo_deploy_tui.screens.scale import ScaleScreen
+from exo_deploy_tui.view.cells import no_deployments_api
+from exo_deploy_tui.view.commands import (
+    ACTIONS,
+    ParseError,
+    allowed,
+    parse_command,
+    visible_actions,
+)
 from exo_deploy_tui.widgets.panels import (
     DeploymentsTable,
     DetailStrip,
@@ -70,7 +76,7 @@ WIDE_MIN_HEIGHT = 36
 
 
 class DashboardScreen(ModelScreen):
-    # Made from the table in ``exo_deploy_tui.commands``, in its order (the footer's).
+    # Made from the table in ``exo_deploy_tui.view.commands``, in its order (the footer's).
     # ``:`` and ``/`` with priority: see ``_focus_box``.
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(

@@ -21,8 +21,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
-from exo_deploy_tui.cells import runner_status_text, timeline_line, timer_words
-from exo_deploy_tui.format import (
+from exo_deploy_tui.model.cluster import ClusterModel, DeploymentRow
+from exo_deploy_tui.model.format import (
     STATUS_COLOR,
     clock_minute,
     clock_time,
@@ -33,9 +33,9 @@ from exo_deploy_tui.format import (
     short_model,
     status_label,
 )
-from exo_deploy_tui.model import ClusterModel, DeploymentRow
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen, delete_question
 from exo_deploy_tui.screens.contract import ClusterSource, DeleteRequested, ModelScreen
+from exo_deploy_tui.view.cells import runner_status_text, timeline_line, timer_words
 from keeper.model.history import History, Incident
 
 # Incidents listed, newest first: with the lines above them they fit an 80x24 screen; the

@@ -24,7 +24,10 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Footer, Input, Label, Select, Static
 
-from exo_deploy_tui.edits import (
+from exo_deploy_tui.model.format import short_model
+from exo_deploy_tui.screens.contract import EditRequested
+from exo_deploy_tui.screens.master_form import MasterForm
+from exo_deploy_tui.view.edits import (
     EDIT_FIELDS,
     ROLLING_NOTE,
     EditValues,
@@ -33,9 +36,6 @@ from exo_deploy_tui.edits import (
     refusal_notes,
     rolling,
 )
-from exo_deploy_tui.format import short_model
-from exo_deploy_tui.screens.contract import EditRequested
-from exo_deploy_tui.screens.master_form import MasterForm
 from keeper.model.api_models import MAX_MIN_NODES
 from keeper.model.state import (
     MAX_PRIORITY,

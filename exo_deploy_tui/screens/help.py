@@ -17,8 +17,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
-from exo_deploy_tui.cells import DRAINING_STYLE, DRAINING_SYMBOL
-from exo_deploy_tui.commands import ActionSpec
+from exo_deploy_tui.view.cells import DRAINING_STYLE, DRAINING_SYMBOL
+from exo_deploy_tui.view.commands import ActionSpec
 
 # The text's width: an 80-column terminal less the dialog's border and padding.
 HELP_WIDTH = 76

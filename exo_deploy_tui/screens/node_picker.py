@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, OptionList, Static
 
-from exo_deploy_tui.faults import FAULT_WORDS
+from exo_deploy_tui.view.faults import FAULT_WORDS
 
 
 class NodePickerScreen(ModalScreen[str | None]):

@@ -18,11 +18,11 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Footer, Input, Label, Static
 
-from exo_deploy_tui.format import short_model
-from exo_deploy_tui.forms import check_replicas
-from exo_deploy_tui.model import DeploymentRow
+from exo_deploy_tui.model.cluster import DeploymentRow
+from exo_deploy_tui.model.format import short_model
 from exo_deploy_tui.screens.contract import ScaleRequested
 from exo_deploy_tui.screens.master_form import MasterForm
+from exo_deploy_tui.view.forms import check_replicas
 from keeper.model.state import MAX_REPLICAS
 
 

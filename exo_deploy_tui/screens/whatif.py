@@ -26,8 +26,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
-from exo_deploy_tui.cells import DRAINING_SYMBOL
-from exo_deploy_tui.format import short_model, truncate
+from exo_deploy_tui.model.format import short_model, truncate
+from exo_deploy_tui.view.cells import DRAINING_SYMBOL
 from keeper.model.api_models import WhatIfDeployment, WhatIfResponse, WhatIfThresholds
 from keeper.model.whatif_words import (
     Verdict,

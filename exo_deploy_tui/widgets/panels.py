@@ -16,7 +16,10 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Static
 
-from exo_deploy_tui.cells import (
+from exo_deploy_tui.model.cluster import Connection, DeploymentRow, InstanceRow, NodeRow, Summary
+from exo_deploy_tui.model.format import short_model
+from exo_deploy_tui.model.timeline import Timeline
+from exo_deploy_tui.view.cells import (
     deployment_cells,
     deployment_columns,
     detail_text,
@@ -30,10 +33,8 @@ from exo_deploy_tui.cells import (
     nodes_text,
     timeline_line,
 )
-from exo_deploy_tui.format import short_model
-from exo_deploy_tui.model import Connection, DeploymentRow, InstanceRow, NodeRow, Summary
-from exo_deploy_tui.timeline import Timeline
-from exo_deploy_tui.widgets.table import Column, KeyedTable
+from exo_deploy_tui.view.columns import Column
+from exo_deploy_tui.widgets.table import KeyedTable
 from exo_deploy_tui.widgets.wrapped_log import WrappedLog
 from keeper.model.api_models import ServiceHealthView
 

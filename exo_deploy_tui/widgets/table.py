@@ -15,7 +15,6 @@ that row goes it stays at the same height.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.cells import cell_len
@@ -28,16 +27,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-# One cell: its text, already cut to the column's width, and a Rich style string.
-Cell = tuple[str, str]
-Cells = tuple[Cell, ...]
-
-
-@dataclass(frozen=True)
-class Column:
-    key: str
-    label: str
-    width: int
+from exo_deploy_tui.view.columns import Cells, Column
 
 
 class KeyedTable(ScrollView, can_focus=True):

@@ -42,7 +42,7 @@ from keeper.model.refusals import RefusalError
 # Often enough for the TUI's countdowns to stay right, rarely enough to cost nothing.
 DEPLOYMENTS_CHECK_S = 1.0
 # Every second, as nodes report: a dashboard judges the cluster as of the master's last word
-# (exo_deploy_tui.master_clock), so a master with nothing to say still says that it is alive,
+# (exo_deploy_tui.model.master_clock), so a master with nothing to say still says that it is alive,
 # and a quiet one is told from quiet nodes within seconds. Far below the 30-60 s idle timeouts
 # of proxies and load balancers; a comment line a second per dashboard costs nothing.
 KEEPALIVE_S = 1.0

@@ -21,7 +21,7 @@ pure:
 
 An instance on a node the service suspects or found dead (``State.node_watch``) or one that left
 the topology is the failover's business (§5.18): none of these rules judges it. The TUI's
-instance rule (``exo_deploy_tui.health``) calls these too, so it says the same.
+instance rule (``exo_deploy_tui.model.health``) calls these too, so it says the same.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from process_helpers import START_DEADLINE_S, free_port, get_json, start_cli, st
 from textual.pilot import Pilot
 
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import MasterClient
+from exo_deploy_tui.feed.client import MasterClient
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen

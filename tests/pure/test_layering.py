@@ -260,6 +260,101 @@ def test_tui_screens_and_widgets_never_import_the_app() -> None:
     assert bad == []
 
 
+# The dashboard's layers, lowest first (docs/design.md §9.1): the pure model of the cluster, the
+# feed that brings it what a master answers, what the screen says, the widgets that draw it, the
+# screens, then the app. A layer may import its own and lower layers' modules.
+TUI_FLOORS: tuple[str, ...] = (
+    "exo_deploy_tui.model",
+    "exo_deploy_tui.feed",
+    "exo_deploy_tui.view",
+    "exo_deploy_tui.widgets",
+    "exo_deploy_tui.screens",
+)
+# What each lower layer must not reach for: the model is pure (no UI, no I/O, no clock), the feed
+# and the view draw nothing (no Textual: the feed is HTTP, the view Rich text).
+TUI_FORBIDDEN: dict[str, frozenset[str]] = {
+    # The model shows the master's dates on the local clock (``time.localtime`` of a given
+    # moment, ISO dates parsed): it may import time and datetime, and never reads the clock
+    # (``test_the_tui_model_reads_no_clock``).
+    "exo_deploy_tui.model": frozenset(IMPURE_MODULES - {"time", "datetime"}),
+    "exo_deploy_tui.feed": frozenset({"textual", "rich"}),
+    "exo_deploy_tui.view": frozenset({"textual", "httpx", "anyio"}),
+}
+
+
+def tui_floor_of(module: str) -> int | None:
+    for level, floor in enumerate(TUI_FLOORS):
+        if _within(module, floor):
+            return level
+    return None
+
+
+def test_every_tui_layer_imports_only_lower_ones() -> None:
+    bad = [
+        _fmt(i)
+        for i in tui_imports()
+        if (importer := tui_floor_of(i.importer)) is not None
+        and (imported := tui_floor_of(i.imported)) is not None
+        and imported > importer
+    ]
+    assert bad == []
+
+
+def test_the_tui_layers_below_the_app_never_import_its_shell() -> None:
+    """The app's own modules (app, cli, terminal, testing, ...) sit on top of every layer."""
+    shell = [
+        _module_name(path)
+        for path in sorted((ROOT / "exo_deploy_tui").glob("*.py"))
+        if path.name != "__init__.py"
+    ]
+    assert "exo_deploy_tui.app" in shell  # guard: the walk sees the shell
+    bad = [
+        _fmt(i)
+        for i in tui_imports()
+        if tui_floor_of(i.importer) is not None and any(_within(i.imported, m) for m in shell)
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize("layer", sorted(TUI_FORBIDDEN))
+def test_the_tui_model_feed_and_view_keep_to_their_kind(layer: str) -> None:
+    forbidden = TUI_FORBIDDEN[layer]
+    bad = [
+        _fmt(i)
+        for i in tui_imports()
+        if _within(i.importer, layer) and i.imported.split(".")[0] in forbidden
+    ]
+    assert bad == []
+
+
+# The calls that read a clock, by the name they are called by.
+CLOCK_READS = {"time", "monotonic", "perf_counter", "now", "utcnow", "today"}
+
+
+def test_the_tui_model_reads_no_clock() -> None:
+    bad = [
+        f"{path.name} line {node.lineno}"
+        for path in sorted((ROOT / "exo_deploy_tui" / "model").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in CLOCK_READS
+    ]
+    assert bad == []
+
+
+def test_the_tui_model_opens_no_files() -> None:
+    bad = [
+        f"{path.name} line {node.lineno}"
+        for path in sorted((ROOT / "exo_deploy_tui" / "model").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in {"open", "print", "input"}
+    ]
+    assert bad == []
+
+
 def test_tui_modules_do_not_import_each_other_in_a_circle() -> None:
     """A cycle (even one under TYPE_CHECKING) means two modules are one: the lower one's names
     belong in it."""

@@ -40,6 +40,7 @@ from keeper.model.state import (
     AnyDownload,
     AnyInstance,
     Backend,
+    BackendName,
     Connection,
     DownloadCompleted,
     DownloadFailed,
@@ -979,7 +980,7 @@ def clusters(draw: st.DrawFn, usable: bool = False) -> State:
     gone = names[-1] if len(names) > 2 and draw(st.integers(0, 3)) == 0 else None
     live = [name for name in names if name != gone][:6]
     memory: dict[str, MemoryUsage] = {}
-    backends: dict[str, list[Backend]] = {}
+    backends: dict[str, list[BackendName]] = {}
     for name in names:
         if usable or draw(st.integers(0, 11)) > 0:
             ram = draw(st.sampled_from([0, 2, 3, 3, 4, 4, 5, 6, 8]))
@@ -991,7 +992,7 @@ def clusters(draw: st.DrawFn, usable: bool = False) -> State:
                 st.one_of(
                     st.just([Backend.MLX_METAL]),
                     st.lists(st.sampled_from(ALL_BACKENDS), unique=True),
-                )
+                ).map(list[BackendName])
             )
     connections: dict[str, dict[str, list[Edge]]] = {}
     density = draw(st.sampled_from([0.15, 0.3, 0.5, 0.8, 0.9, 1.0, 1.0]))

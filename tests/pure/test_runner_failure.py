@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from keeper_harness import build_instance, card
 from recorded_exo import cluster_recorded
 
-from exo_deploy_tui.derive import derive, instance_rows
-from exo_deploy_tui.timeline import entries_for_event
+from exo_deploy_tui.model.derive import derive, instance_rows
+from exo_deploy_tui.model.timeline import entries_for_event
 from keeper.core.alerts import AlertMemory, Observed, notices
 from keeper.model.apply import apply
 from keeper.model.events import DeploymentCreated, InstanceCreated, RunnerStatusUpdated

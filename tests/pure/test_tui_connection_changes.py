@@ -3,9 +3,9 @@ getting it back says for how long and how it is read, and before any data nothin
 
 from __future__ import annotations
 
-from exo_deploy_tui.connection_changes import connection_changed
-from exo_deploy_tui.rows import Connection
-from exo_deploy_tui.updates import ConnectionUpdate
+from exo_deploy_tui.model.connection_changes import connection_changed
+from exo_deploy_tui.model.rows import Connection
+from exo_deploy_tui.model.updates import ConnectionUpdate
 
 LIVE = Connection("live")
 

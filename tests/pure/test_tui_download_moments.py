@@ -1,14 +1,14 @@
-"""When the dashboard saw downloads start and complete (``exo_deploy_tui.download_moments``) and
-each node's last GPU readings (``exo_deploy_tui.readings``): the model's memories of node
+"""When the dashboard saw downloads start and complete (``model.download_moments``) and
+each node's last GPU readings (``exo_deploy_tui.model.gpu_readings``): the model's memories of node
 reports, tested apart from it."""
 
 from __future__ import annotations
 
 from model_ids import QWEN
 
-from exo_deploy_tui.download_moments import DownloadMoments
-from exo_deploy_tui.readings import GPU_READINGS_KEPT, GpuReadings
-from exo_deploy_tui.recovery import NodeDownload
+from exo_deploy_tui.model.download_moments import DownloadMoments
+from exo_deploy_tui.model.gpu_readings import GPU_READINGS_KEPT, GpuReadings
+from exo_deploy_tui.model.recovery import NodeDownload
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from keeper.model.events import NodeDownloadProgress
 from keeper.model.state import State, download_entry

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from recorded_exo import recorded_state
 
-from exo_deploy_tui.downloads import (
+from exo_deploy_tui.model.downloads import (
     DownloadFacts,
     download_facts,
     download_mark,
     download_words,
     gating_download,
 )
-from exo_deploy_tui.format import part_duration, rate, size_gb, sizes_gb, sparkline
-from exo_deploy_tui.recovery import NodeDownload, parts_text, recovery_parts
+from exo_deploy_tui.model.format import part_duration, rate, size_gb, sizes_gb, sparkline
+from exo_deploy_tui.model.recovery import NodeDownload, parts_text, recovery_parts
 from keeper.model.state import AnyDownload
 
 QWEN30 = "mlx-community/Qwen3-30B-A3B-4bit"

@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 from recorded_exo import recorded_state
 
-from exo_deploy_tui.cells import (
+from exo_deploy_tui.feed.client import STOCK_EXO
+from exo_deploy_tui.model.cluster import (
+    GPU_READINGS_KEPT,
+    MOMENTS_WINDOW_S,
+    ClusterModel,
+    parse_iso,
+)
+from exo_deploy_tui.model.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
+from exo_deploy_tui.view.cells import (
     MODELS_MIN,
     detail_text,
     disk_cell,
@@ -20,10 +29,6 @@ from exo_deploy_tui.cells import (
     node_columns,
     timer_words,
 )
-from exo_deploy_tui.client import STOCK_EXO
-from exo_deploy_tui.model import GPU_READINGS_KEPT, MOMENTS_WINDOW_S, ClusterModel, parse_iso
-from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
-from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
 from keeper.model.events import (
     AnyEvent,
     IndexedEvent,

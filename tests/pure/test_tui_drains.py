@@ -7,11 +7,11 @@ from __future__ import annotations
 from model_ids import LLAMA, QWEN
 from tui_clusters import three_nodes
 
-from exo_deploy_tui.cells import next_text, node_columns, node_table_rows, status_text
-from exo_deploy_tui.draining import DrainProgress, progress_words
-from exo_deploy_tui.model import ClusterModel, NodeRow
+from exo_deploy_tui.model.cluster import ClusterModel, NodeRow
+from exo_deploy_tui.model.draining import DrainProgress, progress_words
+from exo_deploy_tui.model.updates import ConnectionUpdate, EventUpdate, NodesUpdate
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
-from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, NodesUpdate
+from exo_deploy_tui.view.cells import next_text, node_columns, node_table_rows, status_text
 from keeper.model.events import (
     AnyEvent,
     DeploymentOptionsChanged,

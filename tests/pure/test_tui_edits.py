@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 from model_ids import LLAMA, QWEN
 
-from exo_deploy_tui.cells import service_text
-from exo_deploy_tui.edits import (
+from exo_deploy_tui.view.cells import service_text
+from exo_deploy_tui.view.edits import (
     NOT_IN_PLACE,
     current_values,
     edit_changes,

@@ -1,10 +1,10 @@
-"""The placement error explained in numbers (exo_deploy_tui.explain), from built States."""
+"""The placement error explained in numbers (exo_deploy_tui.model.explain), from built States."""
 
 from __future__ import annotations
 
 from model_ids import QWEN
 
-from exo_deploy_tui.explain import LINK, explain_placement
+from exo_deploy_tui.model.explain import LINK, explain_placement
 from exo_deploy_tui.testing import ClusterBuilder, node_id_for
 from keeper.model.state import Backend, Deployment, InstanceMeta, NodeId, RDMAConnection, State
 

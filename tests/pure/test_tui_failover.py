@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from exo_deploy_tui.cells import (
+from exo_deploy_tui.model.cluster import ClusterModel, DeploymentRow
+from exo_deploy_tui.model.failover import failover_facts
+from exo_deploy_tui.model.liveness import NodeLiveness, judge
+from exo_deploy_tui.model.master_clock import MasterClock
+from exo_deploy_tui.model.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
+from exo_deploy_tui.model.verdicts import OwnVerdicts
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
+from exo_deploy_tui.view.cells import (
     failover_next,
     failover_words,
     liveness_text,
@@ -15,13 +22,6 @@ from exo_deploy_tui.cells import (
     status_text,
     summary_text,
 )
-from exo_deploy_tui.failover import failover_facts
-from exo_deploy_tui.liveness import NodeLiveness, judge
-from exo_deploy_tui.master_clock import MasterClock
-from exo_deploy_tui.model import ClusterModel, DeploymentRow
-from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
-from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
-from exo_deploy_tui.verdicts import OwnVerdicts
 from keeper.core.failover import failover_picture
 from keeper.model.api_models import FailoverView
 from keeper.model.events import (

@@ -6,8 +6,13 @@ from __future__ import annotations
 import pytest
 from model_ids import LLAMA, QWEN
 
-from exo_deploy_tui.availability import AVAILABILITY_WINDOW_S
-from exo_deploy_tui.cells import (
+from exo_deploy_tui.model.availability import AVAILABILITY_WINDOW_S
+from exo_deploy_tui.model.cluster import HISTORY_SEEDED_MAX, ClusterModel, DeploymentRow
+from exo_deploy_tui.model.format import percent_available
+from exo_deploy_tui.model.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
+from exo_deploy_tui.screens.describe import INCIDENTS_SHOWN, describe_text, history_text
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, node_id_for
+from exo_deploy_tui.view.cells import (
     AVAIL_COLUMN_FROM,
     HISTORY_MARK,
     availability_cell,
@@ -15,11 +20,6 @@ from exo_deploy_tui.cells import (
     deployment_columns,
     timeline_line,
 )
-from exo_deploy_tui.format import percent_available
-from exo_deploy_tui.model import HISTORY_SEEDED_MAX, ClusterModel, DeploymentRow
-from exo_deploy_tui.screens.describe import INCIDENTS_SHOWN, describe_text, history_text
-from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, node_id_for
-from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
 from keeper.model.events import (
     AnyEvent,
     DeploymentServingChanged,

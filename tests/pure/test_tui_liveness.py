@@ -1,10 +1,15 @@
-"""The dashboard's node liveness (``exo_deploy_tui.liveness``) and the master's clock on ours
-(``exo_deploy_tui.master_clock``): judged apart from the model that composes them."""
+"""The dashboard's node liveness (``exo_deploy_tui.model.liveness``) and the master's clock on ours
+(``exo_deploy_tui.model.master_clock``): judged apart from the model that composes them."""
 
 from __future__ import annotations
 
-from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness, judge
-from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
+from exo_deploy_tui.model.liveness import GONE_NODES_KEPT, NodeLiveness, judge
+from exo_deploy_tui.model.master_clock import (
+    CLOCK_SKEW_IGNORED_S,
+    MasterClock,
+    offset_taken,
+    parse_iso,
+)
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from keeper.model.events import NodeGatheredInfo, NodeTimedOut
 from keeper.model.liveness import SILENT_AFTER_S

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from recorded_exo import recorded_state
 
-from exo_deploy_tui.client import STOCK_EXO
-from exo_deploy_tui.model import ClusterModel, parse_iso
-from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
+from exo_deploy_tui.feed.client import STOCK_EXO
+from exo_deploy_tui.model.cluster import ClusterModel, parse_iso
+from exo_deploy_tui.model.updates import ConnectionUpdate, SnapshotUpdate
 from keeper.model.notices import iso_utc_of
 
 

@@ -3,9 +3,9 @@ judges every silence only as far as the master's last word."""
 
 from __future__ import annotations
 
-from exo_deploy_tui.format import clock_time
-from exo_deploy_tui.master_clock import MasterClock
-from exo_deploy_tui.master_quiet import (
+from exo_deploy_tui.model.format import clock_time
+from exo_deploy_tui.model.master_clock import MasterClock
+from exo_deploy_tui.model.master_quiet import (
     CATCH_UP_S,
     QUIET_AFTER_S,
     MasterQuiet,

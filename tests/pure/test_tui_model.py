@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from model_ids import LLAMA, QWEN
 
-from exo_deploy_tui.master_quiet import CATCH_UP_S, QUIET_AFTER_S
-from exo_deploy_tui.model import (
+from exo_deploy_tui.model.cluster import (
     GONE_NODES_KEPT,
     SILENT_AFTER_S,
     ClusterModel,
     sort_rows,
 )
-from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
-from exo_deploy_tui.updates import (
+from exo_deploy_tui.model.master_quiet import CATCH_UP_S, QUIET_AFTER_S
+from exo_deploy_tui.model.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
     HeardUpdate,
     SnapshotUpdate,
 )
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
 from keeper.model.api_models import DeploymentView
 from keeper.model.events import (
     AnyEvent,

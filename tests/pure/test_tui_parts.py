@@ -10,7 +10,14 @@ from model_ids import LLAMA as LLAMA_1B
 from model_ids import QWEN
 from textual.binding import Binding
 
-from exo_deploy_tui.cells import (
+from exo_deploy_tui.cli import check_url, main
+from exo_deploy_tui.failure_log import failure_log_path, record_failure
+from exo_deploy_tui.model.cluster import ClusterModel, Connection, DeploymentRow, Summary
+from exo_deploy_tui.model.format import duration, precise_duration, short_id, short_model
+from exo_deploy_tui.screens.dashboard import DashboardScreen
+from exo_deploy_tui.screens.help import HELP_WIDTH, help_text
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
+from exo_deploy_tui.view.cells import (
     deployment_cells,
     deployment_columns,
     detail_text,
@@ -19,8 +26,7 @@ from exo_deploy_tui.cells import (
     next_text,
     node_columns,
 )
-from exo_deploy_tui.cli import check_url, main
-from exo_deploy_tui.commands import (
+from exo_deploy_tui.view.commands import (
     ACTIONS,
     Arguments,
     Parsed,
@@ -29,13 +35,7 @@ from exo_deploy_tui.commands import (
     parse_command,
     visible_actions,
 )
-from exo_deploy_tui.failure_log import failure_log_path, record_failure
-from exo_deploy_tui.format import duration, precise_duration, short_id, short_model
-from exo_deploy_tui.forms import fit_hint, search_models, validate_create
-from exo_deploy_tui.model import ClusterModel, Connection, DeploymentRow, Summary
-from exo_deploy_tui.screens.dashboard import DashboardScreen
-from exo_deploy_tui.screens.help import HELP_WIDTH, help_text
-from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
+from exo_deploy_tui.view.forms import fit_hint, search_models, validate_create
 from keeper.model.api_models import CreateDeploymentRequest, ModelListEntry, model_entry
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.refusals import BadRequestError

@@ -1,7 +1,7 @@
 """The dashboard pointed straight at a real exo cluster (``tests/fixtures/exo_cluster``).
 
 What a real exo does that the recordings of its code never showed, read as the client reads a
-poll (``exo_deploy_tui.reading.read_state``) and fed to the pure model as the client feeds it:
+poll (``exo_deploy_tui.feed.reading.read_state``) and fed to the pure model as the client feeds it:
 a custom model card lists ``Vllm`` among its backends (the whole State used to be unreadable:
 "not exo's State: instances…"), exo lists every model it knows as a pending download of every
 node (each would read as a queued download nobody asked for), and a part of a State that does
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from recorded_exo import cluster_recorded
 
-from exo_deploy_tui.model import ClusterModel, parse_iso
-from exo_deploy_tui.reading import StateRead, UnreadableAnswerError, read_state
-from exo_deploy_tui.unread_parts import NAMED_PER_BATCH, UnreadParts
-from exo_deploy_tui.updates import SnapshotUpdate
+from exo_deploy_tui.feed.reading import StateRead, UnreadableAnswerError, read_state
+from exo_deploy_tui.model.cluster import ClusterModel, parse_iso
+from exo_deploy_tui.model.unread_parts import NAMED_PER_BATCH, UnreadParts
+from exo_deploy_tui.model.updates import SnapshotUpdate
 from keeper.model.exo_state import UnreadablePart
 
 JSON = "application/json"

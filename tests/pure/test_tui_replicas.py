@@ -8,13 +8,13 @@ import pytest
 from model_ids import LLAMA, QWEN
 from tui_clusters import three_nodes
 
-from exo_deploy_tui.cells import deployment_cells, deployment_columns, nodes_text, ready_cell
-from exo_deploy_tui.commands import Parsed, ParseError, parse_command
-from exo_deploy_tui.forms import check_replicas, fit_hint, validate_create
-from exo_deploy_tui.health import UNHEALTHY_SILENT_S, unhealthy_reason
-from exo_deploy_tui.model import ClusterModel, RunnerRow
+from exo_deploy_tui.model.cluster import ClusterModel, RunnerRow
+from exo_deploy_tui.model.health import UNHEALTHY_SILENT_S, unhealthy_reason
+from exo_deploy_tui.model.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
-from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate
+from exo_deploy_tui.view.cells import deployment_cells, deployment_columns, nodes_text, ready_cell
+from exo_deploy_tui.view.commands import Parsed, ParseError, parse_command
+from exo_deploy_tui.view.forms import check_replicas, fit_hint, validate_create
 from keeper.model.api_models import CreateDeploymentRequest, model_entry
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.events import DeploymentScaled, IndexedEvent, RunnerStatusUpdated

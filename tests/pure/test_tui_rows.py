@@ -1,4 +1,4 @@
-"""The rows derived from a State (``exo_deploy_tui.derive``, ``exo_deploy_tui.node_rows``), with
+"""The rows derived from a State (``model.derive``, ``model.node_rows``), with
 the memories they read handed in as plain values, and the small parts they read: the moves
 under way (``moves``), the keeper's timers (``timers``) and each instance's last progress
 (``health.InstanceProgress``)."""
@@ -9,17 +9,17 @@ from collections.abc import Callable
 
 from model_ids import LLAMA, QWEN
 
-from exo_deploy_tui.derive import deployment_rows, derive, instance_rows, load_progress
-from exo_deploy_tui.health import InstanceMarks
-from exo_deploy_tui.liveness import NodeLiveness
-from exo_deploy_tui.master_clock import MasterClock
-from exo_deploy_tui.moves import Moves
-from exo_deploy_tui.node_rows import node_rows, summary
-from exo_deploy_tui.readings import GpuReadings
-from exo_deploy_tui.rows import DeploymentRow
+from exo_deploy_tui.model.derive import deployment_rows, derive, instance_rows, load_progress
+from exo_deploy_tui.model.gpu_readings import GpuReadings
+from exo_deploy_tui.model.health import InstanceMarks
+from exo_deploy_tui.model.liveness import NodeLiveness
+from exo_deploy_tui.model.master_clock import MasterClock
+from exo_deploy_tui.model.moves import Moves
+from exo_deploy_tui.model.node_rows import node_rows, summary
+from exo_deploy_tui.model.rows import DeploymentRow
+from exo_deploy_tui.model.timers import Timer, keeper_timers
+from exo_deploy_tui.model.tracking import Tracked
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, iso, node_id_for
-from exo_deploy_tui.timers import Timer, keeper_timers
-from exo_deploy_tui.tracking import Tracked
 from keeper.model.events import NodeTimedOut
 from keeper.model.instance_health import STALL_CEILING_S
 from keeper.model.state import (

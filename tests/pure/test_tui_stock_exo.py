@@ -15,8 +15,8 @@ from recorded_exo import (
     recorded_state,
 )
 
-from exo_deploy_tui.model import ClusterModel, departed_nodes, parse_iso
-from exo_deploy_tui.updates import SnapshotUpdate
+from exo_deploy_tui.model.cluster import ClusterModel, departed_nodes, parse_iso
+from exo_deploy_tui.model.updates import SnapshotUpdate
 from keeper.model.state import State
 
 NODE1 = TIMED_OUT_NODE

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from model_ids import LLAMA, QWEN
 
-from exo_deploy_tui.outages import MOMENTS_KEPT, Outages, outage_start
-from exo_deploy_tui.recovery import NodeDownload
-from exo_deploy_tui.seeding import HISTORY_SEEDED_MAX, ServingHistory
+from exo_deploy_tui.model.outages import MOMENTS_KEPT, Outages, outage_start
+from exo_deploy_tui.model.recovery import NodeDownload
+from exo_deploy_tui.model.seeding import HISTORY_SEEDED_MAX, ServingHistory
+from exo_deploy_tui.model.tracking import StatusChange, StatusTracking
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, node_id_for
-from exo_deploy_tui.tracking import StatusChange, StatusTracking
 from keeper.model.events import InstanceCreated, InstanceDeleted
 from keeper.model.state import State
 

@@ -21,8 +21,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Input, OptionList, Static
 
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import ApiError
-from exo_deploy_tui.commands import ACTIONS, visible_actions
+from exo_deploy_tui.feed.client import ApiError
+from exo_deploy_tui.model.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
@@ -30,7 +30,7 @@ from exo_deploy_tui.screens.describe import DescribeScreen
 from exo_deploy_tui.screens.help import KEY_COLUMN, KEY_WIDTH, HelpScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient
-from exo_deploy_tui.updates import ConnectionUpdate, EventUpdate, SnapshotUpdate, Update
+from exo_deploy_tui.view.commands import ACTIONS, visible_actions
 from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar, TimelineView
 from keeper.model.api_models import CreateDeploymentRequest
 from keeper.model.events import DeploymentDeleted, IndexedEvent

@@ -15,13 +15,13 @@ from textual.pilot import Pilot
 from textual.screen import Screen
 
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.format import clock_time
+from exo_deploy_tui.model.format import clock_time
+from exo_deploy_tui.model.updates import ConnectionUpdate
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
 from exo_deploy_tui.screens.help import HelpScreen
 from exo_deploy_tui.screens.node_picker import NodePickerScreen
 from exo_deploy_tui.screens.scale import ScaleScreen
 from exo_deploy_tui.testing import ScriptedClient
-from exo_deploy_tui.updates import ConnectionUpdate
 
 # How far the test moves the clock each time: a minute, so the time shown changes in its
 # minutes too and no time shown before can be taken for it.

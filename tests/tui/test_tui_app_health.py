@@ -15,7 +15,7 @@ from test_tui_app import Clock, until
 
 from exo_deploy_tui import app as app_module
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import MasterClient
+from exo_deploy_tui.feed.client import MasterClient
 from exo_deploy_tui.widgets.panels import HeaderBar
 from keeper.model.api_models import ServiceHealthView
 

@@ -25,11 +25,11 @@ from tui_clusters import three_nodes
 
 from exo_deploy_tui import app as app_module
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import ApiError
+from exo_deploy_tui.feed.client import ApiError
+from exo_deploy_tui.model.updates import ConnectionUpdate
 from exo_deploy_tui.screens.confirm import ConfirmDrainScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient
-from exo_deploy_tui.updates import ConnectionUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, NodesTable
 from keeper.model.state import RunnerLoading
 

@@ -22,12 +22,12 @@ from textual.widgets import Input
 from tui_clusters import three_nodes
 
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import ApiError
+from exo_deploy_tui.feed.client import ApiError
+from exo_deploy_tui.model.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.scale import ScaleScreen
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient
-from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate
 from exo_deploy_tui.widgets.panels import DeploymentsTable, InstancesTable
 from keeper.model.state import RunnerFailed
 

@@ -15,7 +15,7 @@ from recorded_exo import recorded, recorded_content_type
 from test_tui_app import Clock, until
 
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import RECONNECT_FIRST_S, MasterClient
+from exo_deploy_tui.feed.client import RECONNECT_FIRST_S, MasterClient
 from exo_deploy_tui.testing import FROZEN_NOW
 from exo_deploy_tui.widgets.panels import HeaderBar, NodesTable
 

@@ -11,7 +11,7 @@ from test_tui_app import make_app, press_to, until, until_notified
 from test_tui_app_nodes import QWEN30, running, select_node, serving_on_mini_a
 from textual.widgets import Static
 
-from exo_deploy_tui.client import ApiError
+from exo_deploy_tui.feed.client import ApiError
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.screens.whatif import WHATIF_WIDTH, WhatIfScreen
 from exo_deploy_tui.testing import ClusterBuilder, node_id_for

@@ -22,17 +22,17 @@ from textual.pilot import Pilot
 from textual.widgets import Input, Select
 
 from exo_deploy_tui.app import DashboardApp
-from exo_deploy_tui.client import STOCK_EXO, ApiError
-from exo_deploy_tui.model import parse_iso
-from exo_deploy_tui.screens.create import CreateScreen
-from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient, iso, node_id_for
-from exo_deploy_tui.updates import (
+from exo_deploy_tui.feed.client import STOCK_EXO, ApiError
+from exo_deploy_tui.model.cluster import parse_iso
+from exo_deploy_tui.model.updates import (
     ConnectionUpdate,
     EventUpdate,
     HeardUpdate,
     SnapshotUpdate,
     Update,
 )
+from exo_deploy_tui.screens.create import CreateScreen
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder, ScriptedClient, iso, node_id_for
 from exo_deploy_tui.widgets.panels import DeploymentsTable, NodesTable
 from keeper.model.api_models import ServiceHealthView
 from keeper.model.events import (

@@ -19,8 +19,8 @@ from bridge_harness import ExoWithBridge, exo_with_bridge, new_bridge, wait_unti
 from model_ids import QWEN
 from recorded_exo import FIXTURES
 
-from exo_deploy_tui.client import MasterClient
-from exo_deploy_tui.updates import ConnectionUpdate, SnapshotUpdate, Update
+from exo_deploy_tui.feed.client import MasterClient
+from exo_deploy_tui.model.updates import ConnectionUpdate, SnapshotUpdate, Update
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.server import run_bridge
 from keeper.exo_standin.app import create_exo_compat_app

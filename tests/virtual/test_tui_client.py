@@ -17,7 +17,7 @@ import pytest
 from model_ids import QWEN
 from recorded_exo import recorded, recorded_content_type
 
-from exo_deploy_tui.client import (
+from exo_deploy_tui.feed.client import (
     RECONNECT_FIRST_S,
     RECONNECT_MAX_S,
     STOCK_EXO,
@@ -26,8 +26,7 @@ from exo_deploy_tui.client import (
     MasterClient,
     events_kind,
 )
-from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
-from exo_deploy_tui.updates import (
+from exo_deploy_tui.model.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
@@ -35,6 +34,7 @@ from exo_deploy_tui.updates import (
     SnapshotUpdate,
     Update,
 )
+from exo_deploy_tui.testing import FROZEN_NOW, ClusterBuilder
 from keeper.model.api_models import CreateDeploymentRequest, DeploymentsResponse, StreamSnapshot
 from keeper.model.events import IndexedEvent, NodeTimedOut
 

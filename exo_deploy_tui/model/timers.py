@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from exo_deploy_tui.master_clock import MasterClock
+from exo_deploy_tui.model.master_clock import MasterClock
 from keeper.model.api_models import DeploymentView, WaitReason
 from keeper.model.state import DeploymentId
 

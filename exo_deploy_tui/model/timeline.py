@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from exo_deploy_tui.downloads import download_facts
-from exo_deploy_tui.format import duration, precise_duration, short_id, short_model, size_gb
+from exo_deploy_tui.model.downloads import download_facts
+from exo_deploy_tui.model.format import duration, precise_duration, short_id, short_model, size_gb
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,

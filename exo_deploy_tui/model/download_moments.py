@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from exo_deploy_tui.recovery import NodeDownload
+from exo_deploy_tui.model.recovery import NodeDownload
 from keeper.model.events import NodeDownloadProgress
 from keeper.model.state import (
     DownloadCompleted,

@@ -51,7 +51,7 @@ import httpx
 from httpx_sse import EventSource, ServerSentEvent, aconnect_sse
 from pydantic import ValidationError
 
-from exo_deploy_tui.reading import (
+from exo_deploy_tui.feed.reading import (
     UnreadableAnswerError,
     media_type,
     read_capped,
@@ -59,7 +59,7 @@ from exo_deploy_tui.reading import (
     read_message,
     read_state,
 )
-from exo_deploy_tui.updates import (
+from exo_deploy_tui.model.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
@@ -93,7 +93,7 @@ REQUEST_TIMEOUT_S = 5.0
 # The master's stream sends a keepalive comment every second
 # (keeper.master.dashboard_stream.KEEPALIVE_S); ten missed mean the connection is dead even if the
 # socket has not noticed (a frozen master, a cut link). The header and the timeline say the master
-# is quiet well before (exo_deploy_tui.master_quiet.QUIET_AFTER_S); this only ends the wait.
+# is quiet well before (exo_deploy_tui.model.master_quiet.QUIET_AFTER_S); this only ends the wait.
 STREAM_SILENCE_S = 10.0
 # Polling once a second: a change shows within a second, and a master sees one request a second.
 POLL_INTERVAL_S = 1.0

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exo_deploy_tui.format import clock_time, precise_duration
-from exo_deploy_tui.master_clock import MasterClock
-from exo_deploy_tui.timeline import TimelineEntry
+from exo_deploy_tui.model.format import clock_time, precise_duration
+from exo_deploy_tui.model.master_clock import MasterClock
+from exo_deploy_tui.model.timeline import TimelineEntry
 
 # Three words missed in a row (one a second) is not a late packet: the master is quiet. Well
 # below the 8 s after which a node is told silent (keeper.model.liveness.SILENT_AFTER_S), and

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from exo_deploy_tui.downloads import DownloadFacts
+from exo_deploy_tui.model.downloads import DownloadFacts
 from keeper.model.instance_health import NO_MARKS, Marks, track, verdict
 from keeper.model.state import AnyInstance, NodeId, State
 
@@ -31,8 +31,8 @@ UNHEALTHY_SILENT_S = 10.0
 
 
 class RunnerFacts(Protocol):
-    """What the health rule reads of a runner row (``exo_deploy_tui.model.RunnerRow`` has it):
-    named here so the rule needs nothing of the model that calls it."""
+    """What the health rule reads of a runner row (``model.rows.RunnerRow`` has it): named
+    here so the rule needs nothing of the model that calls it."""
 
     @property
     def node_id(self) -> NodeId: ...

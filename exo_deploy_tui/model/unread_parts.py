@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exo_deploy_tui.timeline import TimelineEntry
+from exo_deploy_tui.model.timeline import TimelineEntry
 from keeper.model.exo_state import UnreadablePart
 from keeper.model.state import NodeId
 

@@ -4,7 +4,7 @@ its runners, the header's counts and the connection, as frozen data.
 They are apart from the model that fills them so that a widget, a cell or a screen can be
 written and tested against a row alone, and so that the rules deriving them (``derive.py``,
 ``node_rows.py``) and the memory they read (``liveness.py``, ``tracking.py``, ...) can change
-without touching what the widgets read. ``exo_deploy_tui.model`` re-exports every name here.
+without touching what the widgets read. ``exo_deploy_tui.model.cluster`` re-exports every name here.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from exo_deploy_tui.downloads import DownloadFacts
-from exo_deploy_tui.draining import DrainProgress
-from exo_deploy_tui.format import STATUS_ORDER
-from exo_deploy_tui.updates import ConnectionMode
+from exo_deploy_tui.model.downloads import DownloadFacts
+from exo_deploy_tui.model.draining import DrainProgress
+from exo_deploy_tui.model.format import STATUS_ORDER
+from exo_deploy_tui.model.updates import ConnectionMode
 from keeper.model.api_models import DeploymentStatus, WaitReason
 from keeper.model.state import (
     DEFAULT_PRIORITY,
@@ -78,7 +78,7 @@ class DeploymentRow:
     ready_replicas: int = 0  # instances of the model ready now (keeper.model.readiness's rule)
     # The nodes of every instance of the model, that instance's first: where the replicas run.
     replica_nodes: tuple[tuple[str, ...], ...] = ()
-    # The placement error explained in numbers from the State (exo_deploy_tui.explain), or None.
+    # The placement error explained in numbers from the State (model.explain), or None.
     placement_why: str | None = None
     # The fraction of the last 24 h it served (keeper.model.history), None without serving records.
     availability: float | None = None

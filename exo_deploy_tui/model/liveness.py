@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exo_deploy_tui.draining import handle_of
-from exo_deploy_tui.format import precise_duration
-from exo_deploy_tui.master_clock import MasterClock
-from exo_deploy_tui.rows import Liveness
-from exo_deploy_tui.timeline import Level, TimelineEntry, node_name
+from exo_deploy_tui.model.draining import handle_of
+from exo_deploy_tui.model.format import precise_duration
+from exo_deploy_tui.model.master_clock import MasterClock
+from exo_deploy_tui.model.rows import Liveness
+from exo_deploy_tui.model.timeline import Level, TimelineEntry, node_name
 from keeper.model.events import NodeGatheredInfo, NodeTimedOut
 from keeper.model.liveness import SILENT_AFTER_S, departed_nodes
 from keeper.model.state import NodeId, NodeWatch, State

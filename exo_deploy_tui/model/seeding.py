@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import replace
 
-from exo_deploy_tui.availability import on_our_clock, summarize_day, window_end
-from exo_deploy_tui.timeline import TimelineEntry, incident_entries
-from exo_deploy_tui.tracking import StatusTracking
+from exo_deploy_tui.model.availability import on_our_clock, summarize_day, window_end
+from exo_deploy_tui.model.timeline import TimelineEntry, incident_entries
+from exo_deploy_tui.model.tracking import StatusTracking
 from keeper.model.history import History
 from keeper.model.readiness import deployment_statuses
 from keeper.model.state import DeploymentId, ServingRecord, State

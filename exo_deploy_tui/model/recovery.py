@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from exo_deploy_tui.format import part_duration
+from exo_deploy_tui.model.format import part_duration
 
 
 @dataclass(frozen=True)

@@ -50,21 +50,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from exo_deploy_tui.availability import window_end
-from exo_deploy_tui.connection_changes import connection_changed
-from exo_deploy_tui.derive import Derived, deployment_rows, derive, instance_rows
-from exo_deploy_tui.download_moments import DownloadMoments
-from exo_deploy_tui.draining import DrainPlan
-from exo_deploy_tui.failover import failover_facts
-from exo_deploy_tui.health import InstanceMarks
-from exo_deploy_tui.liveness import GONE_NODES_KEPT, NodeLiveness
-from exo_deploy_tui.master_clock import CLOCK_SKEW_IGNORED_S, MasterClock, offset_taken, parse_iso
-from exo_deploy_tui.master_quiet import MasterWord
-from exo_deploy_tui.moves import Moves
-from exo_deploy_tui.node_rows import node_rows, summary
-from exo_deploy_tui.outages import Outages, outage_start
-from exo_deploy_tui.readings import GPU_READINGS_KEPT, GpuReadings
-from exo_deploy_tui.rows import (
+from exo_deploy_tui.model.availability import window_end
+from exo_deploy_tui.model.connection_changes import connection_changed
+from exo_deploy_tui.model.derive import Derived, deployment_rows, derive, instance_rows
+from exo_deploy_tui.model.download_moments import DownloadMoments
+from exo_deploy_tui.model.draining import DrainPlan
+from exo_deploy_tui.model.failover import failover_facts
+from exo_deploy_tui.model.gpu_readings import GPU_READINGS_KEPT, GpuReadings
+from exo_deploy_tui.model.health import InstanceMarks
+from exo_deploy_tui.model.liveness import GONE_NODES_KEPT, NodeLiveness
+from exo_deploy_tui.model.master_clock import (
+    CLOCK_SKEW_IGNORED_S,
+    MasterClock,
+    offset_taken,
+    parse_iso,
+)
+from exo_deploy_tui.model.master_quiet import MasterWord
+from exo_deploy_tui.model.moves import Moves
+from exo_deploy_tui.model.node_rows import node_rows, summary
+from exo_deploy_tui.model.outages import Outages, outage_start
+from exo_deploy_tui.model.rows import (
     Connection,
     DeploymentRow,
     FailoverFacts,
@@ -77,18 +82,18 @@ from exo_deploy_tui.rows import (
     runner_status_word,
     sort_rows,
 )
-from exo_deploy_tui.seeding import HISTORY_SEEDED_MAX, ServingHistory
-from exo_deploy_tui.timeline import (
+from exo_deploy_tui.model.seeding import HISTORY_SEEDED_MAX, ServingHistory
+from exo_deploy_tui.model.timeline import (
     Timeline,
     TimelineEntry,
     entries_for_event,
     events_between,
     node_name,
 )
-from exo_deploy_tui.timers import Timer, keeper_timers
-from exo_deploy_tui.tracking import StatusTracking
-from exo_deploy_tui.unread_parts import UnreadParts
-from exo_deploy_tui.updates import (
+from exo_deploy_tui.model.timers import Timer, keeper_timers
+from exo_deploy_tui.model.tracking import StatusTracking
+from exo_deploy_tui.model.unread_parts import UnreadParts
+from exo_deploy_tui.model.updates import (
     ConnectionUpdate,
     DeploymentsUpdate,
     EventUpdate,
@@ -97,7 +102,7 @@ from exo_deploy_tui.updates import (
     SnapshotUpdate,
     Update,
 )
-from exo_deploy_tui.verdicts import OwnVerdicts
+from exo_deploy_tui.model.verdicts import OwnVerdicts
 from keeper.model.api_models import DeploymentView
 from keeper.model.apply import apply_indexed
 from keeper.model.events import (

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from exo_deploy_tui.format import short_id
-from exo_deploy_tui.master_clock import MasterClock
-from exo_deploy_tui.rows import FailoverFacts
+from exo_deploy_tui.model.format import short_id
+from exo_deploy_tui.model.master_clock import MasterClock
+from exo_deploy_tui.model.rows import FailoverFacts
 from keeper.model.readiness import instance_is_ready
 from keeper.model.state import AnyInstance, Deployment, NodeId, State
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from exo_deploy_tui.format import duration, rate, size_gb, sizes_gb
+from exo_deploy_tui.model.format import duration, rate, size_gb, sizes_gb
 from keeper.model.state import (
     AnyDownload,
     DownloadCompleted,

@@ -9,10 +9,10 @@ now. Before the first snapshot nothing is said: there was nothing to lose.
 
 from __future__ import annotations
 
-from exo_deploy_tui.format import precise_duration
-from exo_deploy_tui.rows import Connection
-from exo_deploy_tui.timeline import TimelineEntry
-from exo_deploy_tui.updates import ConnectionUpdate
+from exo_deploy_tui.model.format import precise_duration
+from exo_deploy_tui.model.rows import Connection
+from exo_deploy_tui.model.timeline import TimelineEntry
+from exo_deploy_tui.model.updates import ConnectionUpdate
 
 
 def connection_changed(

@@ -23,7 +23,7 @@ Pure: the time comes in as ``now`` and the master's clock as a ``MasterClock`` v
 
 from __future__ import annotations
 
-from exo_deploy_tui.master_clock import MasterClock, parse_iso
+from exo_deploy_tui.model.master_clock import MasterClock, parse_iso
 from keeper.model.apply import apply
 from keeper.model.events import NodeHeardAgain
 from keeper.model.liveness import (

@@ -15,15 +15,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from exo_deploy_tui.derive import Derived, waiting_download
-from exo_deploy_tui.downloads import download_facts, download_mark
-from exo_deploy_tui.draining import handle_of
-from exo_deploy_tui.format import short_model
-from exo_deploy_tui.liveness import NodeLiveness
-from exo_deploy_tui.master_clock import MasterClock
-from exo_deploy_tui.moves import Moves
-from exo_deploy_tui.readings import GpuReadings
-from exo_deploy_tui.rows import Liveness, NodeRow, Summary, runner_status_word
+from exo_deploy_tui.model.derive import Derived, waiting_download
+from exo_deploy_tui.model.downloads import download_facts, download_mark
+from exo_deploy_tui.model.draining import handle_of
+from exo_deploy_tui.model.format import short_model
+from exo_deploy_tui.model.gpu_readings import GpuReadings
+from exo_deploy_tui.model.liveness import NodeLiveness
+from exo_deploy_tui.model.master_clock import MasterClock
+from exo_deploy_tui.model.moves import Moves
+from exo_deploy_tui.model.rows import Liveness, NodeRow, Summary, runner_status_word
 from keeper.model.api_models import DeploymentStatus
 from keeper.model.state import (
     AnyDownload,

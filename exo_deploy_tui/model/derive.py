@@ -18,21 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from exo_deploy_tui.downloads import DownloadFacts, download_facts, gating_download
-from exo_deploy_tui.explain import explain_placement
-from exo_deploy_tui.failover import dead_nodes, on_dead_node
-from exo_deploy_tui.format import short_id
-from exo_deploy_tui.health import unhealthy_reason
-from exo_deploy_tui.moves import Moves
-from exo_deploy_tui.rows import (
+from exo_deploy_tui.model.downloads import DownloadFacts, download_facts, gating_download
+from exo_deploy_tui.model.explain import explain_placement
+from exo_deploy_tui.model.failover import dead_nodes, on_dead_node
+from exo_deploy_tui.model.format import short_id
+from exo_deploy_tui.model.health import unhealthy_reason
+from exo_deploy_tui.model.moves import Moves
+from exo_deploy_tui.model.rows import (
     DeploymentRow,
     FailoverFacts,
     InstanceRow,
     RunnerRow,
     runner_status_word,
 )
-from exo_deploy_tui.timers import Timer
-from exo_deploy_tui.tracking import Tracked
+from exo_deploy_tui.model.timers import Timer
+from exo_deploy_tui.model.tracking import Tracked
 from keeper.model.api_models import DeploymentStatus
 from keeper.model.readiness import instance_is_ready, ready_on_present_nodes, status_of
 from keeper.model.runner_failure import failure_words

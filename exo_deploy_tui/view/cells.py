@@ -17,9 +17,17 @@ from dataclasses import replace
 from rich.console import Console
 from rich.text import Text
 
-from exo_deploy_tui.downloads import DownloadFacts, download_mark, download_words
-from exo_deploy_tui.draining import progress_words
-from exo_deploy_tui.format import (
+from exo_deploy_tui.model.cluster import (
+    Connection,
+    DeploymentRow,
+    InstanceRow,
+    NodeRow,
+    RunnerRow,
+    Summary,
+)
+from exo_deploy_tui.model.downloads import DownloadFacts, download_mark, download_words
+from exo_deploy_tui.model.draining import progress_words
+from exo_deploy_tui.model.format import (
     STATUS_COLOR,
     STATUS_SYMBOL,
     clock_time,
@@ -32,16 +40,8 @@ from exo_deploy_tui.format import (
     status_label,
     truncate,
 )
-from exo_deploy_tui.model import (
-    Connection,
-    DeploymentRow,
-    InstanceRow,
-    NodeRow,
-    RunnerRow,
-    Summary,
-)
-from exo_deploy_tui.timeline import Level, TimelineEntry
-from exo_deploy_tui.widgets.table import Cell, Cells, Column
+from exo_deploy_tui.model.timeline import Level, TimelineEntry
+from exo_deploy_tui.view.columns import Cell, Cells, Column
 from keeper.model.api_models import DeploymentStatus, ServiceHealthView, WaitReason
 from keeper.model.state import DEFAULT_PRIORITY
 

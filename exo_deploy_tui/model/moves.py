@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from exo_deploy_tui.draining import (
+from exo_deploy_tui.model.draining import (
     DrainPlan,
     DrainProgress,
     drain_plan,

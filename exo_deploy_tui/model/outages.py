@@ -17,9 +17,9 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from exo_deploy_tui.format import precise_duration, short_model
-from exo_deploy_tui.recovery import NodeDownload, parts_text, recovery_parts
-from exo_deploy_tui.timeline import TimelineEntry
+from exo_deploy_tui.model.format import precise_duration, short_model
+from exo_deploy_tui.model.recovery import NodeDownload, parts_text, recovery_parts
+from exo_deploy_tui.model.timeline import TimelineEntry
 from keeper.model.events import InstanceCreated, InstanceDeleted
 from keeper.model.state import DeploymentId, ModelId, NodeId, State
 
