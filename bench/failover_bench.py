@@ -35,14 +35,14 @@ from bench.staging_bench import (
 )
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.service import Bridge, BridgeConfig
-from keeper.cluster.in_process import InProcessCluster
-from keeper.exo_standin.app import create_exo_compat_app
-from keeper.master.service import Master, MasterConfig
 from keeper.model.catalog import catalog_by_id
 from keeper.model.events import InstanceCreated, InstanceDeleted
 from keeper.model.liveness import OFF, LivenessConfig
 from keeper.model.state import DownloadCompleted, State, download_model_id
-from keeper.node.sim_node import NodeConfig
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.exo_standin.app import create_exo_compat_app
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import NodeConfig
 
 
 @dataclass

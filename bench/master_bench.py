@@ -24,9 +24,6 @@ import anyio
 import httpx
 from anyio.abc import SocketStream
 
-from keeper.master.server import serve
-from keeper.master.service import Master, MasterConfig
-from keeper.master.subscriptions import SubscriptionLaggedError
 from keeper.model.events import (
     AnyEvent,
     DeploymentCreated,
@@ -45,6 +42,9 @@ from keeper.model.state import (
     State,
 )
 from keeper.runtime.event_log import LOG_FILE, SNAPSHOT_FILE, EventLog
+from keeper.sim.master.server import serve
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.master.subscriptions import SubscriptionLaggedError
 
 ROUTER_EVENTS = 60_000
 CLIENTS = 20

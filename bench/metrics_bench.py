@@ -26,8 +26,8 @@ from bench.master_bench import (  # pyright: ignore[reportPrivateUsage]
     _KeepAliveClient,
     synthetic_cards,
 )
-from keeper.master.server import serve
-from keeper.master.service import Master, MasterConfig
+from keeper.sim.master.server import serve
+from keeper.sim.master.service import Master, MasterConfig
 
 SCRAPERS = 20
 SCRAPES_PER_SCRAPER = 50

@@ -3,7 +3,7 @@ applied, when no backoff applies (the instance was ready when lost, docs/design.
 
 A real master (event log on disk, written in a worker thread, as ``run_master`` does; then
 again with the log in memory, to tell the fsyncs from the rest) runs in this process with
-simulated nodes on memory channels (``keeper.cluster.in_process``), on the real clock. Two
+simulated nodes on memory channels (``keeper.sim.cluster.in_process``), on the real clock. Two
 deployments (Qwen3-0.6B, Llama 3.2 1B) are kept on five nodes; samples delete the ready
 instance of one (a single loss), or of both in one batch (two models lost at once: the second
 replacement needs a second step, which waits for the first step's events to be applied).
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import anyio
 
-from keeper.cluster.in_process import InProcessCluster
-from keeper.master.service import Master, MasterConfig
 from keeper.model.events import InstanceCreated, InstanceDeleted
-from keeper.node.sim_node import NodeConfig
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import NodeConfig
 
 MODELS = ("mlx-community/Qwen3-0.6B-4bit", "mlx-community/Llama-3.2-1B-Instruct-4bit")
 SINGLE_SAMPLES = 60

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from keeper.cluster.in_process import InProcessCluster
-from keeper.master.service import Master, MasterConfig
 from keeper.model.catalog import catalog_by_id
 from keeper.model.events import InstanceCreated, InstanceDeleted
 from keeper.model.state import (
@@ -29,7 +27,9 @@ from keeper.model.state import (
     State,
     download_model_id,
 )
-from keeper.node.sim_node import NodeConfig
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import NodeConfig
 
 MODEL = "mlx-community/Qwen3-30B-A3B-4bit"
 DOWNLOAD_MB_PER_S = 200.0  # a good real link (exo's measured range: 100-200 MB/s)

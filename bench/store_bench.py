@@ -2,7 +2,7 @@
 
 Run with ``make bench`` (``python -m bench store``). Figures are printed, never asserted.
 
-1. A virtual soak (``keeper.soak.virtual``, the same fault mix as ``make soak-sim``) for
+1. A virtual soak (``keeper.sim.soak.virtual``, the same fault mix as ``make soak-sim``) for
    ``BENCH_SOAK_HOURS`` simulated hours (default 6; 24 takes about 3 minutes of wall time), then:
    the data dir's size, its parts, and a master's restart time on it. The 24-hour size is
    projected from the measured parts: the snapshot and the tail since the last compaction are
@@ -42,7 +42,6 @@ from bench.master_bench import (  # pyright: ignore[reportPrivateUsage]
     synthetic_cards,
     write_data_dir,
 )
-from keeper.master.service import Master, MasterConfig
 from keeper.model.apply import apply_all
 from keeper.model.events import (
     AnyEvent,
@@ -61,6 +60,7 @@ from keeper.runtime.log_scan import (
     is_history_line,
     read_snapshot,
 )
+from keeper.sim.master.service import Master, MasterConfig
 
 Row = tuple[str, str, str]
 
@@ -86,7 +86,7 @@ def _dir_bytes(path: Path) -> dict[str, int]:
 def bench_soak_size() -> list[Row]:
     from trio.testing import MockClock  # noqa: PLC0415 (a development dependency)
 
-    from keeper.soak.virtual import deterministic, run_virtual, virtual_settings  # noqa: PLC0415
+    from keeper.sim.soak.virtual import deterministic, run_virtual, virtual_settings  # noqa: PLC0415
 
     settings = virtual_settings(SOAK_HOURS, seed=1, nodes=4)
     # The in-process master and nodes log what real ones would; the soak's own figures suffice.

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from keeper.bridge.etcd_access import StoreAccessOptions, load_access
 from keeper.bridge.etcd_store import EtcdStore, parse_store_url
-from keeper.cluster.etcd_members import EtcdCluster, EtcdTls
 from keeper.model.events import DeploymentStandbyChanged
 from keeper.runtime.event_store import EventStore
+from keeper.sim.cluster.etcd_members import EtcdCluster, EtcdTls
 
 # Enough writes for a stable p99 of a few-millisecond call, few enough to take seconds.
 WRITES = 500

@@ -53,9 +53,6 @@ from exo_deploy_tui.app import DashboardApp
 from exo_deploy_tui.feed.client import MasterClient
 from exo_deploy_tui.model.updates import ConnectionUpdate, DeploymentsUpdate, EventUpdate, Update
 from exo_deploy_tui.testing import ClusterBuilder, ScriptedClient, node_id_for
-from keeper.cluster.demo import EmbeddedCluster
-from keeper.master.server import serve
-from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import DeploymentView
 from keeper.model.events import (
     AnyEvent,
@@ -68,6 +65,9 @@ from keeper.model.events import (
     RunnerStatusUpdated,
 )
 from keeper.model.state import Memory, ModelCard, RunnerLoading, RunnerReady, SystemVitals
+from keeper.sim.cluster.demo import EmbeddedCluster
+from keeper.sim.master.server import serve
+from keeper.sim.master.service import Master, MasterConfig
 
 LATENCY_SAMPLES = 60
 # Enough events that connecting and the snapshot are noise beside them; sent in batches, never

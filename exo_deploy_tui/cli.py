@@ -4,7 +4,8 @@
     exo-deploy-tui --version
 
 Bad arguments get one clear line and exit status 2, never a traceback. ``--demo`` starts an
-embedded cluster (``keeper.cluster.demo``) in this process and connects to it over HTTP, as to any
+embedded cluster (``keeper.sim.cluster.demo``) in this process and connects to it over HTTP, as to
+any
 master. On a terminal with 16 colours or fewer (TERM=screen, TERM=xterm) the dashboard uses the
 terminal's own ANSI palette; NO_COLOR turns colour off altogether (Textual honours it).
 """
@@ -80,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cluster = None
     if args.demo:
         # Imported only for --demo: it brings the whole master and its web server along.
-        from keeper.cluster.demo import EmbeddedCluster  # noqa: PLC0415
+        from keeper.sim.cluster.demo import EmbeddedCluster  # noqa: PLC0415
 
         print("exo-deploy-tui: starting the demo cluster…", file=sys.stderr)
         cluster = EmbeddedCluster()

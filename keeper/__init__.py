@@ -1,5 +1,12 @@
-"""exo-deploy's cluster side: the exo-compatible data model, placement, the keeper, and (in
-``keeper.master`` and ``keeper.node``) the master service and simulated nodes built on them.
+"""exo-deploy: deployments for exo clusters, and a keeper that keeps them running.
+
+The product a real operator runs is the bridge (``keeper.bridge``: the keeper beside a stock exo,
+through exo's HTTP API), the CLI (``keeper.cli``) and its deployments client (``keeper.client``).
+They stand on the shared layers: the exo-compatible data model and its pure rules
+(``keeper.model``), the keeper and placement (``keeper.core``), the shell every service shares
+(``keeper.runtime``) and the HTTP layer on it (``keeper.httpapi``). ``keeper.sim`` is the
+simulation we demo and test with: our own master, simulated nodes, local clusters, a stock-exo
+stand-in and the soak; the product never imports it (docs/design.md §2.1).
 
 The names re-exported here are pinned (docs/design.md §5.10); other code, tests and tools import
 them. They are loaded on first use (PEP 562), not when the package is: every ``exo-deploy``

@@ -38,13 +38,13 @@ from keeper.bridge.exo_models import ExoCards
 from keeper.bridge.placement_choice import ExoPlacement
 from keeper.bridge.placing import where_to_place
 from keeper.bridge.service import Bridge, BridgeConfig
-from keeper.cluster.in_process import InProcessCluster
-from keeper.exo_standin.app import create_exo_compat_app
-from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import error_body
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.state import Deployment, State
-from keeper.node.sim_node import NodeConfig, SimFault
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.exo_standin.app import create_exo_compat_app
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import NodeConfig, SimFault
 
 EXO_URL = "http://exo.test"
 

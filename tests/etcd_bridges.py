@@ -1,7 +1,7 @@
 """Bridges sharing an etcd store, as processes, for the end-to-end tests and the takeover bench.
 
 One stand-in exo cluster (``exo-deploy cluster --exo-compat``, three simulated nodes), one etcd
-(``keeper.cluster.etcd_members``, one member or three) and several ``exo-deploy bridge --store``
+(``keeper.sim.cluster.etcd_members``, one member or three) and several ``exo-deploy bridge --store``
 processes on free ports. The helpers read each bridge's ``/healthz`` whatever its status (a
 degraded bridge answers 503 with the same body), find the acting one, kill or stop one with a
 signal and start it again, and count a model's instances in exo's State: what the tests assert
@@ -38,10 +38,10 @@ from process_helpers import (
     wait_for,
 )
 
-from keeper.cluster.etcd_members import EtcdCluster, EtcdTls
+from keeper.sim.cluster.etcd_members import EtcdCluster, EtcdTls
 
 # The bridges' lease in these tests: short, so a takeover is quick, and still above etcd's
-# floor for a lease (1.5 election timeouts: 1.5 s with keeper.cluster.etcd_members' timings).
+# floor for a lease (1.5 election timeouts: 1.5 s with keeper.sim.cluster.etcd_members' timings).
 LEASE_S = 2
 # A takeover must happen within the lease (the old leader's key lapses) plus this: one
 # campaign round and one tick of the new leader take well under 2 s on an idle machine, but the

@@ -1,7 +1,7 @@
 """A throwaway certificate authority for the TLS etcd tests and the store bench.
 
 A production etcd speaks TLS and asks every client for a certificate its CA signed
-(``--client-cert-auth``); the tests start one like it (``keeper.cluster.etcd_members.EtcdTls``)
+(``--client-cert-auth``); the tests start one like it (``keeper.sim.cluster.etcd_members.EtcdTls``)
 and need the files it and the bridge read: a CA, a server certificate for 127.0.0.1 and
 localhost, a client certificate, and a second CA with a client certificate of its own, which
 that etcd must refuse. ``cryptography`` (already a dependency, for the node keys) makes them in

@@ -1,4 +1,4 @@
-"""A TCP proxy (``keeper.cluster.proxy``) as a process of its own, for the end-to-end tests:
+"""A TCP proxy (``keeper.sim.cluster.proxy``) as a process of its own, for the end-to-end tests:
 ``python tests/proxy_process.py TARGET_PORT LISTEN_PORT``, printing ``ready`` once it listens;
 SIGUSR1 cuts every link and refuses
 new ones, SIGHUP forwards requests and drops the answers (printing ``swallowed N`` for each
@@ -15,7 +15,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from keeper.cluster.proxy import TcpProxy
+from keeper.sim.cluster.proxy import TcpProxy
 
 
 async def main(target_port: int, listen_port: int) -> None:

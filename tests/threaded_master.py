@@ -20,8 +20,8 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from keeper.httpapi.connection_deadlines import DEFAULT_DEADLINES, ConnectionDeadlines
 from keeper.httpapi.serving import serve_service
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
+from keeper.sim.master.api import create_app
+from keeper.sim.master.service import Master, MasterConfig
 
 HOST = "127.0.0.1"
 # One request to a server on loopback; longer means it is not answering.

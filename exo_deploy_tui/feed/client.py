@@ -91,7 +91,8 @@ CONNECT_TIMEOUT_S = 3.0
 # A whole /state or /deployments read, or a create/delete, must finish within this.
 REQUEST_TIMEOUT_S = 5.0
 # The master's stream sends a keepalive comment every second
-# (keeper.master.dashboard_stream.KEEPALIVE_S); ten missed mean the connection is dead even if the
+# (keeper.sim.master.dashboard_stream.KEEPALIVE_S); ten missed mean the connection is dead even if
+# the
 # socket has not noticed (a frozen master, a cut link). The header and the timeline say the master
 # is quiet well before (exo_deploy_tui.model.master_quiet.QUIET_AFTER_S); this only ends the wait.
 STREAM_SILENCE_S = 10.0

@@ -1,7 +1,7 @@
 """A master that stops speaking: said once in the timeline, shown in the header, and its end.
 
 A live master says something at least once a second: its stream's keepalive
-(``keeper.master.dashboard_stream.KEEPALIVE_S``) or a poll's answer (``POLL_INTERVAL_S``). When
+(``keeper.sim.master.dashboard_stream.KEEPALIVE_S``) or a poll's answer (``POLL_INTERVAL_S``). When
 it stops (frozen, or the link cut before the connection notices, ``STREAM_SILENCE_S`` later),
 every node's reports stop reaching us at once, and it is the master that is quiet, not the
 nodes. The dashboard then judges each node as of the master's last word

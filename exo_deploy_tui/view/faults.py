@@ -1,6 +1,7 @@
 """What the dashboard needs from an embedded demo cluster to inject faults.
 
-``keeper.cluster.demo.EmbeddedCluster`` provides these methods; they are thread-safe and may block
+``keeper.sim.cluster.demo.EmbeddedCluster`` provides these methods; they are thread-safe and may
+block
 briefly, so the app calls them from a worker thread. Naming the protocol here keeps the app
 independent of the demo's implementation (and testable with a recording fake).
 """

@@ -2,7 +2,8 @@
 deployments API from a shell.
 
 Each subcommand parses its arguments here and hands over to the module that does the work
-(``keeper.master.server``, ``keeper.node.*``, ``keeper.bridge.server``); ``list``, ``deploy``,
+(``keeper.sim.master.server``, ``keeper.sim.node.*``, ``keeper.bridge.server``); ``list``,
+``deploy``,
 ``scale`` and ``undeploy``, which talk to a running master instead of starting a process, live in
 ``keeper.cli.deployments`` (``whatif`` in ``keeper.cli.whatif``, ``apply`` and ``export`` in
 ``keeper.cli.apply``) with the exit codes every
@@ -43,7 +44,6 @@ from keeper.model.liveness import (
     liveness_flags_refusal,
 )
 from keeper.model.state import Backend, ModelCard
-from keeper.node.sim_options import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, SIM_FAULTS
 from keeper.runtime.arguments import (
     UsageParser,
     positive_float,
@@ -52,6 +52,7 @@ from keeper.runtime.arguments import (
     whole_number,
 )
 from keeper.runtime.starting import MasterStartError
+from keeper.sim.node.sim_options import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, SIM_FAULTS
 
 if TYPE_CHECKING:
     from keeper.cli.processes import cmd_bridge, cmd_cluster, cmd_log, cmd_master, cmd_node
@@ -150,7 +151,7 @@ def _models(text: str) -> list[ModelCard]:
 
 
 def _disk_options(parser: argparse.ArgumentParser, every: str) -> None:
-    """A simulated node's models directory (``keeper.node.downloads``), for ``every`` node."""
+    """A simulated node's models directory (``keeper.sim.node.downloads``), for ``every`` node."""
     parser.add_argument(
         "--disk-gb",
         type=positive_float,
@@ -198,7 +199,7 @@ def _serving_options(
     )
 
 
-# Commands with parsers of their own (keeper.soak): listed here for --help only.
+# Commands with parsers of their own (keeper.sim.soak): listed here for --help only.
 SOAK_COMMANDS = {
     "soak": "faults under load against a local multi-process cluster; writes a JSON report",
     "soak-sim": "the same fault mix against in-process nodes in virtual time",
@@ -315,7 +316,8 @@ def _node_command(command: _Command) -> None:
     )
     add_token_options(node, "the master's bearer token, if it has one")
     node.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
-    # Where a fault harness (the soak) writes the fault SIGUSR2 turns on (keeper.node.node_process).
+    # Where a fault harness (the soak) writes the fault SIGUSR2 turns on
+    # (keeper.sim.node.node_process).
     node.add_argument("--fault-file", type=Path, default=None, help=argparse.SUPPRESS)
     node.set_defaults(handler=ProcessCommand("cmd_node"))
 
@@ -603,7 +605,7 @@ def _failover_refused(parser: argparse.ArgumentParser, args: argparse.Namespace)
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["soak"] or given[:1] == ["soak-sim"]:
-        from keeper.soak import soak_main, soak_sim_main  # noqa: PLC0415 (heavy; only here)
+        from keeper.sim.soak import soak_main, soak_sim_main  # noqa: PLC0415 (heavy; only here)
 
         run = soak_main if given[0] == "soak" else soak_sim_main
         sys.exit(run(given[1:]))

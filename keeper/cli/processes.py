@@ -18,15 +18,15 @@ from pathlib import Path
 from keeper.cli.exits import EXIT_USAGE
 from keeper.model.liveness import LivenessConfig
 from keeper.model.state import Memory
-from keeper.node.downloads import disk_refusal
+from keeper.sim.node.downloads import disk_refusal
 
 __all__ = ["cmd_bridge", "cmd_cluster", "cmd_log", "cmd_master", "cmd_node"]
 
 
 def cmd_master(args: argparse.Namespace) -> int:
-    from keeper.cluster.local import exit_with_parent
-    from keeper.exo_standin.app import STANDIN_API
-    from keeper.master.server import OUR_API, run_master
+    from keeper.sim.cluster.local import exit_with_parent
+    from keeper.sim.exo_standin.app import STANDIN_API
+    from keeper.sim.master.server import OUR_API, run_master
 
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
@@ -66,10 +66,10 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from keeper.cluster.local import exit_with_parent
-    from keeper.link.identity import KeyFileError, default_key_file, load_or_create_key
-    from keeper.node.node_process import run_node_process
-    from keeper.node.sim_node import NodeConfig
+    from keeper.sim.cluster.local import exit_with_parent
+    from keeper.sim.link.identity import KeyFileError, default_key_file, load_or_create_key
+    from keeper.sim.node.node_process import run_node_process
+    from keeper.sim.node.sim_node import NodeConfig
 
     if (refused := _disk_refused(args)) is not None:
         return refused
@@ -95,8 +95,8 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from keeper.cluster.local import run_cluster
     from keeper.runtime.webhooks import WebhookUrlError, webhook_urls
+    from keeper.sim.cluster.local import run_cluster
 
     if (refused := _disk_refused(args)) is not None:
         return refused

@@ -16,7 +16,7 @@ which a peer that acknowledges and never reads does for ever. So each connection
   enough for writing to resume within ``send_stall_s``. Past it the connection is reset, not
   closed: a close waits for the buffers to drain, which a client that does not read never lets
   happen. The waiting ``send`` then returns, ``receive`` says the client disconnected, and the
-  handler ends and frees what it held (a dashboard stream's slot, keeper.master.subscriptions).
+  handler ends and frees what it held (a dashboard stream's slot, keeper.sim.master.subscriptions).
 
 And two bounds, which uvicorn's httptools protocol does not set either (h11's does: 16 KiB):
 

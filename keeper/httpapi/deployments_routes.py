@@ -1,5 +1,5 @@
 """The deployments routes (docs/design.md §7.2), for any service that keeps deployments: the master
-(``keeper.master.service``) and the bridge (``keeper.bridge.service``).
+(``keeper.sim.master.service``) and the bridge (``keeper.bridge.service``).
 
 Both answer ``POST /deployments``, ``GET /deployments``, ``PATCH /deployments/{id}`` (replicas,
 standby, priority, preempt, repair), ``POST /instances/{id}/repair``, ``DELETE

@@ -1,9 +1,9 @@
 """What a node may say about the cluster: only what concerns its own runners and instances.
 
-A node session speaks for one proven node (``keeper.link.identity``). These rules, pure
+A node session speaks for one proven node (``keeper.sim.link.identity``). These rules, pure
 functions of the State, say whether a report of that node is about something it holds: the
 runner it reports is assigned to it by an instance, the instance it asks to delete has a runner
-on it. The master refuses anything else (``keeper.master.membership``), so no node can stop
+on it. The master refuses anything else (``keeper.sim.master.membership``), so no node can stop
 another's runner or delete an instance it does not run. Each answer is None (allowed) or a
 ``Refusal``: the reason in words, and whether the report is merely late.
 """

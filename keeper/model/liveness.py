@@ -29,7 +29,7 @@ from typing import Literal
 from keeper.model.events import AnyEvent, NodeConfirmedDead, NodeHeardAgain, NodeSuspected
 from keeper.model.state import NodeId, State
 
-# Nodes report their info about once a second (keeper.link.protocol.INFO_REFRESH_S; exo's every
+# Nodes report their info about once a second (keeper.sim.link.protocol.INFO_REFRESH_S; exo's every
 # second or so), and each report moves lastSeen; a dashboard that shows "silent" after 8 s leaves
 # the finer verdicts below (suspect after 3 s by default) to say more, sooner. exo's master gives up
 # on a node after 30 s (the demo after 10 s), so this leaves time to see it coming.
@@ -104,7 +104,7 @@ MAX_OBSERVER_GAP_S = 2.0
 # After such a pause the observer judges nobody for this long, and counts every node as heard
 # meanwhile: the reports the nodes sent while it slept are still queued in its sockets, and a
 # node whose connection dropped while it slept reconnects with a backoff of up to 5 s
-# (keeper.node.ws_client; exo's nodes retry likewise). Eight seconds cover the longest backoff
+# (keeper.sim.node.ws_client; exo's nodes retry likewise). Eight seconds cover the longest backoff
 # and the reconnection after it.
 PAUSE_SETTLE_S = 8.0
 # More than half of the nodes falling silent within this many seconds of each other is one

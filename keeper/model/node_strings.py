@@ -6,7 +6,8 @@ runner's error could be nearly all of that: copied into the State, every event l
 ``/state`` answer, every dashboard frame, the log and each webhook's notice text. So the master
 cuts each node-given string to a length that holds every real value, the cut marked with
 ``CUT_MARK`` so a reader sees it was cut rather than taking it as the value. A pure function of
-the message, in the data model's floor, so the master's membership (``keeper.master.membership``)
+the message, in the data model's floor, so the master's membership
+(``keeper.sim.master.membership``)
 calls it and the tests hold it to its rule without a socket.
 
 Chat text is not capped here: it is the model's answer, bounded by the frame, and goes only to

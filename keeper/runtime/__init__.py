@@ -3,5 +3,5 @@ deployments commands, the command-line argument types and the blocking process e
 refusals a service answers with are the data model's, ``keeper.model.refusals``).
 
 The master, the bridge and the simulated nodes are siblings built on this package; keeping it out
-of ``keeper.master`` is what lets the bridge and the nodes import nothing from the master.
+of ``keeper.sim.master`` is what lets the bridge and the nodes import nothing from the master.
 """

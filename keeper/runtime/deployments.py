@@ -1,5 +1,5 @@
 """The deployments API's rules (docs/design.md §7.2), written once for both services that
-serve it: the master (``keeper.master.service``) and the bridge (``keeper.bridge.service``).
+serve it: the master (``keeper.sim.master.service``) and the bridge (``keeper.bridge.service``).
 
 The two differ in where a model's card comes from (the master's catalog, exo's model list) and
 where a deployment's events go (the master's router, the bridge's own log). What a request may

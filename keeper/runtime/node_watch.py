@@ -7,7 +7,7 @@ caused by the node starts), whether its session is closed, and when it last flap
 then heard again). ``check`` returns the verdict events the membership emits; the master acts on
 them once they are in the State (a dead node's instances are deleted by the sweep).
 
-The master feeds it from its node sessions (``keeper.master.membership``: every message is a
+The master feeds it from its node sessions (``keeper.sim.master.membership``: every message is a
 report, a session closing is a sign); the bridge from exo's ``lastSeen`` moving between its own
 polls (``keeper.bridge.node_liveness``). It needs no sessions, no channel and no event loop:
 plain calls with the times the service passes, which a test can drive.

@@ -27,8 +27,19 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from keeper.httpapi.serving import MAX_WS_FRAME_BYTES
-from keeper.link.identity import NodeKey
-from keeper.link.protocol import (
+from keeper.model.api_models import DeploymentsResponse, StreamSnapshot
+from keeper.model.events import IndexedEvent, InstanceCreated
+from keeper.model.state import (
+    Backend,
+    Memory,
+    MemoryUsage,
+    NodeIdentity,
+    NodeNetwork,
+    RunnerReady,
+)
+from keeper.runtime.event_log import EventLog
+from keeper.sim.link.identity import NodeKey
+from keeper.sim.link.protocol import (
     MASTER_MESSAGE,
     NODE_MESSAGE,
     AnyNodeMessage,
@@ -41,19 +52,8 @@ from keeper.link.protocol import (
     RunnerStatusReport,
     Welcome,
 )
-from keeper.master.server import serve
-from keeper.master.service import Master
-from keeper.model.api_models import DeploymentsResponse, StreamSnapshot
-from keeper.model.events import IndexedEvent, InstanceCreated
-from keeper.model.state import (
-    Backend,
-    Memory,
-    MemoryUsage,
-    NodeIdentity,
-    NodeNetwork,
-    RunnerReady,
-)
-from keeper.runtime.event_log import EventLog
+from keeper.sim.master.server import serve
+from keeper.sim.master.service import Master
 
 TOKEN = "s3cret-token"
 
@@ -291,7 +291,7 @@ async def test_a_hello_that_does_not_prove_its_id_is_closed_with_the_reason() ->
 
 def _master_process(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     code = (
-        "import sys; from keeper.master.server import run_master as r; "
+        "import sys; from keeper.sim.master.server import run_master as r; "
         "a = sys.argv[1:]; sys.exit(r(a[0], *(int(p) for p in a[1:2]), *a[2:]))"
     )
     return subprocess.Popen(

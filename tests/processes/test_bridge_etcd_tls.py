@@ -1,6 +1,6 @@
 """Bridges on etcd as production runs it: TLS, client certificates, a user limited to the prefix.
 
-A real etcd (``keeper.cluster.etcd_members`` with ``EtcdTls``) speaking TLS with
+A real etcd (``keeper.sim.cluster.etcd_members`` with ``EtcdTls``) speaking TLS with
 ``--client-cert-auth``, auth enabled and a user ``bridge`` whose role reads and writes the test
 prefix only; certificates from ``tests/etcd_tls.py``. Checked: two bridges with
 ``--store etcds://`` and the files act, take writes and take over; plaintext is refused by that
@@ -30,8 +30,8 @@ from process_helpers import free_port, wait_for
 
 from keeper.bridge.etcd_access import StoreAccessOptions, load_access
 from keeper.bridge.etcd_store import EtcdStore, parse_store_url
-from keeper.cluster.etcd_members import EtcdTls
 from keeper.model.events import DeploymentStandbyChanged
+from keeper.sim.cluster.etcd_members import EtcdTls
 
 pytestmark = pytest.mark.e2e
 

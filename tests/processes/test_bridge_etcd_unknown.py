@@ -36,8 +36,8 @@ from keeper.bridge.etcd_store import (
     OutcomeUnknownError,
     parse_store_url,
 )
-from keeper.cluster.etcd_members import EtcdCluster
 from keeper.model.events import DeploymentStandbyChanged, IndexedEvent
+from keeper.sim.cluster.etcd_members import EtcdCluster
 
 pytestmark = pytest.mark.e2e
 

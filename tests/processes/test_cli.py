@@ -23,15 +23,15 @@ from process_helpers import free_port, wait_for
 
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, build_parser, main
 from keeper.cli.deployments import format_history
-from keeper.cluster import local
-from keeper.cluster.local import LocalCluster
-from keeper.master.server import serve
-from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import DeploymentHistoryResponse, IncidentView
 from keeper.model.catalog import catalog_by_id
 from keeper.model.state import RecoveryPhases
-from keeper.node import node_process
-from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
+from keeper.sim.cluster import local
+from keeper.sim.cluster.local import LocalCluster
+from keeper.sim.master.server import serve
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node import node_process
+from keeper.sim.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 
 QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
 TOKEN = "s3cret-token"

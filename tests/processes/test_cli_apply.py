@@ -19,8 +19,8 @@ from test_cli import run_cli
 from threaded_master import Served, served_master
 
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
-from keeper.master.service import MasterConfig
 from keeper.model.state import Deployment, InstanceMeta, Sharding
+from keeper.sim.master.service import MasterConfig
 
 QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
 LLAMA = "mlx-community/Llama-3.2-1B-Instruct-4bit"

@@ -23,10 +23,10 @@ from test_cli import run_cli
 
 from keeper.cli import EXIT_OK, EXIT_USAGE
 from keeper.cli.exits import EXIT_NOT_DONE
-from keeper.cluster.in_process import InProcessCluster
-from keeper.master.server import serve
-from keeper.master.service import Master, MasterConfig
-from keeper.node.sim_node import NodeConfig
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.master.server import serve
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import NodeConfig
 
 # 378 GB: more than the two nodes' 64 GB together, so the keeper says it cannot be placed.
 DEEPSEEK = "mlx-community/DeepSeek-V3.1-4bit"

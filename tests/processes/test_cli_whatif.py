@@ -19,11 +19,11 @@ from process_helpers import free_port
 from test_cli import run_cli
 
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
-from keeper.cluster.in_process import InProcessCluster
-from keeper.master.server import serve
-from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import WhatIfResponse
-from keeper.node.sim_node import NodeConfig
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.master.server import serve
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import NodeConfig
 
 # How long the master may take to place the deployment the test makes: one keeper step.
 PLACED_WITHIN_S = 10.0

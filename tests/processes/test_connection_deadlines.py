@@ -28,9 +28,9 @@ from keeper.httpapi.connection_deadlines import (
     DeadlineProtocol,
     protocol_with,
 )
-from keeper.link.identity import NodeKey
-from keeper.link.protocol import MASTER_MESSAGE, NODE_MESSAGE, Challenge, Hello, NodeInfo
 from keeper.model.state import Backend, Memory, MemoryUsage, NodeIdentity, NodeNetwork
+from keeper.sim.link.identity import NodeKey
+from keeper.sim.link.protocol import MASTER_MESSAGE, NODE_MESSAGE, Challenge, Hello, NodeInfo
 
 HEAD_S = 0.5
 DEADLINES = ConnectionDeadlines(head_s=HEAD_S)

@@ -1,4 +1,4 @@
-"""The dashboard streams are bounded (keeper.master.dashboard_stream): past the master's limit
+"""The dashboard streams are bounded (keeper.sim.master.dashboard_stream): past the master's limit
 ``GET /events`` is a 503 naming it, a stream that closes frees its slot, and a client that
 connects and never reads is dropped by the send deadline (keeper.httpapi.connection_deadlines),
 which frees its slot too. On a real uvicorn, with raw sockets for the clients."""
@@ -21,9 +21,9 @@ from threaded_master import (
 )
 
 from keeper.httpapi.connection_deadlines import ConnectionDeadlines
-from keeper.master.service import MasterConfig
-from keeper.master.subscriptions import MAX_DASHBOARD_STREAMS
 from keeper.model.events import NodeTimedOut
+from keeper.sim.master.service import MasterConfig
+from keeper.sim.master.subscriptions import MAX_DASHBOARD_STREAMS
 
 LIMIT = 2
 STALL_S = 1.0

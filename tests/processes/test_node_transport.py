@@ -18,13 +18,13 @@ import shared_http as http
 from anyio.abc import TaskGroup
 from waiting import wait_until
 
-from keeper.cluster.demo import EmbeddedCluster
-from keeper.cluster.proxy import TcpProxy
-from keeper.master.server import serve
-from keeper.master.service import Master
-from keeper.node.sim_node import NodeConfig, SimNode
-from keeper.node.ws_client import NodeRejectedError, node_ws_url, run_node_forever
 from keeper.runtime.clock import AnyioClock
+from keeper.sim.cluster.demo import EmbeddedCluster
+from keeper.sim.cluster.proxy import TcpProxy
+from keeper.sim.master.server import serve
+from keeper.sim.master.service import Master
+from keeper.sim.node.sim_node import NodeConfig, SimNode
+from keeper.sim.node.ws_client import NodeRejectedError, node_ws_url, run_node_forever
 
 TOKEN = "node-token"
 

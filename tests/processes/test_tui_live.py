@@ -23,7 +23,7 @@ from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen
 from exo_deploy_tui.screens.create import CreateScreen
 from exo_deploy_tui.screens.dashboard import DashboardScreen
 from exo_deploy_tui.widgets.panels import DeploymentsTable, HeaderBar
-from keeper.cluster.demo import EmbeddedCluster
+from keeper.sim.cluster.demo import EmbeddedCluster
 
 # The keeper's startup grace (15 s), the nodes' loading, and slack for a loaded CI machine.
 SERVING_DEADLINE_S = 90.0

@@ -5,7 +5,7 @@ State (produced by exo: camelCase, tagged unions, its full model card and its ex
 fields), ``exo_create_instance_jaccl.json`` the RDMA instance of the project's State fixture,
 ``exo_models.json`` an answer of exo's ``GET /models``. Two independent readings of the format
 are checked against them and against each other: the bridge's encoder (``keeper.bridge.exo_wire``)
-and the stand-in's strict parser (``keeper.exo_standin.app``), which refuses unknown keys and
+and the stand-in's strict parser (``keeper.sim.exo_standin.app``), which refuses unknown keys and
 loose types as exo's does.
 """
 
@@ -30,7 +30,6 @@ from keeper.bridge.exo_wire import (
 )
 from keeper.bridge.server import exo_card_files
 from keeper.core.placement import place_instance
-from keeper.exo_standin.app import ExoCreateInstance, insufficient_memory
 from keeper.model.catalog import catalog_by_id
 from keeper.model.state import (
     InstanceMeta,
@@ -40,6 +39,7 @@ from keeper.model.state import (
     Sharding,
     State,
 )
+from keeper.sim.exo_standin.app import ExoCreateInstance, insufficient_memory
 
 QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
 CATALOG = catalog_by_id()

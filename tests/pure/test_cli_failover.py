@@ -10,8 +10,8 @@ import pytest
 from test_cli_options import entries, run_cli  # noqa: F401 (the fixture)
 
 from keeper.cli import EXIT_OK, EXIT_USAGE, build_parser
-from keeper.cluster import local
 from keeper.model.liveness import LivenessConfig
+from keeper.sim.cluster import local
 
 SERVICES = (["master"], ["bridge", "--exo", "http://127.0.0.1:52415"])
 

@@ -20,8 +20,8 @@ from keeper.bridge import server as bridge_server
 from keeper.cli import EXIT_OK, EXIT_USAGE, build_parser, main
 from keeper.client import version_option
 from keeper.client.token_options import MAX_TOKEN_FILE_BYTES, TOKEN_ENV
-from keeper.master import server as master_server
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
+from keeper.sim.master import server as master_server
 
 SERVICES = (["master"], ["bridge", "--exo", "http://127.0.0.1:52415"])
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"

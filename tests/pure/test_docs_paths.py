@@ -4,7 +4,7 @@ README.md or docs/*.md pointing at nothing.
 Three kinds of names are read from each line:
 
 - paths that start with a top-level entry of this repository (``keeper/core/keeper.py``,
-  ``keeper/master/``, ``tests/test_bridge*.py``, ``Makefile``, ``pyproject.toml``): a file, a
+  ``keeper/sim/master/``, ``tests/test_bridge*.py``, ``Makefile``, ``pyproject.toml``): a file, a
   folder, or a glob that must match something;
 - dotted names under ``keeper.`` or ``exo_deploy_tui.`` (``keeper.core.view``,
   ``keeper.model.history.summarize``): a module or package, optionally followed by a name that

@@ -23,8 +23,6 @@ from metrics_scrape import Samples, parse, value
 from prometheus_client import CollectorRegistry, generate_latest
 
 from keeper.bridge.metrics import ExoCollector, ExoFacts
-from keeper.master.chat_routing import ChatCounts
-from keeper.master.metrics import ChatCollector
 from keeper.model.api_models import HealthView, WebhookEndpointHealth, WebhooksHealth
 from keeper.model.events import (
     AnyEvent,
@@ -58,6 +56,8 @@ from keeper.runtime.metrics import (
     WebhookCollector,
     tally,
 )
+from keeper.sim.master.chat_routing import ChatCounts
+from keeper.sim.master.metrics import ChatCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "exo-deploy.json"

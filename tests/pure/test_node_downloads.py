@@ -1,4 +1,4 @@
-"""A simulated node's models directory (``keeper.node.downloads``), as a pure function of time.
+"""A simulated node's models directory (``keeper.sim.node.downloads``), as a pure function of time.
 
 The disk is asked for models at given moments and read at others; the figures are exact: a
 download of T bytes at R bytes/s ends T / R after it starts, the next one starts that very
@@ -20,7 +20,7 @@ from keeper.model.state import (
     Memory,
     ModelCard,
 )
-from keeper.node.downloads import (
+from keeper.sim.node.downloads import (
     GIB,
     MIB,
     MODELS_DIR,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from keeper.link.identity import (
+from keeper.sim.link.identity import (
     KeyFileError,
     NodeKey,
     default_key_file,

@@ -7,7 +7,6 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keeper.link.protocol import Hello, NodeInfo, RequestInstanceDeletion
 from keeper.model.node_strings import (
     CUT_MARK,
     MAX_FRIENDLY_NAME,
@@ -23,6 +22,7 @@ from keeper.model.state import (
     NodeNetwork,
     Topology,
 )
+from keeper.sim.link.protocol import Hello, NodeInfo, RequestInstanceDeletion
 
 
 def info(name: str, interface: str) -> NodeInfo:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from keeper.master.report_buffer import MAX_PENDING_REPORTS, ReportBuffer
 from keeper.model.events import InstanceDeleted, NodeTimedOut
+from keeper.sim.master.report_buffer import MAX_PENDING_REPORTS, ReportBuffer
 
 
 def test_a_newer_report_replaces_the_pending_one_and_moves_to_the_end() -> None:

@@ -10,16 +10,6 @@ import pytest
 from pydantic import ValidationError
 from recorded_exo import FIXTURES
 
-from keeper.link.protocol import (
-    MASTER_MESSAGE,
-    NODE_MESSAGE,
-    ChatChunk,
-    ChatRequest,
-    Hello,
-    LinkUp,
-    RunnerStatusReport,
-    Welcome,
-)
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id, model_card_from_toml
 from keeper.model.events import (
     EVENT_ADAPTER,
@@ -89,6 +79,16 @@ from keeper.model.state import (
     TensorShardMetadata,
 )
 from keeper.model.wire import first_validation_error
+from keeper.sim.link.protocol import (
+    MASTER_MESSAGE,
+    NODE_MESSAGE,
+    ChatChunk,
+    ChatRequest,
+    Hello,
+    LinkUp,
+    RunnerStatusReport,
+    Welcome,
+)
 
 STUDIO = "12D3KooWstudioxxxx"
 ULTRA2 = "12D3KooWultra2xxxx"

@@ -20,7 +20,23 @@ from pydantic import Tag, TypeAdapter, ValidationError
 from test_state_wire import _every_event  # pyright: ignore[reportPrivateUsage]
 
 import keeper
-from keeper.link.protocol import (
+from keeper.model.events import IndexedEvent
+from keeper.model.state import (
+    AnyRunnerStatus,
+    Backend,
+    DownloadFailed,
+    DownloadPending,
+    MemoryUsage,
+    NodeIdentity,
+    NodeNetwork,
+    RDMAConnection,
+    RunnerFailed,
+    RunnerLoading,
+    RunnerReady,
+    State,
+)
+from keeper.model.wire import TAGGED, TaggedModel, WireModel, tagged_members
+from keeper.sim.link.protocol import (
     CancelChat,
     CancelDownload,
     Challenge,
@@ -41,22 +57,6 @@ from keeper.link.protocol import (
     StartDownload,
     Welcome,
 )
-from keeper.model.events import IndexedEvent
-from keeper.model.state import (
-    AnyRunnerStatus,
-    Backend,
-    DownloadFailed,
-    DownloadPending,
-    MemoryUsage,
-    NodeIdentity,
-    NodeNetwork,
-    RDMAConnection,
-    RunnerFailed,
-    RunnerLoading,
-    RunnerReady,
-    State,
-)
-from keeper.model.wire import TAGGED, TaggedModel, WireModel, tagged_members
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -87,8 +87,8 @@ def test_the_unions_are_found() -> None:
         "keeper.model.state.Shard",
         "keeper.model.state.Instance",
         "keeper.model.state.RunnerStatus",
-        "keeper.link.protocol.NodeMessage",
-        "keeper.link.protocol.MasterMessage",
+        "keeper.sim.link.protocol.NodeMessage",
+        "keeper.sim.link.protocol.MasterMessage",
     }
 
 

@@ -19,14 +19,14 @@ from exo_errors import assert_exo_error
 from model_ids import LLAMA, QWEN
 from recorded_exo import FIXTURES
 
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import CommandResponse, DeploymentsResponse, ModelList
 from keeper.model.catalog import BUILTIN_MODEL_CARDS
 from keeper.model.events import NodeGatheredInfo
 from keeper.model.state import Backend, Memory, MemoryUsage, State
 from keeper.runtime.model_cards import ModelCardError, load_model_cards, merge_catalogs
 from keeper.runtime.starting import InsecureBindError, check_bind
+from keeper.sim.master.api import create_app
+from keeper.sim.master.service import Master, MasterConfig
 
 TOKEN = "s3cret-token"
 

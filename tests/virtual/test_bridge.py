@@ -20,10 +20,10 @@ from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.in_flight import RESEND_S
 from keeper.bridge.service import Bridge
 from keeper.core.keeper import Keeper
-from keeper.exo_standin.app import ExoCreateInstance
 from keeper.model.constants import FIRST_BACKOFF, PLACEMENT_TIMEOUT, STARTUP_GRACE
 from keeper.model.events import AnyEvent
 from keeper.model.state import State
+from keeper.sim.exo_standin.app import ExoCreateInstance
 
 REFUSAL = "Insufficient memory to create instance. Required: 0.3GB, Available: 0.1GB"
 

@@ -23,11 +23,11 @@ from exo_deploy_tui.feed.client import MasterClient
 from exo_deploy_tui.model.updates import ConnectionUpdate, SnapshotUpdate, Update
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.server import run_bridge
-from keeper.exo_standin.app import create_exo_compat_app
-from keeper.master.service import Master
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import DeploymentCreated
 from keeper.model.state import Deployment
+from keeper.sim.exo_standin.app import create_exo_compat_app
+from keeper.sim.master.service import Master
 
 TOKEN = "s3cret-token"
 

@@ -35,11 +35,11 @@ from keeper.bridge.placing import NO_ANSWERS, PlacementAnswers, StepPlacement, d
 from keeper.bridge.service import Bridge, BridgeConfig
 from keeper.core.keeper import DeploymentTimer, Keeper
 from keeper.core.view import nodes_serving
-from keeper.exo_standin.app import ExoCreateInstance
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
 from keeper.model.events import DeploymentPlacementFailed
 from keeper.model.state import Deployment, InstanceMeta, Sharding, State
+from keeper.sim.exo_standin.app import ExoCreateInstance
 
 GEMMA = "mlx-community/gemma-4-26b-a4b-it-4bit"
 DEEPSEEK_V4 = "mlx-community/DeepSeek-V4-Flash"

@@ -11,7 +11,7 @@ from waiting import wait_until
 
 from keeper.model.instance_health import WARM_UP_BOUND_S
 from keeper.model.state import SERVING_RUNNER_TYPES, State
-from keeper.node.sim_node import SimFault
+from keeper.sim.node.sim_node import SimFault
 
 # "a" is the freest node: exo's placement puts the first instance there.
 NODES = (("a", 64.0), ("b", 32.0))

@@ -23,9 +23,9 @@ from keeper.bridge.api import create_bridge_app
 from keeper.bridge.exo_client import COMMAND_TIMEOUT_S, ExoClient
 from keeper.bridge.service import STATE_UNREADABLE, Bridge, BridgeConfig
 from keeper.cli import EXIT_USAGE, build_parser, main
-from keeper.exo_standin.app import create_exo_compat_app
 from keeper.model.api_models import DeploymentView
 from keeper.model.constants import PLACEMENT_TIMEOUT, STARTUP_GRACE
+from keeper.sim.exo_standin.app import create_exo_compat_app
 
 SECOND_URL = "http://exo-2.test"
 Edit = Callable[[dict[str, Any]], dict[str, Any]]

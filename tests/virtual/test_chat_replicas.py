@@ -15,8 +15,8 @@ from anyio.abc import TaskGroup
 from model_ids import QWEN
 from test_master import FakeNode, connect, say_hi, wait_until
 
-from keeper.master.service import Master, MasterConfig
 from keeper.model.refusals import ChatFailedError
+from keeper.sim.master.service import Master, MasterConfig
 
 
 async def two_replicas(group: TaskGroup, nodes: list[FakeNode]) -> tuple[Master, list[str]]:

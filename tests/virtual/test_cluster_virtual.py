@@ -20,14 +20,6 @@ from model_ids import QWEN as MODEL
 from waiting import wait_until
 
 from keeper import STARTUP_GRACE, deployment_status
-from keeper.cluster.demo import (
-    DEMO_MODELS,
-    DEMO_NODE_TIMEOUT_S,
-    DEMO_NODES,
-    DEMO_SWEEP_INTERVAL_S,
-)
-from keeper.cluster.in_process import InProcessCluster
-from keeper.master.service import Master, MasterConfig
 from keeper.model.apply import apply_indexed
 from keeper.model.catalog import catalog_by_id
 from keeper.model.events import InstanceCreated
@@ -43,8 +35,16 @@ from keeper.model.state import (
     State,
     download_model_id,
 )
-from keeper.node.downloads import whole_model_shard
-from keeper.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
+from keeper.sim.cluster.demo import (
+    DEMO_MODELS,
+    DEMO_NODE_TIMEOUT_S,
+    DEMO_NODES,
+    DEMO_SWEEP_INTERVAL_S,
+)
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.downloads import whole_model_shard
+from keeper.sim.node.sim_node import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, NodeConfig
 
 QWEN_30B = "mlx-community/Qwen3-30B-A3B-4bit"
 NODES = [

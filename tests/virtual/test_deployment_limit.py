@@ -16,9 +16,9 @@ from model_ids import LLAMA, QWEN
 
 from keeper.bridge.api import create_bridge_app
 from keeper.bridge.service import BridgeConfig
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
+from keeper.sim.master.api import create_app
+from keeper.sim.master.service import Master, MasterConfig
 
 LLAMA_3B = "mlx-community/Llama-3.2-3B-Instruct-4bit"
 

@@ -11,7 +11,6 @@ import anyio
 import pytest
 
 from keeper.core.placement import place_instance
-from keeper.master.service import Master, MasterConfig
 from keeper.model.apply import apply
 from keeper.model.catalog import catalog_by_id
 from keeper.model.events import (
@@ -48,6 +47,7 @@ from keeper.runtime.event_log import (
     EventLog,
     EventLogCorruptError,
 )
+from keeper.sim.master.service import Master, MasterConfig
 
 CATALOG = catalog_by_id()
 QWEN = CATALOG["mlx-community/Qwen3-0.6B-4bit"]

@@ -26,8 +26,6 @@ from test_event_log import LLAMA, QWEN, story
 from keeper.bridge.exo_client import ExoClient
 from keeper.bridge.service import Bridge
 from keeper.cli import main as cli_main
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
     AnyEvent,
@@ -46,6 +44,8 @@ from keeper.runtime.event_log import (
     iter_events,
 )
 from keeper.runtime.event_store import EventStore, LogNotWritableError
+from keeper.sim.master.api import create_app
+from keeper.sim.master.service import Master, MasterConfig
 
 
 def churn(count: int) -> list[AnyEvent]:

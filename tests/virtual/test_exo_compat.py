@@ -27,10 +27,6 @@ from bridge_harness import exo_with_bridge, wait_until
 from model_ids import QWEN
 from recorded_exo import RECORDINGS
 
-from keeper.exo_standin.app import create_exo_compat_app
-from keeper.exo_standin.model_list import CARD_SOURCES, MEBIBYTE, exo_catalog, exo_full_cards
-from keeper.exo_standin.placement_answers import exo_place, exo_previews, memory_delta_by_node
-from keeper.master.service import Master
 from keeper.model.state import (
     DownloadCompleted,
     DownloadOngoing,
@@ -40,6 +36,10 @@ from keeper.model.state import (
     State,
     download_model_id,
 )
+from keeper.sim.exo_standin.app import create_exo_compat_app
+from keeper.sim.exo_standin.model_list import CARD_SOURCES, MEBIBYTE, exo_catalog, exo_full_cards
+from keeper.sim.exo_standin.placement_answers import exo_place, exo_previews, memory_delta_by_node
+from keeper.sim.master.service import Master
 
 GEMMA_4 = "mlx-community/gemma-4-26b-a4b-it-4bit"
 PLACEMENT_QUERY = {"sharding": "Pipeline", "instance_meta": "MlxRing", "min_nodes": "1"}

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from recorded_exo import recorded, recorded_content_type
 
-from keeper.exo_standin.app import create_exo_compat_app
-from keeper.master.service import Master, MasterConfig
 from keeper.model.events import NodeGatheredInfo, NodeTimedOut
+from keeper.sim.exo_standin.app import create_exo_compat_app
+from keeper.sim.master.service import Master, MasterConfig
 
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 TAG = re.compile(r"^[A-Z][A-Za-z0-9]*$")

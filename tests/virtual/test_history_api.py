@@ -16,8 +16,6 @@ import pytest
 from keeper_harness import build_instance, node_info
 from model_ids import QWEN
 
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import DeploymentHistoryResponse
 from keeper.model.catalog import BUILTIN_MODEL_CARDS
 from keeper.model.events import (
@@ -29,6 +27,8 @@ from keeper.model.events import (
 )
 from keeper.model.state import Deployment, NodeIdentity, RunnerReady
 from keeper.runtime.event_store import EventStore
+from keeper.sim.master.api import create_app
+from keeper.sim.master.service import Master, MasterConfig
 
 # The keeper stays out of the way: these tests place instances themselves.
 QUIET = MasterConfig(startup_grace_s=3600)

@@ -15,7 +15,6 @@ from metrics_scrape import scrape, value
 from model_ids import QWEN
 from test_history_api import applied, history, seconds, serving_master
 
-from keeper.master.service import Master
 from keeper.model.api_models import DeploymentsResponse, DeploymentView
 from keeper.model.catalog import BUILTIN_MODEL_CARDS
 from keeper.model.events import (
@@ -25,6 +24,7 @@ from keeper.model.events import (
     RunnerStatusUpdated,
 )
 from keeper.model.state import NodeIdentity, RunnerReady
+from keeper.sim.master.service import Master
 
 CARD = next(card for card in BUILTIN_MODEL_CARDS if card.model_id == QWEN)
 # Virtual seconds: the node quiet until suspected, then until confirmed dead; the keeper's

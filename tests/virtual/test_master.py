@@ -23,28 +23,6 @@ from model_ids import QWEN
 
 from keeper.core.keeper import Keeper, PlaceFn
 from keeper.core.placement import place_instance
-from keeper.link.channel import ChannelClosedError, NodeSide, memory_channel_pair
-from keeper.link.identity import NodeKey
-from keeper.link.protocol import (
-    AnyNodeMessage,
-    Challenge,
-    ChatChunk,
-    ChatError,
-    ChatMessage,
-    ChatRequest,
-    EventMessage,
-    Heartbeat,
-    Hello,
-    LinkUp,
-    NodeInfo,
-    RequestInstanceDeletion,
-    RunnerStatusReport,
-    Welcome,
-)
-from keeper.master.chat import ChatStream
-from keeper.master.report_buffer import REPORT_INTERVAL_S
-from keeper.master.service import Master, MasterConfig
-from keeper.master.subscriptions import SubscriptionLaggedError
 from keeper.model.api_models import CommandResponse
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import InstanceCreated, InstanceDeleted, NodeGatheredInfo, NodeTimedOut
@@ -64,6 +42,28 @@ from keeper.model.state import (
     State,
 )
 from keeper.runtime.hosted_keeper import HostedKeeper, KeeperLike, default_keeper, start_keeper
+from keeper.sim.link.channel import ChannelClosedError, NodeSide, memory_channel_pair
+from keeper.sim.link.identity import NodeKey
+from keeper.sim.link.protocol import (
+    AnyNodeMessage,
+    Challenge,
+    ChatChunk,
+    ChatError,
+    ChatMessage,
+    ChatRequest,
+    EventMessage,
+    Heartbeat,
+    Hello,
+    LinkUp,
+    NodeInfo,
+    RequestInstanceDeletion,
+    RunnerStatusReport,
+    Welcome,
+)
+from keeper.sim.master.chat import ChatStream
+from keeper.sim.master.report_buffer import REPORT_INTERVAL_S
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.master.subscriptions import SubscriptionLaggedError
 
 LLAMA_70B = "mlx-community/Llama-3.3-70B-Instruct-4bit"
 

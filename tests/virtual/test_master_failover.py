@@ -14,7 +14,6 @@ from model_ids import QWEN
 from test_master import FakeNode, connect, instances_of, serving, wait_until
 
 from keeper.core.alerts import incidents_of
-from keeper.master.service import Master, MasterConfig
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import (
     AnyEvent,
@@ -25,6 +24,7 @@ from keeper.model.events import (
     NodeTimedOut,
 )
 from keeper.model.liveness import OFF, LivenessConfig
+from keeper.sim.master.service import Master, MasterConfig
 
 FAST = MasterConfig(liveness=LivenessConfig(3.0, 8.0))
 

@@ -17,14 +17,14 @@ from metrics_scrape import Samples, scrape, value
 from model_ids import LLAMA, QWEN
 from waiting import wait_until
 
-from keeper.cluster.in_process import InProcessCluster
-from keeper.link.protocol import INFO_REFRESH_S
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import DeploymentHistoryResponse, DeploymentsResponse, DeploymentView
 from keeper.model.liveness import NODE_COUNT_STATES, OFF
-from keeper.node.sim_node import NodeConfig
 from keeper.runtime.metrics import STATUSES
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.link.protocol import INFO_REFRESH_S
+from keeper.sim.master.api import create_app
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import NodeConfig
 
 NODES = [
     NodeConfig(name="big", memory_gb=64, load_gb_per_s=2.0),

@@ -27,11 +27,11 @@ from schemathesis.config import SchemathesisConfig
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keeper.bridge.api import create_bridge_app
-from keeper.cluster.in_process import InProcessCluster
-from keeper.exo_standin.app import create_exo_compat_app
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
-from keeper.node.sim_node import NodeConfig
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.exo_standin.app import create_exo_compat_app
+from keeper.sim.master.api import create_app
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import NodeConfig
 
 # Generated examples per route (the explicit ones schemathesis derives from the schema, such as
 # each enum value and each bound, come on top). The four runs below fuzz 31 routes; at 50 they

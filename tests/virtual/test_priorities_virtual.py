@@ -15,13 +15,13 @@ import anyio
 import pytest
 from waiting import wait_until
 
-from keeper.cluster.in_process import InProcessCluster
-from keeper.master.service import Master
 from keeper.model.apply import apply_indexed
 from keeper.model.events import InstanceCreated, InstanceDeleted
 from keeper.model.readiness import deployment_status
 from keeper.model.state import AnyInstance, State
-from keeper.node.sim_node import NodeConfig
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.master.service import Master
+from keeper.sim.node.sim_node import NodeConfig
 
 HIGH = "mlx-community/Qwen3-30B-A3B-4bit"  # 16.4 GB: fits a 20 GB node, not beside LOW
 LOW = "mlx-community/Qwen3-8B-4bit"  # 4.3 GB

@@ -21,7 +21,6 @@ from test_event_store import FaultyDisk
 from test_master import FakeNode, connect, instances_of, wait_until
 
 from keeper.core.keeper import Keeper, PlaceFn
-from keeper.master.service import Master, MasterConfig
 from keeper.model.events import (
     AnyEvent,
     DeploymentPlacementFailed,
@@ -32,6 +31,7 @@ from keeper.model.state import (
     State,
 )
 from keeper.runtime.hosted_keeper import KeeperLike
+from keeper.sim.master.service import Master, MasterConfig
 
 
 class RecordingKeeper:

@@ -14,11 +14,8 @@ import pytest
 from model_ids import QWEN as MODEL
 from waiting import wait_until
 
-from keeper.cluster.in_process import InProcessCluster
 from keeper.core.keeper import Keeper
 from keeper.core.repair import AVOID_FOR_S
-from keeper.link.protocol import ChatMessage
-from keeper.master.service import Master
 from keeper.model.events import DeploymentRepairPlaced, InstanceFoundBroken
 from keeper.model.instance_health import WARM_UP_BOUND_S
 from keeper.model.refusals import ChatFailedError, NoInstanceError
@@ -31,9 +28,12 @@ from keeper.model.state import (
     RunnerWarmingUp,
     State,
 )
-from keeper.node.sim_node import NodeConfig, SimFault
 from keeper.runtime.clock import AnyioClock
 from keeper.runtime.hosted_keeper import KeeperWrapper
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.link.protocol import ChatMessage
+from keeper.sim.master.service import Master
+from keeper.sim.node.sim_node import NodeConfig, SimFault
 
 NODES = [
     NodeConfig(name="big", memory_gb=64, load_gb_per_s=2.0),

@@ -17,28 +17,6 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
-from keeper.link.channel import MasterSide, memory_channel_pair
-from keeper.link.identity import NodeKey, hello_refusal, new_challenge
-from keeper.link.protocol import (
-    AnyNodeMessage,
-    CancelDownload,
-    Challenge,
-    ChatChunk,
-    ChatError,
-    ChatRequest,
-    DeleteDownload,
-    DownloadReport,
-    EventMessage,
-    Heartbeat,
-    Hello,
-    LinkDown,
-    LinkUp,
-    NodeInfo,
-    RequestInstanceDeletion,
-    RunnerStatusReport,
-    StartDownload,
-    Welcome,
-)
 from keeper.model.apply import apply_indexed
 from keeper.model.catalog import catalog_by_id
 from keeper.model.events import (
@@ -79,7 +57,30 @@ from keeper.model.state import (
     SystemVitals,
     download_model_id,
 )
-from keeper.node.sim_node import (
+from keeper.runtime.clock import AnyioClock
+from keeper.sim.link.channel import MasterSide, memory_channel_pair
+from keeper.sim.link.identity import NodeKey, hello_refusal, new_challenge
+from keeper.sim.link.protocol import (
+    AnyNodeMessage,
+    CancelDownload,
+    Challenge,
+    ChatChunk,
+    ChatError,
+    ChatRequest,
+    DeleteDownload,
+    DownloadReport,
+    EventMessage,
+    Heartbeat,
+    Hello,
+    LinkDown,
+    LinkUp,
+    NodeInfo,
+    RequestInstanceDeletion,
+    RunnerStatusReport,
+    StartDownload,
+    Welcome,
+)
+from keeper.sim.node.sim_node import (
     GIB,
     LOADING_REPORT_S,
     PEER_PORT,
@@ -90,7 +91,6 @@ from keeper.node.sim_node import (
     node_id_for,
     reply_tokens,
 )
-from keeper.runtime.clock import AnyioClock
 
 M = TypeVar("M")
 

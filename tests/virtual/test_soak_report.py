@@ -36,9 +36,9 @@ from keeper.model.state import (
     ShardAssignments,
     State,
 )
-from keeper.node.node_process import read_fault_file, write_fault_file
 from keeper.runtime.log_scan import is_history_line
-from keeper.soak.faults import (
+from keeper.sim.node.node_process import read_fault_file, write_fault_file
+from keeper.sim.soak.faults import (
     BROKEN_KINDS,
     FAIL_CHATS_S,
     FAULT_END_TIMEOUT_S,
@@ -57,9 +57,9 @@ from keeper.soak.faults import (
     is_settled,
     may_start_next,
 )
-from keeper.soak.load import Load, LoadSettings, error_label
-from keeper.soak.main import soak_main, soak_sim_main
-from keeper.soak.report import (
+from keeper.sim.soak.load import Load, LoadSettings, error_label
+from keeper.sim.soak.main import soak_main, soak_sim_main
+from keeper.sim.soak.report import (
     BETWEEN_FAULTS,
     LOST,
     Deployed,
@@ -78,7 +78,7 @@ from keeper.soak.report import (
     summarize,
     summarize_broken,
 )
-from keeper.soak.watch import ClusterWatch, ExclusionReason, check_log, model_of
+from keeper.sim.soak.watch import ClusterWatch, ExclusionReason, check_log, model_of
 
 BIG = "mlx-community/Qwen3-30B-A3B-4bit"
 NODES = ["node-1", "node-2", "node-3", "node-4"]

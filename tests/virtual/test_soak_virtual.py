@@ -38,11 +38,11 @@ from keeper.model.state import (
     ShardAssignments,
     State,
 )
-from keeper.soak import faults
-from keeper.soak.faults import BROKEN_KINDS, MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultSpec
-from keeper.soak.load import LoadSettings
-from keeper.soak.report import Deployed, FaultRecord, RunKind, SoakReport
-from keeper.soak.run import (
+from keeper.sim.soak import faults
+from keeper.sim.soak.faults import BROKEN_KINDS, MASTER, TAKES_A_NODE_AWAY, FaultKind, FaultSpec
+from keeper.sim.soak.load import LoadSettings
+from keeper.sim.soak.report import Deployed, FaultRecord, RunKind, SoakReport
+from keeper.sim.soak.run import (
     PIPELINE_MODEL,
     PROBE_S,
     REPLICATED_MODEL,
@@ -51,7 +51,7 @@ from keeper.soak.run import (
     Soak,
     SoakSettings,
 )
-from keeper.soak.virtual import deterministic, run_virtual, seeded_ids, virtual_settings
+from keeper.sim.soak.virtual import deterministic, run_virtual, seeded_ids, virtual_settings
 
 HOURS = 1.0
 SEED = 11

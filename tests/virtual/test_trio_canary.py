@@ -1,6 +1,6 @@
 """Canary for the private trio names the replayable virtual soak leans on.
 
-``keeper.soak.virtual.deterministic`` seeds ``trio._core._run._r`` and throws
+``keeper.sim.soak.virtual.deterministic`` seeds ``trio._core._run._r`` and throws
 ``trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING``, trio's own switch for replayable runs,
 because trio offers no public way yet (https://github.com/python-trio/trio/issues/2675). If
 trio moves either, ``deterministic`` quietly seeds nothing and soak-sim runs stop replaying:
@@ -15,10 +15,10 @@ from importlib.metadata import version
 
 import trio
 
-from keeper.soak.virtual import deterministic
+from keeper.sim.soak.virtual import deterministic
 
 RECHECK = (
-    "trio {version} moved a private name keeper.soak.virtual.deterministic uses; re-check "
+    "trio {version} moved a private name keeper.sim.soak.virtual.deterministic uses; re-check "
     "trio._core._run (the batch shuffle in the run loop) and "
     "https://github.com/python-trio/trio/issues/2675 for a public way, then update "
     "deterministic() and the trio bound in pyproject.toml"

@@ -23,13 +23,13 @@ from model_ids import QWEN
 from waiting import wait_until
 
 from keeper.bridge.service import BridgeConfig
-from keeper.cluster.in_process import InProcessCluster
 from keeper.core.whatif import what_if_named
-from keeper.master.api import create_app
-from keeper.master.service import Master, MasterConfig
 from keeper.model.api_models import WhatIfResponse, WhatIfThresholds
 from keeper.model.liveness import LivenessConfig
-from keeper.node.sim_node import NodeConfig
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.master.api import create_app
+from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import NodeConfig
 
 NODES = [NodeConfig("a", 32.0), NodeConfig("b", 32.0), NodeConfig("c", 32.0)]
 NO_GRACE = MasterConfig(startup_grace_s=0.0)
