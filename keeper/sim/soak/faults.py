@@ -58,9 +58,10 @@ FAULT_GAP_S = (20.0, 60.0)
 FREEZE_S = (5.0, 45.0)
 # Partitions on both sides of the 30 s node timeout too, up to a full minute.
 PARTITION_S = (10.0, 60.0)
-# A stalled warm-up outlasts the stall rule's 60 s floor plus a keeper step and the time to place
-# and load a replacement elsewhere, so it is recognised while it lasts; at most two floors.
-STALL_WARMUP_S = (75.0, 120.0)
+# A stalled warm-up outlasts the stall rule's warm-up bound (WARM_UP_BOUND_S, 120 s) plus a
+# keeper step and the time to place and load a replacement elsewhere, so it is recognised while
+# it lasts; at most half a bound more.
+STALL_WARMUP_S = (135.0, 180.0)
 # A lost runner is recognised within seconds (a 5 s grace); a node failing chats within five
 # chats. Long enough for either, short enough to keep a soak's faults coming.
 LOSE_RUNNER_S = (10.0, 40.0)
