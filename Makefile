@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The stamp records that the venv holds this pyproject's dependencies; editing pyproject reinstalls.
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck pytest bench mutation fmt soak-sim clean
+.PHONY: demo test test-fast test-exo lint typecheck pytest bench mutation fmt soak-sim clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "exo-deploy needs Python 3.11 or newer (found " + sys.version.split()[0] + ")")'
@@ -66,6 +66,18 @@ pytest: $(STAMP) $(PROMTOOL_STAMP)
 # The pure tests without the long randomized ones (still run by `make test`): seconds.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/pure -m 'not slow'
+
+# The bridge against a real exo cluster (tests/exo; not part of `make test`, which never needs
+# one). Needs EXO_DEPLOY_EXO_URLS, every exo node's API (comma-separated), and
+# EXO_DEPLOY_EXO_CONTROL, the control API that kills, freezes and restarts them
+# (tests/exo_cluster.py lists its routes). Serial, one scenario after another on one cluster
+# (10-20 min); it ends by printing where the run's figures went (JSON).
+test-exo: $(STAMP)
+	@if [ -z "$$EXO_DEPLOY_EXO_URLS" ] || [ -z "$$EXO_DEPLOY_EXO_CONTROL" ]; then \
+	  echo "make test-exo runs against a real exo cluster; set EXO_DEPLOY_EXO_URLS=http://HOST:PORT,... (every exo node's API) and EXO_DEPLOY_EXO_CONTROL=http://HOST:PORT (the control API that kills, freezes and restarts them)" >&2; \
+	  exit 2; \
+	fi
+	$(BIN)/python -m pytest tests/exo -v -rxXf
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -7,6 +7,9 @@ fixtures more than one folder uses.
   tmpfs, marked ``processes`` as well).
 - ``tests/tui``: the Textual app run headless (Pilot, snapshots).
 - ``tests/processes``: real processes, sockets, signals and ptys.
+- ``tests/exo``: against a real exo cluster whose URLs come from the environment (``make
+  test-exo``). Collected only when named (``pytest tests/exo``): ``make test`` must run on a
+  machine without a cluster, and its collection stays what it was.
 
 So ``pytest tests/pure`` or ``pytest -m "not processes"`` runs a part alone. The helper modules
 beside this file (``keeper_harness``, ``bridge_harness``, ...) import by plain name
@@ -37,7 +40,20 @@ settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
 TESTS = Path(__file__).parent
-KINDS = ("pure", "virtual", "tui", "processes")
+KINDS = ("pure", "virtual", "tui", "processes", "exo")
+# The folder of the real-exo tier: left out of the collection unless a path under it is named.
+EXO_TIER = TESTS / "exo"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/exo is collected only when an argument names it or something under it."""
+    if collection_path != EXO_TIER:
+        return None
+    named = (
+        (config.invocation_params.dir / arg.split("::")[0]).resolve().is_relative_to(EXO_TIER)
+        for arg in config.args
+    )
+    return None if any(named) else True
 
 
 # The e2e tests (real clusters: a master, three nodes, often etcd and bridges, chats without

@@ -1,0 +1,493 @@
+"""A real exo cluster and an ``exo-deploy bridge`` beside it, for ``make test-exo`` (tests/exo).
+
+The tier runs against unmodified exo processes the machine already runs: their APIs come from
+``EXO_DEPLOY_EXO_URLS`` (comma-separated) and the faults go through a control API
+(``EXO_DEPLOY_EXO_CONTROL``) that starts, kills, freezes and restarts them:
+
+- ``GET /nodes``: each node's ``index``, ``pid`` (its process group), ``status`` (``running``,
+  ``stopped``, ``killed``...), ``api``, ``node_id`` and the ``master_node_id`` it agrees on;
+- ``GET /cluster?wait=S``: ``formed`` once every node runs and every node's State lists them all;
+- ``POST /nodes/K/{kill,stop,cont,restart}``: SIGKILL, SIGSTOP or SIGCONT node K's process
+  group; restart starts it again (exo gives it a new node id).
+
+Everything here reads what a test needs from those APIs and the bridge's own HTTP API, so the
+tier needs nothing but the URLs: no path of the machine that hosts the cluster. Each request has
+a short deadline of its own, and every wait is on a condition with a deadline
+(``process_helpers.wait_for``): a frozen node's API does not answer, and the helpers must not
+freeze with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import shared_http as http
+from process_helpers import START_DEADLINE_S, free_port, start_cli, stop, wait_for
+
+# The model the cluster serves: exo's id of a model small enough to load in about 2 s on a CPU.
+DEFAULT_MODEL = "exo-harness/tiny-llama"
+# One read of a node's State or of the control API on loopback: a node that takes longer is
+# frozen or gone, and the reading moves on to the next.
+READ_TIMEOUT_S = 1.5
+# A control action (a kill, a restart) is a signal or a process start: seconds at most.
+CONTROL_TIMEOUT_S = 30.0
+# exo needs its own node timeout (about 30 s) to forget a killed node, and a restarted one a few
+# seconds to join; the control API's ``wait`` returns as soon as the cluster is whole again.
+FORMED_WAIT_S = 60
+# A restarted node asks the master for the events it lacks: with an hour of exo's one-second
+# reports in the master's log (14,000 events) and the cores busy, it caught up at about 30
+# events a second, so its State lists the running nodes only after minutes. The master's own view
+# must list them within this bound.
+RESTORE_DEADLINE_S = 300.0
+# A chat of 8 tokens of the tiny model answers in a fraction of a second; one that has not in
+# 30 s is on an instance that cannot answer (the tier counts it as a timeout).
+CHAT_TIMEOUT_S = 30.0
+CHAT_MAX_TOKENS = 8
+# A chat that checks whether the model serves: a ready instance answers it in well under a
+# second; one routed to a frozen node's instance would hold a wait for the whole 30 s.
+PROBE_CHAT_TIMEOUT_S = 5.0
+# How often the watcher reads exo's State: a surplus instance lives for seconds, so a quarter of
+# a second cannot miss one, and it costs the 2-core machine little beside exo's own traffic.
+WATCH_EVERY_S = 0.25
+# What the bridge logs for each ``DELETE /instance/{id}`` it sends (keeper/bridge/ticking.py).
+DELETION_SENT = "deletion sent to exo"
+
+
+def _json(method: str, url: str, timeout: float, body: Any = None) -> Any | None:
+    """The JSON of a 2xx answer, else None (no answer, another status, not JSON)."""
+    try:
+        response = http.request(method, url, json=body, timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if not 200 <= response.status_code < 300:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Node:
+    """One exo process as the control API lists it."""
+
+    index: int
+    pid: int | None
+    status: str
+    api: str
+    node_id: str | None
+    master_node_id: str | None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One instance of a model in exo's State: the node holding it and whether its runners are
+    all ready (exo's ``RunnerReady``)."""
+
+    instance_id: str
+    node_ids: tuple[str, ...]
+    ready: bool
+
+
+class ExoCluster:
+    """The exo nodes behind ``urls`` and the control API at ``control``."""
+
+    def __init__(self, urls: list[str], control: str, model: str) -> None:
+        self.lagging: list[int] = []  # nodes whose State is still catching up (``restore``)
+        self.urls = urls
+        self.control = control.rstrip("/")
+        self.model = model
+
+    # --- the control API ----------------------------------------------------------------------
+
+    def nodes(self) -> list[Node]:
+        listed = _json("GET", f"{self.control}/nodes", CONTROL_TIMEOUT_S) or []
+        return [
+            Node(
+                index=n["index"],
+                pid=n.get("pid"),
+                status=n.get("status", ""),
+                api=n.get("api", ""),
+                node_id=n.get("node_id"),
+                master_node_id=n.get("master_node_id"),
+            )
+            for n in listed
+        ]
+
+    def act(self, index: int, action: str) -> None:
+        """``POST /nodes/K/ACTION`` (kill, stop, cont, restart); fails the test if refused."""
+        response = http.post(f"{self.control}/nodes/{index}/{action}", timeout=CONTROL_TIMEOUT_S)
+        assert response.status_code == 200, f"{action} of node {index}: {response.text}"
+
+    def formed(self, wait_s: int = FORMED_WAIT_S) -> dict[str, Any]:
+        """The control API's ``GET /cluster?wait=S``: returns once the cluster is whole (every
+        node running, one master, every State listing every node) or after ``wait_s``."""
+        answer = _json("GET", f"{self.control}/cluster?wait={wait_s}", wait_s + CONTROL_TIMEOUT_S)
+        return answer or {"formed": False}
+
+    def index_of(self, node_id: str) -> int:
+        (index,) = [n.index for n in self.nodes() if n.node_id == node_id]
+        return index
+
+    def node(self, index: int) -> Node:
+        (node,) = [n for n in self.nodes() if n.index == index]
+        return node
+
+    def master_id(self) -> str | None:
+        """The master every running node agrees on, else None."""
+        masters = {n.master_node_id for n in self.nodes() if n.status == "running"}
+        return masters.pop() if len(masters) == 1 else None
+
+    def live_urls(self) -> list[str]:
+        """The APIs of the nodes running now (not killed, not frozen), in ``urls`` order."""
+        running = {n.api.rstrip("/") for n in self.nodes() if n.status == "running"}
+        return [u for u in self.urls if u.rstrip("/") in running]
+
+    def runner_pids(self, index: int) -> list[int]:
+        """The pids of node ``index``'s runner subprocesses (exo's multiprocessing children,
+        not its resource tracker)."""
+        pid = self.node(index).pid
+        assert pid is not None
+        found: list[int] = []
+        for child in _children(pid):
+            with contextlib.suppress(OSError):
+                if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.append(child)
+        return found
+
+    def restore(self) -> dict[str, Any]:
+        """Every node running and exo's master counting them all again: a frozen node thawed,
+        a killed one restarted. Returns the control API's view; fails the test if the master
+        does not list exactly the running nodes in time.
+
+        Whole means every node's State lists the running nodes (``formed``), but a restarted
+        node catches up with the master's log by itself, which on a busy machine can take far
+        longer than a scenario (``RESTORE_DEADLINE_S``); past ``FORMED_WAIT_S`` the master's
+        own view is enough, and the nodes still catching up are kept in ``lagging`` for the
+        report (a placement on one waits for it)."""
+        for node in self.nodes():
+            if node.status == "stopped":
+                self.act(node.index, "cont")
+            elif node.status != "running":
+                self.act(node.index, "restart")
+        view = self.formed_within(FORMED_WAIT_S)
+        end = time.monotonic() + RESTORE_DEADLINE_S
+        while not view.get("formed") and not self._master_counts_all(view):
+            assert time.monotonic() < end, f"exo's master does not list the running nodes: {view}"
+            view = self.formed_within(FORMED_WAIT_S)
+        self.lagging = sorted(self._behind(view))
+        return view
+
+    def _running_ids(self) -> set[str | None]:
+        return {n.node_id for n in self.nodes() if n.status == "running"}
+
+    def _master_counts_all(self, view: dict[str, Any]) -> bool:
+        master = self.master_id()
+        views: dict[str, Any] = view.get("views", {})
+        for node in self.nodes():
+            if node.node_id == master and str(node.index) in views:
+                listed = set(views[str(node.index)].get("topology_nodes") or [])
+                return listed == self._running_ids()
+        return False
+
+    def _behind(self, view: dict[str, Any]) -> set[int]:
+        """The nodes whose State does not list the running nodes yet."""
+        running = self._running_ids()
+        views: dict[str, Any] = view.get("views", {})
+        return {
+            int(index)
+            for index, seen in views.items()
+            if set(seen.get("topology_nodes") or []) != running
+        }
+
+    def formed_within(self, deadline_s: float) -> dict[str, Any]:
+        """``formed`` asked again until it holds or ``deadline_s`` has passed; the last view."""
+        end = time.monotonic() + deadline_s
+        view = self.formed(min(FORMED_WAIT_S, int(deadline_s)))
+        while not view.get("formed") and time.monotonic() < end:
+            view = self.formed(max(1, min(FORMED_WAIT_S, int(end - time.monotonic()))))
+        return view
+
+    # --- exo's APIs ---------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any] | None:
+        """exo's State from the first running node that answers, else None."""
+        read = self.read_state()
+        return None if read is None else read[1]
+
+    def read_state(self) -> tuple[str, dict[str, Any]] | None:
+        """(the node's API, its State) from the first running node that answers, else None."""
+        for url in self.live_urls():
+            state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
+            if isinstance(state, dict):
+                return url, state
+        return None
+
+    def states(self) -> dict[str, str]:
+        """Each running node's ``lastEventAppliedIdx`` and the model's instances in its State:
+        what a failure reports when the nodes disagree."""
+        found: dict[str, str] = {}
+        for url in self.live_urls():
+            state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
+            if isinstance(state, dict):
+                ids = sorted(i[:8] for i in self.instances(state))
+                found[url] = f"event {state.get('lastEventAppliedIdx')}, instances {ids}"
+            else:
+                found[url] = "no State"
+        return found
+
+    def instances(
+        self, state: dict[str, Any] | None = None, model: str | None = None
+    ) -> dict[str, Instance]:
+        """The model's instances in exo's State (``state``, else read now)."""
+        state = self.state() if state is None else state
+        if state is None:
+            return {}
+        runners: dict[str, Any] = state.get("runners", {})
+        found: dict[str, Instance] = {}
+        for instance_id, tagged in state.get("instances", {}).items():
+            (instance,) = tagged.values()
+            assignments = instance["shardAssignments"]
+            if assignments["modelId"] != (model or self.model):
+                continue
+            node_to_runner: dict[str, str] = assignments["nodeToRunner"]
+            ready = all("RunnerReady" in runners.get(r, {}) for r in node_to_runner.values())
+            found[instance_id] = Instance(instance_id, tuple(node_to_runner), ready)
+        return found
+
+    def chat(self, url: str, timeout_s: float = CHAT_TIMEOUT_S) -> str:
+        """One short chat of the model on ``url``: ``ok`` (200 with content), ``empty`` (200
+        with no content: a cut chat), ``error`` (no answer or another status) or ``timeout``."""
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": CHAT_MAX_TOKENS,
+        }
+        try:
+            response = http.post(f"{url}/v1/chat/completions", json=body, timeout=timeout_s)
+        except httpx.TimeoutException:
+            return "timeout"
+        except httpx.HTTPError:
+            return "error"
+        if response.status_code != 200:
+            return "error"
+        try:
+            content = response.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return "empty"
+        return "ok" if content else "empty"
+
+    def serving(self, away_from: str | None = None, gone: str | None = None) -> str | None:
+        """The id of a ready instance of the model on a node other than ``away_from``, with the
+        instance ``gone`` no longer in exo's State, once a chat is answered; else None."""
+        read = self.read_state()
+        if read is None:
+            return None
+        url, state = read
+        found = self.instances(state)
+        if gone is not None and gone in found:
+            return None
+        ready = [i for i in found.values() if i.ready and away_from not in i.node_ids]
+        # The chat goes to the node whose State showed the instance: a node still catching up
+        # with the master's log answers "No instance found" for a while.
+        if not ready or self.chat(url, PROBE_CHAT_TIMEOUT_S) != "ok":
+            return None
+        return ready[0].instance_id
+
+    def clear(self) -> None:
+        """No instance of the model left in exo (one placed by hand, or by an earlier run)."""
+        for instance_id in self.instances():
+            live = self.live_urls()
+            if live:
+                _json("DELETE", f"{live[0]}/instance/{instance_id}", CONTROL_TIMEOUT_S)
+        wait_for(
+            "no instance of the model in exo", FORMED_WAIT_S, lambda: not self.instances() or None
+        )
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+# --- the bridge ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Bridge:
+    """``exo-deploy bridge`` as a process: its URL, its log and its HTTP API."""
+
+    url: str
+    log: Path
+    process: subprocess.Popen[bytes]
+    started_at: float
+
+    def get(self, path: str) -> Any | None:
+        return _json("GET", f"{self.url}{path}", READ_TIMEOUT_S)
+
+    def deployment(self, model: str) -> dict[str, Any] | None:
+        listed = self.get("/deployments") or {"deployments": []}
+        for view in listed["deployments"]:
+            if view["deployment"]["modelCard"]["modelId"] == model:
+                return view
+        return None
+
+    def listed(self, model: str) -> dict[str, Any]:
+        """The model's deployment as ``GET /deployments`` lists it (fails the test if not)."""
+        view = self.deployment(model)
+        assert view is not None, f"the bridge lists no deployment of {model}"
+        return view
+
+    def node_ids(self) -> set[str]:
+        """Every node id the bridge's ``GET /nodes`` lists."""
+        listed = self.get("/nodes") or {"nodes": []}
+        return {node_id for n in listed["nodes"] for node_id in n["node_ids"]}
+
+    def liveness(self) -> set[str]:
+        """Each listed node's liveness (``alive``, ``suspect``, ``dead``, ``gone``)."""
+        listed = self.get("/nodes") or {"nodes": []}
+        return {n["liveness"] for n in listed["nodes"]}
+
+    def lines(self, *needles: str) -> list[str]:
+        """The bridge's log lines holding every one of ``needles``."""
+        text = self.log.read_text(errors="replace")
+        return [line for line in text.splitlines() if all(n in line for n in needles)]
+
+    def deletions_sent(self) -> list[str]:
+        """The instance ids the bridge sent exo's DELETE for, in order."""
+        return [
+            line.split("instance ", 1)[1].split(":", 1)[0] for line in self.lines(DELETION_SENT)
+        ]
+
+    def log_since(self, wall: float) -> str:
+        """The bridge's log lines stamped at or after ``wall`` (time.time()), for a report."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall - 1))
+        text = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(line for line in text if line[:19] >= stamp and line[:4].isdigit())
+
+
+@contextlib.contextmanager
+def running_bridge(cluster: ExoCluster, tmp: Path) -> Iterator[Bridge]:
+    """A bridge with its own data dir and port, following every exo URL; stopped on exit."""
+    port = free_port()
+    log = tmp / "bridge.log"
+    argv = ["bridge", "--exo", ",".join(cluster.urls), "--port", str(port)]
+    with log.open("wb") as output:
+        process = start_cli([*argv, "--data-dir", str(tmp / "bridge")], output)
+        bridge = Bridge(f"http://127.0.0.1:{port}", log, process, time.monotonic())
+        try:
+            wait_for(
+                "the bridge following exo",
+                START_DEADLINE_S,
+                lambda: (bridge.get("/healthz") or {}).get("exo", {}).get("reachable") or None,
+            )
+            yield bridge
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGCONT)
+            stop(process)
+
+
+# --- watching while a fault runs ------------------------------------------------------------------
+
+
+@dataclass
+class Watch:
+    """exo's State and the bridge's nodes, read every ``WATCH_EVERY_S`` in a thread: the most
+    instances of the model seen at once, every instance id seen (with when it was first and last
+    seen, and first seen ready, on the monotonic clock), and every liveness the bridge gave a
+    node."""
+
+    cluster: ExoCluster
+    bridge: Bridge
+    most: int = 0
+    first_seen: dict[str, float] = field(default_factory=dict[str, float])
+    last_seen: dict[str, float] = field(default_factory=dict[str, float])
+    ready_at: dict[str, float] = field(default_factory=dict[str, float])
+    liveness: set[str] = field(default_factory=set[str])
+    first_judged: float | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            state = self.cluster.state()
+            now = time.monotonic()
+            if state is not None:
+                found = self.cluster.instances(state)
+                self.most = max(self.most, len(found))
+                for instance in found.values():
+                    self.first_seen.setdefault(instance.instance_id, now)
+                    self.last_seen[instance.instance_id] = now
+                    if instance.ready:
+                        self.ready_at.setdefault(instance.instance_id, now)
+            phases = self.bridge.liveness()
+            self.liveness |= phases
+            if self.first_judged is None and phases - {"alive"}:
+                self.first_judged = time.monotonic()
+            self._stop.wait(WATCH_EVERY_S)
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[Watch]:
+        thread = threading.Thread(target=self._loop, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(timeout=10)
+
+    def new_since(self, before: set[str]) -> list[str]:
+        """Instance ids seen that were not in ``before``, in the order they appeared."""
+        return sorted(set(self.first_seen) - before, key=self.first_seen.__getitem__)
+
+
+@dataclass
+class Chats:
+    """One client chatting with the model back to back, round-robin over the running nodes'
+    APIs (exo's own, not the bridge's), counting each outcome: ``ok``, ``empty``, ``error``,
+    ``timeout``."""
+
+    cluster: ExoCluster
+    counts: Counter[str] = field(default_factory=Counter[str])
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _loop(self) -> None:
+        turn = 0
+        while not self._stop.is_set():
+            live = self.cluster.live_urls()
+            if not live:
+                self.counts["error"] += 1
+                self._stop.wait(WATCH_EVERY_S)
+                continue
+            outcome = self.cluster.chat(live[turn % len(live)])
+            self.counts[outcome] += 1
+            turn += 1
+            if outcome == "error":  # 404 "No instance found" answers at once: not a flood
+                self._stop.wait(WATCH_EVERY_S)
+
+    @contextlib.contextmanager
+    def chatting(self) -> Iterator[Chats]:
+        thread = threading.Thread(target=self._loop, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(timeout=CHAT_TIMEOUT_S + 5)
+
+    def summary(self) -> dict[str, int]:
+        return {k: self.counts[k] for k in ("ok", "empty", "error", "timeout")}
