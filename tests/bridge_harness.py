@@ -334,7 +334,7 @@ async def exo_with_bridge(
     ``node_apis``: the bridge is also given each node's own URL (``node_url``), whose GET
     /node_id answers that node's id; ``follow``: and follows that node's own URL first."""
     node_apis = node_apis or follow is not None
-    config = MasterConfig(keeper_enabled=False)
+    config = MasterConfig(keeper_enabled=False, exo_chats=True)
     master = Master(None, config=config)
     faulty = faults or {}
     configs = [NodeConfig(name, gb, fault=faulty.get(name)) for name, gb in nodes]

@@ -89,15 +89,34 @@ def chat_targets(
             continue
         if not all(node in connected for node in assignments.node_to_runner):
             continue
-        rank0 = next(
-            (
-                node
-                for node, runner in assignments.node_to_runner.items()
-                if (shard := assignments.runner_to_shard.get(runner)) is not None
-                and shard.device_rank == 0
-            ),
-            None,
-        )
+        rank0 = rank0_node(instance)
+        if rank0 is not None:
+            targets.append((instance.instance_id, rank0))
+    return targets
+
+
+def rank0_node(instance: AnyInstance) -> NodeId | None:
+    """The node holding the instance's first shard, which a chat is sent to (None: no shard of
+    rank 0)."""
+    assignments = instance.shard_assignments
+    return next(
+        (
+            node
+            for node, runner in assignments.node_to_runner.items()
+            if (shard := assignments.runner_to_shard.get(runner)) is not None
+            and shard.device_rank == 0
+        ),
+        None,
+    )
+
+
+def exo_chat_targets(state: State, model_id: ModelId) -> list[tuple[InstanceId, NodeId]]:
+    """(instance id, rank-0 node) of every instance of the model, in the State's order, as a
+    stock exo's master chooses among them: ready or not, wherever its nodes (its worker then
+    holds the chat until every runner is ready; docs/design.md §7.5)."""
+    targets: list[tuple[InstanceId, NodeId]] = []
+    for instance in instances_of(state, model_id):
+        rank0 = rank0_node(instance)
         if rank0 is not None:
             targets.append((instance.instance_id, rank0))
     return targets

@@ -27,6 +27,11 @@ every answer below against those recordings):
   command for a node not connected is dropped (logged), not refused;
 - ``GET /models``: exo's own list (``keeper.sim.exo_standin.model_list``), and under OpenAI's
   ``GET /v1/models`` too, as exo serves it;
+- ``POST /v1/chat/completions`` routed and ended as exo's (``MasterConfig.exo_chats``): to the
+  model's instance with the fewest chats in flight, ready or not, held until it is ready; a
+  deleted instance's chats closed (a stream ends with no ``finish_reason`` or ``[DONE]``, a
+  non-streamed chat is a 200 with an empty body); no instance, exo's 404 "No instance found for
+  model M";
 - ``GET /node_id``: as exo, the id of the node serving the API, a JSON string. The stand-in's
   master runs no worker, so it is no node of the topology: it answers an id of its own, made
   when its API is, and a bridge that asks finds no node behind this URL to probe (it confirms a
@@ -350,5 +355,6 @@ def _shown(value: object) -> object:
 STANDIN_API = MasterApp(
     create_exo_compat_app,
     keeper_enabled=False,
+    exo_chats=True,
     banner="serving exo's API (--exo-compat): no keeper, no deployments endpoints",
 )

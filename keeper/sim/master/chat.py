@@ -12,6 +12,11 @@ master, which knows the replicas; docs/design.md §6.8): the client has seen not
 nothing is repeated or lost, and another instance has its own runners. After the first text a
 retry would repeat or drop part of the reply, so the request ends with ``ChatFailedError``.
 Silence is not retried: the chunk timeout has already cost the client its wait.
+
+``master --exo-compat`` follows a stock exo instead (``exo_streams``, docs/design.md §7.5): a
+request may be opened before it is sent (``send``: held until its instance is ready), a node
+that disconnects leaves its requests waiting as exo's API does, with no chunk timeout, and a
+deleted instance ends its requests with ``StreamClosed``: no text, no error, no finish_reason.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from keeper.model.ids import IdFactory, new_id
 from keeper.model.refusals import ChatFailedError
 from keeper.model.state import NodeId
-from keeper.sim.link.protocol import CancelChat, ChatChunk, ChatError
+from keeper.sim.link.protocol import AnyMasterMessage, CancelChat, ChatChunk, ChatError
 from keeper.sim.master.node_session import NodeSession
 
+# exo's stream writes a keep-alive after this long without an event (its ``with_sse_keepalive``).
+EXO_KEEPALIVE_S = 10.0
 # Chunks buffered for a reader; a reply this far ahead of its reader means the client stopped
 # reading, and the request is ended rather than buffered without end.
 CHAT_BUFFER_CHUNKS = 4096
@@ -43,7 +50,15 @@ class RouteLost:
     message: str
 
 
-ChatReply = ChatChunk | ChatError | RouteLost
+@dataclass(frozen=True)
+class StreamClosed:
+    """exo closed the request's stream (its instance was deleted): it just ends, neither
+    answered nor failed (``exo_streams`` only)."""
+
+    request_id: str
+
+
+ChatReply = ChatChunk | ChatError | RouteLost | StreamClosed
 
 
 @dataclass
@@ -73,8 +88,8 @@ class ChatStream:
 
     Iterating raises ``ChatFailedError`` if the node or instance goes away (after the first
     text, or when ``reroute`` finds nowhere else to send it) or sends nothing for
-    ``chunk_timeout_s``. ``aclose`` (also run when iteration ends) cancels an unfinished
-    request on its node.
+    ``chunk_timeout_s`` (with ``keepalive``, it yields an empty text instead and waits on).
+    ``aclose`` (also run when iteration ends) cancels an unfinished request on its node.
     """
 
     def __init__(
@@ -83,8 +98,17 @@ class ChatStream:
         chunk_timeout_s: float,
         reroute: Reroute | None = None,
         on_outcome: Callable[[bool], None] | None = None,
+        send: Callable[[], AsyncIterator[None]] | None = None,
+        keepalive: bool = False,
     ) -> None:
         self.finish_reason: str | None = None
+        # Sends the request to its node once it may run there (exo's worker holds a chat until
+        # its instance is ready), stepping each time it looks again; None: it was sent when it
+        # was routed.
+        self._send = send
+        # Silence for ``chunk_timeout_s`` is no error but an empty text, "still waiting" (exo's
+        # stream writes a keep-alive then), however long it lasts.
+        self._keepalive = keepalive
         self._route = route
         self._timeout = chunk_timeout_s
         self._reroute = reroute  # used at most once, and only before the first text
@@ -92,6 +116,7 @@ class ChatStream:
         self._on_outcome = on_outcome
         self._ended = False
         self.rerouted_from: str | None = None  # the instance first tried, once rerouted
+        self.closed = False  # its stream was closed under it, as exo closes them
 
     @property
     def request_id(self) -> str:
@@ -111,6 +136,13 @@ class ChatStream:
     async def _texts(self) -> AsyncIterator[str]:
         started = False
         try:
+            send, self._send = self._send, None
+            if send is not None:
+                said = anyio.current_time()
+                async for _ in send():
+                    if self._keepalive and anyio.current_time() - said >= self._timeout:
+                        said = anyio.current_time()
+                        yield ""
             while not self._ended:
                 reply: ChatReply | None = None
                 with anyio.move_on_after(self._timeout):
@@ -118,6 +150,12 @@ class ChatStream:
                         reply = await self._route.replies.receive()
                     except (anyio.EndOfStream, anyio.ClosedResourceError):
                         raise ChatFailedError("the chat request was cancelled") from None
+                if isinstance(reply, StreamClosed):
+                    self._ended = self.closed = True  # as exo: the stream just ends
+                    return
+                if reply is None and self._keepalive:
+                    yield ""  # nothing yet: still waiting
+                    continue
                 if reply is None:
                     raise ChatFailedError(
                         f"node {self.node_id} sent nothing for {self._timeout:g} s; "
@@ -160,10 +198,18 @@ class ChatStream:
 
 
 class ChatRouter:
-    def __init__(self, chunk_timeout_s: float, new_id: IdFactory = new_id) -> None:
-        self.chunk_timeout_s = chunk_timeout_s
+    """The requests in flight, by id: each reply reaches its reader, and each request ends when
+    its node or instance goes (module doc)."""
+
+    def __init__(
+        self, chunk_timeout_s: float, new_id: IdFactory = new_id, *, exo_streams: bool = False
+    ) -> None:
+        # A stock exo's API waits on a chat without a bound: its stream's silence is not an
+        # error but a keep-alive every EXO_KEEPALIVE_S (``ChatStream``'s ``keepalive``).
+        self.chunk_timeout_s = EXO_KEEPALIVE_S if exo_streams else chunk_timeout_s
         self._new_id = new_id
         self._pending: dict[str, PendingChat] = {}
+        self.exo_streams = exo_streams
 
     def load(self, instance_ids: list[str]) -> dict[str, int]:
         """Requests in flight per instance, for spreading chats over ready instances."""
@@ -175,8 +221,15 @@ class ChatRouter:
 
     def open(self, instance_id: str, session: NodeSession) -> Route:
         """Register a request to the session's node; the caller sends it (or ``forget``s it)."""
+        return self.open_to(instance_id, session.node_id, session.offer)
+
+    def open_to(
+        self, instance_id: str, node_id: NodeId, offer: Callable[[AnyMasterMessage], bool]
+    ) -> Route:
+        """Register a request to ``node_id``, reached by ``offer`` (its session now, whichever
+        that is when the request ends: a cancel goes there)."""
         send, receive = anyio.create_memory_object_stream[ChatReply](CHAT_BUFFER_CHUNKS)
-        pending = PendingChat(self._new_id(), instance_id, session.node_id, send)
+        pending = PendingChat(self._new_id(), instance_id, node_id, send)
         self._pending[pending.request_id] = pending
 
         def on_end(ended: PendingChat, unfinished: bool) -> None:
@@ -184,9 +237,13 @@ class ChatRouter:
                 return
             ended.replies.close()
             if unfinished:
-                session.offer(CancelChat(request_id=ended.request_id))
+                offer(CancelChat(request_id=ended.request_id))
 
         return Route(pending, receive, on_end)
+
+    def is_open(self, request_id: str) -> bool:
+        """The request is still in flight (not ended, answered or closed)."""
+        return request_id in self._pending
 
     def forget(self, request_id: str) -> None:
         pending = self._pending.pop(request_id, None)
@@ -233,6 +290,29 @@ class ChatRouter:
                 ):
                     end = RouteLost if route_lost else ChatError
                     pending.replies.send_nowait(end(request_id=pending.request_id, message=reason))
+                pending.replies.close()
+
+    def node_gone(self, node_id: NodeId) -> None:
+        """The node's connection closed: its requests' routes are lost (``fail``); with
+        ``exo_streams`` they wait on, as on exo, until their instance is deleted."""
+        if not self.exo_streams:
+            self.fail(f"node {node_id} disconnected during the request", node_id=node_id)
+
+    def instance_deleted(self, instance_id: str) -> None:
+        """The instance was deleted: its requests' routes are lost (``fail``); with
+        ``exo_streams`` their streams are closed, as exo closes them (``StreamClosed``)."""
+        if not self.exo_streams:
+            self.fail(
+                f"instance {instance_id} was deleted during the request", instance_id=instance_id
+            )
+            return
+        for pending in list(self._pending.values()):
+            if pending.instance_id == instance_id:
+                self._pending.pop(pending.request_id, None)
+                with contextlib.suppress(
+                    anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError
+                ):
+                    pending.replies.send_nowait(StreamClosed(request_id=pending.request_id))
                 pending.replies.close()
 
     def fail_all(self, reason: str) -> None:

@@ -12,6 +12,11 @@ What became of the chats is counted here (``ChatCounts``, read by ``GET /metrics
 to a node, each sent once more, and each outcome (answered to its end, failed, or no ready
 instance to send it to).
 
+``master --exo-compat`` routes as a stock exo instead (``ChatRouting.exo_chat``, docs/design.md
+§7.5): to the instance of the model with the fewest chats in flight, ready or not, wherever its
+nodes; the chat is sent to its node only once every runner of the instance is ready and the node
+is connected (exo's worker holds it until then), and it is never sent elsewhere.
+
 It stands apart from the master's service because it needs only the open chats
 (``ChatRouter``), the node sessions (``Membership``) and the State, never the lock or the router.
 """
@@ -20,11 +25,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+import anyio
+
 from keeper.core.failover import trusted_targets
-from keeper.model.readiness import chat_targets
+from keeper.model.readiness import chat_targets, exo_chat_targets, instance_is_ready
 from keeper.model.refusals import ChatFailedError, NoInstanceError
 from keeper.model.state import NodeId, State
 from keeper.sim.link.protocol import ChatMessage, ChatRequest
@@ -35,6 +42,10 @@ log = logging.getLogger(__name__)
 
 # How a chat went on one instance: its id, and None (answered to its end) or how it failed.
 InstanceOutcome = Callable[[str, str | None], None]
+# A held chat (exo's way) looks again this often even when no event was published: a node's
+# session coming back says nothing in the State until its first report, and a second is well
+# under the time a load takes.
+HELD_RECHECK_S = 1.0
 
 
 @dataclass
@@ -63,6 +74,8 @@ class ChatRouting:
         self._membership = membership
         self._state = state
         self.counts = ChatCounts()
+        # Set (and replaced) whenever the State changes: held chats look again.
+        self._changed = anyio.Event()
         # Told how each chat went on each instance it was sent to (the failing-chats rule of
         # docs/design.md §5.19 reads it).
         self._on_instance_outcome = on_instance_outcome
@@ -132,6 +145,58 @@ class ChatRouting:
 
         stream = ChatStream(route, self._chats.chunk_timeout_s, reroute, outcome)
         return stream
+
+    def state_changed(self) -> None:
+        """The State moved on: chats held for their instance look at it again."""
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def exo_chat(
+        self, model_id: str, messages: Sequence[ChatMessage], max_tokens: int
+    ) -> ChatStream:
+        """Send a chat as a stock exo does: to the model's instance with the fewest chats in
+        flight, ready or not (ties: the State's order), held until every runner of it is ready
+        and its node connected, never sent elsewhere; ``NoInstanceError`` with exo's words when
+        the model has no instance. Its stream ends without a finish_reason if the instance is
+        deleted under it (``ChatRouter.instance_deleted``)."""
+        targets = exo_chat_targets(self._state(), model_id)
+        if not targets:
+            self.counts.no_instance[model_id] += 1
+            raise NoInstanceError(f"No instance found for model {model_id}")
+        busy = self._chats.load([instance for instance, _ in targets])
+        instance_id, node_id = min(targets, key=lambda target: busy[target[0]])
+        route = self._chats.open_to(
+            instance_id, node_id, lambda message: self._membership.offer_to(node_id, message)
+        )
+        request = ChatRequest(
+            request_id=route.pending.request_id,
+            instance_id=instance_id,
+            messages=list(messages),
+            max_tokens=max_tokens,
+        )
+
+        async def send() -> AsyncIterator[None]:
+            """Waits until the chat may be sent, stepping each time it looks again."""
+            while self._chats.is_open(request.request_id):
+                instance = self._state().instances.get(instance_id)
+                if (
+                    instance is not None
+                    and instance_is_ready(instance, self._state())
+                    and self._connected(node_id)
+                    and self._membership.offer_to(node_id, request)
+                ):
+                    self.counts.routed[model_id] += 1
+                    return
+                changed = self._changed
+                with anyio.move_on_after(HELD_RECHECK_S):
+                    await changed.wait()
+                yield
+
+        def outcome(answered: bool) -> None:
+            (self.counts.answered if answered else self.counts.failed)[model_id] += 1
+
+        timeout = self._chats.chunk_timeout_s
+        return ChatStream(route, timeout, None, outcome, send=send, keepalive=True)
 
     def _route(self, model_id: str, request: ChatRequest, lost: str | None) -> Route | None:
         """Open and send the request to the least busy ready instance but ``lost`` whose node

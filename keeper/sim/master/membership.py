@@ -132,6 +132,11 @@ class Membership:
             return None
         return self._watcher.silent_s(node_id, self._clock.monotonic())
 
+    def offer_to(self, node_id: NodeId, message: AnyMasterMessage) -> bool:
+        """Queue a message for the node's session now, if it has one that takes it."""
+        session = self.sessions.get(node_id)
+        return session is not None and session.offer(message)
+
     def send(self, node_id: NodeId, message: AnyMasterMessage) -> None:
         """Queue a command for a connected node; NotFoundError naming a node with no session
         (unknown, gone, or not reconnected yet)."""
@@ -249,7 +254,7 @@ class Membership:
             if self.sessions.get(node_id) is session:
                 del self.sessions[node_id]
                 self.watcher.closed(node_id)
-            self._chats.fail(f"node {node_id} disconnected during the request", node_id=node_id)
+            self._chats.node_gone(node_id)
             # What the node said last is logged even though it left (its runner's failure, say).
             with anyio.CancelScope(shield=True):
                 await reports.flush()

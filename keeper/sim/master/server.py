@@ -43,6 +43,8 @@ class MasterApp:
     factory: AppFactory
     # The stand-in for a stock exo runs no keeper: deployments belong to a bridge beside it.
     keeper_enabled: bool = True
+    # The stand-in routes and ends chats as a stock exo does (``MasterConfig.exo_chats``).
+    exo_chats: bool = False
     # A line logged at start, saying what is served when it is not our own API.
     banner: str | None = None
 
@@ -109,6 +111,7 @@ def run_master(
             log_io_in_thread=True,
             metrics_in_thread=True,
             keeper_enabled=app.keeper_enabled,
+            exo_chats=app.exo_chats,
             max_deployments=max_deployments,
             webhooks=WebhookConfig(urls=webhook_urls(webhooks)),
             # The stand-in for a stock exo keeps exo's rules only: fast failover is ours.

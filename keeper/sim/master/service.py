@@ -169,6 +169,10 @@ class MasterConfig:
     log_io_in_thread: bool = False
     # Deployments kept at most (``--max-deployments``; keeper.runtime.deployments).
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS
+    # On for ``master --exo-compat``: chats routed and ended as a stock exo's (docs/design.md
+    # §7.5: any instance of the model, ready or not, held until ready; a deleted instance's
+    # streams closed with neither text nor error) rather than ours (§6.8: ready ones only).
+    exo_chats: bool = False
     # Off for ``master --exo-compat``, a stand-in for a stock exo master, which has no keeper
     # (deployments are then kept by ``exo-deploy bridge``, beside it).
     keeper_enabled: bool = True
@@ -231,7 +235,9 @@ class Master(MasterCommands):
         self._lock = anyio.Lock()
         self._router = Router(self._store, self._publish, self.config.router_queue)
         self._fanout = Fanout()
-        self._chats = ChatRouter(self.config.chat_chunk_timeout_s, new_id)
+        self._chats = ChatRouter(
+            self.config.chat_chunk_timeout_s, new_id, exo_streams=self.config.exo_chats
+        )
         self._membership = Membership(
             lambda: self.state,
             self.emit,
@@ -403,12 +409,19 @@ class Master(MasterCommands):
         (``keeper.sim.master.chat_routing``)."""
         return self._chat_routing.ready_instances(model_id)
 
+    def chats_in_flight(self, instance_id: str) -> int:
+        """Chats open on the instance, held ones included (exo's tasks in flight on it)."""
+        return self._chats.load([instance_id])[instance_id]
+
     async def chat(
         self, model_id: str, messages: Sequence[ChatMessage], max_tokens: int
     ) -> ChatStream:
-        """Send a chat to a ready instance of the model; iterate the result for its text."""
+        """Send a chat to a ready instance of the model (with ``exo_chats``, to any instance, as
+        a stock exo does); iterate the result for its text."""
         if not self.running:
             raise NotRunningError("the master is not running")
+        if self.config.exo_chats:
+            return self._chat_routing.exo_chat(model_id, messages, max_tokens)
         return self._chat_routing.chat(model_id, messages, max_tokens)
 
     # --- the event router ----------------------------------------------------------------
@@ -431,11 +444,10 @@ class Master(MasterCommands):
             if isinstance(entry.event, NodeConfirmedDead):
                 self._sweep_now.set()
             if isinstance(entry.event, InstanceDeleted):
-                self._chats.fail(
-                    f"instance {entry.event.instance_id} was deleted during the request",
-                    instance_id=entry.event.instance_id,
-                )
+                self._chats.instance_deleted(entry.event.instance_id)
             self._carry_staging(entry.event)
+        if indexed:
+            self._chat_routing.state_changed()
 
     def _carry_staging(self, event: AnyEvent) -> None:
         """The keeper's staging, once durable, carried to its node as the node's own download

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -77,6 +77,7 @@ from keeper.sim.link.protocol import (
     Challenge,
     ChatChunk,
     ChatError,
+    ChatMessage,
     ChatRequest,
     DeleteDownload,
     DownloadReport,
@@ -155,6 +156,23 @@ def reply_tokens() -> list[str]:
     """The fake answer, as the chunks a node streams (each but the first with its leading space)."""
     first, *rest = _REPLY_TEXT.split(" ")
     return [first, *(" " + word for word in rest)]
+
+
+def reply_to(messages: Sequence[ChatMessage]) -> list[str]:
+    """The chunks a node streams for a chat: the fake answer, or, when the last message is the
+    assistant's, what follows its text, as exo continues a chat from the assistant's words (its
+    prefill): the tokens after the longest run of the answer's first tokens that the text starts
+    with (the whole answer for a text that starts with none of it)."""
+    tokens = reply_tokens()
+    if not messages or messages[-1].role != "assistant":
+        return tokens
+    so_far = messages[-1].content
+    said, length = 0, 0
+    for token in tokens:
+        if not so_far.startswith(token, length):
+            break
+        said, length = said + 1, length + len(token)
+    return tokens[said:]
 
 
 async def sleep_or_wake(clock: Clock, delay: float, wake: anyio.Event) -> None:
@@ -856,9 +874,14 @@ class SimNode:
             await self._send(session, ChatError(request_id=request.request_id, message=message))
             return
         attempt = runner.attempt
-        tokens = reply_tokens()
+        tokens = reply_to(request.messages)
         count = min(request.max_tokens, len(tokens))
         finish = "stop" if count == len(tokens) else "length"
+        if not tokens:  # the assistant's text already holds the whole answer
+            await self._send(
+                session, ChatChunk(request_id=request.request_id, finish_reason=finish)
+            )
+            return
         self._chatting[iid] += 1
         self._poke()
         try:
