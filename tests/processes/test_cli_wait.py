@@ -132,8 +132,9 @@ def test_set_wait_returns_0_once_every_replica_serves(
     )  # fmt: skip
     assert code == EXIT_OK, err
     assert out.strip().splitlines()[-1] == f"deployment {deployment_id} is serving (2/2 ready)"
-    # On its way it said it was short of the second replica.
-    assert f"deployment {deployment_id}: " in err and "1/2 ready" in err
+    # What it says on its way depends on how soon the second replica is ready (it may be ready
+    # at the first look): the words of "serving, 1/2 ready" are pinned by the pure rule's test
+    # (tests/pure/test_cli_wait_rule.py), not by this race.
     assert status_of(capsys, cluster_url, deployment_id) == {
         "status": "serving",
         "ready": 2,
