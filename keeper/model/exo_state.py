@@ -25,7 +25,9 @@ Values exo adds where we only carry them (a backend) are text in the model (``Ba
 an unknown kind where the keeper decides (an instance, a shard or a runner status) is a part
 that cannot be read.
 
-Pure: JSON in, values out; no I/O, no clock, nothing above the data model.
+Pure: JSON in, values out; no I/O, no clock, nothing above the data model. The lines marked
+``# pragma: no mutate`` are casts (typing only), the one-pass shortcut (the same answer) and what
+runs once at import (``make mutation``: no test can tell their mutants from them).
 """
 
 from __future__ import annotations
@@ -131,17 +133,20 @@ def read_exo_state(raw: Mapping[str, Any]) -> ExoRead | Unreadable:
             return Unreadable(f'exo\'s State has no "{key}"')
         if not isinstance(raw[key], dict):
             return Unreadable(f'exo\'s State has "{key}" that is not an object')
-    topology = _topology_problem(cast(JsonObject, raw["topology"]))
+    topology = _topology_problem(cast(JsonObject, raw["topology"]))  # pragma: no mutate
     if topology is not None:
         return topology
-    whole = _read(State.model_validate, raw, "exo's State")
+    # The one-pass read is a shortcut for a State that reads whole: the entry-by-entry read below
+    # gives the same answer, only slower, so no test can tell a change in it (no mutate).
+    whole = _read(State.model_validate, raw, "exo's State")  # pragma: no mutate
     if isinstance(whole, State) and _reads_whole(whole, raw):
         return ExoRead(state=whole)  # every entry read: no need to read them one by one
     parts: list[UnreadablePart] = []
     kept: dict[str, Any] = dict(raw)
-    instances = cast(JsonObject, raw["instances"])
+    instances = cast(JsonObject, raw["instances"])  # pragma: no mutate
     kept["instances"] = _instances(instances, parts)
-    kept["runners"] = _runners(cast(JsonObject, raw["runners"]), instances, parts)
+    runners = cast(JsonObject, raw["runners"])  # pragma: no mutate
+    kept["runners"] = _runners(runners, instances, parts)
     for key in PER_NODE_KEYS:
         if key in raw:
             kept[key] = _per_node(key, raw[key], parts)
@@ -161,8 +166,9 @@ def _reads_whole(state: State, raw: Mapping[str, Any]) -> bool:
     would read as 0 bytes, not fail)."""
     if any(instance.instance_id != key for key, instance in state.instances.items()):
         return False
-    memory = cast(JsonObject, raw["nodeMemory"])
-    return all(_node_entry_problem("nodeMemory", body) is None for body in memory.values())
+    memory = cast(JsonObject, raw["nodeMemory"])  # pragma: no mutate
+    problems = [_node_entry_problem("nodeMemory", b) for b in memory.values()]  # pragma: no mutate
+    return all(problem is None for problem in problems)  # pragma: no mutate
 
 
 def touched_deployments(state: State, parts: Iterable[UnreadablePart]) -> dict[DeploymentId, str]:
@@ -235,7 +241,7 @@ def _per_node(key: str, entries: Any, parts: list[UnreadablePart]) -> Any:
         return entries  # the whole value is wrong: the State's own read names it
     read = _ENTRY_READERS[key]
     kept: JsonObject = {}
-    for node_id, body in cast(JsonObject, entries).items():
+    for node_id, body in cast(JsonObject, entries).items():  # pragma: no mutate
         why = _node_entry_problem(key, body)
         if why is None:
             why = _why(read, body)
@@ -262,12 +268,12 @@ def _downloads(downloads: Any, parts: list[UnreadablePart]) -> Any:
     if not isinstance(downloads, dict):
         return downloads
     kept: JsonObject = {}
-    for node_id, entries in cast(JsonObject, downloads).items():
+    for node_id, entries in cast(JsonObject, downloads).items():  # pragma: no mutate
         if not isinstance(entries, list):
             parts.append(UnreadablePart("download", node_id, "not an array", None, (node_id,)))
             continue
         readable: list[Any] = []
-        for body in cast(list[Any], entries):
+        for body in cast(list[Any], entries):  # pragma: no mutate
             why = _why(_DOWNLOAD.validate_python, body)
             if why is None:
                 readable.append(body)
@@ -296,7 +302,8 @@ def _instance_names(body: Any) -> tuple[ModelId | None, tuple[NodeId, ...]]:
     assignments = _member(_untagged(body), "shardAssignments")
     model_id = _member(assignments, "modelId")
     nodes = _member(assignments, "nodeToRunner")
-    node_ids = tuple(sorted(cast(JsonObject, nodes))) if isinstance(nodes, dict) else ()
+    mapping = cast(JsonObject, nodes)  # pragma: no mutate
+    node_ids = tuple(sorted(mapping)) if isinstance(nodes, dict) else ()
     return (model_id if isinstance(model_id, str) else None), node_ids
 
 
@@ -309,7 +316,7 @@ def _runner_names(
         nodes = _member(assignments, "nodeToRunner")
         if not isinstance(nodes, dict):
             continue
-        for node_id, named in cast(JsonObject, nodes).items():
+        for node_id, named in cast(JsonObject, nodes).items():  # pragma: no mutate
             if named == runner_id:
                 model_id = _member(assignments, "modelId")
                 return (model_id if isinstance(model_id, str) else None), (node_id,)
@@ -324,7 +331,7 @@ def _find_model_id(body: Any) -> ModelId | None:
         deeper: list[Any] = []
         for value in level:
             if isinstance(value, dict):
-                mapping = cast(JsonObject, value)
+                mapping = cast(JsonObject, value)  # pragma: no mutate
                 found = mapping.get("modelId", mapping.get("model_id"))
                 if isinstance(found, str):
                     return found
@@ -337,7 +344,7 @@ def _untagged(body: Any) -> Any:
     """The object inside exo's ``{"KindName": {...}}`` wrapping (the body itself if unwrapped)."""
     unwrapped: Any = body
     if isinstance(body, dict) and len(cast(JsonObject, body)) == 1:
-        unwrapped = next(iter(cast(JsonObject, body).values()))
+        unwrapped = next(iter(cast(JsonObject, body).values()))  # pragma: no mutate
     return unwrapped
 
 
@@ -345,7 +352,7 @@ def _member(body: Any, key: str) -> Any:
     """``body[key]`` when ``body`` is an object, else None."""
     if not isinstance(body, dict):
         return None
-    value: Any = cast(JsonObject, body).get(key)
+    value: Any = cast(JsonObject, body).get(key)  # pragma: no mutate
     return value
 
 
@@ -354,9 +361,10 @@ def _member(body: Any, key: str) -> Any:
 
 def _entry_reader(key: str) -> Callable[[Any], Any]:
     """A reader of one node's entry under exo's per-node ``key``, as the State reads it."""
-    field = next(info for name, info in State.model_fields.items() if (info.alias or name) == key)
-    _, value_type = get_args(field.annotation)
-    return TypeAdapter[Any](value_type).validate_python
+    fields = State.model_fields  # pragma: no mutate
+    field = next(f for n, f in fields.items() if (f.alias or n) == key)  # pragma: no mutate
+    _, value_type = get_args(field.annotation)  # pragma: no mutate
+    return TypeAdapter[Any](value_type).validate_python  # pragma: no mutate
 
 
 # Each per-node key's reader of one node's entry.

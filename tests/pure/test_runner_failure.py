@@ -160,3 +160,14 @@ def test_the_tui_says_the_same_words() -> None:
     event = RunnerStatusUpdated(runner_id="i1-runner-0", runner_status=recorded_failure())
     (entry,) = entries_for_event(event, ready, failed, 20.0, {}, {})
     assert entry.text.endswith(f": {JINJA}")
+
+
+def test_a_line_indented_by_one_space_after_the_error_is_not_the_error() -> None:
+    message = "Traceback (most recent call last):\n  File x\nValueError: boom\n x"
+    assert error_words(message) == "ValueError: boom"
+
+
+def test_words_cut_at_a_space_end_on_the_word_before_it() -> None:
+    message = "x" * (MAX_FAILURE_CHARS - 2) + " " + "y" * 10
+    words = failure_words(RunnerFailed(error_message=message))
+    assert words == "x" * (MAX_FAILURE_CHARS - 2) + "…"
