@@ -593,12 +593,18 @@ class _Opened:
 
 def _with_continuation(body: dict[str, Any], text: list[str]) -> dict[str, Any]:
     """The chat with the answer so far as a trailing assistant message (exo appends the model's
-    continuation after it); as sent when there is no text yet."""
+    continuation after it), its token limit what is left of the client's (exo streams a token
+    per chunk, so each piece of text counts one); as sent when there is no text yet."""
     so_far = "".join(text)
     if not so_far:
         return body
     messages = [*cast(list[Any], body["messages"]), {"role": "assistant", "content": so_far}]
-    return {**body, "messages": messages}
+    continued = {**body, "messages": messages}
+    for limit in ("max_tokens", "max_completion_tokens"):
+        asked = body.get(limit)
+        if isinstance(asked, int) and not isinstance(asked, bool):
+            continued[limit] = max(1, asked - len(text))
+    return continued
 
 
 def _as_one_completion(chunk: dict[str, Any], progress: _Progress) -> dict[str, Any]:

@@ -117,9 +117,11 @@ async def test_a_cut_stream_is_continued_with_only_the_new_text() -> None:
         before_cut = text_of(events[:3])
         assert before_cut
         assert second["messages"] == [*ASK, {"role": "assistant", "content": before_cut}]
+        assert second["max_tokens"] == 8 - 3  # what is left of the client's limit
         # The client got the text before the cut once, then the continuation's text only: the
-        # node continues from the assistant's text, as exo does, so the answer reads whole.
-        assert text_of(events) == "".join(reply_tokens()[: 3 + 8])
+        # node continues from the assistant's text, as exo does, so the answer reads whole, and
+        # as long as the client asked.
+        assert text_of(events) == "".join(reply_tokens()[:8])
         ids = {json.loads(event)["id"] for event in events if event != "[DONE]"}
         assert len(ids) == 1  # one completion, though exo answered two
         assert counted(h, "migrated") == 1
