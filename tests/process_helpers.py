@@ -84,8 +84,8 @@ def chat_reply(base_url: str, model: str) -> str | None:
         response = http.post(f"{base_url}/v1/chat/completions", json=body, timeout=CHAT_TIMEOUT_S)
     except httpx.HTTPError:
         return None
-    if response.status_code != 200:
-        return None
+    if response.status_code != 200 or not response.content.strip():
+        return None  # (an empty 200: exo closed the chat, its instance deleted under it)
     text: str = response.json()["choices"][0]["message"]["content"]
     return text or None
 
