@@ -407,16 +407,25 @@ class Chats:
             while not self.stop.is_set():
                 try:
                     response = http.post(f"{self.url}/v1/chat/completions", json=body)
-                    ok = response.status_code == 200 and bool(
-                        response.json()["choices"][0]["message"]["content"]
-                    )
-                    failure = None if ok else f"{response.status_code}: {response.text[:200]}"
+                    failure = _chat_failure(response)
                 except httpx.HTTPError as exc:
                     failure = f"{type(exc).__name__}: {exc}"
                 if failure is None:
                     self.answered += 1
                 else:
                     self.failures.append(failure)
+
+
+def _chat_failure(response: httpx.Response) -> str | None:
+    """Why a chat's answer is no answer, or None: an error status, or a 200 without content (exo
+    answers a chat whose instance it deleted with an empty 200, neither a result nor an error)."""
+    if response.status_code != 200:
+        return f"{response.status_code}: {response.text[:200]}"
+    try:
+        content = response.json()["choices"][0]["message"]["content"]
+    except (ValueError, LookupError, TypeError):
+        return f"200 without an answer: {response.text[:200]!r}"
+    return None if content else "200 with empty content"
 
 
 @dataclass

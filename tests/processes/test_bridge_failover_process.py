@@ -117,7 +117,12 @@ def test_freezes_a_paused_bridge_and_a_kill_under_load_through_the_bridge(tmp_pa
         f"{killed.deleted_s:.1f} s, replicas back {killed.recovered_s:.1f} s, {killed.answered} "
         f"of {killed.sent} chats answered {killed.failures[:3]}; most {watch.most}"
     )
-    assert killed.share >= 0.999
+    # The clients chat straight to exo's API (the stand-in behaving as exo): a chat in flight on
+    # the killed node's instance is cut when that instance is deleted (exo's empty 200). Nothing
+    # else may fail: at most one cut chat per client, each an empty answer.
+    cut = [f for f in killed.failures if f.startswith("200 without an answer")]
+    assert cut == killed.failures, killed.failures
+    assert len(cut) <= CLIENTS
 
 
 @pytest.mark.e2e(seconds=40)
