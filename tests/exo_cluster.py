@@ -26,7 +26,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -442,17 +442,25 @@ class Watch:
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Watch]:
-        thread = threading.Thread(target=self._loop, daemon=True)
-        thread.start()
-        try:
+        with _in_a_thread(self._loop, self._stop, join_s=10):
             yield self
-        finally:
-            self._stop.set()
-            thread.join(timeout=10)
 
     def new_since(self, before: set[str]) -> list[str]:
         """Instance ids seen that were not in ``before``, in the order they appeared."""
         return sorted(set(self.first_seen) - before, key=self.first_seen.__getitem__)
+
+
+@contextlib.contextmanager
+def _in_a_thread(loop: Callable[[], None], stop: threading.Event, join_s: float) -> Iterator[None]:
+    """``loop`` running in a thread of its own until the block ends; then ``stop`` is set and the
+    thread given ``join_s`` to finish."""
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=join_s)
 
 
 @dataclass
@@ -481,13 +489,8 @@ class Chats:
 
     @contextlib.contextmanager
     def chatting(self) -> Iterator[Chats]:
-        thread = threading.Thread(target=self._loop, daemon=True)
-        thread.start()
-        try:
+        with _in_a_thread(self._loop, self._stop, join_s=CHAT_TIMEOUT_S + 5):
             yield self
-        finally:
-            self._stop.set()
-            thread.join(timeout=CHAT_TIMEOUT_S + 5)
 
     def summary(self) -> dict[str, int]:
         return {k: self.counts[k] for k in ("ok", "empty", "error", "timeout")}
