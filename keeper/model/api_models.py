@@ -310,6 +310,9 @@ class RequestsView(BaseModel):
     rate: float
     errors: int
     p95_ttft_s: float | None
+    # How many ended each way (``ok``, ``held``, ``retried``, ``migrated``, ``failed``,
+    # ``cancelled``); an outcome none had is left out.
+    outcomes: dict[str, int] = Field(default_factory=dict[str, int])
 
 
 class DeploymentView(BaseModel):

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -39,10 +37,10 @@ from typing import Any, cast
 
 import anyio
 import httpx
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from keeper.model.api_models import RequestsView, error_body
+from keeper.model.api_models import error_body
 from keeper.model.request_rule import (
     OUTCOMES,
     Done,
@@ -55,7 +53,7 @@ from keeper.model.request_rule import (
     SoFar,
     next_action,
 )
-from keeper.runtime.metrics import PREFIX
+from keeper.runtime.request_counts import RequestCounts
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +86,6 @@ STREAM_SILENCE_S = 30.0
 ANSWER_TIMEOUT_S = 600.0
 # The most of a non-streamed answer read, and of one SSE event: exo's answers are text.
 ANSWER_MAX_BYTES = 16 * 2**20
-# What ``GET /deployments`` sums each deployment's requests over.
-WINDOW_S = 300.0
-# Time to first token, seconds: a warm instance answers in well under a second, a held request
-# in up to the hold (30 s), a long prompt's prefill in tens of seconds.
-TTFT_BUCKETS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 SSE = "text/event-stream"
 # The most of an error's text quoted from exo.
 QUOTED_CHARS = 300
@@ -175,70 +168,6 @@ def parse_chat(raw: bytes) -> tuple[ChatRequest, dict[str, Any]]:
         where = ".".join(str(part) for part in first["loc"])
         raise RequestError(400, f"{where}: {first['msg']}", where or None) from None
     return request, cast(dict[str, Any], body)
-
-
-def requests_view(
-    records: Sequence[tuple[float, bool, float | None]], now: float, window_s: float = WINDOW_S
-) -> RequestsView | None:
-    """The requests that ended in the last ``window_s`` (each ``(ended at, failed, time to
-    first token or None)``) summed: the rate per second, the failures, the 95th percentile of
-    time to first token (nearest rank); None when there were none."""
-    kept = [record for record in records if now - window_s < record[0] <= now]
-    if not kept:
-        return None
-    ttfts = sorted(ttft for _, _, ttft in kept if ttft is not None)
-    p95 = ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None
-    return RequestsView(
-        window_s=window_s,
-        rate=len(kept) / window_s,
-        errors=sum(1 for _, failed, _ in kept if failed),
-        p95_ttft_s=p95,
-    )
-
-
-class RequestCounts:
-    """Every request counted: ``exo_deploy_requests_total{deployment,outcome}`` and
-    ``exo_deploy_request_ttft_seconds{deployment}`` in the service's registry, and the last
-    ``WINDOW_S`` of them per deployment for ``GET /deployments``."""
-
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        # A registry of its own when the service gives none (a front door in a test).
-        self._registry = registry if registry is not None else CollectorRegistry()
-        self._total = Counter(
-            PREFIX + "requests",
-            "Chat requests through the front door, by deployment ('' for a model with none) "
-            "and outcome: ok, held (waited for its deployment), retried (sent again before its "
-            "first token), migrated (continued after a cut), failed, cancelled (client left)",
-            ["deployment", "outcome"],
-            registry=self._registry,
-        )
-        self._ttft = Histogram(
-            PREFIX + "request_ttft_seconds",
-            "Time from a chat's arrival to its first token sent (a non-streamed chat: to its "
-            "answer), by deployment",
-            ["deployment"],
-            buckets=TTFT_BUCKETS_S,
-            registry=self._registry,
-        )
-        self._recent: dict[str, deque[tuple[float, bool, float | None]]] = {}
-
-    def count(self, deployment: str, outcome: Outcome, ttft_s: float | None, at: float) -> None:
-        self._total.labels(deployment, outcome).inc()
-        if ttft_s is not None:
-            self._ttft.labels(deployment).observe(ttft_s)
-        recent = self._recent.setdefault(deployment, deque())
-        recent.append((at, outcome == "failed", ttft_s))
-        while recent and recent[0][0] <= at - WINDOW_S:
-            recent.popleft()
-
-    def view(self, deployment: str, now: float) -> RequestsView | None:
-        return requests_view(list(self._recent.get(deployment, ())), now)
-
-    def total(self, deployment: str, outcome: Outcome) -> float:
-        """The counter's value (tests and benches read it)."""
-        labels = {"deployment": deployment, "outcome": outcome}
-        value = self._registry.get_sample_value(PREFIX + "requests_total", labels)
-        return value if value is not None else 0.0
 
 
 @dataclass
