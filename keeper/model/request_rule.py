@@ -43,8 +43,20 @@ Happened = Literal[
 # The troubles that say nothing against the request: worth waiting out, then sending again.
 TRANSIENT: frozenset[Happened] = frozenset({"no_instance", "upstream_error", "unreachable"})
 
-Outcome = Literal["ok", "held", "retried", "migrated", "failed", "cancelled"]
-OUTCOMES: tuple[Outcome, ...] = ("ok", "held", "retried", "migrated", "failed", "cancelled")
+# ``rejected``: refused by the front door itself before anything went to exo (a body that is
+# not a chat, over 1 MiB, or more chats in flight than ``--max-inflight``): the client's or the
+# load's doing, counted apart from ``failed`` so that an alert on failed chats is about the
+# cluster.
+Outcome = Literal["ok", "held", "retried", "migrated", "failed", "cancelled", "rejected"]
+OUTCOMES: tuple[Outcome, ...] = (
+    "ok",
+    "held",
+    "retried",
+    "migrated",
+    "failed",
+    "cancelled",
+    "rejected",
+)
 
 
 @dataclass(frozen=True)
