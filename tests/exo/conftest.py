@@ -142,3 +142,6 @@ def restored(cluster: ExoCluster, request: pytest.FixtureRequest, report: Report
     if request.node.get_closest_marker("starts_after_a_kill") is None:
         cluster.restore()
         report.record("nodes catching up at the start", **{request.node.name: cluster.lagging})
+        if cluster.healed:
+            report.record("nodes restarted to end a split", **{request.node.name: cluster.healed})
+            cluster.healed = []

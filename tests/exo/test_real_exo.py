@@ -546,7 +546,13 @@ def test_a_15s_freeze_of_the_followed_node(
     followed = (bridge.get("/healthz") or {})["exo"]["url"].rstrip("/")
     (node,) = [n for n in cluster.nodes() if n.api.rstrip("/") == followed]
     assert node.node_id is not None
+    if node.node_id not in serving.node_ids:
+        serving = move_onto(cluster, bridge, serving, node.node_id)
     serves_there = node.node_id in serving.node_ids
+    report.record(
+        "6 15 s freeze of the followed node",
+        followed_node_is_exo_master=node.node_id == cluster.master_id(),
+    )
     switched_at: list[float] = []
 
     def judged_and_switched(frozen_at: float) -> None:
@@ -595,6 +601,29 @@ def test_a_15s_freeze_of_the_followed_node(
             serving_s is not None and serving_s <= FREEZE_TARGET_S,
             f"{serving_s} s ({figures})",
         )
+
+
+def move_onto(cluster: ExoCluster, bridge: Bridge, serving: Instance, node_id: str) -> Instance:
+    """The model's instance moved onto node ``node_id``, as an operator would: every other
+    node cordoned, the instance repaired (replaced, then deleted), the cordons lifted."""
+    others = [n.node_id for n in cluster.nodes() if n.node_id not in (None, node_id)]
+    names = [cluster.node_name(bridge, other) for other in others if other is not None]
+    try:
+        for name in names:
+            cordoned = run_cli("cordon", name, "--url", bridge.url)
+            assert cordoned.returncode == 0, cordoned.stderr
+        repaired = run_cli("repair", serving.instance_id, "--url", bridge.url)
+        assert repaired.returncode == 0, repaired.stderr
+
+        def there() -> Instance | None:
+            found = one_ready(cluster, bridge)
+            return found if found is not None and node_id in found.node_ids else None
+
+        wait_for(f"the model serving on node {node_id[:8]} alone", RECOVERY_DEADLINE_S, there)
+    finally:
+        for name in names:
+            run_cli("uncordon", name, "--url", bridge.url)
+    return wait_for("the model serving", RECOVERY_DEADLINE_S, lambda: one_ready(cluster, bridge))
 
 
 # 5 -----------------------------------------------------------------------------------------------
