@@ -20,32 +20,31 @@ Shaped so for three reasons:
 - *It belongs to no one service.* It takes exo's API as httpx clients in order of preference
   and the deployments as a lookup by model, so our master can mount the same door later;
   the bridge passes the exo URL it follows first, then the others.
-- *Upstream is read as exo writes it*: SSE events one per ``data:`` line, keep-alive comments
-  every 10 s; each event forwarded as it comes (with the first attempt's ``id`` on a
-  continuation's chunks, so the client sees one completion). A non-streamed chat is passed on
-  whole once exo's answer shows its ``finish_reason``.
+- *One job a module.* The chat's wire shapes and refusals are ``keeper.runtime.front_door_wire``;
+  sending to exo and reading its answer as exo writes it (SSE events, keep-alives, capped bodies,
+  exo's words) ``keeper.runtime.front_door_upstream``; one attempt read into the request's
+  progress ``keeper.runtime.front_door_attempts``; a continuation's body and the first
+  attempt's id on its chunks are pure (``keeper.model.chat_continuation``). This module is the
+  loop around the rule, and re-exports the names the routes and the services import.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from http import HTTPStatus
-from typing import Any, cast
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import httpx
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from keeper.model.api_models import error_body
+from keeper.model.chat_continuation import with_continuation
 from keeper.model.request_rule import (
     OUTCOMES,
     Done,
     Fail,
-    Happened,
     Hold,
     Outcome,
     PassOn,
@@ -53,12 +52,22 @@ from keeper.model.request_rule import (
     SoFar,
     next_action,
 )
+from keeper.runtime.front_door_attempts import Progress, stream_attempt, whole_attempt
+from keeper.runtime.front_door_upstream import HEAD_TIMEOUT_S, Attempt
+from keeper.runtime.front_door_wire import (
+    CHAT_PATH,
+    MODELS_PATH,
+    SSE,
+    ChatDocument,
+    ChatRequest,
+    RequestError,
+    error_json,
+    parse_chat,
+    sse_event,
+)
 from keeper.runtime.request_counts import RequestCounts
 
 log = logging.getLogger(__name__)
-
-CHAT_PATH = "/v1/chat/completions"
-MODELS_PATH = "/v1/models"
 
 # How long a request may wait for its deployment to serve (``--hold-s``): a fast failover
 # serves again in 6.4-6.6 s on a real cluster, a staged one (a load) in about 40 s; 30 s
@@ -76,19 +85,6 @@ DEFAULT_MAX_INFLIGHT = 256
 RECHECK_S = 0.5
 # What a 503 or a 429 tells the client to wait: about one fast failover.
 RETRY_AFTER_S = 5
-# exo answers a chat's head at once (its body streams), but holds it through an election
-# (measured up to 6 s): past this an attempt counts as exo unreachable.
-HEAD_TIMEOUT_S = 10.0
-# exo writes a keep-alive comment every 10 s on a stream: three missed means the stream is dead
-# (a node frozen under it), and it is treated as cut.
-STREAM_SILENCE_S = 30.0
-# A non-streamed answer comes whole at the end: a long answer (4,096 tokens at 10 tok/s) fits.
-ANSWER_TIMEOUT_S = 600.0
-# The most of a non-streamed answer read, and of one SSE event: exo's answers are text.
-ANSWER_MAX_BYTES = 16 * 2**20
-SSE = "text/event-stream"
-# The most of an error's text quoted from exo.
-QUOTED_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -106,94 +102,6 @@ class ModelDeployment:
     deployment_id: str
     serving: bool
     words: str
-
-
-class ChatRequest(BaseModel):
-    """The fields of an OpenAI chat the front door reads; every other is passed on as sent."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str = Field(min_length=1)
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    stream: bool = False
-    n: int | None = None
-    logprobs: bool | None = None
-
-
-class ChatDocumentMessage(BaseModel):
-    """A message as the API's document shows it: what every exo reads (exo reads more: content
-    as parts, tool calls; the front door passes on whatever is sent)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: str = Field(min_length=1, max_length=64)
-    content: str
-
-
-class ChatDocument(BaseModel):
-    """A chat as the API's document shows it (``ChatRequest`` is what is checked)."""
-
-    model_config = ConfigDict(extra="allow", title="ChatCompletionRequest")
-
-    model: str = Field(min_length=1, max_length=512)
-    messages: list[ChatDocumentMessage] = Field(min_length=1)
-    stream: bool = False
-
-
-class RequestError(Exception):
-    """A request the front door answers with an error before anything is sent upstream."""
-
-    def __init__(
-        self, status: int, message: str, param: str | None = None, retry_after: int | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.retry_after = retry_after
-
-
-def parse_chat(raw: bytes) -> tuple[ChatRequest, dict[str, Any]]:
-    """The request and its JSON as sent; ``RequestError`` 400 naming the field otherwise."""
-    try:
-        body: Any = json.loads(raw)
-    except ValueError as exc:
-        raise RequestError(400, f"Malformed JSON body: {exc}") from None
-    if not isinstance(body, dict):
-        raise RequestError(400, "Request body must be a JSON object")
-    try:
-        request = ChatRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise RequestError(400, f"{where}: {first['msg']}", where or None) from None
-    return request, cast(dict[str, Any], body)
-
-
-@dataclass
-class _Attempt:
-    """What the current attempt has brought."""
-
-    happened: Happened | None = None
-    why: str = ""  # exo's words, when it refused or failed
-    status: int = 0  # exo's status, when it refused
-
-
-@dataclass
-class _Progress:
-    """One request as it goes (the rule's ``SoFar`` is built from it)."""
-
-    started: float
-    since: float  # the last progress: the request's arrival, or its last chunk
-    sends: int = 0
-    cuts: int = 0
-    continuations: int = 0
-    held: bool = False
-    paused: bool = False  # waited since the last attempt
-    first_token_at: float | None = None
-    text: list[str] = field(default_factory=list[str])
-    inexact: str | None = None  # why a continuation could not be exact
-    completion_id: str | None = None
 
 
 class FrontDoor:
@@ -268,12 +176,12 @@ class FrontDoor:
         self, request: ChatRequest, body: dict[str, Any], *, streamed: bool
     ) -> AsyncGenerator[bytes | int, None]:
         now = self._monotonic()
-        progress = _Progress(started=now, since=now)
+        progress = Progress(started=now, since=now)
         if (request.n or 1) > 1:
             progress.inexact = f"n = {request.n}"
         elif request.logprobs:
             progress.inexact = "logprobs"
-        attempt = _Attempt()
+        attempt = Attempt()
         found = self._deployment_of(request.model)
         deployment = found.deployment_id if found is not None else ""
         outcome: Outcome = "failed"
@@ -305,27 +213,28 @@ class FrontDoor:
                     continue
                 if isinstance(action, PassOn):
                     yield attempt.status
-                    yield _error(attempt.status, attempt.why)
+                    yield error_json(attempt.status, attempt.why)
                     return
                 if isinstance(action, Fail):
                     words = self._failure(action, request.model, found, progress, attempt)
                     if progress.first_token_at is not None:
-                        yield _event(error_body(words, 502, "Bad Gateway"))
+                        yield sse_event(error_body(words, 502, "Bad Gateway"))
                         return
                     status = 503 if action.why == "not_serving" else 502
                     yield status
-                    yield _error(status, words)
+                    yield error_json(status, words)
                     return
                 assert isinstance(action, Send)
                 progress.sends += 1
                 progress.continuations += action.continuation
                 progress.paused = False
-                attempt = _Attempt()
-                upstream = _with_continuation(body, progress.text) if action.continuation else body
+                attempt = Attempt()
+                upstream = with_continuation(body, progress.text) if action.continuation else body
+                clients = self._upstreams()
                 pieces = (
-                    self._stream_attempt(upstream, progress, attempt)
+                    stream_attempt(clients, upstream, progress, attempt, self._monotonic)
                     if streamed
-                    else self._whole_attempt(upstream, progress, attempt)
+                    else whole_attempt(clients, upstream, progress, attempt)
                 )
                 async for piece in pieces:
                     if progress.first_token_at is None:
@@ -350,8 +259,8 @@ class FrontDoor:
         fail: Fail,
         model: str,
         found: ModelDeployment | None,
-        progress: _Progress,
-        attempt: _Attempt,
+        progress: Progress,
+        attempt: Attempt,
     ) -> str:
         last = f" (last: {attempt.why})" if attempt.why else ""
         match fail.why:
@@ -377,274 +286,13 @@ class FrontDoor:
             case "refused_mid_stream":
                 return f"exo refused to continue this answer: HTTP {attempt.status}{last}"
 
-    # --- one attempt -------------------------------------------------------------------------
-
-    async def _open(
-        self, body: dict[str, Any], attempt: _Attempt, stack: _Opened
-    ) -> httpx.Response | None:
-        """The head of exo's answer from the first URL that answers; None with ``attempt``
-        saying why when there is none to read on."""
-        content = json.dumps(body).encode()
-        attempt.happened, attempt.why = "unreachable", "no exo URL to send it to"
-        for client in self._upstreams():
-            try:
-                with anyio.fail_after(HEAD_TIMEOUT_S):
-                    request = client.build_request(
-                        "POST",
-                        CHAT_PATH,
-                        content=content,
-                        headers={"Content-Type": "application/json"},
-                    )
-                    response = await client.send(request, stream=True)
-            except (httpx.HTTPError, TimeoutError) as exc:
-                attempt.happened = "unreachable"
-                attempt.why = f"{client.base_url}: {type(exc).__name__} {exc}".strip()
-                continue
-            stack.response = response
-            if response.status_code >= 400:
-                raw = await _read_capped(response, QUOTED_CHARS * 16)
-                attempt.why = _exo_words(raw, response.reason_phrase)
-                attempt.status = response.status_code
-                if response.status_code >= 500:
-                    attempt.happened = "upstream_error"
-                elif response.status_code == 404 and "no instance" in attempt.why.lower():
-                    attempt.happened = "no_instance"
-                else:
-                    attempt.happened = "refused"
-                return None
-            attempt.happened, attempt.why = None, ""
-            return response
-        return None
-
-    async def _stream_attempt(
-        self, body: dict[str, Any], progress: _Progress, attempt: _Attempt
-    ) -> AsyncIterator[bytes]:
-        opened = _Opened()
-        try:
-            response = await self._open({**body, "stream": True}, attempt, opened)
-            if response is None:
-                return
-            kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
-            if kind != SSE:
-                attempt.happened = "garbage"
-                attempt.why = f"a stream was asked, exo answered {kind or 'no content type'}"
-                return
-            finished = False
-            async for event in _sse_events(response.aiter_lines(), attempt):
-                if event is None:  # a comment: keep-alive
-                    if progress.first_token_at is not None:
-                        yield b": keep-alive\n\n"
-                    continue
-                if event == "[DONE]":
-                    break
-                chunk = _json_event(event, attempt)
-                if chunk is None:
-                    return  # garbage, said in attempt
-                if "error" in chunk:
-                    attempt.happened = "cut"
-                    attempt.why = _exo_words(json.dumps(chunk).encode(), "an error event")
-                    return
-                finished = self._note(chunk, progress) or finished
-                progress.since = self._monotonic()
-                yield _event(_as_one_completion(chunk, progress))
-            if attempt.happened is not None:
-                return  # cut or garbage, said in attempt
-            if finished:
-                # Its finish_reason came: the answer is whole, whether or not [DONE] followed
-                # (exo writes a stats comment between them), so the client gets one [DONE].
-                attempt.happened = "answered"
-                yield b"data: [DONE]\n\n"
-                return
-            attempt.happened = "cut"
-            attempt.why = "exo ended the stream without a finish_reason"
-        finally:
-            await opened.close()
-
-    async def _whole_attempt(
-        self, body: dict[str, Any], progress: _Progress, attempt: _Attempt
-    ) -> AsyncIterator[bytes]:
-        opened = _Opened()
-        try:
-            response = await self._open({**body, "stream": False}, attempt, opened)
-            if response is None:
-                return
-            try:
-                with anyio.fail_after(ANSWER_TIMEOUT_S):
-                    raw = await _read_capped(response, ANSWER_MAX_BYTES)
-            except (httpx.HTTPError, TimeoutError) as exc:
-                attempt.happened = "cut"
-                attempt.why = f"exo's answer broke off ({type(exc).__name__})"
-                return
-            if not raw.strip():
-                attempt.happened = "cut"
-                attempt.why = "exo answered 200 with an empty body"
-                return
-            answer = _json_event(raw.decode("utf-8", errors="replace"), attempt)
-            if answer is None:
-                return
-            if not _finish_reason(answer):
-                attempt.happened = "cut"
-                attempt.why = "exo's answer has no finish_reason"
-                return
-            attempt.happened = "answered"
-            yield raw
-        finally:
-            await opened.close()
-
-    def _note(self, chunk: dict[str, Any], progress: _Progress) -> bool:
-        """Take a chunk's text and what makes a continuation inexact; whether it finishes."""
-        if progress.completion_id is None and isinstance(chunk.get("id"), str):
-            progress.completion_id = chunk["id"]
-        for choice in _choices(chunk):
-            delta = choice.get("delta")
-            if isinstance(delta, dict):
-                delta = cast(dict[str, Any], delta)
-                content = delta.get("content")
-                if isinstance(content, str):
-                    progress.text.append(content)
-                for key, why in (("tool_calls", "tool calls"), ("reasoning_content", "reasoning")):
-                    if delta.get(key) and progress.inexact is None:
-                        progress.inexact = why
-            if choice.get("logprobs") and progress.inexact is None:
-                progress.inexact = "logprobs"
-        return _finish_reason(chunk)
-
-
-@dataclass
-class _Opened:
-    response: httpx.Response | None = None
-
-    async def close(self) -> None:
-        if self.response is not None:
-            with anyio.CancelScope(shield=True):
-                await self.response.aclose()
-
-
-def _with_continuation(body: dict[str, Any], text: list[str]) -> dict[str, Any]:
-    """The chat with the answer so far as a trailing assistant message (exo appends the model's
-    continuation after it), its token limit what is left of the client's (exo streams a token
-    per chunk, so each piece of text counts one); as sent when there is no text yet."""
-    so_far = "".join(text)
-    if not so_far:
-        return body
-    messages = [*cast(list[Any], body["messages"]), {"role": "assistant", "content": so_far}]
-    continued = {**body, "messages": messages}
-    for limit in ("max_tokens", "max_completion_tokens"):
-        asked = body.get(limit)
-        if isinstance(asked, int) and not isinstance(asked, bool):
-            continued[limit] = max(1, asked - len(text))
-    return continued
-
-
-def _as_one_completion(chunk: dict[str, Any], progress: _Progress) -> dict[str, Any]:
-    # A continuation's chunks carry exo's new id: the client sees the first attempt's.
-    if progress.completion_id is not None and chunk.get("id") != progress.completion_id:
-        return {**chunk, "id": progress.completion_id}
-    return chunk
-
-
-def _choices(chunk: dict[str, Any]) -> list[dict[str, Any]]:
-    choices = chunk.get("choices")
-    if not isinstance(choices, list):
-        return []
-    return [cast(dict[str, Any], c) for c in cast(list[Any], choices) if isinstance(c, dict)]
-
-
-def _finish_reason(chunk: dict[str, Any]) -> bool:
-    return any(choice.get("finish_reason") for choice in _choices(chunk))
-
-
-async def _sse_events(lines: AsyncIterator[str], attempt: _Attempt) -> AsyncIterator[str | None]:
-    """exo's SSE stream as its events' data (None for a comment); ends, with ``attempt`` saying
-    why, when the stream breaks or is silent for ``STREAM_SILENCE_S``."""
-    data: list[str] = []
-    size = 0
-    while True:
-        try:
-            with anyio.fail_after(STREAM_SILENCE_S):
-                line = await anext(lines)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            attempt.happened = "cut"
-            attempt.why = f"exo's stream was silent for {STREAM_SILENCE_S:g} s"
-            return
-        except httpx.HTTPError as exc:
-            attempt.happened = "cut"
-            attempt.why = f"exo's stream broke off ({type(exc).__name__})"
-            return
-        size += len(line)
-        if size > ANSWER_MAX_BYTES:
-            attempt.happened = "garbage"
-            attempt.why = "an event of exo's stream is over 16 MiB"
-            return
-        if line.startswith(":"):
-            yield None
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-        elif not line and data:
-            yield "\n".join(data)
-            data, size = [], 0
-        elif line and not line.startswith(("event:", "id:", "retry:")):
-            attempt.happened = "garbage"
-            attempt.why = f"exo's stream is not SSE: {line[:80]!r}"
-            return
-
-
-def _json_event(text: str, attempt: _Attempt) -> dict[str, Any] | None:
-    try:
-        value: Any = json.loads(text)
-    except ValueError:
-        attempt.happened = "garbage"
-        attempt.why = f"not JSON: {text[:80]!r}"
-        return None
-    if not isinstance(value, dict):
-        attempt.happened = "garbage"
-        attempt.why = f"not a JSON object: {text[:80]!r}"
-        return None
-    return cast(dict[str, Any], value)
-
-
-async def _read_capped(response: httpx.Response, cap: int) -> bytes:
-    body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body += chunk[: cap - len(body)]
-        if len(body) >= cap:
-            break
-    return bytes(body)
-
-
-def _exo_words(raw: bytes, fallback: str) -> str:
-    """exo's reason in an error body (its envelope or FastAPI's ``detail``), else its start."""
-    try:
-        value: Any = json.loads(raw)
-    except ValueError:
-        value = None
-    if isinstance(value, dict):
-        value = cast(dict[str, Any], value)
-        error = value.get("error")
-        if isinstance(error, dict) and isinstance(cast(dict[str, Any], error).get("message"), str):
-            return str(cast(dict[str, Any], error)["message"])[:QUOTED_CHARS]
-        detail = value.get("detail")
-        if detail is not None:
-            return (detail if isinstance(detail, str) else json.dumps(detail))[:QUOTED_CHARS]
-    text = raw.decode("utf-8", errors="replace").strip()
-    return text[:QUOTED_CHARS] or fallback
-
-
-def _event(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
-
-
-def _error(status: int, message: str) -> bytes:
-    """The error envelope's JSON (``keeper.httpapi.errors``' shape, OpenAI's keys)."""
-    return json.dumps(error_body(message, status, HTTPStatus(status).phrase)).encode()
-
 
 __all__ = [
     "CHAT_PATH",
     "MODELS_PATH",
     "OUTCOMES",
+    "RETRY_AFTER_S",
+    "SSE",
     "ChatDocument",
     "ChatRequest",
     "FrontDoor",

@@ -1,0 +1,150 @@
+"""One attempt of a chat at exo, streamed or whole, read into the request's progress
+(docs/design.md §8.6).
+
+The front door's loop (``keeper.runtime.front_door``) decides whether to send; an attempt sends
+once and reads exo's answer to its end, yielding the bytes the client gets as they come and
+leaving in its ``Attempt`` what it came to (answered, cut, garbage, refused...), and in the
+request's ``Progress`` what the client now has (the text, for a continuation; the first
+completion id, which every later chunk carries). Apart from the loop so that each reads in one
+screen: the loop is the rule's shell, this is exo's answer read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+
+from keeper.model.chat_continuation import as_one_completion, finish_reason, read_chunk
+from keeper.runtime.front_door_upstream import (
+    ANSWER_MAX_BYTES,
+    Attempt,
+    Opened,
+    exo_words,
+    json_event,
+    open_chat,
+    read_capped,
+    sse_events,
+)
+from keeper.runtime.front_door_wire import SSE, sse_event
+
+# A non-streamed answer comes whole at the end: a long answer (4,096 tokens at 10 tok/s) fits.
+ANSWER_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Progress:
+    """One request as it goes (the rule's ``SoFar`` is built from it)."""
+
+    started: float
+    since: float  # the last progress: the request's arrival, or its last chunk
+    sends: int = 0
+    cuts: int = 0
+    continuations: int = 0
+    held: bool = False
+    paused: bool = False  # waited since the last attempt
+    first_token_at: float | None = None
+    text: list[str] = field(default_factory=list[str])
+    inexact: str | None = None  # why a continuation could not be exact
+    completion_id: str | None = None
+
+
+async def stream_attempt(
+    clients: Sequence[httpx.AsyncClient],
+    body: dict[str, Any],
+    progress: Progress,
+    attempt: Attempt,
+    monotonic: Callable[[], float],
+) -> AsyncIterator[bytes]:
+    """A streamed attempt: the client's SSE bytes as exo's chunks come."""
+    opened = Opened()
+    try:
+        response = await open_chat(clients, {**body, "stream": True}, attempt, opened)
+        if response is None:
+            return
+        kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != SSE:
+            attempt.happened = "garbage"
+            attempt.why = f"a stream was asked, exo answered {kind or 'no content type'}"
+            return
+        finished = False
+        async for event in sse_events(response.aiter_lines(), attempt):
+            if event is None:  # a comment: keep-alive
+                if progress.first_token_at is not None:
+                    yield b": keep-alive\n\n"
+                continue
+            if event == "[DONE]":
+                break
+            chunk = json_event(event, attempt)
+            if chunk is None:
+                return  # garbage, said in attempt
+            if "error" in chunk:
+                attempt.happened = "cut"
+                attempt.why = exo_words(json.dumps(chunk).encode(), "an error event")
+                return
+            finished = _note(chunk, progress) or finished
+            progress.since = monotonic()
+            yield sse_event(as_one_completion(chunk, progress.completion_id))
+        if attempt.happened is not None:
+            return  # cut or garbage, said in attempt
+        if finished:
+            # Its finish_reason came: the answer is whole, whether or not [DONE] followed
+            # (exo writes a stats comment between them), so the client gets one [DONE].
+            attempt.happened = "answered"
+            yield b"data: [DONE]\n\n"
+            return
+        attempt.happened = "cut"
+        attempt.why = "exo ended the stream without a finish_reason"
+    finally:
+        await opened.close()
+
+
+async def whole_attempt(
+    clients: Sequence[httpx.AsyncClient],
+    body: dict[str, Any],
+    progress: Progress,
+    attempt: Attempt,
+) -> AsyncIterator[bytes]:
+    """A non-streamed attempt: exo's answer, passed on whole once it shows its finish_reason."""
+    opened = Opened()
+    try:
+        response = await open_chat(clients, {**body, "stream": False}, attempt, opened)
+        if response is None:
+            return
+        try:
+            with anyio.fail_after(ANSWER_TIMEOUT_S):
+                raw = await read_capped(response, ANSWER_MAX_BYTES)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            attempt.happened = "cut"
+            attempt.why = f"exo's answer broke off ({type(exc).__name__})"
+            return
+        if not raw.strip():
+            attempt.happened = "cut"
+            attempt.why = "exo answered 200 with an empty body"
+            return
+        answer = json_event(raw.decode("utf-8", errors="replace"), attempt)
+        if answer is None:
+            return
+        if not finish_reason(answer):
+            attempt.happened = "cut"
+            attempt.why = "exo's answer has no finish_reason"
+            return
+        attempt.happened = "answered"
+        yield raw
+    finally:
+        await opened.close()
+
+
+def _note(chunk: dict[str, Any], progress: Progress) -> bool:
+    """Take a chunk's text and what makes a continuation inexact; whether it finishes."""
+    reading = read_chunk(chunk)
+    if progress.completion_id is None:
+        progress.completion_id = reading.completion_id
+    progress.text.extend(reading.texts)
+    if progress.inexact is None:
+        progress.inexact = reading.inexact
+    return reading.finished

@@ -1,0 +1,172 @@
+"""exo's side of the front door's wire (docs/design.md §8.6): a chat sent to the first exo URL
+that answers, and exo's answer read as exo writes it, every way of it going wrong said in words.
+
+exo writes a streamed answer as SSE events, one per ``data:`` line, with a keep-alive comment
+every 10 s; a refusal as its error envelope or FastAPI's ``detail``. Each read here is bounded
+(in time and in bytes) and ends by saying what happened in an ``Attempt`` rather than by
+raising, so the front door's rule (``keeper.model.request_rule``) sees every trouble as one of
+its ``Happened`` and the client never sees a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import anyio
+import httpx
+
+from keeper.model.request_rule import Happened
+from keeper.runtime.front_door_wire import CHAT_PATH
+
+# exo answers a chat's head at once (its body streams), but holds it through an election
+# (measured up to 6 s): past this an attempt counts as exo unreachable.
+HEAD_TIMEOUT_S = 10.0
+# exo writes a keep-alive comment every 10 s on a stream: three missed means the stream is dead
+# (a node frozen under it), and it is treated as cut.
+STREAM_SILENCE_S = 30.0
+# The most of a non-streamed answer read, and of one SSE event: exo's answers are text.
+ANSWER_MAX_BYTES = 16 * 2**20
+# The most of an error's text quoted from exo.
+QUOTED_CHARS = 300
+
+
+@dataclass
+class Attempt:
+    """What the current attempt has brought."""
+
+    happened: Happened | None = None
+    why: str = ""  # exo's words, when it refused or failed
+    status: int = 0  # exo's status, when it refused
+
+
+@dataclass
+class Opened:
+    """The response an attempt opened, closed however the attempt ends."""
+
+    response: httpx.Response | None = None
+
+    async def close(self) -> None:
+        if self.response is not None:
+            with anyio.CancelScope(shield=True):
+                await self.response.aclose()
+
+
+async def open_chat(
+    clients: Sequence[httpx.AsyncClient], body: dict[str, Any], attempt: Attempt, opened: Opened
+) -> httpx.Response | None:
+    """The head of exo's answer from the first URL that answers; None with ``attempt`` saying
+    why when there is none to read on."""
+    content = json.dumps(body).encode()
+    attempt.happened, attempt.why = "unreachable", "no exo URL to send it to"
+    for client in clients:
+        try:
+            with anyio.fail_after(HEAD_TIMEOUT_S):
+                request = client.build_request(
+                    "POST",
+                    CHAT_PATH,
+                    content=content,
+                    headers={"Content-Type": "application/json"},
+                )
+                response = await client.send(request, stream=True)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            attempt.happened = "unreachable"
+            attempt.why = f"{client.base_url}: {type(exc).__name__} {exc}".strip()
+            continue
+        opened.response = response
+        if response.status_code >= 400:
+            raw = await read_capped(response, QUOTED_CHARS * 16)
+            attempt.why = exo_words(raw, response.reason_phrase)
+            attempt.status = response.status_code
+            if response.status_code >= 500:
+                attempt.happened = "upstream_error"
+            elif response.status_code == 404 and "no instance" in attempt.why.lower():
+                attempt.happened = "no_instance"
+            else:
+                attempt.happened = "refused"
+            return None
+        attempt.happened, attempt.why = None, ""
+        return response
+    return None
+
+
+async def sse_events(lines: AsyncIterator[str], attempt: Attempt) -> AsyncIterator[str | None]:
+    """exo's SSE stream as its events' data (None for a comment); ends, with ``attempt`` saying
+    why, when the stream breaks or is silent for ``STREAM_SILENCE_S``."""
+    data: list[str] = []
+    size = 0
+    while True:
+        try:
+            with anyio.fail_after(STREAM_SILENCE_S):
+                line = await anext(lines)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            attempt.happened = "cut"
+            attempt.why = f"exo's stream was silent for {STREAM_SILENCE_S:g} s"
+            return
+        except httpx.HTTPError as exc:
+            attempt.happened = "cut"
+            attempt.why = f"exo's stream broke off ({type(exc).__name__})"
+            return
+        size += len(line)
+        if size > ANSWER_MAX_BYTES:
+            attempt.happened = "garbage"
+            attempt.why = "an event of exo's stream is over 16 MiB"
+            return
+        if line.startswith(":"):
+            yield None
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif not line and data:
+            yield "\n".join(data)
+            data, size = [], 0
+        elif line and not line.startswith(("event:", "id:", "retry:")):
+            attempt.happened = "garbage"
+            attempt.why = f"exo's stream is not SSE: {line[:80]!r}"
+            return
+
+
+def json_event(text: str, attempt: Attempt) -> dict[str, Any] | None:
+    """The JSON object ``text`` holds; None with ``attempt`` saying why when it is not one."""
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        attempt.happened = "garbage"
+        attempt.why = f"not JSON: {text[:80]!r}"
+        return None
+    if not isinstance(value, dict):
+        attempt.happened = "garbage"
+        attempt.why = f"not a JSON object: {text[:80]!r}"
+        return None
+    return cast(dict[str, Any], value)
+
+
+async def read_capped(response: httpx.Response, cap: int) -> bytes:
+    """At most ``cap`` bytes of the response's body."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk[: cap - len(body)]
+        if len(body) >= cap:
+            break
+    return bytes(body)
+
+
+def exo_words(raw: bytes, fallback: str) -> str:
+    """exo's reason in an error body (its envelope or FastAPI's ``detail``), else its start."""
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        value = cast(dict[str, Any], value)
+        error = value.get("error")
+        if isinstance(error, dict) and isinstance(cast(dict[str, Any], error).get("message"), str):
+            return str(cast(dict[str, Any], error)["message"])[:QUOTED_CHARS]
+        detail = value.get("detail")
+        if detail is not None:
+            return (detail if isinstance(detail, str) else json.dumps(detail))[:QUOTED_CHARS]
+    text = raw.decode("utf-8", errors="replace").strip()
+    return text[:QUOTED_CHARS] or fallback
