@@ -20,23 +20,27 @@ The scenarios run in file order on one cluster. Each starts from a whole cluster
 formed, the model serving through the bridge), but the restart scenario, which starts from the
 node the kill before it left dead (or kills one itself when run alone).
 
-Chats run in the background during the kill, the 15 s freeze and the master's kill: one client,
-round-robin over the running nodes' APIs (exo's, not the bridge's), counting each outcome. They
-are reported, not asserted: a front door that would carry chats across a failover is not built.
+Chats run in the background: during the kill and the master's kill, four clients stream chats
+through the bridge's front door and four straight to exo (tests/exo_clients.py), each chat
+counted ok, failed, cut or hung; the front door's promise (none failed, cut or hung) is checked
+with the scenario's other figures. During the 15 s freeze one client chats straight to exo,
+round-robin over the running nodes' APIs, its outcomes reported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
 import anyio
 import pytest
 import shared_http as http
+from exo_clients import StreamingClients
 from exo_cluster import FORMED_WAIT_S, Bridge, Chats, ExoCluster, Instance, Watch
 from process_helpers import run_cli, wait_for
 from textual.pilot import Pilot
@@ -73,6 +77,9 @@ POLL_S = 0.2
 # A few of the bridge's one-second polls and a chat: how long a passing check may take to read
 # what already holds.
 SETTLE_S = 10.0
+# After serving again, how long the clients go on: a few chats each on the new instance, so the
+# counts show both sides served again, not only what the fault did.
+CHATS_AFTER_S = 3.0
 # Only a pilot step's length: how often the TUI test looks at what the app shows.
 TUI_POLL_S = 0.1
 
@@ -83,6 +90,13 @@ def short_of(target: str, met: bool, measured: str) -> None:
     """A promise with a target not met yet: the test is an expected failure naming the figure."""
     if not met:
         pytest.xfail(f"{target} not met yet: measured {measured}")
+
+
+@contextlib.contextmanager
+def clients(cluster: ExoCluster, bridge: Bridge) -> Iterator[StreamingClients]:
+    """Four clients streaming through the bridge's front door and four straight to exo."""
+    with StreamingClients(cluster.model, bridge.url, cluster.live_urls).chatting() as chats:
+        yield chats
 
 
 def since(start: float) -> float:
@@ -189,7 +203,7 @@ def test_kill_of_the_serving_node(
     # exo's master on the serving node: the new master's State starts empty, so exo forgets the
     # lost instance by itself and the bridge has nothing to delete.
     was_master = cluster.master_id() == node_id
-    with Watch(cluster, bridge).watching() as watch, Chats(cluster).chatting() as chats:
+    with Watch(cluster, bridge).watching() as watch, clients(cluster, bridge) as chats:
         killed_at = time.monotonic()
         cluster.act(index, "kill")
         new = wait_for(
@@ -198,6 +212,7 @@ def test_kill_of_the_serving_node(
             serving_away(cluster, node_id, lost),
         )
         serving_s = since(killed_at)
+        time.sleep(CHATS_AFTER_S)  # chats on the new instance, on both sides
     replaced_at = watch.first_seen.get(new)
     figures = {
         "serving_again_s": serving_s,
@@ -208,18 +223,20 @@ def test_kill_of_the_serving_node(
         "serving_node_was_exo_master": was_master,
         "lost_instance_deleted_by_bridge": lost in bridge.deletions_sent(),
         "chats": chats.summary(),
+        "chats_in_words": chats.words(),
     }
     report.record("2 kill -9 of the serving node", **figures)
     assert new != lost
-    assert sum(chats.counts.values()) > 0
+    assert chats.through["ok"] > 0 and chats.straight["ok"] > 0
     assert was_master or lost in bridge.deletions_sent(), (
         "the lost instance not deleted by the bridge"
     )
     assert watch.most <= 2, f"{watch.most} instances of the model at once"
     short_of(
-        f"serving again within {KILL_TARGET_S:g} s of a kill -9",
-        serving_s <= KILL_TARGET_S,
-        f"{serving_s} s ({figures})",
+        f"serving again within {KILL_TARGET_S:g} s of a kill -9; no chat through the front "
+        "door failed, cut or hung",
+        serving_s <= KILL_TARGET_S and chats.front_door_lost() == 0,
+        f"{serving_s} s; {chats.words()} ({figures})",
     )
 
 
@@ -490,7 +507,7 @@ def test_exo_master_killed(
     assert master is not None, "the nodes do not agree on exo's master"
     index = cluster.index_of(master)
     deployment_id = bridge.listed(cluster.model)["deployment"]["deploymentId"]
-    with Watch(cluster, bridge).watching() as watch, Chats(cluster).chatting() as chats:
+    with Watch(cluster, bridge).watching() as watch, clients(cluster, bridge) as chats:
         killed_wall = time.time()
         killed_at = time.monotonic()
         cluster.act(index, "kill")
@@ -498,6 +515,7 @@ def test_exo_master_killed(
         # instance it had (its State starts empty), so any instance away from the dead node.
         again = wait_for("served again", RECOVERY_DEADLINE_S, serving_away(cluster, master))
         serving_s = since(killed_at)
+        time.sleep(CHATS_AFTER_S)  # chats on the new instance, on both sides
     history = bridge.get(f"/deployments/{deployment_id}/history") or {"incidents": []}
     after_kill = [
         i
@@ -523,17 +541,19 @@ def test_exo_master_killed(
         "history_outage_start_minus_kill_s": start_offset,
         "history_downtime_s": incident["downtimeS"] if incident else None,
         "chats": chats.summary(),
+        "chats_in_words": chats.words(),
     }
     report.record("7 exo's master killed", **figures)
-    assert sum(chats.counts.values()) > 0
+    assert chats.through["ok"] > 0 and chats.straight["ok"] > 0
     assert watch.most <= 2, f"{watch.most} instances of the model at once"
     names_master = incident is not None and "master" in incident["cause"].lower()
     timed = start_offset is not None and abs(start_offset) <= HISTORY_SKEW_S
     short_of(
         "the history naming exo's master change, the outage timed from the kill "
-        f"±{HISTORY_SKEW_S:g} s",
-        names_master and timed,
-        f"cause {figures['history_cause']!r}, start {start_offset} s from the kill",
+        f"±{HISTORY_SKEW_S:g} s; no chat through the front door failed, cut or hung",
+        names_master and timed and chats.front_door_lost() == 0,
+        f"cause {figures['history_cause']!r}, start {start_offset} s from the kill; "
+        f"{chats.words()}",
     )
 
 
