@@ -53,7 +53,7 @@ from keeper.model.events import (
     NodeTimedOut,
     RunnerStatusUpdated,
 )
-from keeper.model.master_change import master_change_words, master_changed
+from keeper.model.master_change import MASTER_CHANGED, master_change_words, master_changed
 from keeper.model.notices import unix_seconds_of
 from keeper.model.readiness import instances_of, ready_on_present_nodes
 from keeper.model.runner_failure import failure_words
@@ -164,6 +164,9 @@ def _next_records(
         return _covering(before, after, deployment_id, records, at)
     if last.cause is None and deployment.placement_error is not None:
         return [ServingRecord(at=at, serving=False, cause=_unplaceable(deployment))]
+    explained = _master_change_explains(before, after, records, at)
+    if explained is not None:
+        return [explained]
     diagnosis = _diagnosis(before, after, deployment, records, at)
     step = _recovery_step(before, after, deployment, records, at)
     if diagnosis is not None and step is not None:
@@ -490,6 +493,27 @@ def _diagnosis(
     )
 
 
+def _master_change_explains(
+    before: State | None, after: State, records: tuple[ServingRecord, ...], at: float
+) -> ServingRecord | None:
+    """The record saying exo's master changed, when it changes during an incident whose stop
+    named something else: exo's master killed with the deployment's instance on it is first a
+    node confirmed dead (its API refuses at once), and exo elects another master seconds later,
+    whose State starts empty; the incident's cause then says both (docs/design.md §3.5).
+    Once an incident."""
+    stretch = down_stretch(records)
+    if before is None or stretch is None:
+        return None
+    change = master_changed(before, after)
+    if change is None or any(record.step == "explained" for record in stretch):
+        return None
+    first = stretch[0].cause
+    if first is None or first.startswith(MASTER_CHANGED[:-1]):
+        return None  # the stop was the master change itself
+    cause = f"{first}; then {master_change_words(change, before)}"
+    return ServingRecord(at=at, serving=False, cause=cause, step="explained")
+
+
 def broken_instance_cause(before: State, after: State, note: RepairNote) -> str:
     """``instance <id8> <problem> on <nodes>: <why>``: the nodes from whichever State still holds
     the instance (a hollow one is often deleted as its repair is placed), left out if neither."""
@@ -640,6 +664,8 @@ def summarize(
             continue
         if down is None:
             down = _Down(record.at, record.cause, after_serving=index > 0)
+        elif record.step == "explained":
+            down.cause = record.cause  # the stop's own words, with the master change after
         elif record.step == "diagnosed" and down.problem is None:
             # The broken instance recognised names the cause better than the runner seen going.
             down.cause, down.problem = record.cause, record.problem

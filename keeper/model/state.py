@@ -536,8 +536,9 @@ MAX_SERVING_RECORDS = 2000
 # the broken instance that stopped it recognised ("diagnosed", with its problem); and, while it
 # still serves, a make-before-break replacement ready while every serving instance was on a
 # suspect node ("covered", with the phases of the incident it ends should that node be
-# confirmed dead).
-RecoveryStep = Literal["placed", "downloaded", "diagnosed", "covered"]
+# confirmed dead); and ("explained") exo's master changing during an incident that a node's loss
+# began, added to its cause.
+RecoveryStep = Literal["placed", "downloaded", "diagnosed", "covered", "explained"]
 
 
 class RecoveryPhases(WireModel):

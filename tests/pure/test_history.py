@@ -1236,3 +1236,43 @@ def test_exos_master_changing_with_no_report_dated_stops_when_seen() -> None:
         None,
         MASTER_CHANGED,
     )
+
+
+def test_exos_master_changing_after_its_node_was_confirmed_dead_says_both() -> None:
+    """exo's master held the instance: the bridge confirms its node dead first (its API
+    refuses), exo elects another master seconds later. The incident keeps its start (the dead
+    node's last heartbeat) and its cause says both, once."""
+    log = serving_from(0.0, 10.0).at(30.0, heard("n-studio", 30.0)).at(31.0, heard("n-mini", 31.0))
+    log.at(32.0, dead("n-studio", last_heard=30.0, at=32.0, why="refused"))
+    before = replay(log.events).model_copy(update={"last_event_applied_idx": 5000})
+    after = exo_master_changed(before, ("n-mini",), at=34.0)
+    (change,) = serving_changes(before, after, 34.5)
+    assert change.record == ServingRecord(
+        at=34.5,
+        serving=False,
+        cause="node studio confirmed dead (refused); then exo's master changed (its State "
+        "started empty; node studio left)",
+        step="explained",
+    )
+    records = (*before.serving_history["d1"], change.record)
+    history = summarize("d1", records, window_start=0.0, window_end=40.0)
+    (incident,) = history.incidents
+    assert (incident.start, incident.cause) == (30.0, change.record.cause)
+    # Said once: a second change in the same incident adds nothing.
+    explained = after.model_copy(
+        update={"serving_history": {"d1": records}, "last_event_applied_idx": 5000}
+    )
+    assert serving_changes(explained, exo_master_changed(explained, ("n-mini",), 36.0), 37.0) == []
+
+
+def test_a_master_change_that_was_the_stop_is_not_said_twice() -> None:
+    before = old_master_serving()
+    after = exo_master_changed(before, ("n-mini",), at=35.0)
+    (stop,) = serving_changes(before, after, 36.0)
+    down = after.model_copy(
+        update={
+            "serving_history": {"d1": (*before.serving_history["d1"], stop.record)},
+            "last_event_applied_idx": 5000,
+        }
+    )
+    assert serving_changes(down, exo_master_changed(down, ("n-mini",), 40.0), 41.0) == []
