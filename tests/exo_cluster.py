@@ -40,6 +40,9 @@ DEFAULT_MODEL = "exo-harness/tiny-llama"
 # One read of a node's State or of the control API on loopback: a node that takes longer is
 # frozen or gone, and the reading moves on to the next.
 READ_TIMEOUT_S = 1.5
+# A command to exo's API (a deletion): answered at once by a node that keeps up with the master;
+# past this the node is catching up or frozen, and the next one is asked.
+COMMAND_TIMEOUT_S = 5.0
 # A control action (a kill, a restart) is a signal or a process start: seconds at most.
 CONTROL_TIMEOUT_S = 30.0
 # exo needs its own node timeout (about 30 s) to forget a killed node, and a restarted one a few
@@ -355,9 +358,11 @@ class ExoCluster:
     def clear(self) -> None:
         """No instance of the model left in exo (one placed by hand, or by an earlier run)."""
         for instance_id in self.instances():
-            live = self.live_urls()
-            if live:
-                _json("DELETE", f"{live[0]}/instance/{instance_id}", CONTROL_TIMEOUT_S)
+            # The first node that answers takes it: one catching up with the master's log can
+            # leave its API unanswered for a while.
+            for url in self.live_urls():
+                if _json("DELETE", f"{url}/instance/{instance_id}", COMMAND_TIMEOUT_S) is not None:
+                    break
         wait_for(
             "no instance of the model in exo", FORMED_WAIT_S, lambda: not self.instances() or None
         )
