@@ -116,6 +116,39 @@ class InstanceUnhealthy(NoticeBody):
     why: str
 
 
+class RequestsFailing(NoticeBody):
+    """A deployment's chats through the front door fail in a run (docs/design.md §6.9,
+    ``keeper.core.request_alerts``): how many of its chats failed over what time, since when,
+    and the deployment's status in the State the service acts on."""
+
+    kind: Literal["requests_failing"] = "requests_failing"
+    deployment_id: str
+    model_id: str
+    failed: int  # chats that failed in the window
+    # Chats that ended in the window, failed ones included; the client's cancellations and the
+    # front door's own rejections are not the cluster's doing and are left out.
+    chats: int
+    window_s: float
+    since: str  # the run's first failed chat (ISO-8601 UTC): the notice's id
+    status: str  # the deployment's status, with placement's reason when it cannot be placed
+
+
+class RequestsRecovered(NoticeBody):
+    """The chats of a deployment announced ``requests_failing`` are answered again: a chat was
+    answered after the last failure, and the failures of the last window are few."""
+
+    kind: Literal["requests_recovered"] = "requests_recovered"
+    deployment_id: str
+    model_id: str
+    since: str  # when the failing began: its requests_failing's ``since`` (and id)
+    # The newest failed chat the service still holds (ISO-8601 UTC); None when it holds none
+    # (it restarted while the chats were failing: the chats are counted in memory only).
+    last_failed: str | None
+    answered: int  # chats answered since the newest failed one (at least one)
+    failed: int  # chats failed in the last ``window_s``: fewer than a run
+    window_s: float
+
+
 class TestNotice(NoticeBody):
     """``exo-deploy webhooks test``: a sample, to see that an endpoint takes our notices."""
 
@@ -131,6 +164,8 @@ AnyNotice = (
     | DrainFinished
     | DrainStuck
     | InstanceUnhealthy
+    | RequestsFailing
+    | RequestsRecovered
 ) | TestNotice
 Notice = Annotated[AnyNotice, Field(discriminator="kind")]
 NOTICE_ADAPTER: TypeAdapter[AnyNotice] = TypeAdapter(Notice)
@@ -143,6 +178,8 @@ NoticeKind = Literal[
     "drain_finished",
     "drain_stuck",
     "instance_unhealthy",
+    "requests_failing",
+    "requests_recovered",
     "test",
 ]
 
