@@ -365,6 +365,17 @@ MAX_HISTORY_HOURS = 720.0
 DEFAULT_HISTORY_HOURS = 24.0
 
 
+class IncidentChats(WireModel):
+    """The chats through the front door that ended during a deployment's incident, by how each
+    ended (docs/design.md §3.5, ``keeper.model.incident_chats``): held until it served again,
+    retried before their first token, migrated after a cut, failed."""
+
+    held: int = 0
+    retried: int = 0
+    migrated: int = 0
+    failed: int = 0
+
+
 class IncidentView(WireModel):
     """One stretch in which a deployment was not serving (``keeper.model.history.Incident``)."""
 
@@ -378,6 +389,9 @@ class IncidentView(WireModel):
     # A broken instance's problem when one caused it ("stalled", "hollow", "failing": §5.19;
     # the cause then names the instance and its nodes); None for any other cause.
     problem: str | None = None
+    # The chats that ended during it, by outcome; None when the service cannot say (it has no
+    # front door, or restarted since the incident began: chats are counted in memory only).
+    chats: IncidentChats | None = None
 
 
 class DeploymentHistoryResponse(WireModel):

@@ -39,6 +39,7 @@ from keeper.model.events import (
 )
 from keeper.model.history import summarize
 from keeper.model.ids import IdFactory, new_id
+from keeper.model.incident_chats import KeptChats, incident_chats
 from keeper.model.instance_health import Verdict
 from keeper.model.readiness import deployment_at_risk, deployment_status, ready_replicas
 from keeper.model.refusals import (
@@ -177,10 +178,16 @@ def check_room(deployments: Mapping[str, Deployment], max_deployments: int) -> N
 
 
 def history_response(
-    state: State, deployment_id: str, hours: float, now: datetime
+    state: State,
+    deployment_id: str,
+    hours: float,
+    now: datetime,
+    chats: KeptChats | None = None,
 ) -> DeploymentHistoryResponse:
     """``GET /deployments/{id}/history``: the last ``hours`` before ``now`` of the deployment's
-    serving records (``keeper.model.history.summarize``), times as ISO-8601 UTC."""
+    serving records (``keeper.model.history.summarize``), times as ISO-8601 UTC; each incident
+    with the chats that ended during it (``keeper.model.incident_chats``) when the service keeps
+    them (``chats``: its front door's, in memory only)."""
     existing_deployment(state.deployments, deployment_id)
     end = now.timestamp()
     history = summarize(
@@ -188,6 +195,11 @@ def history_response(
         state.serving_history.get(deployment_id, ()),
         window_start=end - hours * 3600.0,
         window_end=end,
+    )
+    annotated = (
+        incident_chats(history.incidents, chats)
+        if chats is not None
+        else [None] * len(history.incidents)
     )
     return DeploymentHistoryResponse(
         deployment_id=deployment_id,
@@ -201,8 +213,9 @@ def history_response(
                 cause=incident.cause,
                 phases=incident.phases,
                 problem=incident.problem,
+                chats=annotation,
             )
-            for incident in history.incidents
+            for incident, annotation in zip(history.incidents, annotated, strict=True)
         ],
         mttr_s=round(history.mttr_s, 3) if history.mttr_s is not None else None,
         complete_from=_iso(history.complete_from) if history.complete_from is not None else None,
