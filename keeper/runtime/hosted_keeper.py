@@ -196,14 +196,16 @@ class KeeperWrapper:
 
 
 class StepObserver(Protocol):
-    """Told, after each step, the State the keeper stepped on and why each drain is stuck (by
-    node, the stuck ones only): the alert webhooks' producer (``keeper.runtime.webhooks``)."""
+    """Told, after each step, the State the keeper stepped on, why each drain is stuck (by
+    node, the stuck ones only) and the step's ``now`` (the service's monotonic clock, which the
+    front door's counts are on too): the alert webhooks' producer (``keeper.runtime.webhooks``)."""
 
     def observe(
         self,
         state: State,
         drain_notes: Mapping[str, str],
         unhealthy: Mapping[DeploymentId, tuple[str, str, str]] | None = None,
+        now: float | None = None,
     ) -> None: ...
 
 
@@ -236,7 +238,7 @@ class HostedKeeper(KeeperWrapper):
             unhealthy = {
                 d: (v.instance_id, v.problem, v.why) for d, v in self.health(state).items()
             }
-            self._observer.observe(state, notes, unhealthy)
+            self._observer.observe(state, notes, unhealthy, now)
         return events
 
     def _log_crashes(self, crashes: Mapping[DeploymentId, Exception]) -> None:

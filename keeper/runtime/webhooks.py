@@ -9,9 +9,14 @@ The shape, and why:
   never waits on a webhook: it writes a few lines and returns. A write that fails (disk full) is
   counted and logged once, and the notices are still delivered from memory; a bug in the rule is
   logged and never stops the step.
+- Chats are not in the State: a service with a front door hands its counts over once
+  (``watch_chats``), and the chats' own pure rule (``keeper.core.request_alerts``) is asked after
+  each step and at each failed chat counted (the keeper does not step while exo is unreachable,
+  which is when chats fail), with the State of the last step for the words.
 - ``keeper.runtime.outbox``: the notices on disk in ``DATA_DIR/webhooks`` and each webhook's
   place in them; a restart delivers what was queued, at most ``MAX_QUEUED_NOTICES`` are kept.
-  ``memory.json`` beside them keeps the rule's memory (``keeper.core.alerts.AlertMemory``).
+  ``memory.json`` beside them keeps the rules' memories (``keeper.core.alerts.AlertMemory``, and
+  the deployments announced failing chats: ``keeper.core.request_alerts.ChatAlertMemory``).
 - ``Webhooks.run``: one task per webhook, so a dead one (hanging, answering 500, resetting the
   connection) delays only its own queue. Its notices go in order, each retried with a backoff
   from 1 s doubling to 5 min; each POST has ``REQUEST_TIMEOUT_S`` to get an answer.
@@ -31,14 +36,17 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import httpx
 
 from keeper.core.alerts import AlertMemory, Observed, first_look, first_memory, notices
+from keeper.core.request_alerts import ChatAlertMemory, chat_notices
 from keeper.model.api_models import WebhookEndpointHealth, WebhooksHealth
 from keeper.model.notices import AnyNotice, TestNotice, iso_utc_of
+from keeper.model.request_rule import Outcome
+from keeper.model.request_window import EndedRequest
 from keeper.model.state import DeploymentId, State
 from keeper.runtime.outbox import (
     MAX_QUEUED_NOTICES,
@@ -104,29 +112,40 @@ def webhook_urls(given: Iterable[str], env: str | None = None) -> tuple[str, ...
     return tuple(urls)
 
 
-def _read_memory(path: Path) -> AlertMemory | None:
+def _read_memory(path: Path) -> tuple[AlertMemory | None, ChatAlertMemory]:
+    """The memories a previous run left: the State's rule's (None: none, or damaged) and the
+    chats' (empty for a file written before it was kept)."""
     try:
         loaded: dict[str, Any] = json.loads(path.read_bytes())
         cant_place: list[Any] = loaded["cant_place"]
         seen: dict[str, Any] = loaded["records_seen_until"]
+        failing: dict[str, Any] = loaded.get("requests_failing", {})
         return AlertMemory(
             cant_place=frozenset(str(d) for d in cant_place),
             records_seen_until={str(k): float(v) for k, v in seen.items()},
-        )
+        ), ChatAlertMemory({str(k): float(v) for k, v in failing.items()})
     except FileNotFoundError:
-        return None
+        return None, ChatAlertMemory()
     except (ValueError, KeyError, TypeError, AttributeError):
         log.warning("webhooks: %s is damaged; notices start from the State as it is", path)
-        return None
+        return None, ChatAlertMemory()
 
 
-def _memory_json(memory: AlertMemory) -> bytes:
+def _memory_json(memory: AlertMemory, chats: ChatAlertMemory) -> bytes:
     return json.dumps(
         {
             "cant_place": sorted(memory.cant_place),
             "records_seen_until": dict(memory.records_seen_until),
+            "requests_failing": dict(chats.failing),
         }
     ).encode()
+
+
+class ChatSource(Protocol):
+    """What the webhooks read of a front door's counts (``keeper.runtime.request_counts``)."""
+
+    def recent(self) -> Mapping[str, Sequence[EndedRequest]]: ...
+    def watch(self, listener: Callable[[str, Outcome, float], None]) -> None: ...
 
 
 # --- the service side -----------------------------------------------------------------------
@@ -165,8 +184,11 @@ class Webhooks:
         self._last: Observed | None = None
         self._memory = AlertMemory()
         self._kept_memory: AlertMemory | None = None
+        self._chats: ChatSource | None = None
+        self._chat_memory = ChatAlertMemory()
         self._wake: dict[str, anyio.Event] = {}
         self._rule_failing = False
+        self._chat_rule_failing = False
         self._memory_failing = False
         self._opened = False
 
@@ -181,7 +203,7 @@ class Webhooks:
         self._opened = True
         self.outbox.open()
         if self.outbox.directory is not None:
-            self._kept_memory = _read_memory(self.outbox.directory / MEMORY_FILE)
+            self._kept_memory, self._chat_memory = _read_memory(self.outbox.directory / MEMORY_FILE)
         log.info(
             "webhooks: notices go to %s",
             ", ".join(endpoint_label(url) for url in self.config.urls),
@@ -192,14 +214,22 @@ class Webhooks:
 
     # --- producing -------------------------------------------------------------------------
 
+    def watch_chats(self, chats: ChatSource) -> None:
+        """Say when a deployment's chats through this front door start and stop failing
+        (``keeper.core.request_alerts``): looked at after each step and at each failed chat."""
+        self._chats = chats
+        chats.watch(self._chat_counted)
+
     def observe(
         self,
         state: State,
         drain_notes: Mapping[str, str],
         unhealthy: Mapping[DeploymentId, tuple[str, str, str]] | None = None,
+        now: float | None = None,
     ) -> None:
-        """The notices since the last look (``keeper.core.alerts``), queued for every webhook.
-        Never raises and never waits on a webhook."""
+        """The notices since the last look (``keeper.core.alerts``), queued for every webhook;
+        with ``now`` (the step's, on the front door's clock), the chats' too. Never raises and
+        never waits on a webhook."""
         if not self.enabled:
             return
         if not self._opened:
@@ -220,13 +250,47 @@ class Webhooks:
             return
         self._rule_failing = False
         self._last = after
+        self._send(found)
+        if memory is not self._memory and memory != self._memory:
+            self._memory = memory
+            self._save_memory()
+        if now is not None and self._chats is not None:
+            self._look_at_chats(self._chats.recent(), now)
+
+    def _chat_counted(self, deployment: str, outcome: Outcome, at: float) -> None:
+        """A chat counted: a failed one may begin a run (nothing else can: recovery is looked
+        for after each step)."""
+        if outcome != "failed" or not self.enabled or self._chats is None:
+            return
+        records = self._chats.recent().get(deployment)
+        if records is not None:
+            self._look_at_chats({deployment: records}, at)
+
+    def _look_at_chats(self, recent: Mapping[str, Sequence[EndedRequest]], now: float) -> None:
+        """The chats' notices for ``recent`` at ``now`` (the State of the last step gives the
+        words; before the first step there is none, and nothing is said)."""
+        if self._last is None:
+            return
+        try:
+            found, memory = chat_notices(
+                recent, self._last.state, now, self._wall(), self._chat_memory
+            )
+        except Exception:
+            if not self._chat_rule_failing:
+                log.exception("webhooks: the chats' notice rule failed; no notice of them now")
+            self._chat_rule_failing = True
+            return
+        self._chat_rule_failing = False
+        self._send(found)
+        if memory is not self._chat_memory:
+            self._chat_memory = memory
+            self._save_memory()
+
+    def _send(self, found: Sequence[AnyNotice]) -> None:
         if found:
             for notice in found:
                 log.info("webhooks: %s", notice.text)
             self.queue(found)
-        if memory is not self._memory and memory != self._memory:
-            self._save_memory(memory)
-        self._memory = memory
 
     def queue(self, found: Sequence[AnyNotice]) -> None:
         """Append ``found`` to the outbox and wake each webhook's delivery."""
@@ -234,11 +298,13 @@ class Webhooks:
         for event in self._wake.values():
             event.set()
 
-    def _save_memory(self, memory: AlertMemory) -> None:
+    def _save_memory(self) -> None:
         if self.outbox.directory is None:
             return
         try:
-            write_atomically(self.outbox.directory / MEMORY_FILE, _memory_json(memory))
+            write_atomically(
+                self.outbox.directory / MEMORY_FILE, _memory_json(self._memory, self._chat_memory)
+            )
         except OSError as exc:
             if not self._memory_failing:
                 log.error("webhooks: %s not written (%s)", MEMORY_FILE, exc)
