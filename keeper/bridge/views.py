@@ -39,6 +39,7 @@ from keeper.model.api_models import (
     RequestsView,
 )
 from keeper.model.exo_state import touched_deployments
+from keeper.model.incident_chats import KeptChats
 from keeper.model.state import State
 from keeper.runtime.built import LastBuilt
 from keeper.runtime.clock import iso_utc
@@ -90,6 +91,8 @@ class BridgeView:
         self._touched = LastBuilt[dict[str, str]]()  # deployments exo's unread parts concern
         # A deployment's chats through the front door (set by the bridge once it has one).
         self.requests: Callable[[str], RequestsView | None] = lambda _: None
+        # And its notable chats for the history's incidents (docs/design.md §3.5), likewise.
+        self.chats: Callable[[str], KeptChats | None] = lambda _: None
 
     @property
     def state(self) -> State:
@@ -174,7 +177,9 @@ class BridgeView:
 
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
-        return history_response(self.state, deployment_id, hours, self._started.clock.wall())
+        return history_response(
+            self.state, deployment_id, hours, self._started.clock.wall(), self.chats(deployment_id)
+        )
 
     def what_if_state(self) -> State:
         """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): exo's with the
