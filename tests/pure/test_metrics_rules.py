@@ -4,7 +4,8 @@ once, from the service's start), and every metric name the Grafana dashboard and
 rules use is one the exporter exports, and the rules are checked as promtool checks them: in
 Python everywhere (each selector's labels and values exist, each duration parses, each template
 names a label the alert has), and by ``promtool check rules`` itself where ``make`` could unpack
-Debian's promtool (where apt is)."""
+Debian's promtool (where apt is), which also replays scrapes through them (a node outage, and
+chats failing through the front door)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from keeper.model.events import (
 )
 from keeper.model.history import TimedEvent, replay, summarize
 from keeper.model.liveness import SILENT_AFTER_S, node_liveness, nodes_by_state
+from keeper.model.request_rule import OUTCOMES
 from keeper.model.state import (
     Deployment,
     DownloadCompleted,
@@ -56,6 +58,7 @@ from keeper.runtime.metrics import (
     WebhookCollector,
     tally,
 )
+from keeper.runtime.request_counts import RequestCounts
 from keeper.sim.master.chat_routing import ChatCounts
 from keeper.sim.master.metrics import ChatCollector
 
@@ -63,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "exo-deploy.json"
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "tests" / "fixtures" / "prometheus" / "alerts_test.yml"
+REQUEST_RULE_TESTS = ROOT / "tests" / "fixtures" / "prometheus" / "requests_failing_test.yml"
 MODEL = "org/model-a"
 
 
@@ -182,6 +186,9 @@ def _exposition() -> tuple[Samples, set[str]]:
     facts = ExoFacts(True, True, 1.0, 1.0, now=2.0, started_at=0.0)
     metrics.add(ExoCollector(lambda: facts))
     metrics.add(WebhookCollector(lambda: WEBHOOKS))
+    requests = RequestCounts(metrics.registry)  # the front door's, as the bridge mounts it
+    for outcome in OUTCOMES:
+        requests.count("d1", outcome, None, 0.0)
     text = metrics.exposition_now().decode()
     families, samples = parse(text)
     histograms = {
@@ -269,6 +276,7 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
         "ExoDeployReplicasShort",
         "ExoDeployExoUnreadable",
         "ExoDeployNodeSilent",
+        "ExoDeployRequestsFailing",
     }
 
 
@@ -318,7 +326,7 @@ def test_the_duration_reader_takes_prometheus_durations_only() -> None:
 
 def test_each_rule_is_well_formed_and_its_durations_parse() -> None:
     rules = _rules()
-    assert len(rules) == 6  # what promtool reports below, where it runs
+    assert len(rules) == 7  # what promtool reports below, where it runs
     for rule in rules:
         name = rule.get("alert")
         assert isinstance(name, str) and name, rule
@@ -352,7 +360,7 @@ def test_each_selector_matches_labels_and_values_the_exporter_exports() -> None:
                 if operator == "=":
                     values = {labels.get(label) for labels in exported}
                     assert wanted in values, (rule["alert"], name, label, wanted, values)
-    assert selectors >= 2  # status="serving", state="silent"
+    assert selectors >= 3  # status="serving", state="silent", outcome="failed"
 
 
 def test_each_template_names_a_label_its_alert_carries() -> None:
@@ -365,6 +373,22 @@ def test_each_template_names_a_label_its_alert_carries() -> None:
         texts = [*rule["annotations"].values(), *rule["labels"].values()]
         used = {label for text in texts for label in _LABEL_REF.findall(str(text))}
         assert used <= carried, (rule["alert"], sorted(used - carried))
+
+
+def test_failing_chats_alert_per_deployment_over_minutes_not_one_chat() -> None:
+    """Where promtool is missing, the shape of ExoDeployRequestsFailing that its rule tests
+    (requests_failing_test.yml) replay: failed chats as a rate over minutes, per deployment
+    and service, against a share of the chats that excludes cancellations and rejections, with
+    a "for", and words that name the deployment and what to run."""
+    (rule,) = [r for r in _rules() if r["alert"] == "ExoDeployRequestsFailing"]
+    expr = " ".join(rule["expr"].split())
+    assert expr.count('exo_deploy_requests_total{outcome="failed",deployment!=""}') == 2
+    assert 'outcome!~"cancelled|rejected"' in expr
+    assert expr.count("sum by (job, instance, deployment) (") == 3
+    assert {window for window, _ in _RANGE.findall(expr)} == {"5m"}
+    assert rule["for"] == "5m" and rule["labels"]["severity"] == "critical"
+    assert "{{ $labels.deployment }}" in rule["annotations"]["summary"]
+    assert "exo-deploy history {{ $labels.deployment }}" in rule["annotations"]["description"]
 
 
 def _promtool() -> str | None:
@@ -388,18 +412,21 @@ def test_promtool_accepts_the_rules() -> None:
         timeout=60,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 6 rules found" in checked.stdout
+    assert "SUCCESS: 7 rules found" in checked.stdout
 
 
 @pytest.mark.skipif(_promtool() is None, reason="promtool is not installed")
-def test_the_rules_fire_for_a_node_outage_in_promtools_rule_tests() -> None:
+@pytest.mark.parametrize("replayed", [RULE_TESTS, REQUEST_RULE_TESTS], ids=lambda p: p.stem)
+def test_the_rules_fire_as_promtools_rule_tests_replay_them(replayed: Path) -> None:
     """tests/fixtures/prometheus/alerts_test.yml: what a 15 s scrape reads around a node lost
     and failed over in seconds (at risk, then an incident no scrape saw down) and one lost with
-    no room for a replacement (not serving from the verdict on)."""
+    no room for a replacement (not serving from the verdict on); requests_failing_test.yml:
+    chats failing through the front door (fires after its 5 minutes), and neither a busy
+    deployment's few failures, one flaky chat, a trickle, nor a model with no deployment."""
     promtool = _promtool()
     assert promtool is not None
     tested = subprocess.run(
-        [promtool, "test", "rules", str(RULE_TESTS)],
+        [promtool, "test", "rules", str(replayed)],
         check=False,
         capture_output=True,
         text=True,
