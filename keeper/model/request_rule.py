@@ -15,7 +15,8 @@ The rule in words:
   then sent; when exo has no instance for it, answers 5xx or cannot be reached, it waits a
   moment (``paused``) and is sent again, until the hold is spent; then it is refused (503
   with Retry-After), never hung. A model with no deployment has nothing coming
-  to serve it: exo's 404 is passed on at once.
+  to serve it: exo's 404 is passed on at once (after the first token, when its deployment went
+  during the answer, the 404 to a continuation ends the stream with an error event).
 - *After the first token* nothing the client has may be repeated or dropped: a cut stream is
   continued (the text so far as a trailing assistant message; exo continues it) at most
   ``max_migrations`` times, and only when a continuation can be exact. Otherwise the stream ends
@@ -148,7 +149,9 @@ def next_action(so_far: SoFar) -> Action:
         if so_far.cuts > so_far.max_migrations:
             return Fail("cuts")
     if last == "no_instance" and not so_far.deployed:
-        return PassOn()  # nothing is coming to serve it: exo's 404 as it is
+        # Nothing is coming to serve it: exo's 404 as it is; a continuation's, as an error event
+        # (its deployment went while the client read the answer, which has a 200).
+        return Fail("refused_mid_stream") if so_far.first_token_sent else PassOn()
     past_hold = so_far.held_s >= so_far.hold_s
     if last in TRANSIENT and past_hold:
         return Fail("not_serving")

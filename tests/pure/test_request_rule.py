@@ -88,6 +88,15 @@ def test_a_model_with_no_deployment_gets_exos_404_at_once() -> None:
     assert next_action(replace(FRESH, last="upstream_error", deployed=False)) == Hold()
 
 
+def test_a_continuations_404_for_a_model_no_longer_deployed_ends_the_stream() -> None:
+    # Its deployment went while the client read the answer: nothing is coming to continue it,
+    # and exo's 404 cannot be passed on as the answer's status (the client has a 200 and part
+    # of the answer), so the stream ends with an error event.
+    gone = replace(FRESH, last="no_instance", deployed=False, serving=False, cuts=1, sends=2)
+    assert next_action(replace(gone, first_token_sent=True)) == Fail("refused_mid_stream")
+    assert next_action(gone) == PassOn()
+
+
 def test_answered_is_done_with_its_outcome() -> None:
     assert next_action(replace(FRESH, last="answered", sends=1)) == Done("ok")
     held = replace(FRESH, last="answered", sends=1, held=True)
@@ -181,7 +190,7 @@ def reference(s: SoFar) -> Action:
     if s.last == "cut" and s.cuts - 1 >= s.max_migrations:
         return Fail("cuts")
     if s.last == "no_instance" and not s.deployed:
-        return PassOn()
+        return PassOn() if not s.first_token_sent else Fail("refused_mid_stream")
     exos_trouble = s.last in ("no_instance", "upstream_error", "unreachable")
     may_wait = s.hold_s - s.held_s > 0
     if exos_trouble and not may_wait:
