@@ -47,6 +47,7 @@ from keeper.runtime.deployments import deployment_views, history_response
 from keeper.runtime.front_door import ModelDeployment
 from keeper.runtime.hosted_keeper import Started
 from keeper.runtime.metrics import MetricsSnapshot
+from keeper.runtime.model_deployment import model_deployment
 from keeper.runtime.webhooks import Webhooks
 
 Role = Literal["acting", "standby"]
@@ -166,14 +167,8 @@ class BridgeView:
 
     def model_deployment(self, model_id: str) -> ModelDeployment | None:
         """The deployment of ``model_id`` as the front door asks (serving, and its status in
-        words), or None when the model has none."""
-        for view in self.deployments_view().deployments:
-            if view.deployment.model_card.model_id == model_id:
-                words = view.status + (f": {view.detail}" if view.detail else "")
-                return ModelDeployment(
-                    view.deployment.deployment_id, view.status == "serving", words
-                )
-        return None
+        words; ``keeper.runtime.model_deployment``), or None when the model has none."""
+        return model_deployment(self.deployments_view().deployments, model_id)
 
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
