@@ -482,11 +482,11 @@ BAD_INPUTS = [
         (QWEN,),
         {"model": QWEN, "messages": [{"role": "user", "content": "hi"}]},
     ),
-    Bad(
+    Bad(  # the front door's own check (docs/design.md §8.6): a 400 naming the field
         "chat with no messages",
         "POST",
         "/v1/chat/completions",
-        422,
+        400,
         ("messages",),
         {"model": QWEN, "messages": []},
     ),

@@ -9,6 +9,12 @@ too, ``keeper.httpapi.deployments_routes`` and ``keeper.httpapi.whatif_routes``)
 ``keeper.sim.master.server`` runs it under uvicorn, and tests drive it in-process with
 ``httpx.ASGITransport``. Each route declares its 200 body and its
 refusals (``keeper.httpapi.contract``): the OpenAPI document is the contract the tests fuzz.
+
+OpenAI's ``POST /v1/chat/completions`` and ``GET /v1/models`` are the bridge's front door
+(``keeper.httpapi.front_door_routes`` over ``Master.front_door``, docs/design.md §8.6): a chat is
+held while its deployment does not serve, sent again, and continued after a cut, its upstream the
+master's own chat routing. The raw chat route below it (``exo_routes``) is exo's stand-in's only,
+as a stock exo has no front door.
 """
 
 from __future__ import annotations
@@ -23,16 +29,14 @@ from keeper.httpapi.app import JSON, command_json, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
+from keeper.httpapi.front_door_routes import front_door_router
 from keeper.httpapi.metrics_routes import metrics_router
 from keeper.httpapi.nodes_routes import nodes_router
 from keeper.httpapi.whatif_routes import whatif_router
-from keeper.model.api_models import (
-    CommandResponse,
-    CreateDeploymentRequest,
-    ModelList,
-    model_entry,
-)
+from keeper.model.api_models import CommandResponse, CreateDeploymentRequest, ModelList
 from keeper.model.refusals import NotRunningError
+from keeper.runtime.front_door import ChatDocument
+from keeper.sim.master.chat_upstream import model_list_json
 from keeper.sim.master.dashboard_stream import dashboard_response
 from keeper.sim.master.openai_chat import ChatCompletionRequest, chat_completion
 from keeper.sim.master.service import Master
@@ -56,7 +60,8 @@ def create_app(
     app.include_router(nodes_router(master))
     app.include_router(whatif_router(master))
     app.include_router(metrics_router(master))
-    app.include_router(exo_routes(master, token))
+    app.include_router(exo_routes(master, token, raw_chat=False))
+    app.include_router(front_door_router(master.front_door, app.body_ref(ChatDocument)))
 
     @app.get("/state")
     async def state() -> Response:
@@ -64,8 +69,7 @@ def create_app(
 
     @app.get("/models", responses=ok_body(ModelList))
     async def models() -> Response:
-        listing = ModelList(data=[model_entry(card) for card in master.catalog.values()])
-        return Response(listing.model_dump_json(), media_type=JSON)
+        return Response(model_list_json(master.catalog.values()), media_type=JSON)
 
     @app.delete(
         "/instance/{instance_id}",
@@ -118,10 +122,12 @@ def create_app(
     return app
 
 
-def exo_routes(master: Master, token: str | None) -> APIRouter:
+def exo_routes(master: Master, token: str | None, *, raw_chat: bool = True) -> APIRouter:
     """The routes of exo's API that both of the master's APIs serve alike, ours and exo's
-    stand-in's (``keeper.sim.exo_standin.app``): placing an instance, chat, and the nodes'
-    connection. (Each serves its own ``GET /state``: the stand-in's is in exo's keys.)"""
+    stand-in's (``keeper.sim.exo_standin.app``): placing an instance, the nodes' connection,
+    and with ``raw_chat`` the chat straight to the master's routing, as a stock exo serves it
+    (ours serves the chat through its front door instead). (Each serves its own ``GET /state``:
+    the stand-in's is in exo's keys.)"""
     router = APIRouter()
 
     @router.post(
@@ -142,15 +148,17 @@ def exo_routes(master: Master, token: str | None) -> APIRouter:
             )
         )
 
-    @router.post(
-        "/v1/chat/completions",
-        responses=refusals(
-            (404, "No instance of the model is ready to serve"),
-            (503, "The master is not running, or the chat's node went away"),
-        ),
-    )
-    async def chat_completions(request: ChatCompletionRequest) -> Any:
-        return await chat_completion(master, request)
+    if raw_chat:
+
+        @router.post(
+            "/v1/chat/completions",
+            responses=refusals(
+                (404, "No instance of the model is ready to serve"),
+                (503, "The master is not running, or the chat's node went away"),
+            ),
+        )
+        async def chat_completions(request: ChatCompletionRequest) -> Any:
+            return await chat_completion(master.chat_source, request)
 
     @router.websocket(NODE_WS_PATH)
     async def node_ws(websocket: WebSocket) -> None:

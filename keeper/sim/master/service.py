@@ -24,7 +24,10 @@ Around the router run, until cancelled:
 
 Chat requests are routed by ``keeper.sim.master.chat_routing`` (to the least busy ready replica,
 once more elsewhere if it goes before the first token) and followed by ``keeper.sim.master.chat``;
-dashboard streams subscribe through ``keeper.sim.master.subscriptions``.
+on our API they come through the front door the bridge mounts too (``front_door``: held while the
+deployment does not serve, sent again, continued after a cut; docs/design.md §8.6), whose
+upstream is that routing, in this process (``keeper.sim.master.chat_upstream``). Dashboard
+streams subscribe through ``keeper.sim.master.subscriptions``.
 
 Commands (``create_deployment``, ``scale_deployment`` and friends) are
 ``keeper.sim.master.commands``
@@ -47,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +66,7 @@ from keeper.model.api_models import (
     DeploymentHistoryResponse,
     DeploymentsResponse,
     DeploymentView,
+    RequestsView,
     WhatIfThresholds,
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
@@ -95,6 +99,7 @@ from keeper.runtime.deployments import (
 )
 from keeper.runtime.event_log import FileOps, Recovery
 from keeper.runtime.event_store import EventStore
+from keeper.runtime.front_door import FrontDoor, FrontDoorConfig, ModelDeployment
 from keeper.runtime.hosted_keeper import (
     KeeperFactory,
     KeeperLike,
@@ -104,6 +109,7 @@ from keeper.runtime.hosted_keeper import (
     start_keeper,
 )
 from keeper.runtime.metrics import MetricsSnapshot, ServiceMetrics, WebhookCollector
+from keeper.runtime.model_deployment import model_deployment
 from keeper.runtime.webhooks import WebhookConfig, Webhooks
 from keeper.sim.link.channel import ChannelClosedError, MasterSide
 from keeper.sim.link.protocol import (
@@ -114,9 +120,11 @@ from keeper.sim.link.protocol import (
 )
 from keeper.sim.master.chat import ChatRouter, ChatStream
 from keeper.sim.master.chat_routing import ChatRouting
+from keeper.sim.master.chat_upstream import upstream_client
 from keeper.sim.master.commands import MasterCommands
 from keeper.sim.master.membership import Membership
 from keeper.sim.master.metrics import ChatCollector
+from keeper.sim.master.openai_chat import ChatSource
 from keeper.sim.master.router import Router
 from keeper.sim.master.stepping import KeeperLoop
 from keeper.sim.master.subscriptions import MAX_DASHBOARD_STREAMS, Fanout, Subscription
@@ -187,6 +195,10 @@ class MasterConfig:
     # by default here, so a master built in a test keeps exo's rule alone (the seed's
     # contract); ``exo-deploy master`` passes the flags, 3 / 8 unless told otherwise.
     liveness: LivenessConfig = OFF
+    # The front door of our API's chats (``--hold-s``, ``--migrations``, ``--max-inflight``;
+    # keeper.runtime.front_door, docs/design.md §8.6), as the bridge's. Unused under
+    # ``--exo-compat``, whose API is exo's own, with no door.
+    front_door: FrontDoorConfig = field(default_factory=FrontDoorConfig)
 
 
 class Master(MasterCommands):
@@ -272,6 +284,21 @@ class Master(MasterCommands):
         )
         self.metrics.add(ChatCollector(self._chat_routing.counts))
         self.metrics.add(WebhookCollector(self.webhooks.health))
+        # OpenAI's chat over ``chat``: the raw route of exo's stand-in, and the front door's
+        # upstream (keeper.sim.master.openai_chat).
+        self.chat_source = ChatSource(self.chat, new_id, self._wall_s, self.config.exo_chats)
+        # Our API's chats go through the bridge's front door, its upstream this master's own
+        # routing in this process (keeper.sim.master.chat_upstream), counted in /metrics and in
+        # each deployment's view as the bridge's (docs/design.md §8.6).
+        upstream = (upstream_client(self.chat_source, self.catalog.values),)
+        self.front_door = FrontDoor(
+            lambda: upstream,
+            self.model_deployment,
+            self._monotonic,
+            self._sleep,
+            config=self.config.front_door,
+            registry=self.metrics.registry,
+        )
 
     # --- read side -----------------------------------------------------------------------
 
@@ -313,6 +340,9 @@ class Master(MasterCommands):
     def _monotonic(self) -> float:
         return self.clock.monotonic()
 
+    def _wall_s(self) -> float:
+        return self.clock.wall().timestamp()
+
     def _chat_outcome(self, instance_id: str, failed: str | None) -> None:
         """How a chat went on an instance, for the keeper's failing-chats rule (§5.19)."""
         keeper = self._started.keeper
@@ -338,10 +368,17 @@ class Master(MasterCommands):
         return dict(sorted(self._membership.refused.items()))
 
     def deployments_view(self) -> DeploymentsResponse:
-        views = deployment_views(
-            self.state, self._started.keeper_or_none, self._started.clock_or_none
-        )
+        clock = self._started.clock_or_none
+        views = deployment_views(self.state, self._started.keeper_or_none, clock)
+        if clock is not None:
+            now = clock.monotonic()
+            views = [_with_requests(view, self.front_door.counts.view, now) for view in views]
         return DeploymentsResponse(deployments=views)
+
+    def model_deployment(self, model_id: str) -> ModelDeployment | None:
+        """The deployment of ``model_id`` as the front door asks (serving, and its status in
+        words; ``keeper.runtime.model_deployment``), or None when the model has none."""
+        return model_deployment(self._views(), model_id)
 
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
@@ -372,13 +409,7 @@ class Master(MasterCommands):
         lock); the views are kept as ``GET /deployments`` keeps its body."""
         clock = self.clock  # NotRunningError (a 503) before the master runs
         state = self.state
-        keeper = self._started.keeper_or_none
-        views = self._views_for_metrics.get(
-            (state, self._stepping.version),
-            lambda: deployment_views(state, keeper, clock),
-            now=clock.monotonic(),
-            max_age=DEPLOYMENTS_VIEW_MAX_AGE_S,
-        )
+        views = self._views()
         now = clock.wall().timestamp()
         started_at = self._started.started_at
         return MetricsSnapshot(
@@ -386,6 +417,19 @@ class Master(MasterCommands):
             deployments=views,
             now=now,
             started_at=started_at if started_at is not None else now,
+        )
+
+    def _views(self) -> list[DeploymentView]:
+        """The deployments' views as published (no lock), kept as ``GET /deployments`` keeps
+        its body: what ``/metrics`` and the front door read."""
+        clock = self.clock  # NotRunningError (a 503) before the master runs
+        state = self.state
+        keeper = self._started.keeper_or_none
+        return self._views_for_metrics.get(
+            (state, self._stepping.version),
+            lambda: deployment_views(state, keeper, clock),
+            now=clock.monotonic(),
+            max_age=DEPLOYMENTS_VIEW_MAX_AGE_S,
         )
 
     def subscribe(self) -> Subscription:
@@ -564,3 +608,12 @@ class Master(MasterCommands):
                 await channel.aclose()
             return
         await self._membership.serve(channel)
+
+
+def _with_requests(
+    view: DeploymentView, requests: Callable[[str, float], RequestsView | None], now: float
+) -> DeploymentView:
+    """``view`` with the front door's counts of its chats over the last five minutes, when it
+    had any (docs/design.md §8.6)."""
+    counted = requests(view.deployment.deployment_id, now)
+    return view if counted is None else view.model_copy(update={"requests": counted})
