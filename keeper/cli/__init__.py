@@ -258,6 +258,9 @@ def _master_command(command: _Command) -> None:
     _failover_options(master)
     _exo_compat_option(master)
     webhook_option(master, "alert notices (incidents, cant_place, drains)")
+    _front_door_options(
+        master, "the master", "a node lost under it cuts", "; ignored with --exo-compat"
+    )
     master.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     master.set_defaults(handler=ProcessCommand("cmd_master"))
 
@@ -384,30 +387,7 @@ def _bridge_command(command: _Command) -> None:
         "counts",
     )
     webhook_option(bridge, "alert notices (incidents, cant_place, drains)")
-    bridge.add_argument(
-        "--hold-s",
-        type=_hold_seconds,
-        default=30.0,
-        metavar="S",
-        help="a chat through the bridge (POST /v1/chat/completions) waits up to S for its model "
-        "to serve, then is a 503 (default 30; 0 = never held)",
-    )
-    bridge.add_argument(
-        "--migrations",
-        type=_count,
-        default=2,
-        metavar="N",
-        help="a chat exo cuts is continued on another instance at most N times (default 2; "
-        "0 = a cut is an error event)",
-    )
-    bridge.add_argument(
-        "--max-inflight",
-        type=positive_int,
-        default=256,
-        metavar="N",
-        help="chats through the bridge at once, held ones included; one more is a 429 "
-        "(default 256)",
-    )
+    _front_door_options(bridge, "the bridge", "exo cuts")
     bridge.add_argument(
         "--store",
         metavar="etcd[s]://HOST:PORT[,HOST:PORT...]",
@@ -553,6 +533,37 @@ def _seconds(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def _front_door_options(
+    parser: argparse.ArgumentParser, through: str, cut: str, only: str = ""
+) -> None:
+    """The front door's ``--hold-s``, ``--migrations`` and ``--max-inflight`` (docs/design.md
+    §8.6), alike on every service that mounts it; ``only`` says when they do nothing."""
+    parser.add_argument(
+        "--hold-s",
+        type=_hold_seconds,
+        default=30.0,
+        metavar="S",
+        help=f"a chat through {through} (POST /v1/chat/completions) waits up to S for its model "
+        f"to serve, then is a 503 (default 30; 0 = never held{only})",
+    )
+    parser.add_argument(
+        "--migrations",
+        type=_count,
+        default=2,
+        metavar="N",
+        help=f"a chat {cut} is continued on another instance at most N times (default 2; "
+        f"0 = a cut is an error event{only})",
+    )
+    parser.add_argument(
+        "--max-inflight",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help=f"chats through {through} at once, held ones included; one more is a 429 "
+        f"(default 256{only})",
+    )
 
 
 def _hold_seconds(text: str) -> float:

@@ -24,6 +24,7 @@ __all__ = ["cmd_bridge", "cmd_cluster", "cmd_log", "cmd_master", "cmd_node"]
 
 
 def cmd_master(args: argparse.Namespace) -> int:
+    from keeper.runtime.front_door import FrontDoorConfig
     from keeper.sim.cluster.local import exit_with_parent
     from keeper.sim.exo_standin.app import STANDIN_API
     from keeper.sim.master.server import OUR_API, run_master
@@ -42,6 +43,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         max_deployments=args.max_deployments,
         app=STANDIN_API if args.exo_compat else OUR_API,
         webhooks=args.webhook,
+        front_door=FrontDoorConfig(args.hold_s, args.migrations, args.max_inflight),
     )
 
 

@@ -5,7 +5,8 @@
 default), the dashboard streams ended first on shutdown so they do not hold it up, then the
 master stops and writes a snapshot. ``run_master`` is the process around it
 (``keeper.runtime.entry``: checks, logging, SIGINT/SIGTERM, exit codes), with the few settings a
-command line may change: exo's membership timings, and which API is served (a ``MasterApp``:
+command line may change: exo's membership timings, the front door's hold, continuations and
+bound, and which API is served (a ``MasterApp``:
 ours, or the exo stand-in's, which ``keeper.sim.exo_standin`` builds on this master and hands in, so
 the master never imports the layer above it).
 """
@@ -25,6 +26,7 @@ from keeper.httpapi.serving import DEFAULT_HOST, serve_service, shown_host
 from keeper.model.liveness import OFF, LivenessConfig
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.entry import Serve, check_listen, load_catalog, run_service, service_token
+from keeper.runtime.front_door import FrontDoorConfig
 from keeper.runtime.webhooks import WebhookConfig, webhook_urls
 from keeper.sim.master.api import create_app
 from keeper.sim.master.service import Master, MasterConfig
@@ -93,6 +95,7 @@ def run_master(
     max_deployments: int = DEFAULT_MAX_DEPLOYMENTS,
     app: MasterApp = OUR_API,
     webhooks: Sequence[str] = (),
+    front_door: FrontDoorConfig | None = None,
 ) -> int:
     """``exo-deploy master``: serve until SIGINT/SIGTERM. Returns the process exit code.
 
@@ -101,7 +104,8 @@ def run_master(
     ``app`` is the API to serve: ours, or ``keeper.sim.exo_standin.STANDIN_API``. ``webhooks``
     (``--webhook``) are joined by those of ``EXO_DEPLOY_WEBHOOKS``; a bad one exits 2.
     ``liveness`` is ``--suspect-after-s`` / ``--dead-after-s`` (docs/design.md §5.18; the
-    defaults 3 / 8 when not given, fast failover on)."""
+    defaults 3 / 8 when not given, fast failover on). ``front_door`` is ``--hold-s``,
+    ``--migrations`` and ``--max-inflight`` (docs/design.md §8.6; our API only)."""
     token = service_token(token)
 
     def prepare() -> Serve:
@@ -116,6 +120,7 @@ def run_master(
             webhooks=WebhookConfig(urls=webhook_urls(webhooks)),
             # The stand-in for a stock exo keeps exo's rules only: fast failover is ours.
             liveness=(liveness or LivenessConfig()) if app.keeper_enabled else OFF,
+            front_door=front_door if front_door is not None else FrontDoorConfig(),
         )
         if node_timeout_s is not None:
             config = replace(config, node_timeout_s=node_timeout_s)
