@@ -35,13 +35,14 @@ def test_chats_held_through_an_incident_count_for_it_until_its_tail_ends() -> No
     down = incident(T0, T0 + 10)
     seconds = [
         ChatSecond(T0 - 5, failed=7),  # before it: not its
-        ChatSecond(T0 + 2, failed=2),
+        ChatSecond(T0 + 2, failed=2, migrated=1),
+        ChatSecond(T0 + 3, failed=1, migrated=2, retried=2),
         ChatSecond(T0 + 12, held=3),  # sent when it served again, ended after
         ChatSecond(T0 + 10 + CHAT_TAIL_S, held=1, retried=1),  # the tail's last second
         ChatSecond(T0 + 10 + CHAT_TAIL_S + 1, held=9),  # past the tail
     ]
     assert incident_chats([down], KeptChats(T0 - 100, seconds)) == [
-        counts(held=4, retried=1, failed=2)
+        counts(held=4, retried=3, migrated=3, failed=3)
     ]
 
 

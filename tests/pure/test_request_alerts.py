@@ -276,6 +276,14 @@ def test_a_deleted_deployment_is_forgotten_and_a_model_with_none_is_nobodys() ->
     assert found == [] and memory == ChatAlertMemory()
 
 
+def test_chats_of_no_deployment_hide_no_deployments_run() -> None:
+    records = {"": [ended(NOW, "failed")] * 5, "d1": [ended(NOW, "failed")] * 3}
+    found, _ = chat_notices(records, STATE, NOW, WALL, ChatAlertMemory())
+    assert [(n.kind, getattr(n, "deployment_id", None)) for n in found] == [
+        ("requests_failing", "d1")
+    ]
+
+
 def test_a_deployment_not_looked_at_keeps_its_memory() -> None:
     other = Deployment(deployment_id="d2", model_card=card("m2"))
     state = State(deployments={"d1": DEPLOYMENT, "d2": other})
