@@ -22,4 +22,5 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("failover", "bench.failover_bench"),
     ("bridgefail", "bench.bridge_failover_bench"),
     ("masterfail", "bench.master_failover_bench"),
+    ("requests", "bench.requests_bench"),
 )
