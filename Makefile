@@ -79,8 +79,9 @@ test-exo: $(STAMP)
 	fi
 	$(BIN)/python -m pytest tests/exo -v -rxXf
 
+# Every section, or those named: `make bench SECTIONS=requests` (bench/__init__.py lists them).
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(SECTIONS)
 
 # Mutates the keeper and apply's rules ([tool.mutmut] in pyproject.toml), lists the survivors,
 # then prints the score. A run that cannot start (broken config, failing clean tests) fails make;
