@@ -5,18 +5,46 @@ flight (ties: the State's order); a node whose connection closed is passed over 
 before it would time out, and so is one whose session cannot take the request; a chat whose
 node drops (or that its node fails) before the first token is sent once more to another
 replica, while one that already had text ends with an error.
+
+Through our API's front door (docs/design.md §8.6) that error is not the client's: the last two
+tests kill one replica's node under four clients streaming chats, straight to the master's
+routing (the door's own upstream: chats cut there fail) and through the door (it continues each
+answer cut there on the other replica: none fails, is cut or hangs).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
 import anyio
+import httpx
 import pytest
 from anyio.abc import TaskGroup
+from chat_outcomes import Outcome, chat_body, outcome_of
 from model_ids import QWEN
 from test_master import FakeNode, connect, say_hi, wait_until
 
 from keeper.model.refusals import ChatFailedError
+from keeper.model.request_rule import OUTCOMES as COUNTED
+from keeper.sim.cluster.in_process import InProcessCluster
+from keeper.sim.master.api import create_app
+from keeper.sim.master.chat_upstream import upstream_client
 from keeper.sim.master.service import Master, MasterConfig
+from keeper.sim.node.sim_node import DEFAULT_TOKENS_PER_S, NodeConfig
+
+CHAT = "/v1/chat/completions"
+# Clients on each side: several chats in flight on each replica, so the kill catches some.
+CLIENTS = 4
+# Tokens per chat: 2 s of a simulated node's answer, so the kill lands mid-answer.
+TOKENS = 40
+# A chat with no end after this long is hung: an answer (2 s) and its continuation fit many
+# times over, and so would the door's hold (30 s) were the other replica not serving.
+HUNG_S = 60.0
+# Chats answered through the door after the kill before the clients stop: two per client shows
+# the door serving on the other replica.
+AFTER = 2 * CLIENTS
 
 
 async def two_replicas(group: TaskGroup, nodes: list[FakeNode]) -> tuple[Master, list[str]]:
@@ -181,3 +209,94 @@ async def test_a_drop_before_the_first_token_fails_when_no_other_replica_is_read
             async for _ in stream:
                 pass
         group.cancel_scope.cancel()
+
+
+async def chatting(
+    api: httpx.AsyncClient, counts: Counter[Outcome], stop: anyio.Event, offset_s: float
+) -> None:
+    """Streamed chats one after another until ``stop``, each counted by how it ended; the first
+    after ``offset_s`` (clients spread over an answer, so the kill finds them at every point)."""
+    await anyio.sleep(offset_s)
+    while not stop.is_set():
+        outcome: Outcome = "hung"
+        with anyio.move_on_after(HUNG_S):
+            status, body = 0, b""
+            try:
+                async with api.stream("POST", CHAT, json=chat_body(TOKENS)) as answer:
+                    status, body = answer.status_code, await answer.aread()
+            except httpx.TransportError:
+                pass  # no answer, or one broken off: read as what came
+            outcome = outcome_of(status, body, TOKENS)
+        counts[outcome] += 1
+
+
+@dataclass
+class KillRun:
+    """What one run of ``chats_through_a_kill`` saw."""
+
+    counts: Counter[Outcome]
+    master: Master
+    deployment_id: str
+    views: list[dict[str, Any]]  # GET /deployments' after the run
+
+
+async def chats_through_a_kill(door: bool) -> KillRun:
+    """Qwen at replicas 2 on three simulated nodes, ``CLIENTS`` clients streaming chats one
+    after another through our API's front door (``door``) or straight to the master's routing
+    (the door's own upstream), and the node of the first replica in the State's order (ties go
+    to it, so it has chats in flight) crashed mid-answer; until ``AFTER`` more are answered."""
+    master = Master(None, config=MasterConfig(startup_grace_s=0.0))
+    nodes = [NodeConfig("a", 32.0), NodeConfig("b", 32.0), NodeConfig("c", 32.0)]
+    counts: Counter[Outcome] = Counter()
+    deployment, views = "", []
+    async with anyio.create_task_group() as group:
+        await group.start(master.run)
+        cluster = InProcessCluster(master, nodes)
+        await group.start(cluster.run)
+        deployment = (await master.create_deployment(QWEN, replicas=2)).deployment_id or ""
+        await wait_until(lambda: len(master.ready_instances(QWEN)) == 2, 60, "two replicas")
+        _, victim = master.ready_instances(QWEN)[0]
+        ours = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(master)), base_url="http://master"
+        )
+        straight = upstream_client(master.chat_source, master.catalog.values)
+        api = ours if door else straight
+        stop = anyio.Event()
+        async with ours, straight:
+            async with anyio.create_task_group() as clients:
+                for index in range(CLIENTS):
+                    offset_s = index * TOKENS / DEFAULT_TOKENS_PER_S / CLIENTS
+                    clients.start_soon(chatting, api, counts, stop, offset_s)
+                await wait_until(lambda: counts["ok"] >= 2 * CLIENTS, 30, "chats answered")
+                cluster.crash(master.state.node_identities[victim].friendly_name, 3600.0)
+                answered = counts["ok"]
+                await wait_until(lambda: counts["ok"] >= answered + AFTER, 30, "after the kill")
+                stop.set()
+            views = (await ours.get("/deployments")).json()["deployments"]
+        group.cancel_scope.cancel()
+    return KillRun(counts, master, deployment, views)
+
+
+@pytest.mark.anyio
+async def test_straight_to_the_master_s_routing_a_replica_s_death_fails_chats() -> None:
+    # What the front door is for: the master's routing alone ends each answer the kill cut
+    # with an error (docs/design.md §6.8), as measured on processes before the door.
+    run = await chats_through_a_kill(door=False)
+    print(f"\nstraight to the master's routing: {dict(run.counts)}")
+    assert run.counts["ok"] > 0
+    assert run.counts["failed"] > 0, dict(run.counts)
+
+
+@pytest.mark.anyio
+async def test_through_the_front_door_no_chat_fails_is_cut_or_hangs_when_a_replica_dies() -> None:
+    run = await chats_through_a_kill(door=True)
+    door = run.master.front_door.counts
+    counted = {o: door.total(run.deployment_id, o) for o in COUNTED}
+    print(f"\nthrough the front door: {dict(run.counts)} (its counts: {counted})")
+    assert (run.counts["failed"], run.counts["cut"], run.counts["hung"]) == (0, 0, 0)
+    # The kill did cut answers, and the door continued them on the other replica.
+    assert counted["migrated"] > 0
+    # Every chat counted once, each way it ended, in /metrics' counter and the deployment's view.
+    assert sum(counted.values()) == sum(run.counts.values())
+    (view,) = run.views
+    assert view["requests"]["outcomes"] == {o: int(n) for o, n in counted.items() if n}
