@@ -75,6 +75,7 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.node_hosts: dict[str, str] = {}
         self.down_hosts: set[str] = set()  # refused at once, as a port nobody listens on
         self.hung_hosts: set[str] = set()  # never answered: the caller's deadline ends it
+        self.slow_s = 0.0  # every answer waits this long first: an exo on a loaded machine
         self.node_id_asked: list[str] = []  # the host of every GET /node_id
         # What exo answers the next chats instead, in order: each is given the chat's body and a
         # way to get the stand-in's own answer (cut it, empty it, replace it).
@@ -83,6 +84,8 @@ class ExoLink(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.host in self.hung_hosts:
             await anyio.sleep_forever()
+        if self.slow_s:
+            await anyio.sleep(self.slow_s)
         if request.url.host in self.down_hosts:
             # As httpx raises it for a port nobody listens on: the OS's refusal is its cause.
             refused = ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")

@@ -62,6 +62,7 @@ from keeper.bridge.exo_bounds import (
     too_large,
 )
 from keeper.bridge.exo_wire import ExoListedModel, cards_in_state, listed_models
+from keeper.bridge.state_deadline import FLOOR_S
 from keeper.model.exo_state import (
     Unreadable,
     UnreadablePart,
@@ -73,10 +74,9 @@ from keeper.model.wire import JsonObject
 
 # exo answers GET /state from its API's own copy of the State, in memory, in milliseconds on a
 # LAN; a read that has taken this long is from an exo that is frozen, gone or too loaded to act
-# on, and the bridge moves to its next URL in the same tick (keeper.bridge.following). 1.5 s is
-# a hundred times a LAN answer, yet N hung URLs cost the walk N x 1.5 s rather than N x 5 s, and
-# a frozen followed node is left within one poll and a half (docs/design.md §8.3).
-STATE_TIMEOUT_S = 1.5
+# on, and the bridge moves to its next URL in the same tick (keeper.bridge.following). The
+# follower lengthens it for a slow exo (keeper.bridge.state_deadline); this is a quick exo's.
+STATE_TIMEOUT_S = FLOOR_S
 # exo's other reads (its model list, where it would place a model) are worked out, not read from
 # memory: a little more room than the State's, still short of a poll's overlapping the next one
 # by much.
@@ -158,7 +158,7 @@ class ExoApi(Protocol):
 
     url: str
 
-    async def state(self) -> ExoState: ...
+    async def state(self, timeout_s: float | None = None) -> ExoState: ...
     async def models(self) -> ExoModels: ...
     async def create_instance(self, body: JsonObject) -> JsonObject: ...
     async def delete_instance(self, instance_id: str) -> bool: ...
@@ -208,8 +208,10 @@ class ExoClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def state(self) -> ExoState:
-        answer = await self._get("/state", STATE_MAX_BYTES)
+    async def state(self, timeout_s: float | None = None) -> ExoState:
+        """exo's State, read within ``timeout_s`` (None: ``STATE_TIMEOUT_S`` or what this
+        client was given)."""
+        answer = await self._get("/state", STATE_MAX_BYTES, timeout_s=timeout_s)
         try:
             raw = _json_object(answer, "GET /state")
         except OverBoundsError as exc:

@@ -12,6 +12,10 @@ keeper decides on (``keeper.model.exo_state``: no ``instances``, ``runners``, ``
 than the bridge reads (``keeper.bridge.exo_bounds``), is an outage of its own kind
 ("exo state unreadable since ..."): exo answers, so the follower stays on that URL.
 
+A read has a deadline that follows what exo takes (``keeper.bridge.state_deadline``): short for
+a quick exo, so a frozen node it follows is left at once; longer for a slow one, so a loaded exo
+is read rather than called unreachable.
+
 It stands apart from the bridge's service because it owns one thing, the URL in use and the
 outage, behind a narrow interface (``read``, ``available``, ``unavailable``), and knows nothing
 of deployments or of the keeper.
@@ -25,7 +29,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Final, Literal
 
+import anyio
+
 from keeper.bridge.exo_client import ExoApi, ExoState, ExoStateUnreadableError, ExoUnavailableError
+from keeper.bridge.state_deadline import FLOOR_S, next_deadline
 from keeper.model.refusals import RefusalError
 from keeper.runtime.clock import iso_utc
 
@@ -72,6 +79,9 @@ class ExoFollower:
         # (wall clock; None: not since the bridge started). ``GET /metrics`` says how long ago.
         self.answered_at: datetime | None = None
         self.readable_at: datetime | None = None
+        # How long a State read may take before the next URL is read: a quick exo's at first,
+        # then what exo takes (keeper.bridge.state_deadline).
+        self.state_deadline_s = FLOOR_S
 
     @property
     def exo(self) -> ExoApi:
@@ -91,8 +101,9 @@ class ExoFollower:
         for offset in range(count):
             index = (self._in_use + offset) % count
             api = self.apis[index]
+            started = anyio.current_time()
             try:
-                exo = await api.state()
+                exo = await api.state(self.state_deadline_s)
             except ExoStateUnreadableError as exc:
                 # exo answers, with a State the keeper cannot act on: no reason to leave it.
                 self.answered_at = self._wall()
@@ -103,8 +114,12 @@ class ExoFollower:
                 failures.append(str(exc))
                 continue
             self.answered_at = self._wall()
+            self.state_deadline_s = next_deadline(
+                self.state_deadline_s, anyio.current_time() - started
+            )
             self._switch_to(index)
             return exo
+        self.state_deadline_s = next_deadline(self.state_deadline_s, None)
         self.unavailable("; ".join(failures))
         return None
 

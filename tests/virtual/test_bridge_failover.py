@@ -30,6 +30,7 @@ from keeper.bridge.exo_client import (
 from keeper.bridge.node_liveness import NO_LAST_SEEN, BridgeLiveness, last_seen_refusal, parsed
 from keeper.bridge.node_probes import LOOKUP_EVERY_S, PROBE_TIMEOUT_S, due_lookups, due_probes
 from keeper.bridge.service import BridgeConfig
+from keeper.bridge.state_deadline import CEILING_S, FLOOR_S, next_deadline
 from keeper.model.liveness import PROBE_QUIET_S, LivenessConfig
 from keeper.model.state import NodeWatch, State, Topology
 
@@ -271,3 +272,26 @@ def test_a_closed_port_is_refused_and_said_so() -> None:
 
     said = anyio.run(ask, backend="asyncio")
     assert said.endswith("refused the connection") and "GET /node_id" in said
+
+
+def test_the_state_deadline_follows_what_exo_takes() -> None:
+    # a quick exo keeps the short deadline a freeze needs
+    assert next_deadline(FLOOR_S, 0.01) == FLOOR_S
+    # a slow one gets three of its reads, never more than the ceiling
+    assert next_deadline(FLOOR_S, 1.0) == 3.0
+    assert next_deadline(FLOOR_S, 2.5) == CEILING_S
+    # no State in time anywhere: twice the deadline, up to the ceiling
+    assert next_deadline(FLOOR_S, None) == 3.0
+    assert next_deadline(4.0, None) == CEILING_S
+    # quick again: back to the short deadline at once
+    assert next_deadline(CEILING_S, 0.02) == FLOOR_S
+
+
+@pytest.mark.anyio
+async def test_a_slow_exo_is_followed_not_called_unreachable() -> None:
+    # Every answer of exo takes 2 s (a loaded machine): longer than a quick exo's deadline.
+    # The bridge stays blind a walk or two, then reads it and places the model.
+    async with exo_with_bridge(nodes=NODES) as h:
+        h.link.slow_s = 2.0
+        await h.serve_qwen()
+        assert h.bridge.health().exo.reachable
