@@ -4,19 +4,21 @@ master's own chat routing, reached in-process by ``keeper.sim.master.chat_upstre
 The transport streams (a chat's first text reaches the door when the node sends it, not when the
 answer ends); a chat for a deployment not serving yet is held until it serves, and refused with
 the hold's 503 when it does not serve in time; ``GET /v1/models`` is the master's catalog through
-the door; every chat is counted, in /metrics and in the deployment's view. Under a kill:
+the door; every chat is counted, in /metrics and in the deployment's view; exo's cancel, which
+the door sends when its client leaves, ends a streamed chat on its node. Under a kill:
 tests/virtual/test_chat_replicas.py; as processes: tests/processes/test_master_front_door.py.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 import httpx
 import pytest
-from chat_outcomes import chat_body, outcome_of
+from chat_outcomes import chat_body, outcome_of, sse_data
 from metrics_scrape import scrape, value
 from model_ids import QWEN
 from test_master import wait_until
@@ -108,3 +110,30 @@ async def test_the_models_through_the_door_are_the_master_s_catalog() -> None:
         assert listed.status_code == 200
         assert listed.json() == (await client.get("/models")).json()
         assert {model["id"] for model in listed.json()["data"]} == set(master.catalog)
+
+
+@pytest.mark.anyio
+async def test_exo_s_cancel_ends_a_streamed_chat_on_its_node_and_its_answer_just_ends() -> None:
+    async with master_with_a_node(MasterConfig(startup_grace_s=0.0)) as (master, _):
+        await master.create_deployment(QWEN)
+        await wait_until(lambda: bool(master.ready_instances(QWEN)), 60, "serving")
+        ((instance, _),) = master.ready_instances(QWEN)
+        received = bytearray()
+        async with (
+            upstream_client(master.chat_source, master.catalog.values) as upstream,
+            upstream.stream("POST", CHAT, json=chat_body(TOKENS)) as answer,
+        ):
+            pieces = answer.aiter_bytes()
+            while not any('"content"' in event for event in sse_data(bytes(received))):
+                received += await anext(pieces)
+            (chunk_id,) = {json.loads(event)["id"] for event in sse_data(bytes(received))}
+            assert master.chats_in_flight(instance) == 1
+            cancelled = await upstream.post(f"/v1/cancel/{chunk_id}")
+            assert cancelled.json() == {"message": "Command cancelled.", "command_id": chunk_id}
+            assert master.chats_in_flight(instance) == 0  # ended on its node, its answer open
+            async for piece in pieces:
+                received += piece
+            again = await upstream.post(f"/v1/cancel/{chunk_id}")
+        assert outcome_of(answer.status_code, bytes(received), TOKENS) == "cut"  # as exo's
+        assert again.status_code == 404
+        assert "not found or already completed" in again.json()["error"]["message"]

@@ -27,6 +27,9 @@ naming it, no ready instance 404, the master not running or no node able to take
 the door tells them apart as it tells exo's. The head of a chat's answer comes at once, as
 exo's does; a non-streamed answer that fails after it is a body broken off (``httpx.ReadError``,
 what a dropped connection would raise), a streamed one ends with the raw route's error event.
+exo's ``POST /v1/cancel/{command_id}`` (the door's word that its client left) ends the streamed
+chat whose completion id it names on its node, and its answer just ends, as exo's; one not in
+flight is exo's 404.
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ from keeper.sim.master.openai_chat import (
     open_chat,
 )
 
-# OpenAI's paths, which the front door asks its upstream for.
+# OpenAI's paths, and exo's cancel, which the front door asks its upstream for.
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
+CANCEL_PATH = "/v1/cancel/"
 # The one client's base URL: nothing is dialled, it only names the master in the door's words.
 BASE_URL = "http://this-master"
 
@@ -63,12 +67,14 @@ def model_list_json(cards: Iterable[ModelCard]) -> bytes:
 
 
 class ChatUpstream(httpx.AsyncBaseTransport):
-    """``POST /v1/chat/completions`` and ``GET /v1/models`` answered by the master in this
-    process (module doc); any other request is a 404."""
+    """``POST /v1/chat/completions``, ``GET /v1/models`` and ``POST /v1/cancel/{id}`` answered
+    by the master in this process (module doc); any other request is a 404."""
 
     def __init__(self, source: ChatSource, cards: Callable[[], Iterable[ModelCard]]) -> None:
         self._source = source
         self._cards = cards
+        # The chats whose answer is open, by completion id (exo's command id), for a cancel.
+        self._open: dict[str, ChatStream] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         asked = (request.method, request.url.path)
@@ -76,6 +82,8 @@ class ChatUpstream(httpx.AsyncBaseTransport):
             return httpx.Response(
                 200, content=model_list_json(self._cards()), headers={"content-type": JSON}
             )
+        if request.method == "POST" and request.url.path.startswith(CANCEL_PATH):
+            return await self._cancel(request.url.path.removeprefix(CANCEL_PATH))
         if asked != ("POST", CHAT_PATH):
             return _refusal(
                 404,
@@ -91,11 +99,25 @@ class ChatUpstream(httpx.AsyncBaseTransport):
             opened = await open_chat(self._source, chat)
         except RefusalError as exc:
             return _refusal(exc.status_code, exc.message, exc.param)
+
+        def closed() -> None:
+            self._open.pop(opened.completion_id, None)
+
         if chat.stream:
-            body = _Body(_encoded(opened.sse()), opened.stream)
+            # Only a stream shows its id before its end: as on exo, only it can be cancelled.
+            self._open[opened.completion_id] = opened.stream
+            body = _Body(_encoded(opened.sse()), opened.stream, closed)
             return httpx.Response(200, headers={"content-type": SSE}, stream=body)
-        body = _Body(_whole(opened), opened.stream)
+        body = _Body(_whole(opened), opened.stream, closed)
         return httpx.Response(200, headers={"content-type": JSON}, stream=body)
+
+    async def _cancel(self, command_id: str) -> httpx.Response:
+        """exo's cancel: the chat ended on its node, its answer just ends; as exo's words."""
+        stream = self._open.pop(command_id, None)
+        if stream is None:
+            return _refusal(404, "Command not found or already completed")
+        await stream.aclose()
+        return httpx.Response(200, json={"message": "Command cancelled.", "command_id": command_id})
 
 
 def upstream_client(
@@ -109,15 +131,19 @@ class _Body(httpx.AsyncByteStream):
     """An answer's bytes as they come; closing it (the door closes every answer it opened, read
     to its end or not) ends the chat on its node."""
 
-    def __init__(self, pieces: AsyncGenerator[bytes, None], stream: ChatStream) -> None:
+    def __init__(
+        self, pieces: AsyncGenerator[bytes, None], stream: ChatStream, closed: Callable[[], None]
+    ) -> None:
         self._pieces = pieces
         self._stream = stream
+        self._closed = closed
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for piece in self._pieces:
             yield piece
 
     async def aclose(self) -> None:
+        self._closed()
         await self._pieces.aclose()
         await self._stream.aclose()
 

@@ -113,8 +113,10 @@ class OpenedChat:
                 failed = error_body(exc.message, 503, "Service Unavailable")
                 yield f"data: {json.dumps(failed)}\n\n"
                 return
-            if stream.finish_reason is None and stream.closed:
-                return  # exo closed the stream (its instance deleted): it just ends
+            if stream.finish_reason is None:
+                # Closed under its reader: exo closed it (its instance deleted) or it was
+                # cancelled (``keeper.sim.master.chat_upstream``). It just ends, as exo's does.
+                return
             yield self._chunk({}, stream.finish_reason or "stop")
             yield "data: [DONE]\n\n"
         finally:
