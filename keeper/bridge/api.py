@@ -37,11 +37,10 @@ from keeper.httpapi.app import JSON, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
-from keeper.httpapi.front_door_routes import front_door_router
+from keeper.httpapi.front_door_routes import mount_front_door
 from keeper.httpapi.metrics_routes import metrics_router
 from keeper.httpapi.nodes_routes import nodes_router
 from keeper.httpapi.whatif_routes import whatif_router
-from keeper.runtime.front_door import ChatDocument
 
 
 def create_bridge_app(
@@ -57,7 +56,7 @@ def create_bridge_app(
     app.include_router(nodes_router(bridge))
     app.include_router(whatif_router(bridge))
     app.include_router(metrics_router(bridge))
-    app.include_router(front_door_router(bridge.front_door, app.body_ref(ChatDocument)))
+    mount_front_door(app, bridge.front_door)
 
     @app.get("/state", responses=refusals((503, "exo has not answered yet")))
     async def state() -> Response:

@@ -4,10 +4,15 @@
 The route reads its body itself, so that every field of the client's chat is passed on to exo
 as sent (the tools, the sampling, whatever exo adds next), and only what the front door decides
 on is checked: a body that is not JSON or lacks ``model`` or ``messages`` is a 400 naming the
-field (the app's guard has already answered 413 for a body over 1 MiB). A streamed chat answers
-its error as an HTTP status while the client has seen nothing (the front door's first item),
-and as its stream otherwise. Changes need the token as every POST does
-(``keeper.httpapi.auth``): a chat spends the cluster's time.
+field. A streamed chat answers its error as an HTTP status while the client has seen nothing
+(the front door's first item), and as its stream otherwise. Changes need the token as every POST
+does (``keeper.httpapi.auth``): a chat spends the cluster's time.
+
+Every chat is counted, the refused ones too (``rejected``): the route counts its own 400s and
+429s, and a body the app's guard refuses while the route reads it (past 1 MiB, sent chunked).
+The guard answers some before any route runs (a ``Content-Length`` over 1 MiB: 413; not JSON:
+415), so ``mount_front_door`` also puts a counter around the app that counts a guard's refusal
+of a chat the route never saw; a service mounts the door with it.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keeper.httpapi.app import JSON
+from keeper.httpapi.app import JSON, ServiceApp
 from keeper.httpapi.contract import refusals
 from keeper.httpapi.errors import error_response
 from keeper.runtime.front_door import (
@@ -26,12 +33,50 @@ from keeper.runtime.front_door import (
     MODELS_PATH,
     RETRY_AFTER_S,
     SSE,
+    ChatDocument,
     FrontDoor,
     RequestError,
     parse_chat,
 )
 
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# What the app's guard (``keeper.httpapi.errors.RequestGuardMiddleware``) answers before any
+# route runs: a Content-Length that is not a number, a body over the bound, a body not JSON.
+_GUARD_STATUSES = frozenset({400, 413, 415})
+# Set in the request's scope when the chat route runs: a refusal without it is the guard's.
+_SEEN = "exo_deploy.front_door"
+
+
+def mount_front_door(app: ServiceApp, door: FrontDoor) -> None:
+    """The front door's routes on ``app``, and the counter of the chats its guard refuses
+    before they reach the route (module doc)."""
+    app.include_router(front_door_router(door, app.body_ref(ChatDocument)))
+    app.add_middleware(_GuardRefusalsCounted, door=door)
+
+
+class _GuardRefusalsCounted:
+    """Counts ``rejected`` a chat the app answered with a guard's refusal before the route ran
+    (its body unread: its deployment is '')."""
+
+    def __init__(self, app: ASGIApp, door: FrontDoor) -> None:
+        self._app = app
+        self._door = door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (scope["method"], scope["path"]) != ("POST", CHAT_PATH):
+            await self._app(scope, receive, send)
+            return
+
+        async def counting(message: Message) -> None:
+            if (
+                message["type"] == "http.response.start"
+                and message["status"] in _GUARD_STATUSES
+                and not scope.get(_SEEN)
+            ):
+                self._door.rejected(None)
+            await send(message)
+
+        await self._app(scope, receive, counting)
 
 
 def _refusal(exc: RequestError) -> Response:
@@ -70,9 +115,19 @@ def front_door_router(door: FrontDoor, body: dict[str, Any]) -> APIRouter:
         },
     )
     async def chat_completions(request: Request) -> Response:
+        request.scope[_SEEN] = True
         try:
-            chat, sent = parse_chat(await request.body())
-            door.admit()
+            raw = await request.body()
+        except StarletteHTTPException:
+            door.rejected(None)  # the guard's 413: a body sent chunked past the bound
+            raise
+        try:
+            chat, sent = parse_chat(raw)
+        except RequestError as exc:
+            door.rejected(exc.model)
+            return _refusal(exc)
+        try:
+            door.admit(chat.model)  # counts its own 429
         except RequestError as exc:
             return _refusal(exc)
         if not chat.stream:

@@ -20,19 +20,20 @@ Shaped so for three reasons:
 - *It belongs to no one service.* It takes exo's API as httpx clients in order of preference
   and the deployments as a lookup by model, so our master can mount the same door later;
   the bridge passes the exo URL it follows first, then the others.
-- *One job a module.* The chat's wire shapes and refusals are ``keeper.runtime.front_door_wire``;
-  sending to exo and reading its answer as exo writes it (SSE events, keep-alives, capped bodies,
-  exo's words) ``keeper.runtime.front_door_upstream``; one attempt read into the request's
-  progress ``keeper.runtime.front_door_attempts``; a continuation's body and the first
+- *One job a module.* Its bounds and what it knows of a deployment are
+  ``keeper.runtime.front_door_config``; the chat's wire shapes and refusals
+  ``keeper.runtime.front_door_wire``; sending to exo and reading its answer as exo writes it
+  (SSE events, keep-alives, capped bodies, exo's words, its cancel)
+  ``keeper.runtime.front_door_upstream``; one attempt read into the request's progress
+  ``keeper.runtime.front_door_attempts``; a failure's words and log line
+  ``keeper.runtime.front_door_failures``; a continuation's body, its usage and the first
   attempt's id on its chunks are pure (``keeper.model.chat_continuation``). This module is the
   loop around the rule, and re-exports the names the routes and the services import.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -53,6 +54,12 @@ from keeper.model.request_rule import (
     next_action,
 )
 from keeper.runtime.front_door_attempts import Progress, stream_attempt, whole_attempt
+from keeper.runtime.front_door_config import (
+    RETRY_AFTER_S,
+    FrontDoorConfig,
+    ModelDeployment,
+)
+from keeper.runtime.front_door_failures import Failed, FailureLog, failure_words
 from keeper.runtime.front_door_upstream import HEAD_TIMEOUT_S, Attempt
 from keeper.runtime.front_door_wire import (
     CHAT_PATH,
@@ -67,41 +74,9 @@ from keeper.runtime.front_door_wire import (
 )
 from keeper.runtime.request_counts import RequestCounts
 
-log = logging.getLogger(__name__)
-
-# How long a request may wait for its deployment to serve (``--hold-s``): a fast failover
-# serves again in 6.4-6.6 s on a real cluster, a staged one (a load) in about 40 s; 30 s
-# covers the first several times over and a client's usual minute-long timeout still holds.
-DEFAULT_HOLD_S = 30.0
-# Continuations of one chat at most (``--migrations``): two losses in one answer is already
-# rare; more would let a chat that breaks every instance wander the cluster.
-DEFAULT_MIGRATIONS = 2
-# Requests in the front door at once, held ones included (``--max-inflight``): exo serves a
-# few chats at a time per instance; 256 waiting is far more than a cluster drains in a hold,
-# and bounds the memory and connections a burst can take.
-DEFAULT_MAX_INFLIGHT = 256
 # While held, the view is looked at again this often: the bridge's view changes once a second
 # (its poll), so half of that sends a held request within half a second of serving.
 RECHECK_S = 0.5
-# What a 503 or a 429 tells the client to wait: about one fast failover.
-RETRY_AFTER_S = 5
-
-
-@dataclass(frozen=True)
-class FrontDoorConfig:
-    hold_s: float = DEFAULT_HOLD_S
-    migrations: int = DEFAULT_MIGRATIONS
-    max_inflight: int = DEFAULT_MAX_INFLIGHT
-
-
-@dataclass(frozen=True)
-class ModelDeployment:
-    """What the front door needs of a model's deployment: its id, whether it serves in the
-    service's view, and its status in words for a refusal."""
-
-    deployment_id: str
-    serving: bool
-    words: str
 
 
 class FrontDoor:
@@ -124,12 +99,15 @@ class FrontDoor:
         self.config = config if config is not None else FrontDoorConfig()
         self.counts = RequestCounts(registry)
         self.inflight = 0
+        self._failure_log = FailureLog()
 
     # --- the requests ------------------------------------------------------------------------
 
-    def admit(self) -> None:
-        """Take one request in; ``RequestError`` 429 past ``max_inflight``."""
+    def admit(self, model: str) -> None:
+        """Take one chat for ``model`` in; ``RequestError`` 429 past ``max_inflight``, the
+        chat counted ``rejected``."""
         if self.inflight >= self.config.max_inflight:
+            self.rejected(model)
             raise RequestError(
                 429,
                 f"{self.inflight} chat requests in flight here, the most this front door "
@@ -137,6 +115,13 @@ class FrontDoor:
                 retry_after=RETRY_AFTER_S,
             )
         self.inflight += 1
+
+    def rejected(self, model: str | None) -> None:
+        """Count a chat refused before anything went to exo (not a chat, too large, too many):
+        under its model's deployment when the model could be read and has one, else ''."""
+        found = self._deployment_of(model) if model else None
+        deployment = found.deployment_id if found is not None else ""
+        self.counts.count(deployment, "rejected", None, self._monotonic())
 
     def release(self) -> None:
         self.inflight -= 1
@@ -155,7 +140,9 @@ class FrontDoor:
                 why = f"{client.base_url}: HTTP {answer.status_code}"
                 continue
             return answer.status_code, answer.content
-        raise RequestError(503, f"exo's model list is not available ({why})", retry_after=5)
+        raise RequestError(
+            503, f"exo's model list is not available ({why})", retry_after=RETRY_AFTER_S
+        )
 
     def stream(
         self, request: ChatRequest, body: dict[str, Any]
@@ -216,7 +203,7 @@ class FrontDoor:
                     yield error_json(attempt.status, attempt.why)
                     return
                 if isinstance(action, Fail):
-                    words = self._failure(action, request.model, found, progress, attempt)
+                    words = self._failed(action, request.model, found, progress, attempt)
                     if progress.first_token_at is not None:
                         yield sse_event(error_body(words, 502, "Bad Gateway"))
                         return
@@ -254,7 +241,7 @@ class FrontDoor:
             )
             self.counts.count(deployment, outcome, ttft, ended)
 
-    def _failure(
+    def _failed(
         self,
         fail: Fail,
         model: str,
@@ -262,29 +249,24 @@ class FrontDoor:
         progress: Progress,
         attempt: Attempt,
     ) -> str:
-        last = f" (last: {attempt.why})" if attempt.why else ""
-        match fail.why:
-            case "not_serving":
-                state = found.words if found is not None else "no deployment"
-                return (
-                    f"{model} is not serving ({state}); held "
-                    f"{self._monotonic() - progress.since:.0f} s, the most this front door "
-                    f"waits (--hold-s {self.config.hold_s:g}){last}; retry shortly"
-                )
-            case "cuts":
-                return (
-                    f"exo cut this answer {progress.cuts} times; no more continuations "
-                    f"(--migrations {self.config.migrations}){last}"
-                )
-            case "inexact":
-                return (
-                    f"exo cut this answer and it cannot be continued exactly "
-                    f"({progress.inexact}){last}; the answer so far is incomplete"
-                )
-            case "garbage":
-                return f"exo's answer cannot be read: {attempt.why}"
-            case "refused_mid_stream":
-                return f"exo refused to continue this answer: HTTP {attempt.status}{last}"
+        """The failure's words for the client, logged (at most once a minute for its kind)."""
+        now = self._monotonic()
+        words = failure_words(
+            Failed(
+                fail=fail,
+                model=model,
+                state=found.words if found is not None else "no deployment",
+                held_s=now - progress.since,
+                hold_s=self.config.hold_s,
+                cuts=progress.cuts,
+                migrations=self.config.migrations,
+                inexact=progress.inexact,
+                why=attempt.why,
+                status=attempt.status,
+            )
+        )
+        self._failure_log.note(fail.why, f"{model}: {words}", now)
+        return words
 
 
 __all__ = [

@@ -55,16 +55,24 @@ class ChatDocument(BaseModel):
 
 
 class RequestError(Exception):
-    """A request the front door answers with an error before anything is sent upstream."""
+    """A request the front door answers with an error before anything is sent upstream;
+    ``model``: the model it names, when that much of it could be read (it is counted under the
+    model's deployment)."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, retry_after: int | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        retry_after: int | None = None,
+        model: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.model = model
 
 
 def parse_chat(raw: bytes) -> tuple[ChatRequest, dict[str, Any]]:
@@ -75,13 +83,16 @@ def parse_chat(raw: bytes) -> tuple[ChatRequest, dict[str, Any]]:
         raise RequestError(400, f"Malformed JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise RequestError(400, "Request body must be a JSON object")
+    body = cast(dict[str, Any], body)
     try:
         request = ChatRequest.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise RequestError(400, f"{where}: {first['msg']}", where or None) from None
-    return request, cast(dict[str, Any], body)
+        named = body.get("model")
+        model = named if isinstance(named, str) and named else None
+        raise RequestError(400, f"{where}: {first['msg']}", where or None, model=model) from None
+    return request, body
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:
