@@ -95,3 +95,44 @@ def as_one_completion(chunk: dict[str, Any], completion_id: str | None) -> dict[
     if completion_id is not None and chunk.get("id") != completion_id:
         return {**chunk, "id": completion_id}
     return chunk
+
+
+def continued_usage(usage: dict[str, Any], carried: int) -> dict[str, Any]:
+    """exo's ``usage`` for a continuation as the client's whole answer counts it: the
+    continuation's prompt held the ``carried`` tokens the client already had (exo appends the
+    assistant's text to the prompt), so they move from the prompt to the completion: the prompt
+    is the first attempt's, the completion every attempt's, the total unchanged. As exo sent it
+    when its counts are not whole numbers."""
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not (_count(prompt) and _count(completion)) or carried <= 0:
+        return usage
+    assert isinstance(prompt, int) and isinstance(completion, int)
+    moved = min(carried, prompt)
+    merged = {**usage, "prompt_tokens": prompt - moved, "completion_tokens": completion + moved}
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        details = cast(dict[str, Any], details)
+        cached = details.get("cached_tokens")
+        if _count(cached) and cast(int, cached) > prompt - moved:
+            # The carried text was cached too: no more of the first prompt than it holds.
+            merged["prompt_tokens_details"] = {**details, "cached_tokens": prompt - moved}
+    return merged
+
+
+def client_usage(
+    chunk: dict[str, Any], *, at_end: bool, carried: int, sent: bool
+) -> dict[str, Any]:
+    """The chunk as the client gets it with regard to ``usage``: exo's usage, counted over the
+    whole answer (``continued_usage``), on the first chunk that has one once the answer's
+    ``finish_reason`` came (``at_end``: this chunk's or an earlier one's); on any other chunk,
+    none. A cut attempt's usage would count only its part, and the client gets one usage."""
+    usage = chunk.get("usage")
+    if usage is None:
+        return chunk
+    if not at_end or sent or not isinstance(usage, dict):
+        return {key: value for key, value in chunk.items() if key != "usage"}
+    return {**chunk, "usage": continued_usage(cast(dict[str, Any], usage), carried)}
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

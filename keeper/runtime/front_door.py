@@ -216,10 +216,11 @@ class FrontDoor:
                 progress.continuations += action.continuation
                 progress.paused = False
                 attempt = Attempt()
-                upstream = with_continuation(body, progress.text) if action.continuation else body
+                carried = len(progress.text) if action.continuation else 0
+                upstream = with_continuation(body, progress.text) if carried else body
                 clients = self._upstreams()
                 pieces = (
-                    stream_attempt(clients, upstream, progress, attempt, self._monotonic)
+                    stream_attempt(clients, upstream, progress, attempt, self._monotonic, carried)
                     if streamed
                     else whole_attempt(clients, upstream, progress, attempt)
                 )

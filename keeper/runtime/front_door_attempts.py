@@ -12,14 +12,19 @@ screen: the loop is the rule's shell, this is exo's answer read.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import httpx
 
-from keeper.model.chat_continuation import as_one_completion, finish_reason, read_chunk
+from keeper.model.chat_continuation import (
+    as_one_completion,
+    client_usage,
+    finish_reason,
+    read_chunk,
+)
 from keeper.runtime.front_door_upstream import (
     ANSWER_MAX_BYTES,
     Attempt,
@@ -51,6 +56,7 @@ class Progress:
     text: list[str] = field(default_factory=list[str])
     inexact: str | None = None  # why a continuation could not be exact
     completion_id: str | None = None
+    usage_sent: bool = False  # the client has had its one ``usage``
 
 
 async def stream_attempt(
@@ -59,8 +65,11 @@ async def stream_attempt(
     progress: Progress,
     attempt: Attempt,
     monotonic: Callable[[], float],
-) -> AsyncIterator[bytes]:
-    """A streamed attempt: the client's SSE bytes as exo's chunks come."""
+    carried: int = 0,
+) -> AsyncGenerator[bytes, None]:
+    """A streamed attempt: the client's SSE bytes as exo's chunks come. ``carried``: the tokens
+    of the answer so far that this attempt, a continuation, sent back in its prompt (its usage
+    is counted over the whole answer)."""
     opened = Opened()
     try:
         response = await open_chat(clients, {**body, "stream": True}, attempt, opened)
@@ -88,6 +97,8 @@ async def stream_attempt(
                 return
             finished = _note(chunk, progress) or finished
             progress.since = monotonic()
+            chunk = client_usage(chunk, at_end=finished, carried=carried, sent=progress.usage_sent)
+            progress.usage_sent = progress.usage_sent or chunk.get("usage") is not None
             yield sse_event(as_one_completion(chunk, progress.completion_id))
         if attempt.happened is not None:
             return  # cut or garbage, said in attempt
@@ -108,7 +119,7 @@ async def whole_attempt(
     body: dict[str, Any],
     progress: Progress,
     attempt: Attempt,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """A non-streamed attempt: exo's answer, passed on whole once it shows its finish_reason."""
     opened = Opened()
     try:
