@@ -27,6 +27,7 @@ from keeper.model.api_models import (
     ModelListEntry,
     NodesResponse,
     NodeView,
+    RequestsView,
     ServiceHealthView,
     WaitReason,
     WhatIfResponse,
@@ -34,6 +35,7 @@ from keeper.model.api_models import (
 )
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.readiness import deployment_statuses, ready_replicas
+from keeper.model.request_window import WINDOW_S
 from keeper.model.state import (
     AnyDownload,
     AnyRunnerStatus,
@@ -249,6 +251,29 @@ class ClusterBuilder:
                 },
             }
         )
+        return self
+
+    def chats(
+        self, model_id: str, *, p95_ttft_s: float | None = 0.42, **outcomes: int
+    ) -> ClusterBuilder:
+        """The deployment's chats through the front door over the last five minutes, as the
+        service sums them (``keeper.model.request_window``): ``outcomes`` counted by outcome
+        (``ok=112, held=3``); no outcome at all is no sum (``requests`` None)."""
+        deployment_id = f"dep-{_slug(model_id)}"
+        ended = sum(outcomes.values())
+        requests = (
+            RequestsView(
+                window_s=WINDOW_S,
+                rate=ended / WINDOW_S,
+                errors=outcomes.get("failed", 0),
+                p95_ttft_s=p95_ttft_s,
+                outcomes={name: count for name, count in outcomes.items() if count},
+            )
+            if ended
+            else None
+        )
+        view = self.views[deployment_id]
+        self.views[deployment_id] = view.model_copy(update={"requests": requests})
         return self
 
     def suspect(

@@ -27,6 +27,8 @@ State does not say, each with one job and its own tests:
 - ``moves.py``: the drains (with what ``GET /nodes`` says they have left, a ``NodesUpdate``)
   and the rolling changes under way;
 - ``timers.py``: the keeper's timers from ``GET /deployments``;
+- ``chat_news.py``: each deployment's last count of its chats by outcome (the same answer),
+  to tell the held, continued and failed ones as they come;
 - ``connection_changes.py``: what losing and regaining the master does to the connection held
   and what the timeline says of it;
 - ``master_quiet.py``: a master that stops speaking before the connection notices
@@ -51,6 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exo_deploy_tui.model.availability import window_end
+from exo_deploy_tui.model.chat_news import ChatReadings
 from exo_deploy_tui.model.connection_changes import connection_changed
 from exo_deploy_tui.model.derive import Derived, deployment_rows, derive, instance_rows
 from exo_deploy_tui.model.download_moments import DownloadMoments
@@ -103,7 +106,7 @@ from exo_deploy_tui.model.updates import (
     Update,
 )
 from exo_deploy_tui.model.verdicts import OwnVerdicts
-from keeper.model.api_models import DeploymentView
+from keeper.model.api_models import DeploymentView, RequestsView
 from keeper.model.apply import apply_indexed
 from keeper.model.events import (
     DeploymentServingChanged,
@@ -177,6 +180,7 @@ class ClusterModel:
     _word: MasterWord = field(default_factory=MasterWord)
     _unread: UnreadParts = field(default_factory=UnreadParts)
     _timers: dict[DeploymentId, Timer] = field(default_factory=dict)
+    _chats: ChatReadings = field(default_factory=ChatReadings)
     # The keeper's view of each deployment as the master last sent it (for describe's raw JSON).
     _views: dict[DeploymentId, DeploymentView] = field(default_factory=dict)
     _derived: Derived | None = None
@@ -339,12 +343,15 @@ class ClusterModel:
     def _set_timers(self, views: Sequence[DeploymentView], now: float) -> None:
         self._timers = keeper_timers(views, now, self.clock)
         self._views = {view.deployment.deployment_id: view for view in views}
+        self.timeline.extend(self._chats.took(views, now))
 
     def _on_connection(self, update: ConnectionUpdate, now: float) -> None:
         self.connection, entries = connection_changed(
             self.connection, update, now, has_data=self.has_data
         )
         self.timeline.extend(entries)
+        if self.connection.stale:
+            self._chats.forget()  # what ended while away would read as one burst on return
 
     def _settle(self, now: float) -> None:
         """After a batch: the nodes' verdicts and silence (told first: they are the cause),
@@ -413,6 +420,12 @@ class ClusterModel:
     def timer(self, deployment_id: DeploymentId) -> Timer | None:
         return self._timers.get(deployment_id)
 
+    def requests(self, deployment_id: DeploymentId) -> RequestsView | None:
+        """Its chats through the service's front door over the last window, as last received;
+        None when none ended then, or the service has no front door."""
+        view = self._views.get(deployment_id)
+        return None if view is None else view.requests
+
     def deployment_rows(self, now: float) -> list[DeploymentRow]:
         state = self.state
         end = window_end(now, self.master_clock_offset_s)
@@ -437,6 +450,7 @@ class ClusterModel:
             availability=availability,
             moves=self._moves,
             failover=failover,
+            requests=self.requests,
         )
 
     def node_rows(self, now: float) -> list[NodeRow]:

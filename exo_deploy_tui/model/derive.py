@@ -33,7 +33,7 @@ from exo_deploy_tui.model.rows import (
 )
 from exo_deploy_tui.model.timers import Timer
 from exo_deploy_tui.model.tracking import Tracked
-from keeper.model.api_models import DeploymentStatus
+from keeper.model.api_models import DeploymentStatus, RequestsView
 from keeper.model.readiness import instance_is_ready, ready_on_present_nodes, status_of
 from keeper.model.runner_failure import failure_words
 from keeper.model.state import (
@@ -120,6 +120,7 @@ def deployment_rows(
     availability: Callable[[DeploymentId], float | None],
     moves: Moves,
     failover: Callable[[DeploymentId], FailoverFacts | None] = lambda _: None,
+    requests: Callable[[DeploymentId], RequestsView | None] = lambda _: None,
 ) -> list[DeploymentRow]:
     """Every deployment of ``state`` as its row, in the State's order."""
     statuses = derived.statuses
@@ -172,6 +173,7 @@ def deployment_rows(
                 moving_off=moving.get(d_id),
                 priority=deployment.priority,
                 failover=failover(d_id),
+                requests=requests(d_id),
             )
         )
     return rows

@@ -17,7 +17,7 @@ from exo_deploy_tui.model.downloads import DownloadFacts
 from exo_deploy_tui.model.draining import DrainProgress
 from exo_deploy_tui.model.format import STATUS_ORDER
 from exo_deploy_tui.model.updates import ConnectionMode
-from keeper.model.api_models import DeploymentStatus, WaitReason
+from keeper.model.api_models import DeploymentStatus, RequestsView, WaitReason
 from keeper.model.state import (
     DEFAULT_PRIORITY,
     AnyRunnerStatus,
@@ -92,6 +92,9 @@ class DeploymentRow:
     updating: tuple[int, int] | None = None
     # A fast failover under way (an instance of it on a suspect or dead node), or None.
     failover: FailoverFacts | None = None
+    # Its chats through the service's front door over the last window (``GET /deployments``);
+    # None when none ended then, or the service has none (a master without one, a stock exo).
+    requests: RequestsView | None = None
 
     @property
     def at_risk(self) -> bool:
