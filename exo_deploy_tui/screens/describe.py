@@ -36,8 +36,14 @@ from exo_deploy_tui.model.format import (
 from exo_deploy_tui.screens.confirm import ConfirmDeleteScreen, delete_question
 from exo_deploy_tui.screens.contract import ClusterSource, DeleteRequested, ModelScreen
 from exo_deploy_tui.view.cells import runner_status_text, timeline_line, timer_words
+from exo_deploy_tui.view.requests import chats_lines
+from keeper.model.api_models import RequestsView
 from keeper.model.history import History, Incident
 
+# The fields' names take this many columns; their values, and their further lines, start after.
+FIELD_WIDTH = 11
+# The body's width before it is laid out: an 80-column screen less the border and padding.
+DEFAULT_WIDTH = 75
 # Incidents listed, newest first: with the lines above them they fit an 80x24 screen; the
 # rest are counted ("and 3 more").
 INCIDENTS_SHOWN = 5
@@ -80,11 +86,13 @@ def describe_text(
         ("instance", f"{row.instance_id} on {', '.join(row.nodes)}" if row.instance_id else "none"),
     ]
     for name, value in fields:
-        text.append(f"{name:<11}", style="bold")
+        text.append(f"{name:<{FIELD_WIDTH}}", style="bold")
         text.append(f"{value}\n")
-    text.append(f"{'keeper':<11}", style="bold")
+    text.append(f"{'keeper':<{FIELD_WIDTH}}", style="bold")
     text.append_text(_keeper_words(row, model.has_timers))
     text.append("\n")
+    if model.has_timers:
+        text.append_text(chats_text(row.requests, width))
     if row.placement_error:
         text.append("\nPlacement error\n", style="bold red")
         text.append(f"{row.placement_error}\n", style="red")
@@ -123,6 +131,18 @@ def describe_text(
         text.append(" (from GET /deployments, as last received)\n", style="dim")
         keeper = view.model_dump(mode="json", exclude={"deployment"})
         text.append(json.dumps(keeper, indent=2) + "\n", style="dim")
+    return text
+
+
+def chats_text(requests: RequestsView | None, width: int | None) -> Text:
+    """The ``chats`` field: the deployment's chats through the service's front door over the
+    last five minutes, each line under the field's column (``view/requests.py`` words them)."""
+    text = Text()
+    room = max(FIELD_WIDTH, (width or DEFAULT_WIDTH) - FIELD_WIDTH)
+    for index, line in enumerate(chats_lines(requests, room)):
+        text.append(f"{'chats' if index == 0 else '':<{FIELD_WIDTH}}", style="bold")
+        text.append_text(line)
+        text.append("\n")
     return text
 
 

@@ -42,6 +42,7 @@ from exo_deploy_tui.model.format import (
 )
 from exo_deploy_tui.model.timeline import Level, TimelineEntry
 from exo_deploy_tui.view.columns import Cell, Cells, Column
+from exo_deploy_tui.view.requests import errors_cell, rate_cell
 from keeper.model.api_models import DeploymentStatus, ServiceHealthView, WaitReason
 from keeper.model.state import DEFAULT_PRIORITY
 
@@ -91,6 +92,20 @@ PRIO_COLUMN_FROM = 100
 # so something keeps failing) and red below 90 % (over two hours: it mostly does not serve).
 AVAIL_AMBER_BELOW = 0.99
 AVAIL_RED_BELOW = 0.90
+# From here ERR, each deployment's failed chats through the front door over the last five
+# minutes (``view/requests.py``), shows beside READY: the one number of them an operator acts
+# on, so like NEXT's failover words it takes its 4 from MODEL and NODES. REQ/S, their rate,
+# shows only in room to spare: where MODEL keeps its longest name whole and NODES its minimum
+# beside it, and on a wide table PLACEMENT ERROR its own (at 80 columns, names up to 22
+# characters: Qwen3's, not Llama's). On a narrower split pane both yield; describe says them.
+REQUESTS_COLUMNS_FROM = 80
+# The narrowest NODES gets: a short node name, or two cut.
+NODES_MIN = 8
+# The widest MODEL gets: the longest names in exo's catalog, and room left for the rest.
+MODEL_MAX = 34
+# What a wide table keeps for PLACEMENT ERROR before NODES widens: the start of exo's words
+# ("No cycles found…"); the detail strip says them whole.
+ERROR_MIN = 16
 # NEXT widens, up to this, while a row says more than a timer (``replacing on mini-a``, 19):
 # a failover's words are the ones an operator reads then; NODES and MODEL give the room back.
 NEXT_MAX = 21
@@ -105,8 +120,8 @@ def deployment_columns(
     next_len: int = 0,
 ) -> tuple[Column, ...]:
     """Columns for a table ``width`` wide whose longest model name, node list and NEXT words
-    are given; ``replicas``: whether there are deployments to count replicas of and serving
-    records to summarise (not on a stock exo)."""
+    are given; ``replicas``: whether there are deployments to count replicas of, serving
+    records to summarise and chats to count (not on a stock exo)."""
     fixed = [
         Column("status", "STATUS", 13),
         Column("age", "AGE", 7),
@@ -118,14 +133,21 @@ def deployment_columns(
         fixed.append(Column("avail", "AVAIL", 6))  # "99.2%" and its padding
     if replicas and width >= PRIO_COLUMN_FROM:
         fixed.append(Column("prio", "PRIO", 5))  # "1000" and its padding
+    if replicas and width >= REQUESTS_COLUMNS_FROM:
+        fixed.append(Column("err", "ERR", 4))  # "999", "12k" and its padding
     if width >= INSTANCE_COLUMN_FROM:
         fixed.append(Column("fail", "FAIL", 5))
         fixed.append(Column("instance", "INSTANCE", 9))
-    room = max(20, width - sum(c.width for c in fixed) - 1)  # 1: the scrollbar
-    nodes_min = 8
-    model_w = max(12, min(model_len + 1, 34, room - nodes_min))
+    rate = Column("rate", "REQ/S", 6)  # "<0.1", "12" and its padding
+    spare = width - sum(c.width for c in fixed) - 1 - min(model_len + 1, MODEL_MAX) - NODES_MIN
     if width >= WIDE_TABLE_FROM:
-        nodes_w = max(nodes_min, min(nodes_len + 1, 24, room - model_w - 16))
+        spare -= ERROR_MIN
+    if replicas and width >= REQUESTS_COLUMNS_FROM and spare >= rate.width:
+        fixed.append(rate)
+    room = max(20, width - sum(c.width for c in fixed) - 1)  # 1: the scrollbar
+    model_w = max(12, min(model_len + 1, MODEL_MAX, room - NODES_MIN))
+    if width >= WIDE_TABLE_FROM:
+        nodes_w = max(NODES_MIN, min(nodes_len + 1, 24, room - model_w - ERROR_MIN))
         flexible = [
             Column("model", "MODEL", model_w),
             Column("nodes", "NODES", nodes_w),
@@ -140,6 +162,8 @@ def deployment_columns(
         "ready",
         "avail",
         "prio",
+        "rate",
+        "err",
         "instance",
         "nodes",
         "age",
@@ -289,6 +313,8 @@ def deployment_cells(row: DeploymentRow, columns: tuple[Column, ...]) -> Cells:
         "ready": ready_cell(row),
         "avail": availability_cell(row),
         "prio": (str(row.priority), DIM if row.priority == DEFAULT_PRIORITY else "bold"),
+        "rate": rate_cell(row.requests),
+        "err": errors_cell(row.requests),
         "instance": (short_id(row.instance_id) if row.instance_id else "-", DIM),
         "nodes": (nodes_text(row), ""),
         "age": (age_text(row), ""),

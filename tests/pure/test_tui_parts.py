@@ -293,7 +293,7 @@ def row(**changes: object) -> DeploymentRow:
 
 def test_cells_say_status_in_words_and_symbols() -> None:
     cells = [text.strip() for text, _ in deployment_cells(row(), deployment_columns(80))]
-    assert cells == ["○ placing", "Qwen3-0.6B-4bit", "0/1", "-", "1m15s+", "backoff 7s"]
+    assert cells == ["○ placing", "Qwen3-0.6B-4bit", "0/1", "—", "-", "1m15s+", "backoff 7s"]
     wide = [text.strip() for text, _ in deployment_cells(row(), deployment_columns(120))]
     assert wide[:3] == ["○ placing", "Qwen3-0.6B-4bit", "0/1"] and "2" in wide  # FAIL
     assert next_text(row(waiting="unplaceable_retry", next_attempt_in_s=30)) == "retry 30s"

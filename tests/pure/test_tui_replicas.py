@@ -86,7 +86,8 @@ def test_ready_counts_the_models_ready_instances_as_the_api_does() -> None:
 
 def test_the_ready_column_fits_80_columns_and_leaves_with_the_deployments_api() -> None:
     columns = deployment_columns(80)
-    assert [c.key for c in columns] == ["status", "model", "ready", "nodes", "age", "next"]
+    keys = ["status", "model", "ready", "err", "nodes", "age", "next"]
+    assert [c.key for c in columns] == keys
     assert sum(c.width for c in columns) <= 80
     stock = deployment_columns(120, replicas=False)
     assert "ready" not in [c.key for c in stock] and "fail" in [c.key for c in stock]
