@@ -34,6 +34,7 @@ Shaped so for three reasons:
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -224,10 +225,13 @@ class FrontDoor:
                     if streamed
                     else whole_attempt(clients, upstream, progress, attempt)
                 )
-                async for piece in pieces:
-                    if progress.first_token_at is None:
-                        progress.first_token_at = self._monotonic()
-                    yield piece
+                # Closed here, not left to the collector, when the client leaves mid-attempt:
+                # the attempt then asks exo to cancel the chat at once.
+                async with aclosing(pieces):
+                    async for piece in pieces:
+                        if progress.first_token_at is None:
+                            progress.first_token_at = self._monotonic()
+                        yield piece
                 if attempt.happened == "cut":
                     progress.cuts += 1
         except BaseException:

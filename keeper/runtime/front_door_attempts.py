@@ -12,6 +12,7 @@ screen: the loop is the rule's shell, this is exo's answer read.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from keeper.runtime.front_door_upstream import (
     ANSWER_MAX_BYTES,
     Attempt,
     Opened,
+    cancel_chat,
     exo_words,
     json_event,
     open_chat,
@@ -36,6 +38,8 @@ from keeper.runtime.front_door_upstream import (
     sse_events,
 )
 from keeper.runtime.front_door_wire import SSE, sse_event
+
+log = logging.getLogger(__name__)
 
 # A non-streamed answer comes whole at the end: a long answer (4,096 tokens at 10 tok/s) fits.
 ANSWER_TIMEOUT_S = 600.0
@@ -69,7 +73,8 @@ async def stream_attempt(
 ) -> AsyncGenerator[bytes, None]:
     """A streamed attempt: the client's SSE bytes as exo's chunks come. ``carried``: the tokens
     of the answer so far that this attempt, a continuation, sent back in its prompt (its usage
-    is counted over the whole answer)."""
+    is counted over the whole answer). When it is left before exo ends it (the client gone),
+    exo is asked to cancel the chat."""
     opened = Opened()
     try:
         response = await open_chat(clients, {**body, "stream": True}, attempt, opened)
@@ -95,6 +100,8 @@ async def stream_attempt(
                 attempt.happened = "cut"
                 attempt.why = exo_words(json.dumps(chunk).encode(), "an error event")
                 return
+            if attempt.command_id is None and isinstance(chunk.get("id"), str):
+                attempt.command_id = chunk["id"]
             finished = _note(chunk, progress) or finished
             progress.since = monotonic()
             chunk = client_usage(chunk, at_end=finished, carried=carried, sent=progress.usage_sent)
@@ -111,6 +118,11 @@ async def stream_attempt(
         attempt.happened = "cut"
         attempt.why = "exo ended the stream without a finish_reason"
     finally:
+        if attempt.happened is None and attempt.command_id and opened.client is not None:
+            # Left mid-answer (every end of exo's sets ``happened``): exo would go on writing
+            # an answer nobody reads, holding a place on its instance.
+            said = await cancel_chat(opened.client, attempt.command_id)
+            log.info("chat %s left mid-answer; exo's cancel: %s", attempt.command_id, said)
         await opened.close()
 
 

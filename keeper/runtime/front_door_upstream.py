@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import quote
 
 import anyio
 import httpx
@@ -31,6 +32,11 @@ STREAM_SILENCE_S = 30.0
 ANSWER_MAX_BYTES = 16 * 2**20
 # The most of an error's text quoted from exo.
 QUOTED_CHARS = 300
+# exo's own cancel of a chat whose client left (``POST /v1/cancel/{command_id}``) is answered
+# from its API's memory at once; it is best effort (closing the connection also ends exo's
+# stream), so a client's slot is not held longer than this for it.
+CANCEL_TIMEOUT_S = 2.0
+CANCEL_PATH = "/v1/cancel/"
 
 
 @dataclass
@@ -40,13 +46,16 @@ class Attempt:
     happened: Happened | None = None
     why: str = ""  # exo's words, when it refused or failed
     status: int = 0  # exo's status, when it refused
+    command_id: str | None = None  # exo's id of this attempt (its chunks' ``id``), once seen
 
 
 @dataclass
 class Opened:
-    """The response an attempt opened, closed however the attempt ends."""
+    """The response an attempt opened, and the exo URL that answered it, closed however the
+    attempt ends."""
 
     response: httpx.Response | None = None
+    client: httpx.AsyncClient | None = None
 
     async def close(self) -> None:
         if self.response is not None:
@@ -75,7 +84,7 @@ async def open_chat(
             attempt.happened = "unreachable"
             attempt.why = f"{client.base_url}: {type(exc).__name__} {exc}".strip()
             continue
-        opened.response = response
+        opened.response, opened.client = response, client
         if response.status_code >= 400:
             raw = await read_capped(response, QUOTED_CHARS * 16)
             attempt.why = exo_words(raw, response.reason_phrase)
@@ -90,6 +99,20 @@ async def open_chat(
         attempt.happened, attempt.why = None, ""
         return response
     return None
+
+
+async def cancel_chat(client: httpx.AsyncClient, command_id: str) -> str:
+    """Ask exo to cancel the chat it runs as ``command_id`` (its chunks' ``id``): what exo
+    answered, in words. Best effort, within ``CANCEL_TIMEOUT_S``, even while being cancelled."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_TIMEOUT_S):
+        try:
+            answer = await client.post(CANCEL_PATH + quote(command_id, safe=""))
+        except httpx.HTTPError as exc:
+            return f"{client.base_url}: {type(exc).__name__} {exc}".strip()
+        if answer.status_code < 400:
+            return f"HTTP {answer.status_code}"
+        return f"HTTP {answer.status_code} {exo_words(answer.content, answer.reason_phrase)}"
+    return f"no answer within {CANCEL_TIMEOUT_S:g} s"
 
 
 async def sse_events(lines: AsyncIterator[str], attempt: Attempt) -> AsyncIterator[str | None]:

@@ -1,7 +1,9 @@
 """The bridge's front door on real sockets: ``exo-deploy cluster --exo-compat`` (the stand-in
 for a stock exo, with node processes) and ``exo-deploy bridge`` as processes, one streamed chat
-sent to the bridge's ``POST /v1/chat/completions`` and read event by event as it comes
-(docs/design.md §8.6). Every wait has a deadline; every process is stopped."""
+sent to the bridge's ``POST /v1/chat/completions`` and read event by event as it comes, then
+one whose client hangs up mid-answer: the bridge asks exo to cancel it, and exo (the stand-in,
+as exo) answers, having cancelled it or ended it already (docs/design.md §8.6). Every wait has
+a deadline; every process is stopped."""
 
 from __future__ import annotations
 
@@ -25,7 +27,21 @@ from process_helpers import (
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.e2e(seconds=30)
+# A chat long enough to be left mid-answer: 400 tokens at a simulated node's 20 a second.
+LONG_TOKENS = 400
+
+
+def requests_total(bridge_url: str, outcome: str) -> float:
+    """The bridge's ``exo_deploy_requests_total`` for ``outcome``, summed over deployments."""
+    metrics = httpx.get(f"{bridge_url}/metrics", trust_env=False).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("exo_deploy_requests_total{") and f'outcome="{outcome}"' in line
+    )
+
+
+@pytest.mark.e2e(seconds=35)
 def test_a_streamed_chat_through_the_bridge_s_front_door(tmp_path: Path) -> None:
     exo_port, bridge_port = free_port(), free_port()
     exo_url, bridge_url = f"http://127.0.0.1:{exo_port}", f"http://127.0.0.1:{bridge_port}"
@@ -79,13 +95,43 @@ def test_a_streamed_chat_through_the_bridge_s_front_door(tmp_path: Path) -> None
             chunks = [json.loads(event) for event in events[:-1]]
             text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
             assert text and chunks[-1]["choices"][0]["finish_reason"] is not None
-            metrics = httpx.get(f"{bridge_url}/metrics", trust_env=False).text
-            assert any(
-                line.startswith("exo_deploy_requests_total{")
-                and 'outcome="ok"' in line
-                and line.endswith(" 1.0")
-                for line in metrics.splitlines()
-            )
+            assert requests_total(bridge_url, "ok") == 1
+
+            # A client that hangs up after three tokens of a long answer.
+            with (
+                httpx.Client(timeout=30, trust_env=False) as client,
+                client.stream(
+                    "POST",
+                    f"{bridge_url}/v1/chat/completions",
+                    json={**body, "max_tokens": LONG_TOKENS},
+                ) as answer,
+            ):
+                assert answer.status_code == 200
+                read: list[str] = []
+                for line in answer.iter_lines():
+                    if line.startswith("data: "):
+                        read.append(line)
+                    if len(read) == 3:
+                        break
+            assert len(read) == 3 and not any("[DONE]" in line for line in read)
+
+            def cancelled() -> str | None:
+                said = (tmp_path / "bridge.out").read_text(errors="replace")
+                line = next((x for x in said.splitlines() if "left mid-answer" in x), None)
+                return (
+                    line if line is not None and requests_total(bridge_url, "cancelled") else None
+                )
+
+            line = wait_for("the chat cancelled on exo and counted", 15, cancelled)
+            # exo answered the cancel: it cancelled the chat, or had already ended it because
+            # the bridge's connection to it closed first (the stand-in's words, as exo's).
+            assert (
+                "exo's cancel: HTTP 200" in line
+                or "exo's cancel: HTTP 404 Command not found or already completed" in line
+            ), line
+            assert requests_total(bridge_url, "cancelled") == 1
+            assert requests_total(bridge_url, "ok") == 1
+            assert requests_total(bridge_url, "failed") == 0
             assert stop(bridge) == 0
         finally:
             stop(bridge)

@@ -32,6 +32,8 @@ every answer below against those recordings):
   deleted instance's chats closed (a stream ends with no ``finish_reason`` or ``[DONE]``, a
   non-streamed chat is a 200 with an empty body); no instance, exo's 404 "No instance found for
   model M";
+- ``POST /v1/cancel/{command_id}``: a streamed chat cancelled by its chunks' id, as exo cancels
+  it (``keeper.sim.exo_standin.chat_cancels``);
 - ``GET /node_id``: as exo, the id of the node serving the API, a JSON string. The stand-in's
   master runs no worker, so it is no node of the topology: it answers an id of its own, made
   when its API is, and a bridge that asks finds no node behind this URL to probe (it confirms a
@@ -71,6 +73,7 @@ from keeper.model.refusals import BadRequestError, NotFoundError, NotRunningErro
 from keeper.model.state import AnyShard, InstanceMeta, Shard, Sharding
 from keeper.model.wire import JsonObject
 from keeper.runtime.event_log import LOG_FILE
+from keeper.sim.exo_standin.chat_cancels import install_chat_cancels
 from keeper.sim.exo_standin.model_list import ExoModel, exo_catalog, exo_models_payload
 from keeper.sim.exo_standin.placement_answers import (
     exo_instance_json,
@@ -185,6 +188,7 @@ def create_exo_compat_app(
         return Response(json.dumps(value), media_type=JSON)
 
     app.include_router(exo_routes(master, token))
+    install_chat_cancels(app)
 
     @app.get("/models")
     async def models() -> JSONResponse:
