@@ -87,8 +87,8 @@ class ChatUpstream(httpx.AsyncBaseTransport):
         if asked != ("POST", CHAT_PATH):
             return _refusal(
                 404,
-                f"{request.method} {request.url.path}: the master's chat "
-                f"routing answers only POST {CHAT_PATH} and GET {MODELS_PATH}",
+                f"{request.method} {request.url.path}: the master's chat routing answers only "
+                f"POST {CHAT_PATH}, GET {MODELS_PATH} and POST {CANCEL_PATH}{{command_id}}",
             )
         try:
             chat = ChatCompletionRequest.model_validate_json(await request.aread())
