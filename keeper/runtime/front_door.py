@@ -78,6 +78,10 @@ from keeper.runtime.request_counts import RequestCounts
 # While held, the view is looked at again this often: the bridge's view changes once a second
 # (its poll), so half of that sends a held request within half a second of serving.
 RECHECK_S = 0.5
+# The shortest wait of a held request: the hold's last remainder can be smaller than the clock
+# can add to a large reading (8.9e-16 s at 12.49 s), and a wait that moves no clock would look
+# again for ever; 10 ms past the hold is nothing to a client.
+MIN_RECHECK_S = 0.01
 
 
 class FrontDoor:
@@ -197,7 +201,8 @@ class FrontDoor:
                     return
                 if isinstance(action, Hold):
                     progress.held = progress.paused = True
-                    await self._sleep(min(RECHECK_S, max(0.0, self.config.hold_s - so_far.held_s)))
+                    left_s = self.config.hold_s - so_far.held_s
+                    await self._sleep(max(MIN_RECHECK_S, min(RECHECK_S, left_s)))
                     continue
                 if isinstance(action, PassOn):
                     yield attempt.status
