@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import signal
 import socket
 import sys
@@ -568,8 +569,10 @@ def _front_door_options(
 
 def _hold_seconds(text: str) -> float:
     value = _seconds(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    # A hold without end would keep a chat for a deployment that never serves for ever: the
+    # client's own timeout would be its only end, and it would count as neither failed nor done.
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
     return value
 
 

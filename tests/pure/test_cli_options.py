@@ -256,3 +256,13 @@ def test_repair_options_reach_the_request_and_a_bad_one_is_a_usage_error(
         parser.parse_args(["set", "d1", "--repair", "sometimes"])
     assert exited.value.code == EXIT_USAGE
     assert "--repair: invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("hold", ["-1", "inf", "nan", "soon"])
+def test_a_hold_that_is_not_a_number_of_seconds_exits_2(
+    capsys: pytest.CaptureFixture[str], service: list[str], hold: str
+) -> None:
+    code, _, err = run_cli(capsys, *service, "--hold-s", hold)
+    assert code == EXIT_USAGE
+    assert "--hold-s" in err and hold in err
