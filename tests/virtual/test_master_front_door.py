@@ -137,3 +137,15 @@ async def test_exo_s_cancel_ends_a_streamed_chat_on_its_node_and_its_answer_just
         assert outcome_of(answer.status_code, bytes(received), TOKENS) == "cut"  # as exo's
         assert again.status_code == 404
         assert "not found or already completed" in again.json()["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_chats_the_master_refuses_before_its_routing_are_counted_rejected() -> None:
+    async with master_with_a_node(MasterConfig(), nodes=0) as (_, client):
+        # The door's own 400, and the app's guard's 415 before the door's route runs.
+        empty = await client.post(CHAT, json={"model": QWEN, "messages": []})
+        assert empty.status_code == 400
+        not_json = await client.post(CHAT, content=b"hi", headers={"content-type": "text/plain"})
+        assert not_json.status_code == 415
+        samples = await scrape(client)
+        assert value(samples, "exo_deploy_requests_total", deployment="", outcome="rejected") == 2

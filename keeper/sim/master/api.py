@@ -11,7 +11,8 @@ too, ``keeper.httpapi.deployments_routes`` and ``keeper.httpapi.whatif_routes``)
 refusals (``keeper.httpapi.contract``): the OpenAPI document is the contract the tests fuzz.
 
 OpenAI's ``POST /v1/chat/completions`` and ``GET /v1/models`` are the bridge's front door
-(``keeper.httpapi.front_door_routes`` over ``Master.front_door``, docs/design.md §8.6): a chat is
+(``keeper.httpapi.front_door_routes.mount_front_door`` over ``Master.front_door``, with the count
+of the chats the app's guard refuses before they reach it; docs/design.md §8.6): a chat is
 held while its deployment does not serve, sent again, and continued after a cut, its upstream the
 master's own chat routing. The raw chat route below it (``exo_routes``) is exo's stand-in's only,
 as a stock exo has no front door.
@@ -29,13 +30,12 @@ from keeper.httpapi.app import JSON, command_json, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
-from keeper.httpapi.front_door_routes import front_door_router
+from keeper.httpapi.front_door_routes import mount_front_door
 from keeper.httpapi.metrics_routes import metrics_router
 from keeper.httpapi.nodes_routes import nodes_router
 from keeper.httpapi.whatif_routes import whatif_router
 from keeper.model.api_models import CommandResponse, CreateDeploymentRequest, ModelList
 from keeper.model.refusals import NotRunningError
-from keeper.runtime.front_door import ChatDocument
 from keeper.sim.master.chat_upstream import model_list_json
 from keeper.sim.master.dashboard_stream import dashboard_response
 from keeper.sim.master.openai_chat import ChatCompletionRequest, chat_completion
@@ -61,7 +61,7 @@ def create_app(
     app.include_router(whatif_router(master))
     app.include_router(metrics_router(master))
     app.include_router(exo_routes(master, token, raw_chat=False))
-    app.include_router(front_door_router(master.front_door, app.body_ref(ChatDocument)))
+    mount_front_door(app, master.front_door)
 
     @app.get("/state")
     async def state() -> Response:
