@@ -66,7 +66,7 @@ def growth_words(outcome: Outcome, count: int, model_id: str) -> str:
     if outcome == "held":
         return f"{chats} held until it could serve, then answered"
     if outcome == "migrated":
-        return f"{chats} cut mid-answer by exo, continued from where it was cut"
+        return f"{chats} cut mid-answer, continued from where it was cut"
     return f"{chats} failed: {'its client' if count == 1 else 'their clients'} got an error"
 
 

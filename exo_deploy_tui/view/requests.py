@@ -44,7 +44,7 @@ MEANING: Mapping[Outcome, str] = MappingProxyType(
     {
         "held": "waited for it to serve, then answered",
         "retried": "sent again before its first token",
-        "migrated": "cut mid-answer by exo, continued",
+        "migrated": "cut mid-answer, then continued",
         "failed": "the client got an error",
         "cancelled": "the client left",
         "rejected": "refused at the door (a bad request, or too many at once)",

@@ -71,7 +71,7 @@ def test_the_words_and_levels() -> None:
         "2 chats to Qwen3-0.6B-4bit held until it could serve, then answered"
     )
     assert growth_words("migrated", 1, QWEN) == (
-        "1 chat to Qwen3-0.6B-4bit cut mid-answer by exo, continued from where it was cut"
+        "1 chat to Qwen3-0.6B-4bit cut mid-answer, continued from where it was cut"
     )
     assert (
         growth_words("failed", 1, QWEN)

@@ -163,7 +163,7 @@ def test_describe_says_the_window_rate_p95_and_each_outcome_in_words() -> None:
         "116 in the last 5 min · 0.4/s · p95 first token 0.42 s",
         "112 ok · 3 held · 1 migrated · 0 failed",
         "held: waited for it to serve, then answered",
-        "migrated: cut mid-answer by exo, continued",
+        "migrated: cut mid-answer, then continued",
     ]
 
 
