@@ -1,5 +1,5 @@
 """What is new in a deployment's chats, for the timeline: "2 chats to Qwen3-0.6B-4bit held
-until it could serve, then answered" (docs/design.md §8.6, §9.1).
+until it could serve, then answered" (docs/design.md §8.6, §9.7).
 
 The service counts each chat through its front door once, when it ends, by outcome, and
 ``GET /deployments`` says how many ended each way over a sliding window

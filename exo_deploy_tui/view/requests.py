@@ -1,6 +1,6 @@
 """A deployment's chats through the service's front door, in the dashboard's words: the REQ/S
 and ERR cells of the deployments table and describe's ``chats`` lines (docs/design.md §8.6,
-§9.1).
+§9.7).
 
 The service sums the chats (``keeper.model.request_window``: the last five minutes' rate,
 failures, outcomes and 95th percentile of time to first token); this module only words the
