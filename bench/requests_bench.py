@@ -22,7 +22,8 @@ Two upstreams, because each answers a different question:
    at once: the front door's own cost, on both paths it takes (a model with a serving
    deployment, and one with none, passed straight on). The target is read on these figures:
    added p50 <= 2 ms. Beside them, the bridge's CPU per chat (less at the mercy of the other
-   processes than a latency) and how many connections it opened to the upstream.
+   processes than a latency), how many connections it opened to the upstream, and the fastest
+   chat each way (a floor that the load cannot explain is a fixed wait on the way).
 
 Then, on (2), streams held at once (``bench.requests_held``). The machine is described before
 and after (``requests_processes.machine``): on shared cores a latency is mostly waiting for a
@@ -139,6 +140,15 @@ def _door_cost(running: Running) -> None:
         f"  the bridge's CPU per chat through it: {cpu_ms:.2f} ms (its CPU at rest, "
         f"{idle_rate * 1e3:.0f} ms/s, taken out); connections it opened to the upstream: "
         f"{connections} for {chats} chats (one kept alive would carry them all)"
+    )
+    fastest = ", ".join(
+        f"{kind.label} {min(t.total for t in kind.through) * 1e3:.2f} ms "
+        f"(straight {min(t.total for t in kind.straight) * 1e3:.2f})"
+        for kind in kinds[:2]
+    )
+    print(
+        f"  the fastest chat through the door: {fastest} (a floor far above the straight one "
+        "is a fixed wait on the way, not the machine's load)"
     )
     print(
         f"  target: the front door adds <= {TARGET_ADDED_P50_MS:g} ms to a chat's p50: "
