@@ -319,7 +319,7 @@ class Bridge:
         # Its failing chats as webhooks (§6.9), its notable ones in the history (§3.5).
         self.webhooks.watch_chats(self.front_door.counts)
         self._view.chats = lambda deployment_id: self.front_door.counts.kept(
-            deployment_id, self._wall().timestamp() - self._monotonic(), self._counted_from()
+            deployment_id, self._monotonic(), self._wall().timestamp(), self._started.started_at
         )
 
     # --- what it holds -----------------------------------------------------------------------
@@ -356,11 +356,6 @@ class Bridge:
 
     def _wall(self) -> datetime:
         return self.clock.wall()
-
-    def _counted_from(self) -> float:
-        """When the front door began counting: the bridge's start (Unix seconds)."""
-        started = self._started.started_at
-        return started if started is not None else self._wall().timestamp()
 
     @property
     def keeper(self) -> KeeperLike:

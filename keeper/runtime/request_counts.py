@@ -113,11 +113,13 @@ class RequestCounts:
         first: what ``keeper.core.request_alerts`` reads. Not a copy: read it at once."""
         return self._recent
 
-    def kept(self, deployment: str, wall_offset: float, counted_from: float) -> KeptChats:
-        """The deployment's notable chats by second on the wall clock (``wall_offset``: Unix
-        time less the monotonic clock), whole from ``counted_from`` (Unix seconds: when this
-        front door began counting) or from the newest second the bound dropped."""
-        whole_from = counted_from
+    def kept(self, deployment: str, now: float, wall: float, started_at: float | None) -> KeptChats:
+        """The deployment's notable chats by second on the wall clock (``now`` and ``wall``:
+        this moment on the monotonic clock and in Unix seconds), whole from ``started_at``
+        (Unix seconds: the service's start, when this front door began counting; None: not
+        started, nothing before ``wall``) or from the newest second the bound dropped."""
+        wall_offset = wall - now
+        whole_from = started_at if started_at is not None else wall
         dropped = self._dropped_until.get(deployment)
         if dropped is not None:
             whole_from = max(whole_from, dropped + wall_offset)

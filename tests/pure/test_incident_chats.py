@@ -112,25 +112,27 @@ def test_the_counts_keep_notable_chats_by_second_on_the_wall_clock() -> None:
         (102.4, "retried"),
     ]:
         door.count("d1", outcome, None, at)  # type: ignore[arg-type]
-    kept = door.kept("d1", wall_offset=T0, counted_from=T0 + 50)
+    kept = door.kept("d1", now=200.0, wall=T0 + 200.0, started_at=T0 + 50)
     assert kept.complete_from == T0 + 50
     assert list(kept.seconds) == [
         ChatSecond(T0 + 100, held=2, failed=1),
         ChatSecond(T0 + 102, retried=1, migrated=1),
     ]
-    assert door.kept("other", wall_offset=T0, counted_from=T0) == KeptChats(T0, [])
+    assert door.kept("other", now=0.0, wall=T0, started_at=T0) == KeptChats(T0, [])
+    # Asked before the service started (no start yet): whole from now on.
+    assert door.kept("other", now=1.0, wall=T0 + 1, started_at=None).complete_from == T0 + 1
 
 
 def test_the_counts_keep_a_bounded_number_of_seconds_and_say_from_when() -> None:
     door = RequestCounts(None)
     for second in range(MAX_NOTABLE_SECONDS + 2):
         door.count("d1", "failed", None, float(second))
-    kept = door.kept("d1", wall_offset=1000.0, counted_from=1000.0)
+    kept = door.kept("d1", now=0.0, wall=1000.0, started_at=1000.0)
     assert len(kept.seconds) == MAX_NOTABLE_SECONDS
     assert kept.seconds[0].at == 1002.0
     assert kept.complete_from == 1002.0  # the two oldest seconds were dropped
     # Counting that began later than the drop still says from when it began.
-    assert door.kept("d1", wall_offset=1000.0, counted_from=5000.0).complete_from == 5000.0
+    assert door.kept("d1", now=0.0, wall=1000.0, started_at=5000.0).complete_from == 5000.0
 
 
 def test_the_counts_tell_their_watchers_and_a_watcher_that_fails_breaks_no_chat() -> None:

@@ -299,6 +299,8 @@ class Master(MasterCommands):
             config=self.config.front_door,
             registry=self.metrics.registry,
         )
+        # Its failing chats as webhooks (§6.9); its notable ones in the history (§3.5).
+        self.webhooks.watch_chats(self.front_door.counts)
 
     # --- read side -----------------------------------------------------------------------
 
@@ -382,7 +384,11 @@ class Master(MasterCommands):
 
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
-        return history_response(self.state, deployment_id, hours, self.clock.wall())
+        wall, now = self.clock.wall(), self._monotonic()
+        chats = self.front_door.counts.kept(
+            deployment_id, now, wall.timestamp(), self._started.started_at
+        )
+        return history_response(self.state, deployment_id, hours, wall, chats)
 
     def what_if_state(self) -> State:
         """The State ``GET /whatif`` reads (``keeper.httpapi.whatif_routes``): the master's."""
