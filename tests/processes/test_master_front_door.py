@@ -49,23 +49,24 @@ from process_helpers import (
 )
 
 from keeper.model.request_rule import OUTCOMES as COUNTED
+from keeper.sim.node.sim_node import DEFAULT_TOKENS_PER_S
 
 pytestmark = pytest.mark.e2e
 
 CLIENTS = 4
-# Tokens per chat: half a second of a simulated node's answer (20 a second), its first after
-# 50 ms: most of a chat's time is mid-answer, so the kill cuts answers rather than only catching
-# chats before their first token, and a client gets through several in a second.
-TOKENS = 10
+# Tokens per chat: a second of a simulated node's answer (20 a second), its first after 50 ms:
+# 95 % of a chat's time is mid-answer, so the kill cuts answers rather than catching chats
+# before their first token (which the master's routing sends elsewhere unseen by the door).
+TOKENS = 20
 # The door's hold (--hold-s): the other replica serves throughout, so no chat should wait; a
 # short hold bounds a run where one would.
 HOLD_S = 10
 # A chat with no end after this long is hung: the hold and an answer fit with room.
 HUNG_S = 20.0
 # Chats answered before the kill (every client under way), and after it (the other replica
-# serving every client, twice).
+# serving every client).
 BEFORE = CLIENTS
-AFTER = 2 * CLIENTS
+AFTER = CLIENTS
 NODES = ("a", "b")
 
 
@@ -78,7 +79,10 @@ class Chats:
     counts: Counter[Outcome] = field(default_factory=Counter[Outcome])
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def client(self) -> None:
+    def client(self, offset_s: float) -> None:
+        """Chats from ``offset_s`` on: the clients start spread over one answer, so that the kill
+        finds each at another point of its answer, not all of them just starting."""
+        self.stop.wait(offset_s)
         with httpx.Client(trust_env=False, timeout=HUNG_S) as client:
             while not self.stop.is_set():
                 outcome = self._chat(client)
@@ -214,7 +218,11 @@ def test_no_chat_through_the_master_s_front_door_fails_is_cut_or_hangs_in_a_kill
     victim = next(name for name in NODES if running.node_named(name) == victim_node)
 
     chats = Chats(running.url)
-    clients = [threading.Thread(target=chats.client) for _ in range(CLIENTS)]
+    answer_s = TOKENS / DEFAULT_TOKENS_PER_S
+    clients = [
+        threading.Thread(target=chats.client, args=(index * answer_s / CLIENTS,))
+        for index in range(CLIENTS)
+    ]
     for thread in clients:
         thread.start()
     try:
