@@ -214,7 +214,18 @@ class ExoCluster:
             assert time.monotonic() < end, f"exo's master does not list the running nodes: {view}"
             view = self.formed_within(FORMED_WAIT_S)
         self.lagging = sorted(self._behind(view))
+        self._model_known()
         return view
+
+    def _model_known(self) -> None:
+        """The model listed by every running node's ``GET /models``: a card added with exo's
+        ``POST /models/add`` is known to the node that added it, and a restarted node may not
+        list it again; it is added again there, as an operator would."""
+        for url in self.live_urls():
+            listed = _json("GET", f"{url}/models", COMMAND_TIMEOUT_S)
+            ids = {m.get("id") for m in (listed or {}).get("data", []) if isinstance(m, dict)}
+            if listed is not None and self.model not in ids:
+                _json("POST", f"{url}/models/add", CONTROL_TIMEOUT_S, {"model_id": self.model})
 
     def _heal_split(self, view: dict[str, Any]) -> dict[str, Any]:
         """Restart the nodes that follow a master other than the majority's, or that the
