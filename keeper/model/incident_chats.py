@@ -36,7 +36,7 @@ CHAT_TAIL_S = 60.0
 NOTABLE: tuple[Outcome, ...] = ("held", "retried", "migrated", "failed")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a service holds up to a day's worth per deployment
 class ChatSecond:
     """The notable chats of a deployment that ended in one second, from ``at`` (the start of
     the second, on whatever clock the holder keeps), by outcome."""

@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 TTFT_BUCKETS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 # The seconds with a notable chat (held, retried, migrated, failed) kept per deployment for the
 # history's incidents: a day of one a minute (a trickle of failures), or 24 minutes in which
-# every second had one (a busy deployment's incidents). About 100 bytes each: at most about
-# 150 KB per deployment. Past it the oldest go, and the history says from when it is whole.
+# every second had one (a busy deployment's incidents). About 100 bytes each: 148 KiB for a
+# deployment at the bound (tracemalloc, one failed chat a second). Past it the oldest go, and
+# the history says from when it is whole.
 MAX_NOTABLE_SECONDS = 1_440
 
 # Told of each request counted: its deployment, its outcome, when it ended (monotonic).
