@@ -53,7 +53,10 @@ from keeper.runtime.webhooks import Webhooks
 Role = Literal["acting", "standby"]
 
 # What the bridge's own State adds to exo's: its deployments and their serving records.
-_OWN_STATE_KEYS: set[str] = {"deployments", "serving_history"}
+# The bridge's own keys in the State it serves: its deployments and their history from its log,
+# and its verdicts on exo's nodes (suspect, dead: docs/design.md §5.18), cordons and drains, so
+# that a TUI pointed at the bridge shows what the bridge acts on, as it does on our master.
+_OWN_STATE_KEYS: set[str] = {"deployments", "serving_history", "node_watch", "cordoned", "drains"}
 
 
 class BridgeView:
@@ -145,12 +148,13 @@ class BridgeView:
         if exo is None:
             reason = self.not_followed_why()
             raise ExoDownError(f"exo at {self._follow.exo.url} has not answered yet: {reason}")
-        return self._state_body.get((exo, self._log.state), lambda: self._exo_json_with_ours(exo))
+        key = (exo, self._log.state, self._liveness.verdicts)
+        return self._state_body.get(key, lambda: self._exo_json_with_ours(exo))
 
     def _exo_json_with_ours(self, exo: ExoState) -> bytes:
         document: dict[str, Any] = dict(exo.raw)
         # The bridge's own keys, in the State's camelCase ("deployments", "servingHistory").
-        document.update(self._log.state.model_dump(mode="json", include=_OWN_STATE_KEYS))
+        document.update(self.state.model_dump(mode="json", include=_OWN_STATE_KEYS))
         return json.dumps(document, separators=(",", ":")).encode()
 
     def deployments_view(self) -> DeploymentsResponse:

@@ -12,6 +12,7 @@ State's short deadline and does not take the wait for its own pause. A State wit
 from __future__ import annotations
 
 import errno
+import json
 import socket
 import uuid
 from typing import Any
@@ -59,6 +60,9 @@ async def test_a_frozen_node_fails_over_through_exos_api_in_seconds() -> None:
         (frozen,) = [n for n in nodes if n.name == name]
         assert frozen.liveness == "dead" and frozen.silent_s is not None
         assert h.bridge.health().fast_failover == "on"
+        # GET /state carries the verdict, so a TUI pointed at the bridge shows it too.
+        served = json.loads(h.bridge.state_json())
+        assert served["nodeWatch"][holder]["phase"] == "dead"
 
 
 @pytest.mark.anyio
