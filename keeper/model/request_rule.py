@@ -44,10 +44,10 @@ Happened = Literal[
 # The troubles that say nothing against the request: worth waiting out, then sending again.
 TRANSIENT: frozenset[Happened] = frozenset({"no_instance", "upstream_error", "unreachable"})
 
-# ``rejected``: refused by the front door itself before anything went to exo (a body that is
-# not a chat, over 1 MiB, or more chats in flight than ``--max-inflight``): the client's or the
-# load's doing, counted apart from ``failed`` so that an alert on failed chats is about the
-# cluster.
+# ``rejected``: refused as a request before any answer began, by the front door itself (a body
+# that is not a chat, over 1 MiB, or more chats in flight than ``--max-inflight``) or by exo (its
+# 4xx passed on: a model it does not know, a field it refuses): the client's or the load's
+# doing, counted apart from ``failed`` so that an alert on failed chats is about the cluster.
 Outcome = Literal["ok", "held", "retried", "migrated", "failed", "cancelled", "rejected"]
 OUTCOMES: tuple[Outcome, ...] = (
     "ok",

@@ -205,6 +205,8 @@ class FrontDoor:
                     await self._sleep(max(MIN_RECHECK_S, min(RECHECK_S, left_s)))
                     continue
                 if isinstance(action, PassOn):
+                    # exo refused the request itself (its 4xx): the client's, not the cluster's.
+                    outcome = "rejected"
                     yield attempt.status
                     yield error_json(attempt.status, attempt.why)
                     return

@@ -60,7 +60,8 @@ class RequestCounts:
             PREFIX + "requests",
             "Chat requests through the front door, by deployment ('' for a model with none) "
             "and outcome: ok, held (waited for its deployment), retried (sent again before its "
-            "first token), migrated (continued after a cut), failed, cancelled (client left)",
+            "first token), migrated (continued after a cut), failed, cancelled (client left), "
+            "rejected (refused as a request, by the front door or by exo)",
             ["deployment", "outcome"],
             registry=self._registry,
         )
