@@ -18,8 +18,9 @@ Shaped so for three reasons:
   yields nothing until an attempt brings its first chunk, and the route (``keeper.httpapi.
   front_door_routes``) answers the error instead when the generator ends without one.
 - *It belongs to no one service.* It takes exo's API as httpx clients in order of preference
-  and the deployments as a lookup by model, so our master can mount the same door later;
-  the bridge passes the exo URL it follows first, then the others.
+  and the deployments as a lookup by model: the bridge passes the exo URL it follows first,
+  then the others; our master, a transport to its own chat routing
+  (``keeper.sim.master.chat_upstream``).
 - *One job a module.* Its bounds and what it knows of a deployment are
   ``keeper.runtime.front_door_config``; the chat's wire shapes and refusals
   ``keeper.runtime.front_door_wire``; sending to exo and reading its answer as exo writes it

@@ -54,12 +54,12 @@ def failure_words(failed: Failed) -> str:
             )
         case "cuts":
             return (
-                f"exo cut this answer {failed.cuts} times; no more continuations "
+                f"this answer was cut {failed.cuts} times upstream; no more continuations "
                 f"(--migrations {failed.migrations}){last}"
             )
         case "inexact":
             return (
-                f"exo cut this answer and it cannot be continued exactly "
+                f"this answer was cut upstream and it cannot be continued exactly "
                 f"({failed.inexact}){last}; the answer so far is incomplete"
             )
         case "garbage":
