@@ -9,15 +9,10 @@ cut stream, a 404 for want of an instance, an answer that is not SSE) are script
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
-import httpx
 import pytest
 from bridge_harness import (
-    ExoWithBridge,
     bridge_api,
     cut_after,
     exo_answers,
@@ -26,49 +21,13 @@ from bridge_harness import (
     sse_events,
     wait_until,
 )
+from front_door_harness import ASK, CHAT, chat, chats_sent, counted, serving, text_of
 from model_ids import QWEN
 
 from keeper.bridge.service import BridgeConfig
 from keeper.model.liveness import LivenessConfig
 from keeper.runtime.front_door import FrontDoorConfig
 from keeper.sim.node.sim_node import reply_tokens
-
-CHAT = "/v1/chat/completions"
-ASK = [{"role": "user", "content": "hello"}]
-NODES = (("a", 32.0), ("b", 32.0), ("c", 32.0))
-
-
-def chat(stream: bool, **extra: Any) -> dict[str, Any]:
-    return {"model": QWEN, "messages": ASK, "stream": stream, "max_tokens": 8, **extra}
-
-
-@asynccontextmanager
-async def serving(
-    config: BridgeConfig | None = None, nodes: tuple[tuple[str, float], ...] = NODES
-) -> AsyncIterator[tuple[ExoWithBridge, httpx.AsyncClient]]:
-    async with exo_with_bridge(nodes=nodes, bridge_config=config) as h:
-        await h.serve_qwen()
-        async with bridge_api(h.bridge) as api:
-            yield h, api
-
-
-def text_of(events: list[str]) -> str:
-    pieces: list[str] = []
-    for event in events:
-        if event == "[DONE]":
-            continue
-        for choice in json.loads(event).get("choices", []):
-            pieces.append(choice.get("delta", {}).get("content") or "")
-    return "".join(pieces)
-
-
-def chats_sent(h: ExoWithBridge) -> list[dict[str, Any]]:
-    return [body for method, path, body in h.link.calls if (method, path) == ("POST", CHAT)]
-
-
-def counted(h: ExoWithBridge, outcome: str) -> float:
-    (view,) = h.bridge.deployments_view().deployments
-    return h.bridge.front_door.counts.total(view.deployment.deployment_id, outcome)  # type: ignore[arg-type]
 
 
 @pytest.mark.anyio
