@@ -3,13 +3,10 @@ through the bridge's front door, as many straight to exo, every chat counted by 
 
 What a user meets is a chat, not an instance (docs/design.md §8.6), so the tier's kill and
 master-kill scenarios run ``CLIENTS`` clients on each side at once, each sending streamed chats
-back to back. A chat ends one of four ways for the client that sent it:
-
-- ``ok``: HTTP 200, some content, a ``finish_reason`` and one ``[DONE]`` last;
-- ``failed``: another status, an error event, or no connection;
-- ``cut``: a 200 that ends with neither a ``finish_reason`` nor ``[DONE]`` (what exo sends when
-  the instance under a chat is deleted: "neither a result nor an error");
-- ``hung``: no end within ``HUNG_S``.
+back to back. Each chat is counted by the rule every tier counts with (tests/chat_outcomes.py):
+``ok`` (answered whole, any text being the tiny model's answer), ``failed``, ``cut`` (what exo
+sends when the instance under a chat is deleted: "neither a result nor an error"), or ``hung``
+(no end within ``HUNG_S``).
 
 The straight clients go round-robin over the APIs of the nodes the control API lists running
 (exo's own routing then picks the instance, ready or not). Threads, not asyncio: the tier's
@@ -19,7 +16,6 @@ helpers are synchronous, and eight clients are eight threads.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections import Counter
@@ -27,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
+from chat_outcomes import OUTCOMES, Outcome, outcome_of_events
 
 # Clients on each side, as the front door's promise is stated: four streaming at once.
 CLIENTS = 4
@@ -41,7 +38,6 @@ HUNG_S = 60.0
 AFTER_ERROR_S = 0.25
 # Connecting to a node's API on loopback: a refused or frozen node is met within this.
 CONNECT_S = 3.0
-OUTCOMES = ("ok", "failed", "cut", "hung")
 
 
 def chat_body(model: str) -> dict[str, object]:
@@ -53,45 +49,31 @@ def chat_body(model: str) -> dict[str, object]:
     }
 
 
-def streamed_outcome(url: str, model: str, client: httpx.Client) -> str:
-    """Send one streamed chat to ``url`` (an exo API or the bridge); how it ended."""
+def streamed_outcome(url: str, model: str, client: httpx.Client) -> Outcome:
+    """Send one streamed chat to ``url`` (an exo API or the bridge); how it ended. A connection
+    that breaks is read as what came before it: a refused one is no answer, one broken
+    mid-answer the answer so far."""
     started = time.monotonic()
-    finished = False
-    done_last = False
-    content = False
+    status, events = 0, list[str]()
     timeout = httpx.Timeout(HUNG_S, connect=CONNECT_S)
     try:
         with client.stream(
             "POST", f"{url}/v1/chat/completions", json=chat_body(model), timeout=timeout
         ) as answer:
-            if answer.status_code != 200:
-                return "failed"
+            status = answer.status_code
             for line in answer.iter_lines():
                 if time.monotonic() - started > HUNG_S:
-                    return "hung"
-                if not line.startswith("data:"):
-                    continue  # a keep-alive comment or the blank line between events
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    done_last = True
-                    continue
-                done_last = False
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    return "failed"
-                if not isinstance(chunk, dict) or "error" in chunk:
-                    return "failed"
-                for choice in chunk.get("choices") or []:
-                    content = content or bool((choice.get("delta") or {}).get("content"))
-                    finished = finished or bool(choice.get("finish_reason"))
+                    return "hung"  # still coming (keep-alives), but no end in time
+                if line.startswith("data:"):  # not a comment, nor the blank line between events
+                    events.append(line[len("data:") :].strip())
     except httpx.TimeoutException:
-        return "hung" if time.monotonic() - started >= HUNG_S else "failed"
+        if time.monotonic() - started >= HUNG_S:
+            return "hung"
+    except httpx.TransportError:
+        pass  # what came is the reply (above)
     except httpx.HTTPError:
         return "failed"
-    if not (finished and done_last):
-        return "cut"
-    return "ok" if content else "failed"
+    return outcome_of_events(status, events, None)
 
 
 @dataclass
@@ -102,12 +84,12 @@ class StreamingClients:
     model: str
     front_door: str
     exo_urls: Callable[[], list[str]]
-    through: Counter[str] = field(default_factory=Counter[str])
-    straight: Counter[str] = field(default_factory=Counter[str])
+    through: Counter[Outcome] = field(default_factory=Counter[Outcome])
+    straight: Counter[Outcome] = field(default_factory=Counter[Outcome])
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _client(self, counts: Counter[str], target: Callable[[int], str | None]) -> None:
+    def _client(self, counts: Counter[Outcome], target: Callable[[int], str | None]) -> None:
         turn = 0
         with httpx.Client(trust_env=False) as client:
             while not self._stop.is_set():

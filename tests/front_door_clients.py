@@ -3,16 +3,8 @@ counted by how it ended for the person who sent it (docs/design.md §8.6).
 
 Shared by the front door's fault tests in virtual time (``tests/virtual/test_front_door_failover
 .py``) and as real processes (``tests/processes/test_front_door_faults.py``), so that both count
-with one rule and print one line. Every chat is one of:
-
-- *ok*: answered whole: a 200 whose text is the simulated node's answer up to ``max_tokens``,
-  with its ``finish_reason`` and one ``[DONE]`` at the end;
-- *failed*: an error status (no connection at all counts so too), an error event, or a whole
-  answer with the wrong text;
-- *cut*: a 200 that ended with neither a ``finish_reason`` nor one ``[DONE]``: neither a result
-  nor an error (exo's way of closing a chat whose instance it deleted, or a connection broken
-  mid-answer);
-- *hung*: no end within ``HUNG_S``.
+with one rule (``tests/chat_outcomes.py``: ok, failed, cut, or hung: no end within ``HUNG_S``)
+and print one line.
 
 A client chats one chat after another until told to stop; ``CLIENTS`` of them go through the
 door and as many straight to exo, started at spread offsets so that a fault finds them at every
@@ -21,19 +13,17 @@ point of their answers.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import httpx
 from anyio.abc import TaskGroup
-from bridge_harness import sse_events
-from model_ids import QWEN
+from chat_outcomes import OUTCOMES, Outcome, chat_body, outcome_of
 
-from keeper.sim.node.sim_node import DEFAULT_TOKENS_PER_S, reply_tokens
+from keeper.sim.node.sim_node import DEFAULT_TOKENS_PER_S
 
 CHAT = "/v1/chat/completions"
 # Clients on each side: a few chats in flight at once, so a fault catches several of them, each
@@ -44,39 +34,8 @@ CLIENTS = 4
 # fits well inside. A hung chat costs this much of a run; a run with none pays nothing for it.
 HUNG_S = 120.0
 
-Outcome = Literal["ok", "failed", "cut", "hung"]
-# In the order the line prints them.
-OUTCOMES: tuple[Outcome, ...] = ("ok", "failed", "cut", "hung")
 # A chat's status and the bytes of its answer that came (status 0: no answer began).
 Reply = tuple[int, bytes]
-
-
-def chat_body(max_tokens: int) -> dict[str, Any]:
-    """A streamed chat for Qwen asking for ``max_tokens`` tokens."""
-    return {
-        "model": QWEN,
-        "messages": [{"role": "user", "content": "hello"}],
-        "stream": True,
-        "max_tokens": max_tokens,
-    }
-
-
-def outcome_of(reply: Reply, max_tokens: int) -> Outcome:
-    """How one streamed chat of ``max_tokens`` ended, for the client that sent it."""
-    status, content = reply
-    if status != 200:
-        return "failed"
-    events = sse_events(content)
-    chunks = [json.loads(event) for event in events if event != "[DONE]"]
-    if any("error" in chunk for chunk in chunks):
-        return "failed"
-    finished = any(c["choices"][0].get("finish_reason") for c in chunks if c.get("choices"))
-    if not finished or events.count("[DONE]") != 1 or events[-1] != "[DONE]":
-        return "cut"
-    text = "".join(
-        choice["delta"].get("content") or "" for chunk in chunks for choice in chunk["choices"]
-    )
-    return "ok" if text == "".join(reply_tokens()[:max_tokens]) else "failed"
 
 
 async def streamed_chat(api: httpx.AsyncClient, body: dict[str, Any]) -> Reply:
@@ -108,7 +67,7 @@ async def client(
     while not stop.is_set():
         outcome: Outcome = "hung"
         with anyio.move_on_after(HUNG_S):
-            outcome = outcome_of(await send(), max_tokens)
+            outcome = outcome_of(*await send(), max_tokens)
         counts[outcome] += 1
         if outcome != "ok":
             await anyio.sleep(pause_s)
