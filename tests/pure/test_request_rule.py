@@ -1,6 +1,7 @@
 """``keeper.model.request_rule``: the front door's one rule for a chat request (docs/design.md
 §8.6), each boundary pinned down, then checked against a reference written apart from it over
-every input hypothesis finds."""
+every ``SoFar`` hypothesis builds (``so_fars``, shared with the properties of the rule's contract
+in ``test_request_rule_properties.py``, which are not stated again here)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
+from test_request_rule_properties import so_fars
 
 from keeper.model.request_rule import (
-    OUTCOMES,
     Action,
     Done,
     Fail,
@@ -200,60 +200,6 @@ def reference(s: SoFar) -> Action:
     return Send(s.first_token_sent)
 
 
-HAPPENED: tuple[Happened | None, ...] = (
-    None,
-    "answered",
-    "no_instance",
-    "upstream_error",
-    "unreachable",
-    "cut",
-    "refused",
-    "garbage",
-    "client_gone",
-)
-
-so_fars = st.builds(
-    SoFar,
-    last=st.sampled_from(HAPPENED),
-    deployed=st.booleans(),
-    serving=st.booleans(),
-    first_token_sent=st.booleans(),
-    exact=st.booleans(),
-    cuts=st.integers(0, 5),
-    held_s=st.floats(0, 100, allow_nan=False),
-    hold_s=st.sampled_from([0.0, 0.5, 30.0, 60.0]),
-    max_migrations=st.integers(0, 4),
-    held=st.booleans(),
-    sends=st.integers(0, 6),
-    continuations=st.integers(0, 3),
-    paused=st.booleans(),
-)
-
-
-@given(so_fars)
+@given(so_fars())
 def test_the_rule_agrees_with_its_reference(so_far: SoFar) -> None:
     assert next_action(so_far) == reference(so_far)
-
-
-@given(so_fars)
-def test_nothing_the_client_has_is_sent_again_from_scratch(so_far: SoFar) -> None:
-    action = next_action(so_far)
-    if isinstance(action, Send):
-        assert action.continuation == so_far.first_token_sent
-
-
-@given(so_fars)
-def test_a_request_is_never_held_past_its_bound(so_far: SoFar) -> None:
-    if so_far.held_s >= so_far.hold_s:
-        assert next_action(so_far) != Hold()
-
-
-@given(so_fars)
-def test_an_inexact_cut_after_the_first_token_is_never_continued(so_far: SoFar) -> None:
-    cut = replace(so_far, last="cut", first_token_sent=True, exact=False)
-    assert next_action(cut) == Fail("inexact")
-
-
-@given(so_fars)
-def test_an_outcome_is_always_one_of_the_counted(so_far: SoFar) -> None:
-    assert outcome(so_far) in OUTCOMES

@@ -39,7 +39,7 @@ EXOS_OWN_TROUBLE: frozenset[Happened] = TRANSIENT - {"no_instance"}
 @st.composite
 def so_fars(draw: st.DrawFn) -> SoFar:
     """Every SoFar: each field free, and the hold's edge (waited exactly the hold, a hair less)
-    often."""
+    often. The reference in ``test_request_rule.py`` is checked over these too."""
     hold_s = draw(st.one_of(st.just(0.0), st.floats(0, 120, allow_nan=False)))
     held_s = draw(
         st.one_of(
