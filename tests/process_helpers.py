@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -130,6 +131,46 @@ def cluster_argv(port: int, data_dir: Path, *flags: str) -> list[str]:
         str(SWEEP_INTERVAL_S),
         "--no-node-restart",
     ]
+
+
+@dataclass
+class ExoAndBridge:
+    """exo's stand-in and ``exo-deploy bridge`` in front of it, as processes."""
+
+    exo_url: str
+    bridge_url: str
+    exo: subprocess.Popen[bytes]
+    bridge: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def exo_and_bridge(
+    out_dir: Path, exo_argv: Callable[[int], list[str]], *bridge_flags: str
+) -> Iterator[ExoAndBridge]:
+    """``exo-deploy`` with ``exo_argv(port)`` (the stand-in for a stock exo, alone or as a
+    cluster) and ``exo-deploy bridge --exo`` it with ``bridge_flags``, each on a port of its own,
+    writing to ``exo.out`` and ``bridge.out`` in ``out_dir``; given once the bridge reaches exo,
+    both stopped on the way out."""
+    exo_port, bridge_port = free_port(), free_port()
+    exo_url, bridge_url = f"http://127.0.0.1:{exo_port}", f"http://127.0.0.1:{bridge_port}"
+    bridge_argv = ["bridge", "--exo", exo_url, "--port", str(bridge_port), *bridge_flags]
+    with (
+        (out_dir / "exo.out").open("wb") as exo_out,
+        (out_dir / "bridge.out").open("wb") as bridge_out,
+    ):
+        exo = start_cli(exo_argv(exo_port), exo_out)
+        bridge = start_cli(bridge_argv, bridge_out)
+        try:
+
+            def following() -> bool | None:
+                health = get_json(f"{bridge_url}/healthz")
+                return True if health is not None and health["exo"]["reachable"] else None
+
+            wait_for("the bridge following exo", START_DEADLINE_S, following)
+            yield ExoAndBridge(exo_url, bridge_url, exo, bridge)
+        finally:
+            stop(bridge)
+            stop(exo)
 
 
 def model_instances(state: dict[str, Any], model: str) -> Iterator[tuple[str, str]]:

@@ -15,15 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from model_ids import QWEN as MODEL
-from process_helpers import (
-    START_DEADLINE_S,
-    free_port,
-    get_json,
-    run_cli,
-    start_cli,
-    stop,
-    wait_for,
-)
+from process_helpers import exo_and_bridge, free_port, get_json, run_cli, wait_for
 from webhook_receiver import Receiver
 
 from keeper.core.request_alerts import FAILING_WINDOW_S, MIN_FAILED
@@ -52,26 +44,13 @@ def failing_notices(receiver: Receiver) -> list[dict[str, Any]] | None:
 def test_chats_failing_through_the_bridge_reach_the_webhook(tmp_path: Path) -> None:
     receiver = Receiver(free_port())
     receiver.start()
-    exo_port, bridge_port = free_port(), free_port()
-    exo_url, bridge_url = f"http://127.0.0.1:{exo_port}", f"http://127.0.0.1:{bridge_port}"
-    exo_argv = ["master", "--exo-compat", "--port", str(exo_port)]
-    bridge_argv = [
-        *("bridge", "--exo", exo_url, "--port", str(bridge_port)),
-        *("--data-dir", str(tmp_path / "bridge"), "--hold-s", "1", "--webhook", receiver.url),
-    ]
-    with (
-        (tmp_path / "exo.out").open("wb") as exo_out,
-        (tmp_path / "bridge.out").open("wb") as bridge_out,
-    ):
-        exo = start_cli(exo_argv, exo_out)
-        bridge = start_cli(bridge_argv, bridge_out)
-        try:
-
-            def following() -> bool | None:
-                health = get_json(f"{bridge_url}/healthz")
-                return True if health is not None and health["exo"]["reachable"] else None
-
-            wait_for("the bridge following exo", START_DEADLINE_S, following)
+    try:
+        with exo_and_bridge(
+            tmp_path,
+            lambda port: ["master", "--exo-compat", "--port", str(port)],
+            *("--data-dir", str(tmp_path / "bridge"), "--hold-s", "1", "--webhook", receiver.url),
+        ) as processes:
+            bridge_url = processes.bridge_url
             deployed = run_cli("deploy", MODEL, "--url", bridge_url, "--json")
             assert deployed.returncode == 0, deployed.stderr
             listed = get_json(f"{bridge_url}/deployments")
@@ -85,10 +64,8 @@ def test_chats_failing_through_the_bridge_reach_the_webhook(tmp_path: Path) -> N
                 "the requests_failing notice", NOTICE_WITHIN_S, lambda: failing_notices(receiver)
             )
             metrics = httpx.get(f"{bridge_url}/metrics", trust_env=False).text
-        finally:
-            stop(bridge)
-            stop(exo)
-            receiver.stop()
+    finally:
+        receiver.stop()
     assert failing["deployment_id"] == deployment_id and failing["model_id"] == MODEL
     assert (failing["failed"], failing["chats"]) == (MIN_FAILED, MIN_FAILED)
     assert failing["window_s"] == FAILING_WINDOW_S
