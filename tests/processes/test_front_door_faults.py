@@ -176,24 +176,19 @@ async def through_a_fault(tmp_path: Path, name: str, fault: Fault) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.e2e(seconds=50)
-async def test_kill_9_of_the_serving_node(tmp_path: Path) -> None:
-    await through_a_fault(tmp_path, "kill -9", kill_9)
-
-
-@pytest.mark.anyio
-@pytest.mark.e2e(seconds=60)
-async def test_a_15_s_freeze_of_the_serving_node(tmp_path: Path) -> None:
-    await through_a_fault(tmp_path, "freeze 15 s", freeze_15_s)
-
-
-@pytest.mark.anyio
-@pytest.mark.e2e(seconds=45)
-async def test_a_runner_crash_on_the_serving_node(tmp_path: Path) -> None:
-    await through_a_fault(tmp_path, "runner crash", runner_crash)
-
-
-@pytest.mark.anyio
-@pytest.mark.e2e(seconds=50)
-async def test_exos_master_changing_to_one_with_an_empty_state(tmp_path: Path) -> None:
-    await through_a_fault(tmp_path, "master election", master_election)
+@pytest.mark.parametrize(
+    ("name", "fault"),
+    [
+        pytest.param("kill -9", kill_9, marks=pytest.mark.e2e(seconds=50), id="kill_9"),
+        pytest.param("freeze 15 s", freeze_15_s, marks=pytest.mark.e2e(seconds=60), id="freeze"),
+        pytest.param(
+            "runner crash", runner_crash, marks=pytest.mark.e2e(seconds=45), id="runner_crash"
+        ),
+        # exo's master changing to one with an empty State.
+        pytest.param(
+            "master election", master_election, marks=pytest.mark.e2e(seconds=50), id="election"
+        ),
+    ],
+)
+async def test_chats_through_a_fault(tmp_path: Path, name: str, fault: Fault) -> None:
+    await through_a_fault(tmp_path, name, fault)
