@@ -22,8 +22,9 @@ Two upstreams, because each answers a different question:
    at once: the front door's own cost, on both paths it takes (a model with a serving
    deployment, and one with none, passed straight on). The target is read on these figures:
    added p50 <= 2 ms. Beside them, the bridge's CPU per chat (less at the mercy of the other
-   processes than a latency), how many connections it opened to the upstream, and the fastest
-   chat each way (a floor that the load cannot explain is a fixed wait on the way).
+   processes than a latency), how many connections it opened to the upstream, and for scale
+   the bridge's own ``GET /healthz`` (neither exo nor the door: what any answer of the
+   bridge's HTTP server costs).
 
 Then, on (2), streams held at once (``bench.requests_held``). The machine is described before
 and after (``requests_processes.machine``): on shared cores a latency is mostly waiting for a
@@ -41,8 +42,11 @@ from pathlib import Path
 import anyio
 
 from bench.chat_client import chat_body
-from bench.chat_rounds import Kind, bad, compare, interleaved
-from bench.master_bench import _cpu_seconds  # pyright: ignore[reportPrivateUsage]
+from bench.chat_rounds import Kind, bad, compare, interleaved, pct
+from bench.master_bench import (  # pyright: ignore[reportPrivateUsage]
+    _cpu_seconds,
+    _KeepAliveClient,
+)
 from bench.requests_held import held
 from bench.requests_processes import (
     Running,
@@ -72,6 +76,8 @@ WARMUP = 20
 TARGET_ADDED_P50_MS = 2.0
 # Over this long the bridge's CPU at rest is measured, to take it out of its CPU per chat.
 IDLE_S = 3.0
+# GETs of the bridge's /healthz, for scale: enough for a p50 and a rough p99.
+SCALE_GETS = 200
 # The shuffles' seed: a rerun sends the same order.
 SEED = 7
 
@@ -141,20 +147,29 @@ def _door_cost(running: Running) -> None:
         f"{idle_rate * 1e3:.0f} ms/s, taken out); connections it opened to the upstream: "
         f"{connections} for {chats} chats (one kept alive would carry them all)"
     )
-    fastest = ", ".join(
-        f"{kind.label} {min(t.total for t in kind.through) * 1e3:.2f} ms "
-        f"(straight {min(t.total for t in kind.straight) * 1e3:.2f})"
-        for kind in kinds[:2]
-    )
+    health = anyio.run(_healthz, running.bridge_port)
     print(
-        f"  the fastest chat through the door: {fastest} (a floor far above the straight one "
-        "is a fixed wait on the way, not the machine's load)"
+        f"  for scale, the bridge's GET /healthz (neither exo nor the door), {SCALE_GETS} on "
+        f"one connection: p50 {pct(health, 0.5) * 1e3:.2f} ms, p99 {pct(health, 0.99) * 1e3:.2f}"
+        " ms"
     )
     print(
         f"  target: the front door adds <= {TARGET_ADDED_P50_MS:g} ms to a chat's p50: "
         f"{'met' if worst <= TARGET_ADDED_P50_MS else 'NOT met'} (the most added, of every "
         f"kind's first token and end: {worst:+.2f} ms)"
     )
+
+
+async def _healthz(port: int) -> list[float]:
+    """Seconds of each of ``SCALE_GETS`` ``GET /healthz`` on one keep-alive connection."""
+    took: list[float] = []
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        client = _KeepAliveClient(stream, "/healthz")
+        for _ in range(SCALE_GETS):
+            started = time.perf_counter()
+            await client.get()
+            took.append(time.perf_counter() - started)
+    return took
 
 
 def run() -> None:
