@@ -28,6 +28,7 @@ from keeper.model.chat_continuation import (
 )
 from keeper.runtime.front_door_upstream import (
     ANSWER_MAX_BYTES,
+    ANSWER_TIMEOUT_S,
     Attempt,
     Opened,
     cancel_chat,
@@ -40,9 +41,6 @@ from keeper.runtime.front_door_upstream import (
 from keeper.runtime.front_door_wire import SSE, sse_event
 
 log = logging.getLogger(__name__)
-
-# A non-streamed answer comes whole at the end: a long answer (4,096 tokens at 10 tok/s) fits.
-ANSWER_TIMEOUT_S = 600.0
 
 
 @dataclass

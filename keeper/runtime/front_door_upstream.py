@@ -28,6 +28,14 @@ HEAD_TIMEOUT_S = 10.0
 # exo writes a keep-alive comment every 10 s on a stream: three missed means the stream is dead
 # (a node frozen under it), and it is treated as cut.
 STREAM_SILENCE_S = 30.0
+# A non-streamed answer comes whole at the end, its head with it: a long answer (4,096 tokens at
+# 10 tok/s) fits. A chat on a dead node's instance does not wait this long: exo closes it when
+# the instance is deleted (the bridge deletes it within seconds of the node's death).
+ANSWER_TIMEOUT_S = 600.0
+# Per chat request, httpx's own deadlines: connecting and sending within the head's bound; the
+# reading is bounded by this module's own (the head, the stream's silence, the whole answer),
+# not by the exo client's 8 s, which cut every stream that only got exo's 10 s keep-alive.
+CHAT_HTTP_TIMEOUT = httpx.Timeout(HEAD_TIMEOUT_S, read=None)
 # The most of a non-streamed answer read, and of one SSE event: exo's answers are text.
 ANSWER_MAX_BYTES = 16 * 2**20
 # The most of an error's text quoted from exo.
@@ -69,15 +77,18 @@ async def open_chat(
     """The head of exo's answer from the first URL that answers; None with ``attempt`` saying
     why when there is none to read on."""
     content = json.dumps(body).encode()
+    # exo sends a stream's head at once, a whole answer's with the answer.
+    head_s = HEAD_TIMEOUT_S if body.get("stream") else ANSWER_TIMEOUT_S
     attempt.happened, attempt.why = "unreachable", "no exo URL to send it to"
     for client in clients:
         try:
-            with anyio.fail_after(HEAD_TIMEOUT_S):
+            with anyio.fail_after(head_s):
                 request = client.build_request(
                     "POST",
                     CHAT_PATH,
                     content=content,
                     headers={"Content-Type": "application/json"},
+                    timeout=CHAT_HTTP_TIMEOUT,
                 )
                 response = await client.send(request, stream=True)
         except (httpx.HTTPError, TimeoutError) as exc:
