@@ -88,6 +88,11 @@ REQUEST_TIMEOUT_S = 5.0
 COMMAND_TIMEOUT_S = 8.0
 
 
+# Idle connections to one exo API kept for the next chat: a few clients chatting back to back
+# reuse theirs; a burst's connections beyond these are closed once idle.
+KEPT_CHAT_LINKS = 32
+
+
 class ExoUnavailableError(Exception):
     """exo did not answer usefully; ``str()`` says how, for the operator."""
 
@@ -198,15 +203,28 @@ class ExoClient:
             # whole, before its size could be counted against the cap.
             headers={"Accept-Encoding": "identity"},
         )
+        # The front door's chats on a client of their own: a chat's stream holds its connection
+        # for the whole answer, and on the one above httpx's pool of 100 held streams would keep
+        # the State poll waiting (measured: past 100 streams the bridge stopped reading exo's
+        # State). Its connections are bounded by the door's --max-inflight, not by a pool.
+        self._passed = httpx.AsyncClient(
+            base_url=self.url,
+            transport=transport,
+            timeout=httpx.Timeout(max(timeout_s, command_timeout_s)),
+            trust_env=False,
+            headers={"Accept-Encoding": "identity"},
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEPT_CHAT_LINKS),
+        )
 
     @property
     def http(self) -> httpx.AsyncClient:
-        """The HTTP client on exo's URL, for what is passed through to exo as it is (the
-        front door's chats, keeper.runtime.front_door)."""
-        return self._http
+        """The HTTP client on exo's URL for what is passed through to exo as it is (the front
+        door's chats, keeper.runtime.front_door): apart from the bridge's own reads."""
+        return self._passed
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._passed.aclose()
 
     async def state(self, timeout_s: float | None = None) -> ExoState:
         """exo's State, read within ``timeout_s`` (None: ``STATE_TIMEOUT_S`` or what this
