@@ -1,8 +1,8 @@
 """How one streamed chat ended for the client that sent it (docs/design.md §8.6): the one rule
 for every test that counts chats, so that a count means the same in each tier. It counts the
 chats through our master's front door while a replica's node is killed, in virtual time
-(tests/virtual/test_chat_replicas.py) and as processes (tests/processes/test_master_front_door
-.py); the clients through the bridge's front door and straight to exo, in virtual time and as
+(tests/virtual/test_chat_replicas.py) and as processes
+(tests/processes/test_master_front_door_process.py); the clients through the bridge's front door and straight to exo, in virtual time and as
 processes (tests/front_door_clients.py); and those on a real exo cluster (tests/exo_clients.py).
 Every chat is one of:
 

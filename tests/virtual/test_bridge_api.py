@@ -171,8 +171,12 @@ async def test_state_is_exo_s_with_the_deployments_merged_in_and_models_pass_thr
         # The bridge's serving records, judged on exo's States: created, then serving.
         records = bridge_state.pop("servingHistory")[deployment_id]
         assert records[0]["begins"] == "created"
-        assert "deployments" not in exo_state  # exo's State has no such key
-        assert "servingHistory" not in exo_state
+        # The bridge's verdicts, cordons and drains (none here), for a TUI pointed at it.
+        assert bridge_state.pop("nodeWatch") == {}
+        assert bridge_state.pop("cordoned") == []
+        assert bridge_state.pop("drains") == {}
+        for own in ("deployments", "servingHistory", "nodeWatch", "cordoned", "drains"):
+            assert own not in exo_state  # exo's State has no such key
         assert bridge_state == exo_state
 
         # GET /deployments/{id}/history on the bridge: serving since exo showed it ready.

@@ -142,6 +142,9 @@ async def test_a_node_suspected_then_confirmed_dead_is_at_risk_then_down_from_it
         assert newest.phases is not None
         await anyio.sleep(max(0.0, newest.at - now(master)) + 1.0)
         (again,) = (await history(client, deployment_id)).incidents
-    assert again == ended
+    # The incident's chats are counted in memory only (docs/design.md §3.5): a new master does
+    # not know them, and says so rather than zero.
+    assert again.chats is None
+    assert again == ended.model_copy(update={"chats": None})
     body = again.model_dump(by_alias=True)
     assert set(body["phases"]) == {"detected", "placed", "downloaded", "loaded"}
