@@ -2,8 +2,9 @@
 for every test that counts chats, so that a count means the same in each tier. It counts the
 chats through our master's front door while a replica's node is killed, in virtual time
 (tests/virtual/test_chat_replicas.py) and as processes
-(tests/processes/test_master_front_door_process.py); the clients through the bridge's front door and straight to exo, in virtual time and as
-processes (tests/front_door_clients.py); and those on a real exo cluster (tests/exo_clients.py).
+(tests/processes/test_master_front_door_process.py); the clients through the bridge's front
+door and straight to exo, in virtual time and as processes (tests/front_door_clients.py); and
+those on a real exo cluster (tests/exo_clients.py).
 Every chat is one of:
 
 - *ok*: answered whole: a 200 whose text is the answer (the simulated node's up to

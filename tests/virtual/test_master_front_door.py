@@ -6,7 +6,8 @@ answer ends); a chat for a deployment not serving yet is held until it serves, a
 the hold's 503 when it does not serve in time; ``GET /v1/models`` is the master's catalog through
 the door; every chat is counted, in /metrics and in the deployment's view; exo's cancel, which
 the door sends when its client leaves, ends a streamed chat on its node. Under a kill:
-tests/virtual/test_chat_replicas.py; as processes: tests/processes/test_master_front_door_process.py.
+tests/virtual/test_chat_replicas.py; as processes:
+tests/processes/test_master_front_door_process.py.
 """
 
 from __future__ import annotations
