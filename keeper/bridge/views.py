@@ -92,6 +92,7 @@ class BridgeView:
         self._liveness = liveness
         self._merged = LastBuilt[State]()  # exo's State with our deployments
         self._state_body = LastBuilt[bytes]()  # exo's State JSON with our deployments
+        self._door_views = LastBuilt[list[DeploymentView]]()  # what the front door reads
         self._touched = LastBuilt[dict[str, str]]()  # deployments exo's unread parts concern
         # A deployment's chats through the front door (set by the bridge once it has one).
         self.requests: Callable[[str], RequestsView | None] = lambda _: None
@@ -171,8 +172,19 @@ class BridgeView:
 
     def model_deployment(self, model_id: str) -> ModelDeployment | None:
         """The deployment of ``model_id`` as the front door asks (serving, and its status in
-        words; ``keeper.runtime.model_deployment``), or None when the model has none."""
-        return model_deployment(self.deployments_view().deployments, model_id)
+        words; ``keeper.runtime.model_deployment``), or None when the model has none.
+
+        Asked two or three times a chat: the views it reads are built once per State (a poll,
+        or a change of the bridge's own), not with each deployment's chats summed every time
+        (measured: a quarter of the bridge's CPU under chats)."""
+        state = self.state
+        views = self._door_views.get(
+            (state,),
+            lambda: deployment_views(
+                state, self._started.keeper_or_none, self._started.clock_or_none, self._detail
+            ),
+        )
+        return model_deployment(views, model_id)
 
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
