@@ -178,6 +178,25 @@ class ExoApi(Protocol):
     def http(self) -> httpx.AsyncClient: ...
 
 
+def _exo_http(
+    url: str,
+    transport: httpx.AsyncBaseTransport | None,
+    timeout: httpx.Timeout,
+    limits: httpx.Limits,
+) -> httpx.AsyncClient:
+    """An HTTP client on exo's API at ``url``."""
+    return httpx.AsyncClient(
+        base_url=url,
+        transport=transport,
+        timeout=timeout,
+        trust_env=False,  # exo is on the LAN: never through an HTTP proxy from the env
+        # Bodies as sent: a compressed one would be inflated a chunk at a time, each chunk
+        # whole, before its size could be counted against the cap.
+        headers={"Accept-Encoding": "identity"},
+        limits=limits,
+    )
+
+
 class ExoClient:
     """exo's HTTP API at ``url`` (e.g. ``http://127.0.0.1:52415``)."""
 
@@ -194,26 +213,17 @@ class ExoClient:
         self._timeout_s = timeout_s
         self._command_timeout_s = command_timeout_s
         self._state_timeout_s = state_timeout_s
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            transport=transport,
-            timeout=httpx.Timeout(max(timeout_s, command_timeout_s)),
-            trust_env=False,  # exo is on the LAN: never through an HTTP proxy from the env
-            # Bodies as sent: a compressed one would be inflated a chunk at a time, each chunk
-            # whole, before its size could be counted against the cap.
-            headers={"Accept-Encoding": "identity"},
-        )
+        timeout = httpx.Timeout(max(timeout_s, command_timeout_s))
+        self._http = _exo_http(self.url, transport, timeout, httpx.Limits())
         # The front door's chats on a client of their own: a chat's stream holds its connection
         # for the whole answer, and on the one above httpx's pool of 100 held streams would keep
         # the State poll waiting (measured: past 100 streams the bridge stopped reading exo's
         # State). Its connections are bounded by the door's --max-inflight, not by a pool.
-        self._passed = httpx.AsyncClient(
-            base_url=self.url,
-            transport=transport,
-            timeout=httpx.Timeout(max(timeout_s, command_timeout_s)),
-            trust_env=False,
-            headers={"Accept-Encoding": "identity"},
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEPT_CHAT_LINKS),
+        self._passed = _exo_http(
+            self.url,
+            transport,
+            timeout,
+            httpx.Limits(max_connections=None, max_keepalive_connections=KEPT_CHAT_LINKS),
         )
 
     @property
