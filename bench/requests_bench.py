@@ -29,10 +29,15 @@ Two upstreams, because each answers a different question:
 Then, on (2), streams held at once (``bench.requests_held``). The machine is described before
 and after (``requests_processes.machine``): on shared cores a latency is mostly waiting for a
 core, and the ratio of a reference loop's wall time to its CPU time says how much.
+
+``BENCH_REQUESTS_DOOR_ONLY=1`` runs (2)'s chats alone (about 4 minutes): the stand-in is still
+started, its model deployed and its State recorded (the minimal upstream serves it), but its
+chats are not sent, nor are streams held. For measuring a change to the door's own cost.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections import Counter
@@ -80,6 +85,8 @@ IDLE_S = 3.0
 SCALE_GETS = 200
 # The shuffles' seed: a rerun sends the same order.
 SEED = 7
+# Set (to anything but "" or "0"): (2)'s chats alone (module doc).
+DOOR_ONLY = os.environ.get("BENCH_REQUESTS_DOOR_ONLY", "") not in ("", "0")
 
 
 def _print_kinds(kinds: Sequence[Kind]) -> list[float]:
@@ -177,11 +184,13 @@ def run() -> None:
     print(f"the machine before: {machine()}")
     with tempfile.TemporaryDirectory(prefix="requests-") as tmp:
         with standin(Path(tmp), DEPLOYED) as running:
-            _standin_figures(running)
+            if not DOOR_ONLY:
+                _standin_figures(running)
             recorded = record(running.exo_url)
         with minimal(Path(tmp), recorded, DEPLOYED) as running:
             _door_cost(running)
-            held(running, DEPLOYED)
+            if not DOOR_ONLY:
+                held(running, DEPLOYED)
             sent = counts(running.exo_url)["commands"]
         by_kind = Counter(command.split("/chatcmpl")[0] for command in sent)
         print(f"  commands the bridge sent the upstream, by kind: {dict(by_kind) or 'none'}")
