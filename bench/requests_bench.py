@@ -30,7 +30,7 @@ Then, on (2), streams held at once (``bench.requests_held``). The machine is des
 and after (``requests_processes.machine``): on shared cores a latency is mostly waiting for a
 core, and the ratio of a reference loop's wall time to its CPU time says how much.
 
-``BENCH_REQUESTS_DOOR_ONLY=1`` runs (2)'s chats alone (about 4 minutes): the stand-in is still
+``BENCH_REQUESTS_DOOR_ONLY=1`` runs (2)'s chats alone (about a minute): the stand-in is still
 started, its model deployed and its State recorded (the minimal upstream serves it), but its
 chats are not sent, nor are streams held. For measuring a change to the door's own cost.
 """
