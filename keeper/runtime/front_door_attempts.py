@@ -36,6 +36,7 @@ from keeper.runtime.front_door_upstream import (
     json_event,
     open_chat,
     read_capped,
+    read_to_end,
     sse_events,
 )
 from keeper.runtime.front_door_wire import SSE, sse_event
@@ -83,13 +84,15 @@ async def stream_attempt(
             attempt.happened = "garbage"
             attempt.why = f"a stream was asked, exo answered {kind or 'no content type'}"
             return
-        finished = False
-        async for event in sse_events(response.aiter_lines(), attempt):
+        finished = done = False
+        lines = response.aiter_lines()
+        async for event in sse_events(lines, attempt):
             if event is None:  # a comment: keep-alive
                 if progress.first_token_at is not None:
                     yield b": keep-alive\n\n"
                 continue
             if event == "[DONE]":
+                done = True
                 break
             chunk = json_event(event, attempt)
             if chunk is None:
@@ -112,6 +115,8 @@ async def stream_attempt(
             # (exo writes a stats comment between them), so the client gets one [DONE].
             attempt.happened = "answered"
             yield b"data: [DONE]\n\n"
+            if done:
+                await read_to_end(lines)  # its connection kept for the next chat
             return
         attempt.happened = "cut"
         attempt.why = "exo ended the stream without a finish_reason"

@@ -38,6 +38,10 @@ ANSWER_TIMEOUT_S = 600.0
 CHAT_HTTP_TIMEOUT = httpx.Timeout(HEAD_TIMEOUT_S, read=None)
 # The most of a non-streamed answer read, and of one SSE event: exo's answers are text.
 ANSWER_MAX_BYTES = 16 * 2**20
+# exo ends a stream right after its ``[DONE]``; the end is read (so httpx keeps the connection
+# for the next chat, rather than opening one a chat) for at most this long, the client's answer
+# waiting for it: an exo that keeps the stream open past it has its connection closed instead.
+AFTER_DONE_S = 0.25
 # The most of an error's text quoted from exo.
 QUOTED_CHARS = 300
 # exo's own cancel of a chat whose client left (``POST /v1/cancel/{command_id}``) is answered
@@ -161,6 +165,22 @@ async def sse_events(lines: AsyncIterator[str], attempt: Attempt) -> AsyncIterat
             attempt.happened = "garbage"
             attempt.why = f"exo's stream is not SSE: {line[:80]!r}"
             return
+
+
+async def read_to_end(lines: AsyncIterator[str]) -> bool:
+    """Read what is left of exo's stream after its ``[DONE]``, within ``AFTER_DONE_S`` and
+    ``ANSWER_MAX_BYTES``: whether it ended (its connection then kept for another chat)."""
+    size = 0
+    with anyio.move_on_after(AFTER_DONE_S):
+        try:
+            async for line in lines:
+                size += len(line)
+                if size > ANSWER_MAX_BYTES:
+                    return False
+        except httpx.HTTPError:
+            return False
+        return True
+    return False
 
 
 def json_event(text: str, attempt: Attempt) -> dict[str, Any] | None:
