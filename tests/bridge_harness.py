@@ -76,6 +76,7 @@ class ExoLink(httpx.AsyncBaseTransport):
         self.down_hosts: set[str] = set()  # refused at once, as a port nobody listens on
         self.hung_hosts: set[str] = set()  # never answered: the caller's deadline ends it
         self.slow_s = 0.0  # every answer waits this long first: an exo on a loaded machine
+        self.slow_deletes_s = 0.0  # DELETE /instance/{id} answers this long after it came
         self.node_id_asked: list[str] = []  # the host of every GET /node_id
         # What exo answers the next chats instead, in order: each is given the chat's body and a
         # way to get the stand-in's own answer (cut it, empty it, replace it).
@@ -111,6 +112,8 @@ class ExoLink(httpx.AsyncBaseTransport):
         if (method, path) != ("GET", "/state"):
             body = json.loads(request.content) if request.content else None
             self.calls.append((method, path, body))
+        if method == "DELETE" and path.startswith("/instance/") and self.slow_deletes_s:
+            await anyio.sleep(self.slow_deletes_s)
         if (method, path) == ("POST", "/v1/chat/completions") and self.chat_scripts:
             script = self.chat_scripts.pop(0)
 

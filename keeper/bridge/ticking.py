@@ -4,8 +4,9 @@ The order is the rule, so it reads top to bottom in ``tick``: read exo's State (
 follower, which says whether it may be acted on); with a shared store, stop unless this bridge
 acts; then, under the log's lock that the commands also take, settle the creations exo
 answered, record what exo deleted (``keeper.bridge.vanished``) and what serving became
-(``keeper.model.history``), delete the doomed instances, resend what exo may have lost, ask exo
-where it would place what the step will try (``keeper.bridge.placing``), step the keeper on those
+(``keeper.model.history``), delete the doomed instances and, at the same time (a loaded exo
+answers each call in up to a second), resend what exo may have lost, ask exo where it would
+place what the step will try (``keeper.bridge.placing``), step the keeper on those
 answers, and turn its events into exo calls and the bridge's own records (``_act``). A step that
 raises is retried the next second and never stops the bridge (``keeper.bridge.health``).
 """
@@ -13,7 +14,9 @@ raises is retried the next second and never stops the bridge (``keeper.bridge.he
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
 
 from keeper.bridge.acting import SharedActing
 from keeper.bridge.creating import Creations
@@ -46,6 +49,26 @@ from keeper.runtime.event_store import LogNotWritableError
 from keeper.runtime.hosted_keeper import ReportsHealth, Started
 
 log = logging.getLogger(__name__)
+
+
+async def side_by_side(
+    first: Callable[[], Awaitable[None]], second: Callable[[], Awaitable[None]]
+) -> None:
+    """Run both at once; once both ended, raise the first exception either raised, as itself
+    (not in a group: the tick's callers catch the store's exceptions by type)."""
+    raised: list[Exception] = []
+
+    async def run(call: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await call()
+        except Exception as exc:
+            raised.append(exc)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run, first)
+        await run(second)
+    if raised:
+        raise raised[0]
 
 
 class BridgeTicks:
@@ -127,25 +150,33 @@ class BridgeTicks:
             self._record_vanished(exo, now)
             self._record_serving()
             self._doom_dead(now)
-            await self._delete_doomed(exo, now)
-            if self._follow.outage is not None:
-                return  # exo stopped answering meanwhile: this State may already be stale
-            await self._creations.resend(exo, now)
-            # The step's plan: what it will try to place, exo's answers for exactly those, then
-            # the step placing from those answers only (keeper.bridge.placing).
-            state = self._view.acting_state  # without what exo's unread parts concern
-            keeper = self._started.keeper
-            repair = keeper.repair_kind(state, now) if isinstance(keeper, ReportsHealth) else None
-            due = due_for_placement(state, keeper.timers(state, now), repair)
-            try:
-                answers = await ask_exo(self._follow.exo, self._cards, state, due)
-            except ExoUnavailableError as exc:
-                self._follow.unavailable(str(exc))
-                return
-            if self._follow.outage is not None:
-                return
-            events = self._placement.step(keeper, answers, state, now)
-            await self._act(events, answers, now)
+            deletions = self._fence_deletions(exo, now)
+            # The deletions go beside the step's placements, not before them: a dead node's
+            # instance and its replacement are independent calls, and a loaded exo answers
+            # each in up to a second (docs/design.md §5.18).
+            await side_by_side(
+                lambda: self._send_deletions(deletions, now), lambda: self._place(exo, now)
+            )
+
+    async def _place(self, exo: ExoState, now: float) -> None:
+        """Resend what exo may have lost, ask exo where it would place what the step will try,
+        step the keeper on those answers and act on its events."""
+        await self._creations.resend(exo, now)
+        # The step's plan: what it will try to place, exo's answers for exactly those, then
+        # the step placing from those answers only (keeper.bridge.placing).
+        state = self._view.acting_state  # without what exo's unread parts concern
+        keeper = self._started.keeper
+        repair = keeper.repair_kind(state, now) if isinstance(keeper, ReportsHealth) else None
+        due = due_for_placement(state, keeper.timers(state, now), repair)
+        try:
+            answers = await ask_exo(self._follow.exo, self._cards, state, due)
+        except ExoUnavailableError as exc:
+            self._follow.unavailable(str(exc))
+            return
+        if self._follow.outage is not None:
+            return  # exo stopped answering meanwhile (here or a DELETE): the State may be stale
+        events = self._placement.step(keeper, answers, state, now)
+        await self._act(events, answers, now)
 
     def _step_failed(self, exc: Exception) -> None:
         # /healthz and every deployment say so until a step goes through; each distinct error
@@ -198,11 +229,20 @@ class BridgeTicks:
                 log.info("instance %s: node(s) %s confirmed dead", instance_id, ", ".join(nodes))
                 self._doomed.add(instance_id, now)
 
-    async def _delete_doomed(self, exo: ExoState, now: float) -> None:
+    def _fence_deletions(self, exo: ExoState, now: float) -> list[str]:
+        """The doomed instances to send ``DELETE`` for now, each announced in the shared store
+        first (fenced, like every exo call); the ones after a refused fence are left to the
+        next acting bridge."""
         present = frozenset(exo.state.instances) | exo.unreadable_instances
+        fenced: list[str] = []
         for instance_id in self._doomed.due(present, now):
             if self._acting is not None and not self._acting.fence_delete(instance_id):
-                return  # no longer acting: the next acting bridge deletes it
+                break  # no longer acting: the next acting bridge deletes it
+            fenced.append(instance_id)
+        return fenced
+
+    async def _send_deletions(self, instance_ids: Sequence[str], now: float) -> None:
+        for instance_id in instance_ids:
             try:
                 await self._follow.exo.delete_instance(instance_id)
             except ExoUnavailableError as exc:

@@ -299,3 +299,30 @@ async def test_a_slow_exo_is_followed_not_called_unreachable() -> None:
         h.link.slow_s = 2.0
         await h.serve_qwen()
         assert h.bridge.health().exo.reachable
+
+
+@pytest.mark.anyio
+async def test_a_dead_node_s_instance_is_deleted_beside_its_replacement_not_before() -> None:
+    # A loaded exo answers a DELETE in up to a second (0.9 s measured on a real cluster): the
+    # replacement's placement must not wait for it. Here exo takes 4 s to answer the DELETE.
+    slow_delete_s = 4.0
+    async with exo_with_bridge(nodes=NODES, bridge_config=FAST, node_apis=True) as h:
+        _, first = await h.serve_qwen()
+        _, name = holder_of(h, first)
+        h.link.slow_deletes_s = slow_delete_s
+        posted = len(h.link.posted_instances())
+        h.nodes.crash(name, 60.0)
+        h.link.down_hosts.add(httpx.URL(node_url(name)).host)
+        await wait_until(
+            lambda: first in h.link.deleted_instances(), 12, "the DELETE sent", poll_s=0.05
+        )
+        delete_sent_at = anyio.current_time()
+        await wait_until(
+            lambda: len(h.link.posted_instances()) > posted,
+            slow_delete_s + 3,
+            "the replacement posted",
+            poll_s=0.05,
+        )
+        replacement_after_s = anyio.current_time() - delete_sent_at
+        assert replacement_after_s < slow_delete_s / 2, replacement_after_s
+        await wait_until(h.serving, 10, "serving again")
