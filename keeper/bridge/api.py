@@ -12,6 +12,8 @@ same deployments routes (``keeper.httpapi.deployments_routes``), so ``exo-deploy
 - ``GET /state``: exo's State as exo sent it, with ``deployments`` merged in (503 until exo has
   answered once);
 - ``GET /models``: exo's model list, passed on;
+- ``DELETE /instance/{id}``: exo's own route, as the dashboard's ctrl+k sends it: the instance
+  is deleted through exo like one the keeper deletes (``BridgeCommands.delete_instance``);
 - ``GET /whatif?nodes=...``: what losing those nodes would do, as the master answers it
   (``keeper.httpapi.whatif_routes``), on exo's State; a 503 while it is not followed;
 - ``GET /metrics``: Prometheus' text format, as the master's (``keeper.httpapi.metrics_routes``),
@@ -33,7 +35,7 @@ from fastapi.responses import JSONResponse, Response
 
 from keeper.bridge.health import BridgeHealth
 from keeper.bridge.service import Bridge
-from keeper.httpapi.app import JSON, new_app
+from keeper.httpapi.app import JSON, command_json, new_app
 from keeper.httpapi.contract import ok_body, refusals
 from keeper.httpapi.deployments_routes import deployments_router
 from keeper.httpapi.errors import MAX_BODY_BYTES
@@ -41,6 +43,7 @@ from keeper.httpapi.front_door_routes import mount_front_door
 from keeper.httpapi.metrics_routes import metrics_router
 from keeper.httpapi.nodes_routes import nodes_router
 from keeper.httpapi.whatif_routes import whatif_router
+from keeper.model.api_models import CommandResponse
 
 
 def create_bridge_app(
@@ -65,6 +68,16 @@ def create_bridge_app(
     @app.get("/models", responses=refusals((503, "exo's model list is not available")))
     async def models() -> Response:
         return Response(await bridge.models_body(), media_type=JSON)
+
+    @app.delete(
+        "/instance/{instance_id}",
+        responses={
+            **ok_body(CommandResponse),
+            **refusals((404, "exo's State shows no instance with this id"), 503),
+        },
+    )
+    async def delete_instance(instance_id: str) -> Response:
+        return command_json(await bridge.delete_instance(instance_id))
 
     degraded = {
         "model": BridgeHealth,

@@ -30,6 +30,8 @@ from keeper.model.events import (
     DownloadDeletionRequested,
     InstanceDeleted,
 )
+from keeper.model.ids import new_id
+from keeper.model.refusals import NotFoundError
 from keeper.model.state import DEFAULT_PRIORITY, Deployment, InstanceMeta, RepairMode, Sharding
 from keeper.runtime.clock import iso_utc
 from keeper.runtime.deployments import (
@@ -46,6 +48,7 @@ from keeper.runtime.deployments import (
     repaired_response,
     scale_events,
     scaled_response,
+    shown,
     standby_events,
     standby_response,
 )
@@ -197,6 +200,34 @@ class BridgeCommands:
     async def repair_instance(self, instance_id: str) -> CommandResponse:
         """Have the keeper replace ``instance_id`` at its next ticks (the operator said so)."""
         return repaired_response(self._started.keeper, instance_id, self._view.state)
+
+    async def delete_instance(self, instance_id: str) -> CommandResponse:
+        """exo's own ``DELETE /instance/{id}``, as the dashboard's ctrl+k sends it: the instance
+        is doomed like one the keeper deletes (sent with the next tick, fenced, again until exo
+        shows it gone; with a shared store recorded there for whichever bridge acts). If a
+        deployment keeps it, the keeper places another once exo shows it gone. One exo's State
+        does not show (or shows unreadable) is a 404 naming it."""
+        exo = self._follow.last
+        known = exo is not None and (
+            instance_id in exo.state.instances or instance_id in exo.unreadable_instances
+        )
+        if not known:
+            raise NotFoundError(
+                f"Instance {shown(instance_id)} is not in exo's State", param="instance_id"
+            )
+
+        def doom() -> None:
+            self._log.record_change([], doomed=[instance_id])
+            self._doomed.add(instance_id, self._started.clock.monotonic())
+
+        await self._log.command(doom)
+        log.info("instance %s: deletion asked for (DELETE /instance)", instance_id)
+        return CommandResponse(
+            message=f"Instance {instance_id} will be deleted: exo is sent its deletion at the "
+            "next tick",
+            command_id=new_id(),
+            instance_id=instance_id,
+        )
 
     async def set_options(
         self,

@@ -462,6 +462,9 @@ class Bridge:
     async def repair_instance(self, instance_id: str) -> CommandResponse:
         return await self._commands.repair_instance(instance_id)
 
+    async def delete_instance(self, instance_id: str) -> CommandResponse:
+        return await self._commands.delete_instance(instance_id)
+
     async def set_options(
         self,
         deployment_id: str,

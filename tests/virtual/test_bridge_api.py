@@ -244,6 +244,33 @@ async def test_the_tui_s_client_follows_the_bridge_unchanged() -> None:
         await client.aclose()
 
 
+@pytest.mark.anyio
+async def test_the_tui_s_delete_instance_works_on_the_bridge_and_the_model_is_placed_again() -> (
+    None
+):
+    # ctrl+k in the dashboard sends exo's own DELETE /instance/{id}; pointed at a bridge it must
+    # delete through exo (the keeper then places the deployment's instance again), not 404.
+    async with exo_with_bridge() as h:
+        _, first = await h.serve_qwen()
+        transport = httpx.ASGITransport(app=create_bridge_app(h.bridge))
+        client = MasterClient("http://bridge", transport=transport)
+        try:
+            await client.delete_instance(first)
+            await wait_until(
+                lambda: first in h.link.deleted_instances(), 5, "exo's DELETE /instance sent"
+            )
+            await wait_until(
+                lambda: h.serving() and first not in h.exo_instances(),
+                60,
+                "serving again on another instance",
+            )
+        finally:
+            await client.aclose()
+        async with bridge_api(h) as api:
+            answer = await api.delete("/instance/no-such-instance")
+        assert_error(answer, 404, "'no-such-instance'", "exo's State")
+
+
 # --- the stand-in for stock exo ------------------------------------------------------------------
 
 
