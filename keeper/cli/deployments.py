@@ -49,6 +49,7 @@ from keeper.model.api_models import (
     DeploymentsResponse,
     DeploymentView,
 )
+from keeper.model.incident_chats import chats_words
 from keeper.model.notices import phases_words
 from keeper.model.state import (
     DEFAULT_PRIORITY,
@@ -292,8 +293,9 @@ def format_history(history: DeploymentHistoryResponse) -> str:
         lines.append(f"(known from {history.complete_from} only)")
     if history.incidents:
         # RECOVERY: where an ended incident's down time went (docs/design.md 3.5), "-" for one
-        # under way or with no recovery to tell (a start-up placement explained).
-        rows = [("START", "END", "DOWN", "RECOVERY", "CAUSE")]
+        # under way or with no recovery to tell (a start-up placement explained). CHATS: the
+        # chats through the front door that met it (docs/design.md §3.5), "-" when unknown.
+        rows = [("START", "END", "DOWN", "RECOVERY", "CHATS", "CAUSE")]
         for incident in reversed(history.incidents):
             phases = incident.phases
             rows.append(
@@ -302,6 +304,7 @@ def format_history(history: DeploymentHistoryResponse) -> str:
                     incident.end or "ongoing",
                     f"{incident.downtime_s:.1f} s",
                     phases_words(phases) if phases is not None else "-",
+                    chats_words(incident.chats),
                     incident.cause,
                 )
             )

@@ -97,3 +97,22 @@ def incident_chats(incidents: Sequence[Incident], kept: KeptChats) -> list[Incid
         None if t is None else IncidentChats(held=t[0], retried=t[1], migrated=t[2], failed=t[3])
         for t in tallies
     ]
+
+
+def chats_words(chats: IncidentChats | None) -> str:
+    """An incident's chats as an operator reads them: ``12 held, 1 failed`` (the outcomes that
+    came, in the order a chat meets them), ``none`` when no chat met it, ``-`` when the service
+    cannot say (None: no front door, or restarted since)."""
+    if chats is None:
+        return "-"
+    parts = [
+        f"{count} {outcome}"
+        for outcome, count in (
+            ("held", chats.held),
+            ("retried", chats.retried),
+            ("migrated", chats.migrated),
+            ("failed", chats.failed),
+        )
+        if count
+    ]
+    return ", ".join(parts) if parts else "none"

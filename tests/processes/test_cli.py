@@ -23,7 +23,7 @@ from process_helpers import free_port, wait_for
 
 from keeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, build_parser, main
 from keeper.cli.deployments import format_history
-from keeper.model.api_models import DeploymentHistoryResponse, IncidentView
+from keeper.model.api_models import DeploymentHistoryResponse, IncidentChats, IncidentView
 from keeper.model.catalog import catalog_by_id
 from keeper.model.state import RecoveryPhases
 from keeper.sim.cluster import local
@@ -258,8 +258,9 @@ def test_history_prints_the_figures_and_refusals_exit_1(
 
     header, columns, incident = wait_for("the keeper's verdict in the history", 10, explained)
     assert header == f"{deployment_id}: last 24 h, available 0.00%, 1 incident(s)"
-    assert columns.split() == ["START", "END", "DOWN", "RECOVERY", "CAUSE"]
+    assert columns.split() == ["START", "END", "DOWN", "RECOVERY", "CHATS", "CAUSE"]
     assert incident.split()[1] == "ongoing"
+    assert incident.split()[5] == "none"  # the master counts its chats: none met it
     assert "unplaceable: " in incident
     code, out, _ = run_cli(
         capsys, "history", deployment_id, "--hours", "2.5", "--url", stepping_url, "--json"
@@ -297,6 +298,7 @@ def test_history_lists_incidents_newest_first_with_their_cause() -> None:
                 downtime_s=33.2,
                 cause="node studio timed out",
                 phases=RecoveryPhases(detected=30.0, placed=0.05, downloaded=0.0, loaded=3.2),
+                chats=IncidentChats(held=12, failed=1),
             ),
             IncidentView(
                 start="2026-11-30T02:00:00.000Z", end=None, downtime_s=5.0, cause="unplaceable: x"
@@ -307,11 +309,11 @@ def test_history_lists_incidents_newest_first_with_their_cause() -> None:
     assert format_history(history).splitlines() == [
         "d1: last 24 h, available 99.10%, 2 incident(s), MTTR 33.2 s",
         "START                     END                       DOWN    RECOVERY"
-        "                                      CAUSE",
+        "                                      CHATS              CAUSE",
         "2026-11-30T02:00:00.000Z  ongoing                   5.0 s   -"
-        "                                             unplaceable: x",
+        "                                             -                  unplaceable: x",
         "2026-11-30T01:00:00.000Z  2026-11-30T01:00:33.200Z  33.2 s  "
-        "detected 30.0 s, placed 0.05 s, loaded 3.2 s  node studio timed out",
+        "detected 30.0 s, placed 0.05 s, loaded 3.2 s  12 held, 1 failed  node studio timed out",
     ]
 
 
