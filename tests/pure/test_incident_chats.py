@@ -14,6 +14,7 @@ from keeper.model.incident_chats import (
     CHAT_TAIL_S,
     ChatSecond,
     KeptChats,
+    chats_words,
     incident_chats,
     one_more,
 )
@@ -148,3 +149,13 @@ def test_the_counts_tell_their_watchers_and_a_watcher_that_fails_breaks_no_chat(
     assert told == [("d1", "failed", 5.0)]
     assert door.total("d1", "failed") == 1.0
     assert [r.outcome for r in door.recent()["d1"]] == ["failed"]
+
+
+def test_an_incident_s_chats_in_words() -> None:
+    assert chats_words(None) == "-"  # the service cannot say
+    assert chats_words(IncidentChats()) == "none"  # it can: no chat met it
+    assert chats_words(IncidentChats(held=1)) == "1 held"
+    assert chats_words(IncidentChats(held=12, retried=2, migrated=3, failed=1)) == (
+        "12 held, 2 retried, 3 migrated, 1 failed"
+    )
+    assert chats_words(IncidentChats(failed=4, retried=1)) == "1 retried, 4 failed"
