@@ -398,6 +398,7 @@ class Bridge:
     log: Path
     process: subprocess.Popen[bytes]
     started_at: float
+    data_dir: Path
 
     def get(self, path: str) -> Any | None:
         return _json("GET", f"{self.url}{path}", READ_TIMEOUT_S)
@@ -443,26 +444,49 @@ class Bridge:
         return "\n".join(line for line in text if line[:19] >= stamp and line[:4].isdigit())
 
 
+def _start_bridge(cluster: ExoCluster, url: str, log: Path, data_dir: Path) -> Bridge:
+    """``exo-deploy bridge`` on ``url``'s port and ``data_dir``, given every exo URL with exo's
+    master's last (``ExoCluster.master_last``), its output appended to ``log``; once it follows
+    exo."""
+    port = url.rsplit(":", 1)[1]
+    argv = ["bridge", "--exo", ",".join(cluster.master_last()), "--port", port]
+    with log.open("ab") as output:  # the process keeps its own copy of the descriptor
+        process = start_cli([*argv, "--data-dir", str(data_dir)], output)
+    bridge = Bridge(url, log, process, time.monotonic(), data_dir)
+    wait_for(
+        "the bridge following exo",
+        START_DEADLINE_S,
+        lambda: (bridge.get("/healthz") or {}).get("exo", {}).get("reachable") or None,
+    )
+    return bridge
+
+
+def _stop_bridge(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, signal.SIGCONT)
+    stop(process)
+
+
+def restart_bridge(cluster: ExoCluster, bridge: Bridge) -> None:
+    """Stop ``bridge`` and start it again in place (same port, data dir and log), following
+    exo's URLs in today's order, exo's master's last: after kills have moved exo's master onto
+    the node the bridge follows, a freeze of that node is a freeze of exo's master, a case of
+    its own. It keeps its deployments and instances (its data dir); its keeper waits out its
+    startup grace again."""
+    _stop_bridge(bridge.process)
+    again = _start_bridge(cluster, bridge.url, bridge.log, bridge.data_dir)
+    bridge.process, bridge.started_at = again.process, again.started_at
+
+
 @contextlib.contextmanager
 def running_bridge(cluster: ExoCluster, tmp: Path) -> Iterator[Bridge]:
     """A bridge with its own data dir and port, following every exo URL; stopped on exit."""
-    port = free_port()
-    log = tmp / "bridge.log"
-    argv = ["bridge", "--exo", ",".join(cluster.master_last()), "--port", str(port)]
-    with log.open("wb") as output:
-        process = start_cli([*argv, "--data-dir", str(tmp / "bridge")], output)
-        bridge = Bridge(f"http://127.0.0.1:{port}", log, process, time.monotonic())
-        try:
-            wait_for(
-                "the bridge following exo",
-                START_DEADLINE_S,
-                lambda: (bridge.get("/healthz") or {}).get("exo", {}).get("reachable") or None,
-            )
-            yield bridge
-        finally:
-            with contextlib.suppress(OSError):
-                os.killpg(process.pid, signal.SIGCONT)
-            stop(process)
+    url = f"http://127.0.0.1:{free_port()}"
+    bridge = _start_bridge(cluster, url, tmp / "bridge.log", tmp / "bridge")
+    try:
+        yield bridge
+    finally:
+        _stop_bridge(bridge.process)
 
 
 # --- watching while a fault runs ------------------------------------------------------------------
