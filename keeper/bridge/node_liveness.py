@@ -6,7 +6,7 @@ bridge polls exo's State once a second. A node whose ``lastSeen`` has not moved 
 the bridge's own running clock (``keeper.runtime.node_watch``: a bridge that was paused blames
 itself). The bridge has no session to a node, so its second sign is the node's own API not
 answering, or refusing the connection (a probe, when a ``--exo`` URL is that node's:
-``keeper.bridge.node_probes``; a refusal confirms a node silent only 1.5 s), or, otherwise,
+``keeper.bridge.node_probes``; a refusal confirms a node dead at once), or, otherwise,
 ``--dead-after-s`` of silence while the others are heard. The verdicts are kept here, not in
 the bridge's log: they are judged again from exo's State within seconds of a restart, and the
 bridge's own State has no topology to hold them against. A State without ``lastSeen`` (an
@@ -93,7 +93,7 @@ class BridgeLiveness:
 
     def silences(self, now: float) -> dict[NodeId, float]:
         """Each node's silence at monotonic ``now`` on the running clock (``node_probes``
-        probes those silent ``PROBE_QUIET_S`` for a refused connection)."""
+        probes every node heard for a refused connection)."""
         watcher = self._watcher
         if watcher is None:
             return {}

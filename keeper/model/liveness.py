@@ -126,13 +126,6 @@ RHYTHM_SIGMAS = 4.0
 # Gaps kept per node for its rhythm, and the fewest that say anything about it.
 RHYTHM_SAMPLES = 16
 RHYTHM_MIN_SAMPLES = 4
-# A node whose reports stopped this long has its own API probed (the bridge), and a refused
-# connection then confirms it dead without waiting to suspect it: the OS refuses only when
-# nobody listens on the port, which a killed exo leaves and a freeze or a slow network never
-# does, and a restarted exo comes back under a new node id, so the old one is dead either way.
-# Nodes report about once a second: 1.5 s is a report late, so a node still reporting is not
-# probed on a poll's jitter, yet a kill is confirmed a second and a half after its last report.
-PROBE_QUIET_S = 1.5
 # ``--dead-after-s`` below this would confirm a node dead on a couple of lost heartbeats.
 MIN_DEAD_AFTER_S = 2.0
 # The defaults of ``--suspect-after-s`` and ``--dead-after-s``: three missed one-second reports
@@ -291,17 +284,18 @@ def judge(
     judged (alive), so no verdict is reached nor taken back on it. Otherwise a node silent past
     its ``suspect_after``, or whose connection closed, is suspect; dead on a second sign: its
     connection closed and silent past ``suspect_after``, its probe unanswered or refused, or
-    silent past ``dead_after`` while another node is heard. A node silent PROBE_QUIET_S whose
-    probe was refused is dead at once: the silence its first sign, the refusal its second."""
+    silent past ``dead_after`` while another node is heard. A node whose probe was refused is
+    dead at once, suspect or not, unless heard since: the OS refuses a connection only when
+    nobody listens on the port, which a killed exo leaves and a freeze or a slow network never
+    does; exo serves its API from the node's own process, so a node that runs does not refuse;
+    and a restarted exo comes back under a new node id, so the old one is dead either way."""
     if not config.enabled:
         return Judgement(dict.fromkeys(nodes, "alive"), {})
     silent = {node_id: now - node.last_heard for node_id, node in nodes.items()}
     quiet = {
         node_id
         for node_id, node in nodes.items()
-        if node.closed
-        or silent[node_id] >= suspect_after(config, node)
-        or (node.probe == "refused" and silent[node_id] >= PROBE_QUIET_S)
+        if node.closed or silent[node_id] >= suspect_after(config, node) or node.probe == "refused"
     }
     heard_ones: dict[NodeId, Phase] = {n: "alive" for n in nodes if n not in quiet}
     stale = observer_paused or _stale_view(nodes, quiet)
@@ -338,11 +332,12 @@ def _second_sign(
 
 def wants_probe(phase: Phase, silent_s: float | None) -> bool:
     """Whether a node's own API is to be probed now (the bridge): a suspect node (any answer
-    counts, ``probe_sign``), or one still alive whose reports stopped PROBE_QUIET_S ago (only a
-    refusal counts); never a dead or gone one, nor one never heard (no silence to speak of)."""
+    counts, ``probe_sign``), or one alive that has been heard (``silent_s`` not None; only a
+    refusal counts: a kill is seen at the next probe, not after the reports have stopped long
+    enough to tell); never a dead or gone one, nor one never heard."""
     if phase == "suspect":
         return True
-    return phase == "alive" and silent_s is not None and silent_s >= PROBE_QUIET_S
+    return phase == "alive" and silent_s is not None
 
 
 def probe_sign(suspect: bool, answer: ProbeAnswer) -> ProbeAnswer | None:

@@ -21,7 +21,6 @@ from keeper.model.liveness import (
     MAX_OBSERVER_GAP_S,
     OFF,
     PAUSE_SETTLE_S,
-    PROBE_QUIET_S,
     RHYTHM_SAMPLES,
     SILENT_AFTER_S,
     STALE_WINDOW_S,
@@ -220,18 +219,20 @@ def test_an_unanswered_probe_confirms_a_suspect_node() -> None:
     assert judge({**nodes, "a": probed}, 101.0, ON).phases["a"] == "alive"
 
 
-def test_a_refused_probe_confirms_a_node_silent_a_report_late_without_suspecting_it() -> None:
+def test_a_refused_probe_confirms_a_node_dead_at_once_without_suspecting_it() -> None:
     refused = NodeHeard(last_heard=100.0, gaps=(1.0,) * 8, probe="refused")
-    nodes = {"a": refused, "b": steady(101.5), "c": steady(101.5)}
-    dead = judge(nodes, 100.0 + PROBE_QUIET_S, ON)
+    nodes = {"a": refused, "b": steady(100.5), "c": steady(100.5)}
+    # half a second after its last report: not even a report late, but its port is closed
+    dead = judge(nodes, 100.5, ON)
     assert dead.phases == {"a": "dead", "b": "alive", "c": "alive"}
     assert dead.why_dead["a"] == (
-        "its own API refused the connection (its exo process is gone) after 1.5 s of silence"
+        "its own API refused the connection (its exo process is gone) after 0.5 s of silence"
     )
-    # a report late is the first sign: just short of it, a refusal alone says nothing
-    assert judge(nodes, 100.0 + PROBE_QUIET_S - 0.01, ON).phases["a"] == "alive"
+    # heard again, it speaks for itself: the refusal is forgotten
+    assert judge({**nodes, "a": heard(refused, 100.5)}, 100.5, ON).phases["a"] == "alive"
     # a suspect node refused is dead too, the silence its own
-    assert judge(nodes, 104.0, ON).why_dead["a"].endswith("after 4.0 s of silence")
+    later = {**nodes, "b": steady(104.0), "c": steady(104.0)}
+    assert judge(later, 104.0, ON).why_dead["a"].endswith("after 4.0 s of silence")
     # and a timeout is no such sign before the suspicion
     unanswered = {**nodes, "a": NodeHeard(100.0, gaps=(1.0,) * 8, probe="unanswered")}
     assert judge(unanswered, 102.0, ON).phases["a"] == "alive"
@@ -248,8 +249,8 @@ def test_refusals_together_are_a_stale_view_and_a_paused_observer_ignores_them()
 
 def test_which_nodes_are_probed() -> None:
     assert wants_probe("suspect", None) and wants_probe("suspect", 0.0)
-    assert wants_probe("alive", PROBE_QUIET_S)
-    assert not wants_probe("alive", PROBE_QUIET_S - 0.01)
+    # every node heard, whatever its silence: a refusal is looked for at each round
+    assert wants_probe("alive", 0.0) and wants_probe("alive", 60.0)
     assert not wants_probe("alive", None)  # never heard: no silence to speak of
     assert not wants_probe("dead", 60.0) and not wants_probe("gone", 60.0)
 
@@ -328,7 +329,7 @@ def test_never_dead_without_a_second_sign(
             or (node.closed and silent >= suspect_after(config, node))
             or (alive and silent >= dead_after(config, node))
         )
-        refused = node.probe == "refused" and silent >= PROBE_QUIET_S
+        refused = node.probe == "refused"  # a sign of its own: nothing listens on its port
         assert node.closed or refused or silent >= suspect_after(config, node)  # a first sign
         assert node_id in judgement.why_dead
 
