@@ -52,6 +52,7 @@ from keeper.runtime.arguments import (
     webhook_option,
     whole_number,
 )
+from keeper.runtime.deployment_limit import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.starting import MasterStartError
 from keeper.sim.node.sim_options import DEFAULT_DISK_GB, DEFAULT_DOWNLOAD_MB_PER_S, SIM_FAULTS
 
@@ -183,10 +184,6 @@ def _serving_options(
     to persist, the token it requires and extra model cards; each says what they mean for it."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=port, help=f"API port (default {port})")
-    # Imported here: only a master or a bridge has this flag, and the module holds the API's
-    # deployment rules, which a node parsing its flags never needs (docs/design.md §10).
-    from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS  # noqa: PLC0415
-
     parser.add_argument("--data-dir", type=Path, default=None, help=data_dir)
     add_token_options(parser, token)
     parser.add_argument("--model-cards", type=Path, default=None, help=model_cards)

@@ -18,6 +18,7 @@ from pathlib import Path
 from keeper.cli.exits import EXIT_USAGE
 from keeper.model.liveness import LivenessConfig
 from keeper.model.state import Memory
+from keeper.runtime.process_exit import exit_with_parent
 from keeper.sim.node.downloads import disk_refusal
 
 __all__ = ["cmd_bridge", "cmd_cluster", "cmd_log", "cmd_master", "cmd_node"]
@@ -25,12 +26,15 @@ __all__ = ["cmd_bridge", "cmd_cluster", "cmd_log", "cmd_master", "cmd_node"]
 
 def cmd_master(args: argparse.Namespace) -> int:
     from keeper.runtime.front_door import FrontDoorConfig
-    from keeper.sim.cluster.local import exit_with_parent
-    from keeper.sim.exo_standin.app import STANDIN_API
-    from keeper.sim.master.server import OUR_API, run_master
+    from keeper.sim.master.server import OUR_API, MasterApp, run_master
 
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
+    app: MasterApp = OUR_API
+    if args.exo_compat:  # the stand-in's routes and models, loaded only for it
+        from keeper.sim.exo_standin.app import STANDIN_API
+
+        app = STANDIN_API
     return run_master(
         args.host,
         args.port,
@@ -41,7 +45,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         sweep_interval_s=args.sweep_interval,
         liveness=LivenessConfig(args.suspect_after_s, args.dead_after_s),
         max_deployments=args.max_deployments,
-        app=STANDIN_API if args.exo_compat else OUR_API,
+        app=app,
         webhooks=args.webhook,
         front_door=FrontDoorConfig(args.hold_s, args.migrations, args.max_inflight),
     )
@@ -68,7 +72,6 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from keeper.sim.cluster.local import exit_with_parent
     from keeper.sim.link.identity import KeyFileError, default_key_file, load_or_create_key
     from keeper.sim.node.node_process import run_node_process
     from keeper.sim.node.sim_node import NodeConfig

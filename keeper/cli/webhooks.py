@@ -16,13 +16,16 @@ from collections.abc import Callable
 
 import anyio
 
-from keeper.cli.deployments import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
-from keeper.runtime.arguments import webhook_option
-from keeper.runtime.outbox import endpoint_label
-from keeper.runtime.webhooks import WEBHOOKS_ENV, WebhookUrlError, send_test, webhook_urls
+from keeper.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
+from keeper.runtime.arguments import WEBHOOKS_ENV, webhook_option
 
 
 def cmd_webhooks_test(args: argparse.Namespace) -> int:
+    # Imported here: every command's parser holds this one, and the webhooks' module loads the
+    # alerts, the State's models and httpx (docs/design.md §10, "Start-up").
+    from keeper.runtime.outbox import endpoint_label  # noqa: PLC0415
+    from keeper.runtime.webhooks import WebhookUrlError, send_test, webhook_urls  # noqa: PLC0415
+
     try:
         urls = webhook_urls(args.webhook)
     except WebhookUrlError as exc:

@@ -14,6 +14,11 @@ from typing import NoReturn
 
 # The usage exit code of every ``exo-deploy`` command (argparse's own is also 2).
 EXIT_USAGE = 2
+# The environment variable that lists webhooks beside (and before) ``--webhook URL``: several,
+# separated by commas or whitespace, so a unit file or a shell profile can hold them. Here, not
+# in ``keeper.runtime.webhooks`` (which reads it), because ``--webhook``'s help names it and the
+# webhooks' module is too heavy to load for a parser (docs/design.md §10, "Start-up").
+WEBHOOKS_ENV = "EXO_DEPLOY_WEBHOOKS"
 
 
 class UsageParser(argparse.ArgumentParser):
@@ -61,8 +66,6 @@ def webhook_url(text: str) -> str:
 
 def webhook_option(parser: argparse.ArgumentParser, what: str) -> None:
     """``--webhook URL``, repeatable: where ``what`` POSTs its alert notices."""
-    from keeper.runtime.webhooks import WEBHOOKS_ENV  # noqa: PLC0415 (as in webhook_url)
-
     parser.add_argument(
         "--webhook",
         action="append",

@@ -8,8 +8,9 @@ is shown with the keeper's timers are the same, so a client cannot tell them apa
 raise a ``keeper.model.refusals`` type with a message for the operator (the API's 4xx).
 
 How many deployments a service keeps is bounded too (``DEFAULT_MAX_DEPLOYMENTS``, or its
-``--max-deployments``): every one is in every ``GET /deployments`` answer, every dashboard's
-snapshot and every keeper step, so their number is the operator's to choose, not any client's.
+``--max-deployments``; ``keeper.runtime.deployment_limit``): every one is in every ``GET
+/deployments`` answer, every dashboard's snapshot and every keeper step, so their number is the
+operator's to choose, not any client's.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from keeper.model.state import (
     node_name,
 )
 from keeper.runtime.clock import Clock, iso_utc
+from keeper.runtime.deployment_limit import DEFAULT_MAX_DEPLOYMENTS
 from keeper.runtime.hosted_keeper import (
     KeeperLike,
     ReportsFailovers,
@@ -78,12 +80,6 @@ from keeper.runtime.hosted_keeper import (
 # Errors quote what the client sent, cut to this many characters: a megabyte-long id need not
 # come back in full.
 SHOWN_MAX_CHARS = 120
-# The deployments a master or a bridge keeps at most unless started with --max-deployments. Each
-# is a model kept running, with memory of its own: a cluster holds a few dozen at the most, so a
-# thousand is room for any cluster and for scripts, while GET /deployments stays about half a
-# megabyte (about half a kilobyte each) and the keeper's step, which looks at each every second,
-# stays cheap.
-DEFAULT_MAX_DEPLOYMENTS = 1000
 
 
 class DeploymentLimitError(RefusalError):

@@ -48,6 +48,7 @@ from keeper.model.notices import AnyNotice, TestNotice, iso_utc_of
 from keeper.model.request_rule import Outcome
 from keeper.model.request_window import EndedRequest
 from keeper.model.state import DeploymentId, State
+from keeper.runtime.arguments import WEBHOOKS_ENV
 from keeper.runtime.outbox import (
     MAX_QUEUED_NOTICES,
     Outbox,
@@ -59,9 +60,6 @@ from keeper.runtime.starting import MasterStartError
 
 log = logging.getLogger(__name__)
 
-# The environment variable that lists webhooks beside (and before) ``--webhook URL``: several,
-# separated by commas or whitespace, so a unit file or a shell profile can hold them.
-WEBHOOKS_ENV = "EXO_DEPLOY_WEBHOOKS"
 # How long one POST may take to be answered. Chat services answer in well under a second; an
 # endpoint that takes longer is treated as down (and retried), never waited on for ever.
 REQUEST_TIMEOUT_S = 10.0

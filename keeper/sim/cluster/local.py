@@ -20,8 +20,9 @@ Children run in their own process groups, with their output in ``DATA_DIR/logs/`
 (Ctrl-C, SIGTERM, or cancelling ``run``) sends SIGTERM to every group (and SIGCONT, so a frozen
 child can act on it), then SIGKILL to whatever is left after ``STOP_GRACE_S``: nothing is left
 running. Each child also watches its parent and exits if the cluster process vanishes without
-cleaning up (``kill -9`` of the cluster itself). ``DATA_DIR/cluster.json`` always says where
-everything is (URL, pids, proxy ports, logs), for scripts and tests.
+cleaning up (``kill -9`` of the cluster itself; ``keeper.runtime.process_exit.exit_with_parent``).
+``DATA_DIR/cluster.json`` always says where everything is (URL, pids, proxy ports, logs), for
+scripts and tests.
 
 One module (about 450 lines) because it is one supervisor: starting, restarting, the fault
 methods, stopping and ``cluster.json`` all act on the same table of children.
@@ -35,7 +36,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +48,7 @@ import httpx
 from anyio.abc import TaskGroup, TaskStatus
 
 from keeper.model.liveness import LivenessConfig
-from keeper.runtime.process_exit import EXIT_STOPPED, run_reporting
+from keeper.runtime.process_exit import EXIT_STOPPED, STOP_GRACE_S, run_reporting
 from keeper.sim.cluster.proxy import TcpProxy
 from keeper.sim.link.identity import NodeKey, load_or_create_key
 from keeper.sim.node.node_process import RUNNER_KILL_SIGNAL, SET_FAULT_SIGNAL, write_fault_file
@@ -64,12 +64,8 @@ MASTER_RESTART_S = 1.0
 DEFAULT_NODE_RESTART_S = 60.0
 # How often child processes are checked; a death is reported within this.
 SUPERVISE_S = 0.2
-# Children get this long to exit after SIGTERM before SIGKILL.
-STOP_GRACE_S = 5.0
 # A master process answers /healthz within a second or two of starting; this bounds a bad start.
 MASTER_READY_S = 30.0
-# How often an orphaned child checks whether its parent is still there.
-PARENT_CHECK_S = 1.0
 
 HOST = "127.0.0.1"
 
@@ -448,20 +444,6 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def exit_with_parent(parent_pid: int) -> None:
-    """Make this process stop (SIGTERM to itself) once ``parent_pid`` is no longer its parent,
-    so children of a cluster that was itself killed with SIGKILL do not run on forever."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_CHECK_S)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(STOP_GRACE_S)
-        os._exit(1)  # SIGTERM was not enough
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def run_cluster(
