@@ -99,11 +99,12 @@ from keeper.model.api_models import (
 from keeper.model.catalog import BUILTIN_MODEL_CARDS, catalog_by_id
 from keeper.model.constants import STARTUP_GRACE
 from keeper.model.events import AnyEvent
-from keeper.model.liveness import OFF, LivenessConfig
+from keeper.model.liveness import OFF, LivenessConfig, ProbeAnswer
 from keeper.model.state import (
     DEFAULT_PRIORITY,
     InstanceMeta,
     ModelCard,
+    NodeId,
     RepairMode,
     Sharding,
     State,
@@ -515,7 +516,7 @@ class Bridge:
                         clock,
                         lambda: self._liveness.verdicts,
                         self._liveness.silences,
-                        self._liveness.probed,
+                        self._probed,
                     )
                     # Its own pauses timed by its loop, not by the ticks' waits on exo (§5.18).
                     group.start_soon(self._liveness.heartbeat, clock)
@@ -531,6 +532,14 @@ class Bridge:
                 self._creations.drop_all(clock.monotonic())
             self.webhooks.close()
             self._log.store.close()
+
+    def _probed(self, node_id: NodeId, answer: ProbeAnswer) -> None:
+        """A probe's answer to the liveness rule; a refusal (a node dead at once) wakes the
+        ticks, so its instances go and their replacements are placed without waiting out the
+        poll."""
+        self._liveness.probed(node_id, answer)
+        if answer == "refused":
+            self._ticks.wake()
 
     async def tick(self) -> None:
         """One tick (``keeper.bridge.ticking``): read exo's State and act on it."""

@@ -107,9 +107,11 @@ class BridgeTicks:
         self._liveness = liveness
         self._poll_interval_s = poll_interval_s
         self._served: State | None = None  # the merged State serving was last judged on
+        self._woken = anyio.Event()  # set by ``wake``: the next tick is due at once
 
     async def run(self, clock: Clock) -> None:
-        """Tick every ``poll_interval_s`` until cancelled, whatever a tick raises."""
+        """Tick every ``poll_interval_s`` until cancelled, whatever a tick raises; sooner when
+        woken (``wake``)."""
         while True:
             started = clock.monotonic()
             try:
@@ -118,7 +120,27 @@ class BridgeTicks:
                 self._step_failed(exc)
             else:
                 self._steps.succeeded()
-            await clock.sleep(max(0.0, self._poll_interval_s - (clock.monotonic() - started)))
+            await self._pause(clock, self._poll_interval_s - (clock.monotonic() - started))
+
+    def wake(self) -> None:
+        """Tick now rather than at the next poll: a node's own API refused the connection,
+        a verdict the next tick acts on (its instances deleted, replacements placed), and
+        waiting out the poll would add up to a second to a kill's failover (§5.18)."""
+        self._woken.set()
+
+    async def _pause(self, clock: Clock, seconds: float) -> None:
+        """Until the next tick: ``seconds``, or until woken, whichever comes first (a wake
+        during the tick just ended counts: the next one starts at once)."""
+        async with anyio.create_task_group() as group:
+
+            async def sleep_out() -> None:
+                await clock.sleep(max(0.0, seconds))
+                group.cancel_scope.cancel()
+
+            group.start_soon(sleep_out)
+            await self._woken.wait()
+            group.cancel_scope.cancel()
+        self._woken = anyio.Event()
 
     async def tick(self) -> None:
         """Read exo's State; if it answered, settle, delete what is doomed and step the keeper."""
