@@ -14,7 +14,7 @@ raises is retried the next second and never stops the bridge (``keeper.bridge.he
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import anyio
 
@@ -47,28 +47,9 @@ from keeper.model.state import State
 from keeper.runtime.clock import Clock
 from keeper.runtime.event_store import LogNotWritableError
 from keeper.runtime.hosted_keeper import ReportsHealth, Started
+from keeper.runtime.side_by_side import side_by_side
 
 log = logging.getLogger(__name__)
-
-
-async def side_by_side(
-    first: Callable[[], Awaitable[None]], second: Callable[[], Awaitable[None]]
-) -> None:
-    """Run both at once; once both ended, raise the first exception either raised, as itself
-    (not in a group: the tick's callers catch the store's exceptions by type)."""
-    raised: list[Exception] = []
-
-    async def run(call: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await call()
-        except Exception as exc:
-            raised.append(exc)
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(run, first)
-        await run(second)
-    if raised:
-        raise raised[0]
 
 
 class BridgeTicks:
