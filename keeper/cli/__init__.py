@@ -26,6 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+# httpx's package imports its own command line (``httpx._main``: click, rich and pygments) when
+# those are installed, as they are beside the TUI: 70 ms of CPU in every process that loads httpx
+# (a master, a bridge, a cluster, every client command), for a ``main`` we never call. A None in
+# sys.modules makes that import fail, and httpx then defines a stub ``main`` in its place (its own
+# ``except ImportError``); nothing else of httpx uses the module (docs/design.md §10, "Start-up").
+# Only when httpx is not loaded yet: a process that already has it keeps it whole.
+if "httpx" not in sys.modules:
+    sys.modules.setdefault("httpx._main", None)  # pyright: ignore[reportArgumentType]
+
 from keeper.cli.command_groups import grouped_commands, help_width
 from keeper.cli.exits import (
     EXIT_CODES_HELP,
