@@ -70,10 +70,10 @@ async def stream_attempt(
     monotonic: Callable[[], float],
     carried: int = 0,
 ) -> AsyncGenerator[bytes, None]:
-    """A streamed attempt: the client's SSE bytes as exo's chunks come. ``carried``: the tokens
-    of the answer so far that this attempt, a continuation, sent back in its prompt (its usage
-    is counted over the whole answer). When it is left before exo ends it (the client gone),
-    exo is asked to cancel the chat."""
+    """A streamed attempt: the client's SSE bytes as exo's chunks come, those that came in one
+    read in one piece. ``carried``: the tokens of the answer so far that this attempt, a
+    continuation, sent back in its prompt (its usage is counted over the whole answer). When
+    it is left before exo ends it (the client gone), exo is asked to cancel the chat."""
     opened = Opened()
     try:
         response = await open_chat(clients, {**body, "stream": True}, attempt, opened)
@@ -84,39 +84,27 @@ async def stream_attempt(
             attempt.happened = "garbage"
             attempt.why = f"a stream was asked, exo answered {kind or 'no content type'}"
             return
-        finished = done = False
-        lines = response.aiter_lines()
-        async for event in sse_events(lines, attempt):
-            if event is None:  # a comment: keep-alive
-                if progress.first_token_at is not None:
-                    yield b": keep-alive\n\n"
-                continue
-            if event == "[DONE]":
-                done = True
-                break
-            chunk = json_event(event, attempt)
-            if chunk is None:
-                return  # garbage, said in attempt
-            if "error" in chunk:
-                attempt.happened = "cut"
-                attempt.why = exo_words(json.dumps(chunk).encode(), "an error event")
+        reading = _Reading(progress, attempt, monotonic, carried)
+        chunks = response.aiter_bytes()
+        async for events in sse_events(chunks, attempt):
+            piece = reading.pass_on(events)
+            if reading.done and reading.finished:
+                # The answer is whole: the client's [DONE] goes with its last chunk.
+                attempt.happened = "answered"
+                yield piece + b"data: [DONE]\n\n"
+                await read_to_end(chunks)  # its connection kept for the next chat
                 return
-            if attempt.command_id is None and isinstance(chunk.get("id"), str):
-                attempt.command_id = chunk["id"]
-            finished = _note(chunk, progress) or finished
-            progress.since = monotonic()
-            chunk = client_usage(chunk, at_end=finished, carried=carried, sent=progress.usage_sent)
-            progress.usage_sent = progress.usage_sent or chunk.get("usage") is not None
-            yield sse_event(as_one_completion(chunk, progress.completion_id))
+            if piece:
+                yield piece
+            if reading.done or attempt.happened is not None:
+                break
         if attempt.happened is not None:
             return  # cut or garbage, said in attempt
-        if finished:
+        if reading.finished:
             # Its finish_reason came: the answer is whole, whether or not [DONE] followed
             # (exo writes a stats comment between them), so the client gets one [DONE].
             attempt.happened = "answered"
             yield b"data: [DONE]\n\n"
-            if done:
-                await read_to_end(lines)  # its connection kept for the next chat
             return
         attempt.happened = "cut"
         attempt.why = "exo ended the stream without a finish_reason"
@@ -163,6 +151,53 @@ async def whole_attempt(
         yield raw
     finally:
         await opened.close()
+
+
+@dataclass
+class _Reading:
+    """One streamed attempt's events read into the client's bytes."""
+
+    progress: Progress
+    attempt: Attempt
+    monotonic: Callable[[], float]
+    carried: int
+    finished: bool = False  # the answer's finish_reason came
+    done: bool = False  # exo's [DONE] came
+
+    def pass_on(self, events: list[str | None]) -> bytes:
+        """The client's bytes for ``events`` (one read's), up to exo's [DONE] or the first
+        that ends the attempt (``attempt`` then says how)."""
+        progress, attempt = self.progress, self.attempt
+        piece = bytearray()
+        for event in events:
+            if event is None:  # a comment: keep-alive, once the client has a token
+                if progress.first_token_at is not None or piece:
+                    piece += b": keep-alive\n\n"
+                continue
+            if event == "[DONE]":
+                self.done = True
+                break
+            chunk = json_event(event, attempt)
+            if chunk is None:
+                break  # garbage, said in attempt
+            if "error" in chunk:
+                attempt.happened = "cut"
+                attempt.why = exo_words(json.dumps(chunk).encode(), "an error event")
+                break
+            if attempt.command_id is None and isinstance(chunk.get("id"), str):
+                attempt.command_id = chunk["id"]
+            self.finished = _note(chunk, progress) or self.finished
+            progress.since = self.monotonic()
+            sent = client_usage(
+                chunk, at_end=self.finished, carried=self.carried, sent=progress.usage_sent
+            )
+            progress.usage_sent = progress.usage_sent or sent.get("usage") is not None
+            sent = as_one_completion(sent, progress.completion_id)
+            if sent is chunk and "\n" not in event:
+                piece += b"data: %s\n\n" % event.encode()  # as exo wrote it: nothing to change
+            else:
+                piece += sse_event(sent)
+        return bytes(piece)
 
 
 def _note(chunk: dict[str, Any], progress: Progress) -> bool:
