@@ -1,14 +1,16 @@
 """exo's SSE bytes read into events as they come off the socket, for the front door
 (docs/design.md §8.6).
 
-Fed what each read of the socket brought, the decoder answers every event that read completed
-at once: exo writes a quick answer's chunks in one go, and the door then passes them on in one
-write rather than one a chunk (a write is a system call, and on loopback most of a chat's cost).
-It splits lines itself, on the bytes, as the SSE format says (``\\n``, ``\\r\\n`` or ``\\r``),
-decoding each line whole (so a character split between two reads is read right), and stops
-at the first line that is not SSE or an event over its bound, saying which in ``trouble``.
-Pure, apart from the reading (``keeper.runtime.front_door_upstream``), so each case is a unit
-test.
+Fed what each read brought, the decoder answers every event that read completed, and the door
+passes them on in one piece (one write, rather than one an event). httpx hands a chunked body
+over one HTTP chunk at a time, and exo writes an event a chunk, so on exo's socket a read is
+mostly one event; a body that comes whole (an in-process transport, a proxy that buffers) is
+many. It splits lines itself, on the bytes, as the SSE format says (``\\n``, ``\\r\\n`` or
+``\\r``; httpx's ``aiter_lines`` decodes the text first and splits on every Unicode line break,
+a generator layer more per line), decoding each line whole (so a character split between two
+reads is read right), and stops at the first line that is not SSE or an event over its bound,
+saying which in ``trouble``. Pure, apart from the reading (``keeper.runtime.
+front_door_upstream``), so each case is a unit test.
 """
 
 from __future__ import annotations

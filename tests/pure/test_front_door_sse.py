@@ -104,3 +104,8 @@ def test_the_bound_is_of_one_event() -> None:
     event = b"data: " + b"x" * 1000 + b"\n\n"
     assert len(decoder.feed(event * 2000)) == 2000
     assert decoder.trouble is None
+
+
+def test_only_sse_s_line_ends_end_a_line() -> None:
+    # Text may hold other Unicode line breaks (JSON written with ensure_ascii=False).
+    assert fed(SseDecoder(CAP), "data: a\u2028b\x85c\x0cd\n\n".encode()) == ["a\u2028b\x85c\x0cd"]
