@@ -25,9 +25,6 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
 from keeper.runtime.starting import MasterStartError
 
 log = logging.getLogger(__name__)
@@ -152,7 +149,14 @@ def _warn_if_shared(flag: str, path: Path) -> None:
         )
 
 
+# cryptography is imported by the two checks below, not above: only a bridge given TLS files
+# calls them, and every bridge imports this module (about 60 ms of CPU at each start;
+# docs/design.md §10, "Start-up").
+
+
 def _check_cert(flag: str, path: Path) -> None:
+    from cryptography import x509  # noqa: PLC0415 (see above)
+
     try:
         x509.load_pem_x509_certificates(_read(flag, path))
     except ValueError:
@@ -160,6 +164,8 @@ def _check_cert(flag: str, path: Path) -> None:
 
 
 def _check_key(path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 (as in _check_cert)
+
     try:
         serialization.load_pem_private_key(_read("--store-key", path), password=None)
     except (ValueError, TypeError):

@@ -622,6 +622,17 @@ def _failover_refused(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(refusal)
 
 
+def _without_trio() -> None:
+    """Every command but the soaks runs on asyncio; yet httpcore, under httpx, imports trio
+    wherever it is installed (beside the soak's, the suite's), to tell which loop it runs on:
+    60-110 ms of CPU in every process that sends a request (a master's webhooks, a bridge, a
+    cluster, each client command). A None in sys.modules makes that import fail, as httpcore
+    expects where trio is absent (docs/design.md §10, "Start-up"). Only for a process's own
+    command (``main()`` without ``argv``): a test calling ``main([...])`` in its own process
+    keeps trio for its other tests."""
+    sys.modules.setdefault("trio", None)  # pyright: ignore[reportArgumentType]
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["soak"] or given[:1] == ["soak-sim"]:
@@ -629,6 +640,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
         run = soak_main if given[0] == "soak" else soak_sim_main
         sys.exit(run(given[1:]))
+    if argv is None:  # this process's own command line: the exo-deploy script, python -m
+        _without_trio()
     parser = build_parser(given[0] if given[:1] and given[0] in _SERVICE_COMMANDS else None)
     args = parser.parse_args(given)
     _failover_refused(parser, args)
