@@ -315,7 +315,7 @@ class Bridge:
             registry=self.metrics.registry,
         )
         self._view.requests = lambda deployment_id: self.front_door.counts.view(
-            deployment_id, self._monotonic()
+            deployment_id, self._monotonic(), self._wall().timestamp(), self._started.started_at
         )
         # Its failing chats as webhooks (§6.9), its notable ones in the history (§3.5).
         self.webhooks.watch_chats(self.front_door.counts)

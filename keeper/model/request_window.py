@@ -17,6 +17,10 @@ from keeper.model.request_rule import OUTCOMES, Outcome
 # What ``GET /deployments`` sums each deployment's requests over: long enough to show a burst
 # of failures after an incident an operator is reading about, short enough to be "now".
 WINDOW_S = 300.0
+# A service that began counting less than a window ago has its rate over the time it counted,
+# not the whole window (a minute-old bridge serving 10 chats a second read 2 a second); but over
+# no less than this, or its first chats would read as a burst.
+MIN_RATE_SPAN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -29,11 +33,18 @@ class EndedRequest:
 
 
 def requests_view(
-    records: Sequence[EndedRequest], now: float, window_s: float = WINDOW_S
+    records: Sequence[EndedRequest],
+    now: float,
+    window_s: float = WINDOW_S,
+    counted_s: float | None = None,
 ) -> RequestsView | None:
     """The requests that ended in the last ``window_s`` summed: the rate per second, the
     failures, how many ended each way, the 95th percentile of time to first token (nearest
-    rank); None when there were none."""
+    rank); None when there were none. ``counted_s``: how long the service has been counting
+    (None: longer than the window); a shorter count is the window (and the rate's span), but
+    never under MIN_RATE_SPAN_S."""
+    if counted_s is not None and counted_s < window_s:
+        window_s = max(MIN_RATE_SPAN_S, counted_s)
     kept = [record for record in records if now - window_s < record.at <= now]
     if not kept:
         return None

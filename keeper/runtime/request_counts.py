@@ -133,8 +133,14 @@ class RequestCounts:
             ],
         )
 
-    def view(self, deployment: str, now: float) -> RequestsView | None:
-        return requests_view(list(self._recent.get(deployment, ())), now)
+    def view(
+        self, deployment: str, now: float, wall: float, started_at: float | None
+    ) -> RequestsView | None:
+        """The deployment's last ``WINDOW_S`` summed; over less when this front door began
+        counting (``started_at``, Unix seconds; ``wall``: now in Unix seconds) less than a
+        window ago, so a new service's rate is not read low."""
+        counted_s = wall - started_at if started_at is not None else None
+        return requests_view(list(self._recent.get(deployment, ())), now, counted_s=counted_s)
 
     def total(self, deployment: str, outcome: Outcome) -> float:
         """The counter's value (tests and benches read it)."""

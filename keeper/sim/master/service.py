@@ -373,8 +373,14 @@ class Master(MasterCommands):
         clock = self._started.clock_or_none
         views = deployment_views(self.state, self._started.keeper_or_none, clock)
         if clock is not None:
-            now = clock.monotonic()
-            views = [_with_requests(view, self.front_door.counts.view, now) for view in views]
+            now, wall = clock.monotonic(), clock.wall().timestamp()
+            started_at = self._started.started_at
+            views = [
+                _with_requests(
+                    view, lambda d: self.front_door.counts.view(d, now, wall, started_at)
+                )
+                for view in views
+            ]
         return DeploymentsResponse(deployments=views)
 
     def model_deployment(self, model_id: str) -> ModelDeployment | None:
@@ -617,9 +623,9 @@ class Master(MasterCommands):
 
 
 def _with_requests(
-    view: DeploymentView, requests: Callable[[str, float], RequestsView | None], now: float
+    view: DeploymentView, requests: Callable[[str], RequestsView | None]
 ) -> DeploymentView:
     """``view`` with the front door's counts of its chats over the last five minutes, when it
     had any (docs/design.md §8.6)."""
-    counted = requests(view.deployment.deployment_id, now)
+    counted = requests(view.deployment.deployment_id)
     return view if counted is None else view.model_copy(update={"requests": counted})
