@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -35,6 +36,7 @@ from keeper.runtime.front_door import (
     SSE,
     ChatDocument,
     FrontDoor,
+    LastPiece,
     RequestError,
     parse_chat,
 )
@@ -45,6 +47,9 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _GUARD_STATUSES = frozenset({400, 413, 415})
 # Set in the request's scope when the chat route runs: a refusal without it is the guard's.
 _SEEN = "exo_deploy.front_door"
+# After a stream's last piece the door only closes exo's stream (within its own bound,
+# ``AFTER_DONE_S``) and counts the chat; this bounds that only against a fault of ours.
+_AFTER_LAST_S = 5.0
 
 
 def mount_front_door(app: ServiceApp, door: FrontDoor) -> None:
@@ -77,6 +82,28 @@ class _GuardRefusalsCounted:
             await send(message)
 
         await self._app(scope, receive, counting)
+
+
+class _EndsWithLastPiece(StreamingResponse):
+    """A stream that ends the response with the door's ``LastPiece`` rather than after the
+    door's generator has ended: the client's answer ends in the same write as its last bytes,
+    without waiting while the door reads exo's stream to its end (to keep the connection) and
+    counts the chat. That remainder still runs, shielded: the response's end is, to the
+    server, the client gone, and would otherwise cancel it and count the chat cancelled."""
+
+    async def stream_response(self, send: Send) -> None:
+        start = {"type": "http.response.start", "status": self.status_code}
+        await send({**start, "headers": self.raw_headers})
+        async for piece in self.body_iterator:
+            last = isinstance(piece, LastPiece)
+            await send({"type": "http.response.body", "body": piece, "more_body": not last})
+            if last:
+                with anyio.CancelScope(shield=True) as rest:
+                    rest.deadline = anyio.current_time() + _AFTER_LAST_S
+                    async for _ in self.body_iterator:
+                        pass
+                return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _refusal(exc: RequestError) -> Response:
@@ -157,7 +184,7 @@ def front_door_router(door: FrontDoor, body: dict[str, Any]) -> APIRouter:
                 await pieces.aclose()
                 door.release()
 
-        return StreamingResponse(stream(), media_type=SSE, headers=_STREAM_HEADERS)
+        return _EndsWithLastPiece(stream(), media_type=SSE, headers=_STREAM_HEADERS)
 
     @router.get(
         MODELS_PATH,

@@ -69,6 +69,7 @@ from keeper.runtime.front_door_wire import (
     SSE,
     ChatDocument,
     ChatRequest,
+    LastPiece,
     RequestError,
     error_json,
     parse_chat,
@@ -214,7 +215,7 @@ class FrontDoor:
                 if isinstance(action, Fail):
                     words = self._failed(action, request.model, found, progress, attempt)
                     if progress.first_token_at is not None:
-                        yield sse_event(error_body(words, 502, "Bad Gateway"))
+                        yield LastPiece(sse_event(error_body(words, 502, "Bad Gateway")))
                         return
                     status = 503 if action.why == "not_serving" else 502
                     yield status
@@ -292,6 +293,7 @@ __all__ = [
     "ChatRequest",
     "FrontDoor",
     "FrontDoorConfig",
+    "LastPiece",
     "ModelDeployment",
     "RequestError",
     "parse_chat",

@@ -39,7 +39,7 @@ from keeper.runtime.front_door_upstream import (
     read_to_end,
     sse_events,
 )
-from keeper.runtime.front_door_wire import SSE, sse_event
+from keeper.runtime.front_door_wire import SSE, LastPiece, sse_event
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ async def stream_attempt(
             if reading.done and reading.finished:
                 # The answer is whole: the client's [DONE] goes with its last chunk.
                 attempt.happened = "answered"
-                yield piece + b"data: [DONE]\n\n"
+                yield LastPiece(piece + b"data: [DONE]\n\n")
                 await read_to_end(chunks)  # its connection kept for the next chat
                 return
             if piece:
@@ -104,7 +104,7 @@ async def stream_attempt(
             # Its finish_reason came: the answer is whole, whether or not [DONE] followed
             # (exo writes a stats comment between them), so the client gets one [DONE].
             attempt.happened = "answered"
-            yield b"data: [DONE]\n\n"
+            yield LastPiece(b"data: [DONE]\n\n")
             return
         attempt.happened = "cut"
         attempt.why = "exo ended the stream without a finish_reason"

@@ -42,8 +42,10 @@ CHAT_HTTP_TIMEOUT = httpx.Timeout(HEAD_TIMEOUT_S, read=None)
 ANSWER_MAX_BYTES = 16 * 2**20
 # exo ends a stream right after its ``[DONE]``; the end is read (so httpx keeps the connection
 # for the next chat, rather than opening one a chat) for at most this long, the client's answer
-# waiting for it: an exo that keeps the stream open past it has its connection closed instead.
-AFTER_DONE_S = 0.25
+# already ended (the route ends it with the door's last piece): an exo that keeps the stream
+# open past it has its connection closed instead. Long beside exo's end coming at once, short
+# beside a chat: the chat's slot (``--max-inflight``) is held meanwhile.
+AFTER_DONE_S = 1.0
 # The most of an error's text quoted from exo.
 QUOTED_CHARS = 300
 # exo's own cancel of a chat whose client left (``POST /v1/cancel/{command_id}``) is answered

@@ -95,6 +95,12 @@ def parse_chat(raw: bytes) -> tuple[ChatRequest, dict[str, Any]]:
     return request, body
 
 
+class LastPiece(bytes):
+    """A stream's last bytes for its client: nothing follows them (its ``[DONE]``, or the
+    error event that ends it), so the route ends the response with them, in one write, while
+    the door closes exo's stream and counts the chat (``keeper.httpapi.front_door_routes``)."""
+
+
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One SSE event carrying ``payload`` as its data."""
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()

@@ -1,8 +1,9 @@
 """The front door's connections to exo on real sockets (docs/design.md §8.6): chat after chat,
 streamed or whole, answered or refused, goes over one kept-alive connection, because the door
 reads each of exo's answers to its end (a stream past its ``[DONE]``); and an exo that keeps a
-stream open after its ``[DONE]`` still has the client's answer end within the door's bound for
-that read, its connection then closed.
+stream open after its ``[DONE]`` still has the door's answer end within its bound for that
+read, its connection then closed; through the route the client's answer ends with its last
+bytes, before the door has even given up on that stream (and the chat is counted ``ok``).
 
 The upstream is a few lines of asyncio beside the door (exo's shapes, HTTP/1.1 by hand, a
 stream written chunked as exo's uvicorn writes it), counting the connections it accepts: httpx's
@@ -23,8 +24,11 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from fastapi import FastAPI
+from starlette.types import Message
 
 from keeper.bridge.exo_client import KEPT_CHAT_LINKS
+from keeper.httpapi.front_door_routes import front_door_router
 from keeper.runtime.front_door import FrontDoor, parse_chat
 from keeper.runtime.front_door_upstream import AFTER_DONE_S
 
@@ -194,3 +198,87 @@ async def test_a_stream_held_open_after_its_done_ends_within_the_bound() -> None
         with anyio.fail_after(DEADLINE_S):
             assert (await streamed(door, "hello")).endswith(b"data: [DONE]\n\n")
         assert upstream.connections == 2  # the held one could not carry another chat
+
+
+@dataclass
+class Answered:
+    """A streamed chat's answer as the route wrote it, and the door as it was at its end."""
+
+    read: bytearray = field(default_factory=bytearray)
+    counted_at_end: float | None = None  # the door's ``ok`` count when the answer ended
+    held_at_end: bool | None = None  # whether exo still held its stream then
+
+
+async def through_the_route(door: FrontDoor, upstream: Upstream, content: str) -> Answered:
+    """A streamed chat through the door's route, driven as a server drives an ASGI app."""
+    app = FastAPI()
+    app.include_router(front_door_router(door, {}))
+    body = _chat(content, True)
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},  # as uvicorn serves
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"test"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("test", 80),
+    }
+    answered = Answered()
+    ended = anyio.Event()
+    asked = False
+
+    async def receive() -> Message:
+        nonlocal asked
+        if not asked:
+            asked = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await ended.wait()
+        return {"type": "http.disconnect"}  # as uvicorn, once the response is whole
+
+    async def send(message: Message) -> None:
+        if message["type"] != "http.response.body":
+            return
+        answered.read += message.get("body", b"")
+        if not message.get("more_body", False):
+            answered.counted_at_end = door.counts.total("", "ok")
+            answered.held_at_end = not upstream.closed.is_set()
+            ended.set()
+
+    await app(scope, receive, send)
+    return answered
+
+
+async def test_through_the_route_the_answer_ends_with_its_last_bytes() -> None:
+    async with upstream_and_door() as (upstream, door):
+        with anyio.fail_after(AFTER_DONE_S + SLACK_S):
+            answered = await through_the_route(door, upstream, LINGER)
+        assert answered.read.endswith(b"data: [DONE]\n\n"), answered.read
+        # The client's answer ended while the door still read exo's stream after its [DONE]
+        # (it gives up only after AFTER_DONE_S), before it counted the chat...
+        assert answered.held_at_end is True
+        assert answered.counted_at_end == 0
+        # ...which it then did, as answered: the response's end did not cancel it.
+        assert door.counts.total("", "ok") == 1
+        assert door.counts.total("", "cancelled") == 0
+        assert door.inflight == 0
+        with anyio.fail_after(DEADLINE_S):
+            await upstream.closed.wait()
+
+
+async def test_through_the_route_chats_share_one_connection() -> None:
+    async with upstream_and_door() as (upstream, door):
+        with anyio.fail_after(DEADLINE_S):
+            for _ in range(CHATS):
+                answered = await through_the_route(door, upstream, "hello")
+                assert answered.read.endswith(b"data: [DONE]\n\n"), answered.read
+        assert door.counts.total("", "ok") == CHATS
+        assert upstream.connections == 1
