@@ -184,7 +184,7 @@ class BridgeView:
                 state, self._started.keeper_or_none, self._started.clock_or_none, self._detail
             ),
         )
-        return model_deployment(views, model_id)
+        return model_deployment(views, model_id, state)
 
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""

@@ -155,6 +155,24 @@ def instances_of(state: State, model_id: ModelId) -> list[AnyInstance]:
     ]
 
 
+def chat_homes(state: State, model_id: ModelId) -> frozenset[InstanceId]:
+    """The model's instances a chat sent to exo may be on and still be answered: every one,
+    ready or not (exo routes to the instance with the fewest tasks, ready or not), but those
+    with a node gone from the topology or confirmed dead (docs/design.md §5.18). A chat in
+    flight on none of them will not be answered, whatever exo keeps its stream open for (the
+    front door's stranded attempt, §8.6)."""
+    present = state.topology.nodes
+    dead = {node_id for node_id, watch in state.node_watch.items() if watch.phase == "dead"}
+    return frozenset(
+        instance.instance_id
+        for instance in instances_of(state, model_id)
+        if all(
+            node in present and node not in dead
+            for node in instance.shard_assignments.node_to_runner
+        )
+    )
+
+
 def ready_instances_of(state: State, model_id: ModelId) -> list[AnyInstance]:
     """The model's instances that can serve now, in the State's order."""
     return [

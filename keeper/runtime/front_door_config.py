@@ -36,8 +36,10 @@ class FrontDoorConfig:
 @dataclass(frozen=True)
 class ModelDeployment:
     """What the front door needs of a model's deployment: its id, whether it serves in the
-    service's view, and its status in words for a refusal."""
+    service's view, its status in words for a refusal, and the instances of its model a chat
+    in flight may be on and still be answered (``keeper.model.readiness.chat_homes``)."""
 
     deployment_id: str
     serving: bool
     words: str
+    homes: frozenset[str] = frozenset()

@@ -14,15 +14,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from keeper.model.api_models import DeploymentView
+from keeper.model.readiness import chat_homes
+from keeper.model.state import State
 from keeper.runtime.front_door import ModelDeployment
 
 
-def model_deployment(views: Iterable[DeploymentView], model_id: str) -> ModelDeployment | None:
-    """The deployment of ``model_id`` among ``views`` as the front door asks: its id, whether
-    it serves (any instance of its model ready, docs/design.md §3.4), and its status in words
-    (with the service's detail, when there is one); None when the model has none."""
+def model_deployment(
+    views: Iterable[DeploymentView], model_id: str, state: State
+) -> ModelDeployment | None:
+    """The deployment of ``model_id`` among ``views`` (built on ``state``) as the front door
+    asks: its id, whether it serves (any instance of its model ready, docs/design.md §3.4), its
+    status in words (with the service's detail, when there is one), and the instances a chat
+    in flight may be on (``chat_homes``); None when the model has none."""
     for view in views:
         if view.deployment.model_card.model_id == model_id:
             words = view.status + (f": {view.detail}" if view.detail else "")
-            return ModelDeployment(view.deployment.deployment_id, view.status == "serving", words)
+            return ModelDeployment(
+                view.deployment.deployment_id,
+                view.status == "serving",
+                words,
+                chat_homes(state, model_id),
+            )
     return None

@@ -18,6 +18,7 @@ from keeper.model.events import (
     RunnerStatusUpdated,
 )
 from keeper.model.readiness import (
+    chat_homes,
     chat_targets,
     deployment_at_risk,
     deployment_status,
@@ -248,3 +249,20 @@ def test_the_watched_phase_is_read_per_node_and_per_phase() -> None:
     assert instances_at_risk(state) == frozenset({"m-bc", "n-c"})
     n = cluster.deploy("n")
     assert deployment_at_risk(cluster.deployment(n), cluster.state)
+
+
+def test_a_chat_s_homes_are_the_model_s_instances_on_no_node_gone_or_dead() -> None:
+    # Ready or not (exo routes to a loading instance too); a suspect node still may answer.
+    cluster = _watched()
+    assert chat_homes(cluster.state, "m") == frozenset({"m-a", "m-bc"})
+    assert chat_homes(cluster.state, "n") == frozenset({"n-c", "n-loading"})
+    assert chat_homes(cluster.state, "q") == frozenset()
+    cluster.apply(NodeSuspected(node_id="node-b", last_heard=1.0, at=4.0))
+    assert chat_homes(cluster.state, "m") == frozenset({"m-a", "m-bc"})
+    cluster.apply(NodeConfirmedDead(node_id="node-b", last_heard=1.0, at=9.0, why="x"))
+    assert chat_homes(cluster.state, "m") == frozenset({"m-a"})  # one dead node of the ring
+    assert chat_homes(cluster.state, "n") == frozenset({"n-c"})
+    cluster.apply(NodeTimedOut(node_id="node-a"))  # gone from the topology
+    assert chat_homes(cluster.state, "m") == frozenset()
+    cluster.apply(NodeHeardAgain(node_id="node-b", at=10.0))
+    assert chat_homes(cluster.state, "m") == frozenset({"m-bc"})

@@ -386,7 +386,7 @@ class Master(MasterCommands):
     def model_deployment(self, model_id: str) -> ModelDeployment | None:
         """The deployment of ``model_id`` as the front door asks (serving, and its status in
         words; ``keeper.runtime.model_deployment``), or None when the model has none."""
-        return model_deployment(self._views(), model_id)
+        return model_deployment(self._views(), model_id, self.state)
 
     def history(self, deployment_id: str, hours: float) -> DeploymentHistoryResponse:
         """``GET /deployments/{id}/history``: the deployment's serving records summarised."""
