@@ -119,6 +119,28 @@ class Fail:
 Action = Send | Hold | PassOn | Done | Fail
 
 
+# An attempt that has brought no token for this long, while none of the instances it may be on
+# is left, is stranded (``stranded``). Under the hold (30 s), so the chat is sent again in time;
+# over what exo takes to show an instance it has just placed (a second or two), so a chat routed
+# to an instance the service's view does not show yet is not taken for a stranded one.
+STRANDED_AFTER_S = 5.0
+
+
+def stranded(sent_on: frozenset[str], homes: frozenset[str], silent_s: float) -> str | None:
+    """Why the attempt in flight will never be answered, or None. ``sent_on``: the instances of
+    its model it may have been routed to when it was sent; ``homes``: those a chat may be on and
+    still be answered now (``keeper.model.readiness.chat_homes``); ``silent_s``: since its last
+    token (or its sending). exo keeps such a chat's stream open, with keep-alives, when the
+    instance it is on goes without exo deleting it: its node dead before exo's own timeout, or
+    exo's master changed and its new State lost the instance. It is then a cut."""
+    if not sent_on or sent_on & homes or silent_s < STRANDED_AFTER_S:
+        return None
+    return (
+        f"no token for {silent_s:.0f} s and none of the instances it may be on is left "
+        "(node dead or gone, or exo's master changed)"
+    )
+
+
 def outcome(so_far: SoFar) -> Outcome:
     """How an answered request is counted: ``migrated`` when the client's answer was continued,
     ``retried`` when it was sent more than once, ``held`` when it waited, else ``ok``."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 import anyio
@@ -54,6 +55,7 @@ from keeper.model.request_rule import (
     Send,
     SoFar,
     next_action,
+    stranded,
 )
 from keeper.runtime.front_door_attempts import Progress, stream_attempt, whole_attempt
 from keeper.runtime.front_door_config import (
@@ -226,13 +228,22 @@ class FrontDoor:
                 progress.continuations += action.continuation
                 progress.paused = False
                 attempt = Attempt()
+                progress.sent_on = found.homes if found is not None else frozenset()
                 carried = len(progress.text) if action.continuation else 0
                 upstream = with_continuation(body, progress.text) if carried else body
-                clients = self._upstreams()
+                check = partial(self._stranded, request.model, progress, self._monotonic())
                 pieces = (
-                    stream_attempt(clients, upstream, progress, attempt, self._monotonic, carried)
+                    stream_attempt(
+                        self._upstreams(),
+                        upstream,
+                        progress,
+                        attempt,
+                        self._monotonic,
+                        carried,
+                        check,
+                    )
                     if streamed
-                    else whole_attempt(clients, upstream, progress, attempt)
+                    else whole_attempt(self._upstreams(), upstream, progress, attempt, check)
                 )
                 # Closed here, not left to the collector, when the client leaves mid-attempt:
                 # the attempt then asks exo to cancel the chat at once.
@@ -254,6 +265,13 @@ class FrontDoor:
                 else None
             )
             self.counts.count(deployment, outcome, ttft, ended)
+
+    def _stranded(self, model: str, progress: Progress, sent_at: float) -> str | None:
+        """Why the attempt sent at ``sent_at`` will never be answered (``stranded``), or None."""
+        found = self._deployment_of(model)
+        homes = found.homes if found is not None else frozenset[str]()
+        quiet_s = self._monotonic() - max(progress.since, sent_at)
+        return stranded(progress.sent_on, homes, quiet_s)
 
     def _failed(
         self,

@@ -43,6 +43,10 @@ from keeper.runtime.front_door_wire import SSE, LastPiece, sse_event
 
 log = logging.getLogger(__name__)
 
+# How often a non-streamed attempt asks whether it is stranded while exo writes nothing: a tenth
+# of the time it takes to be (``STRANDED_AFTER_S``), and nothing to a service's CPU.
+STRANDED_CHECK_S = 0.5
+
 
 @dataclass
 class Progress:
@@ -60,6 +64,9 @@ class Progress:
     inexact: str | None = None  # why a continuation could not be exact
     completion_id: str | None = None
     usage_sent: bool = False  # the client has had its one ``usage``
+    # The instances of its model the current attempt may have been routed to when it was sent
+    # (``keeper.model.request_rule.stranded``).
+    sent_on: frozenset[str] = frozenset()
 
 
 async def stream_attempt(
@@ -69,11 +76,14 @@ async def stream_attempt(
     attempt: Attempt,
     monotonic: Callable[[], float],
     carried: int = 0,
+    stranded: Callable[[], str | None] = lambda: None,
 ) -> AsyncGenerator[bytes, None]:
     """A streamed attempt: the client's SSE bytes as exo's chunks come, those that came in one
     read in one piece. ``carried``: the tokens of the answer so far that this attempt, a
-    continuation, sent back in its prompt (its usage is counted over the whole answer). When
-    it is left before exo ends it (the client gone), exo is asked to cancel the chat."""
+    continuation, sent back in its prompt (its usage is counted over the whole answer).
+    ``stranded``: why exo will never answer it (asked at each read: exo's keep-alives come
+    every 10 s), which cuts it. When it is left before exo ends it (the client gone), exo is
+    asked to cancel the chat."""
     opened = Opened()
     try:
         response = await open_chat(clients, {**body, "stream": True}, attempt, opened)
@@ -86,7 +96,7 @@ async def stream_attempt(
             return
         reading = _Reading(progress, attempt, monotonic, carried)
         chunks = response.aiter_bytes()
-        async for events in sse_events(chunks, attempt):
+        async for events in sse_events(chunks, attempt, stranded):
             piece = reading.pass_on(events)
             if reading.done and reading.finished:
                 # The answer is whole: the client's [DONE] goes with its last chunk.
@@ -122,20 +132,37 @@ async def whole_attempt(
     body: dict[str, Any],
     progress: Progress,
     attempt: Attempt,
+    stranded: Callable[[], str | None] = lambda: None,
 ) -> AsyncGenerator[bytes, None]:
-    """A non-streamed attempt: exo's answer, passed on whole once it shows its finish_reason."""
+    """A non-streamed attempt: exo's answer, passed on whole once it shows its finish_reason.
+    ``stranded`` is asked every ``STRANDED_CHECK_S`` while exo writes nothing (its answer
+    comes whole at the end): why exo will never answer it, which cuts it."""
     opened = Opened()
     try:
         response = await open_chat(clients, {**body, "stream": False}, attempt, opened)
         if response is None:
             return
+        raw = b""
         try:
             with anyio.fail_after(ANSWER_TIMEOUT_S):
-                raw = await read_capped(response, ANSWER_MAX_BYTES)
+                async with anyio.create_task_group() as group:  # no yield inside it
+
+                    async def read() -> None:
+                        nonlocal raw
+                        raw = await read_capped(response, ANSWER_MAX_BYTES)
+                        group.cancel_scope.cancel()
+
+                    group.start_soon(read)
+                    while (why := stranded()) is None:
+                        await anyio.sleep(STRANDED_CHECK_S)
+                    attempt.happened, attempt.why = "cut", why
+                    group.cancel_scope.cancel()
         except (httpx.HTTPError, TimeoutError) as exc:
             attempt.happened = "cut"
             attempt.why = f"exo's answer broke off ({type(exc).__name__})"
             return
+        if attempt.happened is not None:
+            return  # stranded, said in attempt
         if not raw.strip():
             attempt.happened = "cut"
             attempt.why = "exo answered 200 with an empty body"

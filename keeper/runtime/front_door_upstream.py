@@ -11,7 +11,7 @@ its ``Happened`` and the client never sees a traceback.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote
@@ -148,11 +148,14 @@ async def cancel_chat(client: httpx.AsyncClient, command_id: str) -> str:
 
 
 async def sse_events(
-    chunks: AsyncIterator[bytes], attempt: Attempt
+    chunks: AsyncIterator[bytes],
+    attempt: Attempt,
+    stranded: Callable[[], str | None] = lambda: None,
 ) -> AsyncIterator[list[str | None]]:
     """exo's SSE stream as its events' data (None for a comment), those one read of the socket
     completed in one list (``keeper.runtime.front_door_sse``); ends, with ``attempt`` saying
-    why, when the stream breaks, is not SSE or is silent for ``STREAM_SILENCE_S``."""
+    why, when the stream breaks, is not SSE, is silent for ``STREAM_SILENCE_S``, or is
+    ``stranded`` (asked at each read: exo writes a keep-alive every 10 s)."""
     decoder = SseDecoder(ANSWER_MAX_BYTES)
     while True:
         # A cancel scope of its own, not ``fail_after``: this is once a chunk, and half the
@@ -175,6 +178,11 @@ async def sse_events(
             attempt.why = f"exo's stream was silent for {STREAM_SILENCE_S:g} s"
             return
         events = decoder.feed(chunk)
+        if all(event is None for event in events):  # keep-alives, or part of an event: no token
+            why = stranded()
+            if why is not None:
+                attempt.happened, attempt.why = "cut", why
+                return
         if events:
             yield events
         if decoder.trouble is not None:

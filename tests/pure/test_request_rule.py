@@ -12,6 +12,7 @@ from hypothesis import given
 from test_request_rule_properties import so_fars
 
 from keeper.model.request_rule import (
+    STRANDED_AFTER_S,
     Action,
     Done,
     Fail,
@@ -22,6 +23,7 @@ from keeper.model.request_rule import (
     SoFar,
     next_action,
     outcome,
+    stranded,
 )
 
 FRESH = SoFar(
@@ -203,3 +205,17 @@ def reference(s: SoFar) -> Action:
 @given(so_fars())
 def test_the_rule_agrees_with_its_reference(so_far: SoFar) -> None:
     assert next_action(so_far) == reference(so_far)
+
+
+def test_an_attempt_is_stranded_once_none_of_its_instances_is_left_and_it_is_quiet() -> None:
+    on = frozenset({"i1", "i2"})
+    quiet = STRANDED_AFTER_S
+    assert stranded(on, frozenset(), quiet) == (
+        f"no token for {quiet:.0f} s and none of the instances it may be on is left "
+        "(node dead or gone, or exo's master changed)"
+    )
+    assert stranded(on, frozenset({"i3"}), quiet + 60) is not None  # a new one is no home
+    assert stranded(on, frozenset({"i2", "i3"}), quiet + 60) is None  # one of them is left
+    assert stranded(on, frozenset(), quiet - 0.01) is None  # not quiet long enough
+    # sent while the model had no instance in view: nothing to tell it by
+    assert stranded(frozenset(), frozenset(), quiet + 60) is None
