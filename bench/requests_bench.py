@@ -141,8 +141,9 @@ def _door_cost(running: Running) -> None:
     took = time.perf_counter() - started
     chats = len(kinds) * (MINIMAL_CHATS + WARMUP)  # the warm-up's chats cost the bridge too
     cpu_ms = (_cpu_seconds(pid) - cpu_before - idle_rate * took) / chats * 1e3
-    # The bench's own straight chats came on one connection of their own.
-    connections = counts(running.exo_url)["connections"] - before["connections"] - 1
+    # The bench's own straight chats came on one connection of their own, and each count is
+    # read on a connection of its own (the second one's is counted in it).
+    connections = counts(running.exo_url)["connections"] - before["connections"] - 2
     print(
         f"2. a minimal exo-shaped upstream (answers at once; the stand-in's State recorded), "
         f"{DEPLOYED} deployed and serving, {UNDEPLOYED} with no deployment; {MINIMAL_CHATS} "
