@@ -78,7 +78,8 @@ class BridgeLiveness:
     def __init__(self, config: LivenessConfig) -> None:
         self.config = config
         self._watcher: NodeWatcher | None = None
-        self._seen: dict[NodeId, str] = {}
+        # Each node's newest lastSeen read (Unix seconds): a report is a newer one.
+        self._seen: dict[NodeId, float] = {}
         # The current verdicts (an empty mapping: none); a new object only when they change.
         self.verdicts: dict[NodeId, NodeWatch] = {}
         # Why fast failover is off for the last State read, or None while it is on.
@@ -117,6 +118,20 @@ class BridgeLiveness:
             await clock.sleep(HEARTBEAT_S)
             self.beat(clock.monotonic())
 
+    def _reported(self, node_id: NodeId, last_seen: float) -> bool:
+        """Whether a node's ``lastSeen`` (its own clock's, stamped on each report) read now is a
+        report. A newer one is. An older one is not, for a node suspect or dead: exo's State can
+        show its lastSeen go back and then forward from there (on a real cluster, 26 minutes
+        back the second a killed node's API refused, exo replaying old reports), and taking
+        each change for a report judged the dead node heard again, then dead, every second, its
+        instance in and out of the keeper's view. For a node alive it is one: its clock was set
+        back (a step of NTP), and it goes on reporting from there."""
+        newest = self._seen.get(node_id)
+        if newest is None or last_seen > newest:
+            return True
+        watch = self.verdicts.get(node_id)
+        return last_seen < newest and watch is None  # no verdict: alive
+
     def observe(self, state: State, raw: JsonObject, now: float, wall: float) -> None:
         """One poll's State (readable), at monotonic ``now`` and Unix ``wall``."""
         if not self.config.enabled:
@@ -135,11 +150,10 @@ class BridgeLiveness:
         if watcher is None:
             watcher = self._watcher = NodeWatcher(self.config, now)
         for node_id in state.topology.nodes:
-            text = state.last_seen[node_id]
-            if self._seen.get(node_id) != text:
-                self._seen[node_id] = text
-                heard_at = parsed(text)
-                watcher.heard(node_id, now, heard_at if heard_at is not None else wall)
+            heard_at = parsed(state.last_seen[node_id])
+            if heard_at is not None and self._reported(node_id, heard_at):
+                self._seen[node_id] = heard_at
+                watcher.heard(node_id, now, heard_at)
         self._seen = {n: t for n, t in self._seen.items() if n in state.topology.nodes}
         judged = state.model_copy(update={"node_watch": self.verdicts})
         events = watcher.check(judged, now, wall)

@@ -16,6 +16,7 @@ import errno
 import json
 import socket
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -336,3 +337,57 @@ async def test_a_dead_node_s_instance_is_deleted_beside_its_replacement_not_befo
         replacement_after_s = anyio.current_time() - delete_sent_at
         assert replacement_after_s < slow_delete_s / 2, replacement_after_s
         await wait_until(h.serving, 10, "serving again")
+
+
+@pytest.mark.anyio
+async def test_a_dead_node_s_last_seen_going_back_is_no_report() -> None:
+    # On a real cluster, the second a killed node's API refused, exo's State showed its
+    # lastSeen 26 minutes back, then moving forward from there (exo replaying old reports):
+    # taking each change for a report judged it heard again, then dead, every second.
+    async with exo_with_bridge(nodes=NODES, bridge_config=FAST, node_apis=True) as h:
+        _, first = await h.serve_qwen()
+        holder, name = holder_of(h, first)
+        h.nodes.crash(name, 60.0)
+        h.link.down_hosts.add(httpx.URL(node_url(name)).host)
+        await wait_until(
+            lambda: (
+                h.bridge.state.node_watch.get(holder) is not None
+                and h.bridge.state.node_watch[holder].phase == "dead"
+            ),
+            12,
+            "the killed node confirmed dead",
+            poll_s=0.05,
+        )
+        replayed = [0]
+
+        def replaying(state: dict[str, Any]) -> dict[str, Any]:
+            # 26 minutes back, then a second forward at each read
+            replayed[0] += 1
+            back = datetime.now(UTC) - timedelta(minutes=26) + timedelta(seconds=replayed[0])
+            state["lastSeen"][holder] = back.isoformat().replace("+00:00", "Z")
+            return state
+
+        h.link.state_edit = replaying
+        phases: set[str] = set()
+        end = anyio.current_time() + 10
+        while anyio.current_time() < end:
+            phases.add(h.bridge.state.node_watch[holder].phase)
+            await anyio.sleep(0.1)
+        assert replayed[0] >= 5 and phases == {"dead"}
+        await wait_until(h.serving, 10, "serving again")
+
+
+def test_an_alive_node_s_clock_set_back_still_reports() -> None:
+    liveness = BridgeLiveness(FAST.liveness)
+    topology = Topology(nodes=["a", "b"])
+
+    def seen(a: str, b: str) -> State:
+        return State(topology=topology, last_seen={"a": a, "b": b})
+
+    raw: dict[str, Any] = {"lastSeen": {}}
+    liveness.observe(seen("2026-12-06T10:00:00Z", "2026-12-06T10:00:00Z"), raw, 0.0, 0.0)
+    for t in range(1, 12):
+        # a's clock stepped back 30 s at t=1 (NTP), its reports going on from there
+        a = f"2026-12-06T09:59:{30 + t:02d}Z"
+        liveness.observe(seen(a, f"2026-12-06T10:00:{t:02d}Z"), raw, float(t), float(t))
+    assert liveness.verdicts == {}  # neither judged: a kept reporting
