@@ -20,7 +20,6 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from keeper.model.api_models import ErrorResponse
 from keeper.runtime.clock import Clock
 from keeper.sim.link.channel import ChannelClosedError
 from keeper.sim.link.protocol import MASTER_MESSAGE, NODE_MESSAGE, AnyMasterMessage, AnyNodeMessage
@@ -54,6 +53,10 @@ class NodeRejectedError(Exception):
 
 def _refusal_message(body: bytes | bytearray | None) -> str:
     """The master's error message from a refusal's body (its error envelope), else nothing."""
+    # Imported here: the API's models (about 30 ms of CPU) are needed only when the master
+    # refuses, and a node starts once per simulated node (docs/design.md §10, "Start-up").
+    from keeper.model.api_models import ErrorResponse  # noqa: PLC0415
+
     try:
         envelope = ErrorResponse.model_validate_json(body or b"")
     except ValidationError:
