@@ -143,13 +143,17 @@ async def whole_attempt(
         if response is None:
             return
         raw = b""
+        broke: Exception | None = None  # raised in the task: caught there, not in a group
         try:
             with anyio.fail_after(ANSWER_TIMEOUT_S):
                 async with anyio.create_task_group() as group:  # no yield inside it
 
                     async def read() -> None:
-                        nonlocal raw
-                        raw = await read_capped(response, ANSWER_MAX_BYTES)
+                        nonlocal raw, broke
+                        try:
+                            raw = await read_capped(response, ANSWER_MAX_BYTES)
+                        except httpx.HTTPError as exc:
+                            broke = exc
                         group.cancel_scope.cancel()
 
                     group.start_soon(read)
@@ -157,9 +161,11 @@ async def whole_attempt(
                         await anyio.sleep(STRANDED_CHECK_S)
                     attempt.happened, attempt.why = "cut", why
                     group.cancel_scope.cancel()
-        except (httpx.HTTPError, TimeoutError) as exc:
+        except TimeoutError as exc:
+            broke = exc
+        if broke is not None:
             attempt.happened = "cut"
-            attempt.why = f"exo's answer broke off ({type(exc).__name__})"
+            attempt.why = f"exo's answer broke off ({type(broke).__name__})"
             return
         if attempt.happened is not None:
             return  # stranded, said in attempt

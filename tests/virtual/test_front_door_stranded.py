@@ -58,6 +58,7 @@ async def test_a_chat_on_an_instance_exo_lost_is_sent_again_and_answered(streame
         async def ask() -> None:
             answers.append(await api.post(CHAT, json=chat(stream=streamed, max_tokens=40)))
 
+        answered_s = -1.0
         async with anyio.create_task_group() as group:
             group.start_soon(ask)
             await wait_until(lambda: len(chats_sent(h)) == 1, 10, "the chat sent to exo")
