@@ -83,14 +83,9 @@ class Streamed:
         return sse_events(bytes(self.read))
 
 
-async def stream_chat(
-    app: ASGIApp, body: dict[str, Any], leave_after: int | None = None, into: Streamed | None = None
-) -> Streamed:
-    """POST ``body`` to the app's chat route as a client on a socket would, reading the answer
-    as it is written (into ``into``, to watch it meanwhile), and go away once ``leave_after``
-    data events have come (None: read to the end)."""
-    content = json.dumps(body).encode()
-    scope = {
+def chat_scope(content: bytes) -> dict[str, Any]:
+    """The ASGI scope of ``POST /v1/chat/completions`` with ``content`` as uvicorn gives it."""
+    return {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},  # as uvicorn serves
         "http_version": "1.1",
@@ -108,6 +103,16 @@ async def stream_chat(
         "client": ("127.0.0.1", 50000),
         "server": ("test", 80),
     }
+
+
+async def stream_chat(
+    app: ASGIApp, body: dict[str, Any], leave_after: int | None = None, into: Streamed | None = None
+) -> Streamed:
+    """POST ``body`` to the app's chat route as a client on a socket would, reading the answer
+    as it is written (into ``into``, to watch it meanwhile), and go away once ``leave_after``
+    data events have come (None: read to the end)."""
+    content = json.dumps(body).encode()
+    scope = chat_scope(content)
     answer = into if into is not None else Streamed()
     gone = anyio.Event()
     asked = False

@@ -25,6 +25,7 @@ import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
+from front_door_harness import chat_scope
 from starlette.types import Message
 
 from keeper.bridge.exo_client import KEPT_CHAT_LINKS
@@ -214,24 +215,7 @@ async def through_the_route(door: FrontDoor, upstream: Upstream, content: str) -
     app = FastAPI()
     app.include_router(front_door_router(door, {}))
     body = _chat(content, True)
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},  # as uvicorn serves
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"test"),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("test", 80),
-    }
+    scope = chat_scope(body)
     answered = Answered()
     ended = anyio.Event()
     asked = False
