@@ -20,9 +20,11 @@ freeze with it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -33,7 +35,7 @@ from typing import Any
 
 import httpx
 import shared_http as http
-from process_helpers import START_DEADLINE_S, free_port, start_cli, stop, wait_for
+from process_helpers import START_DEADLINE_S, free_port, stop, wait_for
 
 # The model the cluster serves: exo's id of a model small enough to load in about 2 s on a CPU.
 DEFAULT_MODEL = "exo-harness/tiny-llama"
@@ -444,6 +446,20 @@ class Bridge:
         return "\n".join(line for line in text if line[:19] >= stamp and line[:4].isdigit())
 
 
+# Linux's prctl option: the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+# libc's prctl, looked up here: the forked child only calls it (no loader, no Python lock).
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """In the bridge's process before it runs: SIGTERM to it when this test run dies, however
+    it dies. A run killed hard once left its bridge running, and that bridge went on placing the
+    model on the next runs' clusters, spoiling two of them."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _start_bridge(cluster: ExoCluster, url: str, log: Path, data_dir: Path) -> Bridge:
     """``exo-deploy bridge`` on ``url``'s port and ``data_dir``, given every exo URL with exo's
     master's last (``ExoCluster.master_last``), its output appended to ``log``; once it follows
@@ -451,7 +467,14 @@ def _start_bridge(cluster: ExoCluster, url: str, log: Path, data_dir: Path) -> B
     port = url.rsplit(":", 1)[1]
     argv = ["bridge", "--exo", ",".join(cluster.master_last()), "--port", port]
     with log.open("ab") as output:  # the process keeps its own copy of the descriptor
-        process = start_cli([*argv, "--data-dir", str(data_dir)], output)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "keeper.cli", *argv, "--data-dir", str(data_dir)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its group signalled alone (a freeze of it)
+            # Safe beside threads here: it calls libc's prctl, looked up before the fork.
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
     bridge = Bridge(url, log, process, time.monotonic(), data_dir)
     wait_for(
         "the bridge following exo",
