@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # (a master, a bridge, a cluster, every client command), for a ``main`` we never call. A None in
 # sys.modules makes that import fail, and httpx then defines a stub ``main`` in its place (its own
 # ``except ImportError``); nothing else of httpx uses the module (docs/design.md §10, "Start-up").
-# Only when httpx is not loaded yet: a process that already has it keeps it whole.
+# Only when httpx is not loaded yet: a process that already has it keeps it whole. A private name,
+# with no public way: https://github.com/encode/httpx/pull/3547 would import it in ``__main__``;
+# httpx is bounded in pyproject.toml and tests/processes/test_import_canaries.py fails if it moves.
 if "httpx" not in sys.modules:
     sys.modules.setdefault("httpx._main", None)  # pyright: ignore[reportArgumentType]
 
@@ -629,7 +631,9 @@ def _without_trio() -> None:
     cluster, each client command). A None in sys.modules makes that import fail, as httpcore
     expects where trio is absent (docs/design.md §10, "Start-up"). Only for a process's own
     command (``main()`` without ``argv``): a test calling ``main([...])`` in its own process
-    keeps trio for its other tests."""
+    keeps trio for its other tests. httpcore offers no public way (upstream:
+    https://github.com/encode/httpcore/issues/946); it is bounded in pyproject.toml and
+    tests/processes/test_import_canaries.py fails if it moves."""
     sys.modules.setdefault("trio", None)  # pyright: ignore[reportArgumentType]
 
 
