@@ -111,20 +111,25 @@ def holder_of(h: ExoWithBridge, instance_id: str) -> tuple[str, str]:
     return node_id, h.master.state.node_identities[node_id].friendly_name
 
 
+def kill_with_its_api(h: ExoWithBridge, name: str) -> None:
+    """kill -9 of node ``name``: its reports stop, and its own API's port refuses at once."""
+    h.nodes.crash(name, 60.0)
+    h.link.down_hosts.add(httpx.URL(node_url(name)).host)
+
+
 @pytest.mark.anyio
 async def test_a_killed_node_s_refused_port_confirms_it_dead_within_seconds() -> None:
     # The bridge has each node's own URL: it learns which is which by GET /node_id. The node is
     # killed with its API: its port refuses connections at once, a sign no freeze or slow
-    # network gives, so a refused probe of a node whose lastSeen stalled confirms it dead
-    # without waiting to suspect it, let alone 8 s of silence.
+    # network gives, so a refused probe confirms it dead at once, before its reports are even
+    # missed, let alone 8 s of silence.
     async with exo_with_bridge(nodes=NODES, bridge_config=FAST, node_apis=True) as h:
         _, first = await h.serve_qwen()
         holder, name = holder_of(h, first)
         assert h.bridge.exo.url == EXO_URL  # the nodes' URLs are only asked GET /node_id
         assert set(h.link.node_id_asked) == {*h.link.node_hosts, httpx.URL(EXO_URL).host}
         verdicts: list[str] = []
-        h.nodes.crash(name, 60.0)
-        h.link.down_hosts.add(httpx.URL(node_url(name)).host)
+        kill_with_its_api(h, name)
         crashed_at = anyio.current_time()
 
         def dead() -> bool:
@@ -322,8 +327,7 @@ async def test_a_dead_node_s_instance_is_deleted_beside_its_replacement_not_befo
         _, name = holder_of(h, first)
         h.link.slow_deletes_s = slow_delete_s
         posted = len(h.link.posted_instances())
-        h.nodes.crash(name, 60.0)
-        h.link.down_hosts.add(httpx.URL(node_url(name)).host)
+        kill_with_its_api(h, name)
         await wait_until(
             lambda: first in h.link.deleted_instances(), 12, "the DELETE sent", poll_s=0.05
         )
@@ -347,8 +351,7 @@ async def test_a_dead_node_s_last_seen_going_back_is_no_report() -> None:
     async with exo_with_bridge(nodes=NODES, bridge_config=FAST, node_apis=True) as h:
         _, first = await h.serve_qwen()
         holder, name = holder_of(h, first)
-        h.nodes.crash(name, 60.0)
-        h.link.down_hosts.add(httpx.URL(node_url(name)).host)
+        kill_with_its_api(h, name)
         await wait_until(
             lambda: (
                 h.bridge.state.node_watch.get(holder) is not None
