@@ -11,7 +11,7 @@ once the client has what it wanted.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +105,22 @@ def chat_scope(content: bytes) -> dict[str, Any]:
     }
 
 
+def one_request(content: bytes, until: anyio.Event) -> Callable[[], Awaitable[Message]]:
+    """An ASGI ``receive`` as a server gives one: the request's whole body once, then a
+    disconnect once ``until`` is set (the client gone, or the response whole)."""
+    asked = False
+
+    async def receive() -> Message:
+        nonlocal asked
+        if not asked:
+            asked = True
+            return {"type": "http.request", "body": content, "more_body": False}
+        await until.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
 async def stream_chat(
     app: ASGIApp, body: dict[str, Any], leave_after: int | None = None, into: Streamed | None = None
 ) -> Streamed:
@@ -115,15 +131,7 @@ async def stream_chat(
     scope = chat_scope(content)
     answer = into if into is not None else Streamed()
     gone = anyio.Event()
-    asked = False
-
-    async def receive() -> Message:
-        nonlocal asked
-        if not asked:
-            asked = True
-            return {"type": "http.request", "body": content, "more_body": False}
-        await gone.wait()
-        return {"type": "http.disconnect"}
+    receive = one_request(content, gone)
 
     async def send(message: Message) -> None:
         if message["type"] == "http.response.start":

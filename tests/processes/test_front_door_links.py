@@ -25,7 +25,7 @@ import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
-from front_door_harness import chat_scope
+from front_door_harness import chat_scope, one_request
 from starlette.types import Message
 
 from keeper.bridge.exo_client import KEPT_CHAT_LINKS
@@ -218,15 +218,7 @@ async def through_the_route(door: FrontDoor, upstream: Upstream, content: str) -
     scope = chat_scope(body)
     answered = Answered()
     ended = anyio.Event()
-    asked = False
-
-    async def receive() -> Message:
-        nonlocal asked
-        if not asked:
-            asked = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await ended.wait()
-        return {"type": "http.disconnect"}  # as uvicorn, once the response is whole
+    receive = one_request(body, ended)  # disconnected as uvicorn does, once the response is whole
 
     async def send(message: Message) -> None:
         if message["type"] != "http.response.body":
