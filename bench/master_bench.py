@@ -225,6 +225,18 @@ def _cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+async def timed_gets(port: int, path: str, count: int) -> list[float]:
+    """Seconds of each of ``count`` ``GET path`` on one keep-alive connection to ``port``."""
+    took: list[float] = []
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        client = _KeepAliveClient(stream, path)
+        for _ in range(count):
+            started = time.perf_counter()
+            await client.get()
+            took.append(time.perf_counter() - started)
+    return took
+
+
 async def _hammer(port: int) -> list[float]:
     latencies: list[float] = []
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
@@ -232,12 +244,7 @@ async def _hammer(port: int) -> list[float]:
         assert len(first.json()["deployments"]) == DEPLOYMENTS
 
     async def one_client() -> None:
-        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-            client = _KeepAliveClient(stream, "/deployments")
-            for _ in range(REQUESTS_PER_CLIENT):
-                started = time.perf_counter()
-                await client.get()
-                latencies.append(time.perf_counter() - started)
+        latencies.extend(await timed_gets(port, "/deployments", REQUESTS_PER_CLIENT))
 
     async with anyio.create_task_group() as group:
         for _ in range(CLIENTS):

@@ -50,7 +50,7 @@ from bench.chat_client import chat_body
 from bench.chat_rounds import Kind, bad, compare, interleaved, pct
 from bench.master_bench import (  # pyright: ignore[reportPrivateUsage]
     _cpu_seconds,
-    _KeepAliveClient,
+    timed_gets,
 )
 from bench.requests_held import held
 from bench.requests_processes import (
@@ -155,7 +155,7 @@ def _door_cost(running: Running) -> None:
         f"{idle_rate * 1e3:.0f} ms/s, taken out); connections it opened to the upstream: "
         f"{connections} for {chats} chats (one kept alive would carry them all)"
     )
-    health = anyio.run(_healthz, running.bridge_port)
+    health = anyio.run(timed_gets, running.bridge_port, "/healthz", SCALE_GETS)
     print(
         f"  for scale, the bridge's GET /healthz (neither exo nor the door), {SCALE_GETS} on "
         f"one connection: p50 {pct(health, 0.5) * 1e3:.2f} ms, p99 {pct(health, 0.99) * 1e3:.2f}"
@@ -166,18 +166,6 @@ def _door_cost(running: Running) -> None:
         f"{'met' if worst <= TARGET_ADDED_P50_MS else 'NOT met'} (the most added, of every "
         f"kind's first token and end: {worst:+.2f} ms)"
     )
-
-
-async def _healthz(port: int) -> list[float]:
-    """Seconds of each of ``SCALE_GETS`` ``GET /healthz`` on one keep-alive connection."""
-    took: list[float] = []
-    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-        client = _KeepAliveClient(stream, "/healthz")
-        for _ in range(SCALE_GETS):
-            started = time.perf_counter()
-            await client.get()
-            took.append(time.perf_counter() - started)
-    return took
 
 
 def run() -> None:
