@@ -7,7 +7,9 @@ the bridge's own running clock (``keeper.runtime.node_watch``: a bridge that was
 itself). The bridge has no session to a node, so its second sign is the node's own API not
 answering, or refusing the connection (a probe, when a ``--exo`` URL is that node's:
 ``keeper.bridge.node_probes``; a refusal confirms a node dead at once), or, otherwise,
-``--dead-after-s`` of silence while the others are heard. The verdicts are kept here, not in
+``--dead-after-s`` of silence while the others are heard. A report read late (the bridge could not read a State
+for a while) is dated from the one before it by the step of the node's own ``lastSeen``
+(``keeper.model.liveness.report_time``), not from the read. The verdicts are kept here, not in
 the bridge's log: they are judged again from exo's State within seconds of a restart, and the
 bridge's own State has no topology to hold them against. A State without ``lastSeen`` (an
 older exo) or with one that does not read as a date turns fast failover off for that State, and
@@ -107,6 +109,11 @@ class BridgeLiveness:
         if self._watcher is not None:
             self._watcher.probed(node_id, answer)
 
+    def next_check_in(self, now: float) -> float | None:
+        """Seconds from monotonic ``now`` until a node's silence reaches a threshold, or None
+        (the ticks check then rather than at the next poll: ``BridgeTicks``)."""
+        return self._watcher.next_check_in(now) if self._watcher is not None else None
+
     def beat(self, now: float) -> None:
         """The bridge's own loop ran at monotonic ``now`` (module doc)."""
         if self._watcher is not None:
@@ -152,8 +159,10 @@ class BridgeLiveness:
         for node_id in state.topology.nodes:
             heard_at = parsed(state.last_seen[node_id])
             if heard_at is not None and self._reported(node_id, heard_at):
+                before = self._seen.get(node_id)
                 self._seen[node_id] = heard_at
-                watcher.heard(node_id, now, heard_at)
+                step_s = None if before is None else heard_at - before
+                watcher.heard(node_id, now, heard_at, step_s)
         self._seen = {n: t for n, t in self._seen.items() if n in state.topology.nodes}
         judged = state.model_copy(update={"node_watch": self.verdicts})
         events = watcher.check(judged, now, wall)

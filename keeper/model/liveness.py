@@ -231,6 +231,45 @@ def heard(previous: NodeHeard | None, at: float) -> NodeHeard:
     return NodeHeard(last_heard=at, gaps=gaps, flaps=previous.flaps)
 
 
+def report_time(arrived: float, previous_arrival: float | None, step_s: float | None) -> float:
+    """When a report read at running time ``arrived`` was made, as far as the observer can
+    tell: ``step_s`` after the node's previous report (its own clock's step between the two,
+    exo's ``lastSeen``; None: not known), counted from when that one arrived, and never later
+    than this one's own arrival. A report read late (the observer could not read for a while:
+    the node it reads the State from froze) is then not taken for a fresh one: the silence of
+    the node that froze runs from its last report, not from the moment the observer could read
+    again (docs/design.md §5.18). Anchored on the previous *arrival*, never on a previous
+    estimate, so a node's clock running slow shifts one step by its drift and no error builds
+    up; a step that goes back (its clock set back) dates nothing, and the arrival counts."""
+    if previous_arrival is None or step_s is None or step_s < 0:
+        return arrived
+    return min(arrived, max(previous_arrival, previous_arrival + step_s))
+
+
+def next_threshold(
+    nodes: Mapping[NodeId, NodeHeard],
+    phases: Mapping[NodeId, Phase],
+    now: float,
+    config: LivenessConfig,
+) -> float | None:
+    """The running time, after ``now``, at which the next node's silence reaches a threshold
+    of the rule as it stands (an alive node its ``suspect_after``, a suspect one its
+    ``dead_after``), or None: the observer checks then rather than at its next poll, so a
+    verdict is not up to a poll late (docs/design.md §5.18). A node the rule judged otherwise
+    (dead, or left out of a stale view) has no threshold ahead of it."""
+    if not config.enabled:
+        return None
+    due: list[float] = []
+    for node_id, node in nodes.items():
+        phase = phases.get(node_id)
+        if phase == "alive":
+            due.append(node.last_heard + suspect_after(config, node))
+        elif phase == "suspect":
+            due.append(node.last_heard + dead_after(config, node))
+    ahead = [at for at in due if now < at < math.inf]
+    return min(ahead) if ahead else None
+
+
 def flaps_within(cleared_at: Sequence[float], now: float) -> int:
     """How many of a node's clearances (suspected, then heard again) are still remembered."""
     return sum(1 for at in cleared_at if now - at < FLAP_MEMORY_S)

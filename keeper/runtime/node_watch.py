@@ -29,11 +29,14 @@ from keeper.model.liveness import (
     LivenessConfig,
     NodeHeard,
     ObserverClock,
+    Phase,
     ProbeAnswer,
     flaps_within,
     heard,
     judge,
+    next_threshold,
     paused,
+    report_time,
     running_at,
     started_clock,
     ticked,
@@ -52,13 +55,25 @@ class NodeWatcher:
         self._clock: ObserverClock = started_clock(now)
         self._nodes: dict[NodeId, NodeHeard] = {}
         self._wall: dict[NodeId, float] = {}  # Unix time of each node's last report
+        # Running time each node's last report was read (the bridge dates a report read late
+        # from the one before it: ``report_time``).
+        self._arrived: dict[NodeId, float] = {}
+        self._phases: dict[NodeId, Phase] = {}  # the last check's judgement
         self._cleared: dict[NodeId, list[float]] = {}  # monotonic times of its clearances
         # Why the last check did not trust its view (a pause, most of the nodes at once).
         self.stale: str | None = None
 
-    def heard(self, node_id: NodeId, now: float, wall: float) -> None:
-        """A message of the node arrived (monotonic ``now``, Unix ``wall``)."""
-        self._nodes[node_id] = heard(self._nodes.get(node_id), running_at(self._clock, now))
+    def heard(self, node_id: NodeId, now: float, wall: float, step_s: float | None = None) -> None:
+        """A message of the node arrived (monotonic ``now``, Unix ``wall``); ``step_s``: how
+        long after its previous report the node made this one, by its own clock, when the
+        report says (exo's ``lastSeen``; ``report_time``)."""
+        arrived = running_at(self._clock, now)
+        previous = self._nodes.get(node_id)
+        made = report_time(arrived, self._arrived.get(node_id), step_s)
+        if previous is not None:
+            made = max(made, previous.last_heard)  # none before the one it follows
+        self._nodes[node_id] = heard(previous, made)
+        self._arrived[node_id] = arrived
         self._wall[node_id] = wall
 
     def probed(self, node_id: NodeId, answer: ProbeAnswer) -> None:
@@ -87,6 +102,13 @@ class NodeWatcher:
         node = self._nodes.get(node_id)
         return None if node is None else max(0.0, running_at(self._clock, now) - node.last_heard)
 
+    def next_check_in(self, now: float) -> float | None:
+        """Seconds from monotonic ``now`` until the next node's silence reaches a threshold of
+        the rule (``next_threshold``), or None: a service that checks on a poll checks then."""
+        running = running_at(self._clock, now)
+        due = next_threshold(self._nodes, self._phases, running, self.config)
+        return None if due is None else due - running
+
     def check(self, state: State, now: float, wall: float) -> list[AnyEvent]:
         """Judge the nodes in the topology at ``now`` and return the verdict events."""
         self._clock = ticked(self._clock, now)
@@ -95,6 +117,7 @@ class NodeWatcher:
         # Forget nodes gone from the topology; one that reached it unheard starts now.
         self._nodes = {n: h for n, h in self._nodes.items() if n in present}
         self._wall = {n: t for n, t in self._wall.items() if n in present}
+        self._arrived = {n: t for n, t in self._arrived.items() if n in present}
         for node_id in present:
             if node_id not in self._nodes:
                 self._nodes[node_id] = NodeHeard(last_heard=running)
@@ -115,6 +138,7 @@ class NodeWatcher:
                 n: dataclasses.replace(h, last_heard=running) for n, h in self._nodes.items()
             }
         judgement = judge(self._nodes, running, self.config, pause)
+        self._phases = judgement.phases
         if judgement.stale != self.stale:
             if judgement.stale is not None:
                 log.warning("fast failover: %s", judgement.stale)

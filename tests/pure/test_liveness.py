@@ -32,10 +32,12 @@ from keeper.model.liveness import (
     heard,
     judge,
     liveness_flags_refusal,
+    next_threshold,
     node_liveness,
     nodes_by_state,
     paused,
     probe_sign,
+    report_time,
     rhythm_s,
     running_at,
     started_clock,
@@ -531,3 +533,49 @@ def test_the_stale_window_slides_over_the_silent_nodes_in_time_order() -> None:
     more = {**nodes, "s6": steady(31.5), "s7": steady(32.0)}
     stale = judge(more, 60.0, ON).stale
     assert stale is not None and stale.startswith("5 of 9 nodes")
+
+
+# --- when a report read late was made, and when the next verdict is due --------------------
+
+
+def test_a_report_read_late_is_dated_from_the_one_before_it() -> None:
+    # The previous report arrived at 10.0; the next one, made 1.0 s later by the node's own
+    # clock, was read only at 12.4 (the observer could not read meanwhile): made at 11.0.
+    assert report_time(12.4, 10.0, 1.0) == 11.0
+    # read at once: its arrival, however long the node's step (a clock run fast is capped)
+    assert report_time(11.2, 10.0, 5.0) == 11.2
+    # nothing to date it from, or a step back (a clock set back): its arrival
+    assert report_time(12.4, None, 1.0) == 12.4
+    assert report_time(12.4, 10.0, None) == 12.4
+    assert report_time(12.4, 10.0, -3.0) == 12.4
+    # a step of zero: no later than the one before
+    assert report_time(12.4, 10.0, 0.0) == 10.0
+
+
+@given(
+    arrived=st.floats(0, 1e6),
+    before=st.floats(0, 1e6),
+    step=st.one_of(st.none(), st.floats(-1e3, 1e3)),
+)
+def test_a_report_is_never_dated_after_its_arrival_nor_before_the_one_before(
+    arrived: float, before: float, step: float | None
+) -> None:
+    previous = min(before, arrived)  # arrivals come in order
+    made = report_time(arrived, previous, step)
+    assert previous <= made <= arrived
+
+
+def test_the_next_threshold_is_the_nearest_one_ahead() -> None:
+    nodes = {"a": steady(10.0), "b": steady(9.0), "c": steady(2.0), "d": steady(0.0)}
+    phases: dict[str, liveness.Phase] = {"a": "alive", "b": "alive", "c": "suspect", "d": "dead"}
+    # a at 13, b at 12 (suspicion), c at 10 (death), d none (dead): the nearest after 11.0
+    assert next_threshold(nodes, phases, 11.0, ON) == 12.0
+    assert next_threshold(nodes, phases, 9.5, ON) == 10.0
+    # thresholds already crossed are not ahead (the check made then reached its verdict)
+    assert next_threshold(nodes, phases, 13.0, ON) is None
+    # a node the judgement left out (a stale view) has none; off: none at all
+    assert next_threshold(nodes, {"a": "alive"}, 11.0, ON) == 13.0
+    assert next_threshold(nodes, phases, 11.0, OFF) is None
+    # never by silence alone: no death threshold
+    never = LivenessConfig(suspect_after_s=3.0, dead_after_s=0.0)
+    assert next_threshold({"c": steady(2.0)}, {"c": "suspect"}, 3.0, never) is None
