@@ -363,6 +363,13 @@ async def exo_with_bridge(
             node_urls = tuple(node_url(name) for name, _ in nodes)
         bridge = new_bridge(link, data_dir, bridge_config, node_urls, follow)
         scope = await group.start(_run_cancellable, bridge)
+        # Its first read of exo's State over (a State, or an outage): what a test does next
+        # meets a bridge that has seen exo, not one still reading.
+        await wait_until(
+            lambda: bridge.health().exo.reachable or bridge.outage is not None,
+            10,
+            "the bridge's first read of exo",
+        )
         yield ExoWithBridge(master, cluster, link, bridge, group, scope, node_urls, follow)
         group.cancel_scope.cancel()
 

@@ -32,7 +32,7 @@ from typing import Final, Literal
 import anyio
 
 from keeper.bridge.exo_client import ExoApi, ExoState, ExoStateUnreadableError, ExoUnavailableError
-from keeper.bridge.state_deadline import FLOOR_S, next_deadline
+from keeper.bridge.state_deadline import FLOOR_S, hedge_after, next_deadline
 from keeper.model.refusals import RefusalError
 from keeper.runtime.clock import iso_utc
 
@@ -94,34 +94,56 @@ class ExoFollower:
         return self.last is not None and self.outage is None
 
     async def read(self) -> ExoState | None:
-        """This tick's State, from the URL in use, or from the next URL that answers (which is
-        then in use). None, with the outage recorded, when no URL gives a State to act on."""
-        failures: list[str] = []
+        """This tick's State, from the URL in use, or from the next URL that answers first
+        (which is then in use). None, with the outage recorded, when no URL gives a State to
+        act on.
+
+        The reads are hedged (``keeper.bridge.state_deadline.hedge_after``): when the URL in
+        use has not answered within the hedge, the next is read beside it, and the first
+        answer wins; a URL that fails outright hands over at once. A frozen followed node
+        costs the bridge a hedge's wait, not the whole deadline: a State read late dates
+        nothing late, but a tick not read is a check not made."""
         count = len(self.apis)
-        for offset in range(count):
-            index = (self._in_use + offset) % count
-            api = self.apis[index]
-            started = anyio.current_time()
-            try:
-                exo = await api.state(self.state_deadline_s)
-            except ExoStateUnreadableError as exc:
-                # exo answers, with a State the keeper cannot act on: no reason to leave it.
-                self.answered_at = self._wall()
-                self._switch_to(index)
-                self.unavailable(str(exc), STATE_UNREADABLE)
-                return None
-            except ExoUnavailableError as exc:
-                failures.append(str(exc))
-                continue
-            self.answered_at = self._wall()
-            self.state_deadline_s = next_deadline(
-                self.state_deadline_s, anyio.current_time() - started
-            )
-            self._switch_to(index)
-            return exo
-        self.state_deadline_s = next_deadline(self.state_deadline_s, None)
-        self.unavailable("; ".join(failures))
-        return None
+        order = [(self._in_use + offset) % count for offset in range(count)]
+        deadline_s = self.state_deadline_s
+        failures: list[str] = []
+        # The first answer: the URL's index, its State or why it is unreadable, the read's time.
+        answers: list[tuple[int, ExoState | ExoStateUnreadableError, float]] = []
+
+        async with anyio.create_task_group() as group:
+
+            async def read_one(index: int, failed: anyio.Event) -> None:
+                started = anyio.current_time()
+                try:
+                    found: ExoState | ExoStateUnreadableError = await self.apis[index].state(
+                        deadline_s
+                    )
+                except ExoStateUnreadableError as exc:
+                    found = exc  # exo answers, with a State the keeper cannot act on
+                except ExoUnavailableError as exc:
+                    failures.append(str(exc))
+                    failed.set()
+                    return
+                answers.append((index, found, anyio.current_time() - started))
+                group.cancel_scope.cancel()
+
+            for index in order:
+                failed = anyio.Event()
+                group.start_soon(read_one, index, failed)
+                with anyio.move_on_after(hedge_after(deadline_s)):
+                    await failed.wait()
+        if not answers:
+            self.state_deadline_s = next_deadline(deadline_s, None)
+            self.unavailable("; ".join(failures))
+            return None
+        index, found, read_s = answers[0]
+        self.answered_at = self._wall()
+        self._switch_to(index)
+        if isinstance(found, ExoStateUnreadableError):
+            self.unavailable(str(found), STATE_UNREADABLE)
+            return None
+        self.state_deadline_s = next_deadline(deadline_s, read_s)
+        return found
 
     def _switch_to(self, index: int) -> None:
         if index != self._in_use:

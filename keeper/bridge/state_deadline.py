@@ -12,6 +12,10 @@ placed nothing while exo was answering. So the deadline follows what exo takes:
 - after a walk in which no URL gave a State in time: twice the deadline, up to ``CEILING_S``
   (every node frozen at once is rarer than every node slow; a walk later, a slow exo is read).
 
+The deadline bounds a read; the *hedge* (``hedge_after``, half of it) is when the next URL is
+read beside the one in use, the first answer winning: a frozen followed node is left within a
+hedge (0.75 s for a quick exo), not a whole deadline, while a slow one is still read.
+
 Pure: the follower (``keeper.bridge.following``) times the read and keeps the deadline.
 """
 
@@ -26,6 +30,10 @@ SLOW_FACTOR = 3.0
 # The longest the bridge waits for one State: the longest exo holds a read during an election
 # (measured up to 6 s); past it the bridge would be blind for more than a few polls in a row.
 CEILING_S = 6.0
+# The next URL is read beside the one in use once that one has taken this share of its deadline:
+# half of it (0.75 s for a quick exo, which answers in a tenth of that) is well past any answer
+# the URL in use was going to give in time, and leaves the next URL the other half.
+HEDGE_SHARE = 0.5
 
 
 def next_deadline(current_s: float, read_s: float | None) -> float:
@@ -34,3 +42,10 @@ def next_deadline(current_s: float, read_s: float | None) -> float:
     if read_s is None:
         return min(CEILING_S, current_s * 2)
     return min(CEILING_S, max(FLOOR_S, SLOW_FACTOR * read_s))
+
+
+def hedge_after(deadline_s: float) -> float:
+    """How long a read of the URL in use runs alone before the next URL is read beside it
+    (``keeper.bridge.following``): a share of the read's deadline, so a slow exo, whose
+    deadline grew with its reads, is not hedged on every read."""
+    return HEDGE_SHARE * deadline_s

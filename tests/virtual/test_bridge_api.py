@@ -153,6 +153,8 @@ async def test_creating_while_exo_is_down_is_a_503_saying_so() -> None:
             )
             assert_error(await api.get("/state"), 503, "has not answered yet")
             assert_error(await api.get("/models"), 503, "model list is not available")
+            # the first read's failure, once it is in (until then: no reason, not a wrong one)
+            await wait_until(lambda: h.bridge.health().exo.reason is not None, 5, "a reason")
             health = (await api.get("/healthz")).json()
             assert health["exo"]["reachable"] is False
             assert "cannot reach exo" in health["exo"]["reason"]

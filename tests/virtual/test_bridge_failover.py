@@ -25,7 +25,6 @@ import pytest
 from bridge_harness import EXO_URL, ExoWithBridge, exo_with_bridge, node_url, wait_until
 
 from keeper.bridge.exo_client import (
-    STATE_TIMEOUT_S,
     ExoClient,
     ExoConnectionRefusedError,
     refused,
@@ -39,7 +38,7 @@ from keeper.bridge.node_probes import (
     due_probes,
 )
 from keeper.bridge.service import BridgeConfig
-from keeper.bridge.state_deadline import CEILING_S, FLOOR_S, next_deadline
+from keeper.bridge.state_deadline import CEILING_S, FLOOR_S, hedge_after, next_deadline
 from keeper.model.liveness import LivenessConfig
 from keeper.model.state import NodeWatch, State, Topology
 
@@ -171,7 +170,8 @@ async def test_a_node_whose_own_api_answers_is_confirmed_by_silence_only() -> No
         deleted_s = anyio.current_time() - cut_at
         watch = h.bridge.state.node_watch[holder]
         assert watch.phase == "dead" and "while the other nodes were heard" in watch.why
-        assert deleted_s >= FAST.liveness.dead_after_s
+        # silent from its last report, which came within a second (the nodes' cadence) of the cut
+        assert deleted_s >= FAST.liveness.dead_after_s - 1.0
         probed = h.link.node_id_asked[asked:]
         # every node heard is probed for a refusal; the cut one answered, which told nothing
         assert set(probed) == {httpx.URL(node_url(n)).host for n, _ in NODES}
@@ -234,6 +234,7 @@ async def test_a_freeze_of_the_followed_node_fails_over_like_any_other() -> None
         switched_s = anyio.current_time() - frozen_at
         await wait_until(lambda: holder in h.bridge.state.node_watch, 10, "a suspected")
         suspected_s = anyio.current_time() - frozen_at
+        suspicion = h.bridge.state.node_watch[holder]
         await wait_until(lambda: len(h.exo_instances()) == 2, 10, "a replacement in exo")
         placed_s = anyio.current_time() - frozen_at
         await wait_until(lambda: first not in h.exo_instances(), 10, "the old one deleted")
@@ -245,10 +246,13 @@ async def test_a_freeze_of_the_followed_node_fails_over_like_any_other() -> None
             f"{suspected_s:.1f} s, replacement at {placed_s:.1f} s, old one deleted at "
             f"{deleted_s:.1f} s; health said {sorted(said)}"
         )
-        # a poll's wait, then the short deadline, then the State from the next URL
-        assert switched_s <= 1.0 + STATE_TIMEOUT_S + 0.1
+        # a poll's wait, then the hedge (the next URL read beside the hung one), then its State
+        assert switched_s <= 1.0 + hedge_after(FLOOR_S) + 0.1
         assert not [s for s in said if "paused" in s]  # exo's hang is not the bridge's pause
-        assert suspected_s <= 1.0 + STATE_TIMEOUT_S + FAST.liveness.suspect_after_s + 1.0
+        # silent from its last report (before the freeze), not from the first State the next
+        # URL gave, and checked when the threshold falls, not at the next poll
+        assert suspected_s <= FAST.liveness.suspect_after_s + 0.1
+        assert suspicion.since - suspicion.last_heard <= FAST.liveness.suspect_after_s + 0.1
         assert placed_s <= 6.0
         # suspected, probed within half a second, the probe's deadline, the next poll
         assert deleted_s <= suspected_s + 0.5 + PROBE_TIMEOUT_S + 1.0
@@ -394,3 +398,23 @@ def test_an_alive_node_s_clock_set_back_still_reports() -> None:
         a = f"2026-12-06T09:59:{30 + t:02d}Z"
         liveness.observe(seen(a, f"2026-12-06T10:00:{t:02d}Z"), raw, float(t), float(t))
     assert liveness.verdicts == {}  # neither judged: a kept reporting
+
+
+def test_a_report_read_late_is_dated_from_the_one_before_it() -> None:
+    # The bridge could not read a State for 2.5 s (the node it followed froze); the next URL's
+    # State shows a's last report, made 1 s after the one read before: a has been silent since
+    # then (1.5 s), not since the read, and its threshold is 1.5 s away, not 3.
+    liveness = BridgeLiveness(FAST.liveness)
+    topology = Topology(nodes=["a", "b"])
+
+    def seen(a: str, b: str) -> State:
+        return State(topology=topology, last_seen={"a": a, "b": b})
+
+    raw: dict[str, Any] = {"lastSeen": {}}
+    liveness.observe(seen("2026-12-06T10:00:00Z", "2026-12-06T10:00:00Z"), raw, 0.0, 0.0)
+    for beat in (0.25 * k for k in range(1, 10)):
+        liveness.beat(beat)  # the bridge's own loop ran: waiting on exo is no pause
+    liveness.observe(seen("2026-12-06T10:00:01Z", "2026-12-06T10:00:02Z"), raw, 2.5, 2.5)
+    assert liveness.silent_s("a", 2.5) == pytest.approx(1.5)
+    assert liveness.silent_s("b", 2.5) == pytest.approx(0.5)
+    assert liveness.next_check_in(2.5) == pytest.approx(FAST.liveness.suspect_after_s - 1.5)
