@@ -85,6 +85,9 @@ class NodeProbes:
         self._apis = {api.url: api for api in apis}
         self.node_of: dict[str, NodeId] = {}  # URL -> the node whose API it is
         self._asked_at: dict[str, float] = {}  # URL -> monotonic time it was last asked
+        # URL -> the last sign logged of it: a node that stays refused (its exo is down for
+        # minutes) is said once, not twice a second.
+        self._said: dict[str, ProbeAnswer] = {}
 
     async def run(
         self,
@@ -139,11 +142,14 @@ class NodeProbes:
             answer: ProbeAnswer = "refused" if refused else "unanswered"
             sign = probe_sign(suspect, answer) if probing is not None else None
             if probing is not None and sign is not None:
-                log.info("fast failover: node %s's own API %s: %s", probing, answer, exc)
+                level = logging.DEBUG if self._said.get(url) == sign else logging.INFO
+                log.log(level, "fast failover: node %s's own API %s: %s", probing, answer, exc)
+                self._said[url] = sign
                 probed(probing, sign)
             else:
                 log.debug("%s: no node id (%s)", url, exc)
             return
+        self._said.pop(url, None)
         known = self.node_of.get(url)
         if answered != known:
             # A URL that is another node's now gives no sign either way for the one it was.

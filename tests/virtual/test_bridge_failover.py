@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import socket
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -34,6 +35,7 @@ from keeper.bridge.node_probes import (
     LOOKUP_EVERY_S,
     PROBE_EVERY_S,
     PROBE_TIMEOUT_S,
+    NodeProbes,
     due_lookups,
     due_probes,
 )
@@ -418,3 +420,42 @@ def test_a_report_read_late_is_dated_from_the_one_before_it() -> None:
     assert liveness.silent_s("a", 2.5) == pytest.approx(1.5)
     assert liveness.silent_s("b", 2.5) == pytest.approx(0.5)
     assert liveness.next_check_in(2.5) == pytest.approx(FAST.liveness.suspect_after_s - 1.5)
+
+
+class RefusingApi:
+    """A node's own API whose port nobody listens on, then one that answers again."""
+
+    url = "http://a.node.test"
+    answering = False
+
+    async def node_id(self, timeout_s: float) -> str:
+        if self.answering:
+            return "a"
+        raise ExoConnectionRefusedError("GET /node_id: refused")
+
+
+@pytest.mark.anyio
+async def test_a_node_refused_round_after_round_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # exo down for minutes: every half-second round finds its port refused; the log says so once
+    # a spell, not twice a second, and every refusal still reaches the rule.
+    api = RefusingApi()
+    probes = NodeProbes([api])  # type: ignore[list-item]  # the one method a probe calls
+    probes.node_of[api.url] = "a"
+    signs: list[str] = []
+    caplog.set_level(logging.INFO, logger="keeper.bridge.node_probes")
+
+    async def rounds(count: int) -> None:
+        for k in range(count):
+            await probes.once(float(k), {}, {"a": 0.1}, lambda _, sign: signs.append(sign))
+
+    await rounds(6)
+    said = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(signs) == 6 and len(said) == 1
+    api.answering = True
+    await rounds(1)
+    api.answering = False
+    await rounds(3)  # a new spell: said again, once
+    said = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(said) == 2
