@@ -7,13 +7,13 @@ the bridge's own running clock (``keeper.runtime.node_watch``: a bridge that was
 itself). The bridge has no session to a node, so its second sign is the node's own API not
 answering, or refusing the connection (a probe, when a ``--exo`` URL is that node's:
 ``keeper.bridge.node_probes``; a refusal confirms a node dead at once), or, otherwise,
-``--dead-after-s`` of silence while the others are heard. A report read late (the bridge could not read a State
-for a while) is dated from the one before it by the step of the node's own ``lastSeen``
-(``keeper.model.liveness.report_time``), not from the read. The verdicts are kept here, not in
-the bridge's log: they are judged again from exo's State within seconds of a restart, and the
-bridge's own State has no topology to hold them against. A State without ``lastSeen`` (an
-older exo) or with one that does not read as a date turns fast failover off for that State, and
-``/healthz`` says why; exo's own detection works as before.
+``--dead-after-s`` of silence while the others are heard. A report read late (the bridge
+could not read a State for a while) is dated from the one before it by the step of the node's
+own ``lastSeen`` (``keeper.model.liveness.report_time``), not from the read. The verdicts are
+kept here, not in the bridge's log: they are judged again from exo's State within seconds of
+a restart, and the bridge's own State has no topology to hold them against. A State without
+``lastSeen`` (an older exo) or with one that does not read as a date turns fast failover off
+for that State, and ``/healthz`` says why; exo's own detection works as before.
 
 The bridge's own pauses are measured by a heartbeat (``heartbeat``: a task that sleeps a
 quarter second and ticks the watcher's running clock), not by the gaps between its checks: a
