@@ -93,11 +93,19 @@ def call_master(
         raise ClientError(exc.message, EXIT_FOR_FAILURE[exc.kind]) from None
 
 
+def answer_line(response: CommandResponse) -> str:
+    """A command's answer in one line: its message, then the deployment it names (a repair
+    names the instance in its message, and no deployment)."""
+    if response.deployment_id is None:
+        return response.message
+    return f"{response.message}: {response.deployment_id}"
+
+
 def _print_answer(args: argparse.Namespace, answer: Answer[CommandResponse]) -> None:
     if args.json:
         print(json.dumps(answer.payload, indent=2))
     else:
-        print(f"{answer.value.message}: {answer.value.deployment_id}")
+        print(answer_line(answer.value))
 
 
 def _timeout_without_wait(args: argparse.Namespace, command: str) -> bool:

@@ -18,8 +18,10 @@ from exo_deploy_tui.cli import _parser as tui_parser  # pyright: ignore[reportPr
 from exo_deploy_tui.cli import main as tui_main
 from keeper.bridge import server as bridge_server
 from keeper.cli import EXIT_OK, EXIT_USAGE, build_parser, main
+from keeper.cli.deployments import answer_line
 from keeper.client import version_option
 from keeper.client.token_options import MAX_TOKEN_FILE_BYTES, TOKEN_ENV
+from keeper.model.api_models import CommandResponse
 from keeper.runtime.deployments import DEFAULT_MAX_DEPLOYMENTS
 from keeper.sim.master import server as master_server
 
@@ -266,3 +268,12 @@ def test_a_hold_that_is_not_a_number_of_seconds_exits_2(
     code, _, err = run_cli(capsys, *service, "--hold-s", hold)
     assert code == EXIT_USAGE
     assert "--hold-s" in err and hold in err
+
+
+def test_an_answer_names_its_deployment_and_a_repair_no_deployment_it_lacks() -> None:
+    created = CommandResponse(message="Deployment created", command_id="c", deployment_id="d-1")
+    assert answer_line(created) == "Deployment created: d-1"
+    repaired = CommandResponse(
+        message="Instance i-1 will be replaced", command_id="c", instance_id="i-1"
+    )
+    assert answer_line(repaired) == "Instance i-1 will be replaced"  # not ": None"
