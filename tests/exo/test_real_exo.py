@@ -85,14 +85,15 @@ HEARD_WITHIN_S = 1.5
 HISTORY_SKEW_S = 1.0
 # How often a loop that watches a fault as it runs looks again (as ``wait_for`` does).
 POLL_S = 0.2
-# A few of the bridge's one-second polls and a chat: how long a passing check may take to read
-# what already holds.
-SETTLE_S = 10.0
 # After serving again, how long the clients go on: a few chats each on the new instance, so the
 # counts show both sides served again, not only what the fault did.
 CHATS_AFTER_S = 3.0
 # Only a pilot step's length: how often the TUI test looks at what the app shows.
 TUI_POLL_S = 0.1
+# After a thaw, how often the wait for one instance looks for exo split again: the frozen node
+# may elect itself master of its own session seconds after it rejoined (seen 3 s after a thaw),
+# later than the restore that followed the thaw could see.
+SPLIT_RECHECK_S = 15.0
 
 pytestmark = pytest.mark.exo
 
@@ -169,6 +170,24 @@ def serving(cluster: ExoCluster, bridge: Bridge) -> Instance:
             f"bridge says {view.get('status')} ({view.get('detail')}); exo's nodes: "
             f"{cluster.states()}; the bridge's log:\n{bridge.log_since(time.time() - 60)}"
         )
+
+
+def settled_after_thaw(cluster: ExoCluster, bridge: Bridge) -> Instance:
+    """The model on one ready instance with every node heard, after a long freeze: exo split
+    again is healed as often as it is seen (``SPLIT_RECHECK_S``), within RECOVERY_DEADLINE_S."""
+    end = time.monotonic() + RECOVERY_DEADLINE_S
+    while True:
+        cluster.restore()  # exo may have split after the thaw (tests/exo_cluster.py)
+        left = end - time.monotonic()
+        try:
+            return wait_for(
+                "one instance and every node heard",
+                max(0.0, min(SPLIT_RECHECK_S, left)),
+                lambda: one_ready(cluster, bridge),
+            )
+        except pytest.fail.Exception:
+            if time.monotonic() >= end:
+                raise
 
 
 def holder(cluster: ExoCluster, instance: Instance) -> tuple[str, int]:
@@ -280,9 +299,12 @@ def test_restart_of_the_killed_node(cluster: ExoCluster, bridge: Bridge, report:
         lambda: new_id in bridge.node_ids() or None,
     )
     listed_s = since(restarted_at)
-    # A chat may meet the restarted node's first seconds: the model serving again within a
-    # few of the bridge's polls, on the same instance.
-    still = wait_for("the model serving", SETTLE_S, cluster.serving)
+    # A chat may meet the restarted node's first seconds: exo elects again when a node joins
+    # (its API holds every command, chats included, for the 3 s campaign) and the node replays
+    # the master's log. What the bridge owes is the same instance serving, whenever exo answers
+    # again: how long exo took is measured, not bounded by the bridge's polls.
+    still = wait_for("the model serving", RECOVERY_DEADLINE_S, cluster.serving)
+    serving_again_s = since(restarted_at)
     status = bridge.listed(cluster.model)["status"]
     # Whole again: every node's State lists the three running nodes (a restarted node replays
     # its own log, then the master's, before its State does).
@@ -290,6 +312,7 @@ def test_restart_of_the_killed_node(cluster: ExoCluster, bridge: Bridge, report:
     report.record(
         "3 restart of the killed node",
         listed_by_bridge_s=listed_s,
+        serving_after_the_restart_s=serving_again_s,
         every_state_lists_it_s=since(restarted_at) if formed.get("formed") else None,
         new_node_id_differs=new_id != node.node_id,
     )
@@ -567,12 +590,7 @@ def test_a_15s_freeze_of_the_followed_node(
         }
         report.record("6 15 s freeze of the followed node", **figures)
         log = bridge.log_since(time.time() - LONG_FREEZE_S - 10)
-        cluster.restore()  # exo may have split after the thaw (tests/exo_cluster.py)
-        settled = wait_for(
-            "one instance and every node heard",
-            RECOVERY_DEADLINE_S,
-            lambda: one_ready(cluster, bridge),
-        )
+        settled = settled_after_thaw(cluster, bridge)
     report.record("6 15 s freeze of the followed node", most_instances=watch.most)
     assert watch.most <= 2, f"{watch.most} instances of the model at once"
     assert settled.ready
@@ -673,12 +691,7 @@ def test_a_15s_freeze_of_the_serving_node(
                 )
             serving_s = since(frozen_at)
         report.record(scenario, serving_elsewhere_s=serving_s)
-        cluster.restore()  # exo may have split after the thaw (tests/exo_cluster.py)
-        settled = wait_for(
-            "one instance and every node heard",
-            RECOVERY_DEADLINE_S,
-            lambda: one_ready(cluster, bridge),
-        )
+        settled = settled_after_thaw(cluster, bridge)
     figures = {
         "serving_elsewhere_s": serving_s,
         "frozen_instance_deleted_by_bridge": serving.instance_id in bridge.deletions_sent(),
