@@ -198,6 +198,7 @@ class Creations:
             )
             return
         exo = self._exo()
+        sent_at = self._monotonic()
         try:
             answer = await exo.create_instance(dict(creation.body))
         except ExoRefusedError as exc:
@@ -230,12 +231,13 @@ class Creations:
             if isinstance(card, dict) and cast(JsonObject, card).get("modelId") == model_id:
                 self._cards.saw(model_id, cast(JsonObject, card))
             log.info(
-                "placing %s (deployment %s): instance %s sent to exo at %s%s",
+                "placing %s (deployment %s): instance %s sent to exo at %s%s, taken in %.2f s",
                 model_id,
                 creation.deployment_id,
                 instance_id,
                 exo.url,
                 f" (time {creation.sends})" if creation.sends > 1 else "",
+                self._monotonic() - sent_at,
             )
 
     def _settled_answer(self, instance_id: str) -> None:

@@ -256,7 +256,9 @@ class BridgeTicks:
         return fenced
 
     async def _send_deletions(self, instance_ids: Sequence[str], now: float) -> None:
+        clock = self._started.clock
         for instance_id in instance_ids:
+            sent_at = clock.monotonic()
             try:
                 await self._follow.exo.delete_instance(instance_id)
             except ExoUnavailableError as exc:
@@ -265,7 +267,8 @@ class BridgeTicks:
             except ExoRefusedError as exc:
                 log.warning("exo refused to delete instance %s: %s", instance_id, exc.message)
             else:
-                log.info("instance %s: deletion sent to exo", instance_id)
+                taken_s = clock.monotonic() - sent_at
+                log.info("instance %s: deletion sent to exo, taken in %.2f s", instance_id, taken_s)
             self._doomed.accepted(instance_id, now)
 
     async def _act(self, events: Sequence[AnyEvent], answers: PlacementAnswers, now: float) -> None:
