@@ -253,8 +253,9 @@ async def test_a_freeze_of_the_followed_node_fails_over_like_any_other() -> None
         assert not [s for s in said if "paused" in s]  # exo's hang is not the bridge's pause
         # silent from its last report (before the freeze), not from the first State the next
         # URL gave, and checked when the threshold falls, not at the next poll
-        assert suspected_s <= FAST.liveness.suspect_after_s + 0.1
-        assert suspicion.since - suspicion.last_heard <= FAST.liveness.suspect_after_s + 0.1
+        # (a tick at the threshold, then its read of exo's State: well under the poll's second)
+        assert suspected_s <= FAST.liveness.suspect_after_s + 0.5
+        assert suspicion.since - suspicion.last_heard <= FAST.liveness.suspect_after_s + 0.5
         assert placed_s <= 6.0
         # suspected, probed within half a second, the probe's deadline, the next poll
         assert deleted_s <= suspected_s + 0.5 + PROBE_TIMEOUT_S + 1.0
