@@ -171,10 +171,26 @@ class ExoCluster:
         return sorted(self.urls, key=lambda url: apis.get(url.rstrip("/")) == master)
 
     def node_name(self, bridge: Bridge, node_id: str) -> str:
-        """The name the bridge's ``GET /nodes`` gives exo's node ``node_id``."""
-        listed = bridge.get("/nodes") or {"nodes": []}
-        (name,) = [n["name"] for n in listed["nodes"] if node_id in n["node_ids"]]
-        return name
+        """The name the bridge's ``GET /nodes`` gives exo's node ``node_id``, once it lists it
+        (a node restarted to heal a split is in the bridge's next read, not at once)."""
+
+        def named() -> str | None:
+            listed = bridge.get("/nodes") or {"nodes": []}
+            names = [n["name"] for n in listed["nodes"] if node_id in n["node_ids"]]
+            return names[0] if len(names) == 1 else None
+
+        return wait_for(f"the bridge listing node {node_id[:8]}", FORMED_WAIT_S, named)
+
+    def instances_everywhere(self) -> set[str] | None:
+        """The model's instance ids when every running node's State shows the same ones (a
+        deletion reaches each node's copy in its own time), else None."""
+        seen: list[set[str]] = []
+        for url in self.live_urls():
+            state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
+            if not isinstance(state, dict):
+                return None
+            seen.append(set(self.instances(state)))
+        return seen[0] if seen and all(ids == seen[0] for ids in seen) else None
 
     def live_urls(self) -> list[str]:
         """The APIs of the nodes running now (not killed, not frozen), in ``urls`` order."""

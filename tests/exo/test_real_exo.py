@@ -619,8 +619,12 @@ def move_onto(cluster: ExoCluster, bridge: Bridge, serving: Instance, node_id: s
         assert repaired.returncode == 0, repaired.stderr
 
         def there() -> Instance | None:
+            # on that node alone in every node's State: the old instance's deletion applied
+            # everywhere, so the scenario's fault meets one instance, not one and a leftover
             found = one_ready(cluster, bridge)
-            return found if found is not None and node_id in found.node_ids else None
+            if found is None or node_id not in found.node_ids:
+                return None
+            return found if cluster.instances_everywhere() == {found.instance_id} else None
 
         wait_for(f"the model serving on node {node_id[:8]} alone", RECOVERY_DEADLINE_S, there)
     finally:
