@@ -391,18 +391,21 @@ def probe_sign(suspect: bool, answer: ProbeAnswer) -> ProbeAnswer | None:
 def _stale_view(nodes: Mapping[NodeId, NodeHeard], quiet: set[NodeId]) -> str | None:
     """Why the view is stale: more than half of the nodes fell silent within STALE_WINDOW_S of
     each other (their last reports that close together); None otherwise."""
-    times = sorted(nodes[node_id].last_heard for node_id in quiet)
-    most = 0
+    silent = sorted(quiet, key=lambda node_id: (nodes[node_id].last_heard, node_id))
+    times = [nodes[node_id].last_heard for node_id in silent]
+    most, first = 0, 0
     start = 0
     for end, last in enumerate(times):
         while last - times[start] > STALE_WINDOW_S:
             start += 1
-        most = max(most, end - start + 1)
+        if end - start + 1 > most:
+            most, first = end - start + 1, start
     if 2 * most > len(nodes):
+        together = ", ".join(sorted(silent[first : first + most]))
         return (
             f"{most} of {len(nodes)} nodes fell silent within {STALE_WINDOW_S:g} s of each "
-            "other: the view is stale (this service or the cluster's master is the one "
-            "missing), so nobody is suspected"
+            f"other ({together}): the view is stale (this service or the cluster's master is "
+            "the one missing), so nobody is suspected"
         )
     return None
 

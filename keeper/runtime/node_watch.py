@@ -142,6 +142,8 @@ class NodeWatcher:
         if judgement.stale != self.stale:
             if judgement.stale is not None:
                 log.warning("fast failover: %s", judgement.stale)
+            else:
+                log.info("fast failover: the view is fresh again: nodes are judged")
             self.stale = judgement.stale
         events = watch_events(state, judgement, self._wall, wall)
         for event in events:

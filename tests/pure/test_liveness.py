@@ -519,8 +519,8 @@ def test_nodes_all_heard_are_no_stale_view_however_few() -> None:
 def test_silent_exactly_the_window_apart_is_together_and_the_message_says_so() -> None:
     nodes = {"a": steady(100.0), "b": steady(100.0 + STALE_WINDOW_S), "c": steady(110.0)}
     assert judge(nodes, 110.0, ON).stale == (
-        "2 of 3 nodes fell silent within 2 s of each other: the view is stale (this service or"
-        " the cluster's master is the one missing), so nobody is suspected"
+        "2 of 3 nodes fell silent within 2 s of each other (a, b): the view is stale (this "
+        "service or the cluster's master is the one missing), so nobody is suspected"
     )
 
 
