@@ -61,6 +61,8 @@ class ExoLink(httpx.AsyncBaseTransport):
         # Or a whole response, made anew for each GET /state (e.g. one streaming its body).
         self.state_response: Callable[[], httpx.Response] | None = None
         self.state_edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        # The same for the State one host serves (a node's own URL): its copy alone differs.
+        self.state_edit_at: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
         # exo holds commands until its election ends (anyio time; None: ended), then applies them,
         # whether or not the caller still waits for the answer (needs ``group``).
         self.election_until: float | None = None
@@ -105,9 +107,10 @@ class ExoLink(httpx.AsyncBaseTransport):
             status, body = self.state_answer
             content = body if isinstance(body, bytes) else json.dumps(body).encode()
             return httpx.Response(status, content=content)
-        if (method, path) == ("GET", "/state") and self.state_edit is not None:
+        edit = self.state_edit_at.get(request.url.host, self.state_edit)
+        if (method, path) == ("GET", "/state") and edit is not None:
             response = await self._inner.handle_async_request(request)
-            edited = self.state_edit(json.loads(await response.aread()))
+            edited = edit(json.loads(await response.aread()))
             return httpx.Response(response.status_code, json=edited)
         if (method, path) != ("GET", "/state"):
             body = json.loads(request.content) if request.content else None

@@ -82,6 +82,9 @@ class ExoFollower:
         # How long a State read may take before the next URL is read: a quick exo's at first,
         # then what exo takes (keeper.bridge.state_deadline).
         self.state_deadline_s = FLOOR_S
+        # The URLs whose State showed most nodes silent together since the view was last fresh
+        # (``stale_here``): each is left once for the next, none twice.
+        self._stale_at: set[int] = set()
 
     @property
     def exo(self) -> ExoApi:
@@ -144,6 +147,31 @@ class ExoFollower:
             return None
         self.state_deadline_s = next_deadline(deadline_s, read_s)
         return found
+
+    def stale_here(self, why: str) -> None:
+        """The State read from the URL in use shows most nodes fallen silent together: that
+        node may be the one cut off (from exo's master, or by a split exo), while another
+        node's copy hears them. So the next URL not yet found stale is read from the next tick
+        on; once every URL has shown the same, the bridge stays where it is (exo's master
+        itself is silent: no copy can be fresher)."""
+        self._stale_at.add(self._in_use)
+        count = len(self.apis)
+        for offset in range(1, count):
+            index = (self._in_use + offset) % count
+            if index not in self._stale_at:
+                log.warning(
+                    "the State exo at %s gives is stale (%s); reading exo at %s",
+                    self.exo.url,
+                    why,
+                    self.apis[index].url,
+                )
+                self._in_use = index
+                self._on_switch()
+                return
+
+    def fresh_here(self) -> None:
+        """The State read from the URL in use hears its nodes: every URL may be tried again."""
+        self._stale_at.clear()
 
     def _switch_to(self, index: int) -> None:
         if index != self._in_use:

@@ -30,6 +30,7 @@ from keeper.bridge.exo_client import (
     ExoConnectionRefusedError,
     refused,
 )
+from keeper.bridge.following import ExoFollower
 from keeper.bridge.node_liveness import NO_LAST_SEEN, BridgeLiveness, last_seen_refusal, parsed
 from keeper.bridge.node_probes import (
     LOOKUP_EVERY_S,
@@ -460,3 +461,40 @@ async def test_a_node_refused_round_after_round_is_said_once(
     await rounds(3)  # a new spell: said again, once
     said = [r for r in caplog.records if "refused" in r.getMessage()]
     assert len(said) == 2
+
+
+@pytest.mark.anyio
+async def test_a_stale_copy_of_the_state_is_left_for_one_that_hears_the_nodes() -> None:
+    # Node a's exo is cut off from exo's master (a split exo, a partition): its copy of the State
+    # shows b and c silent since the same moment, a stale view, while b's copy hears everyone.
+    # The bridge, following a, reads b's copy instead, and judges again from it: nobody is
+    # suspected, for nobody is silent there.
+    async with exo_with_bridge(nodes=NODES, bridge_config=FAST, follow="a") as h:
+        await h.serve_qwen()
+        ids = {i.friendly_name: n for n, i in h.master.state.node_identities.items()}
+        frozen_at: dict[str, str] = {}
+
+        def cut_off(state: dict[str, Any]) -> dict[str, Any]:
+            for name in ("b", "c"):
+                seen = frozen_at.setdefault(name, state["lastSeen"][ids[name]])
+                state["lastSeen"][ids[name]] = seen
+            return state
+
+        h.link.state_edit_at[httpx.URL(node_url("a")).host] = cut_off
+        await wait_until(lambda: h.bridge.exo.url != node_url("a"), 12, "another copy read")
+        await wait_until(lambda: h.bridge.health().fast_failover == "on", 5, "a fresh view")
+        assert h.bridge.state.node_watch == {}  # b and c were never suspected
+
+
+def test_every_copy_stale_is_tried_once_then_kept() -> None:
+    # exo's master itself silent: every node's copy shows the others silent together. The
+    # bridge tries each URL once, then stays (no copy can be fresher), until a view is fresh.
+    apis = [ExoClient(url) for url in ("http://a", "http://b", "http://c")]
+    switches: list[str] = []
+    follow = ExoFollower(tuple(apis), lambda: datetime.now(UTC), lambda: switches.append("x"))
+    for _ in range(5):
+        follow.stale_here("3 of 3 nodes fell silent together")
+    assert follow.exo.url == "http://c" and len(switches) == 2
+    follow.fresh_here()
+    follow.stale_here("again")
+    assert follow.exo.url == "http://a" and len(switches) == 3
