@@ -388,19 +388,27 @@ async def test_a_dead_node_s_last_seen_going_back_is_no_report() -> None:
         await wait_until(h.serving, 10, "serving again")
 
 
-def test_an_alive_node_s_clock_set_back_still_reports() -> None:
+def seen(a: str, b: str) -> State:
+    """Two nodes, ``a`` and ``b``, whose ``lastSeen`` are these."""
+    return State(topology=Topology(nodes=["a", "b"]), last_seen={"a": a, "b": b})
+
+
+def both_seen_at_ten() -> BridgeLiveness:
+    """The bridge's liveness after one read of ``seen``, both nodes at 10:00:00, at time 0."""
     liveness = BridgeLiveness(FAST.liveness)
-    topology = Topology(nodes=["a", "b"])
+    liveness.observe(seen("2026-12-06T10:00:00Z", "2026-12-06T10:00:00Z"), RAW_SEEN, 0.0, 0.0)
+    return liveness
 
-    def seen(a: str, b: str) -> State:
-        return State(topology=topology, last_seen={"a": a, "b": b})
 
-    raw: dict[str, Any] = {"lastSeen": {}}
-    liveness.observe(seen("2026-12-06T10:00:00Z", "2026-12-06T10:00:00Z"), raw, 0.0, 0.0)
+RAW_SEEN: dict[str, Any] = {"lastSeen": {}}  # the raw State's only key the check reads
+
+
+def test_an_alive_node_s_clock_set_back_still_reports() -> None:
+    liveness = both_seen_at_ten()
     for t in range(1, 12):
         # a's clock stepped back 30 s at t=1 (NTP), its reports going on from there
         a = f"2026-12-06T09:59:{30 + t:02d}Z"
-        liveness.observe(seen(a, f"2026-12-06T10:00:{t:02d}Z"), raw, float(t), float(t))
+        liveness.observe(seen(a, f"2026-12-06T10:00:{t:02d}Z"), RAW_SEEN, float(t), float(t))
     assert liveness.verdicts == {}  # neither judged: a kept reporting
 
 
@@ -408,17 +416,10 @@ def test_a_report_read_late_is_dated_from_the_one_before_it() -> None:
     # The bridge could not read a State for 2.5 s (the node it followed froze); the next URL's
     # State shows a's last report, made 1 s after the one read before: a has been silent since
     # then (1.5 s), not since the read, and its threshold is 1.5 s away, not 3.
-    liveness = BridgeLiveness(FAST.liveness)
-    topology = Topology(nodes=["a", "b"])
-
-    def seen(a: str, b: str) -> State:
-        return State(topology=topology, last_seen={"a": a, "b": b})
-
-    raw: dict[str, Any] = {"lastSeen": {}}
-    liveness.observe(seen("2026-12-06T10:00:00Z", "2026-12-06T10:00:00Z"), raw, 0.0, 0.0)
+    liveness = both_seen_at_ten()
     for beat in (0.25 * k for k in range(1, 10)):
         liveness.beat(beat)  # the bridge's own loop ran: waiting on exo is no pause
-    liveness.observe(seen("2026-12-06T10:00:01Z", "2026-12-06T10:00:02Z"), raw, 2.5, 2.5)
+    liveness.observe(seen("2026-12-06T10:00:01Z", "2026-12-06T10:00:02Z"), RAW_SEEN, 2.5, 2.5)
     assert liveness.silent_s("a", 2.5) == pytest.approx(1.5)
     assert liveness.silent_s("b", 2.5) == pytest.approx(0.5)
     assert liveness.next_check_in(2.5) == pytest.approx(FAST.liveness.suspect_after_s - 1.5)
