@@ -391,17 +391,21 @@ def probe_sign(suspect: bool, answer: ProbeAnswer) -> ProbeAnswer | None:
 def _stale_view(nodes: Mapping[NodeId, NodeHeard], quiet: set[NodeId]) -> str | None:
     """Why the view is stale: more than half of the nodes fell silent within STALE_WINDOW_S of
     each other (their last reports that close together); None otherwise."""
+    if not quiet:
+        return None
     silent = sorted(quiet, key=lambda node_id: (nodes[node_id].last_heard, node_id))
     times = [nodes[node_id].last_heard for node_id in silent]
-    most, first = 0, 0
+    # Each window of STALE_WINDOW_S ending at a silent node: how many it holds, and where it
+    # starts (negated, so that of windows equally full the earliest is the one named).
+    windows: list[tuple[int, int]] = []
     start = 0
     for end, last in enumerate(times):
         while last - times[start] > STALE_WINDOW_S:
             start += 1
-        if end - start + 1 > most:
-            most, first = end - start + 1, start
+        windows.append((end - start + 1, -start))
+    most, earliest = max(windows)
     if 2 * most > len(nodes):
-        together = ", ".join(sorted(silent[first : first + most]))
+        together = ", ".join(sorted(silent[-earliest : most - earliest]))
         return (
             f"{most} of {len(nodes)} nodes fell silent within {STALE_WINDOW_S:g} s of each "
             f"other ({together}): the view is stale (this service or the cluster's master is "

@@ -524,6 +524,22 @@ def test_silent_exactly_the_window_apart_is_together_and_the_message_says_so() -
     )
 
 
+def test_of_windows_equally_full_the_earliest_is_named() -> None:
+    # a and b fell silent 1.5 s apart, b and c too: two windows of two, a and c 3 s apart.
+    nodes = {"a": steady(100.0), "b": steady(101.5), "c": steady(103.0)}
+    stale = judge(nodes, 120.0, ON).stale
+    assert stale is not None and stale.startswith(
+        "2 of 3 nodes fell silent within 2 s of each other (a, b):"
+    )
+
+
+def test_the_nodes_named_are_those_of_the_window_not_the_first_silent() -> None:
+    # a fell silent long before; b, c and d together: those three are named, not a.
+    nodes = {"a": steady(0.0), "b": steady(10.0), "c": steady(11.0), "d": steady(11.5)}
+    stale = judge({**nodes, "e": steady(30.0)}, 30.0, ON).stale
+    assert stale is not None and "3 of 5 nodes" in stale and "(b, c, d):" in stale
+
+
 def test_the_stale_window_slides_over_the_silent_nodes_in_time_order() -> None:
     # Silent at 0, 10, 20, then at 30, 30.5 and 31 (one node heard): 3 of 7 fall within the
     # window, not more than half; two more at 31.5 and 32 make it 5 of 9, a stale view.
