@@ -306,8 +306,16 @@ class ExoCluster:
         return None if read is None else read[1]
 
     def read_state(self) -> tuple[str, dict[str, Any]] | None:
-        """(the node's API, its State) from the first running node that answers, else None."""
-        for url in self.live_urls():
+        """(the node's API, its State) from the first running node that answers, else None:
+        exo's master's first, whose copy leads every other (a node restarted to heal a split
+        replays the master's log from its start, and its copy lags minutes behind on a busy
+        machine; read first, it showed none of the instances the others ran)."""
+        nodes = [n for n in self.nodes() if n.status == "running"]
+        masters = Counter(n.master_node_id for n in nodes if n.master_node_id is not None)
+        leader = masters.most_common(1)[0][0] if masters else None
+        master_api = {n.api.rstrip("/") for n in nodes if n.node_id == leader}
+        live = [u for u in self.urls if u.rstrip("/") in {n.api.rstrip("/") for n in nodes}]
+        for url in sorted(live, key=lambda url: url.rstrip("/") not in master_api):
             state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
             if isinstance(state, dict):
                 return url, state

@@ -187,7 +187,12 @@ def settled_after_thaw(cluster: ExoCluster, bridge: Bridge) -> Instance:
             )
         except pytest.fail.Exception:
             if time.monotonic() >= end:
-                raise
+                view = bridge.deployment(cluster.model) or {}
+                pytest.fail(
+                    f"not one instance with every node heard within {RECOVERY_DEADLINE_S:g} s "
+                    f"of the thaw: exo's nodes {cluster.states()}; the bridge says "
+                    f"{view.get('status')} ({view.get('detail')}), nodes {bridge.liveness()}"
+                )
 
 
 def holder(cluster: ExoCluster, instance: Instance) -> tuple[str, int]:
