@@ -192,9 +192,11 @@ class ExoCluster:
             seen.append(set(self.instances(state)))
         return seen[0] if seen and all(ids == seen[0] for ids in seen) else None
 
-    def live_urls(self) -> list[str]:
-        """The APIs of the nodes running now (not killed, not frozen), in ``urls`` order."""
-        running = {n.api.rstrip("/") for n in self.nodes() if n.status == "running"}
+    def live_urls(self, nodes: list[Node] | None = None) -> list[str]:
+        """The APIs of the nodes running now (not killed, not frozen), in ``urls`` order; of
+        ``nodes`` when the control API's list was read already."""
+        listed = self.nodes() if nodes is None else nodes
+        running = {n.api.rstrip("/") for n in listed if n.status == "running"}
         return [u for u in self.urls if u.rstrip("/") in running]
 
     def runner_pids(self, index: int) -> list[int]:
@@ -249,10 +251,9 @@ class ExoCluster:
         """Restart the nodes that follow a master other than the majority's, or that the
         majority's master does not list (``SPLIT_HEAL_S``); the view once they are back."""
         nodes = [n for n in self.nodes() if n.status == "running"]
-        masters = Counter(n.master_node_id for n in nodes if n.master_node_id is not None)
-        if not masters:
+        majority = _majority_master(nodes)
+        if majority is None:
             return view
-        (majority, _), *_ = masters.most_common(1)
         views: dict[str, Any] = view.get("views", {})
         listed: set[str] = set()
         for node in nodes:
@@ -311,10 +312,9 @@ class ExoCluster:
         replays the master's log from its start, and its copy lags minutes behind on a busy
         machine; read first, it showed none of the instances the others ran)."""
         nodes = [n for n in self.nodes() if n.status == "running"]
-        masters = Counter(n.master_node_id for n in nodes if n.master_node_id is not None)
-        leader = masters.most_common(1)[0][0] if masters else None
+        leader = _majority_master(nodes)
         master_api = {n.api.rstrip("/") for n in nodes if n.node_id == leader}
-        live = [u for u in self.urls if u.rstrip("/") in {n.api.rstrip("/") for n in nodes}]
+        live = self.live_urls(nodes)
         for url in sorted(live, key=lambda url: url.rstrip("/") not in master_api):
             state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
             if isinstance(state, dict):
@@ -468,6 +468,12 @@ class Bridge:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall - 1))
         text = self.log.read_text(errors="replace").splitlines()
         return "\n".join(line for line in text if line[:19] >= stamp and line[:4].isdigit())
+
+
+def _majority_master(nodes: list[Node]) -> str | None:
+    """The master most of ``nodes`` follow (exo split: the one to keep), or None if none says."""
+    masters = Counter(n.master_node_id for n in nodes if n.master_node_id is not None)
+    return masters.most_common(1)[0][0] if masters else None
 
 
 # Linux's prctl option: the signal a process gets when its parent dies.
