@@ -92,10 +92,11 @@ class BridgeLiveness:
         return self._watcher.stale if self._watcher is not None else None
 
     @property
-    def silent_together(self) -> bool:
-        """Whether the last State read showed most nodes fallen silent together: that copy of
-        exo's State may be the one left behind (its node cut off from exo's master)."""
-        return self._watcher is not None and self._watcher.silent_together
+    def silent_together(self) -> str | None:
+        """Why the last State read is stale when it showed most nodes fallen silent together
+        (that copy of exo's State may be the one left behind, its node cut off from exo's
+        master), else None."""
+        return self._watcher.silent_together if self._watcher is not None else None
 
     def silent_s(self, node_id: NodeId, now: float) -> float | None:
         return self._watcher.silent_s(node_id, now) if self._watcher is not None else None

@@ -143,9 +143,9 @@ class BridgeTicks:
         self._cards.saw_all(exo.cards)
         clock = self._started.clock
         self._liveness.observe(exo.state, exo.raw, clock.monotonic(), clock.wall().timestamp())
-        stale = self._liveness.stale
-        if self._liveness.silent_together and stale is not None:
-            self._follow.stale_here(stale)  # another node's copy may hear them (§8.3)
+        together = self._liveness.silent_together
+        if together is not None:
+            self._follow.stale_here(together)  # another node's copy may hear them (§8.3)
         else:
             self._follow.fresh_here()
         if self._acting is not None:

@@ -62,9 +62,10 @@ class NodeWatcher:
         self._cleared: dict[NodeId, list[float]] = {}  # monotonic times of its clearances
         # Why the last check did not trust its view (a pause, most of the nodes at once).
         self.stale: str | None = None
-        # Whether that was most of the nodes falling silent together (not this service's pause):
-        # a view another copy of the State may not share (the bridge reads another: §8.3).
-        self.silent_together = False
+        # The same reason when it was most of the nodes falling silent together (not this
+        # service's pause): a view another copy of the State may not share (the bridge reads
+        # another: §8.3); None otherwise.
+        self.silent_together: str | None = None
 
     def heard(self, node_id: NodeId, now: float, wall: float, step_s: float | None = None) -> None:
         """A message of the node arrived (monotonic ``now``, Unix ``wall``); ``step_s``: how
@@ -142,7 +143,7 @@ class NodeWatcher:
             }
         judgement = judge(self._nodes, running, self.config, pause)
         self._phases = judgement.phases
-        self.silent_together = pause is None and judgement.stale is not None
+        self.silent_together = judgement.stale if pause is None else None
         if judgement.stale != self.stale:
             if judgement.stale is not None:
                 log.warning("fast failover: %s", judgement.stale)
