@@ -162,14 +162,11 @@ def chat_homes(state: State, model_id: ModelId) -> frozenset[InstanceId]:
     flight on none of them will not be answered, whatever exo keeps its stream open for (the
     front door's stranded attempt, §8.6)."""
     present = state.topology.nodes
-    dead = {node_id for node_id, watch in state.node_watch.items() if watch.phase == "dead"}
     return frozenset(
         instance.instance_id
         for instance in instances_of(state, model_id)
-        if all(
-            node in present and node not in dead
-            for node in instance.shard_assignments.node_to_runner
-        )
+        if all(node in present for node in instance.shard_assignments.node_to_runner)
+        and not on_watched_node(instance, state, "dead")
     )
 
 
