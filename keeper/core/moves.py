@@ -14,7 +14,10 @@ kind cannot get it subtly wrong and two kinds cannot double up on one deployment
 - once the replacement is ready, new chats go to it and the old instance keeps ``MOVE_SETTLE``
   for the chats it is answering; then it is deleted (or earlier, when the kind says so);
 - one move per deployment at a time, across every kind, and at most one placement per step,
-  none in a step that placed for recovery: so a model holds at most replicas + 1 instances;
+  none in a step that placed for recovery: so a model holds at most replicas + 1 instances. A
+  move holds its deployment while its old instance is in the State (``holding``): once that is
+  gone, only the move's record is left to end, and a State that trails its events (the bridge
+  records an instance exo deleted once its absence lasts) must not hold the next move back;
 - a replacement that does not fit leaves the old instance running and says why, retried when
   the cluster changes or every ``UNPLACEABLE_RETRY``; a forced kind deletes the old one instead.
 
@@ -165,7 +168,7 @@ class Moves:
         events: list[AnyEvent] = []
         under_way = [(kind, tuple(kind.under_way(state))) for kind in kinds]
         # One move per deployment at a time, whatever its kind: replicas + 1 at most.
-        moving = {move.deployment_id for _, moves in under_way for move in moves}
+        moving = holding(state, (move for _, moves in under_way for move in moves))
         placed: tuple[DeploymentId, InstanceId] | None = None
         for kind, moves in under_way:
             for move in moves:
@@ -303,10 +306,19 @@ class Moves:
             self.stuck = {}
 
 
+def holding(state: State, moves: Iterable[InstanceMove]) -> set[DeploymentId]:
+    """The deployments a move under way holds: those of ``moves`` whose old instance the State
+    still shows. A move whose old instance is gone has done its work (its replacement is the
+    deployment's instance or its placement in flight, which the memo holds); only its record is
+    left to end, and the bridge ends it seconds later, once exo's deletion lasts
+    (``keeper.bridge.vanished``): a failover meanwhile must not wait for that."""
+    return {move.deployment_id for move in moves if move.old_instance_id in state.instances}
+
+
 def deployments_to_move(state: State, kinds: Sequence[MoveKind]) -> frozenset[DeploymentId]:
     """The deployments whose next move a step may place: a candidate of some kind, and no move
     of any kind under way (what the bridge asks exo's placement about before the step)."""
-    moving = {move.deployment_id for kind in kinds for move in kind.under_way(state)}
+    moving = holding(state, (move for kind in kinds for move in kind.under_way(state)))
     return frozenset(
         candidate.deployment_id
         for kind in kinds

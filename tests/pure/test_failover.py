@@ -82,6 +82,28 @@ def test_a_suspect_nodes_instance_gets_a_replacement_elsewhere_and_nothing_is_de
     assert picture is not None and picture.phase == "replacing" and picture.nodes == ("node-a",)
 
 
+def test_a_move_whose_old_instance_is_gone_does_not_hold_back_a_failover() -> None:
+    # The bridge records exo's deletion of an instance only once its absence lasts (and counts
+    # again after a move to another URL): an operator's repair finished, its old instance gone
+    # from exo's State, its record still there. Found on a real cluster: the serving node froze
+    # and the replacement waited 2 s for that record.
+    cluster, deployment_id, (old,) = serving()
+    assert cluster.keeper.repair(old, cluster.state) is None
+    new = next(e for e in cluster.step(T + 1) if isinstance(e, InstanceCreated)).instance
+    cluster.make_ready(new.instance_id)
+    cluster.step(T + 2)
+    deleted = cluster.step_keep(T + 30)  # settled: the old one's deletion, sent to exo
+    assert deleted == [InstanceDeleted(instance_id=old)]
+    trailing = cluster.state.model_copy(
+        update={"instances": {new.instance_id: cluster.state.instances[new.instance_id]}}
+    )
+    cluster.state = trailing  # exo dropped it; the move's record not ended yet
+    assert cluster.deployment(deployment_id).repairing is not None
+    suspect(cluster, cluster.nodes_of(new.instance_id)[0])
+    events = cluster.step(T + 31)
+    assert kinds(events) == ["FailoverReplacementPlaced", "InstanceCreated", "DeploymentPlaced"]
+
+
 def test_dead_deletes_the_old_instance_and_ends_the_failover() -> None:
     cluster, deployment_id, (old,) = serving()
     suspect(cluster, "node-a")

@@ -383,6 +383,12 @@ def test_the_deployments_to_move_are_the_candidates_without_a_move_under_way() -
     other = Suspects(suspect=frozenset(), moves=[under_way])
     assert deployments_to_move(cluster.state, [kind, other]) == {second}
     assert deployments_to_move(cluster.state, []) == frozenset()
+    # A move whose old instance is gone holds nothing: only its record is left to end.
+    done = InstanceMove(deployment_id=first, old_instance_id="gone", new_instance_id=old)
+    assert deployments_to_move(cluster.state, [kind, Suspects(frozenset(), [done])]) == {
+        first,
+        second,
+    }
 
 
 def test_a_deployment_being_deleted_settles_no_move_its_deletion_removes_both() -> None:
