@@ -375,10 +375,17 @@ class ExoCluster:
             return "empty"
         return "ok" if content else "empty"
 
-    def serving(self, away_from: str | None = None, gone: str | None = None) -> str | None:
+    def serving(
+        self,
+        away_from: str | None = None,
+        gone: str | None = None,
+        read: tuple[str, dict[str, Any]] | None = None,
+    ) -> str | None:
         """The id of a ready instance of the model on a node other than ``away_from``, with the
-        instance ``gone`` no longer in exo's State, once a chat is answered; else None."""
-        read = self.read_state()
+        instance ``gone`` no longer in exo's State, once a chat is answered; else None. Judged
+        on ``read`` (a node's API and its State, read already: ``Watch.serving``), else on a
+        State read now."""
+        read = self.read_state() if read is None else read
         if read is None:
             return None
         url, state = read
@@ -550,7 +557,12 @@ class Watch:
     """exo's State and the bridge's nodes, read every ``WATCH_EVERY_S`` in a thread: the most
     instances of the model seen at once, every instance id seen (with when it was first and last
     seen, and first seen ready, on the monotonic clock), and every liveness the bridge gave a
-    node."""
+    node.
+
+    While a Watch runs, the scenario asks it whether the model is served (``serving``) on the
+    State it read last rather than reading one of its own: each ``GET /state`` costs exo's
+    process 80-100 ms of its one event loop (417 KB), and the two loops reading side by side
+    kept exo's master busy most of every second, slowing the placement being measured."""
 
     cluster: ExoCluster
     bridge: Bridge
@@ -560,13 +572,16 @@ class Watch:
     ready_at: dict[str, float] = field(default_factory=dict[str, float])
     liveness: set[str] = field(default_factory=set[str])
     first_judged: float | None = None
+    latest: tuple[str, dict[str, Any]] | None = None  # the last State read, with its node's API
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            state = self.cluster.state()
+            read = self.cluster.read_state()
             now = time.monotonic()
-            if state is not None:
+            if read is not None:
+                self.latest = read
+                state = read[1]
                 found = self.cluster.instances(state)
                 self.most = max(self.most, len(found))
                 for instance in found.values():
@@ -584,6 +599,13 @@ class Watch:
     def watching(self) -> Iterator[Watch]:
         with _in_a_thread(self._loop, self._stop, join_s=10):
             yield self
+
+    def serving(self, away_from: str | None = None, gone: str | None = None) -> str | None:
+        """``ExoCluster.serving`` judged on the State this watch read last (class doc)."""
+        read = self.latest
+        if read is None:
+            return None
+        return self.cluster.serving(away_from, gone, read=read)
 
     def new_since(self, before: set[str]) -> list[str]:
         """Instance ids seen that were not in ``before``, in the order they appeared."""

@@ -201,8 +201,8 @@ def holder(cluster: ExoCluster, instance: Instance) -> tuple[str, int]:
     return node_id, cluster.index_of(node_id)
 
 
-def serving_away(cluster: ExoCluster, node_id: str, gone: str | None = None) -> Callable[[], Any]:
-    return lambda: cluster.serving(away_from=node_id, gone=gone)
+def serving_away(watch: Watch, node_id: str, gone: str | None = None) -> Callable[[], Any]:
+    return lambda: watch.serving(away_from=node_id, gone=gone)
 
 
 # 1 -----------------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def test_kill_of_the_serving_node(
         new = wait_for(
             "serving again on a new instance",
             RECOVERY_DEADLINE_S,
-            serving_away(cluster, node_id, lost),
+            serving_away(watch, node_id, lost),
         )
         serving_s = since(killed_at)
         time.sleep(CHATS_AFTER_S)  # chats on the new instance, on both sides
@@ -442,7 +442,7 @@ def test_a_runner_killed(
 
         wait_for("the runner's loss in exo's State", RECOVERY_DEADLINE_S, fault_seen)
         seen_s = since(killed_at)
-        again = wait_for("serving again", RECOVERY_DEADLINE_S, cluster.serving)
+        again = wait_for("serving again", RECOVERY_DEADLINE_S, watch.serving)
         serving_s = since(killed_at)
     figures = {
         "loss_in_exo_state_s": seen_s,
@@ -579,7 +579,7 @@ def test_a_15s_freeze_of_the_followed_node(
         try:
             while time.monotonic() - frozen_at < LONG_FREEZE_S:
                 judged_and_switched(frozen_at)
-                if serves_there and serving_s is None and cluster.serving(away_from=node.node_id):
+                if serves_there and serving_s is None and watch.serving(away_from=node.node_id):
                     serving_s = since(frozen_at)
                 time.sleep(POLL_S)
         finally:
@@ -642,7 +642,7 @@ def move_onto(cluster: ExoCluster, bridge: Bridge, serving: Instance, node_id: s
 
 
 def freeze_until_serving_elsewhere(
-    cluster: ExoCluster, index: int, node_id: str
+    cluster: ExoCluster, watch: Watch, index: int, node_id: str
 ) -> tuple[float, float | None, float]:
     """Freeze node ``index`` for ``LONG_FREEZE_S``, watching for the model served away from it;
     (when it froze, seconds to serving elsewhere or None within the freeze, the freeze's length)."""
@@ -651,7 +651,7 @@ def freeze_until_serving_elsewhere(
     serving_s: float | None = None
     try:
         while time.monotonic() - frozen_at < LONG_FREEZE_S:
-            if serving_s is None and cluster.serving(away_from=node_id):
+            if serving_s is None and watch.serving(away_from=node_id):
                 serving_s = since(frozen_at)
             time.sleep(POLL_S)
     finally:
@@ -677,7 +677,9 @@ def test_a_15s_freeze_of_the_serving_node(
     scenario = "5 15 s freeze of the serving node"
     report.record(scenario, frozen_node_is_exo_master=node_id == cluster.master_id())
     with Watch(cluster, bridge).watching() as watch, Chats(cluster).chatting() as chats:
-        frozen_at, serving_s, frozen_s = freeze_until_serving_elsewhere(cluster, index, node_id)
+        frozen_at, serving_s, frozen_s = freeze_until_serving_elsewhere(
+            cluster, watch, index, node_id
+        )
         report.record(
             scenario,
             serving_elsewhere_within_the_freeze_s=serving_s,
@@ -691,7 +693,7 @@ def test_a_15s_freeze_of_the_serving_node(
                 wait_for(
                     "serving elsewhere after the thaw",
                     RECOVERY_DEADLINE_S,
-                    serving_away(cluster, node_id),
+                    serving_away(watch, node_id),
                 )
             except pytest.fail.Exception:
                 pytest.fail(
@@ -738,7 +740,7 @@ def test_exo_master_killed(
         cluster.act(index, "kill")
         # Served again by an instance on a survivor; exo's new master may or may not keep the
         # instance it had (its State starts empty), so any instance away from the dead node.
-        again = wait_for("served again", RECOVERY_DEADLINE_S, serving_away(cluster, master))
+        again = wait_for("served again", RECOVERY_DEADLINE_S, serving_away(watch, master))
         serving_s = since(killed_at)
         time.sleep(CHATS_AFTER_S)  # chats on the new instance, on both sides
     history = bridge.get(f"/deployments/{deployment_id}/history") or {"incidents": []}
