@@ -27,6 +27,12 @@ So, per creation (one instance id the keeper placed):
 5. A creation given up is doomed (``keeper.bridge.doomed``) and watched for
    ``LATE_LANDING_WATCH_S``: if it lands after all, after the keeper placed another, the extra
    is deleted.
+6. When exo's master changes (``keeper.model.master_change``), every creation not shown is sent
+   again at once, not ``RESEND_S`` after its last POST: the new master starts from an empty
+   State, and a POST exo held through the election was seen forwarded and lost (a real
+   cluster whose master was killed placed its replacement again only 21 s later). The new
+   State is read through an API that has already started again, so the POST goes to the new
+   master.
 
 Pure: values in, values out, the caller's monotonic ``now``; the service does the calls.
 """
@@ -62,6 +68,7 @@ class Creation:
     sends: int = 1
     answered_at: float | None = None  # exo's last answer to a POST of it (2xx or 4xx)
     unanswered_since: float | None = None  # set while POSTs of it go unanswered
+    master_changed: bool = False  # exo's master changed since its last POST (rule 6)
 
 
 def first_send(deployment_id: str, body: Mapping[str, Any], now: float) -> Creation:
@@ -69,7 +76,13 @@ def first_send(deployment_id: str, body: Mapping[str, Any], now: float) -> Creat
 
 
 def resent(creation: Creation, now: float) -> Creation:
-    return replace(creation, last_sent_at=now, sends=creation.sends + 1)
+    return replace(creation, last_sent_at=now, sends=creation.sends + 1, master_changed=False)
+
+
+def master_changed(creation: Creation) -> Creation:
+    """exo's master changed before the State showed it (rule 6): what its POSTs reached may
+    be gone with the old master."""
+    return replace(creation, master_changed=True)
 
 
 def answered(creation: Creation, now: float) -> Creation:
@@ -84,7 +97,9 @@ def unanswered(creation: Creation) -> Creation:
 
 
 def resend_due(creation: Creation, now: float) -> bool:
-    """Whether to POST it again now (rule 2); the caller knows it is not shown."""
+    """Whether to POST it again now (rules 2 and 6); the caller knows it is not shown."""
+    if creation.master_changed:
+        return True
     if now - creation.last_sent_at < RESEND_S:
         return False
     if creation.unanswered_since is not None:

@@ -10,6 +10,7 @@ from keeper.bridge.in_flight import (
     detail,
     first_send,
     given_up,
+    master_changed,
     resend_due,
     resent,
     unanswered,
@@ -75,3 +76,10 @@ def test_the_detail_says_whether_exo_answers() -> None:
     )
     silent = detail("0123456789", unanswered(sent_at(0.0)), 14.2)
     assert silent.startswith("instance 01234567: exo has not answered POST /instance for 14 s")
+
+
+def test_a_master_change_makes_a_resend_due_at_once_and_the_resend_ends_it() -> None:
+    creation = master_changed(answered(sent_at(0.0), 0.1))
+    assert resend_due(creation, 0.2)
+    again = resent(creation, 0.2)
+    assert not again.master_changed and not resend_due(again, 0.3)
