@@ -221,13 +221,18 @@ class NodeHeard:
     flaps: int = 0
 
 
-def heard(previous: NodeHeard | None, at: float) -> NodeHeard:
+def heard(previous: NodeHeard | None, at: float, fault_s: float = math.inf) -> NodeHeard:
     """The node after a report arriving at running time ``at``: its gap recorded, its
-    connection open, any probe answer forgotten (it speaks for itself again)."""
+    connection open, any probe answer forgotten (it speaks for itself again). A gap of
+    ``fault_s`` or more (the node's suspicion threshold when the gap began: ``suspect_after``)
+    is a fault the rule judged, not the node's rhythm, and is not recorded: on a real cluster a
+    15 s freeze counted as rhythm put the node's next suspicion 18 s after its next fault
+    (docs/design.md §5.18). Flaps are what make a node that keeps failing wait longer."""
     if previous is None:
         return NodeHeard(last_heard=at)
     gap = at - previous.last_heard
-    gaps = (*previous.gaps, gap)[-RHYTHM_SAMPLES:] if gap > 0 else previous.gaps
+    recorded = 0 < gap < fault_s
+    gaps = (*previous.gaps, gap)[-RHYTHM_SAMPLES:] if recorded else previous.gaps
     return NodeHeard(last_heard=at, gaps=gaps, flaps=previous.flaps)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 from keeper.model.events import AnyEvent, NodeHeardAgain
 from keeper.model.liveness import (
@@ -39,6 +40,7 @@ from keeper.model.liveness import (
     report_time,
     running_at,
     started_clock,
+    suspect_after,
     ticked,
     watch_events,
 )
@@ -76,7 +78,8 @@ class NodeWatcher:
         made = report_time(arrived, self._arrived.get(node_id), step_s)
         if previous is not None:
             made = max(made, previous.last_heard)  # none before the one it follows
-        self._nodes[node_id] = heard(previous, made)
+        fault_s = math.inf if previous is None else suspect_after(self.config, previous)
+        self._nodes[node_id] = heard(previous, made, fault_s)
         self._arrived[node_id] = arrived
         self._wall[node_id] = wall
 

@@ -135,6 +135,9 @@ def test_heard_records_the_gap_reopens_and_forgets_the_probe() -> None:
     again = heard(node, 6.5)
     assert again == NodeHeard(last_heard=6.5, gaps=(1.0, 1.5), flaps=2)
     assert heard(again, 6.5).gaps == (1.0, 1.5)  # no gap, none recorded
+    # A silence as long as the threshold it was judged on is a fault, not the node's rhythm.
+    assert heard(again, 9.5, fault_s=3.0) == NodeHeard(last_heard=9.5, gaps=(1.0, 1.5), flaps=2)
+    assert heard(again, 9.4, fault_s=3.0).gaps == (1.0, 1.5, pytest.approx(2.9))
 
 
 def test_only_the_recent_gaps_are_kept() -> None:
