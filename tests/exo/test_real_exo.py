@@ -576,11 +576,13 @@ def test_a_15s_freeze_of_the_followed_node(
         frozen_at = time.monotonic()
         cluster.act(node.index, "stop")
         serving_s: float | None = None
+        served: str | None = None
         try:
             while time.monotonic() - frozen_at < LONG_FREEZE_S:
                 judged_and_switched(frozen_at)
-                if serves_there and serving_s is None and watch.serving(away_from=node.node_id):
-                    serving_s = since(frozen_at)
+                if serves_there and serving_s is None:
+                    served = watch.serving(away_from=node.node_id)
+                    serving_s = since(frozen_at) if served is not None else None
                 time.sleep(POLL_S)
         finally:
             cluster.act(node.index, "cont")
@@ -591,6 +593,9 @@ def test_a_15s_freeze_of_the_followed_node(
             "bridge_judged_s": judged_s,
             "bridge_moved_to_another_url_s": round(switched_at[0], 2) if switched_at else None,
             "serving_elsewhere_s": serving_s,
+            # exo's part: the replacement in its State, ready (its runner loaded), then a chat
+            "replacement_in_exo_s": rel(watch.first_seen.get(served or ""), frozen_at),
+            "replacement_ready_s": rel(watch.ready_at.get(served or ""), frozen_at),
             "liveness_seen": sorted(watch.liveness),
         }
         report.record("6 15 s freeze of the followed node", **figures)
