@@ -22,6 +22,7 @@ from ``lastSeen`` just as the bridge does. A node with a verdict counts as *sile
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -395,28 +396,37 @@ def probe_sign(suspect: bool, answer: ProbeAnswer) -> ProbeAnswer | None:
 
 def _stale_view(nodes: Mapping[NodeId, NodeHeard], quiet: set[NodeId]) -> str | None:
     """Why the view is stale: more than half of the nodes fell silent within STALE_WINDOW_S of
-    each other (their last reports that close together); None otherwise."""
+    each other (their last reports that close together); None otherwise. A node whose own API
+    refused before the window began is dead and was no part of the view that went quiet: exo
+    keeps a killed node in its topology for its own 30 s timeout, and on a real cluster that
+    fourth node let the election exo holds when a node rejoins (no report applied for 4 s)
+    have the other three suspected."""
     if not quiet:
         return None
     silent = sorted(quiet, key=lambda node_id: (nodes[node_id].last_heard, node_id))
     times = [nodes[node_id].last_heard for node_id in silent]
+    gone = sorted(node.last_heard for node in nodes.values() if node.probe == "refused")
     # Each window of STALE_WINDOW_S ending at a silent node: how many it holds, and where it
-    # starts (negated, so that of windows equally full the earliest is the one named).
-    windows: list[tuple[int, int]] = []
+    # starts (negated, so that of windows equally full the earliest is the one named), when it
+    # holds more than half of the nodes not refused before it began.
+    windows: list[tuple[int, int, int]] = []
     start = 0
     for end, last in enumerate(times):
         while last - times[start] > STALE_WINDOW_S:
             start += 1
-        windows.append((end - start + 1, -start))
-    most, earliest = max(windows)
-    if 2 * most > len(nodes):
-        together = ", ".join(sorted(silent[-earliest : most - earliest]))
-        return (
-            f"{most} of {len(nodes)} nodes fell silent within {STALE_WINDOW_S:g} s of each "
-            f"other ({together}): the view is stale (this service or the cluster's master is "
-            "the one missing), so nobody is suspected"
-        )
-    return None
+        count = end - start + 1
+        members = len(nodes) - bisect_left(gone, times[start])
+        if 2 * count > members:
+            windows.append((count, -start, members))
+    if not windows:
+        return None
+    most, earliest, members = max(windows)
+    together = ", ".join(sorted(silent[-earliest : most - earliest]))
+    return (
+        f"{most} of {members} nodes fell silent within {STALE_WINDOW_S:g} s of each "
+        f"other ({together}): the view is stale (this service or the cluster's master is "
+        "the one missing), so nobody is suspected"
+    )
 
 
 def watch_events(

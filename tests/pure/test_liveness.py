@@ -277,6 +277,21 @@ def test_more_than_half_silent_together_is_a_stale_view() -> None:
     assert judge(apart, 110.0, ON).stale is None
 
 
+def test_a_node_silent_since_long_before_is_no_part_of_the_view_that_went_quiet() -> None:
+    # exo keeps a killed node in its topology for 30 s; meanwhile an election stops every
+    # report the others make: two of the three still heard fall silent together.
+    killed = NodeHeard(last_heard=50.0, gaps=(1.0,) * 8, probe="refused")
+    nodes = {"x": killed, "a": steady(100.0), "b": steady(101.0), "c": steady(110.0)}
+    judgement = judge(nodes, 110.0, ON)
+    assert judgement.phases == {"c": "alive"}
+    assert judgement.stale is not None and judgement.stale.startswith("2 of 3 nodes")
+    # Silent as long but never refused, it counts (it may be the view's): two of four.
+    assert judge({**nodes, "x": steady(50.0)}, 110.0, ON).stale is None
+    # Refused within the window, it is one of those that went quiet together: three of four.
+    within = {**nodes, "x": NodeHeard(last_heard=100.5, gaps=(1.0,) * 8, probe="refused")}
+    assert (judge(within, 110.0, ON).stale or "").startswith("3 of 4 nodes")
+
+
 def test_exactly_half_silent_is_not_stale() -> None:
     nodes = {"a": steady(100.0), "b": steady(100.0), "c": steady(110.0), "d": steady(110.0)}
     assert judge(nodes, 110.0, ON).stale is None
