@@ -20,7 +20,10 @@ meets it. Anything else that fails is a failure.
 
 The scenarios run in file order on one cluster. Each starts from a whole cluster (three nodes
 formed, the model serving through the bridge), but the restart scenario, which starts from the
-node the kill before it left dead (or kills one itself when run alone).
+node the kill before it left dead (or kills one itself when run alone). The serving node's
+freeze (5) comes before the followed node's (6), and each freezes a node no earlier scenario
+judged: a node suspected and heard again is suspected later the next time (its flap doubles the
+threshold, docs/design.md §5.18), which is the rule working, not a freeze measured afresh.
 
 Chats run in the background: during the kill and the master's kill, four clients stream chats
 through the bridge's front door and four straight to exo (tests/exo_clients.py), each chat
@@ -537,6 +540,90 @@ async def test_the_tui_shows_the_cluster_and_a_failover(
     )
 
 
+# 5 -----------------------------------------------------------------------------------------------
+
+
+def freeze_until_serving_elsewhere(
+    cluster: ExoCluster, watch: Watch, index: int, node_id: str
+) -> tuple[float, float | None, float]:
+    """Freeze node ``index`` for ``LONG_FREEZE_S``, watching for the model served away from it;
+    (when it froze, seconds to serving elsewhere or None within the freeze, the freeze's length)."""
+    frozen_at = time.monotonic()
+    cluster.act(index, "stop")
+    serving_s: float | None = None
+    try:
+        while time.monotonic() - frozen_at < LONG_FREEZE_S:
+            if serving_s is None and watch.serving(away_from=node_id):
+                serving_s = since(frozen_at)
+            time.sleep(POLL_S)
+    finally:
+        cluster.act(index, "cont")
+    return frozen_at, serving_s, since(frozen_at)
+
+
+def test_a_15s_freeze_of_the_serving_node(
+    cluster: ExoCluster, bridge: Bridge, serving: Instance, report: Any
+) -> None:
+    # A serving node that is neither exo's master nor the node the bridge follows: a frozen
+    # master stops every node's reports in every copy of the State (scenario 7's case, and
+    # exo accepts no command until it elects another), the followed node is scenario 6's.
+    followed = (bridge.get("/healthz") or {})["exo"]["url"].rstrip("/")
+    plain = [
+        n.node_id
+        for n in cluster.nodes()
+        if n.node_id not in (None, cluster.master_id()) and n.api.rstrip("/") != followed
+    ]
+    if plain and plain[0] is not None and plain[0] not in serving.node_ids:
+        serving = move_onto(cluster, bridge, serving, plain[0])
+    node_id, index = holder(cluster, serving)
+    scenario = "5 15 s freeze of the serving node"
+    report.record(scenario, frozen_node_is_exo_master=node_id == cluster.master_id())
+    with Watch(cluster, bridge).watching() as watch, Chats(cluster).chatting() as chats:
+        frozen_at, serving_s, frozen_s = freeze_until_serving_elsewhere(
+            cluster, watch, index, node_id
+        )
+        report.record(
+            scenario,
+            serving_elsewhere_within_the_freeze_s=serving_s,
+            frozen_s=frozen_s,
+            bridge_judged_s=rel(watch.first_judged, frozen_at),
+        )
+        log = bridge.log_since(time.time() - LONG_FREEZE_S - 10)
+        if serving_s is None:
+            cluster.restore()  # exo may have split after the thaw (tests/exo_cluster.py)
+            try:
+                wait_for(
+                    "serving elsewhere after the thaw",
+                    RECOVERY_DEADLINE_S,
+                    serving_away(watch, node_id),
+                )
+            except pytest.fail.Exception:
+                pytest.fail(
+                    f"not served elsewhere within {RECOVERY_DEADLINE_S:g} s of the thaw; exo's "
+                    f"nodes: {cluster.states()}; the bridge's log from the freeze:\n{log}"
+                )
+            serving_s = since(frozen_at)
+        report.record(scenario, serving_elsewhere_s=serving_s)
+        settled = settled_after_thaw(cluster, bridge)
+    figures = {
+        "serving_elsewhere_s": serving_s,
+        "frozen_instance_deleted_by_bridge": serving.instance_id in bridge.deletions_sent(),
+        "frozen_instance_last_seen_s": rel(watch.last_seen.get(serving.instance_id), frozen_at),
+        "most_instances": watch.most,
+        "liveness_seen": sorted(watch.liveness),
+        "chats": chats.summary(),
+    }
+    report.record(scenario, **figures)
+    assert watch.most <= 2, f"{watch.most} instances of the model at once"
+    assert settled.node_ids != (node_id,) or settled.instance_id == serving.instance_id
+    assert sum(chats.counts.values()) > 0
+    short_of(
+        f"serving elsewhere within {FREEZE_TARGET_S:g} s of the freeze",
+        serving_s <= FREEZE_TARGET_S,
+        f"{serving_s} s ({figures})",
+    )
+
+
 # 6 -----------------------------------------------------------------------------------------------
 
 
@@ -641,90 +728,6 @@ def move_onto(cluster: ExoCluster, bridge: Bridge, serving: Instance, node_id: s
         for name in names:
             run_cli("uncordon", name, "--url", bridge.url)
     return wait_for("the model serving", RECOVERY_DEADLINE_S, lambda: one_ready(cluster, bridge))
-
-
-# 5 -----------------------------------------------------------------------------------------------
-
-
-def freeze_until_serving_elsewhere(
-    cluster: ExoCluster, watch: Watch, index: int, node_id: str
-) -> tuple[float, float | None, float]:
-    """Freeze node ``index`` for ``LONG_FREEZE_S``, watching for the model served away from it;
-    (when it froze, seconds to serving elsewhere or None within the freeze, the freeze's length)."""
-    frozen_at = time.monotonic()
-    cluster.act(index, "stop")
-    serving_s: float | None = None
-    try:
-        while time.monotonic() - frozen_at < LONG_FREEZE_S:
-            if serving_s is None and watch.serving(away_from=node_id):
-                serving_s = since(frozen_at)
-            time.sleep(POLL_S)
-    finally:
-        cluster.act(index, "cont")
-    return frozen_at, serving_s, since(frozen_at)
-
-
-def test_a_15s_freeze_of_the_serving_node(
-    cluster: ExoCluster, bridge: Bridge, serving: Instance, report: Any
-) -> None:
-    # A serving node that is neither exo's master nor the node the bridge follows: a frozen
-    # master stops every node's reports in every copy of the State (scenario 7's case, and
-    # exo accepts no command until it elects another), the followed node is scenario 6's.
-    followed = (bridge.get("/healthz") or {})["exo"]["url"].rstrip("/")
-    plain = [
-        n.node_id
-        for n in cluster.nodes()
-        if n.node_id not in (None, cluster.master_id()) and n.api.rstrip("/") != followed
-    ]
-    if plain and plain[0] is not None and plain[0] not in serving.node_ids:
-        serving = move_onto(cluster, bridge, serving, plain[0])
-    node_id, index = holder(cluster, serving)
-    scenario = "5 15 s freeze of the serving node"
-    report.record(scenario, frozen_node_is_exo_master=node_id == cluster.master_id())
-    with Watch(cluster, bridge).watching() as watch, Chats(cluster).chatting() as chats:
-        frozen_at, serving_s, frozen_s = freeze_until_serving_elsewhere(
-            cluster, watch, index, node_id
-        )
-        report.record(
-            scenario,
-            serving_elsewhere_within_the_freeze_s=serving_s,
-            frozen_s=frozen_s,
-            bridge_judged_s=rel(watch.first_judged, frozen_at),
-        )
-        log = bridge.log_since(time.time() - LONG_FREEZE_S - 10)
-        if serving_s is None:
-            cluster.restore()  # exo may have split after the thaw (tests/exo_cluster.py)
-            try:
-                wait_for(
-                    "serving elsewhere after the thaw",
-                    RECOVERY_DEADLINE_S,
-                    serving_away(watch, node_id),
-                )
-            except pytest.fail.Exception:
-                pytest.fail(
-                    f"not served elsewhere within {RECOVERY_DEADLINE_S:g} s of the thaw; exo's "
-                    f"nodes: {cluster.states()}; the bridge's log from the freeze:\n{log}"
-                )
-            serving_s = since(frozen_at)
-        report.record(scenario, serving_elsewhere_s=serving_s)
-        settled = settled_after_thaw(cluster, bridge)
-    figures = {
-        "serving_elsewhere_s": serving_s,
-        "frozen_instance_deleted_by_bridge": serving.instance_id in bridge.deletions_sent(),
-        "frozen_instance_last_seen_s": rel(watch.last_seen.get(serving.instance_id), frozen_at),
-        "most_instances": watch.most,
-        "liveness_seen": sorted(watch.liveness),
-        "chats": chats.summary(),
-    }
-    report.record(scenario, **figures)
-    assert watch.most <= 2, f"{watch.most} instances of the model at once"
-    assert settled.node_ids != (node_id,) or settled.instance_id == serving.instance_id
-    assert sum(chats.counts.values()) > 0
-    short_of(
-        f"serving elsewhere within {FREEZE_TARGET_S:g} s of the freeze",
-        serving_s <= FREEZE_TARGET_S,
-        f"{serving_s} s ({figures})",
-    )
 
 
 # 7 -----------------------------------------------------------------------------------------------
