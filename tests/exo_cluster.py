@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import signal
 import subprocess
@@ -71,6 +72,11 @@ PROBE_CHAT_TIMEOUT_S = 5.0
 # How often the watcher reads exo's State: a surplus instance lives for seconds, so a quarter of
 # a second cannot miss one, and it costs the 2-core machine little beside exo's own traffic.
 WATCH_EVERY_S = 0.25
+# How often the watcher also reads every running node's copy of the State: after exo's master
+# was killed, the two survivors each named a master of their own to the control API, and the copy
+# read first was a node still replaying an old log, which never showed the instance exo served
+# from 10 s after the kill (a 90 s timeout). Three reads every 2 s cost exo little.
+SCAN_EVERY_S = 2.0
 # What the bridge logs for each ``DELETE /instance/{id}`` it sends (keeper/bridge/ticking.py).
 DELETION_SENT = "deletion sent to exo"
 
@@ -320,6 +326,15 @@ class ExoCluster:
             if isinstance(state, dict):
                 return url, state
         return None
+
+    def copies(self) -> dict[str, dict[str, Any]]:
+        """Each running node's State, by its API (those that answer)."""
+        found: dict[str, dict[str, Any]] = {}
+        for url in self.live_urls():
+            state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
+            if isinstance(state, dict):
+                found[url] = state
+        return found
 
     def states(self) -> dict[str, str]:
         """Each running node's ``lastEventAppliedIdx`` and the model's instances in its State:
@@ -573,12 +588,18 @@ class Watch:
     liveness: set[str] = field(default_factory=set[str])
     first_judged: float | None = None
     latest: tuple[str, dict[str, Any]] | None = None  # the last State read, with its node's API
+    # Every running node's copy, read every SCAN_EVERY_S: by the node's API.
+    copies: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
+    _scanned_at: float = -math.inf
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             read = self.cluster.read_state()
             now = time.monotonic()
+            if now - self._scanned_at >= SCAN_EVERY_S:
+                self.copies = self.cluster.copies()
+                self._scanned_at = now
             if read is not None:
                 self.latest = read
                 state = read[1]
@@ -601,11 +622,16 @@ class Watch:
             yield self
 
     def serving(self, away_from: str | None = None, gone: str | None = None) -> str | None:
-        """``ExoCluster.serving`` judged on the State this watch read last (class doc)."""
-        read = self.latest
-        if read is None:
-            return None
-        return self.cluster.serving(away_from, gone, read=read)
+        """``ExoCluster.serving`` judged on the State this watch read last (class doc), else on
+        each other node's copy it read last (``SCAN_EVERY_S``)."""
+        reads = [] if self.latest is None else [self.latest]
+        first = self.latest[0] if self.latest is not None else None
+        reads += [(url, state) for url, state in self.copies.items() if url != first]
+        for read in reads:
+            found = self.cluster.serving(away_from, gone, read=read)
+            if found is not None:
+                return found
+        return None
 
     def new_since(self, before: set[str]) -> list[str]:
         """Instance ids seen that were not in ``before``, in the order they appeared."""

@@ -748,7 +748,14 @@ def test_exo_master_killed(
         cluster.act(index, "kill")
         # Served again by an instance on a survivor; exo's new master may or may not keep the
         # instance it had (its State starts empty), so any instance away from the dead node.
-        again = wait_for("served again", RECOVERY_DEADLINE_S, serving_away(watch, master))
+        try:
+            again = wait_for("served again", RECOVERY_DEADLINE_S, serving_away(watch, master))
+        except pytest.fail.Exception:
+            pytest.fail(
+                f"not served again within {RECOVERY_DEADLINE_S:g} s of the kill of exo's master; "
+                f"exo's nodes: {cluster.states()}; the bridge's log:\n"
+                f"{bridge.log_since(killed_wall - 5)}"
+            )
         serving_s = since(killed_at)
         time.sleep(CHATS_AFTER_S)  # chats on the new instance, on both sides
     history = bridge.get(f"/deployments/{deployment_id}/history") or {"incidents": []}
