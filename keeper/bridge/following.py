@@ -83,8 +83,12 @@ class ExoFollower:
         # then what exo takes (keeper.bridge.state_deadline).
         self.state_deadline_s = FLOOR_S
         # The URLs whose State showed most nodes silent together since the view was last fresh
-        # (``stale_here``): each is left once for the next, none twice.
+        # (``stale_here``), and those that gave none while it was so: each is left once for the
+        # next, none twice.
         self._stale_at: set[int] = set()
+        # The URL the next tick reads first (``stale_here``), None: the one in use. Only a read
+        # moves the URL in use: a tick's commands go where its State was read.
+        self._read_next: int | None = None
 
     @property
     def exo(self) -> ExoApi:
@@ -107,9 +111,12 @@ class ExoFollower:
         costs the bridge a hedge's wait, not the whole deadline: a State read late dates
         nothing late, but a tick not read is a check not made."""
         count = len(self.apis)
-        order = [(self._in_use + offset) % count for offset in range(count)]
+        first = self._in_use if self._read_next is None else self._read_next
+        self._read_next = None
+        order = [(first + offset) % count for offset in range(count)]
         deadline_s = self.state_deadline_s
         failures: list[str] = []
+        failed_urls: list[int] = []
         # The first answer: the URL's index, its State or why it is unreadable, the read's time.
         answers: list[tuple[int, ExoState | ExoStateUnreadableError, float]] = []
 
@@ -125,6 +132,7 @@ class ExoFollower:
                     found = exc  # exo answers, with a State the keeper cannot act on
                 except ExoUnavailableError as exc:
                     failures.append(str(exc))
+                    failed_urls.append(index)
                     failed.set()
                     return
                 answers.append((index, found, anyio.current_time() - started))
@@ -141,7 +149,9 @@ class ExoFollower:
             return None
         index, found, read_s = answers[0]
         self.answered_at = self._wall()
-        self._switch_to(index)
+        if self._stale_at:  # no fresher copy where nothing answered: not tried again meanwhile
+            self._stale_at.update(failed_urls)
+        self._switch_to(index, first)
         if isinstance(found, ExoStateUnreadableError):
             self.unavailable(str(found), STATE_UNREADABLE)
             return None
@@ -151,35 +161,42 @@ class ExoFollower:
     def stale_here(self, why: str) -> None:
         """The State read from the URL in use shows most nodes fallen silent together: that
         node may be the one cut off (from exo's master, or by a split exo), while another
-        node's copy hears them. So the next URL not yet found stale is read from the next tick
-        on; once every URL has shown the same, the bridge stays where it is (exo's master
-        itself is silent: no copy can be fresher)."""
+        node's copy hears them. So the next tick reads the next URL not yet found stale (or
+        silent) first; once every URL has shown the same, the bridge stays where it is (exo's
+        master itself is silent: no copy can be fresher). The URL in use changes only when
+        that read answers: this tick's commands go to the URL its State came from (a real
+        cluster's bridge once sent every command to the killed master's URL, refused tick
+        after tick, while it read a live node's copy)."""
         self._stale_at.add(self._in_use)
         count = len(self.apis)
         for offset in range(1, count):
             index = (self._in_use + offset) % count
             if index not in self._stale_at:
                 log.warning(
-                    "the State exo at %s gives is stale (%s); reading exo at %s",
+                    "the State exo at %s gives is stale (%s); reading exo at %s next",
                     self.exo.url,
                     why,
                     self.apis[index].url,
                 )
-                self._in_use = index
-                self._on_switch()
+                self._read_next = index
                 return
 
     def fresh_here(self) -> None:
         """The State read from the URL in use hears its nodes: every URL may be tried again."""
         self._stale_at.clear()
 
-    def _switch_to(self, index: int) -> None:
+    def _switch_to(self, index: int, first: int) -> None:
+        """``index`` answered this tick's read, which began at ``first`` (the URL in use, or
+        the one ``stale_here`` chose): it is in use from now on."""
         if index != self._in_use:
-            log.warning(
-                "exo at %s stopped answering; following exo at %s",
-                self.exo.url,
-                self.apis[index].url,
-            )
+            if index == first:
+                log.info("following exo at %s", self.apis[index].url)
+            else:
+                log.warning(
+                    "exo at %s stopped answering; following exo at %s",
+                    self.apis[first].url,
+                    self.apis[index].url,
+                )
             self._in_use = index
             self._on_switch()
 

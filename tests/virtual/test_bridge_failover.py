@@ -28,6 +28,8 @@ from bridge_harness import EXO_URL, ExoWithBridge, exo_with_bridge, node_url, wa
 from keeper.bridge.exo_client import (
     ExoClient,
     ExoConnectionRefusedError,
+    ExoState,
+    ExoUnavailableError,
     refused,
 )
 from keeper.bridge.following import ExoFollower
@@ -487,15 +489,60 @@ async def test_a_stale_copy_of_the_state_is_left_for_one_that_hears_the_nodes() 
         assert h.bridge.state.node_watch == {}  # b and c were never suspected
 
 
-def test_every_copy_stale_is_tried_once_then_kept() -> None:
+class CopyApi:
+    """One node's exo API as the follower reads it: a State, or refused (``down``)."""
+
+    def __init__(self, url: str, down: bool = False) -> None:
+        self.url = url
+        self.down = down
+        self.reads = 0
+
+    async def state(self, deadline_s: float) -> ExoState:
+        del deadline_s
+        self.reads += 1
+        if self.down:
+            raise ExoUnavailableError(f"exo at {self.url} refused the connection")
+        return ExoState(state=State(), raw={}, cards={})
+
+
+def follower(*apis: CopyApi) -> tuple[ExoFollower, list[str]]:
+    switches: list[str] = []
+    follow = ExoFollower(
+        tuple(apis),  # type: ignore[arg-type]  # the one method a read calls
+        lambda: datetime.now(UTC),
+        lambda: switches.append("x"),
+    )
+    return follow, switches
+
+
+@pytest.mark.anyio
+async def test_every_copy_stale_is_tried_once_then_kept() -> None:
     # exo's master itself silent: every node's copy shows the others silent together. The
     # bridge tries each URL once, then stays (no copy can be fresher), until a view is fresh.
-    apis = [ExoClient(url) for url in ("http://a", "http://b", "http://c")]
-    switches: list[str] = []
-    follow = ExoFollower(tuple(apis), lambda: datetime.now(UTC), lambda: switches.append("x"))
+    follow, switches = follower(CopyApi("http://a"), CopyApi("http://b"), CopyApi("http://c"))
     for _ in range(5):
+        await follow.read()
         follow.stale_here("3 of 3 nodes fell silent together")
     assert follow.exo.url == "http://c" and len(switches) == 2
     follow.fresh_here()
     follow.stale_here("again")
+    await follow.read()
     assert follow.exo.url == "http://a" and len(switches) == 3
+
+
+@pytest.mark.anyio
+async def test_a_ticks_commands_go_where_its_state_was_read_and_a_dead_copy_is_tried_once() -> None:
+    # exo's master killed, its URL among those given: the copy read shows most nodes silent
+    # (the election), the next URL is the dead master's. Found on a real cluster: the bridge
+    # moved there at once, so every command of the tick went to a refused port, tick after tick.
+    dead = CopyApi("http://dead", down=True)
+    follow, _ = follower(CopyApi("http://a"), dead, CopyApi("http://c"))
+    await follow.read()
+    follow.stale_here("2 of 3 nodes fell silent together")
+    assert follow.exo.url == "http://a"  # this tick's commands: where its State came from
+    await follow.read()  # the dead one first, refused at once: the next copy answers
+    assert follow.exo.url == "http://c" and dead.reads == 1
+    for _ in range(3):
+        follow.stale_here("2 of 3 nodes fell silent together")
+        await follow.read()
+    assert follow.exo.url == "http://c" and dead.reads == 1  # every copy tried: it stays
