@@ -17,13 +17,18 @@ instance if it said so, and only when it lasts:
   nothing;
 - the absence must last ``GONE_AFTER_S`` over consecutive reads from the same exo URL, and a
   move to another URL starts every count again: a bridge restarted since the sighting has no
-  index to compare with, and this is what keeps a short lag from erasing a record.
+  index to compare with, and this is what keeps a short lag from erasing a record;
+- when exo's master changes (``keeper.model.master_change``) the new master numbers its events
+  from 0 again: the indices of earlier sightings belong to another log, and are forgotten. (On a
+  real cluster they kept an instance lost with a master "recorded" for minutes, and with it a
+  failover's record, so the next suspicion placed nothing.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from keeper.model.master_change import master_changed
 from keeper.model.state import InstanceId, State
 
 # How long a recorded instance must be missing from exo's States, read after read, before the
@@ -40,10 +45,15 @@ class VanishedInstances:
         self._seen_at: dict[InstanceId, int] = {}
         # Since when each recorded instance has been missing, read after read.
         self._missing_since: dict[InstanceId, float] = {}
+        # The State of the last call: exo's master changing shows only between two States.
+        self._last: State | None = None
 
     def gone(self, recorded: Iterable[InstanceId], state: State, now: float) -> list[InstanceId]:
         """The recorded instances exo has deleted, judged on ``state`` (a readable State read
         ``now``); each is named once the absence is believed, in the order given."""
+        before, self._last = self._last, state
+        if master_changed(before, state) is not None:
+            self._seen_at = {}  # indices of the old master's log
         recorded = list(dict.fromkeys(recorded))
         live = set(recorded)
         self._seen_at = {i: idx for i, idx in self._seen_at.items() if i in live}

@@ -20,7 +20,7 @@ from keeper.bridge.service import ExoDownError
 from keeper.bridge.vanished import GONE_AFTER_S, VanishedInstances
 from keeper.core.view import without_nodes
 from keeper.model.constants import STARTUP_GRACE, UNPLACEABLE_RETRY
-from keeper.model.state import Deployment, InstanceMeta, Sharding, State
+from keeper.model.state import Deployment, InstanceMeta, Sharding, State, Topology
 
 THREE_NODES = (("a", 32.0), ("b", 32.0), ("c", 32.0))
 
@@ -252,7 +252,11 @@ def exo_state(index: int, *instance_ids: str) -> State:
             },
         }
     )
-    return holder.model_copy(update={"last_event_applied_idx": index})
+    # A node in the topology: a lower index is then an older copy of the same log, not a new
+    # master's (``keeper.model.master_change``).
+    return holder.model_copy(
+        update={"last_event_applied_idx": index, "topology": Topology(nodes=["n"])}
+    )
 
 
 def test_an_absence_is_believed_only_once_it_lasts_on_states_not_older_than_a_sighting() -> None:
@@ -279,3 +283,13 @@ def test_another_exo_url_counts_every_absence_again_and_forgotten_ids_are_droppe
     assert vanished.gone(["j"], exo_state(6), 3 * GONE_AFTER_S) == ["j"]
     assert vanished.gone([], exo_state(6), 4 * GONE_AFTER_S) == []
     assert vanished.gone(["i"], exo_state(7), 4 * GONE_AFTER_S) == []  # a new count for "i"
+
+
+def test_a_new_masters_log_is_not_older_than_the_last_sighting() -> None:
+    # exo's master changed: the new master numbers its events from 0, its State shows none of
+    # the old instances and no node yet. Its low index is another log's, not an older State.
+    vanished = VanishedInstances()
+    assert vanished.gone(["i"], exo_state(5000, "i"), 0.0) == []
+    new_master = exo_state(3).model_copy(update={"topology": Topology()})
+    assert vanished.gone(["i"], new_master, 1.0) == []
+    assert vanished.gone(["i"], exo_state(4), 1.0 + GONE_AFTER_S) == ["i"]
