@@ -13,6 +13,9 @@ services measure them the same way.
 
 After each step ``HostedKeeper`` also shows the State stepped on to an observer, the alert
 webhooks' producer (``keeper.runtime.webhooks``): both services pass theirs to ``start_keeper``.
+And it logs why a failover cannot place its replacement when that changes: ``GET
+/deployments`` says it live, the log keeps it for whoever reads what happened afterwards (on a
+real cluster a suspicion that placed nothing could not be told from the log alone).
 
 ``Started`` holds what a service has only once it runs, its clock and its keeper: read before,
 either is a ``NotRunningError`` (a 503) naming the service, for the master and the bridge alike.
@@ -226,6 +229,8 @@ class HostedKeeper(KeeperWrapper):
         super().__init__(inner)
         # What was logged per deployment that is still crashing (so it stays bounded).
         self._logged: dict[DeploymentId, str] = {}
+        # The failover notes logged, per deployment whose failover is still held back.
+        self._failover_notes: dict[DeploymentId, str] = {}
         self._step_metrics = step_metrics
         self._observer = observer
 
@@ -233,6 +238,9 @@ class HostedKeeper(KeeperWrapper):
         events = timed_step(self._step_metrics, lambda: self.inner.step(state, now))
         if isinstance(self.inner, KeepsPlacementCrashes):
             self._log_crashes(self.inner.placement_crashes())
+        # Only with a verdict on some node: a cluster at rest has no failover to ask about.
+        if state.node_watch or self._failover_notes:
+            self._log_failover_notes(state)
         if self._observer is not None:
             notes = {name: note for name in state.drains if (note := self.drain_note(name))}
             unhealthy = {
@@ -240,6 +248,17 @@ class HostedKeeper(KeeperWrapper):
             }
             self._observer.observe(state, notes, unhealthy, now)
         return events
+
+    def _log_failover_notes(self, state: State) -> None:
+        notes: dict[DeploymentId, str] = {}
+        for deployment_id in state.deployments:
+            note = self.failover_note(deployment_id)
+            if note is None:
+                continue
+            if self._failover_notes.get(deployment_id) != note:
+                log.warning("deployment %s: %s", deployment_id, note)
+            notes[deployment_id] = note
+        self._failover_notes = notes
 
     def _log_crashes(self, crashes: Mapping[DeploymentId, Exception]) -> None:
         logged: dict[DeploymentId, str] = {}

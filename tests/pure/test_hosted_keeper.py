@@ -11,6 +11,7 @@ from keeper_harness import AFTER_GRACE, Cluster, RecordingPlace
 
 from keeper.core.keeper import Keeper
 from keeper.model.constants import UNPLACEABLE_RETRY
+from keeper.model.events import NodeSuspected
 from keeper.runtime.hosted_keeper import HostedKeeper, default_keeper, start_keeper
 
 T = AFTER_GRACE
@@ -78,3 +79,20 @@ def test_the_hosted_keeper_answers_as_its_keeper() -> None:
     assert hosted.timers(cluster.state, 0.0) == hosted.inner.timers(cluster.state, 0.0)
     assert cluster.step(T)  # placed through the host
     assert hosted.delete(deployment_id, cluster.state) != []
+
+
+def test_a_failover_held_back_is_logged_once_with_why(caplog: pytest.LogCaptureFixture) -> None:
+    # One node: a replacement for its instance, suspect, fits nowhere else.
+    recorder = RecordingPlace()
+    cluster, _ = hosted_cluster(recorder)
+    deployment_id = cluster.deploy("m")
+    cluster.step(T)
+    (instance_id,) = cluster.state.instances
+    cluster.make_ready(instance_id)
+    cluster.apply(NodeSuspected(node_id="node-a", last_heard=T, at=T + 3))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for k in range(3):
+            cluster.step(T + 4 + k)
+    said = [r.message for r in caplog.records if r.name == LOGGER]
+    assert len(said) == 1
+    assert said[0].startswith(f"deployment {deployment_id}: cannot place a replacement for")
