@@ -34,8 +34,7 @@ from keeper.bridge.exo_client import ExoApi, ExoRefusedError, ExoState, ExoUnava
 from keeper.bridge.exo_models import ExoCards
 from keeper.bridge.in_flight import LATE_LANDING_WATCH_S, Creation
 from keeper.model.events import AnyEvent, DeploymentPlaced
-from keeper.model.master_change import master_changed
-from keeper.model.state import Deployment, State
+from keeper.model.state import Deployment
 from keeper.model.wire import JsonObject
 
 log = logging.getLogger(__name__)
@@ -68,8 +67,6 @@ class Creations:
         self._guard = guard if guard is not None else _always
         self._pending: dict[str, Creation] = {}  # instance id -> its creation, in flight
         self._refused: dict[str, str] = {}  # deployment id -> the instance exo refused last
-        # exo's State at the last settle: its master changing shows only between two States.
-        self._last_state: State | None = None
 
     # --- asked by the bridge ---------------------------------------------------------------
 
@@ -142,16 +139,18 @@ class Creations:
 
     # --- each tick -------------------------------------------------------------------------
 
-    def settle(self, exo: ExoState, now: float) -> None:
-        """Record DeploymentPlaced for instances exo now shows; give up on ones it dropped;
-        after exo's master changed, send again at once what it does not show."""
-        before, self._last_state = self._last_state, exo.state
-        if self._pending and master_changed(before, exo.state) is not None:
+    def master_changed(self) -> None:
+        """exo's master changed (``keeper.model.master_change``, seen by the tick): what is in
+        flight is sent again at the next ``resend`` (``in_flight`` rule 6)."""
+        if self._pending:
             log.info(
                 "exo's master changed: sending again at once %s",
                 ", ".join(sorted(self._pending)),
             )
             self._pending = {i: in_flight.master_changed(c) for i, c in self._pending.items()}
+
+    def settle(self, exo: ExoState, now: float) -> None:
+        """Record DeploymentPlaced for instances exo now shows; give up on ones it dropped."""
         for instance_id, creation in list(self._pending.items()):
             deployment = self._deployments().get(creation.deployment_id)
             if deployment is None:

@@ -2,13 +2,15 @@
 
 The order is the rule, so it reads top to bottom in ``tick``: read exo's State (through the
 follower, which says whether it may be acted on); with a shared store, stop unless this bridge
-acts; then, under the log's lock that the commands also take, settle the creations exo
-answered, record what exo deleted (``keeper.bridge.vanished``) and what serving became
-(``keeper.model.history``), delete the doomed instances and, at the same time (a loaded exo
-answers each call in up to a second), resend what exo may have lost, ask exo where it would
-place what the step will try (``keeper.bridge.placing``), step the keeper on those
-answers, and turn its events into exo calls and the bridge's own records (``_act``). A step that
-raises is retried the next second and never stops the bridge (``keeper.bridge.health``).
+acts; then, under the log's lock that the commands also take, tell the creations in flight and
+the deletion record when exo's master changed (``keeper.model.master_change``, seen once here
+for both), settle the creations exo answered, record what exo deleted
+(``keeper.bridge.vanished``) and what serving became (``keeper.model.history``), delete the
+doomed instances and, at the same time (a loaded exo answers each call in up to a second),
+resend what exo may have lost, ask exo where it would place what the step will try
+(``keeper.bridge.placing``), step the keeper on those answers, and turn its events into exo
+calls and the bridge's own records (``_act``). A step that raises is retried the next second and
+never stops the bridge (``keeper.bridge.health``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from keeper.model.events import (
     InstanceDeleted,
 )
 from keeper.model.history import serving_changes
+from keeper.model.master_change import master_changed
 from keeper.model.state import State
 from keeper.runtime.clock import Clock
 from keeper.runtime.event_store import LogNotWritableError
@@ -92,6 +95,8 @@ class BridgeTicks:
         self._liveness = liveness
         self._poll_interval_s = poll_interval_s
         self._served: State | None = None  # the merged State serving was last judged on
+        # exo's State the last acting tick read: its master changing shows only between two.
+        self._acted_on: State | None = None
         self._woken = anyio.Event()  # set by ``wake``: the next tick is due at once
 
     async def run(self, clock: Clock) -> None:
@@ -165,6 +170,10 @@ class BridgeTicks:
     async def _acting_tick(self, exo: ExoState) -> None:
         async with self._log.lock:
             now = self._started.clock.monotonic()
+            before, self._acted_on = self._acted_on, exo.state
+            if master_changed(before, exo.state) is not None:
+                self._creations.master_changed()  # sent again at once (in_flight rule 6)
+                self._vanished.master_changed()  # a new log: its indices start at 0
             self._creations.settle(exo, now)
             self._record_vanished(exo, now)
             self._record_serving()

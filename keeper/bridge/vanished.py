@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from keeper.model.master_change import master_changed
 from keeper.model.state import InstanceId, State
 
 # How long a recorded instance must be missing from exo's States, read after read, before the
@@ -45,15 +44,10 @@ class VanishedInstances:
         self._seen_at: dict[InstanceId, int] = {}
         # Since when each recorded instance has been missing, read after read.
         self._missing_since: dict[InstanceId, float] = {}
-        # The State of the last call: exo's master changing shows only between two States.
-        self._last: State | None = None
 
     def gone(self, recorded: Iterable[InstanceId], state: State, now: float) -> list[InstanceId]:
         """The recorded instances exo has deleted, judged on ``state`` (a readable State read
         ``now``); each is named once the absence is believed, in the order given."""
-        before, self._last = self._last, state
-        if master_changed(before, state) is not None:
-            self._seen_at = {}  # indices of the old master's log
         recorded = list(dict.fromkeys(recorded))
         live = set(recorded)
         self._seen_at = {i: idx for i, idx in self._seen_at.items() if i in live}
@@ -79,6 +73,10 @@ class VanishedInstances:
         for instance_id in instance_ids:
             self._seen_at.pop(instance_id, None)
             self._missing_since.pop(instance_id, None)
+
+    def master_changed(self) -> None:
+        """exo's master changed: the sightings' indices are another log's (module doc)."""
+        self._seen_at.clear()
 
     def restart_counts(self) -> None:
         """Another exo URL is in use: every absence is counted again from its States."""

@@ -1,5 +1,6 @@
 """The bridge's creations in flight (``keeper.bridge.creating``) across exo's master changing:
-what the old master took may be gone with it, so the next tick sends it again at once."""
+what the old master took may be gone with it, so the next tick sends it again at once (the tick
+sees the change: tests/virtual/test_bridge_master_change.py)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_a_creation_is_sent_again_at_once_when_exos_master_changes() -> None:
         sent.settle(read(OLD_MASTER_LATER), 11.0)
         await sent.resend(read(OLD_MASTER_LATER), 11.0)
         assert len(exo.posted) == 1
+        sent.master_changed()
         sent.settle(read(NEW_MASTER), 11.5)
         await sent.resend(read(NEW_MASTER), 11.5)
         assert len(exo.posted) == 2  # at once, 1.5 s after the first POST

@@ -111,3 +111,32 @@ async def test_exos_master_changing_is_the_cause_and_the_model_is_placed_again_a
         )
         assert opened["text"].endswith(f"({cause})")
         assert resolved["start"] == opened["start"] == incident["start"]
+
+
+@pytest.mark.anyio
+async def test_an_instance_sent_before_exos_master_changed_is_sent_again_at_once() -> None:
+    # Found on a real cluster: the replacement exo took while its master was dying was lost
+    # with it, and the bridge sent it again only when its resend came due.
+    async with exo_with_bridge(nodes=THREE_NODES, bridge_config=config(Hook())) as h:
+        _, instance_id = await h.serve_qwen()
+        serving = serving_node(h)
+        master = next(name for name, _ in THREE_NODES if name != serving)
+        (master_id,) = nodes_named(h.master.state, master)
+        h.link.hold_instances = True  # answered, never applied: lost with the old master
+        posted = len(h.link.posted_instances())
+        assert (await h.exo_api("DELETE", f"/instance/{instance_id}")).status_code == 200
+        await wait_until(lambda: len(h.link.posted_instances()) > posted, 10, "placed again")
+        (lost,) = h.link.posted_instances()[posted:]
+
+        # The master is killed: every API serves its last State through the election.
+        old = (await h.exo_api("GET", "/state")).json()
+        h.link.state_edit = lambda _: old
+        h.nodes.crash(master, down_s=600)
+        await anyio.sleep(1.5)
+        h.link.hold_instances = False
+        h.link.state_edit = new_masters_view(h.master.state.last_event_applied_idx, master_id)
+        changed = anyio.current_time()
+        await wait_until(lambda: h.link.posted_instances().count(lost) > 1, 10, "sent again")
+        # At the first poll of the new State, not the resend's 5 s after the last POST.
+        assert anyio.current_time() - changed <= 1.5
+        await wait_until(lambda: lost in h.exo_instances(), 10, "the same instance in exo")

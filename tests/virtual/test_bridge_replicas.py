@@ -290,6 +290,7 @@ def test_a_new_masters_log_is_not_older_than_the_last_sighting() -> None:
     # the old instances and no node yet. Its low index is another log's, not an older State.
     vanished = VanishedInstances()
     assert vanished.gone(["i"], exo_state(5000, "i"), 0.0) == []
+    vanished.master_changed()  # as the tick sees it (keeper.model.master_change)
     new_master = exo_state(3).model_copy(update={"topology": Topology()})
     assert vanished.gone(["i"], new_master, 1.0) == []
     assert vanished.gone(["i"], exo_state(4), 1.0 + GONE_AFTER_S) == ["i"]
