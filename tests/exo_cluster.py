@@ -190,12 +190,10 @@ class ExoCluster:
     def instances_everywhere(self) -> set[str] | None:
         """The model's instance ids when every running node's State shows the same ones (a
         deletion reaches each node's copy in its own time), else None."""
-        seen: list[set[str]] = []
-        for url in self.live_urls():
-            state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
-            if not isinstance(state, dict):
-                return None
-            seen.append(set(self.instances(state)))
+        copies = self.copies()
+        if None in copies.values():
+            return None
+        seen = [set(self.instances(state)) for state in copies.values() if state is not None]
         return seen[0] if seen and all(ids == seen[0] for ids in seen) else None
 
     def live_urls(self, nodes: list[Node] | None = None) -> list[str]:
@@ -327,22 +325,20 @@ class ExoCluster:
                 return url, state
         return None
 
-    def copies(self) -> dict[str, dict[str, Any]]:
-        """Each running node's State, by its API (those that answer)."""
-        found: dict[str, dict[str, Any]] = {}
+    def copies(self) -> dict[str, dict[str, Any] | None]:
+        """Each running node's State by its API, None where it gave none."""
+        found: dict[str, dict[str, Any] | None] = {}
         for url in self.live_urls():
             state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
-            if isinstance(state, dict):
-                found[url] = state
+            found[url] = state if isinstance(state, dict) else None
         return found
 
     def states(self) -> dict[str, str]:
         """Each running node's ``lastEventAppliedIdx`` and the model's instances in its State:
         what a failure reports when the nodes disagree."""
         found: dict[str, str] = {}
-        for url in self.live_urls():
-            state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
-            if isinstance(state, dict):
+        for url, state in self.copies().items():
+            if state is not None:
                 ids = sorted(i[:8] for i in self.instances(state))
                 found[url] = f"event {state.get('lastEventAppliedIdx')}, instances {ids}"
             else:
@@ -598,7 +594,8 @@ class Watch:
             read = self.cluster.read_state()
             now = time.monotonic()
             if now - self._scanned_at >= SCAN_EVERY_S:
-                self.copies = self.cluster.copies()
+                copies = self.cluster.copies().items()
+                self.copies = {url: state for url, state in copies if state is not None}
                 self._scanned_at = now
             if read is not None:
                 self.latest = read

@@ -40,7 +40,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import pytest
@@ -550,22 +550,40 @@ async def test_the_tui_shows_the_cluster_and_a_failover(
 # 5 -----------------------------------------------------------------------------------------------
 
 
+class Freeze(NamedTuple):
+    """A long freeze as ``freeze_until_serving_elsewhere`` watched it."""
+
+    frozen_at: float  # monotonic
+    serving_s: float | None  # seconds to serving elsewhere, None: not within the freeze
+    served: str | None  # the instance that served elsewhere
+    frozen_s: float  # the freeze's length
+
+
 def freeze_until_serving_elsewhere(
-    cluster: ExoCluster, watch: Watch, index: int, node_id: str
-) -> tuple[float, float | None, float]:
-    """Freeze node ``index`` for ``LONG_FREEZE_S``, watching for the model served away from it;
-    (when it froze, seconds to serving elsewhere or None within the freeze, the freeze's length)."""
+    cluster: ExoCluster,
+    watch: Watch,
+    index: int,
+    node_id: str,
+    *,
+    look: bool = True,
+    each_poll: Callable[[float], None] = lambda _: None,
+) -> Freeze:
+    """Freeze node ``index`` for ``LONG_FREEZE_S``, watching (when ``look``) for the model
+    served away from it, and calling ``each_poll`` with the freeze's start at every poll."""
     frozen_at = time.monotonic()
     cluster.act(index, "stop")
     serving_s: float | None = None
+    served: str | None = None
     try:
         while time.monotonic() - frozen_at < LONG_FREEZE_S:
-            if serving_s is None and watch.serving(away_from=node_id):
-                serving_s = since(frozen_at)
+            each_poll(frozen_at)
+            if look and served is None:
+                served = watch.serving(away_from=node_id)
+                serving_s = since(frozen_at) if served is not None else None
             time.sleep(POLL_S)
     finally:
         cluster.act(index, "cont")
-    return frozen_at, serving_s, since(frozen_at)
+    return Freeze(frozen_at, serving_s, served, since(frozen_at))
 
 
 def test_a_15s_freeze_of_the_serving_node(
@@ -587,7 +605,7 @@ def test_a_15s_freeze_of_the_serving_node(
     report.record(scenario, frozen_node_is_exo_master=node_id == cluster.master_id())
     others_before = {n.node_id for n in cluster.nodes()} - {node_id}
     with Watch(cluster, bridge).watching() as watch, Chats(cluster).chatting() as chats:
-        frozen_at, serving_s, frozen_s = freeze_until_serving_elsewhere(
+        frozen_at, serving_s, _, frozen_s = freeze_until_serving_elsewhere(
             cluster, watch, index, node_id
         )
         report.record(
@@ -672,19 +690,14 @@ def test_a_15s_freeze_of_the_followed_node(
             switched_at.append(time.monotonic() - frozen_at)
 
     with Watch(cluster, bridge).watching() as watch:
-        frozen_at = time.monotonic()
-        cluster.act(node.index, "stop")
-        serving_s: float | None = None
-        served: str | None = None
-        try:
-            while time.monotonic() - frozen_at < LONG_FREEZE_S:
-                judged_and_switched(frozen_at)
-                if serves_there and serving_s is None:
-                    served = watch.serving(away_from=node.node_id)
-                    serving_s = since(frozen_at) if served is not None else None
-                time.sleep(POLL_S)
-        finally:
-            cluster.act(node.index, "cont")
+        frozen_at, serving_s, served, _ = freeze_until_serving_elsewhere(
+            cluster,
+            watch,
+            node.index,
+            node.node_id,
+            look=serves_there,
+            each_poll=judged_and_switched,
+        )
         judged_s = rel(watch.first_judged, frozen_at)
         figures = {
             "followed_url": followed,
