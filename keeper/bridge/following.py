@@ -115,8 +115,7 @@ class ExoFollower:
         self._read_next = None
         order = [(first + offset) % count for offset in range(count)]
         deadline_s = self.state_deadline_s
-        failures: list[str] = []
-        failed_urls: list[int] = []
+        failures: list[tuple[int, str]] = []  # each URL that failed outright, and why
         # The first answer: the URL's index, its State or why it is unreadable, the read's time.
         answers: list[tuple[int, ExoState | ExoStateUnreadableError, float]] = []
 
@@ -131,8 +130,7 @@ class ExoFollower:
                 except ExoStateUnreadableError as exc:
                     found = exc  # exo answers, with a State the keeper cannot act on
                 except ExoUnavailableError as exc:
-                    failures.append(str(exc))
-                    failed_urls.append(index)
+                    failures.append((index, str(exc)))
                     failed.set()
                     return
                 answers.append((index, found, anyio.current_time() - started))
@@ -145,12 +143,12 @@ class ExoFollower:
                     await failed.wait()
         if not answers:
             self.state_deadline_s = next_deadline(deadline_s, None)
-            self.unavailable("; ".join(failures))
+            self.unavailable("; ".join(why for _, why in failures))
             return None
         index, found, read_s = answers[0]
         self.answered_at = self._wall()
         if self._stale_at:  # no fresher copy where nothing answered: not tried again meanwhile
-            self._stale_at.update(failed_urls)
+            self._stale_at.update(url for url, _ in failures)
         self._switch_to(index, first)
         if isinstance(found, ExoStateUnreadableError):
             self.unavailable(str(found), STATE_UNREADABLE)
