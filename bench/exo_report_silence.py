@@ -10,11 +10,13 @@ before the freeze its next report was made and when it showed in another node's 
 least lag with which a report showed before the freeze (what dating a report by its least lag
 could at best win back).
 
-Not part of ``make bench``: it needs a real cluster, given as ``make test-exo`` is
-(``EXO_DEPLOY_EXO_URLS``, every node's API; ``EXO_DEPLOY_EXO_CONTROL``, the control API that
-freezes and thaws nodes). Run: ``python -m bench.exo_report_silence [FREEZES] [FREEZE_S]``.
+Not part of ``make bench``: it needs a real cluster, given by its control API as ``make
+test-exo`` is (``EXO_DEPLOY_EXO_CONTROL``: it lists the nodes and their APIs, freezes and thaws
+them). Run: ``python -m bench.exo_report_silence [FREEZES] [FREEZE_S]``.
 It reads ``GET /state/lastSeen`` (a few hundred bytes) every 30 ms: the whole State would cost
-exo's event loop 80-100 ms a read.
+exo's event loop 80-100 ms a read. ``lastSeen`` is the node's own clock: on one host (the
+development cluster) the lags printed are exact; across hosts they carry the clocks' offset, which
+cancels in the count of freezes that would have been suspected (a lag against the least lag).
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def _last_seen(client: httpx.Client, api: str, node_id: str) -> float:
 
 
 def main(freezes: int, freeze_s: float) -> None:
-    control = os.environ["EXO_DEPLOY_EXO_CONTROL"].rstrip("/")
+    control = os.environ.get("EXO_DEPLOY_EXO_CONTROL", "").rstrip("/")
+    if not control:
+        sys.exit("set EXO_DEPLOY_EXO_CONTROL=http://HOST:PORT, the control API that freezes nodes")
     client = httpx.Client(timeout=5.0)
     nodes = [n for n in client.get(f"{control}/nodes").json() if n["status"] == "running"]
     master = nodes[0]["master_node_id"]
