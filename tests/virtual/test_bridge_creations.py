@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import anyio
+import pytest
 from keeper_harness import card
 
 from keeper.bridge.creating import Creations
@@ -56,28 +56,25 @@ def creations(exo: Exo) -> Creations:
     )
 
 
-def test_a_creation_is_sent_again_at_once_when_exos_master_changes() -> None:
+@pytest.mark.anyio
+async def test_a_creation_is_sent_again_at_once_when_exos_master_changes() -> None:
     exo = Exo()
     sent = creations(exo)
-
-    async def ticks() -> None:
-        await sent.create("i-1", "d-1", BODY, 10.0)
-        sent.settle(read(OLD_MASTER), 10.5)
-        await sent.resend(read(OLD_MASTER), 10.5)
-        assert len(exo.posted) == 1  # the same master: sent again only after RESEND_S
-        sent.settle(read(OLD_MASTER_LATER), 11.0)
-        await sent.resend(read(OLD_MASTER_LATER), 11.0)
-        assert len(exo.posted) == 1
-        sent.master_changed()
-        sent.settle(read(NEW_MASTER), 11.5)
-        await sent.resend(read(NEW_MASTER), 11.5)
-        assert len(exo.posted) == 2  # at once, 1.5 s after the first POST
-        assert exo.posted[1] == exo.posted[0] == {"instance": BODY}
-        sent.settle(read(NEW_MASTER), 12.0)
-        await sent.resend(read(NEW_MASTER), 12.0)
-        assert len(exo.posted) == 2  # once per change: then every RESEND_S again
-        sent.settle(read(NEW_MASTER), 11.5 + RESEND_S)
-        await sent.resend(read(NEW_MASTER), 11.5 + RESEND_S)
-        assert len(exo.posted) == 3
-
-    anyio.run(ticks)
+    await sent.create("i-1", "d-1", BODY, 10.0)
+    sent.settle(read(OLD_MASTER), 10.5)
+    await sent.resend(read(OLD_MASTER), 10.5)
+    assert len(exo.posted) == 1  # the same master: sent again only after RESEND_S
+    sent.settle(read(OLD_MASTER_LATER), 11.0)
+    await sent.resend(read(OLD_MASTER_LATER), 11.0)
+    assert len(exo.posted) == 1
+    sent.master_changed()
+    sent.settle(read(NEW_MASTER), 11.5)
+    await sent.resend(read(NEW_MASTER), 11.5)
+    assert len(exo.posted) == 2  # at once, 1.5 s after the first POST
+    assert exo.posted[1] == exo.posted[0] == {"instance": BODY}
+    sent.settle(read(NEW_MASTER), 12.0)
+    await sent.resend(read(NEW_MASTER), 12.0)
+    assert len(exo.posted) == 2  # once per change: then every RESEND_S again
+    sent.settle(read(NEW_MASTER), 11.5 + RESEND_S)
+    await sent.resend(read(NEW_MASTER), 11.5 + RESEND_S)
+    assert len(exo.posted) == 3
