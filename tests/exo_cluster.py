@@ -325,10 +325,17 @@ class ExoCluster:
                 return url, state
         return None
 
-    def copies(self) -> dict[str, dict[str, Any] | None]:
-        """Each running node's State by its API, None where it gave none."""
+    def copies(
+        self, read: tuple[str, dict[str, Any]] | None = None
+    ) -> dict[str, dict[str, Any] | None]:
+        """Each running node's State by its API, None where it gave none; ``read``, a node's
+        API and its State read just now (``read_state``), is taken as that node's copy rather
+        than read again (417 KB, 80-100 ms of exo's event loop)."""
         found: dict[str, dict[str, Any] | None] = {}
         for url in self.live_urls():
+            if read is not None and url == read[0]:
+                found[url] = read[1]
+                continue
             state = _json("GET", f"{url}/state", READ_TIMEOUT_S)
             found[url] = state if isinstance(state, dict) else None
         return found
@@ -594,7 +601,7 @@ class Watch:
             read = self.cluster.read_state()
             now = time.monotonic()
             if now - self._scanned_at >= SCAN_EVERY_S:
-                copies = self.cluster.copies().items()
+                copies = self.cluster.copies(read).items()
                 self.copies = {url: state for url, state in copies if state is not None}
                 self._scanned_at = now
             if read is not None:
